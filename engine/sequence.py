@@ -1,0 +1,126 @@
+"""Mutable per-request state shared by the scheduler, the block pool and the runner (no torch here)."""
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the context length
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedSpan:
+    """Placeholder positions whose input embeddings come from an encoder instead of the token table.
+
+    ``key`` is the content hash of the media; it enters the KV block hash of every block the span
+    touches, so two prompts with the same placeholder tokens but different images never share KV.
+    ``embeds`` is a ``[length, hidden]`` tensor (kept as ``Any`` so this module stays torch-free).
+    """
+
+    offset: int
+    length: int
+    key: str
+    embeds: Any
+
+
+_ids = itertools.count()
+
+
+class Sequence:
+    """One generation stream. ``token_ids`` = prompt + output; the first ``num_computed_tokens`` are in the KV cache."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        embed_spans: tuple[EmbedSpan, ...] = (),
+        eos_token_ids: frozenset[int] = frozenset(),
+        max_model_len: int | None = None,
+    ) -> None:
+        self.seq_id = next(_ids)
+        self.request_id = request_id
+        self.params = params
+        self.priority = priority  # lower runs first: 0 realtime turns, 1 bulk work
+        self.arrival_time = time.monotonic()
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.embed_spans = embed_spans
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0  # tokens whose K/V are written to the cache
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at the last admission
+        self.num_preemptions = 0
+        self.output_logprobs: list[Any] = []  # one entry per output token when params.logprobs is set
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def extra_keys_for(self, start: int, end: int) -> tuple[str, ...]:
+        """Content hashes of media spans overlapping token positions [start, end), for the block hash."""
+        return tuple(s.key for s in self.embed_spans if s.offset < end and start < s.offset + s.length)
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, status={self.status.value}, tokens={len(self.token_ids)}, "
+                f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    """One engine step: each sequence computes ``num_new_tokens[i]`` tokens starting at its
+    ``num_computed_tokens``. A sequence samples a token when that reaches ``len(seq)``."""
+
+    seqs: list[Sequence]
+    num_new_tokens: list[int]
+    preempted: list[Sequence]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)

@@ -1,0 +1,18 @@
+"""Orchestration of a turn: encoders -> engine -> output heads, behind ``omni.protocol.OmniBackend``.
+
+``import omni`` is cheap; ``load_backend`` pulls in torch and the models.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omni.config import OmniConfig
+    from omni.protocol import OmniBackend
+
+
+def load_backend(config: OmniConfig) -> OmniBackend:
+    """Load every configured model and start the engine thread."""
+    from omni.pipeline import OmniPipeline
+
+    return OmniPipeline.load(config)

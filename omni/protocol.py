@@ -1,0 +1,249 @@
+"""The narrow interface between the gateway and the models: plain dataclasses, stdlib only.
+
+The gateway builds an ``OmniRequest`` (a conversation of interleaved parts plus the wanted output
+modalities) and iterates the ``OutputChunk`` stream the backend yields. Nothing here imports torch,
+so ``import gateway`` stays fast and the backend can later live in another process.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, Union
+
+Role = Literal["system", "user", "assistant", "tool"]
+Modality = Literal["text", "audio", "image"]
+
+
+# ---- input parts -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class AudioPart:
+    """Mono 16-bit little-endian PCM. ``transcript`` is filled when ASR already ran (realtime turns)."""
+
+    pcm16: bytes
+    sample_rate: int
+    transcript: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePart:
+    data: bytes  # encoded PNG/JPEG/WebP bytes
+    mime: str | None = None
+    detail: str = "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class VideoPart:
+    data: bytes  # an encoded container (mp4/webm) ...
+    frames: tuple[bytes, ...] = ()  # ... or already separate JPEG frames (webcam stream)
+    fps: float | None = None
+
+
+Part = Union[TextPart, AudioPart, ImagePart, VideoPart]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    call_id: str
+    name: str
+    arguments: str  # JSON text
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    parts: tuple[Part, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()  # assistant messages that called tools
+    tool_call_id: str | None = None  # role == "tool": which call this answers
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text if isinstance(p, TextPart) else (p.transcript or "") if isinstance(p, AudioPart) else ""
+                       for p in self.parts)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    """OpenAI-level knobs; the backend maps them onto the engine's SamplingParams."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+    n: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class AudioOutputOptions:
+    voice: str | None = None
+    sample_rate: int = 24000
+    speed: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ImageOutputOptions:
+    size: tuple[int, int] = (256, 256)  # (width, height)
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    seed: int | None = None
+    preview_every: int = 0  # 0: no previews
+    n: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class OmniRequest:
+    request_id: str
+    messages: tuple[Message, ...]
+    modalities: tuple[Modality, ...] = ("text",)
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    audio: AudioOutputOptions = field(default_factory=AudioOutputOptions)
+    image: ImageOutputOptions = field(default_factory=ImageOutputOptions)
+    tools: tuple[dict, ...] = ()  # JSON-schema function tools, passed through the chat template
+    add_generation_prompt: bool = True
+    raw_prompt: str | None = None  # /v1/completions: a prompt used as is, no chat template
+    priority: int = 0  # 0 realtime turns, 1 bulk HTTP work
+
+
+# ---- output chunks -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+    index: int = 0  # choice index when n > 1
+    logprobs: tuple[tuple[str, float, tuple[tuple[str, float], ...]], ...] = ()  # (token, logprob, top)
+
+
+@dataclass(frozen=True, slots=True)
+class AudioChunk:
+    """At most 100 ms of mono pcm16; ``transcript`` is the text this audio speaks (may be empty)."""
+
+    pcm16: bytes
+    sample_rate: int
+    transcript: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePartial:
+    index: int  # which preview, 0-based
+    png: bytes
+    step: int
+    image_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ImageFinal:
+    png: bytes
+    image_index: int = 0
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    call_id: str
+    name: str
+    arguments: str  # complete JSON arguments
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    input_audio_tokens: int = 0
+    input_image_tokens: int = 0
+    output_audio_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    finish_reason: str  # "stop" | "length" | "abort" | "tool_calls" | "error"
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    code: str  # machine-readable, e.g. "invalid_request", "overloaded", "unsupported_modality", "engine_dead"
+    message: str
+    status: int = 400  # the HTTP status this maps to
+
+
+OutputChunk = Union[TextDelta, AudioChunk, ImagePartial, ImageFinal, ToolCallDelta, Usage, Done, Error]
+
+
+# ---- audio services the gateway uses directly ----------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Transcription:
+    text: str
+    language: str | None = None
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class VadEvent:
+    kind: Literal["speech_started", "speech_stopped"]
+    audio_ms: int  # ms since the start of the stream fed to this detector
+
+
+@dataclass(frozen=True, slots=True)
+class VadSettings:
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+
+
+class VoiceActivityDetector(Protocol):
+    """Streaming speech detector for one session; fed 24 kHz mono pcm16 of any chunk size."""
+
+    def feed(self, pcm16: bytes) -> list[VadEvent]: ...
+
+    def reset(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    model: str
+    input_modalities: frozenset[str]  # subset of {"text", "audio", "image", "video"}
+    output_modalities: frozenset[str]  # subset of {"text", "audio", "image"}
+    voices: tuple[str, ...] = ()
+    max_context_tokens: int = 0
+
+
+class OmniBackend(Protocol):
+    """What the gateway needs from the model side. Implemented by ``omni.pipeline.OmniPipeline``."""
+
+    capabilities: Capabilities
+
+    def generate(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
+        """Stream the response. Closing the iterator early (or ``abort``) cancels every stage."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def transcribe(self, pcm16: bytes, sample_rate: int, *, language: str | None = None,
+                         prompt: str | None = None) -> Transcription: ...
+
+    def synthesize(self, text: str, options: AudioOutputOptions) -> AsyncIterator[AudioChunk]: ...
+
+    def new_vad(self, settings: VadSettings) -> VoiceActivityDetector: ...
+
+    def count_tokens(self, messages: tuple[Message, ...]) -> int: ...
+
+    def health(self) -> Health: ...
+
+    def metrics(self) -> dict[str, float]: ...
