@@ -1,0 +1,160 @@
+"""Pure-torch reference of every kernel in the kernel API: the spec the Triton kernels are tested
+against, and the attention path the engine uses on the CPU.
+
+Layouts: ``k_cache``/``v_cache`` are ``[num_blocks, block_size, num_kv_heads, head_dim]``;
+slot = block_id * block_size + offset; block tables are int32 ``[B, max_blocks_per_seq]``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "write_kv_cache",
+    "paged_prefill_attention",
+    "paged_decode_attention",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "apply_rotary",
+    "silu_and_mul",
+]
+
+
+def write_kv_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter token ``t``'s K/V to ``slot_mapping[t]``; slot -1 marks padding and is skipped."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_flat = k_cache.view(-1, num_kv_heads, head_dim)
+    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    valid = slot_mapping >= 0
+    if bool(valid.all()):
+        k_flat.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+        v_flat.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        return
+    slots = slot_mapping[valid]
+    k_flat.index_copy_(0, slots, k[valid].to(k_cache.dtype))
+    v_flat.index_copy_(0, slots, v[valid].to(v_cache.dtype))
+
+
+def _gather_context(cache: torch.Tensor, block_table_row: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` cached positions of one sequence as ``[length, Hkv, D]``."""
+    block_size = cache.shape[1]
+    num_blocks = (length + block_size - 1) // block_size
+    blocks = block_table_row[:num_blocks].long()
+    return cache[blocks].flatten(0, 1)[:length]
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Varlen causal attention of each sequence's new queries over its whole cached context.
+
+    Sequence ``b``'s queries are the last ``q_len_b`` positions of its context of ``seq_lens[b]``
+    tokens, whose K/V (the new ones included) are already in the cache.
+    """
+    out = torch.empty_like(q)
+    starts = cu_seqlens_q.tolist()
+    lengths = seq_lens.tolist()
+    for b, ctx_len in enumerate(lengths):
+        q_start, q_end = starts[b], starts[b + 1]
+        q_len = q_end - q_start
+        if q_len == 0:
+            continue
+        k = _gather_context(k_cache, block_tables[b], ctx_len)
+        v = _gather_context(v_cache, block_tables[b], ctx_len)
+        qb = q[q_start:q_end].transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
+        kb = k.transpose(0, 1).unsqueeze(0).to(q.dtype)
+        vb = v.transpose(0, 1).unsqueeze(0).to(q.dtype)
+        if q_len == ctx_len:
+            o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            # Query i sits at absolute position ctx_len - q_len + i (bottom-right aligned causal mask).
+            q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device).unsqueeze(1)
+            k_pos = torch.arange(ctx_len, device=q.device).unsqueeze(0)
+            mask = k_pos <= q_pos
+            o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[q_start:q_end] = o[0].transpose(0, 1)
+    return out
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence over all of its ``seq_lens[b]`` cached positions.
+
+    Sequences are padded to the longest context and batched into one attention call; padded
+    positions are masked out.
+    """
+    batch = q.shape[0]
+    if batch == 0:
+        return torch.empty_like(q)
+    block_size = k_cache.shape[1]
+    max_len = int(seq_lens.max())
+    num_blocks = (max_len + block_size - 1) // block_size
+    blocks = block_tables[:, :num_blocks].long()
+    # [B, num_blocks * block_size, Hkv, D] -> [B, Hkv, S, D]
+    k = k_cache[blocks].flatten(1, 2).transpose(1, 2).to(q.dtype)
+    v = v_cache[blocks].flatten(1, 2).transpose(1, 2).to(q.dtype)
+    positions = torch.arange(num_blocks * block_size, device=q.device)
+    mask = (positions.unsqueeze(0) < seq_lens.to(positions.device).unsqueeze(1)).view(batch, 1, 1, -1)
+    o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return o.squeeze(2)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension, computed in fp32 and cast back to ``x.dtype``."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``new_residual = x + residual``; returns ``(rms_norm(new_residual), new_residual)``."""
+    new_residual = x + residual
+    return rms_norm(new_residual, weight, eps), new_residual
+
+
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeoX / HF-Llama rotary embedding (rotate the two halves of each head).
+
+    ``cos_sin_cache[p] = cat(cos[p, :D/2], sin[p, :D/2])``.
+    """
+    half = cos_sin_cache.shape[1] // 2
+    cos_sin = cos_sin_cache[positions]
+    cos = cos_sin[:, :half].unsqueeze(1)
+    sin = cos_sin[:, half:].unsqueeze(1)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos = cos.to(x.dtype)
+    sin = sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[:, :I]) * x[:, I:]`` for ``x`` of shape ``[T, 2I]``."""
+    inter = x.shape[-1] // 2
+    return F.silu(x[..., :inter]) * x[..., inter:]
