@@ -22,11 +22,16 @@ class TextPart:
 
 @dataclass(frozen=True, slots=True)
 class AudioPart:
-    """Mono 16-bit little-endian PCM. ``transcript`` is filled when ASR already ran (realtime turns)."""
+    """Mono 16-bit little-endian PCM. ``transcript`` is filled when ASR already ran (realtime turns).
+
+    ``encoded`` carries an encoded file (mp3, ...) the gateway does not decode itself, so media decoding
+    and its limits stay on the model side; ``pcm16`` is then empty and ``sample_rate`` 0 until decoded.
+    """
 
     pcm16: bytes
     sample_rate: int
     transcript: str | None = None
+    encoded: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
