@@ -19,3 +19,8 @@ class OmniConfig:
     image_model: str | None = None  # local diffusers pipeline directory for image output
     device: str = "auto"
     served_model_name: str | None = None
+    # Defaults for knobs a client leaves unset (the realtime API has no temperature at all).
+    temperature: float = 0.7
+    top_p: float = 0.95
+    max_tokens: int = 512
+    system_prompt: str | None = None  # prepended when a conversation has no system message

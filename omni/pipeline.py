@@ -1,0 +1,306 @@
+"""OmniPipeline: the model side of the gateway (``omni.protocol.OmniBackend``).
+
+One turn: audio parts without a transcript go through ASR; the conversation is rendered with the
+LLM's chat template and streamed from the engine thread; for audio output the text deltas feed the
+TTS head, which speaks clause by clause while the text is still being generated; image output goes
+to the DiT head. Every stage stops when the consumer closes the stream or calls ``abort``.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from engine.errors import EngineDead, EngineOverloaded, InvalidRequest
+from engine.outputs import StreamDelta
+from omni.config import OmniConfig
+from omni.prompting import SamplingDefaults, UnsupportedInput, chat_messages, sampling_params
+from omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Capabilities, Done, Error, Health, Message,
+                           OmniRequest, OutputChunk, TextDelta, ToolCallDelta, Transcription, Usage, VadSettings,
+                           VoiceActivityDetector)
+from omni.tool_calls import parse_tool_calls
+
+log = logging.getLogger(__name__)
+
+
+class OmniPipeline:
+    def __init__(self, config: OmniConfig, *, engine: Any, asr: Any | None = None, tts: Any | None = None,
+                 vad_session: Any | None = None, image_head: Any | None = None) -> None:
+        self.config = config
+        self.engine = engine
+        self.asr = asr
+        self.tts = tts
+        self.image_head = image_head
+        self._vad_session = vad_session
+        self._defaults = SamplingDefaults(temperature=config.temperature, top_p=config.top_p,
+                                          max_tokens=config.max_tokens)
+        self._asr_lock = asyncio.Lock()
+        self._active: dict[str, asyncio.Event] = {}
+        inputs = {"text"} | ({"audio"} if asr is not None else set())
+        outputs = {"text"} | ({"audio"} if tts is not None else set()) | ({"image"} if image_head is not None else set())
+        self.capabilities = Capabilities(
+            model=config.served_model_name or engine.model_name,
+            input_modalities=frozenset(inputs),
+            output_modalities=frozenset(outputs),
+            voices=tuple(tts.voices) if tts is not None else (),
+            max_context_tokens=engine.max_model_len,
+        )
+
+    @classmethod
+    def load(cls, config: OmniConfig) -> OmniPipeline:
+        """Load every configured stage; the slow ones report progress on the log."""
+        from engine.async_engine import AsyncEngine
+
+        t0 = time.monotonic()
+        engine = AsyncEngine(config.engine)
+        log.info("LLM %s ready in %.1f s", engine.model_name, time.monotonic() - t0)
+        asr = tts = vad_session = image_head = None
+        if config.asr is not None:
+            from encoders.asr import load_asr
+            asr = load_asr(config.asr, device=config.device)
+        if config.tts is not None:
+            from omni.heads.tts import load_tts
+            tts = load_tts(config.tts, device=config.device)
+        if config.vad:
+            from encoders.vad import load_session
+            vad_session = load_session()
+        if config.image_model is not None:
+            from omni.heads.dit import load_image_head
+            image_head = load_image_head(config.image_model, device=config.device)
+        log.info("all stages ready in %.1f s", time.monotonic() - t0)
+        return cls(config, engine=engine, asr=asr, tts=tts, vad_session=vad_session, image_head=image_head)
+
+    # ---- OmniBackend -----------------------------------------------------------------------------
+
+    async def generate(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
+        cancel = asyncio.Event()
+        self._active[request.request_id] = cancel
+        try:
+            if "image" in request.modalities:
+                async for chunk in self._generate_image(request, cancel):
+                    yield chunk
+                return
+            try:
+                request = await self._transcribe_parts(request)
+                prompt_ids = self._prompt_ids(request)
+                params = sampling_params(request.sampling, self._defaults)
+            except (InvalidRequest, UnsupportedInput, ValueError) as exc:
+                yield _error(exc)
+                return
+            if "audio" in request.modalities:
+                stream = self._spoken(request, prompt_ids, params, cancel)
+            else:
+                stream = self._written(request, prompt_ids, params)
+            async for chunk in stream:
+                yield chunk
+        finally:
+            self._active.pop(request.request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        event = self._active.get(request_id)
+        if event is not None:
+            event.set()
+        await self.engine.abort(request_id)
+
+    async def transcribe(self, pcm16: bytes, sample_rate: int, *, language: str | None = None,
+                         prompt: str | None = None) -> Transcription:
+        if self.asr is None:
+            raise UnsupportedInput("no speech recognition model is loaded (start the server with --asr)")
+        async with self._asr_lock:  # one decoder instance; Whisper runs are short and sequential anyway
+            result = await asyncio.to_thread(self.asr.transcribe_pcm16, pcm16, sample_rate, language=language,
+                                             prompt=prompt)
+        return Transcription(text=result.text, language=result.language, duration_s=result.duration_s)
+
+    async def synthesize(self, text: str, options: AudioOutputOptions) -> AsyncIterator[AudioChunk]:
+        if self.tts is None:
+            raise UnsupportedInput("no speech synthesis model is loaded (start the server with --tts)")
+
+        async def once() -> AsyncIterator[str]:
+            yield text
+
+        async for chunk in self.tts.stream(once(), options):
+            yield chunk
+
+    def new_vad(self, settings: VadSettings) -> VoiceActivityDetector:
+        if self._vad_session is None:
+            raise UnsupportedInput("voice activity detection is disabled on this server")
+        from encoders.vad import SileroVad
+
+        return SileroVad(settings, session=self._vad_session)
+
+    def count_tokens(self, messages: tuple[Message, ...]) -> int:
+        request = OmniRequest(request_id="count", messages=messages)
+        return len(self._prompt_ids(request))
+
+    def health(self) -> Health:
+        ok, detail = self.engine.health()
+        return Health(ok=ok, detail=detail)
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self.engine.stats())
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    # ---- stages ----------------------------------------------------------------------------------
+
+    async def _transcribe_parts(self, request: OmniRequest) -> OmniRequest:
+        """Give every audio part a transcript (HTTP input_audio parts arrive without one)."""
+        if not any(isinstance(p, AudioPart) and p.transcript is None for m in request.messages for p in m.parts):
+            return request
+        messages = []
+        for message in request.messages:
+            parts = []
+            for part in message.parts:
+                if isinstance(part, AudioPart) and part.transcript is None:
+                    pcm16, rate = self._pcm16_of(part)
+                    text = (await self.transcribe(pcm16, rate)).text
+                    part = AudioPart(pcm16=pcm16, sample_rate=rate, transcript=text)
+                parts.append(part)
+            messages.append(Message(message.role, tuple(parts), message.tool_calls, message.tool_call_id))
+        return dataclasses.replace(request, messages=tuple(messages))
+
+    @staticmethod
+    def _pcm16_of(part: AudioPart) -> tuple[bytes, int]:
+        encoded = getattr(part, "encoded", None)
+        if encoded:
+            from encoders.audio import decode_audio, float_to_pcm16
+
+            decoded = decode_audio(encoded)
+            return float_to_pcm16(decoded.samples), decoded.sample_rate
+        return part.pcm16, part.sample_rate
+
+    def _prompt_ids(self, request: OmniRequest) -> list[int]:
+        tokenizer = self.engine.tokenizer
+        if request.raw_prompt is not None:
+            return list(tokenizer.encode(request.raw_prompt))
+        from engine.chat_template import render_chat
+
+        messages = chat_messages(request, allow_images=False)
+        if self.config.system_prompt and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": self.config.system_prompt})
+        prompt = render_chat(tokenizer, messages, tools=request.tools or None,
+                             add_generation_prompt=request.add_generation_prompt)
+        # The template already holds the special tokens (BOS, role markers); don't add them twice.
+        return list(tokenizer.encode(prompt, add_special_tokens=False))
+
+    async def _deltas(self, request: OmniRequest, prompt_ids: list[int], params: Any) -> AsyncIterator[StreamDelta]:
+        async for delta in self.engine.generate(prompt_ids, params, request_id=request.request_id,
+                                                priority=request.priority):
+            yield delta
+
+    async def _written(self, request: OmniRequest, prompt_ids: list[int], params: Any) -> AsyncIterator[OutputChunk]:
+        tool_names = frozenset(t.get("name") or t.get("function", {}).get("name") for t in request.tools)
+        held: dict[int, list[str]] = {}  # with tools, text is held until we know whether it is a call
+        finals: list[StreamDelta] = []
+        try:
+            async for delta in self._deltas(request, prompt_ids, params):
+                if delta.error is not None:
+                    yield Error("engine_error", delta.error, status=500)
+                    return
+                if delta.text or delta.logprobs:
+                    if tool_names:
+                        held.setdefault(delta.index, []).append(delta.text)
+                    else:
+                        yield TextDelta(delta.text, index=delta.index, logprobs=self._logprobs(delta))
+                if delta.finished:
+                    finals.append(delta)
+                    reason = delta.finish_reason or "stop"
+                    if tool_names:
+                        content, calls = parse_tool_calls("".join(held.pop(delta.index, [])), tool_names)
+                        if content:
+                            yield TextDelta(content, index=delta.index)
+                        for call in calls:
+                            yield ToolCallDelta(call.call_id, call.name, call.arguments)
+                        if calls:
+                            reason = "tool_calls"
+                    yield Done(reason, index=delta.index)
+        except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
+            yield _error(exc)
+            return
+        yield _usage(finals)
+
+    async def _spoken(self, request: OmniRequest, prompt_ids: list[int], params: Any,
+                      cancel: asyncio.Event) -> AsyncIterator[OutputChunk]:
+        if self.tts is None:
+            yield Error("unsupported_modality", "audio output needs a speech synthesis model (start with --tts)")
+            return
+        finals: list[StreamDelta] = []
+        failure: list[Error] = []
+
+        async def text() -> AsyncIterator[str]:
+            try:
+                async for delta in self._deltas(request, prompt_ids, params):
+                    if delta.error is not None:
+                        failure.append(Error("engine_error", delta.error, status=500))
+                        return
+                    if delta.index != 0:
+                        continue  # one voice per response: extra choices are not spoken
+                    if delta.text:
+                        yield delta.text
+                    if delta.finished:
+                        finals.append(delta)
+                    if cancel.is_set():
+                        return
+            except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
+                failure.append(_error(exc))
+
+        samples = 0
+        async for chunk in self.tts.stream(text(), request.audio):
+            if cancel.is_set():
+                break
+            samples += len(chunk.pcm16) // 2
+            yield chunk
+        if failure:
+            yield failure[0]
+            return
+        reason = finals[0].finish_reason if finals else "abort"
+        yield Done(reason or "stop")
+        # Output audio tokens are counted as OpenAI does for its realtime models: 1 token per 50 ms.
+        usage = _usage(finals)
+        yield Usage(usage.input_tokens, usage.output_tokens, usage.cached_tokens,
+                    output_audio_tokens=round(samples / request.audio.sample_rate * 20))
+
+    async def _generate_image(self, request: OmniRequest, cancel: asyncio.Event) -> AsyncIterator[OutputChunk]:
+        if self.image_head is None:
+            yield Error("unsupported_modality", "image output needs an image model (start with --image-model DIR)")
+            return
+        prompt = "\n".join(m.text for m in request.messages if m.role == "user").strip()
+        if not prompt:
+            yield Error("invalid_request", "image generation needs a text prompt in a user message")
+            return
+        try:
+            async for chunk in self.image_head.generate(prompt, request.image, cancel):
+                yield chunk
+        except ValueError as exc:
+            yield _error(exc)
+            return
+        yield Done("stop")
+
+    def _logprobs(self, delta: StreamDelta) -> tuple[tuple[str, float, tuple[tuple[str, float], ...]], ...]:
+        if not delta.logprobs:
+            return ()
+        tok = self.engine.tokenizer
+        return tuple((tok.decode([lp.token_id]), lp.logprob,
+                      tuple((tok.decode([t]), v) for t, v in lp.top)) for lp in delta.logprobs)
+
+
+def _usage(finals: list[StreamDelta]) -> Usage:
+    if not finals:
+        return Usage()
+    return Usage(input_tokens=finals[0].num_prompt_tokens, cached_tokens=finals[0].num_cached_tokens,
+                 output_tokens=sum(d.num_output_tokens for d in finals))
+
+
+def _error(exc: Exception) -> Error:
+    if isinstance(exc, EngineOverloaded):
+        return Error("overloaded", str(exc), status=503)
+    if isinstance(exc, EngineDead):
+        return Error("engine_dead", str(exc), status=503)
+    if isinstance(exc, UnsupportedInput):
+        return Error("unsupported_modality", str(exc), status=400)
+    return Error("invalid_request", str(exc), status=400)
+

@@ -1,0 +1,212 @@
+"""OmniPipeline orchestration over fake stages: what reaches the engine, and what the gateway receives."""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from engine.errors import EngineOverloaded
+from engine.outputs import StreamDelta
+from omni.config import OmniConfig
+from omni.pipeline import OmniPipeline
+from omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Done, Error, ImagePart, Message, OmniRequest,
+                           SamplingOptions, TextDelta, TextPart, ToolCallDelta, Usage)
+
+
+class CharTokenizer:
+    """One token per character, and a chat template that tags roles: enough to see what the engine got."""
+
+    chat_template = "role-tags"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: Any = None, add_generation_prompt: bool = True,
+                            chat_template: str | None = None, tokenize: bool = False) -> str:
+        head = f"<tools>{json.dumps(tools)}</tools>" if tools else ""
+        body = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
+        return head + body + ("<assistant>" if add_generation_prompt else "")
+
+
+class FakeEngine:
+    model_name = "fake-llm"
+    max_model_len = 4096
+
+    def __init__(self, pieces: list[str], *, fail: Exception | None = None) -> None:
+        self.tokenizer = CharTokenizer()
+        self.pieces = pieces
+        self.fail = fail
+        self.prompts: list[str] = []
+        self.params: list[Any] = []
+        self.closed_early = False
+        self.aborted: list[str] = []
+
+    async def generate(self, prompt_ids: list[int], params: Any, *, request_id: str,
+                       priority: int = 0) -> AsyncIterator[StreamDelta]:
+        if self.fail is not None:
+            raise self.fail
+        self.prompts.append(self.tokenizer.decode(prompt_ids))
+        self.params.append(params)
+        emitted = 0
+        try:
+            for i, piece in enumerate(self.pieces):
+                emitted += 1
+                last = i == len(self.pieces) - 1
+                yield StreamDelta(request_id, piece, (i,), finished=last, finish_reason="stop" if last else None,
+                                  num_prompt_tokens=len(prompt_ids), num_cached_tokens=3,
+                                  num_output_tokens=emitted)
+                await asyncio.sleep(0)
+        except GeneratorExit:
+            self.closed_early = True
+            raise
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def health(self) -> tuple[bool, str]:
+        return True, "running"
+
+    def stats(self) -> dict[str, float]:
+        return {"kv_blocks_used": 0.0}
+
+
+class FakeASR:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def transcribe_pcm16(self, pcm16: bytes, rate: int, *, language: str | None = None, prompt: str | None = None) -> Any:
+        self.calls += 1
+
+        class Result:
+            text = "what is the capital of France"
+            language = "en"
+            duration_s = len(pcm16) / 2 / rate
+        return Result()
+
+
+class FakeTTS:
+    """10 ms of silence per character, cut into 100 ms chunks; the text rides on each segment's first chunk."""
+
+    voices = ("joe",)
+
+    async def stream(self, texts: AsyncIterator[str], options: AudioOutputOptions) -> AsyncIterator[AudioChunk]:
+        async for text in texts:
+            samples = len(text) * options.sample_rate // 100
+            step = options.sample_rate // 10
+            for start in range(0, samples, step):
+                n = min(step, samples - start)
+                yield AudioChunk(b"\0\0" * n, options.sample_rate, text if start == 0 else "")
+
+
+def _pipeline(engine: FakeEngine, **kw: Any) -> OmniPipeline:
+    return OmniPipeline(OmniConfig(temperature=0.0), engine=engine, asr=kw.get("asr"), tts=kw.get("tts"))
+
+
+def _user(text: str) -> tuple[Message, ...]:
+    return (Message("user", (TextPart(text),)),)
+
+
+async def _collect(pipeline: OmniPipeline, request: OmniRequest) -> list[Any]:
+    return [chunk async for chunk in pipeline.generate(request)]
+
+
+def test_text_turn_streams_deltas_then_done_and_usage() -> None:
+    engine = FakeEngine(["Paris", " is", " the capital."])
+    chunks = asyncio.run(_collect(_pipeline(engine), OmniRequest("r1", _user("capital of France?"))))
+    assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == "Paris is the capital."
+    assert [type(c) for c in chunks[-2:]] == [Done, Usage]
+    usage = chunks[-1]
+    assert usage.input_tokens == len(engine.prompts[0]) and usage.output_tokens == 3 and usage.cached_tokens == 3
+    assert engine.prompts[0] == "<user>capital of France?</user><assistant>"
+    assert engine.params[0].temperature == 0.0  # the configured default fills the unset knob
+
+
+def test_client_sampling_options_reach_the_engine() -> None:
+    engine = FakeEngine(["ok"])
+    request = OmniRequest("r1", _user("hi"), sampling=SamplingOptions(temperature=1.3, max_tokens=7, seed=5,
+                                                                      stop=("\n",)))
+    asyncio.run(_collect(_pipeline(engine), request))
+    p = engine.params[0]
+    assert (p.temperature, p.max_tokens, p.seed, p.stop) == (1.3, 7, 5, ("\n",))
+
+
+def test_tool_call_in_output_becomes_a_tool_call_chunk() -> None:
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    engine = FakeEngine([call[:20], call[20:]])
+    tools = ({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},)
+    chunks = asyncio.run(_collect(_pipeline(engine), OmniRequest("r1", _user("weather?"), tools=tools)))
+    calls = [c for c in chunks if isinstance(c, ToolCallDelta)]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and json.loads(calls[0].arguments) == {"city": "Paris"}
+    assert not [c for c in chunks if isinstance(c, TextDelta)]
+    assert [c for c in chunks if isinstance(c, Done)][0].finish_reason == "tool_calls"
+    assert engine.prompts[0].startswith("<tools>")
+
+
+def test_audio_output_speaks_the_text_in_chunks_of_at_most_100ms() -> None:
+    engine = FakeEngine(["Paris is", " the capital", " of France."])
+    request = OmniRequest("r1", _user("capital?"), modalities=("audio",))
+    chunks = asyncio.run(_collect(_pipeline(engine, tts=FakeTTS()), request))
+    audio = [c for c in chunks if isinstance(c, AudioChunk)]
+    assert audio and all(len(c.pcm16) <= 2 * 2400 for c in audio)
+    assert "".join(c.transcript for c in audio) == "Paris is the capital of France."
+    usage = chunks[-1]
+    assert isinstance(usage, Usage)
+    seconds = sum(len(c.pcm16) // 2 for c in audio) / 24000
+    assert usage.output_audio_tokens == round(seconds * 20)
+
+
+def test_audio_input_without_transcript_is_transcribed_before_prompting() -> None:
+    engine, asr = FakeEngine(["Paris."]), FakeASR()
+    audio = AudioPart(pcm16=b"\0\0" * 16000, sample_rate=16000)
+    request = OmniRequest("r1", (Message("user", (audio,)),))
+    asyncio.run(_collect(_pipeline(engine, asr=asr), request))
+    assert asr.calls == 1
+    assert "what is the capital of France" in engine.prompts[0]
+
+
+def test_image_for_a_text_only_model_is_a_clear_error() -> None:
+    engine = FakeEngine(["x"])
+    request = OmniRequest("r1", (Message("user", (TextPart("what is this?"), ImagePart(b"\x89PNG"))),))
+    chunks = asyncio.run(_collect(_pipeline(engine), request))
+    assert len(chunks) == 1 and isinstance(chunks[0], Error)
+    assert chunks[0].code == "unsupported_modality" and "image" in chunks[0].message
+    assert engine.prompts == []
+
+
+def test_overloaded_engine_becomes_a_503_error_chunk() -> None:
+    engine = FakeEngine([], fail=EngineOverloaded("waiting queue is full (4096 requests)"))
+    chunks = asyncio.run(_collect(_pipeline(engine), OmniRequest("r1", _user("hi"))))
+    assert isinstance(chunks[-1], Error) and chunks[-1].status == 503 and chunks[-1].code == "overloaded"
+
+
+def test_closing_the_stream_early_closes_the_engine_stream() -> None:
+    engine = FakeEngine(["a", "b", "c", "d"])
+
+    async def first_only() -> None:
+        stream = _pipeline(engine).generate(OmniRequest("r1", _user("hi")))
+        async for chunk in stream:
+            assert isinstance(chunk, TextDelta)
+            break
+        await stream.aclose()
+
+    asyncio.run(first_only())
+    assert engine.closed_early
+
+
+def test_image_output_without_an_image_model_is_a_clear_error() -> None:
+    chunks = asyncio.run(_collect(_pipeline(FakeEngine(["x"])),
+                                  OmniRequest("r1", _user("a cat"), modalities=("image",))))
+    assert isinstance(chunks[0], Error) and "image model" in chunks[0].message
+
+
+@pytest.mark.parametrize("bad", [{"temperature": -1.0}, {"top_p": 0.0}, {"max_tokens": 0}])
+def test_bad_sampling_values_are_invalid_request_errors(bad: dict[str, Any]) -> None:
+    chunks = asyncio.run(_collect(_pipeline(FakeEngine(["x"])),
+                                  OmniRequest("r1", _user("hi"), sampling=SamplingOptions(**bad))))
+    assert isinstance(chunks[0], Error) and chunks[0].code == "invalid_request" and chunks[0].status == 400
