@@ -1,0 +1,147 @@
+"""Per-sequence view of the block pool: prefix lookup, slot allocation, hash registration, freeing.
+
+Pure Python: no torch, no I/O. The scheduler is its only caller.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.block_pool import Block, BlockHash, BlockPool, hash_block
+from engine.sequence import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class CachedPrefix:
+    """Blocks already holding the KV of a sequence's leading tokens."""
+
+    blocks: tuple[Block, ...]
+    num_tokens: int
+
+
+_NO_PREFIX = CachedPrefix((), 0)
+
+
+@dataclass(frozen=True, slots=True)
+class KVUsage:
+    allocated_slots: int  # used blocks x block size
+    stored_tokens: int  # slots of those blocks that hold computed KV
+    num_used_blocks: int
+    num_free_blocks: int
+
+    @property
+    def waste_fraction(self) -> float:
+        return 1.0 - self.stored_tokens / self.allocated_slots if self.allocated_slots else 0.0
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self._held: dict[int, list[Block]] = {}
+        self._seqs: dict[int, Sequence] = {}
+        self._hashes: dict[int, list[BlockHash]] = {}
+        self._num_registered: dict[int, int] = {}
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.pool.num_used_blocks
+
+    def find_cached_prefix(self, seq: Sequence) -> CachedPrefix:
+        """Longest run of cached full blocks at the start of ``seq``. It never covers the last token,
+        because that token's forward pass is what produces the next token's logits."""
+        if not self.enable_prefix_caching:
+            return _NO_PREFIX
+        max_blocks = (len(seq) - 1) // self.block_size
+        hits: list[Block] = []
+        for block_hash in self._block_hashes(seq, max_blocks):
+            block = self.pool.lookup(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return CachedPrefix(tuple(hits), len(hits) * self.block_size) if hits else _NO_PREFIX
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, prefix: CachedPrefix | None = None) -> bool:
+        """Give ``seq`` the blocks for its next ``num_new_tokens`` tokens (after the prefix when it is being
+        admitted). Returns False, changing nothing, when the pool is short."""
+        held = self._held.get(seq.seq_id, [])
+        if prefix is not None and held:
+            raise RuntimeError(f"{seq!r} already holds blocks; a cached prefix applies only on admission")
+        hit_blocks = prefix.blocks if prefix is not None else ()
+        start = prefix.num_tokens if prefix is not None else seq.num_computed_tokens
+        num_new_blocks = _cdiv(start + num_new_tokens, self.block_size) - len(held) - len(hit_blocks)
+        revived = sum(1 for b in hit_blocks if b.ref_count == 0)  # these leave the free list too
+        if max(num_new_blocks, 0) + revived > self.pool.num_free_blocks:
+            return False
+        self.pool.touch(hit_blocks)
+        new_blocks = self.pool.allocate(max(num_new_blocks, 0))
+        if seq.seq_id not in self._held:
+            self._held[seq.seq_id] = held
+            self._seqs[seq.seq_id] = seq
+            self._num_registered[seq.seq_id] = len(hit_blocks)
+        held.extend(hit_blocks)
+        held.extend(new_blocks)
+        seq.block_table.extend(b.block_id for b in (*hit_blocks, *new_blocks))
+        if prefix is not None:
+            self.prefix_query_tokens += len(seq)
+            self.prefix_hit_tokens += prefix.num_tokens
+        return True
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Index the blocks whose every slot now holds computed KV, so later sequences can reuse them."""
+        if not self.enable_prefix_caching or seq.seq_id not in self._held:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        done = self._num_registered[seq.seq_id]
+        if num_full <= done:
+            return
+        held = self._held[seq.seq_id]
+        hashes = self._block_hashes(seq, num_full)
+        for i in range(done, num_full):
+            self.pool.register(held[i], hashes[i])
+        self._num_registered[seq.seq_id] = num_full
+
+    def free(self, seq: Sequence) -> None:
+        """Return the sequence's blocks. Its last block is freed first so it is evicted first: a long
+        prefix is less likely to be shared than the short one its first blocks hold."""
+        blocks = self._held.pop(seq.seq_id, None)
+        self._seqs.pop(seq.seq_id, None)
+        self._hashes.pop(seq.seq_id, None)
+        self._num_registered.pop(seq.seq_id, None)
+        seq.block_table.clear()
+        if blocks:
+            self.pool.release(reversed(blocks))
+
+    def usage(self) -> KVUsage:
+        stored: dict[int, int] = {}
+        for seq_id, blocks in self._held.items():
+            computed = self._seqs[seq_id].num_computed_tokens
+            for i, block in enumerate(blocks):
+                filled = min(self.block_size, max(computed - i * self.block_size, 0))
+                stored[block.block_id] = max(stored.get(block.block_id, 0), filled)
+        used = self.pool.num_used_blocks
+        return KVUsage(used * self.block_size, sum(stored.values()), used, self.pool.num_free_blocks)
+
+    def _block_hashes(self, seq: Sequence, num_blocks: int) -> list[BlockHash]:
+        hashes = self._hashes.setdefault(seq.seq_id, [])
+        bs = self.block_size
+        while len(hashes) < num_blocks:
+            i = len(hashes)
+            start, end = i * bs, (i + 1) * bs
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block(parent, seq.token_ids[start:end], seq.extra_keys_for(start, end)))
+        return hashes[:num_blocks]

@@ -1,0 +1,160 @@
+from __future__ import annotations
+
+import pytest
+
+from engine.block_pool import BlockPool, hash_block
+from engine.kv_cache_manager import KVCacheManager
+from engine.sampling_params import SamplingParams
+from engine.sequence import EmbedSpan, Sequence
+
+BS = 4
+
+
+def seq_of(tokens: list[int], spans: tuple[EmbedSpan, ...] = ()) -> Sequence:
+    return Sequence("r", tokens, SamplingParams(), embed_spans=spans)
+
+
+def admit(kv: KVCacheManager, seq: Sequence) -> int:
+    """Admit like the scheduler does and compute the whole sequence; returns the cached-prefix length."""
+    prefix = kv.find_cached_prefix(seq)
+    assert kv.allocate_slots(seq, len(seq) - prefix.num_tokens, prefix)
+    seq.num_computed_tokens = len(seq)
+    kv.cache_full_blocks(seq)
+    return prefix.num_tokens
+
+
+def test_chain_hash_depends_on_parent_tokens_and_extra_keys() -> None:
+    a = hash_block(None, [1, 2, 3, 4])
+    assert a == hash_block(None, [1, 2, 3, 4])
+    assert a != hash_block(None, [1, 2, 3, 5])
+    assert hash_block(a, [5, 6, 7, 8]) != hash_block(None, [5, 6, 7, 8])
+    assert hash_block(None, [1, 2, 3, 4], ("img-a",)) != hash_block(None, [1, 2, 3, 4], ("img-b",))
+    assert hash_block(None, [1], ("ab", "c")) != hash_block(None, [1], ("a", "bc"))
+
+
+def test_pool_lru_order_and_eviction_of_hashes() -> None:
+    pool = BlockPool(4)
+    blocks = pool.allocate(4)
+    assert pool.num_free_blocks == 0 and pool.num_used_blocks == 4
+    pool.register(blocks[0], b"h0")
+    pool.release([blocks[2], blocks[0], blocks[3], blocks[1]])
+    assert pool.free_order() == [2, 0, 3, 1]
+    assert pool.lookup(b"h0") is blocks[0]  # freed but still findable
+    # A hit on a free block takes it off the free list without disturbing the others' order.
+    pool.touch([blocks[0]])
+    assert pool.free_order() == [2, 3, 1] and blocks[0].ref_count == 1
+    pool.release([blocks[0]])
+    assert pool.free_order() == [2, 3, 1, 0]
+    taken = pool.allocate(4)
+    assert [b.block_id for b in taken] == [2, 3, 1, 0]
+    assert pool.lookup(b"h0") is None and blocks[0].hash is None  # reuse evicted the hash
+    with pytest.raises(ValueError, match="asked for 1 blocks but only 0 are free"):
+        pool.allocate(1)
+
+
+def test_release_more_than_taken_is_an_error() -> None:
+    pool = BlockPool(2)
+    [block] = pool.allocate(1)
+    pool.release([block])
+    with pytest.raises(RuntimeError, match="released more often"):
+        pool.release([block])
+
+
+def test_allocation_is_all_or_nothing_and_never_more_than_needed() -> None:
+    kv = KVCacheManager(5, BS)
+    seq = seq_of(list(range(9)))  # 9 tokens -> 3 blocks
+    assert kv.allocate_slots(seq, 9)
+    assert len(seq.block_table) == 3 and kv.num_free_blocks == 2
+    seq.num_computed_tokens = 9
+    assert kv.allocate_slots(seq, 1)  # 10th token fits in block 3
+    assert len(seq.block_table) == 3
+    other = seq_of(list(range(100, 113)))  # 13 tokens -> 4 blocks, only 2 free
+    assert not kv.allocate_slots(other, 13)
+    assert other.block_table == [] and kv.num_free_blocks == 2
+    kv.free(seq)
+    assert kv.num_used_blocks == 0 and seq.block_table == []
+
+
+def test_prefix_hit_reuses_blocks_but_never_covers_the_last_token() -> None:
+    kv = KVCacheManager(16, BS)
+    first = seq_of(list(range(10)))
+    assert admit(kv, first) == 0
+    kv.free(first)
+    assert kv.num_used_blocks == 0
+
+    # Exactly two full blocks: the second cannot be a hit, the last token must be computed.
+    again = seq_of(list(range(8)))
+    prefix = kv.find_cached_prefix(again)
+    assert prefix.num_tokens == 4
+    assert kv.allocate_slots(again, 4, prefix)
+    assert again.block_table[0] == prefix.blocks[0].block_id
+
+    longer = seq_of(list(range(10)) + [50, 51, 52])
+    assert kv.find_cached_prefix(longer).num_tokens == 8
+    diverging = seq_of([0, 1, 2, 3, 99, 5, 6, 7, 8])
+    assert kv.find_cached_prefix(diverging).num_tokens == 4
+    assert kv.prefix_query_tokens == 10 + 8 and kv.prefix_hit_tokens == 4
+
+
+def test_shared_prefix_blocks_are_ref_counted() -> None:
+    kv = KVCacheManager(16, BS)
+    a = seq_of(list(range(9)))
+    admit(kv, a)
+    b = seq_of(list(range(8)) + [77])
+    assert admit(kv, b) == 8
+    assert a.block_table[:2] == b.block_table[:2]
+    assert kv.num_used_blocks == 4  # 2 shared + one tail each
+    kv.free(a)
+    assert kv.num_used_blocks == 3
+    kv.free(b)
+    assert kv.num_used_blocks == 0
+
+
+def test_media_keys_separate_identical_placeholder_tokens() -> None:
+    kv = KVCacheManager(16, BS)
+    tokens = [5] * 8 + [1]
+    admit(kv, seq_of(tokens, (EmbedSpan(0, 8, "cat.png", None),)))
+    assert kv.find_cached_prefix(seq_of(tokens, (EmbedSpan(0, 8, "dog.png", None),))).num_tokens == 0
+    assert kv.find_cached_prefix(seq_of(tokens, (EmbedSpan(0, 8, "cat.png", None),))).num_tokens == 8
+
+
+def test_eviction_takes_oldest_freed_and_a_sequences_tail_first() -> None:
+    kv = KVCacheManager(6, BS)
+    old = seq_of(list(range(12)))  # blocks for [0..4), [4..8), [8..12)
+    admit(kv, old)
+    old_blocks = list(old.block_table)
+    new = seq_of(list(range(100, 112)))
+    admit(kv, new)
+    new_blocks = list(new.block_table)
+    kv.free(old)
+    kv.free(new)
+    assert kv.pool.free_order() == old_blocks[::-1] + new_blocks[::-1]
+
+    # One block of pressure evicts the old sequence's last block only: its first 8 tokens still hit.
+    filler = seq_of([200, 201, 202])
+    assert kv.allocate_slots(filler, 3)
+    assert filler.block_table == [old_blocks[2]]
+    assert kv.find_cached_prefix(seq_of(list(range(12)) + [1])).num_tokens == 8
+    assert kv.find_cached_prefix(seq_of(list(range(100, 112)) + [1])).num_tokens == 12
+
+
+def test_usage_reports_allocated_slots_against_stored_tokens() -> None:
+    kv = KVCacheManager(8, BS)
+    a = seq_of(list(range(6)))
+    assert kv.allocate_slots(a, 6)
+    a.num_computed_tokens = 6
+    u = kv.usage()
+    assert (u.allocated_slots, u.stored_tokens, u.num_used_blocks) == (8, 6, 2)
+    assert u.waste_fraction == pytest.approx(0.25)
+    kv.cache_full_blocks(a)
+    b = seq_of(list(range(4)) + [9, 9])
+    assert admit(kv, b) == 4
+    u = kv.usage()
+    assert (u.allocated_slots, u.stored_tokens) == (12, 4 + 2 + 2)  # the shared block counts once
+
+
+def test_disabled_prefix_caching_never_hits() -> None:
+    kv = KVCacheManager(8, BS, enable_prefix_caching=False)
+    admit(kv, seq_of(list(range(9))))
+    assert kv.find_cached_prefix(seq_of(list(range(9)))).num_tokens == 0
+    assert kv.pool.num_cached_blocks == 0
