@@ -1,0 +1,134 @@
+"""POST /v1/audio/transcriptions (multipart WAV upload) and POST /v1/audio/speech (streamed audio)."""
+from __future__ import annotations
+
+import base64
+import io
+import logging
+from collections.abc import AsyncIterator
+
+import numpy as np
+import soundfile
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.types import Message as AsgiMessage
+
+from gateway.http.audio_request import SpeechCall, parse_speech, parse_transcription_form
+from gateway.http.endpoint import read_body, read_json
+from gateway.http.errors import ApiError, internal, invalid
+from gateway.http.limits import HttpLimits
+from gateway.http.streaming import EventStreamResponse, sse_event, unless_disconnected
+from gateway.http.wav import decode_wav, is_wav, wav_header
+from omni.protocol import AudioChunk, OmniBackend
+
+log = logging.getLogger("gateway.http")
+_MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}
+
+
+async def transcriptions(request: Request, backend: OmniBackend, limits: HttpLimits) -> Response:
+    # the whole upload is bounded before python-multipart sees it, then replayed to the form parser
+    raw = await read_body(request, limits.max_body_bytes)
+    replayed = Request(request.scope, _replay(raw))
+    try:
+        form = await replayed.form(max_files=1, max_fields=16)
+    except Exception:  # python-multipart's own messages are not shown to clients
+        raise invalid("The body is not a valid multipart/form-data upload.", code="invalid_multipart") from None
+    async with form:
+        call = parse_transcription_form(form, backend.capabilities)
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise invalid("Missing required parameter: 'file' (the audio upload).", "file",
+                          "missing_required_parameter")
+        data = await upload.read()
+    if not is_wav(data):
+        raise invalid("'file' must be a PCM WAV file; this server decodes no other upload format. Convert "
+                      "first, e.g. ffmpeg -i in.mp3 -ac 1 -ar 16000 out.wav", "file", "unsupported_audio_format")
+    pcm16, rate = decode_wav(data, max_seconds=limits.max_audio_seconds, param="file")
+    result = await unless_disconnected(request, lambda: backend.transcribe(pcm16, rate, language=call.language,
+                                                                            prompt=call.prompt))
+    if call.response_format == "text":
+        return PlainTextResponse(result.text)
+    if call.response_format == "verbose_json":
+        return JSONResponse({"task": "transcribe", "language": result.language or call.language or "",
+                             "duration": result.duration_s, "text": result.text,
+                             "usage": {"type": "duration", "seconds": result.duration_s}})
+    return JSONResponse({"text": result.text, "usage": {"type": "duration", "seconds": result.duration_s}})
+
+
+def _replay(body: bytes):
+    sent = False
+
+    async def receive() -> AsgiMessage:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def speech(request: Request, backend: OmniBackend, limits: HttpLimits) -> Response:
+    call = parse_speech(await read_json(request, limits.max_body_bytes), backend.capabilities, limits)
+    stream = aiter(backend.synthesize(call.text, call.options))
+
+    async def close() -> None:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    try:  # wait for the first chunk so a failing voice model answers with an error status, not broken audio
+        first = await unless_disconnected(request, lambda: anext(stream, None))
+        if call.response_format == "flac":
+            return Response(await unless_disconnected(request, lambda: _flac(first, stream)),
+                            media_type=_MEDIA_TYPES["flac"])
+    except BaseException:
+        await close()
+        raise
+    if call.sse:
+        return EventStreamResponse(_speech_events(first, stream), cleanup=close)
+    return EventStreamResponse(_audio_bytes(call, first, stream), cleanup=close,
+                               media_type=_MEDIA_TYPES[call.response_format])
+
+
+async def _chunks(first: AudioChunk | None, stream: AsyncIterator[AudioChunk]) -> AsyncIterator[AudioChunk]:
+    if first is None:
+        return
+    yield first
+    async for chunk in stream:
+        yield chunk
+
+
+async def _audio_bytes(call: SpeechCall, first: AudioChunk | None,
+                       stream: AsyncIterator[AudioChunk]) -> AsyncIterator[bytes]:
+    if call.response_format == "wav":
+        yield wav_header(first.sample_rate if first else call.options.sample_rate)
+    try:
+        async for chunk in _chunks(first, stream):
+            yield chunk.pcm16
+    except Exception:  # the status line is sent: ending the body early is all that is left
+        log.exception("speech synthesis failed mid-stream")
+
+
+async def _speech_events(first: AudioChunk | None, stream: AsyncIterator[AudioChunk]) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in _chunks(first, stream):
+            yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(chunk.pcm16).decode()})
+    except ApiError as error:
+        yield sse_event(error.body())
+        return
+    except Exception:
+        log.exception("speech synthesis failed mid-stream")
+        yield sse_event(internal().body())
+        return
+    yield sse_event({"type": "speech.audio.done"})
+
+
+async def _flac(first: AudioChunk | None, stream: AsyncIterator[AudioChunk]) -> bytes:
+    pcm = bytearray()
+    rate = first.sample_rate if first else 24000
+    async for chunk in _chunks(first, stream):
+        pcm += chunk.pcm16
+    out = io.BytesIO()
+    soundfile.write(out, np.frombuffer(bytes(pcm), dtype="<i2"), rate, format="FLAC", subtype="PCM_16")
+    return out.getvalue()

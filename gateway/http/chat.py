@@ -1,0 +1,84 @@
+"""POST /v1/chat/completions: streamed as server-sent events or answered as one JSON body."""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.http.chat_request import parse_chat
+from gateway.http.chat_response import ChatAssembler
+from gateway.http.endpoint import read_json
+from gateway.http.errors import ApiError, internal
+from gateway.http.limits import HttpLimits
+from gateway.http.sampling import check_context
+from gateway.http.streaming import SSE_DONE, EventStreamResponse, Generation, sse_event, start, unless_disconnected
+from gateway.metrics import TokenTimer, count_tokens
+from omni.protocol import AudioChunk, OmniBackend, OutputChunk, TextDelta
+
+log = logging.getLogger("gateway.http")
+API = "chat"
+
+
+async def chat_completions(request: Request, backend: OmniBackend, limits: HttpLimits) -> Response:
+    body = await read_json(request, limits.max_body_bytes)
+    caps = backend.capabilities
+    call = parse_chat(body, caps, limits)
+    prompt_tokens = await anyio.to_thread.run_sync(backend.count_tokens, call.request.messages)
+    check_context(prompt_tokens, call.request.sampling.max_tokens, caps)
+    timer = TokenTimer(API)
+    generation, first = await start(request, backend, call.request)
+    assembler = ChatAssembler(call, int(time.time()), limits.audio_expires_s)
+    if call.stream.stream:
+        return EventStreamResponse(_events(generation, first, assembler, timer), cleanup=generation.close)
+    try:
+        return JSONResponse(await unless_disconnected(request, lambda: _collect(generation, first, assembler,
+                                                                                timer)))
+    finally:
+        await generation.close()
+        _record(assembler)
+
+
+async def _collect(generation: Generation, chunk: OutputChunk | None, assembler: ChatAssembler,
+                   timer: TokenTimer) -> dict:
+    while chunk is not None:
+        _tick(chunk, timer)
+        assembler.feed(chunk)
+        chunk = await generation.next()
+    return assembler.body()
+
+
+async def _events(generation: Generation, chunk: OutputChunk | None, assembler: ChatAssembler,
+                  timer: TokenTimer) -> AsyncIterator[bytes]:
+    try:
+        while chunk is not None:
+            _tick(chunk, timer)
+            for piece in assembler.feed(chunk):
+                yield sse_event(piece)
+            chunk = await generation.next()
+        usage = assembler.usage_chunk()
+        if usage is not None:
+            yield sse_event(usage)
+        yield SSE_DONE
+    except ApiError as error:  # headers are sent: the error travels as an event the SDK raises on
+        yield sse_event(error.body())
+    except Exception:
+        log.exception("chat stream failed")
+        yield sse_event(internal().body())
+    finally:
+        await generation.close()
+        _record(assembler)
+
+
+def _tick(chunk: OutputChunk, timer: TokenTimer) -> None:
+    if isinstance(chunk, (TextDelta, AudioChunk)):
+        timer.tick()
+
+
+def _record(assembler: ChatAssembler) -> None:
+    if assembler.usage is not None:
+        count_tokens(API, assembler.usage.input_tokens, assembler.usage.output_tokens)
+

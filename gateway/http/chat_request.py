@@ -1,0 +1,110 @@
+"""POST /v1/chat/completions body -> a validated ``ChatCall`` (an OmniRequest plus response options). Pure."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from gateway.http.content import parse_messages
+from gateway.http.errors import invalid
+from gateway.http.fields import get_bool, get_int, get_str, require_object
+from gateway.http.limits import HttpLimits
+from gateway.http.sampling import StreamOptions, check_model, parse_sampling, parse_stream
+from omni.protocol import AudioOutputOptions, Capabilities, Modality, OmniRequest
+
+# pcm16 is 24 kHz mono 16-bit little-endian, as in OpenAI's API; streaming supports pcm16 only there too
+CHAT_AUDIO_FORMATS = ("wav", "pcm16")
+HTTP_PRIORITY = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCall:
+    request: OmniRequest
+    model: str
+    stream: StreamOptions
+    logprobs: bool
+    top_logprobs: int
+    audio_format: str | None  # set when audio output was asked for
+
+
+def parse_chat(body: object, caps: Capabilities, limits: HttpLimits) -> ChatCall:
+    body = require_object(body, "body")
+    model = check_model(body, caps)
+    messages = parse_messages(body.get("messages"), caps, limits)
+    stream = parse_stream(body)
+    logprobs = get_bool(body, "logprobs")
+    top_logprobs = get_int(body, "top_logprobs", lo=0, hi=limits.max_top_logprobs)
+    if top_logprobs is not None and not logprobs:
+        raise invalid("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
+    sampling = parse_sampling(body, limits, logprobs=(top_logprobs or 0) if logprobs else None)
+    modalities = _modalities(body, caps)
+    audio, audio_format = _audio_output(body, modalities, caps, stream.stream)
+    if audio_format is not None and sampling.n > 1:
+        raise invalid("'n' must be 1 when audio output is requested.", "n")
+    _check_response_format(body)
+    return ChatCall(
+        request=OmniRequest(request_id=f"chatcmpl-{uuid.uuid4().hex}", messages=messages, modalities=modalities,
+                            sampling=sampling, audio=audio, tools=_tools(body), priority=HTTP_PRIORITY),
+        model=model, stream=stream, logprobs=logprobs, top_logprobs=top_logprobs or 0, audio_format=audio_format)
+
+
+def _modalities(body: dict, caps: Capabilities) -> tuple[Modality, ...]:
+    value = body.get("modalities")
+    if value is None:
+        return ("text",)
+    if not isinstance(value, list) or not value or any(m not in ("text", "audio") for m in value):
+        raise invalid("'modalities' must be [\"text\"] or [\"text\", \"audio\"].", "modalities")
+    for m in value:
+        if m not in caps.output_modalities:
+            raise invalid(f"model '{caps.model}' cannot produce {m} output.", "modalities", "unsupported_modality")
+    return tuple(dict.fromkeys(value))  # type: ignore[arg-type]
+
+
+def _audio_output(body: dict, modalities: tuple[Modality, ...], caps: Capabilities,
+                  stream: bool) -> tuple[AudioOutputOptions, str | None]:
+    value = body.get("audio")
+    if "audio" not in modalities:
+        if value is not None:
+            raise invalid("'audio' is only allowed when 'modalities' includes \"audio\".", "audio")
+        return AudioOutputOptions(), None
+    audio = require_object(value, "audio") if value is not None else {}
+    voice = get_str(audio, "voice", required=True, param="audio.voice")
+    if caps.voices and voice not in caps.voices:
+        raise invalid(f"'audio.voice' must be one of {', '.join(caps.voices)}, got {voice!r}.", "audio.voice")
+    fmt = get_str(audio, "format", required=True, choices=CHAT_AUDIO_FORMATS, param="audio.format")
+    if stream and fmt != "pcm16":
+        raise invalid("streamed audio output supports 'audio.format' \"pcm16\" only.", "audio.format")
+    return AudioOutputOptions(voice=voice, sample_rate=24000), fmt
+
+
+def _tools(body: dict) -> tuple[dict, ...]:
+    tools = body.get("tools")
+    if tools is None:
+        return ()
+    if not isinstance(tools, list):
+        raise invalid("'tools' must be an array of function tools.", "tools")
+    names = []
+    for i, tool in enumerate(tools):
+        tool = require_object(tool, f"tools[{i}]")
+        get_str(tool, "type", required=True, choices=("function",), param=f"tools[{i}].type")
+        fn = require_object(tool.get("function"), f"tools[{i}].function")
+        names.append(get_str(fn, "name", required=True, max_len=64, param=f"tools[{i}].function.name"))
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("auto", "required"):
+        return tuple(tools)
+    if choice == "none":
+        return ()
+    choice = require_object(choice, "tool_choice")
+    name = require_object(choice.get("function"), "tool_choice.function").get("name")
+    if name not in names:
+        raise invalid(f"'tool_choice' names function {name!r}, which is not among 'tools'.", "tool_choice")
+    return tuple(t for t, n in zip(tools, names) if n == name)
+
+
+def _check_response_format(body: dict) -> None:
+    value = body.get("response_format")
+    if value is None:
+        return
+    kind = get_str(require_object(value, "response_format"), "type", required=True, param="response_format.type")
+    if kind != "text":
+        raise invalid(f"'response_format' type {kind!r} is not supported by this server; use \"text\".",
+                      "response_format.type", "unsupported_parameter")

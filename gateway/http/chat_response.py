@@ -1,0 +1,141 @@
+"""Backend output chunks -> chat.completion bodies and chat.completion.chunk SSE objects. Pure."""
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass, field
+
+from gateway.http.chat_request import ChatCall
+from gateway.http.errors import from_backend
+from gateway.http.wav import encode_wav
+from omni.protocol import AudioChunk, Done, Error, OutputChunk, TextDelta, ToolCallDelta, Usage
+
+
+def usage_body(usage: Usage) -> dict:
+    return {
+        "prompt_tokens": usage.input_tokens,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens, "audio_tokens": usage.input_audio_tokens},
+        "completion_tokens_details": {"audio_tokens": usage.output_audio_tokens, "reasoning_tokens": 0},
+    }
+
+
+def chat_logprobs(entries: tuple, top: int) -> list[dict]:
+    return [{"token": token, "logprob": logprob, "bytes": list(token.encode()),
+             "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in alts[:top]]}
+            for token, logprob, alts in entries]
+
+
+@dataclass
+class _Choice:
+    text: list[str] = field(default_factory=list)
+    logprobs: list[dict] = field(default_factory=list)
+    tool_calls: list[dict] = field(default_factory=list)
+    finish_reason: str | None = None
+    started: bool = False
+
+
+class ChatAssembler:
+    """Folds the chunk stream of one chat call; ``feed`` also returns the SSE chunks to send for it."""
+
+    def __init__(self, call: ChatCall, created: int, audio_expires_s: int) -> None:
+        self.call = call
+        self.created = created
+        self.choices = [_Choice() for _ in range(call.request.sampling.n)]
+        self.usage: Usage | None = None
+        self.audio_id = f"audio_{uuid.uuid4().hex}"
+        self.audio_expires_at = created + audio_expires_s
+        self.pcm = bytearray()
+        self.sample_rate = 24000
+
+    @property
+    def wants_audio(self) -> bool:
+        return self.call.audio_format is not None
+
+    def feed(self, chunk: OutputChunk) -> list[dict]:
+        """Record ``chunk``; an ``Error`` chunk raises the ``ApiError`` it maps to."""
+        if isinstance(chunk, Error):
+            raise from_backend(chunk)
+        if isinstance(chunk, Usage):
+            self.usage = chunk
+            return []
+        if isinstance(chunk, AudioChunk):
+            self.pcm += chunk.pcm16
+            self.sample_rate = chunk.sample_rate
+            data = base64.b64encode(chunk.pcm16).decode()
+            return self._delta(0, {"audio": {"id": self.audio_id, "data": data}})
+        index = chunk.index if isinstance(chunk, (TextDelta, Done)) else 0
+        choice = self._choice(index)
+        if isinstance(chunk, TextDelta):
+            choice.text.append(chunk.text)
+            logprobs = chat_logprobs(chunk.logprobs, self.call.top_logprobs) if self.call.logprobs else None
+            if logprobs:
+                choice.logprobs.extend(logprobs)
+            delta = ({"audio": {"id": self.audio_id, "transcript": chunk.text}} if self.wants_audio
+                     else {"content": chunk.text})
+            return self._delta(index, delta, {"content": logprobs, "refusal": None} if logprobs else None)
+        if isinstance(chunk, ToolCallDelta):
+            call = {"id": chunk.call_id, "type": "function",
+                    "function": {"name": chunk.name, "arguments": chunk.arguments}}
+            choice.tool_calls.append(call)
+            return self._delta(index, {"tool_calls": [{"index": len(choice.tool_calls) - 1, **call}]})
+        if isinstance(chunk, Done):
+            choice.finish_reason = self._finish_reason(choice, chunk.finish_reason)
+            out = []
+            if self.wants_audio:
+                out += self._delta(index, {"audio": {"id": self.audio_id, "expires_at": self.audio_expires_at}})
+            return out + [self._chunk([{"index": index, "delta": {}, "logprobs": None,
+                                        "finish_reason": choice.finish_reason}])]
+        return []  # image chunks cannot occur: chat asks for text and audio only
+
+    def _choice(self, index: int) -> _Choice:
+        if not 0 <= index < len(self.choices):
+            raise from_backend(Error("internal_error", f"backend answered choice {index} of "
+                                     f"{len(self.choices)}", 500))
+        return self.choices[index]
+
+    @staticmethod
+    def _finish_reason(choice: _Choice, reason: str) -> str:
+        if choice.tool_calls and reason == "stop":
+            return "tool_calls"
+        return "stop" if reason == "abort" else reason
+
+    def _delta(self, index: int, delta: dict, logprobs: dict | None = None) -> list[dict]:
+        choice = self.choices[index]
+        if not choice.started:
+            choice.started = True
+            delta = {"role": "assistant", "content": None if self.wants_audio else "", **delta}
+        return [self._chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}])]
+
+    def _chunk(self, choices: list[dict]) -> dict:
+        return {"id": self.call.request.request_id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.call.model, "system_fingerprint": None, "choices": choices}
+
+    def usage_chunk(self) -> dict | None:
+        """The trailing chunk ``stream_options.include_usage`` asks for."""
+        if not self.call.stream.include_usage:
+            return None
+        return {**self._chunk([]), "usage": usage_body(self.usage or Usage())}
+
+    def body(self) -> dict:
+        """The non-streaming chat.completion response."""
+        return {"id": self.call.request.request_id, "object": "chat.completion", "created": self.created,
+                "model": self.call.model, "system_fingerprint": None,
+                "choices": [self._choice_body(i, c) for i, c in enumerate(self.choices)],
+                "usage": usage_body(self.usage or Usage())}
+
+    def _choice_body(self, index: int, choice: _Choice) -> dict:
+        text = "".join(choice.text)
+        message: dict = {"role": "assistant", "content": None if self.wants_audio else text, "refusal": None}
+        if choice.tool_calls:
+            message["tool_calls"] = choice.tool_calls
+            message["content"] = message["content"] or None
+        if self.wants_audio:
+            audio = bytes(self.pcm) if self.call.audio_format == "pcm16" else encode_wav(bytes(self.pcm),
+                                                                                        self.sample_rate)
+            message["audio"] = {"id": self.audio_id, "data": base64.b64encode(audio).decode(),
+                                "expires_at": self.audio_expires_at, "transcript": text}
+        logprobs = {"content": choice.logprobs, "refusal": None} if self.call.logprobs else None
+        return {"index": index, "message": message, "logprobs": logprobs,
+                "finish_reason": choice.finish_reason or "stop"}

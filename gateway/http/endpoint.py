@@ -1,0 +1,63 @@
+"""What every HTTP route shares: API-key check, bounded body reading, error envelope, request metrics."""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.auth import bearer_token, key_matches
+from gateway.http.errors import ApiError, internal, invalid
+from gateway.http.streaming import ClientGone
+from gateway.metrics import HTTP_REQUESTS
+
+log = logging.getLogger("gateway.http")
+Handler = Callable[[Request], Awaitable[Response]]
+CLIENT_CLOSED = 499  # nginx's convention; the client never reads it, metrics do
+
+
+def endpoint(route: str, handler: Handler, *, api_key: str | None) -> Handler:
+    async def run(request: Request) -> Response:
+        try:
+            if api_key and not key_matches(bearer_token(request.headers.get("authorization")), api_key):
+                raise ApiError(401, "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
+                               code="invalid_api_key")
+            response = await handler(request)
+        except ApiError as error:
+            response = error.response()
+        except ClientGone:
+            response = Response(status_code=CLIENT_CLOSED)
+        except Exception:
+            log.exception("unhandled error on %s", route)
+            response = internal().response()
+        HTTP_REQUESTS.labels(route, str(response.status_code)).inc()
+        return response
+
+    return run
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+async def read_json(request: Request, limit: int) -> object:
+    raw = await read_body(request, limit)
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise invalid("The request body is not valid JSON.", code="invalid_json") from None
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"The request body exceeds the limit of {limit} bytes.", code="request_too_large")

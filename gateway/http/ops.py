@@ -1,0 +1,37 @@
+"""Model listing, health and Prometheus metrics."""
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.http.errors import ApiError
+from gateway.metrics import exposition
+from omni.protocol import OmniBackend
+
+_PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _model_card(backend: OmniBackend) -> dict:
+    return {"id": backend.capabilities.model, "object": "model", "created": 0, "owned_by": "omni"}
+
+
+async def list_models(request: Request, backend: OmniBackend) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(backend)]})
+
+
+async def get_model(request: Request, backend: OmniBackend) -> Response:
+    model = request.path_params["model"]
+    if model != backend.capabilities.model:
+        raise ApiError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+    return JSONResponse(_model_card(backend))
+
+
+async def health(request: Request, backend: OmniBackend) -> Response:
+    """200 only while the backend says it can serve: a dead engine thread must not look healthy."""
+    state = backend.health()
+    return JSONResponse({"status": "ok" if state.ok else "unhealthy", "detail": state.detail},
+                        status_code=200 if state.ok else 503)
+
+
+async def metrics(request: Request, backend: OmniBackend) -> Response:
+    return Response(exposition(backend.metrics, lambda: backend.health().ok), media_type=_PROMETHEUS_TEXT)

@@ -1,0 +1,71 @@
+"""WAV reading and writing with the stdlib only: uploads become mono pcm16, speech becomes a WAV file.
+
+Everything but PCM WAV is left to the backend's decoders, which apply their own limits.
+"""
+from __future__ import annotations
+
+import io
+import struct
+import sys
+import wave
+from array import array
+
+from gateway.http.errors import invalid
+
+
+def is_wav(data: bytes) -> bool:
+    return len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WAVE"
+
+
+def decode_wav(data: bytes, *, max_seconds: float, param: str) -> tuple[bytes, int]:
+    """Mono 16-bit little-endian PCM and its sample rate; the duration is checked from the header first."""
+    try:
+        with wave.open(io.BytesIO(data), "rb") as reader:
+            channels, width, rate, frames = (reader.getnchannels(), reader.getsampwidth(),
+                                             reader.getframerate(), reader.getnframes())
+            if rate <= 0 or channels <= 0:
+                raise invalid(f"'{param}': the WAV header declares {channels} channels at {rate} Hz.", param)
+            if frames / rate > max_seconds:
+                raise invalid(f"'{param}': the audio lasts {frames / rate:.1f} s; at most {max_seconds:.0f} s "
+                              "are accepted.", param, "audio_too_long")
+            if width not in (1, 2, 3, 4):
+                raise invalid(f"'{param}': {8 * width}-bit WAV samples are not supported.", param)
+            raw = reader.readframes(frames)
+    except (wave.Error, EOFError, struct.error):
+        raise invalid(f"'{param}' is not a readable PCM WAV file (16-bit, 8-bit, 24-bit or 32-bit integer "
+                      "samples are accepted).", param, "invalid_audio") from None
+    samples = _to_int16(raw, width)
+    return _downmix(samples, channels).tobytes(), rate
+
+
+def _to_int16(raw: bytes, width: int) -> array:
+    if width == 2:
+        samples = array("h", raw[: len(raw) - len(raw) % 2])
+        if sys.byteorder == "big":
+            samples.byteswap()
+        return samples
+    if width == 1:  # WAV 8-bit is unsigned
+        return array("h", ((b - 128) << 8 for b in raw))
+    # 24/32-bit little-endian signed: keep the two most significant bytes
+    return array("h", (int.from_bytes(raw[i + width - 2:i + width], "little", signed=True)
+                       for i in range(0, len(raw) - width + 1, width)))
+
+
+def _downmix(samples: array, channels: int) -> array:
+    if channels == 1:
+        return samples
+    frames = len(samples) // channels
+    return array("h", (sum(samples[f * channels:(f + 1) * channels]) // channels for f in range(frames)))
+
+
+def wav_header(sample_rate: int, data_bytes: int | None = None) -> bytes:
+    """Header of a mono pcm16 WAV; ``None`` marks an unknown length (streamed output), as players accept."""
+    size = 0xFFFFFFFF if data_bytes is None else data_bytes
+    riff = 0xFFFFFFFF if data_bytes is None else 36 + data_bytes
+    return (b"RIFF" + struct.pack("<I", riff) + b"WAVEfmt "
+            + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+            + b"data" + struct.pack("<I", size))
+
+
+def encode_wav(pcm16: bytes, sample_rate: int) -> bytes:
+    return wav_header(sample_rate, len(pcm16)) + pcm16
