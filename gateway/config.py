@@ -1,0 +1,42 @@
+"""Gateway configuration: one frozen value built by the CLI (or the embedding application)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.realtime.session import SessionLimits
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # None: no authentication
+    # One WebSocket message. OpenAI allows 15 MiB of audio per append (20 MiB as base64); 16 MiB matches
+    # uvicorn's default and bounds what one frame can make us buffer.
+    max_frame_bytes: int = 16 * 1024 * 1024
+    send_queue_max: int = 512  # server events waiting for a slow client before producers block
+    send_timeout_s: float = 30.0  # a client that reads nothing for this long is disconnected (1008)
+    max_sessions: int = 256  # concurrent realtime sessions; beyond it new sockets close with 1013
+    max_append_bytes: int = 15 * 1024 * 1024
+    max_audio_buffer_bytes: int = 64 * 1024 * 1024  # 24 kHz pcm16: about 23 minutes of audio
+    max_conversation_items: int = 4096
+    session_seconds: int = 3600  # GA's 60-minute session cap
+    asr_timeout_s: float = 30.0  # a response waits at most this long for its turn's transcript
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        for name in ("max_frame_bytes", "send_queue_max", "max_sessions", "max_append_bytes",
+                     "max_audio_buffer_bytes", "max_conversation_items", "session_seconds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.send_timeout_s <= 0 or self.asr_timeout_s <= 0:
+            raise ValueError(f"send_timeout_s and asr_timeout_s must be > 0, got {self.send_timeout_s} "
+                             f"and {self.asr_timeout_s}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must be None (no authentication) or a non-empty string")
+
+    @property
+    def session_limits(self) -> SessionLimits:
+        return SessionLimits(max_append_bytes=self.max_append_bytes, max_buffer_bytes=self.max_audio_buffer_bytes,
+                             max_items=self.max_conversation_items, session_seconds=self.session_seconds)

@@ -1,0 +1,225 @@
+"""The asyncio shell around one ``RealtimeSession``: a reader, a writer, a task per response and per ASR job.
+
+The session decides everything; this layer only moves bytes and runs backend calls. Server events go
+through one ordered outbox so they leave in exactly the order the session produced them; producers
+wait while the outbox is over its bound, and a client that reads nothing for ``send_timeout_s`` is
+disconnected rather than buffered without limit.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from gateway.config import GatewayConfig
+from gateway.realtime.session import (CancelResponse, Output, RealtimeSession, Send, StartResponse, Transcribe,
+                                      VadFactory, new_id)
+from gateway.realtime.settings import Dialect
+from omni.protocol import OmniBackend
+
+log = logging.getLogger(__name__)
+
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_INTERNAL = 1011
+
+
+_END: dict[str, Any] = {}  # queued by teardown: the writer stops after sending what precedes it
+
+
+class _SlowClient(Exception):
+    pass
+
+
+class RealtimeConnection:
+    def __init__(self, websocket: WebSocket, backend: OmniBackend, config: GatewayConfig, dialect: Dialect,
+                 vad_factory: VadFactory | None) -> None:
+        self.ws = websocket
+        self.backend = backend
+        self.config = config
+        self.session = RealtimeSession(dialect=dialect, capabilities=backend.capabilities, vad_factory=vad_factory,
+                                       limits=config.session_limits)
+        self._outbox: deque[dict[str, Any]] = deque()
+        self._has_data = asyncio.Event()
+        self._space = asyncio.Event()
+        self._responses: dict[str, asyncio.Task[None]] = {}
+        self._asr: dict[str, asyncio.Task[None]] = {}
+        self._close: tuple[int, str] = (CLOSE_NORMAL, "")
+        self._reader_task: asyncio.Task[None] | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        writer = asyncio.create_task(self._writer())
+        self._reader_task = asyncio.create_task(self._read_until_expiry())
+        try:
+            await self._dispatch(self.session.open())
+            await self._reader_task
+        except (asyncio.CancelledError, _SlowClient):
+            pass
+        finally:
+            await self._teardown(writer)
+
+    async def _read_until_expiry(self) -> None:
+        try:
+            await asyncio.wait_for(self._reader(), timeout=self.config.session_seconds)
+        except asyncio.TimeoutError:
+            minutes = self.config.session_seconds // 60
+            message = f"Your session hit the maximum duration of {minutes} minutes."
+            self._outbox.append({"event_id": new_id("event"), "type": "error", "error": {
+                "type": "invalid_request_error", "code": "session_expired", "message": message, "param": None,
+                "event_id": None}})
+            self._has_data.set()
+            self._close = (CLOSE_GOING_AWAY, message)
+        except _SlowClient:
+            return
+
+    async def _teardown(self, writer: asyncio.Task[None]) -> None:
+        tasks = [*self._responses.values(), *self._asr.values()]
+        for task in tasks:
+            task.cancel()  # each response task aborts its backend request on the way out
+        await asyncio.gather(*tasks, return_exceptions=True)
+        code, reason = self._close
+        if code == CLOSE_GOING_AWAY:  # let the session_expired error reach the client first
+            self._outbox.append(_END)
+            self._has_data.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(writer), timeout=2.0)
+            except (asyncio.TimeoutError, Exception):
+                pass
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+        if self.ws.application_state == WebSocketState.CONNECTED and \
+                self.ws.client_state == WebSocketState.CONNECTED:
+            try:
+                await self.ws.close(code=code, reason=reason)
+            except (RuntimeError, OSError, WebSocketDisconnect):
+                pass
+
+    def _abandon(self, code: int, reason: str) -> None:
+        """Stop serving this socket from any task: the reader ends and teardown closes with ``code``."""
+        self._close = (code, reason)
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+
+    # ---- reading --------------------------------------------------------------------------------
+    async def _reader(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            if text is None:
+                await self._dispatch(self.session.receive({"type": "binary frame"}))
+                continue
+            if len(text) > self.config.max_frame_bytes:
+                self._close = (CLOSE_TOO_BIG, f"message larger than {self.config.max_frame_bytes} bytes")
+                return
+            try:
+                outputs = self.session.receive_text(text)
+            except Exception:
+                log.exception("realtime session failed on a client event")
+                outputs = [Send({"event_id": new_id("event"), "type": "error", "error": {
+                    "type": "server_error", "code": "server_error", "param": None, "event_id": None,
+                    "message": "The server had an error while processing your request."}})]
+            await self._dispatch(outputs)
+
+    # ---- writing --------------------------------------------------------------------------------
+    async def _writer(self) -> None:
+        high = self.config.send_queue_max
+        while True:
+            while not self._outbox:
+                self._has_data.clear()
+                await self._has_data.wait()
+            event = self._outbox.popleft()
+            if event is _END:
+                return
+            if len(self._outbox) <= high // 2:
+                self._space.set()
+            await self.ws.send_text(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
+
+    async def _dispatch(self, outputs: list[Output]) -> None:
+        """Queue events and run commands in the session's order, then wait while the client lags."""
+        for out in outputs:
+            if isinstance(out, Send):
+                self._outbox.append(out.event)
+            elif isinstance(out, StartResponse):
+                self._responses[out.response_id] = asyncio.create_task(self._run_response(out))
+            elif isinstance(out, CancelResponse):
+                task = self._responses.pop(out.response_id, None)
+                if task is not None and task is not asyncio.current_task():
+                    task.cancel()
+            elif isinstance(out, Transcribe):
+                self._asr[out.item_id] = asyncio.create_task(self._transcribe(out))
+        self._has_data.set()
+        if len(self._outbox) > self.config.send_queue_max:
+            self._space.clear()
+            try:
+                await asyncio.wait_for(self._space.wait(), timeout=self.config.send_timeout_s)
+            except asyncio.TimeoutError:
+                self._abandon(CLOSE_POLICY, "client is not reading its events")
+                raise _SlowClient() from None
+
+    # ---- backend work ---------------------------------------------------------------------------
+    async def _run_response(self, cmd: StartResponse) -> None:
+        try:
+            pending = [self._asr[i] for i in cmd.wait_for if i in self._asr]
+            if pending:
+                await asyncio.wait(pending, timeout=self.config.asr_timeout_s)
+            request = self.session.build_request(cmd.response_id)
+            if request is None:
+                return
+            await self._stream(cmd.response_id, request)
+        except _SlowClient:
+            pass
+        finally:
+            self._responses.pop(cmd.response_id, None)
+
+    async def _stream(self, response_id: str, request: Any) -> None:
+        stream = self.backend.generate(request)
+        exhausted = False
+        try:
+            async for chunk in stream:
+                await self._dispatch(self.session.on_chunk(response_id, chunk))
+            exhausted = True
+            await self._dispatch(self.session.on_stream_end(response_id))
+        except (asyncio.CancelledError, _SlowClient):
+            raise
+        except Exception:
+            log.exception("backend generation failed for %s", response_id)
+            await self._dispatch(self.session.on_stream_end(response_id, "The backend failed while generating."))
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                try:
+                    await aclose()
+                except Exception:
+                    log.exception("closing the backend stream of %s failed", response_id)
+            if not exhausted:
+                try:
+                    await self.backend.abort(request.request_id)
+                except Exception:
+                    log.exception("aborting %s failed", response_id)
+
+    async def _transcribe(self, cmd: Transcribe) -> None:
+        try:
+            try:
+                result = await self.backend.transcribe(cmd.pcm16, cmd.sample_rate, language=cmd.language,
+                                                       prompt=cmd.prompt)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("transcription of %s failed: %s", cmd.item_id, exc)
+                outputs = self.session.on_transcription_failed(cmd.item_id, "Transcription failed.")
+            else:
+                outputs = self.session.on_transcription(cmd.item_id, result)
+            await self._dispatch(outputs)
+        except _SlowClient:
+            pass
+        finally:
+            self._asr.pop(cmd.item_id, None)

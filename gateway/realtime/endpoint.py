@@ -1,0 +1,86 @@
+"""The ``/v1/realtime`` WebSocket handshake: authentication, dialect, subprotocol, session admission."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from starlette.responses import JSONResponse
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
+
+from gateway.auth import bearer_token, key_matches
+from gateway.config import GatewayConfig
+from gateway.realtime.connection import RealtimeConnection
+from gateway.realtime.session import VadFactory
+from gateway.realtime.settings import Dialect
+from omni.protocol import OmniBackend, VadSettings
+
+log = logging.getLogger(__name__)
+
+KEY_PROTOCOL_PREFIX = "openai-insecure-api-key."
+BETA_PROTOCOL = "openai-beta.realtime-v1"
+
+
+def offered_key(websocket: WebSocket, offered: list[str]) -> str | None:
+    token = bearer_token(websocket.headers.get("authorization"))
+    if token is not None:
+        return token
+    return next((p[len(KEY_PROTOCOL_PREFIX):] for p in offered if p.startswith(KEY_PROTOCOL_PREFIX)), None)
+
+
+def dialect_of(websocket: WebSocket, offered: list[str]) -> Dialect:
+    beta_header = "realtime=v1" in websocket.headers.get("openai-beta", "").replace(" ", "").split(",")
+    return "beta" if beta_header or BETA_PROTOCOL in offered else "ga"
+
+
+def chosen_subprotocol(offered: list[str]) -> str | None:
+    """Echo ``realtime`` when offered (browsers fail the handshake otherwise); never the key-bearing one."""
+    for name in ("realtime", BETA_PROTOCOL):
+        if name in offered:
+            return name
+    return None
+
+
+def probe_vad(backend: OmniBackend) -> VadFactory | None:
+    """The backend's VAD factory if it can build a detector (servers started without VAD cannot)."""
+    try:
+        backend.new_vad(VadSettings())
+    except Exception as exc:  # any failure means: no server-side turn detection on this server
+        log.info("voice activity detection unavailable (%s); realtime sessions default to manual turns", exc)
+        return None
+    return backend.new_vad
+
+
+async def _deny(websocket: WebSocket, status: int, code: str, message: str, close_code: int) -> None:
+    body = {"error": {"type": "invalid_request_error", "code": code, "message": message, "param": None}}
+    try:
+        await websocket.send_denial_response(JSONResponse(body, status_code=status))
+    except RuntimeError:  # the server lacks the denial-response extension: a close before accept (HTTP 403)
+        await websocket.close(code=close_code, reason=message)
+
+
+def realtime_route(backend: OmniBackend, config: GatewayConfig, vad_factory: VadFactory | None,
+                   on_session: Callable[[int], None] = lambda delta: None) -> WebSocketRoute:
+    open_sessions = 0
+
+    async def endpoint(websocket: WebSocket) -> None:
+        nonlocal open_sessions
+        offered = list(websocket.scope.get("subprotocols") or [])
+        if config.api_key is not None and not key_matches(offered_key(websocket, offered), config.api_key):
+            await _deny(websocket, 401, "invalid_api_key", "Incorrect or missing API key: send 'Authorization: "
+                        "Bearer <key>' or the 'openai-insecure-api-key.<key>' subprotocol.", 1008)
+            return
+        if open_sessions >= config.max_sessions:
+            await _deny(websocket, 503, "server_overloaded", f"This server already serves {config.max_sessions} "
+                        "realtime sessions; try again later.", 1013)
+            return
+        await websocket.accept(subprotocol=chosen_subprotocol(offered))
+        open_sessions += 1
+        on_session(1)
+        try:
+            await RealtimeConnection(websocket, backend, config, dialect_of(websocket, offered), vad_factory).run()
+        finally:
+            open_sessions -= 1
+            on_session(-1)
+
+    return WebSocketRoute("/v1/realtime", endpoint)

@@ -1,0 +1,33 @@
+"""Client-visible protocol errors: raised inside the session, turned into one ``error`` event each."""
+from __future__ import annotations
+
+from typing import Any
+
+
+class RealtimeError(Exception):
+    """A rejected client event. ``code`` is what clients key on (see realtime-protocol.md §7)."""
+
+    def __init__(self, code: str, message: str, param: str | None = None,
+                 error_type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.error_type = error_type
+
+    def body(self, client_event_id: str | None) -> dict[str, Any]:
+        return {"type": self.error_type, "code": self.code, "message": self.message,
+                "param": self.param, "event_id": client_event_id}
+
+
+def invalid_value(param: str, expected: str, got: object) -> RealtimeError:
+    return RealtimeError("invalid_value", f"Invalid value for '{param}': expected {expected}, got {got!r}.", param)
+
+
+def invalid_type(param: str, expected: str, got: object) -> RealtimeError:
+    return RealtimeError("invalid_type",
+                         f"Invalid type for '{param}': expected {expected}, got {type(got).__name__}.", param)
+
+
+def missing(param: str) -> RealtimeError:
+    return RealtimeError("missing_required_parameter", f"Missing required parameter: '{param}'.", param)

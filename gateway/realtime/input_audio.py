@@ -1,0 +1,99 @@
+"""The input audio buffer and the server-VAD turn tracking that cuts it into user turns.
+
+Positions are byte offsets into the session's whole input stream (24 kHz pcm16), so VAD times,
+``audio_start_ms``/``audio_end_ms`` and buffer slices all agree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.realtime.audio import BYTES_PER_MS
+from omni.protocol import VoiceActivityDetector
+
+# While nobody speaks, only this much audio (beyond the prefix padding) is kept for the next turn.
+IDLE_RETENTION_MS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStarted:
+    audio_start_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStopped:
+    audio_end_ms: int
+    pcm16: bytes  # the turn's audio, from speech start to speech end
+
+
+class InputAudioBuffer:
+    def __init__(self) -> None:
+        self._pcm = bytearray()
+        self._start = 0  # stream offset of self._pcm[0]
+        self._vad: VoiceActivityDetector | None = None
+        self._vad_base = 0  # stream offset where the current detector started
+        self._prefix_ms = 0
+        self._speech_start: int | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self._pcm)
+
+    @property
+    def end(self) -> int:
+        return self._start + len(self._pcm)
+
+    @property
+    def in_speech(self) -> bool:
+        return self._speech_start is not None
+
+    def set_vad(self, vad: VoiceActivityDetector | None, prefix_padding_ms: int = 0) -> None:
+        """Swap the detector (turn detection changed); the detector's clock starts at the current stream end."""
+        self._vad = vad
+        self._vad_base = self.end
+        self._prefix_ms = prefix_padding_ms
+        self._speech_start = None
+
+    def append(self, pcm16: bytes) -> list[SpeechStarted | SpeechStopped]:
+        self._pcm += pcm16
+        if self._vad is None:
+            return []
+        signals: list[SpeechStarted | SpeechStopped] = []
+        for event in self._vad.feed(pcm16):
+            at = min(self.end, max(self._start, self._vad_base + event.audio_ms * BYTES_PER_MS))
+            if event.kind == "speech_started" and self._speech_start is None:
+                self._speech_start = at
+                signals.append(SpeechStarted(at // BYTES_PER_MS))
+            elif event.kind == "speech_stopped" and self._speech_start is not None:
+                segment = self._take(self._speech_start, at)
+                self._speech_start = None
+                signals.append(SpeechStopped(at // BYTES_PER_MS, segment))
+        if self._speech_start is None:
+            self._drop_before(self.end - (self._prefix_ms + IDLE_RETENTION_MS) * BYTES_PER_MS)
+        return signals
+
+    def take_all(self) -> bytes:
+        """Manual commit: everything buffered becomes one turn."""
+        pcm = bytes(self._pcm)
+        self._drop_before(self.end)
+        self._speech_start = None
+        return pcm
+
+    def clear(self) -> None:
+        self._drop_before(self.end)
+        self._speech_start = None
+        if self._vad is not None:
+            self._vad.reset()
+            self._vad_base = self.end
+
+    def _take(self, start: int, stop: int) -> bytes:
+        lo, hi = max(0, start - self._start), max(0, stop - self._start)
+        pcm = bytes(self._pcm[lo:hi])
+        self._drop_before(stop)
+        return pcm
+
+    def _drop_before(self, offset: int) -> None:
+        cut = offset - self._start
+        if cut > 0:
+            cut -= cut % 2
+            del self._pcm[:cut]
+            self._start += cut

@@ -1,0 +1,520 @@
+"""The sans-I/O Realtime session: client events in -> server events and commands out.
+
+No sockets, no asyncio, no clock reads beyond the injected ``now``. The connection layer feeds it
+client frames, backend chunks and transcription results, sends the ``Send`` events in order and
+carries out the commands (start/cancel a generation, transcribe a committed turn).
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import string
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gateway.realtime import audio as audio_fmt
+from gateway.realtime.context import build_request
+from gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
+from gateway.realtime.input_audio import InputAudioBuffer, SpeechStarted, SpeechStopped
+from gateway.realtime.items import Content, Item, ItemStore, decode_base64, parse_client_item
+from gateway.realtime.response import Event, ResponseRun
+from gateway.realtime.settings import (Dialect, SessionSettings, apply_response_overrides, apply_update,
+                                       render_session, TurnDetection, validate_choice)
+from omni.protocol import (AudioChunk, Capabilities, Done, Error, OmniRequest, OutputChunk, TextDelta,
+                           ToolCallDelta, Transcription, Usage, VadSettings, VoiceActivityDetector)
+
+MIN_COMMIT_MS = 100
+_BETA_NAMES = {
+    "response.output_text.delta": "response.text.delta",
+    "response.output_text.done": "response.text.done",
+    "response.output_audio.delta": "response.audio.delta",
+    "response.output_audio.done": "response.audio.done",
+    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
+    "response.output_audio_transcript.done": "response.audio_transcript.done",
+    "conversation.item.added": "conversation.item.created",
+}
+_ALPHABET = string.ascii_letters + string.digits
+
+
+# ---- outputs ------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Send:
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StartResponse:
+    response_id: str
+    wait_for: tuple[str, ...] = ()  # items whose transcription should land before the request is built
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResponse:
+    response_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Transcribe:
+    item_id: str
+    pcm16: bytes
+    sample_rate: int
+    language: str | None = None
+    prompt: str | None = None
+
+
+Output = Send | StartResponse | CancelResponse | Transcribe
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    max_append_bytes: int = 15 * 1024 * 1024  # decoded bytes per input_audio_buffer.append (OpenAI's cap)
+    max_buffer_bytes: int = 64 * 1024 * 1024  # 24 kHz pcm16 held in the input buffer
+    max_items: int = 4096
+    session_seconds: int = 3600
+
+
+def new_id(prefix: str) -> str:
+    return prefix + "_" + "".join(secrets.choice(_ALPHABET) for _ in range(20))
+
+
+VadFactory = Callable[[VadSettings], VoiceActivityDetector]
+
+
+class RealtimeSession:
+    def __init__(self, *, dialect: Dialect, capabilities: Capabilities, vad_factory: VadFactory | None,
+                 limits: SessionLimits = SessionLimits(), now: Callable[[], float] = time.time) -> None:
+        self.dialect = dialect
+        self.capabilities = capabilities
+        self.limits = limits
+        self.id = new_id("sess")
+        self.conversation_id = new_id("conv")
+        self.expires_at = int(now()) + limits.session_seconds
+        self._vad_factory = vad_factory
+        audio_out = "audio" in capabilities.output_modalities
+        self.settings = SessionSettings(
+            model=capabilities.model,
+            output_modalities=("audio",) if audio_out else ("text",),
+            voice=capabilities.voices[0] if capabilities.voices else "alloy",
+            turn_detection=TurnDetection() if vad_factory is not None else None,
+        )
+        self.items = ItemStore()
+        self.audio = InputAudioBuffer()
+        self._responses: dict[str, ResponseRun] = {}
+        self._active: str | None = None  # the response writing to the default conversation
+        self._pending_asr: set[str] = set()
+        self._pending_turn_id: str | None = None  # announced by speech_started, used by the commit
+        self._audio_emitted = False
+        self._out: list[Output] = []
+        self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
+            "session.update": self._session_update,
+            "input_audio_buffer.append": self._buffer_append,
+            "input_audio_buffer.commit": self._buffer_commit,
+            "input_audio_buffer.clear": self._buffer_clear,
+            "conversation.item.create": self._item_create,
+            "conversation.item.retrieve": self._item_retrieve,
+            "conversation.item.truncate": self._item_truncate,
+            "conversation.item.delete": self._item_delete,
+            "response.create": self._response_create,
+            "response.cancel": self._response_cancel,
+        }
+        self._install_vad(self.settings)
+
+    # ---- plumbing ---------------------------------------------------------------------------------
+    def _flush(self) -> list[Output]:
+        out, self._out = self._out, []
+        return out
+
+    def _emit(self, event: Event) -> None:
+        kind = event["type"]
+        if self.dialect == "beta":
+            if kind == "conversation.item.done":
+                return  # beta announces an item once, with conversation.item.created
+            kind = _BETA_NAMES.get(kind, kind)
+        self._out.append(Send({"event_id": new_id("event"), **event, "type": kind}))
+
+    def _error(self, err: RealtimeError, client_event_id: str | None) -> None:
+        self._emit({"type": "error", "error": err.body(client_event_id)})
+
+    def _new_item_id(self) -> str:
+        return new_id("item")
+
+    # ---- entry points -----------------------------------------------------------------------------
+    def open(self) -> list[Output]:
+        self._emit({"type": "session.created", "session": self._render_session()})
+        self._emit({"type": "conversation.created",
+                    "conversation": {"id": self.conversation_id, "object": "realtime.conversation"}})
+        return self._flush()
+
+    def receive_text(self, text: str) -> list[Output]:
+        try:
+            event = json.loads(text)
+        except (ValueError, RecursionError):
+            self._error(RealtimeError("invalid_json", "The message is not valid JSON."), None)
+            return self._flush()
+        return self.receive(event)
+
+    def receive(self, event: Any) -> list[Output]:
+        """One client event; a bad one yields exactly one ``error`` event and changes nothing."""
+        if not isinstance(event, dict):
+            self._error(RealtimeError("invalid_event", f"Expected a JSON object, got {type(event).__name__}."), None)
+            return self._flush()
+        event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+        kind = event.get("type")
+        if not isinstance(kind, str):
+            self._error(RealtimeError("invalid_event", "The 'type' field is missing.", "type"), event_id)
+            return self._flush()
+        handler = self._handlers.get(kind)
+        if handler is None:
+            self._error(RealtimeError("invalid_event", f"Invalid value: '{kind[:64]}'. Supported values are: "
+                                      + ", ".join(f"'{k}'" for k in self._handlers) + ".", "type"), event_id)
+            return self._flush()
+        mark = len(self._out)
+        try:
+            handler(event)
+        except RealtimeError as err:
+            del self._out[mark:]
+            self._error(err, event_id)
+        return self._flush()
+
+    # ---- session --------------------------------------------------------------------------------
+    def _render_session(self) -> dict[str, Any]:
+        return render_session(self.settings, self.dialect, self.id, self.expires_at)
+
+    def _check_output(self, settings: SessionSettings, param: str) -> None:
+        if settings.wants_audio and "audio" not in self.capabilities.output_modalities:
+            raise invalid_value(param, "['text'] (this server has no speech output)", ["audio"])
+
+    def _session_update(self, event: dict[str, Any]) -> None:
+        if "session" not in event:
+            raise missing("session")
+        new = apply_update(self.settings, event["session"], self.dialect)
+        self._check_output(new, "session.output_modalities" if self.dialect == "ga" else "session.modalities")
+        if new.voice != self.settings.voice and self._audio_emitted:
+            raise RealtimeError("cannot_update_voice", "Cannot update a session's voice after audio has been output.",
+                                "session.voice")
+        if new.turn_detection is not None and self._vad_factory is None:
+            raise invalid_value("session.turn_detection", "null (this server runs without voice activity detection)",
+                                new.turn_detection.type)
+        new = replace(new, model=self.settings.model)  # the served model is fixed for the connection
+        if new.turn_detection != self.settings.turn_detection:
+            self._install_vad(new)
+        self.settings = new
+        self._emit({"type": "session.updated", "session": self._render_session()})
+
+    def _install_vad(self, settings: SessionSettings) -> None:
+        turn = settings.turn_detection
+        if turn is None or self._vad_factory is None:
+            self.audio.set_vad(None)
+            return
+        vad_settings = turn.vad_settings()
+        try:
+            vad = self._vad_factory(vad_settings)
+        except ValueError as exc:  # the detector's own bounds (e.g. a threshold of exactly 0 or 1)
+            raise invalid_value("session.turn_detection", "settings the voice activity detector accepts",
+                                str(exc)) from None
+        self.audio.set_vad(vad, vad_settings.prefix_padding_ms)
+
+    # ---- input audio ----------------------------------------------------------------------------
+    def _buffer_append(self, event: dict[str, Any]) -> None:
+        if "audio" not in event:
+            raise missing("audio")
+        raw = decode_base64(event["audio"], "audio")
+        if len(raw) > self.limits.max_append_bytes:
+            raise invalid_value("audio", f"at most {self.limits.max_append_bytes} bytes of audio per event",
+                                f"{len(raw)} bytes")
+        try:
+            pcm = audio_fmt.decode(raw, self.settings.input_format)
+        except audio_fmt.AudioDecodeError as exc:
+            raise invalid_value("audio", "audio in the session's input_audio_format", str(exc)) from None
+        if self.audio.size + len(pcm) > self.limits.max_buffer_bytes:
+            raise RealtimeError("input_audio_buffer_full", "The input audio buffer would exceed "
+                                f"{self.limits.max_buffer_bytes} bytes; commit or clear it first.", "audio")
+        for signal in self.audio.append(pcm):
+            if isinstance(signal, SpeechStarted):
+                self._speech_started(signal)
+            else:
+                self._speech_stopped(signal)
+
+    def _speech_started(self, signal: SpeechStarted) -> None:
+        self._pending_turn_id = self._new_item_id()
+        self._emit({"type": "input_audio_buffer.speech_started", "audio_start_ms": signal.audio_start_ms,
+                    "item_id": self._pending_turn_id})
+        turn = self.settings.turn_detection
+        if turn is not None and turn.interrupt_response and self._active is not None:
+            self._cancel(self._active, "turn_detected")
+
+    def _speech_stopped(self, signal: SpeechStopped) -> None:
+        item_id = self._pending_turn_id or self._new_item_id()
+        self._pending_turn_id = None
+        self._emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": signal.audio_end_ms,
+                    "item_id": item_id})
+        if audio_fmt.duration_ms(signal.pcm16) < MIN_COMMIT_MS:
+            return  # a click, not a turn
+        self._commit(signal.pcm16, item_id)
+        turn = self.settings.turn_detection
+        if turn is not None and turn.create_response and self._active is None:
+            self._start_response({}, None)
+
+    def _buffer_commit(self, event: dict[str, Any]) -> None:
+        ms = audio_fmt.duration_ms(self.audio.size)
+        if ms < MIN_COMMIT_MS:
+            raise RealtimeError("input_audio_buffer_commit_empty", "Error committing input audio buffer: buffer too "
+                                f"small. Expected at least {MIN_COMMIT_MS}ms of audio, but buffer only has "
+                                f"{ms:.2f}ms of audio.")
+        self._commit(self.audio.take_all(), self._pending_turn_id or self._new_item_id())
+        self._pending_turn_id = None
+
+    def _commit(self, pcm: bytes, item_id: str) -> None:
+        item = Item(item_id, "message", role="user", content=[Content("input_audio", audio=pcm)])
+        previous = self._insert(item, None)
+        self._emit({"type": "input_audio_buffer.committed", "item_id": item.id, "previous_item_id": previous})
+        self._announce(item, previous)
+        self._pending_asr.add(item.id)
+        transcription = self.settings.transcription or {}
+        self._out.append(Transcribe(item.id, pcm, audio_fmt.SAMPLE_RATE, language=transcription.get("language"),
+                                    prompt=transcription.get("prompt")))
+
+    def _buffer_clear(self, event: dict[str, Any]) -> None:
+        self.audio.clear()
+        self._pending_turn_id = None
+        self._emit({"type": "input_audio_buffer.cleared"})
+
+    # ---- transcription results ------------------------------------------------------------------------
+    def on_transcription(self, item_id: str, result: Transcription) -> list[Output]:
+        self._pending_asr.discard(item_id)
+        item = self.items.get(item_id)
+        if item is not None and item.content and item.content[0].type == "input_audio":
+            item.content[0].transcript = result.text
+        if self.settings.transcription is not None:
+            seconds = result.duration_s or (audio_fmt.duration_ms(item.content[0].audio or b"") / 1000 if item else 0.0)
+            self._emit({"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
+                        "content_index": 0, "transcript": result.text, "logprobs": None,
+                        "usage": {"type": "duration", "seconds": round(seconds, 3)}})
+        return self._flush()
+
+    def on_transcription_failed(self, item_id: str, message: str) -> list[Output]:
+        self._pending_asr.discard(item_id)
+        if self.settings.transcription is not None:
+            self._emit({"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id,
+                        "content_index": 0, "error": {"type": "transcription_error", "code": "transcription_failed",
+                                                      "message": message, "param": None}})
+        return self._flush()
+
+    # ---- conversation items -----------------------------------------------------------------------
+    def _insert(self, item: Item, previous_item_id: str | None) -> str | None:
+        if len(self.items) >= self.limits.max_items:
+            raise RealtimeError("conversation_too_long", f"The conversation already holds {self.limits.max_items} "
+                                "items; delete some before adding more.")
+        return self.items.insert(item, previous_item_id)
+
+    def _announce(self, item: Item, previous: str | None) -> None:
+        self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.render(self.dialect)})
+        self._emit({"type": "conversation.item.done", "previous_item_id": previous, "item": item.render(self.dialect)})
+
+    def _item_create(self, event: dict[str, Any]) -> None:
+        if "item" not in event:
+            raise missing("item")
+        previous_id = event.get("previous_item_id")
+        if previous_id is not None and not isinstance(previous_id, str):
+            raise invalid_type("previous_item_id", "a string", previous_id)
+        item = parse_client_item(event["item"], self._new_item_id(), self.settings.input_format)
+        if item.type == "function_call_output" and not any(
+                it.type == "function_call" and it.call_id == item.call_id for it in self.items):
+            raise RealtimeError("invalid_tool_call_id", f"Tool call ID '{item.call_id}' not found in conversation.",
+                                "item.call_id")
+        previous = self._insert(item, previous_id)
+        self._announce(item, previous)
+
+    def _lookup(self, event: dict[str, Any], code: str) -> Item:
+        item_id = event.get("item_id")
+        if not isinstance(item_id, str):
+            raise missing("item_id")
+        item = self.items.get(item_id)
+        if item is None:
+            raise RealtimeError(code, f"Item with item_id '{item_id}' not found.", "item_id")
+        return item
+
+    def _item_retrieve(self, event: dict[str, Any]) -> None:
+        item = self._lookup(event, "item_retrieve_invalid_item_id")
+        audio_format = self.settings.output_format if item.role == "assistant" else self.settings.input_format
+        self._emit({"type": "conversation.item.retrieved", "item": item.render(self.dialect, audio_format)})
+
+    def _item_delete(self, event: dict[str, Any]) -> None:
+        item = self._lookup(event, "item_delete_invalid_item_id")
+        self.items.delete(item.id)
+        self._emit({"type": "conversation.item.deleted", "item_id": item.id})
+
+    def _item_truncate(self, event: dict[str, Any]) -> None:
+        item = self._lookup(event, "item_truncate_invalid_item_id")
+        index = event.get("content_index", 0)
+        end_ms = event.get("audio_end_ms")
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise invalid_type("content_index", "an integer", index)
+        if "audio_end_ms" not in event:
+            raise missing("audio_end_ms")
+        if not isinstance(end_ms, int) or isinstance(end_ms, bool):
+            raise invalid_type("audio_end_ms", "an integer", end_ms)
+        if end_ms < 0:
+            raise invalid_value("audio_end_ms", "a non-negative integer", end_ms)
+        if item.role != "assistant" or not 0 <= index < len(item.content) or item.content[index].type != "output_audio":
+            raise invalid_value("content_index", "the index of an assistant audio content part", index)
+        content = item.content[index]
+        length_ms = int(audio_fmt.duration_ms(content.audio or b""))
+        if end_ms > length_ms:
+            raise RealtimeError("invalid_value", f"Audio content of {length_ms}ms is already shorter than {end_ms}ms",
+                                "audio_end_ms")
+        if self._active is not None and any(it is item for it in self._responses[self._active].output):
+            self._cancel(self._active, "client_cancelled")
+        cut = end_ms * audio_fmt.BYTES_PER_MS
+        if cut < len(content.audio or b""):
+            heard, start = 0, 0
+            for audio_end, text_len in content.marks:
+                if start < cut or audio_end == start == 0:
+                    heard = text_len
+                start = audio_end
+            content.transcript = (content.transcript or "")[:heard]
+            content.audio = (content.audio or b"")[:cut]
+            content.marks = [(min(a, cut), min(t, heard)) for a, t in content.marks]
+        self._emit({"type": "conversation.item.truncated", "item_id": item.id, "content_index": index,
+                    "audio_end_ms": end_ms})
+
+    # ---- responses ------------------------------------------------------------------------------
+    def _response_create(self, event: dict[str, Any]) -> None:
+        params = event.get("response") or {}
+        if not isinstance(params, dict):
+            raise invalid_type("response", "an object", params)
+        self._start_response(params, event.get("event_id"))
+
+    def _start_response(self, params: dict[str, Any], client_event_id: Any) -> None:
+        conversation = validate_choice(params.get("conversation", "auto"), ("auto", "none"), "response.conversation")
+        if conversation == "auto" and self._active is not None:
+            raise RealtimeError("conversation_already_has_active_response", "Conversation already has an active "
+                                f"response in progress: {self._active}. Wait until the response is finished before "
+                                "creating a new one.")
+        settings = apply_response_overrides(self.settings, params, self.dialect)
+        self._check_output(settings, "response.output_modalities" if self.dialect == "ga" else "response.modalities")
+        metadata = params.get("metadata")
+        if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16 or any(
+                not isinstance(k, str) or not isinstance(v, str) or len(k) > 64 or len(v) > 512
+                for k, v in metadata.items())):
+            raise invalid_value("response.metadata", "at most 16 string pairs (keys <= 64, values <= 512 chars)",
+                                metadata)
+        context = self._response_context(params.get("input"))
+        run = ResponseRun(new_id("resp"), settings, self.dialect, store=self.items if conversation == "auto" else None,
+                          conversation_id=self.conversation_id if conversation == "auto" else None,
+                          metadata=metadata, context=context, new_item_id=self._new_item_id)
+        self._responses[run.id] = run
+        if conversation == "auto":
+            self._active = run.id
+        for ev in run.created():
+            self._emit(ev)
+        wait = tuple(it.id for it in context if it.id in self._pending_asr)
+        self._out.append(StartResponse(run.id, wait))
+
+    def _response_context(self, raw_input: Any) -> list[Item]:
+        if raw_input is None:
+            return list(self.items)
+        if not isinstance(raw_input, list):
+            raise invalid_type("response.input", "an array of items", raw_input)
+        context: list[Item] = []
+        for i, raw in enumerate(raw_input):
+            if isinstance(raw, dict) and raw.get("type") == "item_reference":
+                ref = self.items.get(raw.get("id"))  # type: ignore[arg-type]
+                if ref is None:
+                    raise invalid_value(f"response.input[{i}].id", "the id of an item in the conversation",
+                                        raw.get("id"))
+                context.append(ref)
+            else:
+                context.append(parse_client_item(raw, self._new_item_id(), self.settings.input_format,
+                                                 f"response.input[{i}]"))
+        return context
+
+    def _response_cancel(self, event: dict[str, Any]) -> None:
+        response_id = event.get("response_id")
+        if response_id is not None and not isinstance(response_id, str):
+            raise invalid_type("response_id", "a string", response_id)
+        target = response_id if response_id is not None else self._active
+        if target is None or target not in self._responses:
+            raise RealtimeError("response_cancel_not_active", "Cancellation failed: no active response found.")
+        self._cancel(target, "client_cancelled")
+
+    def _cancel(self, response_id: str, reason: str) -> None:
+        self._finish(response_id, "cancelled", reason=reason)
+        self._out.append(CancelResponse(response_id))
+
+    def _finish(self, response_id: str, status: str, *, reason: str | None = None,
+                error: dict[str, Any] | None = None) -> None:
+        run = self._responses.pop(response_id, None)
+        if run is None:
+            return
+        if self._active == response_id:
+            self._active = None
+        self._audio_emitted |= run.audio_emitted
+        for ev in run.finish(status, reason=reason, error=error):
+            self._emit(ev)
+
+    # ---- backend side ----------------------------------------------------------------------------
+    def build_request(self, response_id: str) -> OmniRequest | None:
+        """The request for a started response; None once it was cancelled."""
+        run = self._responses.get(response_id)
+        if run is None:
+            return None
+        return build_request(response_id, run.settings, run.context)
+
+    def on_chunk(self, response_id: str, chunk: OutputChunk) -> list[Output]:
+        run = self._responses.get(response_id)
+        if run is None:
+            return []  # cancelled: the generation is being torn down
+        if isinstance(chunk, TextDelta):
+            events = run.on_text(chunk.text) if chunk.index == 0 else []
+        elif isinstance(chunk, AudioChunk):
+            events = run.on_audio(chunk)
+            self._audio_emitted |= run.audio_emitted
+        elif isinstance(chunk, ToolCallDelta):
+            events = run.on_tool_call(chunk)
+        elif isinstance(chunk, Usage):
+            run.usage = chunk
+            events = []
+        elif isinstance(chunk, Done):
+            # Finished at the end of the stream, so a Usage chunk sent after Done still lands in response.done.
+            if chunk.index == 0:
+                run.finish_reason = chunk.finish_reason
+            events = []
+        elif isinstance(chunk, Error):
+            self._finish(response_id, "failed", error={"type": "server_error", "code": chunk.code,
+                                                       "message": chunk.message})
+            events = []
+        else:
+            events = []  # image chunks have no Realtime event
+        for ev in events:
+            self._emit(ev)
+        return self._flush()
+
+    def _finish_done(self, response_id: str, finish_reason: str) -> None:
+        if finish_reason == "length":
+            self._finish(response_id, "incomplete", reason="max_output_tokens")
+        elif finish_reason == "abort":
+            self._finish(response_id, "cancelled", reason="client_cancelled")
+        elif finish_reason == "error":
+            self._finish(response_id, "failed", error={"type": "server_error", "code": "generation_failed",
+                                                       "message": "The generation failed."})
+        else:
+            self._finish(response_id, "completed")
+
+    def on_stream_end(self, response_id: str, error: str | None = None) -> list[Output]:
+        """The backend stream ended: the response ends as its Done said, or failed when the stream broke."""
+        run = self._responses.get(response_id)
+        if run is None:
+            return self._flush()
+        if error is None:
+            self._finish_done(response_id, run.finish_reason)
+        else:
+            self._finish(response_id, "failed", error={"type": "server_error", "code": "server_error",
+                                                       "message": error})
+        return self._flush()
+
+    @property
+    def running_responses(self) -> tuple[str, ...]:
+        return tuple(self._responses)

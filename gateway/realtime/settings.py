@@ -1,0 +1,328 @@
+"""The effective session configuration: parsed from GA (nested) or beta (flat) updates, rendered back.
+
+One canonical ``SessionSettings`` lives in the session; ``session.update`` produces a new one through
+``apply_update`` and ``session.updated`` always echoes the whole of it, as OpenAI does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from gateway.realtime.audio import AUDIO_FORMATS, SAMPLE_RATE, AudioFormat
+from gateway.realtime.errors import RealtimeError, invalid_type, invalid_value
+from omni.protocol import VadSettings
+
+Dialect = Literal["ga", "beta"]
+
+# semantic_vad has no semantic model behind it here: its eagerness picks how long a pause ends the turn.
+EAGERNESS_SILENCE_MS = {"low": 1500, "medium": 800, "auto": 800, "high": 400}
+MAX_OUTPUT_TOKENS_CAP = 4096
+
+_GA_FORMATS: dict[str, AudioFormat] = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}
+_GA_FORMAT_NAMES = {v: k for k, v in _GA_FORMATS.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDetection:
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+    idle_timeout_ms: int | None = None
+    eagerness: str = "auto"
+
+    def vad_settings(self) -> VadSettings:
+        if self.type == "semantic_vad":
+            return VadSettings(threshold=0.5, prefix_padding_ms=300,
+                               silence_duration_ms=EAGERNESS_SILENCE_MS[self.eagerness])
+        return VadSettings(self.threshold, self.prefix_padding_ms, self.silence_duration_ms)
+
+    def render(self) -> dict[str, Any]:
+        common = {"type": self.type, "create_response": self.create_response,
+                  "interrupt_response": self.interrupt_response}
+        if self.type == "semantic_vad":
+            return {**common, "eagerness": self.eagerness}
+        return {**common, "threshold": self.threshold, "prefix_padding_ms": self.prefix_padding_ms,
+                "silence_duration_ms": self.silence_duration_ms, "idle_timeout_ms": self.idle_timeout_ms}
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSettings:
+    model: str
+    output_modalities: tuple[str, ...] = ("audio",)  # ("text",) or ("audio",): audio always carries a transcript
+    instructions: str = ""
+    voice: str = "alloy"
+    input_format: AudioFormat = "pcm16"
+    output_format: AudioFormat = "pcm16"
+    transcription: dict[str, Any] | None = None
+    noise_reduction: dict[str, Any] | None = None
+    turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] = "auto"
+    max_output_tokens: int | Literal["inf"] = "inf"
+    temperature: float = 0.8
+    speed: float = 1.0
+    tracing: Any = None
+    truncation: Any = "auto"
+    prompt: Any = None
+    include: Any = None
+
+    @property
+    def wants_audio(self) -> bool:
+        return "audio" in self.output_modalities
+
+
+# ---- field parsers shared by session.update and response.create -------------------------------------
+def _expect(value: Any, kind: type | tuple[type, ...], param: str, expected: str) -> Any:
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))):
+        raise invalid_type(param, expected, value)
+    return value
+
+
+def _modalities(value: Any, param: str) -> tuple[str, ...]:
+    _expect(value, list, param, "an array of 'text' and/or 'audio'")
+    if not value or any(m not in ("text", "audio") for m in value):
+        raise invalid_value(param, "a non-empty array of 'text' and/or 'audio'", value)
+    return ("audio",) if "audio" in value else ("text",)
+
+
+def _beta_format(value: Any, param: str) -> AudioFormat:
+    if value not in AUDIO_FORMATS:
+        raise invalid_value(param, "one of 'pcm16', 'g711_ulaw', 'g711_alaw'", value)
+    return value
+
+
+def _ga_format(value: Any, param: str) -> AudioFormat:
+    _expect(value, dict, param, "an object like {'type': 'audio/pcm', 'rate': 24000}")
+    fmt = _GA_FORMATS.get(value.get("type"))
+    if fmt is None:
+        raise invalid_value(f"{param}.type", "one of 'audio/pcm', 'audio/pcmu', 'audio/pcma'", value.get("type"))
+    if fmt == "pcm16" and value.get("rate", SAMPLE_RATE) != SAMPLE_RATE:
+        raise invalid_value(f"{param}.rate", "24000", value.get("rate"))
+    return fmt
+
+
+def render_ga_format(fmt: AudioFormat) -> dict[str, Any]:
+    return {"type": "audio/pcm", "rate": SAMPLE_RATE} if fmt == "pcm16" else {"type": _GA_FORMAT_NAMES[fmt]}
+
+
+def _voice(value: Any, param: str) -> str:
+    if isinstance(value, dict) and isinstance(value.get("id"), str):
+        return value["id"]
+    return _expect(value, str, param, "a voice name")
+
+
+def _speed(value: Any, param: str) -> float:
+    speed = float(_expect(value, (int, float), param, "a number"))
+    if not 0.25 <= speed <= 1.5:
+        raise invalid_value(param, "a number between 0.25 and 1.5", value)
+    return speed
+
+
+def _max_tokens(value: Any, param: str) -> int | Literal["inf"]:
+    if value == "inf":
+        return "inf"
+    _expect(value, int, param, "an integer or 'inf'")
+    if not 1 <= value <= MAX_OUTPUT_TOKENS_CAP:
+        raise invalid_value(param, f"an integer between 1 and {MAX_OUTPUT_TOKENS_CAP}, or 'inf'", value)
+    return value
+
+
+def _tools(value: Any, param: str) -> tuple[dict[str, Any], ...]:
+    _expect(value, list, param, "an array of tools")
+    for i, tool in enumerate(value):
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(tool.get("name"), str):
+            raise invalid_value(f"{param}[{i}]", "a function tool {'type': 'function', 'name': ...}", tool)
+    return tuple(value)
+
+
+def _tool_choice(value: Any, param: str) -> str | dict[str, Any]:
+    if value in ("auto", "none", "required") or (isinstance(value, dict) and isinstance(value.get("name"), str)):
+        return value
+    raise invalid_value(param, "'auto', 'none', 'required' or {'type': 'function', 'name': ...}", value)
+
+
+def _optional_dict(value: Any, param: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    return dict(_expect(value, dict, param, "an object or null"))
+
+
+def _turn_detection(value: Any, param: str, current: TurnDetection | None) -> TurnDetection | None:
+    if value is None:
+        return None
+    _expect(value, dict, param, "an object or null")
+    kind = value.get("type", current.type if current else "server_vad")
+    if kind not in ("server_vad", "semantic_vad"):
+        raise invalid_value(f"{param}.type", "'server_vad' or 'semantic_vad'", kind)
+    base = current if current is not None and current.type == kind else TurnDetection(type=kind)
+    changes: dict[str, Any] = {}
+    if "threshold" in value:
+        threshold = float(_expect(value["threshold"], (int, float), f"{param}.threshold", "a number"))
+        if not 0.0 <= threshold <= 1.0:
+            raise invalid_value(f"{param}.threshold", "a number between 0 and 1", value["threshold"])
+        changes["threshold"] = threshold
+    for key in ("prefix_padding_ms", "silence_duration_ms"):
+        if key in value:
+            ms = _expect(value[key], int, f"{param}.{key}", "an integer")
+            if ms < 0:
+                raise invalid_value(f"{param}.{key}", "a non-negative integer", ms)
+            changes[key] = ms
+    for key in ("create_response", "interrupt_response"):
+        if key in value:
+            changes[key] = _expect(value[key], bool, f"{param}.{key}", "a boolean")
+    if value.get("idle_timeout_ms") is not None:
+        changes["idle_timeout_ms"] = _expect(value["idle_timeout_ms"], int, f"{param}.idle_timeout_ms", "an integer")
+    if "eagerness" in value:
+        if value["eagerness"] not in EAGERNESS_SILENCE_MS:
+            raise invalid_value(f"{param}.eagerness", "'low', 'medium', 'high' or 'auto'", value["eagerness"])
+        changes["eagerness"] = value["eagerness"]
+    return replace(base, **changes)
+
+
+# ---- session.update -----------------------------------------------------------------------------
+def apply_update(current: SessionSettings, update: Any, dialect: Dialect) -> SessionSettings:
+    """A partial update merged over ``current``; raises RealtimeError naming the offending field."""
+    _expect(update, dict, "session", "an object")
+    return _apply_ga(current, update) if dialect == "ga" else _apply_beta(current, update)
+
+
+def _apply_common(update: dict[str, Any], changes: dict[str, Any], prefix: str) -> None:
+    if "instructions" in update:
+        changes["instructions"] = _expect(update["instructions"], str, f"{prefix}.instructions", "a string")
+    if "tools" in update:
+        changes["tools"] = _tools(update["tools"], f"{prefix}.tools")
+    if "tool_choice" in update:
+        changes["tool_choice"] = _tool_choice(update["tool_choice"], f"{prefix}.tool_choice")
+
+
+def _apply_ga(current: SessionSettings, update: dict[str, Any]) -> SessionSettings:
+    if update.get("type", "realtime") != "realtime":
+        raise invalid_value("session.type", "'realtime' (transcription sessions are not served)", update.get("type"))
+    changes: dict[str, Any] = {}
+    _apply_common(update, changes, "session")
+    if "output_modalities" in update:
+        changes["output_modalities"] = _modalities(update["output_modalities"], "session.output_modalities")
+    if "max_output_tokens" in update:
+        changes["max_output_tokens"] = _max_tokens(update["max_output_tokens"], "session.max_output_tokens")
+    for key in ("tracing", "truncation", "prompt", "include"):
+        if key in update:
+            changes[key] = update[key]
+    audio = _expect(update.get("audio", {}), dict, "session.audio", "an object")
+    audio_in = _expect(audio.get("input", {}), dict, "session.audio.input", "an object")
+    audio_out = _expect(audio.get("output", {}), dict, "session.audio.output", "an object")
+    if "format" in audio_in:
+        changes["input_format"] = _ga_format(audio_in["format"], "session.audio.input.format")
+    if "transcription" in audio_in:
+        changes["transcription"] = _optional_dict(audio_in["transcription"], "session.audio.input.transcription")
+    if "noise_reduction" in audio_in:
+        changes["noise_reduction"] = _optional_dict(audio_in["noise_reduction"], "session.audio.input.noise_reduction")
+    if "turn_detection" in audio_in:
+        changes["turn_detection"] = _turn_detection(audio_in["turn_detection"], "session.audio.input.turn_detection",
+                                                    current.turn_detection)
+    if "format" in audio_out:
+        changes["output_format"] = _ga_format(audio_out["format"], "session.audio.output.format")
+    if "voice" in audio_out:
+        changes["voice"] = _voice(audio_out["voice"], "session.audio.output.voice")
+    if "speed" in audio_out:
+        changes["speed"] = _speed(audio_out["speed"], "session.audio.output.speed")
+    return replace(current, **changes)
+
+
+def _apply_beta(current: SessionSettings, update: dict[str, Any]) -> SessionSettings:
+    changes: dict[str, Any] = {}
+    _apply_common(update, changes, "session")
+    if "modalities" in update:
+        changes["output_modalities"] = _modalities(update["modalities"], "session.modalities")
+    if "voice" in update:
+        changes["voice"] = _voice(update["voice"], "session.voice")
+    if "input_audio_format" in update:
+        changes["input_format"] = _beta_format(update["input_audio_format"], "session.input_audio_format")
+    if "output_audio_format" in update:
+        changes["output_format"] = _beta_format(update["output_audio_format"], "session.output_audio_format")
+    if "input_audio_transcription" in update:
+        changes["transcription"] = _optional_dict(update["input_audio_transcription"], "session.input_audio_transcription")
+    if "input_audio_noise_reduction" in update:
+        changes["noise_reduction"] = _optional_dict(update["input_audio_noise_reduction"],
+                                                    "session.input_audio_noise_reduction")
+    if "turn_detection" in update:
+        changes["turn_detection"] = _turn_detection(update["turn_detection"], "session.turn_detection",
+                                                    current.turn_detection)
+    if "temperature" in update:
+        temperature = float(_expect(update["temperature"], (int, float), "session.temperature", "a number"))
+        if not 0.6 <= temperature <= 1.2:
+            raise invalid_value("session.temperature", "a number between 0.6 and 1.2", update["temperature"])
+        changes["temperature"] = temperature
+    if "max_response_output_tokens" in update:
+        changes["max_output_tokens"] = _max_tokens(update["max_response_output_tokens"],
+                                                   "session.max_response_output_tokens")
+    if "speed" in update:
+        changes["speed"] = _speed(update["speed"], "session.speed")
+    if "include" in update:
+        changes["include"] = update["include"]
+    return replace(current, **changes)
+
+
+# ---- response.create overrides -----------------------------------------------------------------
+def apply_response_overrides(current: SessionSettings, response: dict[str, Any], dialect: Dialect) -> SessionSettings:
+    """Per-response overrides: the same fields as the session, under the response's own names."""
+    changes: dict[str, Any] = {}
+    _apply_common(response, changes, "response")
+    if dialect == "ga":
+        if "output_modalities" in response:
+            changes["output_modalities"] = _modalities(response["output_modalities"], "response.output_modalities")
+        if "max_output_tokens" in response:
+            changes["max_output_tokens"] = _max_tokens(response["max_output_tokens"], "response.max_output_tokens")
+        audio = _expect(response.get("audio", {}), dict, "response.audio", "an object")
+        audio_out = _expect(audio.get("output", {}), dict, "response.audio.output", "an object")
+        if "format" in audio_out:
+            changes["output_format"] = _ga_format(audio_out["format"], "response.audio.output.format")
+        if "voice" in audio_out:
+            changes["voice"] = _voice(audio_out["voice"], "response.audio.output.voice")
+    else:
+        if "modalities" in response:
+            changes["output_modalities"] = _modalities(response["modalities"], "response.modalities")
+        if "max_response_output_tokens" in response:
+            changes["max_output_tokens"] = _max_tokens(response["max_response_output_tokens"],
+                                                       "response.max_response_output_tokens")
+        if "voice" in response:
+            changes["voice"] = _voice(response["voice"], "response.voice")
+        if "output_audio_format" in response:
+            changes["output_format"] = _beta_format(response["output_audio_format"], "response.output_audio_format")
+        if "temperature" in response:
+            changes["temperature"] = float(_expect(response["temperature"], (int, float), "response.temperature",
+                                                   "a number"))
+    return replace(current, **changes)
+
+
+# ---- rendering --------------------------------------------------------------------------------
+def render_session(s: SessionSettings, dialect: Dialect, session_id: str, expires_at: int) -> dict[str, Any]:
+    turn = s.turn_detection.render() if s.turn_detection else None
+    if dialect == "beta":
+        return {"id": session_id, "object": "realtime.session", "model": s.model,
+                "modalities": ["text", "audio"] if s.wants_audio else ["text"], "instructions": s.instructions,
+                "voice": s.voice, "input_audio_format": s.input_format, "output_audio_format": s.output_format,
+                "input_audio_transcription": s.transcription, "input_audio_noise_reduction": s.noise_reduction,
+                "turn_detection": turn, "tools": list(s.tools), "tool_choice": s.tool_choice,
+                "temperature": s.temperature, "max_response_output_tokens": s.max_output_tokens, "speed": s.speed,
+                "expires_at": expires_at, "include": s.include}
+    return {"type": "realtime", "object": "realtime.session", "id": session_id, "model": s.model,
+            "output_modalities": list(s.output_modalities), "instructions": s.instructions,
+            "tools": list(s.tools), "tool_choice": s.tool_choice, "max_output_tokens": s.max_output_tokens,
+            "tracing": s.tracing, "truncation": s.truncation, "prompt": s.prompt, "expires_at": expires_at,
+            "include": s.include,
+            "audio": {"input": {"format": render_ga_format(s.input_format), "transcription": s.transcription,
+                                "noise_reduction": s.noise_reduction, "turn_detection": turn},
+                      "output": {"format": render_ga_format(s.output_format), "voice": s.voice, "speed": s.speed}}}
+
+
+def validate_choice(value: Any, allowed: tuple[str, ...], param: str) -> str:
+    if value not in allowed:
+        raise invalid_value(param, " or ".join(repr(a) for a in allowed), value)
+    return value
+
+
+__all__ = ["Dialect", "RealtimeError", "SessionSettings", "TurnDetection", "apply_response_overrides",
+           "apply_update", "render_ga_format", "render_session", "validate_choice"]
