@@ -67,6 +67,7 @@ class Sequence:
         self.max_model_len = max_model_len
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
+        self.stop_reason: str | int | None = None  # the stop string or stop token id that ended it
         self.block_table: list[int] = []
         self.num_computed_tokens = 0  # tokens whose K/V are written to the cache
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at the last admission
