@@ -1,0 +1,101 @@
+"""Cut a stream of text deltas into speakable segments for a non-autoregressive TTS model.
+
+The first segment ends at the first clause boundary once it holds a few words, so speech can start
+while the rest of the reply is still being generated; later segments end at sentence boundaries,
+which sound more natural. Any segment longer than ``max_chars`` is cut at its last space.
+A boundary is confirmed only by the character after it, so "3.5" or "e.g. this" is not split.
+Segments keep their surrounding whitespace, so joined they give back the text (minus trailing blanks):
+they double as transcript pieces.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_SENTENCE_END = ".!?。！？"
+_CLAUSE_END = ",;:—–"
+_CLOSERS = "\"')]}»”’"
+_ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "prof.", "st.", "vs.", "etc.", "e.g.", "i.e.", "no.", "approx."})
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkerConfig:
+    first_min_words: int = 4
+    min_words: int = 3
+    first_max_chars: int = 120  # bounds the wait for the first audio when no punctuation comes
+    max_chars: int = 250
+
+
+class TextChunker:
+    def __init__(self, config: ChunkerConfig = ChunkerConfig()) -> None:
+        self.config = config
+        self._buffer = ""
+        self._scan_from = 0
+        self._emitted = 0
+
+    def push(self, delta: str) -> list[str]:
+        """Add text; return the segments it completes."""
+        self._buffer += delta
+        segments: list[str] = []
+        while True:
+            cut = self._find_cut()
+            if cut is None:
+                return segments
+            segment, self._buffer = self._buffer[:cut], self._buffer[cut:]
+            self._scan_from = 0
+            segments.append(segment)
+            self._emitted += 1
+
+    def flush(self) -> list[str]:
+        """End of text: return whatever is left as the final segments."""
+        segments: list[str] = []
+        while len(self._buffer) > self._max_chars():
+            cut = self._space_cut()
+            segments.append(self._buffer[:cut])
+            self._buffer = self._buffer[cut:]
+            self._emitted += 1
+        if self._buffer.strip():
+            segments.append(self._buffer)
+            self._emitted += 1
+        self._buffer, self._scan_from = "", 0
+        return segments
+
+    def _find_cut(self) -> int | None:
+        text = self._buffer
+        boundaries = _SENTENCE_END if self._emitted else _SENTENCE_END + _CLAUSE_END
+        min_words = self.config.min_words if self._emitted else self.config.first_min_words
+        # The last character cannot be confirmed yet: it needs the one after it.
+        for i in range(self._scan_from, min(len(text) - 1, self._max_chars())):
+            if text[i] == "\n" and len(text[:i].split()) >= min_words:
+                return i + 1
+            if text[i] not in boundaries:
+                continue
+            end = i + 1
+            while end < len(text) and text[end] in _CLOSERS:
+                end += 1
+            if end >= len(text):
+                break  # closers may still follow; wait for more text
+            if not text[end].isspace():
+                continue
+            if text[i] == "." and self._is_abbreviation(text, i):
+                continue
+            if len(text[:end].split()) >= min_words:
+                return end
+        self._scan_from = max(0, len(text) - 1 - len(_CLOSERS))
+        if len(text) > self._max_chars():
+            return self._space_cut()
+        return None
+
+    def _max_chars(self) -> int:
+        return self.config.max_chars if self._emitted else self.config.first_max_chars
+
+    def _space_cut(self) -> int:
+        limit = self._max_chars()
+        space = self._buffer.rfind(" ", 0, limit)
+        return space + 1 if space > 0 else limit
+
+    @staticmethod
+    def _is_abbreviation(text: str, dot: int) -> bool:
+        start = text.rfind(" ", 0, dot) + 1
+        word = text[start:dot + 1].lstrip("\"'([{")
+        is_initial = len(word) == 2 and word[0].isupper()  # "J. Smith"
+        return is_initial or word.lower() in _ABBREVIATIONS

@@ -1,0 +1,221 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from omni.heads.tts import TtsHead
+from omni.heads.tts_backends import HfVitsSynthesizer, PiperSynthesizer, default_piper_voice, load_synthesizer
+from omni.protocol import AudioChunk, AudioOutputOptions
+
+REPLY = ("Sure, I can help with that. The weather today is sunny with a high of twenty degrees. "
+         "Tomorrow brings some rain in the afternoon, so take an umbrella.")
+
+
+async def words(text: str, delay_s: float = 0.0, stamps: list[float] | None = None) -> AsyncIterator[str]:
+    for i, word in enumerate(text.split(" ")):
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        yield word if i == 0 else " " + word
+    if stamps is not None:
+        stamps.append(time.perf_counter())
+
+
+async def collect(stream: AsyncIterator[AudioChunk]) -> list[tuple[float, AudioChunk]]:
+    return [(time.perf_counter(), chunk) async for chunk in stream]
+
+
+class SlowTone:
+    """A stand-in synthesizer: 50 ms of tone per character, taking ``seconds`` of compute per call."""
+
+    sample_rate = 16000
+    voices = ("tone",)
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds = seconds
+        self.calls: list[str] = []
+        self.cancels: list[threading.Event] = []
+
+    def synthesize(self, text: str, *, speed: float = 1.0, voice: str | None = None,
+                   cancel: threading.Event | None = None) -> np.ndarray:
+        self.calls.append(text)
+        if cancel is not None:
+            self.cancels.append(cancel)
+        time.sleep(self.seconds)
+        n = int(len(text) * 0.05 * self.sample_rate / speed)
+        return (0.5 * np.sin(np.arange(n) * 0.1)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def piper_head() -> TtsHead:
+    return TtsHead(PiperSynthesizer(default_piper_voice()))
+
+
+# ---- streaming with the packaged Piper voice -----------------------------------------------------
+def test_piper_stream_chunks_are_100ms_pcm16_with_transcript_in_step(piper_head: TtsHead) -> None:
+    chunks = [c for _, c in asyncio.run(collect(piper_head.stream(words(REPLY))))]
+    assert all(c.sample_rate == 24000 for c in chunks)
+    assert all(0 < len(c.pcm16) <= 2 * 2400 and len(c.pcm16) % 2 == 0 for c in chunks)
+    assert "".join(c.transcript for c in chunks) == REPLY
+    assert chunks[0].transcript == "Sure, I can help with that."  # "Sure," alone is too short to speak first
+    assert [c.transcript for c in chunks if c.transcript][1:] == [
+        " The weather today is sunny with a high of twenty degrees.",
+        " Tomorrow brings some rain in the afternoon, so take an umbrella."]
+    audio = np.frombuffer(b"".join(c.pcm16 for c in chunks), "<i2")
+    seconds = len(audio) / 24000
+    assert 6.0 < seconds < 16.0  # ~25 words at a speaking pace
+    assert np.abs(audio).max() > 10000  # speech, not silence
+
+
+def test_piper_first_audio_arrives_before_the_text_ends(piper_head: TtsHead) -> None:
+    stamps: list[float] = []
+    received = asyncio.run(collect(piper_head.stream(words(REPLY, delay_s=0.04, stamps=stamps))))
+    assert received[0][0] < stamps[0]
+
+
+def test_piper_speed_changes_duration(piper_head: TtsHead) -> None:
+    normal = piper_head.synthesize("The quick brown fox jumps over the lazy dog.")
+    fast = piper_head.synthesize("The quick brown fox jumps over the lazy dog.", AudioOutputOptions(speed=2.0))
+    assert normal.dtype == np.float32 and 0.35 < len(fast) / len(normal) < 0.65
+
+
+# ---- stream mechanics with a stand-in synthesizer ------------------------------------------------
+def test_output_rate_follows_the_options() -> None:
+    head = TtsHead(SlowTone())
+    chunks = [c for _, c in asyncio.run(collect(head.stream(words(REPLY), AudioOutputOptions(sample_rate=8000))))]
+    assert all(c.sample_rate == 8000 and len(c.pcm16) <= 1600 for c in chunks)
+    total = sum(len(c.pcm16) for c in chunks) // 2
+    assert abs(total - len(REPLY.strip()) * 0.05 * 8000) < 0.05 * 8000 * 4  # segment-edge spaces only
+
+
+def test_closing_the_stream_stops_synthesis() -> None:
+    synth = SlowTone(seconds=0.15)
+    head = TtsHead(synth)
+    text = " ".join(f"This is sentence number {i} of many." for i in range(30))
+
+    async def scenario() -> None:
+        stream = head.stream(words(text))
+        first = await stream.__anext__()
+        assert first.transcript.startswith("This is sentence number 0")
+        await stream.aclose()
+        await asyncio.sleep(0.5)
+
+    asyncio.run(scenario())
+    assert len(synth.calls) == 1  # renders run only while the consumer pulls; none after the close
+    assert all(event.is_set() for event in synth.cancels)
+
+
+def test_cancelling_the_consumer_mid_render_stops_further_segments() -> None:
+    synth = SlowTone(seconds=0.3)
+    head = TtsHead(synth)
+    text = " ".join(f"Sentence {i} is here now." for i in range(20))
+
+    calls_at_cancel: list[int] = []
+
+    async def scenario() -> None:
+        task = asyncio.create_task(collect(head.stream(words(text))))
+        await asyncio.sleep(0.45)  # inside the second render
+        task.cancel()
+        calls_at_cancel.append(len(synth.calls))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.7)
+
+    asyncio.run(scenario())
+    assert 1 <= calls_at_cancel[0] <= 3
+    assert len(synth.calls) == calls_at_cancel[0]  # the render in flight finished; no other began
+    assert synth.cancels[-1].is_set()
+
+
+def test_text_stream_errors_reach_the_consumer() -> None:
+    async def failing() -> AsyncIterator[str]:
+        yield "Hello there, how are you doing today? "
+        raise RuntimeError("engine died")
+
+    async def scenario() -> list[AudioChunk]:
+        got: list[AudioChunk] = []
+        with pytest.raises(RuntimeError, match="engine died"):
+            async for chunk in TtsHead(SlowTone()).stream(failing()):
+                got.append(chunk)
+        return got
+
+    assert asyncio.run(scenario())  # audio for the text before the failure still came out
+
+
+def test_bad_options_are_rejected() -> None:
+    head = TtsHead(SlowTone())
+    with pytest.raises(ValueError, match=r"speed must lie in \[0.25, 4.0\]; got 5"):
+        head.synthesize("hi", AudioOutputOptions(speed=5))
+    with pytest.raises(ValueError, match="got 22222"):
+        asyncio.run(collect(head.stream(words("hi"), AudioOutputOptions(sample_rate=22222))))
+
+
+# ---- Hugging Face VITS on a tiny random checkpoint -----------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_vits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    from transformers import VitsConfig, VitsModel, VitsTokenizer
+
+    path = tmp_path_factory.mktemp("vits")
+    symbols = list(" abcdefghijklmnopqrstuvwxyz',.?!-")
+    vocab = {"<pad>": 0, "<unk>": 1} | {c: i + 2 for i, c in enumerate(symbols)}
+    (path / "vocab.json").write_text(json.dumps(vocab))
+    VitsTokenizer(str(path / "vocab.json"), phonemize=False).save_pretrained(path)
+    config = VitsConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, ffn_dim=32,
+                        flow_size=16, spectrogram_bins=17, upsample_initial_channel=16, upsample_rates=[4, 4, 4],
+                        upsample_kernel_sizes=[8, 8, 8], resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3]],
+                        prior_encoder_num_flows=1, prior_encoder_num_wavenet_layers=1,
+                        posterior_encoder_num_wavenet_layers=1, duration_predictor_num_flows=1,
+                        duration_predictor_filter_channels=16, depth_separable_num_layers=1, sampling_rate=16000)
+    torch.manual_seed(0)
+    VitsModel(config).eval().save_pretrained(path)
+    return path
+
+
+def test_hf_vits_matches_the_reference_model_given_a_seed(tiny_vits: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer, VitsModel
+
+    text = "hello there, friend."
+    synth = load_synthesizer(str(tiny_vits), device="cpu", seed=7)
+    assert isinstance(synth, HfVitsSynthesizer) and synth.sample_rate == 16000
+    model, tokenizer = VitsModel.from_pretrained(tiny_vits).eval(), AutoTokenizer.from_pretrained(tiny_vits)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        expected = model(**tokenizer(text, return_tensors="pt")).waveform[0].numpy()
+    torch.manual_seed(123)
+    after_reference = torch.rand(3)
+    torch.manual_seed(123)
+    got = synth.synthesize(text)
+    assert torch.equal(torch.rand(3), after_reference)  # the caller's random stream is left alone
+    assert got.shape == expected.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    np.testing.assert_array_equal(synth.synthesize(text), got)
+    other = HfVitsSynthesizer(tiny_vits, device="cpu", seed=8).synthesize(text)
+    assert other.shape != got.shape or not np.allclose(other, got)
+
+
+def test_hf_vits_streams_through_the_head(tiny_vits: Path) -> None:
+    head = TtsHead.load(str(tiny_vits), device="cpu", seed=1)
+    chunks = [c for _, c in asyncio.run(collect(head.stream(words("one two three four, five six. seven eight nine."))))]
+    assert "".join(c.transcript for c in chunks) == "one two three four, five six. seven eight nine."
+    assert all(c.sample_rate == 24000 and len(c.pcm16) <= 4800 for c in chunks)
+    whole = head.synthesize("one two three four,")
+    assert abs(len(whole) - 1.5 * len(HfVitsSynthesizer(tiny_vits, device="cpu", seed=1)
+                                      .synthesize("one two three four,"))) <= 2
+
+
+def test_loader_errors_say_what_was_expected(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="expected 'default', a Piper .onnx voice or a directory"):
+        load_synthesizer(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "whisper"}))
+    with pytest.raises(ValueError, match="model_type 'whisper'; expected 'vits'"):
+        load_synthesizer(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="missing.onnx does not exist"):
+        load_synthesizer(str(tmp_path / "missing.onnx"))
