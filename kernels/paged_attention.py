@@ -1,0 +1,369 @@
+"""Triton paged attention over the block-table KV cache: decode (one query per sequence) and
+varlen causal prefill over a cached prefix. Same signatures as ``kernels.reference``.
+
+Both kernels pack the query heads that share one KV head into the M dimension of one program, so
+each K/V tile is read from memory once per KV head rather than once per query head (GQA).
+
+Decode splits each sequence's context into ``num_splits`` ranges (split-KV) so that small batches
+still fill the GPU; each split writes a partial output and its log-sum-exp, and a second kernel
+merges them. The split count depends only on tensor shapes (batch, KV heads, block-table width),
+never on ``seq_lens`` values, so a launch is CUDA-graph capturable and needs no host sync: pass
+block tables only as wide as the batch's longest context needs, since splits cover the table width.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.validation import (
+    FLOAT_DTYPES,
+    check_dim,
+    check_same_dtype,
+    check_tensor,
+    interpreting,
+    next_pow2,
+)
+
+_LOG2E = 1.4426950408889634
+_MAX_SPLITS = 64
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch parameters of the split-KV decode kernel."""
+
+    block_n: int = 64  # KV tokens per inner-loop tile
+    num_warps: int = 4
+    num_stages: int = 3
+    target_programs: int = 528  # aim for about this many (seq, kv head, split) programs
+    min_split_tokens: int = 256  # never split a context finer than this
+
+    def __post_init__(self) -> None:
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"DecodeConfig.block_n: expected a power of two >= 16, got {self.block_n}")
+        if self.target_programs < 1 or self.min_split_tokens < 1:
+            raise ValueError(
+                "DecodeConfig: target_programs and min_split_tokens must be positive, got "
+                f"{self.target_programs} and {self.min_split_tokens}"
+            )
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Launch parameters of the varlen prefill kernel."""
+
+    block_m: int = 64  # query rows (tokens x padded GQA group) per program
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def num_decode_splits(batch: int, num_kv_heads: int, max_context: int, config: DecodeConfig) -> tuple[int, int]:
+    """(num_splits, tokens_per_split) for a decode launch; a function of shapes only."""
+    base = max(1, batch * num_kv_heads)
+    splits = min(
+        math.ceil(config.target_programs / base),
+        max(1, max_context // config.min_split_tokens),
+        _MAX_SPLITS,
+    )
+    splits = max(1, splits)
+    per_split = math.ceil(math.ceil(max_context / splits) / config.block_n) * config.block_n
+    per_split = max(per_split, config.block_n)
+    return math.ceil(max_context / per_split) if max_context > 0 else 1, per_split
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def default_decode_config(q: torch.Tensor) -> DecodeConfig:
+    """Decode launch parameters for the device holding ``q`` (tuned on an H200, 132 SMs)."""
+    if q.device.type != "cuda":
+        return DecodeConfig(block_n=32, num_warps=4, num_stages=1, target_programs=8, min_split_tokens=32)
+    return DecodeConfig(target_programs=4 * _sm_count(q.device.index or 0))
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr,
+    qk_scale, max_blocks, tokens_per_split, num_splits,
+    stride_cache_block, stride_cache_tok,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, seq_len)
+
+    rows = tl.arange(0, BLOCK_G)
+    dims = tl.arange(0, BLOCK_D)
+    row_ok = rows < GROUP
+    dim_ok = dims < HEAD_DIM
+    heads = kvh * GROUP + rows
+    q_off = (b * NUM_Q_HEADS + heads).to(tl.int64)[:, None] * HEAD_DIM + dims[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    table_row = block_tables_ptr + b.to(tl.int64) * max_blocks
+    for n0 in range(start, end, BLOCK_N):
+        offs = n0 + tl.arange(0, BLOCK_N)
+        tok_ok = offs < end
+        page = tl.load(table_row + offs // PAGE, mask=tok_ok, other=0).to(tl.int64)
+        kv_off = page * stride_cache_block + (offs % PAGE) * stride_cache_tok + kvh * HEAD_DIM
+        kv_ptrs = kv_off[:, None] + dims[None, :]
+        kv_mask = tok_ok[:, None] & dim_ok[None, :]
+        k = tl.load(k_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+        if DOT_FP32:
+            # fp32 inputs want exact products; the CPU interpreter also mis-multiplies 16-bit
+            # floats, so there both operands go through fp32 (values stay those of the 16-bit type).
+            qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        qk = tl.where(tok_ok[None, :], qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p_lo = p.to(v.dtype)
+        if DOT_FP32:
+            pv = tl.dot(p_lo.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p_lo, v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    # A split past the end of its sequence (or a zero-length padding sequence) saw no keys.
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    out_mask = row_ok[:, None] & dim_ok[None, :]
+    if SINGLE_SPLIT:
+        tl.store(out_ptr + q_off, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        part = (b * NUM_Q_HEADS + heads).to(tl.int64) * num_splits + split
+        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc / l_safe[:, None], mask=out_mask)
+        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(part_lse_ptr + part, lse, mask=row_ok)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, num_splits,
+    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    splits = tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, BLOCK_D)
+    split_ok = splits < num_splits
+    dim_ok = dims < HEAD_DIM
+    base = (b * NUM_Q_HEADS + h).to(tl.int64) * num_splits
+    lse = tl.load(part_lse_ptr + base + splits, mask=split_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m > float("-inf"), m, 0.0)  # every split empty: weights all 0, output 0
+    weight = tl.exp2(lse - m)
+    denom = tl.sum(weight, 0)
+    denom = tl.where(denom > 0, denom, 1.0)
+    parts = tl.load(
+        part_out_ptr + (base + splits)[:, None] * HEAD_DIM + dims[None, :],
+        mask=split_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )
+    out = tl.sum(parts * weight[:, None], 0) / denom
+    out_off = (b * NUM_Q_HEADS + h).to(tl.int64) * HEAD_DIM + dims
+    tl.store(out_ptr + out_off, out.to(out_ptr.dtype.element_ty), mask=dim_ok)
+
+
+def _check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor) -> None:
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=FLOAT_DTYPES, device=q.device)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=FLOAT_DTYPES, device=q.device)
+    check_same_dtype(q.dtype, k_cache=k_cache, v_cache=v_cache)
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    check_dim("q", q.shape[-1], head_dim, "head_dim (k_cache.shape[3])")
+    if q.shape[1] % num_kv_heads:
+        raise ValueError(
+            f"q: expected a number of query heads divisible by num_kv_heads={num_kv_heads}, got {q.shape[1]}"
+        )
+    check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,), device=q.device)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    config: DecodeConfig | None = None,
+) -> torch.Tensor:
+    """One query per sequence over its ``seq_lens[b]`` cached positions -> ``[B, Hq, D]``."""
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    _check_cache(q, k_cache, v_cache, block_tables)
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,), device=q.device)
+    batch, num_q_heads, head_dim = q.shape
+    check_dim("seq_lens", seq_lens.shape[0], batch, "batch size (q.shape[0])")
+    check_dim("block_tables", block_tables.shape[0], batch, "batch size (q.shape[0])")
+    out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    config = config or default_decode_config(q)
+    page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    max_blocks = block_tables.shape[1]
+    num_splits, per_split = num_decode_splits(batch, num_kv_heads, max_blocks * page, config)
+    if num_splits > 1:
+        part_out = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out  # unused by the single-split specialization
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens,
+        out, part_out, part_lse,
+        scale * _LOG2E, max_blocks, per_split, num_splits,
+        k_cache.stride(0), k_cache.stride(1),
+        NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_G=max(16, next_pow2(group)),
+        HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_N=config.block_n, PAGE=page,
+        SINGLE_SPLIT=num_splits == 1, DOT_FP32=q.dtype == torch.float32 or interpreting(),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(batch, num_q_heads)](
+            part_out, part_lse, out, num_splits,
+            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)),
+            BLOCK_S=max(2, next_pow2(num_splits)),
+            num_warps=4,
+        )
+    return out
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, cu_seqlens_ptr, out_ptr,
+    qk_scale, num_seqs, max_blocks,
+    stride_cache_block, stride_cache_tok,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    # Sequence b's tiles start at cu_seqlens[b] // BLOCK_Q + b: an upper bound on the tiles of the
+    # sequences before it, so the grid needs no host-side knowledge of query lengths.
+    lo = tl.zeros([], dtype=tl.int32)
+    hi = lo + num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_tile = tl.load(cu_seqlens_ptr + mid) // BLOCK_Q + mid
+        right = first_tile <= pid
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(right, hi, mid)
+    seq = lo - 1
+    q_start = tl.load(cu_seqlens_ptr + seq)
+    q_len = tl.load(cu_seqlens_ptr + seq + 1) - q_start
+    tile = pid - (q_start // BLOCK_Q + seq)
+    if tile * BLOCK_Q >= q_len:
+        return
+    ctx = tl.load(seq_lens_ptr + seq)
+    prefix = ctx - q_len
+
+    rows = tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    tok = tile * BLOCK_Q + rows // GROUP_PAD
+    in_group = rows % GROUP_PAD
+    row_ok = (in_group < GROUP) & (tok < q_len)
+    dim_ok = dims < HEAD_DIM
+    q_rows = (q_start + tok).to(tl.int64) * NUM_Q_HEADS + kvh * GROUP + in_group
+    q_off = q_rows[:, None] * HEAD_DIM + dims[None, :]
+    io_mask = row_ok[:, None] & dim_ok[None, :]
+    q = tl.load(q_ptr + q_off, mask=io_mask, other=0.0)
+    # Padding rows (tok >= q_len) sit past the context end, so they see every key and stay finite.
+    q_pos = prefix + tok
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    table_row = block_tables_ptr + seq.to(tl.int64) * max_blocks
+    kv_end = tl.minimum(prefix + (tile + 1) * BLOCK_Q, ctx)
+    for n0 in range(0, kv_end, BLOCK_N):
+        offs = n0 + tl.arange(0, BLOCK_N)
+        tok_ok = offs < kv_end
+        page = tl.load(table_row + offs // PAGE, mask=tok_ok, other=0).to(tl.int64)
+        kv_off = page * stride_cache_block + (offs % PAGE) * stride_cache_tok + kvh * HEAD_DIM
+        kv_ptrs = kv_off[:, None] + dims[None, :]
+        kv_mask = tok_ok[:, None] & dim_ok[None, :]
+        k = tl.load(k_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+        if DOT_FP32:
+            qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        allowed = (offs[None, :] <= q_pos[:, None]) & tok_ok[None, :]
+        qk = tl.where(allowed, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p_lo = p.to(v.dtype)
+        if DOT_FP32:
+            pv = tl.dot(p_lo.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p_lo, v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    tl.store(out_ptr + q_off, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    config: PrefillConfig | None = None,
+) -> torch.Tensor:
+    """Varlen causal attention of each sequence's new queries over its cached context -> ``[T, Hq, D]``."""
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    _check_cache(q, k_cache, v_cache, block_tables)
+    check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=(torch.int32,), device=q.device)
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,), device=q.device)
+    num_seqs = seq_lens.shape[0]
+    check_dim("cu_seqlens_q", cu_seqlens_q.shape[0], num_seqs + 1, "len(seq_lens) + 1")
+    check_dim("block_tables", block_tables.shape[0], num_seqs, "len(seq_lens)")
+    out = torch.empty_like(q)
+    total, num_q_heads, head_dim = q.shape
+    if total == 0 or num_seqs == 0:
+        return out
+    config = config or PrefillConfig()
+    page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    group_pad = next_pow2(group)
+    block_m = max(config.block_m, group_pad, 16)
+    block_q = block_m // group_pad
+    _prefill_kernel[(total // block_q + num_seqs, num_kv_heads)](
+        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out,
+        scale * _LOG2E, num_seqs, block_tables.shape[1],
+        k_cache.stride(0), k_cache.stride(1),
+        NUM_Q_HEADS=num_q_heads, GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_m,
+        HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_N=config.block_n, PAGE=page,
+        DOT_FP32=q.dtype == torch.float32 or interpreting(),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out

@@ -1,0 +1,58 @@
+"""Argument checks shared by the Triton launchers.
+
+Triton kernels index raw pointers, so a wrong layout, dtype or device silently reads garbage or
+faults; every launcher validates its arguments first and raises ValueError naming what it expected
+and what arrived.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def interpreting() -> bool:
+    """True when Triton runs its CPU interpreter (TRITON_INTERPRET=1) instead of compiling."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_tensor(
+    name: str,
+    t: torch.Tensor,
+    *,
+    ndim: int,
+    dtypes: tuple[torch.dtype, ...],
+    device: torch.device | None = None,
+) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        allowed = ", ".join(str(d) for d in dtypes)
+        raise ValueError(f"{name}: expected dtype in ({allowed}), got {t.dtype}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()} for shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+    if t.device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"{name}: Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 on the CPU), got device {t.device}"
+        )
+
+
+def check_same_dtype(dtype: torch.dtype, **tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.dtype != dtype:
+            raise ValueError(f"{name}: expected dtype {dtype} (matching the other operands), got {t.dtype}")
+
+
+def check_dim(name: str, actual: int, expected: int, what: str) -> None:
+    if actual != expected:
+        raise ValueError(f"{name}: expected {what} = {expected}, got {actual}")
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()

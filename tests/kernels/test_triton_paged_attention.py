@@ -1,0 +1,164 @@
+"""Triton paged attention (decode and prefill) against kernels.reference in float64."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels import reference as ref
+from kernels.paged_attention import (
+    DecodeConfig,
+    PrefillConfig,
+    num_decode_splits,
+    paged_decode_attention,
+    paged_prefill_attention,
+)
+
+PAGE = 16
+# Small enough for the interpreter, yet every case has several splits and a partial last tile.
+SPLIT_FINE = DecodeConfig(block_n=16, num_warps=4, num_stages=2, target_programs=64, min_split_tokens=16)
+
+
+def _paged_cache(ctx_lens: list[int], hkv: int, d: int, dtype: torch.dtype, device: torch.device,
+                 gen: torch.Generator, spare_blocks: int = 3, extra_columns: int = 1):
+    """Random K/V cache with shuffled, distinct blocks per sequence and a table wider than needed."""
+    need = [math.ceil(n / PAGE) for n in ctx_lens]
+    num_blocks = sum(need) + spare_blocks
+    perm = torch.randperm(num_blocks, generator=gen)
+    tables = torch.zeros(len(ctx_lens), max(need) + extra_columns, dtype=torch.int32)
+    pos = 0
+    for b, n in enumerate(need):
+        tables[b, :n] = perm[pos:pos + n].to(torch.int32)
+        pos += n
+    k_cache = torch.randn(num_blocks, PAGE, hkv, d, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, PAGE, hkv, d, generator=gen).to(dtype)
+    return k_cache.to(device), v_cache.to(device), tables.to(device)
+
+
+def _decode_case(batch_lens, hq, hkv, d, dtype, device, seed, config, poison):
+    gen = torch.Generator().manual_seed(seed)
+    k_cache, v_cache, tables = _paged_cache(batch_lens, hkv, d, dtype, device, gen)
+    q = torch.randn(len(batch_lens), hq, d, generator=gen).to(dtype).to(device)
+    seq_lens = torch.tensor(batch_lens, dtype=torch.int32, device=device)
+    scale = d ** -0.5
+    poison(q)
+    out = paged_decode_attention(q, k_cache, v_cache, seq_lens, tables, scale, config=config)
+    expected = ref.paged_decode_attention(q.double(), k_cache.double(), v_cache.double(), seq_lens, tables, scale)
+    return out, expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", [None, SPLIT_FINE], ids=["default", "split"])
+@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 64), (6, 2, 64), (8, 1, 128)])
+def test_decode_matches_reference(device, dtype, config, hq, hkv, d, poison, rel_err, tolerance):
+    out, expected = _decode_case([1, 17, 70], hq, hkv, d, dtype, device, hq * 100 + d, config, poison)
+    assert out.dtype == dtype and out.shape == expected.shape
+    assert rel_err(out, expected) < tolerance[dtype]
+
+
+def test_decode_split_count_depends_on_shapes_only():
+    config = DecodeConfig(block_n=64, target_programs=512, min_split_tokens=256)
+    splits, per_split = num_decode_splits(batch=16, num_kv_heads=4, max_context=4096, config=config)
+    assert splits * per_split >= 4096 and per_split % 64 == 0
+    assert splits == 8  # 512 programs / 64 (seq, head) pairs
+    assert num_decode_splits(256, 8, 4096, config) == (1, 4096)
+    # Short contexts are never split finer than min_split_tokens.
+    assert num_decode_splits(1, 1, 300, config)[0] == 1
+
+
+def test_decode_zero_length_sequence_gives_zeros(device, rel_err):
+    gen = torch.Generator().manual_seed(3)
+    k_cache, v_cache, tables = _paged_cache([20, 20], 2, 64, torch.float32, device, gen)
+    q = torch.randn(2, 4, 64, generator=gen).to(device)
+    seq_lens = torch.tensor([20, 0], dtype=torch.int32, device=device)
+    for config in (None, SPLIT_FINE):
+        out = paged_decode_attention(q, k_cache, v_cache, seq_lens, tables, 0.125, config=config)
+        assert torch.equal(out[1], torch.zeros_like(out[1]))
+        expected = ref.paged_decode_attention(q[:1], k_cache, v_cache, seq_lens[:1], tables[:1], 0.125)
+        assert rel_err(out[:1], expected) < 1e-5
+
+
+def _prefill_case(q_lens, ctx_lens, hq, hkv, d, dtype, device, seed, poison, config=None):
+    gen = torch.Generator().manual_seed(seed)
+    k_cache, v_cache, tables = _paged_cache(ctx_lens, hkv, d, dtype, device, gen)
+    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
+    q = torch.randn(sum(q_lens), hq, d, generator=gen).to(dtype).to(device)
+    seq_lens = torch.tensor(ctx_lens, dtype=torch.int32, device=device)
+    scale = d ** -0.5
+    poison(q)
+    out = paged_prefill_attention(q, k_cache, v_cache, cu, seq_lens, tables, scale, config=config)
+    expected = ref.paged_prefill_attention(
+        q.double(), k_cache.double(), v_cache.double(), cu, seq_lens, tables, scale
+    )
+    return out, expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 64), (6, 2, 64)])
+def test_prefill_with_cached_prefix_matches_reference(device, dtype, hq, hkv, d, poison, rel_err, tolerance):
+    # No prefix, a long cached prefix, a single new token, an empty sequence, a fresh sequence.
+    q_lens = [9, 7, 1, 0, 21]
+    ctx_lens = [9, 50, 33, 5, 21]
+    out, expected = _prefill_case(q_lens, ctx_lens, hq, hkv, d, dtype, device, hq + d, poison)
+    assert out.shape == expected.shape
+    assert rel_err(out, expected) < tolerance[dtype]
+
+
+def test_prefill_small_tiles_match_reference(device, poison, rel_err):
+    config = PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+    out, expected = _prefill_case([12, 30], [40, 30], 8, 2, 64, torch.float32, device, 7, poison, config=config)
+    assert rel_err(out, expected) < 1e-5
+
+
+def _valid_decode_args(device):
+    gen = torch.Generator().manual_seed(0)
+    k_cache, v_cache, tables = _paged_cache([20], 2, 64, torch.float32, device, gen)
+    q = torch.randn(1, 4, 64, generator=gen).to(device)
+    seq_lens = torch.tensor([20], dtype=torch.int32, device=device)
+    return dict(q=q, k_cache=k_cache, v_cache=v_cache, seq_lens=seq_lens, block_tables=tables, scale=0.1)
+
+
+@pytest.mark.parametrize(
+    "field,bad,message",
+    [
+        ("seq_lens", lambda a: a["seq_lens"].long(), "seq_lens: expected dtype"),
+        ("q", lambda a: a["q"].repeat(1, 1, 2)[:, :, ::2], "q: expected a contiguous tensor"),
+        ("k_cache", lambda a: a["k_cache"].bfloat16(), "k_cache: expected dtype torch.float32"),
+        ("q", lambda a: a["q"][:, :3].contiguous(), "divisible by num_kv_heads"),
+        ("block_tables", lambda a: a["block_tables"].long(), "block_tables: expected dtype"),
+        ("seq_lens", lambda a: a["seq_lens"].repeat(2), "seq_lens: expected batch size"),
+    ],
+)
+def test_decode_rejects_bad_arguments(device, field, bad, message):
+    args = _valid_decode_args(device)
+    args[field] = bad(args)
+    with pytest.raises(ValueError, match=message):
+        paged_decode_attention(**args)
+
+
+def test_prefill_rejects_mismatched_cu_seqlens(device):
+    args = _valid_decode_args(device)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected len"):
+        paged_prefill_attention(args["q"], args["k_cache"], args["v_cache"], cu, args["seq_lens"],
+                                args["block_tables"], 0.1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gpu_decode_large_gqa(dtype, poison, rel_err, tolerance):
+    lens = [1, 15, 16, 17, 300, 1000, 2049, 4000]
+    out, expected = _decode_case(lens, 32, 4, 128, dtype, torch.device("cuda"), 11, None, poison)
+    assert rel_err(out, expected) < tolerance[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gpu_prefill_large_gqa(dtype, poison, rel_err, tolerance):
+    q_lens = [1, 200, 513, 64]
+    ctx_lens = [700, 200, 1500, 1064]
+    out, expected = _prefill_case(q_lens, ctx_lens, 32, 4, 128, dtype, torch.device("cuda"), 5, poison)
+    assert rel_err(out, expected) < tolerance[dtype]
