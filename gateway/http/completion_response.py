@@ -45,18 +45,24 @@ class CompletionAssembler:
             raise from_backend(Error("internal_error", f"backend answered choice {chunk.index} of {self.n}", 500))
         number = prompt_index * self.n + chunk.index
         choice = self.choices[number]
+        out = self._echo(number, prompt_index)
         if isinstance(chunk, Done):
             choice.finish_reason = "stop" if chunk.finish_reason == "abort" else chunk.finish_reason
-            return [self._chunk(number, "", None, choice.finish_reason)]
-        out = []
-        if self.call.echo and not choice.text:
-            choice.text.append(self.call.prompts[prompt_index])
-            choice.length = len(self.call.prompts[prompt_index])
-            out.append(self._chunk(number, self.call.prompts[prompt_index], None, None))
+            return out + [self._chunk(number, "", None, choice.finish_reason)]
         logprobs = self._logprobs(choice, chunk)
         choice.text.append(chunk.text)
         choice.length += len(chunk.text)
         return out + [self._chunk(number, chunk.text, logprobs, None)]
+
+    def _echo(self, number: int, prompt_index: int) -> list[dict]:
+        """The prompt, once, ahead of a choice's first text when ``echo`` is set."""
+        choice = self.choices[number]
+        if not self.call.echo or choice.text:
+            return []
+        prompt = self.call.prompts[prompt_index]
+        choice.text.append(prompt)
+        choice.length = len(prompt)
+        return [self._chunk(number, prompt, None, None)]
 
     def _logprobs(self, choice: _Choice, chunk: TextDelta) -> dict | None:
         if self.call.logprobs is None:

@@ -43,6 +43,10 @@ class FakeBackend:
     transcribed: list[tuple[bytes, int, str | None]] = field(default_factory=list)
     synthesized: list[tuple[str, AudioOutputOptions]] = field(default_factory=list)
 
+    def reset(self) -> None:
+        """Back to the defaults, for a server shared by several tests."""
+        self.__init__()
+
     @property
     def capabilities(self) -> Capabilities:
         return self.caps
