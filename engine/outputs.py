@@ -48,3 +48,4 @@ class StreamDelta:
     num_output_tokens: int = 0
     logprobs: tuple[Logprob, ...] = ()
     error: str | None = None
+    index: int = 0  # which of the request's n completions this delta extends

@@ -1,0 +1,211 @@
+"""Streaming front of the engine for asyncio callers; the engine loop runs in its own thread.
+
+The two sides talk through plain messages: commands go to the loop thread through a queue, deltas
+come back to each stream's event loop with ``call_soon_threadsafe``. Deltas are coalesced per step
+(one per completion per step), so output queues stay short without a bound; the bound that matters,
+the waiting queue, is enforced by the scheduler (EngineOverloaded).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.chat_template import render_chat
+from engine.config import EngineConfig
+from engine.errors import EngineDead, InvalidRequest
+from engine.llm_engine import LLMEngine
+from engine.outputs import StreamDelta
+from engine.sampling_params import SamplingParams
+from engine.sequence import EmbedSpan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    n: int
+    deltas: asyncio.Queue[StreamDelta] = field(default_factory=asyncio.Queue)
+    finished: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    priority: int
+    embed_spans: tuple[EmbedSpan, ...]
+    add_special_tokens: bool
+    done: concurrent.futures.Future[None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    pass
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig | None = None, *, engine: LLMEngine | None = None) -> None:
+        self.engine = engine if engine is not None else LLMEngine(config or EngineConfig())
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+        self._dead: str | None = None  # why the loop stopped; set once
+        self._stats: dict[str, float] = self.engine.stats()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    # ---- caller side (any asyncio loop) --------------------------------------------------------
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams | None = None, *,
+                       request_id: str | None = None, priority: int = 0, embed_spans: Iterable[EmbedSpan] = (),
+                       add_special_tokens: bool = True) -> AsyncIterator[StreamDelta]:
+        """Stream deltas until every completion of the request finished. Closing the iterator early
+        aborts the request. Raises InvalidRequest, EngineOverloaded or EngineDead before the first delta."""
+        params = params or SamplingParams()
+        rid = request_id or f"req-{uuid.uuid4().hex}"
+        stream = _Stream(asyncio.get_running_loop(), params.n)
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        with self._lock:
+            if self._dead is not None:
+                raise EngineDead(f"engine loop is not running: {self._dead}")
+            if rid in self._streams:
+                raise InvalidRequest(f"request_id {rid!r} is already streaming")
+            self._streams[rid] = stream
+            self._commands.put(_Add(rid, prompt, params, priority, tuple(embed_spans), add_special_tokens, done))
+        complete = False
+        try:
+            await asyncio.wrap_future(done)
+            while True:
+                delta = await stream.deltas.get()
+                if delta.finished:
+                    stream.finished += 1
+                complete = delta.error is not None or stream.finished >= stream.n
+                yield delta
+                if complete:
+                    return
+        finally:
+            with self._lock:
+                self._streams.pop(rid, None)
+            rejected = done.done() and not done.cancelled() and done.exception() is not None
+            if not complete and not rejected:
+                self.abort(rid)
+
+    async def chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams | None = None, *,
+                   tools: Sequence[Mapping[str, Any]] | None = None, add_generation_prompt: bool = True,
+                   chat_template: str | None = None, request_id: str | None = None,
+                   priority: int = 0) -> AsyncIterator[StreamDelta]:
+        """``generate`` over messages rendered with the model's chat template."""
+        prompt = render_chat(self.engine.tokenizer, messages, tools=tools,
+                             add_generation_prompt=add_generation_prompt, chat_template=chat_template)
+        async with contextlib.aclosing(self.generate(prompt, params, request_id=request_id, priority=priority,
+                                                     add_special_tokens=False)) as deltas:
+            async for delta in deltas:
+                yield delta
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its stream ends with finish_reason "abort". Safe from any thread."""
+        self._commands.put(_Abort(request_id))
+
+    def health(self) -> dict[str, Any]:
+        alive = self._thread.is_alive() and self._dead is None
+        return {"alive": alive, "error": self._dead if not alive else None, "open_streams": len(self._streams)}
+
+    def stats(self) -> dict[str, float]:
+        return dict(self._stats)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Abort what is in flight, stop the loop thread and wait for it."""
+        self._commands.put(_Stop())
+        self._thread.join(timeout)
+
+    # ---- loop thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                command = self._commands.get() if not engine.has_unfinished() else self._next_command()
+                while command is not None:
+                    if isinstance(command, _Stop):
+                        self._stop_all()
+                        return
+                    self._apply(command)
+                    command = self._next_command()
+                if engine.has_unfinished():
+                    deltas = engine.step()
+                    engine.pop_finished()
+                    for delta in deltas:
+                        self._deliver(delta)
+                self._stats = engine.stats()
+        except BaseException as exc:  # noqa: BLE001 - the loop must report any failure to its streams
+            log.exception("engine loop failed")
+            self._die(f"{type(exc).__name__}: {exc}")
+
+    def _next_command(self) -> _Add | _Abort | _Stop | None:
+        try:
+            return self._commands.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _apply(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            for delta in self.engine.abort(command.request_id):
+                self._deliver(delta)
+            self.engine.pop_finished()
+            return
+        if not command.done.set_running_or_notify_cancel():
+            return  # the caller stopped waiting before the request was added
+        try:
+            self.engine.add_request(command.request_id, command.prompt, command.params, priority=command.priority,
+                                    embed_spans=command.embed_spans, add_special_tokens=command.add_special_tokens)
+        except Exception as exc:  # noqa: BLE001 - validation errors belong to the caller
+            command.done.set_exception(exc)
+        else:
+            command.done.set_result(None)
+
+    def _deliver(self, delta: StreamDelta) -> None:
+        stream = self._streams.get(delta.request_id)
+        if stream is None:
+            return
+        try:
+            stream.loop.call_soon_threadsafe(stream.deltas.put_nowait, delta)
+        except RuntimeError:  # the caller's event loop is closed; nobody is listening
+            self._streams.pop(delta.request_id, None)
+
+    def _stop_all(self) -> None:
+        for delta in self.engine.abort_all():
+            self._deliver(delta)
+        self.engine.pop_finished()
+        self._die("engine was shut down")
+
+    def _die(self, reason: str) -> None:
+        with self._lock:
+            self._dead = reason
+            streams = dict(self._streams)
+        for rid, stream in streams.items():
+            error = StreamDelta(request_id=rid, text="", token_ids=(), finished=True, finish_reason="error",
+                                error=f"engine stopped: {reason}")
+            with contextlib.suppress(RuntimeError):
+                stream.loop.call_soon_threadsafe(stream.deltas.put_nowait, error)
+        while (command := self._next_command()) is not None:
+            if isinstance(command, _Add) and command.done.set_running_or_notify_cancel():
+                command.done.set_exception(EngineDead(f"engine loop is not running: {reason}"))

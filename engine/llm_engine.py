@@ -1,0 +1,279 @@
+"""The synchronous engine: requests in, one scheduled step at a time, stream deltas out.
+
+Not thread-safe: exactly one thread drives it (the caller of ``LLM`` or ``AsyncEngine``'s loop thread).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import InvalidRequest
+from engine.kv_cache_manager import KVCacheManager
+from engine.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import EmbedSpan, FinishReason, ScheduledBatch, Sequence, SequenceStatus
+
+log = logging.getLogger(__name__)
+
+
+class Runner(Protocol):
+    num_kv_blocks: int
+
+    def execute(self, batch: ScheduledBatch) -> list[Any]: ...  # SampleResult | None per sequence
+
+    def release(self, seq_ids: list[int]) -> None: ...
+
+
+RunnerFactory = Callable[[EngineConfig, Any], Runner]
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    detoks: list[IncrementalDetokenizer]
+    unqueued: list[Sequence]  # n > 1 siblings, queued once the first sequence's prompt is cached
+    arrival: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+
+
+class LLMEngine:
+    """Builds the model (``engine.loader``), the runner (``engine.model_runner``) and the scheduler.
+
+    ``model`` and ``runner_factory`` replace the loader and the runner (tests, alternative backends).
+    """
+
+    def __init__(self, config: EngineConfig, *, model: Any | None = None,
+                 runner_factory: RunnerFactory | None = None) -> None:
+        if model is None:
+            from engine.loader import load_model
+            model = load_model(config)
+        if runner_factory is None:
+            from engine.model_runner import ModelRunner
+            runner_factory = ModelRunner
+        self.config = config
+        self.model = model
+        self.tokenizer = model.tokenizer
+        self.eos_token_ids: frozenset[int] = frozenset(model.eos_token_ids)
+        self.vocab_size: int = model.vocab_size
+        self.runner = runner_factory(config, model)
+        num_blocks = self.runner.num_kv_blocks
+        self.max_model_len = self._decide_max_model_len(config, model.max_model_len, num_blocks)
+        kv = KVCacheManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, kv)
+        self._requests: dict[str, _Request] = {}
+        self._owner: dict[int, tuple[_Request, int]] = {}
+        self._finished: list[RequestOutput] = []
+
+    @staticmethod
+    def _decide_max_model_len(config: EngineConfig, model_len: int, num_blocks: int) -> int:
+        if config.max_model_len is not None and config.max_model_len > model_len:
+            raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's context length {model_len}")
+        wanted = config.max_model_len or model_len
+        capacity = num_blocks * config.block_size
+        if capacity < wanted:
+            # A lone sequence must always fit, or preemption could loop forever.
+            log.warning("KV cache holds %d tokens (%d blocks); max_model_len lowered from %d",
+                        capacity, num_blocks, wanted)
+            return capacity
+        return wanted
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None, *,
+                    priority: int = 0, embed_spans: Iterable[EmbedSpan] = (),
+                    add_special_tokens: bool = True) -> None:
+        """Validate and queue. Raises InvalidRequest or EngineOverloaded; nothing is queued then."""
+        params = params or SamplingParams()
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequest(f"request_id must be a non-empty string, got {request_id!r}")
+        if request_id in self._requests:
+            raise InvalidRequest(f"request_id {request_id!r} is already in use by an unfinished request")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequest("prompt is empty; expected text or at least one token id")
+            prompt_text: str | None = prompt
+            token_ids = list(self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
+        else:
+            prompt_text = None
+            token_ids = list(prompt)
+        self._check_tokens(token_ids)
+        spans = tuple(embed_spans)
+        for span in spans:
+            if span.offset < 0 or span.length < 1 or span.offset + span.length > len(token_ids):
+                raise InvalidRequest(f"embed span [{span.offset}, {span.offset + span.length}) lies outside the "
+                                     f"prompt of {len(token_ids)} tokens")
+
+        seqs = []
+        for i in range(params.n):
+            seq_params = params
+            if params.n > 1:
+                seed = None if params.seed is None else params.seed + i
+                seq_params = dataclasses.replace(params, n=1, seed=seed)
+            seqs.append(Sequence(request_id, token_ids, seq_params, priority=priority, embed_spans=spans,
+                                 eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len))
+        self.scheduler.add(seqs[0])
+        detoks = [IncrementalDetokenizer(self.tokenizer, token_ids, s.params) for s in seqs]
+        req = _Request(request_id, prompt_text, token_ids, params, seqs, detoks, unqueued=seqs[1:])
+        self._requests[request_id] = req
+        for i, seq in enumerate(seqs):
+            self._owner[seq.seq_id] = (req, i)
+
+    def _check_tokens(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise InvalidRequest("prompt is empty; expected text or at least one token id")
+        if len(token_ids) + 1 > self.max_model_len:
+            raise InvalidRequest(f"prompt has {len(token_ids)} tokens; with one generated token that is "
+                                 f"{len(token_ids) + 1}, more than max_model_len={self.max_model_len}")
+        bad = [t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequest(f"prompt token ids must be integers in [0, {self.vocab_size}), "
+                                 f"got {bad[:5]!r}{' ...' if len(bad) > 5 else ''}")
+
+    def abort(self, request_id: str) -> list[StreamDelta]:
+        """Stop a request wherever it is; returns its final deltas (empty if it is unknown or done)."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return []
+        aborted = self.scheduler.abort(request_id)
+        for seq in req.unqueued:
+            seq.status, seq.finish_reason = SequenceStatus.FINISHED, FinishReason.ABORT
+        req.unqueued.clear()
+        self.runner.release([s.seq_id for s in aborted])
+        deltas = [self._delta(req, i, "", ()) for i, s in enumerate(req.seqs) if s.finish_reason is FinishReason.ABORT]
+        self._retire(req)
+        return deltas
+
+    def abort_all(self) -> list[StreamDelta]:
+        return [d for rid in list(self._requests) for d in self.abort(rid)]
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def request_output(self, request_id: str) -> RequestOutput:
+        req = self._requests.get(request_id)
+        if req is None:
+            raise KeyError(f"no unfinished request {request_id!r}")
+        return self._output(req)
+
+    def pop_finished(self) -> list[RequestOutput]:
+        """RequestOutputs of requests that finished since the last call (the caller must drain this)."""
+        out, self._finished = self._finished, []
+        return out
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    def step(self) -> list[StreamDelta]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            if self.scheduler.has_unfinished():
+                raise RuntimeError(f"nothing schedulable with {self.scheduler.num_waiting} waiting and "
+                                   f"{self.scheduler.num_running} running sequences")
+            return []
+        results = self.runner.execute(batch)
+        if len(results) != len(batch.seqs):
+            raise RuntimeError(f"runner returned {len(results)} results for {len(batch.seqs)} sequences")
+        by_seq = {seq.seq_id: r for seq, r in zip(batch.seqs, results) if r is not None}
+        grown = self.scheduler.update_from_output(batch, [None if r is None else r.token_id for r in results])
+
+        deltas: list[StreamDelta] = []
+        done: list[Sequence] = []
+        touched: dict[str, _Request] = {}
+        now = time.monotonic()
+        for seq in grown:
+            req, index = self._owner[seq.seq_id]
+            touched[req.request_id] = req
+            req.first_token = req.first_token or now
+            result = by_seq[seq.seq_id]
+            lp: tuple[Logprob, ...] = ()
+            if seq.params.logprobs is not None and result.logprob is not None:
+                seq.output_logprobs.append(result.logprob)
+                lp = (result.logprob,)
+            text = self._detokenize(seq, req.detoks[index], result.token_id)
+            if seq.is_finished:
+                done.append(seq)
+            deltas.append(self._delta(req, index, text, (result.token_id,), lp))
+            if req.unqueued:
+                for sibling in req.unqueued:
+                    self.scheduler.add(sibling, enforce_limit=False)
+                req.unqueued.clear()
+        if done:
+            self.runner.release([s.seq_id for s in done])
+        for req in touched.values():
+            if all(s.is_finished for s in req.seqs):
+                self._retire(req)
+        return deltas
+
+    def _detokenize(self, seq: Sequence, detok: IncrementalDetokenizer, token_id: int) -> str:
+        text = detok.add_token(token_id, check_stop=seq.num_output_tokens >= seq.params.min_tokens)
+        if detok.stop_string is not None:
+            if seq.is_finished:  # a token-level stop in the same step: the stop string came first in the text
+                seq.finish_reason, seq.stop_reason = FinishReason.STOP, detok.stop_string
+            else:
+                self.scheduler.finish(seq, FinishReason.STOP, detok.stop_string)
+        elif seq.is_finished:
+            text += detok.flush()
+        return text
+
+    def _retire(self, req: _Request) -> None:
+        for seq in req.seqs:
+            self._owner.pop(seq.seq_id, None)
+        del self._requests[req.request_id]
+        self._finished.append(self._output(req))
+
+    def _delta(self, req: _Request, index: int, text: str, token_ids: tuple[int, ...],
+               logprobs: tuple[Logprob, ...] = ()) -> StreamDelta:
+        seq = req.seqs[index]
+        return StreamDelta(
+            request_id=req.request_id, text=text, token_ids=token_ids, finished=seq.is_finished,
+            finish_reason=seq.finish_reason.value if seq.finish_reason else None, stop_reason=seq.stop_reason,
+            num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
+            num_output_tokens=seq.num_output_tokens, logprobs=logprobs, index=index)
+
+    def _output(self, req: _Request) -> RequestOutput:
+        outputs = [
+            CompletionOutput(index=i, text=req.detoks[i].output_text, token_ids=seq.output_token_ids,
+                             finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+                             stop_reason=seq.stop_reason,
+                             logprobs=list(seq.output_logprobs) if req.params.logprobs is not None else None)
+            for i, seq in enumerate(req.seqs)
+        ]
+        finished = all(s.is_finished for s in req.seqs)
+        metrics = {"arrival_time": req.arrival}
+        if req.first_token is not None:
+            metrics["time_to_first_token"] = req.first_token - req.arrival
+        if finished:
+            metrics["e2e_latency"] = time.monotonic() - req.arrival
+        return RequestOutput(request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
+                             outputs=outputs, finished=finished, num_cached_tokens=req.seqs[0].num_cached_tokens,
+                             metrics=metrics)
+
+    # ---- observability --------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        kv = self.scheduler.kv
+        usage = kv.usage()
+        return {
+            "running": self.scheduler.num_running,
+            "waiting": self.scheduler.num_waiting,
+            "requests": len(self._requests),
+            "kv_blocks_total": kv.num_blocks,
+            "kv_blocks_used": usage.num_used_blocks,
+            "kv_blocks_free": usage.num_free_blocks,
+            "kv_slots_allocated": usage.allocated_slots,
+            "kv_tokens_stored": usage.stored_tokens,
+            "kv_waste_fraction": usage.waste_fraction,
+            "prefix_cache_query_tokens": kv.prefix_query_tokens,
+            "prefix_cache_hit_tokens": kv.prefix_hit_tokens,
+            "num_preemptions": self.scheduler.num_preemptions,
+        }
