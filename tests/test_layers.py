@@ -1,0 +1,157 @@
+"""The import rules of DESIGN.md, checked on the source (AST) and by importing in a clean interpreter."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("gateway", "omni", "encoders", "engine", "kernels")
+# Which of our packages each package must never import (its own is always allowed).
+FORBIDDEN = {
+    "gateway": {"engine", "encoders", "kernels"},  # omni only through the names below
+    "omni": {"gateway"},
+    "engine": {"gateway", "omni", "encoders"},
+    "encoders": {"gateway", "omni", "engine"},  # except ENCODERS_OMNI
+    "kernels": {"gateway", "omni", "encoders", "engine"},
+}
+GATEWAY_OMNI_ANYWHERE = ("omni.protocol", "omni.config")
+# The shared contract types (VAD events and settings) live in omni.protocol; encoders implement them.
+ENCODERS_OMNI = ("omni.protocol",)
+GATEWAY_OMNI_IN_FUNCTIONS = ("omni", "omni.load_backend")
+TORCH_FREE_ENGINE_MODULES = ("sequence", "sampling_params", "config", "errors", "block_pool", "kv_cache_manager",
+                             "scheduler")
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str
+    line: int
+    in_function: bool
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(source: str, module: str, is_package: bool = False) -> list[Import]:
+    """Every import in ``source`` as absolute module names; ``from a import b`` yields ``a.b``."""
+    package = module if is_package else module.rpartition(".")[0]
+    found: list[Import] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend(Import(a.name, child.lineno, in_function) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                found.extend(Import(f"{base}.{a.name}" if a.name != "*" else base, child.lineno, in_function)
+                             for a in child.names)
+            visit(child, inner)
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def violations(package: str, module: str, imports: list[Import]) -> list[str]:
+    out = []
+    for imp in imports:
+        top = imp.module.split(".")[0]
+        where = f"{module}:{imp.line} imports {imp.module}"
+        if package == "encoders" and _under(imp.module, ENCODERS_OMNI):
+            continue
+        if top in FORBIDDEN[package]:
+            out.append(f"{where} ({package} must not import {top})")
+        elif package == "gateway" and top == "torch":
+            out.append(f"{where} (gateway never imports torch)")
+        elif package == "gateway" and top == "omni":
+            allowed = _under(imp.module, GATEWAY_OMNI_ANYWHERE) or (
+                imp.in_function and imp.module in GATEWAY_OMNI_IN_FUNCTIONS)
+            if not allowed:
+                out.append(f"{where} (gateway may use omni.protocol, omni.config, and omni.load_backend lazily)")
+    if module.startswith("engine.") and module.split(".", 1)[1] in TORCH_FREE_ENGINE_MODULES:
+        out.extend(f"{module}:{imp.line} imports {imp.module} (pure module: no torch)"
+                   for imp in imports if imp.module.split(".")[0] == "torch")
+    return out
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def source_files() -> list[tuple[str, Path]]:
+    return [(pkg, path) for pkg in PACKAGES for path in sorted((ROOT / pkg).rglob("*.py"))]
+
+
+def test_layer_rules_hold_for_every_source_file() -> None:
+    problems = []
+    for package, path in source_files():
+        module = module_name(path)
+        imports = imports_of(path.read_text(encoding="utf-8"), module, path.name == "__init__.py")
+        problems.extend(violations(package, module, imports))
+    assert not problems, "layer rule violations:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize(("package", "module", "source", "expected"), [
+    ("gateway", "gateway.x", "import torch", "never imports torch"),
+    ("gateway", "gateway.x", "from engine import LLM", "must not import engine"),
+    ("gateway", "gateway.x", "from omni import load_backend", "lazily"),
+    ("gateway", "gateway.x", "import omni.pipeline", "lazily"),
+    ("engine", "engine.x", "import encoders.audio", "must not import encoders"),
+    ("encoders", "encoders.x", "from engine.sequence import EmbedSpan", "must not import engine"),
+    ("encoders", "encoders.x", "from omni.pipeline import run", "must not import omni"),
+    ("kernels", "kernels.x", "from engine.config import EngineConfig", "must not import engine"),
+    ("kernels", "kernels.sub.x", "from ...engine import config", "must not import engine"),
+    ("engine", "engine.scheduler", "def f():\n    import torch", "pure module"),
+])
+def test_checker_flags_violations(package: str, module: str, source: str, expected: str) -> None:
+    found = violations(package, module, imports_of(source, module))
+    assert len(found) == 1 and expected in found[0]
+
+
+@pytest.mark.parametrize("source", [
+    "from omni.protocol import OmniRequest\nfrom omni import config",
+    "def f():\n    from omni import load_backend\n    import omni",
+    "from . import auth\nfrom .http import chat",
+])
+def test_checker_allows_gateway_contract_imports(source: str) -> None:
+    assert violations("gateway", "gateway.x", imports_of(source, "gateway.x")) == []
+
+
+def _loads_torch(modules: list[str]) -> list[str]:
+    """Import each module in a fresh interpreter; returns those after which torch was loaded."""
+    script = textwrap.dedent(f"""
+        import importlib, sys
+        culprits = []
+        for name in {modules!r}:
+            importlib.import_module(name)
+            if "torch" in sys.modules:
+                culprits.append(name)
+                break
+        print("\\n".join(culprits))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"importing {modules} failed:\n{done.stderr[-4000:]}"
+    return [line for line in done.stdout.splitlines() if line]
+
+
+def test_importing_gateway_does_not_load_torch() -> None:
+    modules = sorted(module_name(p) for p in (ROOT / "gateway").rglob("*.py"))
+    assert "gateway" in modules
+    assert _loads_torch(modules) == []
+
+
+def test_pure_engine_modules_do_not_load_torch() -> None:
+    assert _loads_torch([f"engine.{m}" for m in TORCH_FREE_ENGINE_MODULES]) == []
