@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 import numpy as np
 import soundfile
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Message as AsgiMessage
@@ -30,16 +32,15 @@ async def transcriptions(request: Request, backend: OmniBackend, limits: HttpLim
     raw = await read_body(request, limits.max_body_bytes)
     replayed = Request(request.scope, _replay(raw))
     try:
-        form = await replayed.form(max_files=1, max_fields=16)
-    except Exception:  # python-multipart's own messages are not shown to clients
+        async with replayed.form(max_files=1, max_fields=16) as form:
+            call = parse_transcription_form(form, backend.capabilities)
+            upload = form.get("file")
+            if not isinstance(upload, UploadFile):
+                raise invalid("Missing required parameter: 'file' (the audio upload).", "file",
+                              "missing_required_parameter")
+            data = await upload.read()
+    except (MultiPartException, HTTPException):  # the parser's own wording is not shown to clients
         raise invalid("The body is not a valid multipart/form-data upload.", code="invalid_multipart") from None
-    async with form:
-        call = parse_transcription_form(form, backend.capabilities)
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            raise invalid("Missing required parameter: 'file' (the audio upload).", "file",
-                          "missing_required_parameter")
-        data = await upload.read()
     if not is_wav(data):
         raise invalid("'file' must be a PCM WAV file; this server decodes no other upload format. Convert "
                       "first, e.g. ffmpeg -i in.mp3 -ac 1 -ar 16000 out.wav", "file", "unsupported_audio_format")
