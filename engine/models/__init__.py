@@ -1,0 +1,42 @@
+"""Model registry: Hugging Face architecture names -> our paged-attention implementations."""
+from __future__ import annotations
+
+from typing import Any
+
+from engine.errors import ModelLoadError
+
+# All of these share one decoder implementation; the differences (qkv bias, per-head q/k norm,
+# head_dim, rope scaling) are read from the config and the weights present.
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+# GGUF ``general.architecture`` values we read, and the HF model_type each becomes.
+GGUF_ARCHITECTURES: dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def resolve_architecture(hf_config: Any) -> str:
+    """The supported architecture named by a config, or ModelLoadError listing the supported ones."""
+    names = list(getattr(hf_config, "architectures", None) or [])
+    for name in names:
+        if name in SUPPORTED_ARCHITECTURES:
+            return name
+    by_type = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM"}
+    model_type = getattr(hf_config, "model_type", None)
+    if not names and model_type in by_type:
+        return by_type[model_type]
+    raise ModelLoadError(
+        f"unsupported architecture {names or model_type!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
+
+
+def build_model(hf_config: Any, weights: dict[str, Any], **kwargs: Any) -> Any:
+    """The model object for a supported architecture (all of them run on ``LlamaModel``)."""
+    resolve_architecture(hf_config)
+    from engine.models.llama import LlamaModel
+
+    return LlamaModel(hf_config, weights, **kwargs)

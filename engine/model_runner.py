@@ -1,0 +1,186 @@
+"""Runs one scheduled step: builds the flattened varlen batch, runs the model over the paged KV
+cache and samples. Sequence state is read only; the scheduler advances it from the results."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttentionMetadata, select_kernels
+from engine.config import EngineConfig
+from engine.loader import LoadedModel
+from engine.models import build_model
+from engine.sampler import SampleResult, Sampler
+from engine.sequence import ScheduledBatch, Sequence
+
+log = logging.getLogger(__name__)
+
+_CPU_DEFAULT_KV_BYTES = 1 << 30
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    if config.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(config.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {config.device!r} requested but CUDA is not available")
+    if config.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = _DTYPES[config.dtype]
+    return device, dtype
+
+
+@dataclass(slots=True)
+class _StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_rows: torch.Tensor  # flat token index of each sampling sequence's last token
+    sample_seqs: list[Sequence]
+    sample_slots: list[int]  # index into batch.seqs of each sampling sequence
+    embed_rows: torch.Tensor | None
+    embeds: torch.Tensor | None
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel) -> None:
+        self.config = config
+        self.device, self.dtype = pick_device_dtype(config)
+        self.ops = select_kernels(config.attention_backend, self.device)
+        self.block_size = config.block_size
+        self.max_model_len = loaded.max_model_len
+        self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
+        self.model = build_model(loaded.hf_config, loaded.weights, ops=self.ops, device=self.device,
+                                 dtype=self.dtype, max_positions=self.max_model_len)
+        shape = self.model.shape
+        self.num_kv_blocks = self._decide_num_blocks(shape.num_layers, shape.num_kv_heads, shape.head_dim)
+        # Zeroed, not empty: padded decode positions are masked, but NaN garbage would still leak
+        # through the masked softmax weights (0 * NaN).
+        self.kv_cache = torch.zeros(shape.num_layers, 2, self.num_kv_blocks, self.block_size, shape.num_kv_heads,
+                                    shape.head_dim, device=self.device, dtype=self.dtype)
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(shape.num_layers)]
+        self.sampler = Sampler(self.device, config.seed)
+        log.info("model runner: %s %s, backend %s, %d KV blocks of %d tokens", self.device, self.dtype,
+                 self.ops.name, self.num_kv_blocks, self.block_size)
+
+    def _decide_num_blocks(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        block_bytes = 2 * num_layers * self.block_size * num_kv_heads * head_dim * self.dtype.itemsize
+        needed = self.config.max_num_seqs * self.max_blocks_per_seq + 1
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            # Room for activations: the step's hidden states several times over, plus sampling buffers.
+            reserve = (512 << 20) + self.config.max_num_seqs * self.model.shape.vocab_size * 4 * 4
+            budget = int(total * self.config.gpu_memory_utilization) - (total - free) - reserve
+        else:
+            budget = self.config.kv_cache_bytes or _CPU_DEFAULT_KV_BYTES
+        blocks = min(budget // block_bytes, needed)
+        if blocks < 2:
+            raise ValueError(f"KV cache budget of {budget} bytes holds {blocks} blocks of {block_bytes} bytes; "
+                             "need at least 2 (raise kv_cache_bytes or gpu_memory_utilization)")
+        return int(blocks)
+
+    def release(self, seq_ids: list[int]) -> None:
+        self.sampler.release(seq_ids)
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> list[SampleResult | None]:
+        results: list[SampleResult | None] = [None] * len(batch.seqs)
+        if not batch.seqs:
+            return results
+        step = self._prepare(batch)
+        hidden = self.model.forward(step.input_ids, step.positions, step.meta, self.kv_caches,
+                                    step.embed_rows, step.embeds)
+        if not step.sample_seqs:
+            return results
+        logits = self.model.compute_logits(hidden[step.sample_rows])
+        for slot, sample in zip(step.sample_slots, self.sampler(logits, step.sample_seqs)):
+            results[slot] = sample
+        return results
+
+    # ---- input preparation ----------------------------------------------------------------------
+
+    def _prepare(self, batch: ScheduledBatch) -> _StepInputs:
+        bs = self.block_size
+        decode = [i for i, n in enumerate(batch.num_new_tokens) if n == 1]
+        prefill = [i for i, n in enumerate(batch.num_new_tokens) if n > 1]
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        sample_seqs: list[Sequence] = []
+        sample_slots: list[int] = []
+        embed_rows: list[int] = []
+        embed_parts: list[torch.Tensor] = []
+        cu_q = [0]
+        decode_lens: list[int] = []
+        prefill_lens: list[int] = []
+        for i in decode + prefill:
+            seq = batch.seqs[i]
+            start = seq.num_computed_tokens
+            end = start + batch.num_new_tokens[i]
+            if end > len(seq):
+                raise ValueError(f"sequence {seq.request_id!r} scheduled to compute up to {end} tokens, has {len(seq)}")
+            if len(seq.block_table) * bs < end:
+                raise ValueError(f"sequence {seq.request_id!r} needs {-(-end // bs)} KV blocks for {end} tokens, "
+                                 f"block table has {len(seq.block_table)}")
+            flat_start = len(ids)
+            ids.extend(seq.token_ids[start:end])
+            table = seq.block_table
+            for pos in range(start, end):
+                slots.append(table[pos // bs] * bs + pos % bs)
+            positions.extend(range(start, end))
+            if end - start == 1:
+                decode_lens.append(end)
+            else:
+                prefill_lens.append(end)
+                cu_q.append(cu_q[-1] + end - start)
+            if end == len(seq):
+                sample_rows.append(len(ids) - 1)
+                sample_seqs.append(seq)
+                sample_slots.append(i)
+            for span in seq.embed_spans:
+                lo, hi = max(span.offset, start), min(span.offset + span.length, end)
+                if lo < hi:
+                    embed_rows.extend(range(flat_start + lo - start, flat_start + hi - start))
+                    embed_parts.append(span.embeds[lo - span.offset:hi - span.offset])
+        dev = self.device
+        num_decode = len(decode)
+        decode_seqs = [batch.seqs[i] for i in decode]
+        prefill_seqs = [batch.seqs[i] for i in prefill]
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            num_decode=num_decode,
+            decode_seq_lens=torch.tensor(decode_lens, dtype=torch.int32, device=dev),
+            decode_block_tables=self._block_tables(decode_seqs, decode_lens),
+            prefill_cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, device=dev),
+            prefill_seq_lens=torch.tensor(prefill_lens, dtype=torch.int32, device=dev),
+            prefill_block_tables=self._block_tables(prefill_seqs, prefill_lens),
+            num_tokens=len(ids),
+        )
+        embeds = None
+        if embed_parts:
+            embeds = torch.cat([p.to(device=dev, dtype=self.dtype) for p in embed_parts], dim=0)
+        return _StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            meta=meta,
+            sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=dev),
+            sample_seqs=sample_seqs,
+            sample_slots=sample_slots,
+            embed_rows=torch.tensor(embed_rows, dtype=torch.int64, device=dev) if embed_rows else None,
+            embeds=embeds,
+        )
+
+    def _block_tables(self, seqs: list[Sequence], lengths: list[int]) -> torch.Tensor:
+        """int32 ``[len(seqs), max blocks in use]``: only the blocks covering each context."""
+        bs = self.block_size
+        width = max((-(-n // bs) for n in lengths), default=0)
+        rows = [seq.block_table[:width] + [0] * (width - min(width, len(seq.block_table)))
+                for seq in seqs]
+        return torch.tensor(rows, dtype=torch.int32, device=self.device).reshape(len(seqs), width)

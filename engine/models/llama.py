@@ -1,0 +1,201 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3) over the paged KV cache.
+
+One forward runs a flattened varlen batch: the tokens of every sequence concatenated, prefill
+chunks and decodes together. q/k/v and gate/up projections are merged into one matmul each.
+Weights arrive under Hugging Face names (see engine/loader.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttentionMetadata, KernelOps, paged_attention
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    qkv_bias: bool
+    qk_norm: bool
+    tie_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, cfg: Any) -> ModelShape:
+        num_heads = int(cfg.num_attention_heads)
+        model_type = getattr(cfg, "model_type", "llama")
+        return cls(
+            num_layers=int(cfg.num_hidden_layers),
+            hidden_size=int(cfg.hidden_size),
+            num_heads=num_heads,
+            num_kv_heads=int(getattr(cfg, "num_key_value_heads", None) or num_heads),
+            head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads),
+            vocab_size=int(cfg.vocab_size),
+            rms_norm_eps=float(cfg.rms_norm_eps),
+            qkv_bias=model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
+            qk_norm=model_type == "qwen3",
+            tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        )
+
+
+def missing_weights(hf_config: Any, weights: dict[str, torch.Tensor]) -> list[str]:
+    """Names the model needs that ``weights`` lacks (empty when complete)."""
+    shape = ModelShape.from_hf(hf_config)
+    need = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not shape.tie_embeddings:
+        need.append("lm_head.weight")
+    for i in range(shape.num_layers):
+        p = f"model.layers.{i}."
+        need += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        need += [f"{p}self_attn.{n}_proj.weight" for n in ("q", "k", "v", "o")]
+        need += [f"{p}mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
+        if shape.qkv_bias:
+            need += [f"{p}self_attn.{n}_proj.bias" for n in ("q", "k", "v")]
+        if shape.qk_norm:
+            need += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+    return [n for n in need if n not in weights]
+
+
+def rotary_cos_sin_cache(hf_config: Any, head_dim: int, max_positions: int,
+                         freq_divisors: torch.Tensor | None = None) -> torch.Tensor:
+    """``[max_positions, head_dim]`` float32: cat(cos, sin) of each position's rotary angles, with
+    the attention scaling of the config's rope type folded in (as HF does)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if not params:  # configs from older transformers keep these as top-level attributes
+        params = dict(getattr(hf_config, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        base = float(params.get("rope_theta", 10000.0))
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        scaling = 1.0
+    elif rope_type in ROPE_INIT_FUNCTIONS and rope_type != "dynamic":
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config)
+    else:
+        raise ValueError(f"unsupported rope type {rope_type!r}")
+    if freq_divisors is not None:
+        inv_freq = inv_freq / freq_divisors.float()
+    freqs = torch.arange(max_positions, dtype=torch.float).unsqueeze(1) * inv_freq.float().unsqueeze(0)
+    return torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)
+
+
+@dataclass(slots=True)
+class _Layer:
+    input_norm: torch.Tensor
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor | None
+    o_w: torch.Tensor
+    o_b: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up_w: torch.Tensor
+    gate_up_b: torch.Tensor | None
+    down_w: torch.Tensor
+    down_b: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+
+
+class LlamaModel:
+    """Plain tensors and functions (no nn.Module): the forward is all there is to run."""
+
+    def __init__(self, hf_config: Any, weights: dict[str, torch.Tensor], *, ops: KernelOps,
+                 device: torch.device, dtype: torch.dtype, max_positions: int) -> None:
+        self.shape = s = ModelShape.from_hf(hf_config)
+        self.ops = ops
+        self.device = device
+        self.dtype = dtype
+        self.scale = s.head_dim ** -0.5
+        self.q_size = s.num_heads * s.head_dim
+        self.kv_size = s.num_kv_heads * s.head_dim
+
+        def w(name: str) -> torch.Tensor:
+            return weights[name].to(device=device, dtype=dtype).contiguous()
+
+        def opt(name: str) -> torch.Tensor | None:
+            return w(name) if name in weights else None
+
+        def merged(names: list[str]) -> torch.Tensor | None:
+            if not all(n in weights for n in names):
+                return None
+            return torch.cat([weights[n] for n in names], dim=0).to(device=device, dtype=dtype).contiguous()
+
+        self.embed = w("model.embed_tokens.weight")
+        self.lm_head = self.embed if s.tie_embeddings else w("lm_head.weight")
+        self.final_norm = w("model.norm.weight")
+        self.layers: list[_Layer] = []
+        for i in range(s.num_layers):
+            p = f"model.layers.{i}."
+            attn = [f"{p}self_attn.{n}_proj" for n in ("q", "k", "v")]
+            mlp = [f"{p}mlp.{n}_proj" for n in ("gate", "up")]
+            self.layers.append(_Layer(
+                input_norm=w(p + "input_layernorm.weight"),
+                qkv_w=merged([n + ".weight" for n in attn]),  # type: ignore[arg-type]
+                qkv_b=merged([n + ".bias" for n in attn]),
+                o_w=w(p + "self_attn.o_proj.weight"),
+                o_b=opt(p + "self_attn.o_proj.bias"),
+                post_norm=w(p + "post_attention_layernorm.weight"),
+                gate_up_w=merged([n + ".weight" for n in mlp]),  # type: ignore[arg-type]
+                gate_up_b=merged([n + ".bias" for n in mlp]),
+                down_w=w(p + "mlp.down_proj.weight"),
+                down_b=opt(p + "mlp.down_proj.bias"),
+                q_norm=opt(p + "self_attn.q_norm.weight") if s.qk_norm else None,
+                k_norm=opt(p + "self_attn.k_norm.weight") if s.qk_norm else None,
+            ))
+        self.cos_sin_cache = rotary_cos_sin_cache(hf_config, s.head_dim, max_positions,
+                                                  weights.get("rope_freqs")).to(device)
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                embed_rows: torch.Tensor | None = None, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states ``[T, hidden]`` after the last layer (before the final norm); the final norm
+        is applied in ``compute_logits`` to the rows that sample only.
+
+        ``embed_rows``/``embeds`` replace the token embeddings at those flat token indices.
+        """
+        s, ops = self.shape, self.ops
+        hidden = self.embed_tokens(input_ids)
+        if embed_rows is not None and embeds is not None:
+            hidden[embed_rows] = embeds.to(hidden.dtype)
+        residual: torch.Tensor | None = None
+        eps = s.rms_norm_eps
+        num_tokens = hidden.shape[0]
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            if residual is None:
+                residual = hidden
+                x = ops.rms_norm(hidden, layer.input_norm, eps)
+            else:
+                x, residual = ops.fused_add_rms_norm(hidden, residual, layer.input_norm, eps)
+            qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+            q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+            q = q.reshape(num_tokens, s.num_heads, s.head_dim)
+            k = k.reshape(num_tokens, s.num_kv_heads, s.head_dim)
+            v = v.reshape(num_tokens, s.num_kv_heads, s.head_dim)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q = ops.rms_norm(q.reshape(-1, s.head_dim), layer.q_norm, eps).view_as(q)
+                k = ops.rms_norm(k.reshape(-1, s.head_dim), layer.k_norm, eps).view_as(k)
+            q, k = ops.apply_rotary(q, k, positions, self.cos_sin_cache)
+            attn = paged_attention(ops, q, k, v.contiguous(), k_cache, v_cache, meta, self.scale)
+            hidden = F.linear(attn.reshape(num_tokens, self.q_size), layer.o_w, layer.o_b)
+            x, residual = ops.fused_add_rms_norm(hidden, residual, layer.post_norm, eps)
+            hidden = F.linear(ops.silu_and_mul(F.linear(x, layer.gate_up_w, layer.gate_up_b)), layer.down_w,
+                              layer.down_b)
+        assert residual is not None
+        return hidden + residual
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[N, vocab]`` for already-selected rows of ``forward``'s output."""
+        normed = self.ops.rms_norm(hidden, self.final_norm, self.shape.rms_norm_eps)
+        return F.linear(normed, self.lm_head).float()
