@@ -13,7 +13,7 @@ RATE = 24000
 FRAME = RATE // 100  # 10 ms
 
 
-def tone(ms: int, amplitude: int = 12000, freq: float = 220.0) -> bytes:
+def tone(ms: int, amplitude: int = 20000, freq: float = 220.0) -> bytes:
     """``ms`` of a sine at ``amplitude`` as 24 kHz pcm16: "speech" for the amplitude VAD."""
     t = np.arange(ms * RATE // 1000) / RATE
     return (amplitude * np.sin(2 * np.pi * freq * t)).astype("<i2").tobytes()

@@ -1,0 +1,60 @@
+"""``omni`` command line: argument mapping onto OmniConfig/GatewayConfig, startup line, version."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from fakes import FakeBackend
+from gateway import cli
+
+
+def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("omni ") and out.split()[1][0].isdigit()
+
+
+def test_importing_the_cli_loads_neither_torch_nor_the_engine() -> None:
+    code = "import sys, gateway.cli; print(sorted(m for m in ('torch', 'engine', 'omni.pipeline') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_serve_builds_configs_loads_the_backend_and_runs_uvicorn(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import omni
+    import uvicorn
+
+    loaded: dict[str, Any] = {}
+
+    def load_backend(config: Any) -> FakeBackend:
+        loaded["config"] = config
+        return FakeBackend()
+
+    def run(app: Any, **kwargs: Any) -> None:
+        loaded["app"], loaded["run"] = app, kwargs
+
+    monkeypatch.setattr(omni, "load_backend", load_backend)
+    monkeypatch.setattr(uvicorn, "run", run)
+    assert cli.main(["serve", "--host", "0.0.0.0", "--port", "9123", "--model", "/models/x.gguf", "--asr", "none",
+                     "--tts", "/voices/v.onnx", "--no-vad", "--api-key", "k", "--max-frame-mib", "2",
+                     "--device", "cpu", "--image-model", "/models/dit"]) == 0
+    config = loaded["config"]
+    assert config.engine.model == "/models/x.gguf" and config.engine.device == "cpu"
+    assert (config.asr, config.tts, config.vad, config.image_model) == (None, "/voices/v.onnx", False, "/models/dit")
+    assert loaded["run"]["host"] == "0.0.0.0" and loaded["run"]["port"] == 9123
+    assert loaded["run"]["ws_max_size"] == 2 * 2**20
+    gateway_config = loaded["app"].state.config
+    assert gateway_config.api_key == "k" and gateway_config.max_frame_bytes == 2 * 2**20
+    out = capsys.readouterr().out
+    assert "ws://127.0.0.1:9123/v1/realtime" in out and "API key required" in out
+
+
+def test_serve_requires_a_command() -> None:
+    with pytest.raises(SystemExit):
+        cli.main([])
