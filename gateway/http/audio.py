@@ -6,6 +6,7 @@ import io
 import logging
 from collections.abc import AsyncIterator
 
+import anyio
 import numpy as np
 import soundfile
 from starlette.datastructures import UploadFile
@@ -44,7 +45,8 @@ async def transcriptions(request: Request, backend: OmniBackend, limits: HttpLim
     if not is_wav(data):
         raise invalid("'file' must be a PCM WAV file; this server decodes no other upload format. Convert "
                       "first, e.g. ffmpeg -i in.mp3 -ac 1 -ar 16000 out.wav", "file", "unsupported_audio_format")
-    pcm16, rate = decode_wav(data, max_seconds=limits.max_audio_seconds, param="file")
+    pcm16, rate = await anyio.to_thread.run_sync(
+        lambda: decode_wav(data, max_seconds=limits.max_audio_seconds, param="file"))
     result = await unless_disconnected(request, lambda: backend.transcribe(pcm16, rate, language=call.language,
                                                                             prompt=call.prompt))
     if call.response_format == "text":

@@ -26,7 +26,8 @@ API = "chat"
 async def chat_completions(request: Request, backend: OmniBackend, limits: HttpLimits) -> Response:
     body = await read_json(request, limits.max_body_bytes)
     caps = backend.capabilities
-    call = parse_chat(body, caps, limits)
+    # off the event loop: base64 and WAV decoding of large media parts take a while
+    call = await anyio.to_thread.run_sync(parse_chat, body, caps, limits)
     prompt_tokens = await anyio.to_thread.run_sync(backend.count_tokens, call.request.messages)
     check_context(prompt_tokens, call.request.sampling.max_tokens, caps)
     timer = TokenTimer(API)

@@ -81,9 +81,13 @@ async def unless_disconnected(request: Request, work: Callable[[], Awaitable[T]]
     """Run ``work`` (once the body was read) while watching the connection; raises ``ClientGone``
     and cancels ``work`` when the client leaves first."""
     result: list[T] = []
+    failure: list[Exception] = []
     async with anyio.create_task_group() as group:
         async def run() -> None:
-            result.append(await work())
+            try:
+                result.append(await work())
+            except Exception as error:  # re-raised as is below, not wrapped in an ExceptionGroup
+                failure.append(error)
             group.cancel_scope.cancel()
 
         async def watch() -> None:
@@ -92,6 +96,8 @@ async def unless_disconnected(request: Request, work: Callable[[], Awaitable[T]]
 
         group.start_soon(run)
         group.start_soon(watch)
+    if failure:
+        raise failure[0]
     if not result:
         raise ClientGone
     return result[0]

@@ -1,14 +1,15 @@
-"""WAV reading and writing with the stdlib only: uploads become mono pcm16, speech becomes a WAV file.
+"""WAV reading and writing: uploads become mono pcm16, speech becomes a WAV file.
 
-Everything but PCM WAV is left to the backend's decoders, which apply their own limits.
+The stdlib ``wave`` parser reads the header (pure Python, so no native decoder sees client bytes) and
+numpy converts samples. Everything but PCM WAV is left to the backend's decoders and their limits.
 """
 from __future__ import annotations
 
 import io
 import struct
-import sys
 import wave
-from array import array
+
+import numpy as np
 
 from gateway.http.errors import invalid
 
@@ -35,27 +36,26 @@ def decode_wav(data: bytes, *, max_seconds: float, param: str) -> tuple[bytes, i
         raise invalid(f"'{param}' is not a readable PCM WAV file (16-bit, 8-bit, 24-bit or 32-bit integer "
                       "samples are accepted).", param, "invalid_audio") from None
     samples = _to_int16(raw, width)
-    return _downmix(samples, channels).tobytes(), rate
+    return _downmix(samples, channels).astype("<i2").tobytes(), rate
 
 
-def _to_int16(raw: bytes, width: int) -> array:
-    if width == 2:
-        samples = array("h", raw[: len(raw) - len(raw) % 2])
-        if sys.byteorder == "big":
-            samples.byteswap()
-        return samples
+def _to_int16(raw: bytes, width: int) -> np.ndarray:
+    usable = len(raw) - len(raw) % width
     if width == 1:  # WAV 8-bit is unsigned
-        return array("h", ((b - 128) << 8 for b in raw))
-    # 24/32-bit little-endian signed: keep the two most significant bytes
-    return array("h", (int.from_bytes(raw[i + width - 2:i + width], "little", signed=True)
-                       for i in range(0, len(raw) - width + 1, width)))
+        return ((np.frombuffer(raw, dtype=np.uint8).astype(np.int16) - 128) << 8).astype(np.int16)
+    if width == 2:
+        return np.frombuffer(raw[:usable], dtype="<i2")
+    # 24/32-bit little-endian signed: keep the two most significant bytes of each sample
+    frames = np.frombuffer(raw[:usable], dtype=np.uint8).reshape(-1, width)[:, width - 2:]
+    return np.ascontiguousarray(frames).view("<i2").reshape(-1)
 
 
-def _downmix(samples: array, channels: int) -> array:
+def _downmix(samples: np.ndarray, channels: int) -> np.ndarray:
     if channels == 1:
         return samples
     frames = len(samples) // channels
-    return array("h", (sum(samples[f * channels:(f + 1) * channels]) // channels for f in range(frames)))
+    mixed = samples[: frames * channels].reshape(frames, channels).astype(np.int32).sum(axis=1) // channels
+    return mixed.astype("<i2")
 
 
 def wav_header(sample_rate: int, data_bytes: int | None = None) -> bytes:

@@ -119,3 +119,10 @@ def test_speech_without_a_voice_model_is_400():
         with pytest.raises(openai.BadRequestError) as info:
             client.audio.speech.create(model="tts-1", voice="joe", input="x", response_format="wav")
         assert info.value.code == "unsupported_modality"
+
+
+def test_malformed_multipart_is_400_without_parser_details(fake):
+    _, url, _ = fake
+    r = httpx.post(f"{url}/v1/audio/transcriptions", content=b"--xyz\r\nContent-Disposition: form-data\r\n\r\n",
+                   headers={"Content-Type": "multipart/form-data; boundary=xyz"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_multipart"

@@ -157,6 +157,16 @@ def test_an_error_mid_stream_is_raised_by_the_sdk(fake):
         list(stream)
 
 
+@pytest.mark.parametrize("status, error", [(503, openai.InternalServerError), (400, openai.BadRequestError)])
+def test_an_error_after_some_output_keeps_its_status_without_streaming(fake, status, error):
+    backend, _, client = fake
+    backend.script = [TextDelta("partial"), Error("overloaded", "preempted and out of memory", status),
+                      Done("error")]
+    with pytest.raises(error) as info:
+        client.chat.completions.create(model="omni-test", messages=USER)
+    assert info.value.status_code == status and "out of memory" in info.value.message
+
+
 def test_body_over_the_limit_is_413():
     backend = FakeBackend()
     from gateway.http.limits import HttpLimits
