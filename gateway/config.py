@@ -1,8 +1,9 @@
 """Gateway configuration: one frozen value built by the CLI (or the embedding application)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from gateway.http.limits import HttpLimits
 from gateway.realtime.session import SessionLimits
 
 
@@ -22,6 +23,7 @@ class GatewayConfig:
     max_conversation_items: int = 4096
     session_seconds: int = 3600  # GA's 60-minute session cap
     asr_timeout_s: float = 30.0  # a response waits at most this long for its turn's transcript
+    http_limits: HttpLimits = field(default_factory=HttpLimits)  # bounds of the OpenAI HTTP API
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -13,17 +13,20 @@ from gateway.http.endpoint import endpoint
 from gateway.http.limits import HttpLimits
 from omni.protocol import OmniBackend
 
+if TYPE_CHECKING:  # gateway.config imports HttpLimits from this package
+    from gateway.config import GatewayConfig
+
 __all__ = ["HttpLimits", "routes"]
 
 
-def routes(backend: OmniBackend, config: Any) -> list[BaseRoute]:
+def routes(backend: OmniBackend, config: GatewayConfig) -> list[BaseRoute]:
     """Every HTTP route of the OpenAI API this server answers, bound to ``backend``.
 
-    ``config`` is the gateway configuration: ``api_key`` (when set, every route but /health wants
-    ``Authorization: Bearer <key>``) and optionally ``http_limits`` (an ``HttpLimits``).
+    When ``config.api_key`` is set, every route but /health wants ``Authorization: Bearer <key>``;
+    ``config.http_limits`` bounds bodies, media and sampling parameters.
     """
-    limits = HttpLimits.of(config)
-    api_key = getattr(config, "api_key", None)
+    limits = config.http_limits
+    api_key = config.api_key
 
     def bind(path: str, handler: Callable[..., Awaitable[Response]], method: str, *, open_: bool = False,
              limited: bool = False) -> Route:

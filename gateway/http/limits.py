@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,9 +20,3 @@ class HttpLimits:
     max_images: int = 4  # images per generation request
     max_image_side: int = 2048
     audio_expires_s: int = 3600  # reported in message.audio.expires_at
-
-    @classmethod
-    def of(cls, config: Any) -> HttpLimits:
-        """The gateway config's ``http_limits`` when it carries one, otherwise the defaults."""
-        limits = getattr(config, "http_limits", None)
-        return limits if isinstance(limits, HttpLimits) else cls()

@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from gateway.http.limits import HttpLimits
+
 from omni.protocol import (AudioChunk, AudioOutputOptions, Capabilities, Done, Error, Health, ImageFinal,
                            ImagePartial, Message, OmniRequest, OutputChunk, TextDelta, ToolCallDelta,
                            Transcription, Usage, VadSettings)
@@ -156,24 +160,13 @@ def serve(app) -> str:
         thread.join(timeout=10)
 
 
-@dataclass(frozen=True)
-class HttpConfig:
-    """The gateway config fields the HTTP routes read."""
-
-    api_key: str | None = None
-    http_limits: object = None
-
-
-def http_app(backend: FakeBackend, api_key: str | None = None, limits: object = None):
-    from starlette.applications import Starlette
-
-    from gateway.http import routes
-
-    return Starlette(routes=routes(backend, HttpConfig(api_key=api_key, http_limits=limits)))
+def http_app(backend: FakeBackend, api_key: str | None = None, limits: HttpLimits | None = None):
+    """The gateway's real application (realtime route included) around ``backend``."""
+    return create_app(backend, GatewayConfig(api_key=api_key, http_limits=limits or HttpLimits()))
 
 
 @contextmanager
-def served(backend: FakeBackend, api_key: str | None = None, limits: object = None):
+def served(backend: FakeBackend, api_key: str | None = None, limits: HttpLimits | None = None):
     """``(base_url, openai.OpenAI client)`` for ``backend`` behind a live server."""
     import openai
 

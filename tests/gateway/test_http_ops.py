@@ -6,7 +6,8 @@ import openai
 import pytest
 
 from gateway.http import routes
-from tests.gateway.http_fakes import FakeBackend, HttpConfig, served
+from gateway.config import GatewayConfig
+from tests.gateway.http_fakes import FakeBackend, served
 
 KEY = "sk-test-123"
 
@@ -59,7 +60,7 @@ def test_metrics_count_requests_tokens_latency_and_backend_numbers():
 
 
 def http_paths() -> list[tuple[str, str]]:
-    return [(m, r.path.replace("{model:path}", "omni-test")) for r in routes(FakeBackend(), HttpConfig())
+    return [(m, r.path.replace("{model:path}", "omni-test")) for r in routes(FakeBackend(), GatewayConfig())
             for m in sorted(r.methods - {"HEAD"})]
 
 
