@@ -96,9 +96,9 @@ class RealtimeConnection:
         await asyncio.gather(writer, return_exceptions=True)
         if self.ws.application_state == WebSocketState.CONNECTED and \
                 self.ws.client_state == WebSocketState.CONNECTED:
-            try:
-                await self.ws.close(code=code, reason=reason)
-            except (RuntimeError, OSError, WebSocketDisconnect):
+            try:  # bounded: a client that stopped reading may never take the close frame
+                await asyncio.wait_for(self.ws.close(code=code, reason=reason), timeout=2.0)
+            except (asyncio.TimeoutError, RuntimeError, OSError, WebSocketDisconnect):
                 pass
 
     def _abandon(self, code: int, reason: str) -> None:
