@@ -20,7 +20,7 @@ from gateway.http.audio_request import SpeechCall, parse_speech, parse_transcrip
 from gateway.http.endpoint import read_body, read_json
 from gateway.http.errors import ApiError, internal, invalid
 from gateway.http.limits import HttpLimits
-from gateway.http.streaming import EventStreamResponse, sse_event, unless_disconnected
+from gateway.http.streaming import CancellableStream, sse_event, unless_disconnected
 from gateway.http.wav import decode_wav, is_wav, wav_header
 from omni.protocol import AudioChunk, OmniBackend
 
@@ -89,8 +89,8 @@ async def speech(request: Request, backend: OmniBackend, limits: HttpLimits) -> 
         await close()
         raise
     if call.sse:
-        return EventStreamResponse(_speech_events(first, stream), cleanup=close)
-    return EventStreamResponse(_audio_bytes(call, first, stream), cleanup=close,
+        return CancellableStream(_speech_events(first, stream), cleanup=close)
+    return CancellableStream(_audio_bytes(call, first, stream), cleanup=close,
                                media_type=_MEDIA_TYPES[call.response_format])
 
 

@@ -15,7 +15,7 @@ from gateway.http.endpoint import read_json
 from gateway.http.errors import ApiError, internal
 from gateway.http.limits import HttpLimits
 from gateway.http.sampling import check_context
-from gateway.http.streaming import SSE_DONE, EventStreamResponse, Generation, sse_event, start, unless_disconnected
+from gateway.http.streaming import SSE_DONE, CancellableStream, Generation, sse_event, start, unless_disconnected
 from gateway.metrics import TokenTimer, count_tokens
 from omni.protocol import AudioChunk, OmniBackend, OutputChunk, TextDelta
 
@@ -34,7 +34,7 @@ async def chat_completions(request: Request, backend: OmniBackend, limits: HttpL
     generation, first = await start(request, backend, call.request)
     assembler = ChatAssembler(call, int(time.time()), limits.audio_expires_s)
     if call.stream.stream:
-        return EventStreamResponse(_events(generation, first, assembler, timer), cleanup=generation.close)
+        return CancellableStream(_events(generation, first, assembler, timer), cleanup=generation.close)
     try:
         return JSONResponse(await unless_disconnected(request, lambda: _collect(generation, first, assembler,
                                                                                 timer)))

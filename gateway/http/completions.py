@@ -15,7 +15,7 @@ from gateway.http.endpoint import read_json
 from gateway.http.errors import ApiError, from_backend, internal
 from gateway.http.limits import HttpLimits
 from gateway.http.sampling import check_context
-from gateway.http.streaming import SSE_DONE, EventStreamResponse, Generation, sse_event, start, unless_disconnected
+from gateway.http.streaming import SSE_DONE, CancellableStream, Generation, sse_event, start, unless_disconnected
 from gateway.metrics import TokenTimer, count_tokens
 from omni.protocol import Error, OmniBackend, OutputChunk, TextDelta
 
@@ -66,7 +66,7 @@ async def completions(request: Request, backend: OmniBackend, limits: HttpLimits
     run = _Run(backend, call, CompletionAssembler(call, int(time.time())))
     first = await start(request, backend, call.requests[0])
     if call.stream.stream:
-        return EventStreamResponse(_events(run, first), cleanup=run.close)
+        return CancellableStream(_events(run, first), cleanup=run.close)
 
     async def collect() -> dict:
         async for _ in run.chunks(first):

@@ -13,7 +13,7 @@ from gateway.http.endpoint import read_json
 from gateway.http.errors import ApiError, from_backend, internal
 from gateway.http.image_request import ImageCall, parse_image_generation
 from gateway.http.limits import HttpLimits
-from gateway.http.streaming import EventStreamResponse, Generation, sse_event, start, unless_disconnected
+from gateway.http.streaming import CancellableStream, Generation, sse_event, start, unless_disconnected
 from omni.protocol import Error, ImageFinal, ImagePartial, OmniBackend, OutputChunk, Usage
 
 log = logging.getLogger("gateway.http")
@@ -34,7 +34,7 @@ async def image_generations(request: Request, backend: OmniBackend, limits: Http
     call = parse_image_generation(await read_json(request, limits.max_body_bytes), backend.capabilities, limits)
     generation, first = await start(request, backend, call.request)
     if call.stream:
-        return EventStreamResponse(_events(call, generation, first), cleanup=generation.close)
+        return CancellableStream(_events(call, generation, first), cleanup=generation.close)
     try:
         return JSONResponse(await unless_disconnected(request, lambda: _collect(call, generation, first)))
     finally:

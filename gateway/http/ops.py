@@ -1,15 +1,13 @@
 """Model listing, health and Prometheus metrics."""
 from __future__ import annotations
 
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.http.errors import ApiError
 from gateway.metrics import exposition
 from omni.protocol import OmniBackend
-
-_PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
-
 
 def _model_card(backend: OmniBackend) -> dict:
     return {"id": backend.capabilities.model, "object": "model", "created": 0, "owned_by": "omni"}
@@ -34,4 +32,4 @@ async def health(request: Request, backend: OmniBackend) -> Response:
 
 
 async def metrics(request: Request, backend: OmniBackend) -> Response:
-    return Response(exposition(backend.metrics, lambda: backend.health().ok), media_type=_PROMETHEUS_TEXT)
+    return Response(exposition(backend.metrics, lambda: backend.health().ok), media_type=CONTENT_TYPE_LATEST)

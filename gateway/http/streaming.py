@@ -111,9 +111,10 @@ def sse_event(data: Any, event: str | None = None) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-class EventStreamResponse(StreamingResponse):
-    """Server-sent events that stop as soon as the client disconnects, whatever ASGI spec version the
-    server speaks, and that always run ``cleanup``, even when the body was never iterated."""
+class CancellableStream(StreamingResponse):
+    """A streamed body (server-sent events by default, or raw audio) that stops as soon as the client
+    disconnects, whatever ASGI spec version the server speaks, and that always runs ``cleanup``, even
+    when the body was never iterated."""
 
     def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], Awaitable[None]],
                  media_type: str = "text/event-stream", headers: dict[str, str] | None = None) -> None:

@@ -1,6 +1,9 @@
 """/v1/completions through the official openai SDK against a live server and the fake backend."""
 from __future__ import annotations
 
+import time
+
+import httpx
 import openai
 import pytest
 
@@ -67,3 +70,16 @@ def test_unknown_model_is_404(fake):
     _, _, client = fake
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="davinci-002", prompt="x")
+
+
+def test_client_leaving_a_completion_stream_aborts_the_open_generation(fake):
+    backend, url, _ = fake
+    backend.delay_s = 0.2
+    body = {"model": "omni-test", "prompt": ["a", "b"], "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=10) as r:
+        assert next(r.iter_lines()).startswith("data: ")
+    deadline = time.monotonic() + 5
+    while not backend.aborted and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert backend.aborted == [backend.requests[0].request_id] == backend.closed
+    assert len(backend.requests) == 1 and backend.completed == []

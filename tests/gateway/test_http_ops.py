@@ -69,7 +69,7 @@ def test_every_route_but_health_wants_the_api_key():
     with served(backend, api_key=KEY) as (url, client), httpx.Client(base_url=url) as http:
         for method, path in http_paths():
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"},
-                            {"Authorization": KEY}):
+                            {"Authorization": KEY}, {"Host": "x/?"}, {"Host": "x/#"}):
                 r = http.request(method, path, headers=headers, json={})
                 if path == "/health":
                     assert r.status_code == 200
