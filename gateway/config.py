@@ -21,6 +21,7 @@ class GatewayConfig:
     max_append_bytes: int = 15 * 1024 * 1024
     max_audio_buffer_bytes: int = 64 * 1024 * 1024  # 24 kHz pcm16: about 23 minutes of audio
     max_conversation_items: int = 4096
+    max_conversation_audio_bytes: int = 128 * 1024 * 1024  # user and assistant audio kept for retrieve/truncate
     session_seconds: int = 3600  # GA's 60-minute session cap
     asr_timeout_s: float = 30.0  # a response waits at most this long for its turn's transcript
     http_limits: HttpLimits = field(default_factory=HttpLimits)  # bounds of the OpenAI HTTP API
@@ -29,7 +30,8 @@ class GatewayConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         for name in ("max_frame_bytes", "send_queue_max", "max_sessions", "max_append_bytes",
-                     "max_audio_buffer_bytes", "max_conversation_items", "session_seconds"):
+                     "max_audio_buffer_bytes", "max_conversation_items", "max_conversation_audio_bytes",
+                     "session_seconds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.send_timeout_s <= 0 or self.asr_timeout_s <= 0:
@@ -41,4 +43,5 @@ class GatewayConfig:
     @property
     def session_limits(self) -> SessionLimits:
         return SessionLimits(max_append_bytes=self.max_append_bytes, max_buffer_bytes=self.max_audio_buffer_bytes,
-                             max_items=self.max_conversation_items, session_seconds=self.session_seconds)
+                             max_items=self.max_conversation_items, session_seconds=self.session_seconds,
+                             max_conversation_audio_bytes=self.max_conversation_audio_bytes)

@@ -1,11 +1,15 @@
-"""Conversation items + effective settings -> the ``OmniRequest`` the backend generates from."""
+"""What a response is generated from: its context items, metadata, and the ``OmniRequest`` built of them."""
 from __future__ import annotations
 
 import base64
 import re
 
+from collections.abc import Callable
+from typing import Any
+
 from gateway.realtime.audio import SAMPLE_RATE
-from gateway.realtime.items import Item
+from gateway.realtime.errors import invalid_type, invalid_value
+from gateway.realtime.items import Item, ItemStore, parse_client_item
 from gateway.realtime.settings import SessionSettings
 from omni.protocol import (AudioOutputOptions, AudioPart, ImagePart, Message, OmniRequest, Part, SamplingOptions,
                            TextPart, ToolCall)
@@ -23,7 +27,10 @@ def item_to_message(item: Item) -> Message | None:
         if content.type in ("input_text", "output_text"):
             parts.append(TextPart(content.text or ""))
         elif content.type == "input_audio":
-            parts.append(AudioPart(content.audio or b"", SAMPLE_RATE, transcript=content.transcript))
+            if content.audio:
+                parts.append(AudioPart(content.audio, SAMPLE_RATE, transcript=content.transcript))
+            elif content.transcript:  # audio dropped under the session's audio budget
+                parts.append(TextPart(content.transcript))
         elif content.type == "output_audio":
             # What the assistant said is context as text; its own audio is never fed back.
             parts.append(TextPart(content.transcript or ""))
@@ -53,3 +60,30 @@ def build_request(request_id: str, settings: SessionSettings, items: list[Item])
         tools=tuple(tools),
         priority=0,
     )
+
+
+def parse_metadata(raw: Any) -> dict[str, str] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or len(raw) > 16 or any(
+            not isinstance(k, str) or not isinstance(v, str) or len(k) > 64 or len(v) > 512 for k, v in raw.items()):
+        raise invalid_value("response.metadata", "at most 16 string pairs (keys <= 64, values <= 512 chars)", raw)
+    return raw
+
+
+def resolve_input(raw_input: Any, items: ItemStore, new_item_id: Callable[[], str], input_format: str) -> list[Item]:
+    """``response.input``: absent -> the whole conversation; else its own items and references into it."""
+    if raw_input is None:
+        return list(items)
+    if not isinstance(raw_input, list):
+        raise invalid_type("response.input", "an array of items", raw_input)
+    context: list[Item] = []
+    for i, raw in enumerate(raw_input):
+        if isinstance(raw, dict) and raw.get("type") == "item_reference":
+            ref = items.get(raw["id"]) if isinstance(raw.get("id"), str) else None
+            if ref is None:
+                raise invalid_value(f"response.input[{i}].id", "the id of an item in the conversation", raw.get("id"))
+            context.append(ref)
+        else:
+            context.append(parse_client_item(raw, new_item_id(), input_format, f"response.input[{i}]"))
+    return context

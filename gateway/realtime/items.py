@@ -48,6 +48,28 @@ class Content:
         return out
 
 
+def audio_bytes(content: Content) -> int:
+    """Length of a part's audio; output audio remembers it in its marks even after the bytes are dropped."""
+    if content.marks:
+        return content.marks[-1][0]
+    return len(content.audio or b"")
+
+
+def truncate(content: Content, end_bytes: int) -> None:
+    """Keep the first ``end_bytes`` of audio and the transcript of every chunk whose audio began before it."""
+    if end_bytes >= audio_bytes(content):
+        return
+    heard, start = 0, 0
+    for audio_end, text_len in content.marks:
+        if start < end_bytes or audio_end == start == 0:
+            heard = text_len
+        start = audio_end
+    content.transcript = (content.transcript or "")[:heard]
+    if content.audio is not None:
+        content.audio = content.audio[:end_bytes]
+    content.marks = [(min(a, end_bytes), min(t, heard)) for a, t in content.marks]
+
+
 @dataclass(slots=True)
 class Item:
     id: str

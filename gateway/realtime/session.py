@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.realtime import audio as audio_fmt
-from gateway.realtime.context import build_request
+from gateway.realtime.context import build_request, parse_metadata, resolve_input
 from gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
 from gateway.realtime.input_audio import InputAudioBuffer, SpeechStarted, SpeechStopped
-from gateway.realtime.items import Content, Item, ItemStore, decode_base64, parse_client_item
+from gateway.realtime.items import Content, Item, ItemStore, audio_bytes, decode_base64, parse_client_item, truncate
 from gateway.realtime.response import Event, ResponseRun
 from gateway.realtime.settings import (Dialect, SessionSettings, apply_response_overrides, apply_update,
                                        render_session, TurnDetection, validate_choice)
@@ -73,6 +73,7 @@ class SessionLimits:
     max_buffer_bytes: int = 64 * 1024 * 1024  # 24 kHz pcm16 held in the input buffer
     max_items: int = 4096
     session_seconds: int = 3600
+    max_conversation_audio_bytes: int = 128 * 1024 * 1024  # audio kept in items; the oldest is dropped first
 
 
 def new_id(prefix: str) -> str:
@@ -272,6 +273,7 @@ class RealtimeSession:
         self._emit({"type": "input_audio_buffer.committed", "item_id": item.id, "previous_item_id": previous})
         self._announce(item, previous)
         self._pending_asr.add(item.id)
+        self._enforce_audio_budget()
         transcription = self.settings.transcription or {}
         self._out.append(Transcribe(item.id, pcm, audio_fmt.SAMPLE_RATE, language=transcription.get("language"),
                                     prompt=transcription.get("prompt")))
@@ -361,22 +363,13 @@ class RealtimeSession:
         if item.role != "assistant" or not 0 <= index < len(item.content) or item.content[index].type != "output_audio":
             raise invalid_value("content_index", "the index of an assistant audio content part", index)
         content = item.content[index]
-        length_ms = int(audio_fmt.duration_ms(content.audio or b""))
+        length_ms = int(audio_fmt.duration_ms(audio_bytes(content)))
         if end_ms > length_ms:
             raise RealtimeError("invalid_value", f"Audio content of {length_ms}ms is already shorter than {end_ms}ms",
                                 "audio_end_ms")
         if self._active is not None and any(it is item for it in self._responses[self._active].output):
             self._cancel(self._active, "client_cancelled")
-        cut = end_ms * audio_fmt.BYTES_PER_MS
-        if cut < len(content.audio or b""):
-            heard, start = 0, 0
-            for audio_end, text_len in content.marks:
-                if start < cut or audio_end == start == 0:
-                    heard = text_len
-                start = audio_end
-            content.transcript = (content.transcript or "")[:heard]
-            content.audio = (content.audio or b"")[:cut]
-            content.marks = [(min(a, cut), min(t, heard)) for a, t in content.marks]
+        truncate(content, end_ms * audio_fmt.BYTES_PER_MS)
         self._emit({"type": "conversation.item.truncated", "item_id": item.id, "content_index": index,
                     "audio_end_ms": end_ms})
 
@@ -395,13 +388,8 @@ class RealtimeSession:
                                 "creating a new one.")
         settings = apply_response_overrides(self.settings, params, self.dialect)
         self._check_output(settings, "response.output_modalities" if self.dialect == "ga" else "response.modalities")
-        metadata = params.get("metadata")
-        if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16 or any(
-                not isinstance(k, str) or not isinstance(v, str) or len(k) > 64 or len(v) > 512
-                for k, v in metadata.items())):
-            raise invalid_value("response.metadata", "at most 16 string pairs (keys <= 64, values <= 512 chars)",
-                                metadata)
-        context = self._response_context(params.get("input"))
+        metadata = parse_metadata(params.get("metadata"))
+        context = resolve_input(params.get("input"), self.items, self._new_item_id, self.settings.input_format)
         run = ResponseRun(new_id("resp"), settings, self.dialect, store=self.items if conversation == "auto" else None,
                           conversation_id=self.conversation_id if conversation == "auto" else None,
                           metadata=metadata, context=context, new_item_id=self._new_item_id)
@@ -412,24 +400,6 @@ class RealtimeSession:
             self._emit(ev)
         wait = tuple(it.id for it in context if it.id in self._pending_asr)
         self._out.append(StartResponse(run.id, wait))
-
-    def _response_context(self, raw_input: Any) -> list[Item]:
-        if raw_input is None:
-            return list(self.items)
-        if not isinstance(raw_input, list):
-            raise invalid_type("response.input", "an array of items", raw_input)
-        context: list[Item] = []
-        for i, raw in enumerate(raw_input):
-            if isinstance(raw, dict) and raw.get("type") == "item_reference":
-                ref = self.items.get(raw.get("id"))  # type: ignore[arg-type]
-                if ref is None:
-                    raise invalid_value(f"response.input[{i}].id", "the id of an item in the conversation",
-                                        raw.get("id"))
-                context.append(ref)
-            else:
-                context.append(parse_client_item(raw, self._new_item_id(), self.settings.input_format,
-                                                 f"response.input[{i}]"))
-        return context
 
     def _response_cancel(self, event: dict[str, Any]) -> None:
         response_id = event.get("response_id")
@@ -454,6 +424,17 @@ class RealtimeSession:
         self._audio_emitted |= run.audio_emitted
         for ev in run.finish(status, reason=reason, error=error):
             self._emit(ev)
+        self._enforce_audio_budget()
+
+    def _enforce_audio_budget(self) -> None:
+        """Drop the audio bytes of the oldest items past the budget; transcripts and lengths stay."""
+        parts = [c for it in self.items for c in it.content if c.audio]
+        total = sum(len(c.audio or b"") for c in parts)
+        for content in parts:
+            if total <= self.limits.max_conversation_audio_bytes:
+                break
+            total -= len(content.audio or b"")
+            content.audio = None
 
     # ---- backend side ----------------------------------------------------------------------------
     def build_request(self, response_id: str) -> OmniRequest | None:

@@ -222,3 +222,27 @@ def test_g711_output_format_encodes_deltas() -> None:
     back = g711.ulaw_to_pcm(ulaw).astype(np.float64)
     reference = np.frombuffer(tone(100), dtype="<i2")[::3].astype(np.float64)
     assert np.corrcoef(back, reference)[0, 1] > 0.99
+
+
+def test_old_audio_is_dropped_past_the_budget_but_transcripts_and_lengths_stay() -> None:
+    from fakes import FakeBackend
+    from gateway.realtime.session import RealtimeSession, SessionLimits
+
+    backend = FakeBackend()
+    d = Driver(backend=backend)
+    d.session = RealtimeSession(dialect="ga", capabilities=backend.capabilities, vad_factory=None,  # type: ignore[arg-type]
+                                limits=SessionLimits(max_conversation_audio_bytes=250 * 48))
+    d.send({"type": "input_audio_buffer.append", "audio": b64(tone(200))})
+    (first,) = transcribes(d.send({"type": "input_audio_buffer.commit"}))
+    d.session.on_transcription(first.item_id, Transcription("first turn"))
+    item_id = spoken_reply(d)  # 300 ms of reply audio: over budget, so the user's 200 ms go first
+    old = d.session.items.get(first.item_id)
+    assert old is not None and old.content[0].audio is None and old.content[0].transcript == "first turn"
+    retrieved = only(d.send({"type": "conversation.item.retrieve", "item_id": item_id}), "conversation.item.retrieved")
+    assert "audio" not in retrieved["item"]["content"][0]  # the reply itself (300 ms) is over the budget too
+    truncated = d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
+                        "audio_end_ms": 150})
+    assert types(truncated) == ["conversation.item.truncated"]
+    request = d.session.build_request(started(d.send({"type": "response.create"})))
+    assert request is not None
+    assert [m.text for m in request.messages] == ["first turn", "hello", "One two "]
