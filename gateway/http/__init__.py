@@ -1,4 +1,14 @@
-"""OpenAI-compatible HTTP API, mounted next to the realtime WebSocket route by ``gateway.app``."""
+"""OpenAI-compatible HTTP API, mounted next to the realtime WebSocket route by ``gateway.app``.
+
+Where it differs from OpenAI's API, on purpose:
+- images in chat messages are base64 data URIs only: the server fetches no URLs;
+- chat ``input_audio`` in WAV is decoded here, mp3 travels as ``AudioPart.encoded`` for the model
+  side to decode; transcription uploads must be PCM WAV (no decoder of compressed audio runs here);
+- speech comes as wav (the default, streamed with an open-ended header), pcm or flac;
+- ``tool_choice: "required"`` offers the tools like "auto" (nothing forces a call), a named function
+  narrows the tools to that one;
+- the audio endpoints accept any ``model`` name: there is one recogniser and one voice model.
+"""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable

@@ -25,14 +25,13 @@ _TYPE_BY_STATUS = {
 class ApiError(Exception):
     """A failure the client should see, with its HTTP status and OpenAI error fields."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type_: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
-        self.type = type_ or _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        self.type = _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

@@ -9,9 +9,6 @@ from typing import Any
 
 from gateway.http.errors import invalid
 
-_MISSING = object()
-
-
 def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
@@ -25,8 +22,8 @@ def require_object(value: Any, param: str) -> dict:
 def get_str(body: dict, key: str, default: str | None = None, *, required: bool = False,
             choices: tuple[str, ...] = (), max_len: int | None = None, param: str | None = None) -> str | None:
     param = param or key
-    value = body.get(key, _MISSING)
-    if value is _MISSING or value is None:
+    value = body.get(key)
+    if value is None:
         if required:
             raise invalid(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
         return default
