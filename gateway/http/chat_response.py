@@ -61,20 +61,25 @@ class ChatAssembler:
             self.usage = chunk
             return []
         if isinstance(chunk, AudioChunk):
+            # a spoken answer's text is the transcript its audio chunks carry
             self.pcm += chunk.pcm16
             self.sample_rate = chunk.sample_rate
-            data = base64.b64encode(chunk.pcm16).decode()
-            return self._delta(0, {"audio": {"id": self.audio_id, "data": data}})
+            self.choices[0].text.append(chunk.transcript)
+            audio = {"id": self.audio_id, "data": base64.b64encode(chunk.pcm16).decode()}
+            if chunk.transcript:
+                audio["transcript"] = chunk.transcript
+            return self._delta(0, {"audio": audio})
         index = chunk.index if isinstance(chunk, (TextDelta, Done)) else 0
         choice = self._choice(index)
         if isinstance(chunk, TextDelta):
+            if self.wants_audio:  # the same words arrive again as the audio's transcript
+                return []
             choice.text.append(chunk.text)
             logprobs = chat_logprobs(chunk.logprobs, self.call.top_logprobs) if self.call.logprobs else None
             if logprobs:
                 choice.logprobs.extend(logprobs)
-            delta = ({"audio": {"id": self.audio_id, "transcript": chunk.text}} if self.wants_audio
-                     else {"content": chunk.text})
-            return self._delta(index, delta, {"content": logprobs, "refusal": None} if logprobs else None)
+            return self._delta(index, {"content": chunk.text},
+                               {"content": logprobs, "refusal": None} if logprobs else None)
         if isinstance(chunk, ToolCallDelta):
             call = {"id": chunk.call_id, "type": "function",
                     "function": {"name": chunk.name, "arguments": chunk.arguments}}

@@ -90,9 +90,10 @@ class FakeBackend:
             for k, word in enumerate(words[:limit]):
                 text = word if k == 0 else " " + word
                 lp = ((text, -0.5, ((text, -0.5), ("x", -2.0))),) if request.sampling.logprobs is not None else ()
-                out.append(TextDelta(text=text, index=index, logprobs=lp))
-                if "audio" in request.modalities:
+                if "audio" in request.modalities:  # spoken answers: text only as the audio's transcript
                     out.append(AudioChunk(pcm16=tone(240), sample_rate=24000, transcript=text))
+                else:
+                    out.append(TextDelta(text=text, index=index, logprobs=lp))
             out.append(Done("length" if limit < len(words) else "stop", index=index))
         emitted = min(limit, len(words)) * request.sampling.n
         return out + [Usage(input_tokens=prompt, output_tokens=emitted)]

@@ -68,8 +68,8 @@ def test_tool_calls_become_message_tool_calls_and_finish_reason():
 
 def test_audio_output_is_a_wav_with_the_text_as_transcript():
     a = assembler(modalities=["text", "audio"], audio={"voice": "joe", "format": "wav"})
-    for chunk in [TextDelta("Hi"), AudioChunk(b"\x01\x00" * 50, 24000), TextDelta(" there"),
-                  AudioChunk(b"\x02\x00" * 30, 24000), Done("stop")]:
+    for chunk in [TextDelta("Hi"), AudioChunk(b"\x01\x00" * 50, 24000, "Hi"), TextDelta(" there"),
+                  AudioChunk(b"\x02\x00" * 30, 24000, " there"), Done("stop")]:
         a.feed(chunk)
     message = a.body()["choices"][0]["message"]
     assert message["content"] is None and message["audio"]["transcript"] == "Hi there"
@@ -80,13 +80,15 @@ def test_audio_output_is_a_wav_with_the_text_as_transcript():
 
 def test_streamed_audio_deltas_carry_data_transcript_and_expiry():
     a = assembler(modalities=["text", "audio"], audio={"voice": "joe", "format": "pcm16"}, stream=True)
-    text = a.feed(TextDelta("Hi"))[0]["choices"][0]["delta"]
-    audio = a.feed(AudioChunk(b"\x05\x00", 24000))[0]["choices"][0]["delta"]
+    assert a.feed(TextDelta("Hi")) == []
+    first = a.feed(AudioChunk(b"\x05\x00", 24000, "Hi"))[0]["choices"][0]["delta"]
+    silent = a.feed(AudioChunk(b"\x06\x00", 24000))[0]["choices"][0]["delta"]
     done = a.feed(Done("stop"))
-    assert text["audio"]["transcript"] == "Hi" and text["content"] is None
-    assert base64.b64decode(audio["audio"]["data"]) == b"\x05\x00"
+    assert first["role"] == "assistant" and first["content"] is None
+    assert first["audio"]["transcript"] == "Hi" and base64.b64decode(first["audio"]["data"]) == b"\x05\x00"
+    assert "transcript" not in silent["audio"]
     assert done[0]["choices"][0]["delta"]["audio"]["expires_at"] == 1060
-    assert text["audio"]["id"] == audio["audio"]["id"]
+    assert first["audio"]["id"] == silent["audio"]["id"]
 
 
 def test_logprobs_are_shaped_as_chat_logprobs_and_cut_to_top_logprobs():
