@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from starlette.applications import Starlette
 
+from gateway import http, metrics
 from gateway.config import GatewayConfig
 from gateway.realtime.endpoint import probe_vad, realtime_route
 from omni.protocol import OmniBackend
 
 
 def create_app(backend: OmniBackend, config: GatewayConfig = GatewayConfig()) -> Starlette:
-    from gateway import http, metrics
+    """``app.state`` carries the backend and config for routes and embedding applications."""
 
     def count_session(delta: int) -> None:
         metrics.SESSIONS_OPEN.inc(delta)

@@ -11,15 +11,17 @@ import asyncio
 import json
 import logging
 from collections import deque
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from gateway import metrics
 from gateway.config import GatewayConfig
 from gateway.realtime.session import (CancelResponse, Output, RealtimeSession, Send, StartResponse, Transcribe,
                                       VadFactory, new_id)
 from gateway.realtime.settings import Dialect
-from omni.protocol import OmniBackend
+from omni.protocol import AudioChunk, OmniBackend, OmniRequest, OutputChunk, TextDelta, Usage
 
 log = logging.getLogger(__name__)
 
@@ -180,11 +182,17 @@ class RealtimeConnection:
         finally:
             self._responses.pop(cmd.response_id, None)
 
-    async def _stream(self, response_id: str, request: Any) -> None:
-        stream = self.backend.generate(request)
+    async def _stream(self, response_id: str, request: OmniRequest) -> None:
+        stream: AsyncIterator[OutputChunk] | None = None
         exhausted = False
+        timer = metrics.TokenTimer("realtime")
         try:
+            stream = self.backend.generate(request)
             async for chunk in stream:
+                if isinstance(chunk, (TextDelta, AudioChunk)):
+                    timer.tick()
+                elif isinstance(chunk, Usage):
+                    metrics.count_tokens("realtime", chunk.input_tokens, chunk.output_tokens)
                 await self._dispatch(self.session.on_chunk(response_id, chunk))
             exhausted = True
             await self._dispatch(self.session.on_stream_end(response_id))
@@ -194,7 +202,7 @@ class RealtimeConnection:
             log.exception("backend generation failed for %s", response_id)
             await self._dispatch(self.session.on_stream_end(response_id, "The backend failed while generating."))
         finally:
-            aclose = getattr(stream, "aclose", None)
+            aclose = getattr(stream, "aclose", None) if stream is not None else None
             if aclose is not None:
                 try:
                     await aclose()

@@ -16,6 +16,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from fakes import FakeBackend, tone
 from gateway.config import GatewayConfig
 from gateway.realtime import g711
+from omni.protocol import TextDelta
 from live_server import serve
 
 TIMEOUT = 15
@@ -203,3 +204,48 @@ def test_cancel_and_disconnect_abort_backend_requests() -> None:
         wait_for(lambda: first in backend.aborted, "the cancelled request to be aborted")
         wait_for(lambda: second in backend.aborted, "the disconnected session's request to be aborted")
         wait_for(lambda: second in backend.closed, "the backend stream to be closed")
+
+
+class BrokenBackend(FakeBackend):
+    """Fails the first generation synchronously and the second mid-stream."""
+
+    def generate(self, request):  # type: ignore[no-untyped-def]
+        self.requests.append(request)
+        if len(self.requests) == 1:
+            raise RuntimeError("engine is down")
+        return self._half_then_fail()
+
+    async def _half_then_fail(self):  # type: ignore[no-untyped-def]
+        yield TextDelta("half ")
+        raise RuntimeError("engine died mid-stream")
+
+
+def test_backend_failures_fail_the_response_and_the_session_goes_on() -> None:
+    async def go(port: int) -> list[dict[str, Any]]:
+        async with connect(url(port)) as ws:
+            await until(ws, "conversation.created")
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime",
+                                                                            "output_modalities": ["text"]}}))
+            done = []
+            for _ in range(2):
+                await ws.send(json.dumps({"type": "response.create"}))
+                done.append((await until(ws, "response.done"))[-1]["response"])
+            return done
+
+    with serve(BrokenBackend()) as port:
+        first, second = run(go(port))
+    assert first["status"] == "failed" and second["status"] == "failed"
+    assert second["output"][0]["content"][0]["text"] == "half "
+    assert "engine" not in json.dumps(first)  # internal exception text stays in the server log
+
+
+def test_open_sessions_gauge_returns_to_zero(port: int) -> None:
+    from gateway import metrics
+
+    async def go() -> float:
+        async with connect(url(port)) as ws:
+            await recv(ws)
+            return metrics.SESSIONS_OPEN._value.get()
+
+    assert run(go()) >= 1
+    wait_for(lambda: metrics.SESSIONS_OPEN._value.get() == 0, "the session gauge to drop")
