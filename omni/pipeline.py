@@ -8,8 +8,10 @@ to the DiT head. Every stage stops when the consumer closes the stream or calls 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,26 +29,27 @@ log = logging.getLogger(__name__)
 
 
 class OmniPipeline:
-    def __init__(self, config: OmniConfig, *, engine: Any, asr: Any | None = None, tts: Any | None = None,
-                 vad_session: Any | None = None, image_head: Any | None = None) -> None:
+    def __init__(self, config: OmniConfig, *, engine: Any, model_name: str, max_context_tokens: int,
+                 asr: Any | None = None, tts: Any | None = None, vad_session: Any | None = None,
+                 image_head: Any | None = None) -> None:
         self.config = config
-        self.engine = engine
+        self.engine = engine  # engine.async_engine.AsyncEngine or anything with its interface
         self.asr = asr
         self.tts = tts
         self.image_head = image_head
         self._vad_session = vad_session
         self._defaults = SamplingDefaults(temperature=config.temperature, top_p=config.top_p,
                                           max_tokens=config.max_tokens)
-        self._asr_lock = asyncio.Lock()
+        self._asr_lock = threading.Lock()  # one decoder instance; turns are short and sequential anyway
         self._active: dict[str, asyncio.Event] = {}
         inputs = {"text"} | ({"audio"} if asr is not None else set())
         outputs = {"text"} | ({"audio"} if tts is not None else set()) | ({"image"} if image_head is not None else set())
         self.capabilities = Capabilities(
-            model=config.served_model_name or engine.model_name,
+            model=config.served_model_name or model_name,
             input_modalities=frozenset(inputs),
             output_modalities=frozenset(outputs),
             voices=tuple(tts.voices) if tts is not None else (),
-            max_context_tokens=engine.max_model_len,
+            max_context_tokens=max_context_tokens,
         )
 
     @classmethod
@@ -56,22 +59,31 @@ class OmniPipeline:
 
         t0 = time.monotonic()
         engine = AsyncEngine(config.engine)
-        log.info("LLM %s ready in %.1f s", engine.model_name, time.monotonic() - t0)
+        model_name = engine.engine.model.name
+        log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t0)
         asr = tts = vad_session = image_head = None
-        if config.asr is not None:
-            from encoders.asr import load_asr
-            asr = load_asr(config.asr, device=config.device)
-        if config.tts is not None:
-            from omni.heads.tts import load_tts
-            tts = load_tts(config.tts, device=config.device)
-        if config.vad:
-            from encoders.vad import load_session
-            vad_session = load_session()
-        if config.image_model is not None:
-            from omni.heads.dit import load_image_head
-            image_head = load_image_head(config.image_model, device=config.device)
+        try:
+            if config.asr is not None:
+                from encoders.asr import load_recognizer
+                asr = load_recognizer(config.asr, device=config.device)
+                log.info("ASR %s ready", config.asr)
+            if config.tts is not None:
+                from omni.heads.tts import TtsHead
+                tts = TtsHead.load(config.tts, device=config.device)
+                log.info("TTS %s ready", config.tts)
+            if config.vad:
+                from encoders.vad import load_session
+                vad_session = load_session()
+            if config.image_model is not None:
+                from omni.heads.dit import load_image_head
+                image_head = load_image_head(config.image_model, device=config.device)
+                log.info("image model %s ready", config.image_model)
+        except BaseException:
+            engine.shutdown()
+            raise
         log.info("all stages ready in %.1f s", time.monotonic() - t0)
-        return cls(config, engine=engine, asr=asr, tts=tts, vad_session=vad_session, image_head=image_head)
+        return cls(config, engine=engine, model_name=model_name, max_context_tokens=engine.engine.max_model_len,
+                   asr=asr, tts=tts, vad_session=vad_session, image_head=image_head)
 
     # ---- OmniBackend -----------------------------------------------------------------------------
 
@@ -103,16 +115,18 @@ class OmniPipeline:
         event = self._active.get(request_id)
         if event is not None:
             event.set()
-        await self.engine.abort(request_id)
+        self.engine.abort(request_id)
 
     async def transcribe(self, pcm16: bytes, sample_rate: int, *, language: str | None = None,
                          prompt: str | None = None) -> Transcription:
         if self.asr is None:
             raise UnsupportedInput("no speech recognition model is loaded (start the server with --asr)")
-        async with self._asr_lock:  # one decoder instance; Whisper runs are short and sequential anyway
-            result = await asyncio.to_thread(self.asr.transcribe_pcm16, pcm16, sample_rate, language=language,
-                                             prompt=prompt)
+        result = await asyncio.to_thread(self._transcribe_locked, pcm16, sample_rate, language, prompt)
         return Transcription(text=result.text, language=result.language, duration_s=result.duration_s)
+
+    def _transcribe_locked(self, pcm16: bytes, sample_rate: int, language: str | None, prompt: str | None) -> Any:
+        with self._asr_lock:
+            return self.asr.transcribe(pcm16, sample_rate=sample_rate, language=language, prompt=prompt)
 
     async def synthesize(self, text: str, options: AudioOutputOptions) -> AsyncIterator[AudioChunk]:
         if self.tts is None:
@@ -136,8 +150,10 @@ class OmniPipeline:
         return len(self._prompt_ids(request))
 
     def health(self) -> Health:
-        ok, detail = self.engine.health()
-        return Health(ok=ok, detail=detail)
+        state = self.engine.health()
+        if state["alive"]:
+            return Health(ok=True, detail=f"engine loop running, {state['open_streams']} open streams")
+        return Health(ok=False, detail=f"engine loop stopped: {state['error']}")
 
     def metrics(self) -> dict[str, float]:
         return dict(self.engine.stats())
@@ -188,9 +204,10 @@ class OmniPipeline:
         return list(tokenizer.encode(prompt, add_special_tokens=False))
 
     async def _deltas(self, request: OmniRequest, prompt_ids: list[int], params: Any) -> AsyncIterator[StreamDelta]:
-        async for delta in self.engine.generate(prompt_ids, params, request_id=request.request_id,
-                                                priority=request.priority):
-            yield delta
+        async with contextlib.aclosing(self.engine.generate(prompt_ids, params, request_id=request.request_id,
+                                                            priority=request.priority)) as deltas:
+            async for delta in deltas:
+                yield delta
 
     async def _written(self, request: OmniRequest, prompt_ids: list[int], params: Any) -> AsyncIterator[OutputChunk]:
         tool_names = frozenset(t.get("name") or t.get("function", {}).get("name") for t in request.tools)

@@ -35,9 +35,6 @@ class CharTokenizer:
 
 
 class FakeEngine:
-    model_name = "fake-llm"
-    max_model_len = 4096
-
     def __init__(self, pieces: list[str], *, fail: Exception | None = None) -> None:
         self.tokenizer = CharTokenizer()
         self.pieces = pieces
@@ -66,11 +63,11 @@ class FakeEngine:
             self.closed_early = True
             raise
 
-    async def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
-    def health(self) -> tuple[bool, str]:
-        return True, "running"
+    def health(self) -> dict[str, Any]:
+        return {"alive": True, "error": None, "open_streams": 0}
 
     def stats(self) -> dict[str, float]:
         return {"kv_blocks_used": 0.0}
@@ -80,8 +77,10 @@ class FakeASR:
     def __init__(self) -> None:
         self.calls = 0
 
-    def transcribe_pcm16(self, pcm16: bytes, rate: int, *, language: str | None = None, prompt: str | None = None) -> Any:
+    def transcribe(self, pcm16: bytes, *, sample_rate: int, language: str | None = None,
+                   prompt: str | None = None) -> Any:
         self.calls += 1
+        rate = sample_rate
 
         class Result:
             text = "what is the capital of France"
@@ -105,7 +104,8 @@ class FakeTTS:
 
 
 def _pipeline(engine: FakeEngine, **kw: Any) -> OmniPipeline:
-    return OmniPipeline(OmniConfig(temperature=0.0), engine=engine, asr=kw.get("asr"), tts=kw.get("tts"))
+    return OmniPipeline(OmniConfig(temperature=0.0), engine=engine, model_name="fake-llm", max_context_tokens=4096,
+                        asr=kw.get("asr"), tts=kw.get("tts"))
 
 
 def _user(text: str) -> tuple[Message, ...]:
