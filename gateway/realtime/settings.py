@@ -62,7 +62,7 @@ class SessionSettings:
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] = "auto"
     max_output_tokens: int | Literal["inf"] = "inf"
-    temperature: float = 0.8
+    temperature: float | None = None  # beta only; None leaves the server's sampling default
     speed: float = 1.0
     tracing: Any = None
     truncation: Any = "auto"

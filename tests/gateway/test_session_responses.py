@@ -160,6 +160,17 @@ def test_response_request_carries_conversation_and_session_settings() -> None:
     assert [(m.role, m.text) for m in request.messages] == [("system", "Be kind."), ("user", "question")]
     assert request.modalities == ("text", "audio")
     assert request.audio.voice == "verse" and request.audio.speed == 1.25 and request.audio.sample_rate == 24000
+    assert request.sampling.temperature is None  # GA has no temperature: the server's default applies
+
+
+def test_beta_temperature_reaches_the_request() -> None:
+    d = Driver("beta")
+    d.send({"type": "session.update", "session": {"temperature": 0.7}})
+    request = d.session.build_request(started(d.send({"type": "response.create"})))
+    assert request is not None and request.sampling.temperature == 0.7
+    override = d.session.build_request(started(d.send({"type": "response.create", "response": {
+        "conversation": "none", "temperature": 1.1}})))
+    assert override is not None and override.sampling.temperature == 1.1
 
 
 def test_finish_reasons_map_to_status() -> None:
