@@ -100,7 +100,8 @@ class Scheduler:
                 if not self.kv.allocate_slots(seq, n, prefix):
                     break  # stop, rather than let smaller later requests starve this one
                 seq.num_computed_tokens = prefix.num_tokens
-                seq.num_cached_tokens = prefix.num_tokens
+                # After a preemption the hit may cover generated tokens; report prompt tokens only.
+                seq.num_cached_tokens = min(prefix.num_tokens, seq.num_prompt_tokens)
                 seq.status = SequenceStatus.RUNNING
                 seqs.append(seq)
                 counts.append(n)
