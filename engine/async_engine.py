@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.chat_template import render_chat
 from engine.config import EngineConfig
 from engine.errors import EngineDead, InvalidRequest
 from engine.llm_engine import LLMEngine
@@ -114,8 +113,8 @@ class AsyncEngine:
                    chat_template: str | None = None, request_id: str | None = None,
                    priority: int = 0) -> AsyncIterator[StreamDelta]:
         """``generate`` over messages rendered with the model's chat template."""
-        prompt = render_chat(self.engine.tokenizer, messages, tools=tools,
-                             add_generation_prompt=add_generation_prompt, chat_template=chat_template)
+        prompt = self.engine.render_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                         chat_template=chat_template)
         async with contextlib.aclosing(self.generate(prompt, params, request_id=request_id, priority=priority,
                                                      add_special_tokens=False)) as deltas:
             async for delta in deltas:

@@ -5,7 +5,6 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.chat_template import render_chat
 from engine.config import EngineConfig
 from engine.errors import InvalidRequest
 from engine.llm_engine import LLMEngine
@@ -59,12 +58,11 @@ class LLM:
         tok = self.engine.tokenizer
         prompts: list[Prompt] = []
         for conv in conversations:
-            text = render_chat(tok, conv, tools=tools, add_generation_prompt=add_generation_prompt,
-                               chat_template=chat_template)
+            text = self.engine.render_chat(conv, tools=tools, add_generation_prompt=add_generation_prompt,
+                                           chat_template=chat_template)
             # The template already writes any BOS; tokenizing with special tokens would double it.
             prompts.append(list(tok.encode(text, add_special_tokens=False)))
-        outputs = self._run(prompts, sampling_params, use_tqdm, 0, add_special_tokens=False)
-        return outputs
+        return self._run(prompts, sampling_params, use_tqdm, 0, add_special_tokens=False)
 
     def _run(self, prompts: list[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None,
              use_tqdm: bool, priority: int, *, add_special_tokens: bool) -> list[RequestOutput]:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from engine.chat_template import render_chat
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequest
@@ -128,6 +130,13 @@ class LLMEngine:
         self._requests[request_id] = req
         for i, seq in enumerate(seqs):
             self._owner[seq.seq_id] = (req, i)
+
+    def render_chat(self, messages: Seq[Mapping[str, Any]], *, tools: Seq[Mapping[str, Any]] | None = None,
+                    add_generation_prompt: bool = True, chat_template: str | None = None) -> str:
+        """Messages to prompt text with the explicit template, else the model's, else the tokenizer's.
+        Reads only immutable state, so any thread may call it."""
+        return render_chat(self.tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                           chat_template=chat_template or getattr(self.model, "chat_template", None))
 
     def _check_tokens(self, token_ids: list[int]) -> None:
         if not token_ids:
