@@ -40,7 +40,7 @@ class DecodeConfig:
     block_n: int = 64  # KV tokens per inner-loop tile
     num_warps: int = 4
     num_stages: int = 3
-    target_programs: int = 528  # aim for about this many (seq, kv head, split) programs
+    target_programs: int = 264  # aim for about this many (seq, kv head, split) programs
     min_split_tokens: int = 256  # never split a context finer than this
 
     def __post_init__(self) -> None:
@@ -57,10 +57,10 @@ class DecodeConfig:
 class PrefillConfig:
     """Launch parameters of the varlen prefill kernel."""
 
-    block_m: int = 64  # query rows (tokens x padded GQA group) per program
+    block_m: int = 128  # query rows (tokens x padded GQA group) per program
     block_n: int = 64
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 3
 
 
 def num_decode_splits(batch: int, num_kv_heads: int, max_context: int, config: DecodeConfig) -> tuple[int, int]:
@@ -83,10 +83,22 @@ def _sm_count(device_index: int) -> int:
 
 
 def default_decode_config(q: torch.Tensor) -> DecodeConfig:
-    """Decode launch parameters for the device holding ``q`` (tuned on an H200, 132 SMs)."""
+    """Decode launch parameters for the device holding ``q``.
+
+    Swept on an H200 (docs/benchmarks.md): 64-token tiles, 4 warps and 3 stages use 96 KB of
+    shared memory, so two programs share an SM, and splitting until about two programs per SM
+    exist was the best single setting across batch 16-256 and contexts 1k-16k.
+    """
     if q.device.type != "cuda":
         return DecodeConfig(block_n=32, num_warps=4, num_stages=1, target_programs=8, min_split_tokens=32)
-    return DecodeConfig(target_programs=4 * _sm_count(q.device.index or 0))
+    return DecodeConfig(target_programs=2 * _sm_count(q.device.index or 0))
+
+
+def default_prefill_config(q: torch.Tensor) -> PrefillConfig:
+    """Prefill launch parameters: the H200 sweep's best 96 KB-shared-memory tile, small tiles on the CPU."""
+    if q.device.type != "cuda":
+        return PrefillConfig(block_m=32, block_n=32, num_warps=4, num_stages=1)
+    return PrefillConfig()
 
 
 @triton.jit
@@ -351,7 +363,7 @@ def paged_prefill_attention(
     total, num_q_heads, head_dim = q.shape
     if total == 0 or num_seqs == 0:
         return out
-    config = config or PrefillConfig()
+    config = config or default_prefill_config(q)
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
     group_pad = next_pow2(group)

@@ -1,0 +1,153 @@
+"""CUDA-graph capture and replay of a decode step, one graph per batch-size bucket.
+
+A decode step launches hundreds of small kernels; replaying a captured graph removes their
+per-launch host cost. A graph replays fixed addresses, so every input lives in a static buffer
+sized for the largest bucket: ``replay`` copies the live batch into the leading rows, fills the
+padding rows with a per-input pad value (for example slot -1, which the KV write skips, and
+sequence length 0, which decode attention answers with zeros), replays the smallest bucket that
+holds the batch, and returns the outputs' leading rows.
+
+The step callable is opaque: it receives the static buffers sliced to the bucket's batch size as
+keyword arguments and returns a tensor, a tuple of tensors or a dict of tensors. It must not
+synchronize with the host, allocate outside the graph's memory pool or branch on tensor values.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+
+StepOutput = Union[torch.Tensor, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]
+
+
+def pick_bucket(buckets: Sequence[int], batch: int) -> int | None:
+    """Smallest bucket that holds ``batch`` rows, or None when the batch exceeds every bucket."""
+    if batch < 1:
+        raise ValueError(f"batch: expected at least 1 row, got {batch}")
+    fitting = [b for b in buckets if b >= batch]
+    return min(fitting) if fitting else None
+
+
+def default_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 8 up to ``max_batch`` (vLLM's spacing)."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch: expected at least 1, got {max_batch}")
+    return sorted({b for b in (1, 2, 4) if b <= max_batch} | set(range(8, max_batch + 1, 8)) | {max_batch})
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    outputs: StepOutput
+
+
+class DecodeGraphs:
+    """Capture ``step`` once per bucket over static input buffers, then replay by batch size."""
+
+    def __init__(
+        self,
+        step: Callable[..., StepOutput],
+        static_inputs: Mapping[str, torch.Tensor],
+        buckets: Sequence[int],
+        pad_values: Mapping[str, float | int] | None = None,
+        warmup_iters: int = 2,
+    ) -> None:
+        if not static_inputs:
+            raise ValueError("static_inputs: expected at least one buffer, got none")
+        if not buckets:
+            raise ValueError("buckets: expected at least one batch size, got none")
+        devices = {t.device for t in static_inputs.values()}
+        if len(devices) != 1 or next(iter(devices)).type != "cuda":
+            raise ValueError(f"static_inputs: expected buffers on one CUDA device, got devices {sorted(map(str, devices))}")
+        capacity = min(t.shape[0] for t in static_inputs.values())
+        if max(buckets) > capacity or min(buckets) < 1:
+            raise ValueError(
+                f"buckets: expected sizes in [1, {capacity}] (the static buffers' rows), got {sorted(buckets)}"
+            )
+        unknown = set(pad_values or {}) - set(static_inputs)
+        if unknown:
+            raise ValueError(f"pad_values: names {sorted(unknown)} are not static inputs {sorted(static_inputs)}")
+        self._step = step
+        self._inputs = dict(static_inputs)
+        self._pad = {name: (pad_values or {}).get(name, 0) for name in static_inputs}
+        self._buckets = sorted(set(buckets))
+        self._warmup_iters = warmup_iters
+        self._graphs: dict[int, _Captured] = {}
+        self._pool = None
+
+    @property
+    def buckets(self) -> list[int]:
+        return list(self._buckets)
+
+    @property
+    def captured(self) -> bool:
+        return len(self._graphs) == len(self._buckets)
+
+    def capture(self) -> None:
+        """Capture every bucket, largest first, sharing one memory pool."""
+        device = next(iter(self._inputs.values())).device
+        self._pool = torch.cuda.graph_pool_handle()
+        for bucket in reversed(self._buckets):
+            args = {name: buf[:bucket] for name, buf in self._inputs.items()}
+            # Warm-up runs on a side stream compile kernels and settle lazy initialisation, which
+            # must not happen inside a capture.
+            side = torch.cuda.Stream(device=device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(self._warmup_iters):
+                    self._step(**args)
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = self._step(**args)
+            self._graphs[bucket] = _Captured(graph, outputs)
+        torch.cuda.synchronize(device)
+
+    def replay(self, **inputs: torch.Tensor) -> StepOutput | None:
+        """Run the step on ``inputs`` through the smallest fitting graph.
+
+        Returns the outputs' leading ``batch`` rows as views of the graph's static outputs (valid
+        until the next replay), or None when the batch exceeds every bucket and the caller should
+        run the step eagerly.
+        """
+        if not self.captured:
+            raise RuntimeError("DecodeGraphs.replay: call capture() first")
+        if set(inputs) != set(self._inputs):
+            raise ValueError(f"replay: expected inputs {sorted(self._inputs)}, got {sorted(inputs)}")
+        sizes = {t.shape[0] for t in inputs.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"replay: expected one batch size across inputs, got {sorted(sizes)}")
+        batch = sizes.pop()
+        bucket = pick_bucket(self._buckets, batch)
+        if bucket is None:
+            return None
+        for name, src in inputs.items():
+            self._stage(name, src, bucket)
+        captured = self._graphs[bucket]
+        captured.graph.replay()
+        return _leading_rows(captured.outputs, batch)
+
+    def _stage(self, name: str, src: torch.Tensor, bucket: int) -> None:
+        dst = self._inputs[name][:bucket]
+        if src.dim() != dst.dim() or any(s > d for s, d in zip(src.shape[1:], dst.shape[1:])):
+            raise ValueError(
+                f"replay: input {name!r} of shape {tuple(src.shape)} does not fit its static buffer "
+                f"{tuple(self._inputs[name].shape)}"
+            )
+        full_rows = src.shape[1:] == dst.shape[1:]
+        if not full_rows or src.shape[0] < bucket:
+            # Padding rows and columns past the live batch must hold harmless values.
+            dst.fill_(self._pad[name])
+        dst[tuple(slice(0, s) for s in src.shape)].copy_(src, non_blocking=True)
+
+
+def _leading_rows(outputs: StepOutput, batch: int) -> StepOutput:
+    if isinstance(outputs, torch.Tensor):
+        return outputs[:batch]
+    if isinstance(outputs, tuple):
+        return tuple(t[:batch] for t in outputs)
+    if isinstance(outputs, dict):
+        return {k: t[:batch] for k, t in outputs.items()}
+    raise TypeError(f"step output: expected a tensor, tuple or dict of tensors, got {type(outputs).__name__}")

@@ -1,0 +1,43 @@
+"""Triton write_kv_cache against kernels.reference: exact scatter, padding slots skipped."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import reference as ref
+from kernels.kv_cache import write_kv_cache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scatter_matches_reference_and_skips_padding(device, dtype):
+    gen = torch.Generator().manual_seed(1)
+    tokens, hkv, d = 9, 2, 64
+    k = torch.randn(tokens, hkv, d, generator=gen).to(dtype).to(device)
+    v = torch.randn(tokens, hkv, d, generator=gen).to(dtype).to(device)
+    k_cache = torch.randn(6, 16, hkv, d, generator=gen).to(dtype).to(device)
+    v_cache = torch.randn(6, 16, hkv, d, generator=gen).to(dtype).to(device)
+    slots = torch.randperm(6 * 16, generator=gen)[:tokens]
+    slots[[2, 5]] = -1
+    slots = slots.to(device)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    write_kv_cache(k, v, k_cache, v_cache, slots)
+    ref.write_kv_cache(k, v, k_ref, v_ref, slots)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    # The padding tokens' values were written nowhere.
+    flat = k_cache.view(-1, hkv, d)
+    for t in (2, 5):
+        assert not (flat == k[t]).all(-1).all(-1).any()
+
+
+def test_rejects_wrong_slot_dtype(device):
+    k = torch.zeros(2, 1, 16, device=device)
+    cache = torch.zeros(1, 16, 1, 16, device=device)
+    with pytest.raises(ValueError, match="slot_mapping: expected dtype"):
+        write_kv_cache(k, k, cache, cache.clone(), torch.zeros(2, dtype=torch.int32, device=device))
+
+
+def test_rejects_head_mismatch(device):
+    k = torch.zeros(2, 2, 16, device=device)
+    cache = torch.zeros(1, 16, 1, 16, device=device)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        write_kv_cache(k, k, cache, cache.clone(), torch.zeros(2, dtype=torch.int64, device=device))
