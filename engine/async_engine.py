@@ -13,6 +13,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import EmbedSpan
 
 log = logging.getLogger(__name__)
+
+# stats() walks every held block; a busy loop refreshes the snapshot at this period, an idle one at once.
+_STATS_PERIOD_S = 0.25
 
 
 @dataclass(slots=True)
@@ -140,6 +144,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         engine = self.engine
+        stats_at = time.monotonic()
         try:
             while True:
                 command = self._commands.get() if not engine.has_unfinished() else self._next_command()
@@ -154,7 +159,9 @@ class AsyncEngine:
                     engine.pop_finished()
                     for delta in deltas:
                         self._deliver(delta)
-                self._stats = engine.stats()
+                now = time.monotonic()
+                if not engine.has_unfinished() or now - stats_at >= _STATS_PERIOD_S:
+                    self._stats, stats_at = engine.stats(), now
         except BaseException as exc:  # noqa: BLE001 - the loop must report any failure to its streams
             log.exception("engine loop failed")
             self._die(f"{type(exc).__name__}: {exc}")
