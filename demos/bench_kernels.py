@@ -200,6 +200,27 @@ def bench_decode(copy_bw: float, heads: list[tuple[int, int]], batches: list[int
     )
 
 
+def decode_latency_floor(report: Report) -> None:
+    """Per-call time of decode launches that move almost no data: the fixed cost under each row."""
+    hq, hkv, d = 32, 4, 128
+    rows = []
+    for ctx, cfg, label in (
+        (16, DecodeConfig(), "1 kernel (single split)"),
+        (128, DecodeConfig(block_n=64, target_programs=1000, min_split_tokens=64), "split + reduce (2 splits)"),
+    ):
+        num_blocks = 64 * (ctx // PAGE)
+        k_cache = torch.randn(num_blocks, PAGE, hkv, d, device="cuda", dtype=torch.bfloat16)
+        v_cache = torch.randn_like(k_cache)
+        tables = _random_tables(1, ctx // PAGE, num_blocks, 64)
+        q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
+        seq_lens = torch.full((1,), ctx, dtype=torch.int32, device="cuda")
+        t = time_graph(lambda i: paged_decode_attention(q, k_cache, v_cache, seq_lens, tables[i], d ** -0.5, config=cfg),
+                       64, 5e-6)
+        report.record("decode_floor", ctx=ctx, label=label, seconds=t)
+        rows.append([label, ctx, f"{t*1e6:.2f}"])
+    report.table("Decode latency floor (batch 1, Hq/Hkv 32/4, CUDA-graph replay)", ["launch", "context", "us"], rows)
+
+
 def bench_prefill(report: Report) -> None:
     hq, hkv, d = 32, 4, 128
     dtype = torch.bfloat16
@@ -311,7 +332,7 @@ def main() -> int:
     parser.add_argument("--heads", default="32:4,64:8", help="Hq:Hkv pairs for decode")
     parser.add_argument("--batches", default="1,16,64,256")
     parser.add_argument("--contexts", default="1024,4096,16384")
-    parser.add_argument("--skip", default="", help="comma list of sections to skip: prefill,elementwise")
+    parser.add_argument("--skip", default="", help="comma list of sections to skip: decode,floor,prefill,elementwise")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -331,6 +352,7 @@ def main() -> int:
         ("decode", lambda: bench_decode(
             copy_bw, heads, [int(b) for b in args.batches.split(",")], [int(c) for c in args.contexts.split(",")],
             check_decode_configs(SWEEP if args.sweep else [], report), report)),
+        ("floor", lambda: decode_latency_floor(report)),
         ("prefill", lambda: bench_prefill(report)),
         ("elementwise", lambda: bench_elementwise(copy_bw, report)),
     ]

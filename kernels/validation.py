@@ -25,6 +25,7 @@ def check_tensor(
     ndim: int,
     dtypes: tuple[torch.dtype, ...],
     device: torch.device | None = None,
+    contiguous: bool = True,
 ) -> None:
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -33,13 +34,24 @@ def check_tensor(
     if t.dtype not in dtypes:
         allowed = ", ".join(str(d) for d in dtypes)
         raise ValueError(f"{name}: expected dtype in ({allowed}), got {t.dtype}")
-    if not t.is_contiguous():
+    if contiguous and not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()} for shape {tuple(t.shape)}")
     if device is not None and t.device != device:
         raise ValueError(f"{name}: expected device {device}, got {t.device}")
     if t.device.type != "cuda" and not interpreting():
         raise ValueError(
             f"{name}: Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 on the CPU), got device {t.device}"
+        )
+
+
+def check_token_rows(name: str, t: torch.Tensor, *, dtypes: tuple[torch.dtype, ...], device: torch.device | None = None) -> None:
+    """A ``[T, H, D]`` tensor whose per-token rows are contiguous; the token stride may be anything,
+    so column slices of a fused QKV projection are accepted without a copy."""
+    check_tensor(name, t, ndim=3, dtypes=dtypes, device=device, contiguous=False)
+    if t.stride(2) != 1 or (t.shape[1] > 1 and t.stride(1) != t.shape[2]):
+        raise ValueError(
+            f"{name}: expected [T, H, D] with contiguous [H, D] rows per token, got shape "
+            f"{tuple(t.shape)} with strides {t.stride()}"
         )
 
 

@@ -30,6 +30,20 @@ def test_rotary_matches_reference(device, dtype, hq, hkv, d, rel_err, tolerance)
     assert rel_err(k_out, k_ref) < tolerance[dtype]
 
 
+def test_column_slices_of_a_fused_projection(device, rel_err):
+    gen = torch.Generator().manual_seed(9)
+    tokens, hq, hkv, d = 4, 4, 2, 64
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=gen).to(device)
+    q = qkv[:, :hq * d].view(tokens, hq, d)
+    k = qkv[:, hq * d:(hq + hkv) * d].view(tokens, hkv, d)
+    positions = torch.tensor([5, 0, 17, 63], device=device)
+    cache = _cos_sin(64, d).float().to(device)
+    q_out, k_out = apply_rotary(q, k, positions, cache)
+    q_ref, k_ref = ref.apply_rotary(q.double(), k.double(), positions, cache.double())
+    assert q_out.is_contiguous() and k_out.is_contiguous()
+    assert rel_err(q_out, q_ref) < 1e-5 and rel_err(k_out, k_ref) < 1e-5
+
+
 def test_position_zero_is_identity(device):
     q = torch.randn(3, 2, 64, device=device)
     k = torch.randn(3, 1, 64, device=device)
