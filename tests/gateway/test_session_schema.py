@@ -1,0 +1,71 @@
+"""Every server event the session emits validates strictly against the openai SDK's pydantic types
+(GA and beta unions), as strict clients such as openai-agents and pipecat validate them."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
+from openai.types.realtime import RealtimeServerEvent as GaServerEvent
+from pydantic import TypeAdapter
+from session_driver import Driver, b64, events, started, transcribes
+
+from fakes import silence, tone
+from omni.protocol import AudioChunk, Done, TextDelta, ToolCallDelta, Transcription, Usage
+
+ADAPTERS = {"ga": TypeAdapter(GaServerEvent), "beta": TypeAdapter(BetaServerEvent)}
+# The SDK's beta union lacks these (the beta API did send conversation.item.retrieved).
+BETA_UNTYPED = {"conversation.item.done", "conversation.item.retrieved"}
+
+
+def transcript_of_everything(dialect: str) -> list[dict[str, Any]]:
+    d = Driver(dialect)
+    out = list(d.opened)
+    session = ({"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}, "turn_detection": {
+        "type": "server_vad", "silence_duration_ms": 200}}}, "tools": [{"type": "function", "name": "f"}]}
+               if dialect == "ga" else
+               {"input_audio_transcription": {"model": "whisper-1"}, "tools": [{"type": "function", "name": "f"}],
+                "turn_detection": {"type": "server_vad", "silence_duration_ms": 200}})
+    out += d.send({"type": "session.update", "session": session})
+    out += d.text_item("hi", id="u1")
+    if dialect == "ga":  # beta had no image input
+        out += d.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+            {"type": "input_image", "image_url": "data:image/png;base64," + b64(b"\x89PNG")}]}})
+    vad_turn = d.send({"type": "input_audio_buffer.append", "audio": b64(silence(200) + tone(300) + silence(300))})
+    out += vad_turn
+    (job,) = transcribes(vad_turn)
+    out += d.session.on_transcription(job.item_id, Transcription("spoken", duration_s=0.5))
+    out += d.session.on_transcription_failed(job.item_id, "nope")
+    rid = started(vad_turn)
+    out += d.run(rid, [AudioChunk(tone(100), 24000, "Hi"), Usage(5, 2), Done("stop")])
+    item_id = [e for e in events(out) if e["type"] == "response.output_item.done"][-1]["item"]["id"]
+    out += d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 50})
+    out += d.send({"type": "conversation.item.retrieve", "item_id": item_id})
+    text_rid = started(out_ := d.send({"type": "response.create", "response": {
+        "metadata": {"k": "v"}, **({"output_modalities": ["text"]} if dialect == "ga" else {"modalities": ["text"]})}}))
+    out += out_
+    out += d.run(text_rid, [TextDelta("ok"), ToolCallDelta("call_1", "f", "{}"), Done("tool_calls")])
+    cancel_rid = started(out_ := d.send({"type": "response.create"}))
+    out += out_
+    d.session.on_chunk(cancel_rid, AudioChunk(tone(100), 24000, "x"))
+    out += d.send({"type": "input_audio_buffer.append", "audio": b64(tone(100))})  # barge-in
+    out += d.send({"type": "input_audio_buffer.clear"})
+    out += d.send({"type": "conversation.item.delete", "item_id": "u1"})
+    out += d.send({"type": "response.cancel", "event_id": "c"})
+    out += d.session.receive_text("{bad")
+    return events(out)
+
+
+@pytest.mark.parametrize("dialect", ["ga", "beta"])
+def test_every_event_validates_against_the_sdk_types(dialect: str) -> None:
+    emitted = transcript_of_everything(dialect)
+    kinds = {e["type"] for e in emitted}
+    assert {"error", "response.done", "conversation.item.truncated", "input_audio_buffer.speech_started"} <= kinds
+    for event in emitted:
+        if dialect == "beta" and event["type"] in BETA_UNTYPED:
+            continue
+        if dialect == "beta" and "session" in event:
+            # beta types pin the model to OpenAI's names; the served model's own name is reported instead
+            event = {**event, "session": {**event["session"], "model": "gpt-realtime"}}
+        parsed = ADAPTERS[dialect].validate_python(event, strict=False)
+        assert parsed.type == event["type"]  # the discriminator picked the right class
