@@ -27,6 +27,9 @@ from omni.tool_calls import parse_tool_calls
 
 log = logging.getLogger(__name__)
 
+# Fast English speech is ~3 words/s, ~4 tokens/s; count more so the estimate stays an upper bound.
+_SPEECH_TOKENS_PER_SECOND = 8
+
 
 class OmniPipeline:
     def __init__(self, config: OmniConfig, *, engine: Any, model_name: str, max_context_tokens: int,
@@ -146,8 +149,22 @@ class OmniPipeline:
         return SileroVad(settings, session=self._vad_session)
 
     def count_tokens(self, messages: tuple[Message, ...]) -> int:
-        request = OmniRequest(request_id="count", messages=messages)
-        return len(self._prompt_ids(request))
+        """Prompt tokens of a conversation. Audio not yet transcribed counts by its duration, at a rate
+        above what speech produces, so a size check made before ASR never lets a too-long prompt through."""
+        estimate = 0
+        counted = []
+        for message in messages:
+            parts = []
+            for part in message.parts:
+                if isinstance(part, AudioPart) and part.transcript is None:
+                    seconds = len(part.pcm16) / 2 / part.sample_rate if part.sample_rate else 0.0
+                    if getattr(part, "encoded", None):
+                        seconds = len(part.encoded) / 4000  # ~32 kbit/s: a low bitrate for speech, an upper bound
+                    estimate += int(seconds * _SPEECH_TOKENS_PER_SECOND) + 1
+                    part = dataclasses.replace(part, transcript="")
+                parts.append(part)
+            counted.append(dataclasses.replace(message, parts=tuple(parts)))
+        return len(self._prompt_ids(OmniRequest(request_id="count", messages=tuple(counted)))) + estimate
 
     def health(self) -> Health:
         state = self.engine.health()

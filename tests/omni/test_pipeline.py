@@ -210,3 +210,12 @@ def test_bad_sampling_values_are_invalid_request_errors(bad: dict[str, Any]) -> 
     chunks = asyncio.run(_collect(_pipeline(FakeEngine(["x"])),
                                   OmniRequest("r1", _user("hi"), sampling=SamplingOptions(**bad))))
     assert isinstance(chunks[0], Error) and chunks[0].code == "invalid_request" and chunks[0].status == 400
+
+
+def test_count_tokens_bounds_untranscribed_audio_by_its_duration() -> None:
+    pipeline = _pipeline(FakeEngine(["x"]))
+    text_only = pipeline.count_tokens(_user("hi"))
+    one_s = pipeline.count_tokens((Message("user", (TextPart("hi"), AudioPart(b"\0\0" * 16000, 16000))),))
+    ten_s = pipeline.count_tokens((Message("user", (TextPart("hi"), AudioPart(b"\0\0" * 160000, 16000))),))
+    assert text_only < one_s < ten_s
+    assert ten_s - text_only >= 10 * 4  # at least the token rate of fast speech
