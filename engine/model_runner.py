@@ -11,6 +11,7 @@ from engine.attention import AttentionMetadata, select_kernels
 from engine.config import EngineConfig
 from engine.loader import LoadedModel
 from engine.models import build_model
+from engine.mrope import mrope_positions
 from engine.sampler import SampleResult, Sampler
 from engine.sequence import ScheduledBatch, Sequence
 
@@ -57,6 +58,7 @@ class ModelRunner:
         self.model = build_model(loaded.hf_config, loaded.weights, ops=self.ops, device=self.device,
                                  dtype=self.dtype, max_positions=self.max_model_len)
         shape = self.model.shape
+        self.uses_mrope = bool(getattr(self.model, "uses_mrope", False))
         self.num_kv_blocks = self._decide_num_blocks(shape.num_layers, shape.num_kv_heads, shape.head_dim)
         # Zeroed, not empty: padded decode positions are masked, but NaN garbage would still leak
         # through the masked softmax weights (0 * NaN).
@@ -117,6 +119,7 @@ class ModelRunner:
         sample_slots: list[int] = []
         embed_rows: list[int] = []
         embed_parts: list[torch.Tensor] = []
+        mrope_parts: list[torch.Tensor] = []
         cu_q = [0]
         decode_lens: list[int] = []
         prefill_lens: list[int] = []
@@ -134,7 +137,10 @@ class ModelRunner:
             table = seq.block_table
             for pos in range(start, end):
                 slots.append(table[pos // bs] * bs + pos % bs)
-            positions.extend(range(start, end))
+            if self.uses_mrope:
+                mrope_parts.append(mrope_positions(seq.embed_spans, start, end))
+            else:
+                positions.extend(range(start, end))
             if end - start == 1:
                 decode_lens.append(end)
             else:
@@ -168,7 +174,8 @@ class ModelRunner:
             embeds = torch.cat([p.to(device=dev, dtype=self.dtype) for p in embed_parts], dim=0)
         return _StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            positions=(torch.cat(mrope_parts, dim=1).to(dev) if self.uses_mrope
+                       else torch.tensor(positions, dtype=torch.int64, device=dev)),
             meta=meta,
             sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=dev),
             sample_seqs=sample_seqs,

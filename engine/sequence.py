@@ -30,12 +30,15 @@ class EmbedSpan:
     ``key`` is the content hash of the media; it enters the KV block hash of every block the span
     touches, so two prompts with the same placeholder tokens but different images never share KV.
     ``embeds`` is a ``[length, hidden]`` tensor (kept as ``Any`` so this module stays torch-free).
+    ``positions`` is only for models with multimodal rotary positions (M-RoPE, see engine/mrope.py):
+    an int ``[3, length]`` tensor of per-axis position offsets relative to the span's first token.
     """
 
     offset: int
     length: int
     key: str
     embeds: Any
+    positions: Any = None
 
 
 _ids = itertools.count()

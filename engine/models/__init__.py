@@ -12,6 +12,9 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    # Vision-language checkpoints: the engine runs their language model (engine/models/multimodal.py).
+    "LlavaForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration",
 )
 
 # GGUF ``general.architecture`` values we read, and the HF model_type each becomes.
@@ -36,7 +39,10 @@ def resolve_architecture(hf_config: Any) -> str:
 
 def build_model(hf_config: Any, weights: dict[str, Any], **kwargs: Any) -> Any:
     """The model object for a supported architecture (all of them run on ``LlamaModel``)."""
-    resolve_architecture(hf_config)
+    if resolve_architecture(hf_config) == "Qwen2VLForConditionalGeneration":
+        from engine.models.qwen2_vl import Qwen2VLModel
+
+        return Qwen2VLModel(hf_config, weights, **kwargs)
     from engine.models.llama import LlamaModel
 
     return LlamaModel(hf_config, weights, **kwargs)

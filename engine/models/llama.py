@@ -40,7 +40,7 @@ class ModelShape:
             head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads),
             vocab_size=int(cfg.vocab_size),
             rms_norm_eps=float(cfg.rms_norm_eps),
-            qkv_bias=model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
+            qkv_bias=model_type in ("qwen2", "qwen2_vl_text") or bool(getattr(cfg, "attention_bias", False)),
             qk_norm=model_type == "qwen3",
             tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         )
@@ -159,12 +159,15 @@ class LlamaModel:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                embed_rows: torch.Tensor | None = None, embeds: torch.Tensor | None = None) -> torch.Tensor:
+                embed_rows: torch.Tensor | None = None, embeds: torch.Tensor | None = None,
+                cos_sin_cache: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` after the last layer (before the final norm); the final norm
         is applied in ``compute_logits`` to the rows that sample only.
 
         ``embed_rows``/``embeds`` replace the token embeddings at those flat token indices.
+        ``cos_sin_cache`` replaces the rotary table that ``positions`` index (M-RoPE builds one per step).
         """
+        rotary_table = self.cos_sin_cache if cos_sin_cache is None else cos_sin_cache
         s, ops = self.shape, self.ops
         hidden = self.embed_tokens(input_ids)
         if embed_rows is not None and embeds is not None:
@@ -186,7 +189,7 @@ class LlamaModel:
             if layer.q_norm is not None and layer.k_norm is not None:
                 q = ops.rms_norm(q.reshape(-1, s.head_dim), layer.q_norm, eps).view_as(q)
                 k = ops.rms_norm(k.reshape(-1, s.head_dim), layer.k_norm, eps).view_as(k)
-            q, k = ops.apply_rotary(q, k, positions, self.cos_sin_cache)
+            q, k = ops.apply_rotary(q, k, positions, rotary_table)
             attn = paged_attention(ops, q, k, v.contiguous(), k_cache, v_cache, meta, self.scale)
             hidden = F.linear(attn.reshape(num_tokens, self.q_size), layer.o_w, layer.o_b)
             x, residual = ops.fused_add_rms_norm(hidden, residual, layer.post_norm, eps)

@@ -1,0 +1,59 @@
+"""Vision-language checkpoints seen from the engine: their language model only.
+
+The engine runs the LLM; the vision tower and projector are the encoders' business (they read their
+own weights from the same directory). Here the wrapper config gives way to its text config and the
+language model's weights are renamed to the plain causal-LM names the decoder code expects.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from engine.errors import ModelLoadError
+
+MULTIMODAL_ARCHITECTURES: tuple[str, ...] = ("LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration")
+
+# Checkpoint prefixes of the language model (older and newer transformers layouts) -> causal-LM names.
+_LM_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("model.language_model.", "model."),
+)
+# Weights that belong to the vision side.
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "visual.", "model.vision_tower.",
+                    "model.multi_modal_projector.", "model.visual.")
+
+
+def multimodal_architecture(hf_config: Any) -> str | None:
+    names = list(getattr(hf_config, "architectures", None) or [])
+    for name in names:
+        if name in MULTIMODAL_ARCHITECTURES:
+            return name
+    return None
+
+
+def language_model_config(hf_config: Any) -> Any:
+    """The text config of a multimodal checkpoint, naming the wrapper architecture so the registry
+    picks the right decoder (``LlavaForConditionalGeneration`` -> the text model's own family)."""
+    arch = multimodal_architecture(hf_config)
+    text = getattr(hf_config, "text_config", None)
+    if arch is None or text is None:
+        raise ModelLoadError(f"config of architecture {getattr(hf_config, 'architectures', None)!r} "
+                             "has no text_config for its language model")
+    text.architectures = [arch]
+    if getattr(hf_config, "tie_word_embeddings", False):
+        text.tie_word_embeddings = True
+    return text
+
+
+def language_model_weights(weights: dict[str, Any]) -> dict[str, Any]:
+    """The language model's tensors under causal-LM names; vision weights are left out."""
+    out: dict[str, Any] = {}
+    for name, tensor in weights.items():
+        if name.startswith(_VISION_PREFIXES):
+            continue
+        for old, new in _LM_PREFIXES:
+            if name.startswith(old):
+                name = new + name[len(old):]
+                break
+        out[name] = tensor
+    return out
