@@ -229,5 +229,7 @@ class RealtimeConnection:
             await self._dispatch(outputs)
         except _SlowClient:
             pass
+        except Exception:  # a bug here must not leave an unobserved task failure behind
+            log.exception("handling the transcription of %s failed", cmd.item_id)
         finally:
             self._asr.pop(cmd.item_id, None)
