@@ -173,7 +173,12 @@ class RealtimeConnection:
             pending = [self._asr[i] for i in cmd.wait_for if i in self._asr]
             if pending:
                 await asyncio.wait(pending, timeout=self.config.asr_timeout_s)
-            request = self.session.build_request(cmd.response_id)
+            try:
+                request = self.session.build_request(cmd.response_id)
+            except Exception:
+                log.exception("building the request of %s failed", cmd.response_id)
+                await self._dispatch(self.session.on_stream_end(cmd.response_id, "The request could not be built."))
+                return
             if request is None:
                 return
             await self._stream(cmd.response_id, request)
