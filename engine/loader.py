@@ -1,7 +1,7 @@
 """Load a model's config, tokenizer and weights from the default package, a HF directory or a GGUF file.
 
-Weights come back under Hugging Face parameter names in float32 (GGUF tensors dequantized), so
-the model code has one naming scheme whatever the source.
+Weights come back under Hugging Face parameter names (safetensors in their stored dtype, GGUF
+tensors dequantized to float32), so the model code has one naming scheme whatever the source.
 """
 from __future__ import annotations
 
@@ -115,8 +115,7 @@ def _load_hf_dir(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str,
             tensors = load_file(str(file))
         except Exception as exc:  # SafetensorError, OSError on truncated files
             raise ModelLoadError(f"corrupt safetensors file {str(file)!r}: {exc}") from exc
-        for name, tensor in tensors.items():
-            weights[name] = tensor.float() if tensor.is_floating_point() else tensor
+        weights.update(tensors)
     tokenizer = _load_tokenizer(tokenizer_path or str(path), None)
     if multimodal_architecture(hf_config) is not None:  # the engine runs the language model only
         hf_config, weights = language_model_config(hf_config), language_model_weights(weights)
