@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -127,3 +128,34 @@ def test_beta_text_turn(port: int) -> None:
     text = "".join(e.delta for e in events if e.type == "response.text.delta")
     assert text == "Hello from the fake model."
     assert events[-1].response.output[0].content[0].type == "text"
+
+
+def test_ga_barge_in_cancels_the_running_response() -> None:
+    backend = FakeBackend(chunk_delay=1.0)  # slow enough that the reply is still running when the user talks
+
+    async def turn(port: int) -> list[Any]:
+        async with client(port).realtime.connect(model="fake-omni") as conn:
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": {
+                "type": "server_vad", "silence_duration_ms": 200}}}})
+            await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                      "content": [{"type": "input_text", "text": "talk"}]})
+            await conn.response.create()
+            seen = []
+            async for event in conn:
+                seen.append(event)
+                if event.type == "response.output_audio.delta":
+                    break  # the reply is playing: the user talks over it
+            await conn.input_audio_buffer.append(audio=base64.b64encode(tone(200)).decode())
+            return seen + await collect(conn)
+
+    with serve(backend) as port:
+        events = run(turn(port))
+        names = [e.type for e in events]
+        assert names.index("input_audio_buffer.speech_started") < names.index("response.done")
+        done = next(e for e in events if e.type == "response.done").response
+        assert done.status == "cancelled" and done.status_details.reason == "turn_detected"
+        assert done.output[0].status == "incomplete"
+        deadline = time.monotonic() + TIMEOUT  # the abort lands on the server shortly after the cancel
+        while not backend.aborted and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert backend.aborted == [done.id]
