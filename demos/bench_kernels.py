@@ -45,8 +45,8 @@ L2_ROTATION_BYTES = 512 << 20  # rotate inputs until one graph replay touches th
 # The first H200 sweep (block_n 32/64/128, warps 4/8, stages 2/3, target 264/528/1056) settled on
 # 64/4/3/264; this grid refines split granularity for the small, latency-bound cases.
 SWEEP = [
-    DecodeConfig(block_n=bn, num_warps=w, num_stages=s, target_programs=t, min_split_tokens=m)
-    for bn, w, s, t, m in itertools.product((64, 128), (4,), (3, 4), (264, 396, 528), (64, 128, 256))
+    DecodeConfig(block_n=bn, num_warps=w, num_stages=s, target_programs=t, min_split_tokens=m, fused_reduce=f)
+    for bn, w, s, t, m, f in itertools.product((64, 128), (4,), (3, 4), (264, 396, 528), (64, 128, 256), (False, True))
 ]
 
 
@@ -186,7 +186,7 @@ def bench_decode(copy_bw: float, heads: list[tuple[int, int]], batches: list[int
             f"{t_def*1e6:.1f}", f"{io_bytes/t_def/1e9:.0f}", f"{100*io_bytes/t_def/copy_bw:.0f}%",
             f"{t_best*1e6:.1f}", f"{100*io_bytes/t_best/copy_bw:.0f}%",
             f"n{best_cfg.block_n} w{best_cfg.num_warps} s{best_cfg.num_stages} t{best_cfg.target_programs}"
-            f" m{best_cfg.min_split_tokens}"
+            f" m{best_cfg.min_split_tokens}{' fused' if best_cfg.fused_reduce else ''}"
             f" ({num_decode_splits(batch, hkv, ctx, best_cfg)[0]} splits)",
         ])
         print(rows[-1], flush=True)
@@ -207,6 +207,8 @@ def decode_latency_floor(report: Report) -> None:
     for ctx, cfg, label in (
         (16, DecodeConfig(), "1 kernel (single split)"),
         (128, DecodeConfig(block_n=64, target_programs=1000, min_split_tokens=64), "split + reduce (2 splits)"),
+        (128, DecodeConfig(block_n=64, target_programs=1000, min_split_tokens=64, fused_reduce=True),
+         "split, fused reduce (2 splits)"),
     ):
         num_blocks = 64 * (ctx // PAGE)
         k_cache = torch.randn(num_blocks, PAGE, hkv, d, device="cuda", dtype=torch.bfloat16)

@@ -42,6 +42,9 @@ class DecodeConfig:
     num_stages: int = 3
     target_programs: int = 264  # aim for about this many (seq, kv head, split) programs
     min_split_tokens: int = 256  # never split a context finer than this
+    # Merge splits in the last program of each (sequence, KV head) to finish, found through an
+    # atomic counter, instead of in a second kernel: one launch fewer per call.
+    fused_reduce: bool = False
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -104,12 +107,12 @@ def default_prefill_config(q: torch.Tensor) -> PrefillConfig:
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr, counters_ptr,
     qk_scale, max_blocks, tokens_per_split, num_splits,
     stride_cache_block, stride_cache_tok,
-    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-    SINGLE_SPLIT: tl.constexpr, DOT_FP32: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, BLOCK_S: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -168,6 +171,33 @@ def _decode_split_kernel(
         tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc / l_safe[:, None], mask=out_mask)
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=row_ok)
+        if FUSED_REDUCE:
+            # The barrier orders every thread's partial stores before the release of the counter
+            # increment; the acquire side then reads the other splits' partials from L2 (.cg).
+            tl.debug_barrier()
+            counter = counters_ptr + b * NUM_KV_HEADS + kvh
+            finished = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if finished == num_splits - 1:
+                first = (b * NUM_Q_HEADS + heads).to(tl.int64) * num_splits
+                splits = tl.arange(0, BLOCK_S)
+                lse_all = tl.load(
+                    part_lse_ptr + first[:, None] + splits[None, :],
+                    mask=row_ok[:, None] & (splits < num_splits)[None, :],
+                    other=float("-inf"),
+                    cache_modifier=".cg",
+                )
+                m_all = tl.max(lse_all, 1)
+                m_all = tl.where(m_all > float("-inf"), m_all, 0.0)
+                denom = tl.sum(tl.exp2(lse_all - m_all[:, None]), 1)
+                denom = tl.where(denom > 0, denom, 1.0)
+                merged = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+                for sp in range(0, num_splits):
+                    lse_s = tl.load(part_lse_ptr + first + sp, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+                    part_s = tl.load(part_out_ptr + (first + sp)[:, None] * HEAD_DIM + dims[None, :],
+                                     mask=out_mask, other=0.0, cache_modifier=".cg")
+                    merged += part_s * tl.exp2(lse_s - m_all)[:, None]
+                tl.store(out_ptr + q_off, (merged / denom[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 @triton.jit
@@ -213,6 +243,30 @@ def _check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,), device=q.device)
 
 
+# Zeroed once and left zeroed by each launch (the merging program resets its counter), so they
+# can live across calls and CUDA-graph replays. Never freed: a captured graph keeps their address.
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_MIN_COUNTERS = 1 << 16
+
+
+def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
+    counters = _COUNTERS.get(device)
+    if counters is None or counters.numel() < needed:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"paged_decode_attention: split counters for {needed} (sequence, KV head) pairs must be "
+                "allocated before CUDA-graph capture; run the largest batch once eagerly first"
+            )
+        counters = torch.zeros(max(needed, _MIN_COUNTERS), dtype=torch.int32, device=device)
+        if device in _COUNTERS:
+            _RETIRED.append(_COUNTERS[device])
+        _COUNTERS[device] = counters
+    return counters
+
+
+_RETIRED: list[torch.Tensor] = []
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -242,17 +296,20 @@ def paged_decode_attention(
         part_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused by the single-split specialization
+    fused = config.fused_reduce and num_splits > 1
+    counters = _split_counters(q.device, batch * num_kv_heads) if fused else seq_lens
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens,
-        out, part_out, part_lse,
+        out, part_out, part_lse, counters,
         scale * _LOG2E, max_blocks, per_split, num_splits,
         k_cache.stride(0), k_cache.stride(1),
-        NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_G=max(16, next_pow2(group)),
+        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(16, next_pow2(group)),
         HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_N=config.block_n, PAGE=page,
-        SINGLE_SPLIT=num_splits == 1, DOT_FP32=q.dtype == torch.float32 or interpreting(),
+        SINGLE_SPLIT=num_splits == 1, FUSED_REDUCE=fused, BLOCK_S=max(2, next_pow2(num_splits)),
+        DOT_FP32=q.dtype == torch.float32 or interpreting(),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    if num_splits > 1:
+    if num_splits > 1 and not fused:
         _decode_reduce_kernel[(batch, num_q_heads)](
             part_out, part_lse, out, num_splits,
             NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)),

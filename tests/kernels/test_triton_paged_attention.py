@@ -17,7 +17,10 @@ from kernels.paged_attention import (
 
 PAGE = 16
 # Small enough for the interpreter, yet every case has several splits and a partial last tile.
-SPLIT_FINE = DecodeConfig(block_n=16, num_warps=4, num_stages=2, target_programs=64, min_split_tokens=16)
+SPLIT_FINE = DecodeConfig(block_n=32, num_warps=4, num_stages=2, target_programs=64, min_split_tokens=32)
+SPLIT_FUSED = DecodeConfig(block_n=32, num_warps=4, num_stages=2, target_programs=64, min_split_tokens=32,
+                           fused_reduce=True)
+F32, BF16 = torch.float32, torch.bfloat16
 
 
 def _paged_cache(ctx_lens: list[int], hkv: int, d: int, dtype: torch.dtype, device: torch.device,
@@ -48,9 +51,15 @@ def _decode_case(batch_lens, hq, hkv, d, dtype, device, seed, config, poison):
     return out, expected
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("config", [None, SPLIT_FINE], ids=["default", "split"])
-@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 64), (6, 2, 64), (8, 1, 128)])
+@pytest.mark.parametrize(
+    "dtype,config,hq,hkv,d",
+    [
+        (F32, None, 4, 2, 64), (BF16, None, 4, 2, 64), (BF16, None, 8, 1, 128),
+        (F32, SPLIT_FINE, 4, 2, 64), (BF16, SPLIT_FINE, 6, 2, 64),
+        (F32, SPLIT_FUSED, 6, 2, 64), (BF16, SPLIT_FUSED, 4, 2, 64), (F32, SPLIT_FUSED, 8, 1, 128),
+    ],
+    ids=["f32", "bf16", "bf16-d128", "f32-split", "bf16-split-g3", "f32-fused-g3", "bf16-fused", "f32-fused-d128"],
+)
 def test_decode_matches_reference(device, dtype, config, hq, hkv, d, poison, rel_err, tolerance):
     out, expected = _decode_case([1, 17, 70], hq, hkv, d, dtype, device, hq * 100 + d, config, poison)
     assert out.dtype == dtype and out.shape == expected.shape
@@ -67,12 +76,21 @@ def test_decode_split_count_depends_on_shapes_only():
     assert num_decode_splits(1, 1, 300, config)[0] == 1
 
 
+def test_fused_reduce_leaves_counters_zeroed_for_the_next_call(device, rel_err):
+    from kernels import paged_attention
+
+    for seed in (1, 2):  # the second call relies on the first having reset its counters
+        out, expected = _decode_case([5, 64, 90], 2, 2, 64, torch.float32, device, seed, SPLIT_FUSED, lambda _: None)
+        assert rel_err(out, expected) < 1e-5
+        assert int(paged_attention._COUNTERS[out.device].abs().sum()) == 0
+
+
 def test_decode_zero_length_sequence_gives_zeros(device, rel_err):
     gen = torch.Generator().manual_seed(3)
     k_cache, v_cache, tables = _paged_cache([20, 20], 2, 64, torch.float32, device, gen)
     q = torch.randn(2, 4, 64, generator=gen).to(device)
     seq_lens = torch.tensor([20, 0], dtype=torch.int32, device=device)
-    for config in (None, SPLIT_FINE):
+    for config in (None, SPLIT_FINE, SPLIT_FUSED):
         out = paged_decode_attention(q, k_cache, v_cache, seq_lens, tables, 0.125, config=config)
         assert torch.equal(out[1], torch.zeros_like(out[1]))
         expected = ref.paged_decode_attention(q[:1], k_cache, v_cache, seq_lens[:1], tables[:1], 0.125)
@@ -162,3 +180,15 @@ def test_gpu_prefill_large_gqa(dtype, poison, rel_err, tolerance):
     ctx_lens = [700, 200, 1500, 1064]
     out, expected = _prefill_case(q_lens, ctx_lens, 32, 4, 128, dtype, torch.device("cuda"), 5, poison)
     assert rel_err(out, expected) < tolerance[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_fused_reduce_is_stable_across_calls(poison, rel_err):
+    # A missing barrier or fence in the counter hand-off shows up as an error that moves between
+    # runs; many splits per (sequence, head) and fresh data per call give it room to appear.
+    config = DecodeConfig(target_programs=2048, min_split_tokens=64, fused_reduce=True)
+    for seed in range(6):
+        out, expected = _decode_case([3000, 70, 1, 2500, 640], 32, 4, 128, torch.bfloat16, torch.device("cuda"),
+                                     100 + seed, config, poison)
+        assert rel_err(out, expected) < 1e-2
