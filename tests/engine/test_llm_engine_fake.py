@@ -7,6 +7,8 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from engine_fakes import FakeRunner, byte_level_tokenizer, fake_model, make_engine, oracle
 
 from engine.async_engine import AsyncEngine
@@ -411,3 +413,51 @@ def test_async_chat_uses_the_template() -> None:
     tok = engine.tokenizer
     expected = oracle(engine.engine, tok.encode("user: hi\nassistant:", add_special_tokens=False), 12)
     assert [t for d in deltas for t in d.token_ids] == expected
+
+
+# ---- randomized workload ------------------------------------------------------------------------
+
+_request = st.tuples(
+    st.integers(0, 2),  # which shared prefix
+    st.integers(1, 30),  # own suffix length
+    st.integers(1, 25),  # max_tokens
+    st.integers(0, 1),  # priority
+    st.one_of(st.none(), st.integers(0, 6)),  # abort after this many steps, or never
+)
+
+
+@settings(max_examples=20, deadline=None)
+@given(requests=st.lists(_request, min_size=1, max_size=10), num_blocks=st.integers(6, 40),
+       budget=st.sampled_from([5, 16, 64]))
+def test_random_workloads_match_the_oracle_and_leak_nothing(
+        requests: list[tuple[int, int, int, int, int | None]], num_blocks: int, budget: int) -> None:
+    engine = make_engine(num_kv_blocks=num_blocks, max_num_batched_tokens=budget, max_num_seqs=4)
+    prefixes = [prompt_ids(20, 1), prompt_ids(33, 2), prompt_ids(5, 3)]
+    prompts = {}
+    aborts: dict[int, list[str]] = {}
+    for i, (which, suffix, max_tokens, priority, abort_at) in enumerate(requests):
+        rid = f"r{i}"
+        prompt = (prefixes[which] + prompt_ids(suffix, 10 + i))[: engine.max_model_len - max_tokens]
+        prompts[rid] = (prompt, max_tokens)
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), priority=priority)
+        if abort_at is not None:
+            aborts.setdefault(abort_at, []).append(rid)
+    outputs: dict[str, RequestOutput] = {}
+    for step in range(10_000):
+        for rid in aborts.pop(step, []):
+            engine.abort(rid)
+        if not engine.has_unfinished():
+            break
+        engine.step()
+        outputs.update((o.request_id, o) for o in engine.pop_finished())
+    outputs.update((o.request_id, o) for o in engine.pop_finished())
+    assert set(outputs) == set(prompts)
+    for rid, (prompt, max_tokens) in prompts.items():
+        completion = outputs[rid].outputs[0]
+        expected = oracle(engine, prompt, max_tokens)
+        if completion.finish_reason == "abort":
+            assert completion.token_ids == expected[: len(completion.token_ids)]
+        else:
+            assert completion.token_ids == expected and completion.finish_reason == "length"
+    assert all(b.ref_count == 0 for b in engine.scheduler.kv.pool.blocks)
+    assert_no_leak(engine)
