@@ -1,0 +1,260 @@
+"""Vision towers of vision-language checkpoints: pixels -> embeddings in the LLM's hidden size.
+
+Two families, built from the checkpoint's own config with the Hugging Face modules for the towers
+and loading only the vision weights (the language model is the engine's):
+
+- LLaVA (``LlavaForConditionalGeneration``): a CLIP-style tower, hidden states of
+  ``vision_feature_layer`` (CLS dropped for the ``default`` strategy), then ``multi_modal_projector``.
+  A fixed number of tokens per image.
+- Qwen2-VL (``Qwen2VLForConditionalGeneration``): the native-resolution ViT with its patch merger;
+  tokens per image follow the image size (``grid_thw``), and each token carries a 3-D position
+  (time, height, width) for the LLM's M-RoPE. Video frames go in pairs (temporal patch 2).
+
+Outputs are cached by content hash (encoders/cache.py), so a repeated image or frame is encoded once.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from encoders.cache import EncoderCache, content_key, frames_key, image_key
+
+FAMILIES = {"LlavaForConditionalGeneration": "llava", "Qwen2VLForConditionalGeneration": "qwen2_vl"}
+
+
+class VisionLoadError(RuntimeError):
+    """The checkpoint has no usable vision tower (unsupported architecture, missing weights or files)."""
+
+
+@dataclass(frozen=True, slots=True)
+class VisualFeatures:
+    """One image or video as the LLM sees it: ``embeds [num_tokens, hidden]``; for M-RoPE models
+    ``positions [3, num_tokens]`` (time, height, width offsets from the first token); ``key`` is the
+    content hash that also keys the KV prefix cache."""
+
+    embeds: torch.Tensor
+    key: str
+    positions: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.embeds.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceholderTokens:
+    """Token ids the prompt uses around media. ``image``/``video`` is repeated once per embedding;
+    ``start``/``end`` wrap each item where the model has them (Qwen2-VL's vision start/end)."""
+
+    image: int
+    video: int | None = None
+    start: int | None = None
+    end: int | None = None
+
+
+def checkpoint_family(model_dir: str | Path) -> str | None:
+    """``"llava"``, ``"qwen2_vl"`` or None for a directory whose config names neither."""
+    config = Path(model_dir) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        names = json.loads(config.read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return None
+    return next((FAMILIES[n] for n in names if n in FAMILIES), None)
+
+
+def _vision_weights(model_dir: Path, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The tensors under ``prefixes`` (first matching prefix stripped), read without touching the rest."""
+    from safetensors import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                for prefix in prefixes:
+                    if name.startswith(prefix):
+                        out[name[len(prefix):]] = f.get_tensor(name)
+                        break
+    return out
+
+
+def _load_module(module: torch.nn.Module, weights: dict[str, torch.Tensor], what: str, model_dir: Path) -> None:
+    result = module.load_state_dict(weights, strict=False)
+    # Non-persistent buffers (rotary tables, position ids) are rebuilt by the module itself.
+    missing = [n for n in result.missing_keys if n in dict(module.named_parameters())]
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise VisionLoadError(f"{what} weights missing from {str(model_dir)!r}: {shown}")
+
+
+class VisionEncoder:
+    """Common part: image processor from the checkpoint, device/dtype, the output cache."""
+
+    family: str
+    placeholders: PlaceholderTokens
+
+    def __init__(self, model_dir: Path, hf_config: Any, *, device: torch.device, dtype: torch.dtype,
+                 cache: EncoderCache | None) -> None:
+        from transformers import AutoImageProcessor
+
+        self.model_dir = model_dir
+        self.hf_config = hf_config
+        self.device = device
+        self.dtype = dtype
+        self.cache = cache if cache is not None else EncoderCache(256 << 20)
+        try:
+            self.processor = AutoImageProcessor.from_pretrained(str(model_dir))
+        except Exception as exc:  # missing or malformed preprocessor_config.json
+            raise VisionLoadError(f"cannot load the image processor of {str(model_dir)!r}: {exc}") from exc
+        # Whatever changes the embeddings of the same pixels belongs in the cache key.
+        self.settings = content_key(str(model_dir.resolve()), self.processor.to_json_string(), str(dtype))
+
+    def encode_image(self, image: Image.Image) -> VisualFeatures:
+        key = image_key(image, self.settings)
+        cached = self.cache.get(key)
+        if cached is None:
+            cached = self._encode_image(image, key)
+            self.cache.put(key, cached, _nbytes(cached))
+        return cached
+
+    def encode_video(self, frames: list[Image.Image]) -> list[VisualFeatures]:
+        """Features of a sampled frame sequence: one item for models with video support, else one per frame."""
+        raise NotImplementedError
+
+    def _encode_image(self, image: Image.Image, key: str) -> VisualFeatures:
+        raise NotImplementedError
+
+
+def _nbytes(features: VisualFeatures) -> int:
+    size = features.embeds.numel() * features.embeds.element_size()
+    if features.positions is not None:
+        size += features.positions.numel() * features.positions.element_size()
+    return size
+
+
+class LlavaVision(VisionEncoder):
+    family = "llava"
+
+    def __init__(self, model_dir: Path, hf_config: Any, **kwargs: Any) -> None:
+        super().__init__(model_dir, hf_config, **kwargs)
+        from transformers import AutoModel
+        from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
+
+        cfg = hf_config
+        self.feature_layer = cfg.vision_feature_layer
+        self.select_strategy = cfg.vision_feature_select_strategy
+        if self.select_strategy not in ("default", "full"):
+            raise VisionLoadError(f"unsupported vision_feature_select_strategy {self.select_strategy!r}")
+        tower = AutoModel.from_config(cfg.vision_config)
+        projector = LlavaMultiModalProjector(cfg)
+        _load_module(tower, _vision_weights(model_dir, ("model.vision_tower.", "vision_tower.")), "vision tower",
+                     model_dir)
+        _load_module(projector, _vision_weights(model_dir, ("model.multi_modal_projector.",
+                                                            "multi_modal_projector.")), "projector", model_dir)
+        self.tower = tower.to(device=self.device, dtype=self.dtype).eval()
+        self.projector = projector.to(device=self.device, dtype=self.dtype).eval()
+        self.placeholders = PlaceholderTokens(image=int(cfg.image_token_id))
+
+    @torch.inference_mode()
+    def _encode_image(self, image: Image.Image, key: str) -> VisualFeatures:
+        pixels = self.processor(images=[image], return_tensors="pt")["pixel_values"]
+        out = self.tower(pixels.to(device=self.device, dtype=self.dtype), output_hidden_states=True)
+        layers = [self.feature_layer] if isinstance(self.feature_layer, int) else list(self.feature_layer)
+        states = [out.hidden_states[i] for i in layers]
+        if self.select_strategy == "default":
+            states = [s[:, 1:] for s in states]
+        embeds = self.projector(torch.cat(states, dim=-1))[0]
+        return VisualFeatures(embeds=embeds, key=key)
+
+    def encode_video(self, frames: list[Image.Image]) -> list[VisualFeatures]:
+        # LLaVA has no temporal model: a video is its sampled frames, each an image.
+        return [self.encode_image(frame) for frame in frames]
+
+
+class Qwen2VLVision(VisionEncoder):
+    family = "qwen2_vl"
+
+    def __init__(self, model_dir: Path, hf_config: Any, **kwargs: Any) -> None:
+        super().__init__(model_dir, hf_config, **kwargs)
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+        vcfg = hf_config.vision_config
+        tower = Qwen2VisionTransformerPretrainedModel._from_config(vcfg)
+        _load_module(tower, _vision_weights(model_dir, ("model.visual.", "visual.")), "vision tower", model_dir)
+        self.tower = tower.to(device=self.device, dtype=self.dtype).eval()
+        self.merge = int(vcfg.spatial_merge_size)
+        self.temporal_patch = int(vcfg.temporal_patch_size)
+        self.patch = int(vcfg.patch_size)
+        self.placeholders = PlaceholderTokens(image=int(hf_config.image_token_id),
+                                              video=int(hf_config.video_token_id),
+                                              start=int(hf_config.vision_start_token_id),
+                                              end=int(hf_config.vision_end_token_id))
+
+    def _encode_image(self, image: Image.Image, key: str) -> VisualFeatures:
+        batch = self.processor(images=[image], return_tensors="pt")
+        return self._encode(batch["pixel_values"], batch["image_grid_thw"][0], key)
+
+    def encode_video(self, frames: list[Image.Image]) -> list[VisualFeatures]:
+        if not frames:
+            raise ValueError("a video needs at least one frame")
+        keys = [image_key(f, self.settings) for f in frames]
+        key = frames_key(keys, self.settings)
+        cached = self.cache.get(key)
+        if cached is None:
+            pixels, grid = self._video_patches(frames)
+            cached = self._encode(pixels, grid, key)
+            self.cache.put(key, cached, _nbytes(cached))
+        return [cached]
+
+    def _video_patches(self, frames: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flattened video patches in the layout of the HF Qwen2-VL video processor: each frame is
+        resized and normalized by the image processor (all frames to the first frame's size), then
+        consecutive frames fill the temporal slots of one patch (the last frame repeats to pad)."""
+        size = frames[0].size
+        frames = [f if f.size == size else f.resize(size, Image.Resampling.BICUBIC) for f in frames]
+        if pad := -len(frames) % self.temporal_patch:
+            frames = frames + [frames[-1]] * pad
+        batch = self.processor(images=frames, return_tensors="np")
+        grid_h, grid_w = (int(v) for v in batch["image_grid_thw"][0][1:])
+        t, p = self.temporal_patch, self.patch
+        per_frame = batch["pixel_values"].reshape(len(frames), grid_h * grid_w, 3, t, p, p)[:, :, :, 0]
+        grid_t = len(frames) // t
+        # [grid_t, t, N, C, p, p] -> [grid_t, N, C, t, p, p]: one patch row holds t frames per channel.
+        video = per_frame.reshape(grid_t, t, grid_h * grid_w, 3, p, p).transpose(0, 2, 3, 1, 4, 5)
+        flat = np.ascontiguousarray(video).reshape(grid_t * grid_h * grid_w, 3 * t * p * p)
+        return torch.from_numpy(flat), torch.tensor([grid_t, grid_h, grid_w])
+
+    @torch.inference_mode()
+    def _encode(self, pixels: torch.Tensor, grid: torch.Tensor, key: str) -> VisualFeatures:
+        out = self.tower(pixels.to(device=self.device, dtype=self.dtype), grid_thw=grid.view(1, 3))
+        embeds = out.pooler_output if hasattr(out, "pooler_output") else out
+        t, h, w = int(grid[0]), int(grid[1]) // self.merge, int(grid[2]) // self.merge
+        tt, hh, ww = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
+        positions = torch.stack((tt, hh, ww)).reshape(3, -1)
+        if embeds.shape[0] != positions.shape[1]:
+            raise RuntimeError(f"vision tower gave {embeds.shape[0]} embeddings for a {t}x{h}x{w} grid")
+        return VisualFeatures(embeds=embeds, key=key, positions=positions)
+
+
+def load_vision_encoder(model_dir: str | Path, *, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32, cache: EncoderCache | None = None) -> VisionEncoder:
+    """The vision encoder of a LLaVA or Qwen2-VL checkpoint directory."""
+    from transformers import AutoConfig
+
+    path = Path(model_dir)
+    family = checkpoint_family(path)
+    if family is None:
+        raise VisionLoadError(f"{str(path)!r} is not a vision-language checkpoint; supported architectures: "
+                              f"{', '.join(FAMILIES)}")
+    if not any(path.glob("*.safetensors")):
+        raise VisionLoadError(f"{str(path)!r} has no *.safetensors weights")
+    hf_config = AutoConfig.from_pretrained(str(path))
+    cls = LlavaVision if family == "llava" else Qwen2VLVision
+    return cls(path, hf_config, device=torch.device(device), dtype=dtype, cache=cache)
