@@ -9,8 +9,9 @@ from gateway.realtime.endpoint import probe_vad, realtime_route
 from omni.protocol import OmniBackend
 
 
-def create_app(backend: OmniBackend, config: GatewayConfig = GatewayConfig()) -> Starlette:
+def create_app(backend: OmniBackend, config: GatewayConfig | None = None) -> Starlette:
     """``app.state`` carries the backend and config for routes and embedding applications."""
+    config = config or GatewayConfig()
 
     def count_session(delta: int) -> None:
         metrics.SESSIONS_OPEN.inc(delta)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ class Content:
     type: str  # input_text | input_audio | input_image | output_text | output_audio
     text: str | None = None
     transcript: str | None = None
-    audio: bytes | None = None  # 24 kHz pcm16
+    audio: bytes | bytearray | None = None  # 24 kHz pcm16
     image_url: str | None = None
     detail: str | None = None
     # Output audio: (byte offset where a chunk's audio ends, transcript length after it), for truncation.
@@ -173,8 +174,8 @@ class ItemStore:
     def __init__(self) -> None:
         self._items: list[Item] = []
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(list(self._items))
+    def __iter__(self) -> Iterator[Item]:
+        return iter(list(self._items))  # a snapshot: callers may insert or delete while iterating
 
     def __len__(self) -> int:
         return len(self._items)

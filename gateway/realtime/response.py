@@ -153,13 +153,18 @@ class ResponseRun:
         if chunk.transcript:
             content.transcript = (content.transcript or "") + chunk.transcript
             events.append({"type": "response.output_audio_transcript.delta", **ref, "delta": chunk.transcript})
+        end = content.marks[-1][0] if content.marks else 0
         if chunk.pcm16:
             pcm24 = audio_fmt.encode(chunk.pcm16, "pcm16", chunk.sample_rate)
-            content.audio = (content.audio or b"") + pcm24
-            wire = pcm24 if self.settings.output_format == "pcm16" else audio_fmt.encode(pcm24, self.settings.output_format)
+            end += len(pcm24)
+            if not isinstance(content.audio, bytearray):
+                content.audio = bytearray(content.audio or b"")  # grows in place: long replies stay linear
+            content.audio += pcm24
+            fmt = self.settings.output_format
+            wire = pcm24 if fmt == "pcm16" else audio_fmt.encode(pcm24, fmt)
             events.append({"type": "response.output_audio.delta", **ref, "delta": base64.b64encode(wire).decode()})
             self.audio_emitted = True
-        content.marks.append((len(content.audio or b""), len(content.transcript or "")))
+        content.marks.append((end, len(content.transcript or "")))
         return events
 
     def on_tool_call(self, call: ToolCallDelta) -> list[Event]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from gateway.realtime.audio import AUDIO_FORMATS, SAMPLE_RATE, AudioFormat
-from gateway.realtime.errors import RealtimeError, invalid_type, invalid_value
+from gateway.realtime.errors import invalid_type, invalid_value
 from omni.protocol import VadSettings
 
 Dialect = Literal["ga", "beta"]
@@ -76,7 +76,8 @@ class SessionSettings:
 
 # ---- field parsers shared by session.update and response.create -------------------------------------
 def _expect(value: Any, kind: type | tuple[type, ...], param: str, expected: str) -> Any:
-    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))):
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):  # JSON true is no number
         raise invalid_type(param, expected, value)
     return value
 
@@ -133,7 +134,8 @@ def _max_tokens(value: Any, param: str) -> int | Literal["inf"]:
 def _tools(value: Any, param: str) -> tuple[dict[str, Any], ...]:
     _expect(value, list, param, "an array of tools")
     for i, tool in enumerate(value):
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(tool.get("name"), str):
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" \
+                or not isinstance(tool.get("name"), str):
             raise invalid_value(f"{param}[{i}]", "a function tool {'type': 'function', 'name': ...}", tool)
     return tuple(value)
 
@@ -243,7 +245,8 @@ def _apply_beta(current: SessionSettings, update: dict[str, Any]) -> SessionSett
     if "output_audio_format" in update:
         changes["output_format"] = _beta_format(update["output_audio_format"], "session.output_audio_format")
     if "input_audio_transcription" in update:
-        changes["transcription"] = _optional_dict(update["input_audio_transcription"], "session.input_audio_transcription")
+        changes["transcription"] = _optional_dict(update["input_audio_transcription"],
+                                                  "session.input_audio_transcription")
     if "input_audio_noise_reduction" in update:
         changes["noise_reduction"] = _optional_dict(update["input_audio_noise_reduction"],
                                                     "session.input_audio_noise_reduction")
@@ -323,6 +326,3 @@ def validate_choice(value: Any, allowed: tuple[str, ...], param: str) -> str:
         raise invalid_value(param, " or ".join(repr(a) for a in allowed), value)
     return value
 
-
-__all__ = ["Dialect", "RealtimeError", "SessionSettings", "TurnDetection", "apply_response_overrides",
-           "apply_update", "render_ga_format", "render_session", "validate_choice"]

@@ -14,8 +14,9 @@ from gateway.config import GatewayConfig
 
 
 @contextlib.contextmanager
-def serve(backend: object, config: GatewayConfig = GatewayConfig()) -> Iterator[int]:
+def serve(backend: object, config: GatewayConfig | None = None) -> Iterator[int]:
     """Yields the port; the server stops when the block ends."""
+    config = config or GatewayConfig()
     app = create_app(backend, config)  # type: ignore[arg-type]
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
