@@ -45,8 +45,9 @@ def _gather_context(cache: torch.Tensor, block_table_row: torch.Tensor, length: 
     """The first ``length`` cached positions of one sequence as ``[length, Hkv, D]``."""
     block_size = cache.shape[1]
     num_blocks = (length + block_size - 1) // block_size
+    # index_select copies whole blocks; advanced indexing is several times slower on the CPU.
     blocks = block_table_row[:num_blocks].long()
-    return cache[blocks].flatten(0, 1)[:length]
+    return cache.index_select(0, blocks).flatten(0, 1)[:length]
 
 
 def paged_prefill_attention(
@@ -107,11 +108,12 @@ def paged_decode_attention(
     block_size = k_cache.shape[1]
     max_len = int(seq_lens.max())
     num_blocks = (max_len + block_size - 1) // block_size
-    blocks = block_tables[:, :num_blocks].long()
-    # [B, num_blocks * block_size, Hkv, D] -> [B, Hkv, S, D]
-    k = k_cache[blocks].flatten(1, 2).transpose(1, 2).to(q.dtype)
-    v = v_cache[blocks].flatten(1, 2).transpose(1, 2).to(q.dtype)
-    positions = torch.arange(num_blocks * block_size, device=q.device)
+    blocks = block_tables[:, :num_blocks].reshape(-1).long()
+    padded = num_blocks * block_size
+    # [B * num_blocks, block_size, Hkv, D] -> [B, Hkv, S, D]
+    k = k_cache.index_select(0, blocks).view(batch, padded, *k_cache.shape[2:]).transpose(1, 2).to(q.dtype)
+    v = v_cache.index_select(0, blocks).view(batch, padded, *v_cache.shape[2:]).transpose(1, 2).to(q.dtype)
+    positions = torch.arange(padded, device=q.device)
     mask = (positions.unsqueeze(0) < seq_lens.to(positions.device).unsqueeze(1)).view(batch, 1, 1, -1)
     o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return o.squeeze(2)
