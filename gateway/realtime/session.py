@@ -256,7 +256,7 @@ class RealtimeSession:
         self._commit(signal.pcm16, item_id)
         turn = self.settings.turn_detection
         if turn is not None and turn.create_response and self._active is None:
-            self._start_response({}, None)
+            self._start_response({})
 
     def _buffer_commit(self, event: dict[str, Any]) -> None:
         ms = audio_fmt.duration_ms(self.audio.size)
@@ -378,9 +378,9 @@ class RealtimeSession:
         params = event.get("response") or {}
         if not isinstance(params, dict):
             raise invalid_type("response", "an object", params)
-        self._start_response(params, event.get("event_id"))
+        self._start_response(params)
 
-    def _start_response(self, params: dict[str, Any], client_event_id: Any) -> None:
+    def _start_response(self, params: dict[str, Any]) -> None:
         conversation = validate_choice(params.get("conversation", "auto"), ("auto", "none"), "response.conversation")
         if conversation == "auto" and self._active is not None:
             raise RealtimeError("conversation_already_has_active_response", "Conversation already has an active "
