@@ -188,3 +188,13 @@ def test_prefix_cache_keys_on_image_content(llava: Stack) -> None:
     # Reusing KV must not change results: the second image's output equals HF's for that image.
     ids, pixels = llava_processor_ids(llava, "user: " + text.text + "<image> now\nassistant:", [second])
     assert out_b.outputs[0].token_ids == hf_generate(llava.hf, ids, pixel_values=pixels)
+
+
+def test_media_are_counted_before_decoding_and_bad_media_refused_cleanly(llava: Stack) -> None:
+    from omni.vision import MediaError, MediaLimits
+
+    request = OmniRequest(request_id="r", messages=(Message("user", (ImagePart(b"never decoded"),) * 3),))
+    with pytest.raises(MediaError, match="3 image/video parts; the limit is 2"):
+        build_vision_prompt(request, llava.engine.tokenizer, llava.encoder, limits=MediaLimits(max_items=2))
+    with pytest.raises(MediaError, match="not a supported image"):
+        llava.prompt(TextPart("x"), ImagePart(b"GIF89a not really"))
