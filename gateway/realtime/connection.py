@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -53,11 +54,13 @@ class RealtimeConnection:
         self._responses: dict[str, asyncio.Task[None]] = {}
         self._asr: dict[str, asyncio.Task[None]] = {}
         self._close: tuple[int, str] = (CLOSE_NORMAL, "")
+        self._state_changed = asyncio.Event()  # set after every dispatch: the idle watcher re-reads its deadline
         self._reader_task: asyncio.Task[None] | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------------
     async def run(self) -> None:
         writer = asyncio.create_task(self._writer())
+        idle = asyncio.create_task(self._idle_watch())
         self._reader_task = asyncio.create_task(self._read_until_expiry())
         try:
             await self._dispatch(self.session.open())
@@ -65,6 +68,8 @@ class RealtimeConnection:
         except (asyncio.CancelledError, _SlowClient):
             pass
         finally:
+            idle.cancel()
+            await asyncio.gather(idle, return_exceptions=True)
             await self._teardown(writer)
 
     async def _read_until_expiry(self) -> None:
@@ -159,6 +164,7 @@ class RealtimeConnection:
             elif isinstance(out, Transcribe):
                 self._asr[out.item_id] = asyncio.create_task(self._transcribe(out))
         self._has_data.set()
+        self._state_changed.set()
         if len(self._outbox) > self.config.send_queue_max:
             self._space.clear()
             try:
@@ -166,6 +172,23 @@ class RealtimeConnection:
             except asyncio.TimeoutError:
                 self._abandon(CLOSE_POLICY, "client is not reading its events")
                 raise _SlowClient() from None
+
+    async def _idle_watch(self) -> None:
+        """Fires the session's idle timeout (server_vad ``idle_timeout_ms``) when its deadline passes."""
+        try:
+            while True:
+                self._state_changed.clear()
+                deadline = self.session.idle_deadline
+                delay = None if deadline is None else deadline - time.time()
+                if delay is None or delay > 0:
+                    try:
+                        await asyncio.wait_for(self._state_changed.wait(), timeout=delay)
+                        continue  # something happened: the deadline may have moved
+                    except asyncio.TimeoutError:
+                        pass
+                await self._dispatch(self.session.on_idle())
+        except _SlowClient:
+            pass
 
     # ---- backend work ---------------------------------------------------------------------------
     async def _run_response(self, cmd: StartResponse) -> None:

@@ -39,6 +39,10 @@ class InputAudioBuffer:
         return len(self._pcm)
 
     @property
+    def start(self) -> int:
+        return self._start
+
+    @property
     def end(self) -> int:
         return self._start + len(self._pcm)
 

@@ -92,6 +92,9 @@ class RealtimeSession:
         self.id = new_id("sess")
         self.conversation_id = new_id("conv")
         self.expires_at = int(now()) + limits.session_seconds
+        self._now = now
+        # server_vad idle_timeout_ms: when the silence after the last reply's audio ends (None: not armed)
+        self.idle_deadline: float | None = None
         self._vad_factory = vad_factory
         audio_out = "audio" in capabilities.output_modalities
         self.settings = SessionSettings(
@@ -201,6 +204,7 @@ class RealtimeSession:
         new = replace(new, model=self.settings.model)  # the served model is fixed for the connection
         if new.turn_detection != self.settings.turn_detection:
             self._install_vad(new)
+            self.idle_deadline = None
         self.settings = new
         self._emit({"type": "session.updated", "session": self._render_session()})
 
@@ -240,6 +244,7 @@ class RealtimeSession:
 
     def _speech_started(self, signal: SpeechStarted) -> None:
         self._pending_turn_id = self._new_item_id()
+        self.idle_deadline = None
         self._emit({"type": "input_audio_buffer.speech_started", "audio_start_ms": signal.audio_start_ms,
                     "item_id": self._pending_turn_id})
         turn = self.settings.turn_detection
@@ -396,6 +401,7 @@ class RealtimeSession:
         self._responses[run.id] = run
         if conversation == "auto":
             self._active = run.id
+            self.idle_deadline = None
         for ev in run.created():
             self._emit(ev)
         wait = tuple(it.id for it in context if it.id in self._pending_asr)
@@ -421,10 +427,34 @@ class RealtimeSession:
             return
         if self._active == response_id:
             self._active = None
+            turn = self.settings.turn_detection
+            if turn is not None and turn.idle_timeout_ms is not None:
+                # the reply plays in real time on the client; the idle wait starts when it has played out
+                played_ms = sum(audio_fmt.duration_ms(audio_bytes(c)) for it in run.output for c in it.content
+                                if c.type == "output_audio")
+                self.idle_deadline = self._now() + (played_ms + turn.idle_timeout_ms) / 1000
         self._audio_emitted |= run.audio_emitted
         for ev in run.finish(status, reason=reason, error=error):
             self._emit(ev)
         self._enforce_audio_budget()
+
+    def on_idle(self) -> list[Output]:
+        """Called when ``idle_deadline`` may have passed: the user stayed silent, so commit and reply."""
+        if self.idle_deadline is None or self._now() < self.idle_deadline:
+            return self._flush()
+        self.idle_deadline = None
+        turn = self.settings.turn_detection
+        if turn is None or turn.idle_timeout_ms is None or self._active is not None or self.audio.in_speech:
+            return self._flush()
+        start_ms = int(self.audio.start / audio_fmt.BYTES_PER_MS)
+        end_ms = int(self.audio.end / audio_fmt.BYTES_PER_MS)
+        item_id = self._new_item_id()
+        self._emit({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": start_ms,
+                    "audio_end_ms": end_ms, "item_id": item_id})
+        if audio_fmt.duration_ms(self.audio.size) >= MIN_COMMIT_MS:
+            self._commit(self.audio.take_all(), item_id)
+        self._start_response({})
+        return self._flush()
 
     def _enforce_audio_budget(self) -> None:
         """Drop the audio bytes of the oldest items past the budget; transcripts and lengths stay."""

@@ -249,3 +249,23 @@ def test_open_sessions_gauge_returns_to_zero(port: int) -> None:
 
     assert run(go()) >= 1
     wait_for(lambda: metrics.SESSIONS_OPEN._value.get() == 0, "the session gauge to drop")
+
+
+def test_idle_timeout_fires_over_the_socket(port: int) -> None:
+    async def go() -> list[dict[str, Any]]:
+        async with connect(url(port)) as ws:
+            await until(ws, "conversation.created")
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "type": "realtime", "output_modalities": ["text"],
+                "audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 300}}}}}))
+            await ws.send(json.dumps({"type": "response.create"}))
+            await until(ws, "response.done")
+            started = time.monotonic()
+            seen = await until(ws, "response.done")  # the silence prompts a second reply by itself
+            seen.append({"elapsed": time.monotonic() - started})
+            return seen
+
+    *events, timing = run(go())
+    assert events[0]["type"] == "input_audio_buffer.timeout_triggered"
+    assert "response.created" in [e["type"] for e in events]
+    assert 0.25 <= timing["elapsed"] < 5

@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 
 import numpy as np
+import pytest
 from session_driver import Driver, b64, cancelled, error, events, only, started, transcribes, types
 
 from fakes import silence, tone
@@ -246,3 +247,39 @@ def test_old_audio_is_dropped_past_the_budget_but_transcripts_and_lengths_stay()
     request = d.session.build_request(started(d.send({"type": "response.create"})))
     assert request is not None
     assert [m.text for m in request.messages] == ["first turn", "hello", "One two "]
+
+
+def test_idle_timeout_prompts_a_reply_after_the_previous_one_played_out() -> None:
+    from fakes import FakeBackend
+    from gateway.realtime.session import RealtimeSession
+
+    clock = [1000.0]
+    backend = FakeBackend()
+    d = Driver(backend=backend)
+    d.session = RealtimeSession(dialect="ga", capabilities=backend.capabilities, vad_factory=backend.new_vad,
+                                now=lambda: clock[0])  # type: ignore[arg-type]
+    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
+        "type": "server_vad", "idle_timeout_ms": 2000}}}}})
+    assert d.session.idle_deadline is None
+    spoken_reply(d)  # 300 ms of reply audio
+    assert d.session.idle_deadline == pytest.approx(1000.0 + 0.3 + 2.0)
+    d.send({"type": "input_audio_buffer.append", "audio": b64(silence(500))})
+    clock[0] += 2.0
+    assert d.session.on_idle() == []  # the reply is still within its playback + timeout
+    clock[0] += 0.5
+    out = d.session.on_idle()
+    assert types(out) == ["input_audio_buffer.timeout_triggered", "input_audio_buffer.committed",
+                          "conversation.item.added", "conversation.item.done", "response.created"]
+    fired = events(out)[0]
+    assert fired["item_id"] == events(out)[1]["item_id"] and fired["audio_end_ms"] - fired["audio_start_ms"] == 500
+    assert d.session.idle_deadline is None and started(out)
+
+
+def test_speech_disarms_the_idle_timeout() -> None:
+    d = Driver()
+    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
+        "type": "server_vad", "idle_timeout_ms": 1}}}}})
+    spoken_reply(d)
+    assert d.session.idle_deadline is not None
+    d.send({"type": "input_audio_buffer.append", "audio": b64(tone(100))})
+    assert d.session.idle_deadline is None

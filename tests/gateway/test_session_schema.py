@@ -53,6 +53,13 @@ def transcript_of_everything(dialect: str) -> list[dict[str, Any]]:
     out += d.send({"type": "conversation.item.delete", "item_id": "u1"})
     out += d.send({"type": "response.cancel", "event_id": "c"})
     out += d.session.receive_text("{bad")
+    if dialect == "ga":  # the idle timeout exists in GA only
+        out += d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
+            "turn_detection": {"type": "server_vad", "idle_timeout_ms": 1}}}}})
+        out += d.run(started(out_ := d.send({"type": "response.create"})), [TextDelta("x"), Done("stop")])
+        out += out_
+        d.session.idle_deadline = 0.0
+        out += d.session.on_idle()
     return events(out)
 
 
@@ -61,6 +68,7 @@ def test_every_event_validates_against_the_sdk_types(dialect: str) -> None:
     emitted = transcript_of_everything(dialect)
     kinds = {e["type"] for e in emitted}
     assert {"error", "response.done", "conversation.item.truncated", "input_audio_buffer.speech_started"} <= kinds
+    assert dialect == "beta" or "input_audio_buffer.timeout_triggered" in kinds
     for event in emitted:
         if dialect == "beta" and event["type"] in BETA_UNTYPED:
             continue
