@@ -46,9 +46,15 @@ class TtsHead:
         return self.synthesizer.voices
 
     def synthesize(self, text: str, options: AudioOutputOptions = AudioOutputOptions()) -> np.ndarray:
-        """Whole text at once (``/v1/audio/speech``): float32 mono at ``options.sample_rate``."""
+        """Whole text at once (``/v1/audio/speech``): float32 mono at ``options.sample_rate``.
+
+        Rendered segment by segment, as when streaming, so long inputs never go through the model in one piece.
+        """
         _check(options)
-        audio = self.synthesizer.synthesize(text, speed=options.speed, voice=options.voice)
+        chunker = TextChunker(self.chunker)
+        segments = [s.strip() for s in chunker.push(text) + chunker.flush()]
+        pieces = [self.synthesizer.synthesize(s, speed=options.speed, voice=options.voice) for s in segments if s]
+        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         return resample(audio, self.synthesizer.sample_rate, options.sample_rate)
 
     async def stream(self, text_deltas: AsyncIterator[str],

@@ -185,3 +185,35 @@ def test_loader_errors_say_what_was_expected(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "vits"}))
     with pytest.raises(ValueError, match="model_type 'vits'; expected 'whisper'"):
         load_recognizer(str(tmp_path))
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_torch_backend_on_gpu_matches_cpu(tiny_en: Path) -> None:
+    if not cuda_available():
+        pytest.skip("needs a CUDA GPU")
+    audio = clips()[0]
+    cpu = TorchWhisperRecognizer(tiny_en, device="cpu", max_new_tokens=24)
+    gpu = TorchWhisperRecognizer(tiny_en, device="cuda", dtype="float32", max_new_tokens=24)
+    prefix = cpu._prefix([], None)
+    assert gpu.greedy_decode(gpu._features(audio), prefix) == cpu.greedy_decode(cpu._features(audio), prefix)
+    half = load_recognizer(str(tiny_en), device="auto")
+    assert half.model.dtype.is_floating_point and half.device.type == "cuda"
+    assert half.transcribe(audio).usage.output_tokens > 0
+
+
+@pytest.mark.gpu
+def test_faster_whisper_on_gpu(speak) -> None:
+    import ctranslate2
+
+    if ctranslate2.get_cuda_device_count() == 0:
+        pytest.skip("needs a CUDA GPU visible to CTranslate2")
+    audio, rate = speak(SENTENCE)
+    result = load_recognizer("default", device="auto").transcribe(audio, sample_rate=rate)
+    assert {"turn", "kitchen", "lights"} <= words_of(result.text)

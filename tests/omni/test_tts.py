@@ -74,15 +74,29 @@ def test_piper_stream_chunks_are_100ms_pcm16_with_transcript_in_step(piper_head:
 
 
 def test_piper_first_audio_arrives_before_the_text_ends(piper_head: TtsHead) -> None:
-    stamps: list[float] = []
-    received = asyncio.run(collect(piper_head.stream(words(REPLY, delay_s=0.04, stamps=stamps))))
-    assert received[0][0] < stamps[0]
+    """The rest of the text is held back until audio arrives: a head that waited for the end would stall."""
+    first_audio = asyncio.Event()
+
+    async def held_back() -> AsyncIterator[str]:
+        yield "Sure, I can help with that. "
+        await asyncio.wait_for(first_audio.wait(), timeout=60)
+        yield "The weather today is sunny."
+
+    async def scenario() -> list[AudioChunk]:
+        chunks = []
+        async for chunk in piper_head.stream(held_back()):
+            first_audio.set()
+            chunks.append(chunk)
+        return chunks
+
+    chunks = asyncio.run(scenario())
+    assert "".join(c.transcript for c in chunks) == "Sure, I can help with that. The weather today is sunny."
 
 
 def test_piper_speed_changes_duration(piper_head: TtsHead) -> None:
     normal = piper_head.synthesize("The quick brown fox jumps over the lazy dog.")
     fast = piper_head.synthesize("The quick brown fox jumps over the lazy dog.", AudioOutputOptions(speed=2.0))
-    assert normal.dtype == np.float32 and 0.35 < len(fast) / len(normal) < 0.65
+    assert normal.dtype == np.float32 and 0.35 < len(fast) / len(normal) < 0.75  # durations are sampled
 
 
 # ---- stream mechanics with a stand-in synthesizer ------------------------------------------------
@@ -219,3 +233,16 @@ def test_loader_errors_say_what_was_expected(tmp_path: Path) -> None:
         load_synthesizer(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="missing.onnx does not exist"):
         load_synthesizer(str(tmp_path / "missing.onnx"))
+
+
+@pytest.mark.gpu
+def test_hf_vits_on_gpu_is_reproducible(tiny_vits: Path) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    synth = load_synthesizer(str(tiny_vits), device="auto", seed=5)
+    assert isinstance(synth, HfVitsSynthesizer) and synth.device.type == "cuda"
+    first = synth.synthesize("hello there, friend.")
+    np.testing.assert_array_equal(synth.synthesize("hello there, friend."), first)
+    assert first.dtype == np.float32 and len(first) > 0 and np.isfinite(first).all()

@@ -1,0 +1,88 @@
+"""Voice-stage latencies on this machine: Piper time to first audio and real-time factor,
+faster-whisper latency on a short utterance, and silero-vad cost per 20 ms chunk.
+
+    python demos/bench_voice.py [--runs 5]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from encoders.asr import load_recognizer  # noqa: E402
+from encoders.audio import float_to_pcm16  # noqa: E402
+from encoders.vad import SileroVad  # noqa: E402
+from omni.heads.tts import TtsHead  # noqa: E402
+from omni.protocol import VadSettings  # noqa: E402
+
+REPLY = "The weather today is sunny and warm, with a light breeze from the west."
+UTTERANCE = "Please turn on the kitchen lights now."
+
+
+def median_ms(samples: list[float]) -> str:
+    return f"{statistics.median(samples) * 1000:.1f} ms (min {min(samples) * 1000:.1f})"
+
+
+async def first_audio_s(head: TtsHead, text: str) -> float:
+    async def deltas():
+        for i, word in enumerate(text.split(" ")):
+            yield word if i == 0 else " " + word
+
+    start = time.perf_counter()
+    stream = head.stream(deltas())
+    await stream.__anext__()
+    elapsed = time.perf_counter() - start
+    await stream.aclose()
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    runs = parser.parse_args().runs
+    print(f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.2f}")
+
+    head = TtsHead.load("default", device="cpu")
+    head.synthesize("Warm up.")
+    ttfa = [asyncio.run(first_audio_s(head, REPLY)) for _ in range(runs)]
+    print(f"piper time to first audio, 1-sentence reply: {median_ms(ttfa)}")
+    factors = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        audio = head.synthesize(REPLY)
+        factors.append((time.perf_counter() - start) / (len(audio) / 24000))
+    print(f"piper real-time factor: {statistics.median(factors):.3f} (audio {len(audio) / 24000:.2f} s)")
+
+    speech = head.synthesize(UTTERANCE)
+    asr = load_recognizer("default", device="cpu")
+    asr.transcribe(speech, sample_rate=24000)
+    latencies = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        result = asr.transcribe(speech, sample_rate=24000)
+        latencies.append(time.perf_counter() - start)
+    print(f"faster-whisper tiny.en int8, {len(speech) / 24000:.2f} s utterance: {median_ms(latencies)} -> {result.text!r}")
+
+    pcm = float_to_pcm16(speech)
+    vad = SileroVad(VadSettings())
+    chunk = 960  # 20 ms of 24 kHz pcm16
+    costs = []
+    for _ in range(runs):
+        vad.reset()
+        start = time.perf_counter()
+        chunks = 0
+        for at in range(0, len(pcm) - chunk + 1, chunk):
+            vad.feed(pcm[at:at + chunk])
+            chunks += 1
+        costs.append((time.perf_counter() - start) / chunks)
+    print(f"silero-vad per 20 ms chunk (24 kHz in, resample + model): {statistics.median(costs) * 1e6:.0f} us")
+
+
+if __name__ == "__main__":
+    main()
