@@ -40,11 +40,12 @@ class DecodeConfig:
     block_n: int = 64  # KV tokens per inner-loop tile
     num_warps: int = 4
     num_stages: int = 3
-    target_programs: int = 264  # aim for about this many (seq, kv head, split) programs
+    target_programs: int = 396  # aim for about this many (seq, kv head, split) programs
     min_split_tokens: int = 256  # never split a context finer than this
     # Merge splits in the last program of each (sequence, KV head) to finish, found through an
-    # atomic counter, instead of in a second kernel: one launch fewer per call.
-    fused_reduce: bool = False
+    # atomic counter, instead of in a second kernel: one launch fewer per call. The counters are
+    # per device, so concurrent decode launches on one device must share a stream.
+    fused_reduce: bool = True
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -88,13 +89,14 @@ def _sm_count(device_index: int) -> int:
 def default_decode_config(q: torch.Tensor) -> DecodeConfig:
     """Decode launch parameters for the device holding ``q``.
 
-    Swept on an H200 (docs/benchmarks.md): 64-token tiles, 4 warps and 3 stages use 96 KB of
-    shared memory, so two programs share an SM, and splitting until about two programs per SM
-    exist was the best single setting across batch 16-256 and contexts 1k-16k.
+    Swept on an H200 (docs/benchmarks.md): 64-token tiles, 4 warps and 3 stages (96 KB of shared
+    memory, two programs per SM), splitting until about three programs per SM exist, and merging
+    splits in the kernel itself was the best single setting across batch 16-64, contexts 1k-4k;
+    larger batches and contexts do not split and run near copy bandwidth with any nearby setting.
     """
     if q.device.type != "cuda":
         return DecodeConfig(block_n=32, num_warps=4, num_stages=1, target_programs=8, min_split_tokens=32)
-    return DecodeConfig(target_programs=2 * _sm_count(q.device.index or 0))
+    return DecodeConfig(target_programs=3 * _sm_count(q.device.index or 0))
 
 
 def default_prefill_config(q: torch.Tensor) -> PrefillConfig:
