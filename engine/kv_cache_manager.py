@@ -75,6 +75,21 @@ class KVCacheManager:
             hits.append(block)
         return CachedPrefix(tuple(hits), len(hits) * self.block_size) if hits else _NO_PREFIX
 
+    def hashes_filled_by(self, seq: Sequence, num_new_tokens: int) -> list[BlockHash]:
+        """Hashes of the blocks that computing the next ``num_new_tokens`` of ``seq`` will fill."""
+        if not self.enable_prefix_caching:
+            return []
+        first = seq.num_computed_tokens // self.block_size
+        last = (seq.num_computed_tokens + num_new_tokens) // self.block_size
+        return self._block_hashes(seq, last)[first:] if last > first else []
+
+    def next_block_hash(self, seq: Sequence, prefix: CachedPrefix) -> BlockHash | None:
+        """Hash of the block right after ``prefix``, if a later prefix lookup could hit it."""
+        i = len(prefix.blocks)
+        if not self.enable_prefix_caching or i >= (len(seq) - 1) // self.block_size:
+            return None
+        return self._block_hashes(seq, i + 1)[i]
+
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, prefix: CachedPrefix | None = None) -> bool:
         """Give ``seq`` the blocks for its next ``num_new_tokens`` tokens (after the prefix when it is being
         admitted). Returns False, changing nothing, when the pool is short."""

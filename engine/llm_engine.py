@@ -20,7 +20,7 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import EmbedSpan, FinishReason, ScheduledBatch, Sequence, SequenceStatus
+from engine.sequence import EmbedSpan, FinishReason, ScheduledBatch, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,6 @@ class _Request:
     params: SamplingParams
     seqs: list[Sequence]
     detoks: list[IncrementalDetokenizer]
-    unqueued: list[Sequence]  # n > 1 siblings, queued once the first sequence's prompt is cached
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
 
@@ -125,8 +124,11 @@ class LLMEngine:
             seqs.append(Sequence(request_id, token_ids, seq_params, priority=priority, embed_spans=spans,
                                  eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len))
         self.scheduler.add(seqs[0])
+        for sibling in seqs[1:]:
+            # The queue bound counts requests; the scheduler makes siblings reuse the first one's prompt KV.
+            self.scheduler.add(sibling, enforce_limit=False)
         detoks = [IncrementalDetokenizer(self.tokenizer, token_ids, s.params) for s in seqs]
-        req = _Request(request_id, prompt_text, token_ids, params, seqs, detoks, unqueued=seqs[1:])
+        req = _Request(request_id, prompt_text, token_ids, params, seqs, detoks)
         self._requests[request_id] = req
         for i, seq in enumerate(seqs):
             self._owner[seq.seq_id] = (req, i)
@@ -155,9 +157,6 @@ class LLMEngine:
         if req is None:
             return []
         aborted = self.scheduler.abort(request_id)
-        for seq in req.unqueued:
-            seq.status, seq.finish_reason = SequenceStatus.FINISHED, FinishReason.ABORT
-        req.unqueued.clear()
         self.runner.release([s.seq_id for s in aborted])
         deltas = [self._delta(req, i, "", ()) for i, s in enumerate(req.seqs) if s.finish_reason is FinishReason.ABORT]
         self._retire(req)
@@ -212,10 +211,6 @@ class LLMEngine:
             if seq.is_finished:
                 done.append(seq)
             deltas.append(self._delta(req, index, text, (result.token_id,), lp))
-            if req.unqueued:
-                for sibling in req.unqueued:
-                    self.scheduler.add(sibling, enforce_limit=False)
-                req.unqueued.clear()
         if done:
             self.runner.release([s.seq_id for s in done])
         for req in touched.values():

@@ -91,11 +91,16 @@ class Scheduler:
 
         # Pass 2: admit waiting sequences, unless this step had to preempt (no room to grow into).
         if not preempted:
-            admitted = 0
+            # Blocks that this step fills: a waiting sequence whose next block is among them waits one
+            # step and then reuses it, instead of computing the same prefix twice (shared system prompts).
+            filling = {h for seq, n in zip(seqs, counts) for h in self.kv.hashes_filled_by(seq, n)}
+            admitted: list[Sequence] = []
             for seq in self.waiting:
-                if budget <= 0 or len(self.running) + admitted >= self.config.max_num_seqs:
+                if budget <= 0 or len(self.running) + len(admitted) >= self.config.max_num_seqs:
                     break
                 prefix = self.kv.find_cached_prefix(seq)
+                if filling and self.kv.next_block_hash(seq, prefix) in filling:
+                    continue
                 n = min(len(seq) - prefix.num_tokens, budget)
                 if not self.kv.allocate_slots(seq, n, prefix):
                     break  # stop, rather than let smaller later requests starve this one
@@ -106,10 +111,11 @@ class Scheduler:
                 seqs.append(seq)
                 counts.append(n)
                 budget -= n
-                admitted += 1
+                admitted.append(seq)
+                filling.update(self.kv.hashes_filled_by(seq, n))
             if admitted:
-                self.running.extend(self.waiting[:admitted])
-                del self.waiting[:admitted]
+                self.running.extend(admitted)
+                self.waiting = [s for s in self.waiting if s.status is SequenceStatus.WAITING]
 
         return ScheduledBatch(seqs=seqs, num_new_tokens=counts, preempted=preempted)
 

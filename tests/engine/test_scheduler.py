@@ -186,3 +186,24 @@ def test_token_stop_at_context_length() -> None:
     q = Sequence("r", [1, 2, 3], SamplingParams(max_tokens=None), max_model_len=4)
     q.token_ids.append(9)
     assert token_stop(q) == (FinishReason.LENGTH, None)
+
+
+def test_sequence_sharing_a_prefix_being_computed_waits_one_step_to_reuse_it() -> None:
+    s = make()
+    first, second = seq(10, base=500, rid="first"), seq(10, base=500, rid="second")
+    other = seq(10, rid="other")
+    for q in (first, second, other):
+        s.add(q)
+    batch = step(s)
+    assert batch.seqs == [first, other]  # second skipped: its blocks are being filled right now
+    batch = step(s)
+    assert batch.seqs == [first, other, second] and batch.num_new_tokens == [1, 1, 2]
+    assert second.num_cached_tokens == 8
+
+
+def test_short_prompts_without_a_full_block_are_not_held_back() -> None:
+    s = make()
+    a, b = seq(4, base=700), seq(4, base=700)  # the last token is never cached: nothing to share
+    s.add(a)
+    s.add(b)
+    assert step(s).seqs == [a, b]
