@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.http.limits import HttpLimits
-from gateway.realtime.session import SessionLimits
+from gateway.realtime.commands import SessionLimits
 
 
 @dataclass(frozen=True, slots=True)

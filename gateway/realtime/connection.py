@@ -19,8 +19,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway import metrics
 from gateway.config import GatewayConfig
-from gateway.realtime.session import (CancelResponse, Output, RealtimeSession, Send, StartResponse, Transcribe,
-                                      VadFactory, new_id)
+from gateway.realtime.commands import (CancelResponse, Output, Send, StartResponse, Transcribe, VadFactory,
+                                       new_id)
+from gateway.realtime.session import RealtimeSession
 from gateway.realtime.settings import Dialect
 from omni.protocol import AudioChunk, OmniBackend, OmniRequest, OutputChunk, TextDelta, Usage
 
@@ -42,12 +43,12 @@ class _SlowClient(Exception):
 
 class RealtimeConnection:
     def __init__(self, websocket: WebSocket, backend: OmniBackend, config: GatewayConfig, dialect: Dialect,
-                 vad_factory: VadFactory | None) -> None:
+                 vad_factory: VadFactory | None, intent: str = "realtime") -> None:
         self.ws = websocket
         self.backend = backend
         self.config = config
         self.session = RealtimeSession(dialect=dialect, capabilities=backend.capabilities, vad_factory=vad_factory,
-                                       limits=config.session_limits)
+                                       limits=config.session_limits, intent=intent)
         self._outbox: deque[dict[str, Any]] = deque()
         self._has_data = asyncio.Event()
         self._space = asyncio.Event()

@@ -11,7 +11,7 @@ from starlette.websockets import WebSocket
 from gateway.auth import bearer_token, key_matches
 from gateway.config import GatewayConfig
 from gateway.realtime.connection import RealtimeConnection
-from gateway.realtime.session import VadFactory
+from gateway.realtime.commands import VadFactory
 from gateway.realtime.settings import Dialect
 from omni.protocol import OmniBackend, VadSettings
 
@@ -78,7 +78,10 @@ def realtime_route(backend: OmniBackend, config: GatewayConfig, vad_factory: Vad
         open_sessions += 1
         on_session(1)
         try:
-            await RealtimeConnection(websocket, backend, config, dialect_of(websocket, offered), vad_factory).run()
+            # ?intent=transcription opens a session that only transcribes (GA clients, livekit's STT)
+            intent = websocket.query_params.get("intent", "realtime")
+            await RealtimeConnection(websocket, backend, config, dialect_of(websocket, offered), vad_factory,
+                                     intent).run()
         finally:
             open_sessions -= 1
             on_session(-1)

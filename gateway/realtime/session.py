@@ -7,23 +7,23 @@ carries out the commands (start/cancel a generation, transcribe a committed turn
 from __future__ import annotations
 
 import json
-import secrets
-import string
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from gateway.realtime import audio as audio_fmt
+from gateway.realtime.commands import (CancelResponse, Output, SessionLimits, Send, StartResponse, Transcribe,
+                                       VadFactory, new_id)
 from gateway.realtime.context import build_request, parse_metadata, resolve_input
 from gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
 from gateway.realtime.input_audio import InputAudioBuffer, SpeechStarted, SpeechStopped
 from gateway.realtime.items import Content, Item, ItemStore, audio_bytes, decode_base64, parse_client_item, truncate
 from gateway.realtime.response import Event, ResponseRun
-from gateway.realtime.settings import (Dialect, SessionSettings, apply_response_overrides, apply_update,
-                                       render_session, TurnDetection, validate_choice)
+from gateway.realtime.settings import (Dialect, SessionSettings, TurnDetection, apply_response_overrides,
+                                       apply_transcription_update, apply_update, render_session, validate_choice)
 from omni.protocol import (AudioChunk, Capabilities, Done, Error, OmniRequest, OutputChunk, TextDelta,
-                           ToolCallDelta, Transcription, Usage, VadSettings, VoiceActivityDetector)
+                           ToolCallDelta, Transcription, Usage)
 
 MIN_COMMIT_MS = 100
 _BETA_NAMES = {
@@ -35,60 +35,13 @@ _BETA_NAMES = {
     "response.output_audio_transcript.done": "response.audio_transcript.done",
     "conversation.item.added": "conversation.item.created",
 }
-_ALPHABET = string.ascii_letters + string.digits
-
-
-# ---- outputs ------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Send:
-    event: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class StartResponse:
-    response_id: str
-    wait_for: tuple[str, ...] = ()  # items whose transcription should land before the request is built
-
-
-@dataclass(frozen=True, slots=True)
-class CancelResponse:
-    response_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Transcribe:
-    item_id: str
-    pcm16: bytes
-    sample_rate: int
-    language: str | None = None
-    prompt: str | None = None
-
-
-Output = Send | StartResponse | CancelResponse | Transcribe
-
-
-@dataclass(frozen=True, slots=True)
-class SessionLimits:
-    max_append_bytes: int = 15 * 1024 * 1024  # decoded bytes per input_audio_buffer.append (OpenAI's cap)
-    max_buffer_bytes: int = 64 * 1024 * 1024  # 24 kHz pcm16 held in the input buffer
-    max_items: int = 4096
-    session_seconds: int = 3600
-    max_conversation_audio_bytes: int = 128 * 1024 * 1024  # audio kept in items; the oldest is dropped first
-
-
-def new_id(prefix: str) -> str:
-    return prefix + "_" + "".join(secrets.choice(_ALPHABET) for _ in range(20))
-
-
-VadFactory = Callable[[VadSettings], VoiceActivityDetector]
-
-
 class RealtimeSession:
     def __init__(self, *, dialect: Dialect, capabilities: Capabilities, vad_factory: VadFactory | None,
-                 limits: SessionLimits = SessionLimits(), now: Callable[[], float] = time.time) -> None:
+                 limits: SessionLimits | None = None, now: Callable[[], float] = time.time,
+                 intent: str = "realtime") -> None:
         self.dialect = dialect
         self.capabilities = capabilities
-        self.limits = limits
+        self.limits = limits = limits or SessionLimits()
         self.id = new_id("sess")
         self.conversation_id = new_id("conv")
         self.expires_at = int(now()) + limits.session_seconds
@@ -102,6 +55,7 @@ class RealtimeSession:
             output_modalities=("audio",) if audio_out else ("text",),
             voice=capabilities.voices[0] if capabilities.voices else "alloy",
             turn_detection=TurnDetection() if vad_factory is not None else None,
+            kind="transcription" if intent == "transcription" else "realtime",
         )
         self.items = ItemStore()
         self.audio = InputAudioBuffer()
@@ -123,6 +77,8 @@ class RealtimeSession:
             "response.create": self._response_create,
             "response.cancel": self._response_cancel,
         }
+        if dialect == "beta":
+            self._handlers["transcription_session.update"] = self._transcription_session_update
         self._install_vad(self.settings)
 
     # ---- plumbing ---------------------------------------------------------------------------------
@@ -208,6 +164,23 @@ class RealtimeSession:
         self.settings = new
         self._emit({"type": "session.updated", "session": self._render_session()})
 
+    def _transcription_session_update(self, event: dict[str, Any]) -> None:
+        if "session" not in event:
+            raise missing("session")
+        new = apply_transcription_update(self.settings, event["session"])
+        if new.turn_detection is not None and self._vad_factory is None:
+            raise invalid_value("session.turn_detection", "null (this server runs without voice activity detection)",
+                                new.turn_detection.type)
+        if new.turn_detection != self.settings.turn_detection:
+            self._install_vad(new)
+        self.settings = new
+        self._emit({"type": "transcription_session.updated", "session": self._render_session()})
+
+    @property
+    def _transcribing(self) -> bool:
+        """Whether transcription results are reported to the client."""
+        return self.settings.transcription is not None or self.settings.kind == "transcription"
+
     def _install_vad(self, settings: SessionSettings) -> None:
         turn = settings.turn_detection
         if turn is None or self._vad_factory is None:
@@ -260,7 +233,7 @@ class RealtimeSession:
             return  # a click, not a turn
         self._commit(signal.pcm16, item_id)
         turn = self.settings.turn_detection
-        if turn is not None and turn.create_response and self._active is None:
+        if turn is not None and turn.create_response and self._active is None and self.settings.kind == "realtime":
             self._start_response({})
 
     def _buffer_commit(self, event: dict[str, Any]) -> None:
@@ -294,7 +267,7 @@ class RealtimeSession:
         item = self.items.get(item_id)
         if item is not None and item.content and item.content[0].type == "input_audio":
             item.content[0].transcript = result.text
-        if self.settings.transcription is not None:
+        if self._transcribing:
             seconds = result.duration_s or (audio_fmt.duration_ms(item.content[0].audio or b"") / 1000 if item else 0.0)
             self._emit({"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
                         "content_index": 0, "transcript": result.text, "logprobs": None,
@@ -303,7 +276,7 @@ class RealtimeSession:
 
     def on_transcription_failed(self, item_id: str, message: str) -> list[Output]:
         self._pending_asr.discard(item_id)
-        if self.settings.transcription is not None:
+        if self._transcribing:
             self._emit({"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id,
                         "content_index": 0, "error": {"type": "transcription_error", "code": "transcription_failed",
                                                       "message": message, "param": None}})
@@ -386,6 +359,9 @@ class RealtimeSession:
         self._start_response(params)
 
     def _start_response(self, params: dict[str, Any]) -> None:
+        if self.settings.kind == "transcription":
+            raise invalid_value("session.type", "a 'realtime' session (a transcription session never responds)",
+                                "transcription")
         conversation = validate_choice(params.get("conversation", "auto"), ("auto", "none"), "response.conversation")
         if conversation == "auto" and self._active is not None:
             raise RealtimeError("conversation_already_has_active_response", "Conversation already has an active "

@@ -51,6 +51,7 @@ class TurnDetection:
 @dataclass(frozen=True, slots=True)
 class SessionSettings:
     model: str
+    kind: Literal["realtime", "transcription"] = "realtime"  # transcription: turns are transcribed, never answered
     output_modalities: tuple[str, ...] = ("audio",)  # ("text",) or ("audio",): audio always carries a transcript
     instructions: str = ""
     voice: str = "alloy"
@@ -201,9 +202,10 @@ def _apply_common(update: dict[str, Any], changes: dict[str, Any], prefix: str) 
 
 
 def _apply_ga(current: SessionSettings, update: dict[str, Any]) -> SessionSettings:
-    if update.get("type", "realtime") != "realtime":
-        raise invalid_value("session.type", "'realtime' (transcription sessions are not served)", update.get("type"))
-    changes: dict[str, Any] = {}
+    kind = update.get("type", current.kind)
+    if kind not in ("realtime", "transcription"):
+        raise invalid_value("session.type", "'realtime' or 'transcription'", kind)
+    changes: dict[str, Any] = {"kind": kind}
     _apply_common(update, changes, "session")
     if "output_modalities" in update:
         changes["output_modalities"] = _modalities(update["output_modalities"], "session.output_modalities")
@@ -231,6 +233,14 @@ def _apply_ga(current: SessionSettings, update: dict[str, Any]) -> SessionSettin
     if "speed" in audio_out:
         changes["speed"] = _speed(audio_out["speed"], "session.audio.output.speed")
     return replace(current, **changes)
+
+
+def apply_transcription_update(current: SessionSettings, update: Any) -> SessionSettings:
+    """Beta ``transcription_session.update``: the input side of a session that only transcribes."""
+    _expect(update, dict, "session", "an object")
+    allowed = {k: update[k] for k in ("input_audio_format", "input_audio_transcription", "turn_detection",
+                                     "input_audio_noise_reduction", "include") if k in update}
+    return replace(_apply_beta(current, allowed), kind="transcription")
 
 
 def _apply_beta(current: SessionSettings, update: dict[str, Any]) -> SessionSettings:
@@ -303,6 +313,15 @@ def apply_response_overrides(current: SessionSettings, response: dict[str, Any],
 # ---- rendering --------------------------------------------------------------------------------
 def render_session(s: SessionSettings, dialect: Dialect, session_id: str, expires_at: int) -> dict[str, Any]:
     turn = s.turn_detection.render() if s.turn_detection else None
+    if s.kind == "transcription":
+        if dialect == "beta":
+            return {"id": session_id, "object": "realtime.transcription_session", "input_audio_format": s.input_format,
+                    "input_audio_transcription": s.transcription, "turn_detection": turn,
+                    "input_audio_noise_reduction": s.noise_reduction, "include": s.include, "expires_at": expires_at}
+        return {"type": "transcription", "object": "realtime.transcription_session", "id": session_id,
+                "expires_at": expires_at, "include": s.include,
+                "audio": {"input": {"format": render_ga_format(s.input_format), "transcription": s.transcription,
+                                    "noise_reduction": s.noise_reduction, "turn_detection": turn}}}
     if dialect == "beta":
         return {"id": session_id, "object": "realtime.session", "model": s.model,
                 "modalities": ["text", "audio"] if s.wants_audio else ["text"], "instructions": s.instructions,

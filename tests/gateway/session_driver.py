@@ -6,7 +6,8 @@ from typing import Any
 
 from fakes import FakeBackend
 
-from gateway.realtime.session import (CancelResponse, Output, RealtimeSession, Send, StartResponse, Transcribe)
+from gateway.realtime.commands import CancelResponse, Output, Send, StartResponse, Transcribe
+from gateway.realtime.session import RealtimeSession
 from omni.protocol import OutputChunk
 
 

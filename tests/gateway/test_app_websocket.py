@@ -269,3 +269,19 @@ def test_idle_timeout_fires_over_the_socket(port: int) -> None:
     assert events[0]["type"] == "input_audio_buffer.timeout_triggered"
     assert "response.created" in [e["type"] for e in events]
     assert 0.25 <= timing["elapsed"] < 5
+
+
+def test_intent_transcription_over_the_socket(port: int) -> None:
+    async def go() -> list[dict[str, Any]]:
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime?intent=transcription") as ws:
+            created = await recv(ws)
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+                "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 200}}}}}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(tone(300) + bytes(24000)).decode()}))
+            return [created, *await until(ws, "conversation.item.input_audio_transcription.completed")]
+
+    created, *events = run(go())
+    assert created["session"]["type"] == "transcription"
+    assert events[-1]["transcript"] == "what the user said"
+    assert not any(e["type"].startswith("response.") for e in events)

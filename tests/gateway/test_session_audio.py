@@ -227,7 +227,8 @@ def test_g711_output_format_encodes_deltas() -> None:
 
 def test_old_audio_is_dropped_past_the_budget_but_transcripts_and_lengths_stay() -> None:
     from fakes import FakeBackend
-    from gateway.realtime.session import RealtimeSession, SessionLimits
+    from gateway.realtime.commands import SessionLimits
+    from gateway.realtime.session import RealtimeSession
 
     backend = FakeBackend()
     d = Driver(backend=backend)

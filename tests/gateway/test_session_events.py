@@ -75,7 +75,7 @@ def test_semantic_vad_is_accepted_and_eagerness_sets_the_silence() -> None:
 @pytest.mark.parametrize("session, param", [
     ({"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
      "session.audio.input.format.rate"),
-    ({"type": "transcription"}, "session.type"),
+    ({"type": "translation"}, "session.type"),
     ({"type": "realtime", "output_modalities": ["video"]}, "session.output_modalities"),
     ({"type": "realtime", "max_output_tokens": 5000}, "session.max_output_tokens"),
     ({"type": "realtime", "audio": {"output": {"speed": 3}}}, "session.audio.output.speed"),

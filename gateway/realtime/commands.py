@@ -1,0 +1,56 @@
+"""What the session hands to its I/O layer: events to send and commands to carry out, plus its limits."""
+from __future__ import annotations
+
+import secrets
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from omni.protocol import VadSettings, VoiceActivityDetector
+
+_ALPHABET = string.ascii_letters + string.digits
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StartResponse:
+    response_id: str
+    wait_for: tuple[str, ...] = ()  # items whose transcription should land before the request is built
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResponse:
+    response_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Transcribe:
+    item_id: str
+    pcm16: bytes
+    sample_rate: int
+    language: str | None = None
+    prompt: str | None = None
+
+
+Output = Send | StartResponse | CancelResponse | Transcribe
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    max_append_bytes: int = 15 * 1024 * 1024  # decoded bytes per input_audio_buffer.append (OpenAI's cap)
+    max_buffer_bytes: int = 64 * 1024 * 1024  # 24 kHz pcm16 held in the input buffer
+    max_items: int = 4096
+    session_seconds: int = 3600
+    max_conversation_audio_bytes: int = 128 * 1024 * 1024  # audio kept in items; the oldest is dropped first
+
+
+def new_id(prefix: str) -> str:
+    return prefix + "_" + "".join(secrets.choice(_ALPHABET) for _ in range(20))
+
+
+VadFactory = Callable[[VadSettings], VoiceActivityDetector]
