@@ -76,6 +76,19 @@ class AsyncEngine:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    @property
+    def model_name(self) -> str:
+        return self.engine.model.name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
+                    add_generation_prompt: bool = True) -> str:
+        """The prompt text of a conversation, with the model's chat template (reads immutable state only)."""
+        return self.engine.render_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+
     # ---- caller side (any asyncio loop) --------------------------------------------------------
 
     async def generate(self, prompt: str | list[int], params: SamplingParams | None = None, *,

@@ -62,7 +62,7 @@ class OmniPipeline:
 
         t0 = time.monotonic()
         engine = AsyncEngine(config.engine)
-        model_name = engine.engine.model.name
+        model_name = engine.model_name
         log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t0)
         asr = tts = vad_session = image_head = None
         try:
@@ -85,7 +85,7 @@ class OmniPipeline:
             engine.shutdown()
             raise
         log.info("all stages ready in %.1f s", time.monotonic() - t0)
-        return cls(config, engine=engine, model_name=model_name, max_context_tokens=engine.engine.max_model_len,
+        return cls(config, engine=engine, model_name=model_name, max_context_tokens=engine.max_model_len,
                    asr=asr, tts=tts, vad_session=vad_session, image_head=image_head)
 
     # ---- OmniBackend -----------------------------------------------------------------------------
@@ -210,13 +210,11 @@ class OmniPipeline:
         tokenizer = self.engine.tokenizer
         if request.raw_prompt is not None:
             return list(tokenizer.encode(request.raw_prompt))
-        from engine.chat_template import render_chat
-
         messages = chat_messages(request, allow_images=False)
         if self.config.system_prompt and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": self.config.system_prompt})
-        prompt = render_chat(tokenizer, messages, tools=request.tools or None,
-                             add_generation_prompt=request.add_generation_prompt)
+        prompt = self.engine.render_chat(messages, tools=request.tools or None,
+                                         add_generation_prompt=request.add_generation_prompt)
         # The template already holds the special tokens (BOS, role markers); don't add them twice.
         return list(tokenizer.encode(prompt, add_special_tokens=False))
 

@@ -19,16 +19,13 @@ from omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Done, Erro
 class CharTokenizer:
     """One token per character, and a chat template that tags roles: enough to see what the engine got."""
 
-    chat_template = "role-tags"
-
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
 
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(i) for i in ids)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tools: Any = None, add_generation_prompt: bool = True,
-                            chat_template: str | None = None, tokenize: bool = False) -> str:
+    def render(self, messages: list[dict[str, Any]], tools: Any = None, add_generation_prompt: bool = True) -> str:
         head = f"<tools>{json.dumps(tools)}</tools>" if tools else ""
         body = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
         return head + body + ("<assistant>" if add_generation_prompt else "")
@@ -62,6 +59,10 @@ class FakeEngine:
         except GeneratorExit:
             self.closed_early = True
             raise
+
+    def render_chat(self, messages: list[dict[str, Any]], *, tools: Any = None,
+                    add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.render(messages, tools, add_generation_prompt)
 
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
