@@ -47,7 +47,7 @@ def split_data_uri(data: bytes | str) -> bytes:
         raise ImageDecodeError("image must be raw bytes or a data: URI")
     header, sep, payload = text.partition(",")
     if not sep or ";base64" not in header.lower():
-        raise ImageDecodeError("image data: URI must be base64 encoded (data:image/png;base64,...)")
+        raise ImageDecodeError("image data: URI must be base64 encoded")
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):

@@ -14,6 +14,7 @@ Outputs are cached by content hash (encoders/cache.py), so a repeated image or f
 """
 from __future__ import annotations
 
+import abc
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +95,7 @@ def _load_module(module: torch.nn.Module, weights: dict[str, torch.Tensor], what
         raise VisionLoadError(f"{what} weights missing from {str(model_dir)!r}: {shown}")
 
 
-class VisionEncoder:
+class VisionEncoder(abc.ABC):
     """Common part: image processor from the checkpoint, device/dtype, the output cache."""
 
     family: str
@@ -124,12 +125,13 @@ class VisionEncoder:
             self.cache.put(key, cached, _nbytes(cached))
         return cached
 
+    @abc.abstractmethod
     def encode_video(self, frames: list[Image.Image]) -> list[VisualFeatures]:
         """Features of a sampled frame sequence: one item for models with video support, else one per frame."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _encode_image(self, image: Image.Image, key: str) -> VisualFeatures:
-        raise NotImplementedError
+        """Run the tower on one image (the cache missed)."""
 
 
 def _nbytes(features: VisualFeatures) -> int:
@@ -208,12 +210,12 @@ class Qwen2VLVision(VisionEncoder):
         key = frames_key(keys, self.settings)
         cached = self.cache.get(key)
         if cached is None:
-            pixels, grid = self._video_patches(frames)
+            pixels, grid = self.video_patches(frames)
             cached = self._encode(pixels, grid, key)
             self.cache.put(key, cached, _nbytes(cached))
         return [cached]
 
-    def _video_patches(self, frames: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
+    def video_patches(self, frames: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
         """Flattened video patches in the layout of the HF Qwen2-VL video processor: each frame is
         resized and normalized by the image processor (all frames to the first frame's size), then
         consecutive frames fill the temporal slots of one patch (the last frame repeats to pad)."""
@@ -234,7 +236,7 @@ class Qwen2VLVision(VisionEncoder):
     @torch.inference_mode()
     def _encode(self, pixels: torch.Tensor, grid: torch.Tensor, key: str) -> VisualFeatures:
         out = self.tower(pixels.to(device=self.device, dtype=self.dtype), grid_thw=grid.view(1, 3))
-        embeds = out.pooler_output if hasattr(out, "pooler_output") else out
+        embeds = out.pooler_output  # after the patch merger: one row per LLM token
         t, h, w = int(grid[0]), int(grid[1]) // self.merge, int(grid[2]) // self.merge
         tt, hh, ww = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
         positions = torch.stack((tt, hh, ww)).reshape(3, -1)

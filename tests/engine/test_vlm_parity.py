@@ -30,7 +30,8 @@ class Stack:
     def __init__(self, directory: Path, hf: Any, **engine_kwargs: Any) -> None:
         self.hf = hf
         self.encoder: VisionEncoder = load_vision_encoder(directory)
-        self.engine = LLMEngine(EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96, **engine_kwargs))
+        engine_kwargs.setdefault("device", "cpu")
+        self.engine = LLMEngine(EngineConfig(model=str(directory), num_kv_blocks=96, **engine_kwargs))
         self._n = 0
 
     def prompt(self, *parts: Any) -> VisionPrompt:
@@ -115,7 +116,7 @@ def qwen_media(stack: Stack, prompt: VisionPrompt, images: list[Any], video: lis
         batch = stack.encoder.processor(images=images, return_tensors="pt")
         media.update(pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"])
     if video:
-        pixels, grid = stack.encoder._video_patches(video)
+        pixels, grid = stack.encoder.video_patches(video)
         media.update(pixel_values_videos=pixels, video_grid_thw=grid.view(1, 3))
     return media
 
@@ -198,3 +199,15 @@ def test_media_are_counted_before_decoding_and_bad_media_refused_cleanly(llava: 
         build_vision_prompt(request, llava.engine.tokenizer, llava.encoder, limits=MediaLimits(max_items=2))
     with pytest.raises(MediaError, match="not a supported image"):
         llava.prompt(TextPart("x"), ImagePart(b"GIF89a not really"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_qwen2_vl_on_the_triton_backend_matches_hf(tmp_path: Path) -> None:
+    stack = Stack(tmp_path, save_tiny_qwen2_vl(tmp_path), device="cuda", dtype="float32", attention_backend="triton",
+                  max_num_batched_tokens=7)
+    images = [picture(50, (84, 56)), picture(51, (56, 56))]
+    prompt = stack.prompt(TextPart("what is in"), ImagePart(png_bytes(images[0])), TextPart(" and"),
+                          ImagePart(png_bytes(images[1])))
+    media = qwen_media(stack, prompt, images)
+    assert stack.run(prompt).outputs[0].token_ids == hf_generate(stack.hf, prompt.token_ids, **media)
