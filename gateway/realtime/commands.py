@@ -47,6 +47,9 @@ class SessionLimits:
     max_items: int = 4096
     session_seconds: int = 3600
     max_conversation_audio_bytes: int = 128 * 1024 * 1024  # audio kept in items; the oldest is dropped first
+    max_image_bytes: int = 10 * 1024 * 1024  # one decoded input_image
+    max_image_frames: int = 2  # image-only user items sent to the model (a webcam stream): the most recent
+    max_conversation_image_bytes: int = 64 * 1024 * 1024  # input images kept in items; the oldest is dropped first
 
 
 def new_id(prefix: str) -> str:
