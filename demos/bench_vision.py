@@ -49,7 +49,9 @@ def build_checkpoint(family: str, directory: Path, size: int) -> None:
                 num_key_value_heads=4, max_position_embeddings=2048, eos_token_id=0, bos_token_id=1)
     if family == "qwen2_vl":
         from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil,
+        )
 
         text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]}
         config = Qwen2VLConfig(text_config=text, vision_config=dict(depth=4, embed_dim=256, hidden_size=512,
@@ -59,8 +61,15 @@ def build_checkpoint(family: str, directory: Path, size: int) -> None:
         Qwen2VLForConditionalGeneration(config).save_pretrained(directory)
         Qwen2VLImageProcessorPil(min_pixels=size * size, max_pixels=size * size).save_pretrained(directory)
     else:
-        from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
-        from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+        from transformers import (
+            CLIPVisionConfig,
+            LlamaConfig,
+            LlavaConfig,
+            LlavaForConditionalGeneration,
+        )
+        from transformers.models.clip.image_processing_pil_clip import (
+            CLIPImageProcessorPil,
+        )
 
         config = LlavaConfig(vision_config=CLIPVisionConfig(hidden_size=256, intermediate_size=1024,
                                                             num_hidden_layers=4, num_attention_heads=4,

@@ -65,7 +65,7 @@ def decode_video(data: bytes, limits: VideoLimits = VideoLimits(), *, fps: float
     try:
         names = set((container.format.name or "").split(","))
         if not names & ALLOWED_CONTAINERS:
-            raise VideoDecodeError(f"unsupported video container; expected one of mp4, mov, webm, mkv, avi")
+            raise VideoDecodeError("unsupported video container; expected one of mp4, mov, webm, mkv, avi")
         if not container.streams.video:
             raise VideoDecodeError("the container has no video stream")
         stream = container.streams.video[0]
@@ -101,10 +101,8 @@ def _declared_duration(container: object, stream: object) -> float | None:
 def _sample(container: object, stream: object, rate: float, limits: VideoLimits) -> list[Image.Image]:
     frames: list[Image.Image] = []
     next_time = 0.0
-    decoded = 0
     first_time: float | None = None
-    for frame in container.decode(stream):
-        decoded += 1
+    for decoded, frame in enumerate(container.decode(stream), start=1):
         if decoded > limits.max_decoded_frames:
             break
         if frame.width != stream.codec_context.width or frame.height != stream.codec_context.height:

@@ -78,7 +78,7 @@ def _vision_weights(model_dir: Path, prefixes: tuple[str, ...]) -> dict[str, tor
     out: dict[str, torch.Tensor] = {}
     for file in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 for prefix in prefixes:
                     if name.startswith(prefix):
                         out[name[len(prefix):]] = f.get_tensor(name)
@@ -185,7 +185,9 @@ class Qwen2VLVision(VisionEncoder):
 
     def __init__(self, model_dir: Path, hf_config: Any, **kwargs: Any) -> None:
         super().__init__(model_dir, hf_config, **kwargs)
-        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import (
+            Qwen2VisionTransformerPretrainedModel,
+        )
 
         vcfg = hf_config.vision_config
         tower = Qwen2VisionTransformerPretrainedModel._from_config(vcfg)

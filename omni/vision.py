@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from encoders.image import ImageDecodeError, ImageLimits, decode_image
@@ -39,8 +39,8 @@ class VisionPrompt:
 @dataclass(frozen=True, slots=True)
 class MediaLimits:
     max_items: int = 16  # image and video parts in one request, counted before anything is decoded
-    image: ImageLimits = ImageLimits()
-    video: VideoLimits = VideoLimits()
+    image: ImageLimits = field(default_factory=ImageLimits)
+    video: VideoLimits = field(default_factory=VideoLimits)
 
 
 def build_vision_prompt(request: OmniRequest, tokenizer: Any, encoder: VisionEncoder, *,

@@ -160,7 +160,12 @@ def test_image_key_depends_on_pixels_and_settings_not_encoding() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+    from transformers import (
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
     directory = tmp_path_factory.mktemp("llava")

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from encoders.video import VideoDecodeError, VideoLimits, decode_frames, decode_video, sample_times
+from encoders.video import (
+    VideoDecodeError,
+    VideoLimits,
+    decode_frames,
+    decode_video,
+    sample_times,
+)
 
 
 def make_video(seconds: float = 3.0, rate: int = 10, size: tuple[int, int] = (64, 48), fmt: str = "mp4",

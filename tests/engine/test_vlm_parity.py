@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 import torch
-from vlm_checkpoints import picture, png_bytes, save_tiny_llava, save_tiny_qwen2_vl, vlm_tokenizer
+from vlm_checkpoints import (
+    picture,
+    png_bytes,
+    save_tiny_llava,
+    save_tiny_qwen2_vl,
+    vlm_tokenizer,
+)
 
 from encoders.vision import VisionEncoder, load_vision_encoder
 from engine.config import EngineConfig
@@ -211,3 +217,28 @@ def test_qwen2_vl_on_the_triton_backend_matches_hf(tmp_path: Path) -> None:
                           ImagePart(png_bytes(images[1])))
     media = qwen_media(stack, prompt, images)
     assert stack.run(prompt).outputs[0].token_ids == hf_generate(stack.hf, prompt.token_ids, **media)
+
+
+def test_qwen2_vl_encoded_video_matches_hf(qwen: Stack) -> None:
+    import io
+
+    import av
+    import numpy as np
+
+    from encoders.video import VideoLimits, decode_video
+
+    out = io.BytesIO()
+    rng = np.random.default_rng(7)
+    with av.open(out, "w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=4)
+        stream.width, stream.height, stream.pix_fmt = 56, 56, "yuv420p"
+        for _ in range(8):  # 2 s at 4 fps
+            frame = av.VideoFrame.from_ndarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8), format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    data = out.getvalue()
+    prompt = qwen.prompt(VideoPart(data, fps=1.0), TextPart("what happens"))
+    frames = decode_video(data, VideoLimits(), fps=1.0)
+    assert len(frames) == 2 and prompt.embed_spans[0].length == 4  # 2 frames -> 1 temporal patch of 2x2 tokens
+    media = qwen_media(qwen, prompt, [], video=frames)
+    assert qwen.run(prompt).outputs[0].token_ids == hf_generate(qwen.hf, prompt.token_ids, **media)

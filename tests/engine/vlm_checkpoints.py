@@ -48,7 +48,12 @@ def _text_config(**extra: Any) -> dict[str, Any]:
 
 def save_tiny_llava(directory: Path, seed: int = 0) -> Any:
     """LLaVA over a 2-layer Llama; CLIP tower 56x56 pixels in 14-pixel patches -> 16 tokens per image."""
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+    from transformers import (
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
     torch.manual_seed(seed)
@@ -67,7 +72,9 @@ def save_tiny_llava(directory: Path, seed: int = 0) -> Any:
 def save_tiny_qwen2_vl(directory: Path, seed: int = 0) -> Any:
     """Qwen2-VL with a 2-layer LM (head_dim 16, mrope_section 2/3/3) and a 2-block ViT (patch 14, merge 2)."""
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
 
     torch.manual_seed(seed)
     config = Qwen2VLConfig(
