@@ -1,10 +1,12 @@
-"""The ASGI application: the realtime WebSocket route next to the HTTP API routes."""
+"""The ASGI application: the realtime WebSocket route next to the HTTP API routes, behind the admission guard."""
 from __future__ import annotations
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
 from gateway import http, metrics
 from gateway.config import GatewayConfig
+from gateway.guard import Guard
 from gateway.realtime.endpoint import probe_vad, realtime_route
 from omni.protocol import OmniBackend
 
@@ -16,8 +18,15 @@ def create_app(backend: OmniBackend, config: GatewayConfig | None = None) -> Sta
     def count_session(delta: int) -> None:
         metrics.SESSIONS_OPEN.inc(delta)
 
+    def healthy() -> bool:
+        return backend.health().ok
+
     routes = [realtime_route(backend, config, probe_vad(backend), count_session), *http.routes(backend, config)]
-    app = Starlette(routes=routes)
+    guard = Middleware(Guard, api_key=config.api_key, allowed_origins=config.allowed_origins,
+                       max_sessions_per_key=config.max_sessions_per_key,
+                       max_requests_per_key=config.max_requests_per_key,
+                       max_http_requests=config.max_http_requests, healthy=healthy)
+    app = Starlette(routes=routes, middleware=[guard])
     app.state.backend = backend
     app.state.config = config
     return app

@@ -93,7 +93,7 @@ class RealtimeConnection:
             task.cancel()  # each response task aborts its backend request on the way out
         await asyncio.gather(*tasks, return_exceptions=True)
         code, reason = self._close
-        if code == CLOSE_GOING_AWAY:  # let the session_expired error reach the client first
+        if code in (CLOSE_GOING_AWAY, CLOSE_INTERNAL):  # let the error that explains the close go out first
             self._outbox.append(_END)
             self._has_data.set()
             try:
@@ -108,6 +108,12 @@ class RealtimeConnection:
                 await asyncio.wait_for(self.ws.close(code=code, reason=reason), timeout=2.0)
             except (asyncio.TimeoutError, RuntimeError, OSError, WebSocketDisconnect):
                 pass
+
+    def fail(self, error: dict[str, Any], reason: str) -> None:
+        """End the session from outside (the backend died): ``error`` is its last event, then close 1011."""
+        self._outbox.append({"event_id": new_id("event"), "type": "error", "error": error})
+        self._has_data.set()
+        self._abandon(CLOSE_INTERNAL, reason)
 
     def _abandon(self, code: int, reason: str) -> None:
         """Stop serving this socket from any task: the reader ends and teardown closes with ``code``."""

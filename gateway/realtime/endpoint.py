@@ -1,6 +1,7 @@
 """The ``/v1/realtime`` WebSocket handshake: authentication, dialect, subprotocol, session admission."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -13,7 +14,7 @@ from gateway.config import GatewayConfig
 from gateway.realtime.connection import RealtimeConnection
 from gateway.realtime.commands import VadFactory
 from gateway.realtime.settings import Dialect
-from omni.protocol import OmniBackend, VadSettings
+from omni.protocol import Health, OmniBackend, VadSettings
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,23 @@ async def _deny(websocket: WebSocket, status: int, code: str, message: str, clos
         await websocket.close(code=close_code, reason=message)
 
 
+async def watch_backend(backend: OmniBackend, connection: RealtimeConnection, period_s: float) -> None:
+    """Polls the backend's health; when it stops, the session gets an ``error`` event and a 1011 close
+    instead of waiting forever on a model that will never answer."""
+    while True:
+        await asyncio.sleep(period_s)
+        try:
+            state = backend.health()
+        except Exception:  # a health check that raises is as bad as one that says no
+            log.exception("backend health check failed")
+            state = Health(ok=False, detail="health check failed")
+        if not state.ok:
+            connection.fail({"type": "server_error", "code": "server_unavailable", "param": None, "event_id": None,
+                             "message": "The model backend stopped; this session cannot continue."},
+                            "model backend stopped")
+            return
+
+
 def realtime_route(backend: OmniBackend, config: GatewayConfig, vad_factory: VadFactory | None,
                    on_session: Callable[[int], None] = lambda delta: None) -> WebSocketRoute:
     open_sessions = 0
@@ -80,8 +98,14 @@ def realtime_route(backend: OmniBackend, config: GatewayConfig, vad_factory: Vad
         try:
             # ?intent=transcription opens a session that only transcribes (GA clients, livekit's STT)
             intent = websocket.query_params.get("intent", "realtime")
-            await RealtimeConnection(websocket, backend, config, dialect_of(websocket, offered), vad_factory,
-                                     intent).run()
+            connection = RealtimeConnection(websocket, backend, config, dialect_of(websocket, offered), vad_factory,
+                                            intent)
+            watcher = asyncio.create_task(watch_backend(backend, connection, config.health_poll_s))
+            try:
+                await connection.run()
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
         finally:
             open_sessions -= 1
             on_session(-1)
