@@ -6,6 +6,7 @@ from starlette.middleware import Middleware
 
 from gateway import http, metrics
 from gateway.config import GatewayConfig
+from gateway.demo import demo_routes
 from gateway.guard import Guard
 from gateway.realtime.endpoint import probe_vad, realtime_route
 from omni.protocol import OmniBackend
@@ -21,7 +22,8 @@ def create_app(backend: OmniBackend, config: GatewayConfig | None = None) -> Sta
     def healthy() -> bool:
         return backend.health().ok
 
-    routes = [realtime_route(backend, config, probe_vad(backend), count_session), *http.routes(backend, config)]
+    routes = [realtime_route(backend, config, probe_vad(backend), count_session), *http.routes(backend, config),
+              *demo_routes()]
     guard = Middleware(Guard, api_key=config.api_key, allowed_origins=config.allowed_origins,
                        max_sessions_per_key=config.max_sessions_per_key,
                        max_requests_per_key=config.max_requests_per_key,
