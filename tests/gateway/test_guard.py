@@ -1,0 +1,165 @@
+"""The admission guard over a live socket: auth on every route, Origin, per-key limits, overload and dead backend."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from gateway.guard import is_public, origin_allowed
+from http_fakes import FakeBackend
+from live_server import serve
+from starlette.routing import Route, WebSocketRoute
+
+KEY = "sk-guard-key"
+TIMEOUT = 15
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, TIMEOUT))
+
+
+async def ws_status(port: int, **kwargs: Any) -> int:
+    """101 when the handshake succeeds, else the HTTP status the server refused it with."""
+    try:
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime", **kwargs) as ws:
+            await ws.recv()
+            return 101
+    except InvalidStatus as refused:
+        return refused.response.status_code
+
+
+@pytest.fixture(scope="module")
+def secured() -> Iterator[int]:
+    with serve(FakeBackend(), GatewayConfig(api_key=KEY)) as port:
+        yield port
+
+
+def test_no_route_but_health_answers_without_the_key(secured: int) -> None:
+    app = create_app(FakeBackend(), GatewayConfig(api_key=KEY))
+    paths = [(m, r.path.replace("{model:path}", "omni-test")) for r in app.routes if isinstance(r, Route)
+             for m in sorted(r.methods - {"HEAD"})]
+    assert ("GET", "/health") in paths and ("POST", "/v1/chat/completions") in paths
+    # Paths the router might normalise, and Host values that break a URL rebuilt from headers.
+    tricks = [("GET", "//v1/models"), ("GET", "/v1/models/"), ("GET", "/V1/models"), ("GET", "/v1/%6dodels"),
+              ("GET", "/v1/../v1/models"), ("GET", "/nowhere"), ("POST", "/v1/chat/completions/")]
+    headers_tried = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"},
+                     {"Authorization": KEY}, {"Host": "x/?"}, {"Host": "x/#"}, {"Host": "127.0.0.1/health?"}]
+    tried = successes = 0
+    with httpx.Client(base_url=f"http://127.0.0.1:{secured}") as client:
+        for method, path in paths + tricks:
+            for headers in headers_tried:
+                r = client.request(method, path, headers=headers, json={})
+                tried += 1
+                if is_public(path):
+                    assert r.status_code != 401
+                    continue
+                successes += r.status_code < 400
+                assert r.status_code == 401, (method, path, headers, r.status_code)
+                assert r.json()["error"]["code"] == "invalid_api_key"
+    ws_refused = [run(ws_status(secured, **kw)) for kw in (
+        {}, {"additional_headers": {"Authorization": "Bearer wrong"}},
+        {"subprotocols": ["realtime", "openai-insecure-api-key.wrong"]}, {"additional_headers": {"Host": "x/?"}})]
+    ws_routes = [r.path for r in app.routes if isinstance(r, WebSocketRoute)]
+    print(f"\nauth coverage: {len(paths)} HTTP routes + {len(tricks)} path tricks x {len(headers_tried)} header "
+          f"variants = {tried} requests, {len(ws_routes)} WebSocket routes x {len(ws_refused)} handshakes; "
+          f"unauthenticated successes: {successes + ws_refused.count(101)}")
+    assert successes == 0 and ws_refused[:3] == [401] * 3
+    assert ws_refused[3] in (400, 401)  # the HTTP server may refuse the broken Host before the guard sees it
+    assert run(ws_status(secured, subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"])) == 101
+    assert httpx.get(f"http://127.0.0.1:{secured}/v1/models", headers={"Authorization": f"Bearer {KEY}"}
+                     ).status_code == 200
+
+
+def test_demo_paths_stay_public(secured: int) -> None:
+    # The guard lets /demo through; whether a page is mounted there is the router's business (404, not 401).
+    assert httpx.get(f"http://127.0.0.1:{secured}/demo/").status_code in (200, 404)
+
+
+@pytest.mark.parametrize(("origin", "allowed", "expected"), [
+    (None, (), 101),  # non-browser clients send no Origin
+    ("http://127.0.0.1:{port}", (), 101),  # the server's own page
+    ("https://evil.example", (), 403),
+    ("null", (), 403),  # sandboxed iframes and file:// pages
+    ("https://app.example", ("https://app.example",), 101),
+    ("https://evil.example", ("https://app.example",), 403),
+    ("https://anything.example", ("*",), 101),
+])
+def test_websocket_origin_allow_list(origin: str | None, allowed: tuple[str, ...], expected: int) -> None:
+    with serve(FakeBackend(), GatewayConfig(allowed_origins=allowed)) as port:
+        kwargs = {} if origin is None else {"origin": origin.format(port=port)}
+        assert run(ws_status(port, **kwargs)) == expected
+
+
+def test_origin_compares_host_and_port_exactly() -> None:
+    assert origin_allowed("http://localhost:8000", "localhost:8000", ())
+    assert not origin_allowed("http://localhost:8001", "localhost:8000", ())
+    assert not origin_allowed("http://localhost:8000.evil.example", "localhost:8000", ())
+
+
+def test_sessions_beyond_the_per_key_limit_get_429_at_once() -> None:
+    async def go(port: int) -> tuple[int, float, int]:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime", additional_headers=headers) as first:
+            await first.recv()
+            t0 = time.perf_counter()
+            second = await ws_status(port, additional_headers=headers)
+            elapsed = time.perf_counter() - t0
+        deadline = time.monotonic() + 3  # the first one's slot frees once the server has torn it down
+        while (third := await ws_status(port, additional_headers=headers)) != 101 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return second, elapsed, third
+
+    with serve(FakeBackend(), GatewayConfig(api_key=KEY, max_sessions_per_key=1)) as port:
+        second, elapsed, third = run(go(port))
+    assert second == 429 and elapsed < 1.0 and third == 101
+
+
+def _concurrent_posts(port: int, count: int, headers: dict[str, str]) -> list[tuple[int, float, str]]:
+    async def one(client: httpx.AsyncClient) -> tuple[int, float, str]:
+        t0 = time.perf_counter()
+        r = await client.post("/v1/chat/completions", headers=headers, json={
+            "model": "omni-test", "messages": [{"role": "user", "content": "hi"}]})
+        return r.status_code, time.perf_counter() - t0, r.json().get("error", {}).get("code") or ""
+
+    async def go() -> list[tuple[int, float, str]]:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as client:
+            return list(await asyncio.gather(*(one(client) for _ in range(count))))
+
+    return run(go())
+
+
+@pytest.mark.parametrize(("config", "status", "code"), [
+    (GatewayConfig(api_key=KEY, max_requests_per_key=2), 429, "rate_limit_exceeded"),
+    (GatewayConfig(api_key=KEY, max_http_requests=2), 503, "server_overloaded"),
+])
+def test_requests_beyond_the_in_flight_limits_are_refused_at_once(config: GatewayConfig, status: int,
+                                                                  code: str) -> None:
+    backend = FakeBackend(delay_s=0.3)  # each request holds its slot for ~1.5 s
+    with serve(backend, config) as port:
+        results = _concurrent_posts(port, 6, {"Authorization": f"Bearer {KEY}"})
+    served = [r for r in results if r[0] == 200]
+    refused = [r for r in results if r[0] == status]
+    print(f"\n6 concurrent requests, limit 2: served {len(served)}, refused {len(refused)} with {status} in at most "
+          f"{max(r[1] for r in refused) * 1000:.0f} ms")
+    assert len(served) == 2 and len(refused) == 4
+    assert all(r[2] == code and r[1] < 1.0 for r in refused)
+
+
+def test_a_dead_backend_is_answered_with_503_everywhere_but_metrics() -> None:
+    backend = FakeBackend(healthy=False)
+    with serve(backend, GatewayConfig()) as port:
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/health").status_code == 503
+        assert httpx.get(f"{base}/metrics").status_code == 200
+        r = httpx.post(f"{base}/v1/chat/completions", json={"model": "omni-test", "messages": []})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "server_unavailable"
+        assert run(ws_status(port)) == 503
+    assert backend.requests == []
