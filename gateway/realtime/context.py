@@ -1,9 +1,6 @@
 """What a response is generated from: its context items, metadata, and the ``OmniRequest`` built of them."""
 from __future__ import annotations
 
-import base64
-import re
-
 from collections.abc import Callable
 from typing import Any
 
@@ -11,13 +8,13 @@ from gateway.realtime.audio import SAMPLE_RATE
 from gateway.realtime.errors import invalid_type, invalid_value
 from gateway.realtime.items import Item, ItemStore, parse_client_item
 from gateway.realtime.settings import SessionSettings
-from omni.protocol import (AudioOutputOptions, AudioPart, ImagePart, Message, OmniRequest, Part, SamplingOptions,
-                           TextPart, ToolCall)
-
-_DATA_URI = re.compile(r"^data:(image/[\w.+-]+);base64,(.*)$", re.DOTALL)
+from omni.protocol import (AudioOutputOptions, AudioPart, ImageOutputOptions, ImagePart, Message, Modality,
+                           OmniRequest, Part, SamplingOptions, TextPart, ToolCall)
 
 
 def item_to_message(item: Item) -> Message | None:
+    if item.type == "image_generation_call":
+        return None  # a generated image is output only; the model never reads it back
     if item.type == "function_call":
         return Message("assistant", tool_calls=(ToolCall(item.call_id or "", item.name or "", item.arguments),))
     if item.type == "function_call_output":
@@ -34,29 +31,53 @@ def item_to_message(item: Item) -> Message | None:
         elif content.type == "output_audio":
             # What the assistant said is context as text; its own audio is never fed back.
             parts.append(TextPart(content.transcript or ""))
-        elif content.type == "input_image" and content.image_url:
-            match = _DATA_URI.match(content.image_url)
-            if match:
-                parts.append(ImagePart(base64.b64decode(match.group(2)), mime=match.group(1),
-                                       detail=content.detail or "auto"))
+        elif content.type == "input_image" and content.image is not None:
+            parts.append(ImagePart(content.image, mime=content.mime, detail=content.detail or "auto"))
     if not parts:
         return None
     return Message(item.role or "user", parts=tuple(parts))  # type: ignore[arg-type]
 
 
-def build_request(request_id: str, settings: SessionSettings, items: list[Item]) -> OmniRequest:
+def is_frame(item: Item) -> bool:
+    """A user message of images only: what a client streaming a camera sends once a second."""
+    return item.type == "message" and item.role == "user" and bool(item.content) \
+        and all(c.type == "input_image" for c in item.content)
+
+
+def has_images(items: list[Item]) -> bool:
+    return any(c.type == "input_image" and c.image is not None for it in items for c in it.content)
+
+
+def recent_frames_only(items: list[Item], keep: int) -> list[Item]:
+    """The context without all but the ``keep`` most recent image-only user items, so a camera stream
+    does not grow the prompt without bound; the dropped frames stay in the conversation."""
+    frames = [it for it in items if is_frame(it)]
+    stale = {id(it) for it in frames[:max(0, len(frames) - keep)]}
+    return [it for it in items if id(it) not in stale]
+
+
+def request_modalities(settings: SessionSettings) -> tuple[Modality, ...]:
+    spoken: tuple[Modality, ...] = ("text", "audio") if settings.wants_audio else \
+        ("text",) if "text" in settings.output_modalities else ()
+    return spoken + (("image",) if settings.wants_image else ())
+
+
+def build_request(request_id: str, settings: SessionSettings, items: list[Item], *, max_image_frames: int,
+                  image: ImageOutputOptions | None = None) -> OmniRequest:
     messages: list[Message] = []
     if settings.instructions:
         messages.append(Message("system", parts=(TextPart(settings.instructions),)))
-    messages += [m for m in (item_to_message(it) for it in items) if m is not None]
+    context = recent_frames_only(items, max_image_frames)
+    messages += [m for m in (item_to_message(it) for it in context) if m is not None]
     max_tokens = None if settings.max_output_tokens == "inf" else settings.max_output_tokens
     tools = settings.tools if settings.tool_choice != "none" else ()
     return OmniRequest(
         request_id=request_id,
         messages=tuple(messages),
-        modalities=("text", "audio") if settings.wants_audio else ("text",),
+        modalities=request_modalities(settings),
         sampling=SamplingOptions(max_tokens=max_tokens, temperature=settings.temperature),
         audio=AudioOutputOptions(voice=settings.voice, sample_rate=SAMPLE_RATE, speed=settings.speed),
+        image=image or ImageOutputOptions(),
         tools=tuple(tools),
         priority=0,
     )
@@ -71,7 +92,8 @@ def parse_metadata(raw: Any) -> dict[str, str] | None:
     return raw
 
 
-def resolve_input(raw_input: Any, items: ItemStore, new_item_id: Callable[[], str], input_format: str) -> list[Item]:
+def resolve_input(raw_input: Any, items: ItemStore, new_item_id: Callable[[], str], input_format: str, *,
+                  max_image_bytes: int) -> list[Item]:
     """``response.input``: absent -> the whole conversation; else its own items and references into it."""
     if raw_input is None:
         return list(items)
@@ -85,5 +107,6 @@ def resolve_input(raw_input: Any, items: ItemStore, new_item_id: Callable[[], st
                 raise invalid_value(f"response.input[{i}].id", "the id of an item in the conversation", raw.get("id"))
             context.append(ref)
         else:
-            context.append(parse_client_item(raw, new_item_id(), input_format, f"response.input[{i}]"))
+            context.append(parse_client_item(raw, new_item_id(), input_format, f"response.input[{i}]",
+                                             max_image_bytes=max_image_bytes))
     return context

@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.realtime import audio as audio_fmt
 from gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
+from gateway.realtime.image_input import DETAILS, image_url, parse_image_url
 from gateway.realtime.settings import Dialect
 
 _BETA_CONTENT = {"output_text": "text", "output_audio": "audio"}
@@ -29,7 +30,9 @@ class Content:
     text: str | None = None
     transcript: str | None = None
     audio: bytes | bytearray | None = None  # 24 kHz pcm16
-    image_url: str | None = None
+    # Input images keep their decoded bytes only (the data URI is rebuilt when rendered): half the memory.
+    image: bytes | None = None
+    mime: str | None = None
     detail: str | None = None
     # Output audio: (byte offset where a chunk's audio ends, transcript length after it), for truncation.
     marks: list[tuple[int, int]] = field(default_factory=list)
@@ -43,8 +46,8 @@ class Content:
             out["transcript"] = self.transcript
             if audio_format is not None and self.audio is not None:
                 out["audio"] = base64.b64encode(audio_fmt.encode(self.audio, audio_format)).decode()  # type: ignore[arg-type]
-        else:
-            out["image_url"] = self.image_url
+        else:  # dropped under the session's image budget: the part stays, without its image
+            out["image_url"] = image_url(self.image, self.mime or "image/png") if self.image is not None else None
             out["detail"] = self.detail or "auto"
         return out
 
@@ -74,7 +77,7 @@ def truncate(content: Content, end_bytes: int) -> None:
 @dataclass(slots=True)
 class Item:
     id: str
-    type: str  # message | function_call | function_call_output
+    type: str  # message | function_call | function_call_output | image_generation_call
     role: str | None = None
     status: str = "completed"
     content: list[Content] = field(default_factory=list)
@@ -82,6 +85,7 @@ class Item:
     name: str | None = None
     arguments: str = ""
     output: str | None = None
+    result: str | None = None  # image_generation_call: the base64 PNG, once completed
 
     def render(self, dialect: Dialect, audio_format: str | None = None) -> dict[str, Any]:
         """``audio_format`` set: include stored audio bytes (item retrieve); otherwise never."""
@@ -91,13 +95,17 @@ class Item:
             out["content"] = [c.render(dialect, audio_format) for c in self.content]
         elif self.type == "function_call":
             out.update(call_id=self.call_id, name=self.name, arguments=self.arguments)
+        elif self.type == "image_generation_call":
+            if self.result is not None:
+                out["result"] = self.result
         else:
             out.update(call_id=self.call_id, output=self.output)
         return out
 
 
 # ---- client items -------------------------------------------------------------------------------
-def parse_client_item(raw: Any, item_id: str, input_format: str, param: str = "item") -> Item:
+def parse_client_item(raw: Any, item_id: str, input_format: str, param: str = "item", *,
+                      max_image_bytes: int) -> Item:
     """A client-sent item (conversation.item.create / response.input) -> canonical Item."""
     if not isinstance(raw, dict):
         raise invalid_type(param, "an object", raw)
@@ -125,11 +133,12 @@ def parse_client_item(raw: Any, item_id: str, input_format: str, param: str = "i
     content = raw.get("content")
     if not isinstance(content, list):
         raise invalid_type(f"{param}.content", "an array of content parts", content)
-    parts = [_parse_content(part, role, input_format, f"{param}.content[{i}]") for i, part in enumerate(content)]
+    parts = [_parse_content(part, role, input_format, f"{param}.content[{i}]", max_image_bytes)
+             for i, part in enumerate(content)]
     return Item(item_id, "message", role=role, content=parts)
 
 
-def _parse_content(raw: Any, role: str, input_format: str, param: str) -> Content:
+def _parse_content(raw: Any, role: str, input_format: str, param: str, max_image_bytes: int) -> Content:
     if not isinstance(raw, dict):
         raise invalid_type(param, "an object", raw)
     kind = {"text": "output_text", "audio": "output_audio"}.get(raw.get("type"), raw.get("type"))  # beta names
@@ -143,12 +152,13 @@ def _parse_content(raw: Any, role: str, input_format: str, param: str) -> Conten
             raise invalid_type(f"{param}.text", "a string", text)
         return Content(kind, text=text)
     if kind == "input_image":
-        url = raw.get("image_url")
-        if not isinstance(url, str) or not url.startswith("data:image/") or ";base64," not in url:
-            raise invalid_value(f"{param}.image_url", "a data:image/...;base64,... URI",
-                                url[:40] if isinstance(url, str) else url)
-        decode_base64(url.split(",", 1)[1], f"{param}.image_url")
-        return Content(kind, image_url=url, detail=raw.get("detail", "auto"))
+        if "image_url" not in raw:
+            raise missing(f"{param}.image_url")
+        detail = raw.get("detail", "auto")
+        if detail not in DETAILS:
+            raise invalid_value(f"{param}.detail", "'auto', 'low' or 'high'", detail)
+        data, mime = parse_image_url(raw["image_url"], f"{param}.image_url", max_image_bytes)
+        return Content(kind, image=data, mime=mime, detail=detail)
     transcript = raw.get("transcript")
     if transcript is not None and not isinstance(transcript, str):
         raise invalid_type(f"{param}.transcript", "a string or null", transcript)

@@ -2,6 +2,10 @@
 
 Events are built with GA names; the session renames them for beta clients. Items are opened lazily on
 the first chunk of their kind, so a response that only calls a tool has no empty message item.
+
+Generated images (an extension) follow OpenAI's Responses API: an ``image_generation_call`` output item,
+``response.image_generation_call.partial_image`` events for its previews, and the final base64 PNG as
+the item's ``result`` in ``response.output_item.done``.
 """
 from __future__ import annotations
 
@@ -10,9 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.realtime import audio as audio_fmt
+from gateway.realtime.image_output import render_size
 from gateway.realtime.items import Content, Item, ItemStore
 from gateway.realtime.settings import Dialect, SessionSettings, render_ga_format
-from omni.protocol import AudioChunk, ToolCallDelta, Usage
+from omni.protocol import AudioChunk, ImageFinal, ImageOutputOptions, ImagePartial, ToolCallDelta, Usage
 
 Event = dict[str, Any]
 
@@ -36,7 +41,7 @@ class ResponseRun:
 
     def __init__(self, response_id: str, settings: SessionSettings, dialect: Dialect, *, store: ItemStore | None,
                  conversation_id: str | None, metadata: dict[str, str] | None, context: list[Item],
-                 new_item_id: Callable[[], str]) -> None:
+                 new_item_id: Callable[[], str], image: ImageOutputOptions | None = None) -> None:
         self.id = response_id
         self.settings = settings
         self.dialect = dialect
@@ -52,6 +57,9 @@ class ResponseRun:
         self.finish_reason = "stop"
         self._new_item_id = new_item_id
         self._message: Item | None = None
+        self.image = image or ImageOutputOptions()
+        self._images: dict[int, Item] = {}  # image_index -> its open image_generation_call item
+        self._images_done: set[int] = set()
 
     @property
     def active(self) -> bool:
@@ -69,7 +77,8 @@ class ResponseRun:
                                "conversation_id": self.conversation_id, "usage": render_usage(self.usage),
                                "metadata": self.metadata, "max_output_tokens": s.max_output_tokens}
         if self.dialect == "beta":
-            out.update(modalities=["text", "audio"] if s.wants_audio else ["text"], voice=s.voice,
+            spoken = ["text", "audio"] if s.wants_audio else ["text"] if "text" in s.output_modalities else []
+            out.update(modalities=spoken + (["image"] if s.wants_image else []), voice=s.voice,
                        output_audio_format=s.output_format, temperature=s.temperature)
         else:
             out.update(output_modalities=list(s.output_modalities),
@@ -179,11 +188,40 @@ class ResponseRun:
                        "arguments": call.arguments})
         return events + self._close_item(item, "completed")
 
+    def _open_image(self, image_index: int) -> list[Event]:
+        if image_index in self._images:
+            return []
+        item = Item(self._new_item_id(), "image_generation_call")
+        self._images[image_index] = item
+        return self._open_item(item)
+
+    def on_image_partial(self, chunk: ImagePartial) -> list[Event]:
+        if chunk.image_index in self._images_done:
+            return []
+        events = self._open_image(chunk.image_index)
+        item = self._images[chunk.image_index]
+        events.append({"type": "response.image_generation_call.partial_image", "response_id": self.id,
+                       "item_id": item.id, "output_index": self.output.index(item),
+                       "partial_image_index": chunk.index, "partial_image_b64": base64.b64encode(chunk.png).decode(),
+                       "size": render_size(self.image)})
+        return events
+
+    def on_image_final(self, chunk: ImageFinal) -> list[Event]:
+        if chunk.image_index in self._images_done:
+            return []
+        events = self._open_image(chunk.image_index)
+        item = self._images.pop(chunk.image_index)
+        self._images_done.add(chunk.image_index)
+        item.result = base64.b64encode(chunk.png).decode()
+        return events + self._close_item(item, "completed")
+
     def finish(self, status: str, *, reason: str | None = None, error: dict[str, Any] | None = None) -> list[Event]:
         """Close whatever is open and emit response.done; later chunks are ignored by the session."""
         if not self.active:
             return []
         events = self._close_message("completed" if status == "completed" else "incomplete")
+        for image_index in sorted(self._images):  # an image that never got its final one
+            events += self._close_item(self._images.pop(image_index), "incomplete")
         self.status = status
         if status != "completed":
             self.status_details = {"type": status, "reason": reason, "error": error}

@@ -15,15 +15,16 @@ from typing import Any
 from gateway.realtime import audio as audio_fmt
 from gateway.realtime.commands import (CancelResponse, Output, SessionLimits, Send, StartResponse, Transcribe,
                                        VadFactory, new_id)
-from gateway.realtime.context import build_request, parse_metadata, resolve_input
+from gateway.realtime.context import build_request, has_images, parse_metadata, recent_frames_only, resolve_input
 from gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
+from gateway.realtime.image_output import parse_image_options
 from gateway.realtime.input_audio import InputAudioBuffer, SpeechStarted, SpeechStopped
 from gateway.realtime.items import Content, Item, ItemStore, audio_bytes, decode_base64, parse_client_item, truncate
 from gateway.realtime.response import Event, ResponseRun
 from gateway.realtime.settings import (Dialect, SessionSettings, TurnDetection, apply_response_overrides,
                                        apply_transcription_update, apply_update, render_session, validate_choice)
-from omni.protocol import (AudioChunk, Capabilities, Done, Error, OmniRequest, OutputChunk, TextDelta,
-                           ToolCallDelta, Transcription, Usage)
+from omni.protocol import (AudioChunk, Capabilities, Done, Error, ImageFinal, ImagePartial, OmniRequest, OutputChunk,
+                           TextDelta, ToolCallDelta, Transcription, Usage)
 
 MIN_COMMIT_MS = 100
 _BETA_NAMES = {
@@ -145,6 +146,9 @@ class RealtimeSession:
     def _check_output(self, settings: SessionSettings, param: str) -> None:
         if settings.wants_audio and "audio" not in self.capabilities.output_modalities:
             raise invalid_value(param, "['text'] (this server has no speech output)", ["audio"])
+        if settings.wants_image and "image" not in self.capabilities.output_modalities:
+            raise RealtimeError("unsupported_modality", f"Invalid value for '{param}': this server has no image "
+                                "output model, so 'image' is not available.", param)
 
     def _session_update(self, event: dict[str, Any]) -> None:
         if "session" not in event:
@@ -299,13 +303,15 @@ class RealtimeSession:
         previous_id = event.get("previous_item_id")
         if previous_id is not None and not isinstance(previous_id, str):
             raise invalid_type("previous_item_id", "a string", previous_id)
-        item = parse_client_item(event["item"], self._new_item_id(), self.settings.input_format)
+        item = parse_client_item(event["item"], self._new_item_id(), self.settings.input_format,
+                                 max_image_bytes=self.limits.max_image_bytes)
         if item.type == "function_call_output" and not any(
                 it.type == "function_call" and it.call_id == item.call_id for it in self.items):
             raise RealtimeError("invalid_tool_call_id", f"Tool call ID '{item.call_id}' not found in conversation.",
                                 "item.call_id")
         previous = self._insert(item, previous_id)
         self._announce(item, previous)
+        self._enforce_image_budget()
 
     def _lookup(self, event: dict[str, Any], code: str) -> Item:
         item_id = event.get("item_id")
@@ -370,16 +376,23 @@ class RealtimeSession:
         settings = apply_response_overrides(self.settings, params, self.dialect)
         self._check_output(settings, "response.output_modalities" if self.dialect == "ga" else "response.modalities")
         metadata = parse_metadata(params.get("metadata"))
-        context = resolve_input(params.get("input"), self.items, self._new_item_id, self.settings.input_format)
+        image = parse_image_options(params.get("image"))
+        context = resolve_input(params.get("input"), self.items, self._new_item_id, self.settings.input_format,
+                                max_image_bytes=self.limits.max_image_bytes)
         run = ResponseRun(new_id("resp"), settings, self.dialect, store=self.items if conversation == "auto" else None,
                           conversation_id=self.conversation_id if conversation == "auto" else None,
-                          metadata=metadata, context=context, new_item_id=self._new_item_id)
+                          metadata=metadata, context=context, new_item_id=self._new_item_id, image=image)
         self._responses[run.id] = run
         if conversation == "auto":
             self._active = run.id
             self.idle_deadline = None
         for ev in run.created():
             self._emit(ev)
+        if "image" not in self.capabilities.input_modalities and \
+                has_images(recent_frames_only(context, self.limits.max_image_frames)):
+            self._fail(run.id, "unsupported_modality", "The conversation holds images, but the served model "
+                       f"{self.capabilities.model!r} has no image input.", "invalid_request_error")
+            return
         wait = tuple(it.id for it in context if it.id in self._pending_asr)
         self._out.append(StartResponse(run.id, wait))
 
@@ -395,6 +408,12 @@ class RealtimeSession:
     def _cancel(self, response_id: str, reason: str) -> None:
         self._finish(response_id, "cancelled", reason=reason)
         self._out.append(CancelResponse(response_id))
+
+    def _fail(self, response_id: str, code: str, message: str, error_type: str) -> None:
+        """Fail a response and say why in an ``error`` event too, for clients that only watch those."""
+        error = {"type": error_type, "code": code, "message": message}
+        self._emit({"type": "error", "error": {**error, "param": None, "event_id": None}})
+        self._finish(response_id, "failed", error=error)
 
     def _finish(self, response_id: str, status: str, *, reason: str | None = None,
                 error: dict[str, Any] | None = None) -> None:
@@ -432,6 +451,16 @@ class RealtimeSession:
         self._start_response({})
         return self._flush()
 
+    def _enforce_image_budget(self) -> None:
+        """Drop the bytes of the oldest input images past the budget; the items and their parts stay."""
+        parts = [c for it in self.items for c in it.content if c.image is not None]
+        total = sum(len(c.image or b"") for c in parts)
+        for content in parts:
+            if total <= self.limits.max_conversation_image_bytes:
+                break
+            total -= len(content.image or b"")
+            content.image = None
+
     def _enforce_audio_budget(self) -> None:
         """Drop the audio bytes of the oldest items past the budget; transcripts and lengths stay."""
         parts = [c for it in self.items for c in it.content if c.audio]
@@ -448,7 +477,8 @@ class RealtimeSession:
         run = self._responses.get(response_id)
         if run is None:
             return None
-        return build_request(response_id, run.settings, run.context)
+        return build_request(response_id, run.settings, run.context, max_image_frames=self.limits.max_image_frames,
+                             image=run.image)
 
     def on_chunk(self, response_id: str, chunk: OutputChunk) -> list[Output]:
         run = self._responses.get(response_id)
@@ -461,6 +491,10 @@ class RealtimeSession:
             self._audio_emitted |= run.audio_emitted
         elif isinstance(chunk, ToolCallDelta):
             events = run.on_tool_call(chunk)
+        elif isinstance(chunk, ImagePartial):
+            events = run.on_image_partial(chunk)
+        elif isinstance(chunk, ImageFinal):
+            events = run.on_image_final(chunk)
         elif isinstance(chunk, Usage):
             run.usage = chunk
             events = []
@@ -470,11 +504,11 @@ class RealtimeSession:
                 run.finish_reason = chunk.finish_reason
             events = []
         elif isinstance(chunk, Error):
-            self._finish(response_id, "failed", error={"type": "server_error", "code": chunk.code,
-                                                       "message": chunk.message})
+            self._fail(response_id, chunk.code, chunk.message,
+                       "server_error" if chunk.status >= 500 else "invalid_request_error")
             events = []
         else:
-            events = []  # image chunks have no Realtime event
+            events = []
         for ev in events:
             self._emit(ev)
         return self._flush()

@@ -52,7 +52,8 @@ class TurnDetection:
 class SessionSettings:
     model: str
     kind: Literal["realtime", "transcription"] = "realtime"  # transcription: turns are transcribed, never answered
-    output_modalities: tuple[str, ...] = ("audio",)  # ("text",) or ("audio",): audio always carries a transcript
+    # ("text",) or ("audio",): audio always carries a transcript. A response may add "image" (an extension).
+    output_modalities: tuple[str, ...] = ("audio",)
     instructions: str = ""
     voice: str = "alloy"
     input_format: AudioFormat = "pcm16"
@@ -74,6 +75,10 @@ class SessionSettings:
     def wants_audio(self) -> bool:
         return "audio" in self.output_modalities
 
+    @property
+    def wants_image(self) -> bool:
+        return "image" in self.output_modalities
+
 
 # ---- field parsers shared by session.update and response.create -------------------------------------
 def _expect(value: Any, kind: type | tuple[type, ...], param: str, expected: str) -> Any:
@@ -83,11 +88,14 @@ def _expect(value: Any, kind: type | tuple[type, ...], param: str, expected: str
     return value
 
 
-def _modalities(value: Any, param: str) -> tuple[str, ...]:
-    _expect(value, list, param, "an array of 'text' and/or 'audio'")
-    if not value or any(m not in ("text", "audio") for m in value):
-        raise invalid_value(param, "a non-empty array of 'text' and/or 'audio'", value)
-    return ("audio",) if "audio" in value else ("text",)
+def _modalities(value: Any, param: str, *, allow_image: bool = False) -> tuple[str, ...]:
+    allowed = ("text", "audio", "image") if allow_image else ("text", "audio")
+    expected = "'text', 'audio' and/or 'image'" if allow_image else "'text' and/or 'audio'"
+    _expect(value, list, param, f"an array of {expected}")
+    if not value or any(m not in allowed for m in value):
+        raise invalid_value(param, f"a non-empty array of {expected}", value)
+    spoken = ("audio",) if "audio" in value else ("text",) if "text" in value else ()
+    return spoken + (("image",) if "image" in value else ())
 
 
 def _beta_format(value: Any, param: str) -> AudioFormat:
@@ -285,7 +293,8 @@ def apply_response_overrides(current: SessionSettings, response: dict[str, Any],
     _apply_common(response, changes, "response")
     if dialect == "ga":
         if "output_modalities" in response:
-            changes["output_modalities"] = _modalities(response["output_modalities"], "response.output_modalities")
+            changes["output_modalities"] = _modalities(response["output_modalities"], "response.output_modalities",
+                                                       allow_image=True)
         if "max_output_tokens" in response:
             changes["max_output_tokens"] = _max_tokens(response["max_output_tokens"], "response.max_output_tokens")
         audio = _expect(response.get("audio", {}), dict, "response.audio", "an object")
@@ -296,7 +305,8 @@ def apply_response_overrides(current: SessionSettings, response: dict[str, Any],
             changes["voice"] = _voice(audio_out["voice"], "response.audio.output.voice")
     else:
         if "modalities" in response:
-            changes["output_modalities"] = _modalities(response["modalities"], "response.modalities")
+            changes["output_modalities"] = _modalities(response["modalities"], "response.modalities",
+                                                       allow_image=True)
         if "max_response_output_tokens" in response:
             changes["max_output_tokens"] = _max_tokens(response["max_response_output_tokens"],
                                                        "response.max_response_output_tokens")

@@ -6,8 +6,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import numpy as np
 
-from omni.protocol import (AudioChunk, AudioOutputOptions, Capabilities, Done, Health, Message, OmniRequest,
-                           OutputChunk, TextDelta, Transcription, Usage, VadEvent, VadSettings)
+from omni.protocol import (AudioChunk, AudioOutputOptions, Capabilities, Done, Error, Health, ImageFinal, ImagePart,
+                           ImagePartial, Message, OmniRequest, OutputChunk, TextDelta, Transcription, Usage, VadEvent,
+                           VadSettings)
 
 RATE = 24000
 FRAME = RATE // 100  # 10 ms
@@ -56,6 +57,17 @@ class AmplitudeVad:
         return events
 
 
+def png(width: int = 2, height: int = 2, shade: int = 0) -> bytes:
+    """A small valid PNG (RGB, one flat colour): what the image scripts and image inputs carry."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (shade, 255 - shade, 128)).save(out, format="PNG")
+    return out.getvalue()
+
+
 def words_of(text: str) -> list[str]:
     words = text.split(" ")
     return [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)]
@@ -64,18 +76,22 @@ def words_of(text: str) -> list[str]:
 class FakeBackend:
     """Answers every request with ``reply`` word by word: TextDelta per word, or for audio one 100 ms
     AudioChunk per word carrying that word as its transcript. ``gate`` (when set) holds each stream
-    before its first chunk until the test releases it."""
+    before its first chunk until the test releases it. With ``image_out`` a request for "image" gets
+    ``partial_images`` previews (``preview_every`` > 0 only) and one final PNG; without ``vision`` a
+    request holding images gets ``Error("unsupported_modality")``, as the pipeline answers."""
 
     def __init__(self, reply: str = "Hello from the fake model.", *, transcript: str = "what the user said",
                  vad: bool = True, audio_out: bool = True, chunk_delay: float = 0.0,
                  script: Callable[[OmniRequest], Sequence[OutputChunk]] | None = None,
-                 fail_transcription: bool = False) -> None:
+                 fail_transcription: bool = False, image_out: bool = False, vision: bool = True,
+                 partial_images: int = 2) -> None:
         self.reply = reply
         self.transcript = transcript
         self.vad_enabled = vad
         self.chunk_delay = chunk_delay
         self.script = script
         self.fail_transcription = fail_transcription
+        self.partial_images = partial_images
         self.gate: asyncio.Event | None = None
         self.requests: list[OmniRequest] = []
         self.aborted: list[str] = []
@@ -83,13 +99,21 @@ class FakeBackend:
         self.transcribed: list[bytes] = []
         self.vad_settings: list[VadSettings] = []
         self.capabilities = Capabilities(
-            model="fake-omni", input_modalities=frozenset({"text", "audio", "image"}),
-            output_modalities=frozenset({"text", "audio"} if audio_out else {"text"}), voices=("alloy", "verse"),
+            model="fake-omni", input_modalities=frozenset({"text", "audio"} | ({"image"} if vision else set())),
+            output_modalities=frozenset({"text"} | ({"audio"} if audio_out else set())
+                                        | ({"image"} if image_out else set())), voices=("alloy", "verse"),
             max_context_tokens=4096)
 
     def chunks(self, request: OmniRequest) -> list[OutputChunk]:
         if self.script is not None:
             return list(self.script(request))
+        if "image" not in self.capabilities.input_modalities and any(
+                isinstance(p, ImagePart) for m in request.messages for p in m.parts):
+            return [Error("unsupported_modality", "this model has no image input")]
+        if "image" in request.modalities:
+            previews = self.partial_images if request.image.preview_every else 0
+            return [*(ImagePartial(index=k, png=png(shade=k + 1), step=k + 1) for k in range(previews)),
+                    ImageFinal(png=png(*request.image.size), seed=request.image.seed), Done("stop")]
         words = words_of(self.reply)
         if "audio" in request.modalities:
             body: list[OutputChunk] = [AudioChunk(tone(100), RATE, transcript=w) for w in words]

@@ -10,16 +10,19 @@ from openai.types.realtime import RealtimeServerEvent as GaServerEvent
 from pydantic import TypeAdapter
 from session_driver import Driver, b64, events, started, transcribes
 
-from fakes import silence, tone
-from omni.protocol import AudioChunk, Done, TextDelta, ToolCallDelta, Transcription, Usage
+from fakes import FakeBackend, png, silence, tone
+from omni.protocol import AudioChunk, Done, ImageFinal, ImagePartial, TextDelta, ToolCallDelta, Transcription, Usage
 
 ADAPTERS = {"ga": TypeAdapter(GaServerEvent), "beta": TypeAdapter(BetaServerEvent)}
 # The SDK's beta union lacks these (the beta API did send conversation.item.retrieved).
 BETA_UNTYPED = {"conversation.item.done", "conversation.item.retrieved"}
+# Image output is our extension (documented in the README): the SDK knows neither its partial_image event
+# nor the image_generation_call item nor the "image" modality. Those parts alone are left out of the check.
+IMAGE_EVENTS = {"response.image_generation_call.partial_image"}
 
 
 def transcript_of_everything(dialect: str) -> list[dict[str, Any]]:
-    d = Driver(dialect)
+    d = Driver(dialect, backend=FakeBackend(image_out=True))
     out = list(d.opened)
     session = ({"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}, "turn_detection": {
         "type": "server_vad", "silence_duration_ms": 200}}}, "tools": [{"type": "function", "name": "f"}]}
@@ -30,7 +33,7 @@ def transcript_of_everything(dialect: str) -> list[dict[str, Any]]:
     out += d.text_item("hi", id="u1")
     if dialect == "ga":  # beta had no image input
         out += d.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
-            {"type": "input_image", "image_url": "data:image/png;base64," + b64(b"\x89PNG")}]}})
+            {"type": "input_image", "image_url": "data:image/png;base64," + b64(png())}]}})
     vad_turn = d.send({"type": "input_audio_buffer.append", "audio": b64(silence(200) + tone(300) + silence(300))})
     out += vad_turn
     (job,) = transcribes(vad_turn)
@@ -45,6 +48,11 @@ def transcript_of_everything(dialect: str) -> list[dict[str, Any]]:
         "metadata": {"k": "v"}, **({"output_modalities": ["text"]} if dialect == "ga" else {"modalities": ["text"]})}}))
     out += out_
     out += d.run(text_rid, [TextDelta("ok"), ToolCallDelta("call_1", "f", "{}"), Done("tool_calls")])
+    image_rid = started(out_ := d.send({"type": "response.create", "response": {
+        **({"output_modalities": ["text", "image"]} if dialect == "ga" else {"modalities": ["text", "image"]}),
+        "image": {"partial_images": 1}}}))
+    out += out_
+    out += d.run(image_rid, [TextDelta("a cat"), ImagePartial(0, png(), 1), ImageFinal(png()), Done("stop")])
     cancel_rid = started(out_ := d.send({"type": "response.create"}))
     out += out_
     d.session.on_chunk(cancel_rid, AudioChunk(tone(100), 24000, "x"))
@@ -63,14 +71,33 @@ def transcript_of_everything(dialect: str) -> list[dict[str, Any]]:
     return events(out)
 
 
+def without_image_output(event: dict[str, Any]) -> dict[str, Any] | None:
+    """The event as the SDK's types know it: None for an image-only event, else image parts removed."""
+    if event["type"] in IMAGE_EVENTS or event.get("item", {}).get("type") == "image_generation_call":
+        return None
+    if "response" in event:
+        response = {**event["response"]}
+        response["output"] = [o for o in response["output"] if o["type"] != "image_generation_call"]
+        for key in ("output_modalities", "modalities"):
+            if key in response:
+                response[key] = [m for m in response[key] if m != "image"]
+        return {**event, "response": response}
+    return event
+
+
 @pytest.mark.parametrize("dialect", ["ga", "beta"])
 def test_every_event_validates_against_the_sdk_types(dialect: str) -> None:
     emitted = transcript_of_everything(dialect)
     kinds = {e["type"] for e in emitted}
-    assert {"error", "response.done", "conversation.item.truncated", "input_audio_buffer.speech_started"} <= kinds
+    assert {"error", "response.done", "conversation.item.truncated", "input_audio_buffer.speech_started",
+            "response.image_generation_call.partial_image"} <= kinds
     assert dialect == "beta" or "input_audio_buffer.timeout_triggered" in kinds
-    for event in emitted:
-        if dialect == "beta" and event["type"] in BETA_UNTYPED:
+    assert dialect == "beta" or any(c["type"] == "input_image" and c["image_url"].startswith("data:image/png")
+                                     for e in emitted if e["type"] == "conversation.item.added"
+                                     for c in e["item"].get("content", []))
+    for original in emitted:
+        event = without_image_output(original)
+        if event is None or dialect == "beta" and event["type"] in BETA_UNTYPED:
             continue
         if dialect == "beta" and "session" in event:
             # beta types pin the model to OpenAI's names; the served model's own name is reported instead
