@@ -6,9 +6,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import numpy as np
 
-from omni.protocol import (AudioChunk, AudioOutputOptions, Capabilities, Done, Error, Health, ImageFinal, ImagePart,
-                           ImagePartial, Message, OmniRequest, OutputChunk, TextDelta, Transcription, Usage, VadEvent,
-                           VadSettings)
+from omni.protocol import (AudioChunk, AudioOutputOptions, Capabilities, Done, Health, ImageFinal, ImagePartial,
+                           Message, OmniRequest, OutputChunk, TextDelta, Transcription, Usage, VadEvent, VadSettings)
 
 RATE = 24000
 FRAME = RATE // 100  # 10 ms
@@ -77,8 +76,8 @@ class FakeBackend:
     """Answers every request with ``reply`` word by word: TextDelta per word, or for audio one 100 ms
     AudioChunk per word carrying that word as its transcript. ``gate`` (when set) holds each stream
     before its first chunk until the test releases it. With ``image_out`` a request for "image" gets
-    ``partial_images`` previews (``preview_every`` > 0 only) and one final PNG; without ``vision`` a
-    request holding images gets ``Error("unsupported_modality")``, as the pipeline answers."""
+    ``partial_images`` previews (``preview_every`` > 0 only) and one final PNG; ``vision`` says whether
+    its capabilities list image input."""
 
     def __init__(self, reply: str = "Hello from the fake model.", *, transcript: str = "what the user said",
                  vad: bool = True, audio_out: bool = True, chunk_delay: float = 0.0,
@@ -107,9 +106,6 @@ class FakeBackend:
     def chunks(self, request: OmniRequest) -> list[OutputChunk]:
         if self.script is not None:
             return list(self.script(request))
-        if "image" not in self.capabilities.input_modalities and any(
-                isinstance(p, ImagePart) for m in request.messages for p in m.parts):
-            return [Error("unsupported_modality", "this model has no image input")]
         if "image" in request.modalities:
             previews = self.partial_images if request.image.preview_every else 0
             return [*(ImagePartial(index=k, png=png(shade=k + 1), step=k + 1) for k in range(previews)),
