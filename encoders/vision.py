@@ -29,6 +29,10 @@ from encoders.cache import EncoderCache, content_key, frames_key, image_key
 FAMILIES = {"LlavaForConditionalGeneration": "llava", "Qwen2VLForConditionalGeneration": "qwen2_vl"}
 
 
+class UnusableImage(ValueError):
+    """A decoded image this model's preprocessing refuses (e.g. an extreme aspect ratio); client-safe text."""
+
+
 class VisionLoadError(RuntimeError):
     """The checkpoint has no usable vision tower (unsupported architecture, missing weights or files)."""
 
@@ -121,9 +125,13 @@ class VisionEncoder(abc.ABC):
         key = image_key(image, self.settings)
         cached = self.cache.get(key)
         if cached is None:
+            self.check_image(image)
             cached = self._encode_image(image, key)
             self.cache.put(key, cached, _nbytes(cached))
         return cached
+
+    def check_image(self, image: Image.Image) -> None:
+        """Raise UnusableImage for an image the preprocessing cannot take."""
 
     @abc.abstractmethod
     def encode_video(self, frames: list[Image.Image]) -> list[VisualFeatures]:
@@ -201,6 +209,12 @@ class Qwen2VLVision(VisionEncoder):
                                               start=int(hf_config.vision_start_token_id),
                                               end=int(hf_config.vision_end_token_id))
 
+    def check_image(self, image: Image.Image) -> None:
+        # The processor's resize keeps the aspect ratio and refuses beyond 200:1.
+        ratio = max(image.size) / min(image.size)
+        if ratio > 200:
+            raise UnusableImage(f"image is {image.width}x{image.height}; this model takes aspect ratios up to 200:1")
+
     def _encode_image(self, image: Image.Image, key: str) -> VisualFeatures:
         batch = self.processor(images=[image], return_tensors="pt")
         return self._encode(batch["pixel_values"], batch["image_grid_thw"][0], key)
@@ -212,6 +226,7 @@ class Qwen2VLVision(VisionEncoder):
         key = frames_key(keys, self.settings)
         cached = self.cache.get(key)
         if cached is None:
+            self.check_image(frames[0])
             pixels, grid = self.video_patches(frames)
             cached = self._encode(pixels, grid, key)
             self.cache.put(key, cached, _nbytes(cached))

@@ -19,7 +19,7 @@ from typing import Any
 
 from encoders.image import ImageDecodeError, ImageLimits, decode_image
 from encoders.video import VideoDecodeError, VideoLimits, decode_frames, decode_video
-from encoders.vision import VisionEncoder, VisualFeatures
+from encoders.vision import UnusableImage, VisionEncoder, VisualFeatures
 from engine.sequence import EmbedSpan
 from omni.prompting import UnsupportedInput, chat_messages
 from omni.protocol import ImagePart, Message, OmniRequest, TextPart, VideoPart
@@ -103,9 +103,9 @@ def _features(part: ImagePart | VideoPart, encoder: VisionEncoder,
             frames = decode_frames(part.frames, limits.video, limits.image)
         else:
             frames = decode_video(part.data, limits.video, fps=part.fps)
-    except (ImageDecodeError, VideoDecodeError) as exc:
+        features = encoder.encode_video(frames)
+    except (ImageDecodeError, VideoDecodeError, UnusableImage) as exc:
         raise MediaError(str(exc)) from None
-    features = encoder.encode_video(frames)
     if marks.video is None:  # no temporal model: the frames go in as consecutive images
         return [(marks.image, f) for f in features]
     return [(marks.video, f) for f in features]

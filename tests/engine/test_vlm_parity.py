@@ -242,3 +242,15 @@ def test_qwen2_vl_encoded_video_matches_hf(qwen: Stack) -> None:
     assert len(frames) == 2 and prompt.embed_spans[0].length == 4  # 2 frames -> 1 temporal patch of 2x2 tokens
     media = qwen_media(qwen, prompt, [], video=frames)
     assert qwen.run(prompt).outputs[0].token_ids == hf_generate(qwen.hf, prompt.token_ids, **media)
+
+
+@pytest.mark.parametrize("size", [(1, 1), (2, 3), (1000, 7)])
+def test_tiny_and_thin_images_work_and_extreme_ratios_are_refused(qwen: Stack, size: tuple[int, int]) -> None:
+    from omni.vision import MediaError
+
+    image = picture(60, size)
+    prompt = qwen.prompt(ImagePart(png_bytes(image)))
+    media = qwen_media(qwen, prompt, [image])
+    assert qwen.run(prompt).outputs[0].token_ids == hf_generate(qwen.hf, prompt.token_ids, **media)
+    with pytest.raises(MediaError, match="aspect ratios up to 200:1"):
+        qwen.prompt(ImagePart(png_bytes(picture(61, (1, 300)))))
