@@ -9,7 +9,7 @@ import base64
 import binascii
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gateway.realtime import audio as audio_fmt
 from gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
@@ -213,6 +213,17 @@ class ItemStore:
                                 "name an item in the conversation or be 'root'.", "previous_item_id")
         self._items.insert(index + 1, item)
         return previous_item_id
+
+    def drop_oldest_media(self, kind: Literal["audio", "image"], budget: int) -> None:
+        """Drop the audio or image bytes of the oldest parts past ``budget`` bytes in all. The items and
+        their parts stay: audio keeps its transcript and length, an image part renders without its URL."""
+        parts = [c for it in self._items for c in it.content if getattr(c, kind)]
+        total = sum(len(getattr(c, kind)) for c in parts)
+        for content in parts:
+            if total <= budget:
+                break
+            total -= len(getattr(content, kind))
+            setattr(content, kind, None)
 
     def delete(self, item_id: str) -> bool:
         item = self.get(item_id)

@@ -311,7 +311,7 @@ class RealtimeSession:
                                 "item.call_id")
         previous = self._insert(item, previous_id)
         self._announce(item, previous)
-        self._enforce_image_budget()
+        self.items.drop_oldest_media("image", self.limits.max_conversation_image_bytes)
 
     def _lookup(self, event: dict[str, Any], code: str) -> Item:
         item_id = event.get("item_id")
@@ -451,25 +451,8 @@ class RealtimeSession:
         self._start_response({})
         return self._flush()
 
-    def _enforce_image_budget(self) -> None:
-        """Drop the bytes of the oldest input images past the budget; the items and their parts stay."""
-        parts = [c for it in self.items for c in it.content if c.image is not None]
-        total = sum(len(c.image or b"") for c in parts)
-        for content in parts:
-            if total <= self.limits.max_conversation_image_bytes:
-                break
-            total -= len(content.image or b"")
-            content.image = None
-
     def _enforce_audio_budget(self) -> None:
-        """Drop the audio bytes of the oldest items past the budget; transcripts and lengths stay."""
-        parts = [c for it in self.items for c in it.content if c.audio]
-        total = sum(len(c.audio or b"") for c in parts)
-        for content in parts:
-            if total <= self.limits.max_conversation_audio_bytes:
-                break
-            total -= len(content.audio or b"")
-            content.audio = None
+        self.items.drop_oldest_media("audio", self.limits.max_conversation_audio_bytes)
 
     # ---- backend side ----------------------------------------------------------------------------
     def build_request(self, response_id: str) -> OmniRequest | None:
