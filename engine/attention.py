@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
+
+from kernels import reference
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +52,6 @@ def select_kernels(backend: str, device: torch.device) -> KernelOps:
             raise ValueError(f"attention backend 'triton' needs a CUDA device, got {device}")
         funcs = {name: getattr(importlib.import_module(module), name) for name, module in _TRITON_MODULES.items()}
     else:
-        reference = importlib.import_module("kernels.reference")
         funcs = {name: getattr(reference, name) for name in _TRITON_MODULES}
     return KernelOps(name=backend, **funcs)
 
@@ -68,6 +69,14 @@ class AttentionMetadata:
     prefill_seq_lens: torch.Tensor  # int32 [P]
     prefill_block_tables: torch.Tensor  # int32 [P, M]
     num_tokens: int
+    # torch backend only: the decode gather/mask shared by all layers, built once per step.
+    decode_plan: Any = None
+
+
+def plan_step(ops: KernelOps, meta: AttentionMetadata, block_size: int) -> None:
+    """Precompute what every layer would otherwise rebuild (the torch path's decode plan)."""
+    if ops.name == "torch" and meta.num_decode:
+        meta.decode_plan = reference.plan_decode(meta.decode_seq_lens, meta.decode_block_tables, block_size)
 
 
 def paged_attention(ops: KernelOps, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -75,13 +84,19 @@ def paged_attention(ops: KernelOps, q: torch.Tensor, k: torch.Tensor, v: torch.T
     """Write this step's K/V into the cache, then attend each query over its sequence's context."""
     ops.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
     nd = meta.num_decode
-    if nd == meta.num_tokens:
-        return ops.paged_decode_attention(q, k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables, scale)
     if nd == 0:
         return ops.paged_prefill_attention(q, k_cache, v_cache, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens,
                                            meta.prefill_block_tables, scale)
-    decode = ops.paged_decode_attention(q[:nd], k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables,
-                                        scale)
+    decode = _decode(ops, q[:nd] if nd < meta.num_tokens else q, k_cache, v_cache, meta, scale)
+    if nd == meta.num_tokens:
+        return decode
     prefill = ops.paged_prefill_attention(q[nd:], k_cache, v_cache, meta.prefill_cu_seqlens_q,
                                           meta.prefill_seq_lens, meta.prefill_block_tables, scale)
     return torch.cat((decode, prefill), dim=0)
+
+
+def _decode(ops: KernelOps, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+            scale: float) -> torch.Tensor:
+    if meta.decode_plan is not None:
+        return reference.decode_with_plan(q, k_cache, v_cache, meta.decode_plan, scale)
+    return ops.paged_decode_attention(q, k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables, scale)

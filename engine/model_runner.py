@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata, select_kernels
+from engine.attention import AttentionMetadata, plan_step, select_kernels
 from engine.config import EngineConfig
 from engine.loader import LoadedModel
 from engine.models import build_model
@@ -169,6 +169,7 @@ class ModelRunner:
             prefill_block_tables=self._block_tables(prefill_seqs, prefill_lens),
             num_tokens=len(ids),
         )
+        plan_step(self.ops, meta, bs)
         embeds = None
         if embed_parts:
             embeds = torch.cat([p.to(device=dev, dtype=self.dtype) for p in embed_parts], dim=0)

@@ -6,6 +6,8 @@ slot = block_id * block_size + offset; block tables are int32 ``[B, max_blocks_p
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -17,6 +19,9 @@ __all__ = [
     "fused_add_rms_norm",
     "apply_rotary",
     "silu_and_mul",
+    "DecodePlan",
+    "plan_decode",
+    "decode_with_plan",
 ]
 
 
@@ -102,28 +107,43 @@ def paged_decode_attention(
     Sequences are padded to the longest context and batched into one attention call; padded
     positions are masked out.
     """
-    batch = q.shape[0]
-    if batch == 0:
+    if q.shape[0] == 0:
         return torch.empty_like(q)
-    block_size = k_cache.shape[1]
-    max_len = int(seq_lens.max())
-    num_blocks = (max_len + block_size - 1) // block_size
-    blocks = block_tables[:, :num_blocks].reshape(-1).long()
-    padded = num_blocks * block_size
-    # [B * num_blocks, block_size, Hkv, D] -> [B, Hkv, S, D]
-    k = k_cache.index_select(0, blocks).view(batch, padded, *k_cache.shape[2:]).transpose(1, 2).to(q.dtype)
-    v = v_cache.index_select(0, blocks).view(batch, padded, *v_cache.shape[2:]).transpose(1, 2).to(q.dtype)
-    positions = torch.arange(padded, device=q.device)
-    mask = (positions.unsqueeze(0) < seq_lens.to(positions.device).unsqueeze(1)).view(batch, 1, 1, -1)
-    o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return decode_with_plan(q, k_cache, v_cache, plan_decode(seq_lens, block_tables, k_cache.shape[1]), scale)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePlan:
+    """What every layer's decode attention of one step shares: which cache blocks to gather and
+    which padded positions to mask. A caller running many layers builds it once per step."""
+
+    blocks: torch.Tensor  # int64 [B * blocks_per_seq]
+    mask: torch.Tensor  # bool [B, 1, 1, blocks_per_seq * block_size]
+
+
+def plan_decode(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> DecodePlan:
+    batch = seq_lens.shape[0]
+    num_blocks = (int(seq_lens.max()) + block_size - 1) // block_size
+    positions = torch.arange(num_blocks * block_size, device=seq_lens.device)
+    mask = (positions.unsqueeze(0) < seq_lens.unsqueeze(1)).view(batch, 1, 1, -1)
+    return DecodePlan(blocks=block_tables[:, :num_blocks].reshape(-1).long(), mask=mask)
+
+
+def decode_with_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan,
+                     scale: float) -> torch.Tensor:
+    batch, padded = plan.mask.shape[0], plan.mask.shape[-1]
+    # index_select copies whole blocks; [B * blocks, block_size, Hkv, D] -> [B, Hkv, S, D]
+    k = k_cache.index_select(0, plan.blocks).view(batch, padded, *k_cache.shape[2:]).transpose(1, 2)
+    v = v_cache.index_select(0, plan.blocks).view(batch, padded, *v_cache.shape[2:]).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q.unsqueeze(2), k.to(q.dtype), v.to(q.dtype), attn_mask=plan.mask,
+                                       scale=scale, enable_gqa=True)
     return o.squeeze(2)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension, computed in fp32 and cast back to ``x.dtype``."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * weight.float()).to(x.dtype)
+    # One fused op; in fp32 it is bitwise equal to x * rsqrt(mean(x^2) + eps) * weight.
+    return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
 
 
 def fused_add_rms_norm(
@@ -139,21 +159,16 @@ def apply_rotary(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """NeoX / HF-Llama rotary embedding (rotate the two halves of each head).
 
-    ``cos_sin_cache[p] = cat(cos[p, :D/2], sin[p, :D/2])``.
+    ``cos_sin_cache[p] = cat(cos[p, :D/2], sin[p, :D/2])``. q and k are rotated as one tensor
+    (half the elementwise calls); the results are views into it.
     """
     half = cos_sin_cache.shape[1] // 2
-    cos_sin = cos_sin_cache[positions]
-    cos = cos_sin[:, :half].unsqueeze(1)
-    sin = cos_sin[:, half:].unsqueeze(1)
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    cos = cos.to(x.dtype)
-    sin = sin.to(x.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    cos_sin = cos_sin_cache[positions].to(q.dtype).unsqueeze(1)
+    cos, sin = cos_sin[..., :half], cos_sin[..., half:]
+    qk = torch.cat((q, k), dim=1)
+    x1, x2 = qk[..., :half], qk[..., half:]
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotated[:, : q.shape[1]], rotated[:, q.shape[1]:]
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
