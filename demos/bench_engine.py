@@ -1,6 +1,6 @@
 """CPU throughput benchmark: our engine against HF transformers ``generate`` on the default model.
 
-    python demos/bench_engine.py [--requests 16] [--new-tokens 128]
+    python demos/bench_engine.py [--requests 16] [--new-tokens 128] [--threads N]
 
 Runs, in one process and on the same prompts (greedy, EOS ignored): our ``LLM`` with all requests
 at once; HF ``generate`` one request at a time; HF ``generate`` batched with left padding; and a
@@ -97,7 +97,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     n, new = args.requests, args.new_tokens
 
     from transformers import AutoModelForCausalLM

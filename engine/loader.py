@@ -56,6 +56,10 @@ def load_model(config: EngineConfig) -> LoadedModel:
         raise ModelLoadError(f"model {str(path)!r} lacks {len(missing)} required tensor(s): {shown}")
 
     model_len = int(getattr(hf_config, "max_position_embeddings", 0) or 0) or 2048
+    window = _sliding_window(hf_config)
+    if window is not None and window < model_len:
+        # Attention here is always full; within the window that is exactly what the model computes.
+        model_len = window
     if config.max_model_len is not None and config.max_model_len > model_len:
         raise ModelLoadError(f"max_model_len={config.max_model_len} exceeds the model's context length {model_len}")
     eos = _eos_ids(hf_config, tokenizer) | extra_eos
@@ -72,6 +76,13 @@ def load_model(config: EngineConfig) -> LoadedModel:
         architecture=architecture,
         weights=weights,
     )
+
+
+def _sliding_window(hf_config: Any) -> int | None:
+    window = getattr(hf_config, "sliding_window", None)
+    if not window or getattr(hf_config, "use_sliding_window", True) is False:
+        return None
+    return int(window)
 
 
 def _resolve_model_path(model: str) -> Path:

@@ -108,3 +108,10 @@ def test_file_of_unknown_kind(tmp_path: Path) -> None:
 def test_context_longer_than_model(good_dir: Path) -> None:
     with pytest.raises(ModelLoadError, match="exceeds the model's context length 256"):
         load_model(EngineConfig(model=str(good_dir), max_model_len=1024))
+
+
+def test_sliding_window_caps_the_context(tmp_path: Path) -> None:
+    save_tiny_checkpoint("mistral", tmp_path)
+    loaded = load_model(EngineConfig(model=str(tmp_path)))
+    assert loaded.architecture == "MistralForCausalLM"
+    assert loaded.max_model_len == 64  # full attention equals windowed attention only up to the window

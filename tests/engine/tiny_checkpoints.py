@@ -19,7 +19,7 @@ VOCAB = 384  # >= the byte-level test tokenizer's 330 tokens
 
 
 def tiny_config(kind: str) -> Any:
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     # A wide init keeps logits well apart, so greedy ties cannot flip on float rounding.
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -31,6 +31,8 @@ def tiny_config(kind: str) -> Any:
         return LlamaConfig(**common, tie_word_embeddings=True, rope_theta=50000.0,
                            rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    if kind == "mistral":
+        return MistralConfig(**common, sliding_window=64, tie_word_embeddings=False)
     if kind == "qwen2":
         return Qwen2Config(**common, tie_word_embeddings=True)
     if kind == "qwen3":
