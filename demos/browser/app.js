@@ -1,18 +1,26 @@
 // The demo speaks the OpenAI Realtime protocol (GA event names) to /v1/realtime.
 const $ = (id) => document.getElementById(id);
 const RATE = 24000;
+const KEPT_FRAMES = 2; // the server shows the model only the most recent webcam frames; older ones are deleted
 
 const state = {
   ws: null, audio: null, player: null, mic: null, cameraTimer: null,
-  userLine: null, assistantLine: null, turn: 0,
-  speechStoppedAt: null, responseStartedAt: null, firstAudioAt: null, firstTextAt: null,
+  userLines: new Map(), assistantLine: null, turn: 0, lastError: "",
+  frameIds: [], frameCount: 0,
+  speechStoppedAt: null, responseStartedAt: null, firstAudioAt: null, firstTextAt: null, turnAudioBytes: 0,
+  // Running totals, read by the end-to-end test and handy in the console.
+  micBytesSent: 0, audioBytesReceived: 0, responsesDone: 0, transcripts: [], answers: [],
 };
-window.demo = state; // exposed for automated end-to-end tests
+window.demo = state;
 
 function setStatus(text, kind = "") {
   const el = $("status");
   el.textContent = text;
   el.className = `status ${kind}`;
+}
+
+function setPhase(text) {
+  $("phase").textContent = text;
 }
 
 function addLine(role, text = "") {
@@ -22,6 +30,12 @@ function addLine(role, text = "") {
   $("log").appendChild(el);
   $("log").scrollTop = $("log").scrollHeight;
   return el;
+}
+
+function showError(text) {
+  if (text === state.lastError) return; // a failed response is reported by both `error` and `response.done`
+  state.lastError = text;
+  addLine("system", text);
 }
 
 function send(event) {
@@ -51,15 +65,30 @@ async function ensureAudio() {
   state.audio = new AudioContext({ sampleRate: RATE });
   await state.audio.audioWorklet.addModule("worklets.js");
   state.player = new AudioWorkletNode(state.audio, "playback-processor");
+  state.player.port.onmessage = (e) => {
+    if (e.data === "started") setPhase("speaking");
+    else if (e.data === "stopped") setPhase(state.mic ? "listening" : "");
+  };
   state.player.connect(state.audio.destination);
 }
 
-function recordLatency() {
+function recordLatency(status) {
   const row = document.createElement("tr");
   const fmt = (a, b) => (a && b ? `${Math.round(b - a)} ms` : "–");
   const start = state.speechStoppedAt || state.responseStartedAt;
-  row.innerHTML = `<td>${state.turn}</td><td>${fmt(start, state.firstAudioAt)}</td><td>${fmt(start, state.firstTextAt)}</td>`;
+  const seconds = status === "completed" ? `${(state.turnAudioBytes / 2 / RATE).toFixed(1)} s` : status;
+  row.innerHTML = `<td>${state.turn}</td><td>${fmt(start, state.firstTextAt)}</td>`
+    + `<td>${fmt(start, state.firstAudioAt)}</td><td>${seconds}</td>`;
   $("latency").querySelector("tbody").appendChild(row);
+}
+
+function userLine(itemId) {
+  let el = state.userLines.get(itemId);
+  if (!el) {
+    el = addLine("user", "…");
+    state.userLines.set(itemId, el);
+  }
+  return el;
 }
 
 function handle(event) {
@@ -68,20 +97,28 @@ function handle(event) {
       setStatus(`connected · ${event.session.model || "model"}`, "live");
       break;
     case "input_audio_buffer.speech_started":
-      state.player && state.player.port.postMessage("clear"); // barge-in: stop talking
-      state.userLine = addLine("user", "…");
+      if (state.player) state.player.port.postMessage("clear"); // barge-in: stop talking
+      userLine(event.item_id);
+      setPhase("hearing you");
       break;
     case "input_audio_buffer.speech_stopped":
       state.speechStoppedAt = performance.now();
+      setPhase("thinking");
       break;
     case "conversation.item.input_audio_transcription.completed":
-      (state.userLine || addLine("user")).textContent = event.transcript;
-      state.userLine = null;
+      userLine(event.item_id).textContent = event.transcript;
+      state.userLines.delete(event.item_id);
+      state.transcripts.push(event.transcript);
+      break;
+    case "conversation.item.input_audio_transcription.failed":
+      userLine(event.item_id).textContent = "(speech not transcribed)";
+      state.userLines.delete(event.item_id);
       break;
     case "response.created":
       state.turn += 1;
       state.responseStartedAt = performance.now();
       state.firstAudioAt = state.firstTextAt = null;
+      state.turnAudioBytes = 0;
       state.assistantLine = addLine("assistant");
       break;
     case "response.output_audio_transcript.delta":
@@ -89,10 +126,14 @@ function handle(event) {
       if (!state.firstTextAt) state.firstTextAt = performance.now();
       state.assistantLine.textContent += event.delta;
       break;
-    case "response.output_audio.delta":
+    case "response.output_audio.delta": {
       if (!state.firstAudioAt) state.firstAudioAt = performance.now();
-      state.player.port.postMessage(floatFromB64Pcm16(event.delta).buffer, []);
+      const samples = floatFromB64Pcm16(event.delta);
+      state.audioBytesReceived += samples.length * 2;
+      state.turnAudioBytes += samples.length * 2;
+      state.player.port.postMessage(samples.buffer, [samples.buffer]);
       break;
+    }
     case "response.image_generation_call.partial_image":
       showImage(event.item_id, event.partial_image_b64);
       break;
@@ -100,13 +141,34 @@ function handle(event) {
       if (event.item.type === "image_generation_call" && event.item.result) showImage(event.item.id, event.item.result);
       break;
     case "response.done":
-      recordLatency();
-      state.speechStoppedAt = null;
-      if (event.response.status === "failed") addLine("system", JSON.stringify(event.response.status_details));
+      onResponseDone(event.response);
       break;
     case "error":
-      addLine("system", `${event.error.code || event.error.type}: ${event.error.message}`);
+      showError(`${event.error.code || event.error.type}: ${event.error.message}`);
+      if (event.error.param && event.error.param.endsWith("output_modalities")) $("image-out").checked = false;
       break;
+  }
+}
+
+function onResponseDone(response) {
+  recordLatency(response.status);
+  state.responsesDone += 1;
+  state.speechStoppedAt = null;
+  if (state.assistantLine) {
+    if (!state.assistantLine.textContent) state.assistantLine.remove();
+    else state.answers.push(state.assistantLine.textContent);
+  }
+  if (!state.firstAudioAt) setPhase(state.mic ? "listening" : "");
+  if (response.status !== "failed") return;
+  const error = (response.status_details && response.status_details.error) || {};
+  showError(`${error.code || "failed"}: ${error.message || JSON.stringify(response.status_details)}`);
+  if (error.code === "unsupported_modality" && state.frameIds.length) {
+    // A model without image input: stop the camera and take its frames out of the conversation,
+    // or every later turn would fail the same way.
+    $("webcam").checked = false;
+    stopCamera();
+    for (const id of state.frameIds.splice(0)) send({ type: "conversation.item.delete", item_id: id });
+    addLine("system", "This model has no image input: webcam frames stopped and removed.");
   }
 }
 
@@ -115,6 +177,7 @@ function showImage(itemId, b64) {
   if (!img) {
     img = document.createElement("img");
     img.dataset.item = itemId;
+    img.alt = "generated image";
     $("images").prepend(img);
   }
   img.src = `data:image/png;base64,${b64}`;
@@ -129,7 +192,16 @@ async function connect() {
   state.ws = ws;
   setStatus("connecting…");
   ws.onmessage = (m) => handle(JSON.parse(m.data));
-  ws.onclose = (e) => { setStatus(`closed (${e.code})`, e.code === 1000 ? "" : "error"); toggleInputs(false); };
+  ws.onclose = (e) => {
+    // 1006 before any session: the handshake was refused, most often for a missing or wrong key.
+    const hint = e.code === 1006 && !$("status").classList.contains("live") ? " · check the API key" : "";
+    setStatus(`closed (${e.code})${hint}`, e.code === 1000 ? "" : "error");
+    if (state.mic) stopMic();
+    $("webcam").checked = false;
+    stopCamera();
+    toggleInputs(false);
+    setPhase("");
+  };
   ws.onopen = () => {
     send({
       type: "session.update",
@@ -155,52 +227,80 @@ function toggleInputs(on) {
   $("connect").textContent = on ? "Disconnect" : "Connect";
 }
 
+function stopMic() {
+  state.mic.stream.getTracks().forEach((t) => t.stop());
+  state.mic.node.disconnect();
+  state.mic = null;
+  $("mic").textContent = "Start microphone";
+  $("mic").classList.remove("on");
+  setPhase("");
+}
+
 async function toggleMic() {
   if (state.mic) {
-    state.mic.stream.getTracks().forEach((t) => t.stop());
-    state.mic.node.disconnect();
-    state.mic = null;
-    $("mic").textContent = "Start microphone";
+    stopMic();
     return;
   }
+  await state.audio.resume(); // contexts made before a user gesture start suspended
   const stream = await navigator.mediaDevices.getUserMedia({
     audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
   });
   const source = state.audio.createMediaStreamSource(stream);
   const node = new AudioWorkletNode(state.audio, "capture-processor");
-  node.port.onmessage = (e) => send({ type: "input_audio_buffer.append", audio: b64FromBuffer(e.data) });
+  node.port.onmessage = (e) => {
+    state.micBytesSent += e.data.byteLength;
+    send({ type: "input_audio_buffer.append", audio: b64FromBuffer(e.data) });
+  };
   source.connect(node);
   state.mic = { stream, node };
   $("mic").textContent = "Stop microphone";
+  $("mic").classList.add("on");
+  setPhase("listening");
+}
+
+function stopCamera() {
+  clearInterval(state.cameraTimer);
+  state.cameraTimer = null;
+  const video = $("camera");
+  if (video.srcObject) video.srcObject.getTracks().forEach((t) => t.stop());
+  video.srcObject = null;
+  video.hidden = true;
+}
+
+function sendFrame(video, canvas) {
+  if (!video.videoWidth) return;
+  canvas.width = video.videoWidth;
+  canvas.height = video.videoHeight;
+  canvas.getContext("2d").drawImage(video, 0, 0);
+  const id = `frame_${Date.now().toString(36)}_${state.frameCount++}`;
+  send({
+    type: "conversation.item.create",
+    item: { id, type: "message", role: "user", content: [{ type: "input_image", image_url: canvas.toDataURL("image/jpeg", 0.7) }] },
+  });
+  state.frameIds.push(id);
+  while (state.frameIds.length > KEPT_FRAMES) send({ type: "conversation.item.delete", item_id: state.frameIds.shift() });
 }
 
 async function toggleCamera() {
   if (!$("webcam").checked) {
-    clearInterval(state.cameraTimer);
-    const video = $("camera");
-    if (video.srcObject) video.srcObject.getTracks().forEach((t) => t.stop());
-    video.srcObject = null;
-    video.hidden = true;
+    stopCamera();
     return;
   }
   const video = $("camera");
-  video.srcObject = await navigator.mediaDevices.getUserMedia({ video: { width: 640, height: 480 } });
+  try {
+    video.srcObject = await navigator.mediaDevices.getUserMedia({ video: { width: 640, height: 480 } });
+  } catch (err) {
+    $("webcam").checked = false;
+    showError(`webcam: ${err.message}`);
+    return;
+  }
   video.hidden = false;
   const canvas = document.createElement("canvas");
-  state.cameraTimer = setInterval(() => {
-    if (!video.videoWidth) return;
-    canvas.width = video.videoWidth;
-    canvas.height = video.videoHeight;
-    canvas.getContext("2d").drawImage(video, 0, 0);
-    send({
-      type: "conversation.item.create",
-      item: { type: "message", role: "user", content: [{ type: "input_image", image_url: canvas.toDataURL("image/jpeg", 0.7) }] },
-    });
-  }, 1000);
+  state.cameraTimer = setInterval(() => sendFrame(video, canvas), 1000);
 }
 
 $("connect").onclick = () => (state.ws && state.ws.readyState <= 1 ? state.ws.close(1000) : connect());
-$("mic").onclick = toggleMic;
+$("mic").onclick = () => toggleMic().catch((err) => showError(`microphone: ${err.message}`));
 $("webcam").onchange = toggleCamera;
 $("text-form").onsubmit = (e) => {
   e.preventDefault();
@@ -209,6 +309,8 @@ $("text-form").onsubmit = (e) => {
   $("text").value = "";
   addLine("user", text);
   send({ type: "conversation.item.create", item: { type: "message", role: "user", content: [{ type: "input_text", text }] } });
-  const modalities = $("image-out").checked ? ["image"] : ["audio"];
-  send({ type: "response.create", response: { output_modalities: modalities } });
+  const response = $("image-out").checked
+    ? { output_modalities: ["image"], image: { partial_images: 2 } }
+    : { output_modalities: ["audio"] };
+  send({ type: "response.create", response });
 };
