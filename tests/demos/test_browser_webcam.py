@@ -1,0 +1,78 @@
+"""The demo page's webcam and typed turns in headless Chromium over the scripted backend (no real models).
+
+Frames reach the model as images; on a model without image input the failed turn stops the camera and
+removes the frames from the conversation, so the next turn is answered.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gateway"))
+
+from fakes import FakeBackend  # noqa: E402
+
+from omni.protocol import ImagePart, OmniRequest  # noqa: E402
+from tests.demos.chromium_page import connect, demo_page  # noqa: E402
+from tests.gateway.live_server import serve  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+REPLY = "A test pattern."
+
+
+def images_in(request: OmniRequest) -> list[ImagePart]:
+    return [part for message in request.messages for part in message.parts if isinstance(part, ImagePart)]
+
+
+def ask(page: Page, text: str, responses_before: int) -> None:
+    page.fill("#text", text)
+    page.click("#send")
+    page.wait_for_function(f"() => window.demo.responsesDone > {responses_before}", timeout=30_000)
+
+
+def test_webcam_frames_reach_the_model_as_jpeg_images() -> None:
+    backend = FakeBackend(REPLY)
+    with serve(backend) as port, demo_page(port) as (page, problems):
+        connect(page)
+        page.check("#webcam")
+        page.wait_for_function("() => window.demo.frameCount >= 4", timeout=30_000)
+        assert page.evaluate("() => document.getElementById('camera').videoWidth") == 640
+        ask(page, "What do you see?", 0)
+        answers = page.evaluate("() => window.demo.answers")
+        page.uncheck("#webcam")
+        assert page.evaluate("() => document.getElementById('camera').hidden")
+
+    assert not problems, problems
+    assert answers == [REPLY]
+    frames = images_in(backend.requests[-1])
+    # The page keeps only the latest two frames in the conversation; each is a JPEG from the camera.
+    assert len(frames) == 2 and all(frame.data.startswith(b"\xff\xd8\xff") for frame in frames)
+
+
+def test_a_model_without_image_input_gets_its_frames_removed_and_answers_the_next_turn() -> None:
+    backend = FakeBackend(REPLY)
+    backend.capabilities = dataclasses.replace(backend.capabilities, input_modalities=frozenset({"text", "audio"}))
+    with serve(backend) as port, demo_page(port) as (page, problems):
+        connect(page)
+        page.check("#webcam")
+        page.wait_for_function("() => window.demo.frameCount >= 2", timeout=30_000)
+        ask(page, "What do you see?", 0)
+        page.wait_for_function("() => !document.getElementById('webcam').checked")
+        log = page.evaluate("() => [...document.querySelectorAll('#log .msg.system')].map((m) => m.textContent)")
+        ask(page, "Hello?", 1)
+        answers = page.evaluate("() => window.demo.answers")
+        first_turn = page.inner_text("#latency tbody tr:first-child")
+
+    assert not problems, problems
+    assert any(line.startswith("unsupported_modality:") for line in log), log
+    assert any("webcam frames stopped and removed" in line for line in log), log
+    assert first_turn.split("\t")[-1] == "failed"
+    assert answers == [REPLY]
+    assert len(backend.requests) == 1 and not images_in(backend.requests[0])

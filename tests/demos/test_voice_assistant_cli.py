@@ -1,0 +1,83 @@
+"""The CLI voice client against a live server over the scripted backend: one spoken turn in, the answer saved."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import websockets
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gateway"))
+
+from fakes import RATE, FakeBackend, tone  # noqa: E402
+
+from demos.voice_assistant import Progress, converse, main  # noqa: E402
+from gateway.config import GatewayConfig  # noqa: E402
+from tests.gateway.live_server import serve  # noqa: E402
+
+REPLY = "Paris is the capital."
+HEARD = "what is the capital of france"
+CHUNK_DELAY_S = 0.05
+
+
+def question() -> np.ndarray:
+    return np.frombuffer(tone(800), dtype="<i2")
+
+
+def test_converse_saves_the_answer_and_reports_transcripts_and_latency(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    backend = FakeBackend(REPLY, transcript=HEARD, chunk_delay=CHUNK_DELAY_S)
+    out = tmp_path / "answer.wav"
+    with serve(backend, GatewayConfig(api_key="sk-voice")) as port:
+        result = asyncio.run(converse(f"ws://127.0.0.1:{port}/v1/realtime", question(), api_key="sk-voice",
+                                      mic=False, out=out, play=False, timeout=30, progress=Progress(True)))
+
+    assert result["transcript_in"] == HEARD
+    assert result["transcript_out"] == REPLY
+    # Measured from the end of speech; the backend holds every chunk for CHUNK_DELAY_S.
+    assert CHUNK_DELAY_S * 1000 <= result["latency_ms"] < 10_000
+    answer, rate = sf.read(str(out), dtype="int16")
+    words = len(REPLY.split())
+    assert rate == RATE and answer.ndim == 1
+    assert answer.tobytes() == tone(100) * words  # every audio delta, in order, nothing else
+    # The whole question went up: its audio (plus the VAD's padding) reached the transcriber.
+    assert len(backend.transcribed) == 1 and len(backend.transcribed[0]) >= len(question().tobytes())
+    progress = capsys.readouterr().err
+    assert f"you: {HEARD}" in progress and f"assistant: {REPLY}" in progress
+    assert f"saved {words * 0.1:.2f}s of audio to {out}" in progress
+
+
+def test_command_line_resamples_a_stereo_file_and_prints_the_result(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    rate = 16000
+    t = np.arange(rate * 8 // 10) / rate
+    wave = 0.6 * np.sin(2 * np.pi * 220 * t)
+    wav = tmp_path / "question.wav"
+    sf.write(str(wav), np.stack([wave, wave], axis=1), rate, subtype="PCM_16")
+    backend = FakeBackend(REPLY, transcript=HEARD)
+    with serve(backend) as port:
+        code = main([str(wav), "--url", f"ws://127.0.0.1:{port}/v1/realtime", "--out", str(tmp_path / "a.wav"),
+                     "--quiet", "--timeout", "30"])
+
+    captured = capsys.readouterr()
+    assert code == 0 and captured.err == ""
+    result = json.loads(captured.out)
+    assert result["transcript_in"] == HEARD and result["transcript_out"] == REPLY
+    assert result["latency_ms"] is not None
+    sent = len(backend.transcribed[0]) / 2 / RATE  # the server saw 24 kHz audio about as long as the file
+    assert 0.7 <= sent <= 1.6, sent
+
+
+def test_a_wrong_key_fails_the_handshake_instead_of_waiting(tmp_path: Path) -> None:
+    with serve(FakeBackend(), GatewayConfig(api_key="sk-voice")) as port, \
+            pytest.raises(websockets.exceptions.InvalidStatus) as failure:
+        asyncio.run(converse(f"ws://127.0.0.1:{port}/v1/realtime", question(), api_key="sk-wrong", mic=False,
+                             out=tmp_path / "never.wav", play=False, timeout=30, progress=Progress(False)))
+    assert failure.value.response.status_code == 401
+    assert not (tmp_path / "never.wav").exists()
