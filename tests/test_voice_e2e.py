@@ -1,0 +1,61 @@
+"""The voice loop end to end on the embedded defaults: speech in over /v1/realtime, speech out.
+
+The question is spoken by the packaged Piper voice, streamed in 40 ms chunks with server VAD deciding
+the end of the turn; the spoken answer is transcribed back with the packaged Whisper and must say
+what a correct answer says.
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from demos.voice_assistant import Progress, converse  # noqa: E402
+from tests.gateway.live_server import serve  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from engine.config import EngineConfig
+    from omni import load_backend
+    from omni.config import OmniConfig
+
+    config = OmniConfig(engine=EngineConfig(model="default", max_model_len=2048), temperature=0.0, max_tokens=48,
+                        system_prompt="You are a helpful assistant. Answer in one short sentence.")
+    pipeline = load_backend(config)
+    yield pipeline
+    pipeline.shutdown()
+
+
+def test_spoken_question_gets_a_spoken_answer_with_the_right_content(backend, tmp_path: Path) -> None:
+    question = backend.tts.synthesize(QUESTION)  # float32 at 24 kHz
+    pcm = (np.clip(question, -1, 1) * 32767).astype("<i2")
+    silence = np.zeros(24000 // 2, dtype="<i2")  # the speaker pauses before asking
+    answer_path = tmp_path / "answer.wav"
+    with serve(backend) as port:
+        result = asyncio.run(converse(f"ws://127.0.0.1:{port}/v1/realtime", np.concatenate([silence, pcm]),
+                                      api_key=None, mic=False, out=answer_path, play=False, timeout=300,
+                                      progress=Progress(False)))
+
+    assert "capital" in result["transcript_in"].lower() and "france" in result["transcript_in"].lower()
+    assert result["latency_ms"] is not None
+    answer, rate = sf.read(str(answer_path), dtype="int16")
+    assert rate == 24000 and len(answer) > rate // 2  # at least half a second of speech came back
+    heard = asyncio.run(backend.transcribe(answer.tobytes(), rate)).text
+    assert "paris" in heard.lower(), (heard, result["transcript_out"])
+    assert "paris" in result["transcript_out"].lower()
+    deadline = time.monotonic() + 10  # stats are refreshed by the engine loop a few times a second
+    while (stats := backend.metrics())["running"] or stats["kv_blocks_used"]:
+        assert time.monotonic() < deadline, f"engine still busy after the turn ended: {stats}"
+        time.sleep(0.1)
