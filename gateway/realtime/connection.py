@@ -155,7 +155,10 @@ class RealtimeConnection:
                 return
             if len(self._outbox) <= high // 2:
                 self._space.set()
-            await self.ws.send_text(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
+            try:
+                await self.ws.send_text(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
+            except UnicodeEncodeError:  # lone surrogates from the client's JSON escapes: send them escaped
+                await self.ws.send_text(json.dumps(event, separators=(",", ":")))
 
     async def _dispatch(self, outputs: list[Output]) -> None:
         """Queue events and run commands in the session's order, then wait while the client lags."""
