@@ -119,8 +119,12 @@ async def _send_audio(ws, audio: np.ndarray | None, mic: bool, progress: Progres
         queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=50)
         loop = asyncio.get_running_loop()
 
+        def enqueue(chunk: bytes) -> None:
+            if not queue.full():  # a stalled socket drops microphone audio rather than piling it up
+                queue.put_nowait(chunk)
+
         def callback(indata, frames, time_info, status) -> None:  # runs on the audio thread
-            loop.call_soon_threadsafe(queue.put_nowait, bytes(indata))
+            loop.call_soon_threadsafe(enqueue, bytes(indata))
 
         with sd.RawInputStream(samplerate=RATE, channels=1, dtype="int16", blocksize=step, callback=callback):
             while True:
@@ -143,8 +147,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.wav is None and not args.mic:
         parser.error("give a WAV file or --mic")
     audio = load_wav(args.wav) if args.wav is not None else None
-    result = asyncio.run(converse(args.url, audio, api_key=args.api_key, mic=args.mic, out=args.out, play=args.play,
-                                  timeout=args.timeout, progress=Progress(not args.quiet)))
+    try:
+        result = asyncio.run(converse(args.url, audio, api_key=args.api_key, mic=args.mic, out=args.out,
+                                      play=args.play, timeout=args.timeout, progress=Progress(not args.quiet)))
+    except websockets.exceptions.InvalidStatus as exc:
+        code = exc.response.status_code
+        hint = " (wrong or missing --api-key)" if code == 401 else ""
+        sys.stderr.write(f"\n{args.url} refused the connection with HTTP {code}{hint}\n")
+        return 1
+    except TimeoutError:  # before OSError, of which it is a subclass
+        sys.stderr.write(f"\nno complete answer within {args.timeout:g} s (--timeout)\n")
+        return 1
+    except OSError as exc:
+        sys.stderr.write(f"\ncannot reach {args.url} ({exc}); is `omni serve` running?\n")
+        return 1
     print(json.dumps(result))
     return 0
 

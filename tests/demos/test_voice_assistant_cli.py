@@ -81,3 +81,27 @@ def test_a_wrong_key_fails_the_handshake_instead_of_waiting(tmp_path: Path) -> N
                              out=tmp_path / "never.wav", play=False, timeout=30, progress=Progress(False)))
     assert failure.value.response.status_code == 401
     assert not (tmp_path / "never.wav").exists()
+
+
+def test_command_line_explains_an_unreachable_server_and_a_refused_key(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    wav = tmp_path / "question.wav"
+    sf.write(str(wav), question(), RATE, subtype="PCM_16")
+    with serve(FakeBackend(), GatewayConfig(api_key="sk-voice")) as port:
+        url = f"ws://127.0.0.1:{port}/v1/realtime"
+        assert main([str(wav), "--url", url, "--api-key", "sk-wrong", "--quiet"]) == 1
+    assert "HTTP 401 (wrong or missing --api-key)" in capsys.readouterr().err
+    # The server is gone now: nothing listens on that port.
+    assert main([str(wav), "--url", url, "--quiet"]) == 1
+    assert "is `omni serve` running?" in capsys.readouterr().err
+
+
+def test_command_line_gives_up_after_its_timeout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wav = tmp_path / "question.wav"
+    sf.write(str(wav), question(), RATE, subtype="PCM_16")
+    backend = FakeBackend()
+    backend.gate = asyncio.Event()  # never set: the answer never starts
+    with serve(backend) as port:
+        code = main([str(wav), "--url", f"ws://127.0.0.1:{port}/v1/realtime", "--quiet", "--timeout", "4"])
+    assert code == 1 and "no complete answer within 4 s" in capsys.readouterr().err
+    assert len(backend.requests) == 1  # the turn did reach the model
