@@ -1,7 +1,8 @@
-"""The demo page's webcam and typed turns in headless Chromium over the scripted backend (no real models).
+"""The demo page in headless Chromium over the scripted backend (no real models): API key, webcam, typed turns.
 
-Frames reach the model as images; on a model without image input the failed turn stops the camera and
-removes the frames from the conversation, so the next turn is answered.
+The page loads without a key and hands the key to the realtime handshake. Webcam frames reach the model as
+images; on a model without image input the failed turn stops the camera and removes the frames from the
+conversation, so the next turn is answered.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ sys.path.insert(0, str(ROOT / "tests" / "gateway"))
 
 from fakes import FakeBackend  # noqa: E402
 
+from gateway.config import GatewayConfig  # noqa: E402
 from omni.protocol import ImagePart, OmniRequest  # noqa: E402
 from tests.demos.chromium_page import connect, demo_page  # noqa: E402
 from tests.gateway.live_server import serve  # noqa: E402
@@ -76,3 +78,19 @@ def test_a_model_without_image_input_gets_its_frames_removed_and_answers_the_nex
     assert first_turn.split("\t")[-1] == "failed"
     assert answers == [REPLY]
     assert len(backend.requests) == 1 and not images_in(backend.requests[0])
+
+
+def test_page_loads_without_a_key_and_connects_with_the_one_typed_in() -> None:
+    with serve(FakeBackend(REPLY), GatewayConfig(api_key="sk-page")) as port, demo_page(port) as (page, problems):
+        page.click("#connect")  # no key typed: the handshake is refused
+        page.wait_for_selector("#status.error")
+        refused = page.inner_text("#status")
+        page.fill("#api-key", "sk-page")
+        connect(page)
+        ask(page, "Hello?", 0)
+        answers = page.evaluate("() => window.demo.answers")
+
+    assert "check the API key" in refused, refused
+    assert answers == [REPLY]
+    # The refused handshake is the only thing that went wrong.
+    assert len(problems) == 1 and "WebSocket connection" in problems[0], problems
