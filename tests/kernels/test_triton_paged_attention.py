@@ -187,7 +187,7 @@ def test_gpu_prefill_large_gqa(dtype, poison, rel_err, tolerance):
 def test_gpu_fused_reduce_is_stable_across_calls(poison, rel_err):
     # A missing barrier or fence in the counter hand-off shows up as an error that moves between
     # runs; many splits per (sequence, head) and fresh data per call give it room to appear.
-    config = DecodeConfig(target_programs=2048, min_split_tokens=64, fused_reduce=True)
+    config = DecodeConfig(target_programs=160, min_split_tokens=64, fused_reduce=True)  # 8 splits: merged in-kernel
     for seed in range(6):
         out, expected = _decode_case([3000, 70, 1, 2500, 640], 32, 4, 128, torch.bfloat16, torch.device("cuda"),
                                      100 + seed, config, poison)
