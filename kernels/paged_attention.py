@@ -252,6 +252,7 @@ def _check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 # Zeroed once and left zeroed by each launch (the merging program resets its counter), so they
 # can live across calls and CUDA-graph replays. Never freed: a captured graph keeps their address.
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []  # outgrown counters, kept alive for graphs captured with them
 _MIN_COUNTERS = 1 << 16
 
 
@@ -269,8 +270,6 @@ def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
         _COUNTERS[device] = counters
     return counters
 
-
-_RETIRED: list[torch.Tensor] = []
 
 
 def paged_decode_attention(
