@@ -271,7 +271,6 @@ def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
     return counters
 
 
-
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
