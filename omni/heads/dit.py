@@ -3,7 +3,7 @@
 ``ImageHead.generate`` validates the options, queues the request on the ``ImageBatcher`` (whose single
 worker thread owns the model) and relays what the worker produces through a bounded asyncio queue:
 ``ImagePartial`` every ``preview_every`` steps for each image, then one ``ImageFinal`` per image.
-A full queue makes the worker wait (checking for cancellation), so a slow reader slows its batch
+Images cross the queue as pixels and are PNG-encoded in a pool thread on the reader's side. A full queue makes the worker wait (checking for cancellation), so a slow reader slows its batch
 instead of piling up PNGs. Setting ``cancel`` or closing the iterator stops the denoising loop at its
 next step once no other request in the batch still wants it.
 """
@@ -15,12 +15,12 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from omni.heads.dit_errors import ImageGenerationError
 from omni.heads.dit_loader import ImageHeadConfig, image_limits, load_pipeline, select_device
 from omni.heads.dit_options import ImageJobSpec, ImageLimits, resolve_job
-from omni.heads.dit_runner import DiffusersRunner
+from omni.heads.dit_runner import DiffusersRunner, RawImage
 from omni.heads.image_batcher import ImageBatcher
 from omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
 
@@ -65,8 +65,8 @@ class _StreamJob:
     def abandon(self) -> None:
         self._abandoned.set()
 
-    def emit(self, chunk: ImagePartial | ImageFinal) -> None:
-        self._put(chunk)
+    def emit(self, image: RawImage) -> None:
+        self._put(image)
 
     def finish(self) -> None:
         if not self._ended:
@@ -135,7 +135,7 @@ class ImageHead:
                     return
                 if isinstance(item, _Failed):
                     raise ImageGenerationError(f"image generation failed: {item.error}") from item.error
-                yield item  # type: ignore[misc]
+                yield await asyncio.to_thread(cast(RawImage, item).to_chunk)
         finally:
             job.abandon()
 
