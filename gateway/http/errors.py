@@ -5,7 +5,11 @@ echoed to the client, since such text can leak memory addresses and internals.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from starlette.responses import JSONResponse
+
+from gateway.errors import client_safe
 
 from omni.protocol import Error
 
@@ -48,7 +52,7 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
 def from_backend(error: Error) -> ApiError:
     """Map an ``Error`` chunk of the backend's stream onto the HTTP error the client gets."""
     status = error.status if 400 <= error.status <= 599 else 500
-    return ApiError(status, error.message, code=error.code)
+    return ApiError(status, client_safe(dataclasses.replace(error, status=status)).message, code=error.code)
 
 
 def internal() -> ApiError:

@@ -19,11 +19,12 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway import metrics
 from gateway.config import GatewayConfig
+from gateway.errors import client_safe
 from gateway.realtime.commands import (CancelResponse, Output, Send, StartResponse, Transcribe, VadFactory,
                                        new_id)
 from gateway.realtime.session import RealtimeSession
 from gateway.realtime.settings import Dialect
-from omni.protocol import AudioChunk, OmniBackend, OmniRequest, OutputChunk, TextDelta, Usage
+from omni.protocol import AudioChunk, Error, OmniBackend, OmniRequest, OutputChunk, TextDelta, Usage
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +232,8 @@ class RealtimeConnection:
                     timer.tick()
                 elif isinstance(chunk, Usage):
                     metrics.count_tokens("realtime", chunk.input_tokens, chunk.output_tokens)
+                elif isinstance(chunk, Error):
+                    chunk = client_safe(chunk)
                 await self._dispatch(self.session.on_chunk(response_id, chunk))
             exhausted = True
             await self._dispatch(self.session.on_stream_end(response_id))
