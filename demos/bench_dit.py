@@ -31,9 +31,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omni.heads.dit import ImageHead  # noqa: E402
-from omni.heads.dit_loader import ImageHeadConfig, select_device  # noqa: E402
-from omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial  # noqa: E402
+from omni.heads.dit import ImageHead
+from omni.heads.dit_loader import ImageHeadConfig, select_device
+from omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
 
 PROMPTS = ["a red cat on a mat", "a blue sky over a green tree", "a dog in the snow", "a city at night",
            "a bowl of fruit", "a sailing boat", "a mountain lake", "a portrait of an old man"]
@@ -99,18 +99,18 @@ def plain_call(pipe: Any, prompts: list[str], args: argparse.Namespace, seed: in
 
 
 async def head_requests(head: ImageHead, prompts: list[str], args: argparse.Namespace, seed: int,
-                        preview_every: int) -> tuple[float, list[float], list[float]]:
+                        preview_every: int) -> tuple[float, list[float | None], list[float | None]]:
     """Wall time for all, and per request the time to its first preview and to its final image."""
     t0 = time.perf_counter()
 
-    async def one(i: int, prompt: str) -> tuple[float, float]:
-        first = float("nan")
+    async def one(i: int, prompt: str) -> tuple[float | None, float | None]:
+        first: float | None = None
         opts = ImageOutputOptions(size=(args.size, args.size), num_inference_steps=args.steps,
                                   guidance_scale=args.guidance, seed=seed + i, preview_every=preview_every)
-        done = float("nan")
+        done: float | None = None
         async for chunk in head.generate(prompt, opts):
             now = time.perf_counter() - t0
-            if isinstance(chunk, ImagePartial) and first != first:
+            if isinstance(chunk, ImagePartial) and first is None:
                 first = now
             elif isinstance(chunk, ImageFinal):
                 done = now
@@ -120,8 +120,10 @@ async def head_requests(head: ImageHead, prompts: list[str], args: argparse.Name
     return time.perf_counter() - t0, [r[0] for r in results], [r[1] for r in results]
 
 
-def median(xs: list[float]) -> float:
-    return statistics.median(xs)
+def median(xs: list[float | None]) -> float:
+    """Median of the values present (a request without previews has no first-preview time)."""
+    present = [x for x in xs if x is not None]
+    return statistics.median(present) if present else float("nan")
 
 
 def main() -> None:

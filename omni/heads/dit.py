@@ -3,8 +3,9 @@
 ``ImageHead.generate`` validates the options, queues the request on the ``ImageBatcher`` (whose single
 worker thread owns the model) and relays what the worker produces through a bounded asyncio queue:
 ``ImagePartial`` every ``preview_every`` steps for each image, then one ``ImageFinal`` per image.
-Images cross the queue as pixels and are PNG-encoded in a pool thread on the reader's side. A full queue makes the worker wait (checking for cancellation), so a slow reader slows its batch
-instead of piling up PNGs. Setting ``cancel`` or closing the iterator stops the denoising loop at its
+Images cross the queue as pixels and are PNG-encoded in a pool thread on the reader's side. A full
+queue makes the worker wait (checking for cancellation), so a slow reader slows its batch instead of
+piling up images. Setting ``cancel`` or closing the iterator stops the denoising loop at its
 next step once no other request in the batch still wants it.
 """
 from __future__ import annotations
@@ -98,7 +99,8 @@ class _StreamJob:
 
 
 class ImageHead:
-    def __init__(self, pipe: Any, *, config: ImageHeadConfig = ImageHeadConfig(), name: str = "image") -> None:
+    def __init__(self, pipe: Any, *, config: ImageHeadConfig | None = None, name: str = "image") -> None:
+        config = config or ImageHeadConfig()
         self.pipe = pipe
         self.config = config
         self.limits: ImageLimits = image_limits(pipe, config)
@@ -108,7 +110,7 @@ class ImageHead:
 
     @classmethod
     def load(cls, path: str | Path, *, device: str = "auto",
-             config: ImageHeadConfig = ImageHeadConfig()) -> ImageHead:
+             config: ImageHeadConfig | None = None) -> ImageHead:
         dev, dtype = select_device(device)
         return cls(load_pipeline(path, dev, dtype), config=config)
 
@@ -147,5 +149,5 @@ class ImageHead:
 
 
 def load_image_head(path: str | Path, *, device: str = "auto",
-                    config: ImageHeadConfig = ImageHeadConfig()) -> ImageHead:
+                    config: ImageHeadConfig | None = None) -> ImageHead:
     return ImageHead.load(path, device=device, config=config)

@@ -64,7 +64,8 @@ def resolve_job(prompt: str, options: ImageOutputOptions, limits: ImageLimits,
         raise ImageRequestError(f"num_inference_steps must be an integer from {limits.min_steps} to "
                                 f"{limits.max_steps} for this model; got {steps!r}")
     guidance = limits.default_guidance if options.guidance_scale is None else options.guidance_scale
-    if isinstance(guidance, bool) or not isinstance(guidance, (int, float)) or not 0.0 <= guidance <= limits.max_guidance:
+    if (isinstance(guidance, bool) or not isinstance(guidance, (int, float))
+            or not 0.0 <= guidance <= limits.max_guidance):
         raise ImageRequestError(f"guidance_scale must be a number from 0 to {limits.max_guidance:g}; got {guidance!r}")
     every = options.preview_every
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:

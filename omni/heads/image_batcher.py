@@ -78,7 +78,10 @@ class ImageBatcher:
                 return
             live = []
             for item in batch:
-                (item.finish() if item.is_cancelled() else live.append(item))
+                if item.is_cancelled():
+                    item.finish()
+                else:
+                    live.append(item)
             if not live:
                 continue
             try:

@@ -227,7 +227,7 @@ def test_closing_the_stream_cancels_it(pixart: ImageHead) -> None:
     asyncio.run(run())
     collect(pixart, "a cat", ImageOutputOptions(size=(16, 16), num_inference_steps=2, seed=2))
     after = pixart.metrics()
-    assert after["image_steps_run"] - before["image_steps_run"] < steps + 1
+    assert after["image_steps_run"] - before["image_steps_run"] < steps  # 12 + 2 had it run to the end
     assert after["image_images_finished"] - before["image_images_finished"] == 1  # only the second request
 
 
