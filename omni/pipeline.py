@@ -20,8 +20,8 @@ from engine.errors import EngineDead, EngineOverloaded, InvalidRequest
 from engine.outputs import StreamDelta
 from omni.config import OmniConfig
 from omni.prompting import SamplingDefaults, UnsupportedInput, chat_messages, sampling_params
-from omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Capabilities, Done, Error, Health, Message,
-                           OmniRequest, OutputChunk, TextDelta, ToolCallDelta, Transcription, Usage, VadSettings,
+from omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Capabilities, Done, Error, Health, ImagePart,
+                           Message, OmniRequest, VideoPart, OutputChunk, TextDelta, ToolCallDelta, Transcription, Usage, VadSettings,
                            VoiceActivityDetector)
 from omni.tool_calls import parse_tool_calls
 
@@ -34,18 +34,19 @@ _SPEECH_TOKENS_PER_SECOND = 8
 class OmniPipeline:
     def __init__(self, config: OmniConfig, *, engine: Any, model_name: str, max_context_tokens: int,
                  asr: Any | None = None, tts: Any | None = None, vad_session: Any | None = None,
-                 image_head: Any | None = None) -> None:
+                 image_head: Any | None = None, vision: Any | None = None) -> None:
         self.config = config
         self.engine = engine  # engine.async_engine.AsyncEngine or anything with its interface
         self.asr = asr
         self.tts = tts
         self.image_head = image_head
+        self.vision = vision  # encoders.vision.VisionEncoder of a vision-language checkpoint
         self._vad_session = vad_session
         self._defaults = SamplingDefaults(temperature=config.temperature, top_p=config.top_p,
                                           max_tokens=config.max_tokens)
         self._asr_lock = threading.Lock()  # one decoder instance; turns are short and sequential anyway
         self._active: dict[str, asyncio.Event] = {}
-        inputs = {"text"} | ({"audio"} if asr is not None else set())
+        inputs = {"text"} | ({"audio"} if asr is not None else set()) | ({"image", "video"} if vision else set())
         outputs = {"text"} | ({"audio"} if tts is not None else set()) | ({"image"} if image_head is not None else set())
         self.capabilities = Capabilities(
             model=config.served_model_name or model_name,
@@ -64,8 +65,14 @@ class OmniPipeline:
         engine = AsyncEngine(config.engine)
         model_name = engine.model_name
         log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t0)
-        asr = tts = vad_session = image_head = None
+        asr = tts = vad_session = image_head = vision = None
         try:
+            from encoders.vision import checkpoint_family
+            if config.vision and checkpoint_family(config.engine.model):
+                from encoders.vision import load_vision_encoder
+                runner = engine.engine.runner
+                vision = load_vision_encoder(config.engine.model, device=runner.device, dtype=runner.dtype)
+                log.info("vision tower of %s ready", config.engine.model)
             if config.asr is not None:
                 from encoders.asr import load_recognizer
                 asr = load_recognizer(config.asr, device=config.device)
@@ -86,7 +93,7 @@ class OmniPipeline:
             raise
         log.info("all stages ready in %.1f s", time.monotonic() - t0)
         return cls(config, engine=engine, model_name=model_name, max_context_tokens=engine.max_model_len,
-                   asr=asr, tts=tts, vad_session=vad_session, image_head=image_head)
+                   asr=asr, tts=tts, vad_session=vad_session, image_head=image_head, vision=vision)
 
     # ---- OmniBackend -----------------------------------------------------------------------------
 
@@ -100,15 +107,15 @@ class OmniPipeline:
                 return
             try:
                 request = await self._transcribe_parts(request)
-                prompt_ids = self._prompt_ids(request)
+                prompt = await self._prompt(request)
                 params = sampling_params(request.sampling, self._defaults)
             except (InvalidRequest, UnsupportedInput, ValueError) as exc:
                 yield _error(exc)
                 return
             if "audio" in request.modalities:
-                stream = self._spoken(request, prompt_ids, params, cancel)
+                stream = self._spoken(request, prompt, params, cancel)
             else:
-                stream = self._written(request, prompt_ids, params)
+                stream = self._written(request, prompt, params)
             async for chunk in stream:
                 yield chunk
         finally:
@@ -150,7 +157,8 @@ class OmniPipeline:
 
     def count_tokens(self, messages: tuple[Message, ...]) -> int:
         """Prompt tokens of a conversation. Audio not yet transcribed counts by its duration, at a rate
-        above what speech produces, so a size check made before ASR never lets a too-long prompt through."""
+        above what speech produces, so a size check made before ASR never lets a too-long prompt through.
+        Image and video tokens are not counted here: the engine checks the expanded prompt's length."""
         estimate = 0
         counted = []
         for message in messages:
@@ -162,6 +170,8 @@ class OmniPipeline:
                         seconds = len(part.encoded) / 4000  # ~32 kbit/s: a low bitrate for speech, an upper bound
                     estimate += int(seconds * _SPEECH_TOKENS_PER_SECOND) + 1
                     part = dataclasses.replace(part, transcript="")
+                if isinstance(part, (ImagePart, VideoPart)):
+                    continue
                 parts.append(part)
             counted.append(dataclasses.replace(message, parts=tuple(parts)))
         return len(self._prompt_ids(OmniRequest(request_id="count", messages=tuple(counted)))) + estimate
@@ -218,18 +228,29 @@ class OmniPipeline:
         # The template already holds the special tokens (BOS, role markers); don't add them twice.
         return list(tokenizer.encode(prompt, add_special_tokens=False))
 
-    async def _deltas(self, request: OmniRequest, prompt_ids: list[int], params: Any) -> AsyncIterator[StreamDelta]:
-        async with contextlib.aclosing(self.engine.generate(prompt_ids, params, request_id=request.request_id,
-                                                            priority=request.priority)) as deltas:
+    async def _prompt(self, request: OmniRequest) -> _Prompt:
+        if self.vision is None or not _has_media(request):
+            return _Prompt(self._prompt_ids(request))
+        from omni.vision import build_vision_prompt
+
+        # Media decoding and the vision tower are heavy: keep them off the event loop.
+        built = await asyncio.to_thread(build_vision_prompt, request, self.engine.tokenizer, self.vision,
+                                        system_prompt=self.config.system_prompt)
+        return _Prompt(built.token_ids, built.embed_spans, built.num_image_tokens)
+
+    async def _deltas(self, request: OmniRequest, prompt: _Prompt, params: Any) -> AsyncIterator[StreamDelta]:
+        kwargs = {"embed_spans": prompt.embed_spans} if prompt.embed_spans else {}
+        async with contextlib.aclosing(self.engine.generate(prompt.token_ids, params, request_id=request.request_id,
+                                                            priority=request.priority, **kwargs)) as deltas:
             async for delta in deltas:
                 yield delta
 
-    async def _written(self, request: OmniRequest, prompt_ids: list[int], params: Any) -> AsyncIterator[OutputChunk]:
+    async def _written(self, request: OmniRequest, prompt: _Prompt, params: Any) -> AsyncIterator[OutputChunk]:
         tool_names = frozenset(t.get("name") or t.get("function", {}).get("name") for t in request.tools)
         held: dict[int, list[str]] = {}  # with tools, text is held until we know whether it is a call
         finals: list[StreamDelta] = []
         try:
-            async for delta in self._deltas(request, prompt_ids, params):
+            async for delta in self._deltas(request, prompt, params):
                 if delta.error is not None:
                     yield Error("engine_error", delta.error, status=500)
                     return
@@ -253,9 +274,9 @@ class OmniPipeline:
         except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
             yield _error(exc)
             return
-        yield _usage(finals)
+        yield _usage(finals, prompt)
 
-    async def _spoken(self, request: OmniRequest, prompt_ids: list[int], params: Any,
+    async def _spoken(self, request: OmniRequest, prompt: _Prompt, params: Any,
                       cancel: asyncio.Event) -> AsyncIterator[OutputChunk]:
         if self.tts is None:
             yield Error("unsupported_modality", "audio output needs a speech synthesis model (start with --tts)")
@@ -265,7 +286,7 @@ class OmniPipeline:
 
         async def text() -> AsyncIterator[str]:
             try:
-                async for delta in self._deltas(request, prompt_ids, params):
+                async for delta in self._deltas(request, prompt, params):
                     if delta.error is not None:
                         failure.append(Error("engine_error", delta.error, status=500))
                         return
@@ -292,9 +313,8 @@ class OmniPipeline:
         reason = finals[0].finish_reason if finals else "abort"
         yield Done(reason or "stop")
         # Output audio tokens are counted as OpenAI does for its realtime models: 1 token per 50 ms.
-        usage = _usage(finals)
-        yield Usage(usage.input_tokens, usage.output_tokens, usage.cached_tokens,
-                    output_audio_tokens=round(samples / request.audio.sample_rate * 20))
+        usage = _usage(finals, prompt)
+        yield dataclasses.replace(usage, output_audio_tokens=round(samples / request.audio.sample_rate * 20))
 
     async def _generate_image(self, request: OmniRequest, cancel: asyncio.Event) -> AsyncIterator[OutputChunk]:
         if self.image_head is None:
@@ -320,11 +340,22 @@ class OmniPipeline:
                       tuple((tok.decode([t]), v) for t, v in lp.top)) for lp in delta.logprobs)
 
 
-def _usage(finals: list[StreamDelta]) -> Usage:
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Prompt:
+    token_ids: list[int]
+    embed_spans: tuple[Any, ...] = ()  # engine.sequence.EmbedSpan for image/video placeholders
+    num_image_tokens: int = 0
+
+
+def _has_media(request: OmniRequest) -> bool:
+    return any(isinstance(p, (ImagePart, VideoPart)) for m in request.messages for p in m.parts)
+
+
+def _usage(finals: list[StreamDelta], prompt: _Prompt) -> Usage:
     if not finals:
-        return Usage()
+        return Usage(input_image_tokens=prompt.num_image_tokens)
     return Usage(input_tokens=finals[0].num_prompt_tokens, cached_tokens=finals[0].num_cached_tokens,
-                 output_tokens=sum(d.num_output_tokens for d in finals))
+                 output_tokens=sum(d.num_output_tokens for d in finals), input_image_tokens=prompt.num_image_tokens)
 
 
 def _error(exc: Exception) -> Error:

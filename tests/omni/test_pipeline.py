@@ -220,3 +220,9 @@ def test_count_tokens_bounds_untranscribed_audio_by_its_duration() -> None:
     ten_s = pipeline.count_tokens((Message("user", (TextPart("hi"), AudioPart(b"\0\0" * 160000, 16000))),))
     assert text_only < one_s < ten_s
     assert ten_s - text_only >= 10 * 4  # at least the token rate of fast speech
+
+
+def test_count_tokens_leaves_media_to_the_engine_check() -> None:
+    pipeline = _pipeline(FakeEngine(["x"]))
+    with_image = (Message("user", (TextPart("what is this?"), ImagePart(b"\x89PNG"))),)
+    assert pipeline.count_tokens(with_image) == pipeline.count_tokens(_user("what is this?"))
