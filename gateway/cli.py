@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-num-seqs", type=int, default=256, help="sequences decoded together")
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    gen = serve.add_argument_group("generation defaults (for knobs a request leaves unset)")
+    # None keeps omni.config.OmniConfig's defaults (0.7, 0.95 and 512), defined there once.
+    gen.add_argument("--temperature", type=float, default=None, help="default 0.7")
+    gen.add_argument("--top-p", type=float, default=None, help="default 0.95")
+    gen.add_argument("--max-tokens", type=int, default=None, help="longest answer in tokens (default 512)")
+    gen.add_argument("--system-prompt", default=None,
+                     help="system message for conversations that bring none (realtime instructions override it)")
     return parser
 
 
@@ -90,10 +97,16 @@ def serve(args: argparse.Namespace) -> None:
                             max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
                             enforce_eager=args.enforce_eager),
         asr=_stage(args.asr), tts=_stage(args.tts), vad=not args.no_vad, vision=not args.no_vision,
-        image_model=args.image_model, device=args.device, served_model_name=args.served_model_name)
+        image_model=args.image_model, device=args.device, served_model_name=args.served_model_name,
+        system_prompt=args.system_prompt,
+        **{k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p), ("max_tokens", args.max_tokens))
+           if v is not None})
     print(f"omni {version()}: loading models (model={args.model}, asr={omni_config.asr}, tts={omni_config.tts}, "
           f"vad={omni_config.vad}) ...", flush=True)
-    backend = omni.load_backend(omni_config)
+    try:
+        backend = omni.load_backend(omni_config)
+    except Exception as exc:  # a bad path or checkpoint: say what failed, without a traceback
+        raise SystemExit(f"omni: could not load the models: {type(exc).__name__}: {exc}") from exc
     app = create_app(backend, config)
     shown_host = "127.0.0.1" if config.host in ("0.0.0.0", "") else config.host
     print(f"omni: serving {backend.capabilities.model} at http://{shown_host}:{config.port}/v1 "

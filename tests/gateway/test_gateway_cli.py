@@ -58,3 +58,33 @@ def test_serve_builds_configs_loads_the_backend_and_runs_uvicorn(monkeypatch: py
 def test_serve_requires_a_command() -> None:
     with pytest.raises(SystemExit):
         cli.main([])
+
+
+def test_generation_defaults_reach_the_config_and_unset_ones_keep_the_model_side_defaults(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import omni
+    import uvicorn
+
+    from omni.config import OmniConfig
+
+    seen: list[Any] = []
+    monkeypatch.setattr(omni, "load_backend", lambda config: seen.append(config) or FakeBackend())
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)
+    cli.main(["serve", "--temperature", "0", "--max-tokens", "40", "--system-prompt", "Be brief."])
+    cli.main(["serve"])
+    assert (seen[0].temperature, seen[0].max_tokens, seen[0].system_prompt) == (0.0, 40, "Be brief.")
+    assert seen[0].top_p == OmniConfig().top_p
+    assert (seen[1].temperature, seen[1].max_tokens, seen[1].system_prompt) == (
+        OmniConfig().temperature, OmniConfig().max_tokens, None)
+
+
+def test_a_model_that_cannot_load_ends_with_a_one_line_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    import omni
+
+    def fail(config: Any) -> Any:
+        raise FileNotFoundError("model path '/nope' does not exist")
+
+    monkeypatch.setattr(omni, "load_backend", fail)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve", "--model", "/nope"])
+    assert "could not load the models" in str(exit_info.value.code) and "/nope" in str(exit_info.value.code)
