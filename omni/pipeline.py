@@ -19,6 +19,7 @@ from typing import Any
 from engine.errors import EngineDead, EngineOverloaded, InvalidRequest
 from engine.outputs import StreamDelta
 from omni.config import OmniConfig
+from omni.heads.dit_errors import ImageGenerationError
 from omni.prompting import SamplingDefaults, UnsupportedInput, chat_messages, sampling_params
 from omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Capabilities, Done, Error, Health, ImagePart,
                            Message, OmniRequest, VideoPart, OutputChunk, TextDelta, ToolCallDelta, Transcription, Usage, VadSettings,
@@ -186,6 +187,8 @@ class OmniPipeline:
         return dict(self.engine.stats())
 
     def shutdown(self) -> None:
+        if self.image_head is not None:
+            self.image_head.close()
         self.engine.shutdown()
 
     # ---- stages ----------------------------------------------------------------------------------
@@ -327,10 +330,14 @@ class OmniPipeline:
         try:
             async for chunk in self.image_head.generate(prompt, request.image, cancel):
                 yield chunk
+        except ImageGenerationError as exc:
+            log.exception("image generation failed")
+            yield Error("image_generation_failed", str(exc), status=500)
+            return
         except ValueError as exc:
             yield _error(exc)
             return
-        yield Done("stop")
+        yield Done("abort" if cancel.is_set() else "stop")
 
     def _logprobs(self, delta: StreamDelta) -> tuple[tuple[str, float, tuple[tuple[str, float], ...]], ...]:
         if not delta.logprobs:

@@ -226,3 +226,52 @@ def test_count_tokens_leaves_media_to_the_engine_check() -> None:
     pipeline = _pipeline(FakeEngine(["x"]))
     with_image = (Message("user", (TextPart("what is this?"), ImagePart(b"\x89PNG"))),)
     assert pipeline.count_tokens(with_image) == pipeline.count_tokens(_user("what is this?"))
+
+
+class FakeImageHead:
+    def __init__(self, *, fail: Exception | None = None) -> None:
+        self.fail = fail
+        self.closed = False
+
+    async def generate(self, prompt: str, options: Any, cancel: asyncio.Event) -> AsyncIterator[Any]:
+        from omni.protocol import ImageFinal, ImagePartial
+        yield ImagePartial(index=0, png=b"preview", step=1)
+        if self.fail is not None:
+            raise self.fail
+        cancel.set() if prompt == "cancel me" else None
+        if not cancel.is_set():
+            yield ImageFinal(png=b"final", seed=1)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _image_pipeline(head: FakeImageHead) -> OmniPipeline:
+    return OmniPipeline(OmniConfig(), engine=FakeEngine(["x"]), model_name="fake", max_context_tokens=4096,
+                        image_head=head)
+
+
+def test_image_output_streams_previews_then_the_final_image() -> None:
+    from omni.protocol import ImageFinal, ImagePartial
+    pipeline = _image_pipeline(FakeImageHead())
+    assert "image" in pipeline.capabilities.output_modalities
+    chunks = asyncio.run(_collect(pipeline, OmniRequest("r1", _user("a cat"), modalities=("image",))))
+    assert [type(c) for c in chunks] == [ImagePartial, ImageFinal, Done] and chunks[-1].finish_reason == "stop"
+
+
+def test_image_generation_failure_is_a_server_error_and_cancel_is_an_abort() -> None:
+    from omni.heads.dit_errors import ImageGenerationError
+    failing = _image_pipeline(FakeImageHead(fail=ImageGenerationError("VAE decode ran out of memory")))
+    chunks = asyncio.run(_collect(failing, OmniRequest("r1", _user("a cat"), modalities=("image",))))
+    assert isinstance(chunks[-1], Error) and chunks[-1].status == 500 and "out of memory" in chunks[-1].message
+    cancelled = asyncio.run(_collect(_image_pipeline(FakeImageHead()),
+                                     OmniRequest("r2", _user("cancel me"), modalities=("image",))))
+    assert cancelled[-1] == Done("abort")
+
+
+def test_shutdown_closes_the_image_head() -> None:
+    head = FakeImageHead()
+    pipeline = _image_pipeline(head)
+    pipeline.engine.shutdown = lambda: None
+    pipeline.shutdown()
+    assert head.closed
