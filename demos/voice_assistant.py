@@ -54,7 +54,9 @@ async def converse(url: str, audio: np.ndarray | None, *, api_key: str | None, m
                    play: bool, timeout: float, progress: Progress) -> dict:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     answer = bytearray()
-    result: dict = {"transcript_in": "", "transcript_out": "", "latency_ms": None}
+    # timeline: time.monotonic() of the first speech_stopped, transcript and audio delta (for benchmarks)
+    result: dict = {"transcript_in": "", "transcript_out": "", "latency_ms": None, "timeline": {}}
+    timeline = result["timeline"]
     async with websockets.connect(url, additional_headers=headers, max_size=32 * 2**20) as ws:
         await ws.send(json.dumps({"type": "session.update", "session": {
             "type": "realtime", "output_modalities": ["audio"],
@@ -73,11 +75,14 @@ async def converse(url: str, audio: np.ndarray | None, *, api_key: str | None, m
                         progress.show("speech detected")
                     elif kind == "input_audio_buffer.speech_stopped":
                         stopped_at = time.monotonic()
+                        timeline.setdefault("speech_stopped", stopped_at)
                         progress.show("end of turn, thinking")
                     elif kind == "conversation.item.input_audio_transcription.completed":
                         result["transcript_in"] = event["transcript"]
+                        timeline.setdefault("transcription_completed", time.monotonic())
                         progress.line(f"you: {event['transcript']}")
                     elif kind == "response.output_audio.delta":
+                        timeline.setdefault("first_audio_delta", time.monotonic())
                         if result["latency_ms"] is None and stopped_at is not None:
                             result["latency_ms"] = (time.monotonic() - stopped_at) * 1000
                         answer += base64.b64decode(event["delta"])
