@@ -13,6 +13,10 @@ import numpy as np
 
 from gateway.http.errors import invalid
 
+# Rates real recordings use (telephony to studio); a header outside them is an attack or a broken file.
+MIN_RATE, MAX_RATE = 4000, 384000
+MAX_CHANNELS = 8
+
 
 def is_wav(data: bytes) -> bool:
     return len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WAVE"
@@ -24,8 +28,10 @@ def decode_wav(data: bytes, *, max_seconds: float, param: str) -> tuple[bytes, i
         with wave.open(io.BytesIO(data), "rb") as reader:
             channels, width, rate, frames = (reader.getnchannels(), reader.getsampwidth(),
                                              reader.getframerate(), reader.getnframes())
-            if rate <= 0 or channels <= 0:
-                raise invalid(f"'{param}': the WAV header declares {channels} channels at {rate} Hz.", param)
+            if not MIN_RATE <= rate <= MAX_RATE or not 1 <= channels <= MAX_CHANNELS:
+                raise invalid(f"'{param}': the WAV header declares {channels} channels at {rate} Hz; expected "
+                              f"1 to {MAX_CHANNELS} channels at {MIN_RATE} to {MAX_RATE} Hz.", param,
+                              "invalid_audio")
             if frames / rate > max_seconds:
                 raise invalid(f"'{param}': the audio lasts {frames / rate:.1f} s; at most {max_seconds:.0f} s "
                               "are accepted.", param, "audio_too_long")
