@@ -19,7 +19,6 @@ from encoders.asr import load_recognizer  # noqa: E402
 from encoders.audio import float_to_pcm16  # noqa: E402
 from encoders.vad import SileroVad  # noqa: E402
 from omni.heads.tts import TtsHead  # noqa: E402
-from omni.protocol import VadSettings  # noqa: E402
 
 REPLY = "The weather today is sunny and warm, with a light breeze from the west."
 UTTERANCE = "Please turn on the kitchen lights now."
@@ -70,7 +69,7 @@ def main() -> None:
     print(f"faster-whisper tiny.en int8, {len(speech) / 24000:.2f} s utterance: {median_ms(latencies)} -> {result.text!r}")
 
     pcm = float_to_pcm16(speech)
-    vad = SileroVad(VadSettings())
+    vad = SileroVad()
     chunk = 960  # 20 ms of 24 kHz pcm16
     costs = []
     for _ in range(runs):

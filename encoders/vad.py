@@ -9,11 +9,11 @@ from __future__ import annotations
 import functools
 import importlib.util
 from pathlib import Path
+from typing import Literal, NamedTuple
 
 import numpy as np
 
 from encoders.audio import StreamResampler, pcm16_to_float
-from omni.protocol import VadEvent, VadSettings
 
 MODEL_RATE = 16000
 WINDOW = 512
@@ -22,6 +22,11 @@ WINDOW_MS = WINDOW * 1000 / MODEL_RATE
 # Leaving speech takes a probability this far below the threshold (silero's hysteresis), so a
 # probability hovering at the threshold does not flap between speech and silence.
 HYSTERESIS = 0.15
+
+
+class SpeechEvent(NamedTuple):
+    kind: Literal["speech_started", "speech_stopped"]
+    audio_ms: int  # ms since the start of the audio fed to this detector
 
 
 def default_model_path() -> Path:
@@ -44,7 +49,7 @@ def load_session(path: str | None = None):
 
 
 class SileroVad:
-    """``omni.protocol.VoiceActivityDetector`` over silero-vad; fed mono pcm16 at ``input_rate``.
+    """Streaming silero-vad detector; fed mono pcm16 at ``input_rate``.
 
     ``speech_started.audio_ms`` is the start of the first speech window minus ``prefix_padding_ms``
     (floored at 0), so audio from there on holds the whole utterance. ``speech_stopped.audio_ms`` is the
@@ -52,16 +57,19 @@ class SileroVad:
     turn, as the OpenAI Realtime API reports ``audio_end_ms``.
     """
 
-    def __init__(self, settings: VadSettings = VadSettings(), *, input_rate: int = 24000, session=None) -> None:
-        if not 0.0 < settings.threshold < 1.0:
-            raise ValueError(f"VAD threshold must lie in (0, 1); got {settings.threshold}")
-        if settings.prefix_padding_ms < 0 or settings.silence_duration_ms < 0:
+    def __init__(self, *, threshold: float = 0.5, prefix_padding_ms: int = 300, silence_duration_ms: int = 500,
+                 input_rate: int = 24000, session=None) -> None:
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"VAD threshold must lie in (0, 1); got {threshold}")
+        if prefix_padding_ms < 0 or silence_duration_ms < 0:
             raise ValueError("VAD prefix_padding_ms and silence_duration_ms must be >= 0; got "
-                             f"{settings.prefix_padding_ms} and {settings.silence_duration_ms}")
-        self.settings = settings
+                             f"{prefix_padding_ms} and {silence_duration_ms}")
+        self.threshold = threshold
+        self.prefix_padding_ms = prefix_padding_ms
+        self.silence_duration_ms = silence_duration_ms
         self._session = session if session is not None else load_session()
         self._resampler = StreamResampler(input_rate, MODEL_RATE)
-        self._neg_threshold = max(settings.threshold - HYSTERESIS, 0.01)
+        self._neg_threshold = max(threshold - HYSTERESIS, 0.01)
         self.reset()
 
     def reset(self) -> None:
@@ -75,13 +83,13 @@ class SileroVad:
         self._silence_since_ms: float | None = None
         self.last_probability = 0.0
 
-    def feed(self, pcm16: bytes) -> list[VadEvent]:
+    def feed(self, pcm16: bytes) -> list[SpeechEvent]:
         data = self._odd_byte + pcm16
         cut = len(data) - len(data) % 2
         self._odd_byte = data[cut:]
         resampled = self._resampler.process(pcm16_to_float(data[:cut]))
         self._pending = np.concatenate([self._pending, resampled]) if len(self._pending) else resampled
-        events: list[VadEvent] = []
+        events: list[SpeechEvent] = []
         usable = len(self._pending) - len(self._pending) % WINDOW
         for start in range(0, usable, WINDOW):
             event = self._step(self._pending[start:start + WINDOW])
@@ -97,24 +105,24 @@ class SileroVad:
         self._context = window[-CONTEXT:].copy()
         return float(prob[0, 0])
 
-    def _step(self, window: np.ndarray) -> VadEvent | None:
+    def _step(self, window: np.ndarray) -> SpeechEvent | None:
         prob = self._probability(window)
         self.last_probability = prob
         start_ms = self._windows * WINDOW_MS
         self._windows += 1
         end_ms = self._windows * WINDOW_MS
         if not self._speaking:
-            if prob >= self.settings.threshold:
+            if prob >= self.threshold:
                 self._speaking = True
                 self._silence_since_ms = None
-                return VadEvent("speech_started", max(0, round(start_ms - self.settings.prefix_padding_ms)))
+                return SpeechEvent("speech_started", max(0, round(start_ms - self.prefix_padding_ms)))
             return None
-        if prob >= self.settings.threshold:
+        if prob >= self.threshold:
             self._silence_since_ms = None
         elif prob < self._neg_threshold and self._silence_since_ms is None:
             self._silence_since_ms = start_ms
-        if self._silence_since_ms is not None and end_ms - self._silence_since_ms >= self.settings.silence_duration_ms:
+        if self._silence_since_ms is not None and end_ms - self._silence_since_ms >= self.silence_duration_ms:
             self._speaking = False
             self._silence_since_ms = None
-            return VadEvent("speech_stopped", round(end_ms))
+            return SpeechEvent("speech_stopped", round(end_ms))
         return None

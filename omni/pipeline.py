@@ -22,8 +22,8 @@ from omni.config import OmniConfig
 from omni.heads.dit_errors import ImageGenerationError
 from omni.prompting import SamplingDefaults, UnsupportedInput, chat_messages, sampling_params
 from omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Capabilities, Done, Error, Health, ImagePart,
-                           Message, OmniRequest, VideoPart, OutputChunk, TextDelta, ToolCallDelta, Transcription, Usage, VadSettings,
-                           VoiceActivityDetector)
+                           Message, OmniRequest, OutputChunk, TextDelta, ToolCallDelta, Transcription, Usage, VadEvent,
+                           VadSettings, VideoPart, VoiceActivityDetector)
 from omni.tool_calls import parse_tool_calls
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,8 @@ class OmniPipeline:
             raise UnsupportedInput("voice activity detection is disabled on this server")
         from encoders.vad import SileroVad
 
-        return SileroVad(settings, session=self._vad_session)
+        return _SileroDetector(SileroVad(threshold=settings.threshold, prefix_padding_ms=settings.prefix_padding_ms,
+                                         silence_duration_ms=settings.silence_duration_ms, session=self._vad_session))
 
     def count_tokens(self, messages: tuple[Message, ...]) -> int:
         """Prompt tokens of a conversation. Audio not yet transcribed counts by its duration, at a rate
@@ -345,6 +346,19 @@ class OmniPipeline:
         tok = self.engine.tokenizer
         return tuple((tok.decode([lp.token_id]), lp.logprob,
                       tuple((tok.decode([t]), v) for t, v in lp.top)) for lp in delta.logprobs)
+
+
+class _SileroDetector:
+    """``VoiceActivityDetector`` of the protocol over the encoders' detector (which knows nothing of omni)."""
+
+    def __init__(self, detector: Any) -> None:
+        self._detector = detector
+
+    def feed(self, pcm16: bytes) -> list[VadEvent]:
+        return [VadEvent(event.kind, event.audio_ms) for event in self._detector.feed(pcm16)]
+
+    def reset(self) -> None:
+        self._detector.reset()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -17,12 +17,10 @@ FORBIDDEN = {
     "gateway": {"engine", "encoders", "kernels"},  # omni only through the names below
     "omni": {"gateway"},
     "engine": {"gateway", "omni", "encoders"},
-    "encoders": {"gateway", "omni", "engine"},  # except ENCODERS_OMNI
+    "encoders": {"gateway", "omni", "engine"},
     "kernels": {"gateway", "omni", "encoders", "engine"},
 }
 GATEWAY_OMNI_ANYWHERE = ("omni.protocol", "omni.config")
-# The shared contract types (VAD events and settings) live in omni.protocol; encoders implement them.
-ENCODERS_OMNI = ("omni.protocol",)
 GATEWAY_OMNI_IN_FUNCTIONS = ("omni", "omni.load_backend")
 TORCH_FREE_ENGINE_MODULES = ("sequence", "sampling_params", "config", "errors", "block_pool", "kv_cache_manager",
                              "scheduler")
@@ -70,8 +68,6 @@ def violations(package: str, module: str, imports: list[Import]) -> list[str]:
     for imp in imports:
         top = imp.module.split(".")[0]
         where = f"{module}:{imp.line} imports {imp.module}"
-        if package == "encoders" and _under(imp.module, ENCODERS_OMNI):
-            continue
         if top in FORBIDDEN[package]:
             out.append(f"{where} ({package} must not import {top})")
         elif package == "gateway" and top == "torch":

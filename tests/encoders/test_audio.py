@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import io
-import warnings
 
 import av
 import numpy as np
@@ -12,7 +11,6 @@ from hypothesis import strategies as st
 
 from encoders.audio import (AudioDecodeError, AudioLimitError, AudioLimits, StreamResampler, decode_audio,
                             float_to_pcm16, pcm16_to_float, resample)
-from encoders.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 
 
 def tone(freq: float, rate: int, seconds: float, amp: float = 0.5) -> np.ndarray:
@@ -165,35 +163,3 @@ def test_stream_resampler_matches_one_shot() -> None:
     whole = resample(x, 24000, 16000)
     assert len(streamed) == len(whole)
     np.testing.assert_allclose(streamed, whole, atol=1e-4)
-
-
-# ---- G.711 ---------------------------------------------------------------------------------------
-ALL_PCM = np.arange(-32768, 32768, dtype="<i2").tobytes()
-
-
-@pytest.mark.parametrize("encode,decode", [(ulaw_encode, ulaw_decode), (alaw_encode, alaw_decode)])
-def test_g711_round_trip_error_is_bounded_by_companding_step(encode, decode) -> None:
-    x = np.frombuffer(ALL_PCM, "<i2").astype(np.int64)
-    codes = encode(ALL_PCM)
-    assert len(codes) == len(x)
-    y = np.frombuffer(decode(codes), "<i2").astype(np.int64)
-    big = np.abs(x) > 1024
-    assert np.max(np.abs(y - x)[big] / np.abs(x)[big]) < 1 / 16  # 4-bit mantissa
-    assert np.max(np.abs(y - x)[~big]) <= 64
-    # Re-encoding a decoded value is lossless: decoded values are exactly the code points.
-    assert decode(encode(decode(codes))) == decode(codes)
-
-
-def test_g711_matches_the_reference_coder() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        audioop = pytest.importorskip("audioop")
-    assert ulaw_encode(ALL_PCM) == audioop.lin2ulaw(ALL_PCM, 2)
-    assert alaw_encode(ALL_PCM) == audioop.lin2alaw(ALL_PCM, 2)
-    assert ulaw_decode(bytes(range(256))) == audioop.ulaw2lin(bytes(range(256)), 2)
-    assert alaw_decode(bytes(range(256))) == audioop.alaw2lin(bytes(range(256)), 2)
-
-
-def test_g711_silence_codes() -> None:
-    assert ulaw_encode(b"\x00\x00") == b"\xff"
-    assert alaw_encode(b"\x00\x00") == b"\xd5"

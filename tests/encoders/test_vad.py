@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 from encoders.audio import float_to_pcm16, resample
-from encoders.vad import CONTEXT, WINDOW, WINDOW_MS, SileroVad, load_session
-from omni.protocol import VadEvent, VadSettings
+from encoders.vad import CONTEXT, WINDOW, WINDOW_MS, SileroVad, SpeechEvent, load_session
 
 RATE = 24000
 
@@ -19,9 +18,9 @@ def speech_bounds_ms(x: np.ndarray) -> tuple[float, float]:
     return loud[0] * 1000 / RATE, loud[-1] * 1000 / RATE
 
 
-def run(vad: SileroVad, x: np.ndarray, chunk_bytes: int = 960) -> list[VadEvent]:
+def run(vad: SileroVad, x: np.ndarray, chunk_bytes: int = 960) -> list[SpeechEvent]:
     pcm = float_to_pcm16(x)
-    events: list[VadEvent] = []
+    events: list[SpeechEvent] = []
     for at in range(0, len(pcm), chunk_bytes):
         events += vad.feed(pcm[at:at + chunk_bytes])
     return events
@@ -36,8 +35,7 @@ def utterance(speak) -> np.ndarray:
 def test_speech_start_and_stop_match_the_truth(utterance: np.ndarray) -> None:
     x = np.concatenate([silence(1000), utterance, silence(1500)])
     start, end = speech_bounds_ms(x)
-    settings = VadSettings(threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500)
-    events = run(SileroVad(settings), x)
+    events = run(SileroVad(threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500), x)
     assert [e.kind for e in events] == ["speech_started", "speech_stopped"]
     assert abs(events[0].audio_ms - (start - 300)) <= 2 * WINDOW_MS + 10
     assert end + 500 - WINDOW_MS <= events[1].audio_ms <= end + 500 + 250
@@ -45,14 +43,14 @@ def test_speech_start_and_stop_match_the_truth(utterance: np.ndarray) -> None:
 
 def test_prefix_padding_is_floored_at_zero(utterance: np.ndarray) -> None:
     x = np.concatenate([silence(100), utterance, silence(800)])
-    events = run(SileroVad(VadSettings(prefix_padding_ms=500)), x)
-    assert events[0] == VadEvent("speech_started", 0)
+    events = run(SileroVad(prefix_padding_ms=500), x)
+    assert events[0] == SpeechEvent("speech_started", 0)
 
 
 def test_silence_duration_decides_whether_a_pause_ends_the_turn(utterance: np.ndarray) -> None:
     x = np.concatenate([silence(500), utterance, silence(450), utterance, silence(1500)])
-    short = run(SileroVad(VadSettings(silence_duration_ms=200)), x)
-    long = run(SileroVad(VadSettings(silence_duration_ms=900)), x)
+    short = run(SileroVad(silence_duration_ms=200), x)
+    long = run(SileroVad(silence_duration_ms=900), x)
     assert [e.kind for e in short] == ["speech_started", "speech_stopped"] * 2
     assert [e.kind for e in long] == ["speech_started", "speech_stopped"]
     assert long[1].audio_ms - short[3].audio_ms >= 900 - 200 - WINDOW_MS
@@ -77,10 +75,10 @@ def test_threshold_decides_which_window_starts_speech() -> None:
     hum = (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32)
     probs = window_probabilities(hum)
     assert 0.02 < probs.max() < 0.5
-    assert run(SileroVad(VadSettings(threshold=0.5, prefix_padding_ms=0)), hum) == []
+    assert run(SileroVad(threshold=0.5, prefix_padding_ms=0), hum) == []
     threshold = float(probs.max()) * 0.9
     first = int(np.argmax(probs >= threshold))
-    events = run(SileroVad(VadSettings(threshold=threshold, prefix_padding_ms=0)), hum)
+    events = run(SileroVad(threshold=threshold, prefix_padding_ms=0), hum)
     assert events[0].kind == "speech_started"
     assert events[0].audio_ms == round(first * WINDOW_MS)
 
@@ -98,7 +96,7 @@ def test_detectors_share_the_model_but_not_state(utterance: np.ndarray) -> None:
     a, b = SileroVad(), SileroVad()
     assert a._session is b._session
     pcm_speech, pcm_quiet = float_to_pcm16(x), bytes(len(x) * 2)
-    events_a: list[VadEvent] = []
+    events_a: list[SpeechEvent] = []
     for at in range(0, len(pcm_speech), 960):
         events_a += a.feed(pcm_speech[at:at + 960])
         assert b.feed(pcm_quiet[at:at + 960]) == []
@@ -116,6 +114,6 @@ def test_reset_restarts_the_clock_and_state(utterance: np.ndarray) -> None:
 
 def test_bad_settings_are_rejected() -> None:
     with pytest.raises(ValueError, match="threshold must lie in"):
-        SileroVad(VadSettings(threshold=1.5))
+        SileroVad(threshold=1.5)
     with pytest.raises(ValueError, match="must be >= 0"):
-        SileroVad(VadSettings(silence_duration_ms=-1))
+        SileroVad(silence_duration_ms=-1)
