@@ -13,8 +13,9 @@ import numpy as np
 
 from gateway.http.errors import invalid
 
-# Rates real recordings use (telephony to studio); a header outside them is an attack or a broken file.
-MIN_RATE, MAX_RATE = 4000, 384000
+# Above studio rates a header is an attack or a broken file; low rates are bounded by the duration check
+# (which is what limits resampling work), so the floor only refuses what cannot be sound at all.
+MIN_RATE, MAX_RATE = 100, 384000
 MAX_CHANNELS = 8
 
 
