@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="largest WebSocket message accepted, in MiB (default %(default)s)")
     net.add_argument("--max-sessions", type=int, default=_DEFAULTS.max_sessions,
                      help="concurrent realtime sessions (default %(default)s)")
+    net.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                     help="a browser origin (e.g. https://app.example) that may open /v1/realtime besides this "
+                     "server's own; repeatable, '*' allows any (clients without Origin are always allowed)")
+    net.add_argument("--max-sessions-per-key", type=int, default=_DEFAULTS.max_sessions_per_key,
+                     help="realtime sessions one API key (or client address) may hold (default %(default)s)")
     net.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     models = serve.add_argument_group("models")
     models.add_argument("--model", default="default", help="LLM: 'default' (packaged SmolLM2), a Hugging Face "
@@ -80,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def gateway_config(args: argparse.Namespace) -> GatewayConfig:
     return GatewayConfig(host=args.host, port=args.port, api_key=args.api_key or None,
-                         max_frame_bytes=int(args.max_frame_mib * 2**20), max_sessions=args.max_sessions)
+                         max_frame_bytes=int(args.max_frame_mib * 2**20), max_sessions=args.max_sessions,
+                         allowed_origins=tuple(args.allowed_origin),
+                         max_sessions_per_key=args.max_sessions_per_key)
 
 
 def serve(args: argparse.Namespace) -> None:

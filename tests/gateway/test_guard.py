@@ -163,3 +163,14 @@ def test_a_dead_backend_is_answered_with_503_everywhere_but_metrics() -> None:
         assert r.status_code == 503 and r.json()["error"]["code"] == "server_unavailable"
         assert run(ws_status(port)) == 503
     assert backend.requests == []
+
+
+def test_cli_sets_the_origin_allow_list_and_per_key_sessions() -> None:
+    from gateway.cli import build_parser, gateway_config
+
+    args = build_parser().parse_args(["serve", "--allowed-origin", "https://a.example", "--allowed-origin",
+                                      "https://b.example", "--max-sessions-per-key", "3"])
+    config = gateway_config(args)
+    assert config.allowed_origins == ("https://a.example", "https://b.example")
+    assert config.max_sessions_per_key == 3
+    assert gateway_config(build_parser().parse_args(["serve"])).allowed_origins == ()
