@@ -25,7 +25,7 @@ HYSTERESIS = 0.15
 
 
 class SpeechEvent(NamedTuple):
-    kind: Literal["speech_started", "speech_stopped"]
+    kind: Literal["speech_started", "speech_paused", "speech_resumed", "speech_stopped"]
     audio_ms: int  # ms since the start of the audio fed to this detector
 
 
@@ -55,6 +55,12 @@ class SileroVad:
     (floored at 0), so audio from there on holds the whole utterance. ``speech_stopped.audio_ms`` is the
     point where ``silence_duration_ms`` of silence has elapsed, the end of the audio that belongs to the
     turn, as the OpenAI Realtime API reports ``audio_end_ms``.
+
+    Between the two, ``speech_paused`` marks the first silent window of a pause (its ``audio_ms`` is where
+    that window starts, the end of the speech so far) and ``speech_resumed`` the window where speech came
+    back before ``silence_duration_ms`` ran out. A ``speech_stopped`` always follows the ``speech_paused``
+    of its own pause, so a listener can start work on the audio up to the pause while the detector is
+    still waiting out the silence.
     """
 
     def __init__(self, *, threshold: float = 0.5, prefix_padding_ms: int = 300, silence_duration_ms: int = 500,
@@ -92,9 +98,7 @@ class SileroVad:
         events: list[SpeechEvent] = []
         usable = len(self._pending) - len(self._pending) % WINDOW
         for start in range(0, usable, WINDOW):
-            event = self._step(self._pending[start:start + WINDOW])
-            if event is not None:
-                events.append(event)
+            events += self._step(self._pending[start:start + WINDOW])
         self._pending = self._pending[usable:].copy()
         return events
 
@@ -105,7 +109,7 @@ class SileroVad:
         self._context = window[-CONTEXT:].copy()
         return float(prob[0, 0])
 
-    def _step(self, window: np.ndarray) -> SpeechEvent | None:
+    def _step(self, window: np.ndarray) -> list[SpeechEvent]:
         prob = self._probability(window)
         self.last_probability = prob
         start_ms = self._windows * WINDOW_MS
@@ -115,14 +119,18 @@ class SileroVad:
             if prob >= self.threshold:
                 self._speaking = True
                 self._silence_since_ms = None
-                return SpeechEvent("speech_started", max(0, round(start_ms - self.prefix_padding_ms)))
-            return None
+                return [SpeechEvent("speech_started", max(0, round(start_ms - self.prefix_padding_ms)))]
+            return []
+        events: list[SpeechEvent] = []
         if prob >= self.threshold:
+            if self._silence_since_ms is not None:
+                events.append(SpeechEvent("speech_resumed", round(start_ms)))
             self._silence_since_ms = None
         elif prob < self._neg_threshold and self._silence_since_ms is None:
             self._silence_since_ms = start_ms
+            events.append(SpeechEvent("speech_paused", round(start_ms)))
         if self._silence_since_ms is not None and end_ms - self._silence_since_ms >= self.silence_duration_ms:
             self._speaking = False
             self._silence_since_ms = None
-            return SpeechEvent("speech_stopped", round(end_ms))
-        return None
+            events.append(SpeechEvent("speech_stopped", round(end_ms)))
+        return events

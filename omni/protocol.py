@@ -195,7 +195,15 @@ class Transcription:
 
 @dataclass(frozen=True, slots=True)
 class VadEvent:
-    kind: Literal["speech_started", "speech_stopped"]
+    """A turn boundary, or a hint inside a turn.
+
+    ``speech_paused`` (the first silent moment while speaking; ``audio_ms`` is where the speech so far
+    ends) and ``speech_resumed`` (speech came back before the pause became a stop) are internal hints
+    that let the gateway transcribe a turn while the detector waits out the silence; they are never
+    sent to clients. A ``speech_stopped`` follows the ``speech_paused`` of its own pause.
+    """
+
+    kind: Literal["speech_started", "speech_paused", "speech_resumed", "speech_stopped"]
     audio_ms: int  # ms since the start of the stream fed to this detector
 
 

@@ -18,12 +18,17 @@ def speech_bounds_ms(x: np.ndarray) -> tuple[float, float]:
     return loud[0] * 1000 / RATE, loud[-1] * 1000 / RATE
 
 
-def run(vad: SileroVad, x: np.ndarray, chunk_bytes: int = 960) -> list[SpeechEvent]:
+def run_all(vad: SileroVad, x: np.ndarray, chunk_bytes: int = 960) -> list[SpeechEvent]:
     pcm = float_to_pcm16(x)
     events: list[SpeechEvent] = []
     for at in range(0, len(pcm), chunk_bytes):
         events += vad.feed(pcm[at:at + chunk_bytes])
     return events
+
+
+def run(vad: SileroVad, x: np.ndarray, chunk_bytes: int = 960) -> list[SpeechEvent]:
+    """The turn boundaries only (speech_started / speech_stopped), without the pause hints."""
+    return [e for e in run_all(vad, x, chunk_bytes) if e.kind in ("speech_started", "speech_stopped")]
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +59,42 @@ def test_silence_duration_decides_whether_a_pause_ends_the_turn(utterance: np.nd
     assert [e.kind for e in short] == ["speech_started", "speech_stopped"] * 2
     assert [e.kind for e in long] == ["speech_started", "speech_stopped"]
     assert long[1].audio_ms - short[3].audio_ms >= 900 - 200 - WINDOW_MS
+
+
+def test_a_pause_is_announced_then_resumed_or_stopped(utterance: np.ndarray) -> None:
+    head = np.concatenate([silence(500), utterance])
+    x = np.concatenate([head, silence(450), utterance, silence(1500)])
+    first_end = speech_bounds_ms(head)[1]
+    second_start = len(head) * 1000 / RATE + 450 + speech_bounds_ms(utterance)[0]
+    second_end = speech_bounds_ms(x)[1]
+    events = run_all(SileroVad(silence_duration_ms=900), x)
+    assert [e.kind for e in events] == ["speech_started", "speech_paused", "speech_resumed", "speech_paused",
+                                        "speech_stopped"]
+    _, pause, resume, last_pause, stop = events
+    # a pause starts where the speech fades out (the voice's soft ending counts for a few windows)
+    assert first_end - WINDOW_MS <= pause.audio_ms <= first_end + 250
+    assert abs(resume.audio_ms - second_start) <= 2 * WINDOW_MS
+    assert second_end - WINDOW_MS <= last_pause.audio_ms <= second_end + 250
+    # the stop closes the last pause exactly silence_duration_ms later, rounded up to whole windows
+    assert 900 <= stop.audio_ms - last_pause.audio_ms <= 900 + WINDOW_MS + 1
+
+
+def test_a_short_gap_with_a_short_silence_duration_stops_at_its_pause(utterance: np.ndarray) -> None:
+    x = np.concatenate([silence(500), utterance, silence(450), utterance, silence(1500)])
+    events = run_all(SileroVad(silence_duration_ms=200), x)
+    stops = [i for i, e in enumerate(events) if e.kind == "speech_stopped"]
+    assert len(stops) == 2
+    for i in stops:  # each stop closes the pause just before it, with no resume in between
+        assert events[i - 1].kind == "speech_paused"
+        assert 200 <= events[i].audio_ms - events[i - 1].audio_ms <= 200 + WINDOW_MS + 1
+
+
+def test_pause_hints_do_not_depend_on_chunking(utterance: np.ndarray) -> None:
+    x = np.concatenate([silence(300), utterance, silence(450), utterance, silence(1000)])
+    reference = run_all(SileroVad(silence_duration_ms=900), x)
+    assert "speech_paused" in [e.kind for e in reference]
+    for chunk_bytes in (3, 48000):
+        assert run_all(SileroVad(silence_duration_ms=900), x, chunk_bytes=chunk_bytes) == reference
 
 
 def window_probabilities(x24: np.ndarray) -> np.ndarray:
@@ -100,7 +141,7 @@ def test_detectors_share_the_model_but_not_state(utterance: np.ndarray) -> None:
     for at in range(0, len(pcm_speech), 960):
         events_a += a.feed(pcm_speech[at:at + 960])
         assert b.feed(pcm_quiet[at:at + 960]) == []
-    assert events_a == run(SileroVad(), x)
+    assert events_a == run_all(SileroVad(), x)
 
 
 def test_reset_restarts_the_clock_and_state(utterance: np.ndarray) -> None:
