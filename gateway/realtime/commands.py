@@ -37,7 +37,33 @@ class Transcribe:
     prompt: str | None = None
 
 
-Output = Send | StartResponse | CancelResponse | Transcribe
+@dataclass(frozen=True, slots=True)
+class Speculate:
+    """Transcribe a turn's audio up to a pause in the background, before the turn is committed.
+
+    The result is held for ``AdoptSpeculation`` and reported nowhere else; ``job.item_id`` is the id
+    the turn will be committed under, and keys the speculation.
+    """
+
+    job: Transcribe
+
+
+@dataclass(frozen=True, slots=True)
+class DropSpeculation:
+    """Speech resumed (or the turn went away): the speculative transcript of ``item_id`` is stale."""
+
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptSpeculation:
+    """The committed turn ``job`` holds the same speech as its speculation: report that transcript as
+    ``job``'s result, and carry out ``job`` itself only when the speculation failed or is gone."""
+
+    job: Transcribe
+
+
+Output = Send | StartResponse | CancelResponse | Transcribe | Speculate | DropSpeculation | AdoptSpeculation
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,11 +20,11 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from gateway import metrics
 from gateway.config import GatewayConfig
 from gateway.errors import client_safe
-from gateway.realtime.commands import (CancelResponse, Output, Send, StartResponse, Transcribe, VadFactory,
-                                       new_id)
+from gateway.realtime.commands import (AdoptSpeculation, CancelResponse, DropSpeculation, Output, Send, Speculate,
+                                       StartResponse, Transcribe, VadFactory, new_id)
 from gateway.realtime.session import RealtimeSession
 from gateway.realtime.settings import Dialect
-from omni.protocol import AudioChunk, Error, OmniBackend, OmniRequest, OutputChunk, TextDelta, Usage
+from omni.protocol import AudioChunk, Error, OmniBackend, OmniRequest, OutputChunk, TextDelta, Transcription, Usage
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class RealtimeConnection:
         self._space = asyncio.Event()
         self._responses: dict[str, asyncio.Task[None]] = {}
         self._asr: dict[str, asyncio.Task[None]] = {}
+        self._speculations: dict[str, asyncio.Task[Transcription | None]] = {}  # by the item id the turn will take
         self._close: tuple[int, str] = (CLOSE_NORMAL, "")
         self._state_changed = asyncio.Event()  # set after every dispatch: the idle watcher re-reads its deadline
         self._reader_task: asyncio.Task[None] | None = None
@@ -89,7 +90,7 @@ class RealtimeConnection:
             return
 
     async def _teardown(self, writer: asyncio.Task[None]) -> None:
-        tasks = [*self._responses.values(), *self._asr.values()]
+        tasks = [*self._responses.values(), *self._asr.values(), *self._speculations.values()]
         for task in tasks:
             task.cancel()  # each response task aborts its backend request on the way out
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -174,6 +175,14 @@ class RealtimeConnection:
                     task.cancel()
             elif isinstance(out, Transcribe):
                 self._asr[out.item_id] = asyncio.create_task(self._transcribe(out))
+            elif isinstance(out, Speculate):
+                self._drop_speculation(out.job.item_id)
+                self._speculations[out.job.item_id] = asyncio.create_task(self._speculate(out.job))
+            elif isinstance(out, DropSpeculation):
+                self._drop_speculation(out.item_id)
+            elif isinstance(out, AdoptSpeculation):
+                speculation = self._speculations.pop(out.job.item_id, None)
+                self._asr[out.job.item_id] = asyncio.create_task(self._transcribe(out.job, speculation))
         self._has_data.set()
         self._state_changed.set()
         if len(self._outbox) > self.config.send_queue_max:
@@ -255,11 +264,33 @@ class RealtimeConnection:
                 except Exception:
                     log.exception("aborting %s failed", response_id)
 
-    async def _transcribe(self, cmd: Transcribe) -> None:
+    def _drop_speculation(self, item_id: str) -> None:
+        task = self._speculations.pop(item_id, None)
+        if task is not None:
+            task.cancel()
+
+    async def _speculate(self, job: Transcribe) -> Transcription | None:
+        try:
+            return await self.backend.transcribe(job.pcm16, job.sample_rate, language=job.language,
+                                                 prompt=job.prompt)
+        except Exception as exc:  # the commit transcribes its own audio then, and reports that outcome
+            log.info("speculative transcription of %s failed: %s", job.item_id, exc)
+            return None
+
+    @staticmethod
+    async def _speculated(speculation: asyncio.Task[Transcription | None]) -> Transcription | None:
+        """The speculation's transcript, or None when it failed or was cancelled."""
+        await asyncio.wait({speculation})  # waits without taking the speculation's cancellation as ours
+        return None if speculation.cancelled() else speculation.result()
+
+    async def _transcribe(self, cmd: Transcribe,
+                          speculation: asyncio.Task[Transcription | None] | None = None) -> None:
         try:
             try:
-                result = await self.backend.transcribe(cmd.pcm16, cmd.sample_rate, language=cmd.language,
-                                                       prompt=cmd.prompt)
+                result = await self._speculated(speculation) if speculation is not None else None
+                if result is None:
+                    result = await self.backend.transcribe(cmd.pcm16, cmd.sample_rate, language=cmd.language,
+                                                           prompt=cmd.prompt)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -20,9 +20,26 @@ class SpeechStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeechPaused:
+    """The speaker went quiet; the turn ends here unless speech resumes within the silence duration."""
+
+    pause_at: int  # stream offset where the speech so far ends
+    pcm16: bytes  # the turn's audio so far, from speech start to the pause
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechResumed:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
 class SpeechStopped:
     audio_end_ms: int
     pcm16: bytes  # the turn's audio, from speech start to speech end
+    pause_at: int | None = None  # the pause this stop closes: its speech ends there, the rest is silence
+
+
+Signal = SpeechStarted | SpeechPaused | SpeechResumed | SpeechStopped
 
 
 class InputAudioBuffer:
@@ -33,6 +50,7 @@ class InputAudioBuffer:
         self._vad_base = 0  # stream offset where the current detector started
         self._prefix_ms = 0
         self._speech_start: int | None = None
+        self._pause_at: int | None = None
 
     @property
     def size(self) -> int:
@@ -55,22 +73,29 @@ class InputAudioBuffer:
         self._vad = vad
         self._vad_base = self.end
         self._prefix_ms = prefix_padding_ms
-        self._speech_start = None
+        self._speech_start = self._pause_at = None
 
-    def append(self, pcm16: bytes) -> list[SpeechStarted | SpeechStopped]:
+    def append(self, pcm16: bytes) -> list[Signal]:
         self._pcm += pcm16
         if self._vad is None:
             return []
-        signals: list[SpeechStarted | SpeechStopped] = []
+        signals: list[Signal] = []
         for event in self._vad.feed(pcm16):
             at = min(self.end, max(self._start, self._vad_base + event.audio_ms * BYTES_PER_MS))
             if event.kind == "speech_started" and self._speech_start is None:
                 self._speech_start = at
+                self._pause_at = None
                 signals.append(SpeechStarted(at // BYTES_PER_MS))
+            elif event.kind == "speech_paused" and self._speech_start is not None:
+                self._pause_at = at
+                signals.append(SpeechPaused(at, self._slice(self._speech_start, at)))
+            elif event.kind == "speech_resumed" and self._speech_start is not None:
+                self._pause_at = None
+                signals.append(SpeechResumed())
             elif event.kind == "speech_stopped" and self._speech_start is not None:
                 segment = self._take(self._speech_start, at)
-                self._speech_start = None
-                signals.append(SpeechStopped(at // BYTES_PER_MS, segment))
+                signals.append(SpeechStopped(at // BYTES_PER_MS, segment, self._pause_at))
+                self._speech_start = self._pause_at = None
         if self._speech_start is None:
             self._drop_before(self.end - (self._prefix_ms + IDLE_RETENTION_MS) * BYTES_PER_MS)
         return signals
@@ -79,19 +104,22 @@ class InputAudioBuffer:
         """Manual commit: everything buffered becomes one turn."""
         pcm = bytes(self._pcm)
         self._drop_before(self.end)
-        self._speech_start = None
+        self._speech_start = self._pause_at = None
         return pcm
 
     def clear(self) -> None:
         self._drop_before(self.end)
-        self._speech_start = None
+        self._speech_start = self._pause_at = None
         if self._vad is not None:
             self._vad.reset()
             self._vad_base = self.end
 
-    def _take(self, start: int, stop: int) -> bytes:
+    def _slice(self, start: int, stop: int) -> bytes:
         lo, hi = max(0, start - self._start), max(0, stop - self._start)
-        pcm = bytes(self._pcm[lo:hi])
+        return bytes(self._pcm[lo:hi])
+
+    def _take(self, start: int, stop: int) -> bytes:
+        pcm = self._slice(start, stop)
         self._drop_before(stop)
         return pcm
 

@@ -13,12 +13,12 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.realtime import audio as audio_fmt
-from gateway.realtime.commands import (CancelResponse, Output, SessionLimits, Send, StartResponse, Transcribe,
-                                       VadFactory, new_id)
+from gateway.realtime.commands import (AdoptSpeculation, CancelResponse, DropSpeculation, Output, SessionLimits,
+                                       Send, Speculate, StartResponse, Transcribe, VadFactory, new_id)
 from gateway.realtime.context import build_request, has_images, parse_metadata, recent_frames_only, resolve_input
 from gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
 from gateway.realtime.image_output import parse_image_options
-from gateway.realtime.input_audio import InputAudioBuffer, SpeechStarted, SpeechStopped
+from gateway.realtime.input_audio import InputAudioBuffer, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 from gateway.realtime.items import Content, Item, ItemStore, audio_bytes, decode_base64, parse_client_item, truncate
 from gateway.realtime.response import Event, ResponseRun
 from gateway.realtime.settings import (Dialect, SessionSettings, TurnDetection, apply_response_overrides,
@@ -64,6 +64,8 @@ class RealtimeSession:
         self._active: str | None = None  # the response writing to the default conversation
         self._pending_asr: set[str] = set()
         self._pending_turn_id: str | None = None  # announced by speech_started, used by the commit
+        # (pause offset, job): the turn's transcript being computed while the detector waits out a pause
+        self._speculation: tuple[int, Transcribe] | None = None
         self._audio_emitted = False
         self._out: list[Output] = []
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -188,6 +190,7 @@ class RealtimeSession:
     def _install_vad(self, settings: SessionSettings) -> None:
         turn = settings.turn_detection
         if turn is None or self._vad_factory is None:
+            self._drop_speculation()
             self.audio.set_vad(None)
             return
         vad_settings = turn.vad_settings()
@@ -196,6 +199,7 @@ class RealtimeSession:
         except ValueError as exc:  # the detector's own bounds (e.g. a threshold of exactly 0 or 1)
             raise invalid_value("session.turn_detection", "settings the voice activity detector accepts",
                                 str(exc)) from None
+        self._drop_speculation()  # the new detector starts a new turn
         self.audio.set_vad(vad, vad_settings.prefix_padding_ms)
 
     # ---- input audio ----------------------------------------------------------------------------
@@ -216,10 +220,29 @@ class RealtimeSession:
         for signal in self.audio.append(pcm):
             if isinstance(signal, SpeechStarted):
                 self._speech_started(signal)
+            elif isinstance(signal, SpeechPaused):
+                self._speech_paused(signal)
+            elif isinstance(signal, SpeechResumed):
+                self._drop_speculation()
             else:
                 self._speech_stopped(signal)
 
+    def _speech_paused(self, signal: SpeechPaused) -> None:
+        """Start the turn's transcription now: if the pause becomes the stop, the commit reuses it."""
+        self._drop_speculation()
+        if self._pending_turn_id is None or audio_fmt.duration_ms(signal.pcm16) < MIN_COMMIT_MS:
+            return
+        job = self._transcribe_job(self._pending_turn_id, signal.pcm16)
+        self._speculation = (signal.pause_at, job)
+        self._out.append(Speculate(job))
+
+    def _drop_speculation(self) -> None:
+        if self._speculation is not None:
+            self._out.append(DropSpeculation(self._speculation[1].item_id))
+            self._speculation = None
+
     def _speech_started(self, signal: SpeechStarted) -> None:
+        self._drop_speculation()
         self._pending_turn_id = self._new_item_id()
         self.idle_deadline = None
         self._emit({"type": "input_audio_buffer.speech_started", "audio_start_ms": signal.audio_start_ms,
@@ -234,8 +257,9 @@ class RealtimeSession:
         self._emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": signal.audio_end_ms,
                     "item_id": item_id})
         if audio_fmt.duration_ms(signal.pcm16) < MIN_COMMIT_MS:
+            self._drop_speculation()
             return  # a click, not a turn
-        self._commit(signal.pcm16, item_id)
+        self._commit(signal.pcm16, item_id, pause_at=signal.pause_at)
         turn = self.settings.turn_detection
         if turn is not None and turn.create_response and self._active is None and self.settings.kind == "realtime":
             self._start_response({})
@@ -249,18 +273,31 @@ class RealtimeSession:
         self._commit(self.audio.take_all(), self._pending_turn_id or self._new_item_id())
         self._pending_turn_id = None
 
-    def _commit(self, pcm: bytes, item_id: str) -> None:
+    def _commit(self, pcm: bytes, item_id: str, pause_at: int | None = None) -> None:
+        """Commit ``pcm`` as a user turn; ``pause_at`` says the speech in it ended at that pause."""
         item = Item(item_id, "message", role="user", content=[Content("input_audio", audio=pcm)])
         previous = self._insert(item, None)
         self._emit({"type": "input_audio_buffer.committed", "item_id": item.id, "previous_item_id": previous})
         self._announce(item, previous)
         self._pending_asr.add(item.id)
         self._enforce_audio_budget()
+        job = self._transcribe_job(item.id, pcm)
+        speculation, self._speculation = self._speculation, None
+        if speculation is not None and pause_at is not None and speculation[0] == pause_at \
+                and replace(speculation[1], pcm16=pcm) == job:
+            self._out.append(AdoptSpeculation(job))
+            return
+        if speculation is not None:
+            self._out.append(DropSpeculation(speculation[1].item_id))
+        self._out.append(job)
+
+    def _transcribe_job(self, item_id: str, pcm: bytes) -> Transcribe:
         transcription = self.settings.transcription or {}
-        self._out.append(Transcribe(item.id, pcm, audio_fmt.SAMPLE_RATE, language=transcription.get("language"),
-                                    prompt=transcription.get("prompt")))
+        return Transcribe(item_id, pcm, audio_fmt.SAMPLE_RATE, language=transcription.get("language"),
+                          prompt=transcription.get("prompt"))
 
     def _buffer_clear(self, event: dict[str, Any]) -> None:
+        self._drop_speculation()
         self.audio.clear()
         self._pending_turn_id = None
         self._emit({"type": "input_audio_buffer.cleared"})

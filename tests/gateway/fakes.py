@@ -24,7 +24,8 @@ def silence(ms: int) -> bytes:
 
 
 class AmplitudeVad:
-    """Speech is any 10 ms frame whose peak reaches ``threshold`` of full scale; VAD timings as the real one."""
+    """Speech is any 10 ms frame whose peak reaches ``threshold`` of full scale; VAD timings and events
+    (pause and resume hints included) as the real one."""
 
     def __init__(self, settings: VadSettings) -> None:
         self.settings = settings
@@ -47,6 +48,10 @@ class AmplitudeVad:
             if loud and not self._speaking:
                 self._speaking = True
                 events.append(VadEvent("speech_started", max(0, self._ms - self.settings.prefix_padding_ms)))
+            elif self._speaking and loud and self._silence_ms:
+                events.append(VadEvent("speech_resumed", self._ms))
+            elif self._speaking and not loud and not self._silence_ms:
+                events.append(VadEvent("speech_paused", self._ms))
             self._ms += 10
             if self._speaking:
                 self._silence_ms = 0 if loud else self._silence_ms + 10

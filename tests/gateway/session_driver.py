@@ -6,7 +6,7 @@ from typing import Any
 
 from fakes import FakeBackend
 
-from gateway.realtime.commands import CancelResponse, Output, Send, StartResponse, Transcribe
+from gateway.realtime.commands import AdoptSpeculation, CancelResponse, Output, Send, StartResponse, Transcribe
 from gateway.realtime.session import RealtimeSession
 from omni.protocol import OutputChunk
 
@@ -70,6 +70,12 @@ def cancelled(outputs: list[Output]) -> list[str]:
 
 def transcribes(outputs: list[Output]) -> list[Transcribe]:
     return [o for o in outputs if isinstance(o, Transcribe)]
+
+
+def committed_jobs(outputs: list[Output]) -> list[Transcribe]:
+    """The transcription of each committed turn: run afresh, or adopted from the speculation of its pause."""
+    return [o.job if isinstance(o, AdoptSpeculation) else o for o in outputs
+            if isinstance(o, (Transcribe, AdoptSpeculation))]
 
 
 def error(outputs: list[Output]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from session_driver import Driver, b64, cancelled, error, events, only, started,
 
 from fakes import silence, tone
 from gateway.realtime import g711
+from gateway.realtime.commands import AdoptSpeculation
 from omni.protocol import AudioChunk, Done, Transcription
 
 
@@ -83,8 +84,10 @@ def test_server_vad_turn_commits_and_responds() -> None:
     stopped = events(out)[0]
     assert stopped["audio_end_ms"] == 1100 and stopped["item_id"] == speech["item_id"]
     assert events(out)[1]["item_id"] == speech["item_id"]
-    (job,) = transcribes(out)
-    assert len(job.pcm16) == (1100 - 400) * 48  # prefix padding + speech + the silence that ended it
+    # the turn was transcribed from its pause on (tests/gateway/test_session_speculation.py); the commit adopts it
+    assert transcribes(out) == []
+    (adopted,) = [o for o in out if isinstance(o, AdoptSpeculation)]
+    assert len(adopted.job.pcm16) == (1100 - 400) * 48  # prefix padding + speech + the silence that ended it
     assert started(out)
 
 

@@ -8,7 +8,7 @@ import pytest
 from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
 from openai.types.realtime import RealtimeServerEvent as GaServerEvent
 from pydantic import TypeAdapter
-from session_driver import Driver, b64, events, started, transcribes
+from session_driver import Driver, b64, committed_jobs, events, started
 
 from fakes import FakeBackend, png, silence, tone
 from omni.protocol import AudioChunk, Done, ImageFinal, ImagePartial, TextDelta, ToolCallDelta, Transcription, Usage
@@ -36,7 +36,7 @@ def transcript_of_everything(dialect: str) -> list[dict[str, Any]]:
             {"type": "input_image", "image_url": "data:image/png;base64," + b64(png())}]}})
     vad_turn = d.send({"type": "input_audio_buffer.append", "audio": b64(silence(200) + tone(300) + silence(300))})
     out += vad_turn
-    (job,) = transcribes(vad_turn)
+    (job,) = committed_jobs(vad_turn)
     out += d.session.on_transcription(job.item_id, Transcription("spoken", duration_s=0.5))
     out += d.session.on_transcription_failed(job.item_id, "nope")
     rid = started(vad_turn)

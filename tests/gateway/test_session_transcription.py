@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
-from session_driver import Driver, b64, error, events, only, transcribes, types
+from session_driver import Driver, b64, committed_jobs, error, events, only, transcribes, types
 
 from fakes import FakeBackend, silence, tone
 from gateway.realtime.session import RealtimeSession
@@ -22,7 +22,7 @@ def test_ga_transcription_session_transcribes_turns_without_responding() -> None
     out = d.send({"type": "input_audio_buffer.append", "audio": b64(silence(200) + tone(300) + silence(300))})
     assert types(out) == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
                           "input_audio_buffer.committed", "conversation.item.added", "conversation.item.done"]
-    (job,) = transcribes(out)
+    (job,) = committed_jobs(out)
     assert job.language == "en"
     done = only(d.session.on_transcription(job.item_id, Transcription("hello")),
                 "conversation.item.input_audio_transcription.completed")
