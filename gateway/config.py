@@ -18,6 +18,7 @@ class GatewayConfig:
     send_queue_max: int = 512  # server events waiting for a slow client before producers block
     send_timeout_s: float = 30.0  # a client that reads nothing for this long is disconnected (1008)
     max_sessions: int = 256  # concurrent realtime sessions; beyond it new sockets close with 1013
+    max_responses_per_session: int = 4  # concurrent responses of one session (out-of-band ones overlap)
     max_sessions_per_key: int = 128  # realtime sessions one key (or, without auth, one client address) holds
     max_requests_per_key: int = 64  # HTTP requests in flight per key; beyond it 429
     max_http_requests: int = 256  # HTTP requests in flight in all; beyond it 503 at once
@@ -39,7 +40,8 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
-        for name in ("max_frame_bytes", "send_queue_max", "max_sessions", "max_sessions_per_key",
+        for name in ("max_frame_bytes", "send_queue_max", "max_sessions", "max_responses_per_session",
+                     "max_sessions_per_key",
                      "max_requests_per_key", "max_http_requests", "max_append_bytes",
                      "max_audio_buffer_bytes", "max_conversation_items", "max_conversation_audio_bytes",
                      "session_seconds", "max_image_bytes", "max_image_frames", "max_conversation_image_bytes"):

@@ -168,7 +168,10 @@ class RealtimeConnection:
             if isinstance(out, Send):
                 self._outbox.append(out.event)
             elif isinstance(out, StartResponse):
-                self._responses[out.response_id] = asyncio.create_task(self._run_response(out))
+                # Out-of-band responses (conversation "none") may overlap; each holds an engine request.
+                run = self._run_response if len(self._responses) < self.config.max_responses_per_session \
+                    else self._refuse_response
+                self._responses[out.response_id] = asyncio.create_task(run(out))
             elif isinstance(out, CancelResponse):
                 task = self._responses.pop(out.response_id, None)
                 if task is not None and task is not asyncio.current_task():
@@ -225,6 +228,18 @@ class RealtimeConnection:
             if request is None:
                 return
             await self._stream(cmd.response_id, request)
+        except _SlowClient:
+            pass
+        finally:
+            self._responses.pop(cmd.response_id, None)
+
+    async def _refuse_response(self, cmd: StartResponse) -> None:
+        limit = self.config.max_responses_per_session
+        refusal = Error("rate_limit_exceeded", f"This session already runs {limit} responses; wait for one to "
+                        "finish.", status=429)
+        try:
+            await self._dispatch(self.session.on_chunk(cmd.response_id, refusal))
+            await self._dispatch(self.session.on_stream_end(cmd.response_id))
         except _SlowClient:
             pass
         finally:
