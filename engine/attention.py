@@ -7,6 +7,7 @@ prefill call over the paged KV cache.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -48,8 +49,8 @@ def select_kernels(backend: str, device: torch.device) -> KernelOps:
     if backend == "auto":
         backend = "triton" if device.type == "cuda" else "torch"
     if backend == "triton":
-        if device.type != "cuda":
-            raise ValueError(f"attention backend 'triton' needs a CUDA device, got {device}")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"attention backend 'triton' needs a CUDA device (or TRITON_INTERPRET=1), got {device}")
         funcs = {name: getattr(importlib.import_module(module), name) for name, module in _TRITON_MODULES.items()}
     else:
         funcs = {name: getattr(reference, name) for name in _TRITON_MODULES}
