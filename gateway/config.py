@@ -50,7 +50,7 @@ class GatewayConfig:
         if self.health_poll_s <= 0:
             raise ValueError(f"health_poll_s must be > 0, got {self.health_poll_s}")
         if isinstance(self.allowed_origins, str):
-            raise ValueError(f"allowed_origins must be a tuple of origins, got the string {self.allowed_origins!r}")
+            raise TypeError(f"allowed_origins must be a tuple of origins, got the string {self.allowed_origins!r}")
         if self.send_timeout_s <= 0 or self.asr_timeout_s <= 0:
             raise ValueError(f"send_timeout_s and asr_timeout_s must be > 0, got {self.send_timeout_s} "
                              f"and {self.asr_timeout_s}")

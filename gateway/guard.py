@@ -122,8 +122,8 @@ class Guard:
         if kind == "websocket":
             origin = _header(scope, b"origin")
             if not origin_allowed(origin, _header(scope, b"host"), self.allowed_origins):
-                return 403, "origin_not_allowed", f"WebSocket connections from origin {origin[:200]!r} are not " \
-                    "allowed; the server's allowed_origins lists the accepted ones."
+                return 403, "origin_not_allowed", (f"WebSocket connections from origin {origin[:200]!r} are not "
+                                                   "allowed; the server's allowed_origins lists the accepted ones.")
         if self.api_key is not None and not key_matches(presented_key(scope), self.api_key):
             how = "'Authorization: Bearer <key>'" + (
                 " or the 'openai-insecure-api-key.<key>' subprotocol" if kind == "websocket" else "")
@@ -132,15 +132,15 @@ class Guard:
             return 503, "server_unavailable", "The model backend is not running; try again later."
         owner = self._owner(scope)
         if kind == "websocket" and self.sessions[owner] >= self.max_sessions_per_key:
-            return 429, "rate_limit_exceeded", f"This key already has {self.max_sessions_per_key} realtime " \
-                "sessions open; close one or try again later."
+            return 429, "rate_limit_exceeded", (f"This key already has {self.max_sessions_per_key} realtime "
+                                                "sessions open; close one or try again later.")
         if kind == "http" and path not in UNGATED_BY_HEALTH:
             if self.requests[owner] >= self.max_requests_per_key:
-                return 429, "rate_limit_exceeded", f"This key already has {self.max_requests_per_key} requests " \
-                    "in flight; wait for one to finish."
+                return 429, "rate_limit_exceeded", (f"This key already has {self.max_requests_per_key} requests "
+                                                    "in flight; wait for one to finish.")
             if self.http_in_flight >= self.max_http_requests:
-                return 503, "server_overloaded", f"This server already serves {self.max_http_requests} " \
-                    "requests; try again later."
+                return 503, "server_overloaded", (f"This server already serves {self.max_http_requests} "
+                                                  "requests; try again later.")
         return None
 
     @staticmethod

@@ -11,8 +11,8 @@ from starlette.websockets import WebSocket
 
 from gateway.auth import bearer_token, key_matches
 from gateway.config import GatewayConfig
-from gateway.realtime.connection import RealtimeConnection
 from gateway.realtime.commands import VadFactory
+from gateway.realtime.connection import RealtimeConnection
 from gateway.realtime.settings import Dialect
 from omni.protocol import Health, OmniBackend, VadSettings
 

@@ -8,15 +8,15 @@ from typing import Any
 
 import httpx
 import pytest
+from http_fakes import FakeBackend
+from live_server import serve
+from starlette.routing import Route, WebSocketRoute
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.guard import is_public, origin_allowed
-from http_fakes import FakeBackend
-from live_server import serve
-from starlette.routing import Route, WebSocketRoute
 
 KEY = "sk-guard-key"
 TIMEOUT = 15

@@ -6,11 +6,11 @@ import base64
 import json
 from typing import Any
 
+from fakes import FakeBackend, silence
+from live_server import serve
 from websockets.asyncio.client import connect
 
-from fakes import FakeBackend, silence
 from gateway.config import GatewayConfig
-from live_server import serve
 
 MIB = 1024 * 1024
 JUNK: list[Any] = [None, True, -1, 2**70, 1e308, "", "x" * 10_000, [], [[[]]], {}, {"a": {"b": {"c": [1, {}]}}}]

@@ -14,15 +14,24 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+from http_fakes import FakeBackend
+from live_server import serve
 from PIL import Image
 from websockets.asyncio.client import connect
 
 from encoders.audio import AudioDecodeError, decode_audio
 from encoders.image import ImageDecodeError, decode_image
 from gateway.config import GatewayConfig
-from http_fakes import FakeBackend
-from live_server import serve
-from omni.protocol import AudioPart, Done, Error, ImagePart, OmniRequest, OutputChunk, TextDelta, Usage
+from omni.protocol import (
+    AudioPart,
+    Done,
+    Error,
+    ImagePart,
+    OmniRequest,
+    OutputChunk,
+    TextDelta,
+    Usage,
+)
 
 MIB = 1024 * 1024
 

@@ -7,13 +7,13 @@ import json
 from typing import Any
 
 import httpx
+from http_fakes import FakeBackend
+from live_server import serve
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from gateway.config import GatewayConfig
 from gateway.http.limits import HttpLimits
-from http_fakes import FakeBackend
-from live_server import serve
 
 KIB = 1024
 CONFIG = GatewayConfig(max_frame_bytes=256 * KIB, max_append_bytes=32 * KIB, max_audio_buffer_bytes=96 * KIB,

@@ -7,11 +7,11 @@ import json
 import time
 from typing import Any
 
+from fakes import FakeBackend
+from live_server import serve
 from websockets.asyncio.client import connect
 
-from fakes import FakeBackend
 from gateway.config import GatewayConfig
-from live_server import serve
 from omni.protocol import Done, Error
 
 TIMEOUT = 20

@@ -13,12 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
+from live_server import serve
+from real_engine import tiny_pipeline
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from gateway.config import GatewayConfig
-from live_server import serve
-from real_engine import tiny_pipeline
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 60
@@ -145,7 +145,7 @@ def test_an_engine_thread_failure_is_reported_everywhere(tmp_path: Path) -> None
         out = run(scenario(port))
     pipe.shutdown()
     idle_events, idle_code, idle_s = out["idle"]
-    busy_events, busy_code, busy_s = out["busy"]
+    busy_events, busy_code, _ = out["busy"]
     print(f"\nengine fault: /health 503 after {out['health_s'] * 1000:.0f} ms; idle session error+close "
           f"{idle_code} after {idle_s * 1000:.0f} ms; HTTP chat {out['chat'].status_code}")
     assert out["health_s"] < 5.0
