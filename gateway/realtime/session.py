@@ -396,8 +396,10 @@ class RealtimeSession:
 
     # ---- responses ------------------------------------------------------------------------------
     def _response_create(self, event: dict[str, Any]) -> None:
-        params = event.get("response") or {}
-        if not isinstance(params, dict):
+        params = event.get("response")
+        if params is None:  # absent or null: a response with the session's defaults
+            params = {}
+        if not isinstance(params, dict):  # [], "", 0 and false are not "no parameters"
             raise invalid_type("response", "an object", params)
         self._start_response(params)
 

@@ -77,7 +77,7 @@ def corpus() -> list[tuple[str, str]]:
                     {"max_output_tokens": -5}, {"tools": "all"},
                     {"type": "realtime", "tools": [nested(500)]}]:
         frames.append(("bad session", json.dumps({"type": "session.update", "session": session})))
-    for response in [5, "go", {"conversation": "bogus"}, {"output_modalities": "text"},
+    for response in [5, "go", [], "", 0, False, {"conversation": "bogus"}, {"output_modalities": "text"},
                      {"max_output_tokens": 0}, {"input": 5}, {"input": [{"type": "item_reference"}]}]:
         frames.append(("bad response", json.dumps({"type": "response.create", "response": response})))
     frames.append(("cancel with none active", json.dumps({"type": "response.cancel"})))
