@@ -2,7 +2,9 @@
 
 No sockets, no asyncio, no clock reads beyond the injected ``now``. The connection layer feeds it
 client frames, backend chunks and transcription results, sends the ``Send`` events in order and
-carries out the commands (start/cancel a generation, transcribe a committed turn).
+carries out the commands (start/cancel a generation, transcribe a committed turn, and transcribe a
+server-VAD turn speculatively from the start of a pause, so that the commit finds its transcript
+under way; see ``commands.Speculate``).
 """
 from __future__ import annotations
 
