@@ -136,11 +136,17 @@ def main() -> None:
         return execute(batch)
 
     runner.execute = recording_execute
-    t_ours, ours_tokens = timed(lambda: llm.generate(prompts, params))
+    total = n * new
+    t_ours, outs = timed(lambda: llm.generate(prompts, params))
     runner.execute = execute
-    ours_tokens = [list(o.outputs[0].token_ids) for o in ours_tokens]
-    t_seq, seq_tokens = timed(lambda: [hf_generate(hf, tokenizer, [p], new)[0] for p in prompts])
+    ours_tokens = [list(o.outputs[0].token_ids) for o in outs]
+    print(f"ours (LLM.generate, {n} concurrent): {total / t_ours:8.1f} tok/s ({t_ours:.2f} s)", flush=True)
+    print(usage.report(), flush=True)
     t_batch, batch_tokens = timed(lambda: hf_generate(hf, tokenizer, prompts, new))
+    print(f"HF generate, batched (left pad):  {total / t_batch:8.1f} tok/s ({t_batch:.2f} s)", flush=True)
+    t_seq, seq_tokens = timed(lambda: [hf_generate(hf, tokenizer, [p], new)[0] for p in prompts])
+    print(f"HF generate, sequential:          {total / t_seq:8.1f} tok/s ({t_seq:.2f} s)", flush=True)
+    print(f"ratio vs HF sequential: {t_seq / t_ours:.2f}x   vs HF batched: {t_batch / t_ours:.2f}x", flush=True)
 
     # Single stream: decode rate from the difference between a 1-token and a full run.
     p0 = prompts[0]
@@ -148,19 +154,10 @@ def main() -> None:
     tn_ours, _ = timed(lambda: ours([p0], new))
     t1_hf, _ = timed(lambda: hf_generate(hf, tokenizer, [p0], 1))
     tn_hf, _ = timed(lambda: hf_generate(hf, tokenizer, [p0], new))
-
-    total = n * new
-    rate = {"ours": total / t_ours, "hf_seq": total / t_seq, "hf_batch": total / t_batch}
-    print(f"ours (LLM.generate, {n} concurrent): {rate['ours']:8.1f} tok/s ({t_ours:.2f} s)")
-    print(f"HF generate, sequential:          {rate['hf_seq']:8.1f} tok/s ({t_seq:.2f} s)")
-    print(f"HF generate, batched (left pad):  {rate['hf_batch']:8.1f} tok/s ({t_batch:.2f} s)")
-    print(f"ratio vs HF sequential: {rate['ours'] / rate['hf_seq']:.2f}x   vs HF batched: "
-          f"{rate['ours'] / rate['hf_batch']:.2f}x")
     single_ours = (new - 1) / (tn_ours - t1_ours)
     single_hf = (new - 1) / (tn_hf - t1_hf)
     print(f"single-stream decode: ours {single_ours:.1f} tok/s, HF {single_hf:.1f} tok/s "
           f"({single_ours / single_hf:.2f}x)")
-    print(usage.report())
     same_seq = sum(a == b for a, b in zip(ours_tokens, seq_tokens))
     same_batch = sum(a == b for a, b in zip(ours_tokens, batch_tokens))
     print(f"identical outputs: {same_seq}/{n} vs HF sequential, {same_batch}/{n} vs HF batched")
