@@ -26,16 +26,8 @@ QUESTION = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def backend():
-    from engine.config import EngineConfig
-    from omni import load_backend
-    from omni.config import OmniConfig
-
-    config = OmniConfig(engine=EngineConfig(model="default", max_model_len=2048), temperature=0.0, max_tokens=48,
-                        system_prompt="You are a helpful assistant. Answer in one short sentence.")
-    pipeline = load_backend(config)
-    yield pipeline
-    pipeline.shutdown()
+def backend(embedded_backend):
+    return embedded_backend
 
 
 def test_spoken_question_gets_a_spoken_answer_with_the_right_content(backend, tmp_path: Path) -> None:

@@ -35,16 +35,8 @@ ANSWER_TIMEOUT_MS = 240_000
 
 
 @pytest.fixture(scope="module")
-def backend():
-    from engine.config import EngineConfig
-    from omni import load_backend
-    from omni.config import OmniConfig
-
-    config = OmniConfig(engine=EngineConfig(model="default", max_model_len=2048), temperature=0.0, max_tokens=48,
-                        system_prompt="You are a helpful assistant. Answer in one short sentence.")
-    pipeline = load_backend(config)
-    yield pipeline
-    pipeline.shutdown()
+def backend(embedded_backend):
+    return embedded_backend
 
 
 @pytest.fixture(scope="module")
