@@ -102,25 +102,36 @@ class OmniPipeline:
         cancel = asyncio.Event()
         self._active[request.request_id] = cancel
         try:
-            if "image" in request.modalities:
-                async for chunk in self._generate_image(request, cancel):
-                    yield chunk
-                return
-            try:
-                request = await self._transcribe_parts(request)
-                prompt = await self._prompt(request)
-                params = sampling_params(request.sampling, self._defaults)
-            except (InvalidRequest, UnsupportedInput, ValueError) as exc:
-                yield _error(exc)
-                return
-            if "audio" in request.modalities:
-                stream = self._spoken(request, prompt, params, cancel)
+            if "image" not in request.modalities:
+                stream = self._respond(request, cancel)
+            elif request.modalities == ("image",):
+                stream = self._generate_image(request, cancel)
             else:
-                stream = self._written(request, prompt, params)
-            async for chunk in stream:
-                yield chunk
+                # Text or speech about the picture while it is drawn: both stages run side by side.
+                words = dataclasses.replace(request, modalities=tuple(m for m in request.modalities if m != "image"))
+                stream = _merged(self._respond(words, cancel), self._generate_image(request, cancel))
+            async with contextlib.aclosing(stream) as chunks:
+                async for chunk in chunks:
+                    yield chunk
         finally:
             self._active.pop(request.request_id, None)
+
+    async def _respond(self, request: OmniRequest, cancel: asyncio.Event) -> AsyncIterator[OutputChunk]:
+        """The LLM's answer, as text or (with "audio") speech."""
+        try:
+            request = await self._transcribe_parts(request)
+            prompt = await self._prompt(request)
+            params = sampling_params(request.sampling, self._defaults)
+        except (InvalidRequest, UnsupportedInput, ValueError) as exc:
+            yield _error(exc)
+            return
+        if "audio" in request.modalities:
+            stream = self._spoken(request, prompt, params, cancel)
+        else:
+            stream = self._written(request, prompt, params)
+        async with contextlib.aclosing(stream) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def abort(self, request_id: str) -> None:
         event = self._active.get(request_id)
@@ -346,6 +357,41 @@ class OmniPipeline:
         tok = self.engine.tokenizer
         return tuple((tok.decode([lp.token_id]), lp.logprob,
                       tuple((tok.decode([t]), v) for t, v in lp.top)) for lp in delta.logprobs)
+
+
+_STREAM_END = object()
+
+
+async def _merged(*streams: AsyncIterator[OutputChunk]) -> AsyncIterator[OutputChunk]:
+    """Chunks of several streams as they come. A small queue keeps each producer at the consumer's pace;
+    closing the merged stream closes every source."""
+    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=8)
+
+    async def pump(stream: AsyncIterator[OutputChunk]) -> None:
+        try:
+            async with contextlib.aclosing(stream) as chunks:
+                async for chunk in chunks:
+                    await queue.put(chunk)
+        except Exception as exc:  # handed to the consumer, which re-raises it
+            await queue.put(exc)
+            return
+        await queue.put(_STREAM_END)
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is _STREAM_END:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _SileroDetector:

@@ -56,7 +56,7 @@ class FakeEngine:
                                   num_prompt_tokens=len(prompt_ids), num_cached_tokens=3,
                                   num_output_tokens=emitted)
                 await asyncio.sleep(0)
-        except GeneratorExit:
+        except (GeneratorExit, asyncio.CancelledError):  # closed by its consumer, or its task cancelled
             self.closed_early = True
             raise
 
@@ -275,3 +275,28 @@ def test_shutdown_closes_the_image_head() -> None:
     pipeline.engine.shutdown = lambda: None
     pipeline.shutdown()
     assert head.closed
+
+
+def test_text_and_image_in_one_response_run_side_by_side() -> None:
+    from omni.protocol import ImageFinal, ImagePartial
+    pipeline = _image_pipeline(FakeImageHead())
+    pipeline.engine.pieces = ["Here", " is", " a cat."]
+    chunks = asyncio.run(_collect(pipeline, OmniRequest("r1", _user("draw a cat"), modalities=("text", "image"))))
+    assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == "Here is a cat."
+    assert [type(c) for c in chunks if isinstance(c, (ImagePartial, ImageFinal))] == [ImagePartial, ImageFinal]
+    assert [c for c in chunks if isinstance(c, Done)] == [Done("stop"), Done("stop")]
+    assert any(isinstance(c, Usage) for c in chunks)
+
+
+def test_closing_a_text_and_image_response_closes_both_stages() -> None:
+    pipeline = _image_pipeline(FakeImageHead())
+    pipeline.engine.pieces = [f"w{i} " for i in range(50)]  # more than the merge queue holds
+
+    async def first_only() -> None:
+        stream = pipeline.generate(OmniRequest("r1", _user("draw"), modalities=("text", "image")))
+        while not isinstance(await stream.__anext__(), TextDelta):
+            pass
+        await stream.aclose()
+
+    asyncio.run(first_only())
+    assert pipeline.engine.closed_early
