@@ -16,19 +16,6 @@ from tests.gateway.http_fakes import FakeBackend, served
 from tests.gateway.test_http_parsing import wav_bytes
 
 
-@pytest.fixture(scope="module")
-def live():
-    backend = FakeBackend()
-    with served(backend) as (url, client):
-        yield backend, url, client
-
-
-@pytest.fixture
-def fake(live):
-    live[0].reset()
-    return live
-
-
 def upload(samples: int = 1600, rate: int = 16000, channels: int = 1) -> tuple[str, bytes, str]:
     return ("clip.wav", wav_bytes([500] * samples * channels, rate=rate, channels=channels), "audio/wav")
 

@@ -18,19 +18,6 @@ from tests.gateway.test_http_parsing import wav_bytes
 USER = [{"role": "user", "content": "hi there"}]
 
 
-@pytest.fixture(scope="module")
-def live():
-    backend = FakeBackend()
-    with served(backend) as (url, client):
-        yield backend, url, client
-
-
-@pytest.fixture
-def fake(live):
-    live[0].reset()
-    return live
-
-
 def test_non_streaming_answer_with_n_and_logprobs(fake):
     backend, _, client = fake
     r = client.chat.completions.create(model="omni-test", messages=USER, n=2, logprobs=True, top_logprobs=1,

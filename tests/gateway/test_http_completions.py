@@ -7,20 +7,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.http_fakes import FakeBackend, overloaded, served
-
-
-@pytest.fixture(scope="module")
-def live():
-    backend = FakeBackend()
-    with served(backend) as (url, client):
-        yield backend, url, client
-
-
-@pytest.fixture
-def fake(live):
-    live[0].reset()
-    return live
+from tests.gateway.http_fakes import overloaded
 
 
 def test_prompt_list_with_n_numbers_choices_by_prompt(fake):
