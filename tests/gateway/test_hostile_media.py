@@ -6,6 +6,7 @@ import asyncio
 import base64
 import io
 import json
+import re
 import struct
 import time
 import tracemalloc
@@ -32,6 +33,10 @@ from omni.protocol import (
     TextDelta,
     Usage,
 )
+
+# A memory address as Python prints it in a repr ("at 0x7f3a..."); random event/item ids, whose letters and
+# digits may happen to spell "0x", are not addresses.
+ADDRESS = re.compile(r"(?<![A-Za-z0-9_])0x[0-9a-f]{6,}")
 
 MIB = 1024 * 1024
 
@@ -151,7 +156,7 @@ def test_hostile_media_is_refused_on_every_path_without_harm() -> None:
                     {"role": "user", "content": [{"type": "text", "text": "what is this?"}, *content]}]})
                 worst_s = max(worst_s, time.perf_counter() - t0)
                 results.append(("http", label, r.status_code))
-                if "0x" in r.text or "BytesIO" in r.text or "Traceback" in r.text:
+                if ADDRESS.search(r.text) or "BytesIO" in r.text or "Traceback" in r.text:
                     leaks.append(label)
 
             for label, data in images:
@@ -180,7 +185,7 @@ def test_hostile_media_is_refused_on_every_path_without_harm() -> None:
                     outcome: int | str = "no answer"
                     while True:
                         event = json.loads(await asyncio.wait_for(ws.recv(), 30))
-                        if "0x" in json.dumps(event) and event["type"] in ("error", "response.done"):
+                        if ADDRESS.search(json.dumps(event)) and event["type"] in ("error", "response.done"):
                             leaks.append(label)
                         if event["type"] == "error" and outcome == "no answer":
                             outcome = "error"
