@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from gateway.http.chat_request import HTTP_PRIORITY
 from gateway.http.errors import invalid
-from gateway.http.fields import get_bool, get_int, get_str, require_object
+from gateway.http.fields import get_bool, get_float, get_int, get_str, require_object
 from gateway.http.limits import HttpLimits
 from omni.protocol import Capabilities, ImageOutputOptions, Message, OmniRequest, TextPart
 
@@ -46,8 +46,9 @@ def parse_image_generation(body: object, caps: Capabilities, limits: HttpLimits)
     preview_every = 0
     if partial_images:
         preview_every = max(1, steps // (partial_images + 1)) if steps else 1
+    guidance = get_float(body, "guidance_scale", lo=0.0, hi=50.0)  # extension: not in OpenAI's API
     options = ImageOutputOptions(size=(width, height), num_inference_steps=steps,
-                                 guidance_scale=None, seed=get_int(body, "seed", lo=0, hi=2 ** 32 - 1),
+                                 guidance_scale=guidance, seed=get_int(body, "seed", lo=0, hi=2 ** 32 - 1),
                                  preview_every=preview_every, n=n)
     request = OmniRequest(request_id=f"img-{uuid.uuid4().hex}", messages=(Message("user", (TextPart(prompt),)),),
                           modalities=("image",), image=options, priority=HTTP_PRIORITY)

@@ -271,13 +271,16 @@ def test_image_generation_needs_an_image_model():
 def test_image_generation_options():
     caps = Capabilities(model="m", input_modalities=frozenset({"text"}), output_modalities=frozenset({"image"}))
     call = parse_image_generation({"prompt": "a cat", "size": "512x256", "n": 2, "stream": True,
-                                   "partial_images": 2, "num_inference_steps": 9, "seed": 3}, caps, LIMITS)
+                                   "partial_images": 2, "num_inference_steps": 9, "seed": 3, "guidance_scale": 4.5},
+                                  caps, LIMITS)
     opts = call.request.image
     assert call.request.modalities == ("image",) and opts.size == (512, 256) and opts.n == 2
-    assert opts.preview_every == 3 and opts.seed == 3 and call.partial_images == 2
+    assert opts.preview_every == 3 and opts.seed == 3 and call.partial_images == 2 and opts.guidance_scale == 4.5
+    assert parse_image_generation({"prompt": "a cat"}, caps, LIMITS).request.image.guidance_scale is None
     for fields, param in [({"size": "100x100"}, "size"), ({"size": "big"}, "size"), ({"n": 5}, "n"),
                           ({"response_format": "url"}, "response_format"), ({"partial_images": 1}, "partial_images"),
-                          ({"output_format": "jpeg"}, "output_format")]:
+                          ({"output_format": "jpeg"}, "output_format"), ({"guidance_scale": -1}, "guidance_scale"),
+                          ({"guidance_scale": "high"}, "guidance_scale")]:
         assert error_of(parse_image_generation, {"prompt": "a cat", **fields}, caps, LIMITS).param == param
 
 
