@@ -111,6 +111,27 @@ def default_prefill_config(q: torch.Tensor) -> PrefillConfig:
 
 
 @triton.jit
+def _paged_scores(q, k_cache_ptr, v_cache_ptr, table_row, offs, tok_ok, kvh, dims, dim_ok,
+                  stride_cache_block, stride_cache_tok,
+                  HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, DOT_FP32: tl.constexpr):
+    """Unscaled q·k scores of the cached positions ``offs`` of one sequence (its block-table row), and
+    their V rows; positions outside ``tok_ok`` read as zeros. Shared by the decode and prefill kernels."""
+    page = tl.load(table_row + offs // PAGE, mask=tok_ok, other=0).to(tl.int64)
+    kv_off = page * stride_cache_block + (offs % PAGE) * stride_cache_tok + kvh * HEAD_DIM
+    kv_ptrs = kv_off[:, None] + dims[None, :]
+    kv_mask = tok_ok[:, None] & dim_ok[None, :]
+    k = tl.load(k_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+    if DOT_FP32:
+        # fp32 inputs want exact products; the CPU interpreter also mis-multiplies 16-bit
+        # floats, so there both operands go through fp32 (values stay those of the 16-bit type).
+        qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(k))
+    return qk, v
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr, counters_ptr,
@@ -142,18 +163,8 @@ def _decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         tok_ok = offs < end
-        page = tl.load(table_row + offs // PAGE, mask=tok_ok, other=0).to(tl.int64)
-        kv_off = page * stride_cache_block + (offs % PAGE) * stride_cache_tok + kvh * HEAD_DIM
-        kv_ptrs = kv_off[:, None] + dims[None, :]
-        kv_mask = tok_ok[:, None] & dim_ok[None, :]
-        k = tl.load(k_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
-        if DOT_FP32:
-            # fp32 inputs want exact products; the CPU interpreter also mis-multiplies 16-bit
-            # floats, so there both operands go through fp32 (values stay those of the 16-bit type).
-            qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(k))
+        qk, v = _paged_scores(q, k_cache_ptr, v_cache_ptr, table_row, offs, tok_ok, kvh, dims, dim_ok,
+                              stride_cache_block, stride_cache_tok, HEAD_DIM, PAGE, DOT_FP32)
         qk = tl.where(tok_ok[None, :], qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -375,16 +386,8 @@ def _prefill_kernel(
     for n0 in range(0, kv_end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         tok_ok = offs < kv_end
-        page = tl.load(table_row + offs // PAGE, mask=tok_ok, other=0).to(tl.int64)
-        kv_off = page * stride_cache_block + (offs % PAGE) * stride_cache_tok + kvh * HEAD_DIM
-        kv_ptrs = kv_off[:, None] + dims[None, :]
-        kv_mask = tok_ok[:, None] & dim_ok[None, :]
-        k = tl.load(k_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
-        if DOT_FP32:
-            qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(k))
+        qk, v = _paged_scores(q, k_cache_ptr, v_cache_ptr, table_row, offs, tok_ok, kvh, dims, dim_ok,
+                              stride_cache_block, stride_cache_tok, HEAD_DIM, PAGE, DOT_FP32)
         allowed = (offs[None, :] <= q_pos[:, None]) & tok_ok[None, :]
         qk = tl.where(allowed, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
