@@ -24,3 +24,6 @@ class OmniConfig:
     top_p: float = 0.95
     max_tokens: int = 512
     system_prompt: str | None = None  # prepended when a conversation has no system message
+    # CPU threads of each stage (torch for a CPU engine, the Piper voice). A spoken reply runs the LLM and
+    # the TTS at once, so each gets half the cores by default (None) rather than all of them twice over.
+    stage_threads: int | None = None

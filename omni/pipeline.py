@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -63,6 +64,11 @@ class OmniPipeline:
         from engine.async_engine import AsyncEngine
 
         t0 = time.monotonic()
+        threads = stage_threads(config)
+        if _engine_on_cpu(config):
+            import torch
+
+            torch.set_num_threads(threads)  # before the engine thread starts, so it runs with this count
         engine = AsyncEngine(config.engine)
         model_name = engine.model_name
         log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t0)
@@ -80,7 +86,7 @@ class OmniPipeline:
                 log.info("ASR %s ready", config.asr)
             if config.tts is not None:
                 from omni.heads.tts import TtsHead
-                tts = TtsHead.load(config.tts, device=config.device)
+                tts = TtsHead.load(config.tts, device=config.device, threads=threads)
                 log.info("TTS %s ready", config.tts)
             if config.vad:
                 from encoders.vad import load_session
@@ -357,6 +363,24 @@ class OmniPipeline:
         tok = self.engine.tokenizer
         return tuple((tok.decode([lp.token_id]), lp.logprob,
                       tuple((tok.decode([t]), v) for t, v in lp.top)) for lp in delta.logprobs)
+
+
+def stage_threads(config: OmniConfig) -> int:
+    """CPU threads for each model stage: the configured count, else half the cores (at least one)."""
+    if config.stage_threads is not None:
+        if config.stage_threads < 1:
+            raise ValueError(f"stage_threads must be >= 1; got {config.stage_threads}")
+        return config.stage_threads
+    return max(1, (os.cpu_count() or 1) // 2)
+
+
+def _engine_on_cpu(config: OmniConfig) -> bool:
+    device = config.engine.device
+    if device == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return device == "cpu"
 
 
 _STREAM_END = object()

@@ -1,25 +1,31 @@
 """Cut a stream of text deltas into speakable segments for a non-autoregressive TTS model.
 
-The first segment ends at the first clause boundary once it holds a few words, so speech can start
-while the rest of the reply is still being generated; later segments end at sentence boundaries,
-which sound more natural. Any segment longer than ``max_chars`` is cut at its last space.
-A boundary is confirmed only by the character after it, so "3.5" or "e.g. this" is not split.
+The first segment is short, so speech can start while the rest of the reply is still being
+generated: it ends at the first clause boundary once it holds ``first_min_words`` words, or after
+``first_max_words`` words when no boundary came sooner (each decoded token delays the first audio by
+a decode step). Later segments end at sentence boundaries, which sound more natural, and are rendered
+while the first one plays. Any segment longer than ``max_chars`` is cut at its last space.
+A boundary is confirmed only by the character after it, so "3.5" or "e.g. this" is not split, and a
+word only by the character after its trailing space, so every cut is the same however the text arrives.
 Segments keep their surrounding whitespace, so joined they give back the text (minus trailing blanks):
 they double as transcript pieces.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 _SENTENCE_END = ".!?。！？"
 _CLAUSE_END = ",;:—–"
 _CLOSERS = "\"')]}»”’"
+_WORD = re.compile(r"\S+")
 _ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "prof.", "st.", "vs.", "etc.", "e.g.", "i.e.", "no.", "approx."})
 
 
 @dataclass(frozen=True, slots=True)
 class ChunkerConfig:
-    first_min_words: int = 4
+    first_min_words: int = 2
+    first_max_words: int | None = 3  # None: the first segment waits for a clause boundary
     min_words: int = 3
     first_max_chars: int = 120  # bounds the wait for the first audio when no punctuation comes
     max_chars: int = 250
@@ -63,8 +69,10 @@ class TextChunker:
         text = self._buffer
         boundaries = _SENTENCE_END if self._emitted else _SENTENCE_END + _CLAUSE_END
         min_words = self.config.min_words if self._emitted else self.config.first_min_words
+        word_cut = None if self._emitted else self._word_cut()
         # The last character cannot be confirmed yet: it needs the one after it.
-        for i in range(self._scan_from, min(len(text) - 1, self._max_chars())):
+        stop = min(len(text) - 1, self._max_chars(), len(text) if word_cut is None else word_cut + 1)
+        for i in range(self._scan_from, stop):
             if text[i] == "\n" and len(text[:i].split()) >= min_words:
                 return i + 1
             if text[i] not in boundaries:
@@ -80,9 +88,23 @@ class TextChunker:
                 continue
             if len(text[:end].split()) >= min_words:
                 return end
+        if word_cut is not None:
+            return word_cut
         self._scan_from = max(0, len(text) - 1 - len(_CLOSERS))
         if len(text) > self._max_chars():
             return self._space_cut()
+        return None
+
+    def _word_cut(self) -> int | None:
+        """Where the first segment ends by word count: the blank after word ``first_max_words``, once the
+        character after that blank has arrived (it may be a newline, which ends the segment itself)."""
+        limit = self.config.first_max_words
+        if limit is None:
+            return None
+        for count, match in enumerate(_WORD.finditer(self._buffer), 1):
+            if count == limit:
+                end = match.end()
+                return end if end < len(self._buffer) - 1 and end <= self._max_chars() else None
         return None
 
     def _max_chars(self) -> int:

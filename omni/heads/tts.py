@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,8 +38,8 @@ class TtsHead:
         self.chunker = chunker
 
     @classmethod
-    def load(cls, spec: str, *, device: str = "auto", seed: int | None = None) -> TtsHead:
-        return cls(load_synthesizer(spec, device=device, seed=seed))
+    def load(cls, spec: str, *, device: str = "auto", seed: int | None = None, threads: int = 0) -> TtsHead:
+        return cls(load_synthesizer(spec, device=device, seed=seed, threads=threads))
 
     @property
     def voices(self) -> tuple[str, ...]:
@@ -48,10 +48,11 @@ class TtsHead:
     def synthesize(self, text: str, options: AudioOutputOptions = AudioOutputOptions()) -> np.ndarray:
         """Whole text at once (``/v1/audio/speech``): float32 mono at ``options.sample_rate``.
 
-        Rendered segment by segment, as when streaming, so long inputs never go through the model in one piece.
+        Rendered segment by segment, as when streaming, so long inputs never go through the model in one piece;
+        nothing waits for the first audio here, so the first segment is a whole clause too.
         """
         _check(options)
-        chunker = TextChunker(self.chunker)
+        chunker = TextChunker(replace(self.chunker, first_max_words=None))
         segments = [s.strip() for s in chunker.push(text) + chunker.flush()]
         pieces = [self.synthesizer.synthesize(s, speed=options.speed, voice=options.voice) for s in segments if s]
         audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)

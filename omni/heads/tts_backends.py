@@ -35,7 +35,11 @@ def default_piper_voice() -> Path:
 
 
 class PiperSynthesizer:
-    def __init__(self, model_path: str | Path, config_path: str | Path | None = None, *, use_cuda: bool = False) -> None:
+    """``threads``: onnxruntime intra-op threads (0: onnxruntime's default, one per core)."""
+
+    def __init__(self, model_path: str | Path, config_path: str | Path | None = None, *, use_cuda: bool = False,
+                 threads: int = 0) -> None:
+        import onnxruntime as ort
         from piper import PiperVoice
 
         model_path = Path(model_path)
@@ -44,6 +48,16 @@ class PiperSynthesizer:
             if not path.is_file():
                 raise FileNotFoundError(f"Piper voice file {path} does not exist; expected <voice>.onnx and <voice>.onnx.json")
         self._voice = PiperVoice.load(model_path, config_path, use_cuda=use_cuda)
+        if not use_cuda:
+            # Piper renders in bursts while the LLM decodes on the same cores: onnxruntime's default
+            # spin-waiting workers burn the cycles the decoder needs (on 2 cores a decode step took 3x
+            # longer while a sentence rendered), so the session is rebuilt with workers that sleep.
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self._voice.session = ort.InferenceSession(str(model_path), sess_options=options,
+                                                       providers=["CPUExecutionProvider"])
         self.sample_rate = int(self._voice.config.sample_rate)
         speakers = tuple(self._voice.config.speaker_id_map)
         self.voices = speakers or (model_path.name.removesuffix(".onnx"),)
@@ -114,14 +128,16 @@ def _normalize(audio: np.ndarray) -> np.ndarray:
     return audio * (PEAK / peak) if peak > 1e-6 else np.zeros_like(audio)
 
 
-def load_synthesizer(spec: str, *, device: str = "auto", seed: int | None = None) -> SpeechSynthesizer:
-    """``"default"``: the packaged Piper voice; ``*.onnx``: a Piper voice; a directory: a HF VITS checkpoint."""
+def load_synthesizer(spec: str, *, device: str = "auto", seed: int | None = None,
+                     threads: int = 0) -> SpeechSynthesizer:
+    """``"default"``: the packaged Piper voice; ``*.onnx``: a Piper voice; a directory: a HF VITS checkpoint.
+    ``threads`` bounds a Piper voice's CPU threads (0: one per core)."""
     use_cuda = device.startswith("cuda")
     if spec == "default":
-        return PiperSynthesizer(default_piper_voice(), use_cuda=use_cuda)
+        return PiperSynthesizer(default_piper_voice(), use_cuda=use_cuda, threads=threads)
     path = Path(spec)
     if path.suffix == ".onnx":
-        return PiperSynthesizer(path, use_cuda=use_cuda)
+        return PiperSynthesizer(path, use_cuda=use_cuda, threads=threads)
     config = path / "config.json"
     if not config.is_file():
         raise FileNotFoundError(f"TTS model {spec!r}: expected 'default', a Piper .onnx voice or a directory "

@@ -217,3 +217,25 @@ def test_faster_whisper_on_gpu(speak) -> None:
     audio, rate = speak(SENTENCE)
     result = load_recognizer("default", device="auto").transcribe(audio, sample_rate=rate)
     assert {"turn", "kitchen", "lights"} <= words_of(result.text)
+
+
+def test_short_turns_read_the_same_through_the_short_window(default_asr: FasterWhisperRecognizer, speak,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import encoders.asr as asr_module
+
+    audio, rate = speak(SENTENCE)
+    short = default_asr.transcribe(audio, sample_rate=rate)
+    calls: list[int] = []
+    original = default_asr.model.transcribe
+    monkeypatch.setattr(default_asr.model, "transcribe", lambda *a, **k: calls.append(1) or original(*a, **k))
+    assert default_asr.transcribe(audio, sample_rate=rate).text == short.text and calls == []
+    # A decode that does not stop within its token budget is redone over Whisper's full 30 s window.
+    monkeypatch.setattr(asr_module, "_SHORT_TOKENS_BASE", 2)
+    monkeypatch.setattr(asr_module, "_SHORT_TOKENS_PER_S", 0)
+    full = default_asr.transcribe(audio, sample_rate=rate)
+    assert calls == [1] and words_of(full.text) == words_of(short.text)
+    assert full.usage.output_tokens == short.usage.output_tokens
+    # Speech too long for the short window never goes through it.
+    monkeypatch.setattr(asr_module, "SHORT_SPEECH_MAX_S", 0.5)
+    default_asr.transcribe(audio, sample_rate=rate)
+    assert calls == [1, 1]

@@ -11,7 +11,7 @@ import pytest
 from engine.errors import EngineOverloaded
 from engine.outputs import StreamDelta
 from omni.config import OmniConfig
-from omni.pipeline import OmniPipeline
+from omni.pipeline import OmniPipeline, stage_threads
 from omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Done, Error, ImagePart, Message, OmniRequest,
                            SamplingOptions, TextDelta, TextPart, ToolCallDelta, Usage)
 
@@ -300,3 +300,15 @@ def test_closing_a_text_and_image_response_closes_both_stages() -> None:
 
     asyncio.run(first_only())
     assert pipeline.engine.closed_early
+
+
+def test_each_stage_gets_half_the_cores_unless_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert stage_threads(OmniConfig()) == 1  # the LLM and the voice render at once on two cores
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert stage_threads(OmniConfig()) == 8
+    assert stage_threads(OmniConfig(stage_threads=3)) == 3
+    with pytest.raises(ValueError, match="stage_threads must be >= 1; got 0"):
+        stage_threads(OmniConfig(stage_threads=0))

@@ -14,18 +14,43 @@ def chunk(text: str, config: ChunkerConfig = ChunkerConfig(), step: int = 1) -> 
     return segments + chunker.flush()
 
 
+CLAUSES_ONLY = ChunkerConfig(first_min_words=4, first_max_words=None)
+
+
 def test_first_segment_ends_at_the_first_long_enough_clause() -> None:
     text = "Sure, the weather today looks fine, and tomorrow is sunny too. Bring a hat, though."
-    assert chunk(text) == ["Sure, the weather today looks fine,", " and tomorrow is sunny too.", " Bring a hat, though."]
+    assert chunk(text, CLAUSES_ONLY) == ["Sure, the weather today looks fine,", " and tomorrow is sunny too.",
+                                         " Bring a hat, though."]
+
+
+def test_first_segment_is_cut_after_a_few_words_when_no_clause_ends_sooner() -> None:
+    assert chunk("The capital of France is Paris. It is big.") == ["The capital of", " France is Paris.",
+                                                                   " It is big."]
+    assert chunk("Yes, the capital is Paris.") == ["Yes, the capital", " is Paris."]  # "Yes," is too short
+    assert chunk("Paris is, of course, the capital.") == ["Paris is,", " of course, the capital."]
+
+
+def test_a_word_ends_the_first_segment_only_once_the_next_word_begins() -> None:
+    chunker = TextChunker()
+    assert chunker.push("The capital of") == []  # "of" may still become "often"
+    assert chunker.push(" ") == []  # the blank could precede a newline that belongs to the segment
+    assert chunker.push("F") == ["The capital of"]
+    assert chunker.push("rance is Paris.") == []
+    assert chunker.flush() == [" France is Paris."]
+
+
+def test_short_replies_stay_whole() -> None:
+    assert chunk("Paris.") == ["Paris."]
+    assert chunk("It is Paris.") == ["It is Paris."]
 
 
 def test_later_segments_end_only_at_sentences() -> None:
     text = "One two three four. Then, after a while, we left. Done now, really!"
-    assert chunk(text) == ["One two three four.", " Then, after a while, we left.", " Done now, really!"]
+    assert chunk(text, CLAUSES_ONLY) == ["One two three four.", " Then, after a while, we left.", " Done now, really!"]
 
 
 def test_segments_appear_as_soon_as_the_boundary_is_confirmed() -> None:
-    chunker = TextChunker()
+    chunker = TextChunker(CLAUSES_ONLY)
     assert chunker.push("It is ten past nine") == []
     assert chunker.push(".") == []  # could still be "9.30" or a closing quote
     assert chunker.push(" And") == ["It is ten past nine."]
@@ -33,11 +58,11 @@ def test_segments_appear_as_soon_as_the_boundary_is_confirmed() -> None:
 
 def test_numbers_abbreviations_and_initials_do_not_split() -> None:
     text = "The price is 3.50 dollars today. Dr. Smith met J. R. Tolkien, e.g. at noon. Fine."
-    assert chunk(text) == ["The price is 3.50 dollars today.", " Dr. Smith met J. R. Tolkien, e.g. at noon.", " Fine."]
+    assert chunk(text, CLAUSES_ONLY) == ["The price is 3.50 dollars today.", " Dr. Smith met J. R. Tolkien, e.g. at noon.", " Fine."]
 
 
 def test_closing_quotes_stay_with_their_sentence() -> None:
-    assert chunk('He said "we will go now." Then we went home.') == ['He said "we will go now."', " Then we went home."]
+    assert chunk('He said "we will go now." Then we went home.', CLAUSES_ONLY) == ['He said "we will go now."', " Then we went home."]
 
 
 def test_unpunctuated_text_is_cut_at_spaces_within_the_limits() -> None:
@@ -50,8 +75,9 @@ def test_unpunctuated_text_is_cut_at_spaces_within_the_limits() -> None:
 
 
 def test_newline_ends_a_segment() -> None:
-    assert chunk("Here are the steps to take\nfirst open the door") == ["Here are the steps to take\n",
-                                                                       "first open the door"]
+    assert chunk("Here are the steps to take\nfirst open the door", CLAUSES_ONLY) == \
+        ["Here are the steps to take\n", "first open the door"]
+    assert chunk("Steps to take\nfirst open the door") == ["Steps to take\n", "first open the door"]
 
 
 @settings(max_examples=200, deadline=None)
