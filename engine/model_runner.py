@@ -9,6 +9,7 @@ import torch
 
 from engine.attention import AttentionMetadata, plan_step, select_kernels
 from engine.config import EngineConfig
+from engine.graphed_decode import GraphedDecode
 from engine.loader import LoadedModel
 from engine.models import build_model
 from engine.mrope import mrope_positions
@@ -66,8 +67,18 @@ class ModelRunner:
                                     shape.head_dim, device=self.device, dtype=self.dtype)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(shape.num_layers)]
         self.sampler = Sampler(self.device, config.seed)
-        log.info("model runner: %s %s, backend %s, %d KV blocks of %d tokens", self.device, self.dtype,
-                 self.ops.name, self.num_kv_blocks, self.block_size)
+        self.graphs: GraphedDecode | None = None
+        # Graphs need kernels free of host syncs (the Triton ones) and a per-step input layout
+        # they can hold fixed (M-RoPE positions and image embeddings change shape per step).
+        if self.device.type == "cuda" and not config.enforce_eager and self.ops.name == "triton" \
+                and not self.uses_mrope:
+            self.graphs = GraphedDecode(self.model, self.kv_caches, max_batch=min(config.max_num_seqs, 256),
+                                        max_blocks_per_seq=self.max_blocks_per_seq, block_size=self.block_size,
+                                        device=self.device)
+            self.graphs.capture()
+        log.info("model runner: %s %s, backend %s, %d KV blocks of %d tokens, decode graphs %s", self.device,
+                 self.dtype, self.ops.name, self.num_kv_blocks, self.block_size,
+                 self.graphs.buckets if self.graphs else "off")
 
     def _decide_num_blocks(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
         if self.config.num_kv_blocks is not None:
@@ -95,6 +106,15 @@ class ModelRunner:
         results: list[SampleResult | None] = [None] * len(batch.seqs)
         if not batch.seqs:
             return results
+        if self.graphs is not None and self._graph_ready(batch):
+            logits = self.graphs.run(batch.seqs)
+            if logits is not None:
+                rows = [i for i, seq in enumerate(batch.seqs) if seq.num_computed_tokens + 1 == len(seq)]
+                if len(rows) < len(batch.seqs):  # one-token prefill chunks sample nothing
+                    logits = logits[torch.tensor(rows, device=self.device)]
+                for slot, sample in zip(rows, self.sampler(logits, [batch.seqs[i] for i in rows])):
+                    results[slot] = sample
+                return results
         step = self._prepare(batch)
         hidden = self.model.forward(step.input_ids, step.positions, step.meta, self.kv_caches,
                                     step.embed_rows, step.embeds)
@@ -106,6 +126,10 @@ class ModelRunner:
         return results
 
     # ---- input preparation ----------------------------------------------------------------------
+
+    def _graph_ready(self, batch: ScheduledBatch) -> bool:
+        """A step the decode graphs can run: one token per sequence, no image embeddings."""
+        return all(n == 1 for n in batch.num_new_tokens) and not any(seq.embed_spans for seq in batch.seqs)
 
     def _prepare(self, batch: ScheduledBatch) -> _StepInputs:
         bs = self.block_size

@@ -11,6 +11,7 @@ from tiny_checkpoints import RunnerDriver, greedy_seq, hf_greedy, save_tiny_chec
 from engine.config import EngineConfig
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
+from engine.sequence import ScheduledBatch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -42,3 +43,34 @@ def test_cuda_kv_cache_sized_from_memory_and_capped_by_need(checkpoint: tuple[An
     # 4 sequences of the model's 256 positions need 4 * 16 blocks (+1 spare); memory allows far more.
     assert runner.num_kv_blocks == 4 * 16 + 1
     assert runner.kv_cache.device.type == "cuda"
+
+
+def test_decode_graphs_match_the_eager_forward(checkpoint: tuple[Any, Path]) -> None:
+    _, directory = checkpoint
+    config = EngineConfig(model=str(directory), device="cuda", dtype="float32", attention_backend="triton",
+                          num_kv_blocks=64, max_num_seqs=8)
+    runner = ModelRunner(config, load_model(config))
+    assert runner.graphs is not None and runner.graphs.buckets == [1, 2, 4, 8]
+    gen = torch.Generator().manual_seed(5)
+    seqs = [greedy_seq(torch.randint(2, 300, (n,), generator=gen).tolist(), str(i)) for i, n in enumerate((9, 33, 17))]
+    driver = RunnerDriver(runner)
+    driver.generate(seqs, 3)  # prefill, then decodes through the graphs (3 rows run the 4-row bucket)
+    for seq in seqs:
+        driver.allocate(seq, len(seq))
+    graphed = runner.graphs.run(seqs).clone()
+    step = runner._prepare(ScheduledBatch(seqs, [1] * len(seqs), []))
+    with torch.inference_mode():
+        hidden = runner.model.forward(step.input_ids, step.positions, step.meta, runner.kv_caches)
+        eager = runner.model.compute_logits(hidden[step.sample_rows])
+    torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-4)
+
+
+def test_batches_beyond_the_largest_graph_run_eagerly(checkpoint: tuple[Any, Path]) -> None:
+    hf, directory = checkpoint
+    config = EngineConfig(model=str(directory), device="cuda", dtype="float32", attention_backend="triton",
+                          num_kv_blocks=64, max_num_seqs=2)
+    runner = ModelRunner(config, load_model(config))
+    assert runner.graphs is not None and runner.graphs.buckets == [1, 2]
+    prompts = [[3 + i, 40, 41 + i] for i in range(3)]  # 3 decodes: no graph holds them
+    got = RunnerDriver(runner).generate([greedy_seq(p, str(i)) for i, p in enumerate(prompts)], 4)
+    assert got == [hf_greedy(hf, p, 4) for p in prompts]
