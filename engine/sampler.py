@@ -7,10 +7,15 @@ frequency penalties at output tokens only. Logprobs are those of the raw model d
 A draw is ``argmax(probs / E)`` with ``E ~ Exp(1)`` (equivalent to sampling from ``probs``). A
 request with a seed draws its noise from its own generator, so its tokens do not depend on what
 else shares the batch; the others share one generator.
+
+On a GPU the step waits for the device once, when the chosen tokens (and logprobs) come back:
+per-row parameters go up with asynchronous copies from pinned memory and every branch is decided
+from the host-side parameters, never from a tensor's value.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -50,10 +55,9 @@ class Sampler:
             tokens = logits.argmax(dim=-1)
         else:
             tokens = self._sample(logits, seqs)
-        token_list = tokens.tolist()
         if raw_logprobs is None:
-            return [SampleResult(t, None) for t in token_list]
-        return self._with_logprobs(raw_logprobs, tokens, token_list, params)
+            return [SampleResult(t, None) for t in to_host(tokens)[0].tolist()]
+        return self._with_logprobs(raw_logprobs, tokens, params)
 
     # ---- steps ------------------------------------------------------------------------------------
 
@@ -72,14 +76,14 @@ class Sampler:
         if not rows:
             return logits
         logits = logits.clone()
-        logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)] = float("-inf")
+        logits[to_device(rows, torch.int64, logits.device), to_device(cols, torch.int64, logits.device)] = float("-inf")
         return logits
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [s.params for s in seqs]
         device = logits.device
-        greedy = torch.tensor([p.greedy for p in params], device=device)
-        temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device)
+        greedy = to_device([p.greedy for p in params], torch.bool, device)
+        temperature = to_device([p.temperature if not p.greedy else 1.0 for p in params], torch.float32, device)
         scaled = logits / temperature.unsqueeze(1)
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
             scaled = apply_top_k_top_p(scaled, [p.top_k for p in params], [p.top_p for p in params])
@@ -105,15 +109,19 @@ class Sampler:
             noise[i].exponential_(generator=gen)
         return noise
 
-    def _with_logprobs(self, logprobs: torch.Tensor, tokens: torch.Tensor, token_list: list[int],
+    def _with_logprobs(self, logprobs: torch.Tensor, tokens: torch.Tensor,
                        params: list[SamplingParams]) -> list[SampleResult]:
-        chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        chosen_dev = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
         max_top = max((p.logprobs or 0) for p in params)
         top_vals: list[list[float]] = []
         top_ids: list[list[int]] = []
         if max_top > 0:
             values, indices = logprobs.topk(max_top, dim=-1)
-            top_vals, top_ids = values.tolist(), indices.tolist()
+            token_t, chosen_t, values_t, indices_t = to_host(tokens, chosen_dev, values, indices)
+            top_vals, top_ids = values_t.tolist(), indices_t.tolist()
+        else:
+            token_t, chosen_t = to_host(tokens, chosen_dev)
+        token_list, chosen = token_t.tolist(), chosen_t.tolist()
         results = []
         for i, p in enumerate(params):
             if p.logprobs is None:
@@ -135,14 +143,14 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     device = logits.device
     out_counts = _token_counts([s.output_token_ids for s in seqs], num_rows, vocab, device)
     logits = logits.clone()
-    rep = torch.tensor([s.params.repetition_penalty for s in seqs], device=device).unsqueeze(1)
-    if bool((rep != 1.0).any()):
+    if any(s.params.repetition_penalty != 1.0 for s in seqs):
+        rep = to_device([s.params.repetition_penalty for s in seqs], torch.float32, device).unsqueeze(1)
         prompt_seen = _token_counts([s.prompt_token_ids for s in seqs], num_rows, vocab, device) > 0
         seen = prompt_seen | (out_counts > 0)
         penalized = torch.where(logits > 0, logits / rep, logits * rep)
         logits = torch.where(seen, penalized, logits)
-    presence = torch.tensor([s.params.presence_penalty for s in seqs], device=device).unsqueeze(1)
-    frequency = torch.tensor([s.params.frequency_penalty for s in seqs], device=device).unsqueeze(1)
+    presence = to_device([s.params.presence_penalty for s in seqs], torch.float32, device).unsqueeze(1)
+    frequency = to_device([s.params.frequency_penalty for s in seqs], torch.float32, device).unsqueeze(1)
     return logits - presence * (out_counts > 0) - frequency * out_counts
 
 
@@ -157,7 +165,7 @@ def _token_counts(token_lists: list[list[int]], num_rows: int, vocab: int, devic
         if tokens:
             padded[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
     wide = torch.zeros(num_rows, vocab + 1, device=device)
-    wide.scatter_add_(1, padded.to(device), torch.ones(num_rows, longest, device=device))
+    wide.scatter_add_(1, _upload(padded, device), torch.ones(num_rows, longest, device=device))
     return wide[:, :vocab]
 
 
@@ -167,11 +175,11 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]
     vocab = logits.shape[1]
     device = logits.device
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    k = torch.tensor([t if t > 0 else vocab for t in top_k], device=device).clamp(max=vocab)
+    k = to_device([t if t > 0 else vocab for t in top_k], torch.int64, device).clamp(max=vocab)
     ranks = torch.arange(vocab, device=device).unsqueeze(0)
     masked = ranks >= k.unsqueeze(1)
     sorted_logits = sorted_logits.masked_fill(masked, float("-inf"))
-    p = torch.tensor(top_p, device=device).unsqueeze(1)
+    p = to_device(top_p, torch.float32, device).unsqueeze(1)
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     sorted_logits = sorted_logits.masked_fill((mass_before >= p) & (ranks > 0), float("-inf"))
@@ -181,5 +189,25 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]
 def apply_min_p(logits: torch.Tensor, min_p: list[float]) -> torch.Tensor:
     """Drop tokens whose probability is below ``min_p`` times the row's most likely token's."""
     probs = logits.softmax(dim=-1)
-    threshold = torch.tensor(min_p, device=logits.device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+    threshold = to_device(min_p, torch.float32, logits.device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
     return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def to_device(values: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on ``device`` without waiting for the device (pinned, asynchronous copy on CUDA)."""
+    return _upload(torch.tensor(values, dtype=dtype), device)
+
+
+def _upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Copy results to the host with one wait for the device, however many tensors there are."""
+    if not tensors or tensors[0].device.type != "cuda":
+        return [t.cpu() for t in tensors]
+    copies = [t.to("cpu", non_blocking=True) for t in tensors]
+    torch.cuda.current_stream(tensors[0].device).synchronize()
+    return copies
