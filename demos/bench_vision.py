@@ -4,6 +4,12 @@ A random Qwen2-VL-shaped (or LLaVA-shaped) checkpoint is built in a temp dir (no
 numbers measure the code path and the model size, not a trained model's quality.
 
     python demos/bench_vision.py --family qwen2_vl --frames 8 --size 224
+    python demos/bench_vision.py --device cuda --preset 2b --frames 16 --size 448   # on a GPU
+
+``--preset 2b`` gives the layer sizes of Qwen2-VL-2B (LM 28 x 1536, tower 32 x 1280) or, with
+``--family llava``, of LLaVA-1.5-7B (LM 32 x 4096, CLIP ViT-L/14 tower); the default ``tiny`` preset
+is small enough for a CPU. On CUDA the weights are bfloat16 and every stage is timed to its end
+(device synchronized).
 
 Each frame is a different random picture (a webcam stream), prompted with the same text: decode
 (PNG), encode (vision tower; the cache misses), prefill (engine step to the first token; the text
@@ -14,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
+import sys
 import statistics
 import tempfile
 import time
@@ -23,6 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+
+sys.path.insert(0, os.fspath(Path(__file__).resolve().parent.parent))  # run from a checkout, uninstalled
 
 SPECIALS = ["<eos>", "<bos>", "<image>", "<|vision_start|>", "<|image_pad|>", "<|video_pad|>", "<|vision_end|>"]
 
@@ -42,20 +52,37 @@ def build_tokenizer() -> Any:
     return hf
 
 
-def build_checkpoint(family: str, directory: Path, size: int) -> None:
+# Layer sizes per preset: (text model, Qwen2-VL tower, CLIP tower).
+PRESETS: dict[str, tuple[dict[str, int], dict[str, int], dict[str, int]]] = {
+    "tiny": (dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=4),
+             dict(depth=4, embed_dim=256, hidden_size=512, num_heads=4),
+             dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4)),
+    "2b": (dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                num_key_value_heads=2),
+           dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16),
+           dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16)),
+}
+
+
+def build_checkpoint(family: str, directory: Path, size: int, preset: str = "tiny") -> None:
     tok = build_tokenizer()
     ids = {name: tok.convert_tokens_to_ids(name) for name in SPECIALS}
-    text = dict(vocab_size=512, hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
-                num_key_value_heads=4, max_position_embeddings=2048, eos_token_id=0, bos_token_id=1)
+    text_sizes, qwen_tower, clip_tower = PRESETS[preset]
+    if family == "llava" and preset != "tiny":
+        text_sizes = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                          num_key_value_heads=32)
+    text = dict(vocab_size=512, max_position_embeddings=4096, eos_token_id=0, bos_token_id=1, **text_sizes)
     if family == "qwen2_vl":
         from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
             Qwen2VLImageProcessorPil,
         )
 
-        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]}
-        config = Qwen2VLConfig(text_config=text, vision_config=dict(depth=4, embed_dim=256, hidden_size=512,
-                                                                    num_heads=4, mlp_ratio=4, patch_size=14),
+        half = text["hidden_size"] // text["num_attention_heads"] // 2
+        section = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section}
+        config = Qwen2VLConfig(text_config=text, vision_config=dict(mlp_ratio=4, patch_size=14, **qwen_tower),
                                image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
                                vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
         Qwen2VLForConditionalGeneration(config).save_pretrained(directory)
@@ -71,9 +98,7 @@ def build_checkpoint(family: str, directory: Path, size: int) -> None:
             CLIPImageProcessorPil,
         )
 
-        config = LlavaConfig(vision_config=CLIPVisionConfig(hidden_size=256, intermediate_size=1024,
-                                                            num_hidden_layers=4, num_attention_heads=4,
-                                                            image_size=size, patch_size=14),
+        config = LlavaConfig(vision_config=CLIPVisionConfig(image_size=size, patch_size=14, **clip_tower),
                              text_config=LlamaConfig(**text), image_token_id=ids["<image>"])
         LlavaForConditionalGeneration(config).save_pretrained(directory)
         CLIPImageProcessorPil(size={"shortest_edge": size},
@@ -94,8 +119,16 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=8)
     parser.add_argument("--size", type=int, default=224, help="frame side in pixels (a multiple of 28)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     from encoders.image import decode_image
     from encoders.vision import load_vision_encoder
@@ -107,9 +140,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        build_checkpoint(args.family, directory, args.size)
-        encoder = load_vision_encoder(directory)
-        engine = LLMEngine(EngineConfig(model=str(directory), device="cpu", num_kv_blocks=512))
+        build_checkpoint(args.family, directory, args.size, args.preset)
+        encoder = load_vision_encoder(directory, device=device, dtype=dtype)
+        engine = LLMEngine(EngineConfig(model=str(directory), device=args.device, num_kv_blocks=512))
         params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
         pngs = [frame_png(i, args.size) for i in range(args.frames)] + [frame_png(0, args.size)]
         rows: list[tuple[float, float, float, int, int]] = []
@@ -118,6 +151,7 @@ def main() -> None:
             image = decode_image(png)
             t1 = time.perf_counter()
             features = encoder.encode_image(image)
+            sync()
             t2 = time.perf_counter()
             request = OmniRequest(request_id=str(i), messages=(Message("user", (
                 TextPart("describe what the camera sees right now in a few words"), ImagePart(png))),))
@@ -126,14 +160,16 @@ def main() -> None:
             engine.add_request(str(i), prompt.token_ids, params, embed_spans=prompt.embed_spans)
             while engine.has_unfinished():
                 engine.step()
+            sync()
             t4 = time.perf_counter()
             (out,) = engine.pop_finished()
             rows.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t4 - t3) * 1e3, len(prompt.token_ids),
                          out.num_cached_tokens))
             del features
 
-    print(f"family={args.family} frame={args.size}x{args.size} image_tokens={prompt.num_image_tokens} "
-          f"LM=4x512 (GQA 8/4) tower=4x256 threads={args.threads} device=cpu float32")
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {args.threads} threads"
+    print(f"family={args.family} preset={args.preset} frame={args.size}x{args.size} "
+          f"image_tokens={prompt.num_image_tokens} device={gpu} {str(dtype).removeprefix('torch.')}")
     print(f"{'frame':>5} {'decode ms':>10} {'encode ms':>10} {'prefill ms':>11} {'prompt':>7} {'cached':>7}")
     for i, (dec, enc, pre, n, cached) in enumerate(rows):
         label = "rep" if i == len(rows) - 1 else str(i)

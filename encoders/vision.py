@@ -252,7 +252,7 @@ class Qwen2VLVision(VisionEncoder):
 
     @torch.inference_mode()
     def _encode(self, pixels: torch.Tensor, grid: torch.Tensor, key: str) -> VisualFeatures:
-        out = self.tower(pixels.to(device=self.device, dtype=self.dtype), grid_thw=grid.view(1, 3))
+        out = self.tower(pixels.to(device=self.device, dtype=self.dtype), grid_thw=grid.view(1, 3).to(self.device))
         embeds = out.pooler_output  # after the patch merger: one row per LLM token
         t, h, w = int(grid[0]), int(grid[1]) // self.merge, int(grid[2]) // self.merge
         tt, hh, ww = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
