@@ -1,0 +1,284 @@
+"""End-to-end GPU throughput: the nano-vllm workload on our engine against HF ``generate``, and
+batch-1 decode against the HBM roofline.
+
+    python demos/bench_gpu_e2e.py --model qwen2.5-0.5b --model llama-3.1-8b
+
+For each model shape a checkpoint with random bf16 weights is built on the GPU and saved to a
+temp dir (no download), with a word-level tokenizer that covers the whole vocabulary. Then:
+
+1. Workload (nano-vllm's bench): ``--seqs`` sequences, prompt and output lengths uniform in
+   [100, 1024], random prompt token ids, fixed seed, greedy, EOS ignored.
+2. HF transformers: one batched ``generate`` over the left-padded prompts. It cannot stop rows
+   separately, so it runs to the longest requested output; "useful" tokens/s counts the requested
+   outputs only, "raw" counts every generated row token.
+3. Ours: ``LLM.generate`` with all sequences at once (continuous batching, chunked prefill, the
+   Triton kernels, decode CUDA graphs). Output tokens/s over the whole call, prefill included.
+4. Batch 1: one request with a ``--b1-prompt``-token prompt; decode time per token is the time of a
+   ``--b1-new``-token generate minus a one-token generate, divided by the extra tokens. The
+   roofline is the bytes one decode step must read (every weight once, the KV cache of the
+   context) over the HBM bandwidth (``--hbm-gbps``, the H200's 4800 GB/s by default); the
+   measured device copy bandwidth is printed too.
+5. A parity spot check: the first ``--check-tokens`` greedy tokens of a few prompts from HF (batch 1,
+   no padding) against ours.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.fspath(Path(__file__).resolve().parent.parent))  # run from a checkout, uninstalled
+
+
+def shape_config(name: str) -> Any:
+    from transformers import LlamaConfig, Qwen2Config
+
+    if name == "qwen2.5-0.5b":
+        return Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                           num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                           rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                           eos_token_id=0, bos_token_id=1)
+    if name == "llama-3.1-8b":
+        return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                           num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                           rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                           rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                           eos_token_id=0, bos_token_id=1)
+    raise SystemExit(f"unknown model shape {name!r}; expected qwen2.5-0.5b or llama-3.1-8b")
+
+
+def word_tokenizer(vocab_size: int) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<eos>": 0, "<bos>": 1} | {f"w{i}": i for i in range(2, vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>")
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+
+def make_workload(seqs: int, lo: int, hi: int, seed: int) -> Workload:
+    rng = random.Random(seed)
+    prompts = [[rng.randint(2, 10000) for _ in range(rng.randint(lo, hi))] for _ in range(seqs)]
+    return Workload(prompts, [rng.randint(lo, hi) for _ in range(seqs)])
+
+
+def free_cuda() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def copy_bandwidth_gbps() -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    del src, dst
+    return 2 * (1 << 30) / sorted(times)[len(times) // 2] / 1e9
+
+
+def hf_batched(model: Any, work: Workload) -> tuple[float, int]:
+    """Seconds of one left-padded batched greedy generate, and the tokens it produced."""
+    width = max(map(len, work.prompts))
+    new = max(work.output_lens)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in work.prompts], device="cuda")
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in work.prompts], device="cuda")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                             do_sample=False, pad_token_id=0)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start, int(out[:, width:].numel())
+
+
+def hf_greedy_rows(model: Any, prompts: list[list[int]], tokens: int) -> list[list[int]]:
+    rows = []
+    with torch.inference_mode():
+        for p in prompts:
+            out = model.generate(torch.tensor([p], device="cuda"), max_new_tokens=tokens, min_new_tokens=tokens,
+                                 do_sample=False, pad_token_id=0)
+            rows.append(out[0, len(p):].tolist())
+    return rows
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes one decode step reads from the weights: every matrix once (the embedding table only as
+    the LM head when it is tied; an untied input embedding is one row per token)."""
+    total = 0
+    embed = model.get_input_embeddings().weight
+    tied = model.get_output_embeddings().weight.data_ptr() == embed.data_ptr()
+    for name, p in model.named_parameters():
+        if p is embed and not tied:
+            continue
+        total += p.numel() * p.element_size()
+    return total
+
+
+def run_model(name: str, args: argparse.Namespace, copy_gbps: float) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    from engine import LLM, SamplingParams
+
+    cfg = shape_config(name)
+    work = make_workload(args.seqs, 100, 1024, args.seed)
+    report: dict[str, Any] = {"model": name, "seqs": args.seqs,
+                              "prompt_tokens": sum(map(len, work.prompts)), "output_tokens": sum(work.output_lens)}
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        torch.manual_seed(args.seed)
+        t0 = time.perf_counter()
+        with torch.device("cuda"):
+            hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+        hf.generation_config.eos_token_id = None
+        hf.save_pretrained(tmp)
+        word_tokenizer(cfg.vocab_size).save_pretrained(tmp)
+        print(f"[{name}] built and saved random bf16 weights in {time.perf_counter() - t0:.1f} s", flush=True)
+        report["weight_bytes"] = w_bytes = weight_bytes(hf)
+        check_prompts = work.prompts[: args.check_prompts]
+        reference = hf_greedy_rows(hf, check_prompts, args.check_tokens)
+
+        if not args.skip_hf:
+            hf_batched(hf, Workload(work.prompts[:4], [8] * 4))  # warm-up
+            hf_s, hf_raw = hf_batched(hf, work)
+            report["hf_seconds"] = hf_s
+            report["hf_useful_tok_s"] = sum(work.output_lens) / hf_s
+            report["hf_raw_tok_s"] = hf_raw / hf_s
+            print(f"[{name}] HF generate: {hf_s:.1f} s, useful {report['hf_useful_tok_s']:.0f} tok/s, "
+                  f"raw {report['hf_raw_tok_s']:.0f} tok/s", flush=True)
+        del hf
+        free_cuda()
+
+        t0 = time.perf_counter()
+        llm = LLM(tmp, device="cuda", dtype="bfloat16", max_num_seqs=args.seqs, max_model_len=2048,
+                  max_num_batched_tokens=args.batched_tokens, gpu_memory_utilization=0.9,
+                  enforce_eager=args.eager)
+        report["engine_load_s"] = time.perf_counter() - t0
+        print(f"[{name}] engine loaded in {report['engine_load_s']:.1f} s "
+              f"({llm.engine.runner.num_kv_blocks} KV blocks)", flush=True)
+        llm.generate(work.prompts[:8], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))  # warm-up
+        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in work.output_lens]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        outs = llm.generate(work.prompts, params)
+        torch.cuda.synchronize()
+        ours_s = time.perf_counter() - start
+        produced = [len(o.outputs[0].token_ids) for o in outs]
+        if produced != work.output_lens:
+            raise SystemExit(f"[{name}] engine produced {sum(produced)} tokens, expected {sum(work.output_lens)}")
+        report["ours_seconds"] = ours_s
+        report["ours_tok_s"] = sum(produced) / ours_s
+        print(f"[{name}] ours: {ours_s:.1f} s, {report['ours_tok_s']:.0f} tok/s", flush=True)
+        if "hf_useful_tok_s" in report:
+            report["ratio_useful"] = report["ours_tok_s"] / report["hf_useful_tok_s"]
+            report["ratio_raw"] = report["ours_tok_s"] / report["hf_raw_tok_s"]
+
+        got = llm.generate(check_prompts, SamplingParams(temperature=0.0, max_tokens=args.check_tokens,
+                                                         ignore_eos=True))
+        same = [_common_prefix(list(o.outputs[0].token_ids), ref) for o, ref in zip(got, reference)]
+        report["parity_prefix"] = same
+        print(f"[{name}] greedy tokens identical to HF before the first difference: {same} "
+              f"(of {args.check_tokens})", flush=True)
+
+        b1_prompt = [random.Random(args.seed + 1).randint(2, 10000) for _ in range(args.b1_prompt)]
+        one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        many = SamplingParams(temperature=0.0, max_tokens=args.b1_new + 1, ignore_eos=True)
+        llm.generate([b1_prompt], one)
+        timings = []
+        for p in (one, many, one, many):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            llm.generate([b1_prompt], p)
+            torch.cuda.synchronize()
+            timings.append(time.perf_counter() - start)
+        per_token = (min(timings[1], timings[3]) - min(timings[0], timings[2])) / args.b1_new
+        if args.profile_b1:
+            import cProfile
+            import pstats
+
+            profile = cProfile.Profile()
+            profile.runcall(llm.generate, [b1_prompt], many)
+            pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        shape = llm.engine.runner.model.shape
+        kv_per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 2
+        mean_context = args.b1_prompt + args.b1_new / 2
+        step_bytes = w_bytes + kv_per_token * mean_context
+        report.update(b1_ms_per_token=per_token * 1e3, b1_tok_s=1 / per_token, b1_step_bytes=step_bytes,
+                      b1_roofline_ms=step_bytes / (args.hbm_gbps * 1e9) * 1e3,
+                      b1_fraction_of_roofline=step_bytes / (args.hbm_gbps * 1e9) / per_token,
+                      b1_fraction_of_copy_bw=step_bytes / (copy_gbps * 1e9) / per_token)
+        print(f"[{name}] batch 1: {per_token * 1e3:.3f} ms/token ({1 / per_token:.0f} tok/s), "
+              f"{step_bytes / 1e9:.3f} GB per step -> {100 * report['b1_fraction_of_roofline']:.1f}% of "
+              f"{args.hbm_gbps:.0f} GB/s, {100 * report['b1_fraction_of_copy_bw']:.1f}% of the measured copy "
+              f"bandwidth", flush=True)
+        del llm, outs
+        free_cuda()
+    return report
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", action="append", choices=["qwen2.5-0.5b", "llama-3.1-8b"])
+    parser.add_argument("--seqs", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batched-tokens", type=int, default=16384, help="our engine's per-step token budget")
+    parser.add_argument("--b1-prompt", type=int, default=1024)
+    parser.add_argument("--b1-new", type=int, default=256)
+    parser.add_argument("--hbm-gbps", type=float, default=4800.0, help="HBM bandwidth of the roofline")
+    parser.add_argument("--check-prompts", type=int, default=4)
+    parser.add_argument("--check-tokens", type=int, default=32)
+    parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--eager", action="store_true", help="our engine without CUDA graphs")
+    parser.add_argument("--profile-b1", action="store_true", help="print a cProfile of the batch-1 run")
+    parser.add_argument("--tmp", default=None, help="where the random checkpoints are written")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_gpu_e2e needs a CUDA GPU")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    copy_gbps = copy_bandwidth_gbps()
+    print(f"device copy bandwidth (read + write): {copy_gbps:.0f} GB/s", flush=True)
+    reports = [run_model(name, args, copy_gbps) for name in (args.model or ["qwen2.5-0.5b", "llama-3.1-8b"])]
+    for r in reports:
+        ratio = f"{r['ratio_useful']:.1f}x useful, {r['ratio_raw']:.1f}x raw" if "ratio_useful" in r else "HF skipped"
+        print(f"{r['model']}: ours {r['ours_tok_s']:.0f} tok/s vs HF ({ratio}); batch-1 "
+              f"{r['b1_tok_s']:.0f} tok/s = {100 * r['b1_fraction_of_roofline']:.1f}% of the HBM roofline")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"copy_gbps": copy_gbps, "models": reports}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
