@@ -1,7 +1,7 @@
 """Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3) over the paged KV cache.
 
 One forward runs a flattened varlen batch: the tokens of every sequence concatenated, prefill
-chunks and decodes together. q/k/v and gate/up projections are merged into one matmul each.
+chunks and decodes together. q/k/v projections are merged into one matmul (gate/up too, on CUDA).
 Weights arrive under Hugging Face names (see engine/loader.py).
 """
 from __future__ import annotations
@@ -89,20 +89,48 @@ def rotary_cos_sin_cache(hf_config: Any, head_dim: int, max_positions: int,
     return torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)
 
 
+def onednn_prepacks(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether linear weights are reordered once into oneDNN's blocked layout (float32 on the CPU).
+
+    MKL's sgemm repacks the weight on every call; at decode batch sizes that costs as much as the
+    product itself. On a 2-core EPYC (one thread, batch 16) the prepacked oneDNN matmul ran the
+    decoder layers ~1.2x and the 49k-row LM head ~2x faster, and a row's result does not depend on
+    which other rows share the batch.
+    """
+    return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+@dataclass(frozen=True, slots=True)
+class Linear:
+    """``x @ W.T + bias``; ``weight`` is W itself, or its oneDNN-blocked copy when ``prepacked``."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    prepacked: bool
+
+    @classmethod
+    def build(cls, weight: torch.Tensor, bias: torch.Tensor | None, *, prepack: bool) -> Linear:
+        if prepack:
+            return cls(torch.ops.mkldnn._reorder_linear_weight(weight), bias, True)
+        return cls(weight, bias, False)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.prepacked:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
 @dataclass(slots=True)
 class _Layer:
     input_norm: torch.Tensor
-    qkv_w: torch.Tensor
-    qkv_b: torch.Tensor | None
-    o_w: torch.Tensor
-    o_b: torch.Tensor | None
+    qkv: Linear
+    o: Linear
     post_norm: torch.Tensor
-    gate_up_w: torch.Tensor | None  # merged on CUDA; None on the CPU, which uses gate_w/up_w
-    gate_up_b: torch.Tensor | None
-    gate_w: torch.Tensor | None
-    up_w: torch.Tensor | None
-    down_w: torch.Tensor
-    down_b: torch.Tensor | None
+    gate_up: Linear | None  # merged on CUDA; None on the CPU, which uses gate/up
+    gate: Linear | None
+    up: Linear | None
+    down: Linear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
 
@@ -131,8 +159,14 @@ class LlamaModel:
                 return None
             return torch.cat([weights[n] for n in names], dim=0).to(device=device, dtype=dtype).contiguous()
 
+        prepack = onednn_prepacks(device, dtype)
+
+        def linear(weight: torch.Tensor | None, bias: torch.Tensor | None = None) -> Linear:
+            assert weight is not None
+            return Linear.build(weight, bias, prepack=prepack)
+
         self.embed = w("model.embed_tokens.weight")
-        self.lm_head = self.embed if s.tie_embeddings else w("lm_head.weight")
+        self.lm_head = linear(self.embed if s.tie_embeddings else w("lm_head.weight"))
         self.final_norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         # On the CPU, MKL ran the [2I, H] merged gate/up matmul up to 1.5x slower than two [I, H]
@@ -144,17 +178,14 @@ class LlamaModel:
             mlp = [f"{p}mlp.{n}_proj" for n in ("gate", "up")]
             self.layers.append(_Layer(
                 input_norm=w(p + "input_layernorm.weight"),
-                qkv_w=merged([n + ".weight" for n in attn]),  # type: ignore[arg-type]
-                qkv_b=merged([n + ".bias" for n in attn]),
-                o_w=w(p + "self_attn.o_proj.weight"),
-                o_b=opt(p + "self_attn.o_proj.bias"),
+                qkv=linear(merged([n + ".weight" for n in attn]), merged([n + ".bias" for n in attn])),
+                o=linear(w(p + "self_attn.o_proj.weight"), opt(p + "self_attn.o_proj.bias")),
                 post_norm=w(p + "post_attention_layernorm.weight"),
-                gate_up_w=merged([n + ".weight" for n in mlp]) if merge_mlp else None,
-                gate_up_b=merged([n + ".bias" for n in mlp]) if merge_mlp else None,
-                gate_w=None if merge_mlp else w(mlp[0] + ".weight"),
-                up_w=None if merge_mlp else w(mlp[1] + ".weight"),
-                down_w=w(p + "mlp.down_proj.weight"),
-                down_b=opt(p + "mlp.down_proj.bias"),
+                gate_up=(linear(merged([n + ".weight" for n in mlp]), merged([n + ".bias" for n in mlp]))
+                         if merge_mlp else None),
+                gate=None if merge_mlp else linear(w(mlp[0] + ".weight")),
+                up=None if merge_mlp else linear(w(mlp[1] + ".weight")),
+                down=linear(w(p + "mlp.down_proj.weight"), opt(p + "mlp.down_proj.bias")),
                 q_norm=opt(p + "self_attn.q_norm.weight") if s.qk_norm else None,
                 k_norm=opt(p + "self_attn.k_norm.weight") if s.qk_norm else None,
             ))
@@ -188,7 +219,7 @@ class LlamaModel:
                 x = ops.rms_norm(hidden, layer.input_norm, eps)
             else:
                 x, residual = ops.fused_add_rms_norm(hidden, residual, layer.input_norm, eps)
-            qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+            qkv = layer.qkv(x)
             q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
             q = q.reshape(num_tokens, s.num_heads, s.head_dim)
             k = k.reshape(num_tokens, s.num_kv_heads, s.head_dim)
@@ -198,17 +229,18 @@ class LlamaModel:
                 k = ops.rms_norm(k.reshape(-1, s.head_dim), layer.k_norm, eps).view_as(k)
             q, k = ops.apply_rotary(q, k, positions, rotary_table)
             attn = paged_attention(ops, q, k, v.contiguous(), k_cache, v_cache, meta, self.scale)
-            hidden = F.linear(attn.reshape(num_tokens, self.q_size), layer.o_w, layer.o_b)
+            hidden = layer.o(attn.reshape(num_tokens, self.q_size))
             x, residual = ops.fused_add_rms_norm(hidden, residual, layer.post_norm, eps)
-            if layer.gate_up_w is not None:
-                act = ops.silu_and_mul(F.linear(x, layer.gate_up_w, layer.gate_up_b))
+            if layer.gate_up is not None:
+                act = ops.silu_and_mul(layer.gate_up(x))
             else:
-                act = F.silu(F.linear(x, layer.gate_w)) * F.linear(x, layer.up_w)
-            hidden = F.linear(act, layer.down_w, layer.down_b)
+                assert layer.gate is not None and layer.up is not None
+                act = F.silu(layer.gate(x)) * layer.up(x)
+            hidden = layer.down(act)
         assert residual is not None
         return hidden + residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[N, vocab]`` for already-selected rows of ``forward``'s output."""
         normed = self.ops.rms_norm(hidden, self.final_norm, self.shape.rms_norm_eps)
-        return F.linear(normed, self.lm_head).float()
+        return self.lm_head(normed).float()
