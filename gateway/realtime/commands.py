@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from omni.protocol import VadSettings, VoiceActivityDetector
+from omni.protocol import OmniRequest, VadSettings, VoiceActivityDetector
 
 _ALPHABET = string.ascii_letters + string.digits
 
@@ -21,6 +21,7 @@ class Send:
 class StartResponse:
     response_id: str
     wait_for: tuple[str, ...] = ()  # items whose transcription should land before the request is built
+    prepared: bool = False  # stream the reply ``Prepare`` started under this response id, not a new one
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +51,20 @@ class Speculate:
 
 @dataclass(frozen=True, slots=True)
 class DropSpeculation:
-    """Speech resumed (or the turn went away): the speculative transcript of ``item_id`` is stale."""
+    """Speech resumed (or the turn went away): the speculative transcript of ``item_id`` is stale, and so
+    is any reply prepared from it."""
 
     item_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    """Start generating ``request`` now, holding its output: it is the reply the server-VAD turn
+    ``item_id`` gets if the pause its speculative transcript came from turns out to be the end of the
+    turn. A ``StartResponse`` with ``prepared`` streams it; a ``DropSpeculation`` of ``item_id`` discards it."""
+
+    item_id: str
+    request: OmniRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +75,7 @@ class AdoptSpeculation:
     job: Transcribe
 
 
-Output = Send | StartResponse | CancelResponse | Transcribe | Speculate | DropSpeculation | AdoptSpeculation
+Output = Send | StartResponse | CancelResponse | Transcribe | Speculate | DropSpeculation | AdoptSpeculation | Prepare
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from gateway import metrics
 from gateway.config import GatewayConfig
 from gateway.errors import client_safe
-from gateway.realtime.commands import (AdoptSpeculation, CancelResponse, DropSpeculation, Output, Send, Speculate,
-                                       StartResponse, Transcribe, VadFactory, new_id)
+from gateway.realtime.commands import (AdoptSpeculation, CancelResponse, DropSpeculation, Output, Prepare, Send,
+                                       Speculate, StartResponse, Transcribe, VadFactory, new_id)
+from gateway.realtime.prepared_reply import PreparedReply
 from gateway.realtime.session import RealtimeSession
 from gateway.realtime.settings import Dialect
 from omni.protocol import AudioChunk, Error, OmniBackend, OmniRequest, OutputChunk, TextDelta, Transcription, Usage
@@ -56,6 +57,7 @@ class RealtimeConnection:
         self._responses: dict[str, asyncio.Task[None]] = {}
         self._asr: dict[str, asyncio.Task[None]] = {}
         self._speculations: dict[str, asyncio.Task[Transcription | None]] = {}  # by the item id the turn will take
+        self._prepared: dict[str, PreparedReply] = {}  # replies to speculative transcripts, by the same id
         self._close: tuple[int, str] = (CLOSE_NORMAL, "")
         self._state_changed = asyncio.Event()  # set after every dispatch: the idle watcher re-reads its deadline
         self._reader_task: asyncio.Task[None] | None = None
@@ -90,7 +92,8 @@ class RealtimeConnection:
             return
 
     async def _teardown(self, writer: asyncio.Task[None]) -> None:
-        tasks = [*self._responses.values(), *self._asr.values(), *self._speculations.values()]
+        tasks = [*self._responses.values(), *self._asr.values(), *self._speculations.values(),
+                 *(prepared.task for prepared in self._prepared.values())]
         for task in tasks:
             task.cancel()  # each response task aborts its backend request on the way out
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -168,10 +171,15 @@ class RealtimeConnection:
             if isinstance(out, Send):
                 self._outbox.append(out.event)
             elif isinstance(out, StartResponse):
-                # Out-of-band responses (conversation "none") may overlap; each holds an engine request.
-                run = self._run_response if len(self._responses) < self.config.max_responses_per_session \
-                    else self._refuse_response
-                self._responses[out.response_id] = asyncio.create_task(run(out))
+                prepared = self._take_prepared(out.response_id) if out.prepared else None
+                if len(self._responses) < self.config.max_responses_per_session:
+                    # Out-of-band responses (conversation "none") may overlap; each holds an engine request.
+                    task = asyncio.create_task(self._run_response(out, prepared))
+                else:
+                    if prepared is not None:
+                        prepared.drop()
+                    task = asyncio.create_task(self._refuse_response(out))
+                self._responses[out.response_id] = task
             elif isinstance(out, CancelResponse):
                 task = self._responses.pop(out.response_id, None)
                 if task is not None and task is not asyncio.current_task():
@@ -183,6 +191,9 @@ class RealtimeConnection:
                 self._speculations[out.job.item_id] = asyncio.create_task(self._speculate(out.job))
             elif isinstance(out, DropSpeculation):
                 self._drop_speculation(out.item_id)
+            elif isinstance(out, Prepare):
+                self._drop_speculation(out.item_id, keep_transcription=True)
+                self._prepared[out.item_id] = PreparedReply(self.backend, out.request)
             elif isinstance(out, AdoptSpeculation):
                 speculation = self._speculations.pop(out.job.item_id, None)
                 self._asr[out.job.item_id] = asyncio.create_task(self._transcribe(out.job, speculation))
@@ -214,7 +225,7 @@ class RealtimeConnection:
             pass
 
     # ---- backend work ---------------------------------------------------------------------------
-    async def _run_response(self, cmd: StartResponse) -> None:
+    async def _run_response(self, cmd: StartResponse, prepared: PreparedReply | None = None) -> None:
         try:
             pending = [self._asr[i] for i in cmd.wait_for if i in self._asr]
             if pending:
@@ -227,10 +238,12 @@ class RealtimeConnection:
                 return
             if request is None:
                 return
-            await self._stream(cmd.response_id, request)
+            await self._stream(cmd.response_id, request, prepared)
         except _SlowClient:
             pass
         finally:
+            if prepared is not None:
+                prepared.drop()  # a no-op once its stream ended; else the response went away first
             self._responses.pop(cmd.response_id, None)
 
     async def _refuse_response(self, cmd: StartResponse) -> None:
@@ -245,12 +258,14 @@ class RealtimeConnection:
         finally:
             self._responses.pop(cmd.response_id, None)
 
-    async def _stream(self, response_id: str, request: OmniRequest) -> None:
+    async def _stream(self, response_id: str, request: OmniRequest, prepared: PreparedReply | None = None) -> None:
+        """The backend's chunks for ``request`` into the session; from ``prepared`` when one was started
+        for it (same request id), else from a new generation."""
         stream: AsyncIterator[OutputChunk] | None = None
         exhausted = False
         timer = metrics.TokenTimer("realtime")
         try:
-            stream = self.backend.generate(request)
+            stream = prepared.chunks() if prepared is not None else self.backend.generate(request)
             async for chunk in stream:
                 if isinstance(chunk, (TextDelta, AudioChunk)):
                     timer.tick()
@@ -279,18 +294,33 @@ class RealtimeConnection:
                 except Exception:
                     log.exception("aborting %s failed", response_id)
 
-    def _drop_speculation(self, item_id: str) -> None:
-        task = self._speculations.pop(item_id, None)
+    def _drop_speculation(self, item_id: str, *, keep_transcription: bool = False) -> None:
+        task = None if keep_transcription else self._speculations.pop(item_id, None)
         if task is not None:
             task.cancel()
+        prepared = self._prepared.pop(item_id, None)
+        if prepared is not None:
+            prepared.drop()
+
+    def _take_prepared(self, response_id: str) -> PreparedReply | None:
+        for item_id, prepared in self._prepared.items():
+            if prepared.request.request_id == response_id:
+                return self._prepared.pop(item_id)
+        return None
 
     async def _speculate(self, job: Transcribe) -> Transcription | None:
         try:
-            return await self.backend.transcribe(job.pcm16, job.sample_rate, language=job.language,
-                                                 prompt=job.prompt)
+            result = await self.backend.transcribe(job.pcm16, job.sample_rate, language=job.language,
+                                                   prompt=job.prompt)
         except Exception as exc:  # the commit transcribes its own audio then, and reports that outcome
             log.info("speculative transcription of %s failed: %s", job.item_id, exc)
             return None
+        try:
+            # Still in the pause: the session may start preparing the reply to these words.
+            await self._dispatch(self.session.on_speculation(job, result))
+        except _SlowClient:
+            pass
+        return result
 
     @staticmethod
     async def _speculated(speculation: asyncio.Task[Transcription | None]) -> Transcription | None:

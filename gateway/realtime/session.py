@@ -4,19 +4,21 @@ No sockets, no asyncio, no clock reads beyond the injected ``now``. The connecti
 client frames, backend chunks and transcription results, sends the ``Send`` events in order and
 carries out the commands (start/cancel a generation, transcribe a committed turn, and transcribe a
 server-VAD turn speculatively from the start of a pause, so that the commit finds its transcript
-under way; see ``commands.Speculate``).
+under way; see ``commands.Speculate``). Once that transcript is known, still within the pause, the
+reply the turn would get is prepared (``commands.Prepare``); the response created when the turn ends
+streams it if its request is exactly the one prepared, and it is discarded if speech resumes.
 """
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.realtime import audio as audio_fmt
-from gateway.realtime.commands import (AdoptSpeculation, CancelResponse, DropSpeculation, Output, SessionLimits,
-                                       Send, Speculate, StartResponse, Transcribe, VadFactory, new_id)
+from gateway.realtime.commands import (AdoptSpeculation, CancelResponse, DropSpeculation, Output, Prepare,
+                                       SessionLimits, Send, Speculate, StartResponse, Transcribe, VadFactory, new_id)
 from gateway.realtime.context import build_request, has_images, parse_metadata, recent_frames_only, resolve_input
 from gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
 from gateway.realtime.image_output import parse_image_options
@@ -25,8 +27,8 @@ from gateway.realtime.items import Content, Item, ItemStore, audio_bytes, decode
 from gateway.realtime.response import Event, ResponseRun
 from gateway.realtime.settings import (Dialect, SessionSettings, TurnDetection, apply_response_overrides,
                                        apply_transcription_update, apply_update, render_session, validate_choice)
-from omni.protocol import (AudioChunk, Capabilities, Done, Error, ImageFinal, ImagePartial, OmniRequest, OutputChunk,
-                           TextDelta, ToolCallDelta, Transcription, Usage)
+from omni.protocol import (AudioChunk, Capabilities, Done, Error, ImageFinal, ImageOutputOptions, ImagePartial,
+                           OmniRequest, OutputChunk, TextDelta, ToolCallDelta, Transcription, Usage)
 
 MIN_COMMIT_MS = 100
 _BETA_NAMES = {
@@ -38,6 +40,17 @@ _BETA_NAMES = {
     "response.output_audio_transcript.done": "response.audio_transcript.done",
     "conversation.item.added": "conversation.item.created",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A reply started from a speculative transcript: the turn as it was heard, and the request sent."""
+
+    response_id: str
+    item: Item
+    request: OmniRequest
+
+
 class RealtimeSession:
     def __init__(self, *, dialect: Dialect, capabilities: Capabilities, vad_factory: VadFactory | None,
                  limits: SessionLimits | None = None, now: Callable[[], float] = time.time,
@@ -68,6 +81,7 @@ class RealtimeSession:
         self._pending_turn_id: str | None = None  # announced by speech_started, used by the commit
         # (pause offset, job): the turn's transcript being computed while the detector waits out a pause
         self._speculation: tuple[int, Transcribe] | None = None
+        self._prepared: _Prepared | None = None  # the reply to the speculation's turn, being generated
         self._audio_emitted = False
         self._out: list[Output] = []
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -239,9 +253,12 @@ class RealtimeSession:
         self._out.append(Speculate(job))
 
     def _drop_speculation(self) -> None:
-        if self._speculation is not None:
-            self._out.append(DropSpeculation(self._speculation[1].item_id))
-            self._speculation = None
+        """Discard the speculative transcription and the reply prepared from it (one turn: one item id)."""
+        item_id = self._speculation[1].item_id if self._speculation is not None else \
+            self._prepared.item.id if self._prepared is not None else None
+        self._speculation = self._prepared = None
+        if item_id is not None:
+            self._out.append(DropSpeculation(item_id))
 
     def _speech_started(self, signal: SpeechStarted) -> None:
         self._drop_speculation()
@@ -262,9 +279,14 @@ class RealtimeSession:
             self._drop_speculation()
             return  # a click, not a turn
         self._commit(signal.pcm16, item_id, pause_at=signal.pause_at)
-        turn = self.settings.turn_detection
-        if turn is not None and turn.create_response and self._active is None and self.settings.kind == "realtime":
+        if self._answers_turns():
             self._start_response({})
+        self._drop_speculation()  # a reply prepared for this turn and not taken up by a response
+
+    def _answers_turns(self) -> bool:
+        """Whether a turn that server VAD ends gets a response of its own right away."""
+        turn = self.settings.turn_detection
+        return turn is not None and turn.create_response and self._active is None and self.settings.kind == "realtime"
 
     def _buffer_commit(self, event: dict[str, Any]) -> None:
         ms = audio_fmt.duration_ms(self.audio.size)
@@ -291,6 +313,7 @@ class RealtimeSession:
             return
         if speculation is not None:
             self._out.append(DropSpeculation(speculation[1].item_id))
+        self._prepared = None  # it answered the speculation's words, which this turn does not adopt
         self._out.append(job)
 
     def _transcribe_job(self, item_id: str, pcm: bytes) -> Transcribe:
@@ -316,6 +339,40 @@ class RealtimeSession:
                         "content_index": 0, "transcript": result.text, "logprobs": None,
                         "usage": {"type": "duration", "seconds": round(seconds, 3)}})
         return self._flush()
+
+    def on_speculation(self, job: Transcribe, result: Transcription) -> list[Output]:
+        """The speculative transcript of the current pause is known: when the turn would be answered as
+        soon as it ends, start preparing that answer from the conversation as it would then be."""
+        if self._speculation is None or self._speculation[1] != job or not result.text.strip() \
+                or not self._answers_turns():
+            return self._flush()
+        heard = Item(job.item_id, "message", role="user",
+                     content=[Content("input_audio", audio=job.pcm16, transcript=result.text)])
+        settings = apply_response_overrides(self.settings, {}, self.dialect)
+        context = [*self.items, heard]
+        if "image" not in self.capabilities.input_modalities and \
+                has_images(recent_frames_only(context, self.limits.max_image_frames)):
+            return self._flush()  # the response will fail; nothing to prepare
+        response_id = new_id("resp")
+        request = build_request(response_id, settings, context, max_image_frames=self.limits.max_image_frames,
+                                image=parse_image_options(None))
+        self._prepared = _Prepared(response_id, heard, request)
+        self._out.append(Prepare(job.item_id, request))
+        return self._flush()
+
+    def _take_prepared(self, settings: SessionSettings, context: list[Item],
+                       image: ImageOutputOptions) -> _Prepared | None:
+        """The prepared reply, when this response's request is exactly the one it was started with (the
+        committed turn read as the speculation heard it); else it is discarded."""
+        if self._prepared is None or self._speculation is not None:
+            return None  # nothing prepared, or still in the pause: this response is not the turn's
+        prepared, self._prepared = self._prepared, None
+        as_heard = [prepared.item if it.id == prepared.item.id else it for it in context]
+        if build_request(prepared.response_id, settings, as_heard, max_image_frames=self.limits.max_image_frames,
+                         image=image) == prepared.request:
+            return prepared
+        self._out.append(DropSpeculation(prepared.item.id))
+        return None
 
     def on_transcription_failed(self, item_id: str, message: str) -> list[Output]:
         self._pending_asr.discard(item_id)
@@ -420,7 +477,9 @@ class RealtimeSession:
         image = parse_image_options(params.get("image"))
         context = resolve_input(params.get("input"), self.items, self._new_item_id, self.settings.input_format,
                                 max_image_bytes=self.limits.max_image_bytes)
-        run = ResponseRun(new_id("resp"), settings, self.dialect, store=self.items if conversation == "auto" else None,
+        prepared = self._take_prepared(settings, context, image)
+        run = ResponseRun(prepared.response_id if prepared is not None else new_id("resp"), settings, self.dialect,
+                          store=self.items if conversation == "auto" else None,
                           conversation_id=self.conversation_id if conversation == "auto" else None,
                           metadata=metadata, context=context, new_item_id=self._new_item_id, image=image)
         self._responses[run.id] = run
@@ -435,7 +494,7 @@ class RealtimeSession:
                        f"{self.capabilities.model!r} has no image input.", "invalid_request_error")
             return
         wait = tuple(it.id for it in context if it.id in self._pending_asr)
-        self._out.append(StartResponse(run.id, wait))
+        self._out.append(StartResponse(run.id, wait, prepared=prepared is not None))
 
     def _response_cancel(self, event: dict[str, Any]) -> None:
         response_id = event.get("response_id")

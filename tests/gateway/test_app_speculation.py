@@ -101,3 +101,32 @@ def test_a_failed_speculation_falls_back_to_transcribing_the_committed_turn() ->
     (done,) = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
     assert done["transcript"] == f"{700 * BYTES_PER_MS} bytes"
     assert "conversation.item.input_audio_transcription.failed" not in kinds(events)
+
+
+def test_the_reply_prepared_during_the_pause_is_the_one_streamed() -> None:
+    backend = SlowAsr(delay=0.02)
+    with serve(backend) as port:  # the pause lasts six sends: the transcript and its reply come back within it
+        events = run(converse(port, [tone(400), silence(100), *[silence(50)] * 6]))
+    (request,) = backend.requests  # generated once, from the pause's transcript, before the turn ended
+    (done,) = [e for e in events if e["type"] == "response.done"]
+    assert done["response"]["id"] == request.request_id and done["response"]["status"] == "completed"
+    assert request.messages[-1].parts[0].transcript == f"{400 * BYTES_PER_MS} bytes"
+    seen = kinds(events)
+    assert seen.index("input_audio_buffer.speech_stopped") < seen.index("response.created") \
+        < seen.index("conversation.item.input_audio_transcription.completed") < seen.index("response.output_text.delta")
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "Sure."
+    assert backend.aborted == []
+
+
+def test_speech_resumed_after_the_reply_was_prepared_aborts_it_and_answers_the_whole_turn() -> None:
+    backend = SlowAsr(delay=0.02)
+    backend.chunk_delay = 0.2  # the prepared reply is still being generated when speech resumes
+    with serve(backend) as port:
+        events = run(converse(port, [tone(300), silence(100), silence(50), silence(50), tone(200), silence(100),
+                                     *[silence(50)] * 6]))
+    first, second = backend.requests
+    assert first.request_id in backend.aborted and first.request_id in backend.closed
+    assert first.messages[-1].parts[0].transcript == f"{300 * BYTES_PER_MS} bytes"
+    assert second.messages[-1].parts[0].transcript == f"{(300 + 200 + 200) * BYTES_PER_MS} bytes"
+    (done,) = [e for e in events if e["type"] == "response.done"]
+    assert done["response"]["id"] == second.request_id

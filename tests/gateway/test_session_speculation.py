@@ -1,11 +1,12 @@
 """Speculative transcription: a server-VAD turn is transcribed from the start of its final pause, while the
-detector still waits out the silence, and the commit reuses that transcript instead of asking again."""
+detector still waits out the silence, and the commit reuses that transcript instead of asking again; the
+reply to that transcript is prepared in the pause too, and the turn's response streams it."""
 from __future__ import annotations
 
 from session_driver import Driver, b64, only, started, transcribes, types
 
 from fakes import silence, tone
-from gateway.realtime.commands import AdoptSpeculation, DropSpeculation, Output, Speculate
+from gateway.realtime.commands import AdoptSpeculation, DropSpeculation, Output, Prepare, Speculate, StartResponse
 from omni.protocol import Transcription
 
 
@@ -129,3 +130,87 @@ def test_manual_turns_never_speculate() -> None:
     out = append(d, tone(300) + silence(600))
     assert not of(out, Speculate)
     assert len(transcribes(d.send({"type": "input_audio_buffer.commit"}))) == 1
+
+
+# ---- the reply prepared from the speculative transcript -------------------------------------------
+def paused_turn(d: Driver, heard: str = "turn on the lights") -> tuple[Speculate, Prepare | None]:
+    """Speech, then a pause whose speculative transcript ``heard`` is known before the turn ends."""
+    append(d, silence(500) + tone(400))
+    (spec,) = of(append(d, silence(100)), Speculate)
+    prepared = of(d.session.on_speculation(spec.job, Transcription(heard, duration_s=0.4)), Prepare)
+    return spec, (prepared[0] if prepared else None)
+
+
+def test_the_reply_to_the_speculative_transcript_is_prepared_and_taken_by_the_turns_response() -> None:
+    d = Driver()
+    vad(d, transcription={"model": "whisper-1"})
+    spec, prepared = paused_turn(d)
+    assert prepared is not None and prepared.item_id == spec.job.item_id
+    assert prepared.request.messages[-1].parts[0].transcript == "turn on the lights"
+    out = append(d, silence(300))
+    (adopt,) = of(out, AdoptSpeculation)
+    (start,) = [o for o in out if isinstance(o, StartResponse)]
+    assert start.prepared and start.response_id == prepared.request.request_id and not of(out, DropSpeculation)
+    assert only(out, "response.created")["response"]["id"] == prepared.request.request_id
+    # once the transcript lands, the response's own request is the prepared one but for the audio kept
+    d.session.on_transcription(adopt.job.item_id, Transcription("turn on the lights", duration_s=0.4))
+    request = d.session.build_request(start.response_id)
+    assert request is not None and request.messages[:-1] == prepared.request.messages[:-1]
+    assert request.messages[-1].parts[0].transcript == "turn on the lights"
+    assert (request.modalities, request.sampling, request.audio) == \
+        (prepared.request.modalities, prepared.request.sampling, prepared.request.audio)
+
+
+def test_resumed_speech_discards_the_prepared_reply() -> None:
+    d = Driver()
+    vad(d)
+    spec, prepared = paused_turn(d)
+    assert prepared is not None
+    out = append(d, tone(200))
+    assert of(out, DropSpeculation) == [DropSpeculation(spec.job.item_id)]
+    out = append(d, silence(100) + silence(300))
+    (start,) = [o for o in out if isinstance(o, StartResponse)]
+    assert not start.prepared and start.response_id != prepared.request.request_id
+
+
+def test_a_change_to_the_conversation_during_the_pause_discards_the_prepared_reply() -> None:
+    d = Driver()
+    vad(d)
+    spec, prepared = paused_turn(d)
+    assert prepared is not None
+    d.send({"type": "session.update", "session": {"type": "realtime", "instructions": "Answer in French."}})
+    out = append(d, silence(300))
+    (start,) = [o for o in out if isinstance(o, StartResponse)]
+    assert not start.prepared and DropSpeculation(spec.job.item_id) in of(out, DropSpeculation)
+    request = d.session.build_request(start.response_id)
+    assert request is not None and request.messages[0].parts[0].text == "Answer in French."
+
+
+def test_nothing_is_prepared_when_the_turn_would_not_be_answered_or_the_pause_is_over() -> None:
+    d = Driver()
+    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
+        "type": "server_vad", "silence_duration_ms": 300, "create_response": False}}}}})
+    assert paused_turn(d)[1] is None
+    d = Driver()
+    vad(d)
+    assert paused_turn(d, heard="  ")[1] is None  # nothing was heard: nothing to answer yet
+    d = Driver()
+    vad(d)
+    append(d, silence(500) + tone(400))
+    (spec,) = of(append(d, silence(100)), Speculate)
+    out = append(d, silence(300))  # the turn ended before its transcript came back
+    assert not [o for o in out if isinstance(o, StartResponse) and o.prepared]
+    assert not of(d.session.on_speculation(spec.job, Transcription("late", duration_s=0.4)), Prepare)
+
+
+def test_a_prepared_reply_no_response_takes_is_discarded_when_the_turn_ends() -> None:
+    d = Driver()
+    vad(d)
+    spec, prepared = paused_turn(d)
+    assert prepared is not None
+    # a response the client creates during the pause is not the turn's: the speculation goes on
+    out = d.send({"type": "response.create"})
+    assert not of(out, DropSpeculation) and not [o for o in out if isinstance(o, StartResponse) and o.prepared]
+    out = append(d, silence(300))  # that response is still active, so the turn gets none of its own
+    assert of(out, AdoptSpeculation) and of(out, DropSpeculation) == [DropSpeculation(spec.job.item_id)]
+    assert not [o for o in out if isinstance(o, StartResponse)]

@@ -1,0 +1,68 @@
+"""A reply generated ahead of its response (``commands.Prepare``): the backend stream is read at once
+and its chunks held, so that the response adopting it finds them ready; dropping it aborts the request."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from omni.protocol import OmniBackend, OmniRequest, OutputChunk
+
+log = logging.getLogger(__name__)
+
+_END = object()
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class PreparedReply:
+    def __init__(self, backend: OmniBackend, request: OmniRequest) -> None:
+        self.request = request
+        self._backend = backend
+        self._held: asyncio.Queue[object] = asyncio.Queue()  # bounded by the response's own output limit
+        self._task = asyncio.create_task(self._pump())
+
+    async def _pump(self) -> None:
+        stream = self._backend.generate(self.request)
+        exhausted = False
+        try:
+            async for chunk in stream:
+                self._held.put_nowait(chunk)
+            exhausted = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # raised where the adopting response reads it
+            self._held.put_nowait(_Failed(exc))
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+            if not exhausted:
+                try:
+                    await self._backend.abort(self.request.request_id)
+                except Exception:
+                    log.exception("aborting the prepared reply %s failed", self.request.request_id)
+            self._held.put_nowait(_END)
+
+    async def chunks(self) -> AsyncIterator[OutputChunk]:
+        """What the backend produced so far, then the rest as it comes."""
+        while True:
+            item = await self._held.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item  # type: ignore[misc]
+
+    @property
+    def task(self) -> asyncio.Task[None]:
+        return self._task
+
+    def drop(self) -> None:
+        """Stop generating; the backend request is aborted on the way out of the pump."""
+        self._task.cancel()
