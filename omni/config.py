@@ -27,3 +27,6 @@ class OmniConfig:
     # CPU threads of each stage (torch for a CPU engine, the Piper voice). A spoken reply runs the LLM and
     # the TTS at once, so each gets half the cores by default (None) rather than all of them twice over.
     stage_threads: int | None = None
+    # Run every stage once at load: the first user then pays no first-call costs, and the system
+    # prompt's KV blocks are already in the engine's prefix cache.
+    warm_up: bool = True

@@ -23,8 +23,8 @@ from omni.config import OmniConfig
 from omni.heads.dit_errors import ImageGenerationError
 from omni.prompting import SamplingDefaults, UnsupportedInput, chat_messages, sampling_params
 from omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Capabilities, Done, Error, Health, ImagePart,
-                           Message, OmniRequest, OutputChunk, TextDelta, ToolCallDelta, Transcription, Usage, VadEvent,
-                           VadSettings, VideoPart, VoiceActivityDetector)
+                           Message, OmniRequest, OutputChunk, TextDelta, TextPart, ToolCallDelta, Transcription, Usage,
+                           VadEvent, VadSettings, VideoPart, VoiceActivityDetector)
 from omni.tool_calls import parse_tool_calls
 
 log = logging.getLogger(__name__)
@@ -98,9 +98,37 @@ class OmniPipeline:
         except BaseException:
             engine.shutdown()
             raise
+        pipeline = cls(config, engine=engine, model_name=model_name, max_context_tokens=engine.max_model_len,
+                       asr=asr, tts=tts, vad_session=vad_session, image_head=image_head, vision=vision)
+        if config.warm_up:
+            try:
+                pipeline.warm_up()
+            except BaseException:
+                pipeline.shutdown()
+                raise
         log.info("all stages ready in %.1f s", time.monotonic() - t0)
-        return cls(config, engine=engine, model_name=model_name, max_context_tokens=engine.max_model_len,
-                   asr=asr, tts=tts, vad_session=vad_session, image_head=image_head, vision=vision)
+        return pipeline
+
+    def warm_up(self) -> None:
+        """One short pass through the LLM, ASR and TTS. The LLM's prompt starts as every conversation's
+        does (system prompt included), so those full KV blocks stay in the prefix cache for later turns."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from engine.sampling_params import SamplingParams
+
+        ids = self._prompt_ids(OmniRequest(request_id="warm-up", messages=(Message("user", (TextPart("Hello."),)),)))
+
+        async def one_token() -> None:
+            async for _ in self.engine.generate(ids, SamplingParams(max_tokens=1, temperature=0.0),
+                                                request_id="warm-up"):
+                pass
+
+        with ThreadPoolExecutor(1) as pool:  # its own event loop: load() may be called from inside one
+            pool.submit(asyncio.run, one_token()).result()
+        if self.asr is not None:
+            self.asr.transcribe(bytes(16000), sample_rate=16000)  # 0.5 s of silence
+        if self.tts is not None:
+            self.tts.synthesize("Hello.")
 
     # ---- OmniBackend -----------------------------------------------------------------------------
 

@@ -3,8 +3,9 @@
 The first segment is short, so speech can start while the rest of the reply is still being
 generated: it ends at the first clause boundary once it holds ``first_min_words`` words, or after
 ``first_max_words`` words when no boundary came sooner (each decoded token delays the first audio by
-a decode step). Later segments end at sentence boundaries, which sound more natural, and are rendered
-while the first one plays. Any segment longer than ``max_chars`` is cut at its last space.
+a decode step). Later segments end at sentence boundaries, which sound more natural, or at a clause
+boundary once they hold ``clause_min_words`` words: a long sentence would otherwise keep the listener
+waiting for its last word to be decoded while the audio before it has run out. Any segment longer than ``max_chars`` is cut at its last space.
 A boundary is confirmed only by the character after it, so "3.5" or "e.g. this" is not split, and a
 word only by the character after its trailing space, so every cut is the same however the text arrives.
 Segments keep their surrounding whitespace, so joined they give back the text (minus trailing blanks):
@@ -27,6 +28,7 @@ class ChunkerConfig:
     first_min_words: int = 2
     first_max_words: int | None = 3  # None: the first segment waits for a clause boundary
     min_words: int = 3
+    clause_min_words: int | None = 6  # None: later segments end at sentence boundaries only
     first_max_chars: int = 120  # bounds the wait for the first audio when no punctuation comes
     max_chars: int = 250
 
@@ -67,8 +69,10 @@ class TextChunker:
 
     def _find_cut(self) -> int | None:
         text = self._buffer
-        boundaries = _SENTENCE_END if self._emitted else _SENTENCE_END + _CLAUSE_END
-        min_words = self.config.min_words if self._emitted else self.config.first_min_words
+        first = not self._emitted
+        min_words = self.config.first_min_words if first else self.config.min_words
+        clause_words = self.config.first_min_words if first else self.config.clause_min_words
+        boundaries = _SENTENCE_END if clause_words is None else _SENTENCE_END + _CLAUSE_END
         word_cut = None if self._emitted else self._word_cut()
         # The last character cannot be confirmed yet: it needs the one after it.
         stop = min(len(text) - 1, self._max_chars(), len(text) if word_cut is None else word_cut + 1)
@@ -86,7 +90,7 @@ class TextChunker:
                 continue
             if text[i] == "." and self._is_abbreviation(text, i):
                 continue
-            if len(text[:end].split()) >= min_words:
+            if len(text[:end].split()) >= (min_words if text[i] in _SENTENCE_END else clause_words):
                 return end
         if word_cut is not None:
             return word_cut

@@ -312,3 +312,23 @@ def test_each_stage_gets_half_the_cores_unless_configured(monkeypatch: pytest.Mo
     assert stage_threads(OmniConfig(stage_threads=3)) == 3
     with pytest.raises(ValueError, match="stage_threads must be >= 1; got 0"):
         stage_threads(OmniConfig(stage_threads=0))
+
+
+def test_warm_up_runs_each_stage_once_with_the_prompt_every_conversation_starts_with() -> None:
+    class SpokenTTS(FakeTTS):
+        def __init__(self) -> None:
+            self.said: list[str] = []
+
+        def synthesize(self, text: str) -> Any:
+            self.said.append(text)
+            return b""
+
+    engine, asr, tts = FakeEngine(["Hi"]), FakeASR(), SpokenTTS()
+    pipeline = OmniPipeline(OmniConfig(system_prompt="Be brief."), engine=engine, model_name="fake-llm",
+                            max_context_tokens=4096, asr=asr, tts=tts)
+    pipeline.warm_up()
+    (prompt,) = engine.prompts
+    assert prompt.startswith("<system>Be brief.</system><user>") and engine.params[0].max_tokens == 1
+    asyncio.run(_collect(pipeline, OmniRequest(request_id="r1", messages=_user("What time is it?"))))
+    assert engine.prompts[1].startswith("<system>Be brief.</system><user>")  # the prefix the cache now holds
+    assert asr.calls == 1 and tts.said == ["Hello."]

@@ -14,7 +14,7 @@ def chunk(text: str, config: ChunkerConfig = ChunkerConfig(), step: int = 1) -> 
     return segments + chunker.flush()
 
 
-CLAUSES_ONLY = ChunkerConfig(first_min_words=4, first_max_words=None)
+CLAUSES_ONLY = ChunkerConfig(first_min_words=4, first_max_words=None, clause_min_words=None)
 
 
 def test_first_segment_ends_at_the_first_long_enough_clause() -> None:
@@ -47,6 +47,14 @@ def test_short_replies_stay_whole() -> None:
 def test_later_segments_end_only_at_sentences() -> None:
     text = "One two three four. Then, after a while, we left. Done now, really!"
     assert chunk(text, CLAUSES_ONLY) == ["One two three four.", " Then, after a while, we left.", " Done now, really!"]
+
+
+def test_long_later_sentences_are_cut_at_clauses_short_ones_are_not() -> None:
+    text = ("Yes, the sky is blue on most days. On a clear day, the sky is a deep and rich shade of blue, with a "
+            "hint of pink near the horizon. Then, later, it darkens.")
+    assert chunk(text) == ["Yes, the sky", " is blue on most days.",
+                           " On a clear day, the sky is a deep and rich shade of blue,",  # "day," came too soon
+                           " with a hint of pink near the horizon.", " Then, later, it darkens."]
 
 
 def test_segments_appear_as_soon_as_the_boundary_is_confirmed() -> None:
