@@ -96,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=None, help="KV block size (default: the engine's for the CPU)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
@@ -108,9 +108,10 @@ def main() -> None:
     from engine import LLM, SamplingParams
     from engine.loader import default_model_path
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {n} requests x {new} new tokens, greedy")
     llm = LLM("default", device="cpu", max_num_seqs=max(n, 1), kv_cache_bytes=256 << 20,
               max_num_batched_tokens=2048, block_size=args.block_size)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {n} requests x {new} new tokens, greedy; "
+          f"KV block size {llm.engine.config.block_size}")
     tokenizer = llm.engine.tokenizer
     path = Path(default_model_path())
     hf = AutoModelForCausalLM.from_pretrained(os.fspath(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
@@ -127,7 +128,7 @@ def main() -> None:
     ours(prompts[:2], 4)
     hf_generate(hf, tokenizer, prompts[:2], 4)
 
-    usage = KVUsage(args.block_size)
+    usage = KVUsage(llm.engine.config.block_size)
     runner = llm.engine.runner
     execute = runner.execute
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.chat_template import render_chat
-from engine.config import EngineConfig
+from engine.config import EngineConfig, default_block_size
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequest
 from engine.kv_cache_manager import KVCacheManager
@@ -62,6 +62,11 @@ class LLMEngine:
         if runner_factory is None:
             from engine.model_runner import ModelRunner
             runner_factory = ModelRunner
+        block_size = config.block_size
+        if block_size is None:  # device "auto": the block size follows the device it picks
+            from engine.model_runner import pick_device_dtype
+            block_size = default_block_size(pick_device_dtype(config)[0].type)
+            config = dataclasses.replace(config, block_size=block_size)
         self.config = config
         self.model = model
         self.tokenizer = model.tokenizer
@@ -69,19 +74,19 @@ class LLMEngine:
         self.vocab_size: int = model.vocab_size
         self.runner = runner_factory(config, model)
         num_blocks = self.runner.num_kv_blocks
-        self.max_model_len = self._decide_max_model_len(config, model.max_model_len, num_blocks)
-        kv = KVCacheManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+        self.max_model_len = self._decide_max_model_len(config, model.max_model_len, num_blocks, block_size)
+        kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, kv)
         self._requests: dict[str, _Request] = {}
         self._owner: dict[int, tuple[_Request, int]] = {}
         self._finished: list[RequestOutput] = []
 
     @staticmethod
-    def _decide_max_model_len(config: EngineConfig, model_len: int, num_blocks: int) -> int:
+    def _decide_max_model_len(config: EngineConfig, model_len: int, num_blocks: int, block_size: int) -> int:
         if config.max_model_len is not None and config.max_model_len > model_len:
             raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's context length {model_len}")
         wanted = config.max_model_len or model_len
-        capacity = num_blocks * config.block_size
+        capacity = num_blocks * block_size
         if capacity < wanted:
             # A lone sequence must always fit, or preemption could loop forever.
             log.warning("KV cache holds %d tokens (%d blocks); max_model_len lowered from %d",

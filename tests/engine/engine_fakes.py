@@ -134,6 +134,7 @@ def fake_model(tokenizer: Any | None = None, *, max_model_len: int = 512) -> Sim
 def make_engine(*, model: SimpleNamespace | None = None, next_token: Callable[[list[int], Sequence], int] | None = None,
                 **config: Any) -> LLMEngine:
     config.setdefault("num_kv_blocks", 64)
+    config.setdefault("block_size", 16)  # the tests count cached tokens in 16-token blocks
     cfg = EngineConfig(**config)
     return LLMEngine(cfg, model=model or fake_model(),
                      runner_factory=lambda c, m: FakeRunner(c, m, next_token=next_token))

@@ -48,8 +48,8 @@ def test_cached_prefix_is_reused_not_recomputed(tiny: tuple[Any, ModelRunner]) -
     first = greedy_seq(shared + tail_a, "a")
     driver.generate([first], 2)
     second = greedy_seq(shared + tail_b, "b")
-    # Hand over the two full blocks of the shared prefix, as the prefix cache would.
-    second.block_table = first.block_table[:2]
+    # Hand over the full blocks of the shared prefix, as the prefix cache would.
+    second.block_table = first.block_table[: 32 // runner.block_size]
     second.num_computed_tokens = 32
     got = driver.generate([second], NEW_TOKENS)[0]
     assert got == hf_greedy(hf, shared + tail_b, NEW_TOKENS)
