@@ -7,7 +7,7 @@ a decode step). Later segments end at sentence boundaries, which sound more natu
 boundary once they hold ``clause_min_words`` words: a long sentence would otherwise keep the listener
 waiting for its last word to be decoded while the audio before it has run out. Any segment longer than ``max_chars`` is cut at its last space.
 A boundary is confirmed only by the character after it, so "3.5" or "e.g. this" is not split, and a
-word only by the character after its trailing space, so every cut is the same however the text arrives.
+word only by the blank after it, so every cut is the same however the text arrives.
 Segments keep their surrounding whitespace, so joined they give back the text (minus trailing blanks):
 they double as transcript pieces.
 """
@@ -100,15 +100,17 @@ class TextChunker:
         return None
 
     def _word_cut(self) -> int | None:
-        """Where the first segment ends by word count: the blank after word ``first_max_words``, once the
-        character after that blank has arrived (it may be a newline, which ends the segment itself)."""
+        """Where the first segment ends by word count: at the blank after word ``first_max_words`` once
+        that blank has arrived, or after it when it is a newline (which ends a segment it follows)."""
         limit = self.config.first_max_words
         if limit is None:
             return None
         for count, match in enumerate(_WORD.finditer(self._buffer), 1):
             if count == limit:
                 end = match.end()
-                return end if end < len(self._buffer) - 1 and end <= self._max_chars() else None
+                if end >= len(self._buffer) or end > self._max_chars():
+                    return None
+                return end + 1 if self._buffer[end] == "\n" else end
         return None
 
     def _max_chars(self) -> int:

@@ -30,13 +30,13 @@ def test_first_segment_is_cut_after_a_few_words_when_no_clause_ends_sooner() -> 
     assert chunk("Paris is, of course, the capital.") == ["Paris is,", " of course, the capital."]
 
 
-def test_a_word_ends_the_first_segment_only_once_the_next_word_begins() -> None:
+def test_a_word_ends_the_first_segment_once_the_blank_after_it_arrives() -> None:
     chunker = TextChunker()
-    assert chunker.push("The capital of") == []  # "of" may still become "often"
-    assert chunker.push(" ") == []  # the blank could precede a newline that belongs to the segment
-    assert chunker.push("F") == ["The capital of"]
-    assert chunker.push("rance is Paris.") == []
-    assert chunker.flush() == [" France is Paris."]
+    assert chunker.push("A week is") == []  # "is" may still become "island"
+    assert chunker.push(" ") == ["A week is"]  # digits come as their own tokens: no need to wait for "7"
+    assert chunker.push("7 days.") == []
+    assert chunker.flush() == [" 7 days."]
+    assert chunk("A week is\n7 days.") == ["A week is\n", "7 days."]
 
 
 def test_short_replies_stay_whole() -> None:
