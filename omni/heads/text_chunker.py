@@ -26,7 +26,7 @@ _ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "prof.", "st.", "vs.", 
 @dataclass(frozen=True, slots=True)
 class ChunkerConfig:
     first_min_words: int = 2
-    first_max_words: int | None = 3  # None: the first segment waits for a clause boundary
+    first_max_words: int | None = 2  # None: the first segment waits for a clause boundary
     min_words: int = 3
     clause_min_words: int | None = 6  # None: later segments end at sentence boundaries only
     first_max_chars: int = 120  # bounds the wait for the first audio when no punctuation comes

@@ -24,24 +24,26 @@ def test_first_segment_ends_at_the_first_long_enough_clause() -> None:
 
 
 def test_first_segment_is_cut_after_a_few_words_when_no_clause_ends_sooner() -> None:
-    assert chunk("The capital of France is Paris. It is big.") == ["The capital of", " France is Paris.",
+    assert chunk("The capital of France is Paris. It is big.") == ["The capital", " of France is Paris.",
                                                                    " It is big."]
-    assert chunk("Yes, the capital is Paris.") == ["Yes, the capital", " is Paris."]  # "Yes," is too short
+    assert chunk("Yes, the capital is Paris.") == ["Yes, the", " capital is Paris."]  # "Yes," is too short
     assert chunk("Paris is, of course, the capital.") == ["Paris is,", " of course, the capital."]
+    three = ChunkerConfig(first_max_words=3)
+    assert chunk("The capital of France is Paris.", three) == ["The capital of", " France is Paris."]
 
 
 def test_a_word_ends_the_first_segment_once_the_blank_after_it_arrives() -> None:
     chunker = TextChunker()
-    assert chunker.push("A week is") == []  # "is" may still become "island"
-    assert chunker.push(" ") == ["A week is"]  # digits come as their own tokens: no need to wait for "7"
-    assert chunker.push("7 days.") == []
-    assert chunker.flush() == [" 7 days."]
-    assert chunk("A week is\n7 days.") == ["A week is\n", "7 days."]
+    assert chunker.push("Bees make") == []  # "make" may still become "makes"
+    assert chunker.push(" ") == ["Bees make"]  # a blank can be a token of its own; no need to wait for more
+    assert chunker.push("honey.") == []
+    assert chunker.flush() == [" honey."]
+    assert chunk("Bees make\nhoney.") == ["Bees make\n", "honey."]
 
 
-def test_short_replies_stay_whole() -> None:
+def test_replies_shorter_than_the_first_segment_stay_whole() -> None:
     assert chunk("Paris.") == ["Paris."]
-    assert chunk("It is Paris.") == ["It is Paris."]
+    assert chunk("Paris it is.") == ["Paris it", " is."]  # the first two words go first, however short the rest
 
 
 def test_later_segments_end_only_at_sentences() -> None:
@@ -52,7 +54,7 @@ def test_later_segments_end_only_at_sentences() -> None:
 def test_long_later_sentences_are_cut_at_clauses_short_ones_are_not() -> None:
     text = ("Yes, the sky is blue on most days. On a clear day, the sky is a deep and rich shade of blue, with a "
             "hint of pink near the horizon. Then, later, it darkens.")
-    assert chunk(text) == ["Yes, the sky", " is blue on most days.",
+    assert chunk(text) == ["Yes, the", " sky is blue on most days.",
                            " On a clear day, the sky is a deep and rich shade of blue,",  # "day," came too soon
                            " with a hint of pink near the horizon.", " Then, later, it darkens."]
 
@@ -85,7 +87,7 @@ def test_unpunctuated_text_is_cut_at_spaces_within_the_limits() -> None:
 def test_newline_ends_a_segment() -> None:
     assert chunk("Here are the steps to take\nfirst open the door", CLAUSES_ONLY) == \
         ["Here are the steps to take\n", "first open the door"]
-    assert chunk("Steps to take\nfirst open the door") == ["Steps to take\n", "first open the door"]
+    assert chunk("Steps to\nfirst open the door") == ["Steps to\n", "first open the door"]
 
 
 @settings(max_examples=200, deadline=None)
