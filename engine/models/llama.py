@@ -90,12 +90,12 @@ def rotary_cos_sin_cache(hf_config: Any, head_dim: int, max_positions: int,
 
 
 def onednn_prepacks(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether linear weights are reordered once into oneDNN's blocked layout (float32 on the CPU).
+    """Whether linear weights get a copy reordered once into oneDNN's blocked layout (float32 on the CPU).
 
-    MKL's sgemm repacks the weight on every call; at decode batch sizes that costs as much as the
+    MKL's sgemm repacks the weight on every call; from two rows up that costs about as much as the
     product itself. On a 2-core EPYC (one thread, batch 16) the prepacked oneDNN matmul ran the
-    decoder layers ~1.2x and the 49k-row LM head ~2x faster, and a row's result does not depend on
-    which other rows share the batch.
+    decoder layers ~1.15x and the 49k-row LM head ~2x faster. For a single row MKL's matrix-vector
+    path stayed ~1.2x faster on the decoder layers, so they keep their plain weight for it too.
     """
     return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
@@ -103,21 +103,21 @@ def onednn_prepacks(device: torch.device, dtype: torch.dtype) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Linear:
-    """``x @ W.T + bias``; ``weight`` is W itself, or its oneDNN-blocked copy when ``prepacked``."""
+    """``x @ weight.T + bias``; inputs of at least ``packed_rows`` rows use ``packed``, the oneDNN copy."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
-    prepacked: bool
+    packed: torch.Tensor | None = None
+    packed_rows: int = 1
 
     @classmethod
-    def build(cls, weight: torch.Tensor, bias: torch.Tensor | None, *, prepack: bool) -> Linear:
-        if prepack:
-            return cls(torch.ops.mkldnn._reorder_linear_weight(weight), bias, True)
-        return cls(weight, bias, False)
+    def build(cls, weight: torch.Tensor, bias: torch.Tensor | None, *, prepack: bool, packed_rows: int = 1) -> Linear:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight) if prepack else None
+        return cls(weight, bias, packed, packed_rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.prepacked:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if self.packed is not None and x.shape[0] >= self.packed_rows:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 
@@ -163,14 +163,14 @@ class LlamaModel:
 
         def linear(weight: torch.Tensor | None, bias: torch.Tensor | None = None) -> Linear:
             assert weight is not None
-            return Linear.build(weight, bias, prepack=prepack)
+            return Linear.build(weight, bias, prepack=prepack, packed_rows=2)
 
         self.embed = w("model.embed_tokens.weight")
-        self.lm_head = linear(self.embed if s.tie_embeddings else w("lm_head.weight"))
+        self.lm_head = Linear.build(self.embed if s.tie_embeddings else w("lm_head.weight"), None, prepack=prepack)
         self.final_norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
-        # On the CPU, MKL ran the [2I, H] merged gate/up matmul up to 1.5x slower than two [I, H]
-        # ones at decode batch sizes, so they stay apart there; MLP biases take the merged path.
+        # On the CPU the [2I, H] merged gate/up matmul was no faster than two [I, H] ones (MKL ran it
+        # up to 1.5x slower at decode batch sizes), so they stay apart there; MLP biases take the merged path.
         merge_mlp = device.type == "cuda" or any(k.endswith("mlp.gate_proj.bias") for k in weights)
         for i in range(s.num_layers):
             p = f"model.layers.{i}."

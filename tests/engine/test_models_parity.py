@@ -12,6 +12,7 @@ from tiny_checkpoints import RunnerDriver, greedy_seq, hf_greedy, save_tiny_chec
 from engine.config import EngineConfig
 from engine.loader import default_model_path, load_model
 from engine.model_runner import ModelRunner
+from engine.models.llama import Linear, onednn_prepacks
 from engine.sampling_params import SamplingParams
 
 NEW_TOKENS = 12
@@ -29,6 +30,15 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     loaded = load_model(EngineConfig(model=str(directory)))
     runner = ModelRunner(EngineConfig(model=str(directory), device="cpu", num_kv_blocks=128), loaded)
     return hf, runner
+
+
+def test_linear_matches_torch_for_one_row_and_many() -> None:
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
+    linear = Linear.build(weight, bias, prepack=onednn_prepacks(torch.device("cpu"), torch.float32), packed_rows=2)
+    for rows in (1, 2, 17):  # one row takes the plain weight, more the oneDNN copy where there is one
+        x = torch.randn(rows, 24, generator=gen)
+        torch.testing.assert_close(linear(x), torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
 
 
 def test_batched_chunked_prefill_matches_hf(tiny: tuple[Any, ModelRunner]) -> None:
