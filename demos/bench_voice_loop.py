@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import statistics
 import sys
@@ -110,6 +111,9 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="the LLM engine's device: auto, cpu or cuda")
     parser.add_argument("--stage-device", default="cpu", help="ASR and TTS device: cpu or cuda")
     parser.add_argument("--dtype", default="auto", help="the engine's dtype (auto: bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--block-size", type=int, default=16, help="KV block size: the prefix cache's granularity")
+    parser.add_argument("--first-words", type=int, default=None,
+                        help="words of the first spoken segment when no clause ends sooner (default: the head's)")
     args = parser.parse_args()
 
     from engine.config import EngineConfig
@@ -117,12 +121,15 @@ def main() -> None:
     from omni.config import OmniConfig
 
     print(f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.2f} device={args.device} stages={args.stage_device} "
-          f"dtype={args.dtype}", flush=True)
+          f"dtype={args.dtype} block_size={args.block_size} first_words={args.first_words}", flush=True)
     started = time.monotonic()
-    pipeline = load_backend(OmniConfig(engine=EngineConfig(device=args.device, dtype=args.dtype),
+    pipeline = load_backend(OmniConfig(engine=EngineConfig(device=args.device, dtype=args.dtype,
+                                                           block_size=args.block_size),
                                        device=args.stage_device, temperature=0.0, max_tokens=48,
                                        system_prompt="You are a helpful voice assistant. Answer in one short sentence."))
     print(f"models loaded in {time.monotonic() - started:.1f} s", flush=True)
+    if args.first_words is not None:
+        pipeline.tts.chunker = dataclasses.replace(pipeline.tts.chunker, first_max_words=args.first_words)
     clock = StageClock(pipeline)
     rows = []
     with serve(pipeline) as port:
