@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import AttentionMetadata, plan_step, select_kernels
-from engine.config import EngineConfig
+from engine.config import EngineConfig, default_block_size
 from engine.graphed_decode import GraphedDecode
 from engine.loader import LoadedModel
 from engine.models import build_model
@@ -53,7 +53,8 @@ class ModelRunner:
         self.config = config
         self.device, self.dtype = pick_device_dtype(config)
         self.ops = select_kernels(config.attention_backend, self.device)
-        self.block_size = config.block_size
+        # A config built for device 'auto' leaves the block size to the device it resolves to.
+        self.block_size = config.block_size or default_block_size(self.device.type)
         self.max_model_len = loaded.max_model_len
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         self.model = build_model(loaded.hf_config, loaded.weights, ops=self.ops, device=self.device,
