@@ -40,8 +40,9 @@ def test_converse_saves_the_answer_and_reports_transcripts_and_latency(tmp_path:
 
     assert result["transcript_in"] == HEARD
     assert result["transcript_out"] == REPLY
-    # Measured from the end of speech; the backend holds every chunk for CHUNK_DELAY_S.
-    assert CHUNK_DELAY_S * 1000 <= result["latency_ms"] < 10_000
+    # Measured from the end of speech. The reply may be prepared from the pause's transcript while
+    # the VAD waits out the silence, so it can come sooner than one chunk of the backend's delay.
+    assert 0 <= result["latency_ms"] < 10_000
     answer, rate = sf.read(str(out), dtype="int16")
     words = len(REPLY.split())
     assert rate == RATE and answer.ndim == 1

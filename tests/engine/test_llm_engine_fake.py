@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import time
 from typing import Any
 
 import pytest
@@ -396,7 +397,13 @@ def test_async_early_close_and_abort_leak_nothing(async_engine: AsyncEngine) -> 
 
 
 def test_async_rejections_reach_the_caller() -> None:
-    engine = AsyncEngine(engine=make_engine(max_waiting_requests=1, max_num_seqs=1))
+    def slow_token(ctx: list[int], seq: Sequence) -> int:
+        # A few ms per token keeps the hog running for seconds, far past the test body, however
+        # loaded the machine is: only its abort ends it.
+        time.sleep(0.005)
+        return 7
+
+    engine = AsyncEngine(engine=make_engine(max_waiting_requests=1, max_num_seqs=1, next_token=slow_token))
     params = SamplingParams(max_tokens=10_000, ignore_eos=True)
 
     async def main() -> None:
