@@ -1,13 +1,17 @@
-"""A real uvicorn server on a free loopback port, in a thread, for socket-level tests."""
+"""A real uvicorn server on a free loopback port, in a thread, for socket-level tests, and the
+client-side reads those tests share."""
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
+from websockets.asyncio.client import ClientConnection
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
@@ -37,3 +41,15 @@ def serve(backend: object, config: GatewayConfig | None = None) -> Iterator[int]
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+async def recv(ws: ClientConnection) -> dict[str, Any]:
+    return json.loads(await ws.recv())
+
+
+async def until(ws: ClientConnection, kind: str) -> list[dict[str, Any]]:
+    """Every event up to and including the first of type ``kind``."""
+    seen: list[dict[str, Any]] = []
+    while not seen or seen[-1]["type"] != kind:
+        seen.append(await recv(ws))
+    return seen

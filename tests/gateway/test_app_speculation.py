@@ -7,10 +7,10 @@ import base64
 import json
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 
 from fakes import FakeBackend, silence, tone
-from live_server import serve
+from live_server import serve, until
 from omni.protocol import Transcription
 
 TIMEOUT = 15
@@ -33,17 +33,6 @@ class SlowAsr(FakeBackend):
         if len(self.transcribed) <= self.failures:
             raise RuntimeError("ASR exploded")
         return Transcription(f"{len(pcm16)} bytes", duration_s=len(pcm16) / (2 * sample_rate))
-
-
-async def recv(ws: ClientConnection) -> dict[str, Any]:
-    return json.loads(await ws.recv())
-
-
-async def until(ws: ClientConnection, kind: str) -> list[dict[str, Any]]:
-    seen = []
-    while not seen or seen[-1]["type"] != kind:
-        seen.append(await recv(ws))
-    return seen
 
 
 async def converse(port: int, pieces: list[bytes]) -> list[dict[str, Any]]:

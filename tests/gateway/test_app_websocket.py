@@ -10,14 +10,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from fakes import FakeBackend, tone
 from gateway.config import GatewayConfig
 from gateway.realtime import g711
 from omni.protocol import TextDelta
-from live_server import serve
+from live_server import recv, serve, until
 
 TIMEOUT = 15
 KEY = "sk-test-key"
@@ -42,17 +42,6 @@ def secured_port() -> Iterator[int]:
 
 def run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, TIMEOUT))
-
-
-async def recv(ws: ClientConnection) -> dict[str, Any]:
-    return json.loads(await ws.recv())
-
-
-async def until(ws: ClientConnection, kind: str) -> list[dict[str, Any]]:
-    seen = []
-    while not seen or seen[-1]["type"] != kind:
-        seen.append(await recv(ws))
-    return seen
 
 
 def url(port: int) -> str:

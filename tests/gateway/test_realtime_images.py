@@ -8,20 +8,13 @@ import json
 from typing import Any
 
 from PIL import Image
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 
 from fakes import FakeBackend, png
-from live_server import serve
+from live_server import serve, until
 from omni.protocol import ImagePart
 
 TIMEOUT = 15
-
-
-async def until(ws: ClientConnection, kind: str) -> list[dict[str, Any]]:
-    seen: list[dict[str, Any]] = []
-    while not seen or seen[-1]["type"] != kind:
-        seen.append(json.loads(await ws.recv()))
-    return seen
 
 
 def image_item(data: bytes, text: str | None = None) -> str:
