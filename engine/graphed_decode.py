@@ -29,7 +29,7 @@ _IDS, _POS, _SLOT, _LEN = range(4)
 
 
 class GraphedDecode:
-    """Capture at construction's ``capture()``; then ``run(seqs)`` per pure-decode step.
+    """``capture()`` once on a CUDA device, then ``run(seqs)`` per pure-decode step.
 
     Host staging buffers are reused across steps: the runner waits for each step's sampled tokens
     before it prepares the next, so a staged copy has always landed before the buffer is rewritten.
@@ -39,11 +39,9 @@ class GraphedDecode:
                  max_blocks_per_seq: int, block_size: int, device: torch.device) -> None:
         self._model = model
         self._kv_caches = kv_caches
-        self.max_batch = max_batch
         self.block_size = block_size
-        pin = device.type == "cuda"
-        self._host_rows = torch.zeros(max_batch, 4, dtype=torch.int64, pin_memory=pin)
-        self._host_tables = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int32, pin_memory=pin)
+        self._host_rows = torch.zeros(max_batch, 4, dtype=torch.int64, pin_memory=True)
+        self._host_tables = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int32, pin_memory=True)
         self._rows_np = self._host_rows.numpy()
         self._tables_np = self._host_tables.numpy()
         self._host_rows[:, _SLOT] = -1

@@ -13,7 +13,7 @@ from engine.graphed_decode import GraphedDecode
 from engine.loader import LoadedModel
 from engine.models import build_model
 from engine.mrope import mrope_positions
-from engine.sampler import SampleResult, Sampler
+from engine.sampler import SampleResult, Sampler, to_device
 from engine.sequence import ScheduledBatch, Sequence
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class ModelRunner:
             if logits is not None:
                 rows = [i for i, seq in enumerate(batch.seqs) if seq.num_computed_tokens + 1 == len(seq)]
                 if len(rows) < len(batch.seqs):  # one-token prefill chunks sample nothing
-                    logits = logits[torch.tensor(rows, device=self.device)]
+                    logits = logits[to_device(rows, torch.int64, self.device)]
                 for slot, sample in zip(rows, self.sampler(logits, [batch.seqs[i] for i in rows])):
                     results[slot] = sample
                 return results
