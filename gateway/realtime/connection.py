@@ -22,6 +22,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import client_safe
 from gateway.realtime.commands import (AdoptSpeculation, CancelResponse, DropSpeculation, Output, Prepare, Send,
                                        Speculate, StartResponse, Transcribe, VadFactory, new_id)
+from gateway.realtime.generation import close_generation
 from gateway.realtime.prepared_reply import PreparedReply
 from gateway.realtime.session import RealtimeSession
 from gateway.realtime.settings import Dialect
@@ -282,17 +283,7 @@ class RealtimeConnection:
             log.exception("backend generation failed for %s", response_id)
             await self._dispatch(self.session.on_stream_end(response_id, "The backend failed while generating."))
         finally:
-            aclose = getattr(stream, "aclose", None) if stream is not None else None
-            if aclose is not None:
-                try:
-                    await aclose()
-                except Exception:
-                    log.exception("closing the backend stream of %s failed", response_id)
-            if not exhausted:
-                try:
-                    await self.backend.abort(request.request_id)
-                except Exception:
-                    log.exception("aborting %s failed", response_id)
+            await close_generation(self.backend, stream, request.request_id, exhausted=exhausted)
 
     def _drop_speculation(self, item_id: str, *, keep_transcription: bool = False) -> None:
         task = None if keep_transcription else self._speculations.pop(item_id, None)

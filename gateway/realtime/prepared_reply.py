@@ -3,13 +3,10 @@ and its chunks held, so that the response adopting it finds them ready; dropping
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 from collections.abc import AsyncIterator
 
+from gateway.realtime.generation import close_generation
 from omni.protocol import OmniBackend, OmniRequest, OutputChunk
-
-log = logging.getLogger(__name__)
 
 _END = object()
 
@@ -38,15 +35,7 @@ class PreparedReply:
         except Exception as exc:  # raised where the adopting response reads it
             self._held.put_nowait(_Failed(exc))
         finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
-            if not exhausted:
-                try:
-                    await self._backend.abort(self.request.request_id)
-                except Exception:
-                    log.exception("aborting the prepared reply %s failed", self.request.request_id)
+            await close_generation(self._backend, stream, self.request.request_id, exhausted=exhausted)
             self._held.put_nowait(_END)
 
     async def chunks(self) -> AsyncIterator[OutputChunk]:
