@@ -18,6 +18,7 @@ __all__ = [
     "rms_norm",
     "fused_add_rms_norm",
     "apply_rotary",
+    "rotary_write_kv",
     "silu_and_mul",
     "DecodePlan",
     "plan_decode",
@@ -172,6 +173,23 @@ def apply_rotary(
     x1, x2 = qk[..., :half], qk[..., half:]
     rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     return rotated[:, : q.shape[1]], rotated[:, q.shape[1]:]
+
+
+def rotary_write_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """``apply_rotary`` then ``write_kv_cache`` of the rotated k and v; returns the rotated q
+    (contiguous). The rotated k is written only to the cache; slot -1 rotates q and caches nothing."""
+    q_rot, k_rot = apply_rotary(q, k, positions, cos_sin_cache)
+    write_kv_cache(k_rot, v, k_cache, v_cache, slot_mapping)
+    return q_rot.contiguous()
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
