@@ -21,24 +21,27 @@ class KernelOps:
     """The kernel API (see kernels/reference.py) bound to one implementation."""
 
     name: str
-    write_kv_cache: Callable[..., None]
+    rotary_write_kv: Callable[..., torch.Tensor]
     paged_prefill_attention: Callable[..., torch.Tensor]
     paged_decode_attention: Callable[..., torch.Tensor]
     rms_norm: Callable[..., torch.Tensor]
     fused_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    apply_rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     silu_and_mul: Callable[..., torch.Tensor]
+    fused_linear: Callable[..., torch.Tensor]
+    # Steps of at most this many tokens run their linear layers through ``fused_linear`` with the
+    # norms, activation and residual adds folded in (0: never; the torch twin gains nothing by it).
+    fused_linear_max_rows: int = 0
 
 
 # Where the Triton twin of each kernel lives.
 _TRITON_MODULES = {
-    "write_kv_cache": "kernels.kv_cache",
+    "rotary_write_kv": "kernels.rotary",
     "paged_prefill_attention": "kernels.paged_attention",
     "paged_decode_attention": "kernels.paged_attention",
     "rms_norm": "kernels.norm",
     "fused_add_rms_norm": "kernels.norm",
-    "apply_rotary": "kernels.rotary",
     "silu_and_mul": "kernels.activation",
+    "fused_linear": "kernels.fused_linear",
 }
 
 
@@ -52,9 +55,11 @@ def select_kernels(backend: str, device: torch.device) -> KernelOps:
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"attention backend 'triton' needs a CUDA device (or TRITON_INTERPRET=1), got {device}")
         funcs = {name: getattr(importlib.import_module(module), name) for name, module in _TRITON_MODULES.items()}
+        max_rows = importlib.import_module("kernels.fused_linear").MAX_ROWS
     else:
         funcs = {name: getattr(reference, name) for name in _TRITON_MODULES}
-    return KernelOps(name=backend, **funcs)
+        max_rows = 0
+    return KernelOps(name=backend, fused_linear_max_rows=max_rows, **funcs)
 
 
 @dataclass(slots=True)
@@ -80,10 +85,10 @@ def plan_step(ops: KernelOps, meta: AttentionMetadata, block_size: int) -> None:
         meta.decode_plan = reference.plan_decode(meta.decode_seq_lens, meta.decode_block_tables, block_size)
 
 
-def paged_attention(ops: KernelOps, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Write this step's K/V into the cache, then attend each query over its sequence's context."""
-    ops.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+def paged_attention(ops: KernelOps, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Attend each query over its sequence's context; this step's K/V are already in the cache
+    (``KernelOps.rotary_write_kv`` put them there)."""
     nd = meta.num_decode
     if nd == 0:
         return ops.paged_prefill_attention(q, k_cache, v_cache, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens,

@@ -171,7 +171,8 @@ class LlamaModel:
         self.layers: list[_Layer] = []
         # On the CPU the [2I, H] merged gate/up matmul was no faster than two [I, H] ones (MKL ran it
         # up to 1.5x slower at decode batch sizes), so they stay apart there; MLP biases take the merged path.
-        merge_mlp = device.type == "cuda" or any(k.endswith("mlp.gate_proj.bias") for k in weights)
+        merge_mlp = device.type == "cuda" or ops.name == "triton" or any(k.endswith("mlp.gate_proj.bias")
+                                                                           for k in weights)
         for i in range(s.num_layers):
             p = f"model.layers.{i}."
             attn = [f"{p}self_attn.{n}_proj" for n in ("q", "k", "v")]
@@ -189,6 +190,8 @@ class LlamaModel:
                 q_norm=opt(p + "self_attn.q_norm.weight") if s.qk_norm else None,
                 k_norm=opt(p + "self_attn.k_norm.weight") if s.qk_norm else None,
             ))
+        # The fused path needs the merged gate/up projection that the down projection's prologue splits.
+        self._fused_max_rows = ops.fused_linear_max_rows if merge_mlp else 0
         self.cos_sin_cache = rotary_cos_sin_cache(hf_config, s.head_dim, max_positions,
                                                   weights.get("rope_freqs")).to(device)
 
@@ -206,31 +209,21 @@ class LlamaModel:
         ``cos_sin_cache`` replaces the rotary table that ``positions`` index (M-RoPE builds one per step).
         """
         rotary_table = self.cos_sin_cache if cos_sin_cache is None else cos_sin_cache
-        s, ops = self.shape, self.ops
         hidden = self.embed_tokens(input_ids)
         if embed_rows is not None and embeds is not None:
             hidden[embed_rows] = embeds.to(hidden.dtype)
+        if hidden.shape[0] <= self._fused_max_rows:
+            return self._forward_fused(hidden, positions, meta, kv_caches, rotary_table)
+        ops, eps = self.ops, self.shape.rms_norm_eps
         residual: torch.Tensor | None = None
-        eps = s.rms_norm_eps
-        num_tokens = hidden.shape[0]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             if residual is None:
                 residual = hidden
                 x = ops.rms_norm(hidden, layer.input_norm, eps)
             else:
                 x, residual = ops.fused_add_rms_norm(hidden, residual, layer.input_norm, eps)
-            qkv = layer.qkv(x)
-            q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-            q = q.reshape(num_tokens, s.num_heads, s.head_dim)
-            k = k.reshape(num_tokens, s.num_kv_heads, s.head_dim)
-            v = v.reshape(num_tokens, s.num_kv_heads, s.head_dim)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q = ops.rms_norm(q.reshape(-1, s.head_dim), layer.q_norm, eps).view_as(q)
-                k = ops.rms_norm(k.reshape(-1, s.head_dim), layer.k_norm, eps).view_as(k)
-            q, k = ops.apply_rotary(q, k, positions, rotary_table)
-            attn = paged_attention(ops, q, k, v.contiguous(), k_cache, v_cache, meta, self.scale)
-            hidden = layer.o(attn.reshape(num_tokens, self.q_size))
-            x, residual = ops.fused_add_rms_norm(hidden, residual, layer.post_norm, eps)
+            attn = self._attention(layer, layer.qkv(x), positions, meta, k_cache, v_cache, rotary_table)
+            x, residual = ops.fused_add_rms_norm(layer.o(attn), residual, layer.post_norm, eps)
             if layer.gate_up is not None:
                 act = ops.silu_and_mul(layer.gate_up(x))
             else:
@@ -239,6 +232,35 @@ class LlamaModel:
             hidden = layer.down(act)
         assert residual is not None
         return hidden + residual
+
+    def _forward_fused(self, residual: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                       kv_caches: list[tuple[torch.Tensor, torch.Tensor]], rotary_table: torch.Tensor) -> torch.Tensor:
+        """The same layers for a few tokens: four fused linear calls per layer carry the norms, the
+        activation and the residual adds, so a decode step launches about half the kernels."""
+        linear, eps = self.ops.fused_linear, self.shape.rms_norm_eps
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            assert layer.gate_up is not None
+            qkv = linear(residual, layer.qkv.weight, layer.qkv.bias, norm_weight=layer.input_norm, eps=eps)
+            attn = self._attention(layer, qkv, positions, meta, k_cache, v_cache, rotary_table)
+            residual = linear(attn, layer.o.weight, layer.o.bias, residual=residual)
+            gate_up = linear(residual, layer.gate_up.weight, layer.gate_up.bias, norm_weight=layer.post_norm, eps=eps)
+            residual = linear(gate_up, layer.down.weight, layer.down.bias, silu_mul=True, residual=residual)
+        return residual
+
+    def _attention(self, layer: _Layer, qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, rotary_table: torch.Tensor) -> torch.Tensor:
+        """``[T, q_size]`` attention output of one layer; writes this step's K/V into its cache."""
+        s, ops = self.shape, self.ops
+        num_tokens = qkv.shape[0]
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = q.reshape(num_tokens, s.num_heads, s.head_dim)
+        k = k.reshape(num_tokens, s.num_kv_heads, s.head_dim)
+        v = v.reshape(num_tokens, s.num_kv_heads, s.head_dim)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q = ops.rms_norm(q.reshape(-1, s.head_dim), layer.q_norm, s.rms_norm_eps).view_as(q)
+            k = ops.rms_norm(k.reshape(-1, s.head_dim), layer.k_norm, s.rms_norm_eps).view_as(k)
+        q = ops.rotary_write_kv(q, k, v, positions, rotary_table, k_cache, v_cache, meta.slot_mapping)
+        return paged_attention(ops, q, k_cache, v_cache, meta, self.scale).reshape(num_tokens, self.q_size)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[N, vocab]`` for already-selected rows of ``forward``'s output."""
