@@ -7,6 +7,14 @@ as a share of the copy bandwidth; then prefill attention and the elementwise ker
 
     python demos/bench_kernels.py --out results/        # full run, writes results.md / results.jsonl
     python demos/bench_kernels.py --sweep               # also time every decode config in SWEEP
+    python demos/bench_kernels.py --heads 32:8 --batches 1,2,4,8 --contexts 1024,2048,4096 --sweep-min-split 64,128,256 --sweep-fused-max 8,16,32,64 --skip floor,prefill,elementwise
+
+The last varies only the split granularity and the in-kernel merge limit around the device
+default; add --plan to print the decode cases and distinct launches such a run would time
+(no GPU needed).
+
+Every decode config is checked against the float64 reference on a ragged batch, and again on each
+timed case (its split count picks its own kernel specialization) before it is timed.
 """
 from __future__ import annotations
 
@@ -18,7 +26,7 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
@@ -34,6 +42,7 @@ from kernels.paged_attention import (
     DecodeConfig,
     PrefillConfig,
     default_decode_config,
+    gpu_decode_config,
     num_decode_splits,
     paged_decode_attention,
     paged_prefill_attention,
@@ -48,6 +57,43 @@ SWEEP = [
     DecodeConfig(block_n=bn, num_warps=w, num_stages=s, target_programs=t, min_split_tokens=m, fused_reduce=f)
     for bn, w, s, t, m, f in itertools.product((64, 128), (4,), (3, 4), (264, 396, 528), (64, 128, 256), (False, True))
 ]
+
+
+def decode_sweep(base: DecodeConfig, min_split_tokens: list[int], fused_max_splits: list[int]) -> list[DecodeConfig]:
+    """``base`` with every combination of the given split granularities and in-kernel merge limits
+    (an empty list keeps base's value)."""
+    return [
+        replace(base, min_split_tokens=m, fused_max_splits=f)
+        for m, f in itertools.product(min_split_tokens or [base.min_split_tokens],
+                                      fused_max_splits or [base.fused_max_splits])
+    ]
+
+
+def launch_key(cfg: DecodeConfig, batch: int, hkv: int, ctx: int) -> tuple[object, ...]:
+    """What a decode launch of this case actually runs: configs with equal keys time the same kernels,
+    for example fused_max_splits 16 and 32 when the case has 8 splits."""
+    splits, per_split = num_decode_splits(batch, hkv, ctx, cfg)
+    return cfg.block_n, cfg.num_warps, cfg.num_stages, splits, per_split, cfg.merges_in_kernel(splits)
+
+
+def config_label(cfg: DecodeConfig, splits: int) -> str:
+    merge = "fused" if cfg.merges_in_kernel(splits) else ("merge kernel" if splits > 1 else "no merge")
+    return (f"n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} t{cfg.target_programs} m{cfg.min_split_tokens}"
+            f" f{cfg.fused_max_splits if cfg.fused_reduce else 0} ({splits} splits, {merge})")
+
+
+def parse_ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
+
+
+def parse_heads(text: str) -> list[tuple[int, int]]:
+    pairs = [pair.split(":") for pair in text.split(",") if pair.strip()]
+    if any(len(p) != 2 or not all(x.strip().isdigit() for x in p) for p in pairs):
+        raise argparse.ArgumentTypeError(f"expected Hq:Hkv pairs such as 32:8,64:8, got {text!r}")
+    return [(int(hq), int(hkv)) for hq, hkv in pairs]
 
 
 class Report:
@@ -148,12 +194,23 @@ def check_decode_configs(configs: list[DecodeConfig], report: Report) -> list[De
     return good
 
 
+def _case_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
+                    table: torch.Tensor, scale: float) -> torch.Tensor:
+    """float64 reference of one timed decode case over only the blocks its table uses."""
+    used = table.flatten().long()
+    compact = torch.arange(used.numel(), dtype=torch.int32, device=table.device).view_as(table)
+    return ref.paged_decode_attention(q.double(), k_cache[used].double(), v_cache[used].double(), seq_lens, compact,
+                                      scale)
+
+
 def bench_decode(copy_bw: float, heads: list[tuple[int, int]], batches: list[int], contexts: list[int],
                  sweep: list[DecodeConfig], report: Report) -> None:
     d = 128
     dtype = torch.bfloat16
     rows = []
     for (hq, hkv), batch, ctx in itertools.product(heads, batches, contexts):
+        if ctx % PAGE:
+            raise ValueError(f"--contexts: expected multiples of the block size {PAGE}, got {ctx}")
         blocks_per_seq = ctx // PAGE
         kv_bytes = batch * ctx * hkv * d * 2 * 2
         io_bytes = kv_bytes + 2 * batch * hq * d * 2 + batch * blocks_per_seq * 4
@@ -166,31 +223,43 @@ def bench_decode(copy_bw: float, heads: list[tuple[int, int]], batches: list[int
         seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
         est = io_bytes / (0.8 * copy_bw) + 4e-6
         default = default_decode_config(qs[0])
-        results = {}
+        expected = _case_reference(qs[0], k_cache, v_cache, seq_lens, tables[0], d ** -0.5)
+        results: dict[DecodeConfig, float] = {}
+        timed: dict[tuple[object, ...], float] = {}  # launch_key -> seconds, so equal launches run once
         for cfg in [default] + [c for c in sweep if c != default]:
+            splits, per_split = num_decode_splits(batch, hkv, ctx, cfg)
+            key = launch_key(cfg, batch, hkv, ctx)
             fn = lambda i, cfg=cfg: paged_decode_attention(qs[i], k_cache, v_cache, seq_lens, tables[i], d ** -0.5, config=cfg)
-            try:
-                t = time_graph(fn, n_sets, est)
-            except Exception as exc:  # noqa: BLE001 - resource limits differ per config; log and go on
-                report.record("decode_time_failed", config=asdict(cfg), error=repr(exc)[:300])
-                continue
-            results[cfg] = t
-            splits = num_decode_splits(batch, hkv, ctx, cfg)[0]
+            if key not in timed:
+                try:
+                    err = rel_err(fn(0), expected)
+                    if not err < 1e-2:  # NaN fails too
+                        report.record("decode_case_check_failed", hq=hq, hkv=hkv, batch=batch, ctx=ctx,
+                                      config=asdict(cfg), splits=splits, rel_err=err)
+                        print(f"config {cfg} on batch {batch} ctx {ctx}: rel_err {err}", flush=True)
+                        continue
+                    timed[key] = time_graph(fn, n_sets, est)
+                except Exception as exc:  # noqa: BLE001 - resource limits differ per config; log and go on
+                    report.record("decode_time_failed", config=asdict(cfg), error=repr(exc)[:300])
+                    continue
+            t = results[cfg] = timed[key]
             report.record("decode", hq=hq, hkv=hkv, batch=batch, ctx=ctx, config=asdict(cfg), splits=splits,
+                          tokens_per_split=per_split, fused=cfg.merges_in_kernel(splits),
                           seconds=t, bandwidth=io_bytes / t, frac_copy=io_bytes / t / copy_bw)
-        t_def = results[default]
+        if not results:
+            raise RuntimeError(f"decode {hq}/{hkv} batch {batch} ctx {ctx}: no config passed its check and timed")
         best_cfg = min(results, key=results.get)
         t_best = results[best_cfg]
+        t_def = results.get(default)
         rows.append([
             f"{hq}/{hkv}", batch, ctx, f"{io_bytes/1e6:.1f}",
-            f"{t_def*1e6:.1f}", f"{io_bytes/t_def/1e9:.0f}", f"{100*io_bytes/t_def/copy_bw:.0f}%",
+            *((f"{t_def*1e6:.1f}", f"{io_bytes/t_def/1e9:.0f}", f"{100*io_bytes/t_def/copy_bw:.0f}%")
+              if t_def is not None else ("failed", "-", "-")),
             f"{t_best*1e6:.1f}", f"{100*io_bytes/t_best/copy_bw:.0f}%",
-            f"n{best_cfg.block_n} w{best_cfg.num_warps} s{best_cfg.num_stages} t{best_cfg.target_programs}"
-            f" m{best_cfg.min_split_tokens}{' fused' if best_cfg.fused_reduce else ''}"
-            f" ({num_decode_splits(batch, hkv, ctx, best_cfg)[0]} splits)",
+            config_label(best_cfg, num_decode_splits(batch, hkv, ctx, best_cfg)[0]),
         ])
         print(rows[-1], flush=True)
-        del k_cache, v_cache, tables, qs
+        del k_cache, v_cache, tables, qs, expected
         torch.cuda.empty_cache()
     report.table(
         f"Paged decode attention, bf16, head_dim {d}, block 16, CUDA-graph replay (copy BW {copy_bw/1e9:.0f} GB/s)",
@@ -327,15 +396,61 @@ def bench_elementwise(copy_bw: float, report: Report) -> None:
                  ["kernel", "us", "GB/s", "% copy", "torch reference us", "rel err"], rows)
 
 
+def sweep_configs(args: argparse.Namespace, base: DecodeConfig) -> list[DecodeConfig]:
+    """The decode configs to time beside the default: the --sweep-* lists around ``base`` when any is
+    given, else the SWEEP grid with --sweep, else none."""
+    if args.sweep_min_split or args.sweep_fused_max:
+        return decode_sweep(base, args.sweep_min_split, args.sweep_fused_max)
+    return list(SWEEP) if args.sweep else []
+
+
+def print_plan(args: argparse.Namespace) -> None:
+    """The decode cases and launches a run with these arguments would time, without touching a GPU.
+
+    Rough cost per distinct launch: a reference check plus a graph of up to ~450 launches replayed
+    11 times (~0.2 s); per new kernel specialization a Triton compile (~2 s, cached on disk after)."""
+    base = gpu_decode_config(args.sms)
+    configs = [base] + [c for c in sweep_configs(args, base) if c != base]
+    print(f"base config (a GPU with {args.sms} SMs): {base}")
+    print(f"{len(configs)} decode configs: " + "; ".join(
+        f"m{c.min_split_tokens} f{c.fused_max_splits}" for c in configs))
+    launches, kernels = 0, set()
+    for (hq, hkv), batch, ctx in itertools.product(args.heads, args.batches, args.contexts):
+        keys: dict[tuple[object, ...], DecodeConfig] = {}
+        for c in configs:  # the first config of each launch is the one timed
+            keys.setdefault(launch_key(c, batch, hkv, ctx), c)
+        launches += len(keys)
+        for block_n, warps, stages, splits, _, fused in keys:
+            kernels.add((hq, hkv, block_n, warps, stages, splits == 1, fused, max(2, 1 << (splits - 1).bit_length())))
+        print(f"  {hq}/{hkv} batch {batch} ctx {ctx}: {len(keys)} distinct launches: " + ", ".join(
+            config_label(c, k[3]) for k, c in keys.items()))
+    cases = len(args.heads) * len(args.batches) * len(args.contexts)
+    print(f"{cases} cases x {len(configs)} configs = {cases * len(configs)} results from {launches} timed launches "
+          f"and about {len(kernels)} kernel specializations: roughly {0.2 * launches + 2 * len(kernels):.0f} s "
+          "of decode timing, after the copy-bandwidth and ragged-batch checks (~10 s)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--sweep", action="store_true", help="time every decode config in SWEEP as well")
-    parser.add_argument("--heads", default="32:4,64:8", help="Hq:Hkv pairs for decode")
-    parser.add_argument("--batches", default="1,16,64,256")
-    parser.add_argument("--contexts", default="1024,4096,16384")
+    parser.add_argument("--sweep-min-split", type=parse_ints, default=[], metavar="LIST",
+                        help="sweep DecodeConfig.min_split_tokens over these values around the device default "
+                             "(implies --sweep, replaces the SWEEP grid)")
+    parser.add_argument("--sweep-fused-max", type=parse_ints, default=[], metavar="LIST",
+                        help="sweep DecodeConfig.fused_max_splits over these values around the device default "
+                             "(implies --sweep, replaces the SWEEP grid)")
+    parser.add_argument("--heads", type=parse_heads, default="32:4,64:8", help="Hq:Hkv pairs for decode")
+    parser.add_argument("--batches", type=parse_ints, default="1,16,64,256")
+    parser.add_argument("--contexts", type=parse_ints, default="1024,4096,16384")
     parser.add_argument("--skip", default="", help="comma list of sections to skip: decode,floor,prefill,elementwise")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the decode cases and distinct launches this run would time, then exit (no GPU)")
+    parser.add_argument("--sms", type=int, default=132, help="SM count the --plan assumes (132: H200)")
     args = parser.parse_args()
+    if args.plan:
+        print_plan(args)
+        return 0
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -348,12 +463,12 @@ def main() -> int:
                     f"triton {info['triton']}\n\nCommand: `python {' '.join(sys.argv)}`\n")
     print(info, flush=True)
     copy_bw = copy_bandwidth(report)
-    heads = [tuple(int(x) for x in pair.split(":")) for pair in args.heads.split(",")]
     skip = set(args.skip.split(","))
+    base = gpu_decode_config(props.multi_processor_count)
     sections = [
         ("decode", lambda: bench_decode(
-            copy_bw, heads, [int(b) for b in args.batches.split(",")], [int(c) for c in args.contexts.split(",")],
-            check_decode_configs(SWEEP if args.sweep else [], report), report)),
+            copy_bw, args.heads, args.batches, args.contexts,
+            check_decode_configs(sweep_configs(args, base), report), report)),
         ("floor", lambda: decode_latency_floor(report)),
         ("prefill", lambda: bench_prefill(report)),
         ("elementwise", lambda: bench_elementwise(copy_bw, report)),

@@ -5,9 +5,10 @@ Both kernels pack the query heads that share one KV head into the M dimension of
 each K/V tile is read from memory once per KV head rather than once per query head (GQA).
 
 Decode splits each sequence's context into ``num_splits`` ranges (split-KV) so that small batches
-still fill the GPU; each split writes a partial output and its log-sum-exp, and a second kernel
-merges them. The split count depends only on tensor shapes (batch, KV heads, block-table width),
-never on ``seq_lens`` values, so a launch is CUDA-graph capturable and needs no host sync: pass
+still fill the GPU; each split writes a partial output and its log-sum-exp, and either the last
+split program of each (sequence, KV head) to finish merges them, or a second kernel does. The
+split count depends only on tensor shapes (batch, KV heads, block-table width), never on
+``seq_lens`` values, so a launch is CUDA-graph capturable and needs no host sync: pass
 block tables only as wide as the batch's longest context needs, since splits cover the table width.
 """
 from __future__ import annotations
@@ -31,10 +32,13 @@ from kernels.validation import (
 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 64
-# The in-kernel merge walks the splits serially in one program; past a few splits that chain of
-# dependent loads costs more than the second kernel's launch (H200: batch 1 at 16k context, 64
-# splits, 17.5 us with the merge kernel against 21 us merged in-kernel).
-_FUSED_MAX_SPLITS = 8
+# The in-kernel merge loads its partials as one [group, splits, head_dim] fp32 tile; past this many
+# elements per thread the tile would spill registers, so more splits are merged in chunks of splits
+# (each chunk one independent load, not a chain). 128 keeps 32 splits of a GQA-4, head_dim-128
+# group in one load at 4 warps; compiled for sm_90, 256 per thread (64 splits in one load) added
+# about 400 bytes of register spills per thread; 128 stays within about 64 bytes of the split
+# loop's own spills.
+_MERGE_ELEMS_PER_THREAD = 128
 
 
 @dataclass(frozen=True)
@@ -44,12 +48,22 @@ class DecodeConfig:
     block_n: int = 64  # KV tokens per inner-loop tile
     num_warps: int = 4
     num_stages: int = 3
-    target_programs: int = 396  # aim for about this many (seq, kv head, split) programs
-    min_split_tokens: int = 256  # never split a context finer than this
+    # Aim for about this many (sequence, KV head, split) programs: the split count grows until
+    # batch x KV heads x splits reaches it, so small batches get more splits than large ones.
+    target_programs: int = 396
+    # Never split a context finer than this many tokens: the split granularity of small batches,
+    # whose split count target_programs alone would push up to _MAX_SPLITS. Each split is also
+    # rounded up to whole block_n tiles, so min_split_tokens == block_n gives one tile per split.
+    min_split_tokens: int = 256
     # Merge splits in the last program of each (sequence, KV head) to finish, found through an
     # atomic counter, instead of in a second kernel: one launch fewer per call. The counters are
     # per device, so concurrent decode launches on one device must share a stream.
     fused_reduce: bool = True
+    # Merge in-kernel only up to this many splits; a launch with more splits runs the second
+    # kernel. The merging program loads every partial of its query-head group at once, so its cost
+    # grows with the partials' bytes rather than with a chain of per-split loads. The split count
+    # is a function of shapes, so this choice is too: launches stay CUDA-graph capturable.
+    fused_max_splits: int = 8
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -59,6 +73,12 @@ class DecodeConfig:
                 "DecodeConfig: target_programs and min_split_tokens must be positive, got "
                 f"{self.target_programs} and {self.min_split_tokens}"
             )
+        if self.fused_max_splits < 1:
+            raise ValueError(f"DecodeConfig.fused_max_splits: expected a positive count, got {self.fused_max_splits}")
+
+    def merges_in_kernel(self, num_splits: int) -> bool:
+        """Whether a launch of ``num_splits`` splits merges them in the split kernel itself."""
+        return self.fused_reduce and 1 < num_splits <= self.fused_max_splits
 
 
 @dataclass(frozen=True)
@@ -100,7 +120,12 @@ def default_decode_config(q: torch.Tensor) -> DecodeConfig:
     """
     if q.device.type != "cuda":
         return DecodeConfig(block_n=32, num_warps=4, num_stages=1, target_programs=8, min_split_tokens=32)
-    return DecodeConfig(target_programs=3 * _sm_count(q.device.index or 0))
+    return gpu_decode_config(_sm_count(q.device.index or 0))
+
+
+def gpu_decode_config(sm_count: int) -> DecodeConfig:
+    """The default decode launch parameters of a GPU with ``sm_count`` SMs (three programs per SM)."""
+    return DecodeConfig(target_programs=3 * sm_count)
 
 
 def default_prefill_config(q: torch.Tensor) -> PrefillConfig:
@@ -132,6 +157,58 @@ def _paged_scores(q, k_cache_ptr, v_cache_ptr, table_row, offs, tok_ok, kvh, dim
 
 
 @triton.jit
+def _merge_group_splits(part_out_ptr, part_lse_ptr, out_ptr, b, kvh, num_splits,
+                        NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, MERGE_G: tl.constexpr,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                        MERGE_S: tl.constexpr):
+    """Merge every split's partial output of one (sequence, KV head)'s query heads into ``out``.
+
+    The partials of a group are one contiguous [GROUP, num_splits, HEAD_DIM] block, loaded as a 3-D
+    tile weighted by exp2(lse - max) and summed over the split axis. MERGE_S < BLOCK_S only when the
+    whole tile would not fit in registers; each chunk's loads still depend on no earlier chunk.
+    Loads bypass L1 (.cg): the other splits' partials were written by other programs, whose stores
+    reach this one through L2 after the caller's acquire.
+    """
+    rows = tl.arange(0, MERGE_G)
+    splits = tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, BLOCK_D)
+    row_ok = rows < GROUP
+    dim_ok = dims < HEAD_DIM
+    heads = (b * NUM_Q_HEADS + kvh * GROUP + rows).to(tl.int64)
+    first = heads * num_splits  # partial index of each head's split 0
+
+    lse_all = tl.load(
+        part_lse_ptr + first[:, None] + splits[None, :],
+        mask=row_ok[:, None] & (splits < num_splits)[None, :],
+        other=float("-inf"),
+        cache_modifier=".cg",
+    )
+    m_all = tl.max(lse_all, 1)
+    m_all = tl.where(m_all > float("-inf"), m_all, 0.0)  # every split empty: weights all 0, output 0
+    denom = tl.sum(tl.exp2(lse_all - m_all[:, None]), 1)
+    denom = tl.where(denom > 0, denom, 1.0)
+
+    chunk = tl.arange(0, MERGE_S)
+    merged = tl.zeros([MERGE_G, BLOCK_D], tl.float32)
+    for s0 in range(0, num_splits, MERGE_S):
+        sp = s0 + chunk
+        sp_ok = row_ok[:, None] & (sp < num_splits)[None, :]
+        part = first[:, None] + sp[None, :]  # [MERGE_G, MERGE_S]
+        lse = tl.load(part_lse_ptr + part, mask=sp_ok, other=float("-inf"), cache_modifier=".cg")
+        weight = tl.exp2(lse - m_all[:, None])
+        parts = tl.load(
+            part_out_ptr + part[:, :, None] * HEAD_DIM + dims[None, None, :],
+            mask=sp_ok[:, :, None] & dim_ok[None, None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        merged += tl.sum(parts * weight[:, :, None], 1)
+    out_off = heads[:, None] * HEAD_DIM + dims[None, :]
+    tl.store(out_ptr + out_off, (merged / denom[:, None]).to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & dim_ok[None, :])
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr, counters_ptr,
@@ -140,6 +217,7 @@ def _decode_split_kernel(
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, BLOCK_S: tl.constexpr, DOT_FP32: tl.constexpr,
+    MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -195,25 +273,8 @@ def _decode_split_kernel(
             counter = counters_ptr + b * NUM_KV_HEADS + kvh
             finished = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if finished == num_splits - 1:
-                first = (b * NUM_Q_HEADS + heads).to(tl.int64) * num_splits
-                splits = tl.arange(0, BLOCK_S)
-                lse_all = tl.load(
-                    part_lse_ptr + first[:, None] + splits[None, :],
-                    mask=row_ok[:, None] & (splits < num_splits)[None, :],
-                    other=float("-inf"),
-                    cache_modifier=".cg",
-                )
-                m_all = tl.max(lse_all, 1)
-                m_all = tl.where(m_all > float("-inf"), m_all, 0.0)
-                denom = tl.sum(tl.exp2(lse_all - m_all[:, None]), 1)
-                denom = tl.where(denom > 0, denom, 1.0)
-                merged = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-                for sp in range(0, num_splits):
-                    lse_s = tl.load(part_lse_ptr + first + sp, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-                    part_s = tl.load(part_out_ptr + (first + sp)[:, None] * HEAD_DIM + dims[None, :],
-                                     mask=out_mask, other=0.0, cache_modifier=".cg")
-                    merged += part_s * tl.exp2(lse_s - m_all)[:, None]
-                tl.store(out_ptr + q_off, (merged / denom[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+                _merge_group_splits(part_out_ptr, part_lse_ptr, out_ptr, b, kvh, num_splits,
+                                    NUM_Q_HEADS, GROUP, MERGE_G, HEAD_DIM, BLOCK_D, BLOCK_S, MERGE_S)
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
@@ -282,6 +343,15 @@ def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
     return counters
 
 
+def _merge_chunk_splits(merge_g: int, block_s: int, block_d: int, num_warps: int) -> int:
+    """Splits per load of the in-kernel merge: all of them unless the tile outgrows the register budget."""
+    budget = _MERGE_ELEMS_PER_THREAD * 32 * num_warps
+    chunk = block_s
+    while chunk > 2 and merge_g * chunk * block_d > budget:
+        chunk //= 2
+    return chunk
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -311,24 +381,27 @@ def paged_decode_attention(
         part_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused by the single-split specialization
-    fused = config.fused_reduce and 1 < num_splits <= _FUSED_MAX_SPLITS
+    fused = config.merges_in_kernel(num_splits)
     counters = _split_counters(q.device, batch * num_kv_heads) if fused else seq_lens
+    block_d = max(16, next_pow2(head_dim))
+    block_s = max(2, next_pow2(num_splits))
+    merge_g = max(2, next_pow2(group))
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens,
         out, part_out, part_lse, counters,
         scale * _LOG2E, max_blocks, per_split, num_splits,
         k_cache.stride(0), k_cache.stride(1),
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(16, next_pow2(group)),
-        HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_N=config.block_n, PAGE=page,
-        SINGLE_SPLIT=num_splits == 1, FUSED_REDUCE=fused, BLOCK_S=max(2, next_pow2(num_splits)),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=config.block_n, PAGE=page,
+        SINGLE_SPLIT=num_splits == 1, FUSED_REDUCE=fused, BLOCK_S=block_s,
         DOT_FP32=q.dtype == torch.float32 or interpreting(),
+        MERGE_G=merge_g, MERGE_S=_merge_chunk_splits(merge_g, block_s, block_d, config.num_warps),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if num_splits > 1 and not fused:
         _decode_reduce_kernel[(batch, num_q_heads)](
             part_out, part_lse, out, num_splits,
-            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)),
-            BLOCK_S=max(2, next_pow2(num_splits)),
+            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s,
             num_warps=4,
         )
     return out

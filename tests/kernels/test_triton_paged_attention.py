@@ -85,6 +85,70 @@ def test_fused_reduce_leaves_counters_zeroed_for_the_next_call(device, rel_err):
         assert int(paged_attention._COUNTERS[out.device].abs().sum()) == 0
 
 
+def _many_splits(num_warps: int = 4) -> DecodeConfig:
+    """One 16-token tile per split and room for 64 programs per (sequence, KV head): splits as fine
+    as the table allows, all merged in the split kernel."""
+    return DecodeConfig(block_n=16, num_warps=num_warps, num_stages=1, target_programs=4096, min_split_tokens=16,
+                        fused_max_splits=64)
+
+
+# Each case: a long sequence, a zero-length padding sequence, and short ones whose later splits lie
+# past their end. The table is as wide as the longest sequence needs plus one spare column.
+@pytest.mark.parametrize(
+    "lens,splits,dtype,hq,hkv,d,warps",
+    [
+        ([240, 0, 37, 1], 16, F32, 4, 2, 64, 4),
+        ([490, 0, 70, 16], 32, F32, 6, 2, 64, 4),
+        ([500, 3, 0, 129], 33, F32, 2, 2, 32, 4),
+        ([490, 0, 70, 16], 32, BF16, 8, 2, 64, 4),
+        ([490, 0, 70, 16], 32, F32, 8, 2, 64, 1),  # the group's tile outgrows the budget: chunks of 16
+    ],
+    ids=["16", "32-g3", "33-mha", "32-bf16-g4", "32-chunked"],
+)
+def test_fused_merge_of_many_splits_matches_reference(device, lens, splits, dtype, hq, hkv, d, warps, poison,
+                                                      rel_err, tolerance):
+    from kernels import paged_attention
+
+    config = _many_splits(warps)
+    width = math.ceil(max(lens) / PAGE) + 1
+    assert num_decode_splits(len(lens), hkv, width * PAGE, config)[0] == splits
+    assert config.merges_in_kernel(splits)
+    out, expected = _decode_case(lens, hq, hkv, d, dtype, device, splits + hq, config, poison)
+    assert rel_err(out, expected) < tolerance[dtype]
+    zero = lens.index(0)
+    assert torch.equal(out[zero], torch.zeros_like(out[zero]))
+    assert int(paged_attention._COUNTERS[out.device].abs().sum()) == 0
+
+
+def test_merge_chunk_fits_register_budget():
+    from kernels.paged_attention import _merge_chunk_splits
+
+    assert _merge_chunk_splits(merge_g=4, block_s=32, block_d=128, num_warps=4) == 32  # Llama-3 8B, 32 splits
+    assert _merge_chunk_splits(merge_g=8, block_s=64, block_d=128, num_warps=4) == 16
+    assert _merge_chunk_splits(merge_g=4, block_s=32, block_d=64, num_warps=1) == 16
+    assert _merge_chunk_splits(merge_g=2, block_s=8, block_d=64, num_warps=4) == 8
+
+
+def test_fused_max_splits_routes_to_the_merge_kernel_with_equal_results(device):
+    lens = [240, 0, 37, 1]
+    fused = _many_splits()
+    second_kernel = DecodeConfig(block_n=16, num_warps=4, num_stages=1, target_programs=4096, min_split_tokens=16,
+                                 fused_max_splits=15)
+    assert fused.merges_in_kernel(16) and not second_kernel.merges_in_kernel(16)
+    out_fused, expected = _decode_case(lens, 4, 2, 64, F32, device, 9, fused, lambda _: None)
+    out_kernel, _ = _decode_case(lens, 4, 2, 64, F32, device, 9, second_kernel, lambda _: None)
+    assert torch.allclose(out_fused, out_kernel, rtol=1e-5, atol=1e-6)
+
+
+def test_decode_config_defaults_keep_the_fused_limit_and_reject_a_bad_one():
+    config = DecodeConfig()
+    assert config.fused_max_splits == 8 and config.min_split_tokens == 256
+    assert config.merges_in_kernel(8) and not config.merges_in_kernel(9) and not config.merges_in_kernel(1)
+    assert not DecodeConfig(fused_reduce=False).merges_in_kernel(4)
+    with pytest.raises(ValueError, match="fused_max_splits: expected a positive count, got 0"):
+        DecodeConfig(fused_max_splits=0)
+
+
 def test_decode_zero_length_sequence_gives_zeros(device, rel_err):
     gen = torch.Generator().manual_seed(3)
     k_cache, v_cache, tables = _paged_cache([20, 20], 2, 64, torch.float32, device, gen)
@@ -184,11 +248,20 @@ def test_gpu_prefill_large_gqa(dtype, poison, rel_err, tolerance):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_fused_reduce_is_stable_across_calls(poison, rel_err):
+@pytest.mark.parametrize(
+    "config",
+    [
+        DecodeConfig(target_programs=160, min_split_tokens=64, fused_reduce=True),  # 8 splits
+        DecodeConfig(target_programs=1024, min_split_tokens=64, fused_max_splits=64),  # 24 splits, chunked merge
+    ],
+    ids=["8-splits", "24-splits"],
+)
+def test_gpu_fused_reduce_is_stable_across_calls(config, poison, rel_err):
     # A missing barrier or fence in the counter hand-off shows up as an error that moves between
     # runs; many splits per (sequence, head) and fresh data per call give it room to appear.
-    config = DecodeConfig(target_programs=160, min_split_tokens=64, fused_reduce=True)  # 8 splits: merged in-kernel
+    lens = [3000, 70, 1, 2500, 640]
+    assert config.merges_in_kernel(num_decode_splits(len(lens), 4, (math.ceil(3000 / PAGE) + 1) * PAGE, config)[0])
     for seed in range(6):
-        out, expected = _decode_case([3000, 70, 1, 2500, 640], 32, 4, 128, torch.bfloat16, torch.device("cuda"),
+        out, expected = _decode_case(lens, 32, 4, 128, torch.bfloat16, torch.device("cuda"),
                                      100 + seed, config, poison)
         assert rel_err(out, expected) < 1e-2
