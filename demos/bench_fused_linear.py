@@ -37,7 +37,8 @@ SHAPES = {  # hidden, intermediate, q heads, kv heads, head_dim
     "qwen2.5-0.5b": (896, 4864, 14, 2, 64),
 }
 SWEEP = [LinearConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
-         for bn, bk, (w, s) in itertools.product((16, 32, 64), (128, 256, 512), ((4, 3), (4, 4), (8, 4), (4, 6)))]
+         for bn, bk, (w, s) in itertools.product((4, 8, 16, 32), (128, 256, 512, 1024), ((2, 2), (4, 1), (4, 2), (8, 2)))]
+MAX_PRODUCTS_PER_THREAD = 128  # sweep configs whose accumulator would need more registers are skipped
 
 
 @dataclass
@@ -174,7 +175,7 @@ def main() -> int:
             nbytes = calls[0][2]
             t_f = time_graph(lambda: [c[0]() for c in calls]) / args.layers
             t_c = time_graph(lambda: [c[1]() for c in calls]) / args.layers
-            cfg = default_linear_config(getattr(layers[0], name))
+            cfg = default_linear_config(getattr(layers[0], name), rows)
             print(f"| {rows} | {name} | {cfg.block_n}/{cfg.block_k}/{cfg.num_warps}/{cfg.num_stages} | "
                   f"{t_f*1e6:.1f} | {nbytes/t_f/1e12:.2f} | {t_c*1e6:.1f} | {nbytes/t_c/1e12:.2f} |", flush=True)
             results["ops"].append({"rows": rows, "op": name, "fused_us": t_f * 1e6, "cublas_us": t_c * 1e6,
@@ -182,7 +183,10 @@ def main() -> int:
         if args.sweep:
             for name in ("qkv", "o", "gate_up", "down"):
                 best: tuple[float, LinearConfig] | None = None
+                block_m = 1 << max(0, rows - 1).bit_length()
                 for cfg in SWEEP:
+                    if block_m * cfg.block_n * cfg.block_k > MAX_PRODUCTS_PER_THREAD * 32 * cfg.num_warps:
+                        continue
                     calls = [op_calls(layer, res, attn, gate_up, eps, cfg)[name] for layer in layers]
                     try:
                         t = time_graph(lambda: [c[0]() for c in calls], replays=10) / args.layers

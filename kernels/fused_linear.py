@@ -12,18 +12,17 @@ the whole reduction dimension once and applies, on the fly:
 - prologue ``silu_mul``: ``silu(x[:, :K]) * x[:, K:]`` for a merged gate/up activation.
 - epilogue: ``+ bias``, then ``+ residual``.
 
-Up to ``MAX_ROWS`` rows share every weight load (one 16-row tensor-core tile).
+Up to ``MAX_ROWS`` rows share every weight load.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.validation import FLOAT_DTYPES, check_dim, check_same_dtype, check_tensor, interpreting
+from kernels.validation import FLOAT_DTYPES, check_dim, check_same_dtype, check_tensor
 
 MAX_ROWS = 16
 
@@ -34,31 +33,30 @@ _PLAIN, _NORM, _SILU_MUL = 0, 1, 2
 class LinearConfig:
     """Launch parameters of the fused linear kernel."""
 
-    block_n: int = 32  # output columns per program
-    block_k: int = 256  # reduction elements per loop step
+    block_n: int = 8  # output columns per program
+    block_k: int = 512  # reduction elements per loop step
     num_warps: int = 4
-    num_stages: int = 4
+    num_stages: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("block_n", "block_k"):
+        for name, low in (("block_n", 1), ("block_k", 16)):
             value = getattr(self, name)
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"LinearConfig.{name}: expected a power of two >= 16, got {value}")
+            if value < low or value & (value - 1):
+                raise ValueError(f"LinearConfig.{name}: expected a power of two >= {low}, got {value}")
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def default_linear_config(weight: torch.Tensor) -> LinearConfig:
-    """Narrow column blocks when a matrix has few output columns, so that every SM holds at least
-    two programs (each one streams ``block_n`` whole weight rows)."""
+def default_linear_config(weight: torch.Tensor, rows: int) -> LinearConfig:
+    """Enough programs per SM to keep several weight tiles in flight; the per-thread products
+    (rows x block_n x block_k / threads) stay at about 32 registers."""
     if weight.device.type != "cuda":
-        return LinearConfig(block_n=16, block_k=32, num_warps=4, num_stages=1)
-    n = weight.shape[0]
-    block_n = 32 if n >= 64 * _sm_count(weight.device.index or 0) else 16
-    return LinearConfig(block_n=block_n)
+        return LinearConfig(block_n=4, block_k=32, num_warps=4, num_stages=1)
+    block_m = _block_m(rows)
+    block_k = max(64, 512 // block_m)
+    return LinearConfig(block_n=8, block_k=block_k)
+
+
+def _block_m(rows: int) -> int:
+    return 1 if rows <= 1 else 1 << (rows - 1).bit_length()
 
 
 @triton.jit
@@ -66,8 +64,11 @@ def _fused_linear_kernel(
     x_ptr, w_ptr, bias_ptr, norm_w_ptr, res_ptr, out_ptr,
     M, N, K, stride_x, stride_res, stride_out, eps,
     PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    # A matrix-vector product per row, not a tensor-core tile: at these sizes the kernel only
+    # streams weights, and plain FMAs into a [rows, block_n, block_k] accumulator (summed once at
+    # the end) keep each program small, so many programs per SM keep many loads in flight.
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -75,36 +76,32 @@ def _fused_linear_kernel(
     col_ok = cols < N
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_x
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    sum_sq = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    sum_sq = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         x_mask = row_ok[:, None] & k_ok[None, :]
-        w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
         x = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
         if PROLOGUE == 1:
-            sum_sq += tl.sum(x * x, 1)
+            sum_sq += x * x
             x = x * tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
         if PROLOGUE == 2:
             up = tl.load(x_rows + K + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
             x = x / (1.0 + tl.exp(-x)) * up
-        if DOT_FP32:
-            # fp32 weights want exact products; the CPU interpreter also mis-multiplies 16-bit
-            # floats, so there both operands go through fp32 (values stay those of the 16-bit type).
-            acc += tl.dot(x.to(w.dtype).to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-        else:
-            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+        acc += w[None, :, :] * x[:, None, :]
+    out = tl.sum(acc, 2)
     if PROLOGUE == 1:
-        acc = acc * tl.rsqrt(sum_sq / K + eps)[:, None]
+        out = out * tl.rsqrt(tl.sum(sum_sq, 1) / K + eps)[:, None]
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        out += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     out_mask = row_ok[:, None] & col_ok[None, :]
     if HAS_RESIDUAL:
         res_off = rows.to(tl.int64)[:, None] * stride_res + cols[None, :]
-        acc += tl.load(res_ptr + res_off, mask=out_mask, other=0.0).to(tl.float32)
+        out += tl.load(res_ptr + res_off, mask=out_mask, other=0.0).to(tl.float32)
     out_off = rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
-    tl.store(out_ptr + out_off, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(out_ptr + out_off, out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 def fused_linear(
@@ -151,15 +148,14 @@ def fused_linear(
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows == 0:
         return out
-    config = config or default_linear_config(weight)
+    config = config or default_linear_config(weight, rows)
     prologue = _NORM if norm_weight is not None else _SILU_MUL if silu_mul else _PLAIN
     _fused_linear_kernel[(triton.cdiv(n, config.block_n),)](
         x, weight, weight if bias is None else bias, weight if norm_weight is None else norm_weight,
         out if residual is None else residual, out,
         rows, n, k, x.stride(0), 0 if residual is None else residual.stride(0), out.stride(0), eps,
         PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-        BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        DOT_FP32=weight.dtype == torch.float32 or interpreting(),
+        BLOCK_M=_block_m(rows), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
