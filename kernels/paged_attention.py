@@ -124,8 +124,15 @@ def default_decode_config(q: torch.Tensor) -> DecodeConfig:
 
 
 def gpu_decode_config(sm_count: int) -> DecodeConfig:
-    """The default decode launch parameters of a GPU with ``sm_count`` SMs (three programs per SM)."""
-    return DecodeConfig(target_programs=3 * sm_count)
+    """The default decode launch parameters of a GPU with ``sm_count`` SMs: three programs per SM,
+    splits down to one 64-token tile, merged in-kernel up to 32 splits.
+
+    On an H200 (Llama-3-8B heads, 32/8) one-tile splits took batch-1 decode from 11.0 to 6.3-6.9 us
+    at a 1k context and from 11.9 to 8.7 us at 2k, and batch 2 from 11.8 to 8.3 us; from batch 4 up
+    target_programs caps the split count first, so the granularity changes nothing there. At 16-32
+    splits the in-kernel merge ran within 0.6 us of the merge kernel and saves its launch.
+    """
+    return DecodeConfig(target_programs=3 * sm_count, min_split_tokens=64, fused_max_splits=32)
 
 
 def default_prefill_config(q: torch.Tensor) -> PrefillConfig:
