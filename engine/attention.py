@@ -27,10 +27,6 @@ class KernelOps:
     rms_norm: Callable[..., torch.Tensor]
     fused_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     silu_and_mul: Callable[..., torch.Tensor]
-    fused_linear: Callable[..., torch.Tensor]
-    # Steps of at most this many tokens run their linear layers through ``fused_linear`` with the
-    # norms, activation and residual adds folded in (0: never; the torch twin gains nothing by it).
-    fused_linear_max_rows: int = 0
 
 
 # Where the Triton twin of each kernel lives.
@@ -41,7 +37,6 @@ _TRITON_MODULES = {
     "rms_norm": "kernels.norm",
     "fused_add_rms_norm": "kernels.norm",
     "silu_and_mul": "kernels.activation",
-    "fused_linear": "kernels.fused_linear",
 }
 
 
@@ -55,11 +50,9 @@ def select_kernels(backend: str, device: torch.device) -> KernelOps:
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"attention backend 'triton' needs a CUDA device (or TRITON_INTERPRET=1), got {device}")
         funcs = {name: getattr(importlib.import_module(module), name) for name, module in _TRITON_MODULES.items()}
-        max_rows = importlib.import_module("kernels.fused_linear").MAX_ROWS
     else:
         funcs = {name: getattr(reference, name) for name in _TRITON_MODULES}
-        max_rows = 0
-    return KernelOps(name=backend, fused_linear_max_rows=max_rows, **funcs)
+    return KernelOps(name=backend, **funcs)
 
 
 @dataclass(slots=True)

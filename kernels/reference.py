@@ -20,7 +20,6 @@ __all__ = [
     "apply_rotary",
     "rotary_write_kv",
     "silu_and_mul",
-    "fused_linear",
     "DecodePlan",
     "plan_decode",
     "decode_with_plan",
@@ -197,23 +196,3 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[:, :I]) * x[:, I:]`` for ``x`` of shape ``[T, 2I]``."""
     inter = x.shape[-1] // 2
     return F.silu(x[..., :inter]) * x[..., inter:]
-
-
-def fused_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 1e-6,
-    silu_mul: bool = False,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``prologue(x) @ weight.T (+ bias) (+ residual)``: the prologue is ``rms_norm(x, norm_weight)``
-    when ``norm_weight`` is given, ``silu_and_mul(x)`` when ``silu_mul``, else ``x``."""
-    if norm_weight is not None:
-        x = rms_norm(x, norm_weight, eps)
-    elif silu_mul:
-        x = silu_and_mul(x)
-    out = F.linear(x, weight, bias)
-    return out if residual is None else out + residual

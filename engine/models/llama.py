@@ -171,8 +171,7 @@ class LlamaModel:
         self.layers: list[_Layer] = []
         # On the CPU the [2I, H] merged gate/up matmul was no faster than two [I, H] ones (MKL ran it
         # up to 1.5x slower at decode batch sizes), so they stay apart there; MLP biases take the merged path.
-        merge_mlp = device.type == "cuda" or ops.name == "triton" or any(k.endswith("mlp.gate_proj.bias")
-                                                                           for k in weights)
+        merge_mlp = device.type == "cuda" or any(k.endswith("mlp.gate_proj.bias") for k in weights)
         for i in range(s.num_layers):
             p = f"model.layers.{i}."
             attn = [f"{p}self_attn.{n}_proj" for n in ("q", "k", "v")]
@@ -190,8 +189,6 @@ class LlamaModel:
                 q_norm=opt(p + "self_attn.q_norm.weight") if s.qk_norm else None,
                 k_norm=opt(p + "self_attn.k_norm.weight") if s.qk_norm else None,
             ))
-        # The fused path needs the merged gate/up projection that the down projection's prologue splits.
-        self._fused_max_rows = ops.fused_linear_max_rows if merge_mlp else 0
         self.cos_sin_cache = rotary_cos_sin_cache(hf_config, s.head_dim, max_positions,
                                                   weights.get("rope_freqs")).to(device)
 
@@ -212,8 +209,6 @@ class LlamaModel:
         hidden = self.embed_tokens(input_ids)
         if embed_rows is not None and embeds is not None:
             hidden[embed_rows] = embeds.to(hidden.dtype)
-        if hidden.shape[0] <= self._fused_max_rows:
-            return self._forward_fused(hidden, positions, meta, kv_caches, rotary_table)
         ops, eps = self.ops, self.shape.rms_norm_eps
         residual: torch.Tensor | None = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
@@ -232,20 +227,6 @@ class LlamaModel:
             hidden = layer.down(act)
         assert residual is not None
         return hidden + residual
-
-    def _forward_fused(self, residual: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                       kv_caches: list[tuple[torch.Tensor, torch.Tensor]], rotary_table: torch.Tensor) -> torch.Tensor:
-        """The same layers for a few tokens: four fused linear calls per layer carry the norms, the
-        activation and the residual adds, so a decode step launches about half the kernels."""
-        linear, eps = self.ops.fused_linear, self.shape.rms_norm_eps
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            assert layer.gate_up is not None
-            qkv = linear(residual, layer.qkv.weight, layer.qkv.bias, norm_weight=layer.input_norm, eps=eps)
-            attn = self._attention(layer, qkv, positions, meta, k_cache, v_cache, rotary_table)
-            residual = linear(attn, layer.o.weight, layer.o.bias, residual=residual)
-            gate_up = linear(residual, layer.gate_up.weight, layer.gate_up.bias, norm_weight=layer.post_norm, eps=eps)
-            residual = linear(gate_up, layer.down.weight, layer.down.bias, silu_mul=True, residual=residual)
-        return residual
 
     def _attention(self, layer: _Layer, qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                    k_cache: torch.Tensor, v_cache: torch.Tensor, rotary_table: torch.Tensor) -> torch.Tensor:

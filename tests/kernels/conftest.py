@@ -19,7 +19,6 @@ _TRITON_MODULES = (
     "kernels.norm",
     "kernels.rotary",
     "kernels.activation",
-    "kernels.fused_linear",
 )
 
 if not torch.cuda.is_available():
