@@ -28,6 +28,7 @@ import gc
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -171,40 +172,30 @@ def run_model(name: str, args: argparse.Namespace, copy_gbps: float) -> dict[str
         del hf
         free_cuda()
 
-        variants = args.fused_linear_rows or [None]
-        for rows in variants:
-            key = "" if len(variants) == 1 else f"fused{rows}_"
-            run_engine(name, args, tmp, work, check_prompts, reference, w_bytes, copy_gbps, rows, report, key)
+        run_engine(name, args, tmp, work, check_prompts, reference, w_bytes, copy_gbps, report)
     return report
 
 
 def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, check_prompts: list[list[int]],
-               reference: list[list[int]], w_bytes: int, copy_gbps: float, fused_rows: int | None,
-               report: dict[str, Any], key: str) -> None:
-    """Our engine on the saved checkpoint: the workload (unless --b1-only), HF parity, batch-1 decode.
-    ``fused_rows`` overrides the largest step that takes the fused linear path (0: never)."""
-    import kernels.fused_linear
+               reference: list[list[int]], w_bytes: int, copy_gbps: float, report: dict[str, Any]) -> None:
+    """Our engine on the saved checkpoint: the workload (unless --b1-only), HF parity, batch-1 decode."""
     from engine import LLM, SamplingParams
 
-    if fused_rows is not None:
-        # Read by the engine when it binds the Triton kernels (engine.attention.select_kernels).
-        kernels.fused_linear.MAX_ROWS = fused_rows
-        print(f"[{name}] fused linear path for steps of at most {fused_rows} tokens", flush=True)
     t0 = time.perf_counter()
     llm = LLM(tmp, device="cuda", dtype="bfloat16", max_num_seqs=args.seqs, max_model_len=2048,
               max_num_batched_tokens=args.batched_tokens, gpu_memory_utilization=0.9,
               enforce_eager=args.eager)
-    report[key + "engine_load_s"] = time.perf_counter() - t0
-    print(f"[{name}] engine loaded in {report[key + 'engine_load_s']:.1f} s "
+    report["engine_load_s"] = time.perf_counter() - t0
+    print(f"[{name}] engine loaded in {report['engine_load_s']:.1f} s "
           f"({llm.engine.runner.num_kv_blocks} KV blocks)", flush=True)
     llm.generate(work.prompts[:8], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))  # warm-up
     if not args.b1_only:
-        run_workload(name, llm, work, report, key)
+        run_workload(name, llm, work, report)
 
     got = llm.generate(check_prompts, SamplingParams(temperature=0.0, max_tokens=args.check_tokens,
                                                      ignore_eos=True))
     same = [_common_prefix(list(o.outputs[0].token_ids), ref) for o, ref in zip(got, reference)]
-    report[key + "parity_prefix"] = same
+    report["parity_prefix"] = same
     print(f"[{name}] greedy tokens identical to HF before the first difference: {same} "
           f"(of {args.check_tokens})", flush=True)
 
@@ -227,6 +218,8 @@ def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, ch
         profile = cProfile.Profile()
         profile.runcall(llm.generate, [b1_prompt], many)
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+    if args.trace_b1:
+        trace_decode(llm, b1_prompt, args.trace_b1)
     shape = llm.engine.runner.model.shape
     kv_per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 2
     mean_context = args.b1_prompt + args.b1_new / 2
@@ -235,16 +228,51 @@ def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, ch
               b1_roofline_ms=step_bytes / (args.hbm_gbps * 1e9) * 1e3,
               b1_fraction_of_roofline=step_bytes / (args.hbm_gbps * 1e9) / per_token,
               b1_fraction_of_copy_bw=step_bytes / (copy_gbps * 1e9) / per_token)
-    report.update({key + k: v for k, v in b1.items()})
+    report.update({k: v for k, v in b1.items()})
     print(f"[{name}] batch 1: {per_token * 1e3:.3f} ms/token ({1 / per_token:.0f} tok/s), "
-          f"{step_bytes / 1e9:.3f} GB per step -> {100 * report[key + 'b1_fraction_of_roofline']:.1f}% of "
-          f"{args.hbm_gbps:.0f} GB/s, {100 * report[key + 'b1_fraction_of_copy_bw']:.1f}% of the measured copy "
+          f"{step_bytes / 1e9:.3f} GB per step -> {100 * report['b1_fraction_of_roofline']:.1f}% of "
+          f"{args.hbm_gbps:.0f} GB/s, {100 * report['b1_fraction_of_copy_bw']:.1f}% of the measured copy "
           f"bandwidth", flush=True)
     del llm
     free_cuda()
 
 
-def run_workload(name: str, llm: Any, work: Workload, report: dict[str, Any], key: str) -> None:
+def trace_decode(llm: Any, prompt: list[int], steps: int) -> None:
+    """Where a batch-1 decode step's wall time goes: kernels, gaps between them inside the step, and
+    the idle time between steps (the host's share), from a torch.profiler trace of ``steps`` tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
+    llm.generate([prompt], params)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        llm.generate([prompt], params)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not kernels:
+        print("  trace: no device events recorded", flush=True)
+        return
+    busy = sum(end - begin for begin, end, _ in kernels)  # us; kernels on one stream never overlap
+    span = kernels[-1][1] - kernels[0][0]
+    gaps = sorted(kernels[i + 1][0] - kernels[i][1] for i in range(len(kernels) - 1))
+    long_gaps = [g for g in gaps if g > 20]  # between steps: the host prepares the next one
+    per_kernel: dict[str, float] = {}
+    for begin, end, name in kernels:
+        per_kernel[name] = per_kernel.get(name, 0.0) + end - begin
+    print(f"  trace of {steps} tokens (prefill included): wall {wall * 1e3:.2f} ms, device span {span / 1e3:.2f} ms, "
+          f"kernels {busy / 1e3:.2f} ms in {len(kernels)} launches; gaps under 20 us {sum(gaps) - sum(long_gaps):.0f} us "
+          f"({len(gaps) - len(long_gaps)}), over 20 us {sum(long_gaps):.0f} us ({len(long_gaps)}: "
+          f"median {statistics.median(long_gaps) if long_gaps else 0:.0f} us)", flush=True)
+    for name, total in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:14]:
+        print(f"    {total / steps:8.1f} us/token  {name[:110]}", flush=True)
+
+
+def run_workload(name: str, llm: Any, work: Workload, report: dict[str, Any]) -> None:
     from engine import SamplingParams
 
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in work.output_lens]
@@ -256,12 +284,12 @@ def run_workload(name: str, llm: Any, work: Workload, report: dict[str, Any], ke
     produced = [len(o.outputs[0].token_ids) for o in outs]
     if produced != work.output_lens:
         raise SystemExit(f"[{name}] engine produced {sum(produced)} tokens, expected {sum(work.output_lens)}")
-    report[key + "ours_seconds"] = ours_s
-    report[key + "ours_tok_s"] = sum(produced) / ours_s
-    print(f"[{name}] ours: {ours_s:.1f} s, {report[key + 'ours_tok_s']:.0f} tok/s", flush=True)
+    report["ours_seconds"] = ours_s
+    report["ours_tok_s"] = sum(produced) / ours_s
+    print(f"[{name}] ours: {ours_s:.1f} s, {report['ours_tok_s']:.0f} tok/s", flush=True)
     if "hf_useful_tok_s" in report:
-        report[key + "ratio_useful"] = report[key + "ours_tok_s"] / report["hf_useful_tok_s"]
-        report[key + "ratio_raw"] = report[key + "ours_tok_s"] / report["hf_raw_tok_s"]
+        report["ratio_useful"] = report["ours_tok_s"] / report["hf_useful_tok_s"]
+        report["ratio_raw"] = report["ours_tok_s"] / report["hf_raw_tok_s"]
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -287,10 +315,9 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--eager", action="store_true", help="our engine without CUDA graphs")
     parser.add_argument("--b1-only", action="store_true", help="skip our run of the 256-sequence workload")
-    parser.add_argument("--fused-linear-rows", type=lambda v: [int(x) for x in v.split(",")], default=None,
-                        help="comma-separated: build the engine once per value, taking the fused linear path "
-                             "for steps of at most that many tokens (0: never); default: the engine's own")
     parser.add_argument("--profile-b1", action="store_true", help="print a cProfile of the batch-1 run")
+    parser.add_argument("--trace-b1", type=int, default=0, metavar="TOKENS",
+                        help="trace this many batch-1 tokens with torch.profiler: kernel time, gaps, host idle")
     parser.add_argument("--tmp", default=None, help="where the random checkpoints are written")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
@@ -301,13 +328,10 @@ def main() -> None:
     print(f"device copy bandwidth (read + write): {copy_gbps:.0f} GB/s", flush=True)
     reports = [run_model(name, args, copy_gbps) for name in (args.model or ["qwen2.5-0.5b", "llama-3.1-8b"])]
     for r in reports:
-        for key in sorted({k[: -len("b1_tok_s")] for k in r if k.endswith("b1_tok_s")}):
-            ours = f"ours {r[key + 'ours_tok_s']:.0f} tok/s" if key + "ours_tok_s" in r else "workload skipped"
-            ratio = (f"{r[key + 'ratio_useful']:.1f}x useful, {r[key + 'ratio_raw']:.1f}x raw"
-                     if key + "ratio_useful" in r else "HF skipped")
-            print(f"{r['model']} {key.rstrip('_') or 'default'}: {ours} vs HF ({ratio}); batch-1 "
-                  f"{r[key + 'b1_tok_s']:.0f} tok/s = {100 * r[key + 'b1_fraction_of_roofline']:.1f}% of the HBM "
-                  "roofline")
+        ours = f"ours {r['ours_tok_s']:.0f} tok/s" if "ours_tok_s" in r else "workload skipped"
+        ratio = f"{r['ratio_useful']:.1f}x useful, {r['ratio_raw']:.1f}x raw" if "ratio_useful" in r else "HF skipped"
+        print(f"{r['model']}: {ours} vs HF ({ratio}); batch-1 {r['b1_tok_s']:.0f} tok/s = "
+              f"{100 * r['b1_fraction_of_roofline']:.1f}% of the HBM roofline")
     if args.json:
         Path(args.json).write_text(json.dumps({"copy_gbps": copy_gbps, "models": reports}, indent=2))
 
