@@ -20,6 +20,7 @@ __all__ = [
     "apply_rotary",
     "rotary_write_kv",
     "silu_and_mul",
+    "greedy_argmax",
     "DecodePlan",
     "plan_decode",
     "decode_with_plan",
@@ -196,3 +197,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[:, :I]) * x[:, I:]`` for ``x`` of shape ``[T, 2I]``."""
     inter = x.shape[-1] // 2
     return F.silu(x[..., :inter]) * x[..., inter:]
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """int64 ``[rows]``: the column of each ``[rows, vocab]`` row's largest value, the lowest on ties."""
+    return logits.argmax(dim=-1)

@@ -19,6 +19,7 @@ _TRITON_MODULES = (
     "kernels.norm",
     "kernels.rotary",
     "kernels.activation",
+    "kernels.argmax",
 )
 
 if not torch.cuda.is_available():
