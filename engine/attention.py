@@ -27,6 +27,7 @@ class KernelOps:
     rms_norm: Callable[..., torch.Tensor]
     fused_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     silu_and_mul: Callable[..., torch.Tensor]
+    greedy_argmax: Callable[..., torch.Tensor]
 
 
 # Where the Triton twin of each kernel lives.
@@ -37,6 +38,7 @@ _TRITON_MODULES = {
     "rms_norm": "kernels.norm",
     "fused_add_rms_norm": "kernels.norm",
     "silu_and_mul": "kernels.activation",
+    "greedy_argmax": "kernels.argmax",
 }
 
 

@@ -3,8 +3,8 @@
 The runner hands over a step's sequences; their token ids, positions, KV slots and context
 lengths are packed into one pinned host buffer and their block tables into another, both staged
 into the graphs' static buffers with one asynchronous copy each. The smallest fitting graph
-replays the whole model forward plus the LM head, and the logits of the live rows come back as a
-view of the graph's output (valid until the next replay).
+replays the whole model forward, the LM head and a greedy argmax, and the logits and argmax of
+the live rows come back as views of the graph's outputs (valid until the next replay).
 
 Padding rows get KV slot -1 (the cache write skips it) and context length 0 (decode attention
 answers zeros), so they neither read nor write live KV blocks. The block-table buffer is as wide
@@ -65,7 +65,7 @@ class GraphedDecode:
         log.info("captured decode CUDA graphs for %d batch sizes in %.1f s", len(self.buckets),
                  time.perf_counter() - start)
 
-    def _step(self, rows: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    def _step(self, rows: torch.Tensor, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cu_q, prefill_lens, prefill_tables = self._no_prefill
         batch = rows.shape[0]
         cols = rows.t().contiguous()
@@ -74,11 +74,15 @@ class GraphedDecode:
                                  prefill_seq_lens=prefill_lens, prefill_block_tables=prefill_tables,
                                  num_tokens=batch)
         hidden = self._model.forward(cols[_IDS], cols[_POS], meta, self._kv_caches)
-        return self._model.compute_logits(hidden)
+        logits = self._model.compute_logits(hidden)
+        # Computed for every step, sampled or not: the sampler's torch.argmax would cost a launch
+        # outside the graph and, on one row of a large vocabulary, far more device time.
+        return logits, self._model.ops.greedy_argmax(logits)
 
-    def run(self, seqs: list[Any]) -> torch.Tensor | None:
-        """float32 logits ``[len(seqs), vocab]`` for one decode token per sequence, or None when
-        the batch exceeds the largest bucket. Each sequence decodes position ``num_computed_tokens``."""
+    def run(self, seqs: list[Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """float32 logits ``[len(seqs), vocab]`` and their int64 argmax ``[len(seqs)]`` for one decode
+        token per sequence, or None when the batch exceeds the largest bucket. Each sequence decodes
+        position ``num_computed_tokens``."""
         batch = len(seqs)
         bucket = pick_bucket(self.buckets, batch)
         if bucket is None:
@@ -98,5 +102,6 @@ class GraphedDecode:
         # Padding rows: no KV write (slot -1), no context (length 0), any position and token.
         rows[batch:bucket] = (0, 0, -1, 0)
         out = self._graphs.replay(rows=self._host_rows[:bucket], block_tables=self._host_tables[:bucket])
-        assert isinstance(out, torch.Tensor)
-        return out[:batch]
+        assert isinstance(out, tuple) and len(out) == 2
+        logits, argmax = out  # the bucket's rows: padding rows follow the live ones
+        return logits[:batch], argmax[:batch]

@@ -108,12 +108,14 @@ class ModelRunner:
         if not batch.seqs:
             return results
         if self.graphs is not None and self._graph_ready(batch):
-            logits = self.graphs.run(batch.seqs)
-            if logits is not None:
+            graphed = self.graphs.run(batch.seqs)
+            if graphed is not None:
+                logits, argmax = graphed
                 rows = [i for i, seq in enumerate(batch.seqs) if seq.num_computed_tokens + 1 == len(seq)]
                 if len(rows) < len(batch.seqs):  # one-token prefill chunks sample nothing
-                    logits = logits[to_device(rows, torch.int64, self.device)]
-                for slot, sample in zip(rows, self.sampler(logits, [batch.seqs[i] for i in rows])):
+                    picked = to_device(rows, torch.int64, self.device)
+                    logits, argmax = logits[picked], argmax[picked]
+                for slot, sample in zip(rows, self.sampler(logits, [batch.seqs[i] for i in rows], argmax)):
                     results[slot] = sample
                 return results
         step = self._prepare(batch)

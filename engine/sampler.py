@@ -41,18 +41,22 @@ class Sampler:
         for seq_id in seq_ids:
             self._seeded.pop(seq_id, None)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
-        """``logits`` float32 ``[len(seqs), vocab]``; row i belongs to ``seqs[i]``."""
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
+                 argmax: torch.Tensor | None = None) -> list[SampleResult]:
+        """``logits`` float32 ``[len(seqs), vocab]``; row i belongs to ``seqs[i]``. ``argmax``, when
+        given, is ``logits.argmax(-1)`` computed already (the decode graph does it in a fast kernel);
+        it stands in for greedy rows whose logits nothing masks or penalizes."""
         params = [s.params for s in seqs]
         want_logprobs = [p.logprobs is not None for p in params]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
 
+        raw = logits
         logits = self._mask_min_tokens(logits, seqs)
         if any(_has_penalty(p) for p in params):
             logits = apply_penalties(logits, seqs)
 
         if all(p.greedy for p in params):
-            tokens = logits.argmax(dim=-1)
+            tokens = argmax if argmax is not None and logits is raw else logits.argmax(dim=-1)
         else:
             tokens = self._sample(logits, seqs)
         if raw_logprobs is None:

@@ -57,12 +57,13 @@ def test_decode_graphs_match_the_eager_forward(checkpoint: tuple[Any, Path]) -> 
     driver.generate(seqs, 3)  # prefill, then decodes through the graphs (3 rows run the 4-row bucket)
     for seq in seqs:
         driver.allocate(seq, len(seq))
-    graphed = runner.graphs.run(seqs).clone()
+    logits, argmax = (t.clone() for t in runner.graphs.run(seqs))
     step = runner._prepare(ScheduledBatch(seqs, [1] * len(seqs), []))
     with torch.inference_mode():
         hidden = runner.model.forward(step.input_ids, step.positions, step.meta, runner.kv_caches)
         eager = runner.model.compute_logits(hidden[step.sample_rows])
-    torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits, eager, rtol=1e-4, atol=1e-4)
+    assert torch.equal(argmax, logits.argmax(dim=-1))
 
 
 def test_batches_beyond_the_largest_graph_run_eagerly(checkpoint: tuple[Any, Path]) -> None:

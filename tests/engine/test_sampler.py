@@ -118,3 +118,20 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
     assert sampler(logits, [_seq(params, output=[5, 6])])[0].token_id == 0
     ignoring = SamplingParams(temperature=0.0, min_tokens=2, ignore_eos=True)
     assert sampler(logits, [_seq(ignoring)])[0].token_id == 0  # EOS is not a stop when ignored
+
+
+def test_precomputed_argmax_stands_in_only_for_unmodified_greedy_logits() -> None:
+    sampler = Sampler(torch.device("cpu"))
+    logits = torch.full((1, VOCAB), -30.0)
+    logits[0, 0] = 10.0  # EOS is the argmax
+    logits[0, 9] = 9.0
+    given = torch.tensor([4])  # differs from the true argmax, so a test can tell which was used
+    greedy = SamplingParams(temperature=0.0)
+    assert sampler(logits, [_seq(greedy)], given)[0].token_id == 4
+    # min_tokens masks EOS and a penalty rewrites logits: the argmax of the raw logits is stale.
+    assert sampler(logits, [_seq(SamplingParams(temperature=0.0, min_tokens=3))], given)[0].token_id == 9
+    penalized = SamplingParams(temperature=0.0, repetition_penalty=2.0)
+    assert sampler(logits, [_seq(penalized, prompt=[0])], given)[0].token_id == 9
+    # Sampled rows draw from the distribution, whatever the argmax says.
+    hot = sampler(logits.repeat(200, 1), [_seq(SamplingParams(temperature=1.0))] * 200, given.repeat(200))
+    assert {r.token_id for r in hot} <= {0, 9} and len({r.token_id for r in hot}) == 2
