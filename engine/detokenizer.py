@@ -10,7 +10,7 @@ client never sees part of a stop string that later ends the output.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from engine.sampling_params import SamplingParams
 
@@ -19,9 +19,28 @@ _PROMPT_CONTEXT = 6
 _INCOMPLETE = "\ufffd"
 
 
+def direct_decoder(tokenizer: Any) -> Callable[..., str] | None:
+    """The Rust tokenizer's ``decode`` where the transformers wrapper only forwards to it: on the
+    few ids of a streaming window the wrapper's argument handling costs several times the decode.
+    None for tokenizers that override decoding (or are not ``PreTrainedTokenizerFast``)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:
+        return None
+    cls = type(tokenizer)
+    if not isinstance(tokenizer, PreTrainedTokenizerFast) or cls.decode is not PreTrainedTokenizerFast.decode \
+            or cls._decode is not PreTrainedTokenizerFast._decode:
+        return None
+    return backend.decode
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self._tokenizer = tokenizer
+        self._direct = direct_decoder(tokenizer)
         self._skip_special = params.skip_special_tokens
         self._ids: list[int] = list(prompt_token_ids[-_PROMPT_CONTEXT:])
         self._prefix = 0  # window start: tokens before it are settled and no longer decoded
@@ -93,6 +112,8 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         if not ids:
             return ""
+        if self._direct is not None:
+            return self._direct(ids, skip_special_tokens=self._skip_special)
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special,
                                       clean_up_tokenization_spaces=False)
 

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
 from engine_fakes import byte_level_tokenizer, sentencepiece_style_tokenizer
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.detokenizer import IncrementalDetokenizer, direct_decoder
 from engine.sampling_params import SamplingParams
 
 TEXT = "Hello world! 日本語 🐍🎉 naïve café, Grüße — the end."
@@ -102,3 +103,23 @@ def test_stop_strings_ignored_while_check_disabled() -> None:
     assert detok.add_token(ids[1]) == "a"
     assert detok.add_token(ids[2]) == "" and detok.stop_string == "x"
     assert detok.output_text == "xa"
+
+
+def test_wrapper_decode_is_bypassed_only_where_it_merely_forwards() -> None:
+    tok = byte_level_tokenizer()
+    ids = tok.encode("<bos>" + TEXT, add_special_tokens=False)
+    direct = direct_decoder(tok)
+    assert direct is not None
+    for skip in (True, False):
+        assert direct(ids, skip_special_tokens=skip) == tok.decode(ids, skip_special_tokens=skip,
+                                                                   clean_up_tokenization_spaces=False)
+
+    class Shouting(type(tok)):  # a tokenizer whose own decode must not be skipped
+        def _decode(self, token_ids: Any, **kwargs: Any) -> str:
+            return super()._decode(token_ids, **kwargs).upper()
+
+    loud = copy.copy(tok)
+    loud.__class__ = Shouting
+    assert direct_decoder(loud) is None
+    pieces, _ = stream(loud, [], tok.encode(" hello", add_special_tokens=False))
+    assert "".join(pieces) == " HELLO"
