@@ -1,0 +1,96 @@
+"""Host time of one engine step: the scheduler, sampling bookkeeping, detokenization and stream
+deltas around a runner that answers at once, so what is timed is what the device waits for
+between two decode steps at batch 1 (and what a batch adds per sequence).
+
+    python demos/bench_host_step.py [--batch 1,8,64] [--tokens 2000]
+
+The same run times streaming detokenization through the transformers tokenizer wrapper (the
+baseline) and through the Rust tokenizer directly (the engine's path), and prints the ratio.
+The tokenizer is a byte-level BPE trained on a small corpus (the tests' tokenizer), so token ids
+map to real text of a few bytes each.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, os.fspath(_ROOT))  # run from a checkout, uninstalled
+sys.path.insert(0, os.fspath(_ROOT / "tests" / "engine"))
+
+import engine.detokenizer as detokenizer  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.llm_engine import LLMEngine  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+from engine_fakes import byte_level_tokenizer  # noqa: E402
+
+
+class InstantRunner:
+    """Samples a fixed cycle of ordinary tokens without touching a model."""
+
+    num_kv_blocks = 1 << 16
+
+    def __init__(self, config: EngineConfig, model: Any) -> None:
+        self._cycle = [t for t in range(2, model.vocab_size)]
+        self._i = 0
+
+    def execute(self, batch: Any) -> list[Any]:
+        out = []
+        for _ in batch.seqs:
+            self._i = (self._i + 1) % len(self._cycle)
+            out.append(SimpleNamespace(token_id=self._cycle[self._i], logprob=None))
+        return out
+
+    def release(self, seq_ids: list[int]) -> None:
+        pass
+
+
+def us_per_step(batch: int, tokens: int) -> float:
+    tok = byte_level_tokenizer()
+    model = SimpleNamespace(tokenizer=tok, eos_token_ids=[tok.eos_token_id], vocab_size=len(tok),
+                            max_model_len=8192)
+    engine = LLMEngine(EngineConfig(device="cpu", block_size=16, max_num_seqs=max(batch, 1)), model=model,
+                       runner_factory=InstantRunner)
+    prompt = tok.encode("The end of the story is near. User: hi. Assistant: hello there.") * 16
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+
+    def run() -> int:
+        for i in range(batch):
+            engine.add_request(f"r{i}", list(prompt), params)
+        steps = 0
+        while engine.has_unfinished():
+            engine.step()
+            steps += 1
+        engine.pop_finished()
+        return steps
+
+    run()  # warm-up: imports, caches
+    start = time.perf_counter()
+    steps = run()
+    return (time.perf_counter() - start) / steps * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", default="1,8,64", help="comma list of concurrent requests")
+    parser.add_argument("--tokens", type=int, default=2000, help="output tokens per request")
+    args = parser.parse_args()
+    direct = detokenizer.direct_decoder
+    for batch in [int(b) for b in args.batch.split(",")]:
+        ours = us_per_step(batch, args.tokens)
+        detokenizer.direct_decoder = lambda tokenizer: None  # the wrapper's decode, as before
+        try:
+            wrapper = us_per_step(batch, args.tokens)
+        finally:
+            detokenizer.direct_decoder = direct
+        print(f"batch {batch:>3}: {ours:7.1f} us per step ({ours / batch:5.1f} per sequence); "
+              f"through the tokenizer wrapper {wrapper:7.1f} us -> {wrapper / ours:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
