@@ -6,7 +6,6 @@ prompt tokens served from the prefix cache, and the figures are printed.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
