@@ -22,10 +22,11 @@ from gateway.config import GatewayConfig
 from gateway.errors import client_safe
 from gateway.realtime.commands import (AdoptSpeculation, CancelResponse, DropSpeculation, Output, Prepare, Send,
                                        Speculate, StartResponse, Transcribe, VadFactory, new_id)
-from gateway.realtime.generation import close_generation
+from gateway.realtime.generation import close_generation, fit_request
 from gateway.realtime.prepared_reply import PreparedReply
 from gateway.realtime.session import RealtimeSession
 from gateway.realtime.settings import Dialect
+from gateway.realtime.truncation import Truncation, parse_truncation
 from omni.protocol import AudioChunk, Error, OmniBackend, OmniRequest, OutputChunk, TextDelta, Transcription, Usage
 
 log = logging.getLogger(__name__)
@@ -194,7 +195,7 @@ class RealtimeConnection:
                 self._drop_speculation(out.item_id)
             elif isinstance(out, Prepare):
                 self._drop_speculation(out.item_id, keep_transcription=True)
-                self._prepared[out.item_id] = PreparedReply(self.backend, out.request)
+                self._prepared[out.item_id] = PreparedReply(self.backend, out.request, self._truncation())
             elif isinstance(out, AdoptSpeculation):
                 speculation = self._speculations.pop(out.job.item_id, None)
                 self._asr[out.job.item_id] = asyncio.create_task(self._transcribe(out.job, speculation))
@@ -266,7 +267,10 @@ class RealtimeConnection:
         exhausted = False
         timer = metrics.TokenTimer("realtime")
         try:
-            stream = prepared.chunks() if prepared is not None else self.backend.generate(request)
+            if prepared is not None:
+                stream = prepared.chunks()
+            else:
+                stream = self.backend.generate(await fit_request(self.backend, request, self._truncation()))
             async for chunk in stream:
                 if isinstance(chunk, (TextDelta, AudioChunk)):
                     timer.tick()
@@ -284,6 +288,9 @@ class RealtimeConnection:
             await self._dispatch(self.session.on_stream_end(response_id, "The backend failed while generating."))
         finally:
             await close_generation(self.backend, stream, request.request_id, exhausted=exhausted)
+
+    def _truncation(self) -> Truncation:
+        return parse_truncation(self.session.settings.truncation)  # validated by session.update
 
     def _drop_speculation(self, item_id: str, *, keep_transcription: bool = False) -> None:
         task = None if keep_transcription else self._speculations.pop(item_id, None)

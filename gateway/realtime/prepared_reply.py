@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from gateway.realtime.generation import close_generation
+from gateway.realtime.generation import close_generation, fit_request
+from gateway.realtime.truncation import Truncation
 from omni.protocol import OmniBackend, OmniRequest, OutputChunk
 
 _END = object()
@@ -17,16 +18,18 @@ class _Failed:
 
 
 class PreparedReply:
-    def __init__(self, backend: OmniBackend, request: OmniRequest) -> None:
-        self.request = request
+    def __init__(self, backend: OmniBackend, request: OmniRequest, truncation: Truncation = Truncation()) -> None:
+        self.request = request  # as built: a response adopts this reply when its own request is equal
         self._backend = backend
+        self._truncation = truncation
         self._held: asyncio.Queue[object] = asyncio.Queue()  # bounded by the response's own output limit
         self._task = asyncio.create_task(self._pump())
 
     async def _pump(self) -> None:
-        stream = self._backend.generate(self.request)
+        stream = None
         exhausted = False
         try:
+            stream = self._backend.generate(await fit_request(self._backend, self.request, self._truncation))
             async for chunk in stream:
                 self._held.put_nowait(chunk)
             exhausted = True

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from gateway.realtime.audio import AUDIO_FORMATS, SAMPLE_RATE, AudioFormat
 from gateway.realtime.errors import invalid_type, invalid_value
+from gateway.realtime.truncation import parse_truncation
 from omni.protocol import VadSettings
 
 Dialect = Literal["ga", "beta"]
@@ -219,7 +220,10 @@ def _apply_ga(current: SessionSettings, update: dict[str, Any]) -> SessionSettin
         changes["output_modalities"] = _modalities(update["output_modalities"], "session.output_modalities")
     if "max_output_tokens" in update:
         changes["max_output_tokens"] = _max_tokens(update["max_output_tokens"], "session.max_output_tokens")
-    for key in ("tracing", "truncation", "prompt", "include"):
+    if "truncation" in update:
+        parse_truncation(update["truncation"])  # rejects what fit_request could not apply
+        changes["truncation"] = update["truncation"]
+    for key in ("tracing", "prompt", "include"):
         if key in update:
             changes[key] = update[key]
     audio = _expect(update.get("audio", {}), dict, "session.audio", "an object")

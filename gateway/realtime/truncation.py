@@ -1,0 +1,83 @@
+"""``session.truncation``: fitting a long conversation into the model's context window.
+
+``"auto"`` (the default) drops the oldest conversation messages until the prompt leaves room for
+the reply; ``{"type": "retention_ratio", "retention_ratio": r}`` drops down to ``r`` of that room
+in one go, so the turns after it find the shortened prefix in the KV cache for longer before the
+next cut; ``"disabled"`` sends everything and lets an over-long prompt fail. Only what the model
+reads is cut: the conversation keeps every item, and the instructions (system messages) and the
+newest message always stay.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.realtime.errors import invalid_value
+from omni.protocol import Message
+
+# Room kept for the reply when the response sets no output limit (OpenAI keeps 4,096 tokens of
+# a 32k window), capped at a quarter of smaller windows.
+DEFAULT_REPLY_TOKENS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    enabled: bool = True
+    retention_ratio: float = 1.0  # share of the room a cut leaves filled
+
+
+def parse_truncation(raw: Any, param: str = "session.truncation") -> Truncation:
+    expected = "'auto', 'disabled' or {'type': 'retention_ratio', 'retention_ratio': a number in (0, 1]}"
+    if raw == "auto":
+        return Truncation()
+    if raw == "disabled":
+        return Truncation(enabled=False)
+    if isinstance(raw, dict) and raw.get("type") == "retention_ratio" and set(raw) <= {"type", "retention_ratio"}:
+        ratio = raw.get("retention_ratio")
+        if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 < ratio <= 1:
+            return Truncation(retention_ratio=float(ratio))
+    raise invalid_value(param, expected, raw)
+
+
+def reply_reserve(context_tokens: int, max_output_tokens: int | None) -> int:
+    """Tokens kept free for the reply: its output limit, at most a quarter of the window."""
+    wanted = max_output_tokens if max_output_tokens is not None else DEFAULT_REPLY_TOKENS
+    return max(1, min(wanted, context_tokens // 4))
+
+
+def fit_messages(messages: tuple[Message, ...], count: Callable[[tuple[Message, ...]], int], context_tokens: int,
+                 max_output_tokens: int | None, truncation: Truncation) -> tuple[tuple[Message, ...], int]:
+    """``messages`` without as many of the oldest conversation messages as the window needs, and how
+    many were dropped. ``count`` gives a prompt's tokens; it runs O(log n) times when a cut is due.
+
+    A cut never starts the conversation with a tool result whose call it dropped. When even the
+    newest message alone is too long, that message is what remains (the engine then refuses it).
+    """
+    budget = context_tokens - reply_reserve(context_tokens, max_output_tokens)
+    if not truncation.enabled or count(messages) <= budget:
+        return messages, 0
+    target = max(1, int(budget * truncation.retention_ratio))
+    head = 0
+    while head < len(messages) and messages[head].role == "system":
+        head += 1
+    instructions, body = messages[:head], messages[head:]
+    if len(body) < 2:
+        return messages, 0
+
+    def kept(drop: int) -> tuple[Message, ...]:
+        start = drop
+        while start < len(body) - 1 and body[start].role == "tool":
+            start += 1
+        return instructions + body[start:]
+
+    # The smallest cut that fits; prompts only shrink as more is dropped.
+    lo, hi = 1, len(body) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if count(kept(mid)) <= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    result = kept(lo)
+    return result, len(messages) - len(result)
