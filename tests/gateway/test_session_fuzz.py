@@ -33,6 +33,9 @@ CLIENT_EVENTS = st.one_of(
     st.builds(lambda td: {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
         "turn_detection": td}}}}, st.sampled_from([None, {"type": "server_vad", "silence_duration_ms": 100},
                                                    {"type": "semantic_vad"}, {"type": "nope"}])),
+    st.builds(lambda t: {"type": "session.update", "session": {"type": "realtime", "truncation": t}},
+              st.sampled_from(["auto", "disabled", {"type": "retention_ratio", "retention_ratio": 0.5},
+                               {"type": "retention_ratio", "retention_ratio": 2}, "off", None])),
     st.builds(lambda kind, payload: {"type": kind, "session": payload, "item": payload, "response": payload},
               st.sampled_from(["session.update", "conversation.item.create", "response.create", "x.y"]), JSONISH),
     st.builds(lambda rid: {"type": "backend.finish", "which": rid}, st.integers(0, 3)),
