@@ -1,11 +1,10 @@
 """``session.truncation``: fitting a long conversation into the model's context window.
 
-``"auto"`` (the default) drops the oldest conversation messages until the prompt leaves room for
-the reply; ``{"type": "retention_ratio", "retention_ratio": r}`` drops down to ``r`` of that room
-in one go, so the turns after it find the shortened prefix in the KV cache for longer before the
-next cut; ``"disabled"`` sends everything and lets an over-long prompt fail. Only what the model
-reads is cut: the conversation keeps every item, and the instructions (system messages) and the
-newest message always stay.
+When a prompt would not leave room for the reply, the oldest conversation messages are dropped
+from it: ``{"type": "retention_ratio", "retention_ratio": r}`` drops down to ``r`` of that room in
+one go, ``"auto"`` (the default) down to ``AUTO_RETENTION`` of it, and ``"disabled"`` sends
+everything and lets an over-long prompt fail. Only what the model reads is cut: the conversation
+keeps every item, and the instructions (system messages) and the newest message always stay.
 """
 from __future__ import annotations
 
@@ -19,12 +18,17 @@ from omni.protocol import Message
 # Room kept for the reply when the response sets no output limit (OpenAI keeps 4,096 tokens of
 # a 32k window), capped at a quarter of smaller windows.
 DEFAULT_REPLY_TOKENS = 4096
+# A cut changes where the prompt's conversation starts, so the prefix cache holds nothing past the
+# instructions and the whole rest is prefilled again. Cutting only as much as the turn needs would
+# make every later turn pay that again; cutting to 80% of the room leaves several turns' growth
+# that find their prefix cached before the next cut.
+AUTO_RETENTION = 0.8
 
 
 @dataclass(frozen=True, slots=True)
 class Truncation:
     enabled: bool = True
-    retention_ratio: float = 1.0  # share of the room a cut leaves filled
+    retention_ratio: float = AUTO_RETENTION  # share of the room a cut leaves filled
 
 
 def parse_truncation(raw: Any, param: str = "session.truncation") -> Truncation:

@@ -11,7 +11,7 @@ from websockets.asyncio.client import connect
 
 from fakes import FakeBackend
 from gateway.realtime.errors import RealtimeError
-from gateway.realtime.truncation import Truncation, fit_messages, parse_truncation, reply_reserve
+from gateway.realtime.truncation import AUTO_RETENTION, Truncation, fit_messages, parse_truncation, reply_reserve
 from live_server import serve, until
 from omni.protocol import Message, TextPart, ToolCall
 
@@ -32,7 +32,7 @@ class WordCounter:
 
 
 def test_parse_truncation_accepts_the_three_forms_and_names_what_it_expected() -> None:
-    assert parse_truncation("auto") == Truncation()
+    assert parse_truncation("auto") == Truncation() == Truncation(retention_ratio=AUTO_RETENTION)
     assert parse_truncation("disabled") == Truncation(enabled=False)
     assert parse_truncation({"type": "retention_ratio", "retention_ratio": 0.5}) == Truncation(retention_ratio=0.5)
     for bad in ("off", None, {"type": "retention_ratio", "retention_ratio": 0}, {"type": "retention_ratio"},
@@ -61,18 +61,21 @@ def test_the_smallest_cut_of_oldest_messages_that_fits_keeps_instructions_and_th
     body = tuple(msg("user" if i % 2 == 0 else "assistant", 10, tag=f"m{i}") for i in range(20))
     messages = (msg("system", 5),) + body
     count = WordCounter()
-    kept, dropped = fit_messages(messages, count, 100, None, Truncation())  # budget 75: 5 + 7 messages of 10
+    exact = Truncation(retention_ratio=1.0)
+    kept, dropped = fit_messages(messages, count, 100, None, exact)  # budget 75: 5 + 7 messages of 10
     assert kept == (messages[0],) + body[-7:] and dropped == 13
     assert count.calls <= 2 + 5  # one check, then a binary search over 19 cut points
     half, dropped_half = fit_messages(messages, WordCounter(), 100, None, Truncation(retention_ratio=0.5))
     assert half == (messages[0],) + body[-3:] and dropped_half == 17  # at most 37 of the 75
+    auto, _ = fit_messages(messages, WordCounter(), 100, None, Truncation())
+    assert auto == (messages[0],) + body[-5:]  # at most 60 of the 75: room for the next turns
 
 
 def test_a_cut_never_leaves_a_tool_result_without_its_call() -> None:
     call = ToolCall("call_1", "lookup", "{}")
     messages = (msg("user", 5), msg("assistant", 40, tool_calls=(call,)), msg("tool", 5, tool_call_id="call_1"),
                 msg("assistant", 10), msg("user", 10))
-    kept, dropped = fit_messages(messages, WordCounter(), 80, None, Truncation())  # budget 60 of 70 words
+    kept, dropped = fit_messages(messages, WordCounter(), 80, None, Truncation(retention_ratio=1.0))  # 60 of 70
     # Dropping the first message leaves 65 words; dropping two would start with the orphaned tool result.
     assert kept == messages[3:] and dropped == 3
 
@@ -89,7 +92,7 @@ def test_disabled_sends_everything() -> None:
 
 def test_a_long_conversation_reaches_the_model_truncated_and_stays_whole() -> None:
     backend = FakeBackend()
-    # Word-counting fake: a 100-token window keeps 25 for the reply, so 75 words of prompt.
+    # Word-counting fake: a 100-token window keeps 25 for the reply, so 75 words of prompt, cut to 60.
     backend.capabilities = dataclasses.replace(backend.capabilities, max_context_tokens=100)
 
     async def go(port: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -120,7 +123,7 @@ def test_a_long_conversation_reaches_the_model_truncated_and_stays_whole() -> No
     assert first[-1]["error"]["code"] == "invalid_value" and first[-1]["error"]["param"] == "session.truncation"
     assert second[-1]["response"]["status"] == "completed"
     cut, whole = backend.requests
-    assert [m.text for m in cut.messages] == ["Be brief."] + [" ".join([f"turn{i}"] * 10) for i in range(3, 10)]
+    assert [m.text for m in cut.messages] == ["Be brief."] + [" ".join([f"turn{i}"] * 10) for i in range(5, 10)]
     assert len(whole.messages) == 11  # disabled: every item, as the conversation still holds them
 
 
