@@ -26,7 +26,7 @@ from gateway.realtime.generation import close_generation, fit_request
 from gateway.realtime.prepared_reply import PreparedReply
 from gateway.realtime.session import RealtimeSession
 from gateway.realtime.settings import Dialect
-from gateway.realtime.truncation import Truncation, parse_truncation
+from gateway.realtime.truncation import PromptWindow, Truncation, parse_truncation
 from omni.protocol import AudioChunk, Error, OmniBackend, OmniRequest, OutputChunk, TextDelta, Transcription, Usage
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ class RealtimeConnection:
         self._asr: dict[str, asyncio.Task[None]] = {}
         self._speculations: dict[str, asyncio.Task[Transcription | None]] = {}  # by the item id the turn will take
         self._prepared: dict[str, PreparedReply] = {}  # replies to speculative transcripts, by the same id
+        self._window = PromptWindow()  # where this session's prompts start once the conversation outgrows the model
         self._close: tuple[int, str] = (CLOSE_NORMAL, "")
         self._state_changed = asyncio.Event()  # set after every dispatch: the idle watcher re-reads its deadline
         self._reader_task: asyncio.Task[None] | None = None
@@ -195,7 +196,8 @@ class RealtimeConnection:
                 self._drop_speculation(out.item_id)
             elif isinstance(out, Prepare):
                 self._drop_speculation(out.item_id, keep_transcription=True)
-                self._prepared[out.item_id] = PreparedReply(self.backend, out.request, self._truncation())
+                self._prepared[out.item_id] = PreparedReply(self.backend, out.request, self._truncation(),
+                                                            self._window)
             elif isinstance(out, AdoptSpeculation):
                 speculation = self._speculations.pop(out.job.item_id, None)
                 self._asr[out.job.item_id] = asyncio.create_task(self._transcribe(out.job, speculation))
@@ -270,7 +272,8 @@ class RealtimeConnection:
             if prepared is not None:
                 stream = prepared.chunks()
             else:
-                stream = self.backend.generate(await fit_request(self.backend, request, self._truncation()))
+                stream = self.backend.generate(await fit_request(self.backend, request, self._truncation(),
+                                                                 self._window))
             async for chunk in stream:
                 if isinstance(chunk, (TextDelta, AudioChunk)):
                     timer.tick()

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from gateway.realtime.truncation import Truncation, fit_messages
+from gateway.realtime.truncation import PromptWindow, Truncation
 from omni.protocol import OmniBackend, OmniRequest
 
 log = logging.getLogger(__name__)
@@ -28,22 +28,23 @@ async def close_generation(backend: OmniBackend, stream: Any, request_id: str, *
             log.exception("aborting %s failed", request_id)
 
 
-async def fit_request(backend: OmniBackend, request: OmniRequest, truncation: Truncation) -> OmniRequest:
-    """``request`` with its oldest conversation messages dropped where the backend's context window
-    needs it (``gateway.realtime.truncation``). Unchanged when truncation is disabled, the backend
-    states no window, or counting fails (the backend then refuses an over-long prompt itself)."""
+async def fit_request(backend: OmniBackend, request: OmniRequest, truncation: Truncation,
+                      window: PromptWindow) -> OmniRequest:
+    """``request`` without the oldest conversation messages that the session's ``window`` leaves out
+    (``gateway.realtime.truncation``). Unchanged when truncation is disabled, the backend states no
+    context window, or counting fails (the backend then refuses an over-long prompt itself)."""
     limit = backend.capabilities.max_context_tokens
     if not truncation.enabled or limit <= 0:
         return request
     try:
         # Counting renders and tokenizes the prompt: CPU work kept off the event loop.
-        messages, dropped = await asyncio.to_thread(fit_messages, request.messages, backend.count_tokens, limit,
+        messages, dropped = await asyncio.to_thread(window.fit, request.messages, backend.count_tokens, limit,
                                                     request.sampling.max_tokens, truncation)
     except Exception:
         log.exception("counting the prompt tokens of %s failed; sending it uncut", request.request_id)
         return request
     if not dropped:
         return request
-    log.info("%s: dropped the %d oldest conversation messages to fit the %d-token context",
-             request.request_id, dropped, limit)
+    log.debug("%s: the prompt leaves out the %d oldest conversation messages (%d-token context)",
+              request.request_id, dropped, limit)
     return dataclasses.replace(request, messages=messages)

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from gateway.realtime.generation import close_generation, fit_request
-from gateway.realtime.truncation import Truncation
+from gateway.realtime.truncation import PromptWindow, Truncation
 from omni.protocol import OmniBackend, OmniRequest, OutputChunk
 
 _END = object()
@@ -18,10 +18,12 @@ class _Failed:
 
 
 class PreparedReply:
-    def __init__(self, backend: OmniBackend, request: OmniRequest, truncation: Truncation = Truncation()) -> None:
+    def __init__(self, backend: OmniBackend, request: OmniRequest, truncation: Truncation = Truncation(),
+                 window: PromptWindow | None = None) -> None:
         self.request = request  # as built: a response adopts this reply when its own request is equal
         self._backend = backend
         self._truncation = truncation
+        self._window = window or PromptWindow()
         self._held: asyncio.Queue[object] = asyncio.Queue()  # bounded by the response's own output limit
         self._task = asyncio.create_task(self._pump())
 
@@ -29,7 +31,8 @@ class PreparedReply:
         stream = None
         exhausted = False
         try:
-            stream = self._backend.generate(await fit_request(self._backend, self.request, self._truncation))
+            stream = self._backend.generate(await fit_request(self._backend, self.request, self._truncation,
+                                                              self._window))
             async for chunk in stream:
                 self._held.put_nowait(chunk)
             exhausted = True

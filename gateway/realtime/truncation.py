@@ -3,8 +3,9 @@
 When a prompt would not leave room for the reply, the oldest conversation messages are dropped
 from it: ``{"type": "retention_ratio", "retention_ratio": r}`` drops down to ``r`` of that room in
 one go, ``"auto"`` (the default) down to ``AUTO_RETENTION`` of it, and ``"disabled"`` sends
-everything and lets an over-long prompt fail. Only what the model reads is cut: the conversation
-keeps every item, and the instructions (system messages) and the newest message always stay.
+everything and lets an over-long prompt fail. The cut stays where it is (``PromptWindow``) until
+the conversation outgrows the room again. Only what the model reads is cut: the conversation keeps
+every item, and the instructions (system messages) and the newest message always stay.
 """
 from __future__ import annotations
 
@@ -51,37 +52,56 @@ def reply_reserve(context_tokens: int, max_output_tokens: int | None) -> int:
 
 
 def fit_messages(messages: tuple[Message, ...], count: Callable[[tuple[Message, ...]], int], context_tokens: int,
-                 max_output_tokens: int | None, truncation: Truncation) -> tuple[tuple[Message, ...], int]:
-    """``messages`` without as many of the oldest conversation messages as the window needs, and how
-    many were dropped. ``count`` gives a prompt's tokens; it runs O(log n) times when a cut is due.
+                 max_output_tokens: int | None, truncation: Truncation,
+                 previous_cut: tuple[Message, ...] = ()) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
+    """The prompt to send and the oldest conversation messages left out of it.
 
-    A cut never starts the conversation with a tool result whose call it dropped. When even the
-    newest message alone is too long, that message is what remains (the engine then refuses it).
+    ``previous_cut`` is what the session's last prompt left out: while the conversation still starts
+    with it, the prompt starts where that one did, and is cut further only once it outgrows the room.
+    ``count`` gives a prompt's tokens; it runs once, or O(log n) times when a cut is due. A cut never
+    starts the conversation with a tool result whose call it dropped. When even the newest message
+    alone is too long, that message is what remains (the engine then refuses it).
     """
-    budget = context_tokens - reply_reserve(context_tokens, max_output_tokens)
-    if not truncation.enabled or count(messages) <= budget:
-        return messages, 0
-    target = max(1, int(budget * truncation.retention_ratio))
+    if not truncation.enabled:
+        return messages, ()
     head = 0
     while head < len(messages) and messages[head].role == "system":
         head += 1
     instructions, body = messages[:head], messages[head:]
-    if len(body) < 2:
-        return messages, 0
+    first = len(previous_cut)
+    if not 0 < first < len(body) or body[:first] != previous_cut:
+        first = 0
+    budget = context_tokens - reply_reserve(context_tokens, max_output_tokens)
+    if count(instructions + body[first:]) <= budget or len(body) - first < 2:
+        return instructions + body[first:], body[:first]
+    target = max(1, int(budget * truncation.retention_ratio))
 
-    def kept(drop: int) -> tuple[Message, ...]:
-        start = drop
-        while start < len(body) - 1 and body[start].role == "tool":
-            start += 1
-        return instructions + body[start:]
+    def start_after(drop: int) -> int:
+        while drop < len(body) - 1 and body[drop].role == "tool":
+            drop += 1
+        return drop
 
-    # The smallest cut that fits; prompts only shrink as more is dropped.
-    lo, hi = 1, len(body) - 1
+    # The smallest further cut that reaches the target; prompts only shrink as more is dropped.
+    lo, hi = first + 1, len(body) - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if count(kept(mid)) <= target:
+        if count(instructions + body[start_after(mid):]) <= target:
             hi = mid
         else:
             lo = mid + 1
-    result = kept(lo)
-    return result, len(messages) - len(result)
+    cut = start_after(lo)
+    return instructions + body[cut:], body[:cut]
+
+
+class PromptWindow:
+    """Where a session's prompts start. A cut stays in place until the conversation outgrows the room
+    again, so the turns in between extend a prompt whose prefix the KV cache holds."""
+
+    def __init__(self) -> None:
+        self.cut: tuple[Message, ...] = ()
+
+    def fit(self, messages: tuple[Message, ...], count: Callable[[tuple[Message, ...]], int], context_tokens: int,
+            max_output_tokens: int | None, truncation: Truncation) -> tuple[tuple[Message, ...], int]:
+        """The prompt for ``messages`` and how many conversation messages it leaves out."""
+        kept, self.cut = fit_messages(messages, count, context_tokens, max_output_tokens, truncation, self.cut)
+        return kept, len(self.cut)

@@ -11,7 +11,8 @@ from websockets.asyncio.client import connect
 
 from fakes import FakeBackend
 from gateway.realtime.errors import RealtimeError
-from gateway.realtime.truncation import AUTO_RETENTION, Truncation, fit_messages, parse_truncation, reply_reserve
+from gateway.realtime.truncation import (AUTO_RETENTION, PromptWindow, Truncation, fit_messages, parse_truncation,
+                                         reply_reserve)
 from live_server import serve, until
 from omni.protocol import Message, TextPart, ToolCall
 
@@ -53,7 +54,7 @@ def test_reply_reserve_is_the_output_limit_capped_at_a_quarter_of_the_window() -
 def test_a_prompt_that_fits_is_sent_whole_after_one_count() -> None:
     messages = (msg("system", 5), msg("user", 10), msg("assistant", 10))
     count = WordCounter()
-    assert fit_messages(messages, count, 100, None, Truncation()) == (messages, 0)
+    assert fit_messages(messages, count, 100, None, Truncation()) == (messages, ())
     assert count.calls == 1
 
 
@@ -63,12 +64,32 @@ def test_the_smallest_cut_of_oldest_messages_that_fits_keeps_instructions_and_th
     count = WordCounter()
     exact = Truncation(retention_ratio=1.0)
     kept, dropped = fit_messages(messages, count, 100, None, exact)  # budget 75: 5 + 7 messages of 10
-    assert kept == (messages[0],) + body[-7:] and dropped == 13
+    assert kept == (messages[0],) + body[-7:] and dropped == body[:13]
     assert count.calls <= 2 + 5  # one check, then a binary search over 19 cut points
     half, dropped_half = fit_messages(messages, WordCounter(), 100, None, Truncation(retention_ratio=0.5))
-    assert half == (messages[0],) + body[-3:] and dropped_half == 17  # at most 37 of the 75
+    assert half == (messages[0],) + body[-3:] and len(dropped_half) == 17  # at most 37 of the 75
     auto, _ = fit_messages(messages, WordCounter(), 100, None, Truncation())
     assert auto == (messages[0],) + body[-5:]  # at most 60 of the 75: room for the next turns
+
+
+def test_a_cut_stays_in_place_until_the_conversation_outgrows_the_room_again() -> None:
+    window = PromptWindow()
+    system = msg("system", 5)
+    conversation: list[Message] = []
+    prompts, left_out = [], []
+    for turn in range(16):
+        conversation.append(msg("user", 10, tag=f"t{turn}"))
+        kept, dropped = window.fit((system, *conversation), WordCounter(), 100, None, Truncation())
+        prompts.append(kept)
+        left_out.append(dropped)
+    # Room 75 words, auto cuts to 60: no cut up to 7 turns, then 3 more turns per cut.
+    assert left_out == [0] * 7 + [3, 3, 3, 6, 6, 6, 9, 9, 9]
+    for turn in range(1, 16):
+        if left_out[turn] == left_out[turn - 1]:  # no new cut: the prompt extends the last one
+            assert prompts[turn][:len(prompts[turn - 1])] == prompts[turn - 1]
+    # A conversation that no longer starts with what was left out (an item deleted) is cut afresh.
+    kept, dropped = window.fit((system, *conversation[1:]), WordCounter(), 100, None, Truncation())
+    assert kept == (system, *conversation[-5:]) and dropped == 10
 
 
 def test_a_cut_never_leaves_a_tool_result_without_its_call() -> None:
@@ -77,17 +98,18 @@ def test_a_cut_never_leaves_a_tool_result_without_its_call() -> None:
                 msg("assistant", 10), msg("user", 10))
     kept, dropped = fit_messages(messages, WordCounter(), 80, None, Truncation(retention_ratio=1.0))  # 60 of 70
     # Dropping the first message leaves 65 words; dropping two would start with the orphaned tool result.
-    assert kept == messages[3:] and dropped == 3
+    assert kept == messages[3:] and dropped == messages[:3]
 
 
 def test_when_the_newest_message_alone_is_too_long_it_is_what_remains() -> None:
     messages = (msg("system", 2), msg("user", 10), msg("user", 500))
-    assert fit_messages(messages, WordCounter(), 100, None, Truncation()) == ((messages[0], messages[2]), 1)
+    assert fit_messages(messages, WordCounter(), 100, None, Truncation()) == ((messages[0], messages[2]),
+                                                                              (messages[1],))
 
 
 def test_disabled_sends_everything() -> None:
     messages = tuple(msg("user", 50) for _ in range(5))
-    assert fit_messages(messages, WordCounter(), 100, None, Truncation(enabled=False)) == (messages, 0)
+    assert fit_messages(messages, WordCounter(), 100, None, Truncation(enabled=False)) == (messages, ())
 
 
 def test_a_long_conversation_reaches_the_model_truncated_and_stays_whole() -> None:
@@ -162,3 +184,45 @@ def test_over_the_real_engine_a_conversation_past_the_window_still_gets_answers(
     assert answered["status"] in ("completed", "incomplete"), answered
     assert 0 < answered["usage"]["input_tokens"] <= MAX_MODEL_LEN
     assert refused["status"] == "failed", refused
+
+
+@pytest.mark.parametrize("ratio", [0.5, 1.0])
+def test_turns_after_a_cut_find_their_prefix_cached_only_when_the_cut_leaves_room(tmp_path: Any,
+                                                                                   ratio: float) -> None:
+    """Past the window, a cut to the least that fits moves the prompt's start on every turn, so nothing
+    past the instructions is ever cached again; a deeper cut lets the next turns reuse it. (Here a turn
+    is a fifth of the 192-token room, more than auto's 20% headroom, hence 0.5.)"""
+    from websockets.sync.client import connect as sync_connect
+
+    from tests.gateway.real_engine import tiny_pipeline
+
+    pipeline = tiny_pipeline(tmp_path, max_tokens=4)
+    usages = []
+    try:
+        with serve(pipeline) as port, sync_connect(f"ws://127.0.0.1:{port}/v1/realtime") as ws:
+            assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+            ws.send(json.dumps({"type": "session.update", "session": {
+                "type": "realtime", "output_modalities": ["text"], "instructions": "Answer in one word.",
+                "truncation": {"type": "retention_ratio", "retention_ratio": ratio}}}))
+            for turn in range(14):
+                ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                    "content": [{"type": "input_text", "text": f"turn {turn}: tell me more about foxes"}]}}))
+                ws.send(json.dumps({"type": "response.create"}))
+                while True:
+                    event = json.loads(ws.recv(timeout=120))
+                    if event["type"] == "response.done":
+                        assert event["response"]["status"] in ("completed", "incomplete"), event
+                        usage = event["response"]["usage"]
+                        usages.append((usage["input_tokens"], usage["input_token_details"]["cached_tokens"]))
+                        break
+    finally:
+        pipeline.shutdown()
+    print(f"\nretention_ratio {ratio}: per turn (prompt tokens, cached):", usages)
+    cuts = [i for i in range(1, len(usages)) if usages[i][0] < usages[i - 1][0]]
+    assert cuts, "the conversation never outgrew the window"
+    after = usages[cuts[0] + 1:]
+    well_cached = [cached for prompt, cached in after if cached >= prompt // 2]
+    if ratio < 1:
+        assert well_cached, usages  # turns after the cut reuse the cut prompt's blocks
+    else:
+        assert not well_cached, usages  # every turn past the window is cut again, at a new start
