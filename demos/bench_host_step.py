@@ -8,6 +8,10 @@ The same run times streaming detokenization through the transformers tokenizer w
 baseline) and through the Rust tokenizer directly (the engine's path), and prints the ratio.
 The tokenizer is a byte-level BPE trained on a small corpus (the tests' tokenizer), so token ids
 map to real text of a few bytes each.
+
+Then the block-table packing of a graphed decode step (``GraphedDecode.run``, minus the device
+copy): every sequence's table into one int32 host buffer, converted from its Python list on every
+step (the baseline) or from the rows ``BlockTableRows`` keeps.
 """
 from __future__ import annotations
 
@@ -23,7 +27,10 @@ _ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, os.fspath(_ROOT))  # run from a checkout, uninstalled
 sys.path.insert(0, os.fspath(_ROOT / "tests" / "engine"))
 
+import numpy as np  # noqa: E402
+
 import engine.detokenizer as detokenizer  # noqa: E402
+from engine.block_table_rows import BlockTableRows  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
@@ -75,10 +82,29 @@ def us_per_step(batch: int, tokens: int) -> float:
     return (time.perf_counter() - start) / steps * 1e6
 
 
+def pack_ms(batch: int, blocks: int, steps: int = 64, cached: bool = True) -> float:
+    """Milliseconds per step to pack ``batch`` block tables of ``blocks`` entries (one token per
+    sequence per step, so a table gains a block every 16 steps)."""
+    tables = np.zeros((batch, 2 * blocks), dtype=np.int32)
+    seqs = [SimpleNamespace(seq_id=i, block_table=list(range(i * 4 * blocks, i * 4 * blocks + blocks)),
+                            block_table_version=0) for i in range(batch)]
+    rows = BlockTableRows()
+    start = time.perf_counter()
+    for step in range(steps):
+        for i, seq in enumerate(seqs):
+            if step % 16 == i % 16:
+                seq.block_table.append(seq.block_table[-1] + 1)
+            table = seq.block_table
+            tables[i, :len(table)] = rows.row(seq) if cached else table
+    return (time.perf_counter() - start) / steps * 1e3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", default="1,8,64", help="comma list of concurrent requests")
     parser.add_argument("--tokens", type=int, default=2000, help="output tokens per request")
+    parser.add_argument("--pack", default="16x128,256x128,256x1024",
+                        help="comma list of BATCHxBLOCKS block-table packing cases")
     args = parser.parse_args()
     direct = detokenizer.direct_decoder
     for batch in [int(b) for b in args.batch.split(",")]:
@@ -90,6 +116,11 @@ def main() -> None:
             detokenizer.direct_decoder = direct
         print(f"batch {batch:>3}: {ours:7.1f} us per step ({ours / batch:5.1f} per sequence); "
               f"through the tokenizer wrapper {wrapper:7.1f} us -> {wrapper / ours:.2f}x", flush=True)
+    for case in args.pack.split(","):
+        batch, blocks = (int(x) for x in case.split("x"))
+        cached, lists = pack_ms(batch, blocks), pack_ms(batch, blocks, cached=False)
+        print(f"pack {batch:>3} tables x {blocks:>4} blocks: {cached:6.3f} ms per step from cached rows, "
+              f"{lists:6.3f} ms from the lists -> {lists / cached:.1f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.block_table_rows import BlockTableRows
 from engine.cuda_graphs import DecodeGraphs, default_buckets, pick_bucket
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class GraphedDecode:
         self._host_tables = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int32, pin_memory=True)
         self._rows_np = self._host_rows.numpy()
         self._tables_np = self._host_tables.numpy()
+        self._table_rows = BlockTableRows()
         self._host_rows[:, _SLOT] = -1
         static = {
             "rows": self._host_rows.to(device),  # all padding at capture: no KV write, no context
@@ -64,6 +66,10 @@ class GraphedDecode:
         self._graphs.capture()
         log.info("captured decode CUDA graphs for %d batch sizes in %.1f s", len(self.buckets),
                  time.perf_counter() - start)
+
+    def release(self, seq_ids: list[int]) -> None:
+        """Forget the cached block-table rows of finished sequences."""
+        self._table_rows.release(seq_ids)
 
     def _step(self, rows: torch.Tensor, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cu_q, prefill_lens, prefill_tables = self._no_prefill
@@ -98,7 +104,7 @@ class GraphedDecode:
                                  f"{len(table)} KV blocks")
             rows[i] = (seq.token_ids[pos], pos, table[pos // bs] * bs + pos % bs, pos + 1)
             used = min(len(table), width)
-            tables[i, :used] = table[:used]  # columns past the context are never read
+            tables[i, :used] = self._table_rows.row(seq)[:used]  # columns past the context are never read
         # Padding rows: no KV write (slot -1), no context (length 0), any position and token.
         rows[batch:bucket] = (0, 0, -1, 0)
         out = self._graphs.replay(rows=self._host_rows[:bucket], block_tables=self._host_tables[:bucket])

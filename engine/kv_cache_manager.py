@@ -138,6 +138,7 @@ class KVCacheManager:
         self._hashes.pop(seq.seq_id, None)
         self._num_registered.pop(seq.seq_id, None)
         seq.block_table.clear()
+        seq.block_table_version += 1
         if blocks:
             self.pool.release(reversed(blocks))
 

@@ -101,6 +101,8 @@ class ModelRunner:
 
     def release(self, seq_ids: list[int]) -> None:
         self.sampler.release(seq_ids)
+        if self.graphs is not None:
+            self.graphs.release(seq_ids)
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> list[SampleResult | None]:

@@ -71,7 +71,8 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.stop_reason: str | int | None = None  # the stop string or stop token id that ended it
-        self.block_table: list[int] = []
+        self.block_table: list[int] = []  # only appended to, until emptied
+        self.block_table_version = 0  # counts the times block_table was emptied
         self.num_computed_tokens = 0  # tokens whose K/V are written to the cache
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at the last admission
         self.num_preemptions = 0
