@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from engine.attention import AttentionMetadata
@@ -93,21 +94,27 @@ class GraphedDecode:
         bucket = pick_bucket(self.buckets, batch)
         if bucket is None:
             return None
-        bs = self.block_size
-        rows, tables = self._rows_np, self._tables_np
-        width = tables.shape[1]
-        for i, seq in enumerate(seqs):
-            pos = seq.num_computed_tokens
-            table = seq.block_table
-            if pos >= len(seq) or len(table) * bs <= pos:
-                raise ValueError(f"sequence {seq.request_id!r} cannot decode position {pos}: {len(seq)} tokens, "
-                                 f"{len(table)} KV blocks")
-            rows[i] = (seq.token_ids[pos], pos, table[pos // bs] * bs + pos % bs, pos + 1)
-            used = min(len(table), width)
-            tables[i, :used] = self._table_rows.row(seq)[:used]  # columns past the context are never read
-        # Padding rows: no KV write (slot -1), no context (length 0), any position and token.
-        rows[batch:bucket] = (0, 0, -1, 0)
+        pack_decode_inputs(seqs, self._rows_np, self._tables_np, self.block_size, self._table_rows, bucket)
         out = self._graphs.replay(rows=self._host_rows[:bucket], block_tables=self._host_tables[:bucket])
         assert isinstance(out, tuple) and len(out) == 2
         logits, argmax = out  # the bucket's rows: padding rows follow the live ones
         return logits[:batch], argmax[:batch]
+
+
+def pack_decode_inputs(seqs: list[Any], rows: np.ndarray, tables: np.ndarray, block_size: int,
+                       table_rows: BlockTableRows, bucket: int) -> None:
+    """Write row i of ``rows`` (token id, position, KV slot, context length) and of ``tables`` (block
+    table) for ``seqs[i]`` decoding position ``num_computed_tokens``; rows from ``len(seqs)`` up to
+    ``bucket`` become padding: no KV write (slot -1), no context (length 0)."""
+    bs = block_size
+    width = tables.shape[1]
+    for i, seq in enumerate(seqs):
+        pos = seq.num_computed_tokens
+        table = seq.block_table
+        if pos >= len(seq) or len(table) * bs <= pos:
+            raise ValueError(f"sequence {seq.request_id!r} cannot decode position {pos}: {len(seq)} tokens, "
+                             f"{len(table)} KV blocks")
+        rows[i] = (seq.token_ids[pos], pos, table[pos // bs] * bs + pos % bs, pos + 1)
+        used = min(len(table), width)
+        tables[i, :used] = table_rows.row(seq)[:used]  # columns past the context are never read
+    rows[len(seqs):bucket] = (0, 0, -1, 0)

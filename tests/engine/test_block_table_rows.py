@@ -54,3 +54,27 @@ def test_an_emptied_table_that_regrows_to_the_same_length_is_read_again() -> Non
     assert kv.allocate_slots(seq, 9)
     assert len(seq.block_table) == len(before) and seq.block_table != before
     assert rows.row(seq).tolist() == seq.block_table
+
+
+def test_decode_inputs_are_packed_per_sequence_with_padding_rows() -> None:
+    import pytest
+
+    from engine.graphed_decode import pack_decode_inputs
+
+    kv = KVCacheManager(64, BS, enable_prefix_caching=False)
+    seqs = [Sequence(f"r{i}", list(range(10 + i, 10 + i + n)), SamplingParams()) for i, n in enumerate((5, 9, 2))]
+    for seq in seqs:
+        assert kv.allocate_slots(seq, len(seq))
+        seq.num_computed_tokens = len(seq) - 1  # each decodes its last token
+    rows = np.full((4, 4), 99, dtype=np.int64)
+    tables = np.full((4, 3), -7, dtype=np.int32)
+    table_rows = BlockTableRows()
+    pack_decode_inputs(seqs, rows, tables, BS, table_rows, bucket=4)
+    for i, seq in enumerate(seqs):
+        pos = len(seq) - 1
+        assert rows[i].tolist() == [seq.token_ids[pos], pos, seq.block_table[pos // BS] * BS + pos % BS, pos + 1]
+        assert tables[i, :len(seq.block_table)].tolist() == seq.block_table
+    assert rows[3].tolist() == [0, 0, -1, 0]  # padding: no KV write, no context
+    seqs[0].num_computed_tokens = len(seqs[0])  # nothing left to decode
+    with pytest.raises(ValueError, match="cannot decode position 5: 5 tokens, 2 KV blocks"):
+        pack_decode_inputs(seqs, rows, tables, BS, table_rows, bucket=4)
