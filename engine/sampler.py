@@ -55,10 +55,12 @@ class Sampler:
         if any(_has_penalty(p) for p in params):
             logits = apply_penalties(logits, seqs)
 
+        # The given argmax is that of the raw logits: stale once a mask or a penalty changed them.
+        best = argmax if argmax is not None and logits is raw else logits.argmax(dim=-1)
         if all(p.greedy for p in params):
-            tokens = argmax if argmax is not None and logits is raw else logits.argmax(dim=-1)
+            tokens = best
         else:
-            tokens = self._sample(logits, seqs)
+            tokens = self._sample(logits, seqs, best)
         if raw_logprobs is None:
             return [SampleResult(t, None) for t in to_host(tokens)[0].tolist()]
         return self._with_logprobs(raw_logprobs, tokens, params)
@@ -83,7 +85,8 @@ class Sampler:
         logits[to_device(rows, torch.int64, logits.device), to_device(cols, torch.int64, logits.device)] = float("-inf")
         return logits
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], best: torch.Tensor) -> torch.Tensor:
+        """Draws for the sampled rows; ``best`` (``logits``' argmax) for the greedy ones."""
         params = [s.params for s in seqs]
         device = logits.device
         greedy = to_device([p.greedy for p in params], torch.bool, device)
@@ -96,7 +99,7 @@ class Sampler:
         probs = torch.softmax(scaled, dim=-1)
         noise = self._exponential_noise(probs.shape, seqs)
         sampled = (probs / noise).argmax(dim=-1)
-        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+        return torch.where(greedy, best, sampled)
 
     def _exponential_noise(self, shape: torch.Size, seqs: list[Sequence]) -> torch.Tensor:
         noise = torch.empty(shape, device=self.device)

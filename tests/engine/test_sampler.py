@@ -132,6 +132,9 @@ def test_precomputed_argmax_stands_in_only_for_unmodified_greedy_logits() -> Non
     assert sampler(logits, [_seq(SamplingParams(temperature=0.0, min_tokens=3))], given)[0].token_id == 9
     penalized = SamplingParams(temperature=0.0, repetition_penalty=2.0)
     assert sampler(logits, [_seq(penalized, prompt=[0])], given)[0].token_id == 9
+    # In a batch with sampled rows, the greedy rows still take the given argmax.
+    mixed = sampler(logits.repeat(2, 1), [_seq(greedy), _seq(SamplingParams(temperature=1.0))], given.repeat(2))
+    assert mixed[0].token_id == 4
     # Sampled rows draw from the distribution, whatever the argmax says.
     hot = sampler(logits.repeat(200, 1), [_seq(SamplingParams(temperature=1.0))] * 200, given.repeat(200))
     assert {r.token_id for r in hot} <= {0, 9} and len({r.token_id for r in hot}) == 2
