@@ -18,12 +18,12 @@ class _Failed:
 
 
 class PreparedReply:
-    def __init__(self, backend: OmniBackend, request: OmniRequest, truncation: Truncation = Truncation(),
-                 window: PromptWindow | None = None) -> None:
+    def __init__(self, backend: OmniBackend, request: OmniRequest, truncation: Truncation,
+                 window: PromptWindow) -> None:
         self.request = request  # as built: a response adopts this reply when its own request is equal
         self._backend = backend
         self._truncation = truncation
-        self._window = window or PromptWindow()
+        self._window = window  # the session's: the prompt starts where its responses' prompts do
         self._held: asyncio.Queue[object] = asyncio.Queue()  # bounded by the response's own output limit
         self._task = asyncio.create_task(self._pump())
 
