@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -149,37 +151,50 @@ def test_a_long_conversation_reaches_the_model_truncated_and_stays_whole() -> No
     assert len(whole.messages) == 11  # disabled: every item, as the conversation still holds them
 
 
-def test_over_the_real_engine_a_conversation_past_the_window_still_gets_answers(tmp_path: Any) -> None:
+@contextlib.contextmanager
+def real_session(tmp_path: Any, **session: Any) -> Iterator[tuple[Any, Any]]:
+    """(pipeline, socket) of a text-only realtime session over the tiny real engine (256-token window)."""
     from websockets.sync.client import connect as sync_connect
 
-    from tests.gateway.real_engine import MAX_MODEL_LEN, tiny_pipeline
+    from tests.gateway.real_engine import tiny_pipeline
 
     pipeline = tiny_pipeline(tmp_path, max_tokens=4)
-
-    def respond(ws: Any) -> dict[str, Any]:
-        ws.send(json.dumps({"type": "response.create", "response": {"conversation": "none"}}))
-        while True:
-            event = json.loads(ws.recv(timeout=120))
-            if event["type"] == "response.done":
-                return event["response"]
-
     try:
         with serve(pipeline) as port, sync_connect(f"ws://127.0.0.1:{port}/v1/realtime") as ws:
             assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
             ws.send(json.dumps({"type": "session.update", "session": {
-                "type": "realtime", "output_modalities": ["text"], "instructions": "Answer in one word."}}))
-            text = "tell me about the quick brown fox that jumps over the lazy dog again and again"
-            for _ in range(12):
-                ws.send(json.dumps({"type": "conversation.item.create", "item": {
-                    "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
-            whole = pipeline.count_tokens(tuple(Message("user", parts=(TextPart(text),)) for _ in range(12)))
-            assert whole > MAX_MODEL_LEN  # the conversation no longer fits the window
-            answered = respond(ws)
-            ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime",
-                                                                      "truncation": "disabled"}}))
-            refused = respond(ws)
+                "type": "realtime", "output_modalities": ["text"], "instructions": "Answer in one word.", **session}}))
+            yield pipeline, ws
     finally:
         pipeline.shutdown()
+
+
+def respond(ws: Any, **params: Any) -> dict[str, Any]:
+    """Create a response and return it as response.done reports it."""
+    ws.send(json.dumps({"type": "response.create", "response": params}))
+    while True:
+        event = json.loads(ws.recv(timeout=120))
+        if event["type"] == "response.done":
+            return event["response"]
+
+
+def add_user_text(ws: Any, text: str) -> None:
+    ws.send(json.dumps({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
+
+
+def test_over_the_real_engine_a_conversation_past_the_window_still_gets_answers(tmp_path: Any) -> None:
+    from tests.gateway.real_engine import MAX_MODEL_LEN
+
+    with real_session(tmp_path) as (pipeline, ws):
+        text = "tell me about the quick brown fox that jumps over the lazy dog again and again"
+        for _ in range(12):
+            add_user_text(ws, text)
+        whole = pipeline.count_tokens(tuple(Message("user", parts=(TextPart(text),)) for _ in range(12)))
+        assert whole > MAX_MODEL_LEN  # the conversation no longer fits the window
+        answered = respond(ws, conversation="none")
+        ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "truncation": "disabled"}}))
+        refused = respond(ws, conversation="none")
     # The tiny model rarely says EOS: a reply cut at max_tokens is "incomplete" by design.
     assert answered["status"] in ("completed", "incomplete"), answered
     assert 0 < answered["usage"]["input_tokens"] <= MAX_MODEL_LEN
@@ -192,31 +207,13 @@ def test_turns_after_a_cut_find_their_prefix_cached_only_when_the_cut_leaves_roo
     """Past the window, a cut to the least that fits moves the prompt's start on every turn, so nothing
     past the instructions is ever cached again; a deeper cut lets the next turns reuse it. (Here a turn
     is a fifth of the 192-token room, more than auto's 20% headroom, hence 0.5.)"""
-    from websockets.sync.client import connect as sync_connect
-
-    from tests.gateway.real_engine import tiny_pipeline
-
-    pipeline = tiny_pipeline(tmp_path, max_tokens=4)
     usages = []
-    try:
-        with serve(pipeline) as port, sync_connect(f"ws://127.0.0.1:{port}/v1/realtime") as ws:
-            assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
-            ws.send(json.dumps({"type": "session.update", "session": {
-                "type": "realtime", "output_modalities": ["text"], "instructions": "Answer in one word.",
-                "truncation": {"type": "retention_ratio", "retention_ratio": ratio}}}))
-            for turn in range(14):
-                ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
-                                    "content": [{"type": "input_text", "text": f"turn {turn}: tell me more about foxes"}]}}))
-                ws.send(json.dumps({"type": "response.create"}))
-                while True:
-                    event = json.loads(ws.recv(timeout=120))
-                    if event["type"] == "response.done":
-                        assert event["response"]["status"] in ("completed", "incomplete"), event
-                        usage = event["response"]["usage"]
-                        usages.append((usage["input_tokens"], usage["input_token_details"]["cached_tokens"]))
-                        break
-    finally:
-        pipeline.shutdown()
+    with real_session(tmp_path, truncation={"type": "retention_ratio", "retention_ratio": ratio}) as (_, ws):
+        for turn in range(14):
+            add_user_text(ws, f"turn {turn}: tell me more about foxes")
+            response = respond(ws)
+            assert response["status"] in ("completed", "incomplete"), response
+            usages.append((response["usage"]["input_tokens"], response["usage"]["input_token_details"]["cached_tokens"]))
     print(f"\nretention_ratio {ratio}: per turn (prompt tokens, cached):", usages)
     cuts = [i for i in range(1, len(usages)) if usages[i][0] < usages[i - 1][0]]
     assert cuts, "the conversation never outgrew the window"
