@@ -40,6 +40,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"  # "torch" | "triton" | "auto"
     enforce_eager: bool = False  # True disables CUDA graphs
+    # Greedy decode steps launch one step ahead: the device runs step N+1 while the host turns step N's
+    # tokens into text and checks stops. "auto": on CUDA (where launches are asynchronous), off on the CPU.
+    pipeline_decode: str = "auto"  # "auto" | "on" | "off"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -59,5 +62,7 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.pipeline_decode not in ("auto", "on", "off"):
+            raise ValueError(f"pipeline_decode must be 'auto', 'on' or 'off', got {self.pipeline_decode!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")

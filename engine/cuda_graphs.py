@@ -5,7 +5,8 @@ per-launch host cost. A graph replays fixed addresses, so every input lives in a
 sized for the largest bucket: ``replay`` copies the live batch into the leading rows, fills the
 padding rows with a per-input pad value (for example slot -1, which the KV write skips, and
 sequence length 0, which decode attention answers with zeros), replays the smallest bucket that
-holds the batch, and returns the outputs' leading rows.
+holds the batch, and returns the outputs' leading rows. A source may live on the host or on the
+device, and an input left out of a replay keeps what it holds.
 
 The step callable is opaque: it receives the static buffers sliced to the bucket's batch size as
 keyword arguments and returns a tensor, a tuple of tensors or a dict of tensors. It must not
@@ -51,7 +52,7 @@ class DecodeGraphs:
         step: Callable[..., StepOutput],
         static_inputs: Mapping[str, torch.Tensor],
         buckets: Sequence[int],
-        pad_values: Mapping[str, float | int] | None = None,
+        pad_values: Mapping[str, float | int | None] | None = None,
         warmup_iters: int = 2,
     ) -> None:
         if not static_inputs:
@@ -106,7 +107,7 @@ class DecodeGraphs:
         torch.cuda.synchronize(device)
 
     def replay(self, **inputs: torch.Tensor) -> StepOutput | None:
-        """Run the step on ``inputs`` through the smallest fitting graph.
+        """Run the step on ``inputs`` through the smallest fitting graph; the batch is the longest input.
 
         Returns the outputs' leading ``batch`` rows as views of the graph's static outputs (valid
         until the next replay), or None when the batch exceeds every bucket and the caller should
@@ -114,12 +115,10 @@ class DecodeGraphs:
         """
         if not self.captured:
             raise RuntimeError("DecodeGraphs.replay: call capture() first")
-        if set(inputs) != set(self._inputs):
-            raise ValueError(f"replay: expected inputs {sorted(self._inputs)}, got {sorted(inputs)}")
-        sizes = {t.shape[0] for t in inputs.values()}
-        if len(sizes) != 1:
-            raise ValueError(f"replay: expected one batch size across inputs, got {sorted(sizes)}")
-        batch = sizes.pop()
+        if not inputs or not set(inputs) <= set(self._inputs):
+            raise ValueError(f"replay: expected inputs among {sorted(self._inputs)}, got {sorted(inputs)}")
+        # The batch is the longest input; a shorter one fills its leading rows (its pad the rest).
+        batch = max(t.shape[0] for t in inputs.values())
         bucket = pick_bucket(self._buckets, batch)
         if bucket is None:
             return None
@@ -129,6 +128,13 @@ class DecodeGraphs:
         captured.graph.replay()
         return _leading_rows(captured.outputs, batch)
 
+    def replay_as_is(self, bucket: int) -> None:
+        """Replay ``bucket``'s graph on whatever its static buffers hold now, staging nothing: the
+        device time of a step without the host's share, for benchmarks."""
+        if bucket not in self._graphs:
+            raise ValueError(f"replay_as_is: no graph captured for batch size {bucket}; captured {sorted(self._graphs)}")
+        self._graphs[bucket].graph.replay()
+
     def _stage(self, name: str, src: torch.Tensor, bucket: int) -> None:
         dst = self._inputs[name][:bucket]
         if src.dim() != dst.dim() or any(s > d for s, d in zip(src.shape[1:], dst.shape[1:])):
@@ -137,8 +143,9 @@ class DecodeGraphs:
                 f"{tuple(self._inputs[name].shape)}"
             )
         full_rows = src.shape[1:] == dst.shape[1:]
-        if not full_rows or src.shape[0] < bucket:
-            # Padding rows and columns past the live batch must hold harmless values.
+        if (not full_rows or src.shape[0] < bucket) and self._pad[name] is not None:
+            # Padding rows and columns past the live batch must hold harmless values (pad None: the
+            # step never reads them).
             dst.fill_(self._pad[name])
         dst[tuple(slice(0, s) for s in src.shape)].copy_(src, non_blocking=True)
 

@@ -6,6 +6,10 @@ into the graphs' static buffers with one asynchronous copy each. The smallest fi
 replays the whole model forward, the LM head and a greedy argmax, and the logits and argmax of
 the live rows come back as views of the graph's outputs (valid until the next replay).
 
+A step launched ahead of the host (``launch`` with ``after``) does not know its token ids: its
+rows carry id -1 and the graph takes those rows' ids from a device buffer, staged from the
+argmax of the step in flight by a device-to-device copy.
+
 Padding rows get KV slot -1 (the cache write skips it) and context length 0 (decode attention
 answers zeros), so they neither read nor write live KV blocks. The block-table buffer is as wide
 as the longest context the engine admits; entries past a sequence's context are never read.
@@ -22,41 +26,61 @@ import torch
 from engine.attention import AttentionMetadata
 from engine.block_table_rows import BlockTableRows
 from engine.cuda_graphs import DecodeGraphs, default_buckets, pick_bucket
+from engine.pending_decode import PendingDecode
+from engine.sequence import ScheduledBatch
 
 log = logging.getLogger(__name__)
 
 
 # Columns of the packed per-row inputs (one int64 row per sequence: one host-to-device copy).
 _IDS, _POS, _SLOT, _LEN = range(4)
+_FROM_DEVICE = -1  # token id column: take the id from the device buffer ``prev_ids``
+
+
+class _Staging:
+    """Pinned host buffers of one step. Two alternate, so a step can be packed while the copies of
+    the one launched before it may still be in flight; ``copied`` marks the end of their use."""
+
+    def __init__(self, max_batch: int, max_blocks_per_seq: int) -> None:
+        self.rows = torch.zeros(max_batch, 4, dtype=torch.int64, pin_memory=True)
+        self.tables = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int32, pin_memory=True)
+        self.tokens = torch.zeros(max_batch, dtype=torch.int64, pin_memory=True)
+        self.rows_np = self.rows.numpy()
+        self.tables_np = self.tables.numpy()
+        self.copied: torch.cuda.Event | None = None
+
+    def claim(self) -> _Staging:
+        if self.copied is not None:
+            self.copied.synchronize()
+            self.copied = None
+        return self
 
 
 class GraphedDecode:
-    """``capture()`` once on a CUDA device, then ``run(seqs)`` per pure-decode step.
-
-    Host staging buffers are reused across steps: the runner waits for each step's sampled tokens
-    before it prepares the next, so a staged copy has always landed before the buffer is rewritten.
-    """
+    """``capture()`` once on a CUDA device, then ``run(seqs)`` (the runner samples) or ``launch(batch)``
+    (greedy, the host waits later) per pure-decode step."""
 
     def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], *, max_batch: int,
                  max_blocks_per_seq: int, block_size: int, device: torch.device) -> None:
         self._model = model
         self._kv_caches = kv_caches
         self.block_size = block_size
-        self._host_rows = torch.zeros(max_batch, 4, dtype=torch.int64, pin_memory=True)
-        self._host_tables = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int32, pin_memory=True)
-        self._rows_np = self._host_rows.numpy()
-        self._tables_np = self._host_tables.numpy()
+        self._staging = [_Staging(max_batch, max_blocks_per_seq) for _ in range(2)]
+        self._turn = 0
         self._table_rows = BlockTableRows()
-        self._host_rows[:, _SLOT] = -1
+        capture_rows = torch.zeros(max_batch, 4, dtype=torch.int64)
+        capture_rows[:, _SLOT] = -1
         static = {
-            "rows": self._host_rows.to(device),  # all padding at capture: no KV write, no context
+            "rows": capture_rows.to(device),  # all padding at capture: no KV write, no context
             "block_tables": torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int32, device=device),
+            "prev_ids": torch.zeros(max_batch, dtype=torch.int64, device=device),
         }
         # Decode-only steps carry no prefill; these stay empty for every replay.
         self._no_prefill = (torch.zeros(1, dtype=torch.int32, device=device),
                             torch.zeros(0, dtype=torch.int32, device=device),
                             torch.zeros(0, max_blocks_per_seq, dtype=torch.int32, device=device))
-        self._graphs = DecodeGraphs(self._step, static, default_buckets(max_batch))
+        # prev_ids is read only where a row's id is _FROM_DEVICE: padding rows past a batch are never read.
+        self._graphs = DecodeGraphs(self._step, static, default_buckets(max_batch), pad_values={"prev_ids": None})
 
     @property
     def buckets(self) -> list[int]:
@@ -68,53 +92,116 @@ class GraphedDecode:
         log.info("captured decode CUDA graphs for %d batch sizes in %.1f s", len(self.buckets),
                  time.perf_counter() - start)
 
+    def replay_as_is(self, bucket: int) -> None:
+        """See ``DecodeGraphs.replay_as_is``: the last staged inputs again, for benchmarks."""
+        self._graphs.replay_as_is(bucket)
+
     def release(self, seq_ids: list[int]) -> None:
         """Forget the cached block-table rows of finished sequences."""
         self._table_rows.release(seq_ids)
 
-    def _step(self, rows: torch.Tensor, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self, rows: torch.Tensor, block_tables: torch.Tensor,
+              prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cu_q, prefill_lens, prefill_tables = self._no_prefill
         batch = rows.shape[0]
         cols = rows.t().contiguous()
+        ids = torch.where(cols[_IDS] == _FROM_DEVICE, prev_ids, cols[_IDS])
         meta = AttentionMetadata(slot_mapping=cols[_SLOT], num_decode=batch, decode_seq_lens=cols[_LEN].int(),
                                  decode_block_tables=block_tables, prefill_cu_seqlens_q=cu_q,
                                  prefill_seq_lens=prefill_lens, prefill_block_tables=prefill_tables,
                                  num_tokens=batch)
-        hidden = self._model.forward(cols[_IDS], cols[_POS], meta, self._kv_caches)
+        hidden = self._model.forward(ids, cols[_POS], meta, self._kv_caches)
         logits = self._model.compute_logits(hidden)
         # Computed for every step, sampled or not: the sampler's torch.argmax would cost a launch
         # outside the graph and, on one row of a large vocabulary, far more device time.
         return logits, self._model.ops.greedy_argmax(logits)
 
+    def _next_staging(self) -> _Staging:
+        self._turn ^= 1
+        return self._staging[self._turn].claim()
+
+    def _replay(self, seqs: list[Any], bucket: int, prev_ids: torch.Tensor | None
+                ) -> tuple[_Staging, torch.Tensor, torch.Tensor]:
+        staging = self._next_staging()
+        pack_decode_inputs(seqs, staging.rows_np, staging.tables_np, self.block_size, self._table_rows, bucket,
+                           ahead=prev_ids is not None)
+        inputs = {"rows": staging.rows[:bucket], "block_tables": staging.tables[:bucket]}
+        if prev_ids is not None:
+            inputs["prev_ids"] = prev_ids
+        out = self._graphs.replay(**inputs)
+        assert isinstance(out, tuple) and len(out) == 2
+        logits, argmax = out  # the bucket's rows: padding rows follow the live ones
+        return staging, logits[:len(seqs)], argmax[:len(seqs)]
+
     def run(self, seqs: list[Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """float32 logits ``[len(seqs), vocab]`` and their int64 argmax ``[len(seqs)]`` for one decode
         token per sequence, or None when the batch exceeds the largest bucket. Each sequence decodes
         position ``num_computed_tokens``."""
-        batch = len(seqs)
-        bucket = pick_bucket(self.buckets, batch)
+        bucket = pick_bucket(self.buckets, len(seqs))
         if bucket is None:
             return None
-        pack_decode_inputs(seqs, self._rows_np, self._tables_np, self.block_size, self._table_rows, bucket)
-        out = self._graphs.replay(rows=self._host_rows[:bucket], block_tables=self._host_tables[:bucket])
-        assert isinstance(out, tuple) and len(out) == 2
-        logits, argmax = out  # the bucket's rows: padding rows follow the live ones
-        return logits[:batch], argmax[:batch]
+        staging, logits, argmax = self._replay(seqs, bucket, None)
+        staging.copied = _record()
+        return logits, argmax
+
+    def launch(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> PendingDecode | None:
+        """Start a greedy decode step and return without waiting for it (None when the batch exceeds
+        the largest bucket). With ``after``, the step in flight whose tokens the host has not read,
+        each sequence decodes the position after its last known token, with the token ``after``
+        samples for it."""
+        seqs = batch.seqs
+        bucket = pick_bucket(self.buckets, len(seqs))
+        if bucket is None:
+            return None
+        prev_ids = None if after is None else tokens_for(seqs, after)
+        staging, _, argmax = self._replay(seqs, bucket, prev_ids)
+        host = staging.tokens[:len(seqs)]
+        host.copy_(argmax, non_blocking=True)
+        staging.copied = _record()
+        return PendingDecode(batch, argmax, host, staging.copied)
+
+
+def _record() -> torch.cuda.Event:
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def tokens_for(seqs: list[Any], after: PendingDecode) -> torch.Tensor:
+    """The device tokens ``after`` samples for ``seqs`` (each of which is in ``after``'s batch), in
+    the order of ``seqs``."""
+    row_of = {seq.seq_id: i for i, seq in enumerate(after.batch.seqs)}
+    rows = [row_of[seq.seq_id] for seq in seqs]
+    if rows == list(range(len(rows))):
+        return after.tokens[:len(rows)]
+    return after.tokens[torch.tensor(rows, dtype=torch.int64).to(after.tokens.device, non_blocking=True)]
+
+
+def decode_position(seq: Any, block_size: int, ahead: bool) -> int:
+    """The position ``seq`` decodes: ``num_computed_tokens``, or with ``ahead`` the one after it, whose
+    token is still on the device. Raises ValueError where that position has no token or no KV slot."""
+    pos = seq.num_computed_tokens + (1 if ahead else 0)
+    # Ahead, the position is the one whose token is in flight; otherwise any not computed yet
+    # (a one-token prefill chunk decodes a position before the last).
+    if (pos != len(seq) if ahead else pos >= len(seq)) or len(seq.block_table) * block_size <= pos:
+        raise ValueError(f"sequence {seq.request_id!r} cannot decode position {pos}{' ahead' if ahead else ''}: "
+                         f"{len(seq)} tokens, {len(seq.block_table)} KV blocks")
+    return pos
 
 
 def pack_decode_inputs(seqs: list[Any], rows: np.ndarray, tables: np.ndarray, block_size: int,
-                       table_rows: BlockTableRows, bucket: int) -> None:
+                       table_rows: BlockTableRows, bucket: int, *, ahead: bool = False) -> None:
     """Write row i of ``rows`` (token id, position, KV slot, context length) and of ``tables`` (block
-    table) for ``seqs[i]`` decoding position ``num_computed_tokens``; rows from ``len(seqs)`` up to
+    table) for ``seqs[i]`` decoding position ``num_computed_tokens``, or with ``ahead`` the position
+    after it, whose token is still on the device (id ``-1``); rows from ``len(seqs)`` up to
     ``bucket`` become padding: no KV write (slot -1), no context (length 0)."""
     bs = block_size
     width = tables.shape[1]
     for i, seq in enumerate(seqs):
-        pos = seq.num_computed_tokens
+        pos = decode_position(seq, bs, ahead)
         table = seq.block_table
-        if pos >= len(seq) or len(table) * bs <= pos:
-            raise ValueError(f"sequence {seq.request_id!r} cannot decode position {pos}: {len(seq)} tokens, "
-                             f"{len(table)} KV blocks")
-        rows[i] = (seq.token_ids[pos], pos, table[pos // bs] * bs + pos % bs, pos + 1)
+        token = _FROM_DEVICE if ahead else seq.token_ids[pos]
+        rows[i] = (token, pos, table[pos // bs] * bs + pos % bs, pos + 1)
         used = min(len(table), width)
         tables[i, :used] = table_rows.row(seq)[:used]  # columns past the context are never read
     rows[len(seqs):bucket] = (0, 0, -1, 0)

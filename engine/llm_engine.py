@@ -18,6 +18,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequest
 from engine.kv_cache_manager import KVCacheManager
 from engine.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
+from engine.pipelining import launchable, lookahead_batch
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import EmbedSpan, FinishReason, ScheduledBatch, Sequence
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 
 
 class Runner(Protocol):
+    """What the engine drives. A runner may also offer ``launch_greedy(batch, after=None)``, returning
+    an object whose ``batch`` is the step's and whose ``results()`` waits for its tokens (see
+    ``ModelRunner.launch_greedy``); then greedy decode steps are pipelined."""
+
     num_kv_blocks: int
 
     def execute(self, batch: ScheduledBatch) -> list[Any]: ...  # SampleResult | None per sequence
@@ -80,6 +85,11 @@ class LLMEngine:
         self._requests: dict[str, _Request] = {}
         self._owner: dict[int, tuple[_Request, int]] = {}
         self._finished: list[RequestOutput] = []
+        self._in_flight: Any = None  # a pipelined step whose tokens the host has not read
+        self._launch: Callable[..., Any] | None = None
+        on_cuda = getattr(getattr(self.runner, "device", None), "type", None) == "cuda"
+        self.pipelined = config.pipeline_decode == "on" or (config.pipeline_decode == "auto" and on_cuda)
+        self.num_steps_ahead = 0  # steps launched before the host had read the step in front of them
 
     @staticmethod
     def _decide_max_model_len(config: EngineConfig, model_len: int, num_blocks: int, block_size: int) -> int:
@@ -93,6 +103,21 @@ class LLMEngine:
                         capacity, num_blocks, wanted)
             return capacity
         return wanted
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether greedy decode steps run one step ahead of the host (see ``engine.pipelining``)."""
+        return self._launch is not None
+
+    @pipelined.setter
+    def pipelined(self, on: bool) -> None:
+        launch = getattr(self.runner, "launch_greedy", None)
+        if on and launch is None:
+            raise ValueError(f"pipelined decode needs a runner with launch_greedy; {type(self.runner).__name__} has none")
+        if self._in_flight is not None and not all(seq.is_finished for seq in self._in_flight.batch.seqs):
+            raise RuntimeError("cannot switch pipelined decode while a step of unfinished requests is in flight")
+        self._in_flight = None
+        self._launch = launch if on else None
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -187,13 +212,31 @@ class LLMEngine:
     # ---- the loop -------------------------------------------------------------------------------
 
     def step(self) -> list[StreamDelta]:
-        batch = self.scheduler.schedule()
-        if not batch:
-            if self.scheduler.has_unfinished():
-                raise RuntimeError(f"nothing schedulable with {self.scheduler.num_waiting} waiting and "
-                                   f"{self.scheduler.num_running} running sequences")
-            return []
-        results = self.runner.execute(batch)
+        """Run one step and return its deltas. Where greedy decode steps are pipelined (see
+        ``engine.pipelining``), the step after this one is on the device before this returns."""
+        pending, self._in_flight = self._in_flight, None
+        if pending is not None and all(seq.is_finished for seq in pending.batch.seqs):
+            pending = None  # every row it computes would be discarded
+        if pending is None:
+            batch = self.scheduler.schedule()
+            if not batch:
+                if self.scheduler.has_unfinished():
+                    raise RuntimeError(f"nothing schedulable with {self.scheduler.num_waiting} waiting and "
+                                       f"{self.scheduler.num_running} running sequences")
+                return []
+            if self._launch is not None and launchable(batch):
+                pending = self._launch(batch)
+            if pending is None:
+                return self._absorb(batch, self.runner.execute(batch))
+        assert self._launch is not None
+        ahead = lookahead_batch(pending.batch, self.scheduler)
+        if ahead is not None:
+            self._in_flight = self._launch(ahead, pending)
+            self.num_steps_ahead += self._in_flight is not None
+        return self._absorb(pending.batch, pending.results())
+
+    def _absorb(self, batch: ScheduledBatch, results: list[Any]) -> list[StreamDelta]:
+        """Apply one step's sampled tokens to its sequences; the deltas for the caller."""
         if len(results) != len(batch.seqs):
             raise RuntimeError(f"runner returned {len(results)} results for {len(batch.seqs)} sequences")
         by_seq = {seq.seq_id: r for seq, r in zip(batch.seqs, results) if r is not None}
@@ -285,4 +328,5 @@ class LLMEngine:
             "prefix_cache_query_tokens": kv.prefix_query_tokens,
             "prefix_cache_hit_tokens": kv.prefix_hit_tokens,
             "num_preemptions": self.scheduler.num_preemptions,
+            "decode_steps_ahead": self.num_steps_ahead,
         }

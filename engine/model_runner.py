@@ -9,10 +9,11 @@ import torch
 
 from engine.attention import AttentionMetadata, plan_step, select_kernels
 from engine.config import EngineConfig, default_block_size
-from engine.graphed_decode import GraphedDecode
+from engine.graphed_decode import GraphedDecode, decode_position, tokens_for
 from engine.loader import LoadedModel
 from engine.models import build_model
 from engine.mrope import mrope_positions
+from engine.pending_decode import PendingDecode
 from engine.sampler import SampleResult, Sampler, to_device
 from engine.sequence import ScheduledBatch, Sequence
 
@@ -129,6 +130,49 @@ class ModelRunner:
         for slot, sample in zip(step.sample_slots, self.sampler(logits, step.sample_seqs)):
             results[slot] = sample
         return results
+
+    @torch.inference_mode()
+    def launch_greedy(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> PendingDecode | None:
+        """Start a greedy decode step (see ``engine.pipelining``) and return before it finishes; with
+        ``after``, the step in flight, each sequence decodes the position whose token ``after`` samples.
+        None for models with M-RoPE positions, whose steps go through ``execute``."""
+        if self.uses_mrope:
+            return None
+        if self.graphs is not None:
+            pending = self.graphs.launch(batch, after)
+            if pending is not None:
+                return pending
+        return self._launch_eager(batch, after)
+
+    def _launch_eager(self, batch: ScheduledBatch, after: PendingDecode | None) -> PendingDecode:
+        seqs, bs, dev = batch.seqs, self.block_size, self.device
+        positions = [decode_position(seq, bs, after is not None) for seq in seqs]
+        if after is not None:
+            ids = tokens_for(seqs, after)
+        else:
+            ids = to_device([seq.token_ids[pos] for seq, pos in zip(seqs, positions)], torch.int64, dev)
+        lens = [pos + 1 for pos in positions]
+        meta = AttentionMetadata(
+            slot_mapping=to_device([seq.block_table[pos // bs] * bs + pos % bs for seq, pos in zip(seqs, positions)],
+                                   torch.int64, dev),
+            num_decode=len(seqs),
+            decode_seq_lens=to_device(lens, torch.int32, dev),
+            decode_block_tables=self._block_tables(seqs, lens),
+            prefill_cu_seqlens_q=torch.zeros(1, dtype=torch.int32, device=dev),
+            prefill_seq_lens=torch.zeros(0, dtype=torch.int32, device=dev),
+            prefill_block_tables=self._block_tables([], []),
+            num_tokens=len(seqs),
+        )
+        plan_step(self.ops, meta, bs)
+        hidden = self.model.forward(ids, to_device(positions, torch.int64, dev), meta, self.kv_caches)
+        tokens = self.model.compute_logits(hidden).argmax(dim=-1)
+        if dev.type != "cuda":
+            return PendingDecode(batch, tokens, tokens, None)
+        host = torch.empty(len(seqs), dtype=torch.int64, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return PendingDecode(batch, tokens, host, ready)
 
     # ---- input preparation ----------------------------------------------------------------------
 

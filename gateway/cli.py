@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-num-seqs", type=int, default=256, help="sequences decoded together")
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    engine.add_argument("--pipeline-decode", default="auto", choices=["auto", "on", "off"],
+                        help="launch each greedy decode step before the host has read the one in flight "
+                             "(default %(default)s: on with CUDA)")
     gen = serve.add_argument_group("generation defaults (for knobs a request leaves unset)")
     # None keeps omni.config.OmniConfig's defaults (0.7, 0.95 and 512), defined there once.
     gen.add_argument("--temperature", type=float, default=None, help="default 0.7")
@@ -102,7 +105,7 @@ def serve(args: argparse.Namespace) -> None:
     omni_config = OmniConfig(
         engine=EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
                             max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
-                            enforce_eager=args.enforce_eager),
+                            enforce_eager=args.enforce_eager, pipeline_decode=args.pipeline_decode),
         asr=_stage(args.asr), tts=_stage(args.tts), vad=not args.no_vad, vision=not args.no_vision,
         image_model=args.image_model, device=args.device, served_model_name=args.served_model_name,
         system_prompt=args.system_prompt,

@@ -78,3 +78,24 @@ def test_decode_inputs_are_packed_per_sequence_with_padding_rows() -> None:
     seqs[0].num_computed_tokens = len(seqs[0])  # nothing left to decode
     with pytest.raises(ValueError, match="cannot decode position 5: 5 tokens, 2 KV blocks"):
         pack_decode_inputs(seqs, rows, tables, BS, table_rows, bucket=4)
+
+
+def test_a_step_ahead_packs_the_position_after_the_one_in_flight_with_its_id_on_the_device() -> None:
+    import pytest
+
+    from engine.graphed_decode import pack_decode_inputs
+
+    kv = KVCacheManager(64, BS, enable_prefix_caching=False)
+    seqs = [Sequence(f"r{i}", list(range(10 + i, 10 + i + n)), SamplingParams()) for i, n in enumerate((4, 6))]
+    for seq in seqs:
+        seq.num_computed_tokens = len(seq) - 1  # the step in flight decodes the last token
+        assert kv.allocate_slots(seq, 2)  # and the slot after it
+    rows = np.full((2, 4), 99, dtype=np.int64)
+    tables = np.full((2, 3), -7, dtype=np.int32)
+    pack_decode_inputs(seqs, rows, tables, BS, BlockTableRows(), bucket=2, ahead=True)
+    for i, seq in enumerate(seqs):
+        pos = len(seq)  # its token is the one in flight
+        assert rows[i].tolist() == [-1, pos, seq.block_table[pos // BS] * BS + pos % BS, pos + 1]
+    seqs[0].num_computed_tokens -= 1  # two tokens behind: not the position after the one in flight
+    with pytest.raises(ValueError, match="cannot decode position 3 ahead: 4 tokens"):
+        pack_decode_inputs(seqs, rows, tables, BS, BlockTableRows(), bucket=2, ahead=True)

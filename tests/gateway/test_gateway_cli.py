@@ -43,9 +43,10 @@ def test_serve_builds_configs_loads_the_backend_and_runs_uvicorn(monkeypatch: py
     monkeypatch.setattr(uvicorn, "run", run)
     assert cli.main(["serve", "--host", "0.0.0.0", "--port", "9123", "--model", "/models/x.gguf", "--asr", "none",
                      "--tts", "/voices/v.onnx", "--no-vad", "--api-key", "k", "--max-frame-mib", "2",
-                     "--device", "cpu", "--image-model", "/models/dit"]) == 0
+                     "--device", "cpu", "--image-model", "/models/dit", "--pipeline-decode", "off"]) == 0
     config = loaded["config"]
     assert config.engine.model == "/models/x.gguf" and config.engine.device == "cpu"
+    assert config.engine.pipeline_decode == "off"
     assert (config.asr, config.tts, config.vad, config.image_model) == (None, "/voices/v.onnx", False, "/models/dit")
     assert loaded["run"]["host"] == "0.0.0.0" and loaded["run"]["port"] == 9123
     assert loaded["run"]["ws_max_size"] == 2 * 2**20

@@ -1,0 +1,62 @@
+"""Which decode steps run one step ahead of the host, and the step that does. No torch here.
+
+A step launched ahead starts before the host has read the tokens of the step in flight: each of
+its sequences decodes the position whose token that step is sampling, and the runner takes the
+token from the device. The device then computes step N+1 while the host detokenizes step N and
+checks its stops, instead of idling while the host works.
+
+That is sound only where the host would not change what the device picks and would schedule the
+same step itself: greedy tokens taken straight from the raw logits (no min_tokens mask, penalty
+or logprobs), every running sequence in the step, none waiting to be admitted, and no sequence
+certain to stop on length at the step in flight. A sequence that stops on EOS, a stop token or a
+stop string, or is aborted, while its next step is in flight has that step's row discarded.
+"""
+from __future__ import annotations
+
+from engine.scheduler import Scheduler
+from engine.sequence import ScheduledBatch, Sequence
+
+
+def takes_raw_argmax(seq: Sequence, tokens_ahead: int) -> bool:
+    """Whether the sampler would return the raw logits' argmax for ``seq``'s token sampled
+    ``tokens_ahead`` tokens after its last known one."""
+    p = seq.params
+    return (p.greedy and p.logprobs is None and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
+            and p.frequency_penalty == 0.0 and seq.num_output_tokens + tokens_ahead >= p.min_tokens
+            and not seq.embed_spans)
+
+
+def launchable(batch: ScheduledBatch) -> bool:
+    """A scheduled step the runner may launch without the host waiting for it: every sequence decodes
+    its last token and samples the next greedily from the raw logits."""
+    return bool(batch.seqs) and all(
+        n == 1 and seq.num_computed_tokens + 1 == len(seq) and takes_raw_argmax(seq, 0)
+        for seq, n in zip(batch.seqs, batch.num_new_tokens))
+
+
+def continues_after_next_token(seq: Sequence) -> bool:
+    """False when the token in flight is certain to end ``seq`` on length (max_tokens or the context)."""
+    p = seq.params
+    if p.max_tokens is not None and seq.num_output_tokens + 1 >= p.max_tokens:
+        return False
+    return seq.max_model_len is None or len(seq) + 1 < seq.max_model_len
+
+
+def lookahead_batch(in_flight: ScheduledBatch, scheduler: Scheduler) -> ScheduledBatch | None:
+    """The step to launch behind ``in_flight`` (a ``launchable`` step whose tokens the host has not
+    read), with the KV slot of each sequence's next position allocated; None when the host must see
+    ``in_flight``'s tokens first."""
+    if scheduler.num_waiting:
+        return None  # the host's schedule would admit them
+    live = [seq for seq in in_flight.seqs if not seq.is_finished]
+    if len(live) != scheduler.num_running:
+        return None  # some running sequence was left out of the step in flight; it must not starve
+    seqs = [seq for seq in live if continues_after_next_token(seq)]
+    if not seqs or not all(takes_raw_argmax(seq, 1) for seq in seqs):
+        return None
+    for seq in seqs:
+        # The slot of the position after the one in flight. Blocks taken before a refusal stay with
+        # their sequence, which the next scheduled step would have allocated anyway.
+        if not scheduler.kv.allocate_slots(seq, 2):
+            return None
+    return ScheduledBatch(seqs=seqs, num_new_tokens=[1] * len(seqs), preempted=[])
