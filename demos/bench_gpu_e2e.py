@@ -14,10 +14,13 @@ temp dir (no download), with a word-level tokenizer that covers the whole vocabu
 3. Ours: ``LLM.generate`` with all sequences at once (continuous batching, chunked prefill, the
    Triton kernels, decode CUDA graphs). Output tokens/s over the whole call, prefill included.
 4. Batch 1: one request with a ``--b1-prompt``-token prompt; decode time per token is the time of a
-   ``--b1-new``-token generate minus a one-token generate, divided by the extra tokens. The
+   ``--b1-new``-token generate minus a one-token generate, divided by the extra tokens (the median
+   of ``--b1-repeats`` such measurements). The
    roofline is the bytes one decode step must read (every weight once, the KV cache of the
    context) over the HBM bandwidth (``--hbm-gbps``, the H200's 4800 GB/s by default); the
    measured device copy bandwidth is printed too.
+   ``--compare-unpipelined`` also times the workload and batch 1 with pipelined decode off (see
+   engine/pipelining.py), in the same process on the same engine.
 5. A parity spot check: the first ``--check-tokens`` greedy tokens of a few prompts from HF (batch 1,
    no padding) against ours.
 """
@@ -191,6 +194,10 @@ def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, ch
     llm.generate(work.prompts[:8], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))  # warm-up
     if not args.b1_only:
         run_workload(name, llm, work, report)
+        if args.compare_unpipelined and llm.engine.pipelined:
+            llm.engine.pipelined = False
+            run_workload(name, llm, work, report, key="unpipelined_")
+            llm.engine.pipelined = True
 
     got = llm.generate(check_prompts, SamplingParams(temperature=0.0, max_tokens=args.check_tokens,
                                                      ignore_eos=True))
@@ -200,22 +207,26 @@ def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, ch
           f"(of {args.check_tokens})", flush=True)
 
     b1_prompt = [random.Random(args.seed + 1).randint(2, 10000) for _ in range(args.b1_prompt)]
-    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    many = SamplingParams(temperature=0.0, max_tokens=args.b1_new + 1, ignore_eos=True)
-    llm.generate([b1_prompt], one)
-    timings = []
-    for p in (one, many, one, many):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        llm.generate([b1_prompt], p)
-        torch.cuda.synchronize()
-        timings.append(time.perf_counter() - start)
-    per_token = (min(timings[1], timings[3]) - min(timings[0], timings[2])) / args.b1_new
+    llm.generate([b1_prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+    runs = [b1_decode_seconds(llm, b1_prompt, args.b1_new) for _ in range(args.b1_repeats)]
+    per_token = statistics.median(runs)
+    report["b1_ms_per_token_runs"] = [r * 1e3 for r in runs]
+    print(f"[{name}] batch 1, pipelined decode {llm.engine.pipelined}: ms/token over {len(runs)} runs "
+          f"{', '.join(f'{r * 1e3:.3f}' for r in runs)}", flush=True)
+    if args.compare_unpipelined and llm.engine.pipelined:
+        llm.engine.pipelined = False
+        unpipelined = statistics.median(b1_decode_seconds(llm, b1_prompt, args.b1_new) for _ in range(args.b1_repeats))
+        llm.engine.pipelined = True
+        report["b1_unpipelined_ms_per_token"] = unpipelined * 1e3
+        print(f"[{name}] batch 1 without pipelined decode: {unpipelined * 1e3:.3f} ms/token "
+              f"(pipelined {per_token * 1e3:.3f}: {unpipelined / per_token:.3f}x)", flush=True)
+    graph_ms = device_step_ms(llm)
     if args.profile_b1:
         import cProfile
         import pstats
 
         profile = cProfile.Profile()
+        many = SamplingParams(temperature=0.0, max_tokens=args.b1_new + 1, ignore_eos=True)
         profile.runcall(llm.generate, [b1_prompt], many)
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
     if args.trace_b1:
@@ -229,12 +240,52 @@ def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, ch
               b1_fraction_of_roofline=step_bytes / (args.hbm_gbps * 1e9) / per_token,
               b1_fraction_of_copy_bw=step_bytes / (copy_gbps * 1e9) / per_token)
     report.update({k: v for k, v in b1.items()})
+    if graph_ms is not None:
+        report["b1_graph_replay_ms"] = graph_ms
+        print(f"[{name}] batch 1: the decode graph alone replays in {graph_ms:.3f} ms "
+              f"({100 * step_bytes / (args.hbm_gbps * 1e9) / (graph_ms / 1e3):.1f}% of {args.hbm_gbps:.0f} GB/s); "
+              f"the other {per_token * 1e3 - graph_ms:.3f} ms of a step are host work and launch", flush=True)
     print(f"[{name}] batch 1: {per_token * 1e3:.3f} ms/token ({1 / per_token:.0f} tok/s), "
           f"{step_bytes / 1e9:.3f} GB per step -> {100 * report['b1_fraction_of_roofline']:.1f}% of "
           f"{args.hbm_gbps:.0f} GB/s, {100 * report['b1_fraction_of_copy_bw']:.1f}% of the measured copy "
           f"bandwidth", flush=True)
     del llm
     free_cuda()
+
+
+def b1_decode_seconds(llm: Any, prompt: list[int], new_tokens: int) -> float:
+    """Seconds per decode token of one request: a ``new_tokens + 1``-token generate minus a one-token
+    generate (its prefill and first token), over ``new_tokens``; the faster of two of each."""
+    from engine import SamplingParams
+
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    many = SamplingParams(temperature=0.0, max_tokens=new_tokens + 1, ignore_eos=True)
+    timings = []
+    for p in (one, many, one, many):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        llm.generate([prompt], p)
+        torch.cuda.synchronize()
+        timings.append(time.perf_counter() - start)
+    return (min(timings[1], timings[3]) - min(timings[0], timings[2])) / new_tokens
+
+
+def device_step_ms(llm: Any, replays: int = 100) -> float | None:
+    """Median ms of the batch-1 decode graph replayed back to back on its last inputs (the b1 run's
+    last step), with no host work between replays; None when the engine runs without graphs."""
+    graphs = llm.engine.runner.graphs
+    if graphs is None:
+        return None
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays // 5):
+            graphs.replay_as_is(1)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / (replays // 5))
+    return statistics.median(times)
 
 
 def trace_decode(llm: Any, prompt: list[int], steps: int) -> None:
@@ -272,7 +323,8 @@ def trace_decode(llm: Any, prompt: list[int], steps: int) -> None:
         print(f"    {total / steps:8.1f} us/token  {name[:110]}", flush=True)
 
 
-def run_workload(name: str, llm: Any, work: Workload, report: dict[str, Any]) -> None:
+def run_workload(name: str, llm: Any, work: Workload, report: dict[str, Any], key: str = "") -> None:
+    """Time the workload; ``key`` prefixes the report entries (a second run with other settings)."""
     from engine import SamplingParams
 
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in work.output_lens]
@@ -284,10 +336,11 @@ def run_workload(name: str, llm: Any, work: Workload, report: dict[str, Any]) ->
     produced = [len(o.outputs[0].token_ids) for o in outs]
     if produced != work.output_lens:
         raise SystemExit(f"[{name}] engine produced {sum(produced)} tokens, expected {sum(work.output_lens)}")
-    report["ours_seconds"] = ours_s
-    report["ours_tok_s"] = sum(produced) / ours_s
-    print(f"[{name}] ours: {ours_s:.1f} s, {report['ours_tok_s']:.0f} tok/s", flush=True)
-    if "hf_useful_tok_s" in report:
+    report[key + "ours_seconds"] = ours_s
+    report[key + "ours_tok_s"] = sum(produced) / ours_s
+    print(f"[{name}] ours{' ' + key.rstrip('_') if key else ''} (pipelined decode {llm.engine.pipelined}): "
+          f"{ours_s:.1f} s, {report[key + 'ours_tok_s']:.0f} tok/s", flush=True)
+    if "hf_useful_tok_s" in report and not key:
         report["ratio_useful"] = report["ours_tok_s"] / report["hf_useful_tok_s"]
         report["ratio_raw"] = report["ours_tok_s"] / report["hf_raw_tok_s"]
 
@@ -315,6 +368,9 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--eager", action="store_true", help="our engine without CUDA graphs")
     parser.add_argument("--b1-only", action="store_true", help="skip our run of the 256-sequence workload")
+    parser.add_argument("--b1-repeats", type=int, default=3, help="batch-1 measurements; the median is reported")
+    parser.add_argument("--compare-unpipelined", action="store_true",
+                        help="also time the workload and batch 1 with pipelined decode off")
     parser.add_argument("--profile-b1", action="store_true", help="print a cProfile of the batch-1 run")
     parser.add_argument("--trace-b1", type=int, default=0, metavar="TOKENS",
                         help="trace this many batch-1 tokens with torch.profiler: kernel time, gaps, host idle")
