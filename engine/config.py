@@ -40,7 +40,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"  # "torch" | "triton" | "auto"
     enforce_eager: bool = False  # True disables CUDA graphs
-    # Greedy decode steps launch one step ahead: the device runs step N+1 while the host turns step N's
+    # Decode steps launch one step ahead: the device runs step N+1 while the host turns step N's
     # tokens into text and checks stops. "auto": on CUDA (where launches are asynchronous), off on the CPU.
     pipeline_decode: str = "auto"  # "auto" | "on" | "off"
     seed: int = 0

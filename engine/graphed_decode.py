@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -57,8 +58,8 @@ class _Staging:
 
 
 class GraphedDecode:
-    """``capture()`` once on a CUDA device, then ``run(seqs)`` (the runner samples) or ``launch(batch)``
-    (greedy, the host waits later) per pure-decode step."""
+    """``capture()`` once on a CUDA device, then ``run(seqs)`` (the runner samples and waits) or
+    ``launch(batch, choose)`` (the host reads the tokens later) per pure-decode step."""
 
     def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], *, max_batch: int,
                  max_blocks_per_seq: int, block_size: int, device: torch.device) -> None:
@@ -144,21 +145,24 @@ class GraphedDecode:
         staging.copied = _record()
         return logits, argmax
 
-    def launch(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> PendingDecode | None:
-        """Start a greedy decode step and return without waiting for it (None when the batch exceeds
-        the largest bucket). With ``after``, the step in flight whose tokens the host has not read,
-        each sequence decodes the position after its last known token, with the token ``after``
-        samples for it."""
+    def launch(self, batch: ScheduledBatch, choose: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+               after: PendingDecode | None = None) -> PendingDecode | None:
+        """Start a decode step and return without waiting for it (None when the batch exceeds the
+        largest bucket); ``choose(logits, argmax)`` turns the graph's outputs into the step's tokens
+        on the device. With ``after``, the step in flight whose tokens the host has not read, each
+        sequence decodes the position after its last known token, with the token ``after`` samples
+        for it."""
         seqs = batch.seqs
         bucket = pick_bucket(self.buckets, len(seqs))
         if bucket is None:
             return None
         prev_ids = None if after is None else tokens_for(seqs, after)
-        staging, _, argmax = self._replay(seqs, bucket, prev_ids)
+        staging, logits, argmax = self._replay(seqs, bucket, prev_ids)
+        tokens = choose(logits, argmax)
         host = staging.tokens[:len(seqs)]
-        host.copy_(argmax, non_blocking=True)
+        host.copy_(tokens, non_blocking=True)
         staging.copied = _record()
-        return PendingDecode(batch, argmax, host, staging.copied)
+        return PendingDecode(batch, tokens, host, staging.copied)
 
 
 def _record() -> torch.cuda.Event:

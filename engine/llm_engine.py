@@ -27,9 +27,9 @@ log = logging.getLogger(__name__)
 
 
 class Runner(Protocol):
-    """What the engine drives. A runner may also offer ``launch_greedy(batch, after=None)``, returning
+    """What the engine drives. A runner may also offer ``launch_decode(batch, after=None)``, returning
     an object whose ``batch`` is the step's and whose ``results()`` waits for its tokens (see
-    ``ModelRunner.launch_greedy``); then greedy decode steps are pipelined."""
+    ``ModelRunner.launch_decode``); then decode steps are pipelined."""
 
     num_kv_blocks: int
 
@@ -106,14 +106,14 @@ class LLMEngine:
 
     @property
     def pipelined(self) -> bool:
-        """Whether greedy decode steps run one step ahead of the host (see ``engine.pipelining``)."""
+        """Whether decode steps run one step ahead of the host (see ``engine.pipelining``)."""
         return self._launch is not None
 
     @pipelined.setter
     def pipelined(self, on: bool) -> None:
-        launch = getattr(self.runner, "launch_greedy", None)
+        launch = getattr(self.runner, "launch_decode", None)
         if on and launch is None:
-            raise ValueError(f"pipelined decode needs a runner with launch_greedy; {type(self.runner).__name__} has none")
+            raise ValueError(f"pipelined decode needs a runner with launch_decode; {type(self.runner).__name__} has none")
         if self._in_flight is not None and not all(seq.is_finished for seq in self._in_flight.batch.seqs):
             raise RuntimeError("cannot switch pipelined decode while a step of unfinished requests is in flight")
         self._in_flight = None
@@ -212,7 +212,7 @@ class LLMEngine:
     # ---- the loop -------------------------------------------------------------------------------
 
     def step(self) -> list[StreamDelta]:
-        """Run one step and return its deltas. Where greedy decode steps are pipelined (see
+        """Run one step and return its deltas. Where decode steps are pipelined (see
         ``engine.pipelining``), the step after this one is on the device before this returns."""
         pending, self._in_flight = self._in_flight, None
         if pending is not None and all(seq.is_finished for seq in pending.batch.seqs):

@@ -132,14 +132,16 @@ class ModelRunner:
         return results
 
     @torch.inference_mode()
-    def launch_greedy(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> PendingDecode | None:
-        """Start a greedy decode step (see ``engine.pipelining``) and return before it finishes; with
-        ``after``, the step in flight, each sequence decodes the position whose token ``after`` samples.
-        None for models with M-RoPE positions, whose steps go through ``execute``."""
+    def launch_decode(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> PendingDecode | None:
+        """Start a decode step whose tokens depend on the logits alone (see ``engine.pipelining``) and
+        return before it finishes; with ``after``, the step in flight, each sequence decodes the
+        position whose token ``after`` samples. None for models with M-RoPE positions, whose steps go
+        through ``execute``."""
         if self.uses_mrope:
             return None
         if self.graphs is not None:
-            pending = self.graphs.launch(batch, after)
+            pending = self.graphs.launch(batch, lambda logits, argmax: self.sampler.choose(logits, batch.seqs, argmax),
+                                         after)
             if pending is not None:
                 return pending
         return self._launch_eager(batch, after)
@@ -165,7 +167,7 @@ class ModelRunner:
         )
         plan_step(self.ops, meta, bs)
         hidden = self.model.forward(ids, to_device(positions, torch.int64, dev), meta, self.kv_caches)
-        tokens = self.model.compute_logits(hidden).argmax(dim=-1)
+        tokens = self.sampler.choose(self.model.compute_logits(hidden), seqs)
         if dev.type != "cuda":
             return PendingDecode(batch, tokens, tokens, None)
         host = torch.empty(len(seqs), dtype=torch.int64, pin_memory=True)

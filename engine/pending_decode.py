@@ -1,4 +1,4 @@
-"""A greedy decode step on its way through the device: its batch, its tokens on the device (which
+"""A decode step on its way through the device: its batch, its tokens on the device (which
 the step launched behind it reads), and their copy to the host, read when the host needs them."""
 from __future__ import annotations
 

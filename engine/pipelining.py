@@ -6,10 +6,12 @@ token from the device. The device then computes step N+1 while the host detokeni
 checks its stops, instead of idling while the host works.
 
 That is sound only where the host would not change what the device picks and would schedule the
-same step itself: greedy tokens taken straight from the raw logits (no min_tokens mask, penalty
-or logprobs), every running sequence in the step, none waiting to be admitted, and no sequence
-certain to stop on length at the step in flight. A sequence that stops on EOS, a stop token or a
-stop string, or is aborted, while its next step is in flight has that step's row discarded.
+same step itself. The token must come from the logits and the sequence's parameters alone: no
+logprobs to return, no penalty (which reads the token history), no min_tokens mask left to apply;
+greedy or sampled (a seeded sequence draws from its own generator either way). Every running
+sequence must be in the step, none waiting to be admitted, and no sequence certain to stop on
+length at the step in flight. A sequence that stops on EOS, a stop token or a stop string, or is
+aborted, while its next step is in flight has that step's row discarded.
 """
 from __future__ import annotations
 
@@ -17,20 +19,19 @@ from engine.scheduler import Scheduler
 from engine.sequence import ScheduledBatch, Sequence
 
 
-def takes_raw_argmax(seq: Sequence, tokens_ahead: int) -> bool:
-    """Whether the sampler would return the raw logits' argmax for ``seq``'s token sampled
-    ``tokens_ahead`` tokens after its last known one."""
+def samples_from_logits_alone(seq: Sequence) -> bool:
+    """Whether the sampler picks ``seq``'s next tokens from the logits and the sequence's parameters
+    alone: no logprobs, no penalty, min_tokens reached, no media (whose decode steps run eagerly)."""
     p = seq.params
-    return (p.greedy and p.logprobs is None and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
-            and p.frequency_penalty == 0.0 and seq.num_output_tokens + tokens_ahead >= p.min_tokens
-            and not seq.embed_spans)
+    return (p.logprobs is None and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
+            and p.frequency_penalty == 0.0 and seq.num_output_tokens >= p.min_tokens and not seq.embed_spans)
 
 
 def launchable(batch: ScheduledBatch) -> bool:
     """A scheduled step the runner may launch without the host waiting for it: every sequence decodes
-    its last token and samples the next greedily from the raw logits."""
+    its last token and samples the next from the logits alone."""
     return bool(batch.seqs) and all(
-        n == 1 and seq.num_computed_tokens + 1 == len(seq) and takes_raw_argmax(seq, 0)
+        n == 1 and seq.num_computed_tokens + 1 == len(seq) and samples_from_logits_alone(seq)
         for seq, n in zip(batch.seqs, batch.num_new_tokens))
 
 
@@ -52,7 +53,7 @@ def lookahead_batch(in_flight: ScheduledBatch, scheduler: Scheduler) -> Schedule
     if len(live) != scheduler.num_running:
         return None  # some running sequence was left out of the step in flight; it must not starve
     seqs = [seq for seq in live if continues_after_next_token(seq)]
-    if not seqs or not all(takes_raw_argmax(seq, 1) for seq in seqs):
+    if not seqs or not all(samples_from_logits_alone(seq) for seq in seqs):
         return None
     for seq in seqs:
         # The slot of the position after the one in flight. Blocks taken before a refusal stay with

@@ -49,21 +49,24 @@ class Sampler:
         params = [s.params for s in seqs]
         want_logprobs = [p.logprobs is not None for p in params]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
+        tokens = self.choose(logits, seqs, argmax)
+        if raw_logprobs is None:
+            return [SampleResult(t, None) for t in to_host(tokens)[0].tolist()]
+        return self._with_logprobs(raw_logprobs, tokens, params)
 
+    def choose(self, logits: torch.Tensor, seqs: list[Sequence], argmax: torch.Tensor | None = None) -> torch.Tensor:
+        """The int64 token of each row, on the logits' device, without waiting for the device: the
+        host-side decisions read only the sequences' parameters and counts."""
+        params = [s.params for s in seqs]
         raw = logits
         logits = self._mask_min_tokens(logits, seqs)
         if any(_has_penalty(p) for p in params):
             logits = apply_penalties(logits, seqs)
-
         # The given argmax is that of the raw logits: stale once a mask or a penalty changed them.
         best = argmax if argmax is not None and logits is raw else logits.argmax(dim=-1)
         if all(p.greedy for p in params):
-            tokens = best
-        else:
-            tokens = self._sample(logits, seqs, best)
-        if raw_logprobs is None:
-            return [SampleResult(t, None) for t in to_host(tokens)[0].tolist()]
-        return self._with_logprobs(raw_logprobs, tokens, params)
+            return best
+        return self._sample(logits, seqs, best)
 
     # ---- steps ------------------------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     engine.add_argument("--pipeline-decode", default="auto", choices=["auto", "on", "off"],
-                        help="launch each greedy decode step before the host has read the one in flight "
+                        help="launch each decode step before the host has read the one in flight "
                              "(default %(default)s: on with CUDA)")
     gen = serve.add_argument_group("generation defaults (for knobs a request leaves unset)")
     # None keeps omni.config.OmniConfig's defaults (0.7, 0.95 and 512), defined there once.

@@ -1,5 +1,5 @@
-"""Pipelined greedy decode (the step after the current one launched before the host reads it) gives
-exactly what the unpipelined engine gives: tokens, text, stops, aborts, arrivals. The real runner on
+"""Pipelined decode (the step after the current one launched before the host reads it) gives exactly
+what the unpipelined engine gives: tokens, text, stops, aborts, arrivals, seeded draws. The real runner on
 a tiny random Llama; on the CPU the runner's eager launch path, on CUDA the decode graphs."""
 from __future__ import annotations
 
@@ -111,12 +111,28 @@ def test_aborts_and_arrivals_while_a_step_is_in_flight(directory: Path, device: 
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_sampled_and_logprob_requests_are_not_pipelined_and_match(directory: Path, device: str) -> None:
+def test_seeded_sampling_is_pipelined_and_draws_what_it_draws_unpipelined(directory: Path, device: str) -> None:
+    requests = [("greedy", PROMPTS[0], greedy(max_tokens=12, ignore_eos=True)),
+                ("hot", PROMPTS[1], SamplingParams(temperature=1.5, seed=7, max_tokens=12, ignore_eos=True)),
+                ("nucleus", PROMPTS[2], SamplingParams(temperature=0.9, top_p=0.8, top_k=20, seed=11, max_tokens=16,
+                                                       ignore_eos=True)),
+                ("min-p", PROMPTS[3], SamplingParams(temperature=1.0, min_p=0.05, seed=5, max_tokens=9))]
+    got, ahead = both(directory, device, requests)
+    assert ahead > 5
+    by_id = {rid: toks for rid, toks, *_ in got}
+    assert len(set(by_id["hot"])) > 3  # it did sample: a hot draw over 12 tokens is not one token repeated
+    # Unseeded rows share one generator: their draws depend on the batch, so only the lengths compare.
+    eng = engine(directory, device, "on")
+    unseeded = drive(eng, [("u", PROMPTS[1], SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True))])
+    assert len(unseeded[0][1]) == 10 and eng.num_steps_ahead > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_logprob_and_penalized_requests_are_not_pipelined_and_match(directory: Path, device: str) -> None:
     requests = [("greedy", PROMPTS[0], greedy(max_tokens=10, ignore_eos=True)),
-                ("sampled", PROMPTS[1], SamplingParams(temperature=0.8, seed=7, max_tokens=10, ignore_eos=True)),
                 ("logprobs", PROMPTS[2], greedy(max_tokens=10, ignore_eos=True, logprobs=2))]
     _, ahead = both(directory, device, requests)
-    assert ahead == 0  # every step has a row the sampler must see
+    assert ahead == 0  # every step has a row whose results need more than the token
     _, ahead = both(directory, device, requests[:1] + [("penalized", PROMPTS[3], greedy(
         max_tokens=10, ignore_eos=True, repetition_penalty=1.3))])
     assert ahead == 0
@@ -152,7 +168,7 @@ def test_pipelining_on_needs_a_runner_that_can_launch() -> None:
     from engine_fakes import make_engine
 
     assert not make_engine().pipelined  # "auto" off the GPU
-    with pytest.raises(ValueError, match="needs a runner with launch_greedy; FakeRunner has none"):
+    with pytest.raises(ValueError, match="needs a runner with launch_decode; FakeRunner has none"):
         make_engine(pipeline_decode="on")
     with pytest.raises(ValueError, match="pipeline_decode must be 'auto', 'on' or 'off', got 'yes'"):
         make_engine(pipeline_decode="yes")

@@ -40,11 +40,14 @@ def decoding(s: Scheduler, prompt_len: int = 6, **params: Any) -> Sequence:
     return seq
 
 
-def test_a_greedy_decode_step_is_launchable_and_anything_the_sampler_would_change_is_not() -> None:
+def test_a_decode_step_is_launchable_unless_its_tokens_need_more_than_the_logits() -> None:
     s = make()
     plain = decoding(s)
     assert launchable(s.schedule())
-    for params in ({"temperature": 0.7}, {"logprobs": 2}, {"repetition_penalty": 1.2}, {"presence_penalty": 0.5},
+    s = make()
+    decoding(s, temperature=0.7, top_p=0.9, top_k=5, min_p=0.1, seed=3)
+    assert launchable(s.schedule())  # sampling happens on the device from the sequence's parameters
+    for params in ({"logprobs": 2}, {"logprobs": 0}, {"repetition_penalty": 1.2}, {"presence_penalty": 0.5},
                    {"frequency_penalty": 0.5}, {"min_tokens": 3}):
         s2 = make()
         decoding(s2, **params)
