@@ -78,6 +78,11 @@ class Workload:
     prompts: list[list[int]]
     output_lens: list[int]
 
+    def fresh_copy(self, k: int) -> Workload:
+        """The same lengths with every prompt token id moved by ``k`` (within 2..10000): a repeated run
+        on the same engine finds none of the earlier run's prompts in the prefix cache."""
+        return Workload([[2 + (t - 2 + k) % 9999 for t in p] for p in self.prompts], self.output_lens)
+
 
 def make_workload(seqs: int, lo: int, hi: int, seed: int) -> Workload:
     rng = random.Random(seed)
@@ -197,10 +202,11 @@ def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, ch
         if args.compare_unpipelined and llm.engine.pipelined:
             # Off, then on again: the first run also pays one-time costs (kernel compilation for new
             # prefill shapes, allocator growth) that the second of each mode does not.
+            # Each run gets prompts of its own, or the prefix cache would serve the repeats' prefills.
             llm.engine.pipelined = False
-            run_workload(name, llm, work, report, key="unpipelined_")
+            run_workload(name, llm, work.fresh_copy(1), report, key="unpipelined_")
             llm.engine.pipelined = True
-            run_workload(name, llm, work, report, key="pipelined_again_")
+            run_workload(name, llm, work.fresh_copy(2), report, key="pipelined_again_")
 
     got = llm.generate(check_prompts, SamplingParams(temperature=0.0, max_tokens=args.check_tokens,
                                                      ignore_eos=True))
