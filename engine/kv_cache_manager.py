@@ -94,6 +94,8 @@ class KVCacheManager:
         """Give ``seq`` the blocks for its next ``num_new_tokens`` tokens (after the prefix when it is being
         admitted). Returns False, changing nothing, when the pool is short."""
         held = self._held.get(seq.seq_id, [])
+        if prefix is None and held and seq.num_computed_tokens + num_new_tokens <= len(held) * self.block_size:
+            return True  # most decode steps: the slots lie in blocks the sequence holds already
         if prefix is not None and held:
             raise RuntimeError(f"{seq!r} already holds blocks; a cached prefix applies only on admission")
         hit_blocks = prefix.blocks if prefix is not None else ()

@@ -71,6 +71,11 @@ def test_allocation_is_all_or_nothing_and_never_more_than_needed() -> None:
     other = seq_of(list(range(100, 113)))  # 13 tokens -> 4 blocks, only 2 free
     assert not kv.allocate_slots(other, 13)
     assert other.block_table == [] and kv.num_free_blocks == 2
+    third = seq_of(list(range(200, 208)))
+    assert kv.allocate_slots(third, 8) and kv.num_free_blocks == 0
+    assert kv.allocate_slots(seq, 3)  # tokens 10-12 still fit in the blocks it holds: no free block needed
+    assert not kv.allocate_slots(seq, 4) and len(seq.block_table) == 3  # a 13th token would need a 4th
+    kv.free(third)
     kv.free(seq)
     assert kv.num_used_blocks == 0 and seq.block_table == []
 
