@@ -264,6 +264,10 @@ class ModelRunner:
         """int32 ``[len(seqs), max blocks in use]``: only the blocks covering each context."""
         bs = self.block_size
         width = max((-(-n // bs) for n in lengths), default=0)
+        if not seqs:
+            return torch.zeros(0, width, dtype=torch.int32, device=self.device)
         rows = [seq.block_table[:width] + [0] * (width - min(width, len(seq.block_table)))
                 for seq in seqs]
-        return torch.tensor(rows, dtype=torch.int32, device=self.device).reshape(len(seqs), width)
+        # Through pinned memory: a plain torch.tensor(..., device="cuda") would wait for the device,
+        # which a step launched while another is in flight must not do.
+        return to_device(rows, torch.int32, self.device).reshape(len(seqs), width)
