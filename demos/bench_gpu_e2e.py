@@ -217,11 +217,15 @@ def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, ch
 
     b1_prompt = [random.Random(args.seed + 1).randint(2, 10000) for _ in range(args.b1_prompt)]
     llm.generate([b1_prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+    ahead_before = llm.engine.num_steps_ahead
     runs = [b1_decode_seconds(llm, b1_prompt, args.b1_new) for _ in range(args.b1_repeats)]
     per_token = statistics.median(runs)
     report["b1_ms_per_token_runs"] = [r * 1e3 for r in runs]
+    # Each run generates 1 + (b1_new + 1) tokens twice; a fully pipelined one launches b1_new - 1 steps ahead.
+    report["b1_steps_ahead_per_run"] = (llm.engine.num_steps_ahead - ahead_before) / (2 * len(runs))
     print(f"[{name}] batch 1, pipelined decode {llm.engine.pipelined}: ms/token over {len(runs)} runs "
-          f"{', '.join(f'{r * 1e3:.3f}' for r in runs)}", flush=True)
+          f"{', '.join(f'{r * 1e3:.3f}' for r in runs)}; {report['b1_steps_ahead_per_run']:.1f} steps launched "
+          f"ahead per {args.b1_new + 1}-token generate", flush=True)
     if args.compare_unpipelined and llm.engine.pipelined:
         llm.engine.pipelined = False
         unpipelined = statistics.median(b1_decode_seconds(llm, b1_prompt, args.b1_new) for _ in range(args.b1_repeats))
