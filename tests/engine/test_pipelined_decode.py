@@ -3,6 +3,7 @@ what the unpipelined engine gives: tokens, text, stops, aborts, arrivals, seeded
 a tiny random Llama; on the CPU the runner's eager launch path, on CUDA the decode graphs."""
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -172,3 +173,44 @@ def test_pipelining_on_needs_a_runner_that_can_launch() -> None:
         make_engine(pipeline_decode="on")
     with pytest.raises(ValueError, match="pipeline_decode must be 'auto', 'on' or 'off', got 'yes'"):
         make_engine(pipeline_decode="yes")
+
+
+def random_scenario(rng: random.Random) -> tuple[list[tuple[str, list[int], SamplingParams]],
+                                                 dict[int, Callable[[LLMEngine], None]]]:
+    """Requests of mixed kinds (greedy, seeded sampling, logprobs, penalties, stops, lengths) and
+    arrivals and aborts at random steps."""
+    def params() -> SamplingParams:
+        kind = rng.choice(["greedy", "seeded", "logprobs", "penalty", "stop"])
+        max_tokens = rng.randint(1, 14)
+        common: dict[str, Any] = {"max_tokens": max_tokens, "ignore_eos": rng.random() < 0.7,
+                                  "min_tokens": min(max_tokens, rng.choice([0, 0, 2]))}
+        if kind == "seeded":
+            return SamplingParams(temperature=rng.choice([0.7, 1.3]), top_p=rng.choice([1.0, 0.9]),
+                                  seed=rng.randint(0, 99), **common)
+        if kind == "logprobs":
+            return greedy(logprobs=rng.randint(0, 3), **common)
+        if kind == "penalty":
+            return greedy(presence_penalty=0.5, **common)
+        if kind == "stop":
+            return greedy(stop_token_ids=[rng.randint(2, 300)], stop=["e"], **common)
+        return greedy(**common)
+
+    def prompt() -> list[int]:
+        return [rng.randint(2, 300) for _ in range(rng.randint(1, 40))]
+
+    requests = [(f"r{i}", prompt(), params()) for i in range(rng.randint(1, 4))]
+    events: dict[int, Callable[[LLMEngine], None]] = {}
+    for k in rng.sample(range(1, 12), rng.randint(0, 3)):
+        if rng.random() < 0.5:
+            rid, p, sp = f"late{k}", prompt(), params()
+            events[k] = lambda eng, rid=rid, p=p, sp=sp: eng.add_request(rid, p, sp)
+        else:
+            victim = rng.choice(requests)[0]
+            events[k] = lambda eng, victim=victim: eng.abort(victim)
+    return requests, events
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_mixes_of_requests_arrivals_and_aborts_match_unpipelined(directory: Path, seed: int) -> None:
+    requests, events = random_scenario(random.Random(seed))
+    both(directory, "cpu", requests, events, num_kv_blocks=24, max_num_batched_tokens=32)
