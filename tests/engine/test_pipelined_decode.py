@@ -214,3 +214,21 @@ def random_scenario(rng: random.Random) -> tuple[list[tuple[str, list[int], Samp
 def test_random_mixes_of_requests_arrivals_and_aborts_match_unpipelined(directory: Path, seed: int) -> None:
     requests, events = random_scenario(random.Random(seed))
     both(directory, "cpu", requests, events, num_kv_blocks=24, max_num_batched_tokens=32)
+
+
+def test_parallel_samples_of_one_request_match_unpipelined(directory: Path) -> None:
+    outcomes, ahead = [], []
+    for pipeline in ("off", "on"):
+        eng = engine(directory, "cpu", pipeline)
+        eng.add_request("n3", PROMPTS[2], SamplingParams(temperature=0.9, seed=3, n=3, max_tokens=12, ignore_eos=True))
+        eng.add_request("n2", PROMPTS[1], greedy(n=2, max_tokens=10, ignore_eos=True))
+        done = []
+        while eng.has_unfinished():
+            eng.step()
+            done += eng.pop_finished()
+        outcomes.append(sorted((o.request_id, [tuple(c.token_ids) for c in o.outputs]) for o in done))
+        ahead.append(eng.num_steps_ahead)
+    assert outcomes[0] == outcomes[1] and ahead[0] == 0 and ahead[1] > 5
+    n2, n3 = dict(outcomes[1])["n2"], dict(outcomes[1])["n3"]
+    assert len(n3) == 3 and len(set(n3)) == 3  # three seeds, three different draws
+    assert len(n2) == 2 and n2[0] == n2[1]  # greedy siblings agree
