@@ -11,10 +11,17 @@ import pytest
 def embedded_backend() -> Iterator[Any]:
     """The full model stack on the embedded defaults (SmolLM2, Whisper tiny.en, Piper, silero), loaded once
     for every end-to-end test: greedy, short answers, so what the answer says can be checked."""
+    import onnxruntime
+
     from engine.config import EngineConfig
     from omni import load_backend
     from omni.config import OmniConfig
 
+    # Piper samples noise inside its ONNX graph from a generator each session seeds when it is built:
+    # seeded here, every synthesis of the run is reproducible, so the spoken answer that the content
+    # checks transcribe cannot come out misheard by chance (Whisper tiny once heard "France is
+    # Paris" as "Francis Pears").
+    onnxruntime.set_seed(0)
     config = OmniConfig(engine=EngineConfig(model="default", max_model_len=2048), temperature=0.0, max_tokens=48,
                         system_prompt="You are a helpful assistant. Answer in one short sentence.")
     pipeline = load_backend(config)
