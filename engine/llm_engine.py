@@ -88,7 +88,9 @@ class LLMEngine:
         self._in_flight: Any = None  # a pipelined step whose tokens the host has not read
         self._launch: Callable[..., Any] | None = None
         on_cuda = getattr(getattr(self.runner, "device", None), "type", None) == "cuda"
-        self.pipelined = config.pipeline_decode == "on" or (config.pipeline_decode == "auto" and on_cuda)
+        # "auto" leaves a runner that cannot launch ahead unpipelined; "on" insists (the setter refuses).
+        can_launch = hasattr(self.runner, "launch_decode")
+        self.pipelined = config.pipeline_decode == "on" or (config.pipeline_decode == "auto" and on_cuda and can_launch)
         self.num_steps_ahead = 0  # steps launched before the host had read the step in front of them
 
     @staticmethod

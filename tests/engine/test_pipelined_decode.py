@@ -166,9 +166,17 @@ def test_pipelining_switches_only_between_requests(directory: Path) -> None:
 
 
 def test_pipelining_on_needs_a_runner_that_can_launch() -> None:
-    from engine_fakes import make_engine
+    from engine_fakes import FakeRunner, fake_model, make_engine
+
+    from engine.config import EngineConfig
+
+    class CudaFakeRunner(FakeRunner):  # on CUDA, but without launch_decode
+        device = torch.device("cuda")
 
     assert not make_engine().pipelined  # "auto" off the GPU
+    on_cuda = LLMEngine(EngineConfig(num_kv_blocks=64, block_size=16), model=fake_model(),
+                        runner_factory=lambda c, m: CudaFakeRunner(c, m))
+    assert not on_cuda.pipelined  # "auto" leaves a runner that cannot launch ahead as it is
     with pytest.raises(ValueError, match="needs a runner with launch_decode; FakeRunner has none"):
         make_engine(pipeline_decode="on")
     with pytest.raises(ValueError, match="pipeline_decode must be 'auto', 'on' or 'off', got 'yes'"):
