@@ -23,8 +23,8 @@ def samples_from_logits_alone(seq: Sequence) -> bool:
     """Whether the sampler picks ``seq``'s next tokens from the logits and the sequence's parameters
     alone: no logprobs, no penalty, min_tokens reached, no media (whose decode steps run eagerly)."""
     p = seq.params
-    return (p.logprobs is None and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
-            and p.frequency_penalty == 0.0 and seq.num_output_tokens >= p.min_tokens and not seq.embed_spans)
+    return (p.logprobs is None and not p.penalized and seq.num_output_tokens >= p.min_tokens
+            and not seq.embed_spans)
 
 
 def launchable(batch: ScheduledBatch) -> bool:

@@ -60,7 +60,7 @@ class Sampler:
         params = [s.params for s in seqs]
         raw = logits
         logits = self._mask_min_tokens(logits, seqs)
-        if any(_has_penalty(p) for p in params):
+        if any(p.penalized for p in params):
             logits = apply_penalties(logits, seqs)
         # The given argmax is that of the raw logits: stale once a mask or a penalty changed them.
         best = argmax if argmax is not None and logits is raw else logits.argmax(dim=-1)
@@ -140,10 +140,6 @@ class Sampler:
             top = tuple(zip(top_ids[i][: p.logprobs], top_vals[i][: p.logprobs])) if p.logprobs else ()
             results.append(SampleResult(token_list[i], Logprob(token_list[i], chosen[i], top)))
         return results
-
-
-def _has_penalty(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
