@@ -28,6 +28,7 @@ from engine.attention import AttentionMetadata
 from engine.block_table_rows import BlockTableRows
 from engine.cuda_graphs import DecodeGraphs, default_buckets, pick_bucket
 from engine.pending_decode import PendingDecode
+from engine.sampler import to_device
 from engine.sequence import ScheduledBatch
 
 log = logging.getLogger(__name__)
@@ -158,11 +159,9 @@ class GraphedDecode:
             return None
         prev_ids = None if after is None else tokens_for(seqs, after)
         staging, logits, argmax = self._replay(seqs, bucket, prev_ids)
-        tokens = choose(logits, argmax)
-        host = staging.tokens[:len(seqs)]
-        host.copy_(tokens, non_blocking=True)
-        staging.copied = _record()
-        return PendingDecode(batch, tokens, host, staging.copied)
+        pending = PendingDecode.start(batch, choose(logits, argmax), staging.tokens[:len(seqs)])
+        staging.copied = pending.ready
+        return pending
 
 
 def _record() -> torch.cuda.Event:
@@ -178,7 +177,7 @@ def tokens_for(seqs: list[Any], after: PendingDecode) -> torch.Tensor:
     rows = [row_of[seq.seq_id] for seq in seqs]
     if rows == list(range(len(rows))):
         return after.tokens[:len(rows)]
-    return after.tokens[torch.tensor(rows, dtype=torch.int64).to(after.tokens.device, non_blocking=True)]
+    return after.tokens[to_device(rows, torch.int64, after.tokens.device)]
 
 
 def decode_position(seq: Any, block_size: int, ahead: bool) -> int:

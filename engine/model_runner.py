@@ -167,14 +167,7 @@ class ModelRunner:
         )
         plan_step(self.ops, meta, bs)
         hidden = self.model.forward(ids, to_device(positions, torch.int64, dev), meta, self.kv_caches)
-        tokens = self.sampler.choose(self.model.compute_logits(hidden), seqs)
-        if dev.type != "cuda":
-            return PendingDecode(batch, tokens, tokens, None)
-        host = torch.empty(len(seqs), dtype=torch.int64, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-        return PendingDecode(batch, tokens, host, ready)
+        return PendingDecode.start(batch, self.sampler.choose(self.model.compute_logits(hidden), seqs))
 
     # ---- input preparation ----------------------------------------------------------------------
 

@@ -21,6 +21,19 @@ class PendingDecode:
     host: torch.Tensor
     ready: torch.cuda.Event | None
 
+    @classmethod
+    def start(cls, batch: ScheduledBatch, tokens: torch.Tensor, host: torch.Tensor | None = None) -> PendingDecode:
+        """The step whose device ``tokens`` were just queued: their copy to ``host`` (pinned int64
+        ``[len(tokens)]``, a new one when None) is queued behind them. On the CPU ``tokens`` are the host's."""
+        if tokens.device.type != "cuda":
+            return cls(batch, tokens, tokens, None)
+        if host is None:
+            host = torch.empty(len(tokens), dtype=torch.int64, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(batch, tokens, host, ready)
+
     def results(self) -> list[SampleResult]:
         """Wait for the step and return one token per sequence, as the sampler would have."""
         if self.ready is not None:
