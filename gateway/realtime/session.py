@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from gateway.realtime import audio as audio_fmt
-from gateway.realtime.commands import (AdoptSpeculation, CancelResponse, DropSpeculation, Output, Prepare,
-                                       SessionLimits, Send, Speculate, StartResponse, Transcribe, VadFactory, new_id)
+from gateway.realtime.commands import (CancelResponse, Output, SessionLimits, Send, StartResponse, Transcribe,
+                                       VadFactory, new_id)
 from gateway.realtime.context import build_request, has_images, parse_metadata, recent_frames_only, resolve_input
 from gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
 from gateway.realtime.image_output import parse_image_options
@@ -27,7 +27,8 @@ from gateway.realtime.items import Content, Item, ItemStore, audio_bytes, decode
 from gateway.realtime.response import Event, ResponseRun
 from gateway.realtime.settings import (Dialect, SessionSettings, TurnDetection, apply_response_overrides,
                                        apply_transcription_update, apply_update, render_session, validate_choice)
-from omni.protocol import (AudioChunk, Capabilities, Done, Error, ImageFinal, ImageOutputOptions, ImagePartial,
+from gateway.realtime.speculation import TurnSpeculation
+from omni.protocol import (AudioChunk, Capabilities, Done, Error, ImageFinal, ImagePartial,
                            OmniRequest, OutputChunk, TextDelta, ToolCallDelta, Transcription, Usage)
 
 MIN_COMMIT_MS = 100
@@ -40,15 +41,6 @@ _BETA_NAMES = {
     "response.output_audio_transcript.done": "response.audio_transcript.done",
     "conversation.item.added": "conversation.item.created",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    """A reply started from a speculative transcript: the turn as it was heard, and the request sent."""
-
-    response_id: str
-    item: Item
-    request: OmniRequest
 
 
 class RealtimeSession:
@@ -79,9 +71,7 @@ class RealtimeSession:
         self._active: str | None = None  # the response writing to the default conversation
         self._pending_asr: set[str] = set()
         self._pending_turn_id: str | None = None  # announced by speech_started, used by the commit
-        # (pause offset, job): the turn's transcript being computed while the detector waits out a pause
-        self._speculation: tuple[int, Transcribe] | None = None
-        self._prepared: _Prepared | None = None  # the reply to the speculation's turn, being generated
+        self._speculation = TurnSpeculation()
         self._audio_emitted = False
         self._out: list[Output] = []
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -248,17 +238,10 @@ class RealtimeSession:
         self._drop_speculation()
         if self._pending_turn_id is None or audio_fmt.duration_ms(signal.pcm16) < MIN_COMMIT_MS:
             return
-        job = self._transcribe_job(self._pending_turn_id, signal.pcm16)
-        self._speculation = (signal.pause_at, job)
-        self._out.append(Speculate(job))
+        self._out += self._speculation.begin(signal.pause_at, self._transcribe_job(self._pending_turn_id, signal.pcm16))
 
     def _drop_speculation(self) -> None:
-        """Discard the speculative transcription and the reply prepared from it (one turn: one item id)."""
-        item_id = self._speculation[1].item_id if self._speculation is not None else \
-            self._prepared.item.id if self._prepared is not None else None
-        self._speculation = self._prepared = None
-        if item_id is not None:
-            self._out.append(DropSpeculation(item_id))
+        self._out += self._speculation.drop()
 
     def _speech_started(self, signal: SpeechStarted) -> None:
         self._drop_speculation()
@@ -305,16 +288,7 @@ class RealtimeSession:
         self._announce(item, previous)
         self._pending_asr.add(item.id)
         self._enforce_audio_budget()
-        job = self._transcribe_job(item.id, pcm)
-        speculation, self._speculation = self._speculation, None
-        if speculation is not None and pause_at is not None and speculation[0] == pause_at \
-                and replace(speculation[1], pcm16=pcm) == job:
-            self._out.append(AdoptSpeculation(job))
-            return
-        if speculation is not None:
-            self._out.append(DropSpeculation(speculation[1].item_id))
-        self._prepared = None  # it answered the speculation's words, which this turn does not adopt
-        self._out.append(job)
+        self._out += self._speculation.commit(self._transcribe_job(item.id, pcm), pause_at)
 
     def _transcribe_job(self, item_id: str, pcm: bytes) -> Transcribe:
         transcription = self.settings.transcription or {}
@@ -343,8 +317,7 @@ class RealtimeSession:
     def on_speculation(self, job: Transcribe, result: Transcription) -> list[Output]:
         """The speculative transcript of the current pause is known: when the turn would be answered as
         soon as it ends, start preparing that answer from the conversation as it would then be."""
-        if self._speculation is None or self._speculation[1] != job or not result.text.strip() \
-                or not self._answers_turns():
+        if not self._speculation.is_current(job) or not result.text.strip() or not self._answers_turns():
             return self._flush()
         heard = Item(job.item_id, "message", role="user",
                      content=[Content("input_audio", audio=job.pcm16, transcript=result.text)])
@@ -356,23 +329,8 @@ class RealtimeSession:
         response_id = new_id("resp")
         request = build_request(response_id, settings, context, max_image_frames=self.limits.max_image_frames,
                                 image=parse_image_options(None))
-        self._prepared = _Prepared(response_id, heard, request)
-        self._out.append(Prepare(job.item_id, request))
+        self._out += self._speculation.prepare(response_id, heard, request)
         return self._flush()
-
-    def _take_prepared(self, settings: SessionSettings, context: list[Item],
-                       image: ImageOutputOptions) -> _Prepared | None:
-        """The prepared reply, when this response's request is exactly the one it was started with (the
-        committed turn read as the speculation heard it); else it is discarded."""
-        if self._prepared is None or self._speculation is not None:
-            return None  # nothing prepared, or still in the pause: this response is not the turn's
-        prepared, self._prepared = self._prepared, None
-        as_heard = [prepared.item if it.id == prepared.item.id else it for it in context]
-        if build_request(prepared.response_id, settings, as_heard, max_image_frames=self.limits.max_image_frames,
-                         image=image) == prepared.request:
-            return prepared
-        self._out.append(DropSpeculation(prepared.item.id))
-        return None
 
     def on_transcription_failed(self, item_id: str, message: str) -> list[Output]:
         self._pending_asr.discard(item_id)
@@ -477,7 +435,10 @@ class RealtimeSession:
         image = parse_image_options(params.get("image"))
         context = resolve_input(params.get("input"), self.items, self._new_item_id, self.settings.input_format,
                                 max_image_bytes=self.limits.max_image_bytes)
-        prepared = self._take_prepared(settings, context, image)
+        prepared, dropped = self._speculation.take(
+            lambda p: build_request(p.response_id, settings, [p.item if it.id == p.item.id else it for it in context],
+                                    max_image_frames=self.limits.max_image_frames, image=image))
+        self._out += dropped
         run = ResponseRun(prepared.response_id if prepared is not None else new_id("resp"), settings, self.dialect,
                           store=self.items if conversation == "auto" else None,
                           conversation_id=self.conversation_id if conversation == "auto" else None,
