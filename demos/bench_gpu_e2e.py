@@ -244,6 +244,8 @@ def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, ch
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
     if args.trace_b1:
         trace_decode(llm, b1_prompt, args.trace_b1)
+    if args.probe_b1:
+        probe_steps(llm, b1_prompt, args.probe_b1)
     shape = llm.engine.runner.model.shape
     kv_per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 2
     mean_context = args.b1_prompt + args.b1_new / 2
@@ -336,6 +338,49 @@ def trace_decode(llm: Any, prompt: list[int], steps: int) -> None:
         print(f"    {total / steps:8.1f} us/token  {name[:110]}", flush=True)
 
 
+def probe_steps(llm: Any, prompt: list[int], steps: int) -> None:
+    """Split a batch-1 step into the graph's device time, the device time between two graphs (the
+    staged copies and any idling) and the host time spent inside the graph launch, from CUDA events
+    recorded around every replay of the batch-1 graph and host clocks around the launch call."""
+    from engine import SamplingParams
+
+    graphs = llm.engine.runner.graphs
+    if graphs is None:
+        print("  probe: the engine runs without graphs", flush=True)
+        return
+    graph = graphs._graphs._graphs[1].graph
+    replay = graph.replay
+    marks: list[tuple[torch.cuda.Event, torch.cuda.Event, float]] = []
+
+    def timed_replay() -> None:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        t0 = time.perf_counter()
+        replay()
+        marks.append((begin, end, time.perf_counter() - t0))
+        end.record()
+
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
+    graph.replay = timed_replay
+    try:
+        llm.generate([prompt], params)
+        marks.clear()
+        llm.generate([prompt], params)
+        torch.cuda.synchronize()
+    finally:
+        del graph.replay
+    inside = [b.elapsed_time(e) for b, e, _ in marks]
+    between = [marks[i][1].elapsed_time(marks[i + 1][0]) for i in range(len(marks) - 1)]
+    launch = [host * 1e3 for _, _, host in marks]
+    q = statistics.quantiles
+    print(f"  probe of {len(marks)} batch-1 graph replays: graph {statistics.median(inside):.3f} ms median "
+          f"(deciles {q(inside, n=10)[0]:.3f}-{q(inside, n=10)[-1]:.3f}); between graphs "
+          f"{statistics.median(between) * 1e3:.1f} us median (deciles {q(between, n=10)[0] * 1e3:.1f}-"
+          f"{q(between, n=10)[-1] * 1e3:.1f}, mean {statistics.mean(between) * 1e3:.1f}); host time inside "
+          f"graph.replay() {statistics.median(launch) * 1e3:.1f} us median (max {max(launch) * 1e3:.1f})",
+          flush=True)
+
+
 def run_workload(name: str, llm: Any, work: Workload, report: dict[str, Any], key: str = "") -> None:
     """Time the workload; ``key`` prefixes the report entries (a second run with other settings)."""
     from engine import SamplingParams
@@ -387,6 +432,8 @@ def main() -> None:
     parser.add_argument("--profile-b1", action="store_true", help="print a cProfile of the batch-1 run")
     parser.add_argument("--trace-b1", type=int, default=0, metavar="TOKENS",
                         help="trace this many batch-1 tokens with torch.profiler: kernel time, gaps, host idle")
+    parser.add_argument("--probe-b1", type=int, default=0, metavar="TOKENS",
+                        help="time each batch-1 graph replay and the device time between replays with CUDA events")
     parser.add_argument("--tmp", default=None, help="where the random checkpoints are written")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
