@@ -28,6 +28,7 @@ class KernelOps:
     fused_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     silu_and_mul: Callable[..., torch.Tensor]
     greedy_argmax: Callable[..., torch.Tensor]
+    linear: Callable[..., torch.Tensor]
 
 
 # Where the Triton twin of each kernel lives.
@@ -39,6 +40,7 @@ _TRITON_MODULES = {
     "fused_add_rms_norm": "kernels.norm",
     "silu_and_mul": "kernels.activation",
     "greedy_argmax": "kernels.argmax",
+    "linear": "kernels.gemv",
 }
 
 

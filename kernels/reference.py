@@ -202,3 +202,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     """int64 ``[rows]``: the column of each ``[rows, vocab]`` row's largest value, the lowest on ties."""
     return logits.argmax(dim=-1)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T (+ bias)``: x ``[M, K]``, weight ``[N, K]``, bias ``[N]``; ``[M, N]`` in x's dtype."""
+    return F.linear(x, weight, bias)

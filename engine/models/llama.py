@@ -6,6 +6,7 @@ Weights arrive under Hugging Face names (see engine/loader.py).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,22 +104,25 @@ def onednn_prepacks(device: torch.device, dtype: torch.dtype) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Linear:
-    """``x @ weight.T + bias``; inputs of at least ``packed_rows`` rows use ``packed``, the oneDNN copy."""
+    """``x @ weight.T + bias`` through ``kernel`` (the backend's ``linear``); inputs of at least
+    ``packed_rows`` rows use ``packed``, the oneDNN copy, instead."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
+    kernel: Callable[..., torch.Tensor]
     packed: torch.Tensor | None = None
     packed_rows: int = 1
 
     @classmethod
-    def build(cls, weight: torch.Tensor, bias: torch.Tensor | None, *, prepack: bool, packed_rows: int = 1) -> Linear:
+    def build(cls, weight: torch.Tensor, bias: torch.Tensor | None, kernel: Callable[..., torch.Tensor], *,
+              prepack: bool, packed_rows: int = 1) -> Linear:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight) if prepack else None
-        return cls(weight, bias, packed, packed_rows)
+        return cls(weight, bias, kernel, packed, packed_rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.shape[0] >= self.packed_rows:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        return self.kernel(x, self.weight, self.bias)
 
 
 @dataclass(slots=True)
@@ -163,10 +167,11 @@ class LlamaModel:
 
         def linear(weight: torch.Tensor | None, bias: torch.Tensor | None = None) -> Linear:
             assert weight is not None
-            return Linear.build(weight, bias, prepack=prepack, packed_rows=2)
+            return Linear.build(weight, bias, ops.linear, prepack=prepack, packed_rows=2)
 
         self.embed = w("model.embed_tokens.weight")
-        self.lm_head = Linear.build(self.embed if s.tie_embeddings else w("lm_head.weight"), None, prepack=prepack)
+        self.lm_head = Linear.build(self.embed if s.tie_embeddings else w("lm_head.weight"), None, ops.linear,
+                                    prepack=prepack)
         self.final_norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         # On the CPU the [2I, H] merged gate/up matmul was no faster than two [I, H] ones (MKL ran it

@@ -35,7 +35,8 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 def test_linear_matches_torch_for_one_row_and_many() -> None:
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
-    linear = Linear.build(weight, bias, prepack=onednn_prepacks(torch.device("cpu"), torch.float32), packed_rows=2)
+    linear = Linear.build(weight, bias, torch.nn.functional.linear,
+                          prepack=onednn_prepacks(torch.device("cpu"), torch.float32), packed_rows=2)
     for rows in (1, 2, 17):  # one row takes the plain weight, more the oneDNN copy where there is one
         x = torch.randn(rows, 24, generator=gen)
         torch.testing.assert_close(linear(x), torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)

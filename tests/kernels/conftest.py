@@ -20,6 +20,7 @@ _TRITON_MODULES = (
     "kernels.rotary",
     "kernels.activation",
     "kernels.argmax",
+    "kernels.gemv",
 )
 
 if not torch.cuda.is_available():
