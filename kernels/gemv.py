@@ -80,7 +80,9 @@ def _gemv_kernel(
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            config: GemvConfig | None = None) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` for x ``[M, K]`` and weight ``[N, K]``: one row runs the Triton
-    kernel, more rows ``F.linear``. Returns ``[M, N]`` in x's dtype."""
+    kernel, more rows ``F.linear`` (which checks its own arguments). Returns ``[M, N]`` in x's dtype."""
+    if x.dim() == 2 and x.shape[0] != 1:
+        return F.linear(x, weight, bias)
     check_tensor("weight", weight, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES, device=weight.device, contiguous=False)
     check_same_dtype(weight.dtype, x=x)
@@ -89,8 +91,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None:
         check_tensor("bias", bias, ndim=1, dtypes=FLOAT_DTYPES, device=x.device)
         check_dim("bias", bias.shape[0], n, "out_features (weight.shape[0])")
-    if x.shape[0] != 1:
-        return F.linear(x, weight, bias)
     if x.stride(1) != 1:
         x = x.contiguous()
     config = config or default_gemv_config(n)
