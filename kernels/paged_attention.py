@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -48,8 +48,10 @@ class DecodeConfig:
     block_n: int = 64  # KV tokens per inner-loop tile
     num_warps: int = 4
     num_stages: int = 3
-    # Aim for about this many (sequence, KV head, split) programs: the split count grows until
-    # batch x KV heads x splits reaches it, so small batches get more splits than large ones.
+    # At most this many (sequence, KV head, split) programs, unless one split per (sequence, KV
+    # head) already exceeds it: the split count grows while batch x KV heads x splits stays within
+    # it, so small batches get more splits than large ones and no launch spills into a second,
+    # mostly empty wave of programs.
     target_programs: int = 396
     # Never split a context finer than this many tokens: the split granularity of small batches,
     # whose split count target_programs alone would push up to _MAX_SPLITS. Each split is also
@@ -95,7 +97,7 @@ def num_decode_splits(batch: int, num_kv_heads: int, max_context: int, config: D
     """(num_splits, tokens_per_split) for a decode launch; a function of shapes only."""
     base = max(1, batch * num_kv_heads)
     splits = min(
-        math.ceil(config.target_programs / base),
+        config.target_programs // base,
         max(1, max_context // config.min_split_tokens),
         _MAX_SPLITS,
     )
@@ -110,29 +112,56 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def default_decode_config(q: torch.Tensor) -> DecodeConfig:
-    """Decode launch parameters for the device holding ``q``.
-
-    Swept on an H200 (docs/benchmarks.md): 64-token tiles, 4 warps and 3 stages (96 KB of shared
-    memory, two programs per SM), splitting until about three programs per SM exist, and merging
-    splits in the kernel itself was the best single setting across batch 16-64, contexts 1k-4k;
-    larger batches and contexts do not split and run near copy bandwidth with any nearby setting.
-    """
+def default_decode_config(q: torch.Tensor, num_kv_heads: int = 1, max_context: int = 0) -> DecodeConfig:
+    """Decode launch parameters for ``q``'s device and a launch of ``q.shape[0]`` sequences over
+    ``num_kv_heads`` KV heads and block tables covering ``max_context`` tokens (shapes only, so the
+    choice is CUDA-graph capturable). The CPU interpreter gets small tiles."""
     if q.device.type != "cuda":
-        return DecodeConfig(block_n=32, num_warps=4, num_stages=1, target_programs=8, min_split_tokens=32)
-    return gpu_decode_config(_sm_count(q.device.index or 0))
+        return DecodeConfig(block_n=32, num_warps=4, num_stages=1, target_programs=16, min_split_tokens=32)
+    return gpu_decode_config(_sm_count(q.device.index or 0), q.shape[0], num_kv_heads, max_context,
+                             head_dim=q.shape[-1], element_size=q.element_size())
 
 
-def gpu_decode_config(sm_count: int) -> DecodeConfig:
-    """The default decode launch parameters of a GPU with ``sm_count`` SMs: three programs per SM,
-    splits down to one 64-token tile, merged in-kernel up to 32 splits.
+# What the pipeliner makes of each tile on sm_90 for bf16 and head_dim 128 (Triton 3.6; compiled
+# sizes in docs/benchmarks.md): 64-token tiles at 3 stages keep one K/V tile in flight in 39 KB of
+# shared memory (four programs per SM by registers), 5 stages two tiles in 72 KB (three per SM),
+# 128-token tiles at 6 stages two tiles in 140 KB (one program per SM).
+_MANY_PAIRS = DecodeConfig(block_n=64, num_stages=3, min_split_tokens=64, fused_max_splits=32)
+_SOME_PAIRS = DecodeConfig(block_n=64, num_stages=5, min_split_tokens=64, fused_max_splits=32)
+_FEW_PAIRS = DecodeConfig(block_n=128, num_stages=6, min_split_tokens=128, fused_max_splits=32)
+_TILE_BYTES = 128 * 128 * 2  # the largest K tile above; wider heads or elements get fewer tokens
 
-    On an H200 (Llama-3-8B heads, 32/8) one-tile splits took batch-1 decode from 11.0 to 6.3-6.9 us
-    at a 1k context and from 11.9 to 8.7 us at 2k, and batch 2 from 11.8 to 8.3 us; from batch 4 up
-    target_programs caps the split count first, so the granularity changes nothing there. At 16-32
-    splits the in-kernel merge ran within 0.6 us of the merge kernel and saves its launch.
+
+def gpu_decode_config(sm_count: int, batch: int = 1, num_kv_heads: int = 1, max_context: int = 0, *,
+                      head_dim: int = 128, element_size: int = 2) -> DecodeConfig:
+    """The decode launch parameters of a GPU with ``sm_count`` SMs for a launch of ``batch`` x
+    ``num_kv_heads`` (sequence, KV head) pairs over ``max_context`` tokens.
+
+    Decode streams K/V, so what counts is the bytes in flight across the GPU while every program
+    fits in one wave. Swept on an H200 (docs/benchmarks.md, "Paged decode attention"):
+    - two or more pairs per SM: one split each, 64-token tiles at 3 stages (small programs balance
+      the waves);
+    - one to two pairs per SM: one split, two 64-token tiles in flight (three programs per SM);
+    - a quarter to one pair per SM: 128-token tiles, two in flight, one program per SM, split until
+      the SMs are used, unless the context is so short that those splits would leave most SMs idle;
+    - fewer pairs, or too short a context: 64-token one-tile splits, merged in-kernel up to 32. An
+      engine's block tables are as wide as its longest allowed context, which is this choice's
+      only view of the context, while a batch-1 decode mostly reads far fewer tokens; many
+      one-tile splits then keep its latency low (on the H200 the 128-token splits made the 8B
+      model's batch-1 decode graph 4.33 ms against 4.17-4.28).
+    Tiles hold at most 128 tokens of bf16 head_dim 128; wider rows get proportionally fewer tokens.
     """
-    return DecodeConfig(target_programs=3 * sm_count, min_split_tokens=64, fused_max_splits=32)
+    pairs = max(1, batch * num_kv_heads)
+    if pairs >= 2 * sm_count:
+        config = replace(_MANY_PAIRS, target_programs=3 * sm_count)
+    elif pairs >= sm_count:
+        config = replace(_SOME_PAIRS, target_programs=3 * sm_count)
+    elif pairs >= sm_count // 4 and pairs * (max_context // _FEW_PAIRS.block_n) >= sm_count // 2:
+        config = replace(_FEW_PAIRS, target_programs=sm_count)
+    else:
+        config = replace(_MANY_PAIRS, target_programs=3 * sm_count)
+    block_n = max(16, min(config.block_n, _TILE_BYTES // (next_pow2(head_dim) * element_size)))
+    return replace(config, block_n=block_n, min_split_tokens=min(config.min_split_tokens, block_n))
 
 
 def default_prefill_config(q: torch.Tensor) -> PrefillConfig:
@@ -378,8 +407,8 @@ def paged_decode_attention(
     out = torch.empty_like(q)
     if batch == 0:
         return out
-    config = config or default_decode_config(q)
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    config = config or default_decode_config(q, num_kv_heads, block_tables.shape[1] * page)
     group = num_q_heads // num_kv_heads
     max_blocks = block_tables.shape[1]
     num_splits, per_split = num_decode_splits(batch, num_kv_heads, max_blocks * page, config)

@@ -76,6 +76,30 @@ def test_decode_split_count_depends_on_shapes_only():
     assert num_decode_splits(1, 1, 300, config)[0] == 1
 
 
+@pytest.mark.parametrize(
+    "batch,hkv,ctx,block_n,splits",
+    [
+        (256, 8, 4096, 64, 1),  # 2048 pairs: many programs per SM, no split
+        (64, 4, 4096, 64, 1),  # 256 pairs: between one and two per SM, no split
+        (16, 4, 4096, 128, 2),  # 64 pairs: 128-token tiles, split until the 132 SMs are used
+        (16, 8, 1024, 128, 1),  # 128 pairs: one per SM already
+        (12, 4, 2048, 128, 2),
+        (12, 4, 128, 64, 2),  # too short to fill the SMs with 128-token splits: one-tile 64-token splits
+        (1, 8, 16384, 64, 43),  # too few pairs: fine splits, whatever the table width
+    ],
+)
+def test_gpu_default_config_fills_one_wave(batch, hkv, ctx, block_n, splits):
+    from kernels.paged_attention import gpu_decode_config
+
+    config = gpu_decode_config(132, batch, hkv, ctx)
+    got_splits, per_split = num_decode_splits(batch, hkv, ctx, config)
+    assert (config.block_n, got_splits) == (block_n, splits)
+    assert got_splits * per_split >= ctx
+    assert config.merges_in_kernel(got_splits) == (1 < got_splits <= 32)
+    if block_n == 128:  # one program per SM: the launch must not spill into a second wave
+        assert batch * hkv * got_splits <= 132
+
+
 def test_fused_reduce_leaves_counters_zeroed_for_the_next_call(device, rel_err):
     from kernels import paged_attention
 
