@@ -11,8 +11,9 @@ argmax against torch.argmax.
     python demos/bench_kernels.py --heads 32:8 --batches 1,2,4,8 --contexts 1024,2048,4096 --sweep-min-split 64,128,256 --sweep-fused-max 8,16,32,64 --skip floor,prefill,elementwise
 
 The last varies only the split granularity and the in-kernel merge limit around the device
-default; add --plan to print the decode cases and distinct launches such a run would time
-(no GPU needed).
+default; --grid FIELD=LIST sweeps any DecodeConfig field the same way, and every new kernel
+specialization's registers, spills and shared memory are printed. Add --plan to print the
+decode cases and distinct launches such a run would time (no GPU needed).
 
 Every decode config is checked against the float64 reference on a ragged batch, and again on the
 first sequences of each timed case (its split count picks its own kernel specialization) before it
@@ -28,7 +29,7 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -42,6 +43,7 @@ from kernels.argmax import greedy_argmax
 from kernels.kv_cache import write_kv_cache
 from kernels.norm import fused_add_rms_norm, rms_norm
 from kernels.paged_attention import (
+    _decode_split_kernel,
     DecodeConfig,
     PrefillConfig,
     default_decode_config,
@@ -62,14 +64,10 @@ SWEEP = [
 ]
 
 
-def decode_sweep(base: DecodeConfig, min_split_tokens: list[int], fused_max_splits: list[int]) -> list[DecodeConfig]:
-    """``base`` with every combination of the given split granularities and in-kernel merge limits
-    (an empty list keeps base's value)."""
-    return [
-        replace(base, min_split_tokens=m, fused_max_splits=f)
-        for m, f in itertools.product(min_split_tokens or [base.min_split_tokens],
-                                      fused_max_splits or [base.fused_max_splits])
-    ]
+def decode_sweep(base: DecodeConfig, grid: dict[str, list[object]]) -> list[DecodeConfig]:
+    """``base`` with every combination of the values ``grid`` gives its DecodeConfig fields."""
+    names = list(grid)
+    return [replace(base, **dict(zip(names, values))) for values in itertools.product(*grid.values())]
 
 
 def launch_key(cfg: DecodeConfig, batch: int, hkv: int, ctx: int) -> tuple[object, ...]:
@@ -97,6 +95,44 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
     if any(len(p) != 2 or not all(x.strip().isdigit() for x in p) for p in pairs):
         raise argparse.ArgumentTypeError(f"expected Hq:Hkv pairs such as 32:8,64:8, got {text!r}")
     return [(int(hq), int(hkv)) for hq, hkv in pairs]
+
+
+_GRID_FIELDS = {f.name: f.type for f in fields(DecodeConfig)}
+
+
+def parse_grid(text: str) -> tuple[str, list[object]]:
+    """``FIELD=V1,V2`` of a DecodeConfig field: integers, or 0/1 for a flag."""
+    name, _, values = text.partition("=")
+    kind = _GRID_FIELDS.get(name.strip())
+    if kind is None or not values:
+        raise argparse.ArgumentTypeError(
+            f"expected FIELD=V1,V2 with FIELD among {', '.join(_GRID_FIELDS)}, got {text!r}")
+    ints = parse_ints(values)
+    if kind in ("bool", bool):
+        if any(v not in (0, 1) for v in ints):
+            raise argparse.ArgumentTypeError(f"{name}: expected 0 or 1 for a flag, got {values!r}")
+        return name.strip(), [bool(v) for v in ints]
+    return name.strip(), ints
+
+
+def compiled_resources(kernel: object) -> dict[object, dict[str, object]]:
+    """Registers, spills and shared memory of every specialization ``kernel`` has compiled, keyed by
+    the compiled object's id. Triton keeps its per-device kernel cache in a tuple whose layout
+    changes between versions, so every dict in it whose values carry compile metadata is read."""
+    out: dict[object, dict[str, object]] = {}
+    for entry in getattr(kernel, "device_caches", {}).values():
+        for part in entry if isinstance(entry, tuple) else (entry,):
+            if not isinstance(part, dict):
+                continue
+            for compiled in part.values():
+                meta = getattr(compiled, "metadata", None)
+                if meta is None:
+                    continue
+                out[id(compiled)] = dict(n_regs=getattr(compiled, "n_regs", None),
+                                         n_spills=getattr(compiled, "n_spills", None),
+                                         shared=getattr(meta, "shared", None), num_warps=getattr(meta, "num_warps", None),
+                                         num_stages=getattr(meta, "num_stages", None))
+    return out
 
 
 class Report:
@@ -233,7 +269,7 @@ def bench_decode(copy_bw: float, heads: list[tuple[int, int]], batches: list[int
         qs = [torch.randn(batch, hq, d, device="cuda", dtype=dtype) for _ in range(n_sets)]
         seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
         est = io_bytes / (0.8 * copy_bw) + 4e-6
-        default = default_decode_config(qs[0])
+        default = default_decode_config(qs[0], hkv, ctx)
         expected = _case_reference(qs[0], k_cache, v_cache, seq_lens, tables[0], d ** -0.5)
         torch.cuda.empty_cache()  # the reference's temporaries
         results: dict[DecodeConfig, float] = {}
@@ -243,6 +279,7 @@ def bench_decode(copy_bw: float, heads: list[tuple[int, int]], batches: list[int
             key = launch_key(cfg, batch, hkv, ctx)
             fn = lambda i, cfg=cfg: paged_decode_attention(qs[i], k_cache, v_cache, seq_lens, tables[i], d ** -0.5, config=cfg)
             if key not in timed:
+                known = compiled_resources(_decode_split_kernel)
                 try:
                     err = rel_err(fn(0)[:_CHECK_SEQS], expected)
                     if not err < 1e-2:  # NaN fails too
@@ -251,6 +288,9 @@ def bench_decode(copy_bw: float, heads: list[tuple[int, int]], batches: list[int
                         print(f"config {cfg} on batch {batch} ctx {ctx}: rel_err {err}", flush=True)
                         continue
                     timed[key] = time_graph(fn, n_sets, est)
+                    for res in (v for k, v in compiled_resources(_decode_split_kernel).items() if k not in known):
+                        report.record("decode_kernel_resources", config=asdict(cfg), splits=splits, **res)
+                        print(f"  compiled {config_label(cfg, splits)}: {res}", flush=True)
                 except Exception as exc:  # noqa: BLE001 - resource limits differ per config; log and go on
                     report.record("decode_time_failed", config=asdict(cfg), error=repr(exc)[:300])
                     continue
@@ -430,8 +470,13 @@ def bench_argmax(report: Report) -> None:
 def sweep_configs(args: argparse.Namespace, base: DecodeConfig) -> list[DecodeConfig]:
     """The decode configs to time beside the default: the --sweep-* lists around ``base`` when any is
     given, else the SWEEP grid with --sweep, else none."""
-    if args.sweep_min_split or args.sweep_fused_max:
-        return decode_sweep(base, args.sweep_min_split, args.sweep_fused_max)
+    grid = dict(args.grid)
+    if args.sweep_min_split:
+        grid["min_split_tokens"] = args.sweep_min_split
+    if args.sweep_fused_max:
+        grid["fused_max_splits"] = args.sweep_fused_max
+    if grid:
+        return decode_sweep(base, grid)
     return list(SWEEP) if args.sweep else []
 
 
@@ -443,8 +488,7 @@ def print_plan(args: argparse.Namespace) -> None:
     base = gpu_decode_config(args.sms)
     configs = [base] + [c for c in sweep_configs(args, base) if c != base]
     print(f"base config (a GPU with {args.sms} SMs): {base}")
-    print(f"{len(configs)} decode configs: " + "; ".join(
-        f"m{c.min_split_tokens} f{c.fused_max_splits}" for c in configs))
+    print(f"{len(configs)} decode configs: " + "; ".join(config_label(c, 0).split(" (")[0] for c in configs))
     launches, kernels = 0, set()
     for (hq, hkv), batch, ctx in itertools.product(args.heads, args.batches, args.contexts):
         keys: dict[tuple[object, ...], DecodeConfig] = {}
@@ -471,6 +515,9 @@ def main() -> int:
     parser.add_argument("--sweep-fused-max", type=parse_ints, default=[], metavar="LIST",
                         help="sweep DecodeConfig.fused_max_splits over these values around the device default "
                              "(implies --sweep, replaces the SWEEP grid)")
+    parser.add_argument("--grid", type=parse_grid, action="append", default=[], metavar="FIELD=LIST",
+                        help="sweep a DecodeConfig field over these values around the device default; repeat for "
+                             "a product, e.g. --grid num_stages=3,4 --grid target_programs=64,132 (replaces the SWEEP grid)")
     parser.add_argument("--heads", type=parse_heads, default="32:4,64:8", help="Hq:Hkv pairs for decode")
     parser.add_argument("--batches", type=parse_ints, default="1,16,64,256")
     parser.add_argument("--contexts", type=parse_ints, default="1024,4096,16384")
