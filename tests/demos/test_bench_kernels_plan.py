@@ -1,5 +1,9 @@
 """The decode-attention benchmark's sweep planning, which needs no GPU: --grid parsing and the
-launches a sweep would time."""
+launches a sweep would time.
+
+The benchmark imports Triton, so it is imported inside the tests: tests/kernels/conftest.py must
+set TRITON_INTERPRET before Triton's first import, and it runs when pytest collects that
+directory, after this module has been collected."""
 from __future__ import annotations
 
 import argparse
@@ -11,13 +15,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from demos.bench_kernels import decode_sweep, parse_grid  # noqa: E402
-from kernels.paged_attention import DecodeConfig  # noqa: E402
+sys.path.insert(0, str(ROOT))  # demos/ is not an installed package
 
 
 def test_grid_parses_integer_and_flag_fields():
+    from demos.bench_kernels import parse_grid
+
     assert parse_grid("num_stages=3,5") == ("num_stages", [3, 5])
     assert parse_grid("fused_reduce=0,1") == ("fused_reduce", [False, True])
     for bad in ("stages=3", "num_stages=", "fused_reduce=2", "block_n=a"):
@@ -26,6 +29,9 @@ def test_grid_parses_integer_and_flag_fields():
 
 
 def test_sweep_is_the_product_around_the_base():
+    from demos.bench_kernels import decode_sweep
+    from kernels.paged_attention import DecodeConfig
+
     base = DecodeConfig(min_split_tokens=64)
     configs = decode_sweep(base, {"block_n": [64, 128], "num_stages": [3, 5, 6]})
     assert len(configs) == 6 and len(set(configs)) == 6
