@@ -152,13 +152,11 @@ def gpu_decode_config(sm_count: int, batch: int = 1, num_kv_heads: int = 1, max_
     Tiles hold at most 128 tokens of bf16 head_dim 128; wider rows get proportionally fewer tokens.
     """
     pairs = max(1, batch * num_kv_heads)
-    if pairs >= 2 * sm_count:
-        config = replace(_MANY_PAIRS, target_programs=3 * sm_count)
-    elif pairs >= sm_count:
+    if sm_count <= pairs < 2 * sm_count:
         config = replace(_SOME_PAIRS, target_programs=3 * sm_count)
-    elif pairs >= sm_count // 4 and pairs * (max_context // _FEW_PAIRS.block_n) >= sm_count // 2:
+    elif sm_count // 4 <= pairs < sm_count and pairs * (max_context // _FEW_PAIRS.block_n) >= sm_count // 2:
         config = replace(_FEW_PAIRS, target_programs=sm_count)
-    else:
+    else:  # many pairs, or too few / too short a context for the coarse splits
         config = replace(_MANY_PAIRS, target_programs=3 * sm_count)
     block_n = max(16, min(config.block_n, _TILE_BYTES // (next_pow2(head_dim) * element_size)))
     return replace(config, block_n=block_n, min_split_tokens=min(config.min_split_tokens, block_n))
