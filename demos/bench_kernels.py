@@ -468,8 +468,8 @@ def bench_argmax(report: Report) -> None:
 
 
 def sweep_configs(args: argparse.Namespace, base: DecodeConfig) -> list[DecodeConfig]:
-    """The decode configs to time beside the default: the --sweep-* lists around ``base`` when any is
-    given, else the SWEEP grid with --sweep, else none."""
+    """The decode configs to time beside each case's default: the product of the --grid and --sweep-*
+    lists around ``base`` when any is given, else the SWEEP grid with --sweep, else none."""
     grid = dict(args.grid)
     if args.sweep_min_split:
         grid["min_split_tokens"] = args.sweep_min_split
@@ -510,13 +510,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--sweep", action="store_true", help="time every decode config in SWEEP as well")
     parser.add_argument("--sweep-min-split", type=parse_ints, default=[], metavar="LIST",
-                        help="sweep DecodeConfig.min_split_tokens over these values around the device default "
+                        help="sweep DecodeConfig.min_split_tokens over these values around the base config "
                              "(implies --sweep, replaces the SWEEP grid)")
     parser.add_argument("--sweep-fused-max", type=parse_ints, default=[], metavar="LIST",
-                        help="sweep DecodeConfig.fused_max_splits over these values around the device default "
+                        help="sweep DecodeConfig.fused_max_splits over these values around the base config "
                              "(implies --sweep, replaces the SWEEP grid)")
     parser.add_argument("--grid", type=parse_grid, action="append", default=[], metavar="FIELD=LIST",
-                        help="sweep a DecodeConfig field over these values around the device default; repeat for "
+                        help="sweep a DecodeConfig field over these values around the base config (the device's 64-token, "
+                             "3-programs-per-SM config; each case's own default is timed too); repeat for "
                              "a product, e.g. --grid num_stages=3,4 --grid target_programs=64,132 (replaces the SWEEP grid)")
     parser.add_argument("--heads", type=parse_heads, default="32:4,64:8", help="Hq:Hkv pairs for decode")
     parser.add_argument("--batches", type=parse_ints, default="1,16,64,256")
