@@ -31,9 +31,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omni.heads.dit import ImageHead
-from omni.heads.dit_loader import ImageHeadConfig, select_device
-from omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
+from omni_gateway.omni.heads.dit import ImageHead
+from omni_gateway.omni.heads.dit_loader import ImageHeadConfig, select_device
+from omni_gateway.omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
 
 PROMPTS = ["a red cat on a mat", "a blue sky over a green tree", "a dog in the snow", "a city at night",
            "a bowl of fruit", "a sailing boat", "a mountain lake", "a portrait of an old man"]

@@ -105,8 +105,8 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from engine import LLM, SamplingParams
-    from engine.loader import default_model_path
+    from omni_gateway.engine import LLM, SamplingParams
+    from omni_gateway.engine.loader import default_model_path
 
     llm = LLM("default", device="cpu", max_num_seqs=max(n, 1), kv_cache_bytes=256 << 20,
               max_num_batched_tokens=2048, block_size=args.block_size)

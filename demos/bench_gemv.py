@@ -24,7 +24,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.fspath(Path(__file__).resolve().parent.parent))  # run from a checkout, uninstalled
 
 from demos.bench_kernels import time_graph  # noqa: E402
-from kernels.gemv import GemvConfig, default_gemv_config, linear  # noqa: E402
+from omni_gateway.kernels.gemv import GemvConfig, default_gemv_config, linear  # noqa: E402
 
 SHAPES = {  # name: (out_features, in_features)
     "8b.qkv": (6144, 4096), "8b.o": (4096, 4096), "8b.gate_up": (28672, 4096), "8b.down": (4096, 14336),

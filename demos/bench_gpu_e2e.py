@@ -187,7 +187,7 @@ def run_model(name: str, args: argparse.Namespace, copy_gbps: float) -> dict[str
 def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, check_prompts: list[list[int]],
                reference: list[list[int]], w_bytes: int, copy_gbps: float, report: dict[str, Any]) -> None:
     """Our engine on the saved checkpoint: the workload (unless --b1-only), HF parity, batch-1 decode."""
-    from engine import LLM, SamplingParams
+    from omni_gateway.engine import LLM, SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(tmp, device="cuda", dtype="bfloat16", max_num_seqs=args.seqs, max_model_len=2048,
@@ -271,7 +271,7 @@ def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, ch
 def b1_decode_seconds(llm: Any, prompt: list[int], new_tokens: int) -> float:
     """Seconds per decode token of one request: a ``new_tokens + 1``-token generate minus a one-token
     generate (its prefill and first token), over ``new_tokens``; the faster of two of each."""
-    from engine import SamplingParams
+    from omni_gateway.engine import SamplingParams
 
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     many = SamplingParams(temperature=0.0, max_tokens=new_tokens + 1, ignore_eos=True)
@@ -308,7 +308,7 @@ def trace_decode(llm: Any, prompt: list[int], steps: int) -> None:
     the idle time between steps (the host's share), from a torch.profiler trace of ``steps`` tokens."""
     from torch.profiler import ProfilerActivity, profile
 
-    from engine import SamplingParams
+    from omni_gateway.engine import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
     llm.generate([prompt], params)
@@ -342,7 +342,7 @@ def probe_steps(llm: Any, prompt: list[int], steps: int) -> None:
     """Split a batch-1 step into the graph's device time, the device time between two graphs (the
     staged copies and any idling) and the host time spent inside the graph launch, from CUDA events
     recorded around every replay of the batch-1 graph and host clocks around the launch call."""
-    from engine import SamplingParams
+    from omni_gateway.engine import SamplingParams
 
     graphs = llm.engine.runner.graphs
     if graphs is None:
@@ -383,7 +383,7 @@ def probe_steps(llm: Any, prompt: list[int], steps: int) -> None:
 
 def run_workload(name: str, llm: Any, work: Workload, report: dict[str, Any], key: str = "") -> None:
     """Time the workload; ``key`` prefixes the report entries (a second run with other settings)."""
-    from engine import SamplingParams
+    from omni_gateway.engine import SamplingParams
 
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in work.output_lens]
     torch.cuda.synchronize()

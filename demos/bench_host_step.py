@@ -29,11 +29,11 @@ sys.path.insert(0, os.fspath(_ROOT / "tests" / "engine"))
 
 import numpy as np  # noqa: E402
 
-import engine.detokenizer as detokenizer  # noqa: E402
-from engine.block_table_rows import BlockTableRows  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
+import omni_gateway.engine.detokenizer as detokenizer  # noqa: E402
+from omni_gateway.engine.block_table_rows import BlockTableRows  # noqa: E402
+from omni_gateway.engine.config import EngineConfig  # noqa: E402
+from omni_gateway.engine.llm_engine import LLMEngine  # noqa: E402
+from omni_gateway.engine.sampling_params import SamplingParams  # noqa: E402
 from engine_fakes import byte_level_tokenizer  # noqa: E402
 
 

@@ -37,12 +37,12 @@ import torch
 import triton
 import triton.testing
 
-from kernels import reference as ref
-from kernels.activation import silu_and_mul
-from kernels.argmax import greedy_argmax
-from kernels.kv_cache import write_kv_cache
-from kernels.norm import fused_add_rms_norm, rms_norm
-from kernels.paged_attention import (
+from omni_gateway.kernels import reference as ref
+from omni_gateway.kernels.activation import silu_and_mul
+from omni_gateway.kernels.argmax import greedy_argmax
+from omni_gateway.kernels.kv_cache import write_kv_cache
+from omni_gateway.kernels.norm import fused_add_rms_norm, rms_norm
+from omni_gateway.kernels.paged_attention import (
     _decode_split_kernel,
     DecodeConfig,
     PrefillConfig,
@@ -52,7 +52,7 @@ from kernels.paged_attention import (
     paged_decode_attention,
     paged_prefill_attention,
 )
-from kernels.rotary import apply_rotary
+from omni_gateway.kernels.rotary import apply_rotary
 
 PAGE = 16
 L2_ROTATION_BYTES = 512 << 20  # rotate inputs until one graph replay touches this much (L2 is 60 MB)

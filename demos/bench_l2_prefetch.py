@@ -27,10 +27,10 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_kernels import time_graph  # noqa: E402
-from kernels.activation import silu_and_mul
-from kernels.norm import fused_add_rms_norm, rms_norm
-from kernels.paged_attention import paged_decode_attention
-from kernels.rotary import rotary_write_kv
+from omni_gateway.kernels.activation import silu_and_mul
+from omni_gateway.kernels.norm import fused_add_rms_norm, rms_norm
+from omni_gateway.kernels.paged_attention import paged_decode_attention
+from omni_gateway.kernels.rotary import rotary_write_kv
 
 H, I, HQ, HKV, D = 4096, 14336, 32, 8, 128
 NL = 8  # distinct weight sets (L2 cannot hold them across layers)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.fspath(Path(__file__).resolve().parent.parent))  # run from a checkout, uninstalled
 
-from omni.protocol import Message, TextPart  # noqa: E402
+from omni_gateway.omni.protocol import Message, TextPart  # noqa: E402
 
 _USER = "Could you remind me what we said about the train times to the coast on Saturday morning?"
 _ASSISTANT = "Sure: the first train leaves at seven forty, and there is another one every half hour after that."
@@ -36,8 +36,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args()
 
-    from omni.config import EngineConfig, OmniConfig
-    from omni.pipeline import OmniPipeline
+    from omni_gateway.omni.config import EngineConfig, OmniConfig
+    from omni_gateway.omni.pipeline import OmniPipeline
 
     start = time.perf_counter()
     pipeline = OmniPipeline.load(OmniConfig(engine=EngineConfig(model=args.model), asr=None, tts=None, vad=False,

@@ -130,13 +130,13 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    from encoders.image import decode_image
-    from encoders.vision import load_vision_encoder
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.sampling_params import SamplingParams
-    from omni.protocol import ImagePart, Message, OmniRequest, TextPart
-    from omni.vision import build_vision_prompt
+    from omni_gateway.encoders.image import decode_image
+    from omni_gateway.encoders.vision import load_vision_encoder
+    from omni_gateway.engine.config import EngineConfig
+    from omni_gateway.engine.llm_engine import LLMEngine
+    from omni_gateway.engine.sampling_params import SamplingParams
+    from omni_gateway.omni.protocol import ImagePart, Message, OmniRequest, TextPart
+    from omni_gateway.omni.vision import build_vision_prompt
 
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from encoders.asr import load_recognizer  # noqa: E402
-from encoders.audio import float_to_pcm16  # noqa: E402
-from encoders.vad import SileroVad  # noqa: E402
-from omni.heads.tts import TtsHead  # noqa: E402
+from omni_gateway.encoders.asr import load_recognizer  # noqa: E402
+from omni_gateway.encoders.audio import float_to_pcm16  # noqa: E402
+from omni_gateway.encoders.vad import SileroVad  # noqa: E402
+from omni_gateway.omni.heads.tts import TtsHead  # noqa: E402
 
 REPLY = "The weather today is sunny and warm, with a light breeze from the west."
 UTTERANCE = "Please turn on the kitchen lights now."

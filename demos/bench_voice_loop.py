@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from demos.voice_assistant import Progress, converse  # noqa: E402
-from omni.heads.text_chunker import TextChunker  # noqa: E402
+from omni_gateway.omni.heads.text_chunker import TextChunker  # noqa: E402
 from tests.gateway.live_server import serve  # noqa: E402
 
 QUESTIONS = [
@@ -116,9 +116,9 @@ def main() -> None:
                         help="words of the first spoken segment when no clause ends sooner (default: the head's)")
     args = parser.parse_args()
 
-    from engine.config import EngineConfig
-    from omni import load_backend
-    from omni.config import OmniConfig
+    from omni_gateway.engine.config import EngineConfig
+    from omni_gateway.omni import load_backend
+    from omni_gateway.omni.config import OmniConfig
 
     print(f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.2f} device={args.device} stages={args.stage_device} "
           f"dtype={args.dtype} block_size={args.block_size} first_words={args.first_words}", flush=True)

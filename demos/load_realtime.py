@@ -36,10 +36,10 @@ TINY_SERVER = """
 import sys, uvicorn
 sys.path.insert(0, {engine_tests!r})
 from tiny_checkpoints import save_tiny_checkpoint
-from engine.async_engine import AsyncEngine
-from omni.config import EngineConfig, OmniConfig
-from omni.pipeline import OmniPipeline
-from gateway.app import create_app
+from omni_gateway.engine.async_engine import AsyncEngine
+from omni_gateway.omni.config import EngineConfig, OmniConfig
+from omni_gateway.omni.pipeline import OmniPipeline
+from omni_gateway.gateway.app import create_app
 save_tiny_checkpoint("llama", {directory!r})
 engine_config = EngineConfig(model={directory!r}, device="cpu", dtype="float32", max_model_len=256)
 engine = AsyncEngine(engine_config)
@@ -167,7 +167,7 @@ def spawn_server(model: str, workdir: Path) -> tuple[subprocess.Popen[bytes], st
                                   port=port)
         cmd = [sys.executable, "-c", code]
     else:
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--model", model, "--asr", "none", "--tts", "none",
+        cmd = [sys.executable, "-m", "omni_gateway.gateway.cli", "serve", "--model", model, "--asr", "none", "--tts", "none",
                "--no-vad", "--no-vision", "--port", str(port), "--log-level", "warning",
                "--max-sessions", "1024"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from encoders.audio import pcm16_to_float, resample
+from omni_gateway.encoders.audio import pcm16_to_float, resample
 
 SAMPLE_RATE = 16000
 WINDOW_S = 30  # Whisper's fixed input window

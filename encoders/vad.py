@@ -13,7 +13,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from encoders.audio import StreamResampler, pcm16_to_float
+from omni_gateway.encoders.audio import StreamResampler, pcm16_to_float
 
 MODEL_RATE = 16000
 WINDOW = 512

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from encoders.image import ImageDecodeError, ImageLimits, decode_image
+from omni_gateway.encoders.image import ImageDecodeError, ImageLimits, decode_image
 
 # Demuxers accepted for client bytes (FFmpeg names; "mov,mp4,..." is one demuxer with several names).
 ALLOWED_CONTAINERS: frozenset[str] = frozenset({"mov", "mp4", "m4a", "3gp", "3g2", "mj2", "matroska", "webm", "avi"})

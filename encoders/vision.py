@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from encoders.cache import EncoderCache, content_key, frames_key, image_key
+from omni_gateway.encoders.cache import EncoderCache, content_key, frames_key, image_key
 
 FAMILIES = {"LlavaForConditionalGeneration": "llava", "Qwen2VLForConditionalGeneration": "qwen2_vl"}
 

@@ -8,18 +8,18 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from engine.config import EngineConfig
-from engine.errors import EngineDead, EngineError, EngineOverloaded, InvalidRequest, ModelLoadError
-from engine.sampling_params import SamplingParams
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.errors import EngineDead, EngineError, EngineOverloaded, InvalidRequest, ModelLoadError
+from omni_gateway.engine.sampling_params import SamplingParams
 
 _LAZY = {
-    "LLM": "engine.llm",
-    "AsyncEngine": "engine.async_engine",
-    "LLMEngine": "engine.llm_engine",
-    "RequestOutput": "engine.outputs",
-    "CompletionOutput": "engine.outputs",
-    "StreamDelta": "engine.outputs",
-    "EmbedSpan": "engine.sequence",
+    "LLM": "omni_gateway.engine.llm",
+    "AsyncEngine": "omni_gateway.engine.async_engine",
+    "LLMEngine": "omni_gateway.engine.llm_engine",
+    "RequestOutput": "omni_gateway.engine.outputs",
+    "CompletionOutput": "omni_gateway.engine.outputs",
+    "StreamDelta": "omni_gateway.engine.outputs",
+    "EmbedSpan": "omni_gateway.engine.sequence",
 }
 
 __all__ = ["EngineConfig", "SamplingParams", "EngineError", "InvalidRequest", "EngineOverloaded",
@@ -29,4 +29,4 @@ __all__ = ["EngineConfig", "SamplingParams", "EngineError", "InvalidRequest", "E
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    raise AttributeError(f"module 'omni_gateway.engine' has no attribute {name!r}")

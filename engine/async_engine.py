@@ -19,12 +19,12 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import EngineConfig
-from engine.errors import EngineDead, InvalidRequest
-from engine.llm_engine import LLMEngine
-from engine.outputs import StreamDelta
-from engine.sampling_params import SamplingParams
-from engine.sequence import EmbedSpan
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.errors import EngineDead, InvalidRequest
+from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.engine.outputs import StreamDelta
+from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.sequence import EmbedSpan
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from kernels import reference
+from omni_gateway.kernels import reference
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,14 +33,14 @@ class KernelOps:
 
 # Where the Triton twin of each kernel lives.
 _TRITON_MODULES = {
-    "rotary_write_kv": "kernels.rotary",
-    "paged_prefill_attention": "kernels.paged_attention",
-    "paged_decode_attention": "kernels.paged_attention",
-    "rms_norm": "kernels.norm",
-    "fused_add_rms_norm": "kernels.norm",
-    "silu_and_mul": "kernels.activation",
-    "greedy_argmax": "kernels.argmax",
-    "linear": "kernels.gemv",
+    "rotary_write_kv": "omni_gateway.kernels.rotary",
+    "paged_prefill_attention": "omni_gateway.kernels.paged_attention",
+    "paged_decode_attention": "omni_gateway.kernels.paged_attention",
+    "rms_norm": "omni_gateway.kernels.norm",
+    "fused_add_rms_norm": "omni_gateway.kernels.norm",
+    "silu_and_mul": "omni_gateway.kernels.activation",
+    "greedy_argmax": "omni_gateway.kernels.argmax",
+    "linear": "omni_gateway.kernels.gemv",
 }
 
 

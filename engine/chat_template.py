@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.errors import InvalidRequest
+from omni_gateway.engine.errors import InvalidRequest
 
 CHATML_TEMPLATE = (
     # No whitespace control: the string has no incidental whitespace, and "{%-" would eat the newlines.

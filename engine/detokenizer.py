@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from engine.sampling_params import SamplingParams
+from omni_gateway.engine.sampling_params import SamplingParams
 
 # Prompt tokens that seed the window: enough for any tokenizer's context-dependent spacing.
 _PROMPT_CONTEXT = 6

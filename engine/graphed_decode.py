@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.attention import AttentionMetadata
-from engine.block_table_rows import BlockTableRows
-from engine.cuda_graphs import DecodeGraphs, default_buckets, pick_bucket
-from engine.pending_decode import PendingDecode
-from engine.sampler import to_device
-from engine.sequence import ScheduledBatch
+from omni_gateway.engine.attention import AttentionMetadata
+from omni_gateway.engine.block_table_rows import BlockTableRows
+from omni_gateway.engine.cuda_graphs import DecodeGraphs, default_buckets, pick_bucket
+from omni_gateway.engine.pending_decode import PendingDecode
+from omni_gateway.engine.sampler import to_device
+from omni_gateway.engine.sequence import ScheduledBatch
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.block_pool import Block, BlockHash, BlockPool, hash_block
-from engine.sequence import Sequence
+from omni_gateway.engine.block_pool import Block, BlockHash, BlockPool, hash_block
+from omni_gateway.engine.sequence import Sequence
 
 
 @dataclass(frozen=True, slots=True)

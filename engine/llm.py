@@ -5,11 +5,11 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.config import EngineConfig
-from engine.errors import InvalidRequest
-from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.errors import InvalidRequest
+from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.engine.outputs import RequestOutput
+from omni_gateway.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 Conversation = Sequence[Mapping[str, Any]]

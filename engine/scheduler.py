@@ -10,10 +10,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence as Seq
 
-from engine.config import EngineConfig
-from engine.errors import EngineOverloaded
-from engine.kv_cache_manager import KVCacheManager
-from engine.sequence import FinishReason, ScheduledBatch, Sequence, SequenceStatus
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.errors import EngineOverloaded
+from omni_gateway.engine.kv_cache_manager import KVCacheManager
+from omni_gateway.engine.sequence import FinishReason, ScheduledBatch, Sequence, SequenceStatus
 
 
 def _order(seq: Sequence) -> tuple[int, bool, float, int]:

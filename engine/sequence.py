@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from engine.sampling_params import SamplingParams
+from omni_gateway.engine.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

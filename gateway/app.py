@@ -4,12 +4,12 @@ from __future__ import annotations
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from gateway import http, metrics
-from gateway.config import GatewayConfig
-from gateway.demo import demo_routes
-from gateway.guard import Guard
-from gateway.realtime.endpoint import probe_vad, realtime_route
-from omni.protocol import OmniBackend
+from omni_gateway.gateway import http, metrics
+from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.demo import demo_routes
+from omni_gateway.gateway.guard import Guard
+from omni_gateway.gateway.realtime.endpoint import probe_vad, realtime_route
+from omni_gateway.omni.protocol import OmniBackend
 
 
 def create_app(backend: OmniBackend, config: GatewayConfig | None = None) -> Starlette:

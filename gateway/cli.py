@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
-from gateway.config import GatewayConfig
+from omni_gateway.gateway.config import GatewayConfig
 
 DISTRIBUTION = "omni-gateway"
 _DEFAULTS = GatewayConfig()
@@ -96,10 +96,10 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    import omni
-    from gateway.app import create_app
+    from omni_gateway import omni
+    from omni_gateway.gateway.app import create_app
     # omni.config re-exports the engine's config type, so the gateway never names the engine package.
-    from omni.config import EngineConfig, OmniConfig
+    from omni_gateway.omni.config import EngineConfig, OmniConfig
 
     config = gateway_config(args)
     omni_config = OmniConfig(

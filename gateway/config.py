@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.http.limits import HttpLimits
-from gateway.realtime.commands import SessionLimits
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.realtime.commands import SessionLimits
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from omni.protocol import Error
+from omni_gateway.omni.protocol import Error
 
 SERVER_ERROR = "The server had an error while processing your request."
 UNAVAILABLE = "The server cannot take this request now; try again later."

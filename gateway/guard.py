@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from gateway.auth import bearer_token, key_matches
+from omni_gateway.gateway.auth import bearer_token, key_matches
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.validation import FLOAT_DTYPES, check_tensor
+from omni_gateway.kernels.validation import FLOAT_DTYPES, check_tensor
 
 _BLOCK = 1024
 

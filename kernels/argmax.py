@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.validation import FLOAT_DTYPES, check_tensor
+from omni_gateway.kernels.validation import FLOAT_DTYPES, check_tensor
 
 _MIN_CHUNK = 1024
 _MAX_CHUNKS = 256

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.validation import FLOAT_DTYPES, check_dim, check_same_dtype, check_tensor
+from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_same_dtype, check_tensor
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.validation import FLOAT_DTYPES, check_dim, check_same_dtype, check_tensor, next_pow2
+from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_same_dtype, check_tensor, next_pow2
 
 
 @triton.jit

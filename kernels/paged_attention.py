@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.validation import (
+from omni_gateway.kernels.validation import (
     FLOAT_DTYPES,
     check_dim,
     check_same_dtype,

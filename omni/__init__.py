@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from omni.config import OmniConfig
-    from omni.protocol import OmniBackend
+    from omni_gateway.omni.config import OmniConfig
+    from omni_gateway.omni.protocol import OmniBackend
 
 
 def load_backend(config: OmniConfig) -> OmniBackend:
     """Load every configured model and start the engine thread."""
-    from omni.pipeline import OmniPipeline
+    from omni_gateway.omni.pipeline import OmniPipeline
 
     return OmniPipeline.load(config)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.config import EngineConfig
+from omni_gateway.engine.config import EngineConfig
 
 
 @dataclass(frozen=True, slots=True)

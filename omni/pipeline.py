@@ -17,15 +17,15 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from engine.errors import EngineDead, EngineOverloaded, InvalidRequest
-from engine.outputs import StreamDelta
-from omni.config import OmniConfig
-from omni.heads.dit_errors import ImageGenerationError
-from omni.prompting import SamplingDefaults, UnsupportedInput, chat_messages, sampling_params
-from omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Capabilities, Done, Error, Health, ImagePart,
+from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidRequest
+from omni_gateway.engine.outputs import StreamDelta
+from omni_gateway.omni.config import OmniConfig
+from omni_gateway.omni.heads.dit_errors import ImageGenerationError
+from omni_gateway.omni.prompting import SamplingDefaults, UnsupportedInput, chat_messages, sampling_params
+from omni_gateway.omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Capabilities, Done, Error, Health, ImagePart,
                            Message, OmniRequest, OutputChunk, TextDelta, TextPart, ToolCallDelta, Transcription, Usage,
                            VadEvent, VadSettings, VideoPart, VoiceActivityDetector)
-from omni.tool_calls import parse_tool_calls
+from omni_gateway.omni.tool_calls import parse_tool_calls
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class OmniPipeline:
     @classmethod
     def load(cls, config: OmniConfig) -> OmniPipeline:
         """Load every configured stage; the slow ones report progress on the log."""
-        from engine.async_engine import AsyncEngine
+        from omni_gateway.engine.async_engine import AsyncEngine
 
         t0 = time.monotonic()
         threads = stage_threads(config)
@@ -75,25 +75,25 @@ class OmniPipeline:
         log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t0)
         asr = tts = vad_session = image_head = vision = None
         try:
-            from encoders.vision import checkpoint_family
+            from omni_gateway.encoders.vision import checkpoint_family
             if config.vision and checkpoint_family(config.engine.model):
-                from encoders.vision import load_vision_encoder
+                from omni_gateway.encoders.vision import load_vision_encoder
                 runner = engine.engine.runner
                 vision = load_vision_encoder(config.engine.model, device=runner.device, dtype=runner.dtype)
                 log.info("vision tower of %s ready", config.engine.model)
             if config.asr is not None:
-                from encoders.asr import load_recognizer
+                from omni_gateway.encoders.asr import load_recognizer
                 asr = load_recognizer(config.asr, device=config.device)
                 log.info("ASR %s ready", config.asr)
             if config.tts is not None:
-                from omni.heads.tts import TtsHead
+                from omni_gateway.omni.heads.tts import TtsHead
                 tts = TtsHead.load(config.tts, device=config.device, threads=threads)
                 log.info("TTS %s ready", config.tts)
             if config.vad:
-                from encoders.vad import load_session
+                from omni_gateway.encoders.vad import load_session
                 vad_session = load_session()
             if config.image_model is not None:
-                from omni.heads.dit import load_image_head
+                from omni_gateway.omni.heads.dit import load_image_head
                 image_head = load_image_head(config.image_model, device=config.device)
                 log.info("image model %s ready", config.image_model)
         except BaseException:
@@ -115,7 +115,7 @@ class OmniPipeline:
         does (system prompt included), so those full KV blocks stay in the prefix cache for later turns."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from engine.sampling_params import SamplingParams
+        from omni_gateway.engine.sampling_params import SamplingParams
 
         ids = self._prompt_ids(OmniRequest(request_id="warm-up", messages=(Message("user", (TextPart("Hello."),)),)))
 
@@ -199,7 +199,7 @@ class OmniPipeline:
     def new_vad(self, settings: VadSettings) -> VoiceActivityDetector:
         if self._vad_session is None:
             raise UnsupportedInput("voice activity detection is disabled on this server")
-        from encoders.vad import SileroVad
+        from omni_gateway.encoders.vad import SileroVad
 
         return _SileroDetector(SileroVad(threshold=settings.threshold, prefix_padding_ms=settings.prefix_padding_ms,
                                          silence_duration_ms=settings.silence_duration_ms, session=self._vad_session))
@@ -261,7 +261,7 @@ class OmniPipeline:
     def _pcm16_of(part: AudioPart) -> tuple[bytes, int]:
         encoded = getattr(part, "encoded", None)
         if encoded:
-            from encoders.audio import decode_audio, float_to_pcm16
+            from omni_gateway.encoders.audio import decode_audio, float_to_pcm16
 
             decoded = decode_audio(encoded)
             return float_to_pcm16(decoded.samples), decoded.sample_rate
@@ -282,7 +282,7 @@ class OmniPipeline:
     async def _prompt(self, request: OmniRequest) -> _Prompt:
         if self.vision is None or not _has_media(request):
             return _Prompt(self._prompt_ids(request))
-        from omni.vision import build_vision_prompt
+        from omni_gateway.omni.vision import build_vision_prompt
 
         # Media decoding and the vision tower are heavy: keep them off the event loop.
         built = await asyncio.to_thread(build_vision_prompt, request, self.engine.tokenizer, self.vision,

@@ -5,8 +5,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from engine.sampling_params import SamplingParams
-from omni.protocol import AudioPart, ImagePart, Message, OmniRequest, SamplingOptions, TextPart, VideoPart
+from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.omni.protocol import AudioPart, ImagePart, Message, OmniRequest, SamplingOptions, TextPart, VideoPart
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from encoders.image import ImageDecodeError, ImageLimits, decode_image
-from encoders.video import VideoDecodeError, VideoLimits, decode_frames, decode_video
-from encoders.vision import UnusableImage, VisionEncoder, VisualFeatures
-from engine.sequence import EmbedSpan
-from omni.prompting import UnsupportedInput, chat_messages
-from omni.protocol import ImagePart, Message, OmniRequest, TextPart, VideoPart
+from omni_gateway.encoders.image import ImageDecodeError, ImageLimits, decode_image
+from omni_gateway.encoders.video import VideoDecodeError, VideoLimits, decode_frames, decode_video
+from omni_gateway.encoders.vision import UnusableImage, VisionEncoder, VisualFeatures
+from omni_gateway.engine.sequence import EmbedSpan
+from omni_gateway.omni.prompting import UnsupportedInput, chat_messages
+from omni_gateway.omni.protocol import ImagePart, Message, OmniRequest, TextPart, VideoPart
 
 
 class MediaError(ValueError):
@@ -51,7 +51,7 @@ def build_vision_prompt(request: OmniRequest, tokenizer: Any, encoder: VisionEnc
     video becomes its sampled frames, each an image. Raises ``MediaError`` for refused media and
     ``UnsupportedInput`` for text that spells the model's placeholder tokens itself.
     """
-    from engine.chat_template import render_chat
+    from omni_gateway.engine.chat_template import render_chat
 
     parts = [p for m in request.messages for p in m.parts if isinstance(p, (ImagePart, VideoPart))]
     if len(parts) > limits.max_items:

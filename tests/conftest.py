@@ -13,9 +13,9 @@ def embedded_backend() -> Iterator[Any]:
     for every end-to-end test: greedy, short answers, so what the answer says can be checked."""
     import onnxruntime
 
-    from engine.config import EngineConfig
-    from omni import load_backend
-    from omni.config import OmniConfig
+    from omni_gateway.engine.config import EngineConfig
+    from omni_gateway.omni import load_backend
+    from omni_gateway.omni.config import OmniConfig
 
     # Piper samples noise inside its ONNX graph from a generator each session seeds when it is built:
     # seeded here, every synthesis of the run is reproducible, so the spoken answer that the content

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+NAMESPACE = "omni_gateway"
 PACKAGES = ("gateway", "omni", "encoders", "engine", "kernels")
 # Which of our packages each package must never import (its own is always allowed).
 FORBIDDEN = {
@@ -34,10 +35,17 @@ class Import:
 
 
 def module_name(path: Path) -> str:
+    """The installed name of a source file: ``engine/scheduler.py`` is ``omni_gateway.engine.scheduler``."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([NAMESPACE, *parts])
+
+
+def ours(module: str) -> str | None:
+    """``omni_gateway.engine.x`` -> ``engine.x``; None for anything outside the namespace."""
+    prefix = NAMESPACE + "."
+    return module[len(prefix):] if module.startswith(prefix) else None
 
 
 def imports_of(source: str, module: str, is_package: bool = False) -> list[Import]:
@@ -66,18 +74,22 @@ def imports_of(source: str, module: str, is_package: bool = False) -> list[Impor
 def violations(package: str, module: str, imports: list[Import]) -> list[str]:
     out = []
     for imp in imports:
-        top = imp.module.split(".")[0]
         where = f"{module}:{imp.line} imports {imp.module}"
-        if top in FORBIDDEN[package]:
+        if imp.module.split(".")[0] in PACKAGES:
+            out.append(f"{where} (bare name: our packages are imported as {NAMESPACE}.*)")
+            continue
+        name = ours(imp.module)
+        top = (name or imp.module).split(".")[0]
+        if name is not None and top in FORBIDDEN[package]:
             out.append(f"{where} ({package} must not import {top})")
         elif package == "gateway" and top == "torch":
             out.append(f"{where} (gateway never imports torch)")
-        elif package == "gateway" and top == "omni":
-            allowed = _under(imp.module, GATEWAY_OMNI_ANYWHERE) or (
-                imp.in_function and imp.module in GATEWAY_OMNI_IN_FUNCTIONS)
+        elif package == "gateway" and name is not None and top == "omni":
+            allowed = _under(name, GATEWAY_OMNI_ANYWHERE) or (
+                imp.in_function and name in GATEWAY_OMNI_IN_FUNCTIONS)
             if not allowed:
                 out.append(f"{where} (gateway may use omni.protocol, omni.config, and omni.load_backend lazily)")
-    if module.startswith("engine.") and module.split(".", 1)[1] in TORCH_FREE_ENGINE_MODULES:
+    if module.startswith(f"{NAMESPACE}.engine.") and module.rsplit(".", 1)[1] in TORCH_FREE_ENGINE_MODULES:
         out.extend(f"{module}:{imp.line} imports {imp.module} (pure module: no torch)"
                    for imp in imports if imp.module.split(".")[0] == "torch")
     return out
@@ -101,16 +113,20 @@ def test_layer_rules_hold_for_every_source_file() -> None:
 
 
 @pytest.mark.parametrize(("package", "module", "source", "expected"), [
-    ("gateway", "gateway.x", "import torch", "never imports torch"),
-    ("gateway", "gateway.x", "from engine import LLM", "must not import engine"),
-    ("gateway", "gateway.x", "from omni import load_backend", "lazily"),
-    ("gateway", "gateway.x", "import omni.pipeline", "lazily"),
-    ("engine", "engine.x", "import encoders.audio", "must not import encoders"),
-    ("encoders", "encoders.x", "from engine.sequence import EmbedSpan", "must not import engine"),
-    ("encoders", "encoders.x", "from omni.pipeline import run", "must not import omni"),
-    ("kernels", "kernels.x", "from engine.config import EngineConfig", "must not import engine"),
-    ("kernels", "kernels.sub.x", "from ...engine import config", "must not import engine"),
-    ("engine", "engine.scheduler", "def f():\n    import torch", "pure module"),
+    ("gateway", "omni_gateway.gateway.x", "import torch", "never imports torch"),
+    ("gateway", "omni_gateway.gateway.x", "from omni_gateway.engine import LLM", "must not import engine"),
+    ("gateway", "omni_gateway.gateway.x", "from omni_gateway import omni", "lazily"),
+    ("gateway", "omni_gateway.gateway.x", "import omni_gateway.omni.pipeline", "lazily"),
+    ("engine", "omni_gateway.engine.x", "import omni_gateway.encoders.audio", "must not import encoders"),
+    ("encoders", "omni_gateway.encoders.x", "from omni_gateway.engine.sequence import EmbedSpan",
+     "must not import engine"),
+    ("encoders", "omni_gateway.encoders.x", "from omni_gateway.omni.pipeline import run", "must not import omni"),
+    ("kernels", "omni_gateway.kernels.x", "from omni_gateway.engine.config import EngineConfig",
+     "must not import engine"),
+    ("kernels", "omni_gateway.kernels.sub.x", "from ...engine import config", "must not import engine"),
+    ("engine", "omni_gateway.engine.scheduler", "def f():\n    import torch", "pure module"),
+    ("engine", "omni_gateway.engine.x", "from engine.config import EngineConfig", "bare name"),
+    ("omni", "omni_gateway.omni.x", "import kernels.reference", "bare name"),
 ])
 def test_checker_flags_violations(package: str, module: str, source: str, expected: str) -> None:
     found = violations(package, module, imports_of(source, module))
@@ -118,12 +134,13 @@ def test_checker_flags_violations(package: str, module: str, source: str, expect
 
 
 @pytest.mark.parametrize("source", [
-    "from omni.protocol import OmniRequest\nfrom omni import config",
-    "def f():\n    from omni import load_backend\n    import omni",
+    "from omni_gateway.omni.protocol import OmniRequest\nfrom omni_gateway.omni import config",
+    "def f():\n    from omni_gateway.omni import load_backend\n    from omni_gateway import omni",
     "from . import auth\nfrom .http import chat",
 ])
 def test_checker_allows_gateway_contract_imports(source: str) -> None:
-    assert violations("gateway", "gateway.x", imports_of(source, "gateway.x")) == []
+    module = "omni_gateway.gateway.x"
+    assert violations("gateway", module, imports_of(source, module)) == []
 
 
 def _loads_torch(modules: list[str]) -> list[str]:
@@ -145,9 +162,9 @@ def _loads_torch(modules: list[str]) -> list[str]:
 
 def test_importing_gateway_does_not_load_torch() -> None:
     modules = sorted(module_name(p) for p in (ROOT / "gateway").rglob("*.py"))
-    assert "gateway" in modules
+    assert "omni_gateway.gateway" in modules
     assert _loads_torch(modules) == []
 
 
 def test_pure_engine_modules_do_not_load_torch() -> None:
-    assert _loads_torch([f"engine.{m}" for m in TORCH_FREE_ENGINE_MODULES]) == []
+    assert _loads_torch([f"{NAMESPACE}.engine.{m}" for m in TORCH_FREE_ENGINE_MODULES]) == []

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.errors import ModelLoadError
+from omni_gateway.engine.errors import ModelLoadError
 
 # All of these share one decoder implementation; the differences (qkv bias, per-head q/k norm,
 # head_dim, rope scaling) are read from the config and the weights present.
@@ -40,9 +40,9 @@ def resolve_architecture(hf_config: Any) -> str:
 def build_model(hf_config: Any, weights: dict[str, Any], **kwargs: Any) -> Any:
     """The model object for a supported architecture (all of them run on ``LlamaModel``)."""
     if resolve_architecture(hf_config) == "Qwen2VLForConditionalGeneration":
-        from engine.models.qwen2_vl import Qwen2VLModel
+        from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel
 
         return Qwen2VLModel(hf_config, weights, **kwargs)
-    from engine.models.llama import LlamaModel
+    from omni_gateway.engine.models.llama import LlamaModel
 
     return LlamaModel(hf_config, weights, **kwargs)

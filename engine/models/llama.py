@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttentionMetadata, KernelOps, paged_attention
+from omni_gateway.engine.attention import AttentionMetadata, KernelOps, paged_attention
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.errors import ModelLoadError
+from omni_gateway.engine.errors import ModelLoadError
 
 MULTIMODAL_ARCHITECTURES: tuple[str, ...] = ("LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration")
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from engine.attention import AttentionMetadata
-from engine.models.llama import LlamaModel
+from omni_gateway.engine.attention import AttentionMetadata
+from omni_gateway.engine.models.llama import LlamaModel
 
 
 def _rope_parameters(hf_config: Any) -> dict[str, Any]:

@@ -18,13 +18,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.http import audio, chat, completions, images, ops
-from gateway.http.endpoint import endpoint
-from gateway.http.limits import HttpLimits
-from omni.protocol import OmniBackend
+from omni_gateway.gateway.http import audio, chat, completions, images, ops
+from omni_gateway.gateway.http.endpoint import endpoint
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.omni.protocol import OmniBackend
 
 if TYPE_CHECKING:  # gateway.config imports HttpLimits from this package
-    from gateway.config import GatewayConfig
+    from omni_gateway.gateway.config import GatewayConfig
 
 __all__ = ["HttpLimits", "routes"]
 

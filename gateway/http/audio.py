@@ -16,15 +16,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import Message as AsgiMessage
 
-from gateway.http.audio_request import SpeechCall, parse_speech, parse_transcription_form
-from gateway.http.endpoint import read_body, read_json
-from gateway.http.errors import ApiError, internal, invalid
-from gateway.http.limits import HttpLimits
-from gateway.http.streaming import CancellableStream, sse_event, unless_disconnected
-from gateway.http.wav import decode_wav, is_wav, wav_header
-from omni.protocol import AudioChunk, OmniBackend
+from omni_gateway.gateway.http.audio_request import SpeechCall, parse_speech, parse_transcription_form
+from omni_gateway.gateway.http.endpoint import read_body, read_json
+from omni_gateway.gateway.http.errors import ApiError, internal, invalid
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.http.streaming import CancellableStream, sse_event, unless_disconnected
+from omni_gateway.gateway.http.wav import decode_wav, is_wav, wav_header
+from omni_gateway.omni.protocol import AudioChunk, OmniBackend
 
-log = logging.getLogger("gateway.http")
+log = logging.getLogger("omni_gateway.gateway.http")
 _MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}
 
 

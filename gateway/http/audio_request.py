@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.http.errors import invalid
-from gateway.http.fields import get_float, get_str, require_object
-from gateway.http.limits import HttpLimits
-from omni.protocol import AudioOutputOptions, Capabilities
+from omni_gateway.gateway.http.errors import invalid
+from omni_gateway.gateway.http.fields import get_float, get_str, require_object
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.omni.protocol import AudioOutputOptions, Capabilities
 
 SPEECH_FORMATS = ("wav", "pcm", "flac")
 UNSUPPORTED_SPEECH_FORMATS = ("mp3", "opus", "aac")

@@ -9,17 +9,17 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.http.chat_request import parse_chat
-from gateway.http.chat_response import ChatAssembler
-from gateway.http.endpoint import read_json
-from gateway.http.errors import ApiError, internal
-from gateway.http.limits import HttpLimits
-from gateway.http.sampling import check_context
-from gateway.http.streaming import SSE_DONE, CancellableStream, Generation, sse_event, start, unless_disconnected
-from gateway.metrics import TokenTimer, count_tokens
-from omni.protocol import AudioChunk, OmniBackend, OutputChunk, TextDelta
+from omni_gateway.gateway.http.chat_request import parse_chat
+from omni_gateway.gateway.http.chat_response import ChatAssembler
+from omni_gateway.gateway.http.endpoint import read_json
+from omni_gateway.gateway.http.errors import ApiError, internal
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.http.sampling import check_context
+from omni_gateway.gateway.http.streaming import SSE_DONE, CancellableStream, Generation, sse_event, start, unless_disconnected
+from omni_gateway.gateway.metrics import TokenTimer, count_tokens
+from omni_gateway.omni.protocol import AudioChunk, OmniBackend, OutputChunk, TextDelta
 
-log = logging.getLogger("gateway.http")
+log = logging.getLogger("omni_gateway.gateway.http")
 API = "chat"
 
 

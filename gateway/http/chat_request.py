@@ -4,12 +4,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from gateway.http.content import parse_messages
-from gateway.http.errors import invalid
-from gateway.http.fields import get_bool, get_int, get_str, require_object
-from gateway.http.limits import HttpLimits
-from gateway.http.sampling import StreamOptions, check_model, parse_sampling, parse_stream
-from omni.protocol import AudioOutputOptions, Capabilities, Modality, OmniRequest
+from omni_gateway.gateway.http.content import parse_messages
+from omni_gateway.gateway.http.errors import invalid
+from omni_gateway.gateway.http.fields import get_bool, get_int, get_str, require_object
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.http.sampling import StreamOptions, check_model, parse_sampling, parse_stream
+from omni_gateway.omni.protocol import AudioOutputOptions, Capabilities, Modality, OmniRequest
 
 # pcm16 is 24 kHz mono 16-bit little-endian, as in OpenAI's API; streaming supports pcm16 only there too
 CHAT_AUDIO_FORMATS = ("wav", "pcm16")

@@ -5,10 +5,10 @@ import base64
 import uuid
 from dataclasses import dataclass, field
 
-from gateway.http.chat_request import ChatCall
-from gateway.http.errors import from_backend
-from gateway.http.wav import encode_wav
-from omni.protocol import AudioChunk, Done, Error, OutputChunk, TextDelta, ToolCallDelta, Usage
+from omni_gateway.gateway.http.chat_request import ChatCall
+from omni_gateway.gateway.http.errors import from_backend
+from omni_gateway.gateway.http.wav import encode_wav
+from omni_gateway.omni.protocol import AudioChunk, Done, Error, OutputChunk, TextDelta, ToolCallDelta, Usage
 
 
 def usage_body(usage: Usage) -> dict:

@@ -4,12 +4,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, replace
 
-from gateway.http.chat_request import HTTP_PRIORITY
-from gateway.http.errors import invalid
-from gateway.http.fields import get_bool, get_int, require_object
-from gateway.http.limits import HttpLimits
-from gateway.http.sampling import StreamOptions, check_model, parse_sampling, parse_stream
-from omni.protocol import Capabilities, Message, OmniRequest, TextPart
+from omni_gateway.gateway.http.chat_request import HTTP_PRIORITY
+from omni_gateway.gateway.http.errors import invalid
+from omni_gateway.gateway.http.fields import get_bool, get_int, require_object
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.http.sampling import StreamOptions, check_model, parse_sampling, parse_stream
+from omni_gateway.omni.protocol import Capabilities, Message, OmniRequest, TextPart
 
 DEFAULT_MAX_TOKENS = 16  # the legacy completions API's default
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.http.chat_response import usage_body
-from gateway.http.completion_request import CompletionCall
-from gateway.http.errors import from_backend
-from omni.protocol import Done, Error, OutputChunk, TextDelta, Usage
+from omni_gateway.gateway.http.chat_response import usage_body
+from omni_gateway.gateway.http.completion_request import CompletionCall
+from omni_gateway.gateway.http.errors import from_backend
+from omni_gateway.omni.protocol import Done, Error, OutputChunk, TextDelta, Usage
 
 
 @dataclass

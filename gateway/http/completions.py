@@ -9,17 +9,17 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.http.completion_request import CompletionCall, parse_completion
-from gateway.http.completion_response import CompletionAssembler
-from gateway.http.endpoint import read_json
-from gateway.http.errors import ApiError, from_backend, internal
-from gateway.http.limits import HttpLimits
-from gateway.http.sampling import check_context
-from gateway.http.streaming import SSE_DONE, CancellableStream, Generation, sse_event, start, unless_disconnected
-from gateway.metrics import TokenTimer, count_tokens
-from omni.protocol import Error, OmniBackend, OutputChunk, TextDelta
+from omni_gateway.gateway.http.completion_request import CompletionCall, parse_completion
+from omni_gateway.gateway.http.completion_response import CompletionAssembler
+from omni_gateway.gateway.http.endpoint import read_json
+from omni_gateway.gateway.http.errors import ApiError, from_backend, internal
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.http.sampling import check_context
+from omni_gateway.gateway.http.streaming import SSE_DONE, CancellableStream, Generation, sse_event, start, unless_disconnected
+from omni_gateway.gateway.metrics import TokenTimer, count_tokens
+from omni_gateway.omni.protocol import Error, OmniBackend, OutputChunk, TextDelta
 
-log = logging.getLogger("gateway.http")
+log = logging.getLogger("omni_gateway.gateway.http")
 API = "completions"
 
 

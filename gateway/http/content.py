@@ -8,11 +8,11 @@ import base64
 import binascii
 from dataclasses import dataclass
 
-from gateway.http.errors import ApiError, invalid
-from gateway.http.fields import get_str, require_object
-from gateway.http.limits import HttpLimits
-from gateway.http.wav import decode_wav
-from omni.protocol import AudioPart, Capabilities, ImagePart, Message, Part, TextPart, ToolCall
+from omni_gateway.gateway.http.errors import ApiError, invalid
+from omni_gateway.gateway.http.fields import get_str, require_object
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.http.wav import decode_wav
+from omni_gateway.omni.protocol import AudioPart, Capabilities, ImagePart, Message, Part, TextPart, ToolCall
 
 IMAGE_MIMES = ("image/png", "image/jpeg", "image/jpg", "image/webp", "image/gif")
 AUDIO_FORMATS = ("wav", "mp3")

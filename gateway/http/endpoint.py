@@ -8,12 +8,12 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.auth import bearer_token, key_matches
-from gateway.http.errors import ApiError, internal, invalid
-from gateway.http.streaming import ClientGone
-from gateway.metrics import HTTP_REQUESTS
+from omni_gateway.gateway.auth import bearer_token, key_matches
+from omni_gateway.gateway.http.errors import ApiError, internal, invalid
+from omni_gateway.gateway.http.streaming import ClientGone
+from omni_gateway.gateway.metrics import HTTP_REQUESTS
 
-log = logging.getLogger("gateway.http")
+log = logging.getLogger("omni_gateway.gateway.http")
 Handler = Callable[[Request], Awaitable[Response]]
 CLIENT_CLOSED = 499  # nginx's convention; the client never reads it, metrics do
 

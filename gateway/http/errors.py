@@ -9,9 +9,9 @@ import dataclasses
 
 from starlette.responses import JSONResponse
 
-from gateway.errors import client_safe
+from omni_gateway.gateway.errors import client_safe
 
-from omni.protocol import Error
+from omni_gateway.omni.protocol import Error
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gateway.http.errors import invalid
+from omni_gateway.gateway.http.errors import invalid
 
 def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__

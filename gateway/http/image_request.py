@@ -4,11 +4,11 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from gateway.http.chat_request import HTTP_PRIORITY
-from gateway.http.errors import invalid
-from gateway.http.fields import get_bool, get_float, get_int, get_str, require_object
-from gateway.http.limits import HttpLimits
-from omni.protocol import Capabilities, ImageOutputOptions, Message, OmniRequest, TextPart
+from omni_gateway.gateway.http.chat_request import HTTP_PRIORITY
+from omni_gateway.gateway.http.errors import invalid
+from omni_gateway.gateway.http.fields import get_bool, get_float, get_int, get_str, require_object
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.omni.protocol import Capabilities, ImageOutputOptions, Message, OmniRequest, TextPart
 
 DEFAULT_SIZE = (256, 256)
 MAX_PARTIAL_IMAGES = 3  # as in OpenAI's API

@@ -9,14 +9,14 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.http.endpoint import read_json
-from gateway.http.errors import ApiError, from_backend, internal
-from gateway.http.image_request import ImageCall, parse_image_generation
-from gateway.http.limits import HttpLimits
-from gateway.http.streaming import CancellableStream, Generation, sse_event, start, unless_disconnected
-from omni.protocol import Error, ImageFinal, ImagePartial, OmniBackend, OutputChunk, Usage
+from omni_gateway.gateway.http.endpoint import read_json
+from omni_gateway.gateway.http.errors import ApiError, from_backend, internal
+from omni_gateway.gateway.http.image_request import ImageCall, parse_image_generation
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.http.streaming import CancellableStream, Generation, sse_event, start, unless_disconnected
+from omni_gateway.omni.protocol import Error, ImageFinal, ImagePartial, OmniBackend, OutputChunk, Usage
 
-log = logging.getLogger("gateway.http")
+log = logging.getLogger("omni_gateway.gateway.http")
 
 
 def _usage(usage: Usage) -> dict:

@@ -5,9 +5,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.http.errors import ApiError
-from gateway.metrics import exposition
-from omni.protocol import OmniBackend
+from omni_gateway.gateway.http.errors import ApiError
+from omni_gateway.gateway.metrics import exposition
+from omni_gateway.omni.protocol import OmniBackend
 
 def _model_card(backend: OmniBackend) -> dict:
     return {"id": backend.capabilities.model, "object": "model", "created": 0, "owned_by": "omni"}

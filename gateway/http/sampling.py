@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.http.errors import ApiError, invalid
-from gateway.http.fields import get_bool, get_float, get_int, get_stop, get_str, require_object
-from gateway.http.limits import HttpLimits
-from omni.protocol import Capabilities, SamplingOptions
+from omni_gateway.gateway.http.errors import ApiError, invalid
+from omni_gateway.gateway.http.fields import get_bool, get_float, get_int, get_stop, get_str, require_object
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.omni.protocol import Capabilities, SamplingOptions
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.http.errors import from_backend
-from omni.protocol import Error, OmniBackend, OmniRequest, OutputChunk
+from omni_gateway.gateway.http.errors import from_backend
+from omni_gateway.omni.protocol import Error, OmniBackend, OmniRequest, OutputChunk
 
 T = TypeVar("T")
 

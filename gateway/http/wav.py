@@ -11,7 +11,7 @@ import wave
 
 import numpy as np
 
-from gateway.http.errors import invalid
+from omni_gateway.gateway.http.errors import invalid
 
 # Above studio rates a header is an attack or a broken file; low rates are bounded by the duration check
 # (which is what limits resampling work), so the floor only refuses what cannot be sound at all.

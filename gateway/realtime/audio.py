@@ -10,7 +10,7 @@ from typing import Literal
 
 import numpy as np
 
-from gateway.realtime import g711
+from omni_gateway.gateway.realtime import g711
 
 AudioFormat = Literal["pcm16", "g711_ulaw", "g711_alaw"]
 AUDIO_FORMATS: tuple[AudioFormat, ...] = ("pcm16", "g711_ulaw", "g711_alaw")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from omni.protocol import OmniRequest, VadSettings, VoiceActivityDetector
+from omni_gateway.omni.protocol import OmniRequest, VadSettings, VoiceActivityDetector
 
 _ALPHABET = string.ascii_letters + string.digits
 

@@ -17,17 +17,17 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from gateway import metrics
-from gateway.config import GatewayConfig
-from gateway.errors import client_safe
-from gateway.realtime.commands import (AdoptSpeculation, CancelResponse, DropSpeculation, Output, Prepare, Send,
+from omni_gateway.gateway import metrics
+from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.errors import client_safe
+from omni_gateway.gateway.realtime.commands import (AdoptSpeculation, CancelResponse, DropSpeculation, Output, Prepare, Send,
                                        Speculate, StartResponse, Transcribe, VadFactory, new_id)
-from gateway.realtime.generation import close_generation, fit_request
-from gateway.realtime.prepared_reply import PreparedReply
-from gateway.realtime.session import RealtimeSession
-from gateway.realtime.settings import Dialect
-from gateway.realtime.truncation import PromptWindow, Truncation, parse_truncation
-from omni.protocol import AudioChunk, Error, OmniBackend, OmniRequest, OutputChunk, TextDelta, Transcription, Usage
+from omni_gateway.gateway.realtime.generation import close_generation, fit_request
+from omni_gateway.gateway.realtime.prepared_reply import PreparedReply
+from omni_gateway.gateway.realtime.session import RealtimeSession
+from omni_gateway.gateway.realtime.settings import Dialect
+from omni_gateway.gateway.realtime.truncation import PromptWindow, Truncation, parse_truncation
+from omni_gateway.omni.protocol import AudioChunk, Error, OmniBackend, OmniRequest, OutputChunk, TextDelta, Transcription, Usage
 
 log = logging.getLogger(__name__)
 

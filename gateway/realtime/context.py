@@ -4,11 +4,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gateway.realtime.audio import SAMPLE_RATE
-from gateway.realtime.errors import invalid_type, invalid_value
-from gateway.realtime.items import Item, ItemStore, parse_client_item
-from gateway.realtime.settings import SessionSettings
-from omni.protocol import (AudioOutputOptions, AudioPart, ImageOutputOptions, ImagePart, Message, Modality,
+from omni_gateway.gateway.realtime.audio import SAMPLE_RATE
+from omni_gateway.gateway.realtime.errors import invalid_type, invalid_value
+from omni_gateway.gateway.realtime.items import Item, ItemStore, parse_client_item
+from omni_gateway.gateway.realtime.settings import SessionSettings
+from omni_gateway.omni.protocol import (AudioOutputOptions, AudioPart, ImageOutputOptions, ImagePart, Message, Modality,
                            OmniRequest, Part, SamplingOptions, TextPart, ToolCall)
 
 

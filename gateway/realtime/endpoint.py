@@ -9,12 +9,12 @@ from starlette.responses import JSONResponse
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from gateway.auth import bearer_token, key_matches
-from gateway.config import GatewayConfig
-from gateway.realtime.commands import VadFactory
-from gateway.realtime.connection import RealtimeConnection
-from gateway.realtime.settings import Dialect
-from omni.protocol import Health, OmniBackend, VadSettings
+from omni_gateway.gateway.auth import bearer_token, key_matches
+from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.realtime.commands import VadFactory
+from omni_gateway.gateway.realtime.connection import RealtimeConnection
+from omni_gateway.gateway.realtime.settings import Dialect
+from omni_gateway.omni.protocol import Health, OmniBackend, VadSettings
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import dataclasses
 import logging
 from typing import Any
 
-from gateway.realtime.truncation import PromptWindow, Truncation
-from omni.protocol import OmniBackend, OmniRequest
+from omni_gateway.gateway.realtime.truncation import PromptWindow, Truncation
+from omni_gateway.omni.protocol import OmniBackend, OmniRequest
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import binascii
 import re
 from typing import Any
 
-from gateway.realtime.errors import invalid_type, invalid_value
+from omni_gateway.gateway.realtime.errors import invalid_type, invalid_value
 
 _MIMES = {"image/png": "image/png", "image/jpeg": "image/jpeg", "image/jpg": "image/jpeg", "image/webp": "image/webp"}
 _DATA_URI = re.compile(r"^data:([\w.+/-]+);base64,", re.IGNORECASE)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.realtime.errors import invalid_type, invalid_value
-from omni.protocol import ImageOutputOptions
+from omni_gateway.gateway.realtime.errors import invalid_type, invalid_value
+from omni_gateway.omni.protocol import ImageOutputOptions
 
 MAX_PARTIAL_IMAGES = 3  # as in OpenAI's image APIs
 MAX_SIDE = 2048

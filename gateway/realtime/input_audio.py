@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.realtime.audio import BYTES_PER_MS
-from omni.protocol import VoiceActivityDetector
+from omni_gateway.gateway.realtime.audio import BYTES_PER_MS
+from omni_gateway.omni.protocol import VoiceActivityDetector
 
 # While nobody speaks, only this much audio (beyond the prefix padding) is kept for the next turn.
 IDLE_RETENTION_MS = 2000

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.realtime import audio as audio_fmt
-from gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
-from gateway.realtime.image_input import DETAILS, image_url, parse_image_url
-from gateway.realtime.settings import Dialect
+from omni_gateway.gateway.realtime import audio as audio_fmt
+from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
+from omni_gateway.gateway.realtime.image_input import DETAILS, image_url, parse_image_url
+from omni_gateway.gateway.realtime.settings import Dialect
 
 _BETA_CONTENT = {"output_text": "text", "output_audio": "audio"}
 _ROLE_CONTENT = {

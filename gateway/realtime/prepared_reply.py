@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from gateway.realtime.generation import close_generation, fit_request
-from gateway.realtime.truncation import PromptWindow, Truncation
-from omni.protocol import OmniBackend, OmniRequest, OutputChunk
+from omni_gateway.gateway.realtime.generation import close_generation, fit_request
+from omni_gateway.gateway.realtime.truncation import PromptWindow, Truncation
+from omni_gateway.omni.protocol import OmniBackend, OmniRequest, OutputChunk
 
 _END = object()
 

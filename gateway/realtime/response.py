@@ -13,11 +13,11 @@ import base64
 from collections.abc import Callable
 from typing import Any
 
-from gateway.realtime import audio as audio_fmt
-from gateway.realtime.image_output import render_size
-from gateway.realtime.items import Content, Item, ItemStore
-from gateway.realtime.settings import Dialect, SessionSettings, render_ga_format
-from omni.protocol import AudioChunk, ImageFinal, ImageOutputOptions, ImagePartial, ToolCallDelta, Usage
+from omni_gateway.gateway.realtime import audio as audio_fmt
+from omni_gateway.gateway.realtime.image_output import render_size
+from omni_gateway.gateway.realtime.items import Content, Item, ItemStore
+from omni_gateway.gateway.realtime.settings import Dialect, SessionSettings, render_ga_format
+from omni_gateway.omni.protocol import AudioChunk, ImageFinal, ImageOutputOptions, ImagePartial, ToolCallDelta, Usage
 
 Event = dict[str, Any]
 

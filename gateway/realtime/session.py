@@ -16,19 +16,19 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from gateway.realtime import audio as audio_fmt
-from gateway.realtime.commands import (CancelResponse, Output, SessionLimits, Send, StartResponse, Transcribe,
+from omni_gateway.gateway.realtime import audio as audio_fmt
+from omni_gateway.gateway.realtime.commands import (CancelResponse, Output, SessionLimits, Send, StartResponse, Transcribe,
                                        VadFactory, new_id)
-from gateway.realtime.context import build_request, has_images, parse_metadata, recent_frames_only, resolve_input
-from gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
-from gateway.realtime.image_output import parse_image_options
-from gateway.realtime.input_audio import InputAudioBuffer, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
-from gateway.realtime.items import Content, Item, ItemStore, audio_bytes, decode_base64, parse_client_item, truncate
-from gateway.realtime.response import Event, ResponseRun
-from gateway.realtime.settings import (Dialect, SessionSettings, TurnDetection, apply_response_overrides,
+from omni_gateway.gateway.realtime.context import build_request, has_images, parse_metadata, recent_frames_only, resolve_input
+from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
+from omni_gateway.gateway.realtime.image_output import parse_image_options
+from omni_gateway.gateway.realtime.input_audio import InputAudioBuffer, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
+from omni_gateway.gateway.realtime.items import Content, Item, ItemStore, audio_bytes, decode_base64, parse_client_item, truncate
+from omni_gateway.gateway.realtime.response import Event, ResponseRun
+from omni_gateway.gateway.realtime.settings import (Dialect, SessionSettings, TurnDetection, apply_response_overrides,
                                        apply_transcription_update, apply_update, render_session, validate_choice)
-from gateway.realtime.speculation import TurnSpeculation
-from omni.protocol import (AudioChunk, Capabilities, Done, Error, ImageFinal, ImagePartial,
+from omni_gateway.gateway.realtime.speculation import TurnSpeculation
+from omni_gateway.omni.protocol import (AudioChunk, Capabilities, Done, Error, ImageFinal, ImagePartial,
                            OmniRequest, OutputChunk, TextDelta, ToolCallDelta, Transcription, Usage)
 
 MIN_COMMIT_MS = 100

@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from gateway.realtime.audio import AUDIO_FORMATS, SAMPLE_RATE, AudioFormat
-from gateway.realtime.errors import invalid_type, invalid_value
-from gateway.realtime.truncation import parse_truncation
-from omni.protocol import VadSettings
+from omni_gateway.gateway.realtime.audio import AUDIO_FORMATS, SAMPLE_RATE, AudioFormat
+from omni_gateway.gateway.realtime.errors import invalid_type, invalid_value
+from omni_gateway.gateway.realtime.truncation import parse_truncation
+from omni_gateway.omni.protocol import VadSettings
 
 Dialect = Literal["ga", "beta"]
 

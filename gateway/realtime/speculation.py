@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from gateway.realtime.commands import AdoptSpeculation, DropSpeculation, Output, Prepare, Speculate, Transcribe
-from gateway.realtime.items import Item
-from omni.protocol import OmniRequest
+from omni_gateway.gateway.realtime.commands import AdoptSpeculation, DropSpeculation, Output, Prepare, Speculate, Transcribe
+from omni_gateway.gateway.realtime.items import Item
+from omni_gateway.omni.protocol import OmniRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.realtime.errors import invalid_value
-from omni.protocol import Message
+from omni_gateway.gateway.realtime.errors import invalid_value
+from omni_gateway.omni.protocol import Message
 
 # Room kept for the reply when the response sets no output limit (OpenAI keeps 4,096 tokens of
 # a 32k window), capped at a quarter of smaller windows.

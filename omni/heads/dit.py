@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from omni.heads.dit_errors import ImageGenerationError
-from omni.heads.dit_loader import ImageHeadConfig, image_limits, load_pipeline, select_device
-from omni.heads.dit_options import ImageJobSpec, ImageLimits, resolve_job
-from omni.heads.dit_runner import DiffusersRunner, RawImage
-from omni.heads.image_batcher import ImageBatcher
-from omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
+from omni_gateway.omni.heads.dit_errors import ImageGenerationError
+from omni_gateway.omni.heads.dit_loader import ImageHeadConfig, image_limits, load_pipeline, select_device
+from omni_gateway.omni.heads.dit_options import ImageJobSpec, ImageLimits, resolve_job
+from omni_gateway.omni.heads.dit_runner import DiffusersRunner, RawImage
+from omni_gateway.omni.heads.image_batcher import ImageBatcher
+from omni_gateway.omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
 
 _POLL_S = 0.05  # how often a blocked producer or an idle consumer looks at the cancel flag
 

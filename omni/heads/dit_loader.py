@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from omni.heads.dit_errors import ModelLoadError
-from omni.heads.dit_options import ImageLimits
+from omni_gateway.omni.heads.dit_errors import ModelLoadError
+from omni_gateway.omni.heads.dit_options import ImageLimits
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from omni.heads.dit_errors import ImageRequestError
-from omni.protocol import ImageOutputOptions
+from omni_gateway.omni.heads.dit_errors import ImageRequestError
+from omni_gateway.omni.protocol import ImageOutputOptions
 
 
 @dataclass(frozen=True, slots=True)

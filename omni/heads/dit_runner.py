@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from omni.heads.dit_options import ImageJobSpec
-from omni.protocol import ImageFinal, ImagePartial
+from omni_gateway.omni.heads.dit_options import ImageJobSpec
+from omni_gateway.omni.protocol import ImageFinal, ImagePartial
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from encoders.audio import float_to_pcm16_array, resample
-from omni.heads.text_chunker import ChunkerConfig, TextChunker
-from omni.heads.tts_backends import SpeechSynthesizer, load_synthesizer
-from omni.protocol import AudioChunk, AudioOutputOptions
+from omni_gateway.encoders.audio import float_to_pcm16_array, resample
+from omni_gateway.omni.heads.text_chunker import ChunkerConfig, TextChunker
+from omni_gateway.omni.heads.tts_backends import SpeechSynthesizer, load_synthesizer
+from omni_gateway.omni.protocol import AudioChunk, AudioOutputOptions
 
 CHUNK_MS = 100
 MIN_SPEED, MAX_SPEED = 0.25, 4.0

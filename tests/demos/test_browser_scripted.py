@@ -19,8 +19,8 @@ sys.path.insert(0, str(ROOT / "tests" / "gateway"))
 
 from fakes import FakeBackend  # noqa: E402
 
-from gateway.config import GatewayConfig  # noqa: E402
-from omni.protocol import ImagePart, OmniRequest  # noqa: E402
+from omni_gateway.gateway.config import GatewayConfig  # noqa: E402
+from omni_gateway.omni.protocol import ImagePart, OmniRequest  # noqa: E402
 from tests.demos.chromium_page import connect, demo_page  # noqa: E402
 from tests.gateway.live_server import serve  # noqa: E402
 

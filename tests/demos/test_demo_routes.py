@@ -11,9 +11,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
 
 from fakes import FakeBackend  # noqa: E402
 
-from gateway.app import create_app  # noqa: E402
-from gateway.config import GatewayConfig  # noqa: E402
-from gateway.demo import DEMO_DIR, demo_routes  # noqa: E402
+from omni_gateway.gateway.app import create_app  # noqa: E402
+from omni_gateway.gateway.config import GatewayConfig  # noqa: E402
+from omni_gateway.gateway.demo import DEMO_DIR, demo_routes  # noqa: E402
 
 
 def keyed_client() -> TestClient:

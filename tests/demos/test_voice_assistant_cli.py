@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "tests" / "gateway"))
 from fakes import RATE, FakeBackend, tone  # noqa: E402
 
 from demos.voice_assistant import Progress, converse, main  # noqa: E402
-from gateway.config import GatewayConfig  # noqa: E402
+from omni_gateway.gateway.config import GatewayConfig  # noqa: E402
 from tests.gateway.live_server import serve  # noqa: E402
 
 REPLY = "Paris is the capital."

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from encoders.asr import FasterWhisperRecognizer, TorchWhisperRecognizer, load_recognizer
-from encoders.audio import float_to_pcm16, resample
+from omni_gateway.encoders.asr import FasterWhisperRecognizer, TorchWhisperRecognizer, load_recognizer
+from omni_gateway.encoders.audio import float_to_pcm16, resample
 
 SENTENCE = "Please turn on the kitchen lights."
 
@@ -221,7 +221,7 @@ def test_faster_whisper_on_gpu(speak) -> None:
 
 def test_short_turns_read_the_same_through_the_short_window(default_asr: FasterWhisperRecognizer, speak,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    import encoders.asr as asr_module
+    import omni_gateway.encoders.asr as asr_module
 
     audio, rate = speak(SENTENCE)
     short = default_asr.transcribe(audio, sample_rate=rate)

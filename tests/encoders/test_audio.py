@@ -9,7 +9,7 @@ import soundfile as sf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from encoders.audio import (AudioDecodeError, AudioLimitError, AudioLimits, StreamResampler, decode_audio,
+from omni_gateway.encoders.audio import (AudioDecodeError, AudioLimitError, AudioLimits, StreamResampler, decode_audio,
                             float_to_pcm16, pcm16_to_float, resample)
 
 

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from encoders.cache import EncoderCache, image_key
-from encoders.image import ImageDecodeError, ImageLimits, decode_image
+from omni_gateway.encoders.cache import EncoderCache, image_key
+from omni_gateway.encoders.image import ImageDecodeError, ImageLimits, decode_image
 
 
 def encode(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
@@ -181,7 +181,7 @@ def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_vision_encoder_encodes_a_repeated_image_once(tiny_llava: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from encoders.vision import LlavaVision, load_vision_encoder
+    from omni_gateway.encoders.vision import LlavaVision, load_vision_encoder
 
     encoder = load_vision_encoder(tiny_llava, cache=EncoderCache(1 << 20))
     calls: list[str] = []

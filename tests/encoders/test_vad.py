@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from encoders.audio import float_to_pcm16, resample
-from encoders.vad import CONTEXT, WINDOW, WINDOW_MS, SileroVad, SpeechEvent, load_session
+from omni_gateway.encoders.audio import float_to_pcm16, resample
+from omni_gateway.encoders.vad import CONTEXT, WINDOW, WINDOW_MS, SileroVad, SpeechEvent, load_session
 
 RATE = 24000
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from encoders.video import (
+from omni_gateway.encoders.video import (
     VideoDecodeError,
     VideoLimits,
     decode_frames,

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.sequence import ScheduledBatch, Sequence
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.engine.sequence import ScheduledBatch, Sequence
 
 CORPUS = [
     "Hello world, the quick brown fox jumps over the lazy dog.",

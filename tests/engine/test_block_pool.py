@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_pool import BlockPool, hash_block
-from engine.kv_cache_manager import KVCacheManager
-from engine.sampling_params import SamplingParams
-from engine.sequence import EmbedSpan, Sequence
+from omni_gateway.engine.block_pool import BlockPool, hash_block
+from omni_gateway.engine.kv_cache_manager import KVCacheManager
+from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.sequence import EmbedSpan, Sequence
 
 BS = 4
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cuda_graphs import DecodeGraphs, default_buckets, pick_bucket
+from omni_gateway.engine.cuda_graphs import DecodeGraphs, default_buckets, pick_bucket
 
 
 def test_pick_bucket_takes_smallest_fitting():
@@ -31,8 +31,8 @@ def test_rejects_cpu_buffers():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_replay_matches_eager_decode_step_with_padding():
-    from kernels.norm import rms_norm
-    from kernels.paged_attention import paged_decode_attention
+    from omni_gateway.kernels.norm import rms_norm
+    from omni_gateway.kernels.paged_attention import paged_decode_attention
 
     torch.manual_seed(0)
     dev = torch.device("cuda")

@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 from engine_fakes import byte_level_tokenizer, sentencepiece_style_tokenizer
 
-from engine.detokenizer import IncrementalDetokenizer, direct_decoder
-from engine.sampling_params import SamplingParams
+from omni_gateway.engine.detokenizer import IncrementalDetokenizer, direct_decoder
+from omni_gateway.engine.sampling_params import SamplingParams
 
 TEXT = "Hello world! 日本語 🐍🎉 naïve café, Grüße — the end."
 

@@ -6,8 +6,8 @@ import importlib.util
 
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.llm_engine import LLMEngine
+from omni_gateway.engine import LLM, SamplingParams
+from omni_gateway.engine.llm_engine import LLMEngine
 
 pytestmark = [
     pytest.mark.slow,

@@ -13,14 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from engine_fakes import FakeRunner, byte_level_tokenizer, fake_model, make_engine, oracle
 
-from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
-from engine.errors import EngineDead, EngineOverloaded, InvalidRequest
-from engine.llm import LLM
-from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput, StreamDelta
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from omni_gateway.engine.async_engine import AsyncEngine
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidRequest
+from omni_gateway.engine.llm import LLM
+from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.engine.outputs import RequestOutput, StreamDelta
+from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.sequence import Sequence
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 

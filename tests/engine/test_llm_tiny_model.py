@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_checkpoints import hf_greedy, save_tiny_checkpoint
 
-from engine import LLM, SamplingParams
+from omni_gateway.engine import LLM, SamplingParams
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]

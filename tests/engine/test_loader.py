@@ -9,9 +9,9 @@ import pytest
 from safetensors.torch import load_file, save_file
 from tiny_checkpoints import save_tiny_checkpoint
 
-from engine.config import EngineConfig
-from engine.errors import ModelLoadError
-from engine.loader import default_model_path, load_model
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.errors import ModelLoadError
+from omni_gateway.engine.loader import default_model_path, load_model
 
 
 @pytest.fixture(scope="module")

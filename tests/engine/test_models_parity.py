@@ -9,11 +9,11 @@ import pytest
 import torch
 from tiny_checkpoints import RunnerDriver, greedy_seq, hf_greedy, save_tiny_checkpoint
 
-from engine.config import EngineConfig
-from engine.loader import default_model_path, load_model
-from engine.model_runner import ModelRunner
-from engine.models.llama import Linear, onednn_prepacks
-from engine.sampling_params import SamplingParams
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.loader import default_model_path, load_model
+from omni_gateway.engine.model_runner import ModelRunner
+from omni_gateway.engine.models.llama import Linear, onednn_prepacks
+from omni_gateway.engine.sampling_params import SamplingParams
 
 NEW_TOKENS = 12
 
@@ -67,7 +67,7 @@ def test_cached_prefix_is_reused_not_recomputed(tiny: tuple[Any, ModelRunner]) -
 
 
 def test_embed_span_replaces_token_embeddings(tiny: tuple[Any, ModelRunner]) -> None:
-    from engine.sequence import EmbedSpan
+    from omni_gateway.engine.sequence import EmbedSpan
 
     hf, runner = tiny
     prompt = _prompts(300, [20], seed=3)[0]
@@ -101,7 +101,7 @@ def test_smollm2_gguf_matches_hf() -> None:
 
 
 def test_llm_generate_matches_hf(tmp_path: Path) -> None:
-    from engine.llm import LLM
+    from omni_gateway.engine.llm import LLM
 
     hf = save_tiny_checkpoint("qwen2", tmp_path, seed=5)
     prompts = _prompts(300, [9, 30, 17, 3], seed=6)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from tiny_checkpoints import save_tiny_checkpoint
 
-from engine import LLM, SamplingParams
-from engine.llm_engine import LLMEngine
+from omni_gateway.engine import LLM, SamplingParams
+from omni_gateway.engine.llm_engine import LLMEngine
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
@@ -168,7 +168,7 @@ def test_pipelining_switches_only_between_requests(directory: Path) -> None:
 def test_pipelining_on_needs_a_runner_that_can_launch() -> None:
     from engine_fakes import FakeRunner, fake_model, make_engine
 
-    from engine.config import EngineConfig
+    from omni_gateway.engine.config import EngineConfig
 
     class CudaFakeRunner(FakeRunner):  # on CUDA, but without launch_decode
         device = torch.device("cuda")

@@ -4,12 +4,12 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from engine.config import EngineConfig
-from engine.kv_cache_manager import KVCacheManager
-from engine.pipelining import launchable, lookahead_batch
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import FinishReason, ScheduledBatch, Sequence
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.kv_cache_manager import KVCacheManager
+from omni_gateway.engine.pipelining import launchable, lookahead_batch
+from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.scheduler import Scheduler
+from omni_gateway.engine.sequence import FinishReason, ScheduledBatch, Sequence
 
 BS = 4
 _tokens = itertools.count(1000)

@@ -8,10 +8,10 @@ import pytest
 import torch
 from tiny_checkpoints import RunnerDriver, greedy_seq, hf_greedy, save_tiny_checkpoint
 
-from engine.config import EngineConfig
-from engine.loader import load_model
-from engine.model_runner import ModelRunner
-from engine.sequence import ScheduledBatch
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.loader import load_model
+from omni_gateway.engine.model_runner import ModelRunner
+from omni_gateway.engine.sequence import ScheduledBatch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

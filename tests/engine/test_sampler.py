@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampler import Sampler, apply_min_p, apply_penalties, apply_top_k_top_p
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from omni_gateway.engine.sampler import Sampler, apply_min_p, apply_penalties, apply_top_k_top_p
+from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.sequence import Sequence
 
 VOCAB = 50
 

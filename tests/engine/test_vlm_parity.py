@@ -19,15 +19,15 @@ from vlm_checkpoints import (
     vlm_tokenizer,
 )
 
-from encoders.vision import VisionEncoder, load_vision_encoder
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.mrope import mrope_positions
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
-from omni.prompting import UnsupportedInput
-from omni.protocol import ImagePart, Message, OmniRequest, TextPart, VideoPart
-from omni.vision import VisionPrompt, build_vision_prompt
+from omni_gateway.encoders.vision import VisionEncoder, load_vision_encoder
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.engine.mrope import mrope_positions
+from omni_gateway.engine.outputs import RequestOutput
+from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.omni.prompting import UnsupportedInput
+from omni_gateway.omni.protocol import ImagePart, Message, OmniRequest, TextPart, VideoPart
+from omni_gateway.omni.vision import VisionPrompt, build_vision_prompt
 
 NEW_TOKENS = 8
 
@@ -198,7 +198,7 @@ def test_prefix_cache_keys_on_image_content(llava: Stack) -> None:
 
 
 def test_media_are_counted_before_decoding_and_bad_media_refused_cleanly(llava: Stack) -> None:
-    from omni.vision import MediaError, MediaLimits
+    from omni_gateway.omni.vision import MediaError, MediaLimits
 
     request = OmniRequest(request_id="r", messages=(Message("user", (ImagePart(b"never decoded"),) * 3),))
     with pytest.raises(MediaError, match="3 image/video parts; the limit is 2"):
@@ -225,7 +225,7 @@ def test_qwen2_vl_encoded_video_matches_hf(qwen: Stack) -> None:
     import av
     import numpy as np
 
-    from encoders.video import VideoLimits, decode_video
+    from omni_gateway.encoders.video import VideoLimits, decode_video
 
     out = io.BytesIO()
     rng = np.random.default_rng(7)
@@ -246,7 +246,7 @@ def test_qwen2_vl_encoded_video_matches_hf(qwen: Stack) -> None:
 
 @pytest.mark.parametrize("size", [(1, 1), (2, 3), (1000, 7)])
 def test_tiny_and_thin_images_work_and_extreme_ratios_are_refused(qwen: Stack, size: tuple[int, int]) -> None:
-    from omni.vision import MediaError
+    from omni_gateway.omni.vision import MediaError
 
     image = picture(60, size)
     prompt = qwen.prompt(ImagePart(png_bytes(image)))

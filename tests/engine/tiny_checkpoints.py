@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from engine_fakes import byte_level_tokenizer
 
-from engine.model_runner import ModelRunner
-from engine.sampling_params import SamplingParams
-from engine.sequence import ScheduledBatch, Sequence
+from omni_gateway.engine.model_runner import ModelRunner
+from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.sequence import ScheduledBatch, Sequence
 
 VOCAB = 384  # >= the byte-level test tokenizer's 330 tokens
 

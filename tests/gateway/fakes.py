@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import numpy as np
 
-from omni.protocol import (AudioChunk, AudioOutputOptions, Capabilities, Done, Health, ImageFinal, ImagePartial,
+from omni_gateway.omni.protocol import (AudioChunk, AudioOutputOptions, Capabilities, Done, Health, ImageFinal, ImagePartial,
                            Message, OmniRequest, OutputChunk, TextDelta, Transcription, Usage, VadEvent, VadSettings)
 
 RATE = 24000

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
-from gateway.app import create_app
-from gateway.config import GatewayConfig
-from gateway.http.limits import HttpLimits
+from omni_gateway.gateway.app import create_app
+from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.http.limits import HttpLimits
 
-from omni.protocol import (AudioChunk, AudioOutputOptions, Capabilities, Done, Error, Health, ImageFinal,
+from omni_gateway.omni.protocol import (AudioChunk, AudioOutputOptions, Capabilities, Done, Error, Health, ImageFinal,
                            ImagePartial, Message, OmniRequest, OutputChunk, TextDelta, ToolCallDelta,
                            Transcription, Usage, VadSettings)
 

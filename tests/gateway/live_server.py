@@ -13,8 +13,8 @@ from typing import Any
 import uvicorn
 from websockets.asyncio.client import ClientConnection
 
-from gateway.app import create_app
-from gateway.config import GatewayConfig
+from omni_gateway.gateway.app import create_app
+from omni_gateway.gateway.config import GatewayConfig
 
 
 @contextlib.contextmanager

@@ -14,9 +14,9 @@ def tiny_pipeline(directory: Path, max_tokens: int = 200, **engine_args: Any) ->
     """An ``OmniPipeline`` (no ASR, TTS, VAD or vision) over a random 2-layer Llama saved into ``directory``."""
     from tiny_checkpoints import save_tiny_checkpoint
 
-    from engine.async_engine import AsyncEngine
-    from omni.config import EngineConfig, OmniConfig
-    from omni.pipeline import OmniPipeline
+    from omni_gateway.engine.async_engine import AsyncEngine
+    from omni_gateway.omni.config import EngineConfig, OmniConfig
+    from omni_gateway.omni.pipeline import OmniPipeline
 
     save_tiny_checkpoint("llama", directory)
     engine_config = EngineConfig(model=str(directory), device="cpu", dtype="float32", max_model_len=MAX_MODEL_LEN,

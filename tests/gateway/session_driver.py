@@ -6,9 +6,9 @@ from typing import Any
 
 from fakes import FakeBackend
 
-from gateway.realtime.commands import AdoptSpeculation, CancelResponse, Output, Send, StartResponse, Transcribe
-from gateway.realtime.session import RealtimeSession
-from omni.protocol import OutputChunk
+from omni_gateway.gateway.realtime.commands import AdoptSpeculation, CancelResponse, Output, Send, StartResponse, Transcribe
+from omni_gateway.gateway.realtime.session import RealtimeSession
+from omni_gateway.omni.protocol import OutputChunk
 
 
 def b64(data: bytes) -> str:

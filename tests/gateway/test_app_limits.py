@@ -14,9 +14,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from fakes import FakeBackend, tone
-from gateway.config import GatewayConfig
+from omni_gateway.gateway.config import GatewayConfig
 from live_server import serve
-from omni.protocol import AudioChunk, Done
+from omni_gateway.omni.protocol import AudioChunk, Done
 
 TIMEOUT = 20
 

@@ -11,7 +11,7 @@ from websockets.asyncio.client import connect
 
 from fakes import FakeBackend, silence, tone
 from live_server import serve, until
-from omni.protocol import Transcription
+from omni_gateway.omni.protocol import Transcription
 
 TIMEOUT = 15
 BYTES_PER_MS = 48

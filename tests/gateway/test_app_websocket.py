@@ -14,9 +14,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from fakes import FakeBackend, tone
-from gateway.config import GatewayConfig
-from gateway.realtime import g711
-from omni.protocol import TextDelta
+from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.realtime import g711
+from omni_gateway.omni.protocol import TextDelta
 from live_server import recv, serve, until
 
 TIMEOUT = 15
@@ -229,7 +229,7 @@ def test_backend_failures_fail_the_response_and_the_session_goes_on() -> None:
 
 
 def test_open_sessions_gauge_returns_to_zero(port: int) -> None:
-    from gateway import metrics
+    from omni_gateway.gateway import metrics
 
     async def go() -> float:
         async with connect(url(port)) as ws:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from fakes import FakeBackend
-from gateway import cli
+from omni_gateway.gateway import cli
 
 
 def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -20,14 +20,14 @@ def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_importing_the_cli_loads_neither_torch_nor_the_engine() -> None:
-    code = "import sys, gateway.cli; print(sorted(m for m in ('torch', 'engine', 'omni.pipeline') if m in sys.modules))"
+    code = "import sys, omni_gateway.gateway.cli; print(sorted(m for m in ('torch', 'omni_gateway.engine', 'omni_gateway.omni.pipeline') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_serve_builds_configs_loads_the_backend_and_runs_uvicorn(monkeypatch: pytest.MonkeyPatch,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    import omni
+    from omni_gateway import omni
     import uvicorn
 
     loaded: dict[str, Any] = {}
@@ -63,10 +63,10 @@ def test_serve_requires_a_command() -> None:
 
 def test_generation_defaults_reach_the_config_and_unset_ones_keep_the_model_side_defaults(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import omni
+    from omni_gateway import omni
     import uvicorn
 
-    from omni.config import OmniConfig
+    from omni_gateway.omni.config import OmniConfig
 
     seen: list[Any] = []
     monkeypatch.setattr(omni, "load_backend", lambda config: seen.append(config) or FakeBackend())
@@ -80,8 +80,7 @@ def test_generation_defaults_reach_the_config_and_unset_ones_keep_the_model_side
 
 
 def test_a_model_that_cannot_load_ends_with_a_one_line_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    import omni
-
+    from omni_gateway import omni
     def fail(config: Any) -> Any:
         raise FileNotFoundError("model path '/nope' does not exist")
 

@@ -14,9 +14,9 @@ from starlette.routing import Route, WebSocketRoute
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from gateway.app import create_app
-from gateway.config import GatewayConfig
-from gateway.guard import is_public, origin_allowed
+from omni_gateway.gateway.app import create_app
+from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.guard import is_public, origin_allowed
 
 KEY = "sk-guard-key"
 TIMEOUT = 15
@@ -166,7 +166,7 @@ def test_a_dead_backend_is_answered_with_503_everywhere_but_metrics() -> None:
 
 
 def test_cli_sets_the_origin_allow_list_and_per_key_sessions() -> None:
-    from gateway.cli import build_parser, gateway_config
+    from omni_gateway.gateway.cli import build_parser, gateway_config
 
     args = build_parser().parse_args(["serve", "--allowed-origin", "https://a.example", "--allowed-origin",
                                       "https://b.example", "--max-sessions-per-key", "3"])

@@ -10,7 +10,7 @@ from fakes import FakeBackend, silence
 from live_server import serve
 from websockets.asyncio.client import connect
 
-from gateway.config import GatewayConfig
+from omni_gateway.gateway.config import GatewayConfig
 
 MIB = 1024 * 1024
 JUNK: list[Any] = [None, True, -1, 2**70, 1e308, "", "x" * 10_000, [], [[[]]], {}, {"a": {"b": {"c": [1, {}]}}}]

@@ -20,10 +20,10 @@ from live_server import serve
 from PIL import Image
 from websockets.asyncio.client import connect
 
-from encoders.audio import AudioDecodeError, decode_audio
-from encoders.image import ImageDecodeError, decode_image
-from gateway.config import GatewayConfig
-from omni.protocol import (
+from omni_gateway.encoders.audio import AudioDecodeError, decode_audio
+from omni_gateway.encoders.image import ImageDecodeError, decode_image
+from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.omni.protocol import (
     AudioPart,
     Done,
     Error,

@@ -7,13 +7,13 @@ import wave
 
 import pytest
 
-from gateway.http.chat_request import parse_chat
-from gateway.http.chat_response import ChatAssembler
-from gateway.http.completion_request import parse_completion
-from gateway.http.completion_response import CompletionAssembler
-from gateway.http.errors import ApiError
-from gateway.http.limits import HttpLimits
-from omni.protocol import AudioChunk, Capabilities, Done, Error, TextDelta, ToolCallDelta, Usage
+from omni_gateway.gateway.http.chat_request import parse_chat
+from omni_gateway.gateway.http.chat_response import ChatAssembler
+from omni_gateway.gateway.http.completion_request import parse_completion
+from omni_gateway.gateway.http.completion_response import CompletionAssembler
+from omni_gateway.gateway.http.errors import ApiError
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.omni.protocol import AudioChunk, Capabilities, Done, Error, TextDelta, ToolCallDelta, Usage
 
 CAPS = Capabilities(model="m", input_modalities=frozenset({"text"}), output_modalities=frozenset({"text", "audio"}),
                     voices=("joe",))

@@ -11,7 +11,7 @@ import openai
 import pytest
 import soundfile
 
-from omni.protocol import Capabilities
+from omni_gateway.omni.protocol import Capabilities
 from tests.gateway.http_fakes import FakeBackend, served
 from tests.gateway.test_http_parsing import wav_bytes
 
@@ -45,7 +45,7 @@ def test_non_wav_uploads_are_refused_with_the_accepted_format(fake):
 
 
 def test_upload_beyond_the_body_limit_is_413():
-    from gateway.http.limits import HttpLimits
+    from omni_gateway.gateway.http.limits import HttpLimits
 
     with served(FakeBackend(), limits=HttpLimits(max_body_bytes=4000)) as (_, client):
         with pytest.raises(openai.APIStatusError) as info:

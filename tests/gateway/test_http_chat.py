@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from omni.protocol import AudioPart, Done, Error, ImagePart, TextDelta
+from omni_gateway.omni.protocol import AudioPart, Done, Error, ImagePart, TextDelta
 from tests.gateway.http_fakes import FakeBackend, overloaded, served, tool_call_script
 from tests.gateway.test_http_parsing import wav_bytes
 
@@ -156,7 +156,7 @@ def test_an_error_after_some_output_keeps_its_status_without_streaming(fake, sta
 
 def test_body_over_the_limit_is_413():
     backend = FakeBackend()
-    from gateway.http.limits import HttpLimits
+    from omni_gateway.gateway.http.limits import HttpLimits
 
     with served(backend, limits=HttpLimits(max_body_bytes=1000)) as (url, client):
         with pytest.raises(openai.APIStatusError) as info:

@@ -6,7 +6,7 @@ import base64
 import openai
 import pytest
 
-from omni.protocol import Capabilities
+from omni_gateway.omni.protocol import Capabilities
 from tests.gateway.http_fakes import PNG_1X1, FakeBackend, overloaded, served
 
 IMAGE_CAPS = Capabilities(model="omni-test", input_modalities=frozenset({"text"}),

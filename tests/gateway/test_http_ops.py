@@ -5,8 +5,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.http import routes
-from gateway.config import GatewayConfig
+from omni_gateway.gateway.http import routes
+from omni_gateway.gateway.config import GatewayConfig
 from tests.gateway.http_fakes import FakeBackend, served
 
 KEY = "sk-test-123"

@@ -9,14 +9,14 @@ import wave
 
 import pytest
 
-from gateway.http.audio_request import parse_speech, parse_transcription_form
-from gateway.http.chat_request import parse_chat
-from gateway.http.completion_request import DEFAULT_MAX_TOKENS, parse_completion
-from gateway.http.errors import ApiError
-from gateway.http.image_request import parse_image_generation
-from gateway.http.limits import HttpLimits
-from gateway.http.sampling import check_context
-from omni.protocol import AudioPart, Capabilities, ImagePart, TextPart
+from omni_gateway.gateway.http.audio_request import parse_speech, parse_transcription_form
+from omni_gateway.gateway.http.chat_request import parse_chat
+from omni_gateway.gateway.http.completion_request import DEFAULT_MAX_TOKENS, parse_completion
+from omni_gateway.gateway.http.errors import ApiError
+from omni_gateway.gateway.http.image_request import parse_image_generation
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.http.sampling import check_context
+from omni_gateway.omni.protocol import AudioPart, Capabilities, ImagePart, TextPart
 
 CAPS = Capabilities(model="m", input_modalities=frozenset({"text", "audio", "image"}),
                     output_modalities=frozenset({"text", "audio"}), voices=("joe",), max_context_tokens=100)
@@ -194,7 +194,7 @@ def test_wav_duration_is_checked_from_the_header():
     (4, [0x12345678, -0x12345678], (0x1234, -0x1235)),
 ])
 def test_wav_sample_widths_are_converted_to_16_bit(width, samples, expected):
-    from gateway.http.wav import decode_wav
+    from omni_gateway.gateway.http.wav import decode_wav
 
     pcm, rate = decode_wav(wav_bytes(samples, width=width), max_seconds=10, param="f")
     assert struct.unpack("<2h", pcm) == expected and rate == 16000

@@ -12,8 +12,8 @@ from live_server import serve
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from gateway.config import GatewayConfig
-from gateway.http.limits import HttpLimits
+from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.http.limits import HttpLimits
 
 KIB = 1024
 CONFIG = GatewayConfig(max_frame_bytes=256 * KIB, max_append_bytes=32 * KIB, max_audio_buffer_bytes=96 * KIB,

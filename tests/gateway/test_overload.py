@@ -11,8 +11,8 @@ from fakes import FakeBackend
 from live_server import serve
 from websockets.asyncio.client import connect
 
-from gateway.config import GatewayConfig
-from omni.protocol import Done, Error
+from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.omni.protocol import Done, Error
 
 TIMEOUT = 20
 

@@ -18,7 +18,7 @@ from real_engine import tiny_pipeline
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from gateway.config import GatewayConfig
+from omni_gateway.gateway.config import GatewayConfig
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 60

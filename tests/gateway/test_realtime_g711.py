@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 
-from gateway.realtime import audio, g711
+from omni_gateway.gateway.realtime import audio, g711
 
 ALL_SAMPLES = np.arange(-32768, 32768, dtype=np.int16)
 

@@ -12,7 +12,7 @@ from websockets.asyncio.client import connect
 
 from fakes import FakeBackend, png
 from live_server import serve, until
-from omni.protocol import ImagePart
+from omni_gateway.omni.protocol import ImagePart
 
 TIMEOUT = 15
 

@@ -12,11 +12,11 @@ import pytest
 from websockets.asyncio.client import connect
 
 from fakes import FakeBackend
-from gateway.realtime.errors import RealtimeError
-from gateway.realtime.truncation import (AUTO_RETENTION, PromptWindow, Truncation, fit_messages, parse_truncation,
+from omni_gateway.gateway.realtime.errors import RealtimeError
+from omni_gateway.gateway.realtime.truncation import (AUTO_RETENTION, PromptWindow, Truncation, fit_messages, parse_truncation,
                                          reply_reserve)
 from live_server import serve, until
-from omni.protocol import Message, TextPart, ToolCall
+from omni_gateway.omni.protocol import Message, TextPart, ToolCall
 
 TIMEOUT = 15
 

@@ -8,9 +8,9 @@ import pytest
 from session_driver import Driver, b64, cancelled, error, events, only, started, transcribes, types
 
 from fakes import silence, tone
-from gateway.realtime import g711
-from gateway.realtime.commands import AdoptSpeculation
-from omni.protocol import AudioChunk, Done, Transcription
+from omni_gateway.gateway.realtime import g711
+from omni_gateway.gateway.realtime.commands import AdoptSpeculation
+from omni_gateway.omni.protocol import AudioChunk, Done, Transcription
 
 
 def manual(d: Driver, **audio_input: object) -> None:
@@ -230,8 +230,8 @@ def test_g711_output_format_encodes_deltas() -> None:
 
 def test_old_audio_is_dropped_past_the_budget_but_transcripts_and_lengths_stay() -> None:
     from fakes import FakeBackend
-    from gateway.realtime.commands import SessionLimits
-    from gateway.realtime.session import RealtimeSession
+    from omni_gateway.gateway.realtime.commands import SessionLimits
+    from omni_gateway.gateway.realtime.session import RealtimeSession
 
     backend = FakeBackend()
     d = Driver(backend=backend)
@@ -255,7 +255,7 @@ def test_old_audio_is_dropped_past_the_budget_but_transcripts_and_lengths_stay()
 
 def test_idle_timeout_prompts_a_reply_after_the_previous_one_played_out() -> None:
     from fakes import FakeBackend
-    from gateway.realtime.session import RealtimeSession
+    from omni_gateway.gateway.realtime.session import RealtimeSession
 
     clock = [1000.0]
     backend = FakeBackend()

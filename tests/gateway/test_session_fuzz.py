@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from session_driver import Driver, b64, events
 
 from fakes import silence, tone
-from gateway.realtime.commands import StartResponse
+from omni_gateway.gateway.realtime.commands import StartResponse
 
 ITEM_IDS = st.sampled_from(["a", "b", "root", "missing"])
 JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-5, 5000) | st.text(max_size=5),

@@ -11,9 +11,9 @@ from PIL import Image
 from session_driver import Driver, b64, error, events, only, started, types
 
 from fakes import FakeBackend, png
-from gateway.realtime.commands import SessionLimits, StartResponse
-from gateway.realtime.session import RealtimeSession
-from omni.protocol import Done, Error, ImageFinal, ImagePart, ImagePartial, TextDelta
+from omni_gateway.gateway.realtime.commands import SessionLimits, StartResponse
+from omni_gateway.gateway.realtime.session import RealtimeSession
+from omni_gateway.omni.protocol import Done, Error, ImageFinal, ImagePart, ImagePartial, TextDelta
 
 
 def encoded(fmt: str) -> bytes:

@@ -6,7 +6,7 @@ import base64
 from session_driver import Driver, cancelled, error, events, only, started, types
 
 from fakes import tone
-from omni.protocol import AudioChunk, Done, Error, TextDelta, ToolCallDelta, Usage
+from omni_gateway.omni.protocol import AudioChunk, Done, Error, TextDelta, ToolCallDelta, Usage
 
 TEXT_ORDER = ["response.output_item.added", "conversation.item.added", "response.content_part.added",
               "response.output_text.delta", "response.output_text.delta", "response.output_text.done",

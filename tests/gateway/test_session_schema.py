@@ -11,7 +11,7 @@ from pydantic import TypeAdapter
 from session_driver import Driver, b64, committed_jobs, events, started
 
 from fakes import FakeBackend, png, silence, tone
-from omni.protocol import AudioChunk, Done, ImageFinal, ImagePartial, TextDelta, ToolCallDelta, Transcription, Usage
+from omni_gateway.omni.protocol import AudioChunk, Done, ImageFinal, ImagePartial, TextDelta, ToolCallDelta, Transcription, Usage
 
 ADAPTERS = {"ga": TypeAdapter(GaServerEvent), "beta": TypeAdapter(BetaServerEvent)}
 # The SDK's beta union lacks these (the beta API did send conversation.item.retrieved).

@@ -6,8 +6,8 @@ from __future__ import annotations
 from session_driver import Driver, b64, only, started, transcribes, types
 
 from fakes import silence, tone
-from gateway.realtime.commands import AdoptSpeculation, DropSpeculation, Output, Prepare, Speculate, StartResponse
-from omni.protocol import Transcription
+from omni_gateway.gateway.realtime.commands import AdoptSpeculation, DropSpeculation, Output, Prepare, Speculate, StartResponse
+from omni_gateway.omni.protocol import Transcription
 
 
 def vad(d: Driver, **input_audio: object) -> None:

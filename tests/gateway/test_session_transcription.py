@@ -7,8 +7,8 @@ from pydantic import TypeAdapter
 from session_driver import Driver, b64, committed_jobs, error, events, only, transcribes, types
 
 from fakes import FakeBackend, silence, tone
-from gateway.realtime.session import RealtimeSession
-from omni.protocol import Transcription
+from omni_gateway.gateway.realtime.session import RealtimeSession
+from omni_gateway.omni.protocol import Transcription
 
 VAD = {"type": "server_vad", "silence_duration_ms": 200}
 

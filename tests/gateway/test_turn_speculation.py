@@ -1,10 +1,10 @@
 """TurnSpeculation on its own: which commands each step of a speculated turn yields."""
 from __future__ import annotations
 
-from gateway.realtime.commands import AdoptSpeculation, DropSpeculation, Prepare, Speculate, Transcribe
-from gateway.realtime.items import Content, Item
-from gateway.realtime.speculation import TurnSpeculation
-from omni.protocol import Message, OmniRequest, TextPart
+from omni_gateway.gateway.realtime.commands import AdoptSpeculation, DropSpeculation, Prepare, Speculate, Transcribe
+from omni_gateway.gateway.realtime.items import Content, Item
+from omni_gateway.gateway.realtime.speculation import TurnSpeculation
+from omni_gateway.omni.protocol import Message, OmniRequest, TextPart
 
 
 def job(item_id: str = "item_1", pcm: bytes = b"\x01\x00" * 800) -> Transcribe:

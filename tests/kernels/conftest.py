@@ -14,13 +14,13 @@ import pytest
 import torch
 
 _TRITON_MODULES = (
-    "kernels.paged_attention",
-    "kernels.kv_cache",
-    "kernels.norm",
-    "kernels.rotary",
-    "kernels.activation",
-    "kernels.argmax",
-    "kernels.gemv",
+    "omni_gateway.kernels.paged_attention",
+    "omni_gateway.kernels.kv_cache",
+    "omni_gateway.kernels.norm",
+    "omni_gateway.kernels.rotary",
+    "omni_gateway.kernels.activation",
+    "omni_gateway.kernels.argmax",
+    "omni_gateway.kernels.gemv",
 )
 
 if not torch.cuda.is_available():

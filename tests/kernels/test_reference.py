@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from kernels import reference as ref
+from omni_gateway.kernels import reference as ref
 
 BLOCK = 16
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference as ref
-from kernels.activation import silu_and_mul
+from omni_gateway.kernels import reference as ref
+from omni_gateway.kernels.activation import silu_and_mul
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference as ref
-from kernels.argmax import greedy_argmax
+from omni_gateway.kernels import reference as ref
+from omni_gateway.kernels.argmax import greedy_argmax
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference as ref
-from kernels.gemv import GemvConfig, default_gemv_config, linear
+from omni_gateway.kernels import reference as ref
+from omni_gateway.kernels.gemv import GemvConfig, default_gemv_config, linear
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

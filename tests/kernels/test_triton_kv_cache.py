@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference as ref
-from kernels.kv_cache import write_kv_cache
+from omni_gateway.kernels import reference as ref
+from omni_gateway.kernels.kv_cache import write_kv_cache
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -11,9 +11,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from tiny_checkpoints import RunnerDriver, greedy_seq, hf_greedy, save_tiny_checkpoint  # noqa: E402
 
-from engine.config import EngineConfig  # noqa: E402
-from engine.loader import load_model  # noqa: E402
-from engine.model_runner import ModelRunner  # noqa: E402
+from omni_gateway.engine.config import EngineConfig  # noqa: E402
+from omni_gateway.engine.loader import load_model  # noqa: E402
+from omni_gateway.engine.model_runner import ModelRunner  # noqa: E402
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference as ref
-from kernels.norm import fused_add_rms_norm, rms_norm
+from omni_gateway.kernels import reference as ref
+from omni_gateway.kernels.norm import fused_add_rms_norm, rms_norm
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from kernels import reference as ref
-from kernels.paged_attention import (
+from omni_gateway.kernels import reference as ref
+from omni_gateway.kernels.paged_attention import (
     DecodeConfig,
     PrefillConfig,
     num_decode_splits,
@@ -89,7 +89,7 @@ def test_decode_split_count_depends_on_shapes_only():
     ],
 )
 def test_gpu_default_config_fills_one_wave(batch, hkv, ctx, block_n, splits):
-    from kernels.paged_attention import gpu_decode_config
+    from omni_gateway.kernels.paged_attention import gpu_decode_config
 
     config = gpu_decode_config(132, batch, hkv, ctx)
     got_splits, per_split = num_decode_splits(batch, hkv, ctx, config)
@@ -101,7 +101,7 @@ def test_gpu_default_config_fills_one_wave(batch, hkv, ctx, block_n, splits):
 
 
 def test_fused_reduce_leaves_counters_zeroed_for_the_next_call(device, rel_err):
-    from kernels import paged_attention
+    from omni_gateway.kernels import paged_attention
 
     for seed in (1, 2):  # the second call relies on the first having reset its counters
         out, expected = _decode_case([5, 64, 90], 2, 2, 64, torch.float32, device, seed, SPLIT_FUSED, lambda _: None)
@@ -131,7 +131,7 @@ def _many_splits(num_warps: int = 4) -> DecodeConfig:
 )
 def test_fused_merge_of_many_splits_matches_reference(device, lens, splits, dtype, hq, hkv, d, warps, poison,
                                                       rel_err, tolerance):
-    from kernels import paged_attention
+    from omni_gateway.kernels import paged_attention
 
     config = _many_splits(warps)
     width = math.ceil(max(lens) / PAGE) + 1
@@ -145,7 +145,7 @@ def test_fused_merge_of_many_splits_matches_reference(device, lens, splits, dtyp
 
 
 def test_merge_chunk_fits_register_budget():
-    from kernels.paged_attention import _merge_chunk_splits
+    from omni_gateway.kernels.paged_attention import _merge_chunk_splits
 
     assert _merge_chunk_splits(merge_g=4, block_s=32, block_d=128, num_warps=4) == 32  # Llama-3 8B, 32 splits
     assert _merge_chunk_splits(merge_g=8, block_s=64, block_d=128, num_warps=4) == 16

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference as ref
-from kernels.kv_cache import write_kv_cache
-from kernels.rotary import apply_rotary, rotary_write_kv
+from omni_gateway.kernels import reference as ref
+from omni_gateway.kernels.kv_cache import write_kv_cache
+from omni_gateway.kernels.rotary import apply_rotary, rotary_write_kv
 
 
 def _cos_sin(max_pos: int, d: int) -> torch.Tensor:

@@ -13,10 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
-from omni.heads.dit import ImageHead, load_image_head
-from omni.heads.dit_errors import ImageRequestError, ModelLoadError
-from omni.heads.dit_loader import ImageHeadConfig, select_device
-from omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
+from omni_gateway.omni.heads.dit import ImageHead, load_image_head
+from omni_gateway.omni.heads.dit_errors import ImageRequestError, ModelLoadError
+from omni_gateway.omni.heads.dit_loader import ImageHeadConfig, select_device
+from omni_gateway.omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
 from tests.omni.tiny_dit import save_tiny_pixart, save_tiny_sd3
 
 # A wide window makes concurrently submitted requests reliably meet in one batch on a loaded machine.

@@ -7,10 +7,10 @@ from collections.abc import Hashable
 
 import pytest
 
-from omni.heads.dit_errors import ImageRequestError
-from omni.heads.dit_options import ImageLimits, resolve_job
-from omni.heads.image_batcher import BatcherClosed, ImageBatcher
-from omni.protocol import ImageOutputOptions
+from omni_gateway.omni.heads.dit_errors import ImageRequestError
+from omni_gateway.omni.heads.dit_options import ImageLimits, resolve_job
+from omni_gateway.omni.heads.image_batcher import BatcherClosed, ImageBatcher
+from omni_gateway.omni.protocol import ImageOutputOptions
 
 
 class Item:

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from engine.errors import EngineOverloaded
-from engine.outputs import StreamDelta
-from omni.config import OmniConfig
-from omni.pipeline import OmniPipeline, stage_threads
-from omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Done, Error, ImagePart, Message, OmniRequest,
+from omni_gateway.engine.errors import EngineOverloaded
+from omni_gateway.engine.outputs import StreamDelta
+from omni_gateway.omni.config import OmniConfig
+from omni_gateway.omni.pipeline import OmniPipeline, stage_threads
+from omni_gateway.omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Done, Error, ImagePart, Message, OmniRequest,
                            SamplingOptions, TextDelta, TextPart, ToolCallDelta, Usage)
 
 
@@ -234,7 +234,7 @@ class FakeImageHead:
         self.closed = False
 
     async def generate(self, prompt: str, options: Any, cancel: asyncio.Event) -> AsyncIterator[Any]:
-        from omni.protocol import ImageFinal, ImagePartial
+        from omni_gateway.omni.protocol import ImageFinal, ImagePartial
         yield ImagePartial(index=0, png=b"preview", step=1)
         if self.fail is not None:
             raise self.fail
@@ -252,7 +252,7 @@ def _image_pipeline(head: FakeImageHead) -> OmniPipeline:
 
 
 def test_image_output_streams_previews_then_the_final_image() -> None:
-    from omni.protocol import ImageFinal, ImagePartial
+    from omni_gateway.omni.protocol import ImageFinal, ImagePartial
     pipeline = _image_pipeline(FakeImageHead())
     assert "image" in pipeline.capabilities.output_modalities
     chunks = asyncio.run(_collect(pipeline, OmniRequest("r1", _user("a cat"), modalities=("image",))))
@@ -260,7 +260,7 @@ def test_image_output_streams_previews_then_the_final_image() -> None:
 
 
 def test_image_generation_failure_is_a_server_error_and_cancel_is_an_abort() -> None:
-    from omni.heads.dit_errors import ImageGenerationError
+    from omni_gateway.omni.heads.dit_errors import ImageGenerationError
     failing = _image_pipeline(FakeImageHead(fail=ImageGenerationError("VAE decode ran out of memory")))
     chunks = asyncio.run(_collect(failing, OmniRequest("r1", _user("a cat"), modalities=("image",))))
     assert isinstance(chunks[-1], Error) and chunks[-1].status == 500 and "out of memory" in chunks[-1].message
@@ -278,7 +278,7 @@ def test_shutdown_closes_the_image_head() -> None:
 
 
 def test_text_and_image_in_one_response_run_side_by_side() -> None:
-    from omni.protocol import ImageFinal, ImagePartial
+    from omni_gateway.omni.protocol import ImageFinal, ImagePartial
     pipeline = _image_pipeline(FakeImageHead())
     pipeline.engine.pieces = ["Here", " is", " a cat."]
     chunks = asyncio.run(_collect(pipeline, OmniRequest("r1", _user("draw a cat"), modalities=("text", "image"))))

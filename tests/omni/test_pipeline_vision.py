@@ -12,12 +12,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
 from vlm_checkpoints import picture, png_bytes, save_tiny_llava  # noqa: E402
 
-from engine.config import EngineConfig  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
-from omni.config import OmniConfig  # noqa: E402
-from omni.pipeline import OmniPipeline  # noqa: E402
-from omni.protocol import Done, Error, ImagePart, Message, OmniRequest, SamplingOptions, TextDelta, TextPart, Usage  # noqa: E402
-from omni.vision import build_vision_prompt  # noqa: E402
+from omni_gateway.engine.config import EngineConfig  # noqa: E402
+from omni_gateway.engine.sampling_params import SamplingParams  # noqa: E402
+from omni_gateway.omni.config import OmniConfig  # noqa: E402
+from omni_gateway.omni.pipeline import OmniPipeline  # noqa: E402
+from omni_gateway.omni.protocol import Done, Error, ImagePart, Message, OmniRequest, SamplingOptions, TextDelta, TextPart, Usage  # noqa: E402
+from omni_gateway.omni.vision import build_vision_prompt  # noqa: E402
 
 
 @pytest.fixture(scope="module")

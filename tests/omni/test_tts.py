@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omni.heads.tts import TtsHead
-from omni.heads.tts_backends import HfVitsSynthesizer, PiperSynthesizer, default_piper_voice, load_synthesizer
-from omni.protocol import AudioChunk, AudioOutputOptions
+from omni_gateway.omni.heads.tts import TtsHead
+from omni_gateway.omni.heads.tts_backends import HfVitsSynthesizer, PiperSynthesizer, default_piper_voice, load_synthesizer
+from omni_gateway.omni.protocol import AudioChunk, AudioOutputOptions
 
 REPLY = ("Sure, I can help with that. The weather today is sunny with a high of twenty degrees. "
          "Tomorrow brings some rain in the afternoon, so take an umbrella.")
