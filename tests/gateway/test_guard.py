@@ -16,6 +16,7 @@ from websockets.exceptions import InvalidStatus
 
 from omni_gateway.gateway.app import create_app
 from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.guard import is_public, origin_allowed
 
 KEY = "sk-guard-key"
@@ -38,7 +39,8 @@ async def ws_status(port: int, **kwargs: Any) -> int:
 
 @pytest.fixture(scope="module")
 def secured() -> Iterator[int]:
-    with serve(FakeBackend(), GatewayConfig(api_key=KEY)) as port:
+    # Any Host is accepted here, so the Host tricks below reach the key check rather than the Host check.
+    with serve(FakeBackend(), GatewayConfig(api_key=KEY, allowed_hosts=("*",))) as port:
         yield port
 
 
@@ -137,8 +139,8 @@ def _concurrent_posts(port: int, count: int, headers: dict[str, str]) -> list[tu
 
 
 @pytest.mark.parametrize(("config", "status", "code"), [
-    (GatewayConfig(api_key=KEY, max_requests_per_key=2), 429, "rate_limit_exceeded"),
-    (GatewayConfig(api_key=KEY, max_http_requests=2), 503, "server_overloaded"),
+    (GatewayConfig(api_key=KEY, http=HttpLimits(max_requests_per_key=2)), 429, "rate_limit_exceeded"),
+    (GatewayConfig(api_key=KEY, http=HttpLimits(max_requests=2)), 503, "server_overloaded"),
 ])
 def test_requests_beyond_the_in_flight_limits_are_refused_at_once(config: GatewayConfig, status: int,
                                                                   code: str) -> None:
@@ -166,11 +168,11 @@ def test_a_dead_backend_is_answered_with_503_everywhere_but_metrics() -> None:
 
 
 def test_cli_sets_the_origin_allow_list_and_per_key_sessions() -> None:
-    from omni_gateway.gateway.cli import build_parser, gateway_config
+    from omni_gateway.gateway.cli import build_parser, configs
 
-    args = build_parser().parse_args(["serve", "--allowed-origin", "https://a.example", "--allowed-origin",
-                                      "https://b.example", "--max-sessions-per-key", "3"])
-    config = gateway_config(args)
-    assert config.allowed_origins == ("https://a.example", "https://b.example")
+    args = build_parser().parse_args(["serve", "--allowed-origins", "https://a.example", "--allowed-origin",
+                                      "https://b.example,https://c.example", "--max-sessions-per-key", "3"])
+    config, _ = configs(args)
+    assert config.allowed_origins == ("https://a.example", "https://b.example", "https://c.example")
     assert config.max_sessions_per_key == 3
-    assert gateway_config(build_parser().parse_args(["serve"])).allowed_origins == ()
+    assert configs(build_parser().parse_args(["serve"]))[0].allowed_origins == ()
