@@ -58,7 +58,7 @@ class Flag:
     field: str
     help: str
     group: str
-    type: Callable[[str], Any] | None = None
+    type: Callable[[str], Any] = str
     choices: tuple[str, ...] | None = None
     to_field: Callable[[Any], Any] = _same  # parsed value -> field value
     from_field: Callable[[Any], Any] = _same  # field default -> flag default
@@ -77,7 +77,11 @@ def field_default(owner: type, name: str) -> Any:
     spec = next((f for f in fields(owner) if f.name == name), None)
     if spec is None:
         raise KeyError(f"{owner.__name__} has no field {name!r}")
-    return spec.default_factory() if spec.default is MISSING else spec.default  # type: ignore[misc]
+    if spec.default is not MISSING:
+        return spec.default
+    if spec.default_factory is not MISSING:
+        return spec.default_factory()
+    raise KeyError(f"{owner.__name__}.{name} has no default")
 
 
 def _flags() -> tuple[Flag, ...]:
