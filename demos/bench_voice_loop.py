@@ -1,6 +1,6 @@
 """Voice-to-voice latency of the whole loop on the embedded models, over the realtime socket.
 
-    python demos/bench_voice_loop.py [--turns 10] [--device cpu|cuda] [--stage-device cpu|cuda]
+    python demos/bench_voice_loop.py [--turns 10] [--device cpu|cuda]
                                      [--dtype auto|float32|bfloat16]
 
 Each turn speaks a short question (Piper voice) into /v1/realtime in 40 ms chunks at real-time pace,
@@ -15,8 +15,8 @@ prepared from the pause's transcript. Per turn it also reports the engine's time
 and per decode step, the prompt tokens served from the prefix cache, and "stall": how long playback
 would run dry after the first chunk if the client played the audio as it arrived.
 
-`--device` places the LLM (the engine's device), `--stage-device` the ASR and TTS (CTranslate2 and
-onnxruntime; CUDA there needs their GPU builds). Anchors: GPT-4o speech-to-speech averages 320 ms;
+`--device` places the LLM and the ASR and TTS with it (CTranslate2 and onnxruntime; CUDA there needs
+their GPU builds). Anchors: GPT-4o speech-to-speech averages 320 ms;
 cascaded voice-agent stacks quote 500-800 ms.
 """
 from __future__ import annotations
@@ -109,7 +109,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--device", default="auto", help="the LLM engine's device: auto, cpu or cuda")
-    parser.add_argument("--stage-device", default="cpu", help="ASR and TTS device: cpu or cuda")
     parser.add_argument("--dtype", default="auto", help="the engine's dtype (auto: bfloat16 on cuda, float32 on cpu)")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size: the prefix cache's granularity")
     parser.add_argument("--first-words", type=int, default=None,
@@ -120,12 +119,12 @@ def main() -> None:
     from omni_gateway.omni import load_backend
     from omni_gateway.omni.config import OmniConfig
 
-    print(f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.2f} device={args.device} stages={args.stage_device} "
+    print(f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.2f} device={args.device} "
           f"dtype={args.dtype} block_size={args.block_size} first_words={args.first_words}", flush=True)
     started = time.monotonic()
     pipeline = load_backend(OmniConfig(engine=EngineConfig(device=args.device, dtype=args.dtype,
                                                            block_size=args.block_size),
-                                       device=args.stage_device, temperature=0.0, max_tokens=48,
+                                       temperature=0.0, max_tokens=48,
                                        system_prompt="You are a helpful voice assistant. Answer in one short sentence."))
     print(f"models loaded in {time.monotonic() - started:.1f} s", flush=True)
     if args.first_words is not None:

@@ -8,14 +8,19 @@ import argparse
 import logging
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, dataclass, fields
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from omni_gateway.gateway.config import GatewayConfig
 
+if TYPE_CHECKING:
+    from omni_gateway.omni.config import OmniConfig
+
 DISTRIBUTION = "omni-gateway"
-_DEFAULTS = GatewayConfig()
+log = logging.getLogger("omni_gateway.gateway.cli")
 
 
 def version() -> str:
@@ -30,9 +35,118 @@ def version() -> str:
         return "unknown"
 
 
-def _stage(value: str) -> str | None:
+def _stage(value: str | None) -> str | None:
     """``none`` disables a model stage; anything else is passed through ("default" or a path)."""
-    return None if value.lower() == "none" else value
+    return None if value is None or value.lower() == "none" else value
+
+
+def _names(value: str) -> list[str]:
+    """One occurrence of a list flag: a name or a comma-separated list of them."""
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One ``omni serve`` flag and the config field it sets; its default is read from that field."""
+
+    name: str
+    owner: type  # GatewayConfig, EngineConfig or OmniConfig
+    field: str
+    help: str
+    group: str
+    type: Callable[[str], Any] = str
+    choices: tuple[str, ...] | None = None
+    to_field: Callable[[Any], Any] = _same  # parsed value -> field value
+    from_field: Callable[[Any], Any] = _same  # field default -> flag default
+    switch: bool = False  # store_true; ``to_field`` maps the bool
+    listing: bool = False  # repeatable, each occurrence a name or a comma list; a tuple in the config
+
+    @property
+    def dest(self) -> str:
+        return self.name.removeprefix("--").replace("-", "_")
+
+    def default(self) -> Any:
+        return False if self.switch else self.from_field(field_default(self.owner, self.field))
+
+
+def field_default(owner: type, name: str) -> Any:
+    spec = next((f for f in fields(owner) if f.name == name), None)
+    if spec is None:
+        raise KeyError(f"{owner.__name__} has no field {name!r}")
+    if spec.default is not MISSING:
+        return spec.default
+    if spec.default_factory is not MISSING:
+        return spec.default_factory()
+    raise KeyError(f"{owner.__name__}.{name} has no default")
+
+
+def _flags() -> tuple[Flag, ...]:
+    # Imported here: omni.config names the engine's config type, and importing the CLI stays light.
+    from omni_gateway.omni.config import EngineConfig, OmniConfig
+
+    gw, eng, om = GatewayConfig, EngineConfig, OmniConfig
+    mib = 2**20
+    return (
+        Flag("--host", gw, "host", "address to bind; 0.0.0.0 or :: serves every interface (default %(default)s)",
+             "network"),
+        Flag("--port", gw, "port", "port to bind (default %(default)s)", "network", type=int),
+        Flag("--api-key", gw, "api_key", "require this key (Bearer header or openai-insecure-api-key subprotocol); "
+             "default: no authentication", "network", to_field=lambda v: v or None),
+        Flag("--allowed-hosts", gw, "allowed_hosts", "Host header names accepted besides the bound address, "
+             "localhost, 127.0.0.1 and [::1]; repeatable or comma-separated, '*' accepts any. Bound to 0.0.0.0 "
+             "or :: without it, any Host is accepted", "network", type=_names, listing=True),
+        Flag("--allowed-origins", gw, "allowed_origins", "browser origins (e.g. https://app.example) that may "
+             "open /v1/realtime besides this server's own; repeatable or comma-separated, '*' allows any "
+             "(clients without Origin are always allowed)", "network", type=_names, listing=True),
+        Flag("--max-frame-mib", gw, "max_frame_bytes", "largest WebSocket message accepted, in MiB "
+             "(default %(default)s)", "network", type=float, to_field=lambda v: int(v * mib),
+             from_field=lambda v: v / mib),
+        Flag("--max-sessions", gw, "max_sessions", "concurrent realtime sessions (default %(default)s)", "network",
+             type=int),
+        Flag("--max-sessions-per-key", gw, "max_sessions_per_key", "realtime sessions one API key (or client "
+             "address) may hold (default %(default)s)", "network", type=int),
+        Flag("--model", eng, "model", "LLM: 'default' (packaged SmolLM2), a Hugging Face directory or a .gguf file",
+             "models"),
+        Flag("--served-model-name", om, "served_model_name", "model name reported to clients", "models"),
+        Flag("--asr", om, "asr", "speech recognition: 'default', a path, or 'none'", "models", to_field=_stage),
+        Flag("--tts", om, "tts", "speech synthesis: 'default', a path, or 'none'", "models", to_field=_stage),
+        Flag("--no-vad", om, "vad", "no server-side voice activity detection (realtime clients must commit turns "
+             "themselves)", "models", switch=True, to_field=lambda v: not v),
+        Flag("--no-vision", om, "vision", "ignore the LLM's vision tower", "models", switch=True,
+             to_field=lambda v: not v),
+        Flag("--image-model", om, "image_model", "local diffusers pipeline directory for image output", "models"),
+        Flag("--device", eng, "device", "'auto', 'cpu' or 'cuda[:N]', for the LLM and every other stage "
+             "(default %(default)s)", "engine"),
+        Flag("--dtype", eng, "dtype", "weights and activations (default %(default)s)", "engine",
+             choices=("auto", "float32", "bfloat16", "float16")),
+        Flag("--max-model-len", eng, "max_model_len", "context length cap (default: the model's)", "engine",
+             type=int),
+        Flag("--max-num-seqs", eng, "max_num_seqs", "sequences decoded together (default %(default)s)", "engine",
+             type=int),
+        Flag("--max-num-batched-tokens", eng, "max_num_batched_tokens", "tokens one engine step processes, "
+             "prefill chunks and decodes together (default %(default)s)", "engine", type=int),
+        Flag("--block-size", eng, "block_size", "tokens per KV-cache block, a power of two (default: 16 on "
+             "CUDA, 8 on the CPU)", "engine", type=int),
+        Flag("--gpu-memory-utilization", eng, "gpu_memory_utilization", "fraction of GPU memory the engine may "
+             "use (default %(default)s)", "engine", type=float),
+        Flag("--enforce-eager", eng, "enforce_eager", "no CUDA graphs", "engine", switch=True),
+        Flag("--pipeline-decode", eng, "pipeline_decode", "launch each decode step before the host has read the "
+             "one in flight (default %(default)s: on with CUDA)", "engine", choices=("auto", "on", "off")),
+        Flag("--temperature", om, "temperature", "default %(default)s", "generation", type=float),
+        Flag("--top-p", om, "top_p", "default %(default)s", "generation", type=float),
+        Flag("--max-tokens", om, "max_tokens", "longest answer in tokens (default %(default)s)", "generation",
+             type=int),
+        Flag("--system-prompt", om, "system_prompt", "system message for conversations that bring none "
+             "(realtime instructions override it)", "generation"),
+    )
+
+
+_GROUPS = {"network": "network", "models": "models", "engine": "engine",
+           "generation": "generation defaults (for knobs a request leaves unset)"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,56 +155,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve /v1/realtime and the OpenAI HTTP API")
-    net = serve.add_argument_group("network")
-    net.add_argument("--host", default=_DEFAULTS.host, help="address to bind (default %(default)s)")
-    net.add_argument("--port", type=int, default=_DEFAULTS.port, help="port to bind (default %(default)s)")
-    net.add_argument("--api-key", default=None, help="require this key (Bearer header or "
-                     "openai-insecure-api-key subprotocol); default: no authentication")
-    net.add_argument("--max-frame-mib", type=float, default=_DEFAULTS.max_frame_bytes / 2**20,
-                     help="largest WebSocket message accepted, in MiB (default %(default)s)")
-    net.add_argument("--max-sessions", type=int, default=_DEFAULTS.max_sessions,
-                     help="concurrent realtime sessions (default %(default)s)")
-    net.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
-                     help="a browser origin (e.g. https://app.example) that may open /v1/realtime besides this "
-                     "server's own; repeatable, '*' allows any (clients without Origin are always allowed)")
-    net.add_argument("--max-sessions-per-key", type=int, default=_DEFAULTS.max_sessions_per_key,
-                     help="realtime sessions one API key (or client address) may hold (default %(default)s)")
-    net.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    models = serve.add_argument_group("models")
-    models.add_argument("--model", default="default", help="LLM: 'default' (packaged SmolLM2), a Hugging Face "
-                        "directory or a .gguf file")
-    models.add_argument("--served-model-name", default=None, help="model name reported to clients")
-    models.add_argument("--asr", default="default", help="speech recognition: 'default', a path, or 'none'")
-    models.add_argument("--tts", default="default", help="speech synthesis: 'default', a path, or 'none'")
-    models.add_argument("--no-vad", action="store_true", help="no server-side voice activity detection "
-                        "(realtime clients must commit turns themselves)")
-    models.add_argument("--no-vision", action="store_true", help="ignore the LLM's vision tower")
-    models.add_argument("--image-model", default=None, help="local diffusers pipeline directory for image output")
-    engine = serve.add_argument_group("engine")
-    engine.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda' (default %(default)s)")
-    engine.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    engine.add_argument("--max-model-len", type=int, default=None, help="context length cap")
-    engine.add_argument("--max-num-seqs", type=int, default=256, help="sequences decoded together")
-    engine.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-    engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    engine.add_argument("--pipeline-decode", default="auto", choices=["auto", "on", "off"],
-                        help="launch each decode step before the host has read the one in flight "
-                             "(default %(default)s: on with CUDA)")
-    gen = serve.add_argument_group("generation defaults (for knobs a request leaves unset)")
-    # None keeps omni.config.OmniConfig's defaults (0.7, 0.95 and 512), defined there once.
-    gen.add_argument("--temperature", type=float, default=None, help="default 0.7")
-    gen.add_argument("--top-p", type=float, default=None, help="default 0.95")
-    gen.add_argument("--max-tokens", type=int, default=None, help="longest answer in tokens (default 512)")
-    gen.add_argument("--system-prompt", default=None,
-                     help="system message for conversations that bring none (realtime instructions override it)")
+    groups = {key: serve.add_argument_group(title) for key, title in _GROUPS.items()}
+    for flag in _flags():
+        group = groups[flag.group]
+        if flag.switch:
+            group.add_argument(flag.name, action="store_true", help=flag.help)
+        elif flag.listing:
+            group.add_argument(flag.name, action="extend", type=flag.type, default=list(flag.default()),
+                               metavar=flag.dest.removesuffix("s").upper(), help=flag.help)
+        else:
+            group.add_argument(flag.name, type=flag.type, choices=flag.choices, default=flag.default(),
+                               help=flag.help)
+    groups["network"].add_argument("--log-level", default="info",
+                                   choices=["critical", "error", "warning", "info", "debug"])
     return parser
 
 
-def gateway_config(args: argparse.Namespace) -> GatewayConfig:
-    return GatewayConfig(host=args.host, port=args.port, api_key=args.api_key or None,
-                         max_frame_bytes=int(args.max_frame_mib * 2**20), max_sessions=args.max_sessions,
-                         allowed_origins=tuple(args.allowed_origin),
-                         max_sessions_per_key=args.max_sessions_per_key)
+def configs(args: argparse.Namespace) -> tuple[GatewayConfig, OmniConfig]:
+    """The gateway's and the model side's config from parsed ``serve`` arguments, through the flag table."""
+    from omni_gateway.omni.config import EngineConfig, OmniConfig
+
+    values: dict[type, dict[str, Any]] = {GatewayConfig: {}, EngineConfig: {}, OmniConfig: {}}
+    for flag in _flags():
+        value = getattr(args, flag.dest)
+        values[flag.owner][flag.field] = flag.to_field(tuple(value) if flag.listing else value)
+    engine = EngineConfig(**values[EngineConfig])
+    return GatewayConfig(**values[GatewayConfig]), OmniConfig(engine=engine, **values[OmniConfig])
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -98,27 +188,21 @@ def serve(args: argparse.Namespace) -> None:
 
     from omni_gateway import omni
     from omni_gateway.gateway.app import create_app
-    # omni.config re-exports the engine's config type, so the gateway never names the engine package.
-    from omni_gateway.omni.config import EngineConfig, OmniConfig
 
-    config = gateway_config(args)
-    omni_config = OmniConfig(
-        engine=EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-                            max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
-                            enforce_eager=args.enforce_eager, pipeline_decode=args.pipeline_decode),
-        asr=_stage(args.asr), tts=_stage(args.tts), vad=not args.no_vad, vision=not args.no_vision,
-        image_model=args.image_model, device=args.device, served_model_name=args.served_model_name,
-        system_prompt=args.system_prompt,
-        **{k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p), ("max_tokens", args.max_tokens))
-           if v is not None})
-    print(f"omni {version()}: loading models (model={args.model}, asr={omni_config.asr}, tts={omni_config.tts}, "
+    config, omni_config = configs(args)
+    if config.host_allow_list() is None and config.api_key is None:
+        log.warning("any Host header is accepted (bound to %s without --allowed-hosts, or '*'): a web page whose "
+                    "name resolves to this machine can drive this server; name its hosts with --allowed-hosts "
+                    "or require a key with --api-key", config.host or "every interface")
+    print(f"omni {version()}: loading models (model={omni_config.engine.model}, asr={omni_config.asr}, "
+          f"tts={omni_config.tts}, "
           f"vad={omni_config.vad}) ...", flush=True)
     try:
         backend = omni.load_backend(omni_config)
     except Exception as exc:  # a bad path or checkpoint: say what failed, without a traceback
         raise SystemExit(f"omni: could not load the models: {type(exc).__name__}: {exc}") from exc
     app = create_app(backend, config)
-    shown_host = "127.0.0.1" if config.host in ("0.0.0.0", "") else config.host
+    shown_host = "127.0.0.1" if config.serves_all_interfaces else config.host
     print(f"omni: serving {backend.capabilities.model} at http://{shown_host}:{config.port}/v1 "
           f"(realtime: ws://{shown_host}:{config.port}/v1/realtime"
           f"{', API key required' if config.api_key else ''})", flush=True)

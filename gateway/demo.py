@@ -27,8 +27,10 @@ source repository under <code>demos/browser</code>: install from a checkout with
 
 
 def _redirect_to_slash(request: Request) -> Response:
-    # Relative links in index.html (style.css, app.js) resolve against /demo/, not /.
-    return RedirectResponse(str(request.url.replace(path=request.url.path + "/")), status_code=307)
+    # Relative links in index.html (style.css, app.js) resolve against /demo/, not /. The Location is a path:
+    # a URL rebuilt from the request would carry whatever Host header the request brought.
+    query = request.url.query
+    return RedirectResponse("/demo/" + (f"?{query}" if query else ""), status_code=307)
 
 
 def _missing(request: Request) -> Response:

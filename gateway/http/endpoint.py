@@ -1,4 +1,4 @@
-"""What every HTTP route shares: API-key check, bounded body reading, error envelope, request metrics."""
+"""What every HTTP route shares: bounded body reading, error envelope, request metrics (the guard admits)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from omni_gateway.gateway.auth import bearer_token, key_matches
 from omni_gateway.gateway.http.errors import ApiError, internal, invalid
 from omni_gateway.gateway.http.streaming import ClientGone
 from omni_gateway.gateway.metrics import HTTP_REQUESTS
@@ -18,12 +17,9 @@ Handler = Callable[[Request], Awaitable[Response]]
 CLIENT_CLOSED = 499  # nginx's convention; the client never reads it, metrics do
 
 
-def endpoint(route: str, handler: Handler, *, api_key: str | None) -> Handler:
+def endpoint(route: str, handler: Handler) -> Handler:
     async def run(request: Request) -> Response:
         try:
-            if api_key and not key_matches(bearer_token(request.headers.get("authorization")), api_key):
-                raise ApiError(401, "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
-                               code="invalid_api_key")
             response = await handler(request)
         except ApiError as error:
             response = error.response()

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
+    max_requests: int = 256  # requests in flight in all; beyond it 503 at once
+    max_requests_per_key: int = 64  # in flight per key (or, without auth, per client address); beyond it 429
     max_body_bytes: int = 32 * 1024 * 1024  # JSON bodies and multipart uploads alike
     max_n: int = 8
     max_top_logprobs: int = 20

@@ -19,8 +19,8 @@ G711_RATE = 8000
 BYTES_PER_MS = SAMPLE_RATE * 2 // 1000  # 48
 
 
-class AudioDecodeError(ValueError):
-    pass
+class AudioFormatError(ValueError):
+    """Client audio that is not in the session's input format (the media decoders' errors are the model side's)."""
 
 
 def resample(samples: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray:
@@ -37,7 +37,7 @@ def decode(data: bytes, fmt: AudioFormat) -> bytes:
     """Client audio in ``fmt`` -> 24 kHz pcm16 bytes."""
     if fmt == "pcm16":
         if len(data) % 2:
-            raise AudioDecodeError(f"pcm16 audio must have an even number of bytes, got {len(data)}")
+            raise AudioFormatError(f"pcm16 audio must have an even number of bytes, got {len(data)}")
         return data
     samples = g711.ulaw_to_pcm(data) if fmt == "g711_ulaw" else g711.alaw_to_pcm(data)
     return resample(samples, G711_RATE, SAMPLE_RATE).astype("<i2").tobytes()

@@ -88,6 +88,8 @@ class SessionLimits:
     max_image_bytes: int = 10 * 1024 * 1024  # one decoded input_image
     max_image_frames: int = 2  # image-only user items sent to the model (a webcam stream): the most recent
     max_conversation_image_bytes: int = 64 * 1024 * 1024  # input images kept in items; the oldest is dropped first
+    max_responses: int = 4  # concurrent responses (out-of-band ones overlap); beyond it a response fails at once
+    asr_timeout_s: float = 30.0  # a response waits at most this long for its turn's transcript
 
 
 def new_id(prefix: str) -> str:

@@ -52,7 +52,7 @@ class RealtimeConnection:
         self.backend = backend
         self.config = config
         self.session = RealtimeSession(dialect=dialect, capabilities=backend.capabilities, vad_factory=vad_factory,
-                                       limits=config.session_limits, intent=intent)
+                                       limits=config.session, intent=intent)
         self._outbox: deque[dict[str, Any]] = deque()
         self._has_data = asyncio.Event()
         self._space = asyncio.Event()
@@ -82,9 +82,9 @@ class RealtimeConnection:
 
     async def _read_until_expiry(self) -> None:
         try:
-            await asyncio.wait_for(self._reader(), timeout=self.config.session_seconds)
+            await asyncio.wait_for(self._reader(), timeout=self.config.session.session_seconds)
         except asyncio.TimeoutError:
-            minutes = self.config.session_seconds // 60
+            minutes = self.config.session.session_seconds // 60
             message = f"Your session hit the maximum duration of {minutes} minutes."
             self._outbox.append({"event_id": new_id("event"), "type": "error", "error": {
                 "type": "invalid_request_error", "code": "session_expired", "message": message, "param": None,
@@ -175,7 +175,7 @@ class RealtimeConnection:
                 self._outbox.append(out.event)
             elif isinstance(out, StartResponse):
                 prepared = self._take_prepared(out.response_id) if out.prepared else None
-                if len(self._responses) < self.config.max_responses_per_session:
+                if len(self._responses) < self.config.session.max_responses:
                     # Out-of-band responses (conversation "none") may overlap; each holds an engine request.
                     task = asyncio.create_task(self._run_response(out, prepared))
                 else:
@@ -233,7 +233,7 @@ class RealtimeConnection:
         try:
             pending = [self._asr[i] for i in cmd.wait_for if i in self._asr]
             if pending:
-                await asyncio.wait(pending, timeout=self.config.asr_timeout_s)
+                await asyncio.wait(pending, timeout=self.config.session.asr_timeout_s)
             try:
                 request = self.session.build_request(cmd.response_id)
             except Exception:
@@ -251,7 +251,7 @@ class RealtimeConnection:
             self._responses.pop(cmd.response_id, None)
 
     async def _refuse_response(self, cmd: StartResponse) -> None:
-        limit = self.config.max_responses_per_session
+        limit = self.config.session.max_responses
         refusal = Error("rate_limit_exceeded", f"This session already runs {limit} responses; wait for one to "
                         "finish.", status=429)
         try:

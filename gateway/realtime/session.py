@@ -218,7 +218,7 @@ class RealtimeSession:
                                 f"{len(raw)} bytes")
         try:
             pcm = audio_fmt.decode(raw, self.settings.input_format)
-        except audio_fmt.AudioDecodeError as exc:
+        except audio_fmt.AudioFormatError as exc:
             raise invalid_value("audio", "audio in the session's input_audio_format", str(exc)) from None
         if self.audio.size + len(pcm) > self.limits.max_buffer_bytes:
             raise RealtimeError("input_audio_buffer_full", "The input audio buffer would exceed "

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-class ModelLoadError(RuntimeError):
+class ImageModelLoadError(RuntimeError):
     """The image model directory is missing, unreadable, or holds a pipeline this head cannot drive."""
 
 

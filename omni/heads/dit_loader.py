@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from omni_gateway.omni.heads.dit_errors import ModelLoadError
+from omni_gateway.omni.heads.dit_errors import ImageModelLoadError
 from omni_gateway.omni.heads.dit_options import ImageLimits
 
 log = logging.getLogger(__name__)
@@ -44,31 +44,31 @@ def select_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:
     try:
         dev = torch.device(device)
     except RuntimeError as exc:
-        raise ModelLoadError(f"device must be 'auto', 'cpu' or 'cuda[:N]'; got {device!r}") from exc
+        raise ImageModelLoadError(f"device must be 'auto', 'cpu' or 'cuda[:N]'; got {device!r}") from exc
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ModelLoadError(f"device {device!r} was asked for but torch sees no CUDA device")
+            raise ImageModelLoadError(f"device {device!r} was asked for but torch sees no CUDA device")
         return dev, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if dev.type != "cpu":
-        raise ModelLoadError(f"device must be 'auto', 'cpu' or 'cuda[:N]'; got {device!r}")
+        raise ImageModelLoadError(f"device must be 'auto', 'cpu' or 'cuda[:N]'; got {device!r}")
     return dev, torch.float32
 
 
 def read_model_index(path: str | Path) -> dict[str, Any]:
     root = Path(path)
     if not root.is_dir():
-        raise ModelLoadError(f"image model directory {str(root)!r} does not exist or is not a directory")
+        raise ImageModelLoadError(f"image model directory {str(root)!r} does not exist or is not a directory")
     index = root / "model_index.json"
     if not index.is_file():
-        raise ModelLoadError(f"{str(root)!r} is not a diffusers pipeline directory: model_index.json is missing")
+        raise ImageModelLoadError(f"{str(root)!r} is not a diffusers pipeline directory: model_index.json is missing")
     try:
         data = json.loads(index.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{index} is not readable JSON: {exc}") from exc
+        raise ImageModelLoadError(f"{index} is not readable JSON: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("_class_name"), str):
-        raise ModelLoadError(f"{index} names no pipeline class (_class_name)")
+        raise ImageModelLoadError(f"{index} names no pipeline class (_class_name)")
     if data["_class_name"] not in SUPPORTED_PIPELINES:
-        raise ModelLoadError(f"pipeline {data['_class_name']!r} in {str(root)!r} is not supported; "
+        raise ImageModelLoadError(f"pipeline {data['_class_name']!r} in {str(root)!r} is not supported; "
                              f"expected one of {sorted(SUPPORTED_PIPELINES)}")
     return data
 
@@ -82,10 +82,10 @@ def load_pipeline(path: str | Path, device: torch.device, dtype: torch.dtype) ->
     try:
         pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, local_files_only=True, **absent)
     except Exception as exc:  # diffusers, transformers and safetensors each raise their own kinds
-        raise ModelLoadError(f"could not load the {index['_class_name']} in {str(path)!r}: {exc}") from exc
+        raise ImageModelLoadError(f"could not load the {index['_class_name']} in {str(path)!r}: {exc}") from exc
     for part in ("transformer", "vae", "scheduler"):
         if getattr(pipe, part, None) is None:
-            raise ModelLoadError(f"the pipeline in {str(path)!r} has no {part}")
+            raise ImageModelLoadError(f"the pipeline in {str(path)!r} has no {part}")
     pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     return pipe

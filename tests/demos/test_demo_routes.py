@@ -17,13 +17,30 @@ from omni_gateway.gateway.demo import DEMO_DIR, demo_routes  # noqa: E402
 
 
 def keyed_client() -> TestClient:
-    return TestClient(create_app(FakeBackend(), GatewayConfig(api_key="sk-demo")))
+    # A loopback name: the guard refuses Host names off its allow-list (TestClient's default is "testserver").
+    return TestClient(create_app(FakeBackend(), GatewayConfig(api_key="sk-demo")), base_url="http://localhost")
 
 
 def test_demo_redirects_to_the_directory_form_keeping_the_query() -> None:
     response = keyed_client().get("/demo?x=1", follow_redirects=False)
     assert response.status_code == 307
-    assert response.headers["location"].endswith("/demo/?x=1")
+    assert response.headers["location"] == "/demo/?x=1"
+    assert keyed_client().get("/demo", follow_redirects=False).headers["location"] == "/demo/"
+
+
+def test_the_redirect_never_names_the_requests_host() -> None:
+    # Served to any Host, the Location still stays on whatever origin the browser is on.
+    client = TestClient(create_app(FakeBackend(), GatewayConfig(allowed_hosts=("*",))), base_url="http://evil.example")
+    response = client.get("/demo?x=1", follow_redirects=False, headers={"Host": "evil.example:8000"})
+    assert response.status_code == 307 and response.headers["location"] == "/demo/?x=1"
+    assert "evil" not in response.headers["location"]
+
+
+def test_the_demo_page_is_refused_to_a_host_off_the_allow_list() -> None:
+    client = TestClient(create_app(FakeBackend(), GatewayConfig()), base_url="http://evil.example")
+    for path in ("/demo", "/demo/"):
+        response = client.get(path, follow_redirects=False)
+        assert response.status_code == 421 and response.json()["error"]["code"] == "host_not_allowed", path
 
 
 def test_page_and_its_assets_load_without_a_key_while_the_api_still_wants_one() -> None:

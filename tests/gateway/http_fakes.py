@@ -163,7 +163,7 @@ def serve(app) -> str:
 
 def http_app(backend: FakeBackend, api_key: str | None = None, limits: HttpLimits | None = None):
     """The gateway's real application (realtime route included) around ``backend``."""
-    return create_app(backend, GatewayConfig(api_key=api_key, http_limits=limits or HttpLimits()))
+    return create_app(backend, GatewayConfig(api_key=api_key, http=limits or HttpLimits()))
 
 
 @contextmanager

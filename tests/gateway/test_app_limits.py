@@ -15,6 +15,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from fakes import FakeBackend, tone
 from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.realtime.commands import SessionLimits
 from live_server import serve
 from omni_gateway.omni.protocol import AudioChunk, Done
 
@@ -54,7 +55,7 @@ def test_expired_session_gets_session_expired_then_close_1001() -> None:
                 return seen, closed.rcvd.code
         raise AssertionError("unreachable")
 
-    with serve(FakeBackend(), GatewayConfig(session_seconds=1)) as port:
+    with serve(FakeBackend(), GatewayConfig(session=SessionLimits(session_seconds=1))) as port:
         seen, code = run(go(port))
     assert code == 1001
     assert seen[-1]["type"] == "error" and seen[-1]["error"]["code"] == "session_expired"

@@ -88,3 +88,97 @@ def test_a_model_that_cannot_load_ends_with_a_one_line_reason(monkeypatch: pytes
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["serve", "--model", "/nope"])
     assert "could not load the models" in str(exit_info.value.code) and "/nope" in str(exit_info.value.code)
+
+
+def _serve_actions() -> list[Any]:
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command")
+    return [a for a in commands.choices["serve"]._actions if a.dest != "help"]
+
+
+FLAGS_WITHOUT_FIELD = {"log_level"}  # process logging, not a setting of the server or the models
+
+
+def test_every_flag_sets_a_config_field_and_defaults_to_that_fields_default() -> None:
+    flags = {flag.dest: flag for flag in cli._flags()}
+    for action in _serve_actions():
+        if action.dest in FLAGS_WITHOUT_FIELD:
+            continue
+        assert action.dest in flags, f"{action.option_strings} sets no config field"
+        flag = flags[action.dest]
+        default = cli.field_default(flag.owner, flag.field)
+        parsed = tuple(action.default) if flag.listing else action.default
+        assert flag.to_field(parsed) == default, (action.option_strings, action.default, default)
+    assert {a.dest for a in _serve_actions()} - FLAGS_WITHOUT_FIELD == set(flags)
+
+
+def test_no_flags_build_the_default_configs() -> None:
+    from omni_gateway.gateway.config import GatewayConfig
+    from omni_gateway.omni.config import OmniConfig
+
+    assert cli.configs(cli.build_parser().parse_args(["serve"])) == (GatewayConfig(), OmniConfig())
+
+
+# One non-default command-line value per flag; a flag added without a value here fails the test below.
+SAMPLES = {
+    "--host": "10.0.0.5", "--port": "9001", "--api-key": "k", "--allowed-hosts": "a.example,b.example",
+    "--allowed-origins": "https://app.example", "--max-frame-mib": "2", "--max-sessions": "3",
+    "--max-sessions-per-key": "2", "--model": "/m.gguf", "--served-model-name": "m", "--asr": "none",
+    "--tts": "/v.onnx", "--no-vad": None, "--no-vision": None, "--image-model": "/dit", "--device": "cpu",
+    "--dtype": "float16", "--max-model-len": "1024", "--max-num-seqs": "8", "--max-num-batched-tokens": "512",
+    "--block-size": "32", "--gpu-memory-utilization": "0.5", "--enforce-eager": None, "--pipeline-decode": "off",
+    "--temperature": "0.1", "--top-p": "0.5", "--max-tokens": "7", "--system-prompt": "Be brief.",
+}
+DERIVED = {"--device": {"engine.block_size"}}  # an explicit device resolves the default block size
+
+
+@pytest.mark.parametrize("flag", cli._flags(), ids=lambda flag: flag.name)
+def test_each_flag_changes_exactly_its_own_field(flag: cli.Flag) -> None:
+    import dataclasses
+
+    assert flag.name in SAMPLES, f"add a sample value for {flag.name}"
+    sample = SAMPLES[flag.name]
+    argv = ["serve", flag.name] + ([] if sample is None else [sample])
+    gateway, omni_config = cli.configs(cli.build_parser().parse_args(argv))
+    default_gateway, default_omni = cli.configs(cli.build_parser().parse_args(["serve"]))
+
+    def changed(new: Any, old: Any, prefix: str) -> set[str]:
+        return {prefix + f.name for f in dataclasses.fields(new) if getattr(new, f.name) != getattr(old, f.name)}
+
+    differences = (changed(gateway, default_gateway, "gateway.")
+                   | (changed(omni_config, default_omni, "omni.") - {"omni.engine"})
+                   | changed(omni_config.engine, default_omni.engine, "engine.")) - DERIVED.get(flag.name, set())
+    owner = {"GatewayConfig": "gateway.", "EngineConfig": "engine.", "OmniConfig": "omni."}[flag.owner.__name__]
+    assert differences == {owner + flag.field}
+
+
+def test_engine_sizing_flags_reach_the_engine_config() -> None:
+    _, omni_config = cli.configs(cli.build_parser().parse_args(
+        ["serve", "--max-num-batched-tokens", "4096", "--block-size", "32", "--device", "cuda"]))
+    assert (omni_config.engine.max_num_batched_tokens, omni_config.engine.block_size) == (4096, 32)
+    assert omni_config.engine.device == "cuda" and not hasattr(omni_config, "device")  # one device setting
+
+
+def test_host_lists_accept_repeats_and_commas() -> None:
+    gateway, _ = cli.configs(cli.build_parser().parse_args(
+        ["serve", "--allowed-hosts", "a.example, b.example", "--allowed-hosts", "c.example"]))
+    assert gateway.allowed_hosts == ("a.example", "b.example", "c.example")
+
+
+@pytest.mark.parametrize(("argv", "warned"), [
+    (["--host", "0.0.0.0"], True),
+    (["--allowed-hosts", "*"], True),
+    (["--host", "0.0.0.0", "--allowed-hosts", "box.lan"], False),
+    (["--host", "0.0.0.0", "--api-key", "k"], False),
+    ([], False),
+])
+def test_accepting_any_host_without_a_key_is_warned_at_startup(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, argv: list[str], warned: bool) -> None:
+    from omni_gateway import omni
+    import uvicorn
+
+    monkeypatch.setattr(omni, "load_backend", lambda config: FakeBackend())
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)
+    with caplog.at_level("WARNING", logger="omni_gateway.gateway.cli"):
+        cli.main(["serve", *argv])
+    assert any("--allowed-hosts" in r.getMessage() for r in caplog.records) == warned

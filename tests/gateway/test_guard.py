@@ -16,7 +16,8 @@ from websockets.exceptions import InvalidStatus
 
 from omni_gateway.gateway.app import create_app
 from omni_gateway.gateway.config import GatewayConfig
-from omni_gateway.gateway.guard import is_public, origin_allowed
+from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.guard import host_allowed, is_public, origin_allowed
 
 KEY = "sk-guard-key"
 TIMEOUT = 15
@@ -38,7 +39,8 @@ async def ws_status(port: int, **kwargs: Any) -> int:
 
 @pytest.fixture(scope="module")
 def secured() -> Iterator[int]:
-    with serve(FakeBackend(), GatewayConfig(api_key=KEY)) as port:
+    # Any Host is accepted here, so the Host tricks below reach the key check rather than the Host check.
+    with serve(FakeBackend(), GatewayConfig(api_key=KEY, allowed_hosts=("*",))) as port:
         yield port
 
 
@@ -137,8 +139,8 @@ def _concurrent_posts(port: int, count: int, headers: dict[str, str]) -> list[tu
 
 
 @pytest.mark.parametrize(("config", "status", "code"), [
-    (GatewayConfig(api_key=KEY, max_requests_per_key=2), 429, "rate_limit_exceeded"),
-    (GatewayConfig(api_key=KEY, max_http_requests=2), 503, "server_overloaded"),
+    (GatewayConfig(api_key=KEY, http=HttpLimits(max_requests_per_key=2)), 429, "rate_limit_exceeded"),
+    (GatewayConfig(api_key=KEY, http=HttpLimits(max_requests=2)), 503, "server_overloaded"),
 ])
 def test_requests_beyond_the_in_flight_limits_are_refused_at_once(config: GatewayConfig, status: int,
                                                                   code: str) -> None:
@@ -166,11 +168,125 @@ def test_a_dead_backend_is_answered_with_503_everywhere_but_metrics() -> None:
 
 
 def test_cli_sets_the_origin_allow_list_and_per_key_sessions() -> None:
-    from omni_gateway.gateway.cli import build_parser, gateway_config
+    from omni_gateway.gateway.cli import build_parser, configs
 
-    args = build_parser().parse_args(["serve", "--allowed-origin", "https://a.example", "--allowed-origin",
-                                      "https://b.example", "--max-sessions-per-key", "3"])
-    config = gateway_config(args)
-    assert config.allowed_origins == ("https://a.example", "https://b.example")
+    args = build_parser().parse_args(["serve", "--allowed-origins", "https://a.example", "--allowed-origin",
+                                      "https://b.example,https://c.example", "--max-sessions-per-key", "3"])
+    config, _ = configs(args)
+    assert config.allowed_origins == ("https://a.example", "https://b.example", "https://c.example")
     assert config.max_sessions_per_key == 3
-    assert gateway_config(build_parser().parse_args(["serve"])).allowed_origins == ()
+    assert configs(build_parser().parse_args(["serve"]))[0].allowed_origins == ()
+
+
+# DNS rebinding: a page on evil.example whose name now resolves to 127.0.0.1 sends Host and Origin of its own
+# name, which agree with each other; only the Host allow-list tells it from this server's own page.
+def _rebinding_headers(port: int, host: str = "evil.example") -> dict[str, str]:
+    return {"Host": f"{host}:{port}", "Origin": f"http://{host}:{port}"}
+
+
+async def ws_status_as(port: int, host: str, origin: str | None = None) -> int:
+    """The handshake's status when the client names ``host`` (the Host header) but connects to the server."""
+    kwargs: dict[str, Any] = {} if origin is None else {"origin": origin}
+    try:
+        async with connect(f"ws://{host}/v1/realtime", host="127.0.0.1", port=port, **kwargs) as ws:
+            await ws.recv()
+            return 101
+    except InvalidStatus as refused:
+        return refused.response.status_code
+
+
+@pytest.fixture(scope="module")
+def open_server() -> Iterator[int]:
+    with serve(FakeBackend(), GatewayConfig()) as port:  # the default: no API key, bound to loopback
+        yield port
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/health", "/metrics", "/demo/"])
+def test_http_requests_naming_a_foreign_host_get_421(open_server: int, path: str) -> None:
+    r = httpx.get(f"http://127.0.0.1:{open_server}{path}", headers=_rebinding_headers(open_server))
+    assert r.status_code == 421
+    assert r.json()["error"] == {"type": "invalid_request_error", "code": "host_not_allowed", "param": None,
+                                 "message": r.json()["error"]["message"]}
+    assert "allowed_hosts" in r.json()["error"]["message"]
+    r = httpx.post(f"http://127.0.0.1:{open_server}/v1/chat/completions", headers=_rebinding_headers(open_server),
+                   json={"model": "omni-test", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 421
+
+
+def test_a_websocket_handshake_naming_a_foreign_host_gets_403(open_server: int) -> None:
+    headers = _rebinding_headers(open_server)
+    assert run(ws_status_as(open_server, headers["Host"], headers["Origin"])) == 403
+    assert run(ws_status_as(open_server, headers["Host"])) == 403
+
+
+@pytest.mark.parametrize("host", ["localhost", "localhost:{port}", "127.0.0.1", "127.0.0.1:{port}", "[::1]",
+                                  "[::1]:{port}", "LOCALHOST:{port}", "localhost.:{port}"])
+def test_the_loopback_names_are_served_with_or_without_the_port(open_server: int, host: str) -> None:
+    host = host.format(port=open_server)
+    assert httpx.get(f"http://127.0.0.1:{open_server}/v1/models", headers={"Host": host}).status_code == 200
+    assert run(ws_status_as(open_server, host, f"http://{host}")) == 101
+
+
+@pytest.mark.parametrize(("config", "host", "served"), [
+    (GatewayConfig(allowed_hosts=("box.lan",)), "box.lan", True),
+    (GatewayConfig(allowed_hosts=("box.lan:9000",)), "box.lan", True),  # an entry's port is not compared
+    (GatewayConfig(allowed_hosts=("box.lan",)), "evil.example", False),
+    (GatewayConfig(allowed_hosts=("*",)), "evil.example", True),
+    (GatewayConfig(host="0.0.0.0"), "evil.example", True),  # every interface, no list: any (warned at startup)
+    (GatewayConfig(host="0.0.0.0", allowed_hosts=("box.lan",)), "evil.example", False),
+    (GatewayConfig(host="0.0.0.0", allowed_hosts=("box.lan",)), "localhost", True),
+])
+def test_allowed_hosts_extend_the_list(config: GatewayConfig, host: str, served: bool) -> None:
+    with serve(FakeBackend(), config) as port:
+        headers = _rebinding_headers(port, host)
+        status = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=headers).status_code
+        ws = run(ws_status_as(port, headers["Host"], headers["Origin"]))
+    assert (status, ws) == ((200, 101) if served else (421, 403))
+
+
+def test_the_host_is_checked_before_the_key() -> None:
+    # A page reached through rebinding learns nothing from the key check's answer.
+    with serve(FakeBackend(), GatewayConfig(api_key=KEY)) as port:
+        r = httpx.get(f"http://127.0.0.1:{port}/v1/models",
+                      headers={**_rebinding_headers(port), "Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 421
+
+
+def test_host_allow_list_of_the_config() -> None:
+    assert GatewayConfig().host_allow_list() == ("localhost", "127.0.0.1", "[::1]")
+    assert GatewayConfig(host="10.1.2.3", allowed_hosts=("Box.LAN.",)).host_allow_list() == (
+        "localhost", "127.0.0.1", "[::1]", "10.1.2.3", "box.lan")
+    assert GatewayConfig(host="::1").host_allow_list() == ("localhost", "127.0.0.1", "[::1]")
+    assert GatewayConfig(host="::").host_allow_list() is None
+    assert GatewayConfig(host="", allowed_hosts=("*",)).host_allow_list() is None
+    with pytest.raises(TypeError, match="allowed_hosts"):
+        GatewayConfig(allowed_hosts="box.lan")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("header", "allowed"), [
+    ("localhost:8000", True), ("[::1]:8000", True), ("127.0.0.1", True), (None, True),
+    ("127.0.0.1.evil.example", False), ("localhost@evil.example", False), ("evil.example:8000", False),
+    ("localhost:8000:80", False), ("", False), ("[::1", False),
+])
+def test_host_allowed(header: str | None, allowed: bool) -> None:
+    assert host_allowed(header, GatewayConfig().host_allow_list()) == allowed
+
+
+def test_open_sessions_are_counted_once_by_the_guard() -> None:
+    from omni_gateway.gateway import metrics
+
+    async def go(port: int) -> tuple[int, float, float]:
+        before = metrics.SESSIONS_OPEN._value.get()
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime") as first:
+            await first.recv()
+            during = metrics.SESSIONS_OPEN._value.get()
+            second = await ws_status(port)
+        return second, during - before, before
+
+    with serve(FakeBackend(), GatewayConfig(max_sessions=1)) as port:
+        second, opened, before = run(go(port))
+        deadline = time.monotonic() + 3
+        while metrics.SESSIONS_OPEN._value.get() != before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        after = metrics.SESSIONS_OPEN._value.get()
+    assert second == 503 and opened == 1 and after == before

@@ -14,10 +14,12 @@ from websockets.exceptions import ConnectionClosed
 
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.realtime.commands import SessionLimits
 
 KIB = 1024
-CONFIG = GatewayConfig(max_frame_bytes=256 * KIB, max_append_bytes=32 * KIB, max_audio_buffer_bytes=96 * KIB,
-                       http_limits=HttpLimits(max_n=2, max_body_bytes=128 * KIB))
+CONFIG = GatewayConfig(max_frame_bytes=256 * KIB,
+                       session=SessionLimits(max_append_bytes=32 * KIB, max_buffer_bytes=96 * KIB),
+                       http=HttpLimits(max_n=2, max_body_bytes=128 * KIB))
 
 
 def append(n_bytes: int) -> str:

@@ -12,6 +12,7 @@ from live_server import serve
 from websockets.asyncio.client import connect
 
 from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.realtime.commands import SessionLimits
 from omni_gateway.omni.protocol import Done, Error
 
 TIMEOUT = 20
@@ -42,7 +43,7 @@ def test_responses_over_the_session_cap_fail_at_once_and_the_rest_complete() -> 
             refused_s = time.perf_counter() - t0
             return refused, refused_s
 
-    with serve(backend, GatewayConfig(max_responses_per_session=3)) as port:
+    with serve(backend, GatewayConfig(session=SessionLimits(max_responses=3))) as port:
         refused, refused_s = asyncio.run(asyncio.wait_for(go(port), TIMEOUT))
     print(f"\n10 overlapping responses, cap 3: {len(refused)} refused within {refused_s * 1000:.0f} ms, "
           f"backend requests {len(backend.requests)}")

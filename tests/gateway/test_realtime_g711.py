@@ -62,5 +62,5 @@ def test_wire_conversion_resamples_8k_to_24k_and_back() -> None:
 
 def test_pcm16_passes_through_and_rejects_odd_lengths() -> None:
     assert audio.decode(b"\x01\x02\x03\x04", "pcm16") == b"\x01\x02\x03\x04"
-    with pytest.raises(audio.AudioDecodeError, match="even number of bytes"):
+    with pytest.raises(audio.AudioFormatError, match="even number of bytes"):
         audio.decode(b"\x01\x02\x03", "pcm16")

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from omni_gateway.omni.heads.dit import ImageHead, load_image_head
-from omni_gateway.omni.heads.dit_errors import ImageRequestError, ModelLoadError
+from omni_gateway.omni.heads.dit_errors import ImageRequestError, ImageModelLoadError
 from omni_gateway.omni.heads.dit_loader import ImageHeadConfig, select_device
 from omni_gateway.omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
 from tests.omni.tiny_dit import save_tiny_pixart, save_tiny_sd3
@@ -67,18 +67,18 @@ def finals(chunks: list) -> list[ImageFinal]:
 # ---- loading ---------------------------------------------------------------------------------------
 
 def test_missing_directory_is_a_load_error(tmp_path: Path) -> None:
-    with pytest.raises(ModelLoadError, match="does not exist"):
+    with pytest.raises(ImageModelLoadError, match="does not exist"):
         load_image_head(tmp_path / "nowhere", device="cpu")
 
 
 def test_directory_without_model_index_is_a_load_error(tmp_path: Path) -> None:
-    with pytest.raises(ModelLoadError, match="model_index.json is missing"):
+    with pytest.raises(ImageModelLoadError, match="model_index.json is missing"):
         load_image_head(tmp_path, device="cpu")
 
 
 def test_unsupported_pipeline_class_is_named(tmp_path: Path) -> None:
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "DiTPipeline"}))
-    with pytest.raises(ModelLoadError, match="'DiTPipeline'.*not supported"):
+    with pytest.raises(ImageModelLoadError, match="'DiTPipeline'.*not supported"):
         load_image_head(tmp_path, device="cpu")
 
 
@@ -89,17 +89,17 @@ def test_corrupt_weights_are_a_load_error(pixart_dir: Path, tmp_path: Path) -> N
     shutil.copytree(pixart_dir, broken)
     weights = next((broken / "transformer").glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:100])
-    with pytest.raises(ModelLoadError, match="could not load the PixArtAlphaPipeline"):
+    with pytest.raises(ImageModelLoadError, match="could not load the PixArtAlphaPipeline"):
         load_image_head(broken, device="cpu")
 
 
 def test_device_selection() -> None:
     assert select_device("cpu") == (torch.device("cpu"), torch.float32)
-    with pytest.raises(ModelLoadError, match="device must be"):
+    with pytest.raises(ImageModelLoadError, match="device must be"):
         select_device("tpu")
     if not torch.cuda.is_available():
         assert select_device("auto") == (torch.device("cpu"), torch.float32)
-        with pytest.raises(ModelLoadError, match="no CUDA device"):
+        with pytest.raises(ImageModelLoadError, match="no CUDA device"):
             select_device("cuda")
 
 
