@@ -15,7 +15,11 @@ class GatewayConfig:
     # One WebSocket message. OpenAI allows 15 MiB of audio per append (20 MiB as base64); 16 MiB matches
     # uvicorn's default and bounds what one frame can make us buffer.
     max_frame_bytes: int = 16 * 1024 * 1024
-    send_queue_max: int = 512  # server events waiting for a slow client before producers block
+    # A client that stops reading: over either outbox bound (or with an event unsent for half the timeout)
+    # its generation stops and producers wait; an event unsent for send_timeout_s, or twice the byte bound
+    # queued, closes the socket with 1008.
+    send_queue_max: int = 512  # server events waiting for a slow client
+    send_queue_max_bytes: int = 16 * 1024 * 1024  # bytes of server events waiting for a slow client
     send_timeout_s: float = 30.0  # a client that reads nothing for this long is disconnected (1008)
     max_sessions: int = 256  # concurrent realtime sessions; beyond it new sockets close with 1013
     max_responses_per_session: int = 4  # concurrent responses of one session (out-of-band ones overlap)
@@ -40,7 +44,7 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
-        for name in ("max_frame_bytes", "send_queue_max", "max_sessions", "max_responses_per_session",
+        for name in ("max_frame_bytes", "send_queue_max", "send_queue_max_bytes", "max_sessions", "max_responses_per_session",
                      "max_sessions_per_key",
                      "max_requests_per_key", "max_http_requests", "max_append_bytes",
                      "max_audio_buffer_bytes", "max_conversation_items", "max_conversation_audio_bytes",
@@ -63,4 +67,5 @@ class GatewayConfig:
                              max_items=self.max_conversation_items, session_seconds=self.session_seconds,
                              max_conversation_audio_bytes=self.max_conversation_audio_bytes,
                              max_image_bytes=self.max_image_bytes, max_image_frames=self.max_image_frames,
-                             max_conversation_image_bytes=self.max_conversation_image_bytes)
+                             max_conversation_image_bytes=self.max_conversation_image_bytes,
+                             max_responses=self.max_responses_per_session, asr_timeout_s=self.asr_timeout_s)

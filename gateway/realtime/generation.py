@@ -1,13 +1,12 @@
-"""Starting and ending a backend generation stream, shared by responses and prepared replies."""
+"""Around a backend generation stream: fitting its prompt before, and closing it after."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from typing import Any
 
-from omni_gateway.gateway.realtime.truncation import PromptWindow, Truncation
-from omni_gateway.omni.protocol import OmniBackend, OmniRequest
+from omni_gateway.gateway.realtime.truncation import PromptFit
+from omni_gateway.omni.protocol import Message, OmniBackend, OmniRequest
 
 log = logging.getLogger(__name__)
 
@@ -28,23 +27,16 @@ async def close_generation(backend: OmniBackend, stream: Any, request_id: str, *
             log.exception("aborting %s failed", request_id)
 
 
-async def fit_request(backend: OmniBackend, request: OmniRequest, truncation: Truncation,
-                      window: PromptWindow) -> OmniRequest:
-    """``request`` without the oldest conversation messages that the session's ``window`` leaves out
-    (``gateway.realtime.truncation``). Unchanged when truncation is disabled, the backend states no
-    context window, or counting fails (the backend then refuses an over-long prompt itself)."""
-    limit = backend.capabilities.max_context_tokens
-    if not truncation.enabled or limit <= 0:
-        return request
+async def fit_prompt(fit: PromptFit, request: OmniRequest) -> tuple[OmniRequest, tuple[Message, ...] | None]:
+    """``request`` without the oldest conversation messages that ``fit`` leaves out, and those messages;
+    unchanged (and None) when counting fails, so the backend refuses an over-long prompt itself."""
     try:
         # Counting renders and tokenizes the prompt: CPU work kept off the event loop.
-        messages, dropped = await asyncio.to_thread(window.fit, request.messages, backend.count_tokens, limit,
-                                                    request.sampling.max_tokens, truncation)
+        fitted, cut = await asyncio.to_thread(fit.apply, request)
     except Exception:
         log.exception("counting the prompt tokens of %s failed; sending it uncut", request.request_id)
-        return request
-    if not dropped:
-        return request
-    log.debug("%s: the prompt leaves out the %d oldest conversation messages (%d-token context)",
-              request.request_id, dropped, limit)
-    return dataclasses.replace(request, messages=messages)
+        return request, None
+    if cut:
+        log.debug("%s: the prompt leaves out the %d oldest conversation messages (%d-token context)",
+                  request.request_id, len(cut), fit.context_tokens)
+    return fitted, cut

@@ -1,24 +1,30 @@
 """The sans-I/O Realtime session: client events in -> server events and commands out.
 
 No sockets, no asyncio, no clock reads beyond the injected ``now``. The connection layer feeds it
-client frames, backend chunks and transcription results, sends the ``Send`` events in order and
-carries out the commands (start/cancel a generation, transcribe a committed turn, and transcribe a
-server-VAD turn speculatively from the start of a pause, so that the commit finds its transcript
-under way; see ``commands.Speculate``). Once that transcript is known, still within the pause, the
-reply the turn would get is prepared (``commands.Prepare``); the response created when the turn ends
-streams it if its request is exactly the one prepared, and it is discarded if speech resumes.
+client frames, task outcomes (transcripts, backend chunks, deadlines) and its own conditions (expiry,
+a stopped backend, a client that stopped reading), sends the ``Send`` events in order and carries out
+the commands: start or cancel a task (a turn's transcription, a response's generation, the deadline of
+a response waiting for transcripts) and close. A response's generation starts only once the
+transcripts of its turns are in (or their deadline passed). A server-VAD turn is transcribed
+speculatively from the start of a pause, so that the commit finds its transcript under way; once that
+transcript is known, still within the pause, the reply the turn would get is prepared, and the
+response created when the turn ends takes it over if its request is exactly the one prepared
+(``speculation.TurnSpeculation``).
 """
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from omni_gateway.gateway.errors import SERVER_ERROR, client_safe
 from omni_gateway.gateway.realtime import audio as audio_fmt
-from omni_gateway.gateway.realtime.commands import (CancelResponse, Output, SessionLimits, Send, StartResponse, Transcribe,
-                                       VadFactory, new_id)
+from omni_gateway.gateway.realtime.commands import (CLOSE_GOING_AWAY, CLOSE_INTERNAL, AsrDeadline, CancelTask, Close,
+                                                    Generate, Output, SessionLimits, Send, StartTask, Transcribe,
+                                                    VadFactory, new_id)
 from omni_gateway.gateway.realtime.context import build_request, has_images, parse_metadata, recent_frames_only, resolve_input
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
 from omni_gateway.gateway.realtime.image_output import parse_image_options
@@ -27,9 +33,12 @@ from omni_gateway.gateway.realtime.items import Content, Item, ItemStore, audio_
 from omni_gateway.gateway.realtime.response import Event, ResponseRun
 from omni_gateway.gateway.realtime.settings import (Dialect, SessionSettings, TurnDetection, apply_response_overrides,
                                        apply_transcription_update, apply_update, render_session, validate_choice)
-from omni_gateway.gateway.realtime.speculation import TurnSpeculation
-from omni_gateway.omni.protocol import (AudioChunk, Capabilities, Done, Error, ImageFinal, ImagePartial,
+from omni_gateway.gateway.realtime.speculation import PreparedTurnReply, TurnSpeculation
+from omni_gateway.gateway.realtime.truncation import PromptWindow, parse_truncation
+from omni_gateway.omni.protocol import (AudioChunk, Capabilities, Done, Error, ImageFinal, ImagePartial, Message,
                            OmniRequest, OutputChunk, TextDelta, ToolCallDelta, Transcription, Usage)
+
+log = logging.getLogger(__name__)
 
 MIN_COMMIT_MS = 100
 _BETA_NAMES = {
@@ -46,7 +55,7 @@ _BETA_NAMES = {
 class RealtimeSession:
     def __init__(self, *, dialect: Dialect, capabilities: Capabilities, vad_factory: VadFactory | None,
                  limits: SessionLimits | None = None, now: Callable[[], float] = time.time,
-                 intent: str = "realtime") -> None:
+                 intent: str = "realtime", count_tokens: Callable[[tuple[Message, ...]], int] | None = None) -> None:
         self.dialect = dialect
         self.capabilities = capabilities
         self.limits = limits = limits or SessionLimits()
@@ -69,7 +78,10 @@ class RealtimeSession:
         self.audio = InputAudioBuffer()
         self._responses: dict[str, ResponseRun] = {}
         self._active: str | None = None  # the response writing to the default conversation
-        self._pending_asr: set[str] = set()
+        self._pending_asr: set[str] = set()  # committed turns whose transcript is not in yet
+        self._known: list[tuple[str, Transcription]] = []  # adopted transcripts, reported after their commit
+        self._waiting: dict[str, _Waiting] = {}  # responses whose generation waits for transcripts
+        self._window = PromptWindow(count_tokens, capabilities.max_context_tokens)  # where prompts start
         self._pending_turn_id: str | None = None  # announced by speech_started, used by the commit
         self._speculation = TurnSpeculation()
         self._audio_emitted = False
@@ -92,6 +104,13 @@ class RealtimeSession:
 
     # ---- plumbing ---------------------------------------------------------------------------------
     def _flush(self) -> list[Output]:
+        while self._known:
+            self._apply_transcript(*self._known.pop(0))
+        for response_id, waiting in self._waiting.items():  # still waiting once this input is handled
+            if not waiting.deadline:
+                waiting.deadline = True
+                self._out.append(StartTask(_deadline_id(response_id),
+                                           AsrDeadline(response_id, self.limits.asr_timeout_s)))
         out, self._out = self._out, []
         return out
 
@@ -145,6 +164,38 @@ class RealtimeSession:
         except RealtimeError as err:
             del self._out[mark:]
             self._error(err, event_id)
+        except Exception:
+            log.exception("realtime session failed on a client event %r", kind[:64])
+            del self._out[mark:]
+            self._emit({"type": "error", "error": {"type": "server_error", "code": "server_error", "param": None,
+                                                   "event_id": None, "message": SERVER_ERROR}})
+        return self._flush()
+
+    def on_expired(self) -> list[Output]:
+        """The session reached its maximum duration: say so, then close (1001)."""
+        message = f"Your session hit the maximum duration of {self.limits.session_seconds // 60} minutes."
+        self._emit({"type": "error", "error": {"type": "invalid_request_error", "code": "session_expired",
+                                               "message": message, "param": None, "event_id": None}})
+        self._out.append(Close(CLOSE_GOING_AWAY, message))
+        return self._flush()
+
+    def on_backend_stopped(self) -> list[Output]:
+        """The model backend stopped: nothing can be answered any more, so say so and close (1011)."""
+        self._emit({"type": "error", "error": {"type": "server_error", "code": "server_unavailable", "param": None,
+                                               "event_id": None, "message": "The model backend stopped; this "
+                                               "session cannot continue."}})
+        self._out.append(Close(CLOSE_INTERNAL, "model backend stopped"))
+        return self._flush()
+
+    def on_client_stalled(self) -> list[Output]:
+        """The client stopped reading its events: stop generating for it. Its responses fail (the client
+        sees why if it reads again) and any speculative reply is dropped."""
+        for response_id in list(self._responses):
+            self._finish(response_id, "failed", error={"type": "invalid_request_error", "code": "client_not_reading",
+                                                       "message": "The response was stopped because the client "
+                                                       "was not reading its events."})
+            self._out.append(CancelTask(response_id))
+        self._drop_speculation()
         return self._flush()
 
     # ---- session --------------------------------------------------------------------------------
@@ -288,7 +339,10 @@ class RealtimeSession:
         self._announce(item, previous)
         self._pending_asr.add(item.id)
         self._enforce_audio_budget()
-        self._out += self._speculation.commit(self._transcribe_job(item.id, pcm), pause_at)
+        out, known = self._speculation.commit(self._transcribe_job(item.id, pcm), pause_at)
+        self._out += out
+        if known is not None:
+            self._known.append((item.id, known))
 
     def _transcribe_job(self, item_id: str, pcm: bytes) -> Transcribe:
         transcription = self.settings.transcription or {}
@@ -303,7 +357,16 @@ class RealtimeSession:
 
     # ---- transcription results ------------------------------------------------------------------------
     def on_transcription(self, item_id: str, result: Transcription) -> list[Output]:
-        self._pending_asr.discard(item_id)
+        """The transcription task ``item_id`` finished: a committed turn's transcript, or the speculative
+        one of the pause under way, from which the turn's reply is prepared."""
+        job = self._speculation.hold(item_id, result)
+        if job is None:
+            self._apply_transcript(item_id, result)
+        elif result.text.strip() and self._answers_turns():
+            self._prepare_reply(job, result)
+        return self._flush()
+
+    def _apply_transcript(self, item_id: str, result: Transcription) -> None:
         item = self.items.get(item_id)
         if item is not None and item.content and item.content[0].type == "input_audio":
             item.content[0].transcript = result.text
@@ -312,32 +375,48 @@ class RealtimeSession:
             self._emit({"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
                         "content_index": 0, "transcript": result.text, "logprobs": None,
                         "usage": {"type": "duration", "seconds": round(seconds, 3)}})
-        return self._flush()
+        self._transcript_in(item_id)
 
-    def on_speculation(self, job: Transcribe, result: Transcription) -> list[Output]:
-        """The speculative transcript of the current pause is known: when the turn would be answered as
-        soon as it ends, start preparing that answer from the conversation as it would then be."""
-        if not self._speculation.is_current(job) or not result.text.strip() or not self._answers_turns():
-            return self._flush()
+    def _prepare_reply(self, job: Transcribe, result: Transcription) -> None:
+        """Start the reply the paused turn gets if it ends now, from the conversation as it would then be."""
         heard = Item(job.item_id, "message", role="user",
                      content=[Content("input_audio", audio=job.pcm16, transcript=result.text)])
         settings = apply_response_overrides(self.settings, {}, self.dialect)
         context = [*self.items, heard]
         if "image" not in self.capabilities.input_modalities and \
                 has_images(recent_frames_only(context, self.limits.max_image_frames)):
-            return self._flush()  # the response will fail; nothing to prepare
-        response_id = new_id("resp")
-        request = build_request(response_id, settings, context, max_image_frames=self.limits.max_image_frames,
+            return  # the response will fail; nothing to prepare
+        request = build_request(new_id("resp"), settings, context, max_image_frames=self.limits.max_image_frames,
                                 image=parse_image_options(None))
-        self._out += self._speculation.prepare(response_id, heard, request)
-        return self._flush()
+        self._out += self._speculation.prepare(heard, self._generate(request))
 
     def on_transcription_failed(self, item_id: str, message: str) -> list[Output]:
-        self._pending_asr.discard(item_id)
+        retry = self._speculation.failed(item_id)
+        if retry is not None:  # a speculation's: the committed audio is transcribed afresh when it counts
+            self._out += retry
+            return self._flush()
         if self._transcribing:
             self._emit({"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id,
                         "content_index": 0, "error": {"type": "transcription_error", "code": "transcription_failed",
                                                       "message": message, "param": None}})
+        self._transcript_in(item_id)
+        return self._flush()
+
+    def _transcript_in(self, item_id: str) -> None:
+        """``item_id``'s transcription is over: the responses that waited only for it start generating."""
+        self._pending_asr.discard(item_id)
+        for response_id, waiting in list(self._waiting.items()):
+            waiting.items.discard(item_id)
+            if not waiting.items:
+                del self._waiting[response_id]
+                self._out += [CancelTask(_deadline_id(response_id))] if waiting.deadline else []
+                self._launch(response_id, waiting.prepared)
+
+    def on_asr_timeout(self, response_id: str) -> list[Output]:
+        """A response waited ``asr_timeout_s`` for transcripts: it goes ahead with the audio as it is."""
+        waiting = self._waiting.pop(response_id, None)
+        if waiting is not None:
+            self._launch(response_id, waiting.prepared)
         return self._flush()
 
     # ---- conversation items -----------------------------------------------------------------------
@@ -454,8 +533,43 @@ class RealtimeSession:
             self._fail(run.id, "unsupported_modality", "The conversation holds images, but the served model "
                        f"{self.capabilities.model!r} has no image input.", "invalid_request_error")
             return
-        wait = tuple(it.id for it in context if it.id in self._pending_asr)
-        self._out.append(StartResponse(run.id, wait, prepared=prepared is not None))
+        if len(self._responses) > self.limits.max_responses:
+            self._out += [] if prepared is None else [CancelTask(prepared.response_id)]
+            self._fail(run.id, "rate_limit_exceeded", f"This session already runs {self.limits.max_responses} "
+                       "responses; wait for one to finish.", "invalid_request_error")
+            return
+        wait = {it.id for it in context if it.id in self._pending_asr}
+        if wait:
+            self._waiting[run.id] = _Waiting(wait, prepared)
+        else:
+            self._launch(run.id, prepared)
+
+    def _launch(self, response_id: str, prepared: PreparedTurnReply | None) -> None:
+        """Start generating a response whose inputs are ready, or take over the reply prepared for it."""
+        if prepared is not None:
+            for chunk in prepared.held:
+                self._on_chunk(response_id, chunk)
+            if prepared.ended:
+                self._on_end(response_id, prepared.error)
+            return
+        try:
+            request = self.build_request(response_id)
+        except Exception:
+            log.exception("building the request of %s failed", response_id)
+            self._finish(response_id, "failed", error={"type": "server_error", "code": "server_error",
+                                                       "message": "The request could not be built."})
+            return
+        if request is not None:
+            self._out.append(StartTask(response_id, self._generate(request)))
+
+    def _generate(self, request: OmniRequest) -> Generate:
+        return Generate(request, self._window.plan(parse_truncation(self.settings.truncation)))
+
+    def on_prompt_fitted(self, request_id: str, cut: tuple[Message, ...]) -> list[Output]:
+        """The generation ``request_id`` left the oldest messages ``cut`` out of its prompt: later prompts
+        start there too, until the conversation outgrows the room again."""
+        self._window.cut = cut
+        return self._flush()
 
     def _response_cancel(self, event: dict[str, Any]) -> None:
         response_id = event.get("response_id")
@@ -468,7 +582,7 @@ class RealtimeSession:
 
     def _cancel(self, response_id: str, reason: str) -> None:
         self._finish(response_id, "cancelled", reason=reason)
-        self._out.append(CancelResponse(response_id))
+        self._out.append(CancelTask(response_id))
 
     def _fail(self, response_id: str, code: str, message: str, error_type: str) -> None:
         """Fail a response and say why in an ``error`` event too, for clients that only watch those."""
@@ -481,6 +595,9 @@ class RealtimeSession:
         run = self._responses.pop(response_id, None)
         if run is None:
             return
+        waiting = self._waiting.pop(response_id, None)
+        if waiting is not None and waiting.deadline:
+            self._out.append(CancelTask(_deadline_id(response_id)))
         if self._active == response_id:
             self._active = None
             turn = self.settings.turn_detection
@@ -517,17 +634,30 @@ class RealtimeSession:
 
     # ---- backend side ----------------------------------------------------------------------------
     def build_request(self, response_id: str) -> OmniRequest | None:
-        """The request for a started response; None once it was cancelled."""
+        """The request of a running response, from the conversation as it stands; None once it ended."""
         run = self._responses.get(response_id)
         if run is None:
             return None
         return build_request(response_id, run.settings, run.context, max_image_frames=self.limits.max_image_frames,
                              image=run.image)
 
-    def on_chunk(self, response_id: str, chunk: OutputChunk) -> list[Output]:
+    def _held_reply(self, request_id: str) -> PreparedTurnReply | None:
+        """The prepared reply generated under ``request_id`` while no running response streams it."""
+        waiting = self._waiting.get(request_id)
+        return waiting.prepared if waiting is not None else self._speculation.prepared(request_id)
+
+    def on_chunk(self, request_id: str, chunk: OutputChunk) -> list[Output]:
+        held = self._held_reply(request_id)
+        if held is not None:
+            held.held.append(chunk)
+        else:
+            self._on_chunk(request_id, chunk)
+        return self._flush()
+
+    def _on_chunk(self, response_id: str, chunk: OutputChunk) -> None:
         run = self._responses.get(response_id)
         if run is None:
-            return []  # cancelled: the generation is being torn down
+            return  # cancelled: the generation is being torn down
         if isinstance(chunk, TextDelta):
             events = run.on_text(chunk.text) if chunk.index == 0 else []
         elif isinstance(chunk, AudioChunk):
@@ -548,6 +678,7 @@ class RealtimeSession:
                 run.finish_reason = chunk.finish_reason
             events = []
         elif isinstance(chunk, Error):
+            chunk = client_safe(chunk)
             self._fail(response_id, chunk.code, chunk.message,
                        "server_error" if chunk.status >= 500 else "invalid_request_error")
             events = []
@@ -555,7 +686,6 @@ class RealtimeSession:
             events = []
         for ev in events:
             self._emit(ev)
-        return self._flush()
 
     def _finish_done(self, response_id: str, finish_reason: str) -> None:
         if finish_reason == "length":
@@ -568,18 +698,38 @@ class RealtimeSession:
         else:
             self._finish(response_id, "completed")
 
-    def on_stream_end(self, response_id: str, error: str | None = None) -> list[Output]:
+    def on_stream_end(self, request_id: str, error: str | None = None) -> list[Output]:
         """The backend stream ended: the response ends as its Done said, or failed when the stream broke."""
+        held = self._held_reply(request_id)
+        if held is not None:
+            held.ended, held.error = True, error
+        else:
+            self._on_end(request_id, error)
+        return self._flush()
+
+    def _on_end(self, response_id: str, error: str | None) -> None:
         run = self._responses.get(response_id)
         if run is None:
-            return self._flush()
+            return
         if error is None:
             self._finish_done(response_id, run.finish_reason)
         else:
             self._finish(response_id, "failed", error={"type": "server_error", "code": "server_error",
                                                        "message": error})
-        return self._flush()
 
     @property
     def running_responses(self) -> tuple[str, ...]:
         return tuple(self._responses)
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """A response whose generation starts once the transcripts of ``items`` are in."""
+
+    items: set[str]
+    prepared: PreparedTurnReply | None  # the reply it takes over then, generated ahead
+    deadline: bool = False  # its AsrDeadline task was started
+
+
+def _deadline_id(response_id: str) -> str:
+    return response_id + ":asr"
