@@ -17,26 +17,27 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from omni_gateway.gateway.errors import SERVER_ERROR, client_safe
+from omni_gateway.gateway.errors import SERVER_ERROR
 from omni_gateway.gateway.realtime import audio as audio_fmt
 from omni_gateway.gateway.realtime.commands import (CLOSE_GOING_AWAY, CLOSE_INTERNAL, AsrDeadline, CancelTask, Close,
-                                                    Generate, Output, SessionLimits, Send, StartTask, Transcribe,
-                                                    VadFactory, new_id)
+                                                    Output, SessionLimits, Send, StartTask, Transcribe, VadFactory,
+                                                    new_id)
 from omni_gateway.gateway.realtime.context import build_request, has_images, parse_metadata, recent_frames_only, resolve_input
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
 from omni_gateway.gateway.realtime.image_output import parse_image_options
 from omni_gateway.gateway.realtime.input_audio import InputAudioBuffer, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
-from omni_gateway.gateway.realtime.items import Content, Item, ItemStore, audio_bytes, decode_base64, parse_client_item, truncate
+from omni_gateway.gateway.realtime.items import Content, Item, ItemStore, audio_bytes, decode_base64
 from omni_gateway.gateway.realtime.response import Event, ResponseRun
 from omni_gateway.gateway.realtime.settings import (Dialect, SessionSettings, TurnDetection, apply_response_overrides,
                                        apply_transcription_update, apply_update, render_session, validate_choice)
-from omni_gateway.gateway.realtime.speculation import PreparedTurnReply, TurnSpeculation
-from omni_gateway.gateway.realtime.truncation import PromptWindow, parse_truncation
-from omni_gateway.omni.protocol import (AudioChunk, Capabilities, Done, Error, ImageFinal, ImagePartial, Message,
-                           OmniRequest, OutputChunk, TextDelta, ToolCallDelta, Transcription, Usage)
+from omni_gateway.gateway.realtime.session_items import ConversationItems
+from omni_gateway.gateway.realtime.session_tasks import TaskOutcomes, Waiting, deadline_id
+from omni_gateway.gateway.realtime.speculation import TurnSpeculation
+from omni_gateway.gateway.realtime.truncation import PromptWindow
+from omni_gateway.omni.protocol import Capabilities, Message, Transcription
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ _BETA_NAMES = {
 }
 
 
-class RealtimeSession:
+class RealtimeSession(ConversationItems, TaskOutcomes):
     def __init__(self, *, dialect: Dialect, capabilities: Capabilities, vad_factory: VadFactory | None,
                  limits: SessionLimits | None = None, now: Callable[[], float] = time.time,
                  intent: str = "realtime", count_tokens: Callable[[tuple[Message, ...]], int] | None = None) -> None:
@@ -80,7 +81,7 @@ class RealtimeSession:
         self._active: str | None = None  # the response writing to the default conversation
         self._pending_asr: set[str] = set()  # committed turns whose transcript is not in yet
         self._known: list[tuple[str, Transcription]] = []  # adopted transcripts, reported after their commit
-        self._waiting: dict[str, _Waiting] = {}  # responses whose generation waits for transcripts
+        self._waiting: dict[str, Waiting] = {}  # responses whose generation waits for transcripts
         self._window = PromptWindow(count_tokens, capabilities.max_context_tokens)  # where prompts start
         self._pending_turn_id: str | None = None  # announced by speech_started, used by the commit
         self._speculation = TurnSpeculation()
@@ -109,7 +110,7 @@ class RealtimeSession:
         for response_id, waiting in self._waiting.items():  # still waiting once this input is handled
             if not waiting.deadline:
                 waiting.deadline = True
-                self._out.append(StartTask(_deadline_id(response_id),
+                self._out.append(StartTask(deadline_id(response_id),
                                            AsrDeadline(response_id, self.limits.asr_timeout_s)))
         out, self._out = self._out, []
         return out
@@ -355,141 +356,6 @@ class RealtimeSession:
         self._pending_turn_id = None
         self._emit({"type": "input_audio_buffer.cleared"})
 
-    # ---- transcription results ------------------------------------------------------------------------
-    def on_transcription(self, item_id: str, result: Transcription) -> list[Output]:
-        """The transcription task ``item_id`` finished: a committed turn's transcript, or the speculative
-        one of the pause under way, from which the turn's reply is prepared."""
-        job = self._speculation.hold(item_id, result)
-        if job is None:
-            self._apply_transcript(item_id, result)
-        elif result.text.strip() and self._answers_turns():
-            self._prepare_reply(job, result)
-        return self._flush()
-
-    def _apply_transcript(self, item_id: str, result: Transcription) -> None:
-        item = self.items.get(item_id)
-        if item is not None and item.content and item.content[0].type == "input_audio":
-            item.content[0].transcript = result.text
-        if self._transcribing:
-            seconds = result.duration_s or (audio_fmt.duration_ms(item.content[0].audio or b"") / 1000 if item else 0.0)
-            self._emit({"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
-                        "content_index": 0, "transcript": result.text, "logprobs": None,
-                        "usage": {"type": "duration", "seconds": round(seconds, 3)}})
-        self._transcript_in(item_id)
-
-    def _prepare_reply(self, job: Transcribe, result: Transcription) -> None:
-        """Start the reply the paused turn gets if it ends now, from the conversation as it would then be."""
-        heard = Item(job.item_id, "message", role="user",
-                     content=[Content("input_audio", audio=job.pcm16, transcript=result.text)])
-        settings = apply_response_overrides(self.settings, {}, self.dialect)
-        context = [*self.items, heard]
-        if "image" not in self.capabilities.input_modalities and \
-                has_images(recent_frames_only(context, self.limits.max_image_frames)):
-            return  # the response will fail; nothing to prepare
-        request = build_request(new_id("resp"), settings, context, max_image_frames=self.limits.max_image_frames,
-                                image=parse_image_options(None))
-        self._out += self._speculation.prepare(heard, self._generate(request))
-
-    def on_transcription_failed(self, item_id: str, message: str) -> list[Output]:
-        retry = self._speculation.failed(item_id)
-        if retry is not None:  # a speculation's: the committed audio is transcribed afresh when it counts
-            self._out += retry
-            return self._flush()
-        if self._transcribing:
-            self._emit({"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id,
-                        "content_index": 0, "error": {"type": "transcription_error", "code": "transcription_failed",
-                                                      "message": message, "param": None}})
-        self._transcript_in(item_id)
-        return self._flush()
-
-    def _transcript_in(self, item_id: str) -> None:
-        """``item_id``'s transcription is over: the responses that waited only for it start generating."""
-        self._pending_asr.discard(item_id)
-        for response_id, waiting in list(self._waiting.items()):
-            waiting.items.discard(item_id)
-            if not waiting.items:
-                del self._waiting[response_id]
-                self._out += [CancelTask(_deadline_id(response_id))] if waiting.deadline else []
-                self._launch(response_id, waiting.prepared)
-
-    def on_asr_timeout(self, response_id: str) -> list[Output]:
-        """A response waited ``asr_timeout_s`` for transcripts: it goes ahead with the audio as it is."""
-        waiting = self._waiting.pop(response_id, None)
-        if waiting is not None:
-            self._launch(response_id, waiting.prepared)
-        return self._flush()
-
-    # ---- conversation items -----------------------------------------------------------------------
-    def _insert(self, item: Item, previous_item_id: str | None) -> str | None:
-        if len(self.items) >= self.limits.max_items:
-            raise RealtimeError("conversation_too_long", f"The conversation already holds {self.limits.max_items} "
-                                "items; delete some before adding more.")
-        return self.items.insert(item, previous_item_id)
-
-    def _announce(self, item: Item, previous: str | None) -> None:
-        self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.render(self.dialect)})
-        self._emit({"type": "conversation.item.done", "previous_item_id": previous, "item": item.render(self.dialect)})
-
-    def _item_create(self, event: dict[str, Any]) -> None:
-        if "item" not in event:
-            raise missing("item")
-        previous_id = event.get("previous_item_id")
-        if previous_id is not None and not isinstance(previous_id, str):
-            raise invalid_type("previous_item_id", "a string", previous_id)
-        item = parse_client_item(event["item"], self._new_item_id(), self.settings.input_format,
-                                 max_image_bytes=self.limits.max_image_bytes)
-        if item.type == "function_call_output" and not any(
-                it.type == "function_call" and it.call_id == item.call_id for it in self.items):
-            raise RealtimeError("invalid_tool_call_id", f"Tool call ID '{item.call_id}' not found in conversation.",
-                                "item.call_id")
-        previous = self._insert(item, previous_id)
-        self._announce(item, previous)
-        self.items.drop_oldest_media("image", self.limits.max_conversation_image_bytes)
-
-    def _lookup(self, event: dict[str, Any], code: str) -> Item:
-        item_id = event.get("item_id")
-        if not isinstance(item_id, str):
-            raise missing("item_id")
-        item = self.items.get(item_id)
-        if item is None:
-            raise RealtimeError(code, f"Item with item_id '{item_id}' not found.", "item_id")
-        return item
-
-    def _item_retrieve(self, event: dict[str, Any]) -> None:
-        item = self._lookup(event, "item_retrieve_invalid_item_id")
-        audio_format = self.settings.output_format if item.role == "assistant" else self.settings.input_format
-        self._emit({"type": "conversation.item.retrieved", "item": item.render(self.dialect, audio_format)})
-
-    def _item_delete(self, event: dict[str, Any]) -> None:
-        item = self._lookup(event, "item_delete_invalid_item_id")
-        self.items.delete(item.id)
-        self._emit({"type": "conversation.item.deleted", "item_id": item.id})
-
-    def _item_truncate(self, event: dict[str, Any]) -> None:
-        item = self._lookup(event, "item_truncate_invalid_item_id")
-        index = event.get("content_index", 0)
-        end_ms = event.get("audio_end_ms")
-        if not isinstance(index, int) or isinstance(index, bool):
-            raise invalid_type("content_index", "an integer", index)
-        if "audio_end_ms" not in event:
-            raise missing("audio_end_ms")
-        if not isinstance(end_ms, int) or isinstance(end_ms, bool):
-            raise invalid_type("audio_end_ms", "an integer", end_ms)
-        if end_ms < 0:
-            raise invalid_value("audio_end_ms", "a non-negative integer", end_ms)
-        if item.role != "assistant" or not 0 <= index < len(item.content) or item.content[index].type != "output_audio":
-            raise invalid_value("content_index", "the index of an assistant audio content part", index)
-        content = item.content[index]
-        length_ms = int(audio_fmt.duration_ms(audio_bytes(content)))
-        if end_ms > length_ms:
-            raise RealtimeError("invalid_value", f"Audio content of {length_ms}ms is already shorter than {end_ms}ms",
-                                "audio_end_ms")
-        if self._active is not None and any(it is item for it in self._responses[self._active].output):
-            self._cancel(self._active, "client_cancelled")
-        truncate(content, end_ms * audio_fmt.BYTES_PER_MS)
-        self._emit({"type": "conversation.item.truncated", "item_id": item.id, "content_index": index,
-                    "audio_end_ms": end_ms})
-
     # ---- responses ------------------------------------------------------------------------------
     def _response_create(self, event: dict[str, Any]) -> None:
         params = event.get("response")
@@ -540,36 +406,9 @@ class RealtimeSession:
             return
         wait = {it.id for it in context if it.id in self._pending_asr}
         if wait:
-            self._waiting[run.id] = _Waiting(wait, prepared)
+            self._waiting[run.id] = Waiting(wait, prepared)
         else:
             self._launch(run.id, prepared)
-
-    def _launch(self, response_id: str, prepared: PreparedTurnReply | None) -> None:
-        """Start generating a response whose inputs are ready, or take over the reply prepared for it."""
-        if prepared is not None:
-            for chunk in prepared.held:
-                self._on_chunk(response_id, chunk)
-            if prepared.ended:
-                self._on_end(response_id, prepared.error)
-            return
-        try:
-            request = self.build_request(response_id)
-        except Exception:
-            log.exception("building the request of %s failed", response_id)
-            self._finish(response_id, "failed", error={"type": "server_error", "code": "server_error",
-                                                       "message": "The request could not be built."})
-            return
-        if request is not None:
-            self._out.append(StartTask(response_id, self._generate(request)))
-
-    def _generate(self, request: OmniRequest) -> Generate:
-        return Generate(request, self._window.plan(parse_truncation(self.settings.truncation)))
-
-    def on_prompt_fitted(self, request_id: str, cut: tuple[Message, ...]) -> list[Output]:
-        """The generation ``request_id`` left the oldest messages ``cut`` out of its prompt: later prompts
-        start there too, until the conversation outgrows the room again."""
-        self._window.cut = cut
-        return self._flush()
 
     def _response_cancel(self, event: dict[str, Any]) -> None:
         response_id = event.get("response_id")
@@ -597,7 +436,7 @@ class RealtimeSession:
             return
         waiting = self._waiting.pop(response_id, None)
         if waiting is not None and waiting.deadline:
-            self._out.append(CancelTask(_deadline_id(response_id)))
+            self._out.append(CancelTask(deadline_id(response_id)))
         if self._active == response_id:
             self._active = None
             turn = self.settings.turn_detection
@@ -632,104 +471,6 @@ class RealtimeSession:
     def _enforce_audio_budget(self) -> None:
         self.items.drop_oldest_media("audio", self.limits.max_conversation_audio_bytes)
 
-    # ---- backend side ----------------------------------------------------------------------------
-    def build_request(self, response_id: str) -> OmniRequest | None:
-        """The request of a running response, from the conversation as it stands; None once it ended."""
-        run = self._responses.get(response_id)
-        if run is None:
-            return None
-        return build_request(response_id, run.settings, run.context, max_image_frames=self.limits.max_image_frames,
-                             image=run.image)
-
-    def _held_reply(self, request_id: str) -> PreparedTurnReply | None:
-        """The prepared reply generated under ``request_id`` while no running response streams it."""
-        waiting = self._waiting.get(request_id)
-        return waiting.prepared if waiting is not None else self._speculation.prepared(request_id)
-
-    def on_chunk(self, request_id: str, chunk: OutputChunk) -> list[Output]:
-        held = self._held_reply(request_id)
-        if held is not None:
-            held.held.append(chunk)
-        else:
-            self._on_chunk(request_id, chunk)
-        return self._flush()
-
-    def _on_chunk(self, response_id: str, chunk: OutputChunk) -> None:
-        run = self._responses.get(response_id)
-        if run is None:
-            return  # cancelled: the generation is being torn down
-        if isinstance(chunk, TextDelta):
-            events = run.on_text(chunk.text) if chunk.index == 0 else []
-        elif isinstance(chunk, AudioChunk):
-            events = run.on_audio(chunk)
-            self._audio_emitted |= run.audio_emitted
-        elif isinstance(chunk, ToolCallDelta):
-            events = run.on_tool_call(chunk)
-        elif isinstance(chunk, ImagePartial):
-            events = run.on_image_partial(chunk)
-        elif isinstance(chunk, ImageFinal):
-            events = run.on_image_final(chunk)
-        elif isinstance(chunk, Usage):
-            run.usage = chunk
-            events = []
-        elif isinstance(chunk, Done):
-            # Finished at the end of the stream, so a Usage chunk sent after Done still lands in response.done.
-            if chunk.index == 0:
-                run.finish_reason = chunk.finish_reason
-            events = []
-        elif isinstance(chunk, Error):
-            chunk = client_safe(chunk)
-            self._fail(response_id, chunk.code, chunk.message,
-                       "server_error" if chunk.status >= 500 else "invalid_request_error")
-            events = []
-        else:
-            events = []
-        for ev in events:
-            self._emit(ev)
-
-    def _finish_done(self, response_id: str, finish_reason: str) -> None:
-        if finish_reason == "length":
-            self._finish(response_id, "incomplete", reason="max_output_tokens")
-        elif finish_reason == "abort":
-            self._finish(response_id, "cancelled", reason="client_cancelled")
-        elif finish_reason == "error":
-            self._finish(response_id, "failed", error={"type": "server_error", "code": "generation_failed",
-                                                       "message": "The generation failed."})
-        else:
-            self._finish(response_id, "completed")
-
-    def on_stream_end(self, request_id: str, error: str | None = None) -> list[Output]:
-        """The backend stream ended: the response ends as its Done said, or failed when the stream broke."""
-        held = self._held_reply(request_id)
-        if held is not None:
-            held.ended, held.error = True, error
-        else:
-            self._on_end(request_id, error)
-        return self._flush()
-
-    def _on_end(self, response_id: str, error: str | None) -> None:
-        run = self._responses.get(response_id)
-        if run is None:
-            return
-        if error is None:
-            self._finish_done(response_id, run.finish_reason)
-        else:
-            self._finish(response_id, "failed", error={"type": "server_error", "code": "server_error",
-                                                       "message": error})
-
     @property
     def running_responses(self) -> tuple[str, ...]:
         return tuple(self._responses)
-
-
-@dataclass(slots=True)
-class _Waiting:
-    """A response whose generation starts once the transcripts of ``items`` are in."""
-
-    items: set[str]
-    prepared: PreparedTurnReply | None  # the reply it takes over then, generated ahead
-    deadline: bool = False  # its AsrDeadline task was started
-
-
-def _deadline_id(response_id: str) -> str:
-    return response_id + ":asr"
