@@ -44,8 +44,8 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
-        for name in ("max_frame_bytes", "send_queue_max", "send_queue_max_bytes", "max_sessions", "max_responses_per_session",
-                     "max_sessions_per_key",
+        for name in ("max_frame_bytes", "send_queue_max", "max_sessions", "max_responses_per_session",
+                     "max_sessions_per_key", "send_queue_max_bytes",
                      "max_requests_per_key", "max_http_requests", "max_append_bytes",
                      "max_audio_buffer_bytes", "max_conversation_items", "max_conversation_audio_bytes",
                      "session_seconds", "max_image_bytes", "max_image_frames", "max_conversation_image_bytes"):

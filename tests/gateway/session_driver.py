@@ -6,7 +6,8 @@ from typing import Any
 
 from fakes import FakeBackend
 
-from omni_gateway.gateway.realtime.commands import AsrDeadline, CancelTask, Generate, Output, Send, StartTask, Transcribe
+from omni_gateway.gateway.realtime.commands import (AsrDeadline, CancelTask, Generate, Output, SessionLimits, Send,
+                                                    StartTask, Transcribe)
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.omni.protocol import OutputChunk
 
@@ -16,10 +17,12 @@ def b64(data: bytes) -> str:
 
 
 class Driver:
-    def __init__(self, dialect: str = "ga", backend: FakeBackend | None = None, vad: bool = True) -> None:
+    def __init__(self, dialect: str = "ga", backend: FakeBackend | None = None, vad: bool = True,
+                 limits: SessionLimits | None = None, count_tokens: bool = False) -> None:
         self.backend = backend or FakeBackend(vad=vad)
         self.session = RealtimeSession(dialect=dialect, capabilities=self.backend.capabilities,  # type: ignore[arg-type]
-                                       vad_factory=self.backend.new_vad if vad else None)
+                                       vad_factory=self.backend.new_vad if vad else None, limits=limits,
+                                       count_tokens=self.backend.count_tokens if count_tokens else None)
         self.opened = self.session.open()
 
     def send(self, event: dict[str, Any]) -> list[Output]:
