@@ -120,13 +120,17 @@ class RealtimeConnection:
             if not send.done():
                 send.cancel()
                 await asyncio.gather(send, return_exceptions=True)
-                self._abandon(CLOSE_POLICY, f"client is not reading its events: one waited {timeout:g} s unsent")
+                self._drop(f"client is not reading its events: one waited {timeout:g} s unsent")
                 return
             if send.exception() is not None:  # the socket is gone
                 self._abandon(CLOSE_NORMAL, "")
                 return
             if self._stalled and not self._outbox.over_bound:
                 self._stalled = False
+
+    def _drop(self, reason: str) -> None:
+        log.info("closing realtime session %s (1008): %s", self.session.id, reason)
+        self._abandon(CLOSE_POLICY, reason)
 
     def _stall(self) -> None:
         if not self._stalled:
@@ -147,7 +151,7 @@ class RealtimeConnection:
                 self._abandon(out.code, out.reason)
         self._state_changed.set()
         if self._outbox.bytes > 2 * self._outbox.max_bytes:
-            self._abandon(CLOSE_POLICY, f"client is not reading its events: {self._outbox.bytes} bytes unsent")
+            self._drop(f"client is not reading its events: {self._outbox.bytes} bytes unsent")
         elif self._outbox.over_bound:
             self._stall()
 
