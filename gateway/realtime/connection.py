@@ -113,13 +113,16 @@ class RealtimeConnection:
         while (item := await self._outbox.get()) is not None:
             text, queued_at = item
             send = asyncio.ensure_future(self.ws.send_text(text))
-            await asyncio.wait({send}, timeout=queued_at + timeout / 2 - time.monotonic())
-            if not send.done():
-                self._stall()
-                await asyncio.wait({send}, timeout=queued_at + timeout - time.monotonic())
-            if not send.done():
-                send.cancel()
-                await asyncio.gather(send, return_exceptions=True)
+            try:
+                await asyncio.wait({send}, timeout=queued_at + timeout / 2 - time.monotonic())
+                if not send.done():
+                    self._stall()
+                    await asyncio.wait({send}, timeout=queued_at + timeout - time.monotonic())
+            finally:
+                if not send.done():
+                    send.cancel()
+                    await asyncio.gather(send, return_exceptions=True)
+            if send.cancelled():
                 self._drop(f"client is not reading its events: one waited {timeout:g} s unsent")
                 return
             if send.exception() is not None:  # the socket is gone
@@ -127,8 +130,11 @@ class RealtimeConnection:
                 return
             if self._stalled and not self._outbox.over_bound:
                 self._stalled = False
+                self._apply(self.session.on_client_reading())
 
     def _drop(self, reason: str) -> None:
+        if self._close is not None:
+            return
         log.info("closing realtime session %s (1008): %s", self.session.id, reason)
         self._abandon(CLOSE_POLICY, reason)
 

@@ -34,7 +34,7 @@ from omni_gateway.gateway.realtime.response import Event, ResponseRun
 from omni_gateway.gateway.realtime.settings import (Dialect, SessionSettings, TurnDetection, apply_response_overrides,
                                        apply_transcription_update, apply_update, render_session, validate_choice)
 from omni_gateway.gateway.realtime.session_items import ConversationItems
-from omni_gateway.gateway.realtime.session_tasks import TaskOutcomes, Waiting, deadline_id
+from omni_gateway.gateway.realtime.session_tasks import CLIENT_NOT_READING, TaskOutcomes, Waiting, deadline_id
 from omni_gateway.gateway.realtime.speculation import TurnSpeculation
 from omni_gateway.gateway.realtime.truncation import PromptWindow
 from omni_gateway.omni.protocol import Capabilities, Message, Transcription
@@ -86,6 +86,7 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         self._pending_turn_id: str | None = None  # announced by speech_started, used by the commit
         self._speculation = TurnSpeculation()
         self._audio_emitted = False
+        self._client_stalled = False  # the client stopped reading: nothing is generated for it
         self._out: list[Output] = []
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
             "session.update": self._session_update,
@@ -189,14 +190,18 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         return self._flush()
 
     def on_client_stalled(self) -> list[Output]:
-        """The client stopped reading its events: stop generating for it. Its responses fail (the client
-        sees why if it reads again) and any speculative reply is dropped."""
+        """The client stopped reading its events: stop generating for it until it reads again. Its
+        responses fail (the client sees why if it does) and any speculative reply is dropped."""
+        self._client_stalled = True
         for response_id in list(self._responses):
-            self._finish(response_id, "failed", error={"type": "invalid_request_error", "code": "client_not_reading",
-                                                       "message": "The response was stopped because the client "
-                                                       "was not reading its events."})
+            self._finish(response_id, "failed", error=CLIENT_NOT_READING)
             self._out.append(CancelTask(response_id))
         self._drop_speculation()
+        return self._flush()
+
+    def on_client_reading(self) -> list[Output]:
+        """The client caught up with its events: responses generate again."""
+        self._client_stalled = False
         return self._flush()
 
     # ---- session --------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ from omni_gateway.omni.protocol import (AudioChunk, Capabilities, Done, Error, I
 
 log = logging.getLogger(__name__)
 
+CLIENT_NOT_READING = {"type": "invalid_request_error", "code": "client_not_reading",
+                      "message": "The response was stopped because the client was not reading its events."}
+
 
 @dataclass(slots=True)
 class Waiting:
@@ -53,6 +56,7 @@ class TaskOutcomes:
     _speculation: TurnSpeculation
     _window: PromptWindow
     _audio_emitted: bool
+    _client_stalled: bool
 
     if TYPE_CHECKING:
         _transcribing: bool
@@ -70,7 +74,7 @@ class TaskOutcomes:
         job = self._speculation.hold(item_id, result)
         if job is None:
             self._apply_transcript(item_id, result)
-        elif result.text.strip() and self._answers_turns():
+        elif result.text.strip() and self._answers_turns() and not self._client_stalled:
             self._prepare_reply(job, result)
         return self._flush()
 
@@ -130,6 +134,10 @@ class TaskOutcomes:
     # ---- starting a response's generation ----------------------------------------------------------
     def _launch(self, response_id: str, prepared: PreparedTurnReply | None) -> None:
         """Start generating a response whose inputs are ready, or take over the reply prepared for it."""
+        if self._client_stalled:
+            self._finish(response_id, "failed", error=CLIENT_NOT_READING)
+            self._out += [] if prepared is None else [CancelTask(prepared.response_id)]
+            return
         if prepared is not None:
             for chunk in prepared.held:
                 self._on_chunk(response_id, chunk)

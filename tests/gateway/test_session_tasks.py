@@ -191,4 +191,8 @@ def test_a_client_that_stopped_reading_gets_no_more_generation() -> None:
                for r in done)
     assert d.session.running_responses == ()
     assert not generations(d.session.on_transcription(item_id, Transcription("late")))
+    out = d.send({"type": "response.create"})  # nothing is generated while it still does not read
+    assert not generations(out)
+    assert only(out, "response.done")["response"]["status_details"]["error"]["code"] == "client_not_reading"
+    assert d.session.on_client_reading() == []
     assert generations(d.send({"type": "response.create"}))  # a client reading again is served again
