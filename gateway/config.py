@@ -16,8 +16,7 @@ class GatewayConfig:
     # uvicorn's default and bounds what one frame can make us buffer.
     max_frame_bytes: int = 16 * 1024 * 1024
     # A client that stops reading: over either outbox bound (or with an event unsent for half the timeout)
-    # its generation stops and producers wait; an event unsent for send_timeout_s, or twice the byte bound
-    # queued, closes the socket with 1008.
+    # its generation stops and producers wait; an event unsent for send_timeout_s closes the socket (1008).
     send_queue_max: int = 512  # server events waiting for a slow client
     send_queue_max_bytes: int = 16 * 1024 * 1024  # bytes of server events waiting for a slow client
     send_timeout_s: float = 30.0  # a client that reads nothing for this long is disconnected (1008)

@@ -2,11 +2,12 @@
 
 The session decides everything; this layer moves frames, runs the tasks the session starts (a
 transcription, a generation, a deadline) and feeds their outcomes back. Server events leave through
-one outbox in the order the session produced them. A client that stops reading is bounded three
-ways: once its outbox holds more than ``send_queue_max`` events or ``send_queue_max_bytes``, or its
-oldest unsent event has waited half of ``send_timeout_s``, the session stops generating for it and
-producers wait; once that event has waited ``send_timeout_s``, or the outbox holds twice the byte
-bound, the socket closes with 1008.
+one outbox in the order the session produced them. A client that stops reading is bounded: once
+its outbox holds more than ``send_queue_max`` events or ``send_queue_max_bytes``, or its oldest unsent
+event has waited half of ``send_timeout_s``, the session stops generating for it and producers wait
+(so what it holds stays bounded); once that event has waited ``send_timeout_s``, the socket closes
+with 1008. Bytes alone never close it: one event may be larger than the bound (a long audio item
+retrieved), and it is the waiting that tells a client that does not read.
 """
 from __future__ import annotations
 
@@ -133,8 +134,6 @@ class RealtimeConnection:
                 self._apply(self.session.on_client_reading())
 
     def _drop(self, reason: str) -> None:
-        if self._close is not None:
-            return
         log.info("closing realtime session %s (1008): %s", self.session.id, reason)
         self._abandon(CLOSE_POLICY, reason)
 
@@ -156,9 +155,7 @@ class RealtimeConnection:
             elif isinstance(out, Close):
                 self._abandon(out.code, out.reason)
         self._state_changed.set()
-        if self._outbox.bytes > 2 * self._outbox.max_bytes:
-            self._drop(f"client is not reading its events: {self._outbox.bytes} bytes unsent")
-        elif self._outbox.over_bound:
+        if self._outbox.over_bound:
             self._stall()
 
     async def _dispatch(self, outputs: list[Output]) -> None:

@@ -47,7 +47,9 @@ class Outbox:
 
     @property
     def over_bound(self) -> bool:
-        return len(self._queue) > self.max_events or self.bytes > self.max_bytes
+        """Over either bound. One event alone is never over the byte bound: a single large event (a long
+        audio item retrieved) says nothing about how the client reads."""
+        return len(self._queue) > self.max_events or (self.bytes > self.max_bytes and len(self._queue) > 1)
 
     async def get(self) -> tuple[str, float] | None:
         """The oldest event and when it was queued; None at the end."""

@@ -66,3 +66,15 @@ def test_over_the_byte_bound_producers_wait_too() -> None:
         await asyncio.wait_for(space, 1)
 
     run(go())
+
+
+def test_one_event_larger_than_the_byte_bound_is_not_a_slow_client() -> None:
+    async def go() -> None:
+        box = Outbox(max_events=100, max_bytes=1000)
+        box.put({"audio": "x" * 5000})
+        assert not box.over_bound
+        await asyncio.wait_for(box.space(), 1)
+        box.put({"type": "next"})
+        assert box.over_bound  # something waits behind it now
+
+    run(go())
