@@ -399,15 +399,17 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
             self.idle_deadline = None
         for ev in run.created():
             self._emit(ev)
+        refusal = None
         if "image" not in self.capabilities.input_modalities and \
                 has_images(recent_frames_only(context, self.limits.max_image_frames)):
-            self._fail(run.id, "unsupported_modality", "The conversation holds images, but the served model "
-                       f"{self.capabilities.model!r} has no image input.", "invalid_request_error")
-            return
-        if len(self._responses) > self.limits.max_responses:
+            refusal = ("unsupported_modality", "The conversation holds images, but the served model "
+                       f"{self.capabilities.model!r} has no image input.")
+        elif len(self._responses) > self.limits.max_responses:
+            refusal = ("rate_limit_exceeded", f"This session already runs {self.limits.max_responses} responses; "
+                       "wait for one to finish.")
+        if refusal is not None:
             self._out += [] if prepared is None else [CancelTask(prepared.response_id)]
-            self._fail(run.id, "rate_limit_exceeded", f"This session already runs {self.limits.max_responses} "
-                       "responses; wait for one to finish.", "invalid_request_error")
+            self._fail(run.id, *refusal, "invalid_request_error")
             return
         wait = {it.id for it in context if it.id in self._pending_asr}
         if wait:

@@ -163,7 +163,6 @@ class TaskOutcomes:
         self._window.cut = cut
         return self._flush()
 
-    # ---- backend output ----------------------------------------------------------------------------
     def build_request(self, response_id: str) -> OmniRequest | None:
         """The request of a running response, from the conversation as it stands; None once it ended."""
         run = self._responses.get(response_id)
@@ -172,6 +171,7 @@ class TaskOutcomes:
         return build_request(response_id, run.settings, run.context, max_image_frames=self.limits.max_image_frames,
                              image=run.image)
 
+    # ---- backend output ----------------------------------------------------------------------------
     def _held_reply(self, request_id: str) -> PreparedTurnReply | None:
         """The prepared reply generated under ``request_id`` while no running response streams it."""
         waiting = self._waiting.get(request_id)
