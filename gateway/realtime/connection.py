@@ -14,19 +14,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from omni_gateway.gateway import metrics
 from omni_gateway.gateway.config import GatewayConfig
-from omni_gateway.gateway.realtime.commands import (CLOSE_GOING_AWAY, CLOSE_INTERNAL, CancelTask, Close, Generate,
-                                                    Output, Send, StartTask, Transcribe, VadFactory, Work)
-from omni_gateway.gateway.realtime.generation import close_generation, fit_prompt
+from omni_gateway.gateway.realtime.commands import (CLOSE_GOING_AWAY, CLOSE_INTERNAL, CancelTask, Close, Output, Send,
+                                                    StartTask, VadFactory, Work)
 from omni_gateway.gateway.realtime.outbox import Outbox
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.gateway.realtime.settings import Dialect
-from omni_gateway.omni.protocol import AudioChunk, OmniBackend, OutputChunk, TextDelta, Usage
+from omni_gateway.gateway.realtime.tasks import run_task
+from omni_gateway.omni.protocol import OmniBackend
 
 log = logging.getLogger(__name__)
 
@@ -185,54 +183,7 @@ class RealtimeConnection:
     # ---- tasks ----------------------------------------------------------------------------------
     async def _run_task(self, task_id: str, work: Work) -> None:
         try:
-            if isinstance(work, Transcribe):
-                await self._transcribe(task_id, work)
-            elif isinstance(work, Generate):
-                await self._generate(task_id, work)
-            else:
-                await asyncio.sleep(work.seconds)
-                await self._dispatch(self.session.on_asr_timeout(work.response_id))
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a bug here must not leave an unobserved task failure behind
-            log.exception("realtime task %s failed", task_id)
+            await run_task(self.backend, self.session, task_id, work, self._dispatch)
         finally:
             if self._tasks.get(task_id) is asyncio.current_task():
                 del self._tasks[task_id]
-
-    async def _transcribe(self, task_id: str, job: Transcribe) -> None:
-        try:
-            result = await self.backend.transcribe(job.pcm16, job.sample_rate, language=job.language,
-                                                   prompt=job.prompt)
-        except Exception as exc:
-            log.warning("transcription of %s failed: %s", task_id, exc)
-            await self._dispatch(self.session.on_transcription_failed(task_id, "Transcription failed."))
-            return
-        await self._dispatch(self.session.on_transcription(task_id, result))
-
-    async def _generate(self, task_id: str, work: Generate) -> None:
-        stream: AsyncIterator[OutputChunk] | None = None
-        exhausted = False
-        timer = metrics.TokenTimer("realtime")
-        request = work.request
-        try:
-            if work.fit is not None:
-                request, cut = await fit_prompt(work.fit, request)
-                if cut is not None:
-                    self._apply(self.session.on_prompt_fitted(task_id, cut))
-            stream = self.backend.generate(request)
-            async for chunk in stream:
-                if isinstance(chunk, (TextDelta, AudioChunk)):
-                    timer.tick()
-                elif isinstance(chunk, Usage):
-                    metrics.count_tokens("realtime", chunk.input_tokens, chunk.output_tokens)
-                await self._dispatch(self.session.on_chunk(task_id, chunk))
-            exhausted = True
-            await self._dispatch(self.session.on_stream_end(task_id))
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("backend generation failed for %s", task_id)
-            await self._dispatch(self.session.on_stream_end(task_id, "The backend failed while generating."))
-        finally:
-            await close_generation(self.backend, stream, request.request_id, exhausted=exhausted)
