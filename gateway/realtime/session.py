@@ -22,9 +22,8 @@ from typing import Any
 
 from omni_gateway.gateway.errors import SERVER_ERROR
 from omni_gateway.gateway.realtime import audio as audio_fmt
-from omni_gateway.gateway.realtime.commands import (CLOSE_GOING_AWAY, CLOSE_INTERNAL, AsrDeadline, CancelTask, Close,
-                                                    Output, SessionLimits, Send, StartTask, Transcribe, VadFactory,
-                                                    new_id)
+from omni_gateway.gateway.realtime.commands import (AsrDeadline, CancelTask, Output, SessionLimits, Send, StartTask,
+                                                    Transcribe, VadFactory, new_id)
 from omni_gateway.gateway.realtime.context import build_request, has_images, parse_metadata, recent_frames_only, resolve_input
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
 from omni_gateway.gateway.realtime.image_output import parse_image_options
@@ -34,7 +33,7 @@ from omni_gateway.gateway.realtime.response import Event, ResponseRun
 from omni_gateway.gateway.realtime.settings import (Dialect, SessionSettings, TurnDetection, apply_response_overrides,
                                        apply_transcription_update, apply_update, render_session, validate_choice)
 from omni_gateway.gateway.realtime.session_items import ConversationItems
-from omni_gateway.gateway.realtime.session_tasks import CLIENT_NOT_READING, TaskOutcomes, Waiting, deadline_id
+from omni_gateway.gateway.realtime.session_tasks import TaskOutcomes, Waiting, deadline_id
 from omni_gateway.gateway.realtime.speculation import TurnSpeculation
 from omni_gateway.gateway.realtime.truncation import PromptWindow
 from omni_gateway.omni.protocol import Capabilities, Message, Transcription
@@ -171,37 +170,6 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
             del self._out[mark:]
             self._emit({"type": "error", "error": {"type": "server_error", "code": "server_error", "param": None,
                                                    "event_id": None, "message": SERVER_ERROR}})
-        return self._flush()
-
-    def on_expired(self) -> list[Output]:
-        """The session reached its maximum duration: say so, then close (1001)."""
-        message = f"Your session hit the maximum duration of {self.limits.session_seconds // 60} minutes."
-        self._emit({"type": "error", "error": {"type": "invalid_request_error", "code": "session_expired",
-                                               "message": message, "param": None, "event_id": None}})
-        self._out.append(Close(CLOSE_GOING_AWAY, message))
-        return self._flush()
-
-    def on_backend_stopped(self) -> list[Output]:
-        """The model backend stopped: nothing can be answered any more, so say so and close (1011)."""
-        self._emit({"type": "error", "error": {"type": "server_error", "code": "server_unavailable", "param": None,
-                                               "event_id": None, "message": "The model backend stopped; this "
-                                               "session cannot continue."}})
-        self._out.append(Close(CLOSE_INTERNAL, "model backend stopped"))
-        return self._flush()
-
-    def on_client_stalled(self) -> list[Output]:
-        """The client stopped reading its events: stop generating for it until it reads again. Its
-        responses fail (the client sees why if it does) and any speculative reply is dropped."""
-        self._client_stalled = True
-        for response_id in list(self._responses):
-            self._finish(response_id, "failed", error=CLIENT_NOT_READING)
-            self._out.append(CancelTask(response_id))
-        self._drop_speculation()
-        return self._flush()
-
-    def on_client_reading(self) -> list[Output]:
-        """The client caught up with its events: responses generate again."""
-        self._client_stalled = False
         return self._flush()
 
     # ---- session --------------------------------------------------------------------------------

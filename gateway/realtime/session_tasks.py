@@ -1,6 +1,8 @@
-"""What comes back from a ``RealtimeSession``'s tasks: transcripts (a committed turn's, or the speculative
-one of a pause, which prepares the turn's reply), the deadline of a response waiting for them, the cut of
-a fitted prompt, and the backend's chunks. A response's generation is started here, once its inputs are in."""
+"""A ``RealtimeSession``'s inputs from its I/O side other than client events: what comes back from its
+tasks (transcripts, a committed turn's or the speculative one of a pause, which prepares the turn's
+reply; the deadline of a response waiting for them; the cut of a fitted prompt; the backend's chunks)
+and the connection's conditions (expiry, a stopped backend, a client that stopped reading). A
+response's generation is started here, once its inputs are in."""
 from __future__ import annotations
 
 import logging
@@ -9,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from omni_gateway.gateway.errors import client_safe
 from omni_gateway.gateway.realtime import audio as audio_fmt
-from omni_gateway.gateway.realtime.commands import (CancelTask, Generate, Output, SessionLimits, StartTask, Transcribe,
-                                                    new_id)
+from omni_gateway.gateway.realtime.commands import (CLOSE_GOING_AWAY, CLOSE_INTERNAL, CancelTask, Close, Generate,
+                                                    Output, SessionLimits, StartTask, Transcribe, new_id)
 from omni_gateway.gateway.realtime.context import build_request, has_images, recent_frames_only
 from omni_gateway.gateway.realtime.image_output import parse_image_options
 from omni_gateway.gateway.realtime.items import Content, Item, ItemStore
@@ -64,10 +66,44 @@ class TaskOutcomes:
         def _emit(self, event: Event) -> None: ...
         def _flush(self) -> list[Output]: ...
         def _answers_turns(self) -> bool: ...
+        def _drop_speculation(self) -> None: ...
         def _fail(self, response_id: str, code: str, message: str, error_type: str) -> None: ...
         def _finish(self, response_id: str, status: str, *, reason: str | None = None,
                     error: dict[str, Any] | None = None) -> None: ...
 
+    # ---- the connection's conditions ------------------------------------------------------------------
+    def on_expired(self) -> list[Output]:
+        """The session reached its maximum duration: say so, then close (1001)."""
+        message = f"Your session hit the maximum duration of {self.limits.session_seconds // 60} minutes."
+        self._emit({"type": "error", "error": {"type": "invalid_request_error", "code": "session_expired",
+                                               "message": message, "param": None, "event_id": None}})
+        self._out.append(Close(CLOSE_GOING_AWAY, message))
+        return self._flush()
+
+    def on_backend_stopped(self) -> list[Output]:
+        """The model backend stopped: nothing can be answered any more, so say so and close (1011)."""
+        self._emit({"type": "error", "error": {"type": "server_error", "code": "server_unavailable", "param": None,
+                                               "event_id": None, "message": "The model backend stopped; this "
+                                               "session cannot continue."}})
+        self._out.append(Close(CLOSE_INTERNAL, "model backend stopped"))
+        return self._flush()
+
+    def on_client_stalled(self) -> list[Output]:
+        """The client stopped reading its events: stop generating for it until it reads again. Its
+        responses fail (the client sees why if it does) and any speculative reply is dropped."""
+        self._client_stalled = True
+        for response_id in list(self._responses):
+            self._finish(response_id, "failed", error=CLIENT_NOT_READING)
+            self._out.append(CancelTask(response_id))
+        self._drop_speculation()
+        return self._flush()
+
+    def on_client_reading(self) -> list[Output]:
+        """The client caught up with its events: responses generate again."""
+        self._client_stalled = False
+        return self._flush()
+
+    # ---- transcripts -----------------------------------------------------------------------------------
     def on_transcription(self, item_id: str, result: Transcription) -> list[Output]:
         """The transcription task ``item_id`` finished: a committed turn's transcript, or the speculative
         one of the pause under way, from which the turn's reply is prepared."""
