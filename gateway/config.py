@@ -33,7 +33,10 @@ class GatewayConfig:
     # One WebSocket message. OpenAI allows 15 MiB of audio per append (20 MiB as base64); 16 MiB matches
     # uvicorn's default and bounds what one frame can make us buffer.
     max_frame_bytes: int = 16 * 1024 * 1024
-    send_queue_max: int = 512  # server events waiting for a slow client before producers block
+    # A client that stops reading: over either outbox bound (or with an event unsent for half the timeout)
+    # its generation stops and producers wait; an event unsent for send_timeout_s closes the socket (1008).
+    send_queue_max: int = 512  # server events waiting for a slow client
+    send_queue_max_bytes: int = 16 * 1024 * 1024  # bytes of server events waiting for a slow client
     send_timeout_s: float = 30.0  # a client that reads nothing for this long is disconnected (1008)
     health_poll_s: float = 0.5  # how often open realtime sessions check that the backend still runs
     session: SessionLimits = field(default_factory=SessionLimits)  # bounds of one realtime session

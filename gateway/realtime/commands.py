@@ -1,4 +1,11 @@
-"""What the session hands to its I/O layer: events to send and commands to carry out, plus its limits."""
+"""What the session hands to its I/O layer: events to send and tasks to start or cancel, plus its limits.
+
+Every piece of backend work is a task the session names: ``StartTask`` runs it, ``CancelTask`` stops it
+(a generation's backend request is aborted), and its outcome comes back to the session under the same
+id (``on_transcription``/``on_transcription_failed``, ``on_prompt_fitted``/``on_chunk``/``on_stream_end``,
+``on_asr_timeout``). Task ids are unique among the running tasks; an outcome for an id the session no
+longer tracks is ignored.
+"""
 from __future__ import annotations
 
 import secrets
@@ -7,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from omni_gateway.gateway.realtime.truncation import PromptFit
 from omni_gateway.omni.protocol import OmniRequest, VadSettings, VoiceActivityDetector
 
 _ALPHABET = string.ascii_letters + string.digits
@@ -18,19 +26,9 @@ class Send:
 
 
 @dataclass(frozen=True, slots=True)
-class StartResponse:
-    response_id: str
-    wait_for: tuple[str, ...] = ()  # items whose transcription should land before the request is built
-    prepared: bool = False  # stream the reply ``Prepare`` started under this response id, not a new one
-
-
-@dataclass(frozen=True, slots=True)
-class CancelResponse:
-    response_id: str
-
-
-@dataclass(frozen=True, slots=True)
 class Transcribe:
+    """Transcribe a turn's audio; the task id is the item id the transcript belongs to."""
+
     item_id: str
     pcm16: bytes
     sample_rate: int
@@ -39,43 +37,48 @@ class Transcribe:
 
 
 @dataclass(frozen=True, slots=True)
-class Speculate:
-    """Transcribe a turn's audio up to a pause in the background, before the turn is committed.
+class Generate:
+    """Fit ``request``'s prompt into the context window (``fit``, CPU work kept off the event loop; None:
+    sent as it is), then stream the backend's chunks; the task id is the request id."""
 
-    The result is held for ``AdoptSpeculation`` and reported nowhere else; ``job.item_id`` is the id
-    the turn will be committed under, and keys the speculation.
-    """
-
-    job: Transcribe
-
-
-@dataclass(frozen=True, slots=True)
-class DropSpeculation:
-    """Speech resumed (or the turn went away): the speculative transcript of ``item_id`` is stale, and so
-    is any reply prepared from it."""
-
-    item_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Prepare:
-    """Start generating ``request`` now, holding its output: it is the reply the server-VAD turn
-    ``item_id`` gets if the pause its speculative transcript came from turns out to be the end of the
-    turn. A ``StartResponse`` with ``prepared`` streams it; a ``DropSpeculation`` of ``item_id`` discards it."""
-
-    item_id: str
     request: OmniRequest
+    fit: PromptFit | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class AdoptSpeculation:
-    """The committed turn ``job`` holds the same speech as its speculation: report that transcript as
-    ``job``'s result, and carry out ``job`` itself only when the speculation failed or is gone."""
+class AsrDeadline:
+    """Report ``on_asr_timeout(response_id)`` after ``seconds``, unless cancelled first."""
 
-    job: Transcribe
+    response_id: str
+    seconds: float
 
 
-Output = Send | StartResponse | CancelResponse | Transcribe | Speculate | DropSpeculation | AdoptSpeculation | Prepare
+Work = Transcribe | Generate | AsrDeadline
+
+
+@dataclass(frozen=True, slots=True)
+class StartTask:
+    task_id: str
+    work: Work
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTask:
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """End the connection with this WebSocket close code, after the events queued before it."""
+
+    code: int
+    reason: str
+
+
+Output = Send | StartTask | CancelTask | Close
+
+CLOSE_GOING_AWAY = 1001
+CLOSE_INTERNAL = 1011
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,9 +52,7 @@ async def watch_backend(backend: OmniBackend, connection: RealtimeConnection, pe
             log.exception("backend health check failed")
             state = Health(ok=False, detail="health check failed")
         if not state.ok:
-            connection.fail({"type": "server_error", "code": "server_unavailable", "param": None, "event_id": None,
-                             "message": "The model backend stopped; this session cannot continue."},
-                            "model backend stopped")
+            connection.backend_stopped()
             return
 
 

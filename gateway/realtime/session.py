@@ -1,35 +1,44 @@
 """The sans-I/O Realtime session: client events in -> server events and commands out.
 
 No sockets, no asyncio, no clock reads beyond the injected ``now``. The connection layer feeds it
-client frames, backend chunks and transcription results, sends the ``Send`` events in order and
-carries out the commands (start/cancel a generation, transcribe a committed turn, and transcribe a
-server-VAD turn speculatively from the start of a pause, so that the commit finds its transcript
-under way; see ``commands.Speculate``). Once that transcript is known, still within the pause, the
-reply the turn would get is prepared (``commands.Prepare``); the response created when the turn ends
-streams it if its request is exactly the one prepared, and it is discarded if speech resumes.
+client frames, task outcomes (transcripts, backend chunks, deadlines) and its own conditions (expiry,
+a stopped backend, a client that stopped reading), sends the ``Send`` events in order and carries out
+the commands: start or cancel a task (a turn's transcription, a response's generation, the deadline of
+a response waiting for transcripts) and close. A response's generation starts only once the
+transcripts of its turns are in (or their deadline passed). A server-VAD turn is transcribed
+speculatively from the start of a pause, so that the commit finds its transcript under way; once that
+transcript is known, still within the pause, the reply the turn would get is prepared, and the
+response created when the turn ends takes it over if its request is exactly the one prepared
+(``speculation.TurnSpeculation``).
 """
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from omni_gateway.gateway.errors import SERVER_ERROR
 from omni_gateway.gateway.realtime import audio as audio_fmt
-from omni_gateway.gateway.realtime.commands import (CancelResponse, Output, SessionLimits, Send, StartResponse, Transcribe,
-                                       VadFactory, new_id)
+from omni_gateway.gateway.realtime.commands import (AsrDeadline, CancelTask, Output, SessionLimits, Send, StartTask,
+                                                    Transcribe, VadFactory, new_id)
 from omni_gateway.gateway.realtime.context import build_request, has_images, parse_metadata, recent_frames_only, resolve_input
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
 from omni_gateway.gateway.realtime.image_output import parse_image_options
 from omni_gateway.gateway.realtime.input_audio import InputAudioBuffer, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
-from omni_gateway.gateway.realtime.items import Content, Item, ItemStore, audio_bytes, decode_base64, parse_client_item, truncate
+from omni_gateway.gateway.realtime.items import Content, Item, ItemStore, audio_bytes, decode_base64
 from omni_gateway.gateway.realtime.response import Event, ResponseRun
 from omni_gateway.gateway.realtime.settings import (Dialect, SessionSettings, TurnDetection, apply_response_overrides,
                                        apply_transcription_update, apply_update, render_session, validate_choice)
+from omni_gateway.gateway.realtime.session_items import ConversationItems
+from omni_gateway.gateway.realtime.session_tasks import TaskOutcomes, Waiting, deadline_id
 from omni_gateway.gateway.realtime.speculation import TurnSpeculation
-from omni_gateway.omni.protocol import (AudioChunk, Capabilities, Done, Error, ImageFinal, ImagePartial,
-                           OmniRequest, OutputChunk, TextDelta, ToolCallDelta, Transcription, Usage)
+from omni_gateway.gateway.realtime.truncation import PromptWindow
+from omni_gateway.omni.protocol import Capabilities, Message, Transcription
+
+log = logging.getLogger(__name__)
 
 MIN_COMMIT_MS = 100
 _BETA_NAMES = {
@@ -43,10 +52,10 @@ _BETA_NAMES = {
 }
 
 
-class RealtimeSession:
+class RealtimeSession(ConversationItems, TaskOutcomes):
     def __init__(self, *, dialect: Dialect, capabilities: Capabilities, vad_factory: VadFactory | None,
                  limits: SessionLimits | None = None, now: Callable[[], float] = time.time,
-                 intent: str = "realtime") -> None:
+                 intent: str = "realtime", count_tokens: Callable[[tuple[Message, ...]], int] | None = None) -> None:
         self.dialect = dialect
         self.capabilities = capabilities
         self.limits = limits = limits or SessionLimits()
@@ -69,10 +78,14 @@ class RealtimeSession:
         self.audio = InputAudioBuffer()
         self._responses: dict[str, ResponseRun] = {}
         self._active: str | None = None  # the response writing to the default conversation
-        self._pending_asr: set[str] = set()
+        self._pending_asr: set[str] = set()  # committed turns whose transcript is not in yet
+        self._known: list[tuple[str, Transcription]] = []  # adopted transcripts, reported after their commit
+        self._waiting: dict[str, Waiting] = {}  # responses whose generation waits for transcripts
+        self._window = PromptWindow(count_tokens, capabilities.max_context_tokens)  # where prompts start
         self._pending_turn_id: str | None = None  # announced by speech_started, used by the commit
         self._speculation = TurnSpeculation()
         self._audio_emitted = False
+        self._client_stalled = False  # the client stopped reading: nothing is generated for it
         self._out: list[Output] = []
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
             "session.update": self._session_update,
@@ -92,6 +105,13 @@ class RealtimeSession:
 
     # ---- plumbing ---------------------------------------------------------------------------------
     def _flush(self) -> list[Output]:
+        while self._known:
+            self._apply_transcript(*self._known.pop(0))
+        for response_id, waiting in self._waiting.items():  # still waiting once this input is handled
+            if not waiting.deadline:
+                waiting.deadline = True
+                self._out.append(StartTask(deadline_id(response_id),
+                                           AsrDeadline(response_id, self.limits.asr_timeout_s)))
         out, self._out = self._out, []
         return out
 
@@ -145,6 +165,11 @@ class RealtimeSession:
         except RealtimeError as err:
             del self._out[mark:]
             self._error(err, event_id)
+        except Exception:
+            log.exception("realtime session failed on a client event %r", kind[:64])
+            del self._out[mark:]
+            self._emit({"type": "error", "error": {"type": "server_error", "code": "server_error", "param": None,
+                                                   "event_id": None, "message": SERVER_ERROR}})
         return self._flush()
 
     # ---- session --------------------------------------------------------------------------------
@@ -288,7 +313,10 @@ class RealtimeSession:
         self._announce(item, previous)
         self._pending_asr.add(item.id)
         self._enforce_audio_budget()
-        self._out += self._speculation.commit(self._transcribe_job(item.id, pcm), pause_at)
+        out, known = self._speculation.commit(self._transcribe_job(item.id, pcm), pause_at)
+        self._out += out
+        if known is not None:
+            self._known.append((item.id, known))
 
     def _transcribe_job(self, item_id: str, pcm: bytes) -> Transcribe:
         transcription = self.settings.transcription or {}
@@ -300,116 +328,6 @@ class RealtimeSession:
         self.audio.clear()
         self._pending_turn_id = None
         self._emit({"type": "input_audio_buffer.cleared"})
-
-    # ---- transcription results ------------------------------------------------------------------------
-    def on_transcription(self, item_id: str, result: Transcription) -> list[Output]:
-        self._pending_asr.discard(item_id)
-        item = self.items.get(item_id)
-        if item is not None and item.content and item.content[0].type == "input_audio":
-            item.content[0].transcript = result.text
-        if self._transcribing:
-            seconds = result.duration_s or (audio_fmt.duration_ms(item.content[0].audio or b"") / 1000 if item else 0.0)
-            self._emit({"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
-                        "content_index": 0, "transcript": result.text, "logprobs": None,
-                        "usage": {"type": "duration", "seconds": round(seconds, 3)}})
-        return self._flush()
-
-    def on_speculation(self, job: Transcribe, result: Transcription) -> list[Output]:
-        """The speculative transcript of the current pause is known: when the turn would be answered as
-        soon as it ends, start preparing that answer from the conversation as it would then be."""
-        if not self._speculation.is_current(job) or not result.text.strip() or not self._answers_turns():
-            return self._flush()
-        heard = Item(job.item_id, "message", role="user",
-                     content=[Content("input_audio", audio=job.pcm16, transcript=result.text)])
-        settings = apply_response_overrides(self.settings, {}, self.dialect)
-        context = [*self.items, heard]
-        if "image" not in self.capabilities.input_modalities and \
-                has_images(recent_frames_only(context, self.limits.max_image_frames)):
-            return self._flush()  # the response will fail; nothing to prepare
-        response_id = new_id("resp")
-        request = build_request(response_id, settings, context, max_image_frames=self.limits.max_image_frames,
-                                image=parse_image_options(None))
-        self._out += self._speculation.prepare(response_id, heard, request)
-        return self._flush()
-
-    def on_transcription_failed(self, item_id: str, message: str) -> list[Output]:
-        self._pending_asr.discard(item_id)
-        if self._transcribing:
-            self._emit({"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id,
-                        "content_index": 0, "error": {"type": "transcription_error", "code": "transcription_failed",
-                                                      "message": message, "param": None}})
-        return self._flush()
-
-    # ---- conversation items -----------------------------------------------------------------------
-    def _insert(self, item: Item, previous_item_id: str | None) -> str | None:
-        if len(self.items) >= self.limits.max_items:
-            raise RealtimeError("conversation_too_long", f"The conversation already holds {self.limits.max_items} "
-                                "items; delete some before adding more.")
-        return self.items.insert(item, previous_item_id)
-
-    def _announce(self, item: Item, previous: str | None) -> None:
-        self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.render(self.dialect)})
-        self._emit({"type": "conversation.item.done", "previous_item_id": previous, "item": item.render(self.dialect)})
-
-    def _item_create(self, event: dict[str, Any]) -> None:
-        if "item" not in event:
-            raise missing("item")
-        previous_id = event.get("previous_item_id")
-        if previous_id is not None and not isinstance(previous_id, str):
-            raise invalid_type("previous_item_id", "a string", previous_id)
-        item = parse_client_item(event["item"], self._new_item_id(), self.settings.input_format,
-                                 max_image_bytes=self.limits.max_image_bytes)
-        if item.type == "function_call_output" and not any(
-                it.type == "function_call" and it.call_id == item.call_id for it in self.items):
-            raise RealtimeError("invalid_tool_call_id", f"Tool call ID '{item.call_id}' not found in conversation.",
-                                "item.call_id")
-        previous = self._insert(item, previous_id)
-        self._announce(item, previous)
-        self.items.drop_oldest_media("image", self.limits.max_conversation_image_bytes)
-
-    def _lookup(self, event: dict[str, Any], code: str) -> Item:
-        item_id = event.get("item_id")
-        if not isinstance(item_id, str):
-            raise missing("item_id")
-        item = self.items.get(item_id)
-        if item is None:
-            raise RealtimeError(code, f"Item with item_id '{item_id}' not found.", "item_id")
-        return item
-
-    def _item_retrieve(self, event: dict[str, Any]) -> None:
-        item = self._lookup(event, "item_retrieve_invalid_item_id")
-        audio_format = self.settings.output_format if item.role == "assistant" else self.settings.input_format
-        self._emit({"type": "conversation.item.retrieved", "item": item.render(self.dialect, audio_format)})
-
-    def _item_delete(self, event: dict[str, Any]) -> None:
-        item = self._lookup(event, "item_delete_invalid_item_id")
-        self.items.delete(item.id)
-        self._emit({"type": "conversation.item.deleted", "item_id": item.id})
-
-    def _item_truncate(self, event: dict[str, Any]) -> None:
-        item = self._lookup(event, "item_truncate_invalid_item_id")
-        index = event.get("content_index", 0)
-        end_ms = event.get("audio_end_ms")
-        if not isinstance(index, int) or isinstance(index, bool):
-            raise invalid_type("content_index", "an integer", index)
-        if "audio_end_ms" not in event:
-            raise missing("audio_end_ms")
-        if not isinstance(end_ms, int) or isinstance(end_ms, bool):
-            raise invalid_type("audio_end_ms", "an integer", end_ms)
-        if end_ms < 0:
-            raise invalid_value("audio_end_ms", "a non-negative integer", end_ms)
-        if item.role != "assistant" or not 0 <= index < len(item.content) or item.content[index].type != "output_audio":
-            raise invalid_value("content_index", "the index of an assistant audio content part", index)
-        content = item.content[index]
-        length_ms = int(audio_fmt.duration_ms(audio_bytes(content)))
-        if end_ms > length_ms:
-            raise RealtimeError("invalid_value", f"Audio content of {length_ms}ms is already shorter than {end_ms}ms",
-                                "audio_end_ms")
-        if self._active is not None and any(it is item for it in self._responses[self._active].output):
-            self._cancel(self._active, "client_cancelled")
-        truncate(content, end_ms * audio_fmt.BYTES_PER_MS)
-        self._emit({"type": "conversation.item.truncated", "item_id": item.id, "content_index": index,
-                    "audio_end_ms": end_ms})
 
     # ---- responses ------------------------------------------------------------------------------
     def _response_create(self, event: dict[str, Any]) -> None:
@@ -449,13 +367,23 @@ class RealtimeSession:
             self.idle_deadline = None
         for ev in run.created():
             self._emit(ev)
+        refusal = None
         if "image" not in self.capabilities.input_modalities and \
                 has_images(recent_frames_only(context, self.limits.max_image_frames)):
-            self._fail(run.id, "unsupported_modality", "The conversation holds images, but the served model "
-                       f"{self.capabilities.model!r} has no image input.", "invalid_request_error")
+            refusal = ("unsupported_modality", "The conversation holds images, but the served model "
+                       f"{self.capabilities.model!r} has no image input.")
+        elif len(self._responses) > self.limits.max_responses:
+            refusal = ("rate_limit_exceeded", f"This session already runs {self.limits.max_responses} responses; "
+                       "wait for one to finish.")
+        if refusal is not None:
+            self._out += [] if prepared is None else [CancelTask(prepared.response_id)]
+            self._fail(run.id, *refusal, "invalid_request_error")
             return
-        wait = tuple(it.id for it in context if it.id in self._pending_asr)
-        self._out.append(StartResponse(run.id, wait, prepared=prepared is not None))
+        wait = {it.id for it in context if it.id in self._pending_asr}
+        if wait:
+            self._waiting[run.id] = Waiting(wait, prepared)
+        else:
+            self._launch(run.id, prepared)
 
     def _response_cancel(self, event: dict[str, Any]) -> None:
         response_id = event.get("response_id")
@@ -468,7 +396,7 @@ class RealtimeSession:
 
     def _cancel(self, response_id: str, reason: str) -> None:
         self._finish(response_id, "cancelled", reason=reason)
-        self._out.append(CancelResponse(response_id))
+        self._out.append(CancelTask(response_id))
 
     def _fail(self, response_id: str, code: str, message: str, error_type: str) -> None:
         """Fail a response and say why in an ``error`` event too, for clients that only watch those."""
@@ -481,6 +409,9 @@ class RealtimeSession:
         run = self._responses.pop(response_id, None)
         if run is None:
             return
+        waiting = self._waiting.pop(response_id, None)
+        if waiting is not None and waiting.deadline:
+            self._out.append(CancelTask(deadline_id(response_id)))
         if self._active == response_id:
             self._active = None
             turn = self.settings.turn_detection
@@ -514,71 +445,6 @@ class RealtimeSession:
 
     def _enforce_audio_budget(self) -> None:
         self.items.drop_oldest_media("audio", self.limits.max_conversation_audio_bytes)
-
-    # ---- backend side ----------------------------------------------------------------------------
-    def build_request(self, response_id: str) -> OmniRequest | None:
-        """The request for a started response; None once it was cancelled."""
-        run = self._responses.get(response_id)
-        if run is None:
-            return None
-        return build_request(response_id, run.settings, run.context, max_image_frames=self.limits.max_image_frames,
-                             image=run.image)
-
-    def on_chunk(self, response_id: str, chunk: OutputChunk) -> list[Output]:
-        run = self._responses.get(response_id)
-        if run is None:
-            return []  # cancelled: the generation is being torn down
-        if isinstance(chunk, TextDelta):
-            events = run.on_text(chunk.text) if chunk.index == 0 else []
-        elif isinstance(chunk, AudioChunk):
-            events = run.on_audio(chunk)
-            self._audio_emitted |= run.audio_emitted
-        elif isinstance(chunk, ToolCallDelta):
-            events = run.on_tool_call(chunk)
-        elif isinstance(chunk, ImagePartial):
-            events = run.on_image_partial(chunk)
-        elif isinstance(chunk, ImageFinal):
-            events = run.on_image_final(chunk)
-        elif isinstance(chunk, Usage):
-            run.usage = chunk
-            events = []
-        elif isinstance(chunk, Done):
-            # Finished at the end of the stream, so a Usage chunk sent after Done still lands in response.done.
-            if chunk.index == 0:
-                run.finish_reason = chunk.finish_reason
-            events = []
-        elif isinstance(chunk, Error):
-            self._fail(response_id, chunk.code, chunk.message,
-                       "server_error" if chunk.status >= 500 else "invalid_request_error")
-            events = []
-        else:
-            events = []
-        for ev in events:
-            self._emit(ev)
-        return self._flush()
-
-    def _finish_done(self, response_id: str, finish_reason: str) -> None:
-        if finish_reason == "length":
-            self._finish(response_id, "incomplete", reason="max_output_tokens")
-        elif finish_reason == "abort":
-            self._finish(response_id, "cancelled", reason="client_cancelled")
-        elif finish_reason == "error":
-            self._finish(response_id, "failed", error={"type": "server_error", "code": "generation_failed",
-                                                       "message": "The generation failed."})
-        else:
-            self._finish(response_id, "completed")
-
-    def on_stream_end(self, response_id: str, error: str | None = None) -> list[Output]:
-        """The backend stream ended: the response ends as its Done said, or failed when the stream broke."""
-        run = self._responses.get(response_id)
-        if run is None:
-            return self._flush()
-        if error is None:
-            self._finish_done(response_id, run.finish_reason)
-        else:
-            self._finish(response_id, "failed", error={"type": "server_error", "code": "server_error",
-                                                       "message": error})
-        return self._flush()
 
     @property
     def running_responses(self) -> tuple[str, ...]:

@@ -221,7 +221,7 @@ def _apply_ga(current: SessionSettings, update: dict[str, Any]) -> SessionSettin
     if "max_output_tokens" in update:
         changes["max_output_tokens"] = _max_tokens(update["max_output_tokens"], "session.max_output_tokens")
     if "truncation" in update:
-        parse_truncation(update["truncation"])  # rejects what fit_request could not apply
+        parse_truncation(update["truncation"])  # rejects what the prompt fit could not apply
         changes["truncation"] = update["truncation"]
     for key in ("tracing", "prompt", "include"):
         if key in update:

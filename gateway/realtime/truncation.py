@@ -3,18 +3,19 @@
 When a prompt would not leave room for the reply, the oldest conversation messages are dropped
 from it: ``{"type": "retention_ratio", "retention_ratio": r}`` drops down to ``r`` of that room in
 one go, ``"auto"`` (the default) down to ``AUTO_RETENTION`` of it, and ``"disabled"`` sends
-everything and lets an over-long prompt fail. The cut stays where it is (``PromptWindow``) until
-the conversation outgrows the room again. Only what the model reads is cut: the conversation keeps
+everything and lets an over-long prompt fail. The cut stays where it is (the session's ``PromptWindow``)
+until the conversation outgrows the room again. Only what the model reads is cut: the conversation keeps
 every item, and the instructions (system messages) and the newest message always stay.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from omni_gateway.gateway.realtime.errors import invalid_value
-from omni_gateway.omni.protocol import Message
+from omni_gateway.omni.protocol import Message, OmniRequest
 
 # Room kept for the reply when the response sets no output limit (OpenAI keeps 4,096 tokens of
 # a 32k window), capped at a quarter of smaller windows.
@@ -93,15 +94,36 @@ def fit_messages(messages: tuple[Message, ...], count: Callable[[tuple[Message, 
     return instructions + body[cut:], body[:cut]
 
 
+@dataclass(frozen=True, slots=True)
+class PromptFit:
+    """Fitting one request's prompt into the context window, from where the session's window stood when
+    the request was built. Pure apart from ``count`` (which renders and tokenizes: run it off the event
+    loop); the cut it returns goes back to the session's window."""
+
+    count: Callable[[tuple[Message, ...]], int]
+    context_tokens: int
+    truncation: Truncation
+    previous_cut: tuple[Message, ...] = ()
+
+    def apply(self, request: OmniRequest) -> tuple[OmniRequest, tuple[Message, ...]]:
+        """``request`` without the oldest conversation messages, and those messages."""
+        kept, cut = fit_messages(request.messages, self.count, self.context_tokens, request.sampling.max_tokens,
+                                 self.truncation, self.previous_cut)
+        return (dataclasses.replace(request, messages=kept) if cut else request), cut
+
+
 class PromptWindow:
     """Where a session's prompts start. A cut stays in place until the conversation outgrows the room
-    again, so the turns in between extend a prompt whose prefix the KV cache holds."""
+    again, so the turns in between extend a prompt whose prefix the KV cache holds. ``count`` is the
+    backend's token counter; without it, or without a known context window, prompts go out uncut."""
 
-    def __init__(self) -> None:
+    def __init__(self, count: Callable[[tuple[Message, ...]], int] | None, context_tokens: int) -> None:
         self.cut: tuple[Message, ...] = ()
+        self._count = count
+        self._context_tokens = context_tokens
 
-    def fit(self, messages: tuple[Message, ...], count: Callable[[tuple[Message, ...]], int], context_tokens: int,
-            max_output_tokens: int | None, truncation: Truncation) -> tuple[tuple[Message, ...], int]:
-        """The prompt for ``messages`` and how many conversation messages it leaves out."""
-        kept, self.cut = fit_messages(messages, count, context_tokens, max_output_tokens, truncation, self.cut)
-        return kept, len(self.cut)
+    def plan(self, truncation: Truncation) -> PromptFit | None:
+        """How the next request is to be fitted; None when it goes out as it is."""
+        if self._count is None or not truncation.enabled or self._context_tokens <= 0:
+            return None
+        return PromptFit(self._count, self._context_tokens, truncation, self.cut)

@@ -6,7 +6,8 @@ from typing import Any
 
 from fakes import FakeBackend
 
-from omni_gateway.gateway.realtime.commands import AdoptSpeculation, CancelResponse, Output, Send, StartResponse, Transcribe
+from omni_gateway.gateway.realtime.commands import (AsrDeadline, CancelTask, Generate, Output, SessionLimits, Send,
+                                                    StartTask, Transcribe)
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.omni.protocol import OutputChunk
 
@@ -16,10 +17,12 @@ def b64(data: bytes) -> str:
 
 
 class Driver:
-    def __init__(self, dialect: str = "ga", backend: FakeBackend | None = None, vad: bool = True) -> None:
+    def __init__(self, dialect: str = "ga", backend: FakeBackend | None = None, vad: bool = True,
+                 limits: SessionLimits | None = None, count_tokens: bool = False) -> None:
         self.backend = backend or FakeBackend(vad=vad)
         self.session = RealtimeSession(dialect=dialect, capabilities=self.backend.capabilities,  # type: ignore[arg-type]
-                                       vad_factory=self.backend.new_vad if vad else None)
+                                       vad_factory=self.backend.new_vad if vad else None, limits=limits,
+                                       count_tokens=self.backend.count_tokens if count_tokens else None)
         self.opened = self.session.open()
 
     def send(self, event: dict[str, Any]) -> list[Output]:
@@ -58,24 +61,33 @@ def only(outputs: list[Output], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+def generations(outputs: list[Output]) -> list[Generate]:
+    return [o.work for o in outputs if isinstance(o, StartTask) and isinstance(o.work, Generate)]
+
+
+def responses_started(outputs: list[Output]) -> list[str]:
+    """The responses ``outputs`` start: generating now, or once the transcripts they wait for are in."""
+    return [o.work.request.request_id if isinstance(o.work, Generate) else o.work.response_id for o in outputs
+            if isinstance(o, StartTask) and isinstance(o.work, (Generate, AsrDeadline))]
+
+
 def started(outputs: list[Output]) -> str:
-    ids = [o.response_id for o in outputs if isinstance(o, StartResponse)]
-    assert len(ids) == 1, f"expected one StartResponse in {outputs!r:.300}"
+    ids = responses_started(outputs)
+    assert len(ids) == 1, f"expected one response started in {outputs!r:.300}"
     return ids[0]
 
 
 def cancelled(outputs: list[Output]) -> list[str]:
-    return [o.response_id for o in outputs if isinstance(o, CancelResponse)]
+    return [o.task_id for o in outputs if isinstance(o, CancelTask)]
 
 
 def transcribes(outputs: list[Output]) -> list[Transcribe]:
-    return [o for o in outputs if isinstance(o, Transcribe)]
+    return [o.work for o in outputs if isinstance(o, StartTask) and isinstance(o.work, Transcribe)]
 
 
 def committed_jobs(outputs: list[Output]) -> list[Transcribe]:
-    """The transcription of each committed turn: run afresh, or adopted from the speculation of its pause."""
-    return [o.job if isinstance(o, AdoptSpeculation) else o for o in outputs
-            if isinstance(o, (Transcribe, AdoptSpeculation))]
+    """The transcription task of each turn (its item id is the task's): the last one started for it."""
+    return list({job.item_id: job for job in transcribes(outputs)}.values())
 
 
 def error(outputs: list[Output]) -> dict[str, Any]:

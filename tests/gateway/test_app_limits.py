@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 import socket
 import time
@@ -68,22 +69,81 @@ def masked_text_frame(text: str) -> bytes:
     return bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
+def stalled_client(port: int) -> socket.socket:
+    """A raw WebSocket client with a tiny receive buffer, past the handshake: it reads nothing unless told."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                 f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+    handshake = b""
+    while b"\r\n\r\n" not in handshake:
+        handshake += sock.recv(1)
+    assert handshake.startswith(b"HTTP/1.1 101")
+    return sock
+
+
 def test_a_client_that_stops_reading_is_disconnected_and_its_generation_aborted() -> None:
     # ~40 MB of audio deltas, far beyond what socket buffers hold, so the server's writer must block
     backend = FakeBackend(script=lambda request: [*(AudioChunk(tone(1000), 24000, "la ") for _ in range(300)),
                                                   Done("stop")])
     with serve(backend, GatewayConfig(send_queue_max=8, send_timeout_s=1.0)) as port:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that reads nothing
-        sock.connect(("127.0.0.1", port))
-        key = base64.b64encode(os.urandom(16)).decode()
-        sock.sendall(f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-                     f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-                     .encode())
-        assert sock.recv(12) == b"HTTP/1.1 101"
+        sock = stalled_client(port)
         sock.sendall(masked_text_frame(json.dumps({"type": "response.create"})))
         deadline = time.monotonic() + TIMEOUT
         while not backend.aborted and time.monotonic() < deadline:
             time.sleep(0.05)
         sock.close()
     assert len(backend.aborted) == 1 and backend.aborted == backend.closed
+
+
+def server_frames(data: bytes | bytearray, frames: list[tuple[int, bytes]], at: int = 0) -> int:
+    """Appends (opcode, payload) of each unmasked server frame in ``data`` from ``at`` to ``frames``; returns
+    where the first incomplete one starts."""
+    while at + 2 <= len(data):
+        opcode, length, start = data[at] & 0x0F, data[at + 1] & 0x7F, at + 2
+        if length >= 126:
+            width = 2 if length == 126 else 8
+            length, start = int.from_bytes(data[start:start + width], "big"), start + width
+        if start + length > len(data):
+            break
+        frames.append((opcode, data[start:start + length]))
+        at = start + length
+    return at
+
+
+def test_a_reader_that_stalls_stops_its_generation_then_is_closed_with_1008(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="omni_gateway.gateway.realtime.connection")
+    # An endless audio reply: only the slow-client bounds can stop it before the transport's keepalive (1011).
+    backend = FakeBackend(script=lambda request: [*(AudioChunk(tone(100), 24000, "la ") for _ in range(5000)),
+                                                  Done("stop")], chunk_delay=0.002)
+    config = GatewayConfig(send_queue_max=100_000, send_queue_max_bytes=256 * 1024, send_timeout_s=1.0)
+
+    def dropped() -> bool:
+        return any("(1008)" in record.getMessage() for record in caplog.records)
+
+    with serve(backend, config) as port:
+        sock = stalled_client(port)
+        sock.sendall(masked_text_frame(json.dumps({"type": "response.create"})))
+        deadline = time.monotonic() + TIMEOUT
+        while not dropped() and time.monotonic() < deadline:  # reading nothing meanwhile
+            time.sleep(0.02)
+        (request,) = backend.requests
+        assert backend.aborted == [request.request_id]  # its generation was stopped before the drop
+        sock.settimeout(TIMEOUT)
+        frames: list[tuple[int, bytes]] = []
+        data, at = bytearray(), 0
+        while not frames or frames[-1][0] != 0x8:  # now read what was sent, up to the close frame
+            chunk = sock.recv(1 << 20)
+            assert chunk, "the server hung up without a close frame"
+            data += chunk
+            at = server_frames(data, frames, at)
+        sock.close()
+    assert backend.closed == [request.request_id]
+    (close,) = [payload for opcode, payload in frames if opcode == 0x8]
+    assert int.from_bytes(close[:2], "big") == 1008
+    assert close[2:].decode() == "client is not reading its events: one waited 1 s unsent"
+    deltas = sum(json.loads(payload)["type"] == "response.output_audio.delta" for opcode, payload in frames
+                 if opcode == 0x1)
+    assert 0 < deltas < 5000

@@ -16,7 +16,7 @@ from omni_gateway.gateway.realtime.errors import RealtimeError
 from omni_gateway.gateway.realtime.truncation import (AUTO_RETENTION, PromptWindow, Truncation, fit_messages, parse_truncation,
                                          reply_reserve)
 from live_server import serve, until
-from omni_gateway.omni.protocol import Message, TextPart, ToolCall
+from omni_gateway.omni.protocol import Message, OmniRequest, TextPart, ToolCall
 
 TIMEOUT = 15
 
@@ -74,14 +74,23 @@ def test_the_smallest_cut_of_oldest_messages_that_fits_keeps_instructions_and_th
     assert auto == (messages[0],) + body[-5:]  # at most 60 of the 75: room for the next turns
 
 
+def fit_in(window: PromptWindow, messages: tuple[Message, ...]) -> tuple[tuple[Message, ...], int]:
+    """One request through the session's window, as the connection runs it: the prompt and how much it cut."""
+    fit = window.plan(Truncation())
+    assert fit is not None
+    fitted, cut = fit.apply(OmniRequest("resp_1", messages))
+    window.cut = cut  # what the session records once the generation reports its cut
+    return fitted.messages, len(cut)
+
+
 def test_a_cut_stays_in_place_until_the_conversation_outgrows_the_room_again() -> None:
-    window = PromptWindow()
+    window = PromptWindow(WordCounter(), 100)
     system = msg("system", 5)
     conversation: list[Message] = []
     prompts, left_out = [], []
     for turn in range(16):
         conversation.append(msg("user", 10, tag=f"t{turn}"))
-        kept, dropped = window.fit((system, *conversation), WordCounter(), 100, None, Truncation())
+        kept, dropped = fit_in(window, (system, *conversation))
         prompts.append(kept)
         left_out.append(dropped)
     # Room 75 words, auto cuts to 60: no cut up to 7 turns, then 3 more turns per cut.
@@ -90,8 +99,14 @@ def test_a_cut_stays_in_place_until_the_conversation_outgrows_the_room_again() -
         if left_out[turn] == left_out[turn - 1]:  # no new cut: the prompt extends the last one
             assert prompts[turn][:len(prompts[turn - 1])] == prompts[turn - 1]
     # A conversation that no longer starts with what was left out (an item deleted) is cut afresh.
-    kept, dropped = window.fit((system, *conversation[1:]), WordCounter(), 100, None, Truncation())
+    kept, dropped = fit_in(window, (system, *conversation[1:]))
     assert kept == (system, *conversation[-5:]) and dropped == 10
+
+
+def test_a_window_without_a_counter_or_a_known_context_leaves_prompts_uncut() -> None:
+    assert PromptWindow(None, 100).plan(Truncation()) is None
+    assert PromptWindow(WordCounter(), 0).plan(Truncation()) is None
+    assert PromptWindow(WordCounter(), 100).plan(Truncation(enabled=False)) is None
 
 
 def test_a_cut_never_leaves_a_tool_result_without_its_call() -> None:

@@ -5,11 +5,10 @@ import base64
 
 import numpy as np
 import pytest
-from session_driver import Driver, b64, cancelled, error, events, only, started, transcribes, types
+from session_driver import Driver, b64, cancelled, error, events, generations, only, started, transcribes, types
 
 from fakes import silence, tone
 from omni_gateway.gateway.realtime import g711
-from omni_gateway.gateway.realtime.commands import AdoptSpeculation
 from omni_gateway.omni.protocol import AudioChunk, Done, Transcription
 
 
@@ -85,9 +84,11 @@ def test_server_vad_turn_commits_and_responds() -> None:
     assert stopped["audio_end_ms"] == 1100 and stopped["item_id"] == speech["item_id"]
     assert events(out)[1]["item_id"] == speech["item_id"]
     # the turn was transcribed from its pause on (tests/gateway/test_session_speculation.py); the commit adopts it
-    assert transcribes(out) == []
-    (adopted,) = [o for o in out if isinstance(o, AdoptSpeculation)]
-    assert len(adopted.job.pcm16) == (1100 - 400) * 48  # prefix padding + speech + the silence that ended it
+    (job,) = transcribes(out)  # one transcription, from the pause on: the commit adopts it
+    assert job.item_id == speech["item_id"] and job.pcm16 == silence(100) + tone(400)
+    committed = d.session.items.get(speech["item_id"])
+    assert committed is not None and committed.content[0].audio is not None
+    assert len(committed.content[0].audio) == (1100 - 400) * 48  # prefix padding + speech + the silence that ended it
     assert started(out)
 
 
@@ -205,11 +206,11 @@ def test_a_response_waits_for_pending_transcripts() -> None:
     d.send({"type": "input_audio_buffer.append", "audio": b64(tone(200))})
     (job,) = transcribes(d.send({"type": "input_audio_buffer.commit"}))
     out = d.send({"type": "response.create"})
-    start = [o for o in out if type(o).__name__ == "StartResponse"][0]
-    assert start.wait_for == (job.item_id,)  # type: ignore[union-attr]
-    d.session.on_transcription(job.item_id, Transcription("the question"))
-    request = d.session.build_request(start.response_id)  # type: ignore[union-attr]
-    assert request is not None
+    rid = started(out)
+    assert generations(out) == []  # the request is built once the transcript is in
+    (generation,) = generations(d.session.on_transcription(job.item_id, Transcription("the question")))
+    request = generation.request
+    assert request.request_id == rid
     (part,) = request.messages[-1].parts
     assert part.transcript == "the question" and part.pcm16 == tone(200)  # type: ignore[union-attr]
 

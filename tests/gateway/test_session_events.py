@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from session_driver import Driver, b64, error, events, only, types
+from session_driver import Driver, b64, error, events, only, started, types
 
 from fakes import tone
 
@@ -94,7 +94,7 @@ def test_invalid_session_update_is_rejected_and_changes_nothing(session: dict, p
 def test_voice_cannot_change_after_audio_was_output() -> None:
     d = Driver()
     d.text_item()
-    rid = d.send({"type": "response.create"})[-1].response_id  # type: ignore[union-attr]
+    rid = started(d.send({"type": "response.create"}))
     d.run(rid)
     err = error(d.send({"type": "session.update", "session": {"type": "realtime",
                                                                "audio": {"output": {"voice": "verse"}}}}))

@@ -5,10 +5,9 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from session_driver import Driver, b64, events
+from session_driver import Driver, b64, events, responses_started
 
 from fakes import silence, tone
-from omni_gateway.gateway.realtime.commands import StartResponse
 
 ITEM_IDS = st.sampled_from(["a", "b", "root", "missing"])
 JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-5, 5000) | st.text(max_size=5),
@@ -56,7 +55,7 @@ def test_any_event_sequence_keeps_the_session_consistent(sequence: list[dict[str
                     out_events += events(d.run(rid))
             continue
         outputs = d.send(event)
-        running += [o.response_id for o in outputs if isinstance(o, StartResponse)]
+        running += responses_started(outputs)
         evs = events(outputs)
         out_events += evs
         assert sum(e["type"] == "error" for e in evs) <= 1
