@@ -28,7 +28,8 @@ _ROOT = Path(__file__).resolve().parent.parent
 def add_out_argument(parser: argparse.ArgumentParser, name: str) -> None:
     """``--out FILE``: the JSON-lines file the run appends to (default ``benchmarks/results/<name>.jsonl``)."""
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / f"{name}.jsonl", metavar="FILE",
-                        help=f"append the raw results to this JSON-lines file (default: benchmarks/results/{name}.jsonl)")
+                        help="append the raw results to this JSON-lines file "
+                             f"(default: benchmarks/results/{name}.jsonl)")
 
 
 def _commit() -> str | None:

@@ -4,8 +4,8 @@ Qwen2.5-0.5B, in bf16 on one GPU.
 
 Each variant is timed as a CUDA graph of consecutive calls (``benchmarks.common.time_graph``) cycling
 through copies of the weight (together well past the L2 cache), so every call streams its weight
-from HBM and launch gaps are those of a graph. Prints µs per call, TB/s of weight read, and the best and the default config's ratio to cuBLAS; appends
-the raw results to ``benchmarks/results/gemv.jsonl``.
+from HBM and launch gaps are those of a graph. Prints µs per call, TB/s of weight read, and the best
+and the default config's ratio to cuBLAS; appends the raw results to ``benchmarks/results/gemv.jsonl``.
 
     python -m benchmarks.gemv [--quick] [--shapes 8b.qkv,0.5b.o] [--out FILE]
 """
