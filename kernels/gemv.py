@@ -4,7 +4,7 @@
 At batch 1 a linear layer streams its weight once and does two FLOPs per weight element, so all
 that matters is how many weight bytes are in flight. Each program owns ``block_n`` output features
 and walks the whole reduction in ``block_k`` steps, with ``stages`` loads in flight ahead of its
-FMAs. There is no split-K: on the H200 sweep of ``demos/bench_gemv.py`` no split beat the plain
+FMAs. There is no split-K: on the H200 sweep of ``benchmarks/gemv.py`` no split beat the plain
 walk on any decode shape, and without it there is no separate reduction launch, which is where
 cuBLAS loses most on the smaller matrices (its split-K kernels plus their reduce).
 """

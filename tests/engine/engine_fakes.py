@@ -16,35 +16,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from benchmarks.checkpoints import CORPUS, byte_level_tokenizer
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.llm_engine import LLMEngine
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
-
-CORPUS = [
-    "Hello world, the quick brown fox jumps over the lazy dog.",
-    "Grüße aus München! naïve café",
-    "The end of the story is near. User: hi. Assistant: hello there.",
-    "def f(x): return x * 2  # numbers 0123456789",
-] * 10
-
-
-@functools.cache
-def byte_level_tokenizer() -> Any:
-    """GPT-2 style byte-level BPE; text outside the corpus falls apart into single bytes."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=330, special_tokens=["<eos>", "<bos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>")
-    hf.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                        "{% if add_generation_prompt %}assistant:{% endif %}")
-    return hf
-
 
 @functools.cache
 def sentencepiece_style_tokenizer() -> Any:

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_checkpoints import hf_greedy, save_tiny_checkpoint
+from runner_driver import hf_greedy
 
+from benchmarks.checkpoints import save_tiny_checkpoint
 from omni_gateway.engine import LLM, SamplingParams
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[

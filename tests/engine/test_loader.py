@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
-from tiny_checkpoints import save_tiny_checkpoint
 
+from benchmarks.checkpoints import save_tiny_checkpoint
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.loader import default_model_path, load_model

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_checkpoints import RunnerDriver, greedy_seq, hf_greedy, save_tiny_checkpoint
+from runner_driver import RunnerDriver, greedy_seq, hf_greedy
 
+from benchmarks.checkpoints import save_tiny_checkpoint
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.loader import default_model_path, load_model
 from omni_gateway.engine.model_runner import ModelRunner

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_checkpoints import save_tiny_checkpoint
 
+from benchmarks.checkpoints import save_tiny_checkpoint
 from omni_gateway.engine import LLM, SamplingParams
 from omni_gateway.engine.llm_engine import LLMEngine
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 import torch
-from vlm_checkpoints import (
+
+from benchmarks.checkpoints import (
     picture,
     png_bytes,
     save_tiny_llava,

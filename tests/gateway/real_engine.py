@@ -1,19 +1,15 @@
 """The real model side for socket-level tests: AsyncEngine over a tiny random Llama, wrapped by OmniPipeline."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))  # tiny_checkpoints lives there
 
 MAX_MODEL_LEN = 256  # the tiny config's max_position_embeddings
 
 
 def tiny_pipeline(directory: Path, max_tokens: int = 200, **engine_args: Any) -> Any:
     """An ``OmniPipeline`` (no ASR, TTS, VAD or vision) over a random 2-layer Llama saved into ``directory``."""
-    from tiny_checkpoints import save_tiny_checkpoint
-
+    from benchmarks.checkpoints import save_tiny_checkpoint
     from omni_gateway.engine.async_engine import AsyncEngine
     from omni_gateway.omni.config import EngineConfig, OmniConfig
     from omni_gateway.omni.pipeline import OmniPipeline

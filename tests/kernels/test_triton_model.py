@@ -2,18 +2,16 @@
 next to decodes."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from tiny_checkpoints import RunnerDriver, greedy_seq, hf_greedy, save_tiny_checkpoint  # noqa: E402
-
-from omni_gateway.engine.config import EngineConfig  # noqa: E402
-from omni_gateway.engine.loader import load_model  # noqa: E402
-from omni_gateway.engine.model_runner import ModelRunner  # noqa: E402
+from benchmarks.checkpoints import save_tiny_checkpoint
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.loader import load_model
+from omni_gateway.engine.model_runner import ModelRunner
+from tests.engine.runner_driver import RunnerDriver, greedy_seq, hf_greedy
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])

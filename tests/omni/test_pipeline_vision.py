@@ -2,22 +2,17 @@
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-
-from vlm_checkpoints import picture, png_bytes, save_tiny_llava  # noqa: E402
-
-from omni_gateway.engine.config import EngineConfig  # noqa: E402
-from omni_gateway.engine.sampling_params import SamplingParams  # noqa: E402
-from omni_gateway.omni.config import OmniConfig  # noqa: E402
-from omni_gateway.omni.pipeline import OmniPipeline  # noqa: E402
-from omni_gateway.omni.protocol import Done, Error, ImagePart, Message, OmniRequest, SamplingOptions, TextDelta, TextPart, Usage  # noqa: E402
-from omni_gateway.omni.vision import build_vision_prompt  # noqa: E402
+from benchmarks.checkpoints import picture, png_bytes, save_tiny_llava
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.omni.config import OmniConfig
+from omni_gateway.omni.pipeline import OmniPipeline
+from omni_gateway.omni.protocol import Done, Error, ImagePart, Message, OmniRequest, SamplingOptions, TextDelta, TextPart, Usage
+from omni_gateway.omni.vision import build_vision_prompt
 
 
 @pytest.fixture(scope="module")

@@ -2,29 +2,25 @@
 its default config, against cuBLAS (``F.linear``), on the decode shapes of Llama-3.1-8B and
 Qwen2.5-0.5B, in bf16 on one GPU.
 
-Each variant is timed as a CUDA graph of consecutive calls (``bench_kernels.time_graph``) cycling
+Each variant is timed as a CUDA graph of consecutive calls (``benchmarks.common.time_graph``) cycling
 through copies of the weight (together well past the L2 cache), so every call streams its weight
-from HBM and launch gaps are those of a graph. Prints µs per call, TB/s of weight read, and the best config's ratio to cuBLAS.
+from HBM and launch gaps are those of a graph. Prints µs per call, TB/s of weight read, and the best
+and the default config's ratio to cuBLAS; appends the raw results to ``benchmarks/results/gemv.jsonl``.
 
-    python3 demos/bench_gemv.py [--quick] [--json OUT/gemv.json]
+    python -m benchmarks.gemv [--quick] [--shapes 8b.qkv,0.5b.o] [--out FILE]
 """
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
-import os
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.fspath(Path(__file__).resolve().parent.parent))  # run from a checkout, uninstalled
-
-from demos.bench_kernels import time_graph  # noqa: E402
-from omni_gateway.kernels.gemv import GemvConfig, default_gemv_config, linear  # noqa: E402
+from benchmarks.common import ResultLog, add_out_argument, time_graph
+from omni_gateway.kernels.gemv import GemvConfig, default_gemv_config, linear
 
 SHAPES = {  # name: (out_features, in_features)
     "8b.qkv": (6144, 4096), "8b.o": (4096, 4096), "8b.gate_up": (28672, 4096), "8b.down": (4096, 14336),
@@ -41,16 +37,22 @@ def configs(quick: bool) -> list[GemvConfig]:
     return [GemvConfig(block_n=bn, block_k=bk, stages=st) for (bn, bk), st in itertools.product(tiles, stages)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a few configs only")
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names among: " + ", ".join(SHAPES))
-    parser.add_argument("--json", default="", help="write the results here")
+    add_out_argument(parser, "gemv")
     args = parser.parse_args()
+    unknown = [name for name in args.shapes.split(",") if name not in SHAPES]
+    if unknown:
+        parser.error(f"--shapes: unknown {', '.join(unknown)}; expected names among {', '.join(SHAPES)}")
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
     torch.manual_seed(0)
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    report: dict[str, dict] = {}
+    log = ResultLog(args.out, "gemv", quick=args.quick)
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
         size = n * k * 2
@@ -84,14 +86,14 @@ def main() -> None:
               f"{base / default_us:.3f}x cuBLAS", flush=True)
         for us, cfg in rows[1:5]:
             print(f"    {us:8.2f} us  {cfg}", flush=True)
-        report[name] = dict(n=n, k=k, cublas_us=base, best_us=best_us, best=repr(best), default_us=default_us,
-                            all=[(us, repr(cfg)) for us, cfg in rows])
+        log.write("shape", name=name, n=n, k=k, cublas_us=base, best_us=best_us, best=repr(best),
+                  default_us=default_us, ratio_default_vs_cublas=base / default_us,
+                  all=[(us, repr(cfg)) for us, cfg in rows])
         weights.clear()
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    log.close()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,6 @@
 """Voice-to-voice latency of the whole loop on the embedded models, over the realtime socket.
 
-    python demos/bench_voice_loop.py [--turns 10] [--device cpu|cuda]
-                                     [--dtype auto|float32|bfloat16]
+    python -m benchmarks.voice_loop [--turns 10] [--device cpu|cuda] [--dtype auto|float32|bfloat16] [--out FILE]
 
 Each turn speaks a short question (Piper voice) into /v1/realtime in 40 ms chunks at real-time pace,
 server VAD ends the turn, and the latency is the time from `input_audio_buffer.speech_stopped` to the
@@ -17,7 +16,8 @@ would run dry after the first chunk if the client played the audio as it arrived
 
 `--device` places the LLM and the ASR and TTS with it (CTranslate2 and onnxruntime; CUDA there needs
 their GPU builds). Anchors: GPT-4o speech-to-speech averages 320 ms;
-cascaded voice-agent stacks quote 500-800 ms.
+cascaded voice-agent stacks quote 500-800 ms. Every turn's figures are appended to
+``benchmarks/results/voice_loop.jsonl`` (``--out``).
 """
 from __future__ import annotations
 
@@ -26,19 +26,16 @@ import asyncio
 import dataclasses
 import os
 import statistics
-import sys
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from demos.voice_assistant import Progress, converse  # noqa: E402
-from omni_gateway.omni.heads.text_chunker import TextChunker  # noqa: E402
-from tests.gateway.live_server import serve  # noqa: E402
+from benchmarks.common import ResultLog, add_out_argument, percentile
+from demos.voice_assistant import Progress, converse
+from omni_gateway.omni.heads.text_chunker import TextChunker
+from tests.gateway.live_server import serve
 
 QUESTIONS = [
     "What is the capital of France?", "How many days are in a week?", "What color is the sky on a clear day?",
@@ -100,19 +97,15 @@ def stall_s(audio: list[tuple[float, float]]) -> float:
     return waited
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--device", default="auto", help="the LLM engine's device: auto, cpu or cuda")
     parser.add_argument("--dtype", default="auto", help="the engine's dtype (auto: bfloat16 on cuda, float32 on cpu)")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size: the prefix cache's granularity")
     parser.add_argument("--first-words", type=int, default=None,
                         help="words of the first spoken segment when no clause ends sooner (default: the head's)")
+    add_out_argument(parser, "voice_loop")
     args = parser.parse_args()
 
     from omni_gateway.engine.config import EngineConfig
@@ -150,11 +143,14 @@ def main() -> None:
             row = {"total": first_delta - stop, "asr": max(0.0, heard - stop),
                    "llm": max(0.0, segment_at - max(stop, heard)), "tts": max(0.0, first_audio - max(stop, segment_at)),
                    "delivery": first_delta - max(stop, first_audio), "prepared": reply["started"] < stop}
-            rows.append(row)
-            ttft = first_token - reply["started"]
-            step = (segment_at - first_token) / (steps - 1) if steps > 1 else 0.0
             hits = after["prefix_cache_hit_tokens"] - before["prefix_cache_hit_tokens"]
             asked = after["prefix_cache_query_tokens"] - before["prefix_cache_query_tokens"]
+            ttft = first_token - reply["started"]
+            step = (segment_at - first_token) / (steps - 1) if steps > 1 else 0.0
+            row.update(first_token_s=ttft, decode_step_s=step, transcript_in=result["transcript_in"], transcript_out=result["transcript_out"].strip(),
+                       reply_start_s=reply["started"] - stop, cached_tokens=hits, prompt_tokens=asked,
+                       stall_s=stall_s(reply["audio"]))
+            rows.append(row)
             print(f"turn {turn + 1:2d}: {row['total'] * 1000:5.0f} ms (asr {row['asr'] * 1000:.0f}, llm "
                   f"{row['llm'] * 1000:.0f}, tts {row['tts'] * 1000:.0f}, delivery {row['delivery'] * 1000:.0f}; "
                   f"reply@{(reply['started'] - stop) * 1000:+.0f}, first token {ttft * 1000:.0f} + {steps - 1} x "
@@ -171,6 +167,12 @@ def main() -> None:
         part = sum(r[stage] for r in rows)
         print(f"  {stage:<8} {part / len(rows) * 1000:6.0f} ms mean, {part / whole:5.1%} of the latency")
     print(f"  vs GPT-4o's 320 ms average: {statistics.median(totals) / 0.320:.2f}x")
+    with ResultLog(args.out, "voice_loop", turns=args.turns, device=args.device,
+                   dtype=args.dtype, block_size=args.block_size, first_words=args.first_words) as log:
+        for turn, row in enumerate(rows, 1):
+            log.write("turn", turn=turn, **row)
+        log.write("summary", p50_s=statistics.median(totals), p90_s=percentile(totals, 0.9),
+                  prepared=sum(r["prepared"] for r in rows))
 
 
 if __name__ == "__main__":

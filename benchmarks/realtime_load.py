@@ -4,11 +4,13 @@ Each session loops until the deadline: (optionally append and clear some audio,)
 ``response.create``, and read until ``response.done``. A response counts as lost when its
 ``response.created`` has no ``response.done``, when deltas arrive for another response or after its done,
 or when the concatenated deltas differ from the final text. Reports time to first delta p50/p99 and,
-for a server it spawned (or --server-pid), RSS at start and end.
+for a server it spawned (or --server-pid), RSS at start and end; the report is printed and appended to
+``benchmarks/results/realtime_load.jsonl`` (``--out``). Exits 1 when a response was lost or a socket
+closed early.
 
-    python demos/load_realtime.py --spawn-server tiny --sessions 32 --duration 60
-    python demos/load_realtime.py --spawn-server default --sessions 32 --duration 120
-    python demos/load_realtime.py --url ws://127.0.0.1:8000/v1/realtime --server-pid 1234
+    python -m benchmarks.realtime_load --spawn-server tiny --sessions 32 --duration 60
+    python -m benchmarks.realtime_load --spawn-server default --sessions 32 --duration 120
+    python -m benchmarks.realtime_load --url ws://127.0.0.1:8000/v1/realtime --server-pid 1234
 """
 from __future__ import annotations
 
@@ -16,8 +18,6 @@ import argparse
 import asyncio
 import base64
 import json
-import os
-import platform
 import socket
 import subprocess
 import sys
@@ -30,12 +30,13 @@ from typing import Any
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from benchmarks.common import ResultLog, add_out_argument, percentile
+
 ROOT = Path(__file__).resolve().parents[1]
 # The tiny server: a random 2-layer Llama with the test tokenizer, built in a temporary directory.
 TINY_SERVER = """
-import sys, uvicorn
-sys.path.insert(0, {engine_tests!r})
-from tiny_checkpoints import save_tiny_checkpoint
+import uvicorn
+from benchmarks.checkpoints import save_tiny_checkpoint
 from omni_gateway.engine.async_engine import AsyncEngine
 from omni_gateway.omni.config import EngineConfig, OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
@@ -68,13 +69,6 @@ def rss_mib(pid: int) -> float | None:
     except OSError:
         return None
     return None
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 async def one_session(url: str, index: int, deadline: float, args: argparse.Namespace) -> SessionStats:
@@ -163,8 +157,7 @@ def free_port() -> int:
 def spawn_server(model: str, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     if model == "tiny":
-        code = TINY_SERVER.format(engine_tests=str(ROOT / "tests" / "engine"), directory=str(workdir / "tiny"),
-                                  port=port)
+        code = TINY_SERVER.format(directory=str(workdir / "tiny"), port=port)
         cmd = [sys.executable, "-c", code]
     else:
         cmd = [sys.executable, "-m", "omni_gateway.gateway.cli", "serve", "--model", model, "--asr", "none", "--tts", "none",
@@ -198,7 +191,8 @@ async def run(args: argparse.Namespace, url: str, pid: int | None) -> dict[str, 
         "responses": sum(r.responses for r in results), "lost_events": sum(r.lost for r in results),
         "error_events": sum(r.errors for r in results), "failed_responses": sum(r.failed for r in results),
         "unexpected_closes": sum(r.unexpected_close for r in results),
-        "ttfd_p50_ms": round(percentile(ttfd, 50) * 1000), "ttfd_p99_ms": round(percentile(ttfd, 99) * 1000),
+        "ttfd_p50_ms": round(percentile(ttfd, 0.50) * 1000) if ttfd else None,
+        "ttfd_p99_ms": round(percentile(ttfd, 0.99) * 1000) if ttfd else None,
         "rss_start_mib": None if rss_start is None else round(rss_start),
         "rss_end_mib": None if rss_end is None else round(rss_end),
         "problems": [p for r in results for p in r.problems][:10],
@@ -206,7 +200,7 @@ async def run(args: argparse.Namespace, url: str, pid: int | None) -> dict[str, 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="ws://host:port/v1/realtime of a running server")
     where.add_argument("--spawn-server", metavar="MODEL", help="start a server: 'tiny' (random 2-layer Llama), "
@@ -218,7 +212,10 @@ def main() -> int:
     parser.add_argument("--turns-per-context", type=int, default=0,
                         help="delete the conversation every N turns (0: never); small models need it")
     parser.add_argument("--audio", action="store_true", help="append and clear 200 ms of audio every turn")
+    add_out_argument(parser, "realtime_load")
     args = parser.parse_args()
+    if args.server_pid is not None and args.url is None:
+        parser.error("--server-pid goes with --url (a spawned server's RSS is read anyway)")
     proc = None
     with tempfile.TemporaryDirectory() as tmp:
         if args.spawn_server:
@@ -233,8 +230,9 @@ def main() -> int:
             if proc is not None:
                 proc.terminate()
                 proc.wait(30)
-    report["cpu"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     print(json.dumps(report, indent=2))
+    with ResultLog(args.out, "realtime_load", server=args.spawn_server or args.url) as log:
+        log.write("load", **report)
     return 0 if report["lost_events"] == 0 and report["unexpected_closes"] == 0 else 1
 
 

@@ -1,29 +1,33 @@
-"""cuBLAS speed of the engine's linear layers by call form and weight layout, on a CUDA GPU.
+"""Would another cuBLAS call form or weight layout speed up the engine's linear layers, on a CUDA GPU?
 
-    python demos/bench_linear_layout.py
+    python -m benchmarks.experiments.linear_layout
 
 The shapes are Llama-3.1-8B's (q/k/v, o, gate/up, down, LM head) and Qwen2.5-0.5B's. Each row
 times, against ``F.linear(x, W)`` on the ``[out, in]`` weight the engine keeps:
 ``x @ Wt`` on a contiguous ``[in, out]`` copy, ``torch.mv`` (one row only), and both of the first
 two with cuBLASLt preferred (up to 4 rows). All are replayed from a CUDA graph of at least 200
 calls that rotate over enough weight copies to touch 400 MB, so the 50-60 MB L2 cannot hold them.
-The figure is the median of 10 replays per call (``bench_kernels.time_graph`` with a 10 us
+The figure is the median of 10 replays per call (``benchmarks.common.time_graph`` with a 10 us
 estimate, which captures 200 calls); GB/s counts the weight bytes.
+
+Answer (one H200, 2026-12-03 07:25 UTC, the script's first draft with the same shapes, call forms and
+timing): no. At one row the 8B shapes ran within 2% of each other whatever the form (q/k/v 15.5-16.0 us,
+o 12.4-12.8, gate/up 54.6-55.5, down 30.9-31.3, LM head 233.5-238.5); the 0.5B shapes took 3.7-7.7 us,
+latency rather than bandwidth. At 2048 rows the ``[in, out]`` copy was no faster and lost 23% on the
+0.5B down projection (32.6 against 26.6 us), so the weights stay ``[out, in]``. (The one-row case was
+later won by a Triton matrix-vector kernel, ``benchmarks.gemv``.)
 """
 from __future__ import annotations
 
+import argparse
 import math
-import os
 import sys
-from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.fspath(Path(__file__).resolve().parent.parent))  # run from a checkout, uninstalled
-
-from demos.bench_kernels import time_graph  # noqa: E402
+from benchmarks.common import time_graph
 
 SHAPES = {  # name: (out features, in features)
     "8b q/k/v": (6144, 4096),
@@ -78,6 +82,7 @@ def check(label: str, got: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -1,17 +1,17 @@
 """CPU throughput benchmark: our engine against HF transformers ``generate`` on the default model.
 
-    python demos/bench_engine.py [--requests 16] [--new-tokens 128] [--threads N]
+    python -m benchmarks.engine_cpu [--requests 16] [--new-tokens 128] [--threads N] [--out FILE]
 
 Runs, in one process and on the same prompts (greedy, EOS ignored): our ``LLM`` with all requests
 at once; HF ``generate`` one request at a time; HF ``generate`` batched with left padding; and a
 single request through each. Prints tokens/s, the ratios and the KV-cache waste of our run
-(allocated slots vs slots holding tokens, at the step of peak use and averaged over steps).
+(allocated slots vs slots holding tokens, at the step of peak use and averaged over steps), and
+appends them to ``benchmarks/results/engine_cpu.jsonl``.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, os.fspath(Path(__file__).resolve().parent.parent))  # run from a checkout, uninstalled
+from benchmarks.common import ResultLog, add_out_argument
 
 QUESTIONS = [
     "Explain how a refrigerator keeps food cold.",
@@ -55,6 +55,13 @@ class KVUsage:
             for j, block in enumerate(seq.block_table):
                 filled[block] = max(filled.get(block, 0), max(0, min(self.block_size, ctx - j * self.block_size)))
         self.samples.append((len(filled) * self.block_size, sum(filled.values())))
+
+    def waste(self) -> tuple[float, float]:
+        """Wasted share of the allocated slots at the step of peak use, and over all steps."""
+        peak_alloc, peak_used = max(self.samples)
+        total_alloc = sum(a for a, _ in self.samples)
+        total_used = sum(u for _, u in self.samples)
+        return 1 - peak_used / peak_alloc, 1 - total_used / total_alloc
 
     def report(self) -> str:
         peak_alloc, peak_used = max(self.samples)
@@ -98,6 +105,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=None, help="KV block size (default: the engine's for the CPU)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    add_out_argument(parser, "engine_cpu")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -162,6 +170,14 @@ def main() -> None:
     same_seq = sum(a == b for a, b in zip(ours_tokens, seq_tokens))
     same_batch = sum(a == b for a, b in zip(ours_tokens, batch_tokens))
     print(f"identical outputs: {same_seq}/{n} vs HF sequential, {same_batch}/{n} vs HF batched")
+    waste_peak, waste_mean = usage.waste()
+    with ResultLog(args.out, "engine_cpu", requests=n, new_tokens=new, block_size=llm.engine.config.block_size,
+                   threads=torch.get_num_threads()) as log:
+        log.write("result", ours_tok_s=total / t_ours, hf_sequential_tok_s=total / t_seq,
+                  hf_batched_tok_s=total / t_batch, ratio_vs_hf_sequential=t_seq / t_ours,
+                  ratio_vs_hf_batched=t_batch / t_ours, single_stream_ours_tok_s=single_ours,
+                  single_stream_hf_tok_s=single_hf, kv_waste_peak=waste_peak, kv_waste_mean=waste_mean,
+                  identical_vs_hf_sequential=same_seq, identical_vs_hf_batched=same_batch)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""CPU latency of image input: decode, vision tower, and LLM prefill per frame.
+"""Latency of image input: decode, vision tower, and LLM prefill per frame.
 
 A random Qwen2-VL-shaped (or LLaVA-shaped) checkpoint is built in a temp dir (no download): the
 numbers measure the code path and the model size, not a trained model's quality.
 
-    python demos/bench_vision.py --family qwen2_vl --frames 8 --size 224
-    python demos/bench_vision.py --device cuda --preset 2b --frames 16 --size 448   # on a GPU
+    python -m benchmarks.vision --family qwen2_vl --frames 8 --size 224
+    python -m benchmarks.vision --device cuda --preset 2b --frames 16 --size 448   # on a GPU
 
 ``--preset 2b`` gives the layer sizes of Qwen2-VL-2B (LM 28 x 1536, tower 32 x 1280) or, with
 ``--family llava``, of LLaVA-1.5-7B (LM 32 x 4096, CLIP ViT-L/14 tower); the default ``tiny`` preset
@@ -14,14 +14,13 @@ is small enough for a CPU. On CUDA the weights are bfloat16 and every stage is t
 Each frame is a different random picture (a webcam stream), prompted with the same text: decode
 (PNG), encode (vision tower; the cache misses), prefill (engine step to the first token; the text
 before the image comes from the prefix cache after the first frame). A repeated frame is timed too
-(cache hit: no tower run, and the image's KV blocks are reused).
+(cache hit: no tower run, and the image's KV blocks are reused), and its ratio to a new frame printed.
+Every frame's figures are appended to ``benchmarks/results/vision.jsonl`` (``--out``).
 """
 from __future__ import annotations
 
 import argparse
 import io
-import os
-import sys
 import statistics
 import tempfile
 import time
@@ -32,7 +31,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-sys.path.insert(0, os.fspath(Path(__file__).resolve().parent.parent))  # run from a checkout, uninstalled
+from benchmarks.common import ResultLog, add_out_argument
 
 SPECIALS = ["<eos>", "<bos>", "<image>", "<|vision_start|>", "<|image_pad|>", "<|video_pad|>", "<|vision_end|>"]
 
@@ -121,7 +120,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    add_out_argument(parser, "vision")
     args = parser.parse_args()
+    if args.frames < 1:
+        parser.error(f"--frames: expected at least 1, got {args.frames}")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -179,6 +181,15 @@ def main() -> None:
           f"encode {statistics.median(r[1] for r in fresh):.1f} ms, "
           f"prefill {statistics.median(r[2] for r in fresh):.1f} ms; "
           f"repeated frame: encode {rows[-1][1]:.2f} ms, prefill {rows[-1][2]:.1f} ms")
+    new_encode, new_prefill = statistics.median(r[1] for r in fresh), statistics.median(r[2] for r in fresh)
+    print(f"repeated frame against a new one: encode {new_encode / rows[-1][1]:.1f}x faster, "
+          f"prefill {new_prefill / rows[-1][2]:.2f}x faster")
+    with ResultLog(args.out, "vision", family=args.family, preset=args.preset, size=args.size,
+                   device=gpu, dtype=str(dtype).removeprefix("torch."),
+                   image_tokens=prompt.num_image_tokens) as log:
+        for i, (dec, enc, pre, n, cached) in enumerate(rows):
+            log.write("frame", frame="repeat" if i == len(rows) - 1 else i, decode_ms=dec, encode_ms=enc,
+                      prefill_ms=pre, prompt_tokens=n, cached_tokens=cached)
 
 
 if __name__ == "__main__":

@@ -2,39 +2,34 @@
 deltas around a runner that answers at once, so what is timed is what the device waits for
 between two decode steps at batch 1 (and what a batch adds per sequence).
 
-    python demos/bench_host_step.py [--batch 1,8,64] [--tokens 2000]
+    python -m benchmarks.host_step [--batch 1,8,64] [--tokens 2000] [--out FILE]
 
 The same run times streaming detokenization through the transformers tokenizer wrapper (the
 baseline) and through the Rust tokenizer directly (the engine's path), and prints the ratio.
 The tokenizer is a byte-level BPE trained on a small corpus (the tests' tokenizer), so token ids
-map to real text of a few bytes each.
+map to real text of a few bytes each (``benchmarks.checkpoints.byte_level_tokenizer``).
 
 Then the block-table packing of a graphed decode step (``GraphedDecode.run``, minus the device
 copy): every sequence's table into one int32 host buffer, converted from its Python list on every
-step (the baseline) or from the rows ``BlockTableRows`` keeps.
+step (the baseline) or from the rows ``BlockTableRows`` keeps, and prints the ratio. Raw results go to
+``benchmarks/results/host_step.jsonl``.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, os.fspath(_ROOT))  # run from a checkout, uninstalled
-sys.path.insert(0, os.fspath(_ROOT / "tests" / "engine"))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import omni_gateway.engine.detokenizer as detokenizer  # noqa: E402
-from omni_gateway.engine.block_table_rows import BlockTableRows  # noqa: E402
-from omni_gateway.engine.config import EngineConfig  # noqa: E402
-from omni_gateway.engine.llm_engine import LLMEngine  # noqa: E402
-from omni_gateway.engine.sampling_params import SamplingParams  # noqa: E402
-from engine_fakes import byte_level_tokenizer  # noqa: E402
+import omni_gateway.engine.detokenizer as detokenizer
+from benchmarks.checkpoints import byte_level_tokenizer
+from benchmarks.common import ResultLog, add_out_argument
+from omni_gateway.engine.block_table_rows import BlockTableRows
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.engine.sampling_params import SamplingParams
 
 
 class InstantRunner:
@@ -105,7 +100,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2000, help="output tokens per request")
     parser.add_argument("--pack", default="16x128,256x128,256x1024",
                         help="comma list of BATCHxBLOCKS block-table packing cases")
+    add_out_argument(parser, "host_step")
     args = parser.parse_args()
+    log = ResultLog(args.out, "host_step", tokens=args.tokens)
     direct = detokenizer.direct_decoder
     for batch in [int(b) for b in args.batch.split(",")]:
         ours = us_per_step(batch, args.tokens)
@@ -116,11 +113,15 @@ def main() -> None:
             detokenizer.direct_decoder = direct
         print(f"batch {batch:>3}: {ours:7.1f} us per step ({ours / batch:5.1f} per sequence); "
               f"through the tokenizer wrapper {wrapper:7.1f} us -> {wrapper / ours:.2f}x", flush=True)
+        log.write("step", batch=batch, us_per_step=ours, us_per_sequence=ours / batch, wrapper_us_per_step=wrapper,
+                  ratio=wrapper / ours)
     for case in args.pack.split(","):
         batch, blocks = (int(x) for x in case.split("x"))
         cached, lists = pack_ms(batch, blocks), pack_ms(batch, blocks, cached=False)
         print(f"pack {batch:>3} tables x {blocks:>4} blocks: {cached:6.3f} ms per step from cached rows, "
               f"{lists:6.3f} ms from the lists -> {lists / cached:.1f}x", flush=True)
+        log.write("pack", tables=batch, blocks=blocks, cached_ms=cached, lists_ms=lists, ratio=lists / cached)
+    log.close()
 
 
 if __name__ == "__main__":

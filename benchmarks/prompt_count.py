@@ -1,24 +1,20 @@
 """What ``session.truncation`` adds to a realtime response: counting the conversation's prompt
 tokens (chat template plus tokenizer) before the request goes to the engine.
 
-    python demos/bench_prompt_count.py [--model default] [--turns 4,16,64]
+    python -m benchmarks.prompt_count [--model default] [--turns 4,16,64] [--out FILE]
 
 Loads only the LLM side of the pipeline and times ``OmniPipeline.count_tokens`` on conversations
 of alternating user and assistant turns (about 20 tokens each, as in a voice chat). Prints the
-median over repeats next to the prompt's size.
+median over repeats next to the prompt's size, and appends it to ``benchmarks/results/prompt_count.jsonl``.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, os.fspath(Path(__file__).resolve().parent.parent))  # run from a checkout, uninstalled
-
-from omni_gateway.omni.protocol import Message, TextPart  # noqa: E402
+from benchmarks.common import ResultLog, add_out_argument
+from omni_gateway.omni.protocol import Message, TextPart
 
 _USER = "Could you remind me what we said about the train times to the coast on Saturday morning?"
 _ASSISTANT = "Sure: the first train leaves at seven forty, and there is another one every half hour after that."
@@ -34,7 +30,9 @@ def main() -> None:
     parser.add_argument("--model", default="default", help="LLM: 'default' or a local model path")
     parser.add_argument("--turns", default="4,16,64", help="comma list of conversation lengths")
     parser.add_argument("--repeats", type=int, default=50)
+    add_out_argument(parser, "prompt_count")
     args = parser.parse_args()
+    turn_counts = [int(t) for t in args.turns.split(",")]
 
     from omni_gateway.omni.config import EngineConfig, OmniConfig
     from omni_gateway.omni.pipeline import OmniPipeline
@@ -44,8 +42,9 @@ def main() -> None:
                                             vision=False, warm_up=False))
     print(f"LLM {pipeline.capabilities.model} loaded in {time.perf_counter() - start:.1f} s "
           f"(context {pipeline.capabilities.max_context_tokens} tokens)", flush=True)
+    log = ResultLog(args.out, "prompt_count", model=args.model, repeats=args.repeats)
     try:
-        for turns in [int(t) for t in args.turns.split(",")]:
+        for turns in turn_counts:
             messages = conversation(turns)
             tokens = pipeline.count_tokens(messages)
             times = []
@@ -55,7 +54,9 @@ def main() -> None:
                 times.append(time.perf_counter() - t0)
             print(f"{turns:4d} turns, {tokens:6d} prompt tokens: count_tokens {statistics.median(times) * 1e3:.2f} ms "
                   f"(median of {args.repeats})", flush=True)
+            log.write("count", turns=turns, prompt_tokens=tokens, median_ms=statistics.median(times) * 1e3)
     finally:
+        log.close()
         pipeline.shutdown()
 
 

@@ -7,7 +7,6 @@ directory, after this module has been collected."""
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +14,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # demos/ is not an installed package
 
 
 def test_grid_parses_integer_and_flag_fields():
-    from demos.bench_kernels import parse_grid
+    from benchmarks.kernels import parse_grid
 
     assert parse_grid("num_stages=3,5") == ("num_stages", [3, 5])
     assert parse_grid("fused_reduce=0,1") == ("fused_reduce", [False, True])
@@ -29,7 +27,7 @@ def test_grid_parses_integer_and_flag_fields():
 
 
 def test_sweep_is_the_product_around_the_base():
-    from demos.bench_kernels import decode_sweep
+    from benchmarks.kernels import decode_sweep
     from omni_gateway.kernels.paged_attention import DecodeConfig
 
     base = DecodeConfig(min_split_tokens=64)
@@ -41,9 +39,9 @@ def test_sweep_is_the_product_around_the_base():
 
 def test_plan_counts_distinct_launches_without_a_gpu():
     out = subprocess.run(
-        [sys.executable, "demos/bench_kernels.py", "--plan", "--heads", "32:4", "--batches", "16",
+        [sys.executable, "-m", "benchmarks.kernels", "--plan", "--heads", "32:4", "--batches", "16",
          "--contexts", "1024", "--grid", "target_programs=64,128,264"],
-        cwd=ROOT, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout
     # 64 (sequence, KV head) pairs: 1, 2 and 4 splits are three launches besides the 396-program base (6).
     assert "4 distinct launches" in out

@@ -1,7 +1,8 @@
 """Voice-stage latencies on this machine: Piper time to first audio and real-time factor,
-faster-whisper latency on a short utterance, and silero-vad cost per 20 ms chunk.
+faster-whisper latency on a short utterance, and silero-vad cost per 20 ms chunk, each the median
+over ``--runs``; appended to ``benchmarks/results/voice_stages.jsonl``.
 
-    python demos/bench_voice.py [--runs 5]
+    python -m benchmarks.voice_stages [--runs 5] [--out FILE]
 """
 from __future__ import annotations
 
@@ -9,16 +10,13 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from omni_gateway.encoders.asr import load_recognizer  # noqa: E402
-from omni_gateway.encoders.audio import float_to_pcm16  # noqa: E402
-from omni_gateway.encoders.vad import SileroVad  # noqa: E402
-from omni_gateway.omni.heads.tts import TtsHead  # noqa: E402
+from benchmarks.common import ResultLog, add_out_argument
+from omni_gateway.encoders.asr import load_recognizer
+from omni_gateway.encoders.audio import float_to_pcm16
+from omni_gateway.encoders.vad import SileroVad
+from omni_gateway.omni.heads.tts import TtsHead
 
 REPLY = "The weather today is sunny and warm, with a light breeze from the west."
 UTTERANCE = "Please turn on the kitchen lights now."
@@ -42,9 +40,11 @@ async def first_audio_s(head: TtsHead, text: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
-    runs = parser.parse_args().runs
+    add_out_argument(parser, "voice_stages")
+    args = parser.parse_args()
+    runs = args.runs
     print(f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.2f}")
 
     head = TtsHead.load("default", device="cpu")
@@ -81,6 +81,11 @@ def main() -> None:
             chunks += 1
         costs.append((time.perf_counter() - start) / chunks)
     print(f"silero-vad per 20 ms chunk (24 kHz in, resample + model): {statistics.median(costs) * 1e6:.0f} us")
+    with ResultLog(args.out, "voice_stages", runs=runs) as log:
+        log.write("stages", piper_first_audio_ms=statistics.median(ttfa) * 1e3,
+                  piper_real_time_factor=statistics.median(factors),
+                  whisper_ms=statistics.median(latencies) * 1e3, utterance_s=len(speech) / 24000,
+                  transcript=result.text, vad_us_per_chunk=statistics.median(costs) * 1e6)
 
 
 if __name__ == "__main__":

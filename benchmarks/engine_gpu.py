@@ -1,7 +1,7 @@
 """End-to-end GPU throughput: the nano-vllm workload on our engine against HF ``generate``, and
 batch-1 decode against the HBM roofline.
 
-    python demos/bench_gpu_e2e.py --model qwen2.5-0.5b --model llama-3.1-8b
+    python -m benchmarks.engine_gpu --model qwen2.5-0.5b --model llama-3.1-8b [--out FILE]
 
 For each model shape a checkpoint with random bf16 weights is built on the GPU and saved to a
 temp dir (no download), with a word-level tokenizer that covers the whole vocabulary. Then:
@@ -23,25 +23,23 @@ temp dir (no download), with a word-level tokenizer that covers the whole vocabu
    engine/pipelining.py), in the same process on the same engine.
 5. A parity spot check: the first ``--check-tokens`` greedy tokens of a few prompts from HF (batch 1,
    no padding) against ours.
+
+Each model's report is appended to ``benchmarks/results/engine_gpu.jsonl`` (``--out``).
 """
 from __future__ import annotations
 
 import argparse
 import gc
-import json
-import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, os.fspath(Path(__file__).resolve().parent.parent))  # run from a checkout, uninstalled
+from benchmarks.common import ResultLog, add_out_argument
 
 
 def shape_config(name: str) -> Any:
@@ -435,21 +433,23 @@ def main() -> None:
     parser.add_argument("--probe-b1", type=int, default=0, metavar="TOKENS",
                         help="time each batch-1 graph replay and the device time between replays with CUDA events")
     parser.add_argument("--tmp", default=None, help="where the random checkpoints are written")
-    parser.add_argument("--json", default=None, help="also write the results here")
+    add_out_argument(parser, "engine_gpu")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("bench_gpu_e2e needs a CUDA GPU")
+        raise SystemExit("benchmarks.engine_gpu needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     copy_gbps = copy_bandwidth_gbps()
     print(f"device copy bandwidth (read + write): {copy_gbps:.0f} GB/s", flush=True)
-    reports = [run_model(name, args, copy_gbps) for name in (args.model or ["qwen2.5-0.5b", "llama-3.1-8b"])]
+    reports = []
+    with ResultLog(args.out, "engine_gpu", copy_gbps=copy_gbps, hbm_gbps=args.hbm_gbps) as log:
+        for name in args.model or ["qwen2.5-0.5b", "llama-3.1-8b"]:
+            reports.append(run_model(name, args, copy_gbps))
+            log.write("model", **reports[-1])
     for r in reports:
         ours = f"ours {r['ours_tok_s']:.0f} tok/s" if "ours_tok_s" in r else "workload skipped"
         ratio = f"{r['ratio_useful']:.1f}x useful, {r['ratio_raw']:.1f}x raw" if "ratio_useful" in r else "HF skipped"
         print(f"{r['model']}: {ours} vs HF ({ratio}); batch-1 {r['b1_tok_s']:.0f} tok/s = "
               f"{100 * r['b1_fraction_of_roofline']:.1f}% of the HBM roofline")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"copy_gbps": copy_gbps, "models": reports}, indent=2))
 
 
 if __name__ == "__main__":

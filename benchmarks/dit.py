@@ -11,26 +11,23 @@ Measured in one process, same pipeline object, same prompts and sizes:
   head       ImageHead.generate: one request alone (time to first preview, total), and N concurrent
              requests, which the head batches into one denoising loop
 
-    python demos/bench_dit.py --preset pixart512 --requests 8 --steps 20 --preview-every 5 --out DIR
-    python demos/bench_dit.py --preset tiny --device cpu --steps 4 --size 32
+Prints every figure and the head's ratios to the plain calls, and appends them as one record to
+``benchmarks/results/dit.jsonl`` (``--out``).
+
+    python -m benchmarks.dit --preset pixart512 --requests 8 --steps 20 --preview-every 5
+    python -m benchmarks.dit --preset tiny --device cpu --steps 4 --size 32
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import platform
 import statistics
-import sys
 import time
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks.common import ResultLog, add_out_argument
 from omni_gateway.omni.heads.dit import ImageHead
 from omni_gateway.omni.heads.dit_loader import ImageHeadConfig, select_device
 from omni_gateway.omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
@@ -137,7 +134,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8, help="concurrent requests (and plain batch size)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    ap.add_argument("--out", type=Path, default=None, help="folder for results.json")
+    add_out_argument(ap, "dit")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -170,11 +167,8 @@ def main() -> None:
 
     n = len(prompts)
     res = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "preset": args.preset, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "cpu": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__, "transformer_params_m": round(n_params / 1e6, 3), "build_s": round(build_s, 1),
+        "transformer_params_m": round(n_params / 1e6, 3), "build_s": round(build_s, 1),
         "size": args.size, "steps": args.steps, "guidance": args.guidance, "preview_every": args.preview_every,
         "requests": n, "repeats": args.repeats,
         "plain_single_s": median(plain_single),
@@ -193,9 +187,8 @@ def main() -> None:
         "plain_sequential_images_per_s"]
     res["ratio_head_concurrent_vs_plain_batch"] = res["head_concurrent_images_per_s"] / res["plain_batch_images_per_s"]
     res["ratio_head_single_vs_plain_single_latency"] = res["head_single_s"] / res["plain_single_s"]
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(res, indent=2))
+    with ResultLog(args.out, "dit") as log:
+        log.write("result", **res)
     width = max(len(k) for k in res)
     for k, v in res.items():
         print(f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}")

@@ -1,54 +1,17 @@
-"""Tiny random HF checkpoints (saved with save_pretrained) and a test-side driver of the model runner.
+"""A test-side driver of the model runner, and HF's greedy continuation to compare it with.
 
 The driver plays the scheduler: a bump allocator hands out KV blocks, each step batches every
 unfinished sequence (prefill chunks next to decodes) and advances state from the results.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
-from engine_fakes import byte_level_tokenizer
 
 from omni_gateway.engine.model_runner import ModelRunner
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
-
-VOCAB = 384  # >= the byte-level test tokenizer's 330 tokens
-
-
-def tiny_config(kind: str) -> Any:
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
-
-    # A wide init keeps logits well apart, so greedy ties cannot flip on float rounding.
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  initializer_range=0.3, eos_token_id=0, bos_token_id=1)
-    if kind == "llama":
-        return LlamaConfig(**common, tie_word_embeddings=False)
-    if kind == "llama3-rope":
-        return LlamaConfig(**common, tie_word_embeddings=True, rope_theta=50000.0,
-                           rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
-    if kind == "mistral":
-        return MistralConfig(**common, sliding_window=64, tie_word_embeddings=False)
-    if kind == "qwen2":
-        return Qwen2Config(**common, tie_word_embeddings=True)
-    if kind == "qwen3":
-        return Qwen3Config(**common, head_dim=32, tie_word_embeddings=False)
-    raise ValueError(kind)
-
-
-def save_tiny_checkpoint(kind: str, directory: Path, seed: int = 0) -> Any:
-    """Save a random model of ``kind`` plus a tokenizer into ``directory``; returns the HF model."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(kind), dtype=torch.float32).eval()
-    model.save_pretrained(directory)
-    byte_level_tokenizer().save_pretrained(directory)
-    return model
 
 
 def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:

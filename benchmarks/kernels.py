@@ -6,9 +6,9 @@ with CUDA-graph replays over batch x context, reporting achieved bandwidth (K/V,
 as a share of the copy bandwidth; then prefill attention, the elementwise kernels and the greedy
 argmax against torch.argmax.
 
-    python demos/bench_kernels.py --out results/        # full run, writes results.md / results.jsonl
-    python demos/bench_kernels.py --sweep               # also time every decode config in SWEEP
-    python demos/bench_kernels.py --heads 32:8 --batches 1,2,4,8 --contexts 1024,2048,4096 --sweep-min-split 64,128,256 --sweep-fused-max 8,16,32,64 --skip floor,prefill,elementwise
+    python -m benchmarks.kernels                     # full run: benchmarks/results/kernels.jsonl and kernels.md
+    python -m benchmarks.kernels --sweep             # also time every decode config in SWEEP
+    python -m benchmarks.kernels --heads 32:8 --batches 1,2,4,8 --contexts 1024,2048,4096 --sweep-min-split 64,128,256 --sweep-fused-max 8,16,32,64 --skip floor,prefill,elementwise
 
 The last varies only the split granularity and the in-kernel merge limit around the device
 default; --grid FIELD=LIST sweeps any DecodeConfig field the same way, and every new kernel
@@ -18,25 +18,25 @@ decode cases and distinct launches such a run would time (no GPU needed).
 Every decode config is checked against the float64 reference on a ragged batch, and again on the
 first sequences of each timed case (its split count picks its own kernel specialization) before it
 is timed.
+
+Raw records go to ``--out`` (JSON lines, default ``benchmarks/results/kernels.jsonl``); the printed
+tables are appended beside it, to the same name with ``.md``.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
-import statistics
 import sys
 import time
 import traceback
 from dataclasses import asdict, fields, replace
-from pathlib import Path
-from typing import Callable
 
 import torch
 import triton
 import triton.testing
 
+from benchmarks.common import ResultLog, add_out_argument, time_graph
 from omni_gateway.kernels import reference as ref
 from omni_gateway.kernels.activation import silu_and_mul
 from omni_gateway.kernels.argmax import greedy_argmax
@@ -136,14 +136,14 @@ def compiled_resources(kernel: object) -> dict[object, dict[str, object]]:
 
 
 class Report:
-    def __init__(self, out_dir: Path) -> None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        self.jsonl = open(out_dir / "results.jsonl", "a")
-        self.md = open(out_dir / "results.md", "a")
+    """Raw records to the run's JSON-lines file, and each table printed and appended to its ``.md`` twin."""
+
+    def __init__(self, log: ResultLog) -> None:
+        self.log = log
+        self.md = open(log.path.with_suffix(".md"), "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
 
     def record(self, kind: str, **fields: object) -> None:
-        self.jsonl.write(json.dumps({"kind": kind, **fields}) + "\n")
-        self.jsonl.flush()
+        self.log.write(kind, **fields)
 
     def table(self, title: str, header: list[str], rows: list[list[object]]) -> None:
         lines = [f"\n### {title}\n", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -153,36 +153,15 @@ class Report:
         self.md.flush()
         print(text, flush=True)
 
+    def close(self) -> None:
+        self.md.close()
+        self.log.close()
+
 
 def rel_err(out: torch.Tensor, expected: torch.Tensor) -> float:
     if torch.isnan(out).any():
         return float("nan")
     return float((out.double() - expected.double()).norm() / expected.double().norm())
-
-
-def time_graph(fn: Callable[[int], object], n_sets: int, est_s: float, replays: int = 10) -> float:
-    """Median seconds per call of ``fn(i % n_sets)``, captured back to back in one CUDA graph."""
-    launches = max(n_sets, min(400, math.ceil(2e-3 / max(est_s, 1e-7))))
-    launches = math.ceil(launches / n_sets) * n_sets
-    for i in range(n_sets):
-        fn(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(launches):
-            fn(i % n_sets)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / launches)
-    del graph
-    return statistics.median(times)
 
 
 def copy_bandwidth(report: Report) -> float:
@@ -250,71 +229,77 @@ def _case_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                       scale)
 
 
-def bench_decode(copy_bw: float, heads: list[tuple[int, int]], batches: list[int], contexts: list[int],
-                 sweep: list[DecodeConfig], report: Report) -> None:
+def _decode_case(copy_bw: float, hq: int, hkv: int, batch: int, ctx: int, sweep: list[DecodeConfig],
+                 report: Report) -> list[object]:
+    """Time one decode case with its default config and every sweep config; the table row. Its tensors are
+    freed on return."""
     d = 128
     dtype = torch.bfloat16
+    blocks_per_seq = ctx // PAGE
+    kv_bytes = batch * ctx * hkv * d * 2 * 2
+    io_bytes = kv_bytes + 2 * batch * hq * d * 2 + batch * blocks_per_seq * 4
+    n_sets = max(1, min(64, math.ceil(L2_ROTATION_BYTES / kv_bytes)))
+    num_blocks = n_sets * batch * blocks_per_seq
+    k_cache = torch.randn(num_blocks, PAGE, hkv, d, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    tables = _random_tables(batch, blocks_per_seq, num_blocks, n_sets)
+    qs = [torch.randn(batch, hq, d, device="cuda", dtype=dtype) for _ in range(n_sets)]
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    est = io_bytes / (0.8 * copy_bw) + 4e-6
+    default = default_decode_config(qs[0], hkv, ctx)
+    expected = _case_reference(qs[0], k_cache, v_cache, seq_lens, tables[0], d ** -0.5)
+    torch.cuda.empty_cache()  # the reference's temporaries
+    results: dict[DecodeConfig, float] = {}
+    timed: dict[tuple[object, ...], float] = {}  # launch_key -> seconds, so equal launches run once
+    for cfg in [default] + [c for c in sweep if c != default]:
+        splits, per_split = num_decode_splits(batch, hkv, ctx, cfg)
+        key = launch_key(cfg, batch, hkv, ctx)
+        fn = lambda i, cfg=cfg: paged_decode_attention(qs[i], k_cache, v_cache, seq_lens, tables[i], d ** -0.5, config=cfg)
+        if key not in timed:
+            known = compiled_resources(_decode_split_kernel)
+            try:
+                err = rel_err(fn(0)[:_CHECK_SEQS], expected)
+                if not err < 1e-2:  # NaN fails too
+                    report.record("decode_case_check_failed", hq=hq, hkv=hkv, batch=batch, ctx=ctx,
+                                  config=asdict(cfg), splits=splits, rel_err=err)
+                    print(f"config {cfg} on batch {batch} ctx {ctx}: rel_err {err}", flush=True)
+                    continue
+                timed[key] = time_graph(fn, n_sets, est)
+                for res in (v for k, v in compiled_resources(_decode_split_kernel).items() if k not in known):
+                    report.record("decode_kernel_resources", config=asdict(cfg), splits=splits, **res)
+                    print(f"  compiled {config_label(cfg, splits)}: {res}", flush=True)
+            except Exception as exc:  # noqa: BLE001 - resource limits differ per config; log and go on
+                report.record("decode_time_failed", config=asdict(cfg), error=repr(exc)[:300])
+                continue
+        t = results[cfg] = timed[key]
+        report.record("decode", hq=hq, hkv=hkv, batch=batch, ctx=ctx, config=asdict(cfg), splits=splits,
+                      tokens_per_split=per_split, fused=cfg.merges_in_kernel(splits),
+                      seconds=t, bandwidth=io_bytes / t, frac_copy=io_bytes / t / copy_bw)
+    if not results:
+        raise RuntimeError(f"decode {hq}/{hkv} batch {batch} ctx {ctx}: no config passed its check and timed")
+    best_cfg = min(results, key=results.get)
+    t_best = results[best_cfg]
+    t_def = results.get(default)
+    return [
+        f"{hq}/{hkv}", batch, ctx, f"{io_bytes/1e6:.1f}",
+        *((f"{t_def*1e6:.1f}", f"{io_bytes/t_def/1e9:.0f}", f"{100*io_bytes/t_def/copy_bw:.0f}%")
+          if t_def is not None else ("failed", "-", "-")),
+        f"{t_best*1e6:.1f}", f"{100*io_bytes/t_best/copy_bw:.0f}%",
+        config_label(best_cfg, num_decode_splits(batch, hkv, ctx, best_cfg)[0]),
+    ]
+
+
+def bench_decode(copy_bw: float, heads: list[tuple[int, int]], batches: list[int], contexts: list[int],
+                 sweep: list[DecodeConfig], report: Report) -> None:
     rows = []
     for (hq, hkv), batch, ctx in itertools.product(heads, batches, contexts):
         if ctx % PAGE:
             raise ValueError(f"--contexts: expected multiples of the block size {PAGE}, got {ctx}")
-        blocks_per_seq = ctx // PAGE
-        kv_bytes = batch * ctx * hkv * d * 2 * 2
-        io_bytes = kv_bytes + 2 * batch * hq * d * 2 + batch * blocks_per_seq * 4
-        n_sets = max(1, min(64, math.ceil(L2_ROTATION_BYTES / kv_bytes)))
-        num_blocks = n_sets * batch * blocks_per_seq
-        k_cache = torch.randn(num_blocks, PAGE, hkv, d, device="cuda", dtype=dtype)
-        v_cache = torch.randn_like(k_cache)
-        tables = _random_tables(batch, blocks_per_seq, num_blocks, n_sets)
-        qs = [torch.randn(batch, hq, d, device="cuda", dtype=dtype) for _ in range(n_sets)]
-        seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-        est = io_bytes / (0.8 * copy_bw) + 4e-6
-        default = default_decode_config(qs[0], hkv, ctx)
-        expected = _case_reference(qs[0], k_cache, v_cache, seq_lens, tables[0], d ** -0.5)
-        torch.cuda.empty_cache()  # the reference's temporaries
-        results: dict[DecodeConfig, float] = {}
-        timed: dict[tuple[object, ...], float] = {}  # launch_key -> seconds, so equal launches run once
-        for cfg in [default] + [c for c in sweep if c != default]:
-            splits, per_split = num_decode_splits(batch, hkv, ctx, cfg)
-            key = launch_key(cfg, batch, hkv, ctx)
-            fn = lambda i, cfg=cfg: paged_decode_attention(qs[i], k_cache, v_cache, seq_lens, tables[i], d ** -0.5, config=cfg)
-            if key not in timed:
-                known = compiled_resources(_decode_split_kernel)
-                try:
-                    err = rel_err(fn(0)[:_CHECK_SEQS], expected)
-                    if not err < 1e-2:  # NaN fails too
-                        report.record("decode_case_check_failed", hq=hq, hkv=hkv, batch=batch, ctx=ctx,
-                                      config=asdict(cfg), splits=splits, rel_err=err)
-                        print(f"config {cfg} on batch {batch} ctx {ctx}: rel_err {err}", flush=True)
-                        continue
-                    timed[key] = time_graph(fn, n_sets, est)
-                    for res in (v for k, v in compiled_resources(_decode_split_kernel).items() if k not in known):
-                        report.record("decode_kernel_resources", config=asdict(cfg), splits=splits, **res)
-                        print(f"  compiled {config_label(cfg, splits)}: {res}", flush=True)
-                except Exception as exc:  # noqa: BLE001 - resource limits differ per config; log and go on
-                    report.record("decode_time_failed", config=asdict(cfg), error=repr(exc)[:300])
-                    continue
-            t = results[cfg] = timed[key]
-            report.record("decode", hq=hq, hkv=hkv, batch=batch, ctx=ctx, config=asdict(cfg), splits=splits,
-                          tokens_per_split=per_split, fused=cfg.merges_in_kernel(splits),
-                          seconds=t, bandwidth=io_bytes / t, frac_copy=io_bytes / t / copy_bw)
-        if not results:
-            raise RuntimeError(f"decode {hq}/{hkv} batch {batch} ctx {ctx}: no config passed its check and timed")
-        best_cfg = min(results, key=results.get)
-        t_best = results[best_cfg]
-        t_def = results.get(default)
-        rows.append([
-            f"{hq}/{hkv}", batch, ctx, f"{io_bytes/1e6:.1f}",
-            *((f"{t_def*1e6:.1f}", f"{io_bytes/t_def/1e9:.0f}", f"{100*io_bytes/t_def/copy_bw:.0f}%")
-              if t_def is not None else ("failed", "-", "-")),
-            f"{t_best*1e6:.1f}", f"{100*io_bytes/t_best/copy_bw:.0f}%",
-            config_label(best_cfg, num_decode_splits(batch, hkv, ctx, best_cfg)[0]),
-        ])
+        rows.append(_decode_case(copy_bw, hq, hkv, batch, ctx, sweep, report))
         print(rows[-1], flush=True)
-        del k_cache, v_cache, tables, qs, expected
         torch.cuda.empty_cache()
     report.table(
-        f"Paged decode attention, bf16, head_dim {d}, block 16, CUDA-graph replay (copy BW {copy_bw/1e9:.0f} GB/s)",
+        f"Paged decode attention, bf16, head_dim 128, block 16, CUDA-graph replay (copy BW {copy_bw/1e9:.0f} GB/s)",
         ["Hq/Hkv", "batch", "context", "MB moved", "default us", "default GB/s", "default % copy",
          "best us", "best % copy", "best config"],
         rows,
@@ -344,58 +329,65 @@ def decode_latency_floor(report: Report) -> None:
     report.table("Decode latency floor (batch 1, Hq/Hkv 32/4, CUDA-graph replay)", ["launch", "context", "us"], rows)
 
 
-def bench_prefill(report: Report) -> None:
+def _prefill_case(batch: int, q_len: int, ctx: int, configs: list[PrefillConfig], report: Report) -> list[object]:
+    """Time one prefill case with every config and the default; the table row. Its tensors are freed on
+    return."""
     hq, hkv, d = 32, 4, 128
     dtype = torch.bfloat16
+    blocks_per_seq = ctx // PAGE
+    num_blocks = batch * blocks_per_seq
+    k_cache = torch.randn(num_blocks, PAGE, hkv, d, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    tables = _random_tables(batch, blocks_per_seq, num_blocks, 1)[0]
+    q = torch.randn(batch * q_len, hq, d, device="cuda", dtype=dtype)
+    cu = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * q_len
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    visible = batch * sum(ctx - q_len + i + 1 for i in range(q_len))
+    flops = 4 * d * hq * visible
+    expected = None
+    if batch * q_len * ctx <= 4096 * 4096:
+        expected = ref.paged_prefill_attention(q.float(), k_cache.float(), v_cache.float(), cu, seq_lens, tables, d ** -0.5)
+    best = None
+    for cfg in configs:
+        try:
+            fn = lambda cfg=cfg: paged_prefill_attention(q, k_cache, v_cache, cu, seq_lens, tables, d ** -0.5, config=cfg)
+            out = fn()
+            err = rel_err(out, expected) if expected is not None else float("nan")
+            t = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e3
+        except Exception as exc:  # noqa: BLE001
+            report.record("prefill_failed", config=asdict(cfg), error=repr(exc)[:300])
+            continue
+        report.record("prefill", batch=batch, q_len=q_len, ctx=ctx, config=asdict(cfg), seconds=t,
+                      tflops=flops / t / 1e12, rel_err=err)
+        if best is None or t < best[0]:
+            best = (t, cfg, err)
+    t_def = triton.testing.do_bench(
+        lambda: paged_prefill_attention(q, k_cache, v_cache, cu, seq_lens, tables, d ** -0.5),
+        warmup=10, rep=50, return_mode="median") / 1e3
+    sdpa = ""
+    if q_len == ctx:
+        qd = q.view(batch, q_len, hq, d).transpose(1, 2)
+        # Full-head K/V so torch can pick its flash kernel: an upper reference for prefill speed.
+        kd = torch.randn(batch, hq, ctx, d, device="cuda", dtype=dtype)
+        t_sdpa = triton.testing.do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+            qd, kd, kd, is_causal=True), warmup=10, rep=50, return_mode="median") / 1e3
+        sdpa = f"{flops/t_sdpa/1e12:.0f}"
+    if best is None:
+        raise RuntimeError(f"prefill batch {batch} q_len {q_len} ctx {ctx}: no config compiled and ran")
+    t, cfg, err = best
+    return [batch, q_len, ctx, f"{flops/t_def/1e12:.0f}", f"{flops/t/1e12:.0f}",
+            f"m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}", f"{err:.1e}", sdpa]
+
+
+def bench_prefill(report: Report) -> None:
     configs = [PrefillConfig(block_m=m, block_n=n, num_warps=w, num_stages=s)
                for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))]
     rows = []
     for batch, q_len, ctx in ((1, 4096, 4096), (4, 1024, 4096), (16, 256, 2048)):
-        blocks_per_seq = ctx // PAGE
-        num_blocks = batch * blocks_per_seq
-        k_cache = torch.randn(num_blocks, PAGE, hkv, d, device="cuda", dtype=dtype)
-        v_cache = torch.randn_like(k_cache)
-        tables = _random_tables(batch, blocks_per_seq, num_blocks, 1)[0]
-        q = torch.randn(batch * q_len, hq, d, device="cuda", dtype=dtype)
-        cu = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * q_len
-        seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-        visible = batch * sum(ctx - q_len + i + 1 for i in range(q_len))
-        flops = 4 * d * hq * visible
-        expected = None
-        if batch * q_len * ctx <= 4096 * 4096:
-            expected = ref.paged_prefill_attention(q.float(), k_cache.float(), v_cache.float(), cu, seq_lens, tables, d ** -0.5)
-        best = None
-        for cfg in configs:
-            try:
-                fn = lambda cfg=cfg: paged_prefill_attention(q, k_cache, v_cache, cu, seq_lens, tables, d ** -0.5, config=cfg)
-                out = fn()
-                err = rel_err(out, expected) if expected is not None else float("nan")
-                t = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e3
-            except Exception as exc:  # noqa: BLE001
-                report.record("prefill_failed", config=asdict(cfg), error=repr(exc)[:300])
-                continue
-            report.record("prefill", batch=batch, q_len=q_len, ctx=ctx, config=asdict(cfg), seconds=t,
-                          tflops=flops / t / 1e12, rel_err=err)
-            if best is None or t < best[0]:
-                best = (t, cfg, err)
-        t_def = triton.testing.do_bench(
-            lambda: paged_prefill_attention(q, k_cache, v_cache, cu, seq_lens, tables, d ** -0.5),
-            warmup=10, rep=50, return_mode="median") / 1e3
-        sdpa = ""
-        if q_len == ctx:
-            qd = q.view(batch, q_len, hq, d).transpose(1, 2)
-            # Full-head K/V so torch can pick its flash kernel: an upper reference for prefill speed.
-            kd = torch.randn(batch, hq, ctx, d, device="cuda", dtype=dtype)
-            t_sdpa = triton.testing.do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-                qd, kd, kd, is_causal=True), warmup=10, rep=50, return_mode="median") / 1e3
-            sdpa = f"{flops/t_sdpa/1e12:.0f}"
-        t, cfg, err = best
-        rows.append([batch, q_len, ctx, f"{flops/t_def/1e12:.0f}", f"{flops/t/1e12:.0f}",
-                     f"m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}", f"{err:.1e}", sdpa])
+        rows.append(_prefill_case(batch, q_len, ctx, configs, report))
         print(rows[-1], flush=True)
-        del k_cache, v_cache, q
         torch.cuda.empty_cache()
-    report.table(f"Paged prefill attention, bf16, Hq/Hkv {hq}/{hkv}, head_dim {d} (TFLOP/s, causal FLOPs)",
+    report.table("Paged prefill attention, bf16, Hq/Hkv 32/4, head_dim 128 (TFLOP/s, causal FLOPs)",
                  ["batch", "new tokens/seq", "context", "default", "best", "best config", "best rel err",
                   "torch SDPA (contiguous KV)"], rows)
 
@@ -507,7 +499,6 @@ def print_plan(args: argparse.Namespace) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--sweep", action="store_true", help="time every decode config in SWEEP as well")
     parser.add_argument("--sweep-min-split", type=parse_ints, default=[], metavar="LIST",
                         help="sweep DecodeConfig.min_split_tokens over these values around the base config "
@@ -526,6 +517,7 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true",
                         help="print the decode cases and distinct launches this run would time, then exit (no GPU)")
     parser.add_argument("--sms", type=int, default=132, help="SM count the --plan assumes (132: H200)")
+    add_out_argument(parser, "kernels")
     args = parser.parse_args()
     if args.plan:
         print_plan(args)
@@ -533,14 +525,11 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    report = Report(args.out)
     props = torch.cuda.get_device_properties(0)
-    info = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
-                triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    report.record("info", **info)
-    report.md.write(f"\n## Run {info['date']}: {info['device']} ({info['sms']} SMs), torch {info['torch']}, "
-                    f"triton {info['triton']}\n\nCommand: `python {' '.join(sys.argv)}`\n")
-    print(info, flush=True)
+    report = Report(ResultLog(args.out, "kernels", sms=props.multi_processor_count, triton=triton.__version__))
+    report.md.write(f"\n## Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {props.name} "
+                    f"({props.multi_processor_count} SMs), torch {torch.__version__}, triton {triton.__version__}\n\n"
+                    f"Command: `python -m benchmarks.kernels {' '.join(sys.argv[1:])}`\n")
     copy_bw = copy_bandwidth(report)
     skip = set(args.skip.split(","))
     base = gpu_decode_config(props.multi_processor_count)
@@ -563,6 +552,7 @@ def main() -> int:
             failed += 1
             traceback.print_exc()
             report.record("section_failed", section=name, error=traceback.format_exc()[-2000:])
+    report.close()
     return 1 if failed else 0
 
 
