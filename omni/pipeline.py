@@ -4,6 +4,10 @@ One turn: audio parts without a transcript go through ASR; the conversation is r
 LLM's chat template and streamed from the engine thread; for audio output the text deltas feed the
 TTS head, which speaks clause by clause while the text is still being generated; image output goes
 to the DiT head. Every stage stops when the consumer closes the stream or calls ``abort``.
+
+This module is the facade; loading and warm-up live in ``omni.loading``, the prompt renderer in
+``omni.prompting``, the output streams in ``omni.streams``, and what each model must offer in
+``omni.collaborators``. Only ``InvalidInput`` is the client's fault; any other exception propagates.
 """
 from __future__ import annotations
 
@@ -47,7 +51,8 @@ class OmniPipeline:
         self._asr_lock = threading.Lock()  # one decoder instance; turns are short and sequential anyway
         self._active: dict[str, asyncio.Event] = {}
         inputs = {"text"} | ({"audio"} if asr is not None else set()) | ({"image", "video"} if vision else set())
-        outputs = {"text"} | ({"audio"} if tts is not None else set()) | ({"image"} if image_head is not None else set())
+        outputs = ({"text"} | ({"audio"} if tts is not None else set())
+                   | ({"image"} if image_head is not None else set()))
         self.capabilities = Capabilities(
             model=config.served_model_name or model_name,
             input_modalities=frozenset(inputs),

@@ -1,4 +1,4 @@
-"""Turn an ``OmniRequest`` into what the engine takes: chat messages for the template and SamplingParams."""
+"""Turn an ``OmniRequest`` into what the engine takes: prompt token ids (text and vision alike) and SamplingParams."""
 from __future__ import annotations
 
 import json
