@@ -1,12 +1,30 @@
-"""Turn an ``OmniRequest`` into what the engine takes: chat messages for the template and SamplingParams."""
+"""Turn an ``OmniRequest`` into what the engine takes: prompt token ids (text and vision alike) and SamplingParams."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from omni_gateway.engine.errors import InvalidRequest
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.omni.protocol import AudioPart, ImagePart, Message, OmniRequest, SamplingOptions, TextPart, VideoPart
+from omni_gateway.omni.protocol import (AudioPart, ImagePart, InvalidInput, Message, OmniRequest, SamplingOptions,
+                                        TextPart, VideoPart)
+
+
+class ChatRenderer(Protocol):
+    """Conversation -> prompt text with the model's chat template (``AsyncEngine.render_chat``)."""
+
+    def __call__(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
+                 add_generation_prompt: bool = True) -> str: ...
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def convert_ids_to_tokens(self, ids: int) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,8 +36,27 @@ class SamplingDefaults:
     max_tokens: int = 512
 
 
-class UnsupportedInput(ValueError):
+class UnsupportedInput(InvalidInput):
     """The request carries a part the loaded models cannot take (e.g. an image for a text-only LLM)."""
+
+    code = "unsupported_modality"
+
+
+def prompt_ids(request: OmniRequest, tokenizer: Tokenizer, render: ChatRenderer, *, system_prompt: str | None,
+               allow_images: bool = False) -> list[int]:
+    """The prompt token ids of a conversation: the one renderer of text and vision prompts alike.
+    A raw prompt is tokenized as it is; otherwise ``system_prompt`` goes first unless the conversation has one."""
+    if request.raw_prompt is not None:
+        return list(tokenizer.encode(request.raw_prompt))
+    messages = chat_messages(request, allow_images=allow_images)
+    if system_prompt and not any(m["role"] == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    try:
+        text = render(messages, tools=request.tools or None, add_generation_prompt=request.add_generation_prompt)
+    except InvalidRequest as exc:  # the engine's refusal of the conversation (e.g. no messages at all)
+        raise InvalidInput(str(exc)) from None
+    # The template already holds the special tokens (BOS, role markers); don't add them twice.
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def chat_messages(request: OmniRequest, *, allow_images: bool = False) -> list[dict[str, Any]]:
@@ -73,7 +110,15 @@ def _json_or_text(arguments: str) -> Any:
 
 def sampling_params(options: SamplingOptions, defaults: SamplingDefaults, *, stop_token_ids: tuple[int, ...] = ()
                     ) -> SamplingParams:
-    """Map the OpenAI-level options onto the engine's SamplingParams (raises InvalidRequest on bad values)."""
+    """Map the OpenAI-level options onto the engine's SamplingParams (raises InvalidInput on bad values)."""
+    try:
+        return _sampling_params(options, defaults, stop_token_ids)
+    except InvalidRequest as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def _sampling_params(options: SamplingOptions, defaults: SamplingDefaults, stop_token_ids: tuple[int, ...]
+                     ) -> SamplingParams:
     return SamplingParams(
         n=options.n,
         temperature=defaults.temperature if options.temperature is None else options.temperature,

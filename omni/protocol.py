@@ -14,6 +14,14 @@ Role = Literal["system", "user", "assistant", "tool"]
 Modality = Literal["text", "audio", "image"]
 
 
+class InvalidInput(Exception):
+    """The request itself is at fault (a refused option, an unusable media part, a modality the loaded models
+    cannot take). The only exception the gateway answers as the client's error (HTTP 400); its message is
+    client-safe. Any other exception from the backend is a server error."""
+
+    code = "invalid_request"
+
+
 # ---- input parts -------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class TextPart:

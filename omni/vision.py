@@ -13,19 +13,19 @@ It decodes media and runs the vision tower, so call it off the event loop (``asy
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from omni_gateway.encoders.image import ImageDecodeError, ImageLimits, decode_image
 from omni_gateway.encoders.video import VideoDecodeError, VideoLimits, decode_frames, decode_video
 from omni_gateway.encoders.vision import UnusableImage, VisionEncoder, VisualFeatures
 from omni_gateway.engine.sequence import EmbedSpan
-from omni_gateway.omni.prompting import UnsupportedInput, chat_messages
-from omni_gateway.omni.protocol import ImagePart, Message, OmniRequest, TextPart, VideoPart
+from omni_gateway.omni.prompting import ChatRenderer, Tokenizer, UnsupportedInput, prompt_ids
+from omni_gateway.omni.protocol import ImagePart, InvalidInput, Message, OmniRequest, TextPart, VideoPart
 
 
-class MediaError(ValueError):
+class MediaError(InvalidInput):
     """A media part was refused (undecodable, over a limit, too many); the message is client-safe."""
 
 
@@ -43,13 +43,15 @@ class MediaLimits:
     video: VideoLimits = field(default_factory=VideoLimits)
 
 
-def build_vision_prompt(request: OmniRequest, tokenizer: Any, encoder: VisionEncoder, *,
-                        system_prompt: str | None = None, limits: MediaLimits = MediaLimits()) -> VisionPrompt:
+def build_vision_prompt(request: OmniRequest, tokenizer: Tokenizer, encoder: VisionEncoder, *,
+                        system_prompt: str | None = None, limits: MediaLimits = MediaLimits(),
+                        render: ChatRenderer | None = None) -> VisionPrompt:
     """Prompt token ids with expanded placeholders and one EmbedSpan per media item, in prompt order.
 
     Audio parts must already carry their transcript. On a model without video support (LLaVA) a
     video becomes its sampled frames, each an image. Raises ``MediaError`` for refused media and
-    ``UnsupportedInput`` for text that spells the model's placeholder tokens itself.
+    ``UnsupportedInput`` for text that spells the model's placeholder tokens itself. ``render`` is the
+    engine's chat renderer (``AsyncEngine.render_chat``); without one the tokenizer's template renders.
     """
     from omni_gateway.engine.chat_template import render_chat
 
@@ -60,12 +62,9 @@ def build_vision_prompt(request: OmniRequest, tokenizer: Any, encoder: VisionEnc
     items = [item for found in per_part for item in found]  # (placeholder id, features) in prompt order
     texts = iter([_placeholder_text(tokenizer, encoder, found) for found in per_part])
     texted = dataclasses.replace(request, messages=tuple(_with_placeholders(m, texts) for m in request.messages))
-    messages = chat_messages(texted)
-    if system_prompt and not any(m["role"] == "system" for m in messages):
-        messages.insert(0, {"role": "system", "content": system_prompt})
-    text = render_chat(tokenizer, messages, tools=request.tools or None,
-                       add_generation_prompt=request.add_generation_prompt)
-    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    if render is None:
+        render = functools.partial(render_chat, tokenizer)
+    ids = prompt_ids(texted, tokenizer, render, system_prompt=system_prompt, allow_images=True)
     marks = encoder.placeholders
     return expand_placeholders(ids, items, {marks.image, marks.video} - {None})
 
@@ -111,7 +110,7 @@ def _features(part: ImagePart | VideoPart, encoder: VisionEncoder,
     return [(marks.video, f) for f in features]
 
 
-def _placeholder_text(tokenizer: Any, encoder: VisionEncoder, found: list[tuple[int, VisualFeatures]]) -> str:
+def _placeholder_text(tokenizer: Tokenizer, encoder: VisionEncoder, found: list[tuple[int, VisualFeatures]]) -> str:
     """One placeholder per item (a video on a model without video support is several images)."""
     marks = encoder.placeholders
     pieces = []

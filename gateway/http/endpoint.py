@@ -11,6 +11,7 @@ from starlette.responses import Response
 from omni_gateway.gateway.http.errors import ApiError, internal, invalid
 from omni_gateway.gateway.http.streaming import ClientGone
 from omni_gateway.gateway.metrics import HTTP_REQUESTS
+from omni_gateway.omni.protocol import InvalidInput
 
 log = logging.getLogger("omni_gateway.gateway.http")
 Handler = Callable[[Request], Awaitable[Response]]
@@ -23,6 +24,8 @@ def endpoint(route: str, handler: Handler) -> Handler:
             response = await handler(request)
         except ApiError as error:
             response = error.response()
+        except InvalidInput as error:  # the one backend exception that is the client's fault; its text is safe to show
+            response = invalid(str(error), code=error.code).response()
         except ClientGone:
             response = Response(status_code=CLIENT_CLOSED)
         except Exception:

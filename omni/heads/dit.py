@@ -119,7 +119,7 @@ class ImageHead:
 
     async def generate(self, prompt: str, options: ImageOutputOptions,
                        cancel: CancelFlag | None = None) -> AsyncIterator[ImagePartial | ImageFinal]:
-        """Previews and final images of one request. Raises ``ImageRequestError`` (a ``ValueError``) for
+        """Previews and final images of one request. Raises ``ImageRequestError`` (an ``InvalidInput``) for
         options the model cannot honour, before any output, and ``ImageGenerationError`` if denoising fails."""
         spec = self.resolve(prompt, options)
         job = _StreamJob(spec, cancel if cancel is not None else threading.Event(), asyncio.get_running_loop(),

@@ -298,5 +298,5 @@ def test_bad_options_are_rejected_before_any_work(pixart: ImageHead, options: Im
 
 
 def test_empty_prompt_is_rejected(pixart: ImageHead) -> None:
-    with pytest.raises(ValueError, match="non-empty text prompt"):
+    with pytest.raises(ImageRequestError, match="non-empty text prompt"):
         collect(pixart, "  ", ImageOutputOptions(size=(16, 16)))

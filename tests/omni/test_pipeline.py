@@ -11,7 +11,8 @@ import pytest
 from omni_gateway.engine.errors import EngineOverloaded
 from omni_gateway.engine.outputs import StreamDelta
 from omni_gateway.omni.config import OmniConfig
-from omni_gateway.omni.pipeline import OmniPipeline, stage_threads
+from omni_gateway.omni.loading import stage_threads
+from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Done, Error, ImagePart, Message, OmniRequest,
                            SamplingOptions, TextDelta, TextPart, ToolCallDelta, Usage)
 

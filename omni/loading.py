@@ -1,0 +1,118 @@
+"""Loading the configured models, warming them up, and the CPU thread policy of the stages."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from omni_gateway.omni.config import OmniConfig
+from omni_gateway.omni.protocol import Message, OmniRequest, TextPart
+
+if TYPE_CHECKING:
+    from omni_gateway.encoders.vision import VisionEncoder
+    from omni_gateway.omni.pipeline import OmniPipeline
+
+log = logging.getLogger(__name__)
+
+_WARM_UP_SENTENCE = "Hello, this sentence only warms up the voice before anyone hears it."
+
+
+def load_pipeline(config: OmniConfig) -> OmniPipeline:
+    """Load every configured stage; the slow ones report progress on the log."""
+    from omni_gateway.engine.async_engine import AsyncEngine
+    from omni_gateway.omni.pipeline import OmniPipeline
+
+    t0 = time.monotonic()
+    threads = stage_threads(config)
+    if _engine_on_cpu(config):
+        import torch
+
+        torch.set_num_threads(threads)  # before the engine thread starts, so it runs with this count
+    engine = AsyncEngine(config.engine)
+    model_name = engine.model_name
+    log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t0)
+    asr = tts = vad_session = image_head = vision = None
+    try:
+        from omni_gateway.encoders.vision import checkpoint_family
+        if config.vision and checkpoint_family(config.engine.model):
+            vision = _load_vision(config, engine)
+            log.info("vision tower of %s ready", config.engine.model)
+        if config.asr is not None:
+            from omni_gateway.encoders.asr import load_recognizer
+            asr = load_recognizer(config.asr, device=config.engine.device)
+            log.info("ASR %s ready", config.asr)
+        if config.tts is not None:
+            from omni_gateway.omni.heads.tts import TtsHead
+            tts = TtsHead.load(config.tts, device=config.engine.device, threads=threads)
+            log.info("TTS %s ready", config.tts)
+        if config.vad:
+            from omni_gateway.encoders.vad import load_session
+            vad_session = load_session()
+        if config.image_model is not None:
+            from omni_gateway.omni.heads.dit import load_image_head
+            image_head = load_image_head(config.image_model, device=config.engine.device)
+            log.info("image model %s ready", config.image_model)
+    except BaseException:
+        engine.shutdown()
+        raise
+    pipeline = OmniPipeline(config, engine=engine, model_name=model_name, max_context_tokens=engine.max_model_len,
+                            asr=asr, tts=tts, vad_session=vad_session, image_head=image_head, vision=vision)
+    if config.warm_up:
+        try:
+            warm_up(pipeline)
+        except BaseException:
+            pipeline.shutdown()
+            raise
+    log.info("all stages ready in %.1f s", time.monotonic() - t0)
+    return pipeline
+
+
+def _load_vision(config: OmniConfig, engine: Any) -> VisionEncoder:
+    """The checkpoint's vision tower, on the engine's device and in its dtype."""
+    from omni_gateway.encoders.vision import load_vision_encoder
+
+    runner = engine.engine.runner
+    return load_vision_encoder(config.engine.model, device=runner.device, dtype=runner.dtype)
+
+
+def warm_up(pipeline: OmniPipeline) -> None:
+    """One short pass through the LLM, ASR and TTS. The LLM's prompt starts as every conversation's
+    does (system prompt included), so those full KV blocks stay in the prefix cache for later turns."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from omni_gateway.engine.sampling_params import SamplingParams
+
+    ids = pipeline.prompt_ids(OmniRequest(request_id="warm-up", messages=(Message("user", (TextPart("Hello."),)),)))
+
+    async def a_few_tokens() -> None:  # prefill and decode steps both pay their first-call costs here
+        async for _ in pipeline.engine.generate(ids, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
+                                                request_id="warm-up"):
+            pass
+
+    with ThreadPoolExecutor(1) as pool:  # its own event loop: load() may be called from inside one
+        pool.submit(asyncio.run, a_few_tokens()).result()
+    if pipeline.asr is not None:
+        pipeline.asr.transcribe(bytes(16000), sample_rate=16000)  # 0.5 s of silence
+    if pipeline.tts is not None:
+        # Longer than a first segment: the voice model's buffers grow once, here, to fit those too.
+        pipeline.tts.synthesize(_WARM_UP_SENTENCE)
+
+
+def stage_threads(config: OmniConfig) -> int:
+    """CPU threads for each model stage: the configured count, else half the cores (at least one)."""
+    if config.stage_threads is not None:
+        if config.stage_threads < 1:
+            raise ValueError(f"stage_threads must be >= 1; got {config.stage_threads}")
+        return config.stage_threads
+    return max(1, (os.cpu_count() or 1) // 2)
+
+
+def _engine_on_cpu(config: OmniConfig) -> bool:
+    device = config.engine.device
+    if device == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return device == "cpu"

@@ -1,0 +1,202 @@
+"""The three output streams of a turn: written text (with tool calls), speech, and images.
+
+Each yields protocol ``OutputChunk``s; a refusal the client caused becomes an ``Error`` chunk, anything
+else propagates as an exception (a server error).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidRequest
+from omni_gateway.omni.heads.dit_errors import ImageGenerationError
+from omni_gateway.omni.protocol import (Done, Error, InvalidInput, OmniRequest, OutputChunk, TextDelta, ToolCallDelta,
+                                        Usage)
+from omni_gateway.omni.tool_calls import parse_tool_calls
+
+if TYPE_CHECKING:
+    from omni_gateway.engine.outputs import StreamDelta
+    from omni_gateway.engine.sampling_params import SamplingParams
+    from omni_gateway.omni.collaborators import Engine, ImageHead, SpeechHead
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prompt:
+    token_ids: list[int]
+    embed_spans: tuple[Any, ...] = ()  # engine.sequence.EmbedSpan for image/video placeholders
+    num_image_tokens: int = 0
+
+
+async def written(engine: Engine, request: OmniRequest, prompt: Prompt,
+                  params: SamplingParams) -> AsyncIterator[OutputChunk]:
+    """The answer as text deltas; with tools, each choice's text is held until it is known to be a call or not."""
+    tool_names = frozenset(t.get("name") or t.get("function", {}).get("name") for t in request.tools)
+    held: dict[int, list[str]] = {}
+    finals: list[StreamDelta] = []
+    try:
+        async for delta in _deltas(engine, request, prompt, params):
+            if delta.error is not None:
+                yield Error("engine_error", delta.error, status=500)
+                return
+            if delta.text or delta.logprobs:
+                if tool_names:
+                    held.setdefault(delta.index, []).append(delta.text)
+                else:
+                    yield TextDelta(delta.text, index=delta.index, logprobs=_logprobs(engine, delta))
+            if delta.finished:
+                finals.append(delta)
+                reason = delta.finish_reason or "stop"
+                if tool_names:
+                    content, calls = parse_tool_calls("".join(held.pop(delta.index, [])), tool_names)
+                    if content:
+                        yield TextDelta(content, index=delta.index)
+                    for call in calls:
+                        yield ToolCallDelta(call.call_id, call.name, call.arguments)
+                    if calls:
+                        reason = "tool_calls"
+                yield Done(reason, index=delta.index)
+    except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
+        yield refusal(exc)
+        return
+    yield usage(finals, prompt)
+
+
+async def spoken(engine: Engine, tts: SpeechHead | None, request: OmniRequest, prompt: Prompt,
+                 params: SamplingParams, cancel: asyncio.Event) -> AsyncIterator[OutputChunk]:
+    """The answer as speech: the text deltas feed the voice, which speaks clause by clause as they arrive."""
+    if tts is None:
+        yield Error("unsupported_modality", "audio output needs a speech synthesis model (start with --tts)")
+        return
+    finals: list[StreamDelta] = []
+    failure: list[Error] = []
+
+    async def text() -> AsyncIterator[str]:
+        try:
+            async for delta in _deltas(engine, request, prompt, params):
+                if delta.error is not None:
+                    failure.append(Error("engine_error", delta.error, status=500))
+                    return
+                if delta.index != 0:
+                    continue  # one voice per response: extra choices are not spoken
+                if delta.text:
+                    yield delta.text
+                if delta.finished:
+                    finals.append(delta)
+                if cancel.is_set():
+                    return
+        except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
+            failure.append(refusal(exc))
+
+    samples = 0
+    async for chunk in tts.stream(text(), request.audio):
+        if cancel.is_set():
+            break
+        samples += len(chunk.pcm16) // 2
+        yield chunk
+    if failure:
+        yield failure[0]
+        return
+    reason = finals[0].finish_reason if finals else "abort"
+    yield Done(reason or "stop")
+    # Output audio tokens are counted as OpenAI does for its realtime models: 1 token per 50 ms.
+    counted = usage(finals, prompt)
+    yield dataclasses.replace(counted, output_audio_tokens=round(samples / request.audio.sample_rate * 20))
+
+
+async def drawn(image_head: ImageHead | None, request: OmniRequest,
+                cancel: asyncio.Event) -> AsyncIterator[OutputChunk]:
+    """Image previews and finals of the users' text, from the DiT head."""
+    if image_head is None:
+        yield Error("unsupported_modality", "image output needs an image model (start with --image-model DIR)")
+        return
+    prompt = "\n".join(m.text for m in request.messages if m.role == "user").strip()
+    if not prompt:
+        yield Error("invalid_request", "image generation needs a text prompt in a user message")
+        return
+    try:
+        async for chunk in image_head.generate(prompt, request.image, cancel):
+            yield chunk
+    except ImageGenerationError as exc:
+        log.exception("image generation failed")
+        yield Error("image_generation_failed", str(exc), status=500)
+        return
+    except InvalidInput as exc:
+        yield refusal(exc)
+        return
+    yield Done("abort" if cancel.is_set() else "stop")
+
+
+_STREAM_END = object()
+
+
+async def merged(*streams: AsyncIterator[OutputChunk]) -> AsyncIterator[OutputChunk]:
+    """Chunks of several streams as they come. A small queue keeps each producer at the consumer's pace;
+    closing the merged stream closes every source."""
+    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=8)
+
+    async def pump(stream: AsyncIterator[OutputChunk]) -> None:
+        try:
+            async with contextlib.aclosing(stream) as chunks:
+                async for chunk in chunks:
+                    await queue.put(chunk)
+        except Exception as exc:  # handed to the consumer, which re-raises it
+            await queue.put(exc)
+            return
+        await queue.put(_STREAM_END)
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is _STREAM_END:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def refusal(exc: InvalidInput | InvalidRequest | EngineOverloaded | EngineDead) -> Error:
+    """The error chunk of a refusal the client is told about: its own request's fault (400), or no capacity (503)."""
+    if isinstance(exc, EngineOverloaded):
+        return Error("overloaded", str(exc), status=503)
+    if isinstance(exc, EngineDead):
+        return Error("engine_dead", str(exc), status=503)
+    if isinstance(exc, InvalidInput):
+        return Error(exc.code, str(exc), status=400)
+    return Error("invalid_request", str(exc), status=400)  # the engine's InvalidRequest: prompt too long, ...
+
+
+def usage(finals: list[StreamDelta], prompt: Prompt) -> Usage:
+    if not finals:
+        return Usage(input_image_tokens=prompt.num_image_tokens)
+    return Usage(input_tokens=finals[0].num_prompt_tokens, cached_tokens=finals[0].num_cached_tokens,
+                 output_tokens=sum(d.num_output_tokens for d in finals), input_image_tokens=prompt.num_image_tokens)
+
+
+async def _deltas(engine: Engine, request: OmniRequest, prompt: Prompt,
+                  params: SamplingParams) -> AsyncIterator[StreamDelta]:
+    kwargs = {"embed_spans": prompt.embed_spans} if prompt.embed_spans else {}
+    async with contextlib.aclosing(engine.generate(prompt.token_ids, params, request_id=request.request_id,
+                                                   priority=request.priority, **kwargs)) as deltas:
+        async for delta in deltas:
+            yield delta
+
+
+def _logprobs(engine: Engine, delta: StreamDelta) -> tuple[tuple[str, float, tuple[tuple[str, float], ...]], ...]:
+    if not delta.logprobs:
+        return ()
+    tok = engine.tokenizer
+    return tuple((tok.decode([lp.token_id]), lp.logprob,
+                  tuple((tok.decode([t]), v) for t, v in lp.top)) for lp in delta.logprobs)
