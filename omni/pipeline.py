@@ -21,6 +21,7 @@ from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidRequ
 from omni_gateway.engine.outputs import StreamDelta
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.heads.dit_errors import ImageGenerationError
+from omni_gateway.omni.media import MediaError, server_budget
 from omni_gateway.omni.prompting import SamplingDefaults, UnsupportedInput, chat_messages, sampling_params
 from omni_gateway.omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Capabilities, Done, Error, Health, ImagePart,
                            Message, OmniRequest, OutputChunk, TextDelta, TextPart, ToolCallDelta, Transcription, Usage,
@@ -44,6 +45,7 @@ class OmniPipeline:
         self.tts = tts
         self.image_head = image_head
         self.vision = vision  # encoders.vision.VisionEncoder of a vision-language checkpoint
+        self.media_budget = server_budget()  # decoded pixels every request together may hold (omni.media)
         self._vad_session = vad_session
         self._defaults = SamplingDefaults(temperature=config.temperature, top_p=config.top_p,
                                           max_tokens=config.max_tokens)
@@ -282,11 +284,10 @@ class OmniPipeline:
     async def _prompt(self, request: OmniRequest) -> _Prompt:
         if self.vision is None or not _has_media(request):
             return _Prompt(self._prompt_ids(request))
-        from omni_gateway.omni.vision import build_vision_prompt
+        from omni_gateway.omni.vision import build_vision_prompt_async
 
-        # Media decoding and the vision tower are heavy: keep them off the event loop.
-        built = await asyncio.to_thread(build_vision_prompt, request, self.engine.tokenizer, self.vision,
-                                        system_prompt=self.config.system_prompt)
+        built = await build_vision_prompt_async(request, self.engine.tokenizer, self.vision, self.media_budget,
+                                                system_prompt=self.config.system_prompt)
         return _Prompt(built.token_ids, built.embed_spans, built.num_image_tokens)
 
     async def _deltas(self, request: OmniRequest, prompt: _Prompt, params: Any) -> AsyncIterator[StreamDelta]:
@@ -486,5 +487,7 @@ def _error(exc: Exception) -> Error:
         return Error("engine_dead", str(exc), status=503)
     if isinstance(exc, UnsupportedInput):
         return Error("unsupported_modality", str(exc), status=400)
+    if isinstance(exc, MediaError):
+        return Error(exc.code, str(exc), status=exc.status)
     return Error("invalid_request", str(exc), status=400)
 
