@@ -54,8 +54,32 @@ def split_data_uri(data: bytes | str) -> bytes:
         raise ImageDecodeError("image data: URI holds invalid base64") from None
 
 
+def image_pixels(data: bytes | str, limits: ImageLimits = ImageLimits()) -> int:
+    """Width times height as the header declares them, after every check ``decode_image`` makes before
+    decoding: what decoding this image will hold, known without decoding it."""
+    width, height = _open(data, limits).size
+    return width * height
+
+
 def decode_image(data: bytes | str, limits: ImageLimits = ImageLimits()) -> Image.Image:
     """An RGB ``PIL.Image`` with EXIF orientation applied, or ``ImageDecodeError``."""
+    image = _open(data, limits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            if getattr(image, "n_frames", 1) > 1:
+                image.seek(0)  # animated PNG/WebP: the first frame stands for the image
+            image.load()
+            image = ImageOps.exif_transpose(image)
+            return _to_rgb(image)
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+            raise ImageDecodeError(f"image declares too many pixels (limit {limits.max_pixels})") from None
+        except Exception:  # truncated data: OSError; corrupt streams: ValueError, SyntaxError, ...
+            raise ImageDecodeError("image data is truncated or corrupt") from None
+
+
+def _open(data: bytes | str, limits: ImageLimits) -> Image.Image:
+    """The image with only its header read, its size checked against the limits."""
     if isinstance(data, str) and len(data) > limits.max_bytes * 4 // 3 + 128:
         raise ImageDecodeError(f"image is larger than the {limits.max_bytes} byte limit")
     raw = split_data_uri(data)
@@ -73,22 +97,13 @@ def decode_image(data: bytes | str, limits: ImageLimits = ImageLimits()) -> Imag
             raise ImageDecodeError(f"not a supported image; expected one of {', '.join(ALLOWED_FORMATS)}") from None
         except Exception:  # malformed headers raise SyntaxError, OSError, struct.error, ...
             raise ImageDecodeError("image header is malformed") from None
-        width, height = image.size
-        if width < limits.min_side or height < limits.min_side:
-            raise ImageDecodeError(f"image is {width}x{height}; each side must be at least {limits.min_side} pixels")
-        if width > limits.max_side or height > limits.max_side or width * height > limits.max_pixels:
-            raise ImageDecodeError(f"image is {width}x{height}; the limits are {limits.max_side} pixels a side "
-                                   f"and {limits.max_pixels} pixels in all")
-        try:
-            if getattr(image, "n_frames", 1) > 1:
-                image.seek(0)  # animated PNG/WebP: the first frame stands for the image
-            image.load()
-            image = ImageOps.exif_transpose(image)
-            return _to_rgb(image)
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-            raise ImageDecodeError(f"image declares too many pixels (limit {limits.max_pixels})") from None
-        except Exception:  # truncated data: OSError; corrupt streams: ValueError, SyntaxError, ...
-            raise ImageDecodeError("image data is truncated or corrupt") from None
+    width, height = image.size
+    if width < limits.min_side or height < limits.min_side:
+        raise ImageDecodeError(f"image is {width}x{height}; each side must be at least {limits.min_side} pixels")
+    if width > limits.max_side or height > limits.max_side or width * height > limits.max_pixels:
+        raise ImageDecodeError(f"image is {width}x{height}; the limits are {limits.max_side} pixels a side "
+                               f"and {limits.max_pixels} pixels in all")
+    return image
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

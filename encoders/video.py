@@ -7,13 +7,15 @@ decode work. Decoder failures become ``VideoDecodeError`` with a fixed message.
 """
 from __future__ import annotations
 
+import contextlib
 import io
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from PIL import Image
 
-from omni_gateway.encoders.image import ImageDecodeError, ImageLimits, decode_image
+from omni_gateway.encoders.image import ImageDecodeError, ImageLimits, decode_image, image_pixels
 
 # Demuxers accepted for client bytes (FFmpeg names; "mov,mp4,..." is one demuxer with several names).
 ALLOWED_CONTAINERS: frozenset[str] = frozenset({"mov", "mp4", "m4a", "3gp", "3g2", "mj2", "matroska", "webm", "avi"})
@@ -45,9 +47,25 @@ def sample_times(duration_s: float, fps: float, max_frames: int) -> list[float]:
     return [i / fps for i in range(count)]
 
 
+def video_pixels(data: bytes, limits: VideoLimits = VideoLimits(), *, fps: float | None = None) -> int:
+    """Pixels of the frames ``decode_video`` will return (frame size times frames to sample), read from the
+    container's header after every check decoding makes first; decoding never holds more."""
+    with _opened(data, limits, fps) as (container, stream, rate):
+        width, height = _frame_size(stream)
+        return width * height * _planned_frames(container, stream, rate, limits)
+
+
 def decode_video(data: bytes, limits: VideoLimits = VideoLimits(), *, fps: float | None = None) -> list[Image.Image]:
     """RGB frames of the first video stream, one per ``1/fps`` seconds (the limits' fps by default,
-    never above it), at most ``limits.max_frames``."""
+    never above it), at most ``limits.max_frames`` and at most what the declared duration holds. Every
+    frame has the stream's declared size (a frame that changes size mid-stream is scaled to it)."""
+    with _opened(data, limits, fps) as (container, stream, rate):
+        return _sample(container, stream, rate, limits, _planned_frames(container, stream, rate, limits))
+
+
+@contextlib.contextmanager
+def _opened(data: bytes, limits: VideoLimits, fps: float | None) -> Iterator[tuple[Any, Any, float]]:
+    """The container and its first video stream, header checked; decoder failures become fixed messages."""
     import av
 
     rate = min(fps or limits.sample_fps, limits.sample_fps)
@@ -69,18 +87,29 @@ def decode_video(data: bytes, limits: VideoLimits = VideoLimits(), *, fps: float
         if not container.streams.video:
             raise VideoDecodeError("the container has no video stream")
         stream = container.streams.video[0]
-        width, height = int(stream.codec_context.width or 0), int(stream.codec_context.height or 0)
-        _check_size(width, height, limits)
+        _check_size(*_frame_size(stream), limits)
         declared = _declared_duration(container, stream)
         if declared is not None and declared > limits.max_duration_s + 1e-6:
             raise VideoDecodeError(f"video lasts {declared:.1f} s; the limit is {limits.max_duration_s:g} s")
-        return _sample(container, stream, rate, limits)
+        yield container, stream, rate
     except VideoDecodeError:
         raise
     except Exception:
         raise VideoDecodeError("video data is truncated or corrupt") from None
     finally:
         container.close()
+
+
+def _frame_size(stream: Any) -> tuple[int, int]:
+    return int(stream.codec_context.width or 0), int(stream.codec_context.height or 0)
+
+
+def _planned_frames(container: Any, stream: Any, rate: float, limits: VideoLimits) -> int:
+    """Frames to sample: what the declared duration holds at ``rate``, or the limit when none is declared."""
+    declared = _declared_duration(container, stream)
+    if declared is None:
+        return limits.max_frames
+    return len(sample_times(declared, rate, limits.max_frames))
 
 
 def _check_size(width: int, height: int, limits: VideoLimits) -> None:
@@ -91,21 +120,22 @@ def _check_size(width: int, height: int, limits: VideoLimits) -> None:
                                f"and {limits.max_pixels} pixels a frame")
 
 
-def _declared_duration(container: object, stream: object) -> float | None:
+def _declared_duration(container: Any, stream: Any) -> float | None:
     if getattr(stream, "duration", None) and getattr(stream, "time_base", None):
         return float(stream.duration * stream.time_base)
     duration = getattr(container, "duration", None)
     return duration / 1_000_000 if duration else None
 
 
-def _sample(container: object, stream: object, rate: float, limits: VideoLimits) -> list[Image.Image]:
+def _sample(container: Any, stream: Any, rate: float, limits: VideoLimits, max_frames: int) -> list[Image.Image]:
     frames: list[Image.Image] = []
+    width, height = _frame_size(stream)
     next_time = 0.0
     first_time: float | None = None
     for decoded, frame in enumerate(container.decode(stream), start=1):
         if decoded > limits.max_decoded_frames:
             break
-        if frame.width != stream.codec_context.width or frame.height != stream.codec_context.height:
+        if frame.width != width or frame.height != height:
             _check_size(frame.width, frame.height, limits)  # a mid-stream size change is checked too
         t = float(frame.time) if frame.time is not None else (decoded - 1) / rate
         first_time = t if first_time is None else first_time
@@ -113,8 +143,9 @@ def _sample(container: object, stream: object, rate: float, limits: VideoLimits)
         if t > limits.max_duration_s:
             break
         if t + 1e-6 >= next_time:
-            frames.append(frame.to_image().convert("RGB"))
-            if len(frames) >= limits.max_frames:
+            # Scaled to the declared size, so the frames never hold more than ``video_pixels`` said.
+            frames.append(frame.to_image(width=width, height=height).convert("RGB"))
+            if len(frames) >= max_frames:
                 break
             next_time += 1.0 / rate
             while next_time <= t:  # a gap in the stream: don't emit a burst of stale frames after it
@@ -124,18 +155,27 @@ def _sample(container: object, stream: object, rate: float, limits: VideoLimits)
     return frames
 
 
+def frames_pixels(frames: Sequence[bytes], limits: VideoLimits = VideoLimits(),
+                  image_limits: ImageLimits | None = None) -> int:
+    """Pixels ``decode_frames`` will hold once every frame is scaled to the first one's size, from the
+    headers alone (the largest frame stands for each, an upper bound)."""
+    _check_frames(frames, limits)
+    image_limits = image_limits or _frame_image_limits(limits)
+    sizes = []
+    for i, data in enumerate(frames):
+        try:
+            sizes.append(image_pixels(data, image_limits))
+        except ImageDecodeError as exc:
+            raise VideoDecodeError(f"frame {i}: {exc}") from None
+    return max(sizes) * len(sizes)
+
+
 def decode_frames(frames: Sequence[bytes], limits: VideoLimits = VideoLimits(),
                   image_limits: ImageLimits | None = None) -> list[Image.Image]:
     """Already separate frames (JPEG from a webcam stream): counted before any is decoded, each
     decoded through the image path; all are resized to the first frame's size."""
-    if not frames:
-        raise VideoDecodeError("a frame list needs at least one frame")
-    if len(frames) > limits.max_frames:
-        raise VideoDecodeError(f"got {len(frames)} frames; the limit is {limits.max_frames}")
-    total = sum(len(f) for f in frames)
-    if total > limits.max_bytes:
-        raise VideoDecodeError(f"frames hold {total} bytes; the limit is {limits.max_bytes}")
-    image_limits = image_limits or ImageLimits(max_pixels=limits.max_pixels, max_side=limits.max_side)
+    _check_frames(frames, limits)
+    image_limits = image_limits or _frame_image_limits(limits)
     out: list[Image.Image] = []
     for i, data in enumerate(frames):
         try:
@@ -146,3 +186,17 @@ def decode_frames(frames: Sequence[bytes], limits: VideoLimits = VideoLimits(),
             image = image.resize(out[0].size, Image.Resampling.BICUBIC)
         out.append(image)
     return out
+
+
+def _check_frames(frames: Sequence[bytes], limits: VideoLimits) -> None:
+    if not frames:
+        raise VideoDecodeError("a frame list needs at least one frame")
+    if len(frames) > limits.max_frames:
+        raise VideoDecodeError(f"got {len(frames)} frames; the limit is {limits.max_frames}")
+    total = sum(len(f) for f in frames)
+    if total > limits.max_bytes:
+        raise VideoDecodeError(f"frames hold {total} bytes; the limit is {limits.max_bytes}")
+
+
+def _frame_image_limits(limits: VideoLimits) -> ImageLimits:
+    return ImageLimits(max_pixels=limits.max_pixels, max_side=limits.max_side)

@@ -22,6 +22,7 @@ from omni_gateway.omni.collaborators import (Engine, ImageHead, Recognizer, Spee
                                              VadModel)
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.loading import load_pipeline, warm_up
+from omni_gateway.omni.media import server_budget
 from omni_gateway.omni.prompting import SamplingDefaults, UnsupportedInput, prompt_ids, sampling_params
 from omni_gateway.omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Capabilities, Health, ImagePart,
                                         InvalidInput, Message, OmniRequest, OutputChunk, Transcription, VadEvent,
@@ -45,6 +46,7 @@ class OmniPipeline:
         self.tts = tts
         self.image_head = image_head
         self.vision = vision  # the vision tower of a vision-language checkpoint
+        self.media_budget = server_budget()  # decoded pixels every request together may hold (omni.media)
         self._vad_session = vad_session
         self._defaults = SamplingDefaults(temperature=config.temperature, top_p=config.top_p,
                                           max_tokens=config.max_tokens)
@@ -218,11 +220,12 @@ class OmniPipeline:
     async def _prompt(self, request: OmniRequest) -> Prompt:
         if self.vision is None or not _has_media(request):
             return Prompt(self.prompt_ids(request))
-        from omni_gateway.omni.vision import build_vision_prompt
+        from omni_gateway.omni.vision import build_vision_prompt_async
 
-        # Media decoding and the vision tower are heavy: keep them off the event loop.
-        built = await asyncio.to_thread(build_vision_prompt, request, self.engine.tokenizer, self.vision,
-                                        system_prompt=self.config.system_prompt, render=self.engine.render_chat)
+        # Media decoding and the vision tower are heavy: they run in worker threads, within the pixel budget.
+        built = await build_vision_prompt_async(request, self.engine.tokenizer, self.vision, self.media_budget,
+                                                system_prompt=self.config.system_prompt,
+                                                render=self.engine.render_chat)
         return Prompt(built.token_ids, built.embed_spans, built.num_image_tokens)
 
 

@@ -20,6 +20,7 @@ class InvalidInput(Exception):
     client-safe. Any other exception from the backend is a server error."""
 
     code = "invalid_request"
+    status = 400  # 413/429 for media over the request's or the server's budget (omni.media)
 
 
 # ---- input parts -------------------------------------------------------------------------------

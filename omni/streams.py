@@ -174,7 +174,7 @@ def refusal(exc: InvalidInput | InvalidRequest | EngineOverloaded | EngineDead) 
     if isinstance(exc, EngineDead):
         return Error("engine_dead", str(exc), status=503)
     if isinstance(exc, InvalidInput):
-        return Error(exc.code, str(exc), status=400)
+        return Error(exc.code, str(exc), status=exc.status)
     return Error("invalid_request", str(exc), status=400)  # the engine's InvalidRequest: prompt too long, ...
 
 

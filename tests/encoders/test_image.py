@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from omni_gateway.encoders.cache import EncoderCache, image_key
-from omni_gateway.encoders.image import ImageDecodeError, ImageLimits, decode_image
+from omni_gateway.encoders.image import ImageDecodeError, ImageLimits, decode_image, image_pixels
 
 
 def encode(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
@@ -80,6 +80,17 @@ def test_bombs_and_giant_headers_are_refused_before_decoding(width: int, height:
     with pytest.raises(ImageDecodeError) as err:
         decode_image(png_with_size(width, height), ImageLimits(max_pixels=40_000_000, max_side=16384))
     assert_clean(str(err.value))
+
+
+def test_image_pixels_come_from_the_header_alone() -> None:
+    data = encode(noise(30, 20), "PNG")
+    assert image_pixels(data) == 600 == decode_image(data).width * decode_image(data).height
+    # A header that lies about a 20-Mpx canvas is sized without allocating it (decoding then fails).
+    assert image_pixels(png_with_size(5000, 4000)) == 20_000_000
+    with pytest.raises(ImageDecodeError, match="truncated or corrupt"):
+        decode_image(png_with_size(5000, 4000))
+    with pytest.raises(ImageDecodeError, match="pixels in all"):
+        image_pixels(png_with_size(8000, 8000))
 
 
 def test_limits_are_configurable() -> None:

@@ -13,7 +13,9 @@ from omni_gateway.encoders.video import (
     VideoLimits,
     decode_frames,
     decode_video,
+    frames_pixels,
     sample_times,
+    video_pixels,
 )
 
 
@@ -66,6 +68,13 @@ def test_requested_fps_is_honoured_up_to_the_server_ceiling(clip: bytes) -> None
 def test_frame_count_is_capped(clip: bytes) -> None:
     frames = decode_video(clip, VideoLimits(sample_fps=10.0, max_frames=4))
     assert [frame_index(f) for f in frames] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("limits, fps", [(VideoLimits(sample_fps=1.0), None), (VideoLimits(sample_fps=4.0), 2.0),
+                                         (VideoLimits(sample_fps=10.0, max_frames=4), None)])
+def test_video_pixels_are_what_decoding_holds(clip: bytes, limits: VideoLimits, fps: float | None) -> None:
+    frames = decode_video(clip, limits, fps=fps)
+    assert video_pixels(clip, limits, fps=fps) == sum(f.width * f.height for f in frames)
 
 
 def test_sample_times() -> None:
@@ -132,6 +141,15 @@ def test_jpeg_frames_decode_in_order_at_one_size() -> None:
     frames = decode_frames([jpeg(10), jpeg(120, (64, 48)), jpeg(240)])
     assert [f.size for f in frames] == [(32, 24)] * 3
     assert [round(float(np.asarray(f).mean()) / 10) for f in frames] == [1, 12, 24]
+
+
+def test_frames_pixels_bound_the_frames_once_scaled_to_one_size() -> None:
+    frames = [jpeg(10, (64, 48)), jpeg(120), jpeg(240)]
+    assert frames_pixels(frames) == 3 * 64 * 48 == sum(f.width * f.height for f in decode_frames(frames))
+    assert frames_pixels([jpeg(10), jpeg(120, (64, 48))]) >= sum(f.width * f.height for f in decode_frames(
+        [jpeg(10), jpeg(120, (64, 48))]))
+    with pytest.raises(VideoDecodeError, match="frame 1: "):
+        frames_pixels([jpeg(10), b"not an image"])
 
 
 def test_frame_count_is_checked_before_decoding() -> None:
