@@ -61,7 +61,7 @@ def test_a_refused_sampling_value_is_a_client_error() -> None:
 
 
 def _chat(pipeline: OmniPipeline, body: dict[str, Any]) -> Any:
-    with TestClient(create_app(pipeline, GatewayConfig())) as client:
+    with TestClient(create_app(pipeline, GatewayConfig()), base_url="http://localhost") as client:
         return client.post("/v1/chat/completions", json={"model": "fake-llm", **body})
 
 

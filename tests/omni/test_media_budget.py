@@ -17,11 +17,11 @@ import httpx
 import pytest
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
 
 from live_server import serve, until  # noqa: E402
-from vlm_checkpoints import picture, png_bytes, save_tiny_llava  # noqa: E402
+
+from benchmarks.checkpoints import picture, png_bytes, save_tiny_llava  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 
 from omni_gateway.encoders.budget import PixelBudget  # noqa: E402
