@@ -137,6 +137,8 @@ class ImageHead:
                     return
                 if isinstance(item, _Failed):
                     raise ImageGenerationError(f"image generation failed: {item.error}") from item.error
+                if job.is_cancelled():  # images queued before the cancel are dropped, not sent
+                    return
                 yield await asyncio.to_thread(cast(RawImage, item).to_chunk)
         finally:
             job.abandon()
