@@ -1,4 +1,4 @@
-"""Autoregressive paged-attention engine. ``from engine import LLM, SamplingParams``.
+"""Autoregressive paged-attention engine. ``from omni_gateway.engine import LLM, SamplingParams``.
 
 Heavy modules (torch, the model runner) load on first use, so the pure-logic parts
 (scheduler, block pool, sequences) import without torch.
