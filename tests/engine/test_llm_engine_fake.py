@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import threading
 import time
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from engine_fakes import FakeRunner, byte_level_tokenizer, fake_model, make_engine, oracle
+from engine_fakes import FakeRunner, byte_level_tokenizer, fake_model, hashed_next_token, make_engine, oracle
 
 from omni_gateway.engine.async_engine import AsyncEngine
 from omni_gateway.engine.config import EngineConfig
@@ -372,8 +373,26 @@ def test_async_stream_matches_offline_generation(async_engine: AsyncEngine) -> N
     assert async_engine.stats()["kv_blocks_used"] == 0
 
 
-def test_async_early_close_and_abort_leak_nothing(async_engine: AsyncEngine) -> None:
+def test_async_early_close_and_abort_leak_nothing() -> None:
     params = SamplingParams(max_tokens=10_000, ignore_eos=True)
+    abort_sent = threading.Event()
+    model = fake_model()
+
+    def next_token(context: list[int], seq: Sequence) -> int:
+        # The aborted request cannot run to its length limit before the abort is sent, however slow the
+        # consumer's event loop is on a loaded machine.
+        if seq.request_id == "aborted" and seq.num_output_tokens >= 3:
+            abort_sent.wait(10)
+        return hashed_next_token(context, seq.params.seed, model.vocab_size, model.first_free_id)
+
+    async_engine = AsyncEngine(engine=make_engine(model=model, next_token=next_token))
+    try:
+        _abort_after_three_deltas(async_engine, params, abort_sent)
+    finally:
+        async_engine.shutdown()
+
+
+def _abort_after_three_deltas(async_engine: AsyncEngine, params: SamplingParams, abort_sent: threading.Event) -> None:
 
     async def main() -> list[StreamDelta]:
         agen = async_engine.generate(prompt_ids(20), params, request_id="closed")
@@ -385,6 +404,7 @@ def test_async_early_close_and_abort_leak_nothing(async_engine: AsyncEngine) -> 
             seen.append(d)
             if len(seen) == 3:
                 async_engine.abort("aborted")
+                abort_sent.set()
         return seen
 
     seen = asyncio.run(main())
