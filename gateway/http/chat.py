@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 from starlette.requests import Request
@@ -44,7 +45,7 @@ async def chat_completions(request: Request, backend: OmniBackend, limits: HttpL
 
 
 async def _collect(generation: Generation, chunk: OutputChunk | None, assembler: ChatAssembler,
-                   timer: TokenTimer) -> dict:
+                   timer: TokenTimer) -> dict[str, Any]:
     while chunk is not None:
         _tick(chunk, timer)
         assembler.feed(chunk)
