@@ -27,8 +27,8 @@ class ChatCall:
     audio_format: str | None  # set when audio output was asked for
 
 
-def parse_chat(body: object, caps: Capabilities, limits: HttpLimits) -> ChatCall:
-    body = require_object(body, "body")
+def parse_chat(raw: object, caps: Capabilities, limits: HttpLimits) -> ChatCall:
+    body: dict[str, Any] = require_object(raw, "body")
     model = check_model(body, caps)
     messages = parse_messages(body.get("messages"), caps, limits)
     stream = parse_stream(body)
@@ -57,7 +57,7 @@ def _modalities(body: dict[str, Any], caps: Capabilities) -> tuple[Modality, ...
     for m in value:
         if m not in caps.output_modalities:
             raise invalid(f"model '{caps.model}' cannot produce {m} output.", "modalities", "unsupported_modality")
-    return tuple(dict.fromkeys(value))  # type: ignore[arg-type]
+    return tuple(dict.fromkeys(value))
 
 
 def _audio_output(body: dict[str, Any], modalities: tuple[Modality, ...], caps: Capabilities,

@@ -17,8 +17,8 @@ class StreamOptions:
 
 
 def check_model(body: dict[str, Any], caps: Capabilities) -> str:
-    model = get_str(body, "model", required=True)
-    if model != caps.model:
+    model: str | None = get_str(body, "model", required=True)
+    if model is None or model != caps.model:
         raise ApiError(404, f"The model '{model}' does not exist; this server serves '{caps.model}'.",
                        param="model", code="model_not_found")
     return model
