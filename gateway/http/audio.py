@@ -88,10 +88,13 @@ async def speech(request: Request, backend: OmniBackend, limits: HttpLimits) -> 
     except BaseException:
         await close()
         raise
+    response: Response
     if call.sse:
-        return CancellableStream(_speech_events(first, stream), cleanup=close)
-    return CancellableStream(_audio_bytes(call, first, stream), cleanup=close,
-                               media_type=_MEDIA_TYPES[call.response_format])
+        response = CancellableStream(_speech_events(first, stream), cleanup=close)
+    else:
+        response = CancellableStream(_audio_bytes(call, first, stream), cleanup=close,
+                                     media_type=_MEDIA_TYPES[call.response_format])
+    return response
 
 
 async def _chunks(first: AudioChunk | None, stream: AsyncIterator[AudioChunk]) -> AsyncIterator[AudioChunk]:

@@ -35,7 +35,8 @@ async def chat_completions(request: Request, backend: OmniBackend, limits: HttpL
     generation, first = await start(request, backend, call.request)
     assembler = ChatAssembler(call, int(time.time()), limits.audio_expires_s)
     if call.stream.stream:
-        return CancellableStream(_events(generation, first, assembler, timer), cleanup=generation.close)
+        response: Response = CancellableStream(_events(generation, first, assembler, timer), cleanup=generation.close)
+        return response
     try:
         return JSONResponse(await unless_disconnected(request, lambda: _collect(generation, first, assembler,
                                                                                 timer)))
@@ -50,7 +51,8 @@ async def _collect(generation: Generation, chunk: OutputChunk | None, assembler:
         _tick(chunk, timer)
         assembler.feed(chunk)
         chunk = await generation.next()
-    return assembler.body()
+    body: dict[str, Any] = assembler.body()
+    return body
 
 
 async def _events(generation: Generation, chunk: OutputChunk | None, assembler: ChatAssembler,

@@ -82,7 +82,8 @@ class CompletionAssembler:
         choice.text_offset += piece["text_offset"]
         return piece
 
-    def _chunk(self, index: int, text: str, logprobs: dict[str, Any] | None, finish_reason: str | None) -> dict[str, Any]:
+    def _chunk(self, index: int, text: str, logprobs: dict[str, Any] | None,
+               finish_reason: str | None) -> dict[str, Any]:
         return {"id": self.call.id, "object": "text_completion", "created": self.created, "model": self.call.model,
                 "system_fingerprint": None,
                 "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}

@@ -67,12 +67,14 @@ async def completions(request: Request, backend: OmniBackend, limits: HttpLimits
     run = _Run(backend, call, CompletionAssembler(call, int(time.time())))
     first = await start(request, backend, call.requests[0])
     if call.stream.stream:
-        return CancellableStream(_events(run, first), cleanup=run.close)
+        response: Response = CancellableStream(_events(run, first), cleanup=run.close)
+        return response
 
     async def collect() -> dict[str, Any]:
         async for _ in run.chunks(first):
             pass
-        return run.assembler.body()
+        result: dict[str, Any] = run.assembler.body()
+        return result
 
     try:
         return JSONResponse(await unless_disconnected(request, collect))

@@ -35,7 +35,8 @@ async def image_generations(request: Request, backend: OmniBackend, limits: Http
     call = parse_image_generation(await read_json(request, limits.max_body_bytes), backend.capabilities, limits)
     generation, first = await start(request, backend, call.request)
     if call.stream:
-        return CancellableStream(_events(call, generation, first), cleanup=generation.close)
+        response: Response = CancellableStream(_events(call, generation, first), cleanup=generation.close)
+        return response
     try:
         return JSONResponse(await unless_disconnected(request, lambda: _collect(call, generation, first)))
     finally:
