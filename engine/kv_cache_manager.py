@@ -51,15 +51,18 @@ class KVCacheManager:
 
     @property
     def num_blocks(self) -> int:
-        return self.pool.num_blocks
+        count: int = self.pool.num_blocks
+        return count
 
     @property
     def num_free_blocks(self) -> int:
-        return self.pool.num_free_blocks
+        count: int = self.pool.num_free_blocks
+        return count
 
     @property
     def num_used_blocks(self) -> int:
-        return self.pool.num_used_blocks
+        count: int = self.pool.num_used_blocks
+        return count
 
     def find_cached_prefix(self, seq: Sequence) -> CachedPrefix:
         """Longest run of cached full blocks at the start of ``seq``. It never covers the last token,

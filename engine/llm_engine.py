@@ -169,8 +169,9 @@ class LLMEngine:
                     add_generation_prompt: bool = True, chat_template: str | None = None) -> str:
         """Messages to prompt text with the explicit template, else the model's, else the tokenizer's.
         Reads only immutable state, so any thread may call it."""
-        return render_chat(self.tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                           chat_template=chat_template or getattr(self.model, "chat_template", None))
+        prompt: str = render_chat(self.tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                  chat_template=chat_template or getattr(self.model, "chat_template", None))
+        return prompt
 
     def _check_tokens(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -269,7 +270,7 @@ class LLMEngine:
         return deltas
 
     def _detokenize(self, seq: Sequence, detok: IncrementalDetokenizer, token_id: int) -> str:
-        text = detok.add_token(token_id, check_stop=seq.num_output_tokens >= seq.params.min_tokens)
+        text: str = detok.add_token(token_id, check_stop=seq.num_output_tokens >= seq.params.min_tokens)
         if detok.stop_string is not None:
             if seq.is_finished:  # a token-level stop in the same step: the stop string came first in the text
                 seq.finish_reason, seq.stop_reason = FinishReason.STOP, detok.stop_string

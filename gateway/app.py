@@ -21,7 +21,8 @@ def create_app(backend: OmniBackend, config: GatewayConfig | None = None) -> Sta
     config = config or GatewayConfig()
 
     def healthy() -> bool:
-        return backend.health().ok
+        ok: bool = backend.health().ok
+        return ok
 
     routes = [realtime_route(backend, config, probe_vad(backend)), *http.routes(backend, config), *demo_routes()]
     app = Starlette(routes=routes, middleware=[Middleware(Guard, config=config, healthy=healthy)])

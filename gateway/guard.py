@@ -45,6 +45,8 @@ def is_public(path: str) -> bool:
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
+    key: bytes
+    value: bytes
     for key, value in scope.get("headers") or ():
         if key.lower() == name:
             return value.decode("latin-1")
@@ -53,7 +55,7 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 def presented_key(scope: Scope) -> str | None:
     """The credential of a request: a Bearer header, or for WebSockets the key-bearing subprotocol."""
-    token = bearer_token(_header(scope, b"authorization"))
+    token: str | None = bearer_token(_header(scope, b"authorization"))
     if token is not None or scope["type"] != "websocket":
         return token
     offered = scope.get("subprotocols") or ()
@@ -137,7 +139,7 @@ class Guard:
     def _owner(self, scope: Scope) -> str:
         """Whom the per-key limits count: the key, or without authentication the client's address."""
         if self.config.api_key is not None:
-            return "key:" + self.config.api_key
+            return f"key:{self.config.api_key}"
         client = scope.get("client")
         return "client:" + (client[0] if client else "unknown")
 

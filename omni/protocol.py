@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, Union
+from typing import Any, Literal, Protocol, Union
 
 Role = Literal["system", "user", "assistant", "tool"]
 Modality = Literal["text", "audio", "image"]
@@ -123,7 +123,7 @@ class OmniRequest:
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     audio: AudioOutputOptions = field(default_factory=AudioOutputOptions)
     image: ImageOutputOptions = field(default_factory=ImageOutputOptions)
-    tools: tuple[dict, ...] = ()  # JSON-schema function tools, passed through the chat template
+    tools: tuple[dict[str, Any], ...] = ()  # JSON-schema function tools, passed through the chat template
     add_generation_prompt: bool = True
     raw_prompt: str | None = None  # /v1/completions: a prompt used as is, no chat template
     priority: int = 0  # 0 realtime turns, 1 bulk HTTP work

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.types import Message as AsgiMessage
+from starlette.types import Message as AsgiMessage, Receive
 
 from omni_gateway.gateway.http.audio_request import SpeechCall, parse_speech, parse_transcription_form
 from omni_gateway.gateway.http.endpoint import read_body, read_json
@@ -58,7 +58,7 @@ async def transcriptions(request: Request, backend: OmniBackend, limits: HttpLim
     return JSONResponse({"text": result.text, "usage": {"type": "duration", "seconds": result.duration_s}})
 
 
-def _replay(body: bytes):
+def _replay(body: bytes) -> Receive:
     sent = False
 
     async def receive() -> AsgiMessage:
@@ -88,10 +88,13 @@ async def speech(request: Request, backend: OmniBackend, limits: HttpLimits) -> 
     except BaseException:
         await close()
         raise
+    response: Response
     if call.sse:
-        return CancellableStream(_speech_events(first, stream), cleanup=close)
-    return CancellableStream(_audio_bytes(call, first, stream), cleanup=close,
-                               media_type=_MEDIA_TYPES[call.response_format])
+        response = CancellableStream(_speech_events(first, stream), cleanup=close)
+    else:
+        response = CancellableStream(_audio_bytes(call, first, stream), cleanup=close,
+                                     media_type=_MEDIA_TYPES[call.response_format])
+    return response
 
 
 async def _chunks(first: AudioChunk | None, stream: AsyncIterator[AudioChunk]) -> AsyncIterator[AudioChunk]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 from starlette.requests import Request
@@ -34,7 +35,8 @@ async def chat_completions(request: Request, backend: OmniBackend, limits: HttpL
     generation, first = await start(request, backend, call.request)
     assembler = ChatAssembler(call, int(time.time()), limits.audio_expires_s)
     if call.stream.stream:
-        return CancellableStream(_events(generation, first, assembler, timer), cleanup=generation.close)
+        response: Response = CancellableStream(_events(generation, first, assembler, timer), cleanup=generation.close)
+        return response
     try:
         return JSONResponse(await unless_disconnected(request, lambda: _collect(generation, first, assembler,
                                                                                 timer)))
@@ -44,12 +46,13 @@ async def chat_completions(request: Request, backend: OmniBackend, limits: HttpL
 
 
 async def _collect(generation: Generation, chunk: OutputChunk | None, assembler: ChatAssembler,
-                   timer: TokenTimer) -> dict:
+                   timer: TokenTimer) -> dict[str, Any]:
     while chunk is not None:
         _tick(chunk, timer)
         assembler.feed(chunk)
         chunk = await generation.next()
-    return assembler.body()
+    body: dict[str, Any] = assembler.body()
+    return body
 
 
 async def _events(generation: Generation, chunk: OutputChunk | None, assembler: ChatAssembler,

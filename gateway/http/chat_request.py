@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from omni_gateway.gateway.http.content import parse_messages
 from omni_gateway.gateway.http.errors import invalid
@@ -26,8 +27,8 @@ class ChatCall:
     audio_format: str | None  # set when audio output was asked for
 
 
-def parse_chat(body: object, caps: Capabilities, limits: HttpLimits) -> ChatCall:
-    body = require_object(body, "body")
+def parse_chat(raw: object, caps: Capabilities, limits: HttpLimits) -> ChatCall:
+    body: dict[str, Any] = require_object(raw, "body")
     model = check_model(body, caps)
     messages = parse_messages(body.get("messages"), caps, limits)
     stream = parse_stream(body)
@@ -47,7 +48,7 @@ def parse_chat(body: object, caps: Capabilities, limits: HttpLimits) -> ChatCall
         model=model, stream=stream, logprobs=logprobs, top_logprobs=top_logprobs or 0, audio_format=audio_format)
 
 
-def _modalities(body: dict, caps: Capabilities) -> tuple[Modality, ...]:
+def _modalities(body: dict[str, Any], caps: Capabilities) -> tuple[Modality, ...]:
     value = body.get("modalities")
     if value is None:
         return ("text",)
@@ -56,10 +57,10 @@ def _modalities(body: dict, caps: Capabilities) -> tuple[Modality, ...]:
     for m in value:
         if m not in caps.output_modalities:
             raise invalid(f"model '{caps.model}' cannot produce {m} output.", "modalities", "unsupported_modality")
-    return tuple(dict.fromkeys(value))  # type: ignore[arg-type]
+    return tuple(dict.fromkeys(value))
 
 
-def _audio_output(body: dict, modalities: tuple[Modality, ...], caps: Capabilities,
+def _audio_output(body: dict[str, Any], modalities: tuple[Modality, ...], caps: Capabilities,
                   stream: bool) -> tuple[AudioOutputOptions, str | None]:
     value = body.get("audio")
     if "audio" not in modalities:
@@ -76,7 +77,7 @@ def _audio_output(body: dict, modalities: tuple[Modality, ...], caps: Capabiliti
     return AudioOutputOptions(voice=voice, sample_rate=24000), fmt
 
 
-def _tools(body: dict) -> tuple[dict, ...]:
+def _tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
     tools = body.get("tools")
     if tools is None:
         return ()
@@ -100,7 +101,7 @@ def _tools(body: dict) -> tuple[dict, ...]:
     return tuple(t for t, n in zip(tools, names) if n == name)
 
 
-def _check_response_format(body: dict) -> None:
+def _check_response_format(body: dict[str, Any]) -> None:
     value = body.get("response_format")
     if value is None:
         return

@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from omni_gateway.gateway.http.chat_request import ChatCall
 from omni_gateway.gateway.http.errors import from_backend
@@ -11,7 +12,7 @@ from omni_gateway.gateway.http.wav import encode_wav
 from omni_gateway.omni.protocol import AudioChunk, Done, Error, OutputChunk, TextDelta, ToolCallDelta, Usage
 
 
-def usage_body(usage: Usage) -> dict:
+def usage_body(usage: Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": usage.input_tokens,
         "completion_tokens": usage.output_tokens,
@@ -21,7 +22,7 @@ def usage_body(usage: Usage) -> dict:
     }
 
 
-def chat_logprobs(entries: tuple, top: int) -> list[dict]:
+def chat_logprobs(entries: tuple[Any, ...], top: int) -> list[dict[str, Any]]:
     return [{"token": token, "logprob": logprob, "bytes": list(token.encode()),
              "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in alts[:top]]}
             for token, logprob, alts in entries]
@@ -30,8 +31,8 @@ def chat_logprobs(entries: tuple, top: int) -> list[dict]:
 @dataclass
 class _Choice:
     text: list[str] = field(default_factory=list)
-    logprobs: list[dict] = field(default_factory=list)
-    tool_calls: list[dict] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: str | None = None
     started: bool = False
 
@@ -53,7 +54,7 @@ class ChatAssembler:
     def wants_audio(self) -> bool:
         return self.call.audio_format is not None
 
-    def feed(self, chunk: OutputChunk) -> list[dict]:
+    def feed(self, chunk: OutputChunk) -> list[dict[str, Any]]:
         """Record ``chunk``; an ``Error`` chunk raises the ``ApiError`` it maps to."""
         if isinstance(chunk, Error):
             raise from_backend(chunk)
@@ -106,33 +107,33 @@ class ChatAssembler:
             return "tool_calls"
         return "stop" if reason == "abort" else reason
 
-    def _delta(self, index: int, delta: dict, logprobs: dict | None = None) -> list[dict]:
+    def _delta(self, index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         choice = self.choices[index]
         if not choice.started:
             choice.started = True
             delta = {"role": "assistant", "content": None if self.wants_audio else "", **delta}
         return [self._chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}])]
 
-    def _chunk(self, choices: list[dict]) -> dict:
+    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.call.request.request_id, "object": "chat.completion.chunk", "created": self.created,
                 "model": self.call.model, "system_fingerprint": None, "choices": choices}
 
-    def usage_chunk(self) -> dict | None:
+    def usage_chunk(self) -> dict[str, Any] | None:
         """The trailing chunk ``stream_options.include_usage`` asks for."""
         if not self.call.stream.include_usage:
             return None
         return {**self._chunk([]), "usage": usage_body(self.usage or Usage())}
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         """The non-streaming chat.completion response."""
         return {"id": self.call.request.request_id, "object": "chat.completion", "created": self.created,
                 "model": self.call.model, "system_fingerprint": None,
                 "choices": [self._choice_body(i, c) for i, c in enumerate(self.choices)],
                 "usage": usage_body(self.usage or Usage())}
 
-    def _choice_body(self, index: int, choice: _Choice) -> dict:
+    def _choice_body(self, index: int, choice: _Choice) -> dict[str, Any]:
         text = "".join(choice.text)
-        message: dict = {"role": "assistant", "content": None if self.wants_audio else text, "refusal": None}
+        message: dict[str, Any] = {"role": "assistant", "content": None if self.wants_audio else text, "refusal": None}
         if choice.tool_calls:
             message["tool_calls"] = choice.tool_calls
             message["content"] = message["content"] or None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, replace
+from typing import Any
 
 from omni_gateway.gateway.http.chat_request import HTTP_PRIORITY
 from omni_gateway.gateway.http.errors import invalid
@@ -25,8 +26,8 @@ class CompletionCall:
     echo: bool
 
 
-def parse_completion(body: object, caps: Capabilities, limits: HttpLimits) -> CompletionCall:
-    body = require_object(body, "body")
+def parse_completion(raw: object, caps: Capabilities, limits: HttpLimits) -> CompletionCall:
+    body: dict[str, Any] = require_object(raw, "body")
     model = check_model(body, caps)
     prompts = _prompts(body.get("prompt"), limits)
     logprobs = get_int(body, "logprobs", lo=0, hi=limits.max_top_logprobs)

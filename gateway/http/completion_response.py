@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omni_gateway.gateway.http.chat_response import usage_body
 from omni_gateway.gateway.http.completion_request import CompletionCall
@@ -30,7 +31,7 @@ class CompletionAssembler:
         self.choices = [_Choice() for _ in range(len(call.prompts) * self.n)]
         self.usage = Usage()
 
-    def feed(self, prompt_index: int, chunk: OutputChunk) -> list[dict]:
+    def feed(self, prompt_index: int, chunk: OutputChunk) -> list[dict[str, Any]]:
         if isinstance(chunk, Error):
             raise from_backend(chunk)
         if isinstance(chunk, Usage):
@@ -54,7 +55,7 @@ class CompletionAssembler:
         choice.length += len(chunk.text)
         return out + [self._chunk(number, chunk.text, logprobs, None)]
 
-    def _echo(self, number: int, prompt_index: int) -> list[dict]:
+    def _echo(self, number: int, prompt_index: int) -> list[dict[str, Any]]:
         """The prompt, once, ahead of a choice's first text when ``echo`` is set."""
         choice = self.choices[number]
         if not self.call.echo or choice.text:
@@ -64,10 +65,10 @@ class CompletionAssembler:
         choice.length = len(prompt)
         return [self._chunk(number, prompt, None, None)]
 
-    def _logprobs(self, choice: _Choice, chunk: TextDelta) -> dict | None:
+    def _logprobs(self, choice: _Choice, chunk: TextDelta) -> dict[str, Any] | None:
         if self.call.logprobs is None:
             return None
-        piece: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        piece: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         offset = choice.length
         for token, logprob, alts in chunk.logprobs:
             top = {t: lp for t, lp in alts[: self.call.logprobs]}
@@ -81,18 +82,19 @@ class CompletionAssembler:
         choice.text_offset += piece["text_offset"]
         return piece
 
-    def _chunk(self, index: int, text: str, logprobs: dict | None, finish_reason: str | None) -> dict:
+    def _chunk(self, index: int, text: str, logprobs: dict[str, Any] | None,
+               finish_reason: str | None) -> dict[str, Any]:
         return {"id": self.call.id, "object": "text_completion", "created": self.created, "model": self.call.model,
                 "system_fingerprint": None,
                 "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
 
-    def usage_chunk(self) -> dict | None:
+    def usage_chunk(self) -> dict[str, Any] | None:
         if not self.call.stream.include_usage:
             return None
         return {"id": self.call.id, "object": "text_completion", "created": self.created, "model": self.call.model,
                 "choices": [], "usage": usage_body(self.usage)}
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         choices = []
         for i, c in enumerate(self.choices):
             logprobs = ({"tokens": c.tokens, "token_logprobs": c.token_logprobs, "top_logprobs": c.top_logprobs,

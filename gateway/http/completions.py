@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 from starlette.requests import Request
@@ -33,7 +34,7 @@ class _Run:
         self.timer = TokenTimer(API)
         self.current: Generation | None = None
 
-    async def chunks(self, first: tuple[Generation, OutputChunk | None]) -> AsyncIterator[dict]:
+    async def chunks(self, first: tuple[Generation, OutputChunk | None]) -> AsyncIterator[dict[str, Any]]:
         for index, request in enumerate(self.call.requests):
             if index == 0:
                 self.current, chunk = first
@@ -66,12 +67,14 @@ async def completions(request: Request, backend: OmniBackend, limits: HttpLimits
     run = _Run(backend, call, CompletionAssembler(call, int(time.time())))
     first = await start(request, backend, call.requests[0])
     if call.stream.stream:
-        return CancellableStream(_events(run, first), cleanup=run.close)
+        response: Response = CancellableStream(_events(run, first), cleanup=run.close)
+        return response
 
-    async def collect() -> dict:
+    async def collect() -> dict[str, Any]:
         async for _ in run.chunks(first):
             pass
-        return run.assembler.body()
+        result: dict[str, Any] = run.assembler.body()
+        return result
 
     try:
         return JSONResponse(await unless_disconnected(request, collect))

@@ -5,6 +5,7 @@ import base64
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -19,13 +20,13 @@ from omni_gateway.omni.protocol import Error, ImageFinal, ImagePartial, OmniBack
 log = logging.getLogger("omni_gateway.gateway.http")
 
 
-def _usage(usage: Usage) -> dict:
+def _usage(usage: Usage) -> dict[str, Any]:
     return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
             "total_tokens": usage.input_tokens + usage.output_tokens,
             "input_tokens_details": {"text_tokens": usage.input_tokens, "image_tokens": 0}}
 
 
-def _event_fields(call: ImageCall, png: bytes) -> dict:
+def _event_fields(call: ImageCall, png: bytes) -> dict[str, Any]:
     return {"b64_json": base64.b64encode(png).decode(), "created_at": int(time.time()), "size": call.size,
             "quality": "auto", "background": "opaque", "output_format": "png"}
 
@@ -34,7 +35,8 @@ async def image_generations(request: Request, backend: OmniBackend, limits: Http
     call = parse_image_generation(await read_json(request, limits.max_body_bytes), backend.capabilities, limits)
     generation, first = await start(request, backend, call.request)
     if call.stream:
-        return CancellableStream(_events(call, generation, first), cleanup=generation.close)
+        response: Response = CancellableStream(_events(call, generation, first), cleanup=generation.close)
+        return response
     try:
         return JSONResponse(await unless_disconnected(request, lambda: _collect(call, generation, first)))
     finally:
@@ -49,7 +51,7 @@ async def _chunks(generation: Generation, chunk: OutputChunk | None) -> AsyncIte
         chunk = await generation.next()
 
 
-async def _collect(call: ImageCall, generation: Generation, first: OutputChunk | None) -> dict:
+async def _collect(call: ImageCall, generation: Generation, first: OutputChunk | None) -> dict[str, Any]:
     finals: dict[int, bytes] = {}
     usage = Usage()
     async for chunk in _chunks(generation, first):

@@ -1,6 +1,8 @@
 """Model listing, health and Prometheus metrics."""
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -9,7 +11,7 @@ from omni_gateway.gateway.http.errors import ApiError
 from omni_gateway.gateway.metrics import exposition
 from omni_gateway.omni.protocol import OmniBackend
 
-def _model_card(backend: OmniBackend) -> dict:
+def _model_card(backend: OmniBackend) -> dict[str, Any]:
     return {"id": backend.capabilities.model, "object": "model", "created": 0, "owned_by": "omni"}
 
 

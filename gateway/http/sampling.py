@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from omni_gateway.gateway.http.errors import ApiError, invalid
 from omni_gateway.gateway.http.fields import get_bool, get_float, get_int, get_stop, get_str, require_object
@@ -15,15 +16,15 @@ class StreamOptions:
     include_usage: bool
 
 
-def check_model(body: dict, caps: Capabilities) -> str:
-    model = get_str(body, "model", required=True)
-    if model != caps.model:
+def check_model(body: dict[str, Any], caps: Capabilities) -> str:
+    model: str | None = get_str(body, "model", required=True)
+    if model is None or model != caps.model:
         raise ApiError(404, f"The model '{model}' does not exist; this server serves '{caps.model}'.",
                        param="model", code="model_not_found")
     return model
 
 
-def parse_stream(body: dict) -> StreamOptions:
+def parse_stream(body: dict[str, Any]) -> StreamOptions:
     stream = get_bool(body, "stream")
     options = body.get("stream_options")
     if options is None:
@@ -34,7 +35,7 @@ def parse_stream(body: dict) -> StreamOptions:
     return StreamOptions(True, get_bool(options, "include_usage", param="stream_options.include_usage"))
 
 
-def parse_sampling(body: dict, limits: HttpLimits, *, logprobs: int | None) -> SamplingOptions:
+def parse_sampling(body: dict[str, Any], limits: HttpLimits, *, logprobs: int | None) -> SamplingOptions:
     """The knobs both APIs share; ``logprobs`` is the top-logprob count the caller already parsed."""
     max_tokens = get_int(body, "max_tokens", lo=1)
     max_completion = get_int(body, "max_completion_tokens", lo=1)

@@ -62,7 +62,8 @@ def _downmix(samples: np.ndarray, channels: int) -> np.ndarray:
         return samples
     frames = len(samples) // channels
     mixed = samples[: frames * channels].reshape(frames, channels).astype(np.int32).sum(axis=1) // channels
-    return mixed.astype("<i2")
+    downmixed: np.ndarray = mixed.astype("<i2")
+    return downmixed
 
 
 def wav_header(sample_rate: int, data_bytes: int | None = None) -> bytes:

@@ -51,7 +51,8 @@ def encode(pcm16: bytes, fmt: AudioFormat, sample_rate: int = SAMPLE_RATE) -> by
             return samples.tobytes()
         return resample(samples, sample_rate, SAMPLE_RATE).astype("<i2").tobytes()
     narrow = resample(samples, sample_rate, G711_RATE)
-    return g711.pcm_to_ulaw(narrow) if fmt == "g711_ulaw" else g711.pcm_to_alaw(narrow)
+    encoded: bytes = g711.pcm_to_ulaw(narrow) if fmt == "g711_ulaw" else g711.pcm_to_alaw(narrow)
+    return encoded
 
 
 def duration_ms(pcm16_24k: bytes | int) -> float:

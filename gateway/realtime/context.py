@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from omni_gateway.gateway.realtime.audio import SAMPLE_RATE
 from omni_gateway.gateway.realtime.errors import invalid_type, invalid_value
 from omni_gateway.gateway.realtime.items import Item, ItemStore, parse_client_item
 from omni_gateway.gateway.realtime.settings import SessionSettings
 from omni_gateway.omni.protocol import (AudioOutputOptions, AudioPart, ImageOutputOptions, ImagePart, Message, Modality,
-                           OmniRequest, Part, SamplingOptions, TextPart, ToolCall)
+                           OmniRequest, Part, Role, SamplingOptions, TextPart, ToolCall)
 
 
 def item_to_message(item: Item) -> Message | None:
@@ -35,7 +35,7 @@ def item_to_message(item: Item) -> Message | None:
             parts.append(ImagePart(content.image, mime=content.mime, detail=content.detail or "auto"))
     if not parts:
         return None
-    return Message(item.role or "user", parts=tuple(parts))  # type: ignore[arg-type]
+    return Message(cast(Role, item.role or "user"), parts=tuple(parts))  # roles were checked when the item was parsed
 
 
 def is_frame(item: Item) -> bool:

@@ -41,7 +41,8 @@ def _ulaw_encode_table() -> np.ndarray:
     for bit in range(1, 8):
         exponent = np.where(magnitude >= (0x20 << bit), bit, exponent)
     mantissa = (magnitude >> (exponent + 1)) & 0x0F
-    return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8)
+    table: np.ndarray = (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8)
+    return table
 
 
 def _alaw_encode_table() -> np.ndarray:
@@ -52,7 +53,8 @@ def _alaw_encode_table() -> np.ndarray:
     for bit in range(1, 8):
         exponent = np.where(magnitude >= (0x10 << bit), bit, exponent)
     mantissa = np.where(exponent == 0, magnitude >> 1, magnitude >> exponent) & 0x0F
-    return ((sign | (exponent << 4) | mantissa) ^ 0x55).astype(np.uint8)
+    table: np.ndarray = ((sign | (exponent << 4) | mantissa) ^ 0x55).astype(np.uint8)
+    return table
 
 
 _ULAW_DECODE = _ulaw_decode_table()

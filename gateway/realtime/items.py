@@ -9,7 +9,7 @@ import base64
 import binascii
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from omni_gateway.gateway.realtime import audio as audio_fmt
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
@@ -45,7 +45,8 @@ class Content:
         elif self.type in ("input_audio", "output_audio"):
             out["transcript"] = self.transcript
             if audio_format is not None and self.audio is not None:
-                out["audio"] = base64.b64encode(audio_fmt.encode(self.audio, audio_format)).decode()  # type: ignore[arg-type]
+                encoded = audio_fmt.encode(self.audio, cast(audio_fmt.AudioFormat, audio_format))
+                out["audio"] = base64.b64encode(encoded).decode()
         else:  # dropped under the session's image budget: the part stays, without its image
             out["image_url"] = image_url(self.image, self.mime or "image/png") if self.image is not None else None
             out["detail"] = self.detail or "auto"
@@ -141,7 +142,9 @@ def parse_client_item(raw: Any, item_id: str, input_format: str, param: str = "i
 def _parse_content(raw: Any, role: str, input_format: str, param: str, max_image_bytes: int) -> Content:
     if not isinstance(raw, dict):
         raise invalid_type(param, "an object", raw)
-    kind = {"text": "output_text", "audio": "output_audio"}.get(raw.get("type"), raw.get("type"))  # beta names
+    kind = raw.get("type")
+    if kind in ("text", "audio"):  # beta names
+        kind = f"output_{kind}"
     if role == "assistant" and kind == "input_text":
         kind = "output_text"  # older clients replay assistant text as input_text
     if kind not in _ROLE_CONTENT[role]:
@@ -164,7 +167,7 @@ def _parse_content(raw: Any, role: str, input_format: str, param: str, max_image
         raise invalid_type(f"{param}.transcript", "a string or null", transcript)
     pcm = None
     if raw.get("audio") is not None:
-        pcm = audio_fmt.decode(decode_base64(raw["audio"], f"{param}.audio"), input_format)  # type: ignore[arg-type]
+        pcm = audio_fmt.decode(decode_base64(raw["audio"], f"{param}.audio"), cast(audio_fmt.AudioFormat, input_format))
     return Content(kind, transcript=transcript, audio=pcm)
 
 

@@ -67,7 +67,8 @@ class ResponseRun:
 
     @property
     def wants_audio(self) -> bool:
-        return self.settings.wants_audio
+        wants: bool = self.settings.wants_audio
+        return wants
 
     def render(self) -> dict[str, Any]:
         s = self.settings
