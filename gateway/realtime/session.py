@@ -65,6 +65,8 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         self._now = now
         # server_vad idle_timeout_ms: when the silence after the last reply's audio ends (None: not armed)
         self.idle_deadline: float | None = None
+        # Set when the idle timeout fired; only client audio clears it, so silence answers once, not in a loop.
+        self._idle_spent = False
         self._vad_factory = vad_factory
         audio_out = "audio" in capabilities.output_modalities
         self.settings = SessionSettings(
@@ -238,6 +240,7 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         if "audio" not in event:
             raise missing("audio")
         raw = decode_base64(event["audio"], "audio")
+        self._idle_spent = False
         if len(raw) > self.limits.max_append_bytes:
             raise invalid_value("audio", f"at most {self.limits.max_append_bytes} bytes of audio per event",
                                 f"{len(raw)} bytes")
@@ -415,7 +418,7 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         if self._active == response_id:
             self._active = None
             turn = self.settings.turn_detection
-            if turn is not None and turn.idle_timeout_ms is not None:
+            if turn is not None and turn.idle_timeout_ms is not None and not self._idle_spent:
                 # the reply plays in real time on the client; the idle wait starts when it has played out
                 played_ms = sum(audio_fmt.duration_ms(audio_bytes(c)) for it in run.output for c in it.content
                                 if c.type == "output_audio")
@@ -431,8 +434,10 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
             return self._flush()
         self.idle_deadline = None
         turn = self.settings.turn_detection
-        if turn is None or turn.idle_timeout_ms is None or self._active is not None or self.audio.in_speech:
+        if turn is None or turn.idle_timeout_ms is None or self._active is not None or self.audio.in_speech \
+                or self._idle_spent:
             return self._flush()
+        self._idle_spent = True
         start_ms = int(self.audio.start / audio_fmt.BYTES_PER_MS)
         end_ms = int(self.audio.end / audio_fmt.BYTES_PER_MS)
         item_id = self._new_item_id()
