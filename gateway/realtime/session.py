@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from omni_gateway.gateway.client_text import invalid_text_message, invalid_text_path
 from omni_gateway.gateway.errors import SERVER_ERROR
 from omni_gateway.gateway.realtime import audio as audio_fmt
 from omni_gateway.gateway.realtime.commands import (AsrDeadline, CancelTask, Output, SessionLimits, Send, StartTask,
@@ -151,7 +152,11 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         if not isinstance(event, dict):
             self._error(RealtimeError("invalid_event", f"Expected a JSON object, got {type(event).__name__}."), None)
             return self._flush()
-        event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+        bad = invalid_text_path(event)
+        event_id = event.get("event_id") if isinstance(event.get("event_id"), str) and bad != "event_id" else None
+        if bad is not None:
+            self._error(RealtimeError("invalid_value", invalid_text_message(bad), bad or None), event_id)
+            return self._flush()
         kind = event.get("type")
         if not isinstance(kind, str):
             self._error(RealtimeError("invalid_event", "The 'type' field is missing.", "type"), event_id)
