@@ -41,3 +41,16 @@ def invalid_text_path(value: Any) -> str | None:
 def invalid_text_message(path: str) -> str:
     where = f"'{path}'" if path else "the body"
     return f"Invalid value for {where}: the text holds a lone UTF-16 surrogate, which is not valid Unicode."
+
+
+SHOWN_CHARS = 80
+
+
+def shown(value: Any) -> str:
+    """``value`` as an error message quotes it: its repr, cut to ``SHOWN_CHARS`` with the full size said, so
+    an error never echoes a megabyte of hostile input back."""
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    size = len(value) if isinstance(value, str) else len(text)
+    return f"{text[:SHOWN_CHARS]}... ({size} characters)"

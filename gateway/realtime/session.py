@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from omni_gateway.gateway.client_text import invalid_text_message, invalid_text_path
+from omni_gateway.gateway.client_text import invalid_text_message, invalid_text_path, shown
 from omni_gateway.gateway.errors import SERVER_ERROR
 from omni_gateway.gateway.realtime import audio as audio_fmt
 from omni_gateway.gateway.realtime.commands import (AsrDeadline, CancelTask, Output, SessionLimits, Send, StartTask,
@@ -163,7 +163,7 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
             return self._flush()
         handler = self._handlers.get(kind)
         if handler is None:
-            self._error(RealtimeError("invalid_event", f"Invalid value: '{kind[:64]}'. Supported values are: "
+            self._error(RealtimeError("invalid_event", f"Invalid value: {shown(kind)}. Supported values are: "
                                       + ", ".join(f"'{k}'" for k in self._handlers) + ".", "type"), event_id)
             return self._flush()
         mark = len(self._out)

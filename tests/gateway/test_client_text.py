@@ -7,7 +7,7 @@ import httpx
 import pytest
 from session_driver import Driver, error, only, started, types
 
-from omni_gateway.gateway.client_text import invalid_text_path
+from omni_gateway.gateway.client_text import invalid_text_path, shown
 
 LONE = json.loads('"a\\ud800b"')
 
@@ -61,3 +61,29 @@ def test_a_lone_surrogate_in_the_event_id_is_not_echoed() -> None:
     assert error(out)["event_id"] is None and error(out)["param"] == "event_id"
     assert "input_audio_buffer.cleared" not in types(out)
     only(out, "error")
+
+
+def test_a_long_value_is_shown_cut_with_its_size() -> None:
+    assert shown("short") == "'short'"
+    long = "x" * 5_000_000
+    text = shown(long)
+    assert len(text) < 120 and text.startswith("'xxx") and text.endswith("... (5000000 characters)")
+
+
+def test_a_realtime_error_never_echoes_a_huge_value() -> None:
+    d = Driver()
+    huge = "v" * 1_000_000
+    out = d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"speed": 9}},
+                                                        "truncation": huge}})
+    assert len(json.dumps(error(out))) < 600 and "(1000000 characters)" in error(out)["message"]
+    out = d.send({"type": "conversation.item.retrieve", "item_id": huge})
+    assert len(json.dumps(error(out))) < 600
+
+
+def test_an_http_error_never_echoes_a_huge_value(fake) -> None:
+    _, url, _ = fake
+    huge = "r" * 1_000_000
+    for body in ({"model": "omni-test", "messages": [{"role": huge, "content": "hi"}]},
+                 {"model": "omni-test", "messages": [{"role": "user", "content": "hi"}], "temperature": huge}):
+        r = httpx.post(f"{url}/v1/chat/completions", json=body)
+        assert r.status_code == 400 and len(r.content) < 600, r.content[:300]
