@@ -245,7 +245,6 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         if "audio" not in event:
             raise missing("audio")
         raw = decode_base64(event["audio"], "audio")
-        self._idle_spent = False
         if len(raw) > self.limits.max_append_bytes:
             raise invalid_value("audio", f"at most {self.limits.max_append_bytes} bytes of audio per event",
                                 f"{len(raw)} bytes")
@@ -256,6 +255,7 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         if self.audio.size + len(pcm) > self.limits.max_buffer_bytes:
             raise RealtimeError("input_audio_buffer_full", "The input audio buffer would exceed "
                                 f"{self.limits.max_buffer_bytes} bytes; commit or clear it first.", "audio")
+        self._idle_spent &= not pcm  # audio the client sent re-arms the idle timeout
         for signal in self.audio.append(pcm):
             if isinstance(signal, SpeechStarted):
                 self._speech_started(signal)

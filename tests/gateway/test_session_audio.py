@@ -334,6 +334,9 @@ def test_idle_timeout_fires_once_until_the_client_sends_audio_again() -> None:
     assert d.session.idle_deadline is None  # ... and no other, however long the silence lasts
     clock[0] += 60
     assert responses_started(d.session.on_idle()) == []
+    d.send({"type": "input_audio_buffer.append", "audio": ""})  # no audio: the timeout stays spent
+    d.run(started(d.send({"type": "response.create"})))
+    assert d.session.idle_deadline is None
     d.send({"type": "input_audio_buffer.append", "audio": b64(silence(200))})
     d.run(started(d.send({"type": "response.create"})))
     assert d.session.idle_deadline is not None  # client audio re-arms it
