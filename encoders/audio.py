@@ -8,12 +8,17 @@ WAV/FLAC/OGG go through libsndfile (header checked before any sample is read); a
 from __future__ import annotations
 
 import io
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 import soxr
 
+log = logging.getLogger(__name__)
+
 PCM16_SCALE = 32768.0
+# Decoder text names library internals (FFmpeg errno values, file offsets): it goes to the DEBUG log only.
+UNDECODABLE = "the audio could not be decoded"
 
 # FFmpeg demuxer names PyAV may pick for uploaded bytes; nothing that reads other files or URLs.
 _AV_DEMUXERS = "mp3,aac,ogg,matroska,webm,mov,mp4,m4a,3gp,wav,flac,adts"
@@ -102,7 +107,8 @@ def _decode_sndfile(data: bytes, limits: AudioLimits) -> DecodedAudio:
     except AudioDecodeError:
         raise
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        raise AudioDecodeError(f"cannot decode audio: {exc}") from None
+        log.debug("libsndfile could not decode the audio: %s", exc)
+        raise AudioDecodeError(UNDECODABLE) from None
     samples = np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
     return DecodedAudio(samples, rate)
 
@@ -114,7 +120,8 @@ def _decode_av(data: bytes, limits: AudioLimits) -> DecodedAudio:
         container = av.open(io.BytesIO(data), mode="r",
                             options={"format_whitelist": _AV_DEMUXERS, "probesize": "5000000"})
     except (av.FFmpegError, ValueError, UnicodeDecodeError) as exc:
-        raise AudioDecodeError(f"cannot open audio container: {exc}") from None
+        log.debug("FFmpeg could not open the audio container: %s", exc)
+        raise AudioDecodeError("the audio container could not be read") from None
     pieces: list[np.ndarray] = []
     try:
         if not container.streams.audio:
@@ -139,8 +146,9 @@ def _decode_av(data: bytes, limits: AudioLimits) -> DecodedAudio:
     except AudioDecodeError:
         raise
     except (av.FFmpegError, ValueError, EOFError) as exc:
+        log.debug("FFmpeg stopped decoding the audio after %d blocks: %s", len(pieces), exc)
         if not pieces:
-            raise AudioDecodeError(f"cannot decode audio: {exc}") from None
+            raise AudioDecodeError(UNDECODABLE) from None
         # A truncated tail still yields the frames before it; keep them as decoders in browsers do.
     finally:
         container.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 from PIL import Image
 
 from omni_gateway.encoders.image import ImageDecodeError, ImageLimits, decode_image, image_pixels
+
+log = logging.getLogger(__name__)
 
 # Demuxers accepted for client bytes (FFmpeg names; "mov,mp4,..." is one demuxer with several names).
 ALLOWED_CONTAINERS: frozenset[str] = frozenset({"mov", "mp4", "m4a", "3gp", "3g2", "mj2", "matroska", "webm", "avi"})
@@ -78,7 +81,8 @@ def _opened(data: bytes, limits: VideoLimits, fps: float | None) -> Iterator[tup
     try:
         container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore",
                             options={"probesize": str(limits.probe_bytes), "analyzeduration": "5000000"})
-    except Exception:  # av.error.InvalidDataError and friends; their text names internal state
+    except Exception as exc:  # av.error.InvalidDataError and friends; their text names internal state
+        log.debug("FFmpeg could not open the video container: %s", exc)
         raise VideoDecodeError("not a readable video container") from None
     try:
         names = set((container.format.name or "").split(","))
@@ -94,7 +98,8 @@ def _opened(data: bytes, limits: VideoLimits, fps: float | None) -> Iterator[tup
         yield container, stream, rate
     except VideoDecodeError:
         raise
-    except Exception:
+    except Exception as exc:
+        log.debug("FFmpeg could not read the video: %s", exc)
         raise VideoDecodeError("video data is truncated or corrupt") from None
     finally:
         container.close()

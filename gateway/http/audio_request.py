@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from omni_gateway.gateway.client_text import shown
 from omni_gateway.gateway.http.errors import invalid
 from omni_gateway.gateway.http.fields import get_float, get_str, require_object
 from omni_gateway.gateway.http.limits import HttpLimits
@@ -45,10 +46,10 @@ def parse_speech(body: object, caps: Capabilities, limits: HttpLimits) -> Speech
         raise invalid("'input' must contain text to speak.", "input")
     voice = get_str(body, "voice", required=True)
     if caps.voices and voice not in caps.voices:
-        raise invalid(f"'voice' must be one of {', '.join(caps.voices)}, got {voice!r}.", "voice")
+        raise invalid(f"'voice' must be one of {', '.join(caps.voices)}, got {shown(voice)}.", "voice")
     fmt = get_str(body, "response_format", "wav")
     if fmt in UNSUPPORTED_SPEECH_FORMATS:
-        raise invalid(f"'response_format' {fmt!r} is not supported by this server; use one of "
+        raise invalid(f"'response_format' {shown(fmt)} is not supported by this server; use one of "
                       f"{', '.join(SPEECH_FORMATS)}.", "response_format", "unsupported_parameter")
     fmt = get_str(body, "response_format", "wav", choices=SPEECH_FORMATS)
     speed = get_float(body, "speed", 1.0, lo=0.25, hi=4.0)
@@ -69,7 +70,7 @@ def parse_transcription_form(form: Mapping[str, object], caps: Capabilities) -> 
     response_format = get_str(fields, "response_format", "json")
     if response_format not in TRANSCRIPTION_FORMATS:
         raise invalid(f"'response_format' must be one of {', '.join(TRANSCRIPTION_FORMATS)}, got "
-                      f"{response_format!r}.", "response_format")
+                      f"{shown(response_format)}.", "response_format")
     language = get_str(fields, "language", max_len=16)
     return TranscriptionCall(language=language or None, prompt=get_str(fields, "prompt", max_len=4096) or None,
                              response_format=response_format)

@@ -5,6 +5,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from omni_gateway.gateway.client_text import shown
 from omni_gateway.gateway.http.content import parse_messages
 from omni_gateway.gateway.http.errors import invalid
 from omni_gateway.gateway.http.fields import get_bool, get_int, get_str, require_object
@@ -70,7 +71,7 @@ def _audio_output(body: dict[str, Any], modalities: tuple[Modality, ...], caps: 
     audio = require_object(value, "audio") if value is not None else {}
     voice = get_str(audio, "voice", required=True, param="audio.voice")
     if caps.voices and voice not in caps.voices:
-        raise invalid(f"'audio.voice' must be one of {', '.join(caps.voices)}, got {voice!r}.", "audio.voice")
+        raise invalid(f"'audio.voice' must be one of {', '.join(caps.voices)}, got {shown(voice)}.", "audio.voice")
     fmt = get_str(audio, "format", required=True, choices=CHAT_AUDIO_FORMATS, param="audio.format")
     if stream and fmt != "pcm16":
         raise invalid("streamed audio output supports 'audio.format' \"pcm16\" only.", "audio.format")
@@ -97,7 +98,7 @@ def _tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
     choice = require_object(choice, "tool_choice")
     name = require_object(choice.get("function"), "tool_choice.function").get("name")
     if name not in names:
-        raise invalid(f"'tool_choice' names function {name!r}, which is not among 'tools'.", "tool_choice")
+        raise invalid(f"'tool_choice' names function {shown(name)}, which is not among 'tools'.", "tool_choice")
     return tuple(t for t, n in zip(tools, names) if n == name)
 
 
@@ -107,5 +108,5 @@ def _check_response_format(body: dict[str, Any]) -> None:
         return
     kind = get_str(require_object(value, "response_format"), "type", required=True, param="response_format.type")
     if kind != "text":
-        raise invalid(f"'response_format' type {kind!r} is not supported by this server; use \"text\".",
+        raise invalid(f"'response_format' type {shown(kind)} is not supported by this server; use \"text\".",
                       "response_format.type", "unsupported_parameter")

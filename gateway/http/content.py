@@ -8,6 +8,7 @@ import base64
 import binascii
 from dataclasses import dataclass
 
+from omni_gateway.gateway.client_text import shown
 from omni_gateway.gateway.http.errors import ApiError, invalid
 from omni_gateway.gateway.http.fields import get_str, require_object
 from omni_gateway.gateway.http.limits import HttpLimits
@@ -39,7 +40,7 @@ def _message(value: object, param: str, caps: Capabilities, limits: HttpLimits, 
     role_name = get_str(body, "role", required=True, param=f"{param}.role")
     role = _ROLES.get(role_name)
     if role is None:
-        raise invalid(f"'{param}.role' must be one of {', '.join(_ROLES)}, got {role_name!r}.", f"{param}.role")
+        raise invalid(f"'{param}.role' must be one of {', '.join(_ROLES)}, got {shown(role_name)}.", f"{param}.role")
     parts = _content(body.get("content"), f"{param}.content", role, caps, limits, budget)
     tool_calls = _tool_calls(body.get("tool_calls"), f"{param}.tool_calls") if role == "assistant" else ()
     tool_call_id = None
@@ -67,13 +68,13 @@ def _content(value: object, param: str, role: str, caps: Capabilities, limits: H
             parts.append(TextPart(get_str(part, kind, required=True, param=f"{p}.{kind}")))
             continue
         if role != "user":
-            raise invalid(f"'{p}': {role} messages take text parts only, got {kind!r}.", f"{p}.type")
+            raise invalid(f"'{p}': {role} messages take text parts only, got {shown(kind)}.", f"{p}.type")
         if kind == "image_url":
             parts.append(_image(part.get("image_url"), f"{p}.image_url", caps, limits))
         elif kind == "input_audio":
             parts.append(_audio(part.get("input_audio"), f"{p}.input_audio", caps, limits))
         else:
-            raise invalid(f"'{p}.type' must be 'text', 'image_url' or 'input_audio', got {kind!r}.", f"{p}.type")
+            raise invalid(f"'{p}.type' must be 'text', 'image_url' or 'input_audio', got {shown(kind)}.", f"{p}.type")
         budget.left -= 1
         if budget.left < 0:
             raise invalid(f"at most {limits.max_media_parts} images and audio clips are accepted per request.",
@@ -99,7 +100,7 @@ def _image(value: object, param: str, caps: Capabilities, limits: HttpLimits) ->
                       f"{param}.url", "invalid_image_url")
     mime = mime.lower()
     if mime not in IMAGE_MIMES:
-        raise invalid(f"'{param}.url' has media type {mime!r}; accepted: {', '.join(IMAGE_MIMES)}.",
+        raise invalid(f"'{param}.url' has media type {shown(mime)}; accepted: {', '.join(IMAGE_MIMES)}.",
                       f"{param}.url", "invalid_image_format")
     data = b64decode(payload, f"{param}.url", limits.max_media_bytes)
     return ImagePart(data=data, mime="image/jpeg" if mime == "image/jpg" else mime, detail=detail)

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
+from omni_gateway.gateway.client_text import invalid_text_message, invalid_text_path
 from omni_gateway.gateway.http.errors import ApiError, internal, invalid
 from omni_gateway.gateway.http.streaming import ClientGone
 from omni_gateway.gateway.metrics import HTTP_REQUESTS
@@ -53,9 +54,13 @@ async def read_body(request: Request, limit: int) -> bytes:
 async def read_json(request: Request, limit: int) -> object:
     raw = await read_body(request, limit)
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (ValueError, RecursionError):
         raise invalid("The request body is not valid JSON.", code="invalid_json") from None
+    bad = invalid_text_path(body)
+    if bad is not None:
+        raise invalid(invalid_text_message(bad), param=bad or None, code="invalid_value")
+    return body
 
 
 def _too_large(limit: int) -> ApiError:

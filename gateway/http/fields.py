@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from omni_gateway.gateway.client_text import shown
 from omni_gateway.gateway.http.errors import invalid
 
 def _type_name(value: Any) -> str:
@@ -30,7 +31,7 @@ def get_str(body: dict, key: str, default: str | None = None, *, required: bool 
     if not isinstance(value, str):
         raise invalid(f"'{param}' must be a string, got {_type_name(value)}.", param)
     if choices and value not in choices:
-        raise invalid(f"'{param}' must be one of {', '.join(repr(c) for c in choices)}, got {value!r}.", param)
+        raise invalid(f"'{param}' must be one of {', '.join(repr(c) for c in choices)}, got {shown(value)}.", param)
     if max_len is not None and len(value) > max_len:
         raise invalid(f"'{param}' is {len(value)} characters long; at most {max_len} are accepted.", param,
                       "string_above_max_length")
@@ -65,16 +66,16 @@ def get_float(body: dict, key: str, default: float | None = None, *, lo: float |
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise invalid(f"'{param}' must be a finite number, got {value!r}.", param)
+        raise invalid(f"'{param}' must be a finite number, got {shown(value)}.", param)
     _check_range(value, lo, hi, param)
     return float(value)
 
 
 def _check_range(value: float, lo: float | None, hi: float | None, param: str) -> None:
     if lo is not None and value < lo:
-        raise invalid(f"{value} is less than the minimum of {lo} - '{param}'.", param, "below_minimum")
+        raise invalid(f"{shown(value)} is less than the minimum of {lo} - '{param}'.", param, "below_minimum")
     if hi is not None and value > hi:
-        raise invalid(f"{value} is greater than the maximum of {hi} - '{param}'.", param, "above_maximum")
+        raise invalid(f"{shown(value)} is greater than the maximum of {hi} - '{param}'.", param, "above_maximum")
 
 
 def get_stop(body: dict, *, max_items: int, max_len: int) -> tuple[str, ...]:

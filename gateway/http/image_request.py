@@ -4,6 +4,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from omni_gateway.gateway.client_text import shown
 from omni_gateway.gateway.http.chat_request import HTTP_PRIORITY
 from omni_gateway.gateway.http.errors import invalid
 from omni_gateway.gateway.http.fields import get_bool, get_float, get_int, get_str, require_object
@@ -60,9 +61,9 @@ def _size(value: str, limits: HttpLimits) -> tuple[int, int]:
         return DEFAULT_SIZE
     width, sep, height = value.partition("x")
     if not sep or not width.isdigit() or not height.isdigit():
-        raise invalid(f"'size' must be \"auto\" or \"<width>x<height>\", got {value!r}.", "size")
+        raise invalid(f"'size' must be \"auto\" or \"<width>x<height>\", got {shown(value)}.", "size")
     w, h = int(width), int(height)
     if not (64 <= w <= limits.max_image_side and 64 <= h <= limits.max_image_side) or w % 8 or h % 8:
-        raise invalid(f"'size' sides must be multiples of 8 between 64 and {limits.max_image_side}, got {value!r}.",
-                      "size")
+        raise invalid(f"'size' sides must be multiples of 8 between 64 and {limits.max_image_side}, "
+                      f"got {shown(value)}.", "size")
     return w, h

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from omni_gateway.gateway.client_text import shown
+
 
 class RealtimeError(Exception):
     """A rejected client event. ``code`` is what clients key on (see realtime-protocol.md §7)."""
@@ -21,7 +23,7 @@ class RealtimeError(Exception):
 
 
 def invalid_value(param: str, expected: str, got: object) -> RealtimeError:
-    return RealtimeError("invalid_value", f"Invalid value for '{param}': expected {expected}, got {got!r}.", param)
+    return RealtimeError("invalid_value", f"Invalid value for '{param}': expected {expected}, got {shown(got)}.", param)
 
 
 def invalid_type(param: str, expected: str, got: object) -> RealtimeError:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
+from omni_gateway.gateway.client_text import shown
 from omni_gateway.gateway.realtime import audio as audio_fmt
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
 from omni_gateway.gateway.realtime.image_input import DETAILS, image_url, parse_image_url
@@ -212,8 +213,9 @@ class ItemStore:
             return None
         index = next((i for i, it in enumerate(self._items) if it.id == previous_item_id), None)
         if index is None:
-            raise RealtimeError("invalid_value", f"Item with id '{previous_item_id}' not found: previous_item_id must "
-                                "name an item in the conversation or be 'root'.", "previous_item_id")
+            raise RealtimeError("invalid_value", f"Item with id {shown(previous_item_id)} not found: "
+                                "previous_item_id must name an item in the conversation or be 'root'.",
+                                "previous_item_id")
         self._items.insert(index + 1, item)
         return previous_item_id
 

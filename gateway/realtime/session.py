@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from omni_gateway.gateway.client_text import invalid_text_message, invalid_text_path, shown
 from omni_gateway.gateway.errors import SERVER_ERROR
 from omni_gateway.gateway.realtime import audio as audio_fmt
 from omni_gateway.gateway.realtime.commands import (AsrDeadline, CancelTask, Output, SessionLimits, Send, StartTask,
@@ -65,6 +66,8 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         self._now = now
         # server_vad idle_timeout_ms: when the silence after the last reply's audio ends (None: not armed)
         self.idle_deadline: float | None = None
+        # Set when the idle timeout fired; only client audio clears it, so silence answers once, not in a loop.
+        self._idle_spent = False
         self._vad_factory = vad_factory
         audio_out = "audio" in capabilities.output_modalities
         self.settings = SessionSettings(
@@ -149,14 +152,18 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         if not isinstance(event, dict):
             self._error(RealtimeError("invalid_event", f"Expected a JSON object, got {type(event).__name__}."), None)
             return self._flush()
-        event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+        bad = invalid_text_path(event)
+        event_id = event.get("event_id") if isinstance(event.get("event_id"), str) and bad != "event_id" else None
+        if bad is not None:
+            self._error(RealtimeError("invalid_value", invalid_text_message(bad), bad or None), event_id)
+            return self._flush()
         kind = event.get("type")
         if not isinstance(kind, str):
             self._error(RealtimeError("invalid_event", "The 'type' field is missing.", "type"), event_id)
             return self._flush()
         handler = self._handlers.get(kind)
         if handler is None:
-            self._error(RealtimeError("invalid_event", f"Invalid value: '{kind[:64]}'. Supported values are: "
+            self._error(RealtimeError("invalid_event", f"Invalid value: {shown(kind)}. Supported values are: "
                                       + ", ".join(f"'{k}'" for k in self._handlers) + ".", "type"), event_id)
             return self._flush()
         mark = len(self._out)
@@ -248,6 +255,7 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         if self.audio.size + len(pcm) > self.limits.max_buffer_bytes:
             raise RealtimeError("input_audio_buffer_full", "The input audio buffer would exceed "
                                 f"{self.limits.max_buffer_bytes} bytes; commit or clear it first.", "audio")
+        self._idle_spent &= not pcm  # audio the client sent re-arms the idle timeout
         for signal in self.audio.append(pcm):
             if isinstance(signal, SpeechStarted):
                 self._speech_started(signal)
@@ -415,7 +423,7 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         if self._active == response_id:
             self._active = None
             turn = self.settings.turn_detection
-            if turn is not None and turn.idle_timeout_ms is not None:
+            if turn is not None and turn.idle_timeout_ms is not None and not self._idle_spent:
                 # the reply plays in real time on the client; the idle wait starts when it has played out
                 played_ms = sum(audio_fmt.duration_ms(audio_bytes(c)) for it in run.output for c in it.content
                                 if c.type == "output_audio")
@@ -431,8 +439,10 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
             return self._flush()
         self.idle_deadline = None
         turn = self.settings.turn_detection
-        if turn is None or turn.idle_timeout_ms is None or self._active is not None or self.audio.in_speech:
+        if turn is None or turn.idle_timeout_ms is None or self._active is not None or self.audio.in_speech \
+                or self._idle_spent:
             return self._flush()
+        self._idle_spent = True
         start_ms = int(self.audio.start / audio_fmt.BYTES_PER_MS)
         end_ms = int(self.audio.end / audio_fmt.BYTES_PER_MS)
         item_id = self._new_item_id()

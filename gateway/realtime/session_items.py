@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from omni_gateway.gateway.client_text import shown
 from omni_gateway.gateway.realtime import audio as audio_fmt
 from omni_gateway.gateway.realtime.commands import SessionLimits
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
@@ -58,7 +59,7 @@ class ConversationItems:
             raise missing("item_id")
         item = self.items.get(item_id)
         if item is None:
-            raise RealtimeError(code, f"Item with item_id '{item_id}' not found.", "item_id")
+            raise RealtimeError(code, f"Item with item_id {shown(item_id)} not found.", "item_id")
         return item
 
     def _item_retrieve(self, event: dict[str, Any]) -> None:

@@ -187,7 +187,12 @@ class TaskOutcomes:
             self._finish(response_id, "failed", error={"type": "server_error", "code": "server_error",
                                                        "message": "The request could not be built."})
             return
-        if request is not None:
+        if request is not None and not request.messages:
+            # nothing to answer: no instructions and no item the model can read (a client condition)
+            self._fail(response_id, "empty_conversation", "The response has nothing to respond to: the conversation "
+                       "has no message the model can read and the session has no instructions.",
+                       "invalid_request_error")
+        elif request is not None:
             self._out.append(StartTask(response_id, self._generate(request)))
 
     def _generate(self, request: OmniRequest) -> Generate:

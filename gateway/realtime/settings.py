@@ -18,6 +18,7 @@ Dialect = Literal["ga", "beta"]
 # semantic_vad has no semantic model behind it here: its eagerness picks how long a pause ends the turn.
 EAGERNESS_SILENCE_MS = {"low": 1500, "medium": 800, "auto": 800, "high": 400}
 MAX_OUTPUT_TOKENS_CAP = 4096
+IDLE_TIMEOUT_MS = (5000, 30000)  # server_vad idle_timeout_ms, inclusive
 
 _GA_FORMATS: dict[str, AudioFormat] = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}
 _GA_FORMAT_NAMES = {v: k for k, v in _GA_FORMATS.items()}
@@ -162,6 +163,16 @@ def _optional_dict(value: Any, param: str) -> dict[str, Any] | None:
     return dict(_expect(value, dict, param, "an object or null"))
 
 
+def _idle_timeout(value: Any, param: str) -> int | None:
+    """OpenAI's bounds: a shorter wait would answer silence as fast as the model can reply."""
+    if value is None:
+        return None
+    expected = f"null or an integer between {IDLE_TIMEOUT_MS[0]} and {IDLE_TIMEOUT_MS[1]}"
+    if not isinstance(value, int) or isinstance(value, bool) or not IDLE_TIMEOUT_MS[0] <= value <= IDLE_TIMEOUT_MS[1]:
+        raise invalid_value(param, expected, value)
+    return value
+
+
 def _turn_detection(value: Any, param: str, current: TurnDetection | None) -> TurnDetection | None:
     if value is None:
         return None
@@ -185,8 +196,8 @@ def _turn_detection(value: Any, param: str, current: TurnDetection | None) -> Tu
     for key in ("create_response", "interrupt_response"):
         if key in value:
             changes[key] = _expect(value[key], bool, f"{param}.{key}", "a boolean")
-    if value.get("idle_timeout_ms") is not None:
-        changes["idle_timeout_ms"] = _expect(value["idle_timeout_ms"], int, f"{param}.idle_timeout_ms", "an integer")
+    if "idle_timeout_ms" in value:
+        changes["idle_timeout_ms"] = _idle_timeout(value["idle_timeout_ms"], f"{param}.idle_timeout_ms")
     if "eagerness" in value:
         if value["eagerness"] not in EAGERNESS_SILENCE_MS:
             raise invalid_value(f"{param}.eagerness", "'low', 'medium', 'high' or 'auto'", value["eagerness"])

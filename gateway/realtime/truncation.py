@@ -63,7 +63,7 @@ def fit_messages(messages: tuple[Message, ...], count: Callable[[tuple[Message, 
     starts the conversation with a tool result whose call it dropped. When even the newest message
     alone is too long, that message is what remains (the engine then refuses it).
     """
-    if not truncation.enabled:
+    if not truncation.enabled or not messages:  # an empty prompt has nothing to count (the session refuses it)
         return messages, ()
     head = 0
     while head < len(messages) and messages[head].role == "system":

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import logging
 
 import av
 import numpy as np
@@ -104,6 +105,19 @@ def test_wav_header_claiming_endless_data_is_capped_by_what_is_read() -> None:
 def test_garbage_raises_decode_error(data: bytes) -> None:
     with pytest.raises(AudioDecodeError):
         decode_audio(data)
+
+
+@pytest.mark.parametrize("data", [b"RIFF" + b"\x00" * 40, b"OggS" + bytes(range(200)), b"ID3\x03" + b"\xff" * 300,
+                                  b"\x1aE\xdf\xa3" + b"\x00" * 100, b"hello world, not audio at all" * 10])
+def test_decoder_text_stays_in_the_debug_log(data: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    """FFmpeg's and libsndfile's own text ("[Errno 1094995529] Invalid data found ...") never reaches a client."""
+    with caplog.at_level(logging.DEBUG, logger="omni_gateway.encoders.audio"):
+        with pytest.raises(AudioDecodeError) as err:
+            decode_audio(data)
+    assert str(err.value) in {"the audio could not be decoded", "the audio container could not be read",
+                              "the container has no audio stream", "audio decoded to zero samples"}, str(err.value)
+    if str(err.value) != "the container has no audio stream":
+        assert caplog.records and all(r.levelno == logging.DEBUG for r in caplog.records)
 
 
 def test_truncated_files_fail_cleanly_or_return_the_decodable_head() -> None:

@@ -90,7 +90,7 @@ def test_a_client_that_stops_reading_is_disconnected_and_its_generation_aborted(
                                                   Done("stop")])
     with serve(backend, GatewayConfig(send_queue_max=8, send_timeout_s=1.0)) as port:
         sock = stalled_client(port)
-        sock.sendall(masked_text_frame(json.dumps({"type": "response.create"})))
+        sock.sendall(masked_text_frame(json.dumps({"type": "response.create", "response": {"instructions": "Talk."}})))
         deadline = time.monotonic() + TIMEOUT
         while not backend.aborted and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -125,7 +125,7 @@ def test_a_reader_that_stalls_stops_its_generation_then_is_closed_with_1008(capl
 
     with serve(backend, config) as port:
         sock = stalled_client(port)
-        sock.sendall(masked_text_frame(json.dumps({"type": "response.create"})))
+        sock.sendall(masked_text_frame(json.dumps({"type": "response.create", "response": {"instructions": "Talk."}})))
         deadline = time.monotonic() + TIMEOUT
         while not dropped() and time.monotonic() < deadline:  # reading nothing meanwhile
             time.sleep(0.02)

@@ -238,3 +238,10 @@ def test_turns_after_a_cut_find_their_prefix_cached_only_when_the_cut_leaves_roo
         assert well_cached, usages  # turns after the cut reuse the cut prompt's blocks
     else:
         assert not well_cached, usages  # every turn past the window is cut again, at a new start
+
+
+def test_an_empty_prompt_is_not_counted() -> None:
+    def count(messages: tuple[Message, ...]) -> int:
+        raise AssertionError("counted an empty prompt")
+
+    assert fit_messages((), count, 1000, None, Truncation()) == ((), ())

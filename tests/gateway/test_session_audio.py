@@ -5,7 +5,8 @@ import base64
 
 import numpy as np
 import pytest
-from session_driver import Driver, b64, cancelled, error, events, generations, only, started, transcribes, types
+from session_driver import (Driver, b64, cancelled, error, events, generations, only, responses_started, started,
+                            transcribes, types)
 
 from fakes import silence, tone
 from omni_gateway.gateway.realtime import g711
@@ -264,12 +265,12 @@ def test_idle_timeout_prompts_a_reply_after_the_previous_one_played_out() -> Non
     d.session = RealtimeSession(dialect="ga", capabilities=backend.capabilities, vad_factory=backend.new_vad,
                                 now=lambda: clock[0])  # type: ignore[arg-type]
     d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
-        "type": "server_vad", "idle_timeout_ms": 2000}}}}})
+        "type": "server_vad", "idle_timeout_ms": 5000}}}}})
     assert d.session.idle_deadline is None
     spoken_reply(d)  # 300 ms of reply audio
-    assert d.session.idle_deadline == pytest.approx(1000.0 + 0.3 + 2.0)
+    assert d.session.idle_deadline == pytest.approx(1000.0 + 0.3 + 5.0)
     d.send({"type": "input_audio_buffer.append", "audio": b64(silence(500))})
-    clock[0] += 2.0
+    clock[0] += 5.0
     assert d.session.on_idle() == []  # the reply is still within its playback + timeout
     clock[0] += 0.5
     out = d.session.on_idle()
@@ -283,8 +284,68 @@ def test_idle_timeout_prompts_a_reply_after_the_previous_one_played_out() -> Non
 def test_speech_disarms_the_idle_timeout() -> None:
     d = Driver()
     d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
-        "type": "server_vad", "idle_timeout_ms": 1}}}}})
+        "type": "server_vad", "idle_timeout_ms": 5000}}}}})
     spoken_reply(d)
     assert d.session.idle_deadline is not None
     d.send({"type": "input_audio_buffer.append", "audio": b64(tone(100))})
     assert d.session.idle_deadline is None
+
+
+@pytest.mark.parametrize("value", [0, 1, -5, 4999, 30001, 5000.5, "5000", True])
+@pytest.mark.parametrize("dialect", ["ga", "beta"])
+def test_idle_timeout_outside_openais_bounds_is_refused(dialect: str, value: object) -> None:
+    d = Driver(dialect=dialect)
+    turn = {"type": "server_vad", "idle_timeout_ms": value}
+    session = {"type": "realtime", "audio": {"input": {"turn_detection": turn}}} if dialect == "ga" \
+        else {"turn_detection": turn}
+    err = error(d.send({"type": "session.update", "session": session}))
+    prefix = "session.audio.input" if dialect == "ga" else "session"
+    assert err["code"] == "invalid_value" and err["param"] == f"{prefix}.turn_detection.idle_timeout_ms"
+    assert "5000" in err["message"] and "30000" in err["message"]
+    assert d.session.settings.turn_detection is not None and d.session.settings.turn_detection.idle_timeout_ms is None
+
+
+@pytest.mark.parametrize("value", [5000, 30000])
+def test_idle_timeout_within_bounds_is_taken_and_null_clears_it(value: int) -> None:
+    d = Driver(dialect="beta")
+    out = d.send({"type": "session.update", "session": {"turn_detection": {"type": "server_vad",
+                                                                           "idle_timeout_ms": value}}})
+    assert only(out, "session.updated")["session"]["turn_detection"]["idle_timeout_ms"] == value
+    out = d.send({"type": "session.update", "session": {"turn_detection": {"idle_timeout_ms": None}}})
+    assert only(out, "session.updated")["session"]["turn_detection"]["idle_timeout_ms"] is None
+
+
+def test_idle_timeout_fires_once_until_the_client_sends_audio_again() -> None:
+    from fakes import FakeBackend
+    from omni_gateway.gateway.realtime.session import RealtimeSession
+
+    clock = [1000.0]
+    backend = FakeBackend()
+    d = Driver(backend=backend)
+    d.session = RealtimeSession(dialect="ga", capabilities=backend.capabilities, vad_factory=backend.new_vad,
+                                now=lambda: clock[0])  # type: ignore[arg-type]
+    d.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"],
+                                                  "audio": {"input": {"turn_detection": {
+                                                      "type": "server_vad", "idle_timeout_ms": 5000}}}}})
+    d.text_item()
+    d.run(started(d.send({"type": "response.create"})))
+    clock[0] += 6
+    d.run(started(d.session.on_idle()))  # the silence prompts one reply
+    assert d.session.idle_deadline is None  # ... and no other, however long the silence lasts
+    clock[0] += 60
+    assert responses_started(d.session.on_idle()) == []
+    d.send({"type": "input_audio_buffer.append", "audio": ""})  # no audio: the timeout stays spent
+    d.run(started(d.send({"type": "response.create"})))
+    assert d.session.idle_deadline is None
+    d.send({"type": "input_audio_buffer.append", "audio": b64(silence(200))})
+    d.run(started(d.send({"type": "response.create"})))
+    assert d.session.idle_deadline is not None  # client audio re-arms it
+
+
+def test_a_response_to_an_empty_conversation_fails_as_the_clients_error() -> None:
+    d = Driver(count_tokens=True)
+    out = d.send({"type": "response.create"})
+    assert error(out)["type"] == "invalid_request_error" and error(out)["code"] == "empty_conversation"
+    done = only(out, "response.done")["response"]
+    assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "empty_conversation"
+    assert generations(out) == [] and d.session.running_responses == ()

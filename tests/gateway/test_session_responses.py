@@ -165,7 +165,7 @@ def test_response_request_carries_conversation_and_session_settings() -> None:
 
 def test_beta_temperature_reaches_the_request() -> None:
     d = Driver("beta")
-    d.send({"type": "session.update", "session": {"temperature": 0.7}})
+    d.send({"type": "session.update", "session": {"temperature": 0.7, "instructions": "Be brief."}})
     request = d.session.build_request(started(d.send({"type": "response.create"})))
     assert request is not None and request.sampling.temperature == 0.7
     override = d.session.build_request(started(d.send({"type": "response.create", "response": {
@@ -176,6 +176,7 @@ def test_beta_temperature_reaches_the_request() -> None:
 def test_finish_reasons_map_to_status() -> None:
     d = Driver()
     d.text_mode()
+    d.text_item()
     rid = started(d.send({"type": "response.create"}))
     done = only(d.run(rid, [TextDelta("abc"), Done("length")]), "response.done")["response"]
     assert done["status"] == "incomplete" and done["status_details"]["reason"] == "max_output_tokens"
@@ -191,6 +192,7 @@ def test_finish_reasons_map_to_status() -> None:
 def test_usage_after_done_still_reaches_response_done() -> None:
     d = Driver()
     d.text_mode()
+    d.text_item()
     rid = started(d.send({"type": "response.create"}))
     done = only(d.run(rid, [TextDelta("x"), Done("stop"), Usage(input_tokens=3, output_tokens=1)]), "response.done")
     assert done["response"]["usage"]["total_tokens"] == 4

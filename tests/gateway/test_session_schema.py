@@ -63,7 +63,7 @@ def transcript_of_everything(dialect: str) -> list[dict[str, Any]]:
     out += d.session.receive_text("{bad")
     if dialect == "ga":  # the idle timeout exists in GA only
         out += d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
-            "turn_detection": {"type": "server_vad", "idle_timeout_ms": 1}}}}})
+            "turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}}})
         out += d.run(started(out_ := d.send({"type": "response.create"})), [TextDelta("x"), Done("stop")])
         out += out_
         d.session.idle_deadline = 0.0

@@ -263,6 +263,7 @@ def test_nothing_is_prepared_when_the_turn_would_not_be_answered_or_the_pause_is
 
 def test_a_prepared_reply_no_response_takes_is_discarded_when_the_turn_ends() -> None:
     d = Driver()
+    d.send({"type": "session.update", "session": {"type": "realtime", "instructions": "Be brief."}})
     vad(d)
     spec, prepared = paused_turn(d)
     assert prepared is not None
