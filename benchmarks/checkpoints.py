@@ -5,6 +5,7 @@ Text models (Llama, Llama-3 RoPE, Mistral, Qwen2, Qwen3) come with a byte-level 
 vision-language models (LLaVA, Qwen2-VL) with a tokenizer that knows the media placeholder tokens and
 an image processor.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,13 +24,17 @@ CORPUS = [
     "The end of the story is near. User: hi. Assistant: hello there.",
     "def f(x): return x * 2  # numbers 0123456789",
 ] * 10
-VLM_SPECIALS = ["<eos>", "<bos>", "<image>", "<|vision_start|>", "<|image_pad|>", "<|video_pad|>",
-                "<|vision_end|>"]
-VLM_CORPUS = ["user: describe the picture in one short sentence please", "assistant: a red square on a blue field",
-              "what changed between these two frames of the video",
-              "the quick brown fox jumps over the lazy dog"] * 4
-_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                  "{% if add_generation_prompt %}assistant:{% endif %}")
+VLM_SPECIALS = ["<eos>", "<bos>", "<image>", "<|vision_start|>", "<|image_pad|>", "<|video_pad|>", "<|vision_end|>"]
+VLM_CORPUS = [
+    "user: describe the picture in one short sentence please",
+    "assistant: a red square on a blue field",
+    "what changed between these two frames of the video",
+    "the quick brown fox jumps over the lazy dog",
+] * 4
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def _trained_byte_level(corpus: list[str], vocab_size: int, specials: list[str], **extra: Any) -> Any:
@@ -39,8 +44,9 @@ def _trained_byte_level(corpus: list[str], vocab_size: int, specials: list[str],
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(corpus, trainer)
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>", **extra)
     hf.chat_template = _CHAT_TEMPLATE
@@ -68,9 +74,19 @@ def token_id(name: str) -> int:
 
 def _text_config(max_position_embeddings: int, **extra: Any) -> dict[str, Any]:
     # A wide init keeps logits well apart, so greedy ties cannot flip on float rounding.
-    return dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=max_position_embeddings, initializer_range=0.3,
-                eos_token_id=0, bos_token_id=1, **extra)
+    return dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_position_embeddings,
+        initializer_range=0.3,
+        eos_token_id=0,
+        bos_token_id=1,
+        **extra,
+    )
 
 
 TEXT_KINDS = ("llama", "llama3-rope", "mistral", "qwen2", "qwen3")
@@ -84,9 +100,18 @@ def tiny_config(kind: str) -> Any:
     if kind == "llama":
         return LlamaConfig(**common, tie_word_embeddings=False)
     if kind == "llama3-rope":
-        return LlamaConfig(**common, tie_word_embeddings=True, rope_theta=50000.0,
-                           rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+        return LlamaConfig(
+            **common,
+            tie_word_embeddings=True,
+            rope_theta=50000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 4.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
     if kind == "mistral":
         return MistralConfig(**common, sliding_window=64, tie_word_embeddings=False)
     if kind == "qwen2":
@@ -119,10 +144,21 @@ def save_tiny_llava(directory: Path, seed: int = 0) -> Any:
 
     torch.manual_seed(seed)
     config = LlavaConfig(
-        vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                       num_attention_heads=2, image_size=56, patch_size=14, initializer_range=0.3),
-        text_config=LlamaConfig(**_text_config(512)), image_token_id=token_id("<image>"),
-        vision_feature_layer=-2, vision_feature_select_strategy="default", initializer_range=0.3)
+        vision_config=CLIPVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=56,
+            patch_size=14,
+            initializer_range=0.3,
+        ),
+        text_config=LlamaConfig(**_text_config(512)),
+        image_token_id=token_id("<image>"),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        initializer_range=0.3,
+    )
     model = LlavaForConditionalGeneration(config).eval()
     model.save_pretrained(directory)
     vlm_tokenizer().save_pretrained(directory)
@@ -139,13 +175,26 @@ def save_tiny_qwen2_vl(directory: Path, seed: int = 0) -> Any:
 
     torch.manual_seed(seed)
     config = Qwen2VLConfig(
-        text_config=_text_config(512, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                       "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2, initializer_range=0.3),
-        image_token_id=token_id("<|image_pad|>"), video_token_id=token_id("<|video_pad|>"),
-        vision_start_token_id=token_id("<|vision_start|>"), vision_end_token_id=token_id("<|vision_end|>"),
-        initializer_range=0.3)
+        text_config=_text_config(
+            512, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+        ),
+        vision_config=dict(
+            depth=2,
+            embed_dim=32,
+            hidden_size=64,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            initializer_range=0.3,
+        ),
+        image_token_id=token_id("<|image_pad|>"),
+        video_token_id=token_id("<|video_pad|>"),
+        vision_start_token_id=token_id("<|vision_start|>"),
+        vision_end_token_id=token_id("<|vision_end|>"),
+        initializer_range=0.3,
+    )
     model = Qwen2VLForConditionalGeneration(config).eval()
     model.save_pretrained(directory)
     vlm_tokenizer().save_pretrained(directory)

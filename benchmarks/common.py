@@ -6,6 +6,7 @@ Each benchmark appends to ``benchmarks/results/<name>.jsonl`` unless ``--out`` n
 its ``kind``, all carrying the run's ``run_id`` so the lines of one run can be picked out of a file that
 holds many.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,15 +28,20 @@ _ROOT = Path(__file__).resolve().parent.parent
 
 def add_out_argument(parser: argparse.ArgumentParser, name: str) -> None:
     """``--out FILE``: the JSON-lines file the run appends to (default ``benchmarks/results/<name>.jsonl``)."""
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / f"{name}.jsonl", metavar="FILE",
-                        help="append the raw results to this JSON-lines file "
-                             f"(default: benchmarks/results/{name}.jsonl)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS_DIR / f"{name}.jsonl",
+        metavar="FILE",
+        help=f"append the raw results to this JSON-lines file (default: benchmarks/results/{name}.jsonl)",
+    )
 
 
 def _commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, capture_output=True, text=True,
-                             timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, capture_output=True, text=True, timeout=5
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
@@ -43,8 +49,12 @@ def _commit() -> str | None:
 
 def machine_info() -> dict[str, Any]:
     """The machine and software of this run; the GPU only where torch already sees one."""
-    info: dict[str, Any] = {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
-                            "cpus": os.cpu_count(), "python": platform.python_version()}
+    info: dict[str, Any] = {
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
     if hasattr(os, "getloadavg"):
         info["load"] = round(os.getloadavg()[0], 2)
     torch = sys.modules.get("torch")
@@ -65,9 +75,14 @@ class ResultLog:
         self.benchmark = benchmark
         self.run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
         self._file: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
-        self.write("run", date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                   command="python -m benchmarks." + " ".join([benchmark, *sys.argv[1:]]), commit=_commit(),
-                   **machine_info(), **run_fields)
+        self.write(
+            "run",
+            date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            command="python -m benchmarks." + " ".join([benchmark, *sys.argv[1:]]),
+            commit=_commit(),
+            **machine_info(),
+            **run_fields,
+        )
 
     def write(self, kind: str, **fields: Any) -> None:
         record = {"benchmark": self.benchmark, "run_id": self.run_id, "kind": kind, **fields}
@@ -95,8 +110,13 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def summary(samples: Sequence[float]) -> dict[str, float]:
     """Median, p90, minimum and maximum of ``samples`` (seconds stay seconds)."""
-    return {"median": statistics.median(samples), "p90": percentile(samples, 0.9), "min": min(samples),
-            "max": max(samples), "n": len(samples)}
+    return {
+        "median": statistics.median(samples),
+        "p90": percentile(samples, 0.9),
+        "min": min(samples),
+        "max": max(samples),
+        "n": len(samples),
+    }
 
 
 def ratio(value: float, baseline: float) -> str:

@@ -17,6 +17,7 @@ Prints every figure and the head's ratios to the plain calls, and appends them a
     python -m benchmarks.dit --preset pixart512 --requests 8 --steps 20 --preview-every 5
     python -m benchmarks.dit --preset tiny --device cpu --steps 4 --size 32
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,36 +27,83 @@ import time
 from typing import Any
 
 import torch
-
-from benchmarks.common import ResultLog, add_out_argument
 from omni_gateway.omni.heads.dit import ImageHead
 from omni_gateway.omni.heads.dit_loader import ImageHeadConfig, select_device
 from omni_gateway.omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
 
-PROMPTS = ["a red cat on a mat", "a blue sky over a green tree", "a dog in the snow", "a city at night",
-           "a bowl of fruit", "a sailing boat", "a mountain lake", "a portrait of an old man"]
+from benchmarks.common import ResultLog, add_out_argument
+
+PROMPTS = [
+    "a red cat on a mat",
+    "a blue sky over a green tree",
+    "a dog in the snow",
+    "a city at night",
+    "a bowl of fruit",
+    "a sailing boat",
+    "a mountain lake",
+    "a portrait of an old man",
+]
 
 PRESETS: dict[str, dict[str, Any]] = {
     "pixart512": dict(
-        transformer=dict(sample_size=64, num_layers=28, attention_head_dim=72, num_attention_heads=16,
-                         in_channels=4, out_channels=8, caption_channels=4096, cross_attention_dim=1152,
-                         patch_size=2, norm_type="ada_norm_single", num_embeds_ada_norm=1000,
-                         activation_fn="gelu-approximate", attention_bias=True, norm_elementwise_affine=False,
-                         norm_eps=1e-6),
-        vae=dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=4,
-                 down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                 norm_num_groups=32, sample_size=512, scaling_factor=0.18215),
+        transformer=dict(
+            sample_size=64,
+            num_layers=28,
+            attention_head_dim=72,
+            num_attention_heads=16,
+            in_channels=4,
+            out_channels=8,
+            caption_channels=4096,
+            cross_attention_dim=1152,
+            patch_size=2,
+            norm_type="ada_norm_single",
+            num_embeds_ada_norm=1000,
+            activation_fn="gelu-approximate",
+            attention_bias=True,
+            norm_elementwise_affine=False,
+            norm_eps=1e-6,
+        ),
+        vae=dict(
+            block_out_channels=(128, 256, 512, 512),
+            layers_per_block=2,
+            latent_channels=4,
+            down_block_types=("DownEncoderBlock2D",) * 4,
+            up_block_types=("UpDecoderBlock2D",) * 4,
+            norm_num_groups=32,
+            sample_size=512,
+            scaling_factor=0.18215,
+        ),
         t5=dict(d_model=4096, d_kv=64, d_ff=2048, num_layers=1, num_heads=16),
-        vocab=4096, max_length=120),
+        vocab=4096,
+        max_length=120,
+    ),
     "tiny": dict(
-        transformer=dict(sample_size=8, num_layers=2, attention_head_dim=8, num_attention_heads=2, in_channels=4,
-                         out_channels=8, caption_channels=32, cross_attention_dim=16, norm_type="ada_norm_single",
-                         patch_size=2, num_embeds_ada_norm=1000),
-        vae=dict(block_out_channels=(8, 16), layers_per_block=1, latent_channels=4,
-                 down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-                 norm_num_groups=4, sample_size=32),
+        transformer=dict(
+            sample_size=8,
+            num_layers=2,
+            attention_head_dim=8,
+            num_attention_heads=2,
+            in_channels=4,
+            out_channels=8,
+            caption_channels=32,
+            cross_attention_dim=16,
+            norm_type="ada_norm_single",
+            patch_size=2,
+            num_embeds_ada_norm=1000,
+        ),
+        vae=dict(
+            block_out_channels=(8, 16),
+            layers_per_block=1,
+            latent_channels=4,
+            down_block_types=("DownEncoderBlock2D",) * 2,
+            up_block_types=("UpDecoderBlock2D",) * 2,
+            norm_num_groups=4,
+            sample_size=32,
+        ),
         t5=dict(d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4),
-        vocab=64, max_length=16),
+        vocab=64,
+        max_length=16,
+    ),
 }
 
 
@@ -68,15 +116,25 @@ def build_pipeline(preset: dict[str, Any], device: torch.device, dtype: torch.dt
     words += [f"w{i}" for i in range(preset["vocab"] - len(words))]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-                                        model_max_length=preset["max_length"])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=preset["max_length"],
+    )
     torch.manual_seed(0)
     with torch.device(device):  # random init on the device: seconds instead of minutes for 600M parameters
         transformer = PixArtTransformer2DModel(**preset["transformer"])
         vae = AutoencoderKL(in_channels=3, out_channels=3, **preset["vae"])
         text_encoder = T5EncoderModel(T5Config(vocab_size=len(words), pad_token_id=0, eos_token_id=1, **preset["t5"]))
-    pipe = PixArtAlphaPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
-                               scheduler=DPMSolverMultistepScheduler())
+    pipe = PixArtAlphaPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        vae=vae,
+        transformer=transformer,
+        scheduler=DPMSolverMultistepScheduler(),
+    )
     pipe.to(device=device, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     return pipe
@@ -90,20 +148,35 @@ def sync(device: torch.device) -> None:
 def plain_call(pipe: Any, prompts: list[str], args: argparse.Namespace, seed: int) -> float:
     generators = [torch.Generator("cpu").manual_seed(seed + i) for i in range(len(prompts))]
     t0 = time.perf_counter()
-    pipe(prompt=prompts, num_inference_steps=args.steps, guidance_scale=args.guidance, height=args.size,
-         width=args.size, generator=generators, output_type="np", use_resolution_binning=False, clean_caption=False)
+    pipe(
+        prompt=prompts,
+        num_inference_steps=args.steps,
+        guidance_scale=args.guidance,
+        height=args.size,
+        width=args.size,
+        generator=generators,
+        output_type="np",
+        use_resolution_binning=False,
+        clean_caption=False,
+    )
     return time.perf_counter() - t0
 
 
-async def head_requests(head: ImageHead, prompts: list[str], args: argparse.Namespace, seed: int,
-                        preview_every: int) -> tuple[float, list[float | None], list[float | None]]:
+async def head_requests(
+    head: ImageHead, prompts: list[str], args: argparse.Namespace, seed: int, preview_every: int
+) -> tuple[float, list[float | None], list[float | None]]:
     """Wall time for all, and per request the time to its first preview and to its final image."""
     t0 = time.perf_counter()
 
     async def one(i: int, prompt: str) -> tuple[float | None, float | None]:
         first: float | None = None
-        opts = ImageOutputOptions(size=(args.size, args.size), num_inference_steps=args.steps,
-                                  guidance_scale=args.guidance, seed=seed + i, preview_every=preview_every)
+        opts = ImageOutputOptions(
+            size=(args.size, args.size),
+            num_inference_steps=args.steps,
+            guidance_scale=args.guidance,
+            seed=seed + i,
+            preview_every=preview_every,
+        )
         done: float | None = None
         async for chunk in head.generate(prompt, opts):
             now = time.perf_counter() - t0
@@ -145,9 +218,10 @@ def main() -> None:
     sync(device)
     build_s = time.perf_counter() - t0
     n_params = sum(p.numel() for p in pipe.transformer.parameters())
-    head = ImageHead(pipe, config=ImageHeadConfig(max_batch_images=args.requests, batch_window_s=0.02,
-                                                  max_images=1, min_side=16))
-    prompts = (PROMPTS * ((args.requests + len(PROMPTS) - 1) // len(PROMPTS)))[:args.requests]
+    head = ImageHead(
+        pipe, config=ImageHeadConfig(max_batch_images=args.requests, batch_window_s=0.02, max_images=1, min_side=16)
+    )
+    prompts = (PROMPTS * ((args.requests + len(PROMPTS) - 1) // len(PROMPTS)))[: args.requests]
 
     # warm-up: kernels, allocator, and the head's thread
     plain_call(pipe, prompts[:1], args, 0)
@@ -157,20 +231,27 @@ def main() -> None:
 
     plain_single = [plain_call(pipe, prompts[:1], args, 1) for _ in range(args.repeats)]
     plain_batch = [plain_call(pipe, prompts, args, 1) for _ in range(args.repeats)]
-    head_single = [asyncio.run(head_requests(head, prompts[:1], args, 1, args.preview_every))
-                   for _ in range(args.repeats)]
-    head_single_nopreview = [asyncio.run(head_requests(head, prompts[:1], args, 1, 0))[0]
-                             for _ in range(args.repeats)]
+    head_single = [
+        asyncio.run(head_requests(head, prompts[:1], args, 1, args.preview_every)) for _ in range(args.repeats)
+    ]
+    head_single_nopreview = [asyncio.run(head_requests(head, prompts[:1], args, 1, 0))[0] for _ in range(args.repeats)]
     head_many = [asyncio.run(head_requests(head, prompts, args, 1, args.preview_every)) for _ in range(args.repeats)]
     stats = head.metrics()
     head.close()
 
     n = len(prompts)
     res = {
-        "preset": args.preset, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
-        "transformer_params_m": round(n_params / 1e6, 3), "build_s": round(build_s, 1),
-        "size": args.size, "steps": args.steps, "guidance": args.guidance, "preview_every": args.preview_every,
-        "requests": n, "repeats": args.repeats,
+        "preset": args.preset,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "transformer_params_m": round(n_params / 1e6, 3),
+        "build_s": round(build_s, 1),
+        "size": args.size,
+        "steps": args.steps,
+        "guidance": args.guidance,
+        "preview_every": args.preview_every,
+        "requests": n,
+        "repeats": args.repeats,
         "plain_single_s": median(plain_single),
         "plain_batch_s": median(plain_batch),
         "head_single_s": median([r[0] for r in head_single]),
@@ -183,8 +264,9 @@ def main() -> None:
     res["plain_sequential_images_per_s"] = 1 / res["plain_single_s"]
     res["plain_batch_images_per_s"] = n / res["plain_batch_s"]
     res["head_concurrent_images_per_s"] = n / res["head_concurrent_s"]
-    res["ratio_head_concurrent_vs_plain_sequential"] = res["head_concurrent_images_per_s"] / res[
-        "plain_sequential_images_per_s"]
+    res["ratio_head_concurrent_vs_plain_sequential"] = (
+        res["head_concurrent_images_per_s"] / res["plain_sequential_images_per_s"]
+    )
     res["ratio_head_concurrent_vs_plain_batch"] = res["head_concurrent_images_per_s"] / res["plain_batch_images_per_s"]
     res["ratio_head_single_vs_plain_single_latency"] = res["head_single_s"] / res["plain_single_s"]
     with ResultLog(args.out, "dit") as log:

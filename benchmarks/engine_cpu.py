@@ -8,6 +8,7 @@ single request through each. Prints tokens/s, the ratios and the KV-cache waste 
 (allocated slots vs slots holding tokens, at the step of peak use and averaged over steps), and
 appends them to ``benchmarks/results/engine_cpu.jsonl``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,16 +68,19 @@ class KVUsage:
         peak_alloc, peak_used = max(self.samples)
         total_alloc = sum(a for a, _ in self.samples)
         total_used = sum(u for _, u in self.samples)
-        return (f"KV waste at peak: {100 * (1 - peak_used / peak_alloc):.2f}% ({peak_alloc} slots allocated, "
-                f"{peak_used} used); averaged over {len(self.samples)} steps: "
-                f"{100 * (1 - total_used / total_alloc):.2f}%")
+        return (
+            f"KV waste at peak: {100 * (1 - peak_used / peak_alloc):.2f}% ({peak_alloc} slots allocated, "
+            f"{peak_used} used); averaged over {len(self.samples)} steps: "
+            f"{100 * (1 - total_used / total_alloc):.2f}%"
+        )
 
 
 def prompts_for(tokenizer: Any, count: int) -> list[list[int]]:
     out = []
     for i in range(count):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-                                             add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], add_generation_prompt=True, tokenize=False
+        )
         out.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
     return out
 
@@ -94,8 +98,14 @@ def hf_generate(model: Any, tokenizer: Any, prompts: list[list[int]], new_tokens
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
     return out[:, width:].tolist()
 
 
@@ -103,7 +113,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--block-size", type=int, default=None, help="KV block size (default: the engine's for the CPU)")
+    parser.add_argument(
+        "--block-size", type=int, default=None, help="KV block size (default: the engine's for the CPU)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     add_out_argument(parser, "engine_cpu")
     args = parser.parse_args()
@@ -111,15 +123,22 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     n, new = args.requests, args.new_tokens
 
-    from transformers import AutoModelForCausalLM
-
     from omni_gateway.engine import LLM, SamplingParams
     from omni_gateway.engine.loader import default_model_path
+    from transformers import AutoModelForCausalLM
 
-    llm = LLM("default", device="cpu", max_num_seqs=max(n, 1), kv_cache_bytes=256 << 20,
-              max_num_batched_tokens=2048, block_size=args.block_size)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {n} requests x {new} new tokens, greedy; "
-          f"KV block size {llm.engine.config.block_size}")
+    llm = LLM(
+        "default",
+        device="cpu",
+        max_num_seqs=max(n, 1),
+        kv_cache_bytes=256 << 20,
+        max_num_batched_tokens=2048,
+        block_size=args.block_size,
+    )
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; {n} requests x {new} new tokens, greedy; "
+        f"KV block size {llm.engine.config.block_size}"
+    )
     tokenizer = llm.engine.tokenizer
     path = Path(default_model_path())
     hf = AutoModelForCausalLM.from_pretrained(os.fspath(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
@@ -165,19 +184,35 @@ def main() -> None:
     tn_hf, _ = timed(lambda: hf_generate(hf, tokenizer, [p0], new))
     single_ours = (new - 1) / (tn_ours - t1_ours)
     single_hf = (new - 1) / (tn_hf - t1_hf)
-    print(f"single-stream decode: ours {single_ours:.1f} tok/s, HF {single_hf:.1f} tok/s "
-          f"({single_ours / single_hf:.2f}x)")
+    print(
+        f"single-stream decode: ours {single_ours:.1f} tok/s, HF {single_hf:.1f} tok/s ({single_ours / single_hf:.2f}x)"
+    )
     same_seq = sum(a == b for a, b in zip(ours_tokens, seq_tokens))
     same_batch = sum(a == b for a, b in zip(ours_tokens, batch_tokens))
     print(f"identical outputs: {same_seq}/{n} vs HF sequential, {same_batch}/{n} vs HF batched")
     waste_peak, waste_mean = usage.waste()
-    with ResultLog(args.out, "engine_cpu", requests=n, new_tokens=new, block_size=llm.engine.config.block_size,
-                   threads=torch.get_num_threads()) as log:
-        log.write("result", ours_tok_s=total / t_ours, hf_sequential_tok_s=total / t_seq,
-                  hf_batched_tok_s=total / t_batch, ratio_vs_hf_sequential=t_seq / t_ours,
-                  ratio_vs_hf_batched=t_batch / t_ours, single_stream_ours_tok_s=single_ours,
-                  single_stream_hf_tok_s=single_hf, kv_waste_peak=waste_peak, kv_waste_mean=waste_mean,
-                  identical_vs_hf_sequential=same_seq, identical_vs_hf_batched=same_batch)
+    with ResultLog(
+        args.out,
+        "engine_cpu",
+        requests=n,
+        new_tokens=new,
+        block_size=llm.engine.config.block_size,
+        threads=torch.get_num_threads(),
+    ) as log:
+        log.write(
+            "result",
+            ours_tok_s=total / t_ours,
+            hf_sequential_tok_s=total / t_seq,
+            hf_batched_tok_s=total / t_batch,
+            ratio_vs_hf_sequential=t_seq / t_ours,
+            ratio_vs_hf_batched=t_batch / t_ours,
+            single_stream_ours_tok_s=single_ours,
+            single_stream_hf_tok_s=single_hf,
+            kv_waste_peak=waste_peak,
+            kv_waste_mean=waste_mean,
+            identical_vs_hf_sequential=same_seq,
+            identical_vs_hf_batched=same_batch,
+        )
 
 
 if __name__ == "__main__":

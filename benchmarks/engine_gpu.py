@@ -26,6 +26,7 @@ temp dir (no download), with a word-level tokenizer that covers the whole vocabu
 
 Each model's report is appended to ``benchmarks/results/engine_gpu.jsonl`` (``--out``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,17 +47,42 @@ def shape_config(name: str) -> Any:
     from transformers import LlamaConfig, Qwen2Config
 
     if name == "qwen2.5-0.5b":
-        return Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                           num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                           rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                           eos_token_id=0, bos_token_id=1)
+        return Qwen2Config(
+            vocab_size=151936,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            max_position_embeddings=32768,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            eos_token_id=0,
+            bos_token_id=1,
+        )
     if name == "llama-3.1-8b":
-        return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                           num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
-                           rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                           rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-                           eos_token_id=0, bos_token_id=1)
+        return LlamaConfig(
+            vocab_size=128256,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=131072,
+            rope_theta=500000.0,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+            eos_token_id=0,
+            bos_token_id=1,
+        )
     raise SystemExit(f"unknown model shape {name!r}; expected qwen2.5-0.5b or llama-3.1-8b")
 
 
@@ -118,8 +144,9 @@ def hf_batched(model: Any, work: Workload) -> tuple[float, int]:
     torch.cuda.synchronize()
     start = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                             do_sample=False, pad_token_id=0)
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+        )
     torch.cuda.synchronize()
     return time.perf_counter() - start, int(out[:, width:].numel())
 
@@ -128,9 +155,14 @@ def hf_greedy_rows(model: Any, prompts: list[list[int]], tokens: int) -> list[li
     rows = []
     with torch.inference_mode():
         for p in prompts:
-            out = model.generate(torch.tensor([p], device="cuda"), max_new_tokens=tokens, min_new_tokens=tokens,
-                                 do_sample=False, pad_token_id=0)
-            rows.append(out[0, len(p):].tolist())
+            out = model.generate(
+                torch.tensor([p], device="cuda"),
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            rows.append(out[0, len(p) :].tolist())
     return rows
 
 
@@ -140,7 +172,7 @@ def weight_bytes(model: Any) -> int:
     total = 0
     embed = model.get_input_embeddings().weight
     tied = model.get_output_embeddings().weight.data_ptr() == embed.data_ptr()
-    for name, p in model.named_parameters():
+    for _name, p in model.named_parameters():
         if p is embed and not tied:
             continue
         total += p.numel() * p.element_size()
@@ -152,8 +184,12 @@ def run_model(name: str, args: argparse.Namespace, copy_gbps: float) -> dict[str
 
     cfg = shape_config(name)
     work = make_workload(args.seqs, 100, 1024, args.seed)
-    report: dict[str, Any] = {"model": name, "seqs": args.seqs,
-                              "prompt_tokens": sum(map(len, work.prompts)), "output_tokens": sum(work.output_lens)}
+    report: dict[str, Any] = {
+        "model": name,
+        "seqs": args.seqs,
+        "prompt_tokens": sum(map(len, work.prompts)),
+        "output_tokens": sum(work.output_lens),
+    }
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         torch.manual_seed(args.seed)
         t0 = time.perf_counter()
@@ -173,8 +209,11 @@ def run_model(name: str, args: argparse.Namespace, copy_gbps: float) -> dict[str
             report["hf_seconds"] = hf_s
             report["hf_useful_tok_s"] = sum(work.output_lens) / hf_s
             report["hf_raw_tok_s"] = hf_raw / hf_s
-            print(f"[{name}] HF generate: {hf_s:.1f} s, useful {report['hf_useful_tok_s']:.0f} tok/s, "
-                  f"raw {report['hf_raw_tok_s']:.0f} tok/s", flush=True)
+            print(
+                f"[{name}] HF generate: {hf_s:.1f} s, useful {report['hf_useful_tok_s']:.0f} tok/s, "
+                f"raw {report['hf_raw_tok_s']:.0f} tok/s",
+                flush=True,
+            )
         del hf
         free_cuda()
 
@@ -182,18 +221,36 @@ def run_model(name: str, args: argparse.Namespace, copy_gbps: float) -> dict[str
     return report
 
 
-def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, check_prompts: list[list[int]],
-               reference: list[list[int]], w_bytes: int, copy_gbps: float, report: dict[str, Any]) -> None:
+def run_engine(
+    name: str,
+    args: argparse.Namespace,
+    tmp: str,
+    work: Workload,
+    check_prompts: list[list[int]],
+    reference: list[list[int]],
+    w_bytes: int,
+    copy_gbps: float,
+    report: dict[str, Any],
+) -> None:
     """Our engine on the saved checkpoint: the workload (unless --b1-only), HF parity, batch-1 decode."""
     from omni_gateway.engine import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(tmp, device="cuda", dtype="bfloat16", max_num_seqs=args.seqs, max_model_len=2048,
-              max_num_batched_tokens=args.batched_tokens, gpu_memory_utilization=0.9,
-              enforce_eager=args.eager)
+    llm = LLM(
+        tmp,
+        device="cuda",
+        dtype="bfloat16",
+        max_num_seqs=args.seqs,
+        max_model_len=2048,
+        max_num_batched_tokens=args.batched_tokens,
+        gpu_memory_utilization=0.9,
+        enforce_eager=args.eager,
+    )
     report["engine_load_s"] = time.perf_counter() - t0
-    print(f"[{name}] engine loaded in {report['engine_load_s']:.1f} s "
-          f"({llm.engine.runner.num_kv_blocks} KV blocks)", flush=True)
+    print(
+        f"[{name}] engine loaded in {report['engine_load_s']:.1f} s ({llm.engine.runner.num_kv_blocks} KV blocks)",
+        flush=True,
+    )
     llm.generate(work.prompts[:8], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))  # warm-up
     if not args.b1_only:
         run_workload(name, llm, work, report)
@@ -206,12 +263,13 @@ def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, ch
             llm.engine.pipelined = True
             run_workload(name, llm, work.fresh_copy(2), report, key="pipelined_again_")
 
-    got = llm.generate(check_prompts, SamplingParams(temperature=0.0, max_tokens=args.check_tokens,
-                                                     ignore_eos=True))
+    got = llm.generate(check_prompts, SamplingParams(temperature=0.0, max_tokens=args.check_tokens, ignore_eos=True))
     same = [_common_prefix(list(o.outputs[0].token_ids), ref) for o, ref in zip(got, reference)]
     report["parity_prefix"] = same
-    print(f"[{name}] greedy tokens identical to HF before the first difference: {same} "
-          f"(of {args.check_tokens})", flush=True)
+    print(
+        f"[{name}] greedy tokens identical to HF before the first difference: {same} (of {args.check_tokens})",
+        flush=True,
+    )
 
     b1_prompt = [random.Random(args.seed + 1).randint(2, 10000) for _ in range(args.b1_prompt)]
     llm.generate([b1_prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
@@ -221,16 +279,22 @@ def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, ch
     report["b1_ms_per_token_runs"] = [r * 1e3 for r in runs]
     # Each run generates 1 + (b1_new + 1) tokens twice; a fully pipelined one launches b1_new - 1 steps ahead.
     report["b1_steps_ahead_per_run"] = (llm.engine.num_steps_ahead - ahead_before) / (2 * len(runs))
-    print(f"[{name}] batch 1, pipelined decode {llm.engine.pipelined}: ms/token over {len(runs)} runs "
-          f"{', '.join(f'{r * 1e3:.3f}' for r in runs)}; {report['b1_steps_ahead_per_run']:.1f} steps launched "
-          f"ahead per {args.b1_new + 1}-token generate", flush=True)
+    print(
+        f"[{name}] batch 1, pipelined decode {llm.engine.pipelined}: ms/token over {len(runs)} runs "
+        f"{', '.join(f'{r * 1e3:.3f}' for r in runs)}; {report['b1_steps_ahead_per_run']:.1f} steps launched "
+        f"ahead per {args.b1_new + 1}-token generate",
+        flush=True,
+    )
     if args.compare_unpipelined and llm.engine.pipelined:
         llm.engine.pipelined = False
         unpipelined = statistics.median(b1_decode_seconds(llm, b1_prompt, args.b1_new) for _ in range(args.b1_repeats))
         llm.engine.pipelined = True
         report["b1_unpipelined_ms_per_token"] = unpipelined * 1e3
-        print(f"[{name}] batch 1 without pipelined decode: {unpipelined * 1e3:.3f} ms/token "
-              f"(pipelined {per_token * 1e3:.3f}: {unpipelined / per_token:.3f}x)", flush=True)
+        print(
+            f"[{name}] batch 1 without pipelined decode: {unpipelined * 1e3:.3f} ms/token "
+            f"(pipelined {per_token * 1e3:.3f}: {unpipelined / per_token:.3f}x)",
+            flush=True,
+        )
     graph_ms = device_step_ms(llm)
     if args.profile_b1:
         import cProfile
@@ -248,20 +312,30 @@ def run_engine(name: str, args: argparse.Namespace, tmp: str, work: Workload, ch
     kv_per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 2
     mean_context = args.b1_prompt + args.b1_new / 2
     step_bytes = w_bytes + kv_per_token * mean_context
-    b1 = dict(b1_ms_per_token=per_token * 1e3, b1_tok_s=1 / per_token, b1_step_bytes=step_bytes,
-              b1_roofline_ms=step_bytes / (args.hbm_gbps * 1e9) * 1e3,
-              b1_fraction_of_roofline=step_bytes / (args.hbm_gbps * 1e9) / per_token,
-              b1_fraction_of_copy_bw=step_bytes / (copy_gbps * 1e9) / per_token)
+    b1 = dict(
+        b1_ms_per_token=per_token * 1e3,
+        b1_tok_s=1 / per_token,
+        b1_step_bytes=step_bytes,
+        b1_roofline_ms=step_bytes / (args.hbm_gbps * 1e9) * 1e3,
+        b1_fraction_of_roofline=step_bytes / (args.hbm_gbps * 1e9) / per_token,
+        b1_fraction_of_copy_bw=step_bytes / (copy_gbps * 1e9) / per_token,
+    )
     report.update({k: v for k, v in b1.items()})
     if graph_ms is not None:
         report["b1_graph_replay_ms"] = graph_ms
-        print(f"[{name}] batch 1: the decode graph alone replays in {graph_ms:.3f} ms "
-              f"({100 * step_bytes / (args.hbm_gbps * 1e9) / (graph_ms / 1e3):.1f}% of {args.hbm_gbps:.0f} GB/s); "
-              f"the other {per_token * 1e3 - graph_ms:.3f} ms of a step are host work and launch", flush=True)
-    print(f"[{name}] batch 1: {per_token * 1e3:.3f} ms/token ({1 / per_token:.0f} tok/s), "
-          f"{step_bytes / 1e9:.3f} GB per step -> {100 * report['b1_fraction_of_roofline']:.1f}% of "
-          f"{args.hbm_gbps:.0f} GB/s, {100 * report['b1_fraction_of_copy_bw']:.1f}% of the measured copy "
-          f"bandwidth", flush=True)
+        print(
+            f"[{name}] batch 1: the decode graph alone replays in {graph_ms:.3f} ms "
+            f"({100 * step_bytes / (args.hbm_gbps * 1e9) / (graph_ms / 1e3):.1f}% of {args.hbm_gbps:.0f} GB/s); "
+            f"the other {per_token * 1e3 - graph_ms:.3f} ms of a step are host work and launch",
+            flush=True,
+        )
+    print(
+        f"[{name}] batch 1: {per_token * 1e3:.3f} ms/token ({1 / per_token:.0f} tok/s), "
+        f"{step_bytes / 1e9:.3f} GB per step -> {100 * report['b1_fraction_of_roofline']:.1f}% of "
+        f"{args.hbm_gbps:.0f} GB/s, {100 * report['b1_fraction_of_copy_bw']:.1f}% of the measured copy "
+        f"bandwidth",
+        flush=True,
+    )
     del llm
     free_cuda()
 
@@ -304,9 +378,8 @@ def device_step_ms(llm: Any, replays: int = 100) -> float | None:
 def trace_decode(llm: Any, prompt: list[int], steps: int) -> None:
     """Where a batch-1 decode step's wall time goes: kernels, gaps between them inside the step, and
     the idle time between steps (the host's share), from a torch.profiler trace of ``steps`` tokens."""
-    from torch.profiler import ProfilerActivity, profile
-
     from omni_gateway.engine import SamplingParams
+    from torch.profiler import ProfilerActivity, profile
 
     params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
     llm.generate([prompt], params)
@@ -316,8 +389,11 @@ def trace_decode(llm: Any, prompt: list[int], steps: int) -> None:
         llm.generate([prompt], params)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
-    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
     if not kernels:
         print("  trace: no device events recorded", flush=True)
         return
@@ -328,10 +404,13 @@ def trace_decode(llm: Any, prompt: list[int], steps: int) -> None:
     per_kernel: dict[str, float] = {}
     for begin, end, name in kernels:
         per_kernel[name] = per_kernel.get(name, 0.0) + end - begin
-    print(f"  trace of {steps} tokens (prefill included): wall {wall * 1e3:.2f} ms, device span {span / 1e3:.2f} ms, "
-          f"kernels {busy / 1e3:.2f} ms in {len(kernels)} launches; gaps under 20 us {sum(gaps) - sum(long_gaps):.0f} us "
-          f"({len(gaps) - len(long_gaps)}), over 20 us {sum(long_gaps):.0f} us ({len(long_gaps)}: "
-          f"median {statistics.median(long_gaps) if long_gaps else 0:.0f} us)", flush=True)
+    print(
+        f"  trace of {steps} tokens (prefill included): wall {wall * 1e3:.2f} ms, device span {span / 1e3:.2f} ms, "
+        f"kernels {busy / 1e3:.2f} ms in {len(kernels)} launches; gaps under 20 us {sum(gaps) - sum(long_gaps):.0f} us "
+        f"({len(gaps) - len(long_gaps)}), over 20 us {sum(long_gaps):.0f} us ({len(long_gaps)}: "
+        f"median {statistics.median(long_gaps) if long_gaps else 0:.0f} us)",
+        flush=True,
+    )
     for name, total in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:14]:
         print(f"    {total / steps:8.1f} us/token  {name[:110]}", flush=True)
 
@@ -371,12 +450,14 @@ def probe_steps(llm: Any, prompt: list[int], steps: int) -> None:
     between = [marks[i][1].elapsed_time(marks[i + 1][0]) for i in range(len(marks) - 1)]
     launch = [host * 1e3 for _, _, host in marks]
     q = statistics.quantiles
-    print(f"  probe of {len(marks)} batch-1 graph replays: graph {statistics.median(inside):.3f} ms median "
-          f"(deciles {q(inside, n=10)[0]:.3f}-{q(inside, n=10)[-1]:.3f}); between graphs "
-          f"{statistics.median(between) * 1e3:.1f} us median (deciles {q(between, n=10)[0] * 1e3:.1f}-"
-          f"{q(between, n=10)[-1] * 1e3:.1f}, mean {statistics.mean(between) * 1e3:.1f}); host time inside "
-          f"graph.replay() {statistics.median(launch) * 1e3:.1f} us median (max {max(launch) * 1e3:.1f})",
-          flush=True)
+    print(
+        f"  probe of {len(marks)} batch-1 graph replays: graph {statistics.median(inside):.3f} ms median "
+        f"(deciles {q(inside, n=10)[0]:.3f}-{q(inside, n=10)[-1]:.3f}); between graphs "
+        f"{statistics.median(between) * 1e3:.1f} us median (deciles {q(between, n=10)[0] * 1e3:.1f}-"
+        f"{q(between, n=10)[-1] * 1e3:.1f}, mean {statistics.mean(between) * 1e3:.1f}); host time inside "
+        f"graph.replay() {statistics.median(launch) * 1e3:.1f} us median (max {max(launch) * 1e3:.1f})",
+        flush=True,
+    )
 
 
 def run_workload(name: str, llm: Any, work: Workload, report: dict[str, Any], key: str = "") -> None:
@@ -394,8 +475,11 @@ def run_workload(name: str, llm: Any, work: Workload, report: dict[str, Any], ke
         raise SystemExit(f"[{name}] engine produced {sum(produced)} tokens, expected {sum(work.output_lens)}")
     report[key + "ours_seconds"] = ours_s
     report[key + "ours_tok_s"] = sum(produced) / ours_s
-    print(f"[{name}] ours{' ' + key.rstrip('_') if key else ''} (pipelined decode {llm.engine.pipelined}): "
-          f"{ours_s:.1f} s, {report[key + 'ours_tok_s']:.0f} tok/s", flush=True)
+    print(
+        f"[{name}] ours{' ' + key.rstrip('_') if key else ''} (pipelined decode {llm.engine.pipelined}): "
+        f"{ours_s:.1f} s, {report[key + 'ours_tok_s']:.0f} tok/s",
+        flush=True,
+    )
     if "hf_useful_tok_s" in report and not key:
         report["ratio_useful"] = report["ours_tok_s"] / report["hf_useful_tok_s"]
         report["ratio_raw"] = report["ours_tok_s"] / report["hf_raw_tok_s"]
@@ -425,13 +509,26 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="our engine without CUDA graphs")
     parser.add_argument("--b1-only", action="store_true", help="skip our run of the 256-sequence workload")
     parser.add_argument("--b1-repeats", type=int, default=3, help="batch-1 measurements; the median is reported")
-    parser.add_argument("--compare-unpipelined", action="store_true",
-                        help="also time the workload and batch 1 with pipelined decode off")
+    parser.add_argument(
+        "--compare-unpipelined",
+        action="store_true",
+        help="also time the workload and batch 1 with pipelined decode off",
+    )
     parser.add_argument("--profile-b1", action="store_true", help="print a cProfile of the batch-1 run")
-    parser.add_argument("--trace-b1", type=int, default=0, metavar="TOKENS",
-                        help="trace this many batch-1 tokens with torch.profiler: kernel time, gaps, host idle")
-    parser.add_argument("--probe-b1", type=int, default=0, metavar="TOKENS",
-                        help="time each batch-1 graph replay and the device time between replays with CUDA events")
+    parser.add_argument(
+        "--trace-b1",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="trace this many batch-1 tokens with torch.profiler: kernel time, gaps, host idle",
+    )
+    parser.add_argument(
+        "--probe-b1",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="time each batch-1 graph replay and the device time between replays with CUDA events",
+    )
     parser.add_argument("--tmp", default=None, help="where the random checkpoints are written")
     add_out_argument(parser, "engine_gpu")
     args = parser.parse_args()
@@ -448,8 +545,10 @@ def main() -> None:
     for r in reports:
         ours = f"ours {r['ours_tok_s']:.0f} tok/s" if "ours_tok_s" in r else "workload skipped"
         ratio = f"{r['ratio_useful']:.1f}x useful, {r['ratio_raw']:.1f}x raw" if "ratio_useful" in r else "HF skipped"
-        print(f"{r['model']}: {ours} vs HF ({ratio}); batch-1 {r['b1_tok_s']:.0f} tok/s = "
-              f"{100 * r['b1_fraction_of_roofline']:.1f}% of the HBM roofline")
+        print(
+            f"{r['model']}: {ours} vs HF ({ratio}); batch-1 {r['b1_tok_s']:.0f} tok/s = "
+            f"{100 * r['b1_fraction_of_roofline']:.1f}% of the HBM roofline"
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ and the default config's ratio to cuBLAS; appends the raw results to ``benchmark
 
     python -m benchmarks.gemv [--quick] [--shapes 8b.qkv,0.5b.o] [--out FILE]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,14 +19,20 @@ import sys
 
 import torch
 import torch.nn.functional as F
-
-from benchmarks.common import ResultLog, add_out_argument, time_graph
 from omni_gateway.kernels.gemv import GemvConfig, default_gemv_config, linear
 
+from benchmarks.common import ResultLog, add_out_argument, time_graph
+
 SHAPES = {  # name: (out_features, in_features)
-    "8b.qkv": (6144, 4096), "8b.o": (4096, 4096), "8b.gate_up": (28672, 4096), "8b.down": (4096, 14336),
+    "8b.qkv": (6144, 4096),
+    "8b.o": (4096, 4096),
+    "8b.gate_up": (28672, 4096),
+    "8b.down": (4096, 14336),
     "8b.lm_head": (128256, 4096),
-    "0.5b.qkv": (1152, 896), "0.5b.o": (896, 896), "0.5b.gate_up": (9728, 896), "0.5b.down": (896, 4864),
+    "0.5b.qkv": (1152, 896),
+    "0.5b.o": (896, 896),
+    "0.5b.gate_up": (9728, 896),
+    "0.5b.down": (896, 4864),
 }
 
 
@@ -59,7 +66,7 @@ def main() -> int:
         copies = max(4, math.ceil(400e6 / size))
         weights = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
-        ref = (x.float() @ weights[0].float().T)
+        ref = x.float() @ weights[0].float().T
         est = size / 4e12
 
         def graph_us(fn):
@@ -80,15 +87,27 @@ def main() -> int:
         default_us = next(us for us, cfg in rows if cfg == default)
         rows.sort(key=lambda r: r[0])
         best_us, best = rows[0]
-        print(f"{name} [{n} x {k}], {size / 1e6:.1f} MB, {copies} copies: cuBLAS {base:.2f} us "
-              f"({size / base / 1e6:.2f} TB/s); best gemv {best_us:.2f} us ({size / best_us / 1e6:.2f} TB/s) "
-              f"= {base / best_us:.3f}x cuBLAS with {best}; the default {default_us:.2f} us = "
-              f"{base / default_us:.3f}x cuBLAS", flush=True)
+        print(
+            f"{name} [{n} x {k}], {size / 1e6:.1f} MB, {copies} copies: cuBLAS {base:.2f} us "
+            f"({size / base / 1e6:.2f} TB/s); best gemv {best_us:.2f} us ({size / best_us / 1e6:.2f} TB/s) "
+            f"= {base / best_us:.3f}x cuBLAS with {best}; the default {default_us:.2f} us = "
+            f"{base / default_us:.3f}x cuBLAS",
+            flush=True,
+        )
         for us, cfg in rows[1:5]:
             print(f"    {us:8.2f} us  {cfg}", flush=True)
-        log.write("shape", name=name, n=n, k=k, cublas_us=base, best_us=best_us, best=repr(best),
-                  default_us=default_us, ratio_default_vs_cublas=base / default_us,
-                  all=[(us, repr(cfg)) for us, cfg in rows])
+        log.write(
+            "shape",
+            name=name,
+            n=n,
+            k=k,
+            cublas_us=base,
+            best_us=best_us,
+            best=repr(best),
+            default_us=default_us,
+            ratio_default_vs_cublas=base / default_us,
+            all=[(us, repr(cfg)) for us, cfg in rows],
+        )
         weights.clear()
         torch.cuda.empty_cache()
     log.close()

@@ -14,6 +14,7 @@ copy): every sequence's table into one int32 host buffer, converted from its Pyt
 step (the baseline) or from the rows ``BlockTableRows`` keeps, and prints the ratio. Raw results go to
 ``benchmarks/results/host_step.jsonl``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,14 +23,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-
 import omni_gateway.engine.detokenizer as detokenizer
-from benchmarks.checkpoints import byte_level_tokenizer
-from benchmarks.common import ResultLog, add_out_argument
 from omni_gateway.engine.block_table_rows import BlockTableRows
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.llm_engine import LLMEngine
 from omni_gateway.engine.sampling_params import SamplingParams
+
+from benchmarks.checkpoints import byte_level_tokenizer
+from benchmarks.common import ResultLog, add_out_argument
 
 
 class InstantRunner:
@@ -54,10 +55,10 @@ class InstantRunner:
 
 def us_per_step(batch: int, tokens: int) -> float:
     tok = byte_level_tokenizer()
-    model = SimpleNamespace(tokenizer=tok, eos_token_ids=[tok.eos_token_id], vocab_size=len(tok),
-                            max_model_len=8192)
-    engine = LLMEngine(EngineConfig(device="cpu", block_size=16, max_num_seqs=max(batch, 1)), model=model,
-                       runner_factory=InstantRunner)
+    model = SimpleNamespace(tokenizer=tok, eos_token_ids=[tok.eos_token_id], vocab_size=len(tok), max_model_len=8192)
+    engine = LLMEngine(
+        EngineConfig(device="cpu", block_size=16, max_num_seqs=max(batch, 1)), model=model, runner_factory=InstantRunner
+    )
     prompt = tok.encode("The end of the story is near. User: hi. Assistant: hello there.") * 16
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
 
@@ -81,8 +82,12 @@ def pack_ms(batch: int, blocks: int, steps: int = 64, cached: bool = True) -> fl
     """Milliseconds per step to pack ``batch`` block tables of ``blocks`` entries (one token per
     sequence per step, so a table gains a block every 16 steps)."""
     tables = np.zeros((batch, 2 * blocks), dtype=np.int32)
-    seqs = [SimpleNamespace(seq_id=i, block_table=list(range(i * 4 * blocks, i * 4 * blocks + blocks)),
-                            block_table_version=0) for i in range(batch)]
+    seqs = [
+        SimpleNamespace(
+            seq_id=i, block_table=list(range(i * 4 * blocks, i * 4 * blocks + blocks)), block_table_version=0
+        )
+        for i in range(batch)
+    ]
     rows = BlockTableRows()
     start = time.perf_counter()
     for step in range(steps):
@@ -90,7 +95,7 @@ def pack_ms(batch: int, blocks: int, steps: int = 64, cached: bool = True) -> fl
             if step % 16 == i % 16:
                 seq.block_table.append(seq.block_table[-1] + 1)
             table = seq.block_table
-            tables[i, :len(table)] = rows.row(seq) if cached else table
+            tables[i, : len(table)] = rows.row(seq) if cached else table
     return (time.perf_counter() - start) / steps * 1e3
 
 
@@ -98,8 +103,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", default="1,8,64", help="comma list of concurrent requests")
     parser.add_argument("--tokens", type=int, default=2000, help="output tokens per request")
-    parser.add_argument("--pack", default="16x128,256x128,256x1024",
-                        help="comma list of BATCHxBLOCKS block-table packing cases")
+    parser.add_argument(
+        "--pack", default="16x128,256x128,256x1024", help="comma list of BATCHxBLOCKS block-table packing cases"
+    )
     add_out_argument(parser, "host_step")
     args = parser.parse_args()
     log = ResultLog(args.out, "host_step", tokens=args.tokens)
@@ -111,15 +117,27 @@ def main() -> None:
             wrapper = us_per_step(batch, args.tokens)
         finally:
             detokenizer.direct_decoder = direct
-        print(f"batch {batch:>3}: {ours:7.1f} us per step ({ours / batch:5.1f} per sequence); "
-              f"through the tokenizer wrapper {wrapper:7.1f} us -> {wrapper / ours:.2f}x", flush=True)
-        log.write("step", batch=batch, us_per_step=ours, us_per_sequence=ours / batch, wrapper_us_per_step=wrapper,
-                  ratio=wrapper / ours)
+        print(
+            f"batch {batch:>3}: {ours:7.1f} us per step ({ours / batch:5.1f} per sequence); "
+            f"through the tokenizer wrapper {wrapper:7.1f} us -> {wrapper / ours:.2f}x",
+            flush=True,
+        )
+        log.write(
+            "step",
+            batch=batch,
+            us_per_step=ours,
+            us_per_sequence=ours / batch,
+            wrapper_us_per_step=wrapper,
+            ratio=wrapper / ours,
+        )
     for case in args.pack.split(","):
         batch, blocks = (int(x) for x in case.split("x"))
         cached, lists = pack_ms(batch, blocks), pack_ms(batch, blocks, cached=False)
-        print(f"pack {batch:>3} tables x {blocks:>4} blocks: {cached:6.3f} ms per step from cached rows, "
-              f"{lists:6.3f} ms from the lists -> {lists / cached:.1f}x", flush=True)
+        print(
+            f"pack {batch:>3} tables x {blocks:>4} blocks: {cached:6.3f} ms per step from cached rows, "
+            f"{lists:6.3f} ms from the lists -> {lists / cached:.1f}x",
+            flush=True,
+        )
         log.write("pack", tables=batch, blocks=blocks, cached_ms=cached, lists_ms=lists, ratio=lists / cached)
     log.close()
 

@@ -8,6 +8,7 @@ the allocator keeps, not memory in use.
     python -m benchmarks.idle_rss                      # all stages, then the whole server
     python -m benchmarks.idle_rss --stages llm asr     # some of them
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,8 +99,9 @@ print(json.dumps({"stage": stage, "imports_mib": round(base), "loaded_mib": roun
 
 
 def measure(stage: str, env: dict[str, str] | None) -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-c", CHILD, stage], capture_output=True, text=True, timeout=900, env=env,
-                         check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, stage], capture_output=True, text=True, timeout=900, env=env, check=False
+    )
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"stage {stage} failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -124,10 +126,16 @@ def main() -> int:
             row = measure(stage, env)
             row.update(time=time.time(), malloc_arena_max=args.malloc_arena_max)
             out.write(json.dumps(row) + "\n")
-            extra = {k: v for k, v in row.items() if k in ("kv_cache_mib", "kv_blocks", "weights_mib",
-                                                                     "onednn_packed_mib", "dtype")}
-            print(f"{stage:8} {row['imports_mib']:8} {row['stage_mib']:8} {row['loaded_mib']:8} "
-                  f"{row['after_trim_mib']:8}  load {row['load_s']} s {extra or ''}", flush=True)
+            extra = {
+                k: v
+                for k, v in row.items()
+                if k in ("kv_cache_mib", "kv_blocks", "weights_mib", "onednn_packed_mib", "dtype")
+            }
+            print(
+                f"{stage:8} {row['imports_mib']:8} {row['stage_mib']:8} {row['loaded_mib']:8} "
+                f"{row['after_trim_mib']:8}  load {row['load_s']} s {extra or ''}",
+                flush=True,
+            )
     return 0
 
 

@@ -8,7 +8,8 @@ argmax against torch.argmax.
 
     python -m benchmarks.kernels                     # full run: benchmarks/results/kernels.jsonl and kernels.md
     python -m benchmarks.kernels --sweep             # also time every decode config in SWEEP
-    python -m benchmarks.kernels --heads 32:8 --batches 1,2,4,8 --contexts 1024,2048,4096 --sweep-min-split 64,128,256 --sweep-fused-max 8,16,32,64 --skip floor,prefill,elementwise
+    python -m benchmarks.kernels --heads 32:8 --batches 1,2,4,8 --contexts 1024,2048,4096 \
+        --sweep-min-split 64,128,256 --sweep-fused-max 8,16,32,64 --skip floor,prefill,elementwise
 
 The last varies only the split granularity and the in-kernel merge limit around the device
 default; --grid FIELD=LIST sweeps any DecodeConfig field the same way, and every new kernel
@@ -22,6 +23,7 @@ is timed.
 Raw records go to ``--out`` (JSON lines, default ``benchmarks/results/kernels.jsonl``); the printed
 tables are appended beside it, to the same name with ``.md``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,17 +37,15 @@ from dataclasses import asdict, fields, replace
 import torch
 import triton
 import triton.testing
-
-from benchmarks.common import ResultLog, add_out_argument, time_graph
 from omni_gateway.kernels import reference as ref
 from omni_gateway.kernels.activation import silu_and_mul
 from omni_gateway.kernels.argmax import greedy_argmax
 from omni_gateway.kernels.kv_cache import write_kv_cache
 from omni_gateway.kernels.norm import fused_add_rms_norm, rms_norm
 from omni_gateway.kernels.paged_attention import (
-    _decode_split_kernel,
     DecodeConfig,
     PrefillConfig,
+    _decode_split_kernel,
     default_decode_config,
     gpu_decode_config,
     num_decode_splits,
@@ -53,6 +53,8 @@ from omni_gateway.kernels.paged_attention import (
     paged_prefill_attention,
 )
 from omni_gateway.kernels.rotary import apply_rotary
+
+from benchmarks.common import ResultLog, add_out_argument, time_graph
 
 PAGE = 16
 L2_ROTATION_BYTES = 512 << 20  # rotate inputs until one graph replay touches this much (L2 is 60 MB)
@@ -79,8 +81,10 @@ def launch_key(cfg: DecodeConfig, batch: int, hkv: int, ctx: int) -> tuple[objec
 
 def config_label(cfg: DecodeConfig, splits: int) -> str:
     merge = "fused" if cfg.merges_in_kernel(splits) else ("merge kernel" if splits > 1 else "no merge")
-    return (f"n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} t{cfg.target_programs} m{cfg.min_split_tokens}"
-            f" f{cfg.fused_max_splits if cfg.fused_reduce else 0} ({splits} splits, {merge})")
+    return (
+        f"n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} t{cfg.target_programs} m{cfg.min_split_tokens}"
+        f" f{cfg.fused_max_splits if cfg.fused_reduce else 0} ({splits} splits, {merge})"
+    )
 
 
 def parse_ints(text: str) -> list[int]:
@@ -106,7 +110,8 @@ def parse_grid(text: str) -> tuple[str, list[object]]:
     kind = _GRID_FIELDS.get(name.strip())
     if kind is None or not values:
         raise argparse.ArgumentTypeError(
-            f"expected FIELD=V1,V2 with FIELD among {', '.join(_GRID_FIELDS)}, got {text!r}")
+            f"expected FIELD=V1,V2 with FIELD among {', '.join(_GRID_FIELDS)}, got {text!r}"
+        )
     ints = parse_ints(values)
     if kind in ("bool", bool):
         if any(v not in (0, 1) for v in ints):
@@ -128,10 +133,13 @@ def compiled_resources(kernel: object) -> dict[object, dict[str, object]]:
                 meta = getattr(compiled, "metadata", None)
                 if meta is None:
                     continue
-                out[id(compiled)] = dict(n_regs=getattr(compiled, "n_regs", None),
-                                         n_spills=getattr(compiled, "n_spills", None),
-                                         shared=getattr(meta, "shared", None), num_warps=getattr(meta, "num_warps", None),
-                                         num_stages=getattr(meta, "num_stages", None))
+                out[id(compiled)] = dict(
+                    n_regs=getattr(compiled, "n_regs", None),
+                    n_spills=getattr(compiled, "n_spills", None),
+                    shared=getattr(meta, "shared", None),
+                    num_warps=getattr(meta, "num_warps", None),
+                    num_stages=getattr(meta, "num_stages", None),
+                )
     return out
 
 
@@ -172,14 +180,16 @@ def copy_bandwidth(report: Report) -> float:
     assert torch.equal(dst[:4096], src[:4096])
     bw = 2 * n / t
     report.record("copy", bytes=2 * n, seconds=t, bandwidth=bw)
-    report.table("Device copy", ["buffer", "time (ms)", "GB/s (read+write)"], [["2 GiB", f"{t*1e3:.3f}", f"{bw/1e9:.0f}"]])
+    report.table(
+        "Device copy", ["buffer", "time (ms)", "GB/s (read+write)"], [["2 GiB", f"{t * 1e3:.3f}", f"{bw / 1e9:.0f}"]]
+    )
     return bw
 
 
 def _random_tables(batch: int, blocks_per_seq: int, num_blocks: int, n_sets: int) -> list[torch.Tensor]:
     perm = torch.randperm(num_blocks, device="cuda").to(torch.int32)
     per_set = batch * blocks_per_seq
-    return [perm[i * per_set:(i + 1) * per_set].view(batch, blocks_per_seq).contiguous() for i in range(n_sets)]
+    return [perm[i * per_set : (i + 1) * per_set].view(batch, blocks_per_seq).contiguous() for i in range(n_sets)]
 
 
 def check_decode_configs(configs: list[DecodeConfig], report: Report) -> list[DecodeConfig]:
@@ -194,11 +204,11 @@ def check_decode_configs(configs: list[DecodeConfig], report: Report) -> list[De
     tables = _random_tables(len(lens), blocks, num_blocks, 1)[0]
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(len(lens), hq, d, device="cuda", dtype=torch.bfloat16)
-    expected = ref.paged_decode_attention(q.double(), k_cache.double(), v_cache.double(), seq_lens, tables, d ** -0.5)
+    expected = ref.paged_decode_attention(q.double(), k_cache.double(), v_cache.double(), seq_lens, tables, d**-0.5)
     good = []
     for cfg in configs:
         try:
-            out = paged_decode_attention(q, k_cache, v_cache, seq_lens, tables, d ** -0.5, config=cfg)
+            out = paged_decode_attention(q, k_cache, v_cache, seq_lens, tables, d**-0.5, config=cfg)
             torch.cuda.synchronize()
             err = rel_err(out, expected)
         except Exception as exc:  # noqa: BLE001 - a config that does not compile is skipped and logged
@@ -218,19 +228,27 @@ def check_decode_configs(configs: list[DecodeConfig], report: Report) -> list[De
 _CHECK_SEQS = 4
 
 
-def _case_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
-                    table: torch.Tensor, scale: float) -> torch.Tensor:
+def _case_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    table: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """float64 reference of the first ``_CHECK_SEQS`` sequences of a timed decode case, over only the
     blocks their table rows use."""
     q, seq_lens, table = q[:_CHECK_SEQS], seq_lens[:_CHECK_SEQS], table[:_CHECK_SEQS]
     used = table.flatten().long()
     compact = torch.arange(used.numel(), dtype=torch.int32, device=table.device).view_as(table)
-    return ref.paged_decode_attention(q.double(), k_cache[used].double(), v_cache[used].double(), seq_lens, compact,
-                                      scale)
+    return ref.paged_decode_attention(
+        q.double(), k_cache[used].double(), v_cache[used].double(), seq_lens, compact, scale
+    )
 
 
-def _decode_case(copy_bw: float, hq: int, hkv: int, batch: int, ctx: int, sweep: list[DecodeConfig],
-                 report: Report) -> list[object]:
+def _decode_case(
+    copy_bw: float, hq: int, hkv: int, batch: int, ctx: int, sweep: list[DecodeConfig], report: Report
+) -> list[object]:
     """Time one decode case with its default config and every sweep config; the table row. Its tensors are
     freed on return."""
     d = 128
@@ -247,21 +265,31 @@ def _decode_case(copy_bw: float, hq: int, hkv: int, batch: int, ctx: int, sweep:
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     est = io_bytes / (0.8 * copy_bw) + 4e-6
     default = default_decode_config(qs[0], hkv, ctx)
-    expected = _case_reference(qs[0], k_cache, v_cache, seq_lens, tables[0], d ** -0.5)
+    expected = _case_reference(qs[0], k_cache, v_cache, seq_lens, tables[0], d**-0.5)
     torch.cuda.empty_cache()  # the reference's temporaries
     results: dict[DecodeConfig, float] = {}
     timed: dict[tuple[object, ...], float] = {}  # launch_key -> seconds, so equal launches run once
     for cfg in [default] + [c for c in sweep if c != default]:
         splits, per_split = num_decode_splits(batch, hkv, ctx, cfg)
         key = launch_key(cfg, batch, hkv, ctx)
-        fn = lambda i, cfg=cfg: paged_decode_attention(qs[i], k_cache, v_cache, seq_lens, tables[i], d ** -0.5, config=cfg)
+        fn = lambda i, cfg=cfg: paged_decode_attention(
+            qs[i], k_cache, v_cache, seq_lens, tables[i], d**-0.5, config=cfg
+        )
         if key not in timed:
             known = compiled_resources(_decode_split_kernel)
             try:
                 err = rel_err(fn(0)[:_CHECK_SEQS], expected)
                 if not err < 1e-2:  # NaN fails too
-                    report.record("decode_case_check_failed", hq=hq, hkv=hkv, batch=batch, ctx=ctx,
-                                  config=asdict(cfg), splits=splits, rel_err=err)
+                    report.record(
+                        "decode_case_check_failed",
+                        hq=hq,
+                        hkv=hkv,
+                        batch=batch,
+                        ctx=ctx,
+                        config=asdict(cfg),
+                        splits=splits,
+                        rel_err=err,
+                    )
                     print(f"config {cfg} on batch {batch} ctx {ctx}: rel_err {err}", flush=True)
                     continue
                 timed[key] = time_graph(fn, n_sets, est)
@@ -272,25 +300,49 @@ def _decode_case(copy_bw: float, hq: int, hkv: int, batch: int, ctx: int, sweep:
                 report.record("decode_time_failed", config=asdict(cfg), error=repr(exc)[:300])
                 continue
         t = results[cfg] = timed[key]
-        report.record("decode", hq=hq, hkv=hkv, batch=batch, ctx=ctx, config=asdict(cfg), splits=splits,
-                      tokens_per_split=per_split, fused=cfg.merges_in_kernel(splits),
-                      seconds=t, bandwidth=io_bytes / t, frac_copy=io_bytes / t / copy_bw)
+        report.record(
+            "decode",
+            hq=hq,
+            hkv=hkv,
+            batch=batch,
+            ctx=ctx,
+            config=asdict(cfg),
+            splits=splits,
+            tokens_per_split=per_split,
+            fused=cfg.merges_in_kernel(splits),
+            seconds=t,
+            bandwidth=io_bytes / t,
+            frac_copy=io_bytes / t / copy_bw,
+        )
     if not results:
         raise RuntimeError(f"decode {hq}/{hkv} batch {batch} ctx {ctx}: no config passed its check and timed")
     best_cfg = min(results, key=results.get)
     t_best = results[best_cfg]
     t_def = results.get(default)
     return [
-        f"{hq}/{hkv}", batch, ctx, f"{io_bytes/1e6:.1f}",
-        *((f"{t_def*1e6:.1f}", f"{io_bytes/t_def/1e9:.0f}", f"{100*io_bytes/t_def/copy_bw:.0f}%")
-          if t_def is not None else ("failed", "-", "-")),
-        f"{t_best*1e6:.1f}", f"{100*io_bytes/t_best/copy_bw:.0f}%",
+        f"{hq}/{hkv}",
+        batch,
+        ctx,
+        f"{io_bytes / 1e6:.1f}",
+        *(
+            (f"{t_def * 1e6:.1f}", f"{io_bytes / t_def / 1e9:.0f}", f"{100 * io_bytes / t_def / copy_bw:.0f}%")
+            if t_def is not None
+            else ("failed", "-", "-")
+        ),
+        f"{t_best * 1e6:.1f}",
+        f"{100 * io_bytes / t_best / copy_bw:.0f}%",
         config_label(best_cfg, num_decode_splits(batch, hkv, ctx, best_cfg)[0]),
     ]
 
 
-def bench_decode(copy_bw: float, heads: list[tuple[int, int]], batches: list[int], contexts: list[int],
-                 sweep: list[DecodeConfig], report: Report) -> None:
+def bench_decode(
+    copy_bw: float,
+    heads: list[tuple[int, int]],
+    batches: list[int],
+    contexts: list[int],
+    sweep: list[DecodeConfig],
+    report: Report,
+) -> None:
     rows = []
     for (hq, hkv), batch, ctx in itertools.product(heads, batches, contexts):
         if ctx % PAGE:
@@ -299,9 +351,19 @@ def bench_decode(copy_bw: float, heads: list[tuple[int, int]], batches: list[int
         print(rows[-1], flush=True)
         torch.cuda.empty_cache()
     report.table(
-        f"Paged decode attention, bf16, head_dim 128, block 16, CUDA-graph replay (copy BW {copy_bw/1e9:.0f} GB/s)",
-        ["Hq/Hkv", "batch", "context", "MB moved", "default us", "default GB/s", "default % copy",
-         "best us", "best % copy", "best config"],
+        f"Paged decode attention, bf16, head_dim 128, block 16, CUDA-graph replay (copy BW {copy_bw / 1e9:.0f} GB/s)",
+        [
+            "Hq/Hkv",
+            "batch",
+            "context",
+            "MB moved",
+            "default us",
+            "default GB/s",
+            "default % copy",
+            "best us",
+            "best % copy",
+            "best config",
+        ],
         rows,
     )
 
@@ -313,8 +375,11 @@ def decode_latency_floor(report: Report) -> None:
     for ctx, cfg, label in (
         (16, DecodeConfig(), "1 kernel (single split)"),
         (128, DecodeConfig(block_n=64, target_programs=1000, min_split_tokens=64), "split + reduce (2 splits)"),
-        (128, DecodeConfig(block_n=64, target_programs=1000, min_split_tokens=64, fused_reduce=True),
-         "split, fused reduce (2 splits)"),
+        (
+            128,
+            DecodeConfig(block_n=64, target_programs=1000, min_split_tokens=64, fused_reduce=True),
+            "split, fused reduce (2 splits)",
+        ),
     ):
         num_blocks = 64 * (ctx // PAGE)
         k_cache = torch.randn(num_blocks, PAGE, hkv, d, device="cuda", dtype=torch.bfloat16)
@@ -322,10 +387,11 @@ def decode_latency_floor(report: Report) -> None:
         tables = _random_tables(1, ctx // PAGE, num_blocks, 64)
         q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
         seq_lens = torch.full((1,), ctx, dtype=torch.int32, device="cuda")
-        t = time_graph(lambda i: paged_decode_attention(q, k_cache, v_cache, seq_lens, tables[i], d ** -0.5, config=cfg),
-                       64, 5e-6)
+        t = time_graph(
+            lambda i: paged_decode_attention(q, k_cache, v_cache, seq_lens, tables[i], d**-0.5, config=cfg), 64, 5e-6
+        )
         report.record("decode_floor", ctx=ctx, label=label, seconds=t)
-        rows.append([label, ctx, f"{t*1e6:.2f}"])
+        rows.append([label, ctx, f"{t * 1e6:.2f}"])
     report.table("Decode latency floor (batch 1, Hq/Hkv 32/4, CUDA-graph replay)", ["launch", "context", "us"], rows)
 
 
@@ -346,50 +412,94 @@ def _prefill_case(batch: int, q_len: int, ctx: int, configs: list[PrefillConfig]
     flops = 4 * d * hq * visible
     expected = None
     if batch * q_len * ctx <= 4096 * 4096:
-        expected = ref.paged_prefill_attention(q.float(), k_cache.float(), v_cache.float(), cu, seq_lens, tables, d ** -0.5)
+        expected = ref.paged_prefill_attention(
+            q.float(), k_cache.float(), v_cache.float(), cu, seq_lens, tables, d**-0.5
+        )
     best = None
     for cfg in configs:
         try:
-            fn = lambda cfg=cfg: paged_prefill_attention(q, k_cache, v_cache, cu, seq_lens, tables, d ** -0.5, config=cfg)
+            fn = lambda cfg=cfg: paged_prefill_attention(q, k_cache, v_cache, cu, seq_lens, tables, d**-0.5, config=cfg)
             out = fn()
             err = rel_err(out, expected) if expected is not None else float("nan")
             t = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e3
         except Exception as exc:  # noqa: BLE001
             report.record("prefill_failed", config=asdict(cfg), error=repr(exc)[:300])
             continue
-        report.record("prefill", batch=batch, q_len=q_len, ctx=ctx, config=asdict(cfg), seconds=t,
-                      tflops=flops / t / 1e12, rel_err=err)
+        report.record(
+            "prefill",
+            batch=batch,
+            q_len=q_len,
+            ctx=ctx,
+            config=asdict(cfg),
+            seconds=t,
+            tflops=flops / t / 1e12,
+            rel_err=err,
+        )
         if best is None or t < best[0]:
             best = (t, cfg, err)
-    t_def = triton.testing.do_bench(
-        lambda: paged_prefill_attention(q, k_cache, v_cache, cu, seq_lens, tables, d ** -0.5),
-        warmup=10, rep=50, return_mode="median") / 1e3
+    t_def = (
+        triton.testing.do_bench(
+            lambda: paged_prefill_attention(q, k_cache, v_cache, cu, seq_lens, tables, d**-0.5),
+            warmup=10,
+            rep=50,
+            return_mode="median",
+        )
+        / 1e3
+    )
     sdpa = ""
     if q_len == ctx:
         qd = q.view(batch, q_len, hq, d).transpose(1, 2)
         # Full-head K/V so torch can pick its flash kernel: an upper reference for prefill speed.
         kd = torch.randn(batch, hq, ctx, d, device="cuda", dtype=dtype)
-        t_sdpa = triton.testing.do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-            qd, kd, kd, is_causal=True), warmup=10, rep=50, return_mode="median") / 1e3
-        sdpa = f"{flops/t_sdpa/1e12:.0f}"
+        t_sdpa = (
+            triton.testing.do_bench(
+                lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, kd, is_causal=True),
+                warmup=10,
+                rep=50,
+                return_mode="median",
+            )
+            / 1e3
+        )
+        sdpa = f"{flops / t_sdpa / 1e12:.0f}"
     if best is None:
         raise RuntimeError(f"prefill batch {batch} q_len {q_len} ctx {ctx}: no config compiled and ran")
     t, cfg, err = best
-    return [batch, q_len, ctx, f"{flops/t_def/1e12:.0f}", f"{flops/t/1e12:.0f}",
-            f"m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}", f"{err:.1e}", sdpa]
+    return [
+        batch,
+        q_len,
+        ctx,
+        f"{flops / t_def / 1e12:.0f}",
+        f"{flops / t / 1e12:.0f}",
+        f"m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}",
+        f"{err:.1e}",
+        sdpa,
+    ]
 
 
 def bench_prefill(report: Report) -> None:
-    configs = [PrefillConfig(block_m=m, block_n=n, num_warps=w, num_stages=s)
-               for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))]
+    configs = [
+        PrefillConfig(block_m=m, block_n=n, num_warps=w, num_stages=s)
+        for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))
+    ]
     rows = []
     for batch, q_len, ctx in ((1, 4096, 4096), (4, 1024, 4096), (16, 256, 2048)):
         rows.append(_prefill_case(batch, q_len, ctx, configs, report))
         print(rows[-1], flush=True)
         torch.cuda.empty_cache()
-    report.table("Paged prefill attention, bf16, Hq/Hkv 32/4, head_dim 128 (TFLOP/s, causal FLOPs)",
-                 ["batch", "new tokens/seq", "context", "default", "best", "best config", "best rel err",
-                  "torch SDPA (contiguous KV)"], rows)
+    report.table(
+        "Paged prefill attention, bf16, Hq/Hkv 32/4, head_dim 128 (TFLOP/s, causal FLOPs)",
+        [
+            "batch",
+            "new tokens/seq",
+            "context",
+            "default",
+            "best",
+            "best config",
+            "best rel err",
+            "torch SDPA (contiguous KV)",
+        ],
+        rows,
+    )
 
 
 def bench_elementwise(copy_bw: float, report: Report) -> None:
@@ -411,18 +521,44 @@ def bench_elementwise(copy_bw: float, report: Report) -> None:
     slots = torch.randperm(num_blocks * PAGE, device="cuda")[:t_tok]
     e = x.element_size()
     cases = [
-        ("rms_norm", lambda m: m.rms_norm(x, w, 1e-6), 2 * x.numel() * e,
-         lambda: rel_err(rms_norm(x, w, 1e-6), ref.rms_norm(x.double(), w.double(), 1e-6))),
-        ("fused_add_rms_norm", lambda m: m.fused_add_rms_norm(x, res, w, 1e-6), 4 * x.numel() * e,
-         lambda: rel_err(fused_add_rms_norm(x, res, w, 1e-6)[0], ref.fused_add_rms_norm(x.double(), res.double(), w.double(), 1e-6)[0])),
-        ("silu_and_mul", lambda m: m.silu_and_mul(gate_up), 1.5 * gate_up.numel() * e,
-         lambda: rel_err(silu_and_mul(gate_up), ref.silu_and_mul(gate_up.double()))),
-        ("apply_rotary", lambda m: m.apply_rotary(q, k, pos, cos_sin), 2 * (q.numel() + k.numel()) * e,
-         lambda: rel_err(apply_rotary(q, k, pos, cos_sin)[0], ref.apply_rotary(q.double(), k.double(), pos, cos_sin.double())[0])),
+        (
+            "rms_norm",
+            lambda m: m.rms_norm(x, w, 1e-6),
+            2 * x.numel() * e,
+            lambda: rel_err(rms_norm(x, w, 1e-6), ref.rms_norm(x.double(), w.double(), 1e-6)),
+        ),
+        (
+            "fused_add_rms_norm",
+            lambda m: m.fused_add_rms_norm(x, res, w, 1e-6),
+            4 * x.numel() * e,
+            lambda: rel_err(
+                fused_add_rms_norm(x, res, w, 1e-6)[0],
+                ref.fused_add_rms_norm(x.double(), res.double(), w.double(), 1e-6)[0],
+            ),
+        ),
+        (
+            "silu_and_mul",
+            lambda m: m.silu_and_mul(gate_up),
+            1.5 * gate_up.numel() * e,
+            lambda: rel_err(silu_and_mul(gate_up), ref.silu_and_mul(gate_up.double())),
+        ),
+        (
+            "apply_rotary",
+            lambda m: m.apply_rotary(q, k, pos, cos_sin),
+            2 * (q.numel() + k.numel()) * e,
+            lambda: rel_err(
+                apply_rotary(q, k, pos, cos_sin)[0], ref.apply_rotary(q.double(), k.double(), pos, cos_sin.double())[0]
+            ),
+        ),
         ("write_kv_cache", lambda m: m.write_kv_cache(k, k, k_cache, v_cache, slots), 4 * k.numel() * e, None),
     ]
-    impls = {"rms_norm": rms_norm, "fused_add_rms_norm": fused_add_rms_norm, "silu_and_mul": silu_and_mul,
-             "apply_rotary": apply_rotary, "write_kv_cache": write_kv_cache}
+    impls = {
+        "rms_norm": rms_norm,
+        "fused_add_rms_norm": fused_add_rms_norm,
+        "silu_and_mul": silu_and_mul,
+        "apply_rotary": apply_rotary,
+        "write_kv_cache": write_kv_cache,
+    }
     ns = argparse.Namespace(**impls)
     rows = []
     for name, call, nbytes, check in cases:
@@ -434,10 +570,21 @@ def bench_elementwise(copy_bw: float, report: Report) -> None:
         t = triton.testing.do_bench(lambda: call(ns), warmup=25, rep=100, return_mode="median") / 1e3
         t_ref = triton.testing.do_bench(lambda: call(ref), warmup=25, rep=100, return_mode="median") / 1e3
         report.record("elementwise", name=name, seconds=t, ref_seconds=t_ref, bytes=nbytes, rel_err=err)
-        rows.append([name, f"{t*1e6:.1f}", f"{nbytes/t/1e9:.0f}", f"{100*nbytes/t/copy_bw:.0f}%",
-                     f"{t_ref*1e6:.1f}", f"{err:.1e}"])
-    report.table(f"Elementwise kernels, bf16, {t_tok} tokens (hidden {hidden}, intermediate {inter}, Hq/Hkv {hq}/{hkv})",
-                 ["kernel", "us", "GB/s", "% copy", "torch reference us", "rel err"], rows)
+        rows.append(
+            [
+                name,
+                f"{t * 1e6:.1f}",
+                f"{nbytes / t / 1e9:.0f}",
+                f"{100 * nbytes / t / copy_bw:.0f}%",
+                f"{t_ref * 1e6:.1f}",
+                f"{err:.1e}",
+            ]
+        )
+    report.table(
+        f"Elementwise kernels, bf16, {t_tok} tokens (hidden {hidden}, intermediate {inter}, Hq/Hkv {hq}/{hkv})",
+        ["kernel", "us", "GB/s", "% copy", "torch reference us", "rel err"],
+        rows,
+    )
 
 
 def bench_argmax(report: Report) -> None:
@@ -454,9 +601,12 @@ def bench_argmax(report: Report) -> None:
             t = time_graph(lambda i: greedy_argmax(sets[i]), len(sets), 5e-6)
             t_ref = time_graph(lambda i: sets[i].argmax(dim=-1), len(sets), 3e-5)
             report.record("argmax", rows=rows, vocab=vocab, seconds=t, ref_seconds=t_ref)
-            rows_out.append([rows, vocab, f"{t*1e6:.1f}", f"{t_ref*1e6:.1f}", f"{t_ref/t:.1f}x"])
-    report.table("Greedy argmax over float32 logits (graph replay)",
-                 ["rows", "vocab", "greedy_argmax us", "torch.argmax us", "speed-up"], rows_out)
+            rows_out.append([rows, vocab, f"{t * 1e6:.1f}", f"{t_ref * 1e6:.1f}", f"{t_ref / t:.1f}x"])
+    report.table(
+        "Greedy argmax over float32 logits (graph replay)",
+        ["rows", "vocab", "greedy_argmax us", "torch.argmax us", "speed-up"],
+        rows_out,
+    )
 
 
 def sweep_configs(args: argparse.Namespace, base: DecodeConfig) -> list[DecodeConfig]:
@@ -489,33 +639,58 @@ def print_plan(args: argparse.Namespace) -> None:
         launches += len(keys)
         for block_n, warps, stages, splits, _, fused in keys:
             kernels.add((hq, hkv, block_n, warps, stages, splits == 1, fused, max(2, 1 << (splits - 1).bit_length())))
-        print(f"  {hq}/{hkv} batch {batch} ctx {ctx}: {len(keys)} distinct launches: " + ", ".join(
-            config_label(c, k[3]) for k, c in keys.items()))
+        print(
+            f"  {hq}/{hkv} batch {batch} ctx {ctx}: {len(keys)} distinct launches: "
+            + ", ".join(config_label(c, k[3]) for k, c in keys.items())
+        )
     cases = len(args.heads) * len(args.batches) * len(args.contexts)
-    print(f"{cases} cases x {len(configs)} configs = {cases * len(configs)} results from {launches} timed launches "
-          f"and about {len(kernels)} kernel specializations: roughly {0.2 * launches + 2 * len(kernels):.0f} s "
-          "of decode timing, after the copy-bandwidth and ragged-batch checks (~10 s)")
+    print(
+        f"{cases} cases x {len(configs)} configs = {cases * len(configs)} results from {launches} timed launches "
+        f"and about {len(kernels)} kernel specializations: roughly {0.2 * launches + 2 * len(kernels):.0f} s "
+        "of decode timing, after the copy-bandwidth and ragged-batch checks (~10 s)"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="time every decode config in SWEEP as well")
-    parser.add_argument("--sweep-min-split", type=parse_ints, default=[], metavar="LIST",
-                        help="sweep DecodeConfig.min_split_tokens over these values around the base config "
-                             "(implies --sweep, replaces the SWEEP grid)")
-    parser.add_argument("--sweep-fused-max", type=parse_ints, default=[], metavar="LIST",
-                        help="sweep DecodeConfig.fused_max_splits over these values around the base config "
-                             "(implies --sweep, replaces the SWEEP grid)")
-    parser.add_argument("--grid", type=parse_grid, action="append", default=[], metavar="FIELD=LIST",
-                        help="sweep a DecodeConfig field over these values around the base config (the device's 64-token, "
-                             "3-programs-per-SM config; each case's own default is timed too); repeat for "
-                             "a product, e.g. --grid num_stages=3,4 --grid target_programs=64,132 (replaces the SWEEP grid)")
+    parser.add_argument(
+        "--sweep-min-split",
+        type=parse_ints,
+        default=[],
+        metavar="LIST",
+        help="sweep DecodeConfig.min_split_tokens over these values around the base config "
+        "(implies --sweep, replaces the SWEEP grid)",
+    )
+    parser.add_argument(
+        "--sweep-fused-max",
+        type=parse_ints,
+        default=[],
+        metavar="LIST",
+        help="sweep DecodeConfig.fused_max_splits over these values around the base config "
+        "(implies --sweep, replaces the SWEEP grid)",
+    )
+    parser.add_argument(
+        "--grid",
+        type=parse_grid,
+        action="append",
+        default=[],
+        metavar="FIELD=LIST",
+        help="sweep a DecodeConfig field over these values around the base config (the device's 64-token, "
+        "3-programs-per-SM config; each case's own default is timed too); repeat for "
+        "a product, e.g. --grid num_stages=3,4 --grid target_programs=64,132 (replaces the SWEEP grid)",
+    )
     parser.add_argument("--heads", type=parse_heads, default="32:4,64:8", help="Hq:Hkv pairs for decode")
     parser.add_argument("--batches", type=parse_ints, default="1,16,64,256")
     parser.add_argument("--contexts", type=parse_ints, default="1024,4096,16384")
-    parser.add_argument("--skip", default="", help="comma list of sections to skip: decode,floor,prefill,elementwise,argmax")
-    parser.add_argument("--plan", action="store_true",
-                        help="print the decode cases and distinct launches this run would time, then exit (no GPU)")
+    parser.add_argument(
+        "--skip", default="", help="comma list of sections to skip: decode,floor,prefill,elementwise,argmax"
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the decode cases and distinct launches this run would time, then exit (no GPU)",
+    )
     parser.add_argument("--sms", type=int, default=132, help="SM count the --plan assumes (132: H200)")
     add_out_argument(parser, "kernels")
     args = parser.parse_args()
@@ -527,16 +702,26 @@ def main() -> int:
         return 2
     props = torch.cuda.get_device_properties(0)
     report = Report(ResultLog(args.out, "kernels", sms=props.multi_processor_count, triton=triton.__version__))
-    report.md.write(f"\n## Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {props.name} "
-                    f"({props.multi_processor_count} SMs), torch {torch.__version__}, triton {triton.__version__}\n\n"
-                    f"Command: `python -m benchmarks.kernels {' '.join(sys.argv[1:])}`\n")
+    report.md.write(
+        f"\n## Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {props.name} "
+        f"({props.multi_processor_count} SMs), torch {torch.__version__}, triton {triton.__version__}\n\n"
+        f"Command: `python -m benchmarks.kernels {' '.join(sys.argv[1:])}`\n"
+    )
     copy_bw = copy_bandwidth(report)
     skip = set(args.skip.split(","))
     base = gpu_decode_config(props.multi_processor_count)
     sections = [
-        ("decode", lambda: bench_decode(
-            copy_bw, args.heads, args.batches, args.contexts,
-            check_decode_configs(sweep_configs(args, base), report), report)),
+        (
+            "decode",
+            lambda: bench_decode(
+                copy_bw,
+                args.heads,
+                args.batches,
+                args.contexts,
+                check_decode_configs(sweep_configs(args, base), report),
+                report,
+            ),
+        ),
         ("floor", lambda: decode_latency_floor(report)),
         ("prefill", lambda: bench_prefill(report)),
         ("elementwise", lambda: bench_elementwise(copy_bw, report)),

@@ -12,6 +12,7 @@ closed early.
     python -m benchmarks.realtime_load --spawn-server default --sessions 32 --duration 120
     python -m benchmarks.realtime_load --url ws://127.0.0.1:8000/v1/realtime --server-pid 1234
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,8 +77,18 @@ async def one_session(url: str, index: int, deadline: float, args: argparse.Name
     silence = base64.b64encode(bytes(4800 * 2)).decode()  # 200 ms of 24 kHz pcm16
     try:
         async with connect(url, max_size=None, open_timeout=60) as ws:
-            await ws.send(json.dumps({"type": "session.update", "session": {
-                "type": "realtime", "output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {
+                            "type": "realtime",
+                            "output_modalities": ["text"],
+                            "audio": {"input": {"turn_detection": None}},
+                        },
+                    }
+                )
+            )
             items: list[str] = []
             turn = 0
             while time.monotonic() < deadline:
@@ -85,12 +96,24 @@ async def one_session(url: str, index: int, deadline: float, args: argparse.Name
                 if args.audio:
                     await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": silence}))
                     await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
-                await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-                    "type": "message", "role": "user",
-                    "content": [{"type": "input_text", "text": f"Session {index}, turn {turn}: say something."}]}}))
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "conversation.item.create",
+                            "item": {
+                                "type": "message",
+                                "role": "user",
+                                "content": [
+                                    {"type": "input_text", "text": f"Session {index}, turn {turn}: say something."}
+                                ],
+                            },
+                        }
+                    )
+                )
                 sent = time.perf_counter()
-                await ws.send(json.dumps({"type": "response.create",
-                                          "response": {"max_output_tokens": args.max_output_tokens}}))
+                await ws.send(
+                    json.dumps({"type": "response.create", "response": {"max_output_tokens": args.max_output_tokens}})
+                )
                 await read_turn(ws, stats, sent, items)
                 if args.turns_per_context and turn % args.turns_per_context == 0:
                     for item_id in items:  # keep the context inside a small model's window
@@ -99,7 +122,7 @@ async def one_session(url: str, index: int, deadline: float, args: argparse.Name
     except ConnectionClosed as closed:
         stats.unexpected_close += 1
         stats.problems.append(f"session {index}: closed {closed.rcvd.code if closed.rcvd else None}")
-    except (OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError) as exc:
         stats.unexpected_close += 1
         stats.problems.append(f"session {index}: {type(exc).__name__} {exc}")
     return stats
@@ -143,8 +166,9 @@ async def read_turn(ws: Any, stats: SessionStats, sent: float, items: list[str])
             stats.responses += 1
             if event["response"]["status"] not in ("completed", "incomplete"):
                 stats.failed += 1
-                stats.problems.append(f"{response_id}: status {event['response']['status']} "
-                                      f"{event['response'].get('status_details')}")
+                stats.problems.append(
+                    f"{response_id}: status {event['response']['status']} {event['response'].get('status_details')}"
+                )
             return
 
 
@@ -160,9 +184,26 @@ def spawn_server(model: str, workdir: Path) -> tuple[subprocess.Popen[bytes], st
         code = TINY_SERVER.format(directory=str(workdir / "tiny"), port=port)
         cmd = [sys.executable, "-c", code]
     else:
-        cmd = [sys.executable, "-m", "omni_gateway.gateway.cli", "serve", "--model", model, "--asr", "none", "--tts", "none",
-               "--no-vad", "--no-vision", "--port", str(port), "--log-level", "warning",
-               "--max-sessions", "1024"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "omni_gateway.gateway.cli",
+            "serve",
+            "--model",
+            model,
+            "--asr",
+            "none",
+            "--tts",
+            "none",
+            "--no-vad",
+            "--no-vision",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--max-sessions",
+            "1024",
+        ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -187,9 +228,12 @@ async def run(args: argparse.Namespace, url: str, pid: int | None) -> dict[str, 
     rss_end = rss_mib(pid) if pid else None
     ttfd = [t for r in results for t in r.ttfd]
     return {
-        "sessions": args.sessions, "duration_s": round(elapsed, 1),
-        "responses": sum(r.responses for r in results), "lost_events": sum(r.lost for r in results),
-        "error_events": sum(r.errors for r in results), "failed_responses": sum(r.failed for r in results),
+        "sessions": args.sessions,
+        "duration_s": round(elapsed, 1),
+        "responses": sum(r.responses for r in results),
+        "lost_events": sum(r.lost for r in results),
+        "error_events": sum(r.errors for r in results),
+        "failed_responses": sum(r.failed for r in results),
         "unexpected_closes": sum(r.unexpected_close for r in results),
         "ttfd_p50_ms": round(percentile(ttfd, 0.50) * 1000) if ttfd else None,
         "ttfd_p99_ms": round(percentile(ttfd, 0.99) * 1000) if ttfd else None,
@@ -203,14 +247,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="ws://host:port/v1/realtime of a running server")
-    where.add_argument("--spawn-server", metavar="MODEL", help="start a server: 'tiny' (random 2-layer Llama), "
-                       "'default' (SmolLM2) or a model path")
+    where.add_argument(
+        "--spawn-server",
+        metavar="MODEL",
+        help="start a server: 'tiny' (random 2-layer Llama), 'default' (SmolLM2) or a model path",
+    )
     parser.add_argument("--server-pid", type=int, help="with --url: the server process, for its RSS")
     parser.add_argument("--sessions", type=int, default=32)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load")
     parser.add_argument("--max-output-tokens", type=int, default=16)
-    parser.add_argument("--turns-per-context", type=int, default=0,
-                        help="delete the conversation every N turns (0: never); small models need it")
+    parser.add_argument(
+        "--turns-per-context",
+        type=int,
+        default=0,
+        help="delete the conversation every N turns (0: never); small models need it",
+    )
     parser.add_argument("--audio", action="store_true", help="append and clear 200 ms of audio every turn")
     add_out_argument(parser, "realtime_load")
     args = parser.parse_args()

@@ -16,6 +16,7 @@ allocations that grew between the end of the warm-up and the end of the run.
 
 Raw results: one JSON line per cycle, then a summary line, in ``--out``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -92,8 +93,21 @@ def start_server(args: argparse.Namespace, port: int, trace_out: Path | None) ->
         env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
     if trace_out is not None:
         env["SOAK_TRACE_OUT"] = str(trace_out)
-    cmd = [sys.executable, "-c", SERVER, "serve", "--host", "127.0.0.1", "--port", str(port), "--model", args.model,
-           "--log-level", "critical", *args.server_arg]
+    cmd = [
+        sys.executable,
+        "-c",
+        SERVER,
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        args.model,
+        "--log-level",
+        "critical",
+        *args.server_arg,
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -129,16 +143,23 @@ async def http_steps(client: httpx.AsyncClient, cycle: int, outcome: dict[str, A
         async for _ in r.aiter_bytes():
             break  # the client walks away mid-stream
     bad_image = [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": BAD_PNG}}]
-    outcome["http_bad_image"] = (await client.post("/v1/chat/completions", json={
-        **chat, "messages": [{"role": "user", "content": bad_image}]})).status_code
+    outcome["http_bad_image"] = (
+        await client.post("/v1/chat/completions", json={**chat, "messages": [{"role": "user", "content": bad_image}]})
+    ).status_code
     bad_audio = [{"type": "input_audio", "input_audio": {"data": BAD_WAV, "format": "wav"}}]
-    outcome["http_bad_audio"] = (await client.post("/v1/chat/completions", json={
-        **chat, "messages": [{"role": "user", "content": bad_audio}]})).status_code
-    outcome["http_bad_json"] = (await client.post("/v1/chat/completions", content=b"{not json",
-                                                  headers={"content-type": "application/json"})).status_code
-    outcome["http_surrogate"] = (await client.post("/v1/chat/completions", content=json.dumps({
-        **chat, "messages": [{"role": "user", "content": "\ud800"}]}).encode(),
-        headers={"content-type": "application/json"})).status_code
+    outcome["http_bad_audio"] = (
+        await client.post("/v1/chat/completions", json={**chat, "messages": [{"role": "user", "content": bad_audio}]})
+    ).status_code
+    outcome["http_bad_json"] = (
+        await client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    ).status_code
+    outcome["http_surrogate"] = (
+        await client.post(
+            "/v1/chat/completions",
+            content=json.dumps({**chat, "messages": [{"role": "user", "content": "\ud800"}]}).encode(),
+            headers={"content-type": "application/json"},
+        )
+    ).status_code
 
 
 async def until(ws: ClientConnection, kinds: str | tuple[str, ...], counts: Counter[str]) -> dict[str, Any]:
@@ -155,34 +176,70 @@ async def realtime_turn(url: str, cycle: int, audio: bool, outcome: dict[str, An
     counts: Counter[str] = Counter()
     async with connect(url, max_size=None) as ws:
         await until(ws, "session.created", counts)
-        await ws.send(json.dumps({"type": "session.update", "session": {
-            "type": "realtime", "audio": {"input": {"turn_detection": None}}}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}},
+                }
+            )
+        )
         await until(ws, "session.updated", counts)
-        for hostile in ("{not json", json.dumps({"type": "no.such.event"}),
-                        json.dumps({"type": "session.update", "session": {"type": "realtime",
-                                                                          "output_modalities": ["x" * 262144]}}),
-                        json.dumps({"type": "input_audio_buffer.append", "audio": "%%%not base64"})):
+        for hostile in (
+            "{not json",
+            json.dumps({"type": "no.such.event"}),
+            json.dumps(
+                {"type": "session.update", "session": {"type": "realtime", "output_modalities": ["x" * 262144]}}
+            ),
+            json.dumps({"type": "input_audio_buffer.append", "audio": "%%%not base64"}),
+        ):
             await ws.send(hostile)
             await until(ws, ("error", "session.updated"), counts)
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "a picture"},
-                                                           {"type": "input_image", "image_url": BAD_PNG}]}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [
+                            {"type": "input_text", "text": "a picture"},
+                            {"type": "input_image", "image_url": BAD_PNG},
+                        ],
+                    },
+                }
+            )
+        )
         image_item = (await until(ws, "conversation.item.done", counts))["item"]["id"]
         await ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"]}}))
         await until(ws, "response.done", counts)  # fails on a model without vision, else the image is refused
         await ws.send(json.dumps({"type": "conversation.item.delete", "item_id": image_item}))
         await until(ws, "conversation.item.deleted", counts)
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": f"Count to {cycle % 9}."}]}}))
-        await ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"],
-                                                                          "max_output_tokens": 8}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": f"Count to {cycle % 9}."}],
+                    },
+                }
+            )
+        )
+        await ws.send(
+            json.dumps({"type": "response.create", "response": {"output_modalities": ["text"], "max_output_tokens": 8}})
+        )
         done = await until(ws, "response.done", counts)
         outcome["rt_text"] = done["response"]["status"]
         if audio:
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": TONE}))
             await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-            await ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["audio"],
-                                                                              "max_output_tokens": 12}}))
+            await ws.send(
+                json.dumps(
+                    {"type": "response.create", "response": {"output_modalities": ["audio"], "max_output_tokens": 12}}
+                )
+            )
             done = await until(ws, "response.done", counts)
             outcome["rt_audio"] = done["response"]["status"]
     outcome["rt_errors"] = dict(counts)
@@ -191,8 +248,18 @@ async def realtime_turn(url: str, cycle: int, audio: bool, outcome: dict[str, An
 async def realtime_abandoned(url: str, outcome: dict[str, Any]) -> None:
     async with connect(url) as ws:
         await until(ws, "session.created", Counter())
-        await ws.send(json.dumps({"type": "response.create", "response": {
-            "output_modalities": ["text"], "instructions": "Tell a long story.", "max_output_tokens": 64}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "response": {
+                        "output_modalities": ["text"],
+                        "instructions": "Tell a long story.",
+                        "max_output_tokens": 64,
+                    },
+                }
+            )
+        )
         await until(ws, "response.created", Counter())
     outcome["rt_abandoned"] = "closed"
 
@@ -213,8 +280,12 @@ async def realtime_oversize(url: str, outcome: dict[str, Any]) -> None:
 
 async def cycle_once(client: httpx.AsyncClient, url: str, cycle: int, audio: bool) -> dict[str, Any]:
     outcome: dict[str, Any] = {}
-    steps = [http_steps(client, cycle, outcome), realtime_turn(url, cycle, audio, outcome),
-             realtime_abandoned(url, outcome), realtime_oversize(url, outcome)]
+    steps = [
+        http_steps(client, cycle, outcome),
+        realtime_turn(url, cycle, audio, outcome),
+        realtime_abandoned(url, outcome),
+        realtime_oversize(url, outcome),
+    ]
     for step in steps:
         try:
             await asyncio.wait_for(step, 120)
@@ -255,16 +326,24 @@ async def soak(args: argparse.Namespace, port: int, pid: int, out: Any) -> dict[
         cycle = 0
         while cycle < args.cycles and time.monotonic() - t0 < args.duration:
             outcome = await cycle_once(client, url, cycle, audio=args.audio_every > 0 and cycle % args.audio_every == 0)
-            row = {"cycle": cycle, "t_s": round(time.monotonic() - t0, 2), "rss_mib": round(rss_mib(pid), 1),
-                   "unexpected": unexpected(outcome), "outcome": outcome}
+            row = {
+                "cycle": cycle,
+                "t_s": round(time.monotonic() - t0, 2),
+                "rss_mib": round(rss_mib(pid), 1),
+                "unexpected": unexpected(outcome),
+                "outcome": outcome,
+            }
             rows.append(row)
             out.write(json.dumps(row) + "\n")
             if cycle + 1 == args.warmup and args.tracemalloc:
                 os.kill(pid, signal.SIGUSR2)
             if cycle % args.print_every == 0:
                 drift = drift_per_1000(rows, args.warmup)
-                print(f"{cycle:6} {row['t_s']:7.0f} {row['rss_mib']:8.0f} "
-                      f"{'' if drift is None else f'{drift:+9.1f}':>9}  {row['unexpected'][:3]}", flush=True)
+                print(
+                    f"{cycle:6} {row['t_s']:7.0f} {row['rss_mib']:8.0f} "
+                    f"{'' if drift is None else f'{drift:+9.1f}':>9}  {row['unexpected'][:3]}",
+                    flush=True,
+                )
             cycle += 1
     await asyncio.sleep(2)
     end = rss_mib(pid)
@@ -279,10 +358,16 @@ async def soak(args: argparse.Namespace, port: int, pid: int, out: Any) -> dict[
         trace = json.loads(trace_file.read_text()) if trace_file.exists() else None
     after_warmup = [r["rss_mib"] for r in rows if r["cycle"] >= args.warmup]
     return {
-        "summary": True, "model": args.model, "malloc_arena_max": args.malloc_arena_max, "cycles": len(rows),
-        "duration_s": round(time.monotonic() - t0, 1), "warmup_cycles": args.warmup,
-        "idle_rss_mib": round(idle), "rss_after_warmup_mib": round(after_warmup[0]) if after_warmup else None,
-        "rss_end_mib": round(end), "rss_peak_mib": round(max(r["rss_mib"] for r in rows)) if rows else None,
+        "summary": True,
+        "model": args.model,
+        "malloc_arena_max": args.malloc_arena_max,
+        "cycles": len(rows),
+        "duration_s": round(time.monotonic() - t0, 1),
+        "warmup_cycles": args.warmup,
+        "idle_rss_mib": round(idle),
+        "rss_after_warmup_mib": round(after_warmup[0]) if after_warmup else None,
+        "rss_end_mib": round(end),
+        "rss_peak_mib": round(max(r["rss_mib"] for r in rows)) if rows else None,
         "rss_after_malloc_trim_mib": round(trimmed),
         "drift_mib_per_1000_cycles": None if (d := drift_per_1000(rows, args.warmup)) is None else round(d, 1),
         "cycles_with_unexpected": sum(1 for r in rows if r["unexpected"]),

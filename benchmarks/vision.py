@@ -17,6 +17,7 @@ before the image comes from the prefix cache after the first frame). A repeated 
 (cache hit: no tower run, and the image's KV blocks are reused), and its ratio to a new frame printed.
 Every frame's figures are appended to ``benchmarks/results/vision.jsonl`` (``--out``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,25 +43,40 @@ def build_tokenizer() -> Any:
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator(["describe what the camera sees right now in a few words"] * 4,
-                            trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
-                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        ["describe what the camera sees right now in a few words"] * 4,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>")
-    hf.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                        "{% if add_generation_prompt %}assistant:{% endif %}")
+    hf.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
     return hf
 
 
 # Layer sizes per preset: (text model, Qwen2-VL tower, CLIP tower).
 PRESETS: dict[str, tuple[dict[str, int], dict[str, int], dict[str, int]]] = {
-    "tiny": (dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
-                  num_key_value_heads=4),
-             dict(depth=4, embed_dim=256, hidden_size=512, num_heads=4),
-             dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4)),
-    "2b": (dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                num_key_value_heads=2),
-           dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16),
-           dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16)),
+    "tiny": (
+        dict(
+            hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4
+        ),
+        dict(depth=4, embed_dim=256, hidden_size=512, num_heads=4),
+        dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4),
+    ),
+    "2b": (
+        dict(
+            hidden_size=1536,
+            intermediate_size=8960,
+            num_hidden_layers=28,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+        ),
+        dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16),
+        dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16),
+    ),
 }
 
 
@@ -69,8 +85,13 @@ def build_checkpoint(family: str, directory: Path, size: int, preset: str = "tin
     ids = {name: tok.convert_tokens_to_ids(name) for name in SPECIALS}
     text_sizes, qwen_tower, clip_tower = PRESETS[preset]
     if family == "llava" and preset != "tiny":
-        text_sizes = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                          num_key_value_heads=32)
+        text_sizes = dict(
+            hidden_size=4096,
+            intermediate_size=11008,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+        )
     text = dict(vocab_size=512, max_position_embeddings=4096, eos_token_id=0, bos_token_id=1, **text_sizes)
     if family == "qwen2_vl":
         from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
@@ -81,9 +102,14 @@ def build_checkpoint(family: str, directory: Path, size: int, preset: str = "tin
         half = text["hidden_size"] // text["num_attention_heads"] // 2
         section = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
         text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section}
-        config = Qwen2VLConfig(text_config=text, vision_config=dict(mlp_ratio=4, patch_size=14, **qwen_tower),
-                               image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-                               vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+        config = Qwen2VLConfig(
+            text_config=text,
+            vision_config=dict(mlp_ratio=4, patch_size=14, **qwen_tower),
+            image_token_id=ids["<|image_pad|>"],
+            video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
+        )
         Qwen2VLForConditionalGeneration(config).save_pretrained(directory)
         Qwen2VLImageProcessorPil(min_pixels=size * size, max_pixels=size * size).save_pretrained(directory)
     else:
@@ -97,11 +123,15 @@ def build_checkpoint(family: str, directory: Path, size: int, preset: str = "tin
             CLIPImageProcessorPil,
         )
 
-        config = LlavaConfig(vision_config=CLIPVisionConfig(image_size=size, patch_size=14, **clip_tower),
-                             text_config=LlamaConfig(**text), image_token_id=ids["<image>"])
+        config = LlavaConfig(
+            vision_config=CLIPVisionConfig(image_size=size, patch_size=14, **clip_tower),
+            text_config=LlamaConfig(**text),
+            image_token_id=ids["<image>"],
+        )
         LlavaForConditionalGeneration(config).save_pretrained(directory)
-        CLIPImageProcessorPil(size={"shortest_edge": size},
-                              crop_size={"height": size, "width": size}).save_pretrained(directory)
+        CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size}).save_pretrained(
+            directory
+        )
     tok.save_pretrained(directory)
 
 
@@ -155,8 +185,14 @@ def main() -> None:
             features = encoder.encode_image(image)
             sync()
             t2 = time.perf_counter()
-            request = OmniRequest(request_id=str(i), messages=(Message("user", (
-                TextPart("describe what the camera sees right now in a few words"), ImagePart(png))),))
+            request = OmniRequest(
+                request_id=str(i),
+                messages=(
+                    Message(
+                        "user", (TextPart("describe what the camera sees right now in a few words"), ImagePart(png))
+                    ),
+                ),
+            )
             prompt = build_vision_prompt(request, engine.tokenizer, encoder)  # cache hit: the frame was encoded
             t3 = time.perf_counter()
             engine.add_request(str(i), prompt.token_ids, params, embed_spans=prompt.embed_spans)
@@ -165,31 +201,52 @@ def main() -> None:
             sync()
             t4 = time.perf_counter()
             (out,) = engine.pop_finished()
-            rows.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t4 - t3) * 1e3, len(prompt.token_ids),
-                         out.num_cached_tokens))
+            rows.append(
+                ((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t4 - t3) * 1e3, len(prompt.token_ids), out.num_cached_tokens)
+            )
             del features
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {args.threads} threads"
-    print(f"family={args.family} preset={args.preset} frame={args.size}x{args.size} "
-          f"image_tokens={prompt.num_image_tokens} device={gpu} {str(dtype).removeprefix('torch.')}")
+    print(
+        f"family={args.family} preset={args.preset} frame={args.size}x{args.size} "
+        f"image_tokens={prompt.num_image_tokens} device={gpu} {str(dtype).removeprefix('torch.')}"
+    )
     print(f"{'frame':>5} {'decode ms':>10} {'encode ms':>10} {'prefill ms':>11} {'prompt':>7} {'cached':>7}")
     for i, (dec, enc, pre, n, cached) in enumerate(rows):
         label = "rep" if i == len(rows) - 1 else str(i)
         print(f"{label:>5} {dec:10.1f} {enc:10.1f} {pre:11.1f} {n:7d} {cached:7d}")
     fresh = rows[1:-1] or rows[:1]  # skip the first frame (warm-up) and the repeat
-    print(f"median over new frames: decode {statistics.median(r[0] for r in fresh):.1f} ms, "
-          f"encode {statistics.median(r[1] for r in fresh):.1f} ms, "
-          f"prefill {statistics.median(r[2] for r in fresh):.1f} ms; "
-          f"repeated frame: encode {rows[-1][1]:.2f} ms, prefill {rows[-1][2]:.1f} ms")
+    print(
+        f"median over new frames: decode {statistics.median(r[0] for r in fresh):.1f} ms, "
+        f"encode {statistics.median(r[1] for r in fresh):.1f} ms, "
+        f"prefill {statistics.median(r[2] for r in fresh):.1f} ms; "
+        f"repeated frame: encode {rows[-1][1]:.2f} ms, prefill {rows[-1][2]:.1f} ms"
+    )
     new_encode, new_prefill = statistics.median(r[1] for r in fresh), statistics.median(r[2] for r in fresh)
-    print(f"repeated frame against a new one: encode {new_encode / rows[-1][1]:.1f}x faster, "
-          f"prefill {new_prefill / rows[-1][2]:.2f}x faster")
-    with ResultLog(args.out, "vision", family=args.family, preset=args.preset, size=args.size,
-                   device=gpu, dtype=str(dtype).removeprefix("torch."),
-                   image_tokens=prompt.num_image_tokens) as log:
+    print(
+        f"repeated frame against a new one: encode {new_encode / rows[-1][1]:.1f}x faster, "
+        f"prefill {new_prefill / rows[-1][2]:.2f}x faster"
+    )
+    with ResultLog(
+        args.out,
+        "vision",
+        family=args.family,
+        preset=args.preset,
+        size=args.size,
+        device=gpu,
+        dtype=str(dtype).removeprefix("torch."),
+        image_tokens=prompt.num_image_tokens,
+    ) as log:
         for i, (dec, enc, pre, n, cached) in enumerate(rows):
-            log.write("frame", frame="repeat" if i == len(rows) - 1 else i, decode_ms=dec, encode_ms=enc,
-                      prefill_ms=pre, prompt_tokens=n, cached_tokens=cached)
+            log.write(
+                "frame",
+                frame="repeat" if i == len(rows) - 1 else i,
+                decode_ms=dec,
+                encode_ms=enc,
+                prefill_ms=pre,
+                prompt_tokens=n,
+                cached_tokens=cached,
+            )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ over ``--runs``; appended to ``benchmarks/results/voice_stages.jsonl``.
 
     python -m benchmarks.voice_stages [--runs 5] [--out FILE]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,11 +13,12 @@ import os
 import statistics
 import time
 
-from benchmarks.common import ResultLog, add_out_argument
 from omni_gateway.encoders.asr import load_recognizer
 from omni_gateway.encoders.audio import float_to_pcm16
 from omni_gateway.encoders.vad import SileroVad
 from omni_gateway.omni.heads.tts import TtsHead
+
+from benchmarks.common import ResultLog, add_out_argument
 
 REPLY = "The weather today is sunny and warm, with a light breeze from the west."
 UTTERANCE = "Please turn on the kitchen lights now."
@@ -66,7 +68,9 @@ def main() -> None:
         start = time.perf_counter()
         result = asr.transcribe(speech, sample_rate=24000)
         latencies.append(time.perf_counter() - start)
-    print(f"faster-whisper tiny.en int8, {len(speech) / 24000:.2f} s utterance: {median_ms(latencies)} -> {result.text!r}")
+    print(
+        f"faster-whisper tiny.en int8, {len(speech) / 24000:.2f} s utterance: {median_ms(latencies)} -> {result.text!r}"
+    )
 
     pcm = float_to_pcm16(speech)
     vad = SileroVad()
@@ -77,15 +81,20 @@ def main() -> None:
         start = time.perf_counter()
         chunks = 0
         for at in range(0, len(pcm) - chunk + 1, chunk):
-            vad.feed(pcm[at:at + chunk])
+            vad.feed(pcm[at : at + chunk])
             chunks += 1
         costs.append((time.perf_counter() - start) / chunks)
     print(f"silero-vad per 20 ms chunk (24 kHz in, resample + model): {statistics.median(costs) * 1e6:.0f} us")
     with ResultLog(args.out, "voice_stages", runs=runs) as log:
-        log.write("stages", piper_first_audio_ms=statistics.median(ttfa) * 1e3,
-                  piper_real_time_factor=statistics.median(factors),
-                  whisper_ms=statistics.median(latencies) * 1e3, utterance_s=len(speech) / 24000,
-                  transcript=result.text, vad_us_per_chunk=statistics.median(costs) * 1e6)
+        log.write(
+            "stages",
+            piper_first_audio_ms=statistics.median(ttfa) * 1e3,
+            piper_real_time_factor=statistics.median(factors),
+            whisper_ms=statistics.median(latencies) * 1e3,
+            utterance_s=len(speech) / 24000,
+            transcript=result.text,
+            vad_us_per_chunk=statistics.median(costs) * 1e6,
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 The audio is sent in real-time-sized chunks with server-side VAD deciding when the turn ends, exactly
 as a voice assistant would; the progress line shows what is happening.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,20 +51,42 @@ class Progress:
             sys.stderr.write(f"\r[{time.monotonic() - self.t0:6.2f}s] {text:<70}\n")
 
 
-async def converse(url: str, audio: np.ndarray | None, *, api_key: str | None, mic: bool, out: Path | None,
-                   play: bool, timeout: float, progress: Progress) -> dict:
+async def converse(
+    url: str,
+    audio: np.ndarray | None,
+    *,
+    api_key: str | None,
+    mic: bool,
+    out: Path | None,
+    play: bool,
+    timeout: float,
+    progress: Progress,
+) -> dict:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     answer = bytearray()
     # timeline: time.monotonic() of the first speech_stopped, transcript and audio delta (for benchmarks)
     result: dict = {"transcript_in": "", "transcript_out": "", "latency_ms": None, "timeline": {}}
     timeline = result["timeline"]
     async with websockets.connect(url, additional_headers=headers, max_size=32 * 2**20) as ws:
-        await ws.send(json.dumps({"type": "session.update", "session": {
-            "type": "realtime", "output_modalities": ["audio"],
-            "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE},
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "type": "realtime",
+                        "output_modalities": ["audio"],
+                        "audio": {
+                            "input": {
+                                "format": {"type": "audio/pcm", "rate": RATE},
                                 "transcription": {"model": "whisper-1"},
-                                "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}},
-                      "output": {"format": {"type": "audio/pcm", "rate": RATE}}}}}))
+                                "turn_detection": {"type": "server_vad", "silence_duration_ms": 500},
+                            },
+                            "output": {"format": {"type": "audio/pcm", "rate": RATE}},
+                        },
+                    },
+                }
+            )
+        )
         sender = asyncio.create_task(_send_audio(ws, audio, mic, progress))
         stopped_at: float | None = None
         try:
@@ -114,7 +137,7 @@ async def _send_audio(ws, audio: np.ndarray | None, mic: bool, progress: Progres
         # Trailing silence lets the server's VAD see the end of the turn.
         padded = np.concatenate([audio, np.zeros(RATE, dtype="<i2")])
         for start in range(0, len(padded), step):
-            chunk = padded[start:start + step].tobytes()
+            chunk = padded[start : start + step].tobytes()
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()}))
             progress.show(f"streaming question: {min(start + step, len(padded)) / RATE:5.2f}s")
             await asyncio.sleep(CHUNK_MS / 1000)
@@ -134,8 +157,9 @@ async def _send_audio(ws, audio: np.ndarray | None, mic: bool, progress: Progres
         with sd.RawInputStream(samplerate=RATE, channels=1, dtype="int16", blocksize=step, callback=callback):
             while True:
                 chunk = await queue.get()
-                await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                          "audio": base64.b64encode(chunk).decode()}))
+                await ws.send(
+                    json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()})
+                )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,8 +177,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give a WAV file or --mic")
     audio = load_wav(args.wav) if args.wav is not None else None
     try:
-        result = asyncio.run(converse(args.url, audio, api_key=args.api_key, mic=args.mic, out=args.out,
-                                      play=args.play, timeout=args.timeout, progress=Progress(not args.quiet)))
+        result = asyncio.run(
+            converse(
+                args.url,
+                audio,
+                api_key=args.api_key,
+                mic=args.mic,
+                out=args.out,
+                play=args.play,
+                timeout=args.timeout,
+                progress=Progress(not args.quiet),
+            )
+        )
     except websockets.exceptions.InvalidStatus as exc:
         code = exc.response.status_code
         hint = " (wrong or missing --api-key)" if code == 401 else ""

@@ -5,6 +5,7 @@
 with a greedy decoder over the KV cache. Both decode greedily without timestamps: a voice turn is
 short, and the first token matters more than the last fraction of accuracy a beam would buy.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-
 from omni_gateway.encoders.audio import pcm16_to_float, resample
 
 SAMPLE_RATE = 16000
@@ -50,15 +50,23 @@ class AsrResult:
 
 
 class SpeechRecognizer(Protocol):
-    def transcribe(self, audio: np.ndarray | bytes, *, sample_rate: int = SAMPLE_RATE, language: str | None = None,
-                   prompt: str | None = None) -> AsrResult: ...
+    def transcribe(
+        self,
+        audio: np.ndarray | bytes,
+        *,
+        sample_rate: int = SAMPLE_RATE,
+        language: str | None = None,
+        prompt: str | None = None,
+    ) -> AsrResult: ...
 
 
 def to_model_input(audio: np.ndarray | bytes, sample_rate: int, max_duration_s: float) -> np.ndarray:
     """float32 samples or pcm16 bytes at ``sample_rate`` -> float32 mono 16 kHz."""
     if sample_rate <= 0:
         raise ValueError(f"sample_rate must be positive; got {sample_rate}")
-    samples = pcm16_to_float(audio) if isinstance(audio, (bytes, bytearray, memoryview)) else np.asarray(audio, np.float32)
+    samples = (
+        pcm16_to_float(audio) if isinstance(audio, (bytes, bytearray, memoryview)) else np.asarray(audio, np.float32)
+    )
     if samples.ndim != 1:
         raise ValueError(f"audio must be mono (1-D); got shape {samples.shape}")
     seconds = len(samples) / sample_rate
@@ -80,8 +88,15 @@ def default_model_path() -> Path:
 
 
 class FasterWhisperRecognizer:
-    def __init__(self, path: str | Path, *, device: str = "auto", compute_type: str = "default",
-                 cpu_threads: int = 0, max_duration_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        device: str = "auto",
+        compute_type: str = "default",
+        cpu_threads: int = 0,
+        max_duration_s: float = 600.0,
+    ) -> None:
         from faster_whisper import WhisperModel
 
         if device == "auto":
@@ -95,8 +110,14 @@ class FasterWhisperRecognizer:
         self.model = WhisperModel(str(path), device=device, compute_type=compute_type, cpu_threads=threads)
         self.max_duration_s = max_duration_s
 
-    def transcribe(self, audio: np.ndarray | bytes, *, sample_rate: int = SAMPLE_RATE, language: str | None = None,
-                   prompt: str | None = None) -> AsrResult:
+    def transcribe(
+        self,
+        audio: np.ndarray | bytes,
+        *,
+        sample_rate: int = SAMPLE_RATE,
+        language: str | None = None,
+        prompt: str | None = None,
+    ) -> AsrResult:
         samples = to_model_input(audio, sample_rate, self.max_duration_s)
         duration = len(samples) / SAMPLE_RATE
         _english_only_check(self.model.model.is_multilingual, language)
@@ -106,16 +127,27 @@ class FasterWhisperRecognizer:
             short = self._transcribe_short(samples, prompt)
             if short is not None:
                 text, tokens, prompt_tokens = short
-                return AsrResult(text=text, language="en", duration_s=duration,
-                                 usage=AsrUsage(duration, prompt_tokens, tokens))
+                return AsrResult(
+                    text=text, language="en", duration_s=duration, usage=AsrUsage(duration, prompt_tokens, tokens)
+                )
         segments, info = self.model.transcribe(
-            samples, language=language, initial_prompt=prompt, beam_size=1, temperature=0.0,
-            condition_on_previous_text=False, without_timestamps=True, vad_filter=False)
+            samples,
+            language=language,
+            initial_prompt=prompt,
+            beam_size=1,
+            temperature=0.0,
+            condition_on_previous_text=False,
+            without_timestamps=True,
+            vad_filter=False,
+        )
         segments = list(segments)
         prompt_tokens = len(self.model.hf_tokenizer.encode(" " + prompt.strip()).ids) if prompt else 0
-        return AsrResult(text="".join(s.text for s in segments).strip(), language=info.language, duration_s=duration,
-                         usage=AsrUsage(duration, prompt_tokens, sum(len(s.tokens) for s in segments)))
-
+        return AsrResult(
+            text="".join(s.text for s in segments).strip(),
+            language=info.language,
+            duration_s=duration,
+            usage=AsrUsage(duration, prompt_tokens, sum(len(s.tokens) for s in segments)),
+        )
 
     def _transcribe_short(self, samples: np.ndarray, prompt: str | None) -> tuple[str, int, int] | None:
         """(text, output tokens, prompt tokens) from a ``SHORT_WINDOW_S`` encoder window; None when the
@@ -127,16 +159,23 @@ class FasterWhisperRecognizer:
         window = SHORT_WINDOW_S * SAMPLE_RATE
         frames = window // model.feature_extractor.hop_length
         features = model.feature_extractor(samples, padding=window - len(samples))[:, :frames]
-        encoded = model.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None])),
-                                     to_cpu=False)
+        encoded = model.model.encode(
+            ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None])), to_cpu=False
+        )
         tokenizer = Tokenizer(model.hf_tokenizer, False, task="transcribe", language="en")
         previous = tokenizer.encode(" " + prompt.strip()) if prompt else []
         tokens = model.get_prompt(tokenizer, previous, without_timestamps=True)
         budget = _SHORT_TOKENS_BASE + int(_SHORT_TOKENS_PER_S * len(samples) / SAMPLE_RATE)
         # max_length counts more than the new tokens (the prompt, and the steps differ from the ids): a
         # generous bound, the budget itself is checked on the ids.
-        result = model.model.generate(encoded, [tokens], beam_size=1, max_length=min(448, 4 * (budget + len(tokens))),
-                                      return_scores=True, return_no_speech_prob=True)[0]
+        result = model.model.generate(
+            encoded,
+            [tokens],
+            beam_size=1,
+            max_length=min(448, 4 * (budget + len(tokens))),
+            return_scores=True,
+            return_no_speech_prob=True,
+        )[0]
         ids = [t for t in result.sequences_ids[0] if t < tokenizer.eot]
         if len(ids) > budget:
             return None
@@ -148,15 +187,25 @@ class FasterWhisperRecognizer:
 class TorchWhisperRecognizer:
     """A local Hugging Face Whisper directory (model + processor files), greedy decoding in torch."""
 
-    def __init__(self, path: str | Path, *, device: str = "auto", dtype: str | None = None,
-                 max_new_tokens: int = 224, max_duration_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        device: str = "auto",
+        dtype: str | None = None,
+        max_new_tokens: int = 224,
+        max_duration_s: float = 600.0,
+    ) -> None:
         import torch
         from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
         self._torch = torch
-        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
-                                   else "cpu" if device == "auto" else device)
-        torch_dtype = getattr(torch, dtype) if dtype else (torch.float16 if self.device.type == "cuda" else torch.float32)
+        self.device = torch.device(
+            "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
+        )
+        torch_dtype = (
+            getattr(torch, dtype) if dtype else (torch.float16 if self.device.type == "cuda" else torch.float32)
+        )
         self.model = WhisperForConditionalGeneration.from_pretrained(path, dtype=torch_dtype).to(self.device).eval()
         self.processor = WhisperProcessor.from_pretrained(path)
         self.max_new_tokens = max_new_tokens
@@ -171,8 +220,14 @@ class TorchWhisperRecognizer:
         self._suppress = list(getattr(generation, "suppress_tokens", None) or [])
         self._begin_suppress = list(getattr(generation, "begin_suppress_tokens", None) or [])
 
-    def transcribe(self, audio: np.ndarray | bytes, *, sample_rate: int = SAMPLE_RATE, language: str | None = None,
-                   prompt: str | None = None) -> AsrResult:
+    def transcribe(
+        self,
+        audio: np.ndarray | bytes,
+        *,
+        sample_rate: int = SAMPLE_RATE,
+        language: str | None = None,
+        prompt: str | None = None,
+    ) -> AsrResult:
         samples = to_model_input(audio, sample_rate, self.max_duration_s)
         duration = len(samples) / SAMPLE_RATE
         _english_only_check(self.multilingual, language)
@@ -180,14 +235,18 @@ class TorchWhisperRecognizer:
         texts, output_tokens, detected = [], 0, language
         window = WINDOW_S * SAMPLE_RATE
         for start in range(0, len(samples), window):
-            features = self._features(samples[start:start + window])
+            features = self._features(samples[start : start + window])
             if self.multilingual and detected is None:
                 detected = self.detect_language(features)
             tokens = self.greedy_decode(features, self._prefix(prompt_ids, detected))
             output_tokens += len(tokens)
             texts.append(self.processor.tokenizer.decode(tokens, skip_special_tokens=True).strip())
-        return AsrResult(text=" ".join(t for t in texts if t), language=detected or ("en" if not self.multilingual else None),
-                         duration_s=duration, usage=AsrUsage(duration, len(prompt_ids), output_tokens))
+        return AsrResult(
+            text=" ".join(t for t in texts if t),
+            language=detected or ("en" if not self.multilingual else None),
+            duration_s=duration,
+            usage=AsrUsage(duration, len(prompt_ids), output_tokens),
+        )
 
     def _prompt_ids(self, prompt: str | None) -> list[int]:
         if not prompt:
@@ -204,7 +263,9 @@ class TorchWhisperRecognizer:
         return prefix + [self._no_timestamps]
 
     def _features(self, samples: np.ndarray):
-        features = self.processor.feature_extractor(samples, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        features = self.processor.feature_extractor(
+            samples, sampling_rate=SAMPLE_RATE, return_tensors="pt"
+        ).input_features
         return features.to(self.device, self.model.dtype)
 
     def _encode(self, features):
@@ -213,8 +274,10 @@ class TorchWhisperRecognizer:
     def detect_language(self, features) -> str:
         torch = self._torch
         with torch.inference_mode():
-            logits = self.model(encoder_outputs=(self._encode(features),),
-                                decoder_input_ids=torch.tensor([[self._sot]], device=self.device)).logits[0, -1]
+            logits = self.model(
+                encoder_outputs=(self._encode(features),),
+                decoder_input_ids=torch.tensor([[self._sot]], device=self.device),
+            ).logits[0, -1]
         names = list(self._languages)
         best = int(torch.argmax(logits[[self._languages[n] for n in names]]))
         return names[best][2:-2]
@@ -224,8 +287,10 @@ class TorchWhisperRecognizer:
         torch = self._torch
         budget = min(self.max_new_tokens, self.model.config.max_target_positions - len(prefix))
         if budget <= 0:
-            raise ValueError(f"prompt leaves no room to decode: {len(prefix)} prefix tokens, "
-                             f"{self.model.config.max_target_positions} positions")
+            raise ValueError(
+                f"prompt leaves no room to decode: {len(prefix)} prefix tokens, "
+                f"{self.model.config.max_target_positions} positions"
+            )
         suppress = torch.tensor(self._suppress, dtype=torch.long, device=self.device)
         begin_suppress = torch.tensor(self._begin_suppress, dtype=torch.long, device=self.device)
         generated: list[int] = []
@@ -234,8 +299,9 @@ class TorchWhisperRecognizer:
             step_input = torch.tensor([prefix], device=self.device)
             past = None
             for step in range(budget):
-                out = self.model(encoder_outputs=(encoded,), decoder_input_ids=step_input,
-                                 past_key_values=past, use_cache=True)
+                out = self.model(
+                    encoder_outputs=(encoded,), decoder_input_ids=step_input, past_key_values=past, use_cache=True
+                )
                 past = out.past_key_values
                 logits = out.logits[0, -1].float()
                 if len(suppress):
@@ -260,8 +326,10 @@ def load_recognizer(spec: str, *, device: str = "auto") -> SpeechRecognizer:
         return FasterWhisperRecognizer(path, device=device)
     config = path / "config.json"
     if not config.is_file():
-        raise FileNotFoundError(f"ASR model {spec!r}: expected 'default', a CTranslate2 Whisper directory (model.bin) "
-                                "or a Hugging Face Whisper directory (config.json)")
+        raise FileNotFoundError(
+            f"ASR model {spec!r}: expected 'default', a CTranslate2 Whisper directory (model.bin) "
+            "or a Hugging Face Whisper directory (config.json)"
+        )
     model_type = json.loads(config.read_text()).get("model_type")
     if model_type != "whisper":
         raise ValueError(f"ASR model {spec!r} has model_type {model_type!r}; expected 'whisper'")

@@ -5,6 +5,7 @@ gigabytes of float PCM, so the duration cap stops decoding the moment it is cros
 WAV/FLAC/OGG go through libsndfile (header checked before any sample is read); anything else
 (mp3, webm, m4a, ...) goes through FFmpeg via PyAV, restricted to a short list of audio demuxers.
 """
+
 from __future__ import annotations
 
 import io
@@ -76,7 +77,9 @@ def _check_channels(channels: int, limits: AudioLimits) -> None:
 
 
 def _duration_error(seconds: float, limits: AudioLimits) -> AudioLimitError:
-    return AudioLimitError(f"audio lasts at least {seconds:.1f} s; the limit is max_duration_s={limits.max_duration_s:g}")
+    return AudioLimitError(
+        f"audio lasts at least {seconds:.1f} s; the limit is max_duration_s={limits.max_duration_s:g}"
+    )
 
 
 def _decode_sndfile(data: bytes, limits: AudioLimits) -> DecodedAudio:
@@ -85,7 +88,9 @@ def _decode_sndfile(data: bytes, limits: AudioLimits) -> DecodedAudio:
     try:
         with sf.SoundFile(io.BytesIO(data)) as f:
             if f.format not in _SNDFILE_FORMATS:
-                raise AudioDecodeError(f"container {f.format} is not accepted; expected one of {sorted(_SNDFILE_FORMATS)}")
+                raise AudioDecodeError(
+                    f"container {f.format} is not accepted; expected one of {sorted(_SNDFILE_FORMATS)}"
+                )
             if f.samplerate <= 0:
                 raise AudioDecodeError(f"audio declares sample rate {f.samplerate}; expected a positive rate")
             _check_channels(f.channels, limits)
@@ -117,8 +122,9 @@ def _decode_av(data: bytes, limits: AudioLimits) -> DecodedAudio:
     import av
 
     try:
-        container = av.open(io.BytesIO(data), mode="r",
-                            options={"format_whitelist": _AV_DEMUXERS, "probesize": "5000000"})
+        container = av.open(
+            io.BytesIO(data), mode="r", options={"format_whitelist": _AV_DEMUXERS, "probesize": "5000000"}
+        )
     except (av.FFmpegError, ValueError, UnicodeDecodeError) as exc:
         log.debug("FFmpeg could not open the audio container: %s", exc)
         raise AudioDecodeError("the audio container could not be read") from None
@@ -200,8 +206,9 @@ class StreamResampler:
             raise ValueError(f"sample rates must be positive; got {src_rate} -> {dst_rate}")
         self.src_rate = src_rate
         self.dst_rate = dst_rate
-        self._stream = None if src_rate == dst_rate else soxr.ResampleStream(
-            src_rate, dst_rate, 1, dtype="float32", quality="HQ")
+        self._stream = (
+            None if src_rate == dst_rate else soxr.ResampleStream(src_rate, dst_rate, 1, dtype="float32", quality="HQ")
+        )
 
     def process(self, samples: np.ndarray, *, last: bool = False) -> np.ndarray:
         x = np.asarray(samples, dtype=np.float32)

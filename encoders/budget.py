@@ -9,6 +9,7 @@ while it waits.
 Waiting happens on the asyncio loop, never in a worker thread (a blocked worker would starve the
 other stages that share the executor). Reservations may be released from any thread.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -59,8 +60,9 @@ class PixelBudget:
 
     def __post_init__(self) -> None:
         if self.capacity < 1 or self.wait_s < 0:
-            raise ValueError(f"a pixel budget needs capacity >= 1 and wait_s >= 0, got {self.capacity} "
-                             f"and {self.wait_s}")
+            raise ValueError(
+                f"a pixel budget needs capacity >= 1 and wait_s >= 0, got {self.capacity} and {self.wait_s}"
+            )
 
     @property
     def in_use(self) -> int:
@@ -93,9 +95,11 @@ class PixelBudget:
                     self._waiters.remove(waiter)
                 self._grant_locked()  # the next in line may fit now that this one left the queue
             if isinstance(exc, TimeoutError):
-                raise BudgetTimeout(f"the server is decoding {self._used} image pixels for other requests and "
-                                    f"{amount} more do not fit its budget of {self.capacity}; try again "
-                                    "shortly") from None
+                raise BudgetTimeout(
+                    f"the server is decoding {self._used} image pixels for other requests and "
+                    f"{amount} more do not fit its budget of {self.capacity}; try again "
+                    "shortly"
+                ) from None
             raise
         return Reservation(self, amount)
 

@@ -5,6 +5,7 @@ the preprocessing settings, so the same picture sent as PNG and as JPEG-decoded-
 while a resized or differently processed one does not. Entries are evicted least recently used
 once their bytes exceed the budget.
 """
+
 from __future__ import annotations
 
 import hashlib

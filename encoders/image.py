@@ -5,6 +5,7 @@ decoded: a small file that declares a huge canvas (a decompression bomb) is refu
 allocating it. Decoder failures become ``ImageDecodeError`` with a fixed message; the decoder's own
 text (which can carry object reprs and memory addresses) never reaches the client.
 """
+
 from __future__ import annotations
 
 import base64
@@ -101,8 +102,10 @@ def _open(data: bytes | str, limits: ImageLimits) -> Image.Image:
     if width < limits.min_side or height < limits.min_side:
         raise ImageDecodeError(f"image is {width}x{height}; each side must be at least {limits.min_side} pixels")
     if width > limits.max_side or height > limits.max_side or width * height > limits.max_pixels:
-        raise ImageDecodeError(f"image is {width}x{height}; the limits are {limits.max_side} pixels a side "
-                               f"and {limits.max_pixels} pixels in all")
+        raise ImageDecodeError(
+            f"image is {width}x{height}; the limits are {limits.max_side} pixels a side "
+            f"and {limits.max_pixels} pixels in all"
+        )
     return image
 
 

@@ -4,6 +4,7 @@ The model runs on 512-sample windows of 16 kHz audio, each prefixed with the las
 previous window, and carries a recurrent state between windows. One ONNX session is shared by every
 detector (onnxruntime sessions are thread-safe); each detector keeps its own state, context and clock.
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,7 +13,6 @@ from pathlib import Path
 from typing import Literal, NamedTuple
 
 import numpy as np
-
 from omni_gateway.encoders.audio import StreamResampler, pcm16_to_float
 
 MODEL_RATE = 16000
@@ -44,8 +44,9 @@ def load_session(path: str | None = None):
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path or default_model_path()), sess_options=options,
-                                providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        str(path or default_model_path()), sess_options=options, providers=["CPUExecutionProvider"]
+    )
 
 
 class SileroVad:
@@ -63,13 +64,22 @@ class SileroVad:
     still waiting out the silence.
     """
 
-    def __init__(self, *, threshold: float = 0.5, prefix_padding_ms: int = 300, silence_duration_ms: int = 500,
-                 input_rate: int = 24000, session=None) -> None:
+    def __init__(
+        self,
+        *,
+        threshold: float = 0.5,
+        prefix_padding_ms: int = 300,
+        silence_duration_ms: int = 500,
+        input_rate: int = 24000,
+        session=None,
+    ) -> None:
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"VAD threshold must lie in (0, 1); got {threshold}")
         if prefix_padding_ms < 0 or silence_duration_ms < 0:
-            raise ValueError("VAD prefix_padding_ms and silence_duration_ms must be >= 0; got "
-                             f"{prefix_padding_ms} and {silence_duration_ms}")
+            raise ValueError(
+                "VAD prefix_padding_ms and silence_duration_ms must be >= 0; got "
+                f"{prefix_padding_ms} and {silence_duration_ms}"
+            )
         self.threshold = threshold
         self.prefix_padding_ms = prefix_padding_ms
         self.silence_duration_ms = silence_duration_ms
@@ -98,14 +108,15 @@ class SileroVad:
         events: list[SpeechEvent] = []
         usable = len(self._pending) - len(self._pending) % WINDOW
         for start in range(0, usable, WINDOW):
-            events += self._step(self._pending[start:start + WINDOW])
+            events += self._step(self._pending[start : start + WINDOW])
         self._pending = self._pending[usable:].copy()
         return events
 
     def _probability(self, window: np.ndarray) -> float:
         x = np.concatenate([self._context, window])[None, :]
         prob, self._state = self._session.run(
-            None, {"input": x, "state": self._state, "sr": np.array(MODEL_RATE, dtype=np.int64)})
+            None, {"input": x, "state": self._state, "sr": np.array(MODEL_RATE, dtype=np.int64)}
+        )
         self._context = window[-CONTEXT:].copy()
         return float(prob[0, 0])
 

@@ -5,6 +5,7 @@ Limits are enforced while decoding, not only from the header: a container that l
 duration still stops at ``max_duration_s`` of presentation time and at ``max_decoded_frames`` of
 decode work. Decoder failures become ``VideoDecodeError`` with a fixed message.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,9 +15,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from PIL import Image
-
 from omni_gateway.encoders.image import ImageDecodeError, ImageLimits, decode_image, image_pixels
+from PIL import Image
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,12 @@ def _opened(data: bytes, limits: VideoLimits, fps: float | None) -> Iterator[tup
     if len(data) > limits.max_bytes:
         raise VideoDecodeError(f"video has {len(data)} bytes; the limit is {limits.max_bytes}")
     try:
-        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore",
-                            options={"probesize": str(limits.probe_bytes), "analyzeduration": "5000000"})
+        container = av.open(
+            io.BytesIO(data),
+            mode="r",
+            metadata_errors="ignore",
+            options={"probesize": str(limits.probe_bytes), "analyzeduration": "5000000"},
+        )
     except Exception as exc:  # av.error.InvalidDataError and friends; their text names internal state
         log.debug("FFmpeg could not open the video container: %s", exc)
         raise VideoDecodeError("not a readable video container") from None
@@ -121,8 +125,10 @@ def _check_size(width: int, height: int, limits: VideoLimits) -> None:
     if width < 1 or height < 1:
         raise VideoDecodeError("video stream declares no frame size")
     if width > limits.max_side or height > limits.max_side or width * height > limits.max_pixels:
-        raise VideoDecodeError(f"video frames are {width}x{height}; the limits are {limits.max_side} pixels a side "
-                               f"and {limits.max_pixels} pixels a frame")
+        raise VideoDecodeError(
+            f"video frames are {width}x{height}; the limits are {limits.max_side} pixels a side "
+            f"and {limits.max_pixels} pixels a frame"
+        )
 
 
 def _declared_duration(container: Any, stream: Any) -> float | None:
@@ -160,8 +166,9 @@ def _sample(container: Any, stream: Any, rate: float, limits: VideoLimits, max_f
     return frames
 
 
-def frames_pixels(frames: Sequence[bytes], limits: VideoLimits = VideoLimits(),
-                  image_limits: ImageLimits | None = None) -> int:
+def frames_pixels(
+    frames: Sequence[bytes], limits: VideoLimits = VideoLimits(), image_limits: ImageLimits | None = None
+) -> int:
     """Pixels ``decode_frames`` will hold once every frame is scaled to the first one's size, from the
     headers alone (the largest frame stands for each, an upper bound)."""
     _check_frames(frames, limits)
@@ -175,8 +182,9 @@ def frames_pixels(frames: Sequence[bytes], limits: VideoLimits = VideoLimits(),
     return max(sizes) * len(sizes)
 
 
-def decode_frames(frames: Sequence[bytes], limits: VideoLimits = VideoLimits(),
-                  image_limits: ImageLimits | None = None) -> list[Image.Image]:
+def decode_frames(
+    frames: Sequence[bytes], limits: VideoLimits = VideoLimits(), image_limits: ImageLimits | None = None
+) -> list[Image.Image]:
     """Already separate frames (JPEG from a webcam stream): counted before any is decoded, each
     decoded through the image path; all are resized to the first frame's size."""
     _check_frames(frames, limits)

@@ -12,6 +12,7 @@ and loading only the vision weights (the language model is the engine's):
 
 Outputs are cached by content hash (encoders/cache.py), so a repeated image or frame is encoded once.
 """
+
 from __future__ import annotations
 
 import abc
@@ -22,9 +23,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
-
 from omni_gateway.encoders.cache import EncoderCache, content_key, frames_key, image_key
+from PIL import Image
 
 FAMILIES = {"LlavaForConditionalGeneration": "llava", "Qwen2VLForConditionalGeneration": "qwen2_vl"}
 
@@ -85,7 +85,7 @@ def _vision_weights(model_dir: Path, prefixes: tuple[str, ...]) -> dict[str, tor
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 for prefix in prefixes:
                     if name.startswith(prefix):
-                        out[name[len(prefix):]] = f.get_tensor(name)
+                        out[name[len(prefix) :]] = f.get_tensor(name)
                         break
     return out
 
@@ -105,8 +105,9 @@ class VisionEncoder(abc.ABC):
     family: str
     placeholders: PlaceholderTokens
 
-    def __init__(self, model_dir: Path, hf_config: Any, *, device: torch.device, dtype: torch.dtype,
-                 cache: EncoderCache | None) -> None:
+    def __init__(
+        self, model_dir: Path, hf_config: Any, *, device: torch.device, dtype: torch.dtype, cache: EncoderCache | None
+    ) -> None:
         from transformers import AutoImageProcessor
 
         self.model_dir = model_dir
@@ -130,7 +131,7 @@ class VisionEncoder(abc.ABC):
             self.cache.put(key, cached, _nbytes(cached))
         return cached
 
-    def check_image(self, image: Image.Image) -> None:
+    def check_image(self, image: Image.Image) -> None:  # noqa: B027 - a hook: most towers take any image
         """Raise UnusableImage for an image the preprocessing cannot take."""
 
     @abc.abstractmethod
@@ -164,10 +165,15 @@ class LlavaVision(VisionEncoder):
             raise VisionLoadError(f"unsupported vision_feature_select_strategy {self.select_strategy!r}")
         tower = AutoModel.from_config(cfg.vision_config)
         projector = LlavaMultiModalProjector(cfg)
-        _load_module(tower, _vision_weights(model_dir, ("model.vision_tower.", "vision_tower.")), "vision tower",
-                     model_dir)
-        _load_module(projector, _vision_weights(model_dir, ("model.multi_modal_projector.",
-                                                            "multi_modal_projector.")), "projector", model_dir)
+        _load_module(
+            tower, _vision_weights(model_dir, ("model.vision_tower.", "vision_tower.")), "vision tower", model_dir
+        )
+        _load_module(
+            projector,
+            _vision_weights(model_dir, ("model.multi_modal_projector.", "multi_modal_projector.")),
+            "projector",
+            model_dir,
+        )
         self.tower = tower.to(device=self.device, dtype=self.dtype).eval()
         self.projector = projector.to(device=self.device, dtype=self.dtype).eval()
         self.placeholders = PlaceholderTokens(image=int(cfg.image_token_id))
@@ -204,10 +210,12 @@ class Qwen2VLVision(VisionEncoder):
         self.merge = int(vcfg.spatial_merge_size)
         self.temporal_patch = int(vcfg.temporal_patch_size)
         self.patch = int(vcfg.patch_size)
-        self.placeholders = PlaceholderTokens(image=int(hf_config.image_token_id),
-                                              video=int(hf_config.video_token_id),
-                                              start=int(hf_config.vision_start_token_id),
-                                              end=int(hf_config.vision_end_token_id))
+        self.placeholders = PlaceholderTokens(
+            image=int(hf_config.image_token_id),
+            video=int(hf_config.video_token_id),
+            start=int(hf_config.vision_start_token_id),
+            end=int(hf_config.vision_end_token_id),
+        )
 
     def check_image(self, image: Image.Image) -> None:
         # The processor's resize keeps the aspect ratio and refuses beyond 200:1.
@@ -262,16 +270,22 @@ class Qwen2VLVision(VisionEncoder):
         return VisualFeatures(embeds=embeds, key=key, positions=positions)
 
 
-def load_vision_encoder(model_dir: str | Path, *, device: str | torch.device = "cpu",
-                        dtype: torch.dtype = torch.float32, cache: EncoderCache | None = None) -> VisionEncoder:
+def load_vision_encoder(
+    model_dir: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    cache: EncoderCache | None = None,
+) -> VisionEncoder:
     """The vision encoder of a LLaVA or Qwen2-VL checkpoint directory."""
     from transformers import AutoConfig
 
     path = Path(model_dir)
     family = checkpoint_family(path)
     if family is None:
-        raise VisionLoadError(f"{str(path)!r} is not a vision-language checkpoint; supported architectures: "
-                              f"{', '.join(FAMILIES)}")
+        raise VisionLoadError(
+            f"{str(path)!r} is not a vision-language checkpoint; supported architectures: {', '.join(FAMILIES)}"
+        )
     if not any(path.glob("*.safetensors")):
         raise VisionLoadError(f"{str(path)!r} has no *.safetensors weights")
     hf_config = AutoConfig.from_pretrained(str(path))

@@ -3,6 +3,7 @@
 Heavy modules (torch, the model runner) load on first use, so the pure-logic parts
 (scheduler, block pool, sequences) import without torch.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -22,8 +23,16 @@ _LAZY = {
     "EmbedSpan": "omni_gateway.engine.sequence",
 }
 
-__all__ = ["EngineConfig", "SamplingParams", "EngineError", "InvalidRequest", "EngineOverloaded",
-           "ModelLoadError", "EngineDead", *_LAZY]
+__all__ = [
+    "EngineConfig",
+    "SamplingParams",
+    "EngineError",
+    "InvalidRequest",
+    "EngineOverloaded",
+    "ModelLoadError",
+    "EngineDead",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -5,6 +5,7 @@ come back to each stream's event loop with ``call_soon_threadsafe``. Deltas are 
 (one per completion per step), so output queues stay short without a bound; the bound that matters,
 the waiting queue, is enforced by the scheduler (EngineOverloaded).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -84,16 +85,28 @@ class AsyncEngine:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
-                    add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
         """The prompt text of a conversation, with the model's chat template (reads immutable state only)."""
         return self.engine.render_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
     # ---- caller side (any asyncio loop) --------------------------------------------------------
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams | None = None, *,
-                       request_id: str | None = None, priority: int = 0, embed_spans: Iterable[EmbedSpan] = (),
-                       add_special_tokens: bool = True) -> AsyncIterator[StreamDelta]:
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        priority: int = 0,
+        embed_spans: Iterable[EmbedSpan] = (),
+        add_special_tokens: bool = True,
+    ) -> AsyncIterator[StreamDelta]:
         """Stream deltas until every completion of the request finished. Closing the iterator early
         aborts the request. Raises InvalidRequest, EngineOverloaded or EngineDead before the first delta."""
         params = params or SamplingParams()
@@ -125,15 +138,24 @@ class AsyncEngine:
             if not complete and not rejected:
                 self.abort(rid)
 
-    async def chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams | None = None, *,
-                   tools: Sequence[Mapping[str, Any]] | None = None, add_generation_prompt: bool = True,
-                   chat_template: str | None = None, request_id: str | None = None,
-                   priority: int = 0) -> AsyncIterator[StreamDelta]:
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams | None = None,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[StreamDelta]:
         """``generate`` over messages rendered with the model's chat template."""
-        prompt = self.engine.render_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                         chat_template=chat_template)
-        async with contextlib.aclosing(self.generate(prompt, params, request_id=request_id, priority=priority,
-                                                     add_special_tokens=False)) as deltas:
+        prompt = self.engine.render_chat(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, chat_template=chat_template
+        )
+        async with contextlib.aclosing(
+            self.generate(prompt, params, request_id=request_id, priority=priority, add_special_tokens=False)
+        ) as deltas:
             async for delta in deltas:
                 yield delta
 
@@ -194,8 +216,14 @@ class AsyncEngine:
         if not command.done.set_running_or_notify_cancel():
             return  # the caller stopped waiting before the request was added
         try:
-            self.engine.add_request(command.request_id, command.prompt, command.params, priority=command.priority,
-                                    embed_spans=command.embed_spans, add_special_tokens=command.add_special_tokens)
+            self.engine.add_request(
+                command.request_id,
+                command.prompt,
+                command.params,
+                priority=command.priority,
+                embed_spans=command.embed_spans,
+                add_special_tokens=command.add_special_tokens,
+            )
         except Exception as exc:  # noqa: BLE001 - validation errors belong to the caller
             command.done.set_exception(exc)
         else:
@@ -221,8 +249,14 @@ class AsyncEngine:
             self._dead = reason
             streams = dict(self._streams)
         for rid, stream in streams.items():
-            error = StreamDelta(request_id=rid, text="", token_ids=(), finished=True, finish_reason="error",
-                                error=f"engine stopped: {reason}")
+            error = StreamDelta(
+                request_id=rid,
+                text="",
+                token_ids=(),
+                finished=True,
+                finish_reason="error",
+                error=f"engine stopped: {reason}",
+            )
             with contextlib.suppress(RuntimeError):
                 stream.loop.call_soon_threadsafe(stream.deltas.put_nowait, error)
         while (command := self._next_command()) is not None:

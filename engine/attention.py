@@ -4,15 +4,16 @@ A step's tokens are laid out decodes first (one query per sequence), then prefil
 metadata says where the split is, so each layer runs one batched decode call and one varlen
 prefill call over the paged KV cache.
 """
+
 from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
-
 from omni_gateway.kernels import reference
 
 
@@ -82,24 +83,28 @@ def plan_step(ops: KernelOps, meta: AttentionMetadata, block_size: int) -> None:
         meta.decode_plan = reference.plan_decode(meta.decode_seq_lens, meta.decode_block_tables, block_size)
 
 
-def paged_attention(ops: KernelOps, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def paged_attention(
+    ops: KernelOps, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
     """Attend each query over its sequence's context; this step's K/V are already in the cache
     (``KernelOps.rotary_write_kv`` put them there)."""
     nd = meta.num_decode
     if nd == 0:
-        return ops.paged_prefill_attention(q, k_cache, v_cache, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens,
-                                           meta.prefill_block_tables, scale)
+        return ops.paged_prefill_attention(
+            q, k_cache, v_cache, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, meta.prefill_block_tables, scale
+        )
     decode = _decode(ops, q[:nd] if nd < meta.num_tokens else q, k_cache, v_cache, meta, scale)
     if nd == meta.num_tokens:
         return decode
-    prefill = ops.paged_prefill_attention(q[nd:], k_cache, v_cache, meta.prefill_cu_seqlens_q,
-                                          meta.prefill_seq_lens, meta.prefill_block_tables, scale)
+    prefill = ops.paged_prefill_attention(
+        q[nd:], k_cache, v_cache, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, meta.prefill_block_tables, scale
+    )
     return torch.cat((decode, prefill), dim=0)
 
 
-def _decode(ops: KernelOps, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-            scale: float) -> torch.Tensor:
+def _decode(
+    ops: KernelOps, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
     if meta.decode_plan is not None:
         return reference.decode_with_plan(q, k_cache, v_cache, meta.decode_plan, scale)
     return ops.paged_decode_attention(q, k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables, scale)

@@ -4,12 +4,14 @@ A block whose last user leaves keeps its hash and stays findable until the pool 
 again; the free list is in eviction order, so the least recently freed block is reused first.
 Pure Python: no torch, no I/O.
 """
+
 from __future__ import annotations
 
 import hashlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence as Seq
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
 
 BlockHash = bytes
 

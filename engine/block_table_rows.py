@@ -6,6 +6,7 @@ table only grows by appended blocks until it is emptied (preemption, finish), so
 kept and only the new tail is converted. ``Sequence.block_table_version`` tells an emptied table
 from a grown one.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -35,9 +36,9 @@ class BlockTableRows:
                 grown = np.empty(2 * len(table), dtype=np.int32)
                 grown[:filled] = buf[:filled]
                 buf = grown
-            buf[filled:len(table)] = table[filled:]
+            buf[filled : len(table)] = table[filled:]
         self._rows[seq.seq_id] = (version, buf, len(table))
-        return buf[:len(table)]
+        return buf[: len(table)]
 
     def release(self, seq_ids: Iterable[int]) -> None:
         """Forget finished sequences."""

@@ -5,6 +5,7 @@ without one is an error unless the caller asks for ``chat_template="chatml"``: t
 below (``<|im_start|>role\\n...<|im_end|>``) is a fallback that suits ChatML-trained models only, so
 it is never applied silently.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,7 @@ CHATML_TEMPLATE = (
     # No whitespace control: the string has no incidental whitespace, and "{%-" would eat the newlines.
     "{% if tools %}<|im_start|>system\n"
     "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
-    "You may call these tools; answer with a JSON object {\"name\": ..., \"arguments\": {...}}:"
+    'You may call these tools; answer with a JSON object {"name": ..., "arguments": {...}}:'
     "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}<|im_end|>\n{% endif %}"
     "{% for message in messages %}"
     "{% if not (tools and loop.first and message['role'] == 'system') %}"
@@ -41,7 +42,8 @@ def resolve_template(tokenizer: Any, chat_template: str | None = None) -> str:
     name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
     raise InvalidRequest(
         f"tokenizer {name!r} has no chat template; pass chat_template=<jinja template> or "
-        f"chat_template='chatml' to use the ChatML fallback, or send a plain prompt instead")
+        f"chat_template='chatml' to use the ChatML fallback, or send a plain prompt instead"
+    )
 
 
 def render_chat(
@@ -84,6 +86,7 @@ def _normalize(index: int, message: Message) -> dict[str, Any]:
                 texts.append(str(part.get("text", "")))
         out["content"] = "".join(texts)
     elif not isinstance(content, str):
-        raise InvalidRequest(f"messages[{index}].content must be a string or a list of parts, "
-                             f"got {type(content).__name__}")
+        raise InvalidRequest(
+            f"messages[{index}].content must be a string or a list of parts, got {type(content).__name__}"
+        )
     return out

@@ -1,4 +1,5 @@
 """Engine configuration: one frozen tree built at the entry point."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

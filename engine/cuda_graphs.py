@@ -12,15 +12,15 @@ The step callable is opaque: it receives the static buffers sliced to the bucket
 keyword arguments and returns a tensor, a tuple of tensors or a dict of tensors. It must not
 synchronize with the host, allocate outside the graph's memory pool or branch on tensor values.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 import torch
 
-StepOutput = Union[torch.Tensor, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]
+StepOutput = torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor]
 
 
 def pick_bucket(buckets: Sequence[int], batch: int) -> int | None:
@@ -61,7 +61,9 @@ class DecodeGraphs:
             raise ValueError("buckets: expected at least one batch size, got none")
         devices = {t.device for t in static_inputs.values()}
         if len(devices) != 1 or next(iter(devices)).type != "cuda":
-            raise ValueError(f"static_inputs: expected buffers on one CUDA device, got devices {sorted(map(str, devices))}")
+            raise ValueError(
+                f"static_inputs: expected buffers on one CUDA device, got devices {sorted(map(str, devices))}"
+            )
         capacity = min(t.shape[0] for t in static_inputs.values())
         if max(buckets) > capacity or min(buckets) < 1:
             raise ValueError(
@@ -132,7 +134,9 @@ class DecodeGraphs:
         """Replay ``bucket``'s graph on whatever its static buffers hold now, staging nothing: the
         device time of a step without the host's share, for benchmarks."""
         if bucket not in self._graphs:
-            raise ValueError(f"replay_as_is: no graph captured for batch size {bucket}; captured {sorted(self._graphs)}")
+            raise ValueError(
+                f"replay_as_is: no graph captured for batch size {bucket}; captured {sorted(self._graphs)}"
+            )
         self._graphs[bucket].graph.replay()
 
     def _stage(self, name: str, src: torch.Tensor, bucket: int) -> None:

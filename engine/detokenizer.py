@@ -8,9 +8,11 @@ the window's own decoding; text ending in U+FFFD (an unfinished UTF-8 sequence) 
 Stop strings: text that could still become a stop string is held back until it is resolved, so a
 client never sees part of a stop string that later ends the output.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from omni_gateway.engine.sampling_params import SamplingParams
 
@@ -31,8 +33,11 @@ def direct_decoder(tokenizer: Any) -> Callable[..., str] | None:
     except ImportError:
         return None
     cls = type(tokenizer)
-    if not isinstance(tokenizer, PreTrainedTokenizerFast) or cls.decode is not PreTrainedTokenizerFast.decode \
-            or cls._decode is not PreTrainedTokenizerFast._decode:
+    if (
+        not isinstance(tokenizer, PreTrainedTokenizerFast)
+        or cls.decode is not PreTrainedTokenizerFast.decode
+        or cls._decode is not PreTrainedTokenizerFast._decode
+    ):
         return None
     return backend.decode
 
@@ -114,8 +119,7 @@ class IncrementalDetokenizer:
             return ""
         if self._direct is not None:
             return self._direct(ids, skip_special_tokens=self._skip_special)
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special,
-                                      clean_up_tokenization_spaces=False)
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special, clean_up_tokenization_spaces=False)
 
     def _find_stop(self, start: int) -> tuple[int, str] | None:
         best: tuple[int, str] | None = None

@@ -1,4 +1,5 @@
 """Errors the engine raises at its public boundary. Each message says what was expected and what arrived."""
+
 from __future__ import annotations
 
 

@@ -14,6 +14,7 @@ Padding rows get KV slot -1 (the cache write skips it) and context length 0 (dec
 answers zeros), so they neither read nor write live KV blocks. The block-table buffer is as wide
 as the longest context the engine admits; entries past a sequence's context are never read.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from omni_gateway.engine.attention import AttentionMetadata
 from omni_gateway.engine.block_table_rows import BlockTableRows
 from omni_gateway.engine.cuda_graphs import DecodeGraphs, default_buckets, pick_bucket
@@ -62,8 +62,16 @@ class GraphedDecode:
     """``capture()`` once on a CUDA device, then ``run(seqs)`` (the runner samples and waits) or
     ``launch(batch, choose)`` (the host reads the tokens later) per pure-decode step."""
 
-    def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], *, max_batch: int,
-                 max_blocks_per_seq: int, block_size: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: Any,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        *,
+        max_batch: int,
+        max_blocks_per_seq: int,
+        block_size: int,
+        device: torch.device,
+    ) -> None:
         self._model = model
         self._kv_caches = kv_caches
         self.block_size = block_size
@@ -78,9 +86,11 @@ class GraphedDecode:
             "prev_ids": torch.zeros(max_batch, dtype=torch.int64, device=device),
         }
         # Decode-only steps carry no prefill; these stay empty for every replay.
-        self._no_prefill = (torch.zeros(1, dtype=torch.int32, device=device),
-                            torch.zeros(0, dtype=torch.int32, device=device),
-                            torch.zeros(0, max_blocks_per_seq, dtype=torch.int32, device=device))
+        self._no_prefill = (
+            torch.zeros(1, dtype=torch.int32, device=device),
+            torch.zeros(0, dtype=torch.int32, device=device),
+            torch.zeros(0, max_blocks_per_seq, dtype=torch.int32, device=device),
+        )
         # prev_ids is read only where a row's id is _FROM_DEVICE: padding rows past a batch are never read.
         self._graphs = DecodeGraphs(self._step, static, default_buckets(max_batch), pad_values={"prev_ids": None})
 
@@ -91,8 +101,9 @@ class GraphedDecode:
     def capture(self) -> None:
         start = time.perf_counter()
         self._graphs.capture()
-        log.info("captured decode CUDA graphs for %d batch sizes in %.1f s", len(self.buckets),
-                 time.perf_counter() - start)
+        log.info(
+            "captured decode CUDA graphs for %d batch sizes in %.1f s", len(self.buckets), time.perf_counter() - start
+        )
 
     def replay_as_is(self, bucket: int) -> None:
         """See ``DecodeGraphs.replay_as_is``: the last staged inputs again, for benchmarks."""
@@ -102,16 +113,23 @@ class GraphedDecode:
         """Forget the cached block-table rows of finished sequences."""
         self._table_rows.release(seq_ids)
 
-    def _step(self, rows: torch.Tensor, block_tables: torch.Tensor,
-              prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(
+        self, rows: torch.Tensor, block_tables: torch.Tensor, prev_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         cu_q, prefill_lens, prefill_tables = self._no_prefill
         batch = rows.shape[0]
         cols = rows.t().contiguous()
         ids = torch.where(cols[_IDS] == _FROM_DEVICE, prev_ids, cols[_IDS])
-        meta = AttentionMetadata(slot_mapping=cols[_SLOT], num_decode=batch, decode_seq_lens=cols[_LEN].int(),
-                                 decode_block_tables=block_tables, prefill_cu_seqlens_q=cu_q,
-                                 prefill_seq_lens=prefill_lens, prefill_block_tables=prefill_tables,
-                                 num_tokens=batch)
+        meta = AttentionMetadata(
+            slot_mapping=cols[_SLOT],
+            num_decode=batch,
+            decode_seq_lens=cols[_LEN].int(),
+            decode_block_tables=block_tables,
+            prefill_cu_seqlens_q=cu_q,
+            prefill_seq_lens=prefill_lens,
+            prefill_block_tables=prefill_tables,
+            num_tokens=batch,
+        )
         hidden = self._model.forward(ids, cols[_POS], meta, self._kv_caches)
         logits = self._model.compute_logits(hidden)
         # Computed for every step, sampled or not: the sampler's torch.argmax would cost a launch
@@ -122,18 +140,26 @@ class GraphedDecode:
         self._turn ^= 1
         return self._staging[self._turn].claim()
 
-    def _replay(self, seqs: list[Any], bucket: int, prev_ids: torch.Tensor | None
-                ) -> tuple[_Staging, torch.Tensor, torch.Tensor]:
+    def _replay(
+        self, seqs: list[Any], bucket: int, prev_ids: torch.Tensor | None
+    ) -> tuple[_Staging, torch.Tensor, torch.Tensor]:
         staging = self._next_staging()
-        pack_decode_inputs(seqs, staging.rows_np, staging.tables_np, self.block_size, self._table_rows, bucket,
-                           ahead=prev_ids is not None)
+        pack_decode_inputs(
+            seqs,
+            staging.rows_np,
+            staging.tables_np,
+            self.block_size,
+            self._table_rows,
+            bucket,
+            ahead=prev_ids is not None,
+        )
         inputs = {"rows": staging.rows[:bucket], "block_tables": staging.tables[:bucket]}
         if prev_ids is not None:
             inputs["prev_ids"] = prev_ids
         out = self._graphs.replay(**inputs)
         assert isinstance(out, tuple) and len(out) == 2
         logits, argmax = out  # the bucket's rows: padding rows follow the live ones
-        return staging, logits[:len(seqs)], argmax[:len(seqs)]
+        return staging, logits[: len(seqs)], argmax[: len(seqs)]
 
     def run(self, seqs: list[Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """float32 logits ``[len(seqs), vocab]`` and their int64 argmax ``[len(seqs)]`` for one decode
@@ -146,8 +172,12 @@ class GraphedDecode:
         staging.copied = _record()
         return logits, argmax
 
-    def launch(self, batch: ScheduledBatch, choose: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-               after: PendingDecode | None = None) -> PendingDecode | None:
+    def launch(
+        self,
+        batch: ScheduledBatch,
+        choose: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        after: PendingDecode | None = None,
+    ) -> PendingDecode | None:
         """Start a decode step and return without waiting for it (None when the batch exceeds the
         largest bucket); ``choose(logits, argmax)`` turns the graph's outputs into the step's tokens
         on the device. With ``after``, the step in flight whose tokens the host has not read, each
@@ -159,7 +189,7 @@ class GraphedDecode:
             return None
         prev_ids = None if after is None else tokens_for(seqs, after)
         staging, logits, argmax = self._replay(seqs, bucket, prev_ids)
-        pending = PendingDecode.start(batch, choose(logits, argmax), staging.tokens[:len(seqs)])
+        pending = PendingDecode.start(batch, choose(logits, argmax), staging.tokens[: len(seqs)])
         staging.copied = pending.ready
         return pending
 
@@ -176,7 +206,7 @@ def tokens_for(seqs: list[Any], after: PendingDecode) -> torch.Tensor:
     row_of = {seq.seq_id: i for i, seq in enumerate(after.batch.seqs)}
     rows = [row_of[seq.seq_id] for seq in seqs]
     if rows == list(range(len(rows))):
-        return after.tokens[:len(rows)]
+        return after.tokens[: len(rows)]
     return after.tokens[to_device(rows, torch.int64, after.tokens.device)]
 
 
@@ -187,13 +217,23 @@ def decode_position(seq: Any, block_size: int, ahead: bool) -> int:
     # Ahead, the position is the one whose token is in flight; otherwise any not computed yet
     # (a one-token prefill chunk decodes a position before the last).
     if (pos != len(seq) if ahead else pos >= len(seq)) or len(seq.block_table) * block_size <= pos:
-        raise ValueError(f"sequence {seq.request_id!r} cannot decode position {pos}{' ahead' if ahead else ''}: "
-                         f"{len(seq)} tokens, {len(seq.block_table)} KV blocks")
+        raise ValueError(
+            f"sequence {seq.request_id!r} cannot decode position {pos}{' ahead' if ahead else ''}: "
+            f"{len(seq)} tokens, {len(seq.block_table)} KV blocks"
+        )
     return pos
 
 
-def pack_decode_inputs(seqs: list[Any], rows: np.ndarray, tables: np.ndarray, block_size: int,
-                       table_rows: BlockTableRows, bucket: int, *, ahead: bool = False) -> None:
+def pack_decode_inputs(
+    seqs: list[Any],
+    rows: np.ndarray,
+    tables: np.ndarray,
+    block_size: int,
+    table_rows: BlockTableRows,
+    bucket: int,
+    *,
+    ahead: bool = False,
+) -> None:
     """Write row i of ``rows`` (token id, position, KV slot, context length) and of ``tables`` (block
     table) for ``seqs[i]`` decoding position ``num_computed_tokens``, or with ``ahead`` the position
     after it, whose token is still on the device (id ``-1``); rows from ``len(seqs)`` up to
@@ -207,4 +247,4 @@ def pack_decode_inputs(seqs: list[Any], rows: np.ndarray, tables: np.ndarray, bl
         rows[i] = (token, pos, table[pos // bs] * bs + pos % bs, pos + 1)
         used = min(len(table), width)
         tables[i, :used] = table_rows.row(seq)[:used]  # columns past the context are never read
-    rows[len(seqs):bucket] = (0, 0, -1, 0)
+    rows[len(seqs) : bucket] = (0, 0, -1, 0)

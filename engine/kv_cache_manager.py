@@ -2,6 +2,7 @@
 
 Pure Python: no torch, no I/O. The scheduler is its only caller.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

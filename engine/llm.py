@@ -1,4 +1,5 @@
 """Offline batch generation with vLLM's interface: ``LLM(model=...).generate(prompts, params)``."""
+
 from __future__ import annotations
 
 import itertools
@@ -58,21 +59,31 @@ class LLM:
         tok = self.engine.tokenizer
         prompts: list[Prompt] = []
         for conv in conversations:
-            text = self.engine.render_chat(conv, tools=tools, add_generation_prompt=add_generation_prompt,
-                                           chat_template=chat_template)
+            text = self.engine.render_chat(
+                conv, tools=tools, add_generation_prompt=add_generation_prompt, chat_template=chat_template
+            )
             # The template already writes any BOS; tokenizing with special tokens would double it.
             prompts.append(list(tok.encode(text, add_special_tokens=False)))
         return self._run(prompts, sampling_params, use_tqdm, 0, add_special_tokens=False)
 
-    def _run(self, prompts: list[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None,
-             use_tqdm: bool, priority: int, *, add_special_tokens: bool) -> list[RequestOutput]:
+    def _run(
+        self,
+        prompts: list[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+        priority: int,
+        *,
+        add_special_tokens: bool,
+    ) -> list[RequestOutput]:
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
         else:
             params = list(sampling_params)
             if len(params) != len(prompts):
-                raise InvalidRequest(f"got {len(params)} sampling params for {len(prompts)} prompts; "
-                                     f"pass one SamplingParams or one per prompt")
+                raise InvalidRequest(
+                    f"got {len(params)} sampling params for {len(prompts)} prompts; "
+                    f"pass one SamplingParams or one per prompt"
+                )
         engine = self.engine
         ids = [f"llm-{next(self._ids)}" for _ in prompts]
         added: list[str] = []

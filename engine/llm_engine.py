@@ -2,6 +2,7 @@
 
 Not thread-safe: exactly one thread drives it (the caller of ``LLM`` or ``AsyncEngine``'s loop thread).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,17 +60,21 @@ class LLMEngine:
     ``model`` and ``runner_factory`` replace the loader and the runner (tests, alternative backends).
     """
 
-    def __init__(self, config: EngineConfig, *, model: Any | None = None,
-                 runner_factory: RunnerFactory | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, *, model: Any | None = None, runner_factory: RunnerFactory | None = None
+    ) -> None:
         if model is None:
             from omni_gateway.engine.loader import load_model
+
             model = load_model(config)
         if runner_factory is None:
             from omni_gateway.engine.model_runner import ModelRunner
+
             runner_factory = ModelRunner
         block_size = config.block_size
         if block_size is None:  # device "auto": the block size follows the device it picks
             from omni_gateway.engine.model_runner import pick_device_dtype
+
             block_size = default_block_size(pick_device_dtype(config)[0].type)
             config = dataclasses.replace(config, block_size=block_size)
         self.config = config
@@ -101,8 +106,9 @@ class LLMEngine:
         capacity = num_blocks * block_size
         if capacity < wanted:
             # A lone sequence must always fit, or preemption could loop forever.
-            log.warning("KV cache holds %d tokens (%d blocks); max_model_len lowered from %d",
-                        capacity, num_blocks, wanted)
+            log.warning(
+                "KV cache holds %d tokens (%d blocks); max_model_len lowered from %d", capacity, num_blocks, wanted
+            )
             return capacity
         return wanted
 
@@ -115,7 +121,9 @@ class LLMEngine:
     def pipelined(self, on: bool) -> None:
         launch = getattr(self.runner, "launch_decode", None)
         if on and launch is None:
-            raise ValueError(f"pipelined decode needs a runner with launch_decode; {type(self.runner).__name__} has none")
+            raise ValueError(
+                f"pipelined decode needs a runner with launch_decode; {type(self.runner).__name__} has none"
+            )
         if self._in_flight is not None and not all(seq.is_finished for seq in self._in_flight.batch.seqs):
             raise RuntimeError("cannot switch pipelined decode while a step of unfinished requests is in flight")
         self._in_flight = None
@@ -123,9 +131,16 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None, *,
-                    priority: int = 0, embed_spans: Iterable[EmbedSpan] = (),
-                    add_special_tokens: bool = True) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        priority: int = 0,
+        embed_spans: Iterable[EmbedSpan] = (),
+        add_special_tokens: bool = True,
+    ) -> None:
         """Validate and queue. Raises InvalidRequest or EngineOverloaded; nothing is queued then."""
         params = params or SamplingParams()
         if not isinstance(request_id, str) or not request_id:
@@ -144,8 +159,10 @@ class LLMEngine:
         spans = tuple(embed_spans)
         for span in spans:
             if span.offset < 0 or span.length < 1 or span.offset + span.length > len(token_ids):
-                raise InvalidRequest(f"embed span [{span.offset}, {span.offset + span.length}) lies outside the "
-                                     f"prompt of {len(token_ids)} tokens")
+                raise InvalidRequest(
+                    f"embed span [{span.offset}, {span.offset + span.length}) lies outside the "
+                    f"prompt of {len(token_ids)} tokens"
+                )
 
         seqs = []
         for i in range(params.n):
@@ -153,8 +170,17 @@ class LLMEngine:
             if params.n > 1:
                 seed = None if params.seed is None else params.seed + i
                 seq_params = dataclasses.replace(params, n=1, seed=seed)
-            seqs.append(Sequence(request_id, token_ids, seq_params, priority=priority, embed_spans=spans,
-                                 eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len))
+            seqs.append(
+                Sequence(
+                    request_id,
+                    token_ids,
+                    seq_params,
+                    priority=priority,
+                    embed_spans=spans,
+                    eos_token_ids=self.eos_token_ids,
+                    max_model_len=self.max_model_len,
+                )
+            )
         self.scheduler.add(seqs[0])
         for sibling in seqs[1:]:
             # The queue bound counts requests; the scheduler makes siblings reuse the first one's prompt KV.
@@ -165,24 +191,39 @@ class LLMEngine:
         for i, seq in enumerate(seqs):
             self._owner[seq.seq_id] = (req, i)
 
-    def render_chat(self, messages: Seq[Mapping[str, Any]], *, tools: Seq[Mapping[str, Any]] | None = None,
-                    add_generation_prompt: bool = True, chat_template: str | None = None) -> str:
+    def render_chat(
+        self,
+        messages: Seq[Mapping[str, Any]],
+        *,
+        tools: Seq[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+    ) -> str:
         """Messages to prompt text with the explicit template, else the model's, else the tokenizer's.
         Reads only immutable state, so any thread may call it."""
-        prompt: str = render_chat(self.tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                  chat_template=chat_template or getattr(self.model, "chat_template", None))
+        prompt: str = render_chat(
+            self.tokenizer,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=chat_template or getattr(self.model, "chat_template", None),
+        )
         return prompt
 
     def _check_tokens(self, token_ids: list[int]) -> None:
         if not token_ids:
             raise InvalidRequest("prompt is empty; expected text or at least one token id")
         if len(token_ids) + 1 > self.max_model_len:
-            raise InvalidRequest(f"prompt has {len(token_ids)} tokens; with one generated token that is "
-                                 f"{len(token_ids) + 1}, more than max_model_len={self.max_model_len}")
+            raise InvalidRequest(
+                f"prompt has {len(token_ids)} tokens; with one generated token that is "
+                f"{len(token_ids) + 1}, more than max_model_len={self.max_model_len}"
+            )
         bad = [t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
         if bad:
-            raise InvalidRequest(f"prompt token ids must be integers in [0, {self.vocab_size}), "
-                                 f"got {bad[:5]!r}{' ...' if len(bad) > 5 else ''}")
+            raise InvalidRequest(
+                f"prompt token ids must be integers in [0, {self.vocab_size}), "
+                f"got {bad[:5]!r}{' ...' if len(bad) > 5 else ''}"
+            )
 
     def abort(self, request_id: str) -> list[StreamDelta]:
         """Stop a request wherever it is; returns its final deltas (empty if it is unknown or done)."""
@@ -224,8 +265,10 @@ class LLMEngine:
             batch = self.scheduler.schedule()
             if not batch:
                 if self.scheduler.has_unfinished():
-                    raise RuntimeError(f"nothing schedulable with {self.scheduler.num_waiting} waiting and "
-                                       f"{self.scheduler.num_running} running sequences")
+                    raise RuntimeError(
+                        f"nothing schedulable with {self.scheduler.num_waiting} waiting and "
+                        f"{self.scheduler.num_running} running sequences"
+                    )
                 return []
             if self._launch is not None and launchable(batch):
                 pending = self._launch(batch)
@@ -286,21 +329,34 @@ class LLMEngine:
         del self._requests[req.request_id]
         self._finished.append(self._output(req))
 
-    def _delta(self, req: _Request, index: int, text: str, token_ids: tuple[int, ...],
-               logprobs: tuple[Logprob, ...] = ()) -> StreamDelta:
+    def _delta(
+        self, req: _Request, index: int, text: str, token_ids: tuple[int, ...], logprobs: tuple[Logprob, ...] = ()
+    ) -> StreamDelta:
         seq = req.seqs[index]
         return StreamDelta(
-            request_id=req.request_id, text=text, token_ids=token_ids, finished=seq.is_finished,
-            finish_reason=seq.finish_reason.value if seq.finish_reason else None, stop_reason=seq.stop_reason,
-            num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
-            num_output_tokens=seq.num_output_tokens, logprobs=logprobs, index=index)
+            request_id=req.request_id,
+            text=text,
+            token_ids=token_ids,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+            stop_reason=seq.stop_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            logprobs=logprobs,
+            index=index,
+        )
 
     def _output(self, req: _Request) -> RequestOutput:
         outputs = [
-            CompletionOutput(index=i, text=req.detoks[i].output_text, token_ids=seq.output_token_ids,
-                             finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-                             stop_reason=seq.stop_reason,
-                             logprobs=list(seq.output_logprobs) if req.params.logprobs is not None else None)
+            CompletionOutput(
+                index=i,
+                text=req.detoks[i].output_text,
+                token_ids=seq.output_token_ids,
+                finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+                stop_reason=seq.stop_reason,
+                logprobs=list(seq.output_logprobs) if req.params.logprobs is not None else None,
+            )
             for i, seq in enumerate(req.seqs)
         ]
         finished = all(s.is_finished for s in req.seqs)
@@ -309,9 +365,15 @@ class LLMEngine:
             metrics["time_to_first_token"] = req.first_token - req.arrival
         if finished:
             metrics["e2e_latency"] = time.monotonic() - req.arrival
-        return RequestOutput(request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
-                             outputs=outputs, finished=finished, num_cached_tokens=req.seqs[0].num_cached_tokens,
-                             metrics=metrics)
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=req.prompt_token_ids,
+            outputs=outputs,
+            finished=finished,
+            num_cached_tokens=req.seqs[0].num_cached_tokens,
+            metrics=metrics,
+        )
 
     # ---- observability --------------------------------------------------------------------------
 

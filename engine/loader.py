@@ -3,6 +3,7 @@
 Weights come back under Hugging Face parameter names (safetensors in their stored dtype, GGUF
 tensors dequantized to float32), so the model code has one naming scheme whatever the source.
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.models import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, resolve_architecture
@@ -112,8 +112,9 @@ def _load_hf_dir(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str,
         raise ModelLoadError(f"model directory {str(path)!r} has no config.json")
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise ModelLoadError(f"model directory {str(path)!r} has no *.safetensors weights "
-                             "(only safetensors are read, not .bin/.pt)")
+        raise ModelLoadError(
+            f"model directory {str(path)!r} has no *.safetensors weights (only safetensors are read, not .bin/.pt)"
+        )
     try:
         hf_config = AutoConfig.from_pretrained(str(path))
     except Exception as exc:  # transformers raises ValueError/OSError/JSONDecodeError variously
@@ -216,8 +217,10 @@ def _read_gguf(path: str, mtime_ns: int, size: int) -> tuple[Any, dict[str, torc
     fields = {name: field for name, field in reader.fields.items()}
     arch = _gguf_value(fields, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
-        raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_ARCHITECTURES)} "
-                             f"(as {', '.join(SUPPORTED_ARCHITECTURES)})")
+        raise ModelLoadError(
+            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_ARCHITECTURES)} "
+            f"(as {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
     hf_config = _gguf_hf_config(fields, arch, has_output=any(t.name == "output.weight" for t in reader.tensors))
 
     weights: dict[str, torch.Tensor] = {}
@@ -268,8 +271,12 @@ def _gguf_hf_config(fields: dict[str, Any], arch: str, *, has_output: bool) -> A
 
     heads = get("attention.head_count")
     hidden = get("embedding_length")
-    required = {"block_count": get("block_count"), "embedding_length": hidden,
-                "feed_forward_length": get("feed_forward_length"), "attention.head_count": heads}
+    required = {
+        "block_count": get("block_count"),
+        "embedding_length": hidden,
+        "feed_forward_length": get("feed_forward_length"),
+        "attention.head_count": heads,
+    }
     absent = [k for k, v in required.items() if v is None]
     if absent:
         raise ModelLoadError(f"GGUF metadata lacks {', '.join(f'{arch}.{k}' for k in absent)}")
@@ -292,8 +299,9 @@ def _gguf_hf_config(fields: dict[str, Any], arch: str, *, has_output: bool) -> A
         if value is not None:
             kwargs[key] = int(value)
     config = AutoConfig.for_model(GGUF_ARCHITECTURES[arch], **kwargs)
-    config.architectures = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                             "qwen3": "Qwen3ForCausalLM"}[arch]]
+    config.architectures = [
+        {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[arch]
+    ]
     return config
 
 

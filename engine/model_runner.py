@@ -1,12 +1,12 @@
 """Runs one scheduled step: builds the flattened varlen batch, runs the model over the paged KV
 cache and samples. Sequence state is read only; the scheduler advances it from the results."""
+
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 
 import torch
-
 from omni_gateway.engine.attention import AttentionMetadata, plan_step, select_kernels
 from omni_gateway.engine.config import EngineConfig, default_block_size
 from omni_gateway.engine.graphed_decode import GraphedDecode, decode_position, tokens_for
@@ -14,7 +14,7 @@ from omni_gateway.engine.loader import LoadedModel
 from omni_gateway.engine.models import build_model
 from omni_gateway.engine.mrope import mrope_positions
 from omni_gateway.engine.pending_decode import PendingDecode
-from omni_gateway.engine.sampler import SampleResult, Sampler, to_device
+from omni_gateway.engine.sampler import Sampler, SampleResult, to_device
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
 
 log = logging.getLogger(__name__)
@@ -58,29 +58,58 @@ class ModelRunner:
         self.block_size = config.block_size or default_block_size(self.device.type)
         self.max_model_len = loaded.max_model_len
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
-        self.model = build_model(loaded.hf_config, loaded.weights, ops=self.ops, device=self.device,
-                                 dtype=self.dtype, max_positions=self.max_model_len)
+        self.model = build_model(
+            loaded.hf_config,
+            loaded.weights,
+            ops=self.ops,
+            device=self.device,
+            dtype=self.dtype,
+            max_positions=self.max_model_len,
+        )
         shape = self.model.shape
         self.uses_mrope = bool(getattr(self.model, "uses_mrope", False))
         self.num_kv_blocks = self._decide_num_blocks(shape.num_layers, shape.num_kv_heads, shape.head_dim)
         # Zeroed, not empty: padded decode positions are masked, but NaN garbage would still leak
         # through the masked softmax weights (0 * NaN).
-        self.kv_cache = torch.zeros(shape.num_layers, 2, self.num_kv_blocks, self.block_size, shape.num_kv_heads,
-                                    shape.head_dim, device=self.device, dtype=self.dtype)
+        self.kv_cache = torch.zeros(
+            shape.num_layers,
+            2,
+            self.num_kv_blocks,
+            self.block_size,
+            shape.num_kv_heads,
+            shape.head_dim,
+            device=self.device,
+            dtype=self.dtype,
+        )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(shape.num_layers)]
         self.sampler = Sampler(self.device, config.seed)
         self.graphs: GraphedDecode | None = None
         # Graphs need kernels free of host syncs (the Triton ones) and a per-step input layout
         # they can hold fixed (M-RoPE positions and image embeddings change shape per step).
-        if self.device.type == "cuda" and not config.enforce_eager and self.ops.name == "triton" \
-                and not self.uses_mrope:
-            self.graphs = GraphedDecode(self.model, self.kv_caches, max_batch=min(config.max_num_seqs, 256),
-                                        max_blocks_per_seq=self.max_blocks_per_seq, block_size=self.block_size,
-                                        device=self.device)
+        if (
+            self.device.type == "cuda"
+            and not config.enforce_eager
+            and self.ops.name == "triton"
+            and not self.uses_mrope
+        ):
+            self.graphs = GraphedDecode(
+                self.model,
+                self.kv_caches,
+                max_batch=min(config.max_num_seqs, 256),
+                max_blocks_per_seq=self.max_blocks_per_seq,
+                block_size=self.block_size,
+                device=self.device,
+            )
             self.graphs.capture()
-        log.info("model runner: %s %s, backend %s, %d KV blocks of %d tokens, decode graphs %s", self.device,
-                 self.dtype, self.ops.name, self.num_kv_blocks, self.block_size,
-                 self.graphs.buckets if self.graphs else "off")
+        log.info(
+            "model runner: %s %s, backend %s, %d KV blocks of %d tokens, decode graphs %s",
+            self.device,
+            self.dtype,
+            self.ops.name,
+            self.num_kv_blocks,
+            self.block_size,
+            self.graphs.buckets if self.graphs else "off",
+        )
 
     def _decide_num_blocks(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
         if self.config.num_kv_blocks is not None:
@@ -96,8 +125,10 @@ class ModelRunner:
             budget = self.config.kv_cache_bytes or _CPU_DEFAULT_KV_BYTES
         blocks = min(budget // block_bytes, needed)
         if blocks < 2:
-            raise ValueError(f"KV cache budget of {budget} bytes holds {blocks} blocks of {block_bytes} bytes; "
-                             "need at least 2 (raise kv_cache_bytes or gpu_memory_utilization)")
+            raise ValueError(
+                f"KV cache budget of {budget} bytes holds {blocks} blocks of {block_bytes} bytes; "
+                "need at least 2 (raise kv_cache_bytes or gpu_memory_utilization)"
+            )
         return int(blocks)
 
     def release(self, seq_ids: list[int]) -> None:
@@ -122,8 +153,9 @@ class ModelRunner:
                     results[slot] = sample
                 return results
         step = self._prepare(batch)
-        hidden = self.model.forward(step.input_ids, step.positions, step.meta, self.kv_caches,
-                                    step.embed_rows, step.embeds)
+        hidden = self.model.forward(
+            step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds
+        )
         if not step.sample_seqs:
             return results
         logits = self.model.compute_logits(hidden[step.sample_rows])
@@ -140,8 +172,9 @@ class ModelRunner:
         if self.uses_mrope:
             return None
         if self.graphs is not None:
-            pending = self.graphs.launch(batch, lambda logits, argmax: self.sampler.choose(logits, batch.seqs, argmax),
-                                         after)
+            pending = self.graphs.launch(
+                batch, lambda logits, argmax: self.sampler.choose(logits, batch.seqs, argmax), after
+            )
             if pending is not None:
                 return pending
         return self._launch_eager(batch, after)
@@ -155,8 +188,9 @@ class ModelRunner:
             ids = to_device([seq.token_ids[pos] for seq, pos in zip(seqs, positions)], torch.int64, dev)
         lens = [pos + 1 for pos in positions]
         meta = AttentionMetadata(
-            slot_mapping=to_device([seq.block_table[pos // bs] * bs + pos % bs for seq, pos in zip(seqs, positions)],
-                                   torch.int64, dev),
+            slot_mapping=to_device(
+                [seq.block_table[pos // bs] * bs + pos % bs for seq, pos in zip(seqs, positions)], torch.int64, dev
+            ),
             num_decode=len(seqs),
             decode_seq_lens=to_device(lens, torch.int32, dev),
             decode_block_tables=self._block_tables(seqs, lens),
@@ -198,8 +232,10 @@ class ModelRunner:
             if end > len(seq):
                 raise ValueError(f"sequence {seq.request_id!r} scheduled to compute up to {end} tokens, has {len(seq)}")
             if len(seq.block_table) * bs < end:
-                raise ValueError(f"sequence {seq.request_id!r} needs {-(-end // bs)} KV blocks for {end} tokens, "
-                                 f"block table has {len(seq.block_table)}")
+                raise ValueError(
+                    f"sequence {seq.request_id!r} needs {-(-end // bs)} KV blocks for {end} tokens, "
+                    f"block table has {len(seq.block_table)}"
+                )
             flat_start = len(ids)
             ids.extend(seq.token_ids[start:end])
             table = seq.block_table
@@ -222,7 +258,7 @@ class ModelRunner:
                 lo, hi = max(span.offset, start), min(span.offset + span.length, end)
                 if lo < hi:
                     embed_rows.extend(range(flat_start + lo - start, flat_start + hi - start))
-                    embed_parts.append(span.embeds[lo - span.offset:hi - span.offset])
+                    embed_parts.append(span.embeds[lo - span.offset : hi - span.offset])
         dev = self.device
         num_decode = len(decode)
         decode_seqs = [batch.seqs[i] for i in decode]
@@ -243,8 +279,11 @@ class ModelRunner:
             embeds = torch.cat([p.to(device=dev, dtype=self.dtype) for p in embed_parts], dim=0)
         return _StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=(torch.cat(mrope_parts, dim=1).to(dev) if self.uses_mrope
-                       else torch.tensor(positions, dtype=torch.int64, device=dev)),
+            positions=(
+                torch.cat(mrope_parts, dim=1).to(dev)
+                if self.uses_mrope
+                else torch.tensor(positions, dtype=torch.int64, device=dev)
+            ),
             meta=meta,
             sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=dev),
             sample_seqs=sample_seqs,
@@ -259,8 +298,7 @@ class ModelRunner:
         width = max((-(-n // bs) for n in lengths), default=0)
         if not seqs:
             return torch.zeros(0, width, dtype=torch.int32, device=self.device)
-        rows = [seq.block_table[:width] + [0] * (width - min(width, len(seq.block_table)))
-                for seq in seqs]
+        rows = [seq.block_table[:width] + [0] * (width - min(width, len(seq.block_table))) for seq in seqs]
         # Through pinned memory: a plain torch.tensor(..., device="cuda") would wait for the device,
         # which a step launched while another is in flight must not do.
         return to_device(rows, torch.int32, self.device).reshape(len(seqs), width)

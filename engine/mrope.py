@@ -5,12 +5,12 @@ Text tokens carry the same position on all three axes. A media span brings its o
 largest position the span reached, so a span of ``length`` tokens may advance the position by less
 than ``length``. That shift carries over to every later token, the generated ones included.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 import torch
-
 from omni_gateway.engine.sequence import EmbedSpan
 
 
@@ -30,15 +30,16 @@ def mrope_positions(spans: Iterable[EmbedSpan], start: int, end: int) -> torch.T
             continue
         rel = span.positions
         if tuple(rel.shape) != (3, span.length):
-            raise ValueError(f"span at {span.offset} has positions of shape {tuple(rel.shape)}; "
-                             f"expected (3, {span.length})")
+            raise ValueError(
+                f"span at {span.offset} has positions of shape {tuple(rel.shape)}; expected (3, {span.length})"
+            )
         lo, hi = max(span.offset, start), min(span.offset + span.length, end)
         if lo < hi:
             base = span.offset + shift
-            pos[:, lo - start:hi - start] = base + rel[:, lo - span.offset:hi - span.offset].to(torch.int64)
+            pos[:, lo - start : hi - start] = base + rel[:, lo - span.offset : hi - span.offset].to(torch.int64)
         new_shift = shift + span_advance(span) - span.length
         tail = max(span.offset + span.length, start)
         if tail < end and new_shift != shift:
-            pos[:, tail - start:] += new_shift - shift
+            pos[:, tail - start :] += new_shift - shift
         shift = new_shift
     return pos

@@ -1,4 +1,5 @@
 """What the engine returns to callers (vLLM's RequestOutput shape)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

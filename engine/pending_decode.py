@@ -1,11 +1,11 @@
 """A decode step on its way through the device: its batch, its tokens on the device (which
 the step launched behind it reads), and their copy to the host, read when the host needs them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-
 from omni_gateway.engine.sampler import SampleResult
 from omni_gateway.engine.sequence import ScheduledBatch
 

@@ -13,6 +13,7 @@ sequence must be in the step, none waiting to be admitted, and no sequence certa
 length at the step in flight. A sequence that stops on EOS, a stop token or a stop string, or is
 aborted, while its next step is in flight has that step's row discarded.
 """
+
 from __future__ import annotations
 
 from omni_gateway.engine.scheduler import Scheduler
@@ -23,8 +24,7 @@ def samples_from_logits_alone(seq: Sequence) -> bool:
     """Whether the sampler picks ``seq``'s next tokens from the logits and the sequence's parameters
     alone: no logprobs, no penalty, min_tokens reached, no media (whose decode steps run eagerly)."""
     p = seq.params
-    return (p.logprobs is None and not p.penalized and seq.num_output_tokens >= p.min_tokens
-            and not seq.embed_spans)
+    return p.logprobs is None and not p.penalized and seq.num_output_tokens >= p.min_tokens and not seq.embed_spans
 
 
 def launchable(batch: ScheduledBatch) -> bool:
@@ -32,7 +32,8 @@ def launchable(batch: ScheduledBatch) -> bool:
     its last token and samples the next from the logits alone."""
     return bool(batch.seqs) and all(
         n == 1 and seq.num_computed_tokens + 1 == len(seq) and samples_from_logits_alone(seq)
-        for seq, n in zip(batch.seqs, batch.num_new_tokens))
+        for seq, n in zip(batch.seqs, batch.num_new_tokens)
+    )
 
 
 def continues_after_next_token(seq: Sequence) -> bool:

@@ -12,13 +12,13 @@ On a GPU the step waits for the device once, when the chosen tokens (and logprob
 per-row parameters go up with asynchronous copies from pinned memory and every branch is decided
 from the host-side parameters, never from a tensor's value.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-
 from omni_gateway.engine.outputs import Logprob
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.sequence import Sequence
@@ -41,8 +41,9 @@ class Sampler:
         for seq_id in seq_ids:
             self._seeded.pop(seq_id, None)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
-                 argmax: torch.Tensor | None = None) -> list[SampleResult]:
+    def __call__(
+        self, logits: torch.Tensor, seqs: list[Sequence], argmax: torch.Tensor | None = None
+    ) -> list[SampleResult]:
         """``logits`` float32 ``[len(seqs), vocab]``; row i belongs to ``seqs[i]``. ``argmax``, when
         given, is ``logits.argmax(-1)`` computed already (the decode graph does it in a fast kernel);
         it stands in for greedy rows whose logits nothing masks or penalizes."""
@@ -119,8 +120,9 @@ class Sampler:
             noise[i].exponential_(generator=gen)
         return noise
 
-    def _with_logprobs(self, logprobs: torch.Tensor, tokens: torch.Tensor,
-                       params: list[SamplingParams]) -> list[SampleResult]:
+    def _with_logprobs(
+        self, logprobs: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]
+    ) -> list[SampleResult]:
         chosen_dev = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
         max_top = max((p.logprobs or 0) for p in params)
         top_vals: list[list[float]] = []

@@ -1,4 +1,5 @@
 """Per-request sampling settings, validated once at construction (vLLM's names and defaults)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,29 +41,53 @@ class SamplingParams:
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         _check(isinstance(self.n, int) and 1 <= self.n <= 128, f"n must be an integer in [1, 128], got {self.n!r}")
-        _check(_finite(self.temperature) and self.temperature >= 0.0,
-               f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        _check(
+            _finite(self.temperature) and self.temperature >= 0.0,
+            f"temperature must be a finite number >= 0, got {self.temperature!r}",
+        )
         _check(_finite(self.top_p) and 0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p!r}")
-        _check(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be -1, 0 or a positive integer, got {self.top_k!r}")
+        _check(
+            isinstance(self.top_k, int) and self.top_k >= 0,
+            f"top_k must be -1, 0 or a positive integer, got {self.top_k!r}",
+        )
         _check(_finite(self.min_p) and 0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p!r}")
-        _check(_finite(self.repetition_penalty) and self.repetition_penalty > 0.0,
-               f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
-        _check(_finite(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
-               f"presence_penalty must be in [-2, 2], got {self.presence_penalty!r}")
-        _check(_finite(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
-               f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty!r}")
+        _check(
+            _finite(self.repetition_penalty) and self.repetition_penalty > 0.0,
+            f"repetition_penalty must be > 0, got {self.repetition_penalty!r}",
+        )
+        _check(
+            _finite(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
+            f"presence_penalty must be in [-2, 2], got {self.presence_penalty!r}",
+        )
+        _check(
+            _finite(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
+            f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty!r}",
+        )
         _check(self.seed is None or isinstance(self.seed, int), f"seed must be an integer or None, got {self.seed!r}")
-        _check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
-               f"max_tokens must be a positive integer or None, got {self.max_tokens!r}")
-        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens!r}")
-        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens,
-               f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        _check(len(self.stop) <= _MAX_STOP_STRINGS and all(isinstance(s, str) and s for s in self.stop),
-               f"stop must be at most {_MAX_STOP_STRINGS} non-empty strings, got {self.stop!r}")
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-               f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= _MAX_LOGPROBS),
-               f"logprobs must be an integer in [0, {_MAX_LOGPROBS}] or None, got {self.logprobs!r}")
+        _check(
+            self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+            f"max_tokens must be a positive integer or None, got {self.max_tokens!r}",
+        )
+        _check(
+            isinstance(self.min_tokens, int) and self.min_tokens >= 0,
+            f"min_tokens must be >= 0, got {self.min_tokens!r}",
+        )
+        _check(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
+        )
+        _check(
+            len(self.stop) <= _MAX_STOP_STRINGS and all(isinstance(s, str) and s for s in self.stop),
+            f"stop must be at most {_MAX_STOP_STRINGS} non-empty strings, got {self.stop!r}",
+        )
+        _check(
+            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}",
+        )
+        _check(
+            self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= _MAX_LOGPROBS),
+            f"logprobs must be an integer in [0, {_MAX_LOGPROBS}] or None, got {self.logprobs!r}",
+        )
 
     @property
     def greedy(self) -> bool:

@@ -5,6 +5,7 @@ out tokens so that it catches up with ``len(seq)``. Running sequences go first, 
 (priority, arrival). When blocks run out, the lowest-priority latest running sequence is preempted
 by recompute. Pure Python: no torch, no I/O.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -61,7 +62,8 @@ class Scheduler:
         limit = self.config.max_waiting_requests
         if enforce_limit and len(self.waiting) >= limit:
             raise EngineOverloaded(
-                f"waiting queue is full ({len(self.waiting)} of max_waiting_requests={limit}); retry later")
+                f"waiting queue is full ({len(self.waiting)} of max_waiting_requests={limit}); retry later"
+            )
         seq.status = SequenceStatus.WAITING
         bisect.insort(self.waiting, seq, key=_order)
 

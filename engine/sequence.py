@@ -1,4 +1,5 @@
 """Mutable per-request state shared by the scheduler, the block pool and the runner (no torch here)."""
+
 from __future__ import annotations
 
 import enum
@@ -16,7 +17,7 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(str, enum.Enum):  # noqa: UP042 - str() of a member keeps its enum name
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or the context length
     ABORT = "abort"
@@ -110,8 +111,10 @@ class Sequence:
         return tuple(s.key for s in self.embed_spans if s.offset < end and start < s.offset + s.length)
 
     def __repr__(self) -> str:
-        return (f"Sequence({self.request_id!r}, status={self.status.value}, tokens={len(self.token_ids)}, "
-                f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
+        return (
+            f"Sequence({self.request_id!r}, status={self.status.value}, tokens={len(self.token_ids)}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})"
+        )
 
 
 @dataclass(slots=True)

@@ -1,8 +1,6 @@
 """The ASGI application: the realtime WebSocket route next to the HTTP API routes, behind the admission guard."""
-from __future__ import annotations
 
-from starlette.applications import Starlette
-from starlette.middleware import Middleware
+from __future__ import annotations
 
 from omni_gateway.gateway import http
 from omni_gateway.gateway.config import GatewayConfig
@@ -10,6 +8,8 @@ from omni_gateway.gateway.demo import demo_routes
 from omni_gateway.gateway.guard import Guard
 from omni_gateway.gateway.realtime.endpoint import probe_vad, realtime_route
 from omni_gateway.omni.protocol import OmniBackend
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
 
 def create_app(backend: OmniBackend, config: GatewayConfig | None = None) -> Starlette:

@@ -1,4 +1,5 @@
 """API-key checks shared by the HTTP routes and the realtime WebSocket handshake."""
+
 from __future__ import annotations
 
 import hmac

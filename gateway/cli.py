@@ -2,6 +2,7 @@
 
 Importing this module stays light (no torch): the model side is configured and loaded inside ``serve``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,67 +92,184 @@ def _flags() -> tuple[Flag, ...]:
     gw, eng, om = GatewayConfig, EngineConfig, OmniConfig
     mib = 2**20
     return (
-        Flag("--host", gw, "host", "address to bind; 0.0.0.0 or :: serves every interface (default %(default)s)",
-             "network"),
+        Flag(
+            "--host",
+            gw,
+            "host",
+            "address to bind; 0.0.0.0 or :: serves every interface (default %(default)s)",
+            "network",
+        ),
         Flag("--port", gw, "port", "port to bind (default %(default)s)", "network", type=int),
-        Flag("--api-key", gw, "api_key", "require this key (Bearer header or openai-insecure-api-key subprotocol); "
-             "default: no authentication", "network", to_field=lambda v: v or None),
-        Flag("--allowed-hosts", gw, "allowed_hosts", "Host header names accepted besides the bound address, "
-             "localhost, 127.0.0.1 and [::1]; repeatable or comma-separated, '*' accepts any. Bound to 0.0.0.0 "
-             "or :: without it, any Host is accepted", "network", type=_names, listing=True),
-        Flag("--allowed-origins", gw, "allowed_origins", "browser origins (e.g. https://app.example) that may "
-             "open /v1/realtime besides this server's own; repeatable or comma-separated, '*' allows any "
-             "(clients without Origin are always allowed)", "network", type=_names, listing=True),
-        Flag("--max-frame-mib", gw, "max_frame_bytes", "largest WebSocket message accepted, in MiB "
-             "(default %(default)s)", "network", type=float, to_field=lambda v: int(v * mib),
-             from_field=lambda v: v / mib),
-        Flag("--max-sessions", gw, "max_sessions", "concurrent realtime sessions (default %(default)s)", "network",
-             type=int),
-        Flag("--max-sessions-per-key", gw, "max_sessions_per_key", "realtime sessions one API key (or client "
-             "address) may hold (default %(default)s)", "network", type=int),
-        Flag("--model", eng, "model", "LLM: 'default' (packaged SmolLM2), a Hugging Face directory or a .gguf file",
-             "models"),
+        Flag(
+            "--api-key",
+            gw,
+            "api_key",
+            "require this key (Bearer header or openai-insecure-api-key subprotocol); default: no authentication",
+            "network",
+            to_field=lambda v: v or None,
+        ),
+        Flag(
+            "--allowed-hosts",
+            gw,
+            "allowed_hosts",
+            "Host header names accepted besides the bound address, "
+            "localhost, 127.0.0.1 and [::1]; repeatable or comma-separated, '*' accepts any. Bound to 0.0.0.0 "
+            "or :: without it, any Host is accepted",
+            "network",
+            type=_names,
+            listing=True,
+        ),
+        Flag(
+            "--allowed-origins",
+            gw,
+            "allowed_origins",
+            "browser origins (e.g. https://app.example) that may "
+            "open /v1/realtime besides this server's own; repeatable or comma-separated, '*' allows any "
+            "(clients without Origin are always allowed)",
+            "network",
+            type=_names,
+            listing=True,
+        ),
+        Flag(
+            "--max-frame-mib",
+            gw,
+            "max_frame_bytes",
+            "largest WebSocket message accepted, in MiB (default %(default)s)",
+            "network",
+            type=float,
+            to_field=lambda v: int(v * mib),
+            from_field=lambda v: v / mib,
+        ),
+        Flag(
+            "--max-sessions",
+            gw,
+            "max_sessions",
+            "concurrent realtime sessions (default %(default)s)",
+            "network",
+            type=int,
+        ),
+        Flag(
+            "--max-sessions-per-key",
+            gw,
+            "max_sessions_per_key",
+            "realtime sessions one API key (or client address) may hold (default %(default)s)",
+            "network",
+            type=int,
+        ),
+        Flag(
+            "--model",
+            eng,
+            "model",
+            "LLM: 'default' (packaged SmolLM2), a Hugging Face directory or a .gguf file",
+            "models",
+        ),
         Flag("--served-model-name", om, "served_model_name", "model name reported to clients", "models"),
         Flag("--asr", om, "asr", "speech recognition: 'default', a path, or 'none'", "models", to_field=_stage),
         Flag("--tts", om, "tts", "speech synthesis: 'default', a path, or 'none'", "models", to_field=_stage),
-        Flag("--no-vad", om, "vad", "no server-side voice activity detection (realtime clients must commit turns "
-             "themselves)", "models", switch=True, to_field=lambda v: not v),
-        Flag("--no-vision", om, "vision", "ignore the LLM's vision tower", "models", switch=True,
-             to_field=lambda v: not v),
+        Flag(
+            "--no-vad",
+            om,
+            "vad",
+            "no server-side voice activity detection (realtime clients must commit turns themselves)",
+            "models",
+            switch=True,
+            to_field=lambda v: not v,
+        ),
+        Flag(
+            "--no-vision",
+            om,
+            "vision",
+            "ignore the LLM's vision tower",
+            "models",
+            switch=True,
+            to_field=lambda v: not v,
+        ),
         Flag("--image-model", om, "image_model", "local diffusers pipeline directory for image output", "models"),
-        Flag("--device", eng, "device", "'auto', 'cpu' or 'cuda[:N]', for the LLM and every other stage "
-             "(default %(default)s)", "engine"),
-        Flag("--dtype", eng, "dtype", "weights and activations (default %(default)s)", "engine",
-             choices=("auto", "float32", "bfloat16", "float16")),
-        Flag("--max-model-len", eng, "max_model_len", "context length cap (default: the model's)", "engine",
-             type=int),
-        Flag("--max-num-seqs", eng, "max_num_seqs", "sequences decoded together (default %(default)s)", "engine",
-             type=int),
-        Flag("--max-num-batched-tokens", eng, "max_num_batched_tokens", "tokens one engine step processes, "
-             "prefill chunks and decodes together (default %(default)s)", "engine", type=int),
-        Flag("--block-size", eng, "block_size", "tokens per KV-cache block, a power of two (default: 16 on "
-             "CUDA, 8 on the CPU)", "engine", type=int),
-        Flag("--gpu-memory-utilization", eng, "gpu_memory_utilization", "fraction of GPU memory the engine may "
-             "use (default %(default)s)", "engine", type=float),
+        Flag(
+            "--device",
+            eng,
+            "device",
+            "'auto', 'cpu' or 'cuda[:N]', for the LLM and every other stage (default %(default)s)",
+            "engine",
+        ),
+        Flag(
+            "--dtype",
+            eng,
+            "dtype",
+            "weights and activations (default %(default)s)",
+            "engine",
+            choices=("auto", "float32", "bfloat16", "float16"),
+        ),
+        Flag("--max-model-len", eng, "max_model_len", "context length cap (default: the model's)", "engine", type=int),
+        Flag(
+            "--max-num-seqs",
+            eng,
+            "max_num_seqs",
+            "sequences decoded together (default %(default)s)",
+            "engine",
+            type=int,
+        ),
+        Flag(
+            "--max-num-batched-tokens",
+            eng,
+            "max_num_batched_tokens",
+            "tokens one engine step processes, prefill chunks and decodes together (default %(default)s)",
+            "engine",
+            type=int,
+        ),
+        Flag(
+            "--block-size",
+            eng,
+            "block_size",
+            "tokens per KV-cache block, a power of two (default: 16 on CUDA, 8 on the CPU)",
+            "engine",
+            type=int,
+        ),
+        Flag(
+            "--gpu-memory-utilization",
+            eng,
+            "gpu_memory_utilization",
+            "fraction of GPU memory the engine may use (default %(default)s)",
+            "engine",
+            type=float,
+        ),
         Flag("--enforce-eager", eng, "enforce_eager", "no CUDA graphs", "engine", switch=True),
-        Flag("--pipeline-decode", eng, "pipeline_decode", "launch each decode step before the host has read the "
-             "one in flight (default %(default)s: on with CUDA)", "engine", choices=("auto", "on", "off")),
+        Flag(
+            "--pipeline-decode",
+            eng,
+            "pipeline_decode",
+            "launch each decode step before the host has read the one in flight (default %(default)s: on with CUDA)",
+            "engine",
+            choices=("auto", "on", "off"),
+        ),
         Flag("--temperature", om, "temperature", "default %(default)s", "generation", type=float),
         Flag("--top-p", om, "top_p", "default %(default)s", "generation", type=float),
-        Flag("--max-tokens", om, "max_tokens", "longest answer in tokens (default %(default)s)", "generation",
-             type=int),
-        Flag("--system-prompt", om, "system_prompt", "system message for conversations that bring none "
-             "(realtime instructions override it)", "generation"),
+        Flag(
+            "--max-tokens", om, "max_tokens", "longest answer in tokens (default %(default)s)", "generation", type=int
+        ),
+        Flag(
+            "--system-prompt",
+            om,
+            "system_prompt",
+            "system message for conversations that bring none (realtime instructions override it)",
+            "generation",
+        ),
     )
 
 
-_GROUPS = {"network": "network", "models": "models", "engine": "engine",
-           "generation": "generation defaults (for knobs a request leaves unset)"}
+_GROUPS = {
+    "network": "network",
+    "models": "models",
+    "engine": "engine",
+    "generation": "generation defaults (for knobs a request leaves unset)",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="omni", description="Realtime multimodal gateway speaking the OpenAI "
-                                     "Realtime and HTTP APIs over a local model stack.")
+    parser = argparse.ArgumentParser(
+        prog="omni",
+        description="Realtime multimodal gateway speaking the OpenAI Realtime and HTTP APIs over a local model stack.",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve /v1/realtime and the OpenAI HTTP API")
@@ -161,13 +279,19 @@ def build_parser() -> argparse.ArgumentParser:
         if flag.switch:
             group.add_argument(flag.name, action="store_true", help=flag.help)
         elif flag.listing:
-            group.add_argument(flag.name, action="extend", type=flag.type, default=list(flag.default()),
-                               metavar=flag.dest.removesuffix("s").upper(), help=flag.help)
+            group.add_argument(
+                flag.name,
+                action="extend",
+                type=flag.type,
+                default=list(flag.default()),
+                metavar=flag.dest.removesuffix("s").upper(),
+                help=flag.help,
+            )
         else:
-            group.add_argument(flag.name, type=flag.type, choices=flag.choices, default=flag.default(),
-                               help=flag.help)
-    groups["network"].add_argument("--log-level", default="info",
-                                   choices=["critical", "error", "warning", "info", "debug"])
+            group.add_argument(flag.name, type=flag.type, choices=flag.choices, default=flag.default(), help=flag.help)
+    groups["network"].add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
     return parser
 
 
@@ -185,29 +309,36 @@ def configs(args: argparse.Namespace) -> tuple[GatewayConfig, OmniConfig]:
 
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
-
     from omni_gateway import omni
     from omni_gateway.gateway.app import create_app
 
     config, omni_config = configs(args)
     if config.host_allow_list() is None and config.api_key is None:
-        log.warning("any Host header is accepted (bound to %s without --allowed-hosts, or '*'): a web page whose "
-                    "name resolves to this machine can drive this server; name its hosts with --allowed-hosts "
-                    "or require a key with --api-key", config.host or "every interface")
-    print(f"omni {version()}: loading models (model={omni_config.engine.model}, asr={omni_config.asr}, "
-          f"tts={omni_config.tts}, "
-          f"vad={omni_config.vad}) ...", flush=True)
+        log.warning(
+            "any Host header is accepted (bound to %s without --allowed-hosts, or '*'): a web page whose "
+            "name resolves to this machine can drive this server; name its hosts with --allowed-hosts "
+            "or require a key with --api-key",
+            config.host or "every interface",
+        )
+    print(
+        f"omni {version()}: loading models (model={omni_config.engine.model}, asr={omni_config.asr}, "
+        f"tts={omni_config.tts}, "
+        f"vad={omni_config.vad}) ...",
+        flush=True,
+    )
     try:
         backend = omni.load_backend(omni_config)
     except Exception as exc:  # a bad path or checkpoint: say what failed, without a traceback
         raise SystemExit(f"omni: could not load the models: {type(exc).__name__}: {exc}") from exc
     app = create_app(backend, config)
     shown_host = "127.0.0.1" if config.serves_all_interfaces else config.host
-    print(f"omni: serving {backend.capabilities.model} at http://{shown_host}:{config.port}/v1 "
-          f"(realtime: ws://{shown_host}:{config.port}/v1/realtime"
-          f"{', API key required' if config.api_key else ''})", flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level,
-                ws_max_size=config.max_frame_bytes)
+    print(
+        f"omni: serving {backend.capabilities.model} at http://{shown_host}:{config.port}/v1 "
+        f"(realtime: ws://{shown_host}:{config.port}/v1/realtime"
+        f"{', API key required' if config.api_key else ''})",
+        flush=True,
+    )
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, ws_max_size=config.max_frame_bytes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,6 +4,7 @@ JSON may spell a lone UTF-16 surrogate (``"\\ud800"``); Python decodes it into a
 encoder, tokenizer included, accepts. Each protocol checks every decoded body or event once, where it is
 parsed, so nothing past the boundary meets such a string.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -4,6 +4,7 @@ Limits live where they apply and are nested here once: ``session`` bounds one re
 sans-I/O session enforces it), ``http`` bounds the OpenAI HTTP API; the fields at the top level are the
 server's own (network, admission, the WebSocket transport).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -48,8 +49,12 @@ class GatewayConfig:
         for owner, prefix in ((self, ""), (self.session, "session."), (self.http, "http.")):
             for spec in fields(owner):
                 value = getattr(owner, spec.name)
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and spec.name != "port" \
-                        and value <= 0:
+                if (
+                    isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                    and spec.name != "port"
+                    and value <= 0
+                ):
                     raise ValueError(f"{prefix}{spec.name} must be > 0, got {value}")
         for name in ("allowed_origins", "allowed_hosts"):
             if isinstance(getattr(self, name), str):
@@ -71,4 +76,3 @@ class GatewayConfig:
             return None
         own = () if self.serves_all_interfaces else (self.host,)
         return tuple(dict.fromkeys(host_name(h) for h in (*LOOPBACK_HOSTS, *own, *self.allowed_hosts)))
-

@@ -4,6 +4,7 @@ The page needs no API key to load; it carries the key itself when it opens ``/v1
 handshake checks it. An installed wheel has no ``demos`` directory, so the route then explains where the
 page lives instead of answering 404.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -5,6 +5,7 @@ addresses; clients get a fixed message and keep the machine-readable code. Clien
 scheduler's overload refusal are composed by our own code and stay as they are: they tell the caller what
 to fix or when to retry.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -7,6 +7,7 @@ allow-list on every route: a web page whose name resolves to this machine (DNS r
 Host, and the Origin check, which compares Origin with Host, cannot catch that alone. Everything refused
 here is refused at once with an explicit status (401/403/421/429/503), never queued.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,13 @@ PUBLIC_PREFIXES = ("/demo",)
 # Observability stays reachable while the backend is down: that is when it matters most.
 UNGATED_BY_HEALTH = ("/health", "/metrics")
 
-_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 421: "invalid_request_error",
-                429: "rate_limit_error", 503: "server_error"}
+_ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    421: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "server_error",
+}
 # Without the ASGI denial-response extension a refused handshake can only be a close; servers answer it with 403.
 _CLOSE_CODES = {401: 1008, 403: 1008, 429: 1013, 503: 1013}
 
@@ -59,7 +65,7 @@ def presented_key(scope: Scope) -> str | None:
     if token is not None or scope["type"] != "websocket":
         return token
     offered = scope.get("subprotocols") or ()
-    return next((p[len(KEY_PROTOCOL_PREFIX):] for p in offered if p.startswith(KEY_PROTOCOL_PREFIX)), None)
+    return next((p[len(KEY_PROTOCOL_PREFIX) :] for p in offered if p.startswith(KEY_PROTOCOL_PREFIX)), None)
 
 
 def host_name(value: str) -> str:
@@ -67,7 +73,7 @@ def host_name(value: str) -> str:
     no port (a rebinding page differs from us in its name, not its port)."""
     name = value.strip().lower()
     if name.startswith("["):
-        name = name[:name.find("]") + 1] if "]" in name else name
+        name = name[: name.find("]") + 1] if "]" in name else name
     elif name.count(":") == 1:
         name = name.partition(":")[0]
     elif ":" in name:  # a bare IPv6 address
@@ -113,7 +119,8 @@ class Guard:
         if refusal is not None:
             status, code, message = refusal
             await (self._deny_websocket if kind == "websocket" else self._deny_http)(
-                receive, send, scope, status, code, message)
+                receive, send, scope, status, code, message
+            )
             return
         if is_public(path):
             await self.app(scope, receive, send)
@@ -146,45 +153,73 @@ class Guard:
     def _refusal(self, scope: Scope, kind: str, path: str) -> tuple[int, str, str] | None:
         host = _header(scope, b"host")
         if not host_allowed(host, self.allowed_hosts):
-            return 421 if kind == "http" else 403, "host_not_allowed", (
-                f"This server does not answer to the host {(host or '')[:100]!r}; its allowed_hosts "
-                "(--allowed-hosts) list the accepted names.")
+            return (
+                421 if kind == "http" else 403,
+                "host_not_allowed",
+                (
+                    f"This server does not answer to the host {(host or '')[:100]!r}; its allowed_hosts "
+                    "(--allowed-hosts) list the accepted names."
+                ),
+            )
         if is_public(path):
             return None
         config, http = self.config, self.config.http
         if kind == "websocket":
             origin = _header(scope, b"origin")
             if not origin_allowed(origin, host, config.allowed_origins):
-                return 403, "origin_not_allowed", (f"WebSocket connections from origin {(origin or '')[:200]!r} "
-                                                   "are not allowed; the server's allowed_origins lists the "
-                                                   "accepted ones.")
+                return (
+                    403,
+                    "origin_not_allowed",
+                    (
+                        f"WebSocket connections from origin {(origin or '')[:200]!r} "
+                        "are not allowed; the server's allowed_origins lists the "
+                        "accepted ones."
+                    ),
+                )
         if config.api_key is not None and not key_matches(presented_key(scope), config.api_key):
             how = "'Authorization: Bearer <key>'" + (
-                " or the 'openai-insecure-api-key.<key>' subprotocol" if kind == "websocket" else "")
+                " or the 'openai-insecure-api-key.<key>' subprotocol" if kind == "websocket" else ""
+            )
             return 401, "invalid_api_key", f"Incorrect or missing API key. Send it as {how}."
         if path not in UNGATED_BY_HEALTH and not self.healthy():
             return 503, "server_unavailable", "The model backend is not running; try again later."
         owner = self._owner(scope)
         if kind == "websocket":
             if self.sessions[owner] >= config.max_sessions_per_key:
-                return 429, "rate_limit_exceeded", (f"This key already has {config.max_sessions_per_key} realtime "
-                                                    "sessions open; close one or try again later.")
+                return (
+                    429,
+                    "rate_limit_exceeded",
+                    (
+                        f"This key already has {config.max_sessions_per_key} realtime "
+                        "sessions open; close one or try again later."
+                    ),
+                )
             if self.sessions.total() >= config.max_sessions:
-                return 503, "server_overloaded", (f"This server already serves {config.max_sessions} realtime "
-                                                  "sessions; try again later.")
+                return (
+                    503,
+                    "server_overloaded",
+                    (f"This server already serves {config.max_sessions} realtime sessions; try again later."),
+                )
         elif path not in UNGATED_BY_HEALTH:
             if self.requests[owner] >= http.max_requests_per_key:
-                return 429, "rate_limit_exceeded", (f"This key already has {http.max_requests_per_key} requests "
-                                                    "in flight; wait for one to finish.")
+                return (
+                    429,
+                    "rate_limit_exceeded",
+                    (f"This key already has {http.max_requests_per_key} requests in flight; wait for one to finish."),
+                )
             if self.http_in_flight >= http.max_requests:
-                return 503, "server_overloaded", (f"This server already serves {http.max_requests} "
-                                                  "requests; try again later.")
+                return (
+                    503,
+                    "server_overloaded",
+                    (f"This server already serves {http.max_requests} requests; try again later."),
+                )
         return None
 
     @staticmethod
     def _body(status: int, code: str, message: str) -> bytes:
-        return json.dumps({"error": {"message": message, "type": _ERROR_TYPES[status], "param": None,
-                                     "code": code}}).encode()
+        return json.dumps(
+            {"error": {"message": message, "type": _ERROR_TYPES[status], "param": None, "code": code}}
+        ).encode()
 
     @staticmethod
     def _headers(status: int, body: bytes) -> list[tuple[bytes, bytes]]:
@@ -195,21 +230,24 @@ class Guard:
             headers.append((b"retry-after", b"1"))
         return headers
 
-    async def _deny_http(self, receive: Receive, send: Send, scope: Scope, status: int, code: str,
-                         message: str) -> None:
+    async def _deny_http(
+        self, receive: Receive, send: Send, scope: Scope, status: int, code: str, message: str
+    ) -> None:
         body = self._body(status, code, message)
         await send({"type": "http.response.start", "status": status, "headers": self._headers(status, body)})
         await send({"type": "http.response.body", "body": body})
 
-    async def _deny_websocket(self, receive: Receive, send: Send, scope: Scope, status: int, code: str,
-                              message: str) -> None:
+    async def _deny_websocket(
+        self, receive: Receive, send: Send, scope: Scope, status: int, code: str, message: str
+    ) -> None:
         first = await receive()
         if first["type"] != "websocket.connect":
             return
         if "websocket.http.response" in (scope.get("extensions") or {}):
             body = self._body(status, code, message)
-            await send({"type": "websocket.http.response.start", "status": status,
-                        "headers": self._headers(status, body)})
+            await send(
+                {"type": "websocket.http.response.start", "status": status, "headers": self._headers(status, body)}
+            )
             await send({"type": "websocket.http.response.body", "body": body})
         else:
             await send({"type": "websocket.close", "code": _CLOSE_CODES[status], "reason": message[:120]})

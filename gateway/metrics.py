@@ -3,6 +3,7 @@
 The objects live in this module's own registry so that any part of the gateway (HTTP routes, the
 realtime sessions) increments the same series; the backend's numbers are read at scrape time.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,22 +15,28 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 REGISTRY = CollectorRegistry()
 
-HTTP_REQUESTS = Counter("omni_http_requests", "HTTP requests answered, by route and status code.",
-                        ["route", "status"], registry=REGISTRY)
-PROMPT_TOKENS = Counter("omni_prompt_tokens", "Prompt tokens processed, by API surface.", ["api"],
-                        registry=REGISTRY)
-COMPLETION_TOKENS = Counter("omni_completion_tokens", "Completion tokens generated, by API surface.", ["api"],
-                            registry=REGISTRY)
+HTTP_REQUESTS = Counter(
+    "omni_http_requests", "HTTP requests answered, by route and status code.", ["route", "status"], registry=REGISTRY
+)
+PROMPT_TOKENS = Counter("omni_prompt_tokens", "Prompt tokens processed, by API surface.", ["api"], registry=REGISTRY)
+COMPLETION_TOKENS = Counter(
+    "omni_completion_tokens", "Completion tokens generated, by API surface.", ["api"], registry=REGISTRY
+)
 TIME_TO_FIRST_TOKEN = Histogram(
-    "omni_time_to_first_token_seconds", "Time from accepting a request to its first output token or audio chunk.",
-    ["api"], registry=REGISTRY,
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0))
+    "omni_time_to_first_token_seconds",
+    "Time from accepting a request to its first output token or audio chunk.",
+    ["api"],
+    registry=REGISTRY,
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0),
+)
 INTER_TOKEN_LATENCY = Histogram(
-    "omni_inter_token_latency_seconds", "Time between consecutive streamed outputs of one request.",
-    ["api"], registry=REGISTRY,
-    buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5))
-SESSIONS_OPEN = Gauge("omni_realtime_sessions_open", "Realtime WebSocket sessions currently open.",
-                      registry=REGISTRY)
+    "omni_inter_token_latency_seconds",
+    "Time between consecutive streamed outputs of one request.",
+    ["api"],
+    registry=REGISTRY,
+    buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5),
+)
+SESSIONS_OPEN = Gauge("omni_realtime_sessions_open", "Realtime WebSocket sessions currently open.", registry=REGISTRY)
 
 
 class TokenTimer:
@@ -66,8 +73,9 @@ class _BackendCollector:
         self._healthy = healthy
 
     def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily("omni_backend_healthy", "1 when the backend reports itself healthy.",
-                                value=1.0 if self._healthy() else 0.0)
+        yield GaugeMetricFamily(
+            "omni_backend_healthy", "1 when the backend reports itself healthy.", value=1.0 if self._healthy() else 0.0
+        )
         for key, value in sorted(self._read().items()):
             name = "omni_backend_" + _UNSAFE.sub("_", key)
             yield GaugeMetricFamily(name, f"Backend metric '{key}'.", value=float(value))

@@ -1,10 +1,10 @@
 """Triton SiLU-and-multiply for gated MLPs (same signature as ``kernels.reference``)."""
+
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
-
 from omni_gateway.kernels.validation import FLOAT_DTYPES, check_tensor
 
 _BLOCK = 1024

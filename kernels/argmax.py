@@ -5,12 +5,12 @@
 token, so here each row is split into up to ``_MAX_CHUNKS`` chunks reduced in parallel, and a
 second launch reduces each row's chunk winners.
 """
+
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
-
 from omni_gateway.kernels.validation import FLOAT_DTYPES, check_tensor
 
 _MIN_CHUNK = 1024
@@ -18,8 +18,7 @@ _MAX_CHUNKS = 256
 
 
 @triton.jit
-def _chunk_max_kernel(logits_ptr, max_ptr, idx_ptr, VOCAB: tl.constexpr, CHUNKS: tl.constexpr,
-                      CHUNK: tl.constexpr):
+def _chunk_max_kernel(logits_ptr, max_ptr, idx_ptr, VOCAB: tl.constexpr, CHUNKS: tl.constexpr, CHUNK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)

@@ -8,6 +8,7 @@ FMAs. There is no split-K: on the H200 sweep of ``benchmarks/gemv.py`` no split 
 walk on any decode shape, and without it there is no separate reduction launch, which is where
 cuBLAS loses most on the smaller matrices (its split-K kernels plus their reduce).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +17,6 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-
 from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_same_dtype, check_tensor
 
 
@@ -50,8 +50,16 @@ def default_gemv_config(out_features: int) -> GemvConfig:
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, N, K,
-    HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    K,
+    HAS_BIAS: tl.constexpr,
+    EVEN: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -67,8 +75,9 @@ def _gemv_kernel(
             x = tl.load(x_ptr + ks)
         else:
             k_ok = ks < K
-            w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0,
-                        eviction_policy="evict_first")
+            w = tl.load(
+                w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0, eviction_policy="evict_first"
+            )
             x = tl.load(x_ptr + ks, mask=k_ok, other=0.0)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
     out = tl.sum(acc, 1)
@@ -77,8 +86,9 @@ def _gemv_kernel(
     tl.store(out_ptr + cols, out.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-           config: GemvConfig | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
+) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` for x ``[M, K]`` and weight ``[N, K]``: one row runs the Triton
     kernel, more rows ``F.linear`` (which checks its own arguments). Returns ``[M, N]`` in x's dtype."""
     if x.dim() == 2 and x.shape[0] != 1:
@@ -97,8 +107,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     even = n % config.block_n == 0 and k % config.block_k == 0
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
-        x, weight, weight if bias is None else bias, out, n, k,
-        HAS_BIAS=bias is not None, EVEN=even, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        STAGES=config.stages, num_warps=config.num_warps,
+        x,
+        weight,
+        weight if bias is None else bias,
+        out,
+        n,
+        k,
+        HAS_BIAS=bias is not None,
+        EVEN=even,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        STAGES=config.stages,
+        num_warps=config.num_warps,
     )
     return out

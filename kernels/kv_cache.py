@@ -1,17 +1,31 @@
 """Triton scatter of new tokens' K/V into the paged cache (same signature as ``kernels.reference``)."""
+
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
-
-from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_same_dtype, check_tensor, check_token_rows, next_pow2
+from omni_gateway.kernels.validation import (
+    FLOAT_DTYPES,
+    check_dim,
+    check_same_dtype,
+    check_tensor,
+    check_token_rows,
+    next_pow2,
+)
 
 
 @triton.jit
 def _write_kv_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, stride_k, stride_v,
-    ROW: tl.constexpr, BLOCK: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_k,
+    stride_v,
+    ROW: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t)

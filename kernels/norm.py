@@ -1,17 +1,24 @@
 """Triton RMSNorm and fused residual-add + RMSNorm (same signatures as ``kernels.reference``)."""
+
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
-
 from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_same_dtype, check_tensor, next_pow2
 
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, eps,
-    HIDDEN: tl.constexpr, BLOCK: tl.constexpr, ADD_RESIDUAL: tl.constexpr,
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    new_res_ptr,
+    eps,
+    HIDDEN: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ADD_RESIDUAL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -43,7 +50,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.shape[0]:
         hidden = x.shape[1]
         _rms_norm_kernel[(x.shape[0],)](
-            x, x, weight, out, out, eps, HIDDEN=hidden, BLOCK=next_pow2(hidden), ADD_RESIDUAL=False,
+            x,
+            x,
+            weight,
+            out,
+            out,
+            eps,
+            HIDDEN=hidden,
+            BLOCK=next_pow2(hidden),
+            ADD_RESIDUAL=False,
             num_warps=_warps(hidden),
         )
     return out
@@ -63,8 +78,16 @@ def fused_add_rms_norm(
     if x.shape[0]:
         hidden = x.shape[1]
         _rms_norm_kernel[(x.shape[0],)](
-            x, residual, weight, out, new_residual, eps,
-            HIDDEN=hidden, BLOCK=next_pow2(hidden), ADD_RESIDUAL=True, num_warps=_warps(hidden),
+            x,
+            residual,
+            weight,
+            out,
+            new_residual,
+            eps,
+            HIDDEN=hidden,
+            BLOCK=next_pow2(hidden),
+            ADD_RESIDUAL=True,
+            num_warps=_warps(hidden),
         )
     return out, new_residual
 

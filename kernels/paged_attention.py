@@ -11,6 +11,7 @@ split count depends only on tensor shapes (batch, KV heads, block-table width), 
 ``seq_lens`` values, so a launch is CUDA-graph capturable and needs no host sync: pass
 block tables only as wide as the batch's longest context needs, since splits cover the table width.
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,7 +21,6 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 import triton.language as tl
-
 from omni_gateway.kernels.validation import (
     FLOAT_DTYPES,
     check_dim,
@@ -107,7 +107,7 @@ def num_decode_splits(batch: int, num_kv_heads: int, max_context: int, config: D
     return math.ceil(max_context / per_split) if max_context > 0 else 1, per_split
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
@@ -118,8 +118,14 @@ def default_decode_config(q: torch.Tensor, num_kv_heads: int = 1, max_context: i
     choice is CUDA-graph capturable). The CPU interpreter gets small tiles."""
     if q.device.type != "cuda":
         return DecodeConfig(block_n=32, num_warps=4, num_stages=1, target_programs=16, min_split_tokens=32)
-    return gpu_decode_config(_sm_count(q.device.index or 0), q.shape[0], num_kv_heads, max_context,
-                             head_dim=q.shape[-1], element_size=q.element_size())
+    return gpu_decode_config(
+        _sm_count(q.device.index or 0),
+        q.shape[0],
+        num_kv_heads,
+        max_context,
+        head_dim=q.shape[-1],
+        element_size=q.element_size(),
+    )
 
 
 # What the pipeliner makes of each tile on sm_90 for bf16 and head_dim 128 (Triton 3.6; compiled
@@ -132,8 +138,15 @@ _FEW_PAIRS = DecodeConfig(block_n=128, num_stages=6, min_split_tokens=128, fused
 _TILE_BYTES = 128 * 128 * 2  # the largest K tile above; wider heads or elements get fewer tokens
 
 
-def gpu_decode_config(sm_count: int, batch: int = 1, num_kv_heads: int = 1, max_context: int = 0, *,
-                      head_dim: int = 128, element_size: int = 2) -> DecodeConfig:
+def gpu_decode_config(
+    sm_count: int,
+    batch: int = 1,
+    num_kv_heads: int = 1,
+    max_context: int = 0,
+    *,
+    head_dim: int = 128,
+    element_size: int = 2,
+) -> DecodeConfig:
     """The decode launch parameters of a GPU with ``sm_count`` SMs for a launch of ``batch`` x
     ``num_kv_heads`` (sequence, KV head) pairs over ``max_context`` tokens.
 
@@ -170,9 +183,22 @@ def default_prefill_config(q: torch.Tensor) -> PrefillConfig:
 
 
 @triton.jit
-def _paged_scores(q, k_cache_ptr, v_cache_ptr, table_row, offs, tok_ok, kvh, dims, dim_ok,
-                  stride_cache_block, stride_cache_tok,
-                  HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, DOT_FP32: tl.constexpr):
+def _paged_scores(
+    q,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row,
+    offs,
+    tok_ok,
+    kvh,
+    dims,
+    dim_ok,
+    stride_cache_block,
+    stride_cache_tok,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
     """Unscaled q·k scores of the cached positions ``offs`` of one sequence (its block-table row), and
     their V rows; positions outside ``tok_ok`` read as zeros. Shared by the decode and prefill kernels."""
     page = tl.load(table_row + offs // PAGE, mask=tok_ok, other=0).to(tl.int64)
@@ -191,10 +217,21 @@ def _paged_scores(q, k_cache_ptr, v_cache_ptr, table_row, offs, tok_ok, kvh, dim
 
 
 @triton.jit
-def _merge_group_splits(part_out_ptr, part_lse_ptr, out_ptr, b, kvh, num_splits,
-                        NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, MERGE_G: tl.constexpr,
-                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                        MERGE_S: tl.constexpr):
+def _merge_group_splits(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    b,
+    kvh,
+    num_splits,
+    NUM_Q_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    MERGE_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    MERGE_S: tl.constexpr,
+):
     """Merge every split's partial output of one (sequence, KV head)'s query heads into ``out``.
 
     The partials of a group are one contiguous [GROUP, num_splits, HEAD_DIM] block, loaded as a 3-D
@@ -238,20 +275,44 @@ def _merge_group_splits(part_out_ptr, part_lse_ptr, out_ptr, b, kvh, num_splits,
         )
         merged += tl.sum(parts * weight[:, :, None], 1)
     out_off = heads[:, None] * HEAD_DIM + dims[None, :]
-    tl.store(out_ptr + out_off, (merged / denom[:, None]).to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & dim_ok[None, :])
+    tl.store(
+        out_ptr + out_off,
+        (merged / denom[:, None]).to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & dim_ok[None, :],
+    )
 
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr, counters_ptr,
-    qk_scale, max_blocks, tokens_per_split, num_splits,
-    stride_cache_block, stride_cache_tok,
-    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-    SINGLE_SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, BLOCK_S: tl.constexpr, DOT_FP32: tl.constexpr,
-    MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    counters_ptr,
+    qk_scale,
+    max_blocks,
+    tokens_per_split,
+    num_splits,
+    stride_cache_block,
+    stride_cache_tok,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    MERGE_G: tl.constexpr,
+    MERGE_S: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -275,8 +336,22 @@ def _decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         tok_ok = offs < end
-        qk, v = _paged_scores(q, k_cache_ptr, v_cache_ptr, table_row, offs, tok_ok, kvh, dims, dim_ok,
-                              stride_cache_block, stride_cache_tok, HEAD_DIM, PAGE, DOT_FP32)
+        qk, v = _paged_scores(
+            q,
+            k_cache_ptr,
+            v_cache_ptr,
+            table_row,
+            offs,
+            tok_ok,
+            kvh,
+            dims,
+            dim_ok,
+            stride_cache_block,
+            stride_cache_tok,
+            HEAD_DIM,
+            PAGE,
+            DOT_FP32,
+        )
         qk = tl.where(tok_ok[None, :], qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -307,15 +382,34 @@ def _decode_split_kernel(
             counter = counters_ptr + b * NUM_KV_HEADS + kvh
             finished = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if finished == num_splits - 1:
-                _merge_group_splits(part_out_ptr, part_lse_ptr, out_ptr, b, kvh, num_splits,
-                                    NUM_Q_HEADS, GROUP, MERGE_G, HEAD_DIM, BLOCK_D, BLOCK_S, MERGE_S)
+                _merge_group_splits(
+                    part_out_ptr,
+                    part_lse_ptr,
+                    out_ptr,
+                    b,
+                    kvh,
+                    num_splits,
+                    NUM_Q_HEADS,
+                    GROUP,
+                    MERGE_G,
+                    HEAD_DIM,
+                    BLOCK_D,
+                    BLOCK_S,
+                    MERGE_S,
+                )
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 @triton.jit
 def _decode_reduce_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, num_splits,
-    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    num_splits,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -421,21 +515,48 @@ def paged_decode_attention(
     block_s = max(2, next_pow2(num_splits))
     merge_g = max(2, next_pow2(group))
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens,
-        out, part_out, part_lse, counters,
-        scale * _LOG2E, max_blocks, per_split, num_splits,
-        k_cache.stride(0), k_cache.stride(1),
-        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(16, next_pow2(group)),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=config.block_n, PAGE=page,
-        SINGLE_SPLIT=num_splits == 1, FUSED_REDUCE=fused, BLOCK_S=block_s,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        out,
+        part_out,
+        part_lse,
+        counters,
+        scale * _LOG2E,
+        max_blocks,
+        per_split,
+        num_splits,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        NUM_Q_HEADS=num_q_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=group,
+        BLOCK_G=max(16, next_pow2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_N=config.block_n,
+        PAGE=page,
+        SINGLE_SPLIT=num_splits == 1,
+        FUSED_REDUCE=fused,
+        BLOCK_S=block_s,
         DOT_FP32=q.dtype == torch.float32 or interpreting(),
-        MERGE_G=merge_g, MERGE_S=_merge_chunk_splits(merge_g, block_s, block_d, config.num_warps),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        MERGE_G=merge_g,
+        MERGE_S=_merge_chunk_splits(merge_g, block_s, block_d, config.num_warps),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     if num_splits > 1 and not fused:
         _decode_reduce_kernel[(batch, num_q_heads)](
-            part_out, part_lse, out, num_splits,
-            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s,
+            part_out,
+            part_lse,
+            out,
+            num_splits,
+            NUM_Q_HEADS=num_q_heads,
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
+            BLOCK_S=block_s,
             num_warps=4,
         )
     return out
@@ -443,12 +564,27 @@ def paged_decode_attention(
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, cu_seqlens_ptr, out_ptr,
-    qk_scale, num_seqs, max_blocks,
-    stride_cache_block, stride_cache_tok,
-    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    cu_seqlens_ptr,
+    out_ptr,
+    qk_scale,
+    num_seqs,
+    max_blocks,
+    stride_cache_block,
+    stride_cache_tok,
+    NUM_Q_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -493,8 +629,22 @@ def _prefill_kernel(
     for n0 in range(0, kv_end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         tok_ok = offs < kv_end
-        qk, v = _paged_scores(q, k_cache_ptr, v_cache_ptr, table_row, offs, tok_ok, kvh, dims, dim_ok,
-                              stride_cache_block, stride_cache_tok, HEAD_DIM, PAGE, DOT_FP32)
+        qk, v = _paged_scores(
+            q,
+            k_cache_ptr,
+            v_cache_ptr,
+            table_row,
+            offs,
+            tok_ok,
+            kvh,
+            dims,
+            dim_ok,
+            stride_cache_block,
+            stride_cache_tok,
+            HEAD_DIM,
+            PAGE,
+            DOT_FP32,
+        )
         allowed = (offs[None, :] <= q_pos[:, None]) & tok_ok[None, :]
         qk = tl.where(allowed, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -541,12 +691,29 @@ def paged_prefill_attention(
     block_m = max(config.block_m, group_pad, 16)
     block_q = block_m // group_pad
     _prefill_kernel[(total // block_q + num_seqs, num_kv_heads)](
-        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out,
-        scale * _LOG2E, num_seqs, block_tables.shape[1],
-        k_cache.stride(0), k_cache.stride(1),
-        NUM_Q_HEADS=num_q_heads, GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_m,
-        HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_N=config.block_n, PAGE=page,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        cu_seqlens_q,
+        out,
+        scale * _LOG2E,
+        num_seqs,
+        block_tables.shape[1],
+        k_cache.stride(0),
+        k_cache.stride(1),
+        NUM_Q_HEADS=num_q_heads,
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        BLOCK_Q=block_q,
+        BLOCK_M=block_m,
+        HEAD_DIM=head_dim,
+        BLOCK_D=max(16, next_pow2(head_dim)),
+        BLOCK_N=config.block_n,
+        PAGE=page,
         DOT_FP32=q.dtype == torch.float32 or interpreting(),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return out

@@ -4,6 +4,7 @@ against, and the attention path the engine uses on the CPU.
 Layouts: ``k_cache``/``v_cache`` are ``[num_blocks, block_size, num_kv_heads, head_dim]``;
 slot = block_id * block_size + offset; block tables are int32 ``[B, max_blocks_per_seq]``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -131,8 +132,9 @@ def plan_decode(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: 
     return DecodePlan(blocks=block_tables[:, :num_blocks].reshape(-1).long(), mask=mask)
 
 
-def decode_with_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan,
-                     scale: float) -> torch.Tensor:
+def decode_with_plan(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan, scale: float
+) -> torch.Tensor:
     batch, padded = plan.mask.shape[0], plan.mask.shape[-1]
     num_heads, (num_kv_heads, head_dim) = q.shape[1], k_cache.shape[2:]
     # index_select copies whole blocks; [B * blocks, block_size, Hkv, D] -> [B, Hkv, S, D]
@@ -173,7 +175,7 @@ def apply_rotary(
     qk = torch.cat((q, k), dim=1)
     x1, x2 = qk[..., :half], qk[..., half:]
     rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return rotated[:, : q.shape[1]], rotated[:, q.shape[1]:]
+    return rotated[:, : q.shape[1]], rotated[:, q.shape[1] :]
 
 
 def rotary_write_kv(

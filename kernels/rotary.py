@@ -1,16 +1,34 @@
 """Triton NeoX-style rotary embedding (same signatures as ``kernels.reference``)."""
+
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
-
-from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_same_dtype, check_tensor, check_token_rows, next_pow2
+from omni_gateway.kernels.validation import (
+    FLOAT_DTYPES,
+    check_dim,
+    check_same_dtype,
+    check_tensor,
+    check_token_rows,
+    next_pow2,
+)
 
 
 @triton.jit
-def _rotate_heads(x_ptr, out_ptr, src_row, dst_row, cos, sin, halves, half_ok,
-                  NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr):
+def _rotate_heads(
+    x_ptr,
+    out_ptr,
+    src_row,
+    dst_row,
+    cos,
+    sin,
+    halves,
+    half_ok,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     # src_row/dst_row are element offsets of one token's [NUM_HEADS, HEAD_DIM] row, so the
     # destination can be a dense output row or a paged-cache slot alike.
     heads = tl.arange(0, BLOCK_H)
@@ -34,39 +52,109 @@ def _load_cos_sin(pos_ptr, cache_ptr, token, halves, half_ok, HEAD_DIM: tl.const
 
 @triton.jit
 def _rotary_kernel(
-    q_ptr, k_ptr, pos_ptr, cache_ptr, q_out_ptr, k_out_ptr, stride_q, stride_k,
-    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    pos_ptr,
+    cache_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    stride_q,
+    stride_k,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HKV: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     halves = tl.arange(0, BLOCK_HALF)
     half_ok = halves < HEAD_DIM // 2
     cos, sin = _load_cos_sin(pos_ptr, cache_ptr, token, halves, half_ok, HEAD_DIM)
-    _rotate_heads(q_ptr, q_out_ptr, token * stride_q, token * NUM_Q_HEADS * HEAD_DIM, cos, sin, halves, half_ok,
-                  NUM_Q_HEADS, HEAD_DIM, BLOCK_HQ)
-    _rotate_heads(k_ptr, k_out_ptr, token * stride_k, token * NUM_KV_HEADS * HEAD_DIM, cos, sin, halves, half_ok,
-                  NUM_KV_HEADS, HEAD_DIM, BLOCK_HKV)
+    _rotate_heads(
+        q_ptr,
+        q_out_ptr,
+        token * stride_q,
+        token * NUM_Q_HEADS * HEAD_DIM,
+        cos,
+        sin,
+        halves,
+        half_ok,
+        NUM_Q_HEADS,
+        HEAD_DIM,
+        BLOCK_HQ,
+    )
+    _rotate_heads(
+        k_ptr,
+        k_out_ptr,
+        token * stride_k,
+        token * NUM_KV_HEADS * HEAD_DIM,
+        cos,
+        sin,
+        halves,
+        half_ok,
+        NUM_KV_HEADS,
+        HEAD_DIM,
+        BLOCK_HKV,
+    )
 
 
 @triton.jit
 def _rotary_write_kv_kernel(
-    q_ptr, k_ptr, v_ptr, pos_ptr, cache_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-    stride_q, stride_k, stride_v,
-    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_ROW: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pos_ptr,
+    cache_ptr,
+    q_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_q,
+    stride_k,
+    stride_v,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HKV: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_ROW: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     halves = tl.arange(0, BLOCK_HALF)
     half_ok = halves < HEAD_DIM // 2
     cos, sin = _load_cos_sin(pos_ptr, cache_ptr, token, halves, half_ok, HEAD_DIM)
-    _rotate_heads(q_ptr, q_out_ptr, token * stride_q, token * NUM_Q_HEADS * HEAD_DIM, cos, sin, halves, half_ok,
-                  NUM_Q_HEADS, HEAD_DIM, BLOCK_HQ)
+    _rotate_heads(
+        q_ptr,
+        q_out_ptr,
+        token * stride_q,
+        token * NUM_Q_HEADS * HEAD_DIM,
+        cos,
+        sin,
+        halves,
+        half_ok,
+        NUM_Q_HEADS,
+        HEAD_DIM,
+        BLOCK_HQ,
+    )
     # A padding token (slot -1) still needs its q rotated, but owns no cache slot.
     slot = tl.load(slot_ptr + token)
     if slot >= 0:
         row = NUM_KV_HEADS * HEAD_DIM
-        _rotate_heads(k_ptr, k_cache_ptr, token * stride_k, slot * row, cos, sin, halves, half_ok,
-                      NUM_KV_HEADS, HEAD_DIM, BLOCK_HKV)
+        _rotate_heads(
+            k_ptr,
+            k_cache_ptr,
+            token * stride_k,
+            slot * row,
+            cos,
+            sin,
+            halves,
+            half_ok,
+            NUM_KV_HEADS,
+            HEAD_DIM,
+            BLOCK_HKV,
+        )
         cols = tl.arange(0, BLOCK_ROW)
         ok = cols < row
         v = tl.load(v_ptr + token * stride_v + cols, mask=ok)
@@ -120,9 +208,19 @@ def apply_rotary(
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if q.shape[0]:
         _rotary_kernel[(q.shape[0],)](
-            q, k, positions, cos_sin_cache, q_out, k_out, q.stride(0), k.stride(0),
-            NUM_Q_HEADS=q.shape[1], NUM_KV_HEADS=k.shape[1], HEAD_DIM=head_dim,
-            BLOCK_HQ=next_pow2(q.shape[1]), BLOCK_HKV=next_pow2(k.shape[1]),
+            q,
+            k,
+            positions,
+            cos_sin_cache,
+            q_out,
+            k_out,
+            q.stride(0),
+            k.stride(0),
+            NUM_Q_HEADS=q.shape[1],
+            NUM_KV_HEADS=k.shape[1],
+            HEAD_DIM=head_dim,
+            BLOCK_HQ=next_pow2(q.shape[1]),
+            BLOCK_HKV=next_pow2(k.shape[1]),
             BLOCK_HALF=next_pow2(head_dim // 2),
         )
     return q_out, k_out
@@ -150,10 +248,24 @@ def rotary_write_kv(
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if q.shape[0]:
         _rotary_write_kv_kernel[(q.shape[0],)](
-            q, k, v, positions, cos_sin_cache, q_out, k_cache, v_cache, slot_mapping,
-            q.stride(0), k.stride(0), v.stride(0),
-            NUM_Q_HEADS=q.shape[1], NUM_KV_HEADS=k.shape[1], HEAD_DIM=head_dim,
-            BLOCK_HQ=next_pow2(q.shape[1]), BLOCK_HKV=next_pow2(k.shape[1]),
-            BLOCK_HALF=next_pow2(head_dim // 2), BLOCK_ROW=next_pow2(k.shape[1] * head_dim),
+            q,
+            k,
+            v,
+            positions,
+            cos_sin_cache,
+            q_out,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            q.stride(0),
+            k.stride(0),
+            v.stride(0),
+            NUM_Q_HEADS=q.shape[1],
+            NUM_KV_HEADS=k.shape[1],
+            HEAD_DIM=head_dim,
+            BLOCK_HQ=next_pow2(q.shape[1]),
+            BLOCK_HKV=next_pow2(k.shape[1]),
+            BLOCK_HALF=next_pow2(head_dim // 2),
+            BLOCK_ROW=next_pow2(k.shape[1] * head_dim),
         )
     return q_out

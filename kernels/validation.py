@@ -4,6 +4,7 @@ Triton kernels index raw pointers, so a wrong layout, dtype or device silently r
 faults; every launcher validates its arguments first and raises ValueError naming what it expected
 and what arrived.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,7 +45,9 @@ def check_tensor(
         )
 
 
-def check_token_rows(name: str, t: torch.Tensor, *, dtypes: tuple[torch.dtype, ...], device: torch.device | None = None) -> None:
+def check_token_rows(
+    name: str, t: torch.Tensor, *, dtypes: tuple[torch.dtype, ...], device: torch.device | None = None
+) -> None:
     """A ``[T, H, D]`` tensor whose per-token rows are contiguous; the token stride may be anything,
     so column slices of a fused QKV projection are accepted without a copy."""
     check_tensor(name, t, ndim=3, dtypes=dtypes, device=device, contiguous=False)

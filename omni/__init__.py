@@ -2,6 +2,7 @@
 
 ``import omni`` is cheap; ``load_backend`` pulls in torch and the models.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -2,6 +2,7 @@
 
 Each matches the real object named in its docstring; nothing here imports torch.
 """
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -27,11 +28,23 @@ class Engine(Protocol):
     @property
     def max_model_len(self) -> int: ...
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
-                    add_generation_prompt: bool = True) -> str: ...
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str: ...
 
-    def generate(self, prompt: list[int], params: SamplingParams, *, request_id: str | None = None,
-                 priority: int = 0, **kwargs: Any) -> AsyncIterator[StreamDelta]: ...
+    def generate(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        priority: int = 0,
+        **kwargs: Any,
+    ) -> AsyncIterator[StreamDelta]: ...
 
     def abort(self, request_id: str) -> None: ...
 
@@ -58,8 +71,9 @@ class Transcript(Protocol):
 class Recognizer(Protocol):
     """``encoders.asr.SpeechRecognizer`` (faster-whisper or the torch Whisper)."""
 
-    def transcribe(self, audio: bytes, *, sample_rate: int = ..., language: str | None = None,
-                   prompt: str | None = None) -> Transcript: ...
+    def transcribe(
+        self, audio: bytes, *, sample_rate: int = ..., language: str | None = None, prompt: str | None = None
+    ) -> Transcript: ...
 
 
 class SpeechHead(Protocol):
@@ -70,8 +84,9 @@ class SpeechHead(Protocol):
 
     def synthesize(self, text: str, options: AudioOutputOptions = ...) -> Any: ...
 
-    def stream(self, text_deltas: AsyncIterator[str], options: AudioOutputOptions = ...
-               ) -> AsyncIterator[AudioChunk]: ...
+    def stream(
+        self, text_deltas: AsyncIterator[str], options: AudioOutputOptions = ...
+    ) -> AsyncIterator[AudioChunk]: ...
 
 
 class CancelFlag(Protocol):
@@ -81,8 +96,9 @@ class CancelFlag(Protocol):
 class ImageHead(Protocol):
     """``omni.heads.dit.ImageHead``."""
 
-    def generate(self, prompt: str, options: ImageOutputOptions,
-                 cancel: CancelFlag | None = None) -> AsyncIterator[ImagePartial | ImageFinal]: ...
+    def generate(
+        self, prompt: str, options: ImageOutputOptions, cancel: CancelFlag | None = None
+    ) -> AsyncIterator[ImagePartial | ImageFinal]: ...
 
     def close(self) -> None: ...
 

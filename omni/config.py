@@ -1,9 +1,12 @@
 """Configuration of the model side, built once from the CLI or by the embedding application."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from omni_gateway.engine.config import EngineConfig
+
+__all__ = ["EngineConfig", "OmniConfig"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
 """Loading the configured models, warming them up, and the CPU thread policy of the stages."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,29 +37,43 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
     asr = tts = vad_session = image_head = vision = None
     try:
         from omni_gateway.encoders.vision import checkpoint_family
+
         if config.vision and checkpoint_family(config.engine.model):
             vision = _load_vision(config, engine)
             log.info("vision tower of %s ready", config.engine.model)
         if config.asr is not None:
             from omni_gateway.encoders.asr import load_recognizer
+
             asr = load_recognizer(config.asr, device=config.engine.device)
             log.info("ASR %s ready", config.asr)
         if config.tts is not None:
             from omni_gateway.omni.heads.tts import TtsHead
+
             tts = TtsHead.load(config.tts, device=config.engine.device, threads=threads)
             log.info("TTS %s ready", config.tts)
         if config.vad:
             from omni_gateway.encoders.vad import load_session
+
             vad_session = load_session()
         if config.image_model is not None:
             from omni_gateway.omni.heads.dit import load_image_head
+
             image_head = load_image_head(config.image_model, device=config.engine.device)
             log.info("image model %s ready", config.image_model)
     except BaseException:
         engine.shutdown()
         raise
-    pipeline = OmniPipeline(config, engine=engine, model_name=model_name, max_context_tokens=engine.max_model_len,
-                            asr=asr, tts=tts, vad_session=vad_session, image_head=image_head, vision=vision)
+    pipeline = OmniPipeline(
+        config,
+        engine=engine,
+        model_name=model_name,
+        max_context_tokens=engine.max_model_len,
+        asr=asr,
+        tts=tts,
+        vad_session=vad_session,
+        image_head=image_head,
+        vision=vision,
+    )
     if config.warm_up:
         try:
             warm_up(pipeline)
@@ -87,8 +102,9 @@ def warm_up(pipeline: OmniPipeline) -> None:
     ids = pipeline.prompt_ids(OmniRequest(request_id="warm-up", messages=(Message("user", (TextPart("Hello."),)),)))
 
     async def a_few_tokens() -> None:  # prefill and decode steps both pay their first-call costs here
-        async for _ in pipeline.engine.generate(ids, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
-                                                request_id="warm-up"):
+        async for _ in pipeline.engine.generate(
+            ids, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), request_id="warm-up"
+        ):
             pass
 
     with ThreadPoolExecutor(1) as pool:  # its own event loop: load() may be called from inside one

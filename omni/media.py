@@ -13,6 +13,7 @@ Defaults, for a server whose vision tower shrinks every image to about a megapix
 - ``WAIT_S``: a request that finds the budget full waits up to 10 s (several full-size decodes finish
   in that time), then gets 429; a realtime turn gets an ``error`` event.
 """
+
 from __future__ import annotations
 
 from omni_gateway.encoders.budget import PixelBudget

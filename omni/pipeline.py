@@ -9,6 +9,7 @@ This module is the facade; loading and warm-up live in ``omni.loading``, the pro
 ``omni.prompting``, the output streams in ``omni.streams``, and what each model must offer in
 ``omni.collaborators``. Only ``InvalidInput`` is the client's fault; any other exception propagates.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,15 +19,36 @@ import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from omni_gateway.omni.collaborators import (Engine, ImageHead, Recognizer, SpeechDetector, SpeechHead, Transcript,
-                                             VadModel)
+from omni_gateway.omni.collaborators import (
+    Engine,
+    ImageHead,
+    Recognizer,
+    SpeechDetector,
+    SpeechHead,
+    Transcript,
+    VadModel,
+)
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.loading import load_pipeline, warm_up
 from omni_gateway.omni.media import server_budget
 from omni_gateway.omni.prompting import SamplingDefaults, UnsupportedInput, prompt_ids, sampling_params
-from omni_gateway.omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Capabilities, Health, ImagePart,
-                                        InvalidInput, Message, OmniRequest, OutputChunk, Transcription, VadEvent,
-                                        VadSettings, VideoPart, VoiceActivityDetector)
+from omni_gateway.omni.protocol import (
+    AudioChunk,
+    AudioOutputOptions,
+    AudioPart,
+    Capabilities,
+    Health,
+    ImagePart,
+    InvalidInput,
+    Message,
+    OmniRequest,
+    OutputChunk,
+    Transcription,
+    VadEvent,
+    VadSettings,
+    VideoPart,
+    VoiceActivityDetector,
+)
 from omni_gateway.omni.streams import Prompt, drawn, merged, refusal, spoken, written
 
 if TYPE_CHECKING:
@@ -37,9 +59,19 @@ _SPEECH_TOKENS_PER_SECOND = 8
 
 
 class OmniPipeline:
-    def __init__(self, config: OmniConfig, *, engine: Engine, model_name: str, max_context_tokens: int,
-                 asr: Recognizer | None = None, tts: SpeechHead | None = None, vad_session: VadModel | None = None,
-                 image_head: ImageHead | None = None, vision: VisionEncoder | None = None) -> None:
+    def __init__(
+        self,
+        config: OmniConfig,
+        *,
+        engine: Engine,
+        model_name: str,
+        max_context_tokens: int,
+        asr: Recognizer | None = None,
+        tts: SpeechHead | None = None,
+        vad_session: VadModel | None = None,
+        image_head: ImageHead | None = None,
+        vision: VisionEncoder | None = None,
+    ) -> None:
         self.config = config
         self.engine = engine
         self.asr = asr
@@ -48,13 +80,15 @@ class OmniPipeline:
         self.vision = vision  # the vision tower of a vision-language checkpoint
         self.media_budget = server_budget()  # decoded pixels every request together may hold (omni.media)
         self._vad_session = vad_session
-        self._defaults = SamplingDefaults(temperature=config.temperature, top_p=config.top_p,
-                                          max_tokens=config.max_tokens)
+        self._defaults = SamplingDefaults(
+            temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
+        )
         self._asr_lock = threading.Lock()  # one decoder instance; turns are short and sequential anyway
         self._active: dict[str, asyncio.Event] = {}
         inputs = {"text"} | ({"audio"} if asr is not None else set()) | ({"image", "video"} if vision else set())
-        outputs = ({"text"} | ({"audio"} if tts is not None else set())
-                   | ({"image"} if image_head is not None else set()))
+        outputs = (
+            {"text"} | ({"audio"} if tts is not None else set()) | ({"image"} if image_head is not None else set())
+        )
         self.capabilities = Capabilities(
             model=config.served_model_name or model_name,
             input_modalities=frozenset(inputs),
@@ -115,15 +149,17 @@ class OmniPipeline:
             event.set()
         self.engine.abort(request_id)
 
-    async def transcribe(self, pcm16: bytes, sample_rate: int, *, language: str | None = None,
-                         prompt: str | None = None) -> Transcription:
+    async def transcribe(
+        self, pcm16: bytes, sample_rate: int, *, language: str | None = None, prompt: str | None = None
+    ) -> Transcription:
         if self.asr is None:
             raise UnsupportedInput("no speech recognition model is loaded (start the server with --asr)")
         result = await asyncio.to_thread(self._transcribe_locked, pcm16, sample_rate, language, prompt)
         return Transcription(text=result.text, language=result.language, duration_s=result.duration_s)
 
-    def _transcribe_locked(self, pcm16: bytes, sample_rate: int, language: str | None,
-                           prompt: str | None) -> Transcript:
+    def _transcribe_locked(
+        self, pcm16: bytes, sample_rate: int, language: str | None, prompt: str | None
+    ) -> Transcript:
         assert self.asr is not None  # transcribe() checked
         with self._asr_lock:
             return self.asr.transcribe(pcm16, sample_rate=sample_rate, language=language, prompt=prompt)
@@ -143,8 +179,14 @@ class OmniPipeline:
             raise UnsupportedInput("voice activity detection is disabled on this server")
         from omni_gateway.encoders.vad import SileroVad
 
-        return _SileroDetector(SileroVad(threshold=settings.threshold, prefix_padding_ms=settings.prefix_padding_ms,
-                                         silence_duration_ms=settings.silence_duration_ms, session=self._vad_session))
+        return _SileroDetector(
+            SileroVad(
+                threshold=settings.threshold,
+                prefix_padding_ms=settings.prefix_padding_ms,
+                silence_duration_ms=settings.silence_duration_ms,
+                session=self._vad_session,
+            )
+        )
 
     def count_tokens(self, messages: tuple[Message, ...]) -> int:
         """Prompt tokens of a conversation. Audio not yet transcribed counts by its duration, at a rate
@@ -214,8 +256,9 @@ class OmniPipeline:
 
     def prompt_ids(self, request: OmniRequest) -> list[int]:
         """The prompt of a conversation without media, rendered with the model's chat template."""
-        return prompt_ids(request, self.engine.tokenizer, self.engine.render_chat,
-                          system_prompt=self.config.system_prompt)
+        return prompt_ids(
+            request, self.engine.tokenizer, self.engine.render_chat, system_prompt=self.config.system_prompt
+        )
 
     async def _prompt(self, request: OmniRequest) -> Prompt:
         if self.vision is None or not _has_media(request):
@@ -223,9 +266,14 @@ class OmniPipeline:
         from omni_gateway.omni.vision import build_vision_prompt_async
 
         # Media decoding and the vision tower are heavy: they run in worker threads, within the pixel budget.
-        built = await build_vision_prompt_async(request, self.engine.tokenizer, self.vision, self.media_budget,
-                                                system_prompt=self.config.system_prompt,
-                                                render=self.engine.render_chat)
+        built = await build_vision_prompt_async(
+            request,
+            self.engine.tokenizer,
+            self.vision,
+            self.media_budget,
+            system_prompt=self.config.system_prompt,
+            render=self.engine.render_chat,
+        )
         return Prompt(built.token_ids, built.embed_spans, built.num_image_tokens)
 
 

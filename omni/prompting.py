@@ -1,4 +1,5 @@
 """Turn an ``OmniRequest`` into what the engine takes: prompt token ids (text and vision alike) and SamplingParams."""
+
 from __future__ import annotations
 
 import json
@@ -8,15 +9,28 @@ from typing import Any, Protocol
 
 from omni_gateway.engine.errors import InvalidRequest
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.omni.protocol import (AudioPart, ImagePart, InvalidInput, Message, OmniRequest, SamplingOptions,
-                                        TextPart, VideoPart)
+from omni_gateway.omni.protocol import (
+    AudioPart,
+    ImagePart,
+    InvalidInput,
+    Message,
+    OmniRequest,
+    SamplingOptions,
+    TextPart,
+    VideoPart,
+)
 
 
 class ChatRenderer(Protocol):
     """Conversation -> prompt text with the model's chat template (``AsyncEngine.render_chat``)."""
 
-    def __call__(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
-                 add_generation_prompt: bool = True) -> str: ...
+    def __call__(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str: ...
 
 
 class Tokenizer(Protocol):
@@ -42,8 +56,14 @@ class UnsupportedInput(InvalidInput):
     code = "unsupported_modality"
 
 
-def prompt_ids(request: OmniRequest, tokenizer: Tokenizer, render: ChatRenderer, *, system_prompt: str | None,
-               allow_images: bool = False) -> list[int]:
+def prompt_ids(
+    request: OmniRequest,
+    tokenizer: Tokenizer,
+    render: ChatRenderer,
+    *,
+    system_prompt: str | None,
+    allow_images: bool = False,
+) -> list[int]:
     """The prompt token ids of a conversation: the one renderer of text and vision prompts alike.
     A raw prompt is tokenized as it is; otherwise ``system_prompt`` goes first unless the conversation has one."""
     if request.raw_prompt is not None:
@@ -70,8 +90,11 @@ def chat_messages(request: OmniRequest, *, allow_images: bool = False) -> list[d
         entry: dict[str, Any] = {"role": message.role, "content": text}
         if message.tool_calls:
             entry["tool_calls"] = [
-                {"id": c.call_id, "type": "function",
-                 "function": {"name": c.name, "arguments": _json_or_text(c.arguments)}}
+                {
+                    "id": c.call_id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": _json_or_text(c.arguments)},
+                }
                 for c in message.tool_calls
             ]
         if message.role == "tool" and message.tool_call_id is not None:
@@ -94,7 +117,8 @@ def _message_text(message: Message, *, allow_images: bool) -> str:
                 kind = "image" if isinstance(part, ImagePart) else "video"
                 raise UnsupportedInput(
                     f"the loaded model takes text and audio input only; got an {kind} part "
-                    f"(serve a vision-language model to send images)")
+                    f"(serve a vision-language model to send images)"
+                )
         else:  # pragma: no cover - the Part union is closed
             raise TypeError(f"unknown message part {type(part).__name__}")
     return "".join(pieces)
@@ -108,8 +132,9 @@ def _json_or_text(arguments: str) -> Any:
         return arguments
 
 
-def sampling_params(options: SamplingOptions, defaults: SamplingDefaults, *, stop_token_ids: tuple[int, ...] = ()
-                    ) -> SamplingParams:
+def sampling_params(
+    options: SamplingOptions, defaults: SamplingDefaults, *, stop_token_ids: tuple[int, ...] = ()
+) -> SamplingParams:
     """Map the OpenAI-level options onto the engine's SamplingParams (raises InvalidInput on bad values)."""
     try:
         return _sampling_params(options, defaults, stop_token_ids)
@@ -117,8 +142,9 @@ def sampling_params(options: SamplingOptions, defaults: SamplingDefaults, *, sto
         raise InvalidInput(str(exc)) from None
 
 
-def _sampling_params(options: SamplingOptions, defaults: SamplingDefaults, stop_token_ids: tuple[int, ...]
-                     ) -> SamplingParams:
+def _sampling_params(
+    options: SamplingOptions, defaults: SamplingDefaults, stop_token_ids: tuple[int, ...]
+) -> SamplingParams:
     return SamplingParams(
         n=options.n,
         temperature=defaults.temperature if options.temperature is None else options.temperature,

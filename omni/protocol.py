@@ -4,11 +4,12 @@ The gateway builds an ``OmniRequest`` (a conversation of interleaved parts plus 
 modalities) and iterates the ``OutputChunk`` stream the backend yields. Nothing here imports torch,
 so ``import gateway`` stays fast and the backend can later live in another process.
 """
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Union
+from typing import Any, Literal, Protocol
 
 Role = Literal["system", "user", "assistant", "tool"]
 Modality = Literal["text", "audio", "image"]
@@ -37,7 +38,7 @@ class AudioPart:
     and its limits stay on the model side; ``pcm16`` is then empty and ``sample_rate`` 0 until decoded.
     """
 
-    pcm16: bytes
+    pcm16: bytes | bytearray  # a realtime turn's buffer is passed as it is, not copied
     sample_rate: int
     transcript: str | None = None
     encoded: bytes | None = None
@@ -57,7 +58,7 @@ class VideoPart:
     fps: float | None = None
 
 
-Part = Union[TextPart, AudioPart, ImagePart, VideoPart]
+Part = TextPart | AudioPart | ImagePart | VideoPart
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +77,10 @@ class Message:
 
     @property
     def text(self) -> str:
-        return "".join(p.text if isinstance(p, TextPart) else (p.transcript or "") if isinstance(p, AudioPart) else ""
-                       for p in self.parts)
+        return "".join(
+            p.text if isinstance(p, TextPart) else (p.transcript or "") if isinstance(p, AudioPart) else ""
+            for p in self.parts
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +194,7 @@ class Error:
     status: int = 400  # the HTTP status this maps to
 
 
-OutputChunk = Union[TextDelta, AudioChunk, ImagePartial, ImageFinal, ToolCallDelta, Usage, Done, Error]
+OutputChunk = TextDelta | AudioChunk | ImagePartial | ImageFinal | ToolCallDelta | Usage | Done | Error
 
 
 # ---- audio services the gateway uses directly ----------------------------------------------------
@@ -257,8 +260,9 @@ class OmniBackend(Protocol):
 
     async def abort(self, request_id: str) -> None: ...
 
-    async def transcribe(self, pcm16: bytes, sample_rate: int, *, language: str | None = None,
-                         prompt: str | None = None) -> Transcription: ...
+    async def transcribe(
+        self, pcm16: bytes, sample_rate: int, *, language: str | None = None, prompt: str | None = None
+    ) -> Transcription: ...
 
     def synthesize(self, text: str, options: AudioOutputOptions) -> AsyncIterator[AudioChunk]: ...
 

@@ -3,6 +3,7 @@
 Each yields protocol ``OutputChunk``s; a refusal the client caused becomes an ``Error`` chunk, anything
 else propagates as an exception (a server error).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidRequest
 from omni_gateway.omni.heads.dit_errors import ImageGenerationError
-from omni_gateway.omni.protocol import (Done, Error, InvalidInput, OmniRequest, OutputChunk, TextDelta, ToolCallDelta,
-                                        Usage)
+from omni_gateway.omni.protocol import (
+    Done,
+    Error,
+    InvalidInput,
+    OmniRequest,
+    OutputChunk,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 from omni_gateway.omni.tool_calls import parse_tool_calls
 
 if TYPE_CHECKING:
@@ -33,8 +42,9 @@ class Prompt:
     num_image_tokens: int = 0
 
 
-async def written(engine: Engine, request: OmniRequest, prompt: Prompt,
-                  params: SamplingParams) -> AsyncIterator[OutputChunk]:
+async def written(
+    engine: Engine, request: OmniRequest, prompt: Prompt, params: SamplingParams
+) -> AsyncIterator[OutputChunk]:
     """The answer as text deltas; with tools, each choice's text is held until it is known to be a call or not."""
     tool_names = frozenset(t.get("name") or t.get("function", {}).get("name") for t in request.tools)
     held: dict[int, list[str]] = {}
@@ -67,8 +77,14 @@ async def written(engine: Engine, request: OmniRequest, prompt: Prompt,
     yield usage(finals, prompt)
 
 
-async def spoken(engine: Engine, tts: SpeechHead | None, request: OmniRequest, prompt: Prompt,
-                 params: SamplingParams, cancel: asyncio.Event) -> AsyncIterator[OutputChunk]:
+async def spoken(
+    engine: Engine,
+    tts: SpeechHead | None,
+    request: OmniRequest,
+    prompt: Prompt,
+    params: SamplingParams,
+    cancel: asyncio.Event,
+) -> AsyncIterator[OutputChunk]:
     """The answer as speech: the text deltas feed the voice, which speaks clause by clause as they arrive."""
     if tts is None:
         yield Error("unsupported_modality", "audio output needs a speech synthesis model (start with --tts)")
@@ -109,8 +125,9 @@ async def spoken(engine: Engine, tts: SpeechHead | None, request: OmniRequest, p
     yield dataclasses.replace(counted, output_audio_tokens=round(samples / request.audio.sample_rate * 20))
 
 
-async def drawn(image_head: ImageHead | None, request: OmniRequest,
-                cancel: asyncio.Event) -> AsyncIterator[OutputChunk]:
+async def drawn(
+    image_head: ImageHead | None, request: OmniRequest, cancel: asyncio.Event
+) -> AsyncIterator[OutputChunk]:
     """Image previews and finals of the users' text, from the DiT head."""
     if image_head is None:
         yield Error("unsupported_modality", "image output needs an image model (start with --image-model DIR)")
@@ -181,15 +198,21 @@ def refusal(exc: InvalidInput | InvalidRequest | EngineOverloaded | EngineDead) 
 def usage(finals: list[StreamDelta], prompt: Prompt) -> Usage:
     if not finals:
         return Usage(input_image_tokens=prompt.num_image_tokens)
-    return Usage(input_tokens=finals[0].num_prompt_tokens, cached_tokens=finals[0].num_cached_tokens,
-                 output_tokens=sum(d.num_output_tokens for d in finals), input_image_tokens=prompt.num_image_tokens)
+    return Usage(
+        input_tokens=finals[0].num_prompt_tokens,
+        cached_tokens=finals[0].num_cached_tokens,
+        output_tokens=sum(d.num_output_tokens for d in finals),
+        input_image_tokens=prompt.num_image_tokens,
+    )
 
 
-async def _deltas(engine: Engine, request: OmniRequest, prompt: Prompt,
-                  params: SamplingParams) -> AsyncIterator[StreamDelta]:
+async def _deltas(
+    engine: Engine, request: OmniRequest, prompt: Prompt, params: SamplingParams
+) -> AsyncIterator[StreamDelta]:
     kwargs = {"embed_spans": prompt.embed_spans} if prompt.embed_spans else {}
-    async with contextlib.aclosing(engine.generate(prompt.token_ids, params, request_id=request.request_id,
-                                                   priority=request.priority, **kwargs)) as deltas:
+    async with contextlib.aclosing(
+        engine.generate(prompt.token_ids, params, request_id=request.request_id, priority=request.priority, **kwargs)
+    ) as deltas:
         async for delta in deltas:
             yield delta
 
@@ -198,5 +221,6 @@ def _logprobs(engine: Engine, delta: StreamDelta) -> tuple[tuple[str, float, tup
     if not delta.logprobs:
         return ()
     tok = engine.tokenizer
-    return tuple((tok.decode([lp.token_id]), lp.logprob,
-                  tuple((tok.decode([t]), v) for t, v in lp.top)) for lp in delta.logprobs)
+    return tuple(
+        (tok.decode([lp.token_id]), lp.logprob, tuple((tok.decode([t]), v) for t, v in lp.top)) for lp in delta.logprobs
+    )

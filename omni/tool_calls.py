@@ -4,6 +4,7 @@ Chat templates of Qwen2.5/Qwen3, Hermes-style fine-tunes and SmolLM2 ask the mod
 with ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; Llama 3.x answers with a bare JSON
 object ``{"name": ..., "parameters": {...}}``. Both are parsed; anything else is plain text.
 """
+
 from __future__ import annotations
 
 import json

@@ -12,25 +12,31 @@ It decodes media and runs the vision tower, so call it off the event loop (``asy
 server calls ``build_vision_prompt_async`` instead: each item's declared pixels are reserved from the
 server's ``PixelBudget`` before it is decoded, and released once the vision tower has consumed them.
 """
+
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import functools
 from collections.abc import Iterator
-
-from PIL import Image
 from dataclasses import dataclass, field
 
 from omni_gateway.encoders.budget import BudgetTimeout, PixelBudget, Reservation
 from omni_gateway.encoders.image import ImageDecodeError, ImageLimits, decode_image, image_pixels
-from omni_gateway.encoders.video import (VideoDecodeError, VideoLimits, decode_frames, decode_video, frames_pixels,
-                                         video_pixels)
+from omni_gateway.encoders.video import (
+    VideoDecodeError,
+    VideoLimits,
+    decode_frames,
+    decode_video,
+    frames_pixels,
+    video_pixels,
+)
 from omni_gateway.encoders.vision import UnusableImage, VisionEncoder, VisualFeatures
 from omni_gateway.engine.sequence import EmbedSpan
 from omni_gateway.omni.media import MediaBusy, MediaError, MediaTooLarge
 from omni_gateway.omni.prompting import ChatRenderer, Tokenizer, UnsupportedInput, prompt_ids
 from omni_gateway.omni.protocol import ImagePart, Message, OmniRequest, TextPart, VideoPart
+from PIL import Image
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +55,15 @@ class MediaLimits:
     video: VideoLimits = field(default_factory=VideoLimits)
 
 
-def build_vision_prompt(request: OmniRequest, tokenizer: Tokenizer, encoder: VisionEncoder, *,
-                        system_prompt: str | None = None, limits: MediaLimits = MediaLimits(),
-                        render: ChatRenderer | None = None) -> VisionPrompt:
+def build_vision_prompt(
+    request: OmniRequest,
+    tokenizer: Tokenizer,
+    encoder: VisionEncoder,
+    *,
+    system_prompt: str | None = None,
+    limits: MediaLimits = MediaLimits(),
+    render: ChatRenderer | None = None,
+) -> VisionPrompt:
     """Prompt token ids with expanded placeholders and one EmbedSpan per media item, in prompt order.
 
     Audio parts must already carry their transcript. On a model without video support (LLaVA) a
@@ -66,10 +78,16 @@ def build_vision_prompt(request: OmniRequest, tokenizer: Tokenizer, encoder: Vis
     return _assemble(request, tokenizer, encoder, per_part, system_prompt, render)
 
 
-async def build_vision_prompt_async(request: OmniRequest, tokenizer: Tokenizer, encoder: VisionEncoder,
-                                    budget: PixelBudget, *, system_prompt: str | None = None,
-                                    limits: MediaLimits = MediaLimits(),
-                                    render: ChatRenderer | None = None) -> VisionPrompt:
+async def build_vision_prompt_async(
+    request: OmniRequest,
+    tokenizer: Tokenizer,
+    encoder: VisionEncoder,
+    budget: PixelBudget,
+    *,
+    system_prompt: str | None = None,
+    limits: MediaLimits = MediaLimits(),
+    render: ChatRenderer | None = None,
+) -> VisionPrompt:
     """``build_vision_prompt`` on a server: decoding and the tower run in worker threads, one item at a
     time, each within a reservation of its declared pixels from ``budget``. ``MediaBusy`` when the budget
     stays full for its whole wait. A request holds at most one reservation and waits only while it holds
@@ -77,8 +95,9 @@ async def build_vision_prompt_async(request: OmniRequest, tokenizer: Tokenizer, 
     parts = media_parts(request, limits)
     sizes = await asyncio.to_thread(media_pixels, parts, limits)
     if max(sizes, default=0) > budget.capacity:
-        raise MediaTooLarge(f"an image or video declares {max(sizes)} pixels; this server decodes at most "
-                            f"{budget.capacity} at once")
+        raise MediaTooLarge(
+            f"an image or video declares {max(sizes)} pixels; this server decodes at most {budget.capacity} at once"
+        )
     per_part = []
     for part, pixels in zip(parts, sizes):
         try:
@@ -114,14 +133,21 @@ def media_pixels(parts: list[ImagePart | VideoPart], limits: MediaLimits) -> lis
         except (ImageDecodeError, VideoDecodeError) as exc:
             raise MediaError(str(exc)) from None
     if sum(sizes) > limits.max_request_pixels:
-        raise MediaTooLarge(f"the request's images and video frames declare {sum(sizes)} pixels; the limit is "
-                            f"{limits.max_request_pixels} per request")
+        raise MediaTooLarge(
+            f"the request's images and video frames declare {sum(sizes)} pixels; the limit is "
+            f"{limits.max_request_pixels} per request"
+        )
     return sizes
 
 
-def _assemble(request: OmniRequest, tokenizer: Tokenizer, encoder: VisionEncoder,
-              per_part: list[list[tuple[int, VisualFeatures]]], system_prompt: str | None,
-              render: ChatRenderer | None) -> VisionPrompt:
+def _assemble(
+    request: OmniRequest,
+    tokenizer: Tokenizer,
+    encoder: VisionEncoder,
+    per_part: list[list[tuple[int, VisualFeatures]]],
+    system_prompt: str | None,
+    render: ChatRenderer | None,
+) -> VisionPrompt:
     from omni_gateway.engine.chat_template import render_chat
 
     items = [item for found in per_part for item in found]  # (placeholder id, features) in prompt order
@@ -134,13 +160,16 @@ def _assemble(request: OmniRequest, tokenizer: Tokenizer, encoder: VisionEncoder
     return expand_placeholders(ids, items, {marks.image, marks.video} - {None})
 
 
-def expand_placeholders(ids: list[int], items: list[tuple[int, VisualFeatures]],
-                        placeholder_ids: set[int]) -> VisionPrompt:
+def expand_placeholders(
+    ids: list[int], items: list[tuple[int, VisualFeatures]], placeholder_ids: set[int]
+) -> VisionPrompt:
     """Repeat the ``i``-th placeholder token once per embedding of ``items[i]``; spans follow."""
     found = [i for i, t in enumerate(ids) if t in placeholder_ids]
     if len(found) != len(items):
-        raise UnsupportedInput(f"the prompt holds {len(found)} image/video placeholder tokens for {len(items)} "
-                               "media items; text may not spell the model's image or video tokens")
+        raise UnsupportedInput(
+            f"the prompt holds {len(found)} image/video placeholder tokens for {len(items)} "
+            "media items; text may not spell the model's image or video tokens"
+        )
     out: list[int] = []
     spans: list[EmbedSpan] = []
     last = 0
@@ -149,22 +178,25 @@ def expand_placeholders(ids: list[int], items: list[tuple[int, VisualFeatures]],
             raise UnsupportedInput("image and video placeholders in the text are out of order with the media parts")
         out.extend(ids[last:index])
         n = features.num_tokens
-        spans.append(EmbedSpan(offset=len(out), length=n, key=features.key, embeds=features.embeds,
-                               positions=features.positions))
+        spans.append(
+            EmbedSpan(offset=len(out), length=n, key=features.key, embeds=features.embeds, positions=features.positions)
+        )
         out.extend([placeholder] * n)
         last = index + 1
     out.extend(ids[last:])
     return VisionPrompt(token_ids=out, embed_spans=tuple(spans), num_image_tokens=sum(s.length for s in spans))
 
 
-def _features_within(reservation: Reservation, part: ImagePart | VideoPart, encoder: VisionEncoder,
-                     limits: MediaLimits) -> list[tuple[int, VisualFeatures]]:
+def _features_within(
+    reservation: Reservation, part: ImagePart | VideoPart, encoder: VisionEncoder, limits: MediaLimits
+) -> list[tuple[int, VisualFeatures]]:
     with reservation:  # _features keeps no decoded pixels once it returns or raises
         return _features(part, encoder, limits)
 
 
-def _features(part: ImagePart | VideoPart, encoder: VisionEncoder,
-              limits: MediaLimits) -> list[tuple[int, VisualFeatures]]:
+def _features(
+    part: ImagePart | VideoPart, encoder: VisionEncoder, limits: MediaLimits
+) -> list[tuple[int, VisualFeatures]]:
     marks = encoder.placeholders
     message = None
     try:

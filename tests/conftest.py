@@ -1,4 +1,5 @@
 """Fixtures shared across packages."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -12,7 +13,6 @@ def embedded_backend() -> Iterator[Any]:
     """The full model stack on the embedded defaults (SmolLM2, Whisper tiny.en, Piper, silero), loaded once
     for every end-to-end test: greedy, short answers, so what the answer says can be checked."""
     import onnxruntime
-
     from omni_gateway.engine.config import EngineConfig
     from omni_gateway.omni import load_backend
     from omni_gateway.omni.config import OmniConfig
@@ -22,8 +22,12 @@ def embedded_backend() -> Iterator[Any]:
     # checks transcribe cannot come out misheard by chance (Whisper tiny once heard "France is
     # Paris" as "Francis Pears").
     onnxruntime.set_seed(0)
-    config = OmniConfig(engine=EngineConfig(model="default", max_model_len=2048), temperature=0.0, max_tokens=48,
-                        system_prompt="You are a helpful assistant. Answer in one short sentence.")
+    config = OmniConfig(
+        engine=EngineConfig(model="default", max_model_len=2048),
+        temperature=0.0,
+        max_tokens=48,
+        system_prompt="You are a helpful assistant. Answer in one short sentence.",
+    )
     pipeline = load_backend(config)
     yield pipeline
     pipeline.shutdown()

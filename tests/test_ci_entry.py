@@ -1,4 +1,5 @@
 """CI runs exactly the test command the README gives."""
+
 from __future__ import annotations
 
 import re
@@ -12,8 +13,11 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert len(readme_commands) >= 2, "README must open with the serve command and the test command"
     test_command = readme_commands[1]
     assert "pytest" in test_command
-    ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
-                if line.strip() and not line.startswith("#") and not line.startswith(("set ", "cd "))]
+    ci_lines = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.startswith("#") and not line.startswith(("set ", "cd "))
+    ]
     assert ci_lines == [test_command]
 
 

@@ -1,4 +1,5 @@
 """The import rules of DESIGN.md, checked on the source (AST) and by importing in a clean interpreter."""
+
 from __future__ import annotations
 
 import ast
@@ -23,8 +24,15 @@ FORBIDDEN = {
 }
 GATEWAY_OMNI_ANYWHERE = ("omni.protocol", "omni.config")
 GATEWAY_OMNI_IN_FUNCTIONS = ("omni", "omni.load_backend")
-TORCH_FREE_ENGINE_MODULES = ("sequence", "sampling_params", "config", "errors", "block_pool", "kv_cache_manager",
-                             "scheduler")
+TORCH_FREE_ENGINE_MODULES = (
+    "sequence",
+    "sampling_params",
+    "config",
+    "errors",
+    "block_pool",
+    "kv_cache_manager",
+    "scheduler",
+)
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,7 @@ def module_name(path: Path) -> str:
 def ours(module: str) -> str | None:
     """``omni_gateway.engine.x`` -> ``engine.x``; None for anything outside the namespace."""
     prefix = NAMESPACE + "."
-    return module[len(prefix):] if module.startswith(prefix) else None
+    return module[len(prefix) :] if module.startswith(prefix) else None
 
 
 def imports_of(source: str, module: str, is_package: bool = False) -> list[Import]:
@@ -63,8 +71,10 @@ def imports_of(source: str, module: str, is_package: bool = False) -> list[Impor
                 if child.level:
                     anchor = package.split(".")[: len(package.split(".")) - child.level + 1]
                     base = ".".join([*anchor, base] if base else anchor)
-                found.extend(Import(f"{base}.{a.name}" if a.name != "*" else base, child.lineno, in_function)
-                             for a in child.names)
+                found.extend(
+                    Import(f"{base}.{a.name}" if a.name != "*" else base, child.lineno, in_function)
+                    for a in child.names
+                )
             visit(child, inner)
 
     visit(ast.parse(source), False)
@@ -85,13 +95,15 @@ def violations(package: str, module: str, imports: list[Import]) -> list[str]:
         elif package == "gateway" and top == "torch":
             out.append(f"{where} (gateway never imports torch)")
         elif package == "gateway" and name is not None and top == "omni":
-            allowed = _under(name, GATEWAY_OMNI_ANYWHERE) or (
-                imp.in_function and name in GATEWAY_OMNI_IN_FUNCTIONS)
+            allowed = _under(name, GATEWAY_OMNI_ANYWHERE) or (imp.in_function and name in GATEWAY_OMNI_IN_FUNCTIONS)
             if not allowed:
                 out.append(f"{where} (gateway may use omni.protocol, omni.config, and omni.load_backend lazily)")
     if module.startswith(f"{NAMESPACE}.engine.") and module.rsplit(".", 1)[1] in TORCH_FREE_ENGINE_MODULES:
-        out.extend(f"{module}:{imp.line} imports {imp.module} (pure module: no torch)"
-                   for imp in imports if imp.module.split(".")[0] == "torch")
+        out.extend(
+            f"{module}:{imp.line} imports {imp.module} (pure module: no torch)"
+            for imp in imports
+            if imp.module.split(".")[0] == "torch"
+        )
     return out
 
 
@@ -112,32 +124,46 @@ def test_layer_rules_hold_for_every_source_file() -> None:
     assert not problems, "layer rule violations:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize(("package", "module", "source", "expected"), [
-    ("gateway", "omni_gateway.gateway.x", "import torch", "never imports torch"),
-    ("gateway", "omni_gateway.gateway.x", "from omni_gateway.engine import LLM", "must not import engine"),
-    ("gateway", "omni_gateway.gateway.x", "from omni_gateway import omni", "lazily"),
-    ("gateway", "omni_gateway.gateway.x", "import omni_gateway.omni.pipeline", "lazily"),
-    ("engine", "omni_gateway.engine.x", "import omni_gateway.encoders.audio", "must not import encoders"),
-    ("encoders", "omni_gateway.encoders.x", "from omni_gateway.engine.sequence import EmbedSpan",
-     "must not import engine"),
-    ("encoders", "omni_gateway.encoders.x", "from omni_gateway.omni.pipeline import run", "must not import omni"),
-    ("kernels", "omni_gateway.kernels.x", "from omni_gateway.engine.config import EngineConfig",
-     "must not import engine"),
-    ("kernels", "omni_gateway.kernels.sub.x", "from ...engine import config", "must not import engine"),
-    ("engine", "omni_gateway.engine.scheduler", "def f():\n    import torch", "pure module"),
-    ("engine", "omni_gateway.engine.x", "from engine.config import EngineConfig", "bare name"),
-    ("omni", "omni_gateway.omni.x", "import kernels.reference", "bare name"),
-])
+@pytest.mark.parametrize(
+    ("package", "module", "source", "expected"),
+    [
+        ("gateway", "omni_gateway.gateway.x", "import torch", "never imports torch"),
+        ("gateway", "omni_gateway.gateway.x", "from omni_gateway.engine import LLM", "must not import engine"),
+        ("gateway", "omni_gateway.gateway.x", "from omni_gateway import omni", "lazily"),
+        ("gateway", "omni_gateway.gateway.x", "import omni_gateway.omni.pipeline", "lazily"),
+        ("engine", "omni_gateway.engine.x", "import omni_gateway.encoders.audio", "must not import encoders"),
+        (
+            "encoders",
+            "omni_gateway.encoders.x",
+            "from omni_gateway.engine.sequence import EmbedSpan",
+            "must not import engine",
+        ),
+        ("encoders", "omni_gateway.encoders.x", "from omni_gateway.omni.pipeline import run", "must not import omni"),
+        (
+            "kernels",
+            "omni_gateway.kernels.x",
+            "from omni_gateway.engine.config import EngineConfig",
+            "must not import engine",
+        ),
+        ("kernels", "omni_gateway.kernels.sub.x", "from ...engine import config", "must not import engine"),
+        ("engine", "omni_gateway.engine.scheduler", "def f():\n    import torch", "pure module"),
+        ("engine", "omni_gateway.engine.x", "from engine.config import EngineConfig", "bare name"),
+        ("omni", "omni_gateway.omni.x", "import kernels.reference", "bare name"),
+    ],
+)
 def test_checker_flags_violations(package: str, module: str, source: str, expected: str) -> None:
     found = violations(package, module, imports_of(source, module))
     assert len(found) == 1 and expected in found[0]
 
 
-@pytest.mark.parametrize("source", [
-    "from omni_gateway.omni.protocol import OmniRequest\nfrom omni_gateway.omni import config",
-    "def f():\n    from omni_gateway.omni import load_backend\n    from omni_gateway import omni",
-    "from . import auth\nfrom .http import chat",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from omni_gateway.omni.protocol import OmniRequest\nfrom omni_gateway.omni import config",
+        "def f():\n    from omni_gateway.omni import load_backend\n    from omni_gateway import omni",
+        "from . import auth\nfrom .http import chat",
+    ],
+)
 def test_checker_allows_gateway_contract_imports(source: str) -> None:
     module = "omni_gateway.gateway.x"
     assert violations("gateway", module, imports_of(source, module)) == []

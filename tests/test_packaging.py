@@ -3,6 +3,7 @@
 The wheel is built from a copy of the checkout and unpacked into a folder of its own; what it holds and
 what imports from it are checked from outside the checkout.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,14 +28,18 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     source = tmp / "src"
     # A copy keeps the build's own folders (build/, *.egg-info) out of the checkout.
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__",
-                                                                ".venv", ".pytest_cache"))
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".venv", ".pytest_cache"),
+    )
     out = tmp / "dist"
     out.mkdir()
     # The PEP 517 hook pip would call, without needing pip or a network in the test environment.
     build = "import sys; from setuptools import build_meta; build_meta.build_wheel(sys.argv[1])"
-    done = subprocess.run([sys.executable, "-c", build, str(out)], cwd=source, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", build, str(out)], cwd=source, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (built,) = out.glob("*.whl")
     return built
@@ -50,8 +55,11 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
 
 def test_wheel_holds_every_source_module(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    expected = {f"{NAMESPACE}/{path.relative_to(ROOT).as_posix()}"
-                for folder in SOURCE_FOLDERS for path in (ROOT / folder).rglob("*.py")}
+    expected = {
+        f"{NAMESPACE}/{path.relative_to(ROOT).as_posix()}"
+        for folder in SOURCE_FOLDERS
+        for path in (ROOT / folder).rglob("*.py")
+    }
     missing = sorted(expected - names)
     assert not missing, f"source modules missing from the wheel (add their package to pyproject): {missing}"
 
@@ -79,8 +87,7 @@ names = ["engine", "gateway", "omni", "encoders", "kernels", "omni_gateway.engin
 print(json.dumps({name: origin(name) for name in names}))
 """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
-    done = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -102,8 +109,11 @@ def test_checkout_root_on_sys_path_does_not_shadow_kernels() -> None:
     ``kernels`` (or nothing) must still be what ``import kernels`` finds, never our kernel folder."""
     found = _probe(ROOT, [ROOT])
     ours = ROOT / "kernels"
-    assert found["kernels"] is None or found["kernels"].startswith("namespace:") \
-        or not Path(found["kernels"]).is_relative_to(ours), found["kernels"]
+    assert (
+        found["kernels"] is None
+        or found["kernels"].startswith("namespace:")
+        or not Path(found["kernels"]).is_relative_to(ours)
+    ), found["kernels"]
     assert found["omni_gateway.kernels.reference"] == str(ours / "reference.py")
 
 
@@ -115,9 +125,17 @@ def test_hugging_face_kernels_stays_importable_beside_ours() -> None:
         metadata.version("kernels")
     except metadata.PackageNotFoundError:
         pytest.skip("Hugging Face's kernels is not installed")
-    done = subprocess.run([sys.executable, "-c", "import kernels, omni_gateway.kernels.reference as r; "
-                           "print(kernels.__file__); print(r.__file__)"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import kernels, omni_gateway.kernels.reference as r; print(kernels.__file__); print(r.__file__)",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     hub_kernels, reference = done.stdout.split()
     assert not Path(hub_kernels).is_relative_to(ROOT)

@@ -4,6 +4,7 @@ The question is spoken by the packaged Piper voice, streamed in 40 ms chunks wit
 the end of the turn; the spoken answer is transcribed back with the packaged Whisper and must say
 what a correct answer says.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,9 +37,18 @@ def test_spoken_question_gets_a_spoken_answer_with_the_right_content(backend, tm
     silence = np.zeros(24000 // 2, dtype="<i2")  # the speaker pauses before asking
     answer_path = tmp_path / "answer.wav"
     with serve(backend) as port:
-        result = asyncio.run(converse(f"ws://127.0.0.1:{port}/v1/realtime", np.concatenate([silence, pcm]),
-                                      api_key=None, mic=False, out=answer_path, play=False, timeout=300,
-                                      progress=Progress(False)))
+        result = asyncio.run(
+            converse(
+                f"ws://127.0.0.1:{port}/v1/realtime",
+                np.concatenate([silence, pcm]),
+                api_key=None,
+                mic=False,
+                out=answer_path,
+                play=False,
+                timeout=300,
+                progress=Progress(False),
+            )
+        )
 
     assert "capital" in result["transcript_in"].lower() and "france" in result["transcript_in"].lower()
     assert result["latency_ms"] is not None

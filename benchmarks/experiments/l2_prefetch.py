@@ -20,6 +20,7 @@ more than the baseline's own spread (134.0-138.8 us per layer); the best, bulk p
 baseline run. The side stream's fork and join and the prefetch traffic cost about what the L2 hits
 save, so the engine does not prefetch.
 """
+
 import argparse
 import math
 import os
@@ -29,12 +30,12 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-
-from benchmarks.common import time_graph
 from omni_gateway.kernels.activation import silu_and_mul
 from omni_gateway.kernels.norm import fused_add_rms_norm, rms_norm
 from omni_gateway.kernels.paged_attention import paged_decode_attention
 from omni_gateway.kernels.rotary import rotary_write_kv
+
+from benchmarks.common import time_graph
 
 H, I, HQ, HKV, D = 4096, 14336, 32, 8, 128
 NL = 8  # distinct weight sets (L2 cannot hold them across layers)
@@ -64,7 +65,12 @@ def _line_prefetch(ptr, n_lines, BLOCK: tl.constexpr, ITERS: tl.constexpr):
         ok = (idx < n_lines).to(tl.int32)
         tl.inline_asm_elementwise(
             "{ .reg .pred q; setp.ne.b32 q, $2, 0; @q prefetch.global.L2::evict_last [$1]; mov.b32 $0, 0; }",
-            "=r,l,r", [p, ok], dtype=tl.int32, is_pure=False, pack=1)
+            "=r,l,r",
+            [p, ok],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
 
 @triton.jit
@@ -76,7 +82,12 @@ def _bulk_prefetch(ptr, n_chunks, CHUNK_WORDS: tl.constexpr):
     size = tl.full([32], CHUNK_WORDS * 4, tl.int32)
     tl.inline_asm_elementwise(
         "{ .reg .pred q; setp.ne.b32 q, $2, 0; @q cp.async.bulk.prefetch.L2.global [$1], $3; mov.b32 $0, 0; }",
-        "=r,l,r,r", [p, ok, size], dtype=tl.int32, is_pure=False, pack=1)
+        "=r,l,r,r",
+        [p, ok, size],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 SINK = None
@@ -112,12 +123,20 @@ def make_layers():
     g = torch.Generator(device=dev).manual_seed(0)
 
     def rnd(*s):
-        return (torch.randn(*s, device=dev, dtype=bf, generator=g) * 0.02)
+        return torch.randn(*s, device=dev, dtype=bf, generator=g) * 0.02
 
     layers = []
     for _ in range(NL):
-        layers.append(dict(qkv=rnd((HQ + 2 * HKV) * D, H), o=rnd(H, HQ * D), gu=rnd(2 * I, H), down=rnd(H, I),
-                           n1=torch.ones(H, device=dev, dtype=bf), n2=torch.ones(H, device=dev, dtype=bf)))
+        layers.append(
+            dict(
+                qkv=rnd((HQ + 2 * HKV) * D, H),
+                o=rnd(H, HQ * D),
+                gu=rnd(2 * I, H),
+                down=rnd(H, I),
+                n1=torch.ones(H, device=dev, dtype=bf),
+                n2=torch.ones(H, device=dev, dtype=bf),
+            )
+        )
     return layers
 
 
@@ -155,7 +174,7 @@ def main() -> None:
                 prefetch(kind, w, nbytes)
 
         hidden, residual = hidden0, None
-        for rep in range(2):
+        for _rep in range(2):
             for li, L in enumerate(layers):
                 if residual is None:
                     residual = hidden
@@ -165,9 +184,17 @@ def main() -> None:
                 qkv = F.linear(x, L["qkv"])
                 pf(L["o"], plan.get("o", 0))
                 q, k, v = qkv.split((q_size, kv, kv), dim=-1)
-                q = rotary_write_kv(q.reshape(1, HQ, D), k.reshape(1, HKV, D), v.reshape(1, HKV, D), positions,
-                                    cos_sin, k_caches[li], v_caches[li], slots)
-                attn = paged_decode_attention(q, k_caches[li], v_caches[li], seq_lens, table, D ** -0.5)
+                q = rotary_write_kv(
+                    q.reshape(1, HQ, D),
+                    k.reshape(1, HKV, D),
+                    v.reshape(1, HKV, D),
+                    positions,
+                    cos_sin,
+                    k_caches[li],
+                    v_caches[li],
+                    slots,
+                )
+                attn = paged_decode_attention(q, k_caches[li], v_caches[li], seq_lens, table, D**-0.5)
                 o = F.linear(attn.reshape(1, q_size), L["o"])
                 pf(L["gu"], plan.get("gu", 0))
                 x, residual = fused_add_rms_norm(o, residual, L["n2"], 1e-5)
@@ -192,10 +219,15 @@ def main() -> None:
     MB = 1 << 20
     plans = [("base", {})]
     for kind in ("load", "load132", "load32", "line", "bulk16", "bulk64"):
-        plans += [(f"{kind} o=all", dict(kind=kind, o=64 * MB)),
-                  (f"{kind} o=16M", dict(kind=kind, o=16 * MB)),
-                  (f"{kind} o=all gu=16M down=8M qkv=16M", dict(kind=kind, o=64 * MB, gu=16 * MB, down=8 * MB, qkv=16 * MB)),
-                  (f"{kind} o=all gu=32M down=16M qkv=32M", dict(kind=kind, o=64 * MB, gu=32 * MB, down=16 * MB, qkv=32 * MB))]
+        plans += [
+            (f"{kind} o=all", dict(kind=kind, o=64 * MB)),
+            (f"{kind} o=16M", dict(kind=kind, o=16 * MB)),
+            (f"{kind} o=all gu=16M down=8M qkv=16M", dict(kind=kind, o=64 * MB, gu=16 * MB, down=8 * MB, qkv=16 * MB)),
+            (
+                f"{kind} o=all gu=32M down=16M qkv=32M",
+                dict(kind=kind, o=64 * MB, gu=32 * MB, down=16 * MB, qkv=32 * MB),
+            ),
+        ]
     plans.append(("base again", {}))
     ref = None
     lines = []

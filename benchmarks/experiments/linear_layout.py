@@ -17,12 +17,13 @@ latency rather than bandwidth. At 2048 rows the ``[in, out]`` copy was no faster
 0.5B down projection (32.6 against 26.6 us), so the weights stay ``[out, in]``. (The one-row case was
 later won by a Triton matrix-vector kernel, ``benchmarks.gemv``.)
 """
+
 from __future__ import annotations
 
 import argparse
 import math
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +72,9 @@ def bench_shape(name: str, out_features: int, in_features: int) -> None:
             finally:
                 torch.backends.cuda.preferred_blas_library("cublas")
         base = timed["F.linear"]
-        cells = [f"{label} {t * 1e6:.1f} us ({nbytes / t / 1e9:.0f} GB/s, {base / t:.2f}x)" for label, t in timed.items()]
+        cells = [
+            f"{label} {t * 1e6:.1f} us ({nbytes / t / 1e9:.0f} GB/s, {base / t:.2f}x)" for label, t in timed.items()
+        ]
         print(f"{name:13s} rows {rows:5d} {nbytes / 1e6:7.1f} MB: " + "; ".join(cells), flush=True)
 
 

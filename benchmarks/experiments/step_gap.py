@@ -16,6 +16,7 @@ too 768.5-768.6; with the previous tokens device to device 770.3-770.4; with the
 a later CUDA-event probe (``benchmarks.engine_gpu --probe-b1``) showed it was the graph itself,
 whose time varies by up to 3% between machines.
 """
+
 import argparse
 import os
 import time
@@ -79,7 +80,7 @@ def main() -> None:
     patterns = ["graph only", "h2d", "2h2d", "2h2d d2d", "2h2d d2d d2h", "h2d d2h", "d2h"]
     for p in patterns:
         run(p)
-    for rep in range(2):
+    for _rep in range(2):
         for p in patterns:
             print(f"{N_KERNELS} kernels, {p:16s}: {run(p):8.1f} us/step", flush=True)
 

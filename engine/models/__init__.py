@@ -1,4 +1,5 @@
 """Model registry: Hugging Face architecture names -> our paged-attention implementations."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,8 +28,12 @@ def resolve_architecture(hf_config: Any) -> str:
     for name in names:
         if name in SUPPORTED_ARCHITECTURES:
             return name
-    by_type = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-               "qwen3": "Qwen3ForCausalLM"}
+    by_type = {
+        "llama": "LlamaForCausalLM",
+        "mistral": "MistralForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+    }
     model_type = getattr(hf_config, "model_type", None)
     if not names and model_type in by_type:
         return by_type[model_type]

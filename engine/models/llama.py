@@ -4,6 +4,7 @@ One forward runs a flattened varlen batch: the tokens of every sequence concaten
 chunks and decodes together. q/k/v projections are merged into one matmul (gate/up too, on CUDA).
 Weights arrive under Hugging Face names (see engine/loader.py).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -12,7 +13,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
 from omni_gateway.engine.attention import AttentionMetadata, KernelOps, paged_attention
 
 
@@ -65,8 +65,9 @@ def missing_weights(hf_config: Any, weights: dict[str, torch.Tensor]) -> list[st
     return [n for n in need if n not in weights]
 
 
-def rotary_cos_sin_cache(hf_config: Any, head_dim: int, max_positions: int,
-                         freq_divisors: torch.Tensor | None = None) -> torch.Tensor:
+def rotary_cos_sin_cache(
+    hf_config: Any, head_dim: int, max_positions: int, freq_divisors: torch.Tensor | None = None
+) -> torch.Tensor:
     """``[max_positions, head_dim]`` float32: cat(cos, sin) of each position's rotary angles, with
     the attention scaling of the config's rope type folded in (as HF does)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -98,8 +99,12 @@ def onednn_prepacks(device: torch.device, dtype: torch.dtype) -> bool:
     decoder layers ~1.15x and the 49k-row LM head ~2x faster. For a single row MKL's matrix-vector
     path stayed ~1.2x faster on the decoder layers, so they keep their plain weight for it too.
     """
-    return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return (
+        device.type == "cpu"
+        and dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +119,15 @@ class Linear:
     packed_rows: int = 1
 
     @classmethod
-    def build(cls, weight: torch.Tensor, bias: torch.Tensor | None, kernel: Callable[..., torch.Tensor], *,
-              prepack: bool, packed_rows: int = 1) -> Linear:
+    def build(
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        kernel: Callable[..., torch.Tensor],
+        *,
+        prepack: bool,
+        packed_rows: int = 1,
+    ) -> Linear:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight) if prepack else None
         return cls(weight, bias, kernel, packed, packed_rows)
 
@@ -142,13 +154,21 @@ class _Layer:
 class LlamaModel:
     """Plain tensors and functions (no nn.Module): the forward is all there is to run."""
 
-    def __init__(self, hf_config: Any, weights: dict[str, torch.Tensor], *, ops: KernelOps,
-                 device: torch.device, dtype: torch.dtype, max_positions: int) -> None:
+    def __init__(
+        self,
+        hf_config: Any,
+        weights: dict[str, torch.Tensor],
+        *,
+        ops: KernelOps,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_positions: int,
+    ) -> None:
         self.shape = s = ModelShape.from_hf(hf_config)
         self.ops = ops
         self.device = device
         self.dtype = dtype
-        self.scale = s.head_dim ** -0.5
+        self.scale = s.head_dim**-0.5
         self.q_size = s.num_heads * s.head_dim
         self.kv_size = s.num_kv_heads * s.head_dim
 
@@ -170,8 +190,9 @@ class LlamaModel:
             return Linear.build(weight, bias, ops.linear, prepack=prepack, packed_rows=2)
 
         self.embed = w("model.embed_tokens.weight")
-        self.lm_head = Linear.build(self.embed if s.tie_embeddings else w("lm_head.weight"), None, ops.linear,
-                                    prepack=prepack)
+        self.lm_head = Linear.build(
+            self.embed if s.tie_embeddings else w("lm_head.weight"), None, ops.linear, prepack=prepack
+        )
         self.final_norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         # On the CPU the [2I, H] merged gate/up matmul was no faster than two [I, H] ones (MKL ran it
@@ -181,29 +202,41 @@ class LlamaModel:
             p = f"model.layers.{i}."
             attn = [f"{p}self_attn.{n}_proj" for n in ("q", "k", "v")]
             mlp = [f"{p}mlp.{n}_proj" for n in ("gate", "up")]
-            self.layers.append(_Layer(
-                input_norm=w(p + "input_layernorm.weight"),
-                qkv=linear(merged([n + ".weight" for n in attn]), merged([n + ".bias" for n in attn])),
-                o=linear(w(p + "self_attn.o_proj.weight"), opt(p + "self_attn.o_proj.bias")),
-                post_norm=w(p + "post_attention_layernorm.weight"),
-                gate_up=(linear(merged([n + ".weight" for n in mlp]), merged([n + ".bias" for n in mlp]))
-                         if merge_mlp else None),
-                gate=None if merge_mlp else linear(w(mlp[0] + ".weight")),
-                up=None if merge_mlp else linear(w(mlp[1] + ".weight")),
-                down=linear(w(p + "mlp.down_proj.weight"), opt(p + "mlp.down_proj.bias")),
-                q_norm=opt(p + "self_attn.q_norm.weight") if s.qk_norm else None,
-                k_norm=opt(p + "self_attn.k_norm.weight") if s.qk_norm else None,
-            ))
-        self.cos_sin_cache = rotary_cos_sin_cache(hf_config, s.head_dim, max_positions,
-                                                  weights.get("rope_freqs")).to(device)
+            self.layers.append(
+                _Layer(
+                    input_norm=w(p + "input_layernorm.weight"),
+                    qkv=linear(merged([n + ".weight" for n in attn]), merged([n + ".bias" for n in attn])),
+                    o=linear(w(p + "self_attn.o_proj.weight"), opt(p + "self_attn.o_proj.bias")),
+                    post_norm=w(p + "post_attention_layernorm.weight"),
+                    gate_up=(
+                        linear(merged([n + ".weight" for n in mlp]), merged([n + ".bias" for n in mlp]))
+                        if merge_mlp
+                        else None
+                    ),
+                    gate=None if merge_mlp else linear(w(mlp[0] + ".weight")),
+                    up=None if merge_mlp else linear(w(mlp[1] + ".weight")),
+                    down=linear(w(p + "mlp.down_proj.weight"), opt(p + "mlp.down_proj.bias")),
+                    q_norm=opt(p + "self_attn.q_norm.weight") if s.qk_norm else None,
+                    k_norm=opt(p + "self_attn.k_norm.weight") if s.qk_norm else None,
+                )
+            )
+        self.cos_sin_cache = rotary_cos_sin_cache(hf_config, s.head_dim, max_positions, weights.get("rope_freqs")).to(
+            device
+        )
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.embed)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                embed_rows: torch.Tensor | None = None, embeds: torch.Tensor | None = None,
-                cos_sin_cache: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        embed_rows: torch.Tensor | None = None,
+        embeds: torch.Tensor | None = None,
+        cos_sin_cache: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` after the last layer (before the final norm); the final norm
         is applied in ``compute_logits`` to the rows that sample only.
 
@@ -233,8 +266,16 @@ class LlamaModel:
         assert residual is not None
         return hidden + residual
 
-    def _attention(self, layer: _Layer, qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                   k_cache: torch.Tensor, v_cache: torch.Tensor, rotary_table: torch.Tensor) -> torch.Tensor:
+    def _attention(
+        self,
+        layer: _Layer,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        rotary_table: torch.Tensor,
+    ) -> torch.Tensor:
         """``[T, q_size]`` attention output of one layer; writes this step's K/V into its cache."""
         s, ops = self.shape, self.ops
         num_tokens = qkv.shape[0]

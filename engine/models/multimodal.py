@@ -4,6 +4,7 @@ The engine runs the LLM; the vision tower and projector are the encoders' busine
 own weights from the same directory). Here the wrapper config gives way to its text config and the
 language model's weights are renamed to the plain causal-LM names the decoder code expects.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,8 +20,14 @@ _LM_PREFIXES = (
     ("model.language_model.", "model."),
 )
 # Weights that belong to the vision side.
-_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "visual.", "model.vision_tower.",
-                    "model.multi_modal_projector.", "model.visual.")
+_VISION_PREFIXES = (
+    "vision_tower.",
+    "multi_modal_projector.",
+    "visual.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+    "model.visual.",
+)
 
 
 def multimodal_architecture(hf_config: Any) -> str | None:
@@ -37,8 +44,10 @@ def language_model_config(hf_config: Any) -> Any:
     arch = multimodal_architecture(hf_config)
     text = getattr(hf_config, "text_config", None)
     if arch is None or text is None:
-        raise ModelLoadError(f"config of architecture {getattr(hf_config, 'architectures', None)!r} "
-                             "has no text_config for its language model")
+        raise ModelLoadError(
+            f"config of architecture {getattr(hf_config, 'architectures', None)!r} "
+            "has no text_config for its language model"
+        )
     text.architectures = [arch]
     if getattr(hf_config, "tie_word_embeddings", False):
         text.tie_word_embeddings = True
@@ -53,7 +62,7 @@ def language_model_weights(weights: dict[str, Any]) -> dict[str, Any]:
             continue
         for old, new in _LM_PREFIXES:
             if name.startswith(old):
-                name = new + name[len(old):]
+                name = new + name[len(old) :]
                 break
         out[name] = tensor
     return out

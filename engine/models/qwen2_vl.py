@@ -4,12 +4,12 @@ The rotary frequencies are split into three sections (``mrope_section``: time, h
 section rotates by the position on its own axis. Positions arrive as ``[3, T]`` (engine/mrope.py);
 one ``[T, head_dim]`` cos/sin table per step then feeds the ordinary rotary kernel, indexed by row.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-
 from omni_gateway.engine.attention import AttentionMetadata
 from omni_gateway.engine.models.llama import LlamaModel
 
@@ -28,8 +28,9 @@ class Qwen2VLModel(LlamaModel):
         if len(section) != 3 or sum(section) != half:
             raise ValueError(f"mrope_section must be three sizes summing to head_dim/2={half}, got {section}")
         # Which axis (0 time, 1 height, 2 width) drives each rotary frequency.
-        self.axis_of_freq = torch.cat([torch.full((n,), axis, dtype=torch.int64)
-                                       for axis, n in enumerate(section)]).to(self.device)
+        self.axis_of_freq = torch.cat([torch.full((n,), axis, dtype=torch.int64) for axis, n in enumerate(section)]).to(
+            self.device
+        )
 
     def mrope_table(self, positions: torch.Tensor) -> torch.Tensor:
         """``[T, head_dim]`` cat(cos, sin) rows for ``[3, T]`` positions."""
@@ -40,9 +41,15 @@ class Qwen2VLModel(LlamaModel):
         sin = rows[..., half:].gather(0, index).squeeze(0)
         return torch.cat((cos, sin), dim=-1)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                embed_rows: torch.Tensor | None = None, embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        embed_rows: torch.Tensor | None = None,
+        embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if positions.dim() == 1:  # text only: all three axes agree, plain rotary
             return super().forward(input_ids, positions, meta, kv_caches, embed_rows, embeds)
         table = self.mrope_table(positions)

@@ -9,19 +9,19 @@ Where it differs from OpenAI's API, on purpose:
   narrows the tools to that one;
 - the audio endpoints accept any ``model`` name: there is one recogniser and one voice model.
 """
+
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
-
 from omni_gateway.gateway.http import audio, chat, completions, images, ops
 from omni_gateway.gateway.http.endpoint import endpoint
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.omni.protocol import OmniBackend
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
 
 if TYPE_CHECKING:  # gateway.config imports HttpLimits from this package
     from omni_gateway.gateway.config import GatewayConfig

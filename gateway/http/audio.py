@@ -1,4 +1,5 @@
 """POST /v1/audio/transcriptions (multipart WAV upload) and POST /v1/audio/speech (streamed audio)."""
+
 from __future__ import annotations
 
 import base64
@@ -9,13 +10,6 @@ from collections.abc import AsyncIterator
 import anyio
 import numpy as np
 import soundfile
-from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
-from starlette.formparsers import MultiPartException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.types import Message as AsgiMessage, Receive
-
 from omni_gateway.gateway.http.audio_request import SpeechCall, parse_speech, parse_transcription_form
 from omni_gateway.gateway.http.endpoint import read_body, read_json
 from omni_gateway.gateway.http.errors import ApiError, internal, invalid
@@ -23,6 +17,13 @@ from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.http.streaming import CancellableStream, sse_event, unless_disconnected
 from omni_gateway.gateway.http.wav import decode_wav, is_wav, wav_header
 from omni_gateway.omni.protocol import AudioChunk, OmniBackend
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.types import Message as AsgiMessage
+from starlette.types import Receive
 
 log = logging.getLogger("omni_gateway.gateway.http")
 _MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}
@@ -37,24 +38,37 @@ async def transcriptions(request: Request, backend: OmniBackend, limits: HttpLim
             call = parse_transcription_form(form, backend.capabilities)
             upload = form.get("file")
             if not isinstance(upload, UploadFile):
-                raise invalid("Missing required parameter: 'file' (the audio upload).", "file",
-                              "missing_required_parameter")
+                raise invalid(
+                    "Missing required parameter: 'file' (the audio upload).", "file", "missing_required_parameter"
+                )
             data = await upload.read()
     except (MultiPartException, HTTPException):  # the parser's own wording is not shown to clients
         raise invalid("The body is not a valid multipart/form-data upload.", code="invalid_multipart") from None
     if not is_wav(data):
-        raise invalid("'file' must be a PCM WAV file; this server decodes no other upload format. Convert "
-                      "first, e.g. ffmpeg -i in.mp3 -ac 1 -ar 16000 out.wav", "file", "unsupported_audio_format")
+        raise invalid(
+            "'file' must be a PCM WAV file; this server decodes no other upload format. Convert "
+            "first, e.g. ffmpeg -i in.mp3 -ac 1 -ar 16000 out.wav",
+            "file",
+            "unsupported_audio_format",
+        )
     pcm16, rate = await anyio.to_thread.run_sync(
-        lambda: decode_wav(data, max_seconds=limits.max_audio_seconds, param="file"))
-    result = await unless_disconnected(request, lambda: backend.transcribe(pcm16, rate, language=call.language,
-                                                                            prompt=call.prompt))
+        lambda: decode_wav(data, max_seconds=limits.max_audio_seconds, param="file")
+    )
+    result = await unless_disconnected(
+        request, lambda: backend.transcribe(pcm16, rate, language=call.language, prompt=call.prompt)
+    )
     if call.response_format == "text":
         return PlainTextResponse(result.text)
     if call.response_format == "verbose_json":
-        return JSONResponse({"task": "transcribe", "language": result.language or call.language or "",
-                             "duration": result.duration_s, "text": result.text,
-                             "usage": {"type": "duration", "seconds": result.duration_s}})
+        return JSONResponse(
+            {
+                "task": "transcribe",
+                "language": result.language or call.language or "",
+                "duration": result.duration_s,
+                "text": result.text,
+                "usage": {"type": "duration", "seconds": result.duration_s},
+            }
+        )
     return JSONResponse({"text": result.text, "usage": {"type": "duration", "seconds": result.duration_s}})
 
 
@@ -83,8 +97,9 @@ async def speech(request: Request, backend: OmniBackend, limits: HttpLimits) -> 
     try:  # wait for the first chunk so a failing voice model answers with an error status, not broken audio
         first = await unless_disconnected(request, lambda: anext(stream, None))
         if call.response_format == "flac":
-            return Response(await unless_disconnected(request, lambda: _flac(first, stream)),
-                            media_type=_MEDIA_TYPES["flac"])
+            return Response(
+                await unless_disconnected(request, lambda: _flac(first, stream)), media_type=_MEDIA_TYPES["flac"]
+            )
     except BaseException:
         await close()
         raise
@@ -92,8 +107,9 @@ async def speech(request: Request, backend: OmniBackend, limits: HttpLimits) -> 
     if call.sse:
         response = CancellableStream(_speech_events(first, stream), cleanup=close)
     else:
-        response = CancellableStream(_audio_bytes(call, first, stream), cleanup=close,
-                                     media_type=_MEDIA_TYPES[call.response_format])
+        response = CancellableStream(
+            _audio_bytes(call, first, stream), cleanup=close, media_type=_MEDIA_TYPES[call.response_format]
+        )
     return response
 
 
@@ -105,8 +121,9 @@ async def _chunks(first: AudioChunk | None, stream: AsyncIterator[AudioChunk]) -
         yield chunk
 
 
-async def _audio_bytes(call: SpeechCall, first: AudioChunk | None,
-                       stream: AsyncIterator[AudioChunk]) -> AsyncIterator[bytes]:
+async def _audio_bytes(
+    call: SpeechCall, first: AudioChunk | None, stream: AsyncIterator[AudioChunk]
+) -> AsyncIterator[bytes]:
     if call.response_format == "wav":
         yield wav_header(first.sample_rate if first else call.options.sample_rate)
     try:

@@ -4,6 +4,7 @@ The server has one speech recogniser and one voice model, so the ``model`` field
 is required (as in OpenAI's API) but any name selects them: clients written for ``whisper-1`` or
 ``tts-1`` work unchanged.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -49,16 +50,22 @@ def parse_speech(body: object, caps: Capabilities, limits: HttpLimits) -> Speech
         raise invalid(f"'voice' must be one of {', '.join(caps.voices)}, got {shown(voice)}.", "voice")
     fmt = get_str(body, "response_format", "wav")
     if fmt in UNSUPPORTED_SPEECH_FORMATS:
-        raise invalid(f"'response_format' {shown(fmt)} is not supported by this server; use one of "
-                      f"{', '.join(SPEECH_FORMATS)}.", "response_format", "unsupported_parameter")
+        raise invalid(
+            f"'response_format' {shown(fmt)} is not supported by this server; use one of {', '.join(SPEECH_FORMATS)}.",
+            "response_format",
+            "unsupported_parameter",
+        )
     fmt = get_str(body, "response_format", "wav", choices=SPEECH_FORMATS)
     speed = get_float(body, "speed", 1.0, lo=0.25, hi=4.0)
     stream_format = get_str(body, "stream_format", "audio", choices=("audio", "sse"))
     if stream_format == "sse" and fmt == "flac":
-        raise invalid("'stream_format' \"sse\" needs 'response_format' \"pcm\" or \"wav\".", "stream_format")
-    return SpeechCall(text=text, options=AudioOutputOptions(voice=voice, sample_rate=SPEECH_SAMPLE_RATE,
-                                                            speed=speed),
-                      response_format=fmt, sse=stream_format == "sse")
+        raise invalid('\'stream_format\' "sse" needs \'response_format\' "pcm" or "wav".', "stream_format")
+    return SpeechCall(
+        text=text,
+        options=AudioOutputOptions(voice=voice, sample_rate=SPEECH_SAMPLE_RATE, speed=speed),
+        response_format=fmt,
+        sse=stream_format == "sse",
+    )
 
 
 def parse_transcription_form(form: Mapping[str, object], caps: Capabilities) -> TranscriptionCall:
@@ -69,8 +76,13 @@ def parse_transcription_form(form: Mapping[str, object], caps: Capabilities) -> 
     get_str(fields, "model", required=True)
     response_format = get_str(fields, "response_format", "json")
     if response_format not in TRANSCRIPTION_FORMATS:
-        raise invalid(f"'response_format' must be one of {', '.join(TRANSCRIPTION_FORMATS)}, got "
-                      f"{shown(response_format)}.", "response_format")
+        raise invalid(
+            f"'response_format' must be one of {', '.join(TRANSCRIPTION_FORMATS)}, got {shown(response_format)}.",
+            "response_format",
+        )
     language = get_str(fields, "language", max_len=16)
-    return TranscriptionCall(language=language or None, prompt=get_str(fields, "prompt", max_len=4096) or None,
-                             response_format=response_format)
+    return TranscriptionCall(
+        language=language or None,
+        prompt=get_str(fields, "prompt", max_len=4096) or None,
+        response_format=response_format,
+    )

@@ -1,4 +1,5 @@
 """POST /v1/chat/completions: streamed as server-sent events or answered as one JSON body."""
+
 from __future__ import annotations
 
 import logging
@@ -7,18 +8,24 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
 from omni_gateway.gateway.http.chat_request import parse_chat
 from omni_gateway.gateway.http.chat_response import ChatAssembler
 from omni_gateway.gateway.http.endpoint import read_json
 from omni_gateway.gateway.http.errors import ApiError, internal
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.http.sampling import check_context
-from omni_gateway.gateway.http.streaming import SSE_DONE, CancellableStream, Generation, sse_event, start, unless_disconnected
+from omni_gateway.gateway.http.streaming import (
+    SSE_DONE,
+    CancellableStream,
+    Generation,
+    sse_event,
+    start,
+    unless_disconnected,
+)
 from omni_gateway.gateway.metrics import TokenTimer, count_tokens
 from omni_gateway.omni.protocol import AudioChunk, OmniBackend, OutputChunk, TextDelta
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 log = logging.getLogger("omni_gateway.gateway.http")
 API = "chat"
@@ -38,15 +45,15 @@ async def chat_completions(request: Request, backend: OmniBackend, limits: HttpL
         response: Response = CancellableStream(_events(generation, first, assembler, timer), cleanup=generation.close)
         return response
     try:
-        return JSONResponse(await unless_disconnected(request, lambda: _collect(generation, first, assembler,
-                                                                                timer)))
+        return JSONResponse(await unless_disconnected(request, lambda: _collect(generation, first, assembler, timer)))
     finally:
         await generation.close()
         _record(assembler)
 
 
-async def _collect(generation: Generation, chunk: OutputChunk | None, assembler: ChatAssembler,
-                   timer: TokenTimer) -> dict[str, Any]:
+async def _collect(
+    generation: Generation, chunk: OutputChunk | None, assembler: ChatAssembler, timer: TokenTimer
+) -> dict[str, Any]:
     while chunk is not None:
         _tick(chunk, timer)
         assembler.feed(chunk)
@@ -55,8 +62,9 @@ async def _collect(generation: Generation, chunk: OutputChunk | None, assembler:
     return body
 
 
-async def _events(generation: Generation, chunk: OutputChunk | None, assembler: ChatAssembler,
-                  timer: TokenTimer) -> AsyncIterator[bytes]:
+async def _events(
+    generation: Generation, chunk: OutputChunk | None, assembler: ChatAssembler, timer: TokenTimer
+) -> AsyncIterator[bytes]:
     try:
         while chunk is not None:
             _tick(chunk, timer)
@@ -85,4 +93,3 @@ def _tick(chunk: OutputChunk, timer: TokenTimer) -> None:
 def _record(assembler: ChatAssembler) -> None:
     if assembler.usage is not None:
         count_tokens(API, assembler.usage.input_tokens, assembler.usage.output_tokens)
-

@@ -1,4 +1,5 @@
 """POST /v1/chat/completions body -> a validated ``ChatCall`` (an OmniRequest plus response options). Pure."""
+
 from __future__ import annotations
 
 import uuid
@@ -44,9 +45,21 @@ def parse_chat(raw: object, caps: Capabilities, limits: HttpLimits) -> ChatCall:
         raise invalid("'n' must be 1 when audio output is requested.", "n")
     _check_response_format(body)
     return ChatCall(
-        request=OmniRequest(request_id=f"chatcmpl-{uuid.uuid4().hex}", messages=messages, modalities=modalities,
-                            sampling=sampling, audio=audio, tools=_tools(body), priority=HTTP_PRIORITY),
-        model=model, stream=stream, logprobs=logprobs, top_logprobs=top_logprobs or 0, audio_format=audio_format)
+        request=OmniRequest(
+            request_id=f"chatcmpl-{uuid.uuid4().hex}",
+            messages=messages,
+            modalities=modalities,
+            sampling=sampling,
+            audio=audio,
+            tools=_tools(body),
+            priority=HTTP_PRIORITY,
+        ),
+        model=model,
+        stream=stream,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs or 0,
+        audio_format=audio_format,
+    )
 
 
 def _modalities(body: dict[str, Any], caps: Capabilities) -> tuple[Modality, ...]:
@@ -54,15 +67,16 @@ def _modalities(body: dict[str, Any], caps: Capabilities) -> tuple[Modality, ...
     if value is None:
         return ("text",)
     if not isinstance(value, list) or not value or any(m not in ("text", "audio") for m in value):
-        raise invalid("'modalities' must be [\"text\"] or [\"text\", \"audio\"].", "modalities")
+        raise invalid('\'modalities\' must be ["text"] or ["text", "audio"].', "modalities")
     for m in value:
         if m not in caps.output_modalities:
             raise invalid(f"model '{caps.model}' cannot produce {m} output.", "modalities", "unsupported_modality")
     return tuple(dict.fromkeys(value))
 
 
-def _audio_output(body: dict[str, Any], modalities: tuple[Modality, ...], caps: Capabilities,
-                  stream: bool) -> tuple[AudioOutputOptions, str | None]:
+def _audio_output(
+    body: dict[str, Any], modalities: tuple[Modality, ...], caps: Capabilities, stream: bool
+) -> tuple[AudioOutputOptions, str | None]:
     value = body.get("audio")
     if "audio" not in modalities:
         if value is not None:
@@ -108,5 +122,8 @@ def _check_response_format(body: dict[str, Any]) -> None:
         return
     kind = get_str(require_object(value, "response_format"), "type", required=True, param="response_format.type")
     if kind != "text":
-        raise invalid(f"'response_format' type {shown(kind)} is not supported by this server; use \"text\".",
-                      "response_format.type", "unsupported_parameter")
+        raise invalid(
+            f"'response_format' type {shown(kind)} is not supported by this server; use \"text\".",
+            "response_format.type",
+            "unsupported_parameter",
+        )

@@ -1,4 +1,5 @@
 """Backend output chunks -> chat.completion bodies and chat.completion.chunk SSE objects. Pure."""
+
 from __future__ import annotations
 
 import base64
@@ -23,9 +24,15 @@ def usage_body(usage: Usage) -> dict[str, Any]:
 
 
 def chat_logprobs(entries: tuple[Any, ...], top: int) -> list[dict[str, Any]]:
-    return [{"token": token, "logprob": logprob, "bytes": list(token.encode()),
-             "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in alts[:top]]}
-            for token, logprob, alts in entries]
+    return [
+        {
+            "token": token,
+            "logprob": logprob,
+            "bytes": list(token.encode()),
+            "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in alts[:top]],
+        }
+        for token, logprob, alts in entries
+    ]
 
 
 @dataclass
@@ -79,11 +86,15 @@ class ChatAssembler:
             logprobs = chat_logprobs(chunk.logprobs, self.call.top_logprobs) if self.call.logprobs else None
             if logprobs:
                 choice.logprobs.extend(logprobs)
-            return self._delta(index, {"content": chunk.text},
-                               {"content": logprobs, "refusal": None} if logprobs else None)
+            return self._delta(
+                index, {"content": chunk.text}, {"content": logprobs, "refusal": None} if logprobs else None
+            )
         if isinstance(chunk, ToolCallDelta):
-            call = {"id": chunk.call_id, "type": "function",
-                    "function": {"name": chunk.name, "arguments": chunk.arguments}}
+            call = {
+                "id": chunk.call_id,
+                "type": "function",
+                "function": {"name": chunk.name, "arguments": chunk.arguments},
+            }
             choice.tool_calls.append(call)
             return self._delta(index, {"tool_calls": [{"index": len(choice.tool_calls) - 1, **call}]})
         if isinstance(chunk, Done):
@@ -91,14 +102,14 @@ class ChatAssembler:
             out = []
             if self.wants_audio:
                 out += self._delta(index, {"audio": {"id": self.audio_id, "expires_at": self.audio_expires_at}})
-            return out + [self._chunk([{"index": index, "delta": {}, "logprobs": None,
-                                        "finish_reason": choice.finish_reason}])]
+            return out + [
+                self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": choice.finish_reason}])
+            ]
         return []  # image chunks cannot occur: chat asks for text and audio only
 
     def _choice(self, index: int) -> _Choice:
         if not 0 <= index < len(self.choices):
-            raise from_backend(Error("internal_error", f"backend answered choice {index} of "
-                                     f"{len(self.choices)}", 500))
+            raise from_backend(Error("internal_error", f"backend answered choice {index} of {len(self.choices)}", 500))
         return self.choices[index]
 
     @staticmethod
@@ -115,8 +126,14 @@ class ChatAssembler:
         return [self._chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}])]
 
     def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.call.request.request_id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.call.model, "system_fingerprint": None, "choices": choices}
+        return {
+            "id": self.call.request.request_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.call.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
 
     def usage_chunk(self) -> dict[str, Any] | None:
         """The trailing chunk ``stream_options.include_usage`` asks for."""
@@ -126,10 +143,15 @@ class ChatAssembler:
 
     def body(self) -> dict[str, Any]:
         """The non-streaming chat.completion response."""
-        return {"id": self.call.request.request_id, "object": "chat.completion", "created": self.created,
-                "model": self.call.model, "system_fingerprint": None,
-                "choices": [self._choice_body(i, c) for i, c in enumerate(self.choices)],
-                "usage": usage_body(self.usage or Usage())}
+        return {
+            "id": self.call.request.request_id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.call.model,
+            "system_fingerprint": None,
+            "choices": [self._choice_body(i, c) for i, c in enumerate(self.choices)],
+            "usage": usage_body(self.usage or Usage()),
+        }
 
     def _choice_body(self, index: int, choice: _Choice) -> dict[str, Any]:
         text = "".join(choice.text)
@@ -138,10 +160,19 @@ class ChatAssembler:
             message["tool_calls"] = choice.tool_calls
             message["content"] = message["content"] or None
         if self.wants_audio:
-            audio = bytes(self.pcm) if self.call.audio_format == "pcm16" else encode_wav(bytes(self.pcm),
-                                                                                        self.sample_rate)
-            message["audio"] = {"id": self.audio_id, "data": base64.b64encode(audio).decode(),
-                                "expires_at": self.audio_expires_at, "transcript": text}
+            audio = (
+                bytes(self.pcm) if self.call.audio_format == "pcm16" else encode_wav(bytes(self.pcm), self.sample_rate)
+            )
+            message["audio"] = {
+                "id": self.audio_id,
+                "data": base64.b64encode(audio).decode(),
+                "expires_at": self.audio_expires_at,
+                "transcript": text,
+            }
         logprobs = {"content": choice.logprobs, "refusal": None} if self.call.logprobs else None
-        return {"index": index, "message": message, "logprobs": logprobs,
-                "finish_reason": choice.finish_reason or "stop"}
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": choice.finish_reason or "stop",
+        }

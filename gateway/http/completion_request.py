@@ -1,4 +1,5 @@
 """POST /v1/completions body -> a validated ``CompletionCall``: one raw-prompt OmniRequest per prompt. Pure."""
+
 from __future__ import annotations
 
 import uuid
@@ -33,25 +34,38 @@ def parse_completion(raw: object, caps: Capabilities, limits: HttpLimits) -> Com
     logprobs = get_int(body, "logprobs", lo=0, hi=limits.max_top_logprobs)
     echo = get_bool(body, "echo")
     if echo and logprobs is not None:
-        raise invalid("'echo' together with 'logprobs' is not supported: prompt logprobs are not computed.",
-                      "echo")
+        raise invalid("'echo' together with 'logprobs' is not supported: prompt logprobs are not computed.", "echo")
     if body.get("suffix"):
-        raise invalid("'suffix' (fill-in-the-middle) is not supported by this server.", "suffix",
-                      "unsupported_parameter")
+        raise invalid(
+            "'suffix' (fill-in-the-middle) is not supported by this server.", "suffix", "unsupported_parameter"
+        )
     sampling = parse_sampling(body, limits, logprobs=logprobs)
     best_of = get_int(body, "best_of", lo=1, hi=limits.max_n)
     if best_of is not None and best_of != sampling.n:
-        raise invalid("'best_of' other than 'n' is not supported by this server.", "best_of",
-                      "unsupported_parameter")
+        raise invalid("'best_of' other than 'n' is not supported by this server.", "best_of", "unsupported_parameter")
     if sampling.max_tokens is None:
         sampling = replace(sampling, max_tokens=DEFAULT_MAX_TOKENS)
     call_id = f"cmpl-{uuid.uuid4().hex}"
-    requests = tuple(OmniRequest(request_id=f"{call_id}-{i}", messages=(Message("user", (TextPart(p),)),),
-                                 sampling=sampling, raw_prompt=p, add_generation_prompt=False,
-                                 priority=HTTP_PRIORITY)
-                     for i, p in enumerate(prompts))
-    return CompletionCall(id=call_id, model=model, prompts=prompts, requests=requests, stream=parse_stream(body),
-                          logprobs=logprobs, echo=echo)
+    requests = tuple(
+        OmniRequest(
+            request_id=f"{call_id}-{i}",
+            messages=(Message("user", (TextPart(p),)),),
+            sampling=sampling,
+            raw_prompt=p,
+            add_generation_prompt=False,
+            priority=HTTP_PRIORITY,
+        )
+        for i, p in enumerate(prompts)
+    )
+    return CompletionCall(
+        id=call_id,
+        model=model,
+        prompts=prompts,
+        requests=requests,
+        stream=parse_stream(body),
+        logprobs=logprobs,
+        echo=echo,
+    )
 
 
 def _prompts(value: object, limits: HttpLimits) -> tuple[str, ...]:
@@ -63,8 +77,11 @@ def _prompts(value: object, limits: HttpLimits) -> tuple[str, ...]:
     if not all(isinstance(p, str) for p in prompts):
         raise invalid("'prompt' must be text: token-id prompts are not supported by this server.", "prompt")
     if len(prompts) > limits.max_prompts:
-        raise invalid(f"'prompt' has {len(prompts)} entries; at most {limits.max_prompts} are accepted.",
-                      "prompt", "array_above_max_length")
+        raise invalid(
+            f"'prompt' has {len(prompts)} entries; at most {limits.max_prompts} are accepted.",
+            "prompt",
+            "array_above_max_length",
+        )
     if any(not p for p in prompts):
         raise invalid("'prompt' must not be empty.", "prompt")
     return tuple(prompts)

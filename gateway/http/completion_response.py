@@ -1,4 +1,5 @@
 """Backend output chunks -> text_completion bodies and streamed chunks. Pure."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -36,9 +37,11 @@ class CompletionAssembler:
             raise from_backend(chunk)
         if isinstance(chunk, Usage):
             u = self.usage
-            self.usage = Usage(input_tokens=u.input_tokens + chunk.input_tokens,
-                               output_tokens=u.output_tokens + chunk.output_tokens,
-                               cached_tokens=u.cached_tokens + chunk.cached_tokens)
+            self.usage = Usage(
+                input_tokens=u.input_tokens + chunk.input_tokens,
+                output_tokens=u.output_tokens + chunk.output_tokens,
+                cached_tokens=u.cached_tokens + chunk.cached_tokens,
+            )
             return []
         if not isinstance(chunk, (TextDelta, Done)):
             return []
@@ -72,8 +75,12 @@ class CompletionAssembler:
         offset = choice.length
         for token, logprob, alts in chunk.logprobs:
             top = {t: lp for t, lp in alts[: self.call.logprobs]}
-            for key, value in (("tokens", token), ("token_logprobs", logprob), ("top_logprobs", top),
-                               ("text_offset", offset)):
+            for key, value in (
+                ("tokens", token),
+                ("token_logprobs", logprob),
+                ("top_logprobs", top),
+                ("text_offset", offset),
+            ):
                 piece[key].append(value)
             offset += len(token)
         choice.tokens += piece["tokens"]
@@ -82,24 +89,52 @@ class CompletionAssembler:
         choice.text_offset += piece["text_offset"]
         return piece
 
-    def _chunk(self, index: int, text: str, logprobs: dict[str, Any] | None,
-               finish_reason: str | None) -> dict[str, Any]:
-        return {"id": self.call.id, "object": "text_completion", "created": self.created, "model": self.call.model,
-                "system_fingerprint": None,
-                "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
+    def _chunk(
+        self, index: int, text: str, logprobs: dict[str, Any] | None, finish_reason: str | None
+    ) -> dict[str, Any]:
+        return {
+            "id": self.call.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.call.model,
+            "system_fingerprint": None,
+            "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+        }
 
     def usage_chunk(self) -> dict[str, Any] | None:
         if not self.call.stream.include_usage:
             return None
-        return {"id": self.call.id, "object": "text_completion", "created": self.created, "model": self.call.model,
-                "choices": [], "usage": usage_body(self.usage)}
+        return {
+            "id": self.call.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.call.model,
+            "choices": [],
+            "usage": usage_body(self.usage),
+        }
 
     def body(self) -> dict[str, Any]:
         choices = []
         for i, c in enumerate(self.choices):
-            logprobs = ({"tokens": c.tokens, "token_logprobs": c.token_logprobs, "top_logprobs": c.top_logprobs,
-                         "text_offset": c.text_offset} if self.call.logprobs is not None else None)
-            choices.append({"index": i, "text": "".join(c.text), "logprobs": logprobs,
-                            "finish_reason": c.finish_reason or "stop"})
-        return {"id": self.call.id, "object": "text_completion", "created": self.created, "model": self.call.model,
-                "system_fingerprint": None, "choices": choices, "usage": usage_body(self.usage)}
+            logprobs = (
+                {
+                    "tokens": c.tokens,
+                    "token_logprobs": c.token_logprobs,
+                    "top_logprobs": c.top_logprobs,
+                    "text_offset": c.text_offset,
+                }
+                if self.call.logprobs is not None
+                else None
+            )
+            choices.append(
+                {"index": i, "text": "".join(c.text), "logprobs": logprobs, "finish_reason": c.finish_reason or "stop"}
+            )
+        return {
+            "id": self.call.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.call.model,
+            "system_fingerprint": None,
+            "choices": choices,
+            "usage": usage_body(self.usage),
+        }

@@ -1,4 +1,5 @@
 """POST /v1/completions: raw prompts without a chat template; several prompts run one after another."""
+
 from __future__ import annotations
 
 import logging
@@ -7,18 +8,24 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
 from omni_gateway.gateway.http.completion_request import CompletionCall, parse_completion
 from omni_gateway.gateway.http.completion_response import CompletionAssembler
 from omni_gateway.gateway.http.endpoint import read_json
 from omni_gateway.gateway.http.errors import ApiError, from_backend, internal
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.http.sampling import check_context
-from omni_gateway.gateway.http.streaming import SSE_DONE, CancellableStream, Generation, sse_event, start, unless_disconnected
+from omni_gateway.gateway.http.streaming import (
+    SSE_DONE,
+    CancellableStream,
+    Generation,
+    sse_event,
+    start,
+    unless_disconnected,
+)
 from omni_gateway.gateway.metrics import TokenTimer, count_tokens
 from omni_gateway.omni.protocol import Error, OmniBackend, OutputChunk, TextDelta
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 log = logging.getLogger("omni_gateway.gateway.http")
 API = "completions"

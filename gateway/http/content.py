@@ -2,18 +2,20 @@
 
 Pure: no I/O. Images travel as data URIs only, since this server does not fetch URLs.
 """
+
 from __future__ import annotations
 
 import base64
 import binascii
 from dataclasses import dataclass
+from typing import cast
 
 from omni_gateway.gateway.client_text import shown
 from omni_gateway.gateway.http.errors import ApiError, invalid
 from omni_gateway.gateway.http.fields import get_str, require_object
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.http.wav import decode_wav
-from omni_gateway.omni.protocol import AudioPart, Capabilities, ImagePart, Message, Part, TextPart, ToolCall
+from omni_gateway.omni.protocol import AudioPart, Capabilities, ImagePart, Message, Part, Role, TextPart, ToolCall
 
 IMAGE_MIMES = ("image/png", "image/jpeg", "image/jpg", "image/webp", "image/gif")
 AUDIO_FORMATS = ("wav", "mp3")
@@ -29,8 +31,11 @@ def parse_messages(value: object, caps: Capabilities, limits: HttpLimits) -> tup
     if not isinstance(value, list) or not value:
         raise invalid("'messages' must be a non-empty array of message objects.", "messages")
     if len(value) > limits.max_messages:
-        raise invalid(f"'messages' has {len(value)} entries; at most {limits.max_messages} are accepted.",
-                      "messages", "array_above_max_length")
+        raise invalid(
+            f"'messages' has {len(value)} entries; at most {limits.max_messages} are accepted.",
+            "messages",
+            "array_above_max_length",
+        )
     budget = _MediaBudget(limits.max_media_parts)
     return tuple(_message(m, f"messages[{i}]", caps, limits, budget) for i, m in enumerate(value))
 
@@ -48,11 +53,12 @@ def _message(value: object, param: str, caps: Capabilities, limits: HttpLimits, 
         tool_call_id = get_str(body, "tool_call_id", required=True, param=f"{param}.tool_call_id")
     if not parts and not tool_calls and role != "assistant":
         raise invalid(f"'{param}.content' must not be empty for a {role_name} message.", f"{param}.content")
-    return Message(role=role, parts=parts, tool_calls=tool_calls, tool_call_id=tool_call_id)
+    return Message(role=cast(Role, role), parts=parts, tool_calls=tool_calls, tool_call_id=tool_call_id)
 
 
-def _content(value: object, param: str, role: str, caps: Capabilities, limits: HttpLimits,
-             budget: _MediaBudget) -> tuple[Part, ...]:
+def _content(
+    value: object, param: str, role: str, caps: Capabilities, limits: HttpLimits, budget: _MediaBudget
+) -> tuple[Part, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
@@ -77,8 +83,11 @@ def _content(value: object, param: str, role: str, caps: Capabilities, limits: H
             raise invalid(f"'{p}.type' must be 'text', 'image_url' or 'input_audio', got {shown(kind)}.", f"{p}.type")
         budget.left -= 1
         if budget.left < 0:
-            raise invalid(f"at most {limits.max_media_parts} images and audio clips are accepted per request.",
-                          p, "too_many_media_parts")
+            raise invalid(
+                f"at most {limits.max_media_parts} images and audio clips are accepted per request.",
+                p,
+                "too_many_media_parts",
+            )
     return tuple(parts)
 
 
@@ -91,17 +100,27 @@ def _image(value: object, param: str, caps: Capabilities, limits: HttpLimits) ->
     url = get_str(body, "url", required=True, param=f"{param}.url")
     detail = get_str(body, "detail", "auto", choices=("auto", "low", "high"), param=f"{param}.detail")
     if not url.startswith("data:"):
-        raise invalid(f"'{param}.url' must be a base64 data URI (data:image/png;base64,...); this server does "
-                      "not fetch images from URLs.", f"{param}.url", "invalid_image_url")
+        raise invalid(
+            f"'{param}.url' must be a base64 data URI (data:image/png;base64,...); this server does "
+            "not fetch images from URLs.",
+            f"{param}.url",
+            "invalid_image_url",
+        )
     header, sep, payload = url[5:].partition(",")
     mime, _, encoding = header.partition(";")
     if not sep or encoding != "base64":
-        raise invalid(f"'{param}.url' must be a base64 data URI of the form data:<mime>;base64,<data>.",
-                      f"{param}.url", "invalid_image_url")
+        raise invalid(
+            f"'{param}.url' must be a base64 data URI of the form data:<mime>;base64,<data>.",
+            f"{param}.url",
+            "invalid_image_url",
+        )
     mime = mime.lower()
     if mime not in IMAGE_MIMES:
-        raise invalid(f"'{param}.url' has media type {shown(mime)}; accepted: {', '.join(IMAGE_MIMES)}.",
-                      f"{param}.url", "invalid_image_format")
+        raise invalid(
+            f"'{param}.url' has media type {shown(mime)}; accepted: {', '.join(IMAGE_MIMES)}.",
+            f"{param}.url",
+            "invalid_image_format",
+        )
     data = b64decode(payload, f"{param}.url", limits.max_media_bytes)
     return ImagePart(data=data, mime="image/jpeg" if mime == "image/jpg" else mime, detail=detail)
 
@@ -111,8 +130,9 @@ def _audio(value: object, param: str, caps: Capabilities, limits: HttpLimits) ->
         raise invalid(f"model '{caps.model}' does not accept audio input.", param, "unsupported_modality")
     body = require_object(value, param)
     fmt = get_str(body, "format", required=True, choices=AUDIO_FORMATS, param=f"{param}.format")
-    data = b64decode(get_str(body, "data", required=True, param=f"{param}.data"), f"{param}.data",
-                     limits.max_media_bytes)
+    data = b64decode(
+        get_str(body, "data", required=True, param=f"{param}.data"), f"{param}.data", limits.max_media_bytes
+    )
     if fmt == "wav":
         pcm16, rate = decode_wav(data, max_seconds=limits.max_audio_seconds, param=f"{param}.data")
         return AudioPart(pcm16=pcm16, sample_rate=rate)
@@ -122,8 +142,7 @@ def _audio(value: object, param: str, caps: Capabilities, limits: HttpLimits) ->
 def b64decode(text: str, param: str, max_bytes: int) -> bytes:
     """Decode strict base64, refusing before decoding anything when the result would be over ``max_bytes``."""
     if len(text) // 4 * 3 > max_bytes + 2:
-        raise ApiError(413, f"'{param}' decodes to more than {max_bytes} bytes.", param=param,
-                       code="media_too_large")
+        raise ApiError(413, f"'{param}' decodes to more than {max_bytes} bytes.", param=param, code="media_too_large")
     try:
         data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
@@ -143,7 +162,11 @@ def _tool_calls(value: object, param: str) -> tuple[ToolCall, ...]:
         p = f"{param}[{i}]"
         call = require_object(item, p)
         fn = require_object(call.get("function"), f"{p}.function")
-        calls.append(ToolCall(call_id=get_str(call, "id", required=True, param=f"{p}.id"),
-                              name=get_str(fn, "name", required=True, param=f"{p}.function.name"),
-                              arguments=get_str(fn, "arguments", "{}", param=f"{p}.function.arguments")))
+        calls.append(
+            ToolCall(
+                call_id=get_str(call, "id", required=True, param=f"{p}.id"),
+                name=get_str(fn, "name", required=True, param=f"{p}.function.name"),
+                arguments=get_str(fn, "arguments", "{}", param=f"{p}.function.arguments"),
+            )
+        )
     return tuple(calls)

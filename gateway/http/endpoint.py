@@ -1,18 +1,18 @@
 """What every HTTP route shares: bounded body reading, error envelope, request metrics (the guard admits)."""
+
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import Awaitable, Callable
 
-from starlette.requests import Request
-from starlette.responses import Response
-
 from omni_gateway.gateway.client_text import invalid_text_message, invalid_text_path
 from omni_gateway.gateway.http.errors import ApiError, internal, invalid
 from omni_gateway.gateway.http.streaming import ClientGone
 from omni_gateway.gateway.metrics import HTTP_REQUESTS
 from omni_gateway.omni.protocol import InvalidInput
+from starlette.requests import Request
+from starlette.responses import Response
 
 log = logging.getLogger("omni_gateway.gateway.http")
 Handler = Callable[[Request], Awaitable[Response]]

@@ -3,15 +3,15 @@
 Messages are always composed here or in request validation; decoder or backend exception text is never
 echoed to the client, since such text can leak memory addresses and internals.
 """
+
 from __future__ import annotations
 
 import dataclasses
-
-from starlette.responses import JSONResponse
+from typing import Any
 
 from omni_gateway.gateway.errors import client_safe
-
 from omni_gateway.omni.protocol import Error
+from starlette.responses import JSONResponse
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -37,7 +37,7 @@ class ApiError(Exception):
         self.code = code
         self.type = _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:

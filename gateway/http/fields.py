@@ -2,26 +2,69 @@
 
 Pure functions: no I/O, so request parsing is unit-tested without a server.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal, overload
 
 from omni_gateway.gateway.client_text import shown
 from omni_gateway.gateway.http.errors import invalid
+
 
 def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def require_object(value: Any, param: str) -> dict:
+def require_object(value: Any, param: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise invalid(f"'{param}' must be a JSON object, got {_type_name(value)}.", param)
     return value
 
 
-def get_str(body: dict, key: str, default: str | None = None, *, required: bool = False,
-            choices: tuple[str, ...] = (), max_len: int | None = None, param: str | None = None) -> str | None:
+@overload
+def get_str(
+    body: dict[str, Any],
+    key: str,
+    default: str,
+    *,
+    required: bool = ...,
+    choices: tuple[str, ...] = ...,
+    max_len: int | None = ...,
+    param: str | None = ...,
+) -> str: ...
+@overload
+def get_str(
+    body: dict[str, Any],
+    key: str,
+    default: None = ...,
+    *,
+    required: Literal[True],
+    choices: tuple[str, ...] = ...,
+    max_len: int | None = ...,
+    param: str | None = ...,
+) -> str: ...
+@overload
+def get_str(
+    body: dict[str, Any],
+    key: str,
+    default: None = ...,
+    *,
+    required: bool = ...,
+    choices: tuple[str, ...] = ...,
+    max_len: int | None = ...,
+    param: str | None = ...,
+) -> str | None: ...
+def get_str(
+    body: dict[str, Any],
+    key: str,
+    default: str | None = None,
+    *,
+    required: bool = False,
+    choices: tuple[str, ...] = (),
+    max_len: int | None = None,
+    param: str | None = None,
+) -> str | None:
     param = param or key
     value = body.get(key)
     if value is None:
@@ -33,12 +76,15 @@ def get_str(body: dict, key: str, default: str | None = None, *, required: bool 
     if choices and value not in choices:
         raise invalid(f"'{param}' must be one of {', '.join(repr(c) for c in choices)}, got {shown(value)}.", param)
     if max_len is not None and len(value) > max_len:
-        raise invalid(f"'{param}' is {len(value)} characters long; at most {max_len} are accepted.", param,
-                      "string_above_max_length")
+        raise invalid(
+            f"'{param}' is {len(value)} characters long; at most {max_len} are accepted.",
+            param,
+            "string_above_max_length",
+        )
     return value
 
 
-def get_bool(body: dict, key: str, default: bool = False, *, param: str | None = None) -> bool:
+def get_bool(body: dict[str, Any], key: str, default: bool = False, *, param: str | None = None) -> bool:
     value = body.get(key)
     if value is None:
         return default
@@ -47,8 +93,29 @@ def get_bool(body: dict, key: str, default: bool = False, *, param: str | None =
     return value
 
 
-def get_int(body: dict, key: str, default: int | None = None, *, lo: int | None = None, hi: int | None = None,
-            param: str | None = None) -> int | None:
+@overload
+def get_int(
+    body: dict[str, Any], key: str, default: int, *, lo: int | None = ..., hi: int | None = ..., param: str | None = ...
+) -> int: ...
+@overload
+def get_int(
+    body: dict[str, Any],
+    key: str,
+    default: None = ...,
+    *,
+    lo: int | None = ...,
+    hi: int | None = ...,
+    param: str | None = ...,
+) -> int | None: ...
+def get_int(
+    body: dict[str, Any],
+    key: str,
+    default: int | None = None,
+    *,
+    lo: int | None = None,
+    hi: int | None = None,
+    param: str | None = None,
+) -> int | None:
     param = param or key
     value = body.get(key)
     if value is None:
@@ -59,8 +126,35 @@ def get_int(body: dict, key: str, default: int | None = None, *, lo: int | None 
     return value
 
 
-def get_float(body: dict, key: str, default: float | None = None, *, lo: float | None = None,
-              hi: float | None = None, param: str | None = None) -> float | None:
+@overload
+def get_float(
+    body: dict[str, Any],
+    key: str,
+    default: float,
+    *,
+    lo: float | None = ...,
+    hi: float | None = ...,
+    param: str | None = ...,
+) -> float: ...
+@overload
+def get_float(
+    body: dict[str, Any],
+    key: str,
+    default: None = ...,
+    *,
+    lo: float | None = ...,
+    hi: float | None = ...,
+    param: str | None = ...,
+) -> float | None: ...
+def get_float(
+    body: dict[str, Any],
+    key: str,
+    default: float | None = None,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    param: str | None = None,
+) -> float | None:
     param = param or key
     value = body.get(key)
     if value is None:
@@ -78,7 +172,7 @@ def _check_range(value: float, lo: float | None, hi: float | None, param: str) -
         raise invalid(f"{shown(value)} is greater than the maximum of {hi} - '{param}'.", param, "above_maximum")
 
 
-def get_stop(body: dict, *, max_items: int, max_len: int) -> tuple[str, ...]:
+def get_stop(body: dict[str, Any], *, max_items: int, max_len: int) -> tuple[str, ...]:
     value = body.get("stop")
     if value is None:
         return ()

@@ -1,4 +1,5 @@
 """POST /v1/images/generations: base64 PNGs, or partial and final images as server-sent events."""
+
 from __future__ import annotations
 
 import base64
@@ -7,28 +8,36 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
 from omni_gateway.gateway.http.endpoint import read_json
 from omni_gateway.gateway.http.errors import ApiError, from_backend, internal
 from omni_gateway.gateway.http.image_request import ImageCall, parse_image_generation
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.http.streaming import CancellableStream, Generation, sse_event, start, unless_disconnected
 from omni_gateway.omni.protocol import Error, ImageFinal, ImagePartial, OmniBackend, OutputChunk, Usage
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 log = logging.getLogger("omni_gateway.gateway.http")
 
 
 def _usage(usage: Usage) -> dict[str, Any]:
-    return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
-            "total_tokens": usage.input_tokens + usage.output_tokens,
-            "input_tokens_details": {"text_tokens": usage.input_tokens, "image_tokens": 0}}
+    return {
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+        "input_tokens_details": {"text_tokens": usage.input_tokens, "image_tokens": 0},
+    }
 
 
 def _event_fields(call: ImageCall, png: bytes) -> dict[str, Any]:
-    return {"b64_json": base64.b64encode(png).decode(), "created_at": int(time.time()), "size": call.size,
-            "quality": "auto", "background": "opaque", "output_format": "png"}
+    return {
+        "b64_json": base64.b64encode(png).decode(),
+        "created_at": int(time.time()),
+        "size": call.size,
+        "quality": "auto",
+        "background": "opaque",
+        "output_format": "png",
+    }
 
 
 async def image_generations(request: Request, backend: OmniBackend, limits: HttpLimits) -> Response:
@@ -61,9 +70,13 @@ async def _collect(call: ImageCall, generation: Generation, first: OutputChunk |
             usage = chunk
     if len(finals) != call.request.image.n:
         raise internal()
-    return {"created": int(time.time()), "size": call.size, "output_format": "png", "usage": _usage(usage),
-            "data": [{"b64_json": base64.b64encode(finals[i]).decode(), "revised_prompt": None}
-                     for i in sorted(finals)]}
+    return {
+        "created": int(time.time()),
+        "size": call.size,
+        "output_format": "png",
+        "usage": _usage(usage),
+        "data": [{"b64_json": base64.b64encode(finals[i]).decode(), "revised_prompt": None} for i in sorted(finals)],
+    }
 
 
 async def _events(call: ImageCall, generation: Generation, first: OutputChunk | None) -> AsyncIterator[bytes]:
@@ -76,15 +89,23 @@ async def _events(call: ImageCall, generation: Generation, first: OutputChunk | 
                 count = sent_partials.get(chunk.image_index, 0)
                 if count < call.partial_images:  # the backend may preview more often than asked
                     sent_partials[chunk.image_index] = count + 1
-                    yield sse_event({"type": "image_generation.partial_image", "partial_image_index": count,
-                                     **_event_fields(call, chunk.png)}, "image_generation.partial_image")
+                    yield sse_event(
+                        {
+                            "type": "image_generation.partial_image",
+                            "partial_image_index": count,
+                            **_event_fields(call, chunk.png),
+                        },
+                        "image_generation.partial_image",
+                    )
             elif isinstance(chunk, ImageFinal):
                 finals.append(chunk)  # completed events carry usage, known only at the end of the stream
             elif isinstance(chunk, Usage):
                 usage = chunk
         for final in finals:
-            yield sse_event({"type": "image_generation.completed", "usage": _usage(usage),
-                             **_event_fields(call, final.png)}, "image_generation.completed")
+            yield sse_event(
+                {"type": "image_generation.completed", "usage": _usage(usage), **_event_fields(call, final.png)},
+                "image_generation.completed",
+            )
     except ApiError as error:
         yield sse_event(error.body(), "error")
     except Exception:

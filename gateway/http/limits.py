@@ -1,4 +1,5 @@
 """Bounds the HTTP API enforces before anything reaches the backend."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

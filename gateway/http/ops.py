@@ -1,15 +1,16 @@
 """Model listing, health and Prometheus metrics."""
+
 from __future__ import annotations
 
 from typing import Any
 
+from omni_gateway.gateway.http.errors import ApiError
+from omni_gateway.gateway.metrics import exposition
+from omni_gateway.omni.protocol import OmniBackend
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from omni_gateway.gateway.http.errors import ApiError
-from omni_gateway.gateway.metrics import exposition
-from omni_gateway.omni.protocol import OmniBackend
 
 def _model_card(backend: OmniBackend) -> dict[str, Any]:
     return {"id": backend.capabilities.model, "object": "model", "created": 0, "owned_by": "omni"}
@@ -29,8 +30,9 @@ async def get_model(request: Request, backend: OmniBackend) -> Response:
 async def health(request: Request, backend: OmniBackend) -> Response:
     """200 only while the backend says it can serve: a dead engine thread must not look healthy."""
     state = backend.health()
-    return JSONResponse({"status": "ok" if state.ok else "unhealthy", "detail": state.detail},
-                        status_code=200 if state.ok else 503)
+    return JSONResponse(
+        {"status": "ok" if state.ok else "unhealthy", "detail": state.detail}, status_code=200 if state.ok else 503
+    )
 
 
 async def metrics(request: Request, backend: OmniBackend) -> Response:

@@ -1,4 +1,5 @@
 """Fields shared by /v1/chat/completions and /v1/completions: model, sampling knobs, streaming options."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,8 +20,12 @@ class StreamOptions:
 def check_model(body: dict[str, Any], caps: Capabilities) -> str:
     model: str | None = get_str(body, "model", required=True)
     if model is None or model != caps.model:
-        raise ApiError(404, f"The model '{model}' does not exist; this server serves '{caps.model}'.",
-                       param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"The model '{model}' does not exist; this server serves '{caps.model}'.",
+            param="model",
+            code="model_not_found",
+        )
     return model
 
 
@@ -49,7 +54,7 @@ def parse_sampling(body: dict[str, Any], limits: HttpLimits, *, logprobs: int | 
         top_p=get_float(body, "top_p", lo=0.0, hi=1.0),
         presence_penalty=get_float(body, "presence_penalty", lo=-2.0, hi=2.0),
         frequency_penalty=get_float(body, "frequency_penalty", lo=-2.0, hi=2.0),
-        seed=get_int(body, "seed", lo=-(2 ** 63), hi=2 ** 64 - 1),
+        seed=get_int(body, "seed", lo=-(2**63), hi=2**64 - 1),
         stop=get_stop(body, max_items=limits.max_stop_sequences, max_len=limits.max_stop_chars),
         logprobs=logprobs,
         n=get_int(body, "n", 1, lo=1, hi=limits.max_n),
@@ -63,8 +68,14 @@ def check_context(prompt_tokens: int, max_tokens: int | None, caps: Capabilities
         return
     wanted = prompt_tokens + (max_tokens or 1)
     if wanted > limit:
-        detail = (f"{prompt_tokens} in the prompt, {max_tokens} in the completion" if max_tokens
-                  else f"{prompt_tokens} in the prompt")
-        raise invalid(f"This model's maximum context length is {limit} tokens. However, you requested "
-                      f"{wanted} tokens ({detail}). Please reduce the prompt or the completion length.",
-                      "messages", "context_length_exceeded")
+        detail = (
+            f"{prompt_tokens} in the prompt, {max_tokens} in the completion"
+            if max_tokens
+            else f"{prompt_tokens} in the prompt"
+        )
+        raise invalid(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{wanted} tokens ({detail}). Please reduce the prompt or the completion length.",
+            "messages",
+            "context_length_exceeded",
+        )

@@ -4,6 +4,7 @@ A generation that did not run to completion is always ended twice over: closing 
 cancels every stage, and ``backend.abort`` frees the engine's request even if the iterator ignored the
 close. Cleanup runs shielded, because under anyio a cancelled scope re-raises at every await.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,12 +12,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
+from omni_gateway.gateway.http.errors import from_backend
+from omni_gateway.omni.protocol import Error, OmniBackend, OmniRequest, OutputChunk
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
-
-from omni_gateway.gateway.http.errors import from_backend
-from omni_gateway.omni.protocol import Error, OmniBackend, OmniRequest, OutputChunk
 
 T = TypeVar("T")
 
@@ -57,8 +57,9 @@ class Generation:
             await self._backend.abort(self.request_id)
 
 
-async def start(request: Request, backend: OmniBackend, omni_request: OmniRequest
-                ) -> tuple[Generation, OutputChunk | None]:
+async def start(
+    request: Request, backend: OmniBackend, omni_request: OmniRequest
+) -> tuple[Generation, OutputChunk | None]:
     """Open a generation and wait for its first chunk, so that an immediate ``Error`` chunk (overload,
     invalid input) still becomes a plain HTTP error with its status instead of an event in a 200 stream."""
     generation = Generation(backend, omni_request)
@@ -83,6 +84,7 @@ async def unless_disconnected(request: Request, work: Callable[[], Awaitable[T]]
     result: list[T] = []
     failure: list[Exception] = []
     async with anyio.create_task_group() as group:
+
         async def run() -> None:
             try:
                 result.append(await work())
@@ -116,15 +118,24 @@ class CancellableStream(StreamingResponse):
     disconnects, whatever ASGI spec version the server speaks, and that always runs ``cleanup``, even
     when the body was never iterated."""
 
-    def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], Awaitable[None]],
-                 media_type: str = "text/event-stream", headers: dict[str, str] | None = None) -> None:
-        super().__init__(content, media_type=media_type,
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        cleanup: Callable[[], Awaitable[None]],
+        media_type: str = "text/event-stream",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            content,
+            media_type=media_type,
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
+        )
         self._cleanup = cleanup
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             async with anyio.create_task_group() as group:
+
                 async def stream() -> None:
                     await self.stream_response(send)
                     group.cancel_scope.cancel()

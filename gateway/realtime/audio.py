@@ -4,12 +4,12 @@ Everything inside the session is 24 kHz pcm16 (what the VAD, ASR and TTS are fed
 8 kHz, so it is resampled at the edge. Resampling is linear interpolation, enough for telephone-band
 audio whose content is already below 4 kHz.
 """
+
 from __future__ import annotations
 
 from typing import Literal
 
 import numpy as np
-
 from omni_gateway.gateway.realtime import g711
 
 AudioFormat = Literal["pcm16", "g711_ulaw", "g711_alaw"]
@@ -43,7 +43,7 @@ def decode(data: bytes, fmt: AudioFormat) -> bytes:
     return resample(samples, G711_RATE, SAMPLE_RATE).astype("<i2").tobytes()
 
 
-def encode(pcm16: bytes, fmt: AudioFormat, sample_rate: int = SAMPLE_RATE) -> bytes:
+def encode(pcm16: bytes | bytearray, fmt: AudioFormat, sample_rate: int = SAMPLE_RATE) -> bytes:
     """pcm16 at ``sample_rate`` -> bytes in the client's output format (pcm16 always at 24 kHz)."""
     samples = np.frombuffer(pcm16[: len(pcm16) - len(pcm16) % 2], dtype="<i2")
     if fmt == "pcm16":
@@ -55,6 +55,6 @@ def encode(pcm16: bytes, fmt: AudioFormat, sample_rate: int = SAMPLE_RATE) -> by
     return encoded
 
 
-def duration_ms(pcm16_24k: bytes | int) -> float:
+def duration_ms(pcm16_24k: bytes | bytearray | int) -> float:
     n = pcm16_24k if isinstance(pcm16_24k, int) else len(pcm16_24k)
     return n / BYTES_PER_MS

@@ -6,6 +6,7 @@ id (``on_transcription``/``on_transcription_failed``, ``on_prompt_fitted``/``on_
 ``on_asr_timeout``). Task ids are unique among the running tasks; an outcome for an id the session no
 longer tracks is ignored.
 """
+
 from __future__ import annotations
 
 import secrets

@@ -9,22 +9,31 @@ event has waited half of ``send_timeout_s``, the session stops generating for it
 with 1008. Bytes alone never close it: one event may be larger than the bound (a long audio item
 retrieved), and it is the waiting that tells a client that does not read.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
 
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
-
 from omni_gateway.gateway.config import GatewayConfig
-from omni_gateway.gateway.realtime.commands import (CLOSE_GOING_AWAY, CLOSE_INTERNAL, CancelTask, Close, Output, Send,
-                                                    StartTask, VadFactory, Work)
+from omni_gateway.gateway.realtime.commands import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL,
+    CancelTask,
+    Close,
+    Output,
+    Send,
+    StartTask,
+    VadFactory,
+    Work,
+)
 from omni_gateway.gateway.realtime.outbox import Outbox
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.gateway.realtime.settings import Dialect
 from omni_gateway.gateway.realtime.tasks import run_task
 from omni_gateway.omni.protocol import OmniBackend
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +43,26 @@ CLOSE_TOO_BIG = 1009
 
 
 class RealtimeConnection:
-    def __init__(self, websocket: WebSocket, backend: OmniBackend, config: GatewayConfig, dialect: Dialect,
-                 vad_factory: VadFactory | None, intent: str = "realtime") -> None:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        backend: OmniBackend,
+        config: GatewayConfig,
+        dialect: Dialect,
+        vad_factory: VadFactory | None,
+        intent: str = "realtime",
+    ) -> None:
         self.ws = websocket
         self.backend = backend
         self.config = config
-        self.session = RealtimeSession(dialect=dialect, capabilities=backend.capabilities, vad_factory=vad_factory,
-                                       limits=config.session, intent=intent, count_tokens=backend.count_tokens)
+        self.session = RealtimeSession(
+            dialect=dialect,
+            capabilities=backend.capabilities,
+            vad_factory=vad_factory,
+            limits=config.session,
+            intent=intent,
+            count_tokens=backend.count_tokens,
+        )
         self._outbox = Outbox(config.send_queue_max, config.send_queue_max_bytes)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._close: tuple[int, str] | None = None
@@ -56,7 +78,7 @@ class RealtimeConnection:
         try:
             self._apply(self.session.open())
             await asyncio.wait_for(asyncio.shield(self._reader_task), timeout=self.session.limits.session_seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._apply(self.session.on_expired())
         except asyncio.CancelledError:
             pass
@@ -73,11 +95,10 @@ class RealtimeConnection:
             await asyncio.wait({writer}, timeout=2.0)
         writer.cancel()
         await asyncio.gather(writer, return_exceptions=True)
-        if self.ws.application_state == WebSocketState.CONNECTED and \
-                self.ws.client_state == WebSocketState.CONNECTED:
+        if self.ws.application_state == WebSocketState.CONNECTED and self.ws.client_state == WebSocketState.CONNECTED:
             try:  # bounded: a client that stopped reading may never take the close frame
                 await asyncio.wait_for(self.ws.close(code=code, reason=reason), timeout=2.0)
-            except (asyncio.TimeoutError, RuntimeError, OSError, WebSocketDisconnect):
+            except (TimeoutError, RuntimeError, OSError, WebSocketDisconnect):
                 pass
 
     def backend_stopped(self) -> None:
@@ -176,7 +197,7 @@ class RealtimeConnection:
                 try:
                     await asyncio.wait_for(self._state_changed.wait(), timeout=delay)
                     continue  # something happened: the deadline may have moved
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             await self._dispatch(self.session.on_idle())
 

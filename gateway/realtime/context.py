@@ -1,4 +1,5 @@
 """What a response is generated from: its context items, metadata, and the ``OmniRequest`` built of them."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -8,8 +9,20 @@ from omni_gateway.gateway.realtime.audio import SAMPLE_RATE
 from omni_gateway.gateway.realtime.errors import invalid_type, invalid_value
 from omni_gateway.gateway.realtime.items import Item, ItemStore, parse_client_item
 from omni_gateway.gateway.realtime.settings import SessionSettings
-from omni_gateway.omni.protocol import (AudioOutputOptions, AudioPart, ImageOutputOptions, ImagePart, Message, Modality,
-                           OmniRequest, Part, Role, SamplingOptions, TextPart, ToolCall)
+from omni_gateway.omni.protocol import (
+    AudioOutputOptions,
+    AudioPart,
+    ImageOutputOptions,
+    ImagePart,
+    Message,
+    Modality,
+    OmniRequest,
+    Part,
+    Role,
+    SamplingOptions,
+    TextPart,
+    ToolCall,
+)
 
 
 def item_to_message(item: Item) -> Message | None:
@@ -40,8 +53,12 @@ def item_to_message(item: Item) -> Message | None:
 
 def is_frame(item: Item) -> bool:
     """A user message of images only: what a client streaming a camera sends once a second."""
-    return item.type == "message" and item.role == "user" and bool(item.content) \
+    return (
+        item.type == "message"
+        and item.role == "user"
+        and bool(item.content)
         and all(c.type == "input_image" for c in item.content)
+    )
 
 
 def has_images(items: list[Item]) -> bool:
@@ -52,18 +69,25 @@ def recent_frames_only(items: list[Item], keep: int) -> list[Item]:
     """The context without all but the ``keep`` most recent image-only user items, so a camera stream
     does not grow the prompt without bound; the dropped frames stay in the conversation."""
     frames = [it for it in items if is_frame(it)]
-    stale = {id(it) for it in frames[:max(0, len(frames) - keep)]}
+    stale = {id(it) for it in frames[: max(0, len(frames) - keep)]}
     return [it for it in items if id(it) not in stale]
 
 
 def request_modalities(settings: SessionSettings) -> tuple[Modality, ...]:
-    spoken: tuple[Modality, ...] = ("text", "audio") if settings.wants_audio else \
-        ("text",) if "text" in settings.output_modalities else ()
+    spoken: tuple[Modality, ...] = (
+        ("text", "audio") if settings.wants_audio else ("text",) if "text" in settings.output_modalities else ()
+    )
     return spoken + (("image",) if settings.wants_image else ())
 
 
-def build_request(request_id: str, settings: SessionSettings, items: list[Item], *, max_image_frames: int,
-                  image: ImageOutputOptions | None = None) -> OmniRequest:
+def build_request(
+    request_id: str,
+    settings: SessionSettings,
+    items: list[Item],
+    *,
+    max_image_frames: int,
+    image: ImageOutputOptions | None = None,
+) -> OmniRequest:
     messages: list[Message] = []
     if settings.instructions:
         messages.append(Message("system", parts=(TextPart(settings.instructions),)))
@@ -86,14 +110,18 @@ def build_request(request_id: str, settings: SessionSettings, items: list[Item],
 def parse_metadata(raw: Any) -> dict[str, str] | None:
     if raw is None:
         return None
-    if not isinstance(raw, dict) or len(raw) > 16 or any(
-            not isinstance(k, str) or not isinstance(v, str) or len(k) > 64 or len(v) > 512 for k, v in raw.items()):
+    if (
+        not isinstance(raw, dict)
+        or len(raw) > 16
+        or any(not isinstance(k, str) or not isinstance(v, str) or len(k) > 64 or len(v) > 512 for k, v in raw.items())
+    ):
         raise invalid_value("response.metadata", "at most 16 string pairs (keys <= 64, values <= 512 chars)", raw)
     return raw
 
 
-def resolve_input(raw_input: Any, items: ItemStore, new_item_id: Callable[[], str], input_format: str, *,
-                  max_image_bytes: int) -> list[Item]:
+def resolve_input(
+    raw_input: Any, items: ItemStore, new_item_id: Callable[[], str], input_format: str, *, max_image_bytes: int
+) -> list[Item]:
     """``response.input``: absent -> the whole conversation; else its own items and references into it."""
     if raw_input is None:
         return list(items)
@@ -107,6 +135,9 @@ def resolve_input(raw_input: Any, items: ItemStore, new_item_id: Callable[[], st
                 raise invalid_value(f"response.input[{i}].id", "the id of an item in the conversation", raw.get("id"))
             context.append(ref)
         else:
-            context.append(parse_client_item(raw, new_item_id(), input_format, f"response.input[{i}]",
-                                             max_image_bytes=max_image_bytes))
+            context.append(
+                parse_client_item(
+                    raw, new_item_id(), input_format, f"response.input[{i}]", max_image_bytes=max_image_bytes
+                )
+            )
     return context

@@ -1,17 +1,17 @@
 """The ``/v1/realtime`` WebSocket handshake: dialect and subprotocol (the guard has admitted the socket)."""
+
 from __future__ import annotations
 
 import asyncio
 import logging
-
-from starlette.routing import WebSocketRoute
-from starlette.websockets import WebSocket
 
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.realtime.commands import VadFactory
 from omni_gateway.gateway.realtime.connection import RealtimeConnection
 from omni_gateway.gateway.realtime.settings import Dialect
 from omni_gateway.omni.protocol import Health, OmniBackend, VadSettings
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,7 @@ def realtime_route(backend: OmniBackend, config: GatewayConfig, vad_factory: Vad
         await websocket.accept(subprotocol=chosen_subprotocol(offered))
         # ?intent=transcription opens a session that only transcribes (GA clients, livekit's STT)
         intent = websocket.query_params.get("intent", "realtime")
-        connection = RealtimeConnection(websocket, backend, config, dialect_of(websocket, offered), vad_factory,
-                                        intent)
+        connection = RealtimeConnection(websocket, backend, config, dialect_of(websocket, offered), vad_factory, intent)
         watcher = asyncio.create_task(watch_backend(backend, connection, config.health_poll_s))
         try:
             await connection.run()

@@ -1,4 +1,5 @@
 """Client-visible protocol errors: raised inside the session, turned into one ``error`` event each."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,8 +10,9 @@ from omni_gateway.gateway.client_text import shown
 class RealtimeError(Exception):
     """A rejected client event. ``code`` is what clients key on (see realtime-protocol.md §7)."""
 
-    def __init__(self, code: str, message: str, param: str | None = None,
-                 error_type: str = "invalid_request_error") -> None:
+    def __init__(
+        self, code: str, message: str, param: str | None = None, error_type: str = "invalid_request_error"
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -18,8 +20,13 @@ class RealtimeError(Exception):
         self.error_type = error_type
 
     def body(self, client_event_id: str | None) -> dict[str, Any]:
-        return {"type": self.error_type, "code": self.code, "message": self.message,
-                "param": self.param, "event_id": client_event_id}
+        return {
+            "type": self.error_type,
+            "code": self.code,
+            "message": self.message,
+            "param": self.param,
+            "event_id": client_event_id,
+        }
 
 
 def invalid_value(param: str, expected: str, got: object) -> RealtimeError:
@@ -27,8 +34,9 @@ def invalid_value(param: str, expected: str, got: object) -> RealtimeError:
 
 
 def invalid_type(param: str, expected: str, got: object) -> RealtimeError:
-    return RealtimeError("invalid_type",
-                         f"Invalid type for '{param}': expected {expected}, got {type(got).__name__}.", param)
+    return RealtimeError(
+        "invalid_type", f"Invalid type for '{param}': expected {expected}, got {type(got).__name__}.", param
+    )
 
 
 def missing(param: str) -> RealtimeError:

@@ -3,6 +3,7 @@
 Decoding is one table lookup per byte. Encoding indexes a 65536-entry table by the 16-bit sample,
 so both directions are a single vectorised gather with no per-sample Python work.
 """
+
 from __future__ import annotations
 
 import numpy as np

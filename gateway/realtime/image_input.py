@@ -4,6 +4,7 @@ The gateway never fetches URLs (a client could make it reach any host) and never
 (decoding and its limits belong to the model side); it checks the URI form, the size and the file
 signature, so a bad image is refused at ``conversation.item.create`` rather than failing a response later.
 """
+
 from __future__ import annotations
 
 import base64
@@ -40,14 +41,15 @@ def parse_image_url(url: Any, param: str, max_bytes: int) -> tuple[bytes, str]:
     mime = _MIMES.get(match.group(1).lower())
     if mime is None:
         raise invalid_value(param, _EXPECTED_URI, match.group(0))
-    encoded = url[match.end():]
+    encoded = url[match.end() :]
     if len(encoded) // 4 * 3 > max_bytes + 2:  # refused before decoding: base64 is 4 chars per 3 bytes
         raise invalid_value(param, f"an image of at most {max_bytes} bytes", f"about {len(encoded) // 4 * 3} bytes")
     try:
         data = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError):
-        raise invalid_value(param, "valid base64 after 'base64,'", encoded[:32] + ("..." if len(encoded) > 32 else "")) \
-            from None
+        raise invalid_value(
+            param, "valid base64 after 'base64,'", encoded[:32] + ("..." if len(encoded) > 32 else "")
+        ) from None
     if len(data) > max_bytes:
         raise invalid_value(param, f"an image of at most {max_bytes} bytes", f"{len(data)} bytes")
     if not data:

@@ -4,6 +4,7 @@
 named as in OpenAI's image APIs. Previews are spread over the denoising steps the same way the HTTP
 ``/v1/images/generations`` route spreads them.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -37,9 +38,11 @@ def parse_image_options(raw: Any, param: str = "response.image") -> ImageOutputO
         text = raw["size"]
         width, _, height = text.partition("x") if isinstance(text, str) else ("", "", "")
         if not (width.isdigit() and height.isdigit()) or not all(
-                64 <= int(side) <= MAX_SIDE and int(side) % 8 == 0 for side in (width, height)):
-            raise invalid_value(f"{param}.size", f"'<width>x<height>' with sides multiples of 8 from 64 to {MAX_SIDE}",
-                                text)
+            64 <= int(side) <= MAX_SIDE and int(side) % 8 == 0 for side in (width, height)
+        ):
+            raise invalid_value(
+                f"{param}.size", f"'<width>x<height>' with sides multiples of 8 from 64 to {MAX_SIDE}", text
+            )
         size = (int(width), int(height))
     partials = _int(raw, "partial_images", param, 0, MAX_PARTIAL_IMAGES) or 0
     steps = _int(raw, "num_inference_steps", param, 1, MAX_STEPS)

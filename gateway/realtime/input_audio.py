@@ -3,6 +3,7 @@
 Positions are byte offsets into the session's whole input stream (24 kHz pcm16), so VAD times,
 ``audio_start_ms``/``audio_end_ms`` and buffer slices all agree.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -3,6 +3,7 @@
 Items are kept in their canonical (GA) form; only rendering differs between dialects. User audio is
 kept as 24 kHz pcm16 so it can be transcribed, retrieved and handed to the model.
 """
+
 from __future__ import annotations
 
 import base64
@@ -106,8 +107,7 @@ class Item:
 
 
 # ---- client items -------------------------------------------------------------------------------
-def parse_client_item(raw: Any, item_id: str, input_format: str, param: str = "item", *,
-                      max_image_bytes: int) -> Item:
+def parse_client_item(raw: Any, item_id: str, input_format: str, param: str = "item", *, max_image_bytes: int) -> Item:
     """A client-sent item (conversation.item.create / response.input) -> canonical Item."""
     if not isinstance(raw, dict):
         raise invalid_type(param, "an object", raw)
@@ -135,8 +135,10 @@ def parse_client_item(raw: Any, item_id: str, input_format: str, param: str = "i
     content = raw.get("content")
     if not isinstance(content, list):
         raise invalid_type(f"{param}.content", "an array of content parts", content)
-    parts = [_parse_content(part, role, input_format, f"{param}.content[{i}]", max_image_bytes)
-             for i, part in enumerate(content)]
+    parts = [
+        _parse_content(part, role, input_format, f"{param}.content[{i}]", max_image_bytes)
+        for i, part in enumerate(content)
+    ]
     return Item(item_id, "message", role=role, content=parts)
 
 
@@ -213,9 +215,12 @@ class ItemStore:
             return None
         index = next((i for i, it in enumerate(self._items) if it.id == previous_item_id), None)
         if index is None:
-            raise RealtimeError("invalid_value", f"Item with id {shown(previous_item_id)} not found: "
-                                "previous_item_id must name an item in the conversation or be 'root'.",
-                                "previous_item_id")
+            raise RealtimeError(
+                "invalid_value",
+                f"Item with id {shown(previous_item_id)} not found: "
+                "previous_item_id must name an item in the conversation or be 'root'.",
+                "previous_item_id",
+            )
         self._items.insert(index + 1, item)
         return previous_item_id
 

@@ -1,5 +1,6 @@
 """Server events waiting for the socket: serialized in the order the session produced them, bounded by
 count and bytes, each with the time it was queued so the writer knows how long the oldest has waited."""
+
 from __future__ import annotations
 
 import asyncio

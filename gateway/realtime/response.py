@@ -7,6 +7,7 @@ Generated images (an extension) follow OpenAI's Responses API: an ``image_genera
 ``response.image_generation_call.partial_image`` events for its previews, and the final base64 PNG as
 the item's ``result`` in ``response.output_item.done``.
 """
+
 from __future__ import annotations
 
 import base64
@@ -27,21 +28,37 @@ def render_usage(usage: Usage | None) -> dict[str, Any] | None:
         return None
     input_text = max(0, usage.input_tokens - usage.input_audio_tokens - usage.input_image_tokens)
     output_text = max(0, usage.output_tokens - usage.output_audio_tokens)
-    return {"total_tokens": usage.input_tokens + usage.output_tokens, "input_tokens": usage.input_tokens,
-            "output_tokens": usage.output_tokens,
-            "input_token_details": {"text_tokens": input_text, "audio_tokens": usage.input_audio_tokens,
-                                    "image_tokens": usage.input_image_tokens, "cached_tokens": usage.cached_tokens,
-                                    "cached_tokens_details": {"text_tokens": usage.cached_tokens, "audio_tokens": 0,
-                                                              "image_tokens": 0}},
-            "output_token_details": {"text_tokens": output_text, "audio_tokens": usage.output_audio_tokens}}
+    return {
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "input_token_details": {
+            "text_tokens": input_text,
+            "audio_tokens": usage.input_audio_tokens,
+            "image_tokens": usage.input_image_tokens,
+            "cached_tokens": usage.cached_tokens,
+            "cached_tokens_details": {"text_tokens": usage.cached_tokens, "audio_tokens": 0, "image_tokens": 0},
+        },
+        "output_token_details": {"text_tokens": output_text, "audio_tokens": usage.output_audio_tokens},
+    }
 
 
 class ResponseRun:
     """Builds the server events of one response. ``store`` is None for out-of-band responses."""
 
-    def __init__(self, response_id: str, settings: SessionSettings, dialect: Dialect, *, store: ItemStore | None,
-                 conversation_id: str | None, metadata: dict[str, str] | None, context: list[Item],
-                 new_item_id: Callable[[], str], image: ImageOutputOptions | None = None) -> None:
+    def __init__(
+        self,
+        response_id: str,
+        settings: SessionSettings,
+        dialect: Dialect,
+        *,
+        store: ItemStore | None,
+        conversation_id: str | None,
+        metadata: dict[str, str] | None,
+        context: list[Item],
+        new_item_id: Callable[[], str],
+        image: ImageOutputOptions | None = None,
+    ) -> None:
         self.id = response_id
         self.settings = settings
         self.dialect = dialect
@@ -72,18 +89,30 @@ class ResponseRun:
 
     def render(self) -> dict[str, Any]:
         s = self.settings
-        out: dict[str, Any] = {"object": "realtime.response", "id": self.id, "status": self.status,
-                               "status_details": self.status_details,
-                               "output": [item.render(self.dialect) for item in self.output],
-                               "conversation_id": self.conversation_id, "usage": render_usage(self.usage),
-                               "metadata": self.metadata, "max_output_tokens": s.max_output_tokens}
+        out: dict[str, Any] = {
+            "object": "realtime.response",
+            "id": self.id,
+            "status": self.status,
+            "status_details": self.status_details,
+            "output": [item.render(self.dialect) for item in self.output],
+            "conversation_id": self.conversation_id,
+            "usage": render_usage(self.usage),
+            "metadata": self.metadata,
+            "max_output_tokens": s.max_output_tokens,
+        }
         if self.dialect == "beta":
             spoken = ["text", "audio"] if s.wants_audio else ["text"] if "text" in s.output_modalities else []
-            out.update(modalities=spoken + (["image"] if s.wants_image else []), voice=s.voice,
-                       output_audio_format=s.output_format, temperature=s.temperature)
+            out.update(
+                modalities=spoken + (["image"] if s.wants_image else []),
+                voice=s.voice,
+                output_audio_format=s.output_format,
+                temperature=s.temperature,
+            )
         else:
-            out.update(output_modalities=list(s.output_modalities),
-                       audio={"output": {"format": render_ga_format(s.output_format), "voice": s.voice}})
+            out.update(
+                output_modalities=list(s.output_modalities),
+                audio={"output": {"format": render_ga_format(s.output_format), "voice": s.voice}},
+            )
         return out
 
     def created(self) -> list[Event]:
@@ -93,25 +122,37 @@ class ResponseRun:
     def _open_item(self, item: Item) -> list[Event]:
         item.status = "in_progress"
         self.output.append(item)
-        events: list[Event] = [{"type": "response.output_item.added", "response_id": self.id,
-                                "output_index": len(self.output) - 1, "item": item.render(self.dialect)}]
+        events: list[Event] = [
+            {
+                "type": "response.output_item.added",
+                "response_id": self.id,
+                "output_index": len(self.output) - 1,
+                "item": item.render(self.dialect),
+            }
+        ]
         if self.store is not None:
             previous = self.store.insert(item)
-            events.append({"type": "conversation.item.added", "previous_item_id": previous,
-                           "item": item.render(self.dialect)})
+            events.append(
+                {"type": "conversation.item.added", "previous_item_id": previous, "item": item.render(self.dialect)}
+            )
         return events
 
     def _close_item(self, item: Item, status: str) -> list[Event]:
         item.status = status
-        events: list[Event] = [{"type": "response.output_item.done", "response_id": self.id,
-                                "output_index": self.output.index(item), "item": item.render(self.dialect)}]
+        events: list[Event] = [
+            {
+                "type": "response.output_item.done",
+                "response_id": self.id,
+                "output_index": self.output.index(item),
+                "item": item.render(self.dialect),
+            }
+        ]
         if self.store is not None and self.store.get(item.id) is item:
             events.append({"type": "conversation.item.done", "item": item.render(self.dialect)})
         return events
 
     def _part_ref(self, item: Item) -> dict[str, Any]:
-        return {"response_id": self.id, "item_id": item.id, "output_index": self.output.index(item),
-                "content_index": 0}
+        return {"response_id": self.id, "item_id": item.id, "output_index": self.output.index(item), "content_index": 0}
 
     def _ensure_message(self) -> list[Event]:
         if self._message is not None:
@@ -119,8 +160,12 @@ class ResponseRun:
         kind = "output_audio" if self.wants_audio else "output_text"
         self._message = Item(self._new_item_id(), "message", role="assistant")
         events = self._open_item(self._message)
-        content = Content(kind, text="" if kind == "output_text" else None,
-                          transcript="" if kind == "output_audio" else None, audio=b"" if self.wants_audio else None)
+        content = Content(
+            kind,
+            text="" if kind == "output_text" else None,
+            transcript="" if kind == "output_audio" else None,
+            audio=b"" if self.wants_audio else None,
+        )
         self._message.content.append(content)
         part = {"type": "audio", "transcript": ""} if self.wants_audio else {"type": "text", "text": ""}
         events.append({"type": "response.content_part.added", **self._part_ref(self._message), "part": part})
@@ -133,14 +178,20 @@ class ResponseRun:
         ref = self._part_ref(message)
         content = message.content[0]
         if content.type == "output_audio":
-            events: list[Event] = [{"type": "response.output_audio.done", **ref},
-                                   {"type": "response.output_audio_transcript.done", **ref,
-                                    "transcript": content.transcript},
-                                   {"type": "response.content_part.done", **ref,
-                                    "part": {"type": "audio", "transcript": content.transcript}}]
+            events: list[Event] = [
+                {"type": "response.output_audio.done", **ref},
+                {"type": "response.output_audio_transcript.done", **ref, "transcript": content.transcript},
+                {
+                    "type": "response.content_part.done",
+                    **ref,
+                    "part": {"type": "audio", "transcript": content.transcript},
+                },
+            ]
         else:
-            events = [{"type": "response.output_text.done", **ref, "text": content.text},
-                      {"type": "response.content_part.done", **ref, "part": {"type": "text", "text": content.text}}]
+            events = [
+                {"type": "response.output_text.done", **ref, "text": content.text},
+                {"type": "response.content_part.done", **ref, "part": {"type": "text", "text": content.text}},
+            ]
         return events + self._close_item(message, status)
 
     # ---- chunks -----------------------------------------------------------------------------------
@@ -181,12 +232,17 @@ class ResponseRun:
         events = self._close_message("completed")
         item = Item(self._new_item_id(), "function_call", call_id=call.call_id, name=call.name)
         events += self._open_item(item)
-        ref = {"response_id": self.id, "item_id": item.id, "output_index": self.output.index(item),
-               "call_id": call.call_id}
+        ref = {
+            "response_id": self.id,
+            "item_id": item.id,
+            "output_index": self.output.index(item),
+            "call_id": call.call_id,
+        }
         item.arguments = call.arguments
         events.append({"type": "response.function_call_arguments.delta", **ref, "delta": call.arguments})
-        events.append({"type": "response.function_call_arguments.done", **ref, "name": call.name,
-                       "arguments": call.arguments})
+        events.append(
+            {"type": "response.function_call_arguments.done", **ref, "name": call.name, "arguments": call.arguments}
+        )
         return events + self._close_item(item, "completed")
 
     def _open_image(self, image_index: int) -> list[Event]:
@@ -201,10 +257,17 @@ class ResponseRun:
             return []
         events = self._open_image(chunk.image_index)
         item = self._images[chunk.image_index]
-        events.append({"type": "response.image_generation_call.partial_image", "response_id": self.id,
-                       "item_id": item.id, "output_index": self.output.index(item),
-                       "partial_image_index": chunk.index, "partial_image_b64": base64.b64encode(chunk.png).decode(),
-                       "size": render_size(self.image)})
+        events.append(
+            {
+                "type": "response.image_generation_call.partial_image",
+                "response_id": self.id,
+                "item_id": item.id,
+                "output_index": self.output.index(item),
+                "partial_image_index": chunk.index,
+                "partial_image_b64": base64.b64encode(chunk.png).decode(),
+                "size": render_size(self.image),
+            }
+        )
         return events
 
     def on_image_final(self, chunk: ImageFinal) -> list[Event]:

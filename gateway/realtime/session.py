@@ -11,6 +11,7 @@ transcript is known, still within the pause, the reply the turn would get is pre
 response created when the turn ends takes it over if its request is exactly the one prepared
 (``speculation.TurnSpeculation``).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,18 +24,47 @@ from typing import Any
 from omni_gateway.gateway.client_text import invalid_text_message, invalid_text_path, shown
 from omni_gateway.gateway.errors import SERVER_ERROR
 from omni_gateway.gateway.realtime import audio as audio_fmt
-from omni_gateway.gateway.realtime.commands import (AsrDeadline, CancelTask, Output, SessionLimits, Send, StartTask,
-                                                    Transcribe, VadFactory, new_id)
-from omni_gateway.gateway.realtime.context import build_request, has_images, parse_metadata, recent_frames_only, resolve_input
+from omni_gateway.gateway.realtime.commands import (
+    AsrDeadline,
+    CancelTask,
+    Output,
+    Send,
+    SessionLimits,
+    StartTask,
+    Transcribe,
+    VadFactory,
+    new_id,
+)
+from omni_gateway.gateway.realtime.context import (
+    build_request,
+    has_images,
+    parse_metadata,
+    recent_frames_only,
+    resolve_input,
+)
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
 from omni_gateway.gateway.realtime.image_output import parse_image_options
-from omni_gateway.gateway.realtime.input_audio import InputAudioBuffer, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
+from omni_gateway.gateway.realtime.input_audio import (
+    InputAudioBuffer,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
+)
 from omni_gateway.gateway.realtime.items import Content, Item, ItemStore, audio_bytes, decode_base64
 from omni_gateway.gateway.realtime.response import Event, ResponseRun
-from omni_gateway.gateway.realtime.settings import (Dialect, SessionSettings, TurnDetection, apply_response_overrides,
-                                       apply_transcription_update, apply_update, render_session, validate_choice)
 from omni_gateway.gateway.realtime.session_items import ConversationItems
 from omni_gateway.gateway.realtime.session_tasks import TaskOutcomes, Waiting, deadline_id
+from omni_gateway.gateway.realtime.settings import (
+    Dialect,
+    SessionSettings,
+    TurnDetection,
+    apply_response_overrides,
+    apply_transcription_update,
+    apply_update,
+    render_session,
+    validate_choice,
+)
 from omni_gateway.gateway.realtime.speculation import TurnSpeculation
 from omni_gateway.gateway.realtime.truncation import PromptWindow
 from omni_gateway.omni.protocol import Capabilities, Message, Transcription
@@ -54,9 +84,17 @@ _BETA_NAMES = {
 
 
 class RealtimeSession(ConversationItems, TaskOutcomes):
-    def __init__(self, *, dialect: Dialect, capabilities: Capabilities, vad_factory: VadFactory | None,
-                 limits: SessionLimits | None = None, now: Callable[[], float] = time.time,
-                 intent: str = "realtime", count_tokens: Callable[[tuple[Message, ...]], int] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        dialect: Dialect,
+        capabilities: Capabilities,
+        vad_factory: VadFactory | None,
+        limits: SessionLimits | None = None,
+        now: Callable[[], float] = time.time,
+        intent: str = "realtime",
+        count_tokens: Callable[[tuple[Message, ...]], int] | None = None,
+    ) -> None:
         self.dialect = dialect
         self.capabilities = capabilities
         self.limits = limits = limits or SessionLimits()
@@ -113,8 +151,9 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         for response_id, waiting in self._waiting.items():  # still waiting once this input is handled
             if not waiting.deadline:
                 waiting.deadline = True
-                self._out.append(StartTask(deadline_id(response_id),
-                                           AsrDeadline(response_id, self.limits.asr_timeout_s)))
+                self._out.append(
+                    StartTask(deadline_id(response_id), AsrDeadline(response_id, self.limits.asr_timeout_s))
+                )
         out, self._out = self._out, []
         return out
 
@@ -135,8 +174,12 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
     # ---- entry points -----------------------------------------------------------------------------
     def open(self) -> list[Output]:
         self._emit({"type": "session.created", "session": self._render_session()})
-        self._emit({"type": "conversation.created",
-                    "conversation": {"id": self.conversation_id, "object": "realtime.conversation"}})
+        self._emit(
+            {
+                "type": "conversation.created",
+                "conversation": {"id": self.conversation_id, "object": "realtime.conversation"},
+            }
+        )
         return self._flush()
 
     def receive_text(self, text: str) -> list[Output]:
@@ -163,8 +206,16 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
             return self._flush()
         handler = self._handlers.get(kind)
         if handler is None:
-            self._error(RealtimeError("invalid_event", f"Invalid value: {shown(kind)}. Supported values are: "
-                                      + ", ".join(f"'{k}'" for k in self._handlers) + ".", "type"), event_id)
+            self._error(
+                RealtimeError(
+                    "invalid_event",
+                    f"Invalid value: {shown(kind)}. Supported values are: "
+                    + ", ".join(f"'{k}'" for k in self._handlers)
+                    + ".",
+                    "type",
+                ),
+                event_id,
+            )
             return self._flush()
         mark = len(self._out)
         try:
@@ -175,8 +226,18 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         except Exception:
             log.exception("realtime session failed on a client event %r", kind[:64])
             del self._out[mark:]
-            self._emit({"type": "error", "error": {"type": "server_error", "code": "server_error", "param": None,
-                                                   "event_id": None, "message": SERVER_ERROR}})
+            self._emit(
+                {
+                    "type": "error",
+                    "error": {
+                        "type": "server_error",
+                        "code": "server_error",
+                        "param": None,
+                        "event_id": None,
+                        "message": SERVER_ERROR,
+                    },
+                }
+            )
         return self._flush()
 
     # ---- session --------------------------------------------------------------------------------
@@ -187,8 +248,11 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         if settings.wants_audio and "audio" not in self.capabilities.output_modalities:
             raise invalid_value(param, "['text'] (this server has no speech output)", ["audio"])
         if settings.wants_image and "image" not in self.capabilities.output_modalities:
-            raise RealtimeError("unsupported_modality", f"Invalid value for '{param}': this server has no image "
-                                "output model, so 'image' is not available.", param)
+            raise RealtimeError(
+                "unsupported_modality",
+                f"Invalid value for '{param}': this server has no image output model, so 'image' is not available.",
+                param,
+            )
 
     def _session_update(self, event: dict[str, Any]) -> None:
         if "session" not in event:
@@ -196,11 +260,15 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         new = apply_update(self.settings, event["session"], self.dialect)
         self._check_output(new, "session.output_modalities" if self.dialect == "ga" else "session.modalities")
         if new.voice != self.settings.voice and self._audio_emitted:
-            raise RealtimeError("cannot_update_voice", "Cannot update a session's voice after audio has been output.",
-                                "session.voice")
+            raise RealtimeError(
+                "cannot_update_voice", "Cannot update a session's voice after audio has been output.", "session.voice"
+            )
         if new.turn_detection is not None and self._vad_factory is None:
-            raise invalid_value("session.turn_detection", "null (this server runs without voice activity detection)",
-                                new.turn_detection.type)
+            raise invalid_value(
+                "session.turn_detection",
+                "null (this server runs without voice activity detection)",
+                new.turn_detection.type,
+            )
         new = replace(new, model=self.settings.model)  # the served model is fixed for the connection
         if new.turn_detection != self.settings.turn_detection:
             self._install_vad(new)
@@ -213,8 +281,11 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
             raise missing("session")
         new = apply_transcription_update(self.settings, event["session"])
         if new.turn_detection is not None and self._vad_factory is None:
-            raise invalid_value("session.turn_detection", "null (this server runs without voice activity detection)",
-                                new.turn_detection.type)
+            raise invalid_value(
+                "session.turn_detection",
+                "null (this server runs without voice activity detection)",
+                new.turn_detection.type,
+            )
         if new.turn_detection != self.settings.turn_detection:
             self._install_vad(new)
         self.settings = new
@@ -235,8 +306,9 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         try:
             vad = self._vad_factory(vad_settings)
         except ValueError as exc:  # the detector's own bounds (e.g. a threshold of exactly 0 or 1)
-            raise invalid_value("session.turn_detection", "settings the voice activity detector accepts",
-                                str(exc)) from None
+            raise invalid_value(
+                "session.turn_detection", "settings the voice activity detector accepts", str(exc)
+            ) from None
         self._drop_speculation()  # the new detector starts a new turn
         self.audio.set_vad(vad, vad_settings.prefix_padding_ms)
 
@@ -246,15 +318,19 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
             raise missing("audio")
         raw = decode_base64(event["audio"], "audio")
         if len(raw) > self.limits.max_append_bytes:
-            raise invalid_value("audio", f"at most {self.limits.max_append_bytes} bytes of audio per event",
-                                f"{len(raw)} bytes")
+            raise invalid_value(
+                "audio", f"at most {self.limits.max_append_bytes} bytes of audio per event", f"{len(raw)} bytes"
+            )
         try:
             pcm = audio_fmt.decode(raw, self.settings.input_format)
         except audio_fmt.AudioFormatError as exc:
             raise invalid_value("audio", "audio in the session's input_audio_format", str(exc)) from None
         if self.audio.size + len(pcm) > self.limits.max_buffer_bytes:
-            raise RealtimeError("input_audio_buffer_full", "The input audio buffer would exceed "
-                                f"{self.limits.max_buffer_bytes} bytes; commit or clear it first.", "audio")
+            raise RealtimeError(
+                "input_audio_buffer_full",
+                f"The input audio buffer would exceed {self.limits.max_buffer_bytes} bytes; commit or clear it first.",
+                "audio",
+            )
         self._idle_spent &= not pcm  # audio the client sent re-arms the idle timeout
         for signal in self.audio.append(pcm):
             if isinstance(signal, SpeechStarted):
@@ -280,8 +356,13 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         self._drop_speculation()
         self._pending_turn_id = self._new_item_id()
         self.idle_deadline = None
-        self._emit({"type": "input_audio_buffer.speech_started", "audio_start_ms": signal.audio_start_ms,
-                    "item_id": self._pending_turn_id})
+        self._emit(
+            {
+                "type": "input_audio_buffer.speech_started",
+                "audio_start_ms": signal.audio_start_ms,
+                "item_id": self._pending_turn_id,
+            }
+        )
         turn = self.settings.turn_detection
         if turn is not None and turn.interrupt_response and self._active is not None:
             self._cancel(self._active, "turn_detected")
@@ -289,8 +370,9 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
     def _speech_stopped(self, signal: SpeechStopped) -> None:
         item_id = self._pending_turn_id or self._new_item_id()
         self._pending_turn_id = None
-        self._emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": signal.audio_end_ms,
-                    "item_id": item_id})
+        self._emit(
+            {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": signal.audio_end_ms, "item_id": item_id}
+        )
         if audio_fmt.duration_ms(signal.pcm16) < MIN_COMMIT_MS:
             self._drop_speculation()
             return  # a click, not a turn
@@ -307,9 +389,12 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
     def _buffer_commit(self, event: dict[str, Any]) -> None:
         ms = audio_fmt.duration_ms(self.audio.size)
         if ms < MIN_COMMIT_MS:
-            raise RealtimeError("input_audio_buffer_commit_empty", "Error committing input audio buffer: buffer too "
-                                f"small. Expected at least {MIN_COMMIT_MS}ms of audio, but buffer only has "
-                                f"{ms:.2f}ms of audio.")
+            raise RealtimeError(
+                "input_audio_buffer_commit_empty",
+                "Error committing input audio buffer: buffer too "
+                f"small. Expected at least {MIN_COMMIT_MS}ms of audio, but buffer only has "
+                f"{ms:.2f}ms of audio.",
+            )
         self._commit(self.audio.take_all(), self._pending_turn_id or self._new_item_id())
         self._pending_turn_id = None
 
@@ -328,8 +413,13 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
 
     def _transcribe_job(self, item_id: str, pcm: bytes) -> Transcribe:
         transcription = self.settings.transcription or {}
-        return Transcribe(item_id, pcm, audio_fmt.SAMPLE_RATE, language=transcription.get("language"),
-                          prompt=transcription.get("prompt"))
+        return Transcribe(
+            item_id,
+            pcm,
+            audio_fmt.SAMPLE_RATE,
+            language=transcription.get("language"),
+            prompt=transcription.get("prompt"),
+        )
 
     def _buffer_clear(self, event: dict[str, Any]) -> None:
         self._drop_speculation()
@@ -348,27 +438,49 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
 
     def _start_response(self, params: dict[str, Any]) -> None:
         if self.settings.kind == "transcription":
-            raise invalid_value("session.type", "a 'realtime' session (a transcription session never responds)",
-                                "transcription")
+            raise invalid_value(
+                "session.type", "a 'realtime' session (a transcription session never responds)", "transcription"
+            )
         conversation = validate_choice(params.get("conversation", "auto"), ("auto", "none"), "response.conversation")
         if conversation == "auto" and self._active is not None:
-            raise RealtimeError("conversation_already_has_active_response", "Conversation already has an active "
-                                f"response in progress: {self._active}. Wait until the response is finished before "
-                                "creating a new one.")
+            raise RealtimeError(
+                "conversation_already_has_active_response",
+                "Conversation already has an active "
+                f"response in progress: {self._active}. Wait until the response is finished before "
+                "creating a new one.",
+            )
         settings = apply_response_overrides(self.settings, params, self.dialect)
         self._check_output(settings, "response.output_modalities" if self.dialect == "ga" else "response.modalities")
         metadata = parse_metadata(params.get("metadata"))
         image = parse_image_options(params.get("image"))
-        context = resolve_input(params.get("input"), self.items, self._new_item_id, self.settings.input_format,
-                                max_image_bytes=self.limits.max_image_bytes)
+        context = resolve_input(
+            params.get("input"),
+            self.items,
+            self._new_item_id,
+            self.settings.input_format,
+            max_image_bytes=self.limits.max_image_bytes,
+        )
         prepared, dropped = self._speculation.take(
-            lambda p: build_request(p.response_id, settings, [p.item if it.id == p.item.id else it for it in context],
-                                    max_image_frames=self.limits.max_image_frames, image=image))
+            lambda p: build_request(
+                p.response_id,
+                settings,
+                [p.item if it.id == p.item.id else it for it in context],
+                max_image_frames=self.limits.max_image_frames,
+                image=image,
+            )
+        )
         self._out += dropped
-        run = ResponseRun(prepared.response_id if prepared is not None else new_id("resp"), settings, self.dialect,
-                          store=self.items if conversation == "auto" else None,
-                          conversation_id=self.conversation_id if conversation == "auto" else None,
-                          metadata=metadata, context=context, new_item_id=self._new_item_id, image=image)
+        run = ResponseRun(
+            prepared.response_id if prepared is not None else new_id("resp"),
+            settings,
+            self.dialect,
+            store=self.items if conversation == "auto" else None,
+            conversation_id=self.conversation_id if conversation == "auto" else None,
+            metadata=metadata,
+            context=context,
+            new_item_id=self._new_item_id,
+            image=image,
+        )
         self._responses[run.id] = run
         if conversation == "auto":
             self._active = run.id
@@ -376,13 +488,18 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         for ev in run.created():
             self._emit(ev)
         refusal = None
-        if "image" not in self.capabilities.input_modalities and \
-                has_images(recent_frames_only(context, self.limits.max_image_frames)):
-            refusal = ("unsupported_modality", "The conversation holds images, but the served model "
-                       f"{self.capabilities.model!r} has no image input.")
+        if "image" not in self.capabilities.input_modalities and has_images(
+            recent_frames_only(context, self.limits.max_image_frames)
+        ):
+            refusal = (
+                "unsupported_modality",
+                f"The conversation holds images, but the served model {self.capabilities.model!r} has no image input.",
+            )
         elif len(self._responses) > self.limits.max_responses:
-            refusal = ("rate_limit_exceeded", f"This session already runs {self.limits.max_responses} responses; "
-                       "wait for one to finish.")
+            refusal = (
+                "rate_limit_exceeded",
+                f"This session already runs {self.limits.max_responses} responses; wait for one to finish.",
+            )
         if refusal is not None:
             self._out += [] if prepared is None else [CancelTask(prepared.response_id)]
             self._fail(run.id, *refusal, "invalid_request_error")
@@ -412,8 +529,9 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
         self._emit({"type": "error", "error": {**error, "param": None, "event_id": None}})
         self._finish(response_id, "failed", error=error)
 
-    def _finish(self, response_id: str, status: str, *, reason: str | None = None,
-                error: dict[str, Any] | None = None) -> None:
+    def _finish(
+        self, response_id: str, status: str, *, reason: str | None = None, error: dict[str, Any] | None = None
+    ) -> None:
         run = self._responses.pop(response_id, None)
         if run is None:
             return
@@ -425,8 +543,12 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
             turn = self.settings.turn_detection
             if turn is not None and turn.idle_timeout_ms is not None and not self._idle_spent:
                 # the reply plays in real time on the client; the idle wait starts when it has played out
-                played_ms = sum(audio_fmt.duration_ms(audio_bytes(c)) for it in run.output for c in it.content
-                                if c.type == "output_audio")
+                played_ms = sum(
+                    audio_fmt.duration_ms(audio_bytes(c))
+                    for it in run.output
+                    for c in it.content
+                    if c.type == "output_audio"
+                )
                 self.idle_deadline = self._now() + (played_ms + turn.idle_timeout_ms) / 1000
         self._audio_emitted |= run.audio_emitted
         for ev in run.finish(status, reason=reason, error=error):
@@ -439,15 +561,26 @@ class RealtimeSession(ConversationItems, TaskOutcomes):
             return self._flush()
         self.idle_deadline = None
         turn = self.settings.turn_detection
-        if turn is None or turn.idle_timeout_ms is None or self._active is not None or self.audio.in_speech \
-                or self._idle_spent:
+        if (
+            turn is None
+            or turn.idle_timeout_ms is None
+            or self._active is not None
+            or self.audio.in_speech
+            or self._idle_spent
+        ):
             return self._flush()
         self._idle_spent = True
         start_ms = int(self.audio.start / audio_fmt.BYTES_PER_MS)
         end_ms = int(self.audio.end / audio_fmt.BYTES_PER_MS)
         item_id = self._new_item_id()
-        self._emit({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": start_ms,
-                    "audio_end_ms": end_ms, "item_id": item_id})
+        self._emit(
+            {
+                "type": "input_audio_buffer.timeout_triggered",
+                "audio_start_ms": start_ms,
+                "audio_end_ms": end_ms,
+                "item_id": item_id,
+            }
+        )
         if audio_fmt.duration_ms(self.audio.size) >= MIN_COMMIT_MS:
             self._commit(self.audio.take_all(), item_id)
         self._start_response({})

@@ -1,4 +1,5 @@
 """The ``conversation.item.*`` client events of a ``RealtimeSession``: create, retrieve, delete, truncate."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -23,14 +24,17 @@ class ConversationItems:
     _responses: dict[str, ResponseRun]
 
     if TYPE_CHECKING:
+
         def _emit(self, event: Event) -> None: ...
         def _new_item_id(self) -> str: ...
         def _cancel(self, response_id: str, reason: str) -> None: ...
 
     def _insert(self, item: Item, previous_item_id: str | None) -> str | None:
         if len(self.items) >= self.limits.max_items:
-            raise RealtimeError("conversation_too_long", f"The conversation already holds {self.limits.max_items} "
-                                "items; delete some before adding more.")
+            raise RealtimeError(
+                "conversation_too_long",
+                f"The conversation already holds {self.limits.max_items} items; delete some before adding more.",
+            )
         return self.items.insert(item, previous_item_id)
 
     def _announce(self, item: Item, previous: str | None) -> None:
@@ -43,12 +47,15 @@ class ConversationItems:
         previous_id = event.get("previous_item_id")
         if previous_id is not None and not isinstance(previous_id, str):
             raise invalid_type("previous_item_id", "a string", previous_id)
-        item = parse_client_item(event["item"], self._new_item_id(), self.settings.input_format,
-                                 max_image_bytes=self.limits.max_image_bytes)
+        item = parse_client_item(
+            event["item"], self._new_item_id(), self.settings.input_format, max_image_bytes=self.limits.max_image_bytes
+        )
         if item.type == "function_call_output" and not any(
-                it.type == "function_call" and it.call_id == item.call_id for it in self.items):
-            raise RealtimeError("invalid_tool_call_id", f"Tool call ID '{item.call_id}' not found in conversation.",
-                                "item.call_id")
+            it.type == "function_call" and it.call_id == item.call_id for it in self.items
+        ):
+            raise RealtimeError(
+                "invalid_tool_call_id", f"Tool call ID '{item.call_id}' not found in conversation.", "item.call_id"
+            )
         previous = self._insert(item, previous_id)
         self._announce(item, previous)
         self.items.drop_oldest_media("image", self.limits.max_conversation_image_bytes)
@@ -89,10 +96,12 @@ class ConversationItems:
         content = item.content[index]
         length_ms = int(audio_fmt.duration_ms(audio_bytes(content)))
         if end_ms > length_ms:
-            raise RealtimeError("invalid_value", f"Audio content of {length_ms}ms is already shorter than {end_ms}ms",
-                                "audio_end_ms")
+            raise RealtimeError(
+                "invalid_value", f"Audio content of {length_ms}ms is already shorter than {end_ms}ms", "audio_end_ms"
+            )
         if self._active is not None and any(it is item for it in self._responses[self._active].output):
             self._cancel(self._active, "client_cancelled")
         truncate(content, end_ms * audio_fmt.BYTES_PER_MS)
-        self._emit({"type": "conversation.item.truncated", "item_id": item.id, "content_index": index,
-                    "audio_end_ms": end_ms})
+        self._emit(
+            {"type": "conversation.item.truncated", "item_id": item.id, "content_index": index, "audio_end_ms": end_ms}
+        )

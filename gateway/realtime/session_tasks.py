@@ -3,6 +3,7 @@ tasks (transcripts, a committed turn's or the speculative one of a pause, which 
 reply; the deadline of a response waiting for them; the cut of a fitted prompt; the backend's chunks)
 and the connection's conditions (expiry, a stopped backend, a client that stopped reading). A
 response's generation is started here, once its inputs are in."""
+
 from __future__ import annotations
 
 import logging
@@ -11,8 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 from omni_gateway.gateway.errors import client_safe
 from omni_gateway.gateway.realtime import audio as audio_fmt
-from omni_gateway.gateway.realtime.commands import (CLOSE_GOING_AWAY, CLOSE_INTERNAL, CancelTask, Close, Generate,
-                                                    Output, SessionLimits, StartTask, Transcribe, new_id)
+from omni_gateway.gateway.realtime.commands import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL,
+    CancelTask,
+    Close,
+    Generate,
+    Output,
+    SessionLimits,
+    StartTask,
+    Transcribe,
+    new_id,
+)
 from omni_gateway.gateway.realtime.context import build_request, has_images, recent_frames_only
 from omni_gateway.gateway.realtime.image_output import parse_image_options
 from omni_gateway.gateway.realtime.items import Content, Item, ItemStore
@@ -20,13 +31,29 @@ from omni_gateway.gateway.realtime.response import Event, ResponseRun
 from omni_gateway.gateway.realtime.settings import Dialect, SessionSettings, apply_response_overrides
 from omni_gateway.gateway.realtime.speculation import PreparedTurnReply, TurnSpeculation
 from omni_gateway.gateway.realtime.truncation import PromptWindow, parse_truncation
-from omni_gateway.omni.protocol import (AudioChunk, Capabilities, Done, Error, ImageFinal, ImagePartial, Message,
-                                        OmniRequest, OutputChunk, TextDelta, ToolCallDelta, Transcription, Usage)
+from omni_gateway.omni.protocol import (
+    AudioChunk,
+    Capabilities,
+    Done,
+    Error,
+    ImageFinal,
+    ImagePartial,
+    Message,
+    OmniRequest,
+    OutputChunk,
+    TextDelta,
+    ToolCallDelta,
+    Transcription,
+    Usage,
+)
 
 log = logging.getLogger(__name__)
 
-CLIENT_NOT_READING = {"type": "invalid_request_error", "code": "client_not_reading",
-                      "message": "The response was stopped because the client was not reading its events."}
+CLIENT_NOT_READING = {
+    "type": "invalid_request_error",
+    "code": "client_not_reading",
+    "message": "The response was stopped because the client was not reading its events.",
+}
 
 
 @dataclass(slots=True)
@@ -61,30 +88,52 @@ class TaskOutcomes:
     _client_stalled: bool
 
     if TYPE_CHECKING:
-        _transcribing: bool
+
+        @property
+        def _transcribing(self) -> bool: ...
 
         def _emit(self, event: Event) -> None: ...
         def _flush(self) -> list[Output]: ...
         def _answers_turns(self) -> bool: ...
         def _drop_speculation(self) -> None: ...
         def _fail(self, response_id: str, code: str, message: str, error_type: str) -> None: ...
-        def _finish(self, response_id: str, status: str, *, reason: str | None = None,
-                    error: dict[str, Any] | None = None) -> None: ...
+        def _finish(
+            self, response_id: str, status: str, *, reason: str | None = None, error: dict[str, Any] | None = None
+        ) -> None: ...
 
     # ---- the connection's conditions ------------------------------------------------------------------
     def on_expired(self) -> list[Output]:
         """The session reached its maximum duration: say so, then close (1001)."""
         message = f"Your session hit the maximum duration of {self.limits.session_seconds // 60} minutes."
-        self._emit({"type": "error", "error": {"type": "invalid_request_error", "code": "session_expired",
-                                               "message": message, "param": None, "event_id": None}})
+        self._emit(
+            {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "code": "session_expired",
+                    "message": message,
+                    "param": None,
+                    "event_id": None,
+                },
+            }
+        )
         self._out.append(Close(CLOSE_GOING_AWAY, message))
         return self._flush()
 
     def on_backend_stopped(self) -> list[Output]:
         """The model backend stopped: nothing can be answered any more, so say so and close (1011)."""
-        self._emit({"type": "error", "error": {"type": "server_error", "code": "server_unavailable", "param": None,
-                                               "event_id": None, "message": "The model backend stopped; this "
-                                               "session cannot continue."}})
+        self._emit(
+            {
+                "type": "error",
+                "error": {
+                    "type": "server_error",
+                    "code": "server_unavailable",
+                    "param": None,
+                    "event_id": None,
+                    "message": "The model backend stopped; this session cannot continue.",
+                },
+            }
+        )
         self._out.append(Close(CLOSE_INTERNAL, "model backend stopped"))
         return self._flush()
 
@@ -120,22 +169,39 @@ class TaskOutcomes:
             item.content[0].transcript = result.text
         if self._transcribing:
             seconds = result.duration_s or (audio_fmt.duration_ms(item.content[0].audio or b"") / 1000 if item else 0.0)
-            self._emit({"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
-                        "content_index": 0, "transcript": result.text, "logprobs": None,
-                        "usage": {"type": "duration", "seconds": round(seconds, 3)}})
+            self._emit(
+                {
+                    "type": "conversation.item.input_audio_transcription.completed",
+                    "item_id": item_id,
+                    "content_index": 0,
+                    "transcript": result.text,
+                    "logprobs": None,
+                    "usage": {"type": "duration", "seconds": round(seconds, 3)},
+                }
+            )
         self._transcript_in(item_id)
 
     def _prepare_reply(self, job: Transcribe, result: Transcription) -> None:
         """Start the reply the paused turn gets if it ends now, from the conversation as it would then be."""
-        heard = Item(job.item_id, "message", role="user",
-                     content=[Content("input_audio", audio=job.pcm16, transcript=result.text)])
+        heard = Item(
+            job.item_id,
+            "message",
+            role="user",
+            content=[Content("input_audio", audio=job.pcm16, transcript=result.text)],
+        )
         settings = apply_response_overrides(self.settings, {}, self.dialect)
         context = [*self.items, heard]
-        if "image" not in self.capabilities.input_modalities and \
-                has_images(recent_frames_only(context, self.limits.max_image_frames)):
+        if "image" not in self.capabilities.input_modalities and has_images(
+            recent_frames_only(context, self.limits.max_image_frames)
+        ):
             return  # the response will fail; nothing to prepare
-        request = build_request(new_id("resp"), settings, context, max_image_frames=self.limits.max_image_frames,
-                                image=parse_image_options(None))
+        request = build_request(
+            new_id("resp"),
+            settings,
+            context,
+            max_image_frames=self.limits.max_image_frames,
+            image=parse_image_options(None),
+        )
         self._out += self._speculation.prepare(heard, self._generate(request))
 
     def on_transcription_failed(self, item_id: str, message: str) -> list[Output]:
@@ -144,9 +210,19 @@ class TaskOutcomes:
             self._out += retry
             return self._flush()
         if self._transcribing:
-            self._emit({"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id,
-                        "content_index": 0, "error": {"type": "transcription_error", "code": "transcription_failed",
-                                                      "message": message, "param": None}})
+            self._emit(
+                {
+                    "type": "conversation.item.input_audio_transcription.failed",
+                    "item_id": item_id,
+                    "content_index": 0,
+                    "error": {
+                        "type": "transcription_error",
+                        "code": "transcription_failed",
+                        "message": message,
+                        "param": None,
+                    },
+                }
+            )
         self._transcript_in(item_id)
         return self._flush()
 
@@ -184,14 +260,21 @@ class TaskOutcomes:
             request = self.build_request(response_id)
         except Exception:
             log.exception("building the request of %s failed", response_id)
-            self._finish(response_id, "failed", error={"type": "server_error", "code": "server_error",
-                                                       "message": "The request could not be built."})
+            self._finish(
+                response_id,
+                "failed",
+                error={"type": "server_error", "code": "server_error", "message": "The request could not be built."},
+            )
             return
         if request is not None and not request.messages:
             # nothing to answer: no instructions and no item the model can read (a client condition)
-            self._fail(response_id, "empty_conversation", "The response has nothing to respond to: the conversation "
-                       "has no message the model can read and the session has no instructions.",
-                       "invalid_request_error")
+            self._fail(
+                response_id,
+                "empty_conversation",
+                "The response has nothing to respond to: the conversation "
+                "has no message the model can read and the session has no instructions.",
+                "invalid_request_error",
+            )
         elif request is not None:
             self._out.append(StartTask(response_id, self._generate(request)))
 
@@ -209,8 +292,9 @@ class TaskOutcomes:
         run = self._responses.get(response_id)
         if run is None:
             return None
-        return build_request(response_id, run.settings, run.context, max_image_frames=self.limits.max_image_frames,
-                             image=run.image)
+        return build_request(
+            response_id, run.settings, run.context, max_image_frames=self.limits.max_image_frames, image=run.image
+        )
 
     # ---- backend output ----------------------------------------------------------------------------
     def _held_reply(self, request_id: str) -> PreparedTurnReply | None:
@@ -251,8 +335,12 @@ class TaskOutcomes:
             events = []
         elif isinstance(chunk, Error):
             chunk = client_safe(chunk)
-            self._fail(response_id, chunk.code, chunk.message,
-                       "server_error" if chunk.status >= 500 else "invalid_request_error")
+            self._fail(
+                response_id,
+                chunk.code,
+                chunk.message,
+                "server_error" if chunk.status >= 500 else "invalid_request_error",
+            )
             events = []
         else:
             events = []
@@ -265,8 +353,11 @@ class TaskOutcomes:
         elif finish_reason == "abort":
             self._finish(response_id, "cancelled", reason="client_cancelled")
         elif finish_reason == "error":
-            self._finish(response_id, "failed", error={"type": "server_error", "code": "generation_failed",
-                                                       "message": "The generation failed."})
+            self._finish(
+                response_id,
+                "failed",
+                error={"type": "server_error", "code": "generation_failed", "message": "The generation failed."},
+            )
         else:
             self._finish(response_id, "completed")
 
@@ -286,5 +377,6 @@ class TaskOutcomes:
         if error is None:
             self._finish_done(response_id, run.finish_reason)
         else:
-            self._finish(response_id, "failed", error={"type": "server_error", "code": "server_error",
-                                                       "message": error})
+            self._finish(
+                response_id, "failed", error={"type": "server_error", "code": "server_error", "message": error}
+            )

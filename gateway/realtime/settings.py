@@ -3,10 +3,11 @@
 One canonical ``SessionSettings`` lives in the session; ``session.update`` produces a new one through
 ``apply_update`` and ``session.updated`` always echoes the whole of it, as OpenAI does.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from omni_gateway.gateway.realtime.audio import AUDIO_FORMATS, SAMPLE_RATE, AudioFormat
 from omni_gateway.gateway.realtime.errors import invalid_type, invalid_value
@@ -37,17 +38,26 @@ class TurnDetection:
 
     def vad_settings(self) -> VadSettings:
         if self.type == "semantic_vad":
-            return VadSettings(threshold=0.5, prefix_padding_ms=300,
-                               silence_duration_ms=EAGERNESS_SILENCE_MS[self.eagerness])
+            return VadSettings(
+                threshold=0.5, prefix_padding_ms=300, silence_duration_ms=EAGERNESS_SILENCE_MS[self.eagerness]
+            )
         return VadSettings(self.threshold, self.prefix_padding_ms, self.silence_duration_ms)
 
     def render(self) -> dict[str, Any]:
-        common = {"type": self.type, "create_response": self.create_response,
-                  "interrupt_response": self.interrupt_response}
+        common = {
+            "type": self.type,
+            "create_response": self.create_response,
+            "interrupt_response": self.interrupt_response,
+        }
         if self.type == "semantic_vad":
             return {**common, "eagerness": self.eagerness}
-        return {**common, "threshold": self.threshold, "prefix_padding_ms": self.prefix_padding_ms,
-                "silence_duration_ms": self.silence_duration_ms, "idle_timeout_ms": self.idle_timeout_ms}
+        return {
+            **common,
+            "threshold": self.threshold,
+            "prefix_padding_ms": self.prefix_padding_ms,
+            "silence_duration_ms": self.silence_duration_ms,
+            "idle_timeout_ms": self.idle_timeout_ms,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +113,7 @@ def _modalities(value: Any, param: str, *, allow_image: bool = False) -> tuple[s
 def _beta_format(value: Any, param: str) -> AudioFormat:
     if value not in AUDIO_FORMATS:
         raise invalid_value(param, "one of 'pcm16', 'g711_ulaw', 'g711_alaw'", value)
-    return value
+    return cast(AudioFormat, value)
 
 
 def _ga_format(value: Any, param: str) -> AudioFormat:
@@ -122,8 +132,8 @@ def render_ga_format(fmt: AudioFormat) -> dict[str, Any]:
 
 def _voice(value: Any, param: str) -> str:
     if isinstance(value, dict) and isinstance(value.get("id"), str):
-        return value["id"]
-    return _expect(value, str, param, "a voice name")
+        return cast(str, value["id"])
+    return cast(str, _expect(value, str, param, "a voice name"))
 
 
 def _speed(value: Any, param: str) -> float:
@@ -139,21 +149,24 @@ def _max_tokens(value: Any, param: str) -> int | Literal["inf"]:
     _expect(value, int, param, "an integer or 'inf'")
     if not 1 <= value <= MAX_OUTPUT_TOKENS_CAP:
         raise invalid_value(param, f"an integer between 1 and {MAX_OUTPUT_TOKENS_CAP}, or 'inf'", value)
-    return value
+    return cast(int, value)
 
 
 def _tools(value: Any, param: str) -> tuple[dict[str, Any], ...]:
     _expect(value, list, param, "an array of tools")
     for i, tool in enumerate(value):
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function" \
-                or not isinstance(tool.get("name"), str):
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type", "function") != "function"
+            or not isinstance(tool.get("name"), str)
+        ):
             raise invalid_value(f"{param}[{i}]", "a function tool {'type': 'function', 'name': ...}", tool)
     return tuple(value)
 
 
 def _tool_choice(value: Any, param: str) -> str | dict[str, Any]:
     if value in ("auto", "none", "required") or (isinstance(value, dict) and isinstance(value.get("name"), str)):
-        return value
+        return cast("str | dict[str, Any]", value)
     raise invalid_value(param, "'auto', 'none', 'required' or {'type': 'function', 'name': ...}", value)
 
 
@@ -247,8 +260,9 @@ def _apply_ga(current: SessionSettings, update: dict[str, Any]) -> SessionSettin
     if "noise_reduction" in audio_in:
         changes["noise_reduction"] = _optional_dict(audio_in["noise_reduction"], "session.audio.input.noise_reduction")
     if "turn_detection" in audio_in:
-        changes["turn_detection"] = _turn_detection(audio_in["turn_detection"], "session.audio.input.turn_detection",
-                                                    current.turn_detection)
+        changes["turn_detection"] = _turn_detection(
+            audio_in["turn_detection"], "session.audio.input.turn_detection", current.turn_detection
+        )
     if "format" in audio_out:
         changes["output_format"] = _ga_format(audio_out["format"], "session.audio.output.format")
     if "voice" in audio_out:
@@ -261,8 +275,17 @@ def _apply_ga(current: SessionSettings, update: dict[str, Any]) -> SessionSettin
 def apply_transcription_update(current: SessionSettings, update: Any) -> SessionSettings:
     """Beta ``transcription_session.update``: the input side of a session that only transcribes."""
     _expect(update, dict, "session", "an object")
-    allowed = {k: update[k] for k in ("input_audio_format", "input_audio_transcription", "turn_detection",
-                                     "input_audio_noise_reduction", "include") if k in update}
+    allowed = {
+        k: update[k]
+        for k in (
+            "input_audio_format",
+            "input_audio_transcription",
+            "turn_detection",
+            "input_audio_noise_reduction",
+            "include",
+        )
+        if k in update
+    }
     return replace(_apply_beta(current, allowed), kind="transcription")
 
 
@@ -278,22 +301,26 @@ def _apply_beta(current: SessionSettings, update: dict[str, Any]) -> SessionSett
     if "output_audio_format" in update:
         changes["output_format"] = _beta_format(update["output_audio_format"], "session.output_audio_format")
     if "input_audio_transcription" in update:
-        changes["transcription"] = _optional_dict(update["input_audio_transcription"],
-                                                  "session.input_audio_transcription")
+        changes["transcription"] = _optional_dict(
+            update["input_audio_transcription"], "session.input_audio_transcription"
+        )
     if "input_audio_noise_reduction" in update:
-        changes["noise_reduction"] = _optional_dict(update["input_audio_noise_reduction"],
-                                                    "session.input_audio_noise_reduction")
+        changes["noise_reduction"] = _optional_dict(
+            update["input_audio_noise_reduction"], "session.input_audio_noise_reduction"
+        )
     if "turn_detection" in update:
-        changes["turn_detection"] = _turn_detection(update["turn_detection"], "session.turn_detection",
-                                                    current.turn_detection)
+        changes["turn_detection"] = _turn_detection(
+            update["turn_detection"], "session.turn_detection", current.turn_detection
+        )
     if "temperature" in update:
         temperature = float(_expect(update["temperature"], (int, float), "session.temperature", "a number"))
         if not 0.6 <= temperature <= 1.2:
             raise invalid_value("session.temperature", "a number between 0.6 and 1.2", update["temperature"])
         changes["temperature"] = temperature
     if "max_response_output_tokens" in update:
-        changes["max_output_tokens"] = _max_tokens(update["max_response_output_tokens"],
-                                                   "session.max_response_output_tokens")
+        changes["max_output_tokens"] = _max_tokens(
+            update["max_response_output_tokens"], "session.max_response_output_tokens"
+        )
     if "speed" in update:
         changes["speed"] = _speed(update["speed"], "session.speed")
     if "include" in update:
@@ -308,8 +335,9 @@ def apply_response_overrides(current: SessionSettings, response: dict[str, Any],
     _apply_common(response, changes, "response")
     if dialect == "ga":
         if "output_modalities" in response:
-            changes["output_modalities"] = _modalities(response["output_modalities"], "response.output_modalities",
-                                                       allow_image=True)
+            changes["output_modalities"] = _modalities(
+                response["output_modalities"], "response.output_modalities", allow_image=True
+            )
         if "max_output_tokens" in response:
             changes["max_output_tokens"] = _max_tokens(response["max_output_tokens"], "response.max_output_tokens")
         audio = _expect(response.get("audio", {}), dict, "response.audio", "an object")
@@ -320,18 +348,19 @@ def apply_response_overrides(current: SessionSettings, response: dict[str, Any],
             changes["voice"] = _voice(audio_out["voice"], "response.audio.output.voice")
     else:
         if "modalities" in response:
-            changes["output_modalities"] = _modalities(response["modalities"], "response.modalities",
-                                                       allow_image=True)
+            changes["output_modalities"] = _modalities(response["modalities"], "response.modalities", allow_image=True)
         if "max_response_output_tokens" in response:
-            changes["max_output_tokens"] = _max_tokens(response["max_response_output_tokens"],
-                                                       "response.max_response_output_tokens")
+            changes["max_output_tokens"] = _max_tokens(
+                response["max_response_output_tokens"], "response.max_response_output_tokens"
+            )
         if "voice" in response:
             changes["voice"] = _voice(response["voice"], "response.voice")
         if "output_audio_format" in response:
             changes["output_format"] = _beta_format(response["output_audio_format"], "response.output_audio_format")
         if "temperature" in response:
-            changes["temperature"] = float(_expect(response["temperature"], (int, float), "response.temperature",
-                                                   "a number"))
+            changes["temperature"] = float(
+                _expect(response["temperature"], (int, float), "response.temperature", "a number")
+            )
     return replace(current, **changes)
 
 
@@ -340,33 +369,80 @@ def render_session(s: SessionSettings, dialect: Dialect, session_id: str, expire
     turn = s.turn_detection.render() if s.turn_detection else None
     if s.kind == "transcription":
         if dialect == "beta":
-            return {"id": session_id, "object": "realtime.transcription_session", "input_audio_format": s.input_format,
-                    "input_audio_transcription": s.transcription, "turn_detection": turn,
-                    "input_audio_noise_reduction": s.noise_reduction, "include": s.include, "expires_at": expires_at}
-        return {"type": "transcription", "object": "realtime.transcription_session", "id": session_id,
-                "expires_at": expires_at, "include": s.include,
-                "audio": {"input": {"format": render_ga_format(s.input_format), "transcription": s.transcription,
-                                    "noise_reduction": s.noise_reduction, "turn_detection": turn}}}
-    if dialect == "beta":
-        return {"id": session_id, "object": "realtime.session", "model": s.model,
-                "modalities": ["text", "audio"] if s.wants_audio else ["text"], "instructions": s.instructions,
-                "voice": s.voice, "input_audio_format": s.input_format, "output_audio_format": s.output_format,
-                "input_audio_transcription": s.transcription, "input_audio_noise_reduction": s.noise_reduction,
-                "turn_detection": turn, "tools": list(s.tools), "tool_choice": s.tool_choice,
-                "temperature": s.temperature, "max_response_output_tokens": s.max_output_tokens, "speed": s.speed,
-                "expires_at": expires_at, "include": s.include}
-    return {"type": "realtime", "object": "realtime.session", "id": session_id, "model": s.model,
-            "output_modalities": list(s.output_modalities), "instructions": s.instructions,
-            "tools": list(s.tools), "tool_choice": s.tool_choice, "max_output_tokens": s.max_output_tokens,
-            "tracing": s.tracing, "truncation": s.truncation, "prompt": s.prompt, "expires_at": expires_at,
+            return {
+                "id": session_id,
+                "object": "realtime.transcription_session",
+                "input_audio_format": s.input_format,
+                "input_audio_transcription": s.transcription,
+                "turn_detection": turn,
+                "input_audio_noise_reduction": s.noise_reduction,
+                "include": s.include,
+                "expires_at": expires_at,
+            }
+        return {
+            "type": "transcription",
+            "object": "realtime.transcription_session",
+            "id": session_id,
+            "expires_at": expires_at,
             "include": s.include,
-            "audio": {"input": {"format": render_ga_format(s.input_format), "transcription": s.transcription,
-                                "noise_reduction": s.noise_reduction, "turn_detection": turn},
-                      "output": {"format": render_ga_format(s.output_format), "voice": s.voice, "speed": s.speed}}}
+            "audio": {
+                "input": {
+                    "format": render_ga_format(s.input_format),
+                    "transcription": s.transcription,
+                    "noise_reduction": s.noise_reduction,
+                    "turn_detection": turn,
+                }
+            },
+        }
+    if dialect == "beta":
+        return {
+            "id": session_id,
+            "object": "realtime.session",
+            "model": s.model,
+            "modalities": ["text", "audio"] if s.wants_audio else ["text"],
+            "instructions": s.instructions,
+            "voice": s.voice,
+            "input_audio_format": s.input_format,
+            "output_audio_format": s.output_format,
+            "input_audio_transcription": s.transcription,
+            "input_audio_noise_reduction": s.noise_reduction,
+            "turn_detection": turn,
+            "tools": list(s.tools),
+            "tool_choice": s.tool_choice,
+            "temperature": s.temperature,
+            "max_response_output_tokens": s.max_output_tokens,
+            "speed": s.speed,
+            "expires_at": expires_at,
+            "include": s.include,
+        }
+    return {
+        "type": "realtime",
+        "object": "realtime.session",
+        "id": session_id,
+        "model": s.model,
+        "output_modalities": list(s.output_modalities),
+        "instructions": s.instructions,
+        "tools": list(s.tools),
+        "tool_choice": s.tool_choice,
+        "max_output_tokens": s.max_output_tokens,
+        "tracing": s.tracing,
+        "truncation": s.truncation,
+        "prompt": s.prompt,
+        "expires_at": expires_at,
+        "include": s.include,
+        "audio": {
+            "input": {
+                "format": render_ga_format(s.input_format),
+                "transcription": s.transcription,
+                "noise_reduction": s.noise_reduction,
+                "turn_detection": turn,
+            },
+            "output": {"format": render_ga_format(s.output_format), "voice": s.voice, "speed": s.speed},
+        },
+    }
 
 
 def validate_choice(value: Any, allowed: tuple[str, ...], param: str) -> str:
     if value not in allowed:
         raise invalid_value(param, " or ".join(repr(a) for a in allowed), value)
-    return value
-
+    return cast(str, value)

@@ -5,6 +5,7 @@ One turn at a time, known by the item id it will take; that id is also its trans
 a commit that adopts the speculation simply lets that task run on. Pure state: each method returns
 the commands the connection must carry out, in order.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -70,8 +71,12 @@ class TurnSpeculation:
         speculation is adopted when it heard this very audio up to the pause that ended the turn (its
         prepared reply stays); else it is dropped and ``job`` runs."""
         pause, self._pause = self._pause, None
-        if pause is not None and pause_at is not None and pause.at == pause_at \
-                and replace(pause.job, pcm16=job.pcm16) == job:
+        if (
+            pause is not None
+            and pause_at is not None
+            and pause.at == pause_at
+            and replace(pause.job, pcm16=job.pcm16) == job
+        ):
             if pause.heard is not None:
                 return [], pause.heard
             if pause.running:
@@ -112,8 +117,9 @@ class TurnSpeculation:
         """The prepared reply generated under ``response_id``, while no response has taken it."""
         return self._prepared if self._prepared is not None and self._prepared.response_id == response_id else None
 
-    def take(self, rebuild: Callable[[PreparedTurnReply], OmniRequest]
-             ) -> tuple[PreparedTurnReply | None, list[Output]]:
+    def take(
+        self, rebuild: Callable[[PreparedTurnReply], OmniRequest]
+    ) -> tuple[PreparedTurnReply | None, list[Output]]:
         """The prepared reply for a response being created, when ``rebuild`` (the response's request with
         the turn read as the speculation heard it) equals the request it was started with; else it is
         discarded. Nothing is taken while a pause is still under way: that response is not the turn's."""

@@ -1,6 +1,7 @@
 """Running one task of a realtime session against the backend (a transcription, a generation with its
 prompt fitted off the event loop, an ASR deadline): each outcome goes back to the session, and what the
 session answers goes to ``report`` (the connection's dispatch, which waits while the client lags)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,9 @@ async def run_task(backend: OmniBackend, session: RealtimeSession, task_id: str,
         log.exception("realtime task %s failed", task_id)
 
 
-async def _transcribe(backend: OmniBackend, session: RealtimeSession, task_id: str, job: Transcribe,
-                      report: Report) -> None:
+async def _transcribe(
+    backend: OmniBackend, session: RealtimeSession, task_id: str, job: Transcribe, report: Report
+) -> None:
     try:
         result = await backend.transcribe(job.pcm16, job.sample_rate, language=job.language, prompt=job.prompt)
     except Exception as exc:
@@ -45,8 +47,9 @@ async def _transcribe(backend: OmniBackend, session: RealtimeSession, task_id: s
     await report(session.on_transcription(task_id, result))
 
 
-async def _generate(backend: OmniBackend, session: RealtimeSession, task_id: str, work: Generate,
-                    report: Report) -> None:
+async def _generate(
+    backend: OmniBackend, session: RealtimeSession, task_id: str, work: Generate, report: Report
+) -> None:
     """The backend's chunks for ``work.request`` into the session; its backend request is aborted when the
     task is cancelled or fails before the stream's end."""
     stream: AsyncIterator[OutputChunk] | None = None
@@ -102,6 +105,10 @@ async def _fit_prompt(fit: PromptFit, request: OmniRequest) -> tuple[OmniRequest
         log.exception("counting the prompt tokens of %s failed; sending it uncut", request.request_id)
         return request, None
     if cut:
-        log.debug("%s: the prompt leaves out the %d oldest conversation messages (%d-token context)",
-                  request.request_id, len(cut), fit.context_tokens)
+        log.debug(
+            "%s: the prompt leaves out the %d oldest conversation messages (%d-token context)",
+            request.request_id,
+            len(cut),
+            fit.context_tokens,
+        )
     return fitted, cut

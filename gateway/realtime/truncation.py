@@ -7,6 +7,7 @@ everything and lets an over-long prompt fail. The cut stays where it is (the ses
 until the conversation outgrows the room again. Only what the model reads is cut: the conversation keeps
 every item, and the instructions (system messages) and the newest message always stay.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,9 +53,14 @@ def reply_reserve(context_tokens: int, max_output_tokens: int | None) -> int:
     return max(1, min(wanted, context_tokens // 4))
 
 
-def fit_messages(messages: tuple[Message, ...], count: Callable[[tuple[Message, ...]], int], context_tokens: int,
-                 max_output_tokens: int | None, truncation: Truncation,
-                 previous_cut: tuple[Message, ...] = ()) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
+def fit_messages(
+    messages: tuple[Message, ...],
+    count: Callable[[tuple[Message, ...]], int],
+    context_tokens: int,
+    max_output_tokens: int | None,
+    truncation: Truncation,
+    previous_cut: tuple[Message, ...] = (),
+) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
     """The prompt to send and the oldest conversation messages left out of it.
 
     ``previous_cut`` is what the session's last prompt left out: while the conversation still starts
@@ -86,7 +92,7 @@ def fit_messages(messages: tuple[Message, ...], count: Callable[[tuple[Message, 
     lo, hi = first + 1, len(body) - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if count(instructions + body[start_after(mid):]) <= target:
+        if count(instructions + body[start_after(mid) :]) <= target:
             hi = mid
         else:
             lo = mid + 1
@@ -107,8 +113,14 @@ class PromptFit:
 
     def apply(self, request: OmniRequest) -> tuple[OmniRequest, tuple[Message, ...]]:
         """``request`` without the oldest conversation messages, and those messages."""
-        kept, cut = fit_messages(request.messages, self.count, self.context_tokens, request.sampling.max_tokens,
-                                 self.truncation, self.previous_cut)
+        kept, cut = fit_messages(
+            request.messages,
+            self.count,
+            self.context_tokens,
+            request.sampling.max_tokens,
+            self.truncation,
+            self.previous_cut,
+        )
         return (dataclasses.replace(request, messages=kept) if cut else request), cut
 
 

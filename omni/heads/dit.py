@@ -8,6 +8,7 @@ queue makes the worker wait (checking for cancellation), so a slow reader slows 
 piling up images. Setting ``cancel`` or closing the iterator stops the denoising loop at its
 next step once no other request in the batch still wants it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,8 +44,9 @@ _END = object()
 class _StreamJob:
     """One request as the batch worker sees it; the worker thread calls ``emit``/``finish``/``fail``."""
 
-    def __init__(self, spec: ImageJobSpec, cancel: CancelFlag, loop: asyncio.AbstractEventLoop,
-                 queue_size: int) -> None:
+    def __init__(
+        self, spec: ImageJobSpec, cancel: CancelFlag, loop: asyncio.AbstractEventLoop, queue_size: int
+    ) -> None:
         self.spec = spec
         self.queue: asyncio.Queue[object] = asyncio.Queue(maxsize=queue_size)
         self._cancel = cancel
@@ -105,31 +107,39 @@ class ImageHead:
         self.config = config
         self.limits: ImageLimits = image_limits(pipe, config)
         self._runner = DiffusersRunner(pipe, preview_max_side=config.preview_max_side)
-        self._batcher = ImageBatcher(self._runner.run, window_s=config.batch_window_s,  # type: ignore[arg-type]
-                                     max_images=config.max_batch_images, name=f"{name}-denoise")
+        self._batcher = ImageBatcher(
+            self._runner.run,
+            window_s=config.batch_window_s,  # type: ignore[arg-type]
+            max_images=config.max_batch_images,
+            name=f"{name}-denoise",
+        )
 
     @classmethod
-    def load(cls, path: str | Path, *, device: str = "auto",
-             config: ImageHeadConfig | None = None) -> ImageHead:
+    def load(cls, path: str | Path, *, device: str = "auto", config: ImageHeadConfig | None = None) -> ImageHead:
         dev, dtype = select_device(device)
         return cls(load_pipeline(path, dev, dtype), config=config)
 
     def resolve(self, prompt: str, options: ImageOutputOptions) -> ImageJobSpec:
         return resolve_job(prompt, options, self.limits)
 
-    async def generate(self, prompt: str, options: ImageOutputOptions,
-                       cancel: CancelFlag | None = None) -> AsyncIterator[ImagePartial | ImageFinal]:
+    async def generate(
+        self, prompt: str, options: ImageOutputOptions, cancel: CancelFlag | None = None
+    ) -> AsyncIterator[ImagePartial | ImageFinal]:
         """Previews and final images of one request. Raises ``ImageRequestError`` (an ``InvalidInput``) for
         options the model cannot honour, before any output, and ``ImageGenerationError`` if denoising fails."""
         spec = self.resolve(prompt, options)
-        job = _StreamJob(spec, cancel if cancel is not None else threading.Event(), asyncio.get_running_loop(),
-                         self.config.queue_size)
+        job = _StreamJob(
+            spec,
+            cancel if cancel is not None else threading.Event(),
+            asyncio.get_running_loop(),
+            self.config.queue_size,
+        )
         self._batcher.submit(job)
         try:
             while True:
                 try:
                     item = await asyncio.wait_for(job.queue.get(), _POLL_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if job.is_cancelled():
                         return
                     continue
@@ -150,6 +160,5 @@ class ImageHead:
         self._batcher.close(timeout=30)
 
 
-def load_image_head(path: str | Path, *, device: str = "auto",
-                    config: ImageHeadConfig | None = None) -> ImageHead:
+def load_image_head(path: str | Path, *, device: str = "auto", config: ImageHeadConfig | None = None) -> ImageHead:
     return ImageHead.load(path, device=device, config=config)

@@ -1,4 +1,5 @@
 """Errors of the image head, importable without torch so the pipeline can map them to protocol errors."""
+
 from __future__ import annotations
 
 from omni_gateway.omni.protocol import InvalidInput

@@ -5,6 +5,7 @@ Supported: pipelines whose denoiser is a transformer and whose latents decode th
 lists as ``[null, null]`` (SD3 saved without its T5 encoder, say) are passed as ``None`` so that
 diffusers does not insist on them.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from omni_gateway.omni.heads.dit_errors import ImageModelLoadError
 from omni_gateway.omni.heads.dit_options import ImageLimits
 
@@ -68,8 +68,10 @@ def read_model_index(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("_class_name"), str):
         raise ImageModelLoadError(f"{index} names no pipeline class (_class_name)")
     if data["_class_name"] not in SUPPORTED_PIPELINES:
-        raise ImageModelLoadError(f"pipeline {data['_class_name']!r} in {str(root)!r} is not supported; "
-                             f"expected one of {sorted(SUPPORTED_PIPELINES)}")
+        raise ImageModelLoadError(
+            f"pipeline {data['_class_name']!r} in {str(root)!r} is not supported; "
+            f"expected one of {sorted(SUPPORTED_PIPELINES)}"
+        )
     return data
 
 
@@ -77,8 +79,11 @@ def load_pipeline(path: str | Path, device: torch.device, dtype: torch.dtype) ->
     index = read_model_index(path)
     from diffusers import DiffusionPipeline  # slow to import: only once the directory looks right
 
-    absent = {name: None for name, spec in index.items()
-              if not name.startswith("_") and isinstance(spec, list) and spec == [None, None]}
+    absent = {
+        name: None
+        for name, spec in index.items()
+        if not name.startswith("_") and isinstance(spec, list) and spec == [None, None]
+    }
     try:
         pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, local_files_only=True, **absent)
     except Exception as exc:  # diffusers, transformers and safetensors each raise their own kinds
@@ -104,11 +109,17 @@ def image_limits(pipe: Any, config: ImageHeadConfig) -> ImageLimits:
     # PixArt's single-step path reads a second scheduler output that multistep solvers do not return.
     min_steps = 2 if type(pipe).__name__.startswith("PixArt") else 1
     params = inspect.signature(pipe.__call__).parameters
-    return ImageLimits(granularity=granularity, min_side=min_side, max_side=max_side,
-                       min_steps=min_steps, max_steps=config.max_steps, max_images=config.max_images,
-                       max_guidance=config.max_guidance,
-                       default_steps=_default(params, "num_inference_steps", 20),
-                       default_guidance=float(_default(params, "guidance_scale", 4.5)))
+    return ImageLimits(
+        granularity=granularity,
+        min_side=min_side,
+        max_side=max_side,
+        min_steps=min_steps,
+        max_steps=config.max_steps,
+        max_images=config.max_images,
+        max_guidance=config.max_guidance,
+        default_steps=_default(params, "num_inference_steps", 20),
+        default_guidance=float(_default(params, "guidance_scale", 4.5)),
+    )
 
 
 def _default(params: Any, name: str, fallback: Any) -> Any:

@@ -10,6 +10,7 @@ the VAE decoder's cost grows with pixels, and a preview does not need full resol
 Cancellation: the step hook raises ``_Interrupted`` once every request in the batch is cancelled,
 which leaves the pipeline's call at once (no final VAE decode) and frees the worker thread.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -23,10 +24,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
-
 from omni_gateway.omni.heads.dit_options import ImageJobSpec
 from omni_gateway.omni.protocol import ImageFinal, ImagePartial
+from PIL import Image
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +72,13 @@ class RunnerStats:
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
-            return {"image_steps_run": self.steps_run, "image_batches_run": self.batches_run,
-                    "image_images_run": self.images_run, "image_images_finished": self.images_finished,
-                    "image_largest_batch": self.largest_batch}
+            return {
+                "image_steps_run": self.steps_run,
+                "image_batches_run": self.batches_run,
+                "image_images_run": self.images_run,
+                "image_images_finished": self.images_finished,
+                "image_largest_batch": self.largest_batch,
+            }
 
 
 def encode_png(pixels: np.ndarray) -> bytes:
@@ -107,17 +111,27 @@ class DiffusersRunner:
             self.stats.largest_batch = max(self.stats.largest_batch, len(rows))
         hook = self._hook(jobs, rows)
         if self._modern_callback:
+
             def on_step_end(pipe: Any, i: int, t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
                 hook(i, kwargs["latents"])
                 return {}
+
             callbacks: dict[str, Any] = {"callback_on_step_end": on_step_end}
         else:
             callbacks = {"callback": lambda i, t, latents: hook(i, latents), "callback_steps": 1}
         try:
             with torch.inference_mode():
-                out = self.pipe(prompt=prompts, num_inference_steps=spec0.steps, guidance_scale=spec0.guidance,
-                                height=spec0.height, width=spec0.width, generator=generators, output_type="np",
-                                **self._extra, **callbacks)
+                out = self.pipe(
+                    prompt=prompts,
+                    num_inference_steps=spec0.steps,
+                    guidance_scale=spec0.guidance,
+                    height=spec0.height,
+                    width=spec0.width,
+                    generator=generators,
+                    output_type="np",
+                    **self._extra,
+                    **callbacks,
+                )
         except _Interrupted:
             for job in jobs:
                 job.finish()
@@ -138,23 +152,34 @@ class DiffusersRunner:
                 self.stats.steps_run += 1
             if all(job.is_cancelled() for job in jobs):
                 raise _Interrupted
-            wanted = [r for r, (job, _) in enumerate(rows) if job.spec.preview_every
-                      and step % job.spec.preview_every == 0 and not job.is_cancelled()]
+            wanted = [
+                r
+                for r, (job, _) in enumerate(rows)
+                if job.spec.preview_every and step % job.spec.preview_every == 0 and not job.is_cancelled()
+            ]
             if not wanted:
                 return
             pixels = self.decode_preview(self._clean_estimate(latents), wanted)
             for k, r in enumerate(wanted):
                 job, image_index = rows[r]
-                job.emit(RawImage(pixels[k], image_index=image_index,
-                                  preview_index=step // job.spec.preview_every - 1, step=step))
+                job.emit(
+                    RawImage(
+                        pixels[k], image_index=image_index, preview_index=step // job.spec.preview_every - 1, step=step
+                    )
+                )
+
         return hook
 
     def _clean_estimate(self, latents: torch.Tensor) -> torch.Tensor:
         scheduler = self.pipe.scheduler
         outputs = getattr(scheduler, "model_outputs", None)
         algorithm = getattr(scheduler.config, "algorithm_type", "")
-        if outputs and algorithm in ("dpmsolver++", "sde-dpmsolver++") and outputs[-1] is not None \
-                and outputs[-1].shape == latents.shape:
+        if (
+            outputs
+            and algorithm in ("dpmsolver++", "sde-dpmsolver++")
+            and outputs[-1] is not None
+            and outputs[-1].shape == latents.shape
+        ):
             return outputs[-1]
         return latents
 
@@ -166,8 +191,9 @@ class DiffusersRunner:
         long_side = max(x.shape[-2], x.shape[-1]) * factor
         shrink = math.ceil(long_side / self.preview_max_side)
         if shrink > 1:
-            x = F.interpolate(x.float(), size=(max(1, x.shape[-2] // shrink), max(1, x.shape[-1] // shrink)),
-                              mode="area")
+            x = F.interpolate(
+                x.float(), size=(max(1, x.shape[-2] // shrink), max(1, x.shape[-1] // shrink)), mode="area"
+            )
         x = x.to(vae.dtype) / vae.config.scaling_factor + (getattr(vae.config, "shift_factor", None) or 0.0)
         image = vae.decode(x, return_dict=False)[0]
         image = (image.float() / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).cpu().numpy()

@@ -5,6 +5,7 @@ requests with the same ``batch_key`` for ``window_s`` (or until ``max_images`` i
 group to ``run_batch``. Incompatible requests keep their place in the queue for a later round, so a
 lone request waits at most one window longer than it would unbatched.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,14 @@ class BatcherClosed(RuntimeError):
 
 
 class ImageBatcher:
-    def __init__(self, run_batch: Callable[[list[BatchItem]], None], *, window_s: float = 0.01,
-                 max_images: int = 8, name: str = "image-batcher") -> None:
+    def __init__(
+        self,
+        run_batch: Callable[[list[BatchItem]], None],
+        *,
+        window_s: float = 0.01,
+        max_images: int = 8,
+        name: str = "image-batcher",
+    ) -> None:
         if window_s < 0 or max_images < 1:
             raise ValueError(f"need window_s >= 0 and max_images >= 1; got {window_s!r}, {max_images!r}")
         self._run_batch = run_batch

@@ -5,12 +5,14 @@ generated: it ends at the first clause boundary once it holds ``first_min_words`
 ``first_max_words`` words when no boundary came sooner (each decoded token delays the first audio by
 a decode step). Later segments end at sentence boundaries, which sound more natural, or at a clause
 boundary once they hold ``clause_min_words`` words: a long sentence would otherwise keep the listener
-waiting for its last word to be decoded while the audio before it has run out. Any segment longer than ``max_chars`` is cut at its last space.
+waiting for its last word to be decoded while the audio before it has run out. Any segment longer than
+``max_chars`` is cut at its last space.
 A boundary is confirmed only by the character after it, so "3.5" or "e.g. this" is not split, and a
 word only by the blank after it, so every cut is the same however the text arrives.
 Segments keep their surrounding whitespace, so joined they give back the text (minus trailing blanks):
 they double as transcript pieces.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,7 +22,9 @@ _SENTENCE_END = ".!?。！？"
 _CLAUSE_END = ",;:—–"
 _CLOSERS = "\"')]}»”’"
 _WORD = re.compile(r"\S+")
-_ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "prof.", "st.", "vs.", "etc.", "e.g.", "i.e.", "no.", "approx."})
+_ABBREVIATIONS = frozenset(
+    {"mr.", "mrs.", "ms.", "dr.", "prof.", "st.", "vs.", "etc.", "e.g.", "i.e.", "no.", "approx."}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +128,6 @@ class TextChunker:
     @staticmethod
     def _is_abbreviation(text: str, dot: int) -> bool:
         start = text.rfind(" ", 0, dot) + 1
-        word = text[start:dot + 1].lstrip("\"'([{")
+        word = text[start : dot + 1].lstrip("\"'([{")
         is_initial = len(word) == 2 and word[0].isupper()  # "J. Smith"
         return is_initial or word.lower() in _ABBREVIATIONS

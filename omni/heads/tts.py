@@ -6,6 +6,7 @@ chunk of a segment carries that segment's text, so transcript deltas stay in ste
 Closing or cancelling the stream sets a flag the worker checks between sentences, and no further
 segment is started.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,6 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
-
 from omni_gateway.encoders.audio import float_to_pcm16_array, resample
 from omni_gateway.omni.heads.text_chunker import ChunkerConfig, TextChunker
 from omni_gateway.omni.heads.tts_backends import SpeechSynthesizer, load_synthesizer
@@ -58,8 +58,9 @@ class TtsHead:
         audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         return resample(audio, self.synthesizer.sample_rate, options.sample_rate)
 
-    async def stream(self, text_deltas: AsyncIterator[str],
-                     options: AudioOutputOptions = AudioOutputOptions()) -> AsyncIterator[AudioChunk]:
+    async def stream(
+        self, text_deltas: AsyncIterator[str], options: AudioOutputOptions = AudioOutputOptions()
+    ) -> AsyncIterator[AudioChunk]:
         _check(options)
         cancel = threading.Event()
         segments: asyncio.Queue[object] = asyncio.Queue()
@@ -111,4 +112,4 @@ def _check(options: AudioOutputOptions) -> None:
 def _slices(pcm: np.ndarray, rate: int) -> Iterator[bytes]:
     step = rate * CHUNK_MS // 1000
     for start in range(0, len(pcm), step):
-        yield pcm[start:start + step].tobytes()
+        yield pcm[start : start + step].tobytes()

@@ -3,6 +3,7 @@
 Each turns one text segment into float32 mono audio at its native rate. ``cancel`` is checked between
 sentences, the smallest unit either model renders at once.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -23,8 +24,9 @@ class SpeechSynthesizer(Protocol):
     sample_rate: int
     voices: tuple[str, ...]
 
-    def synthesize(self, text: str, *, speed: float = 1.0, voice: str | None = None,
-                   cancel: threading.Event | None = None) -> np.ndarray: ...
+    def synthesize(
+        self, text: str, *, speed: float = 1.0, voice: str | None = None, cancel: threading.Event | None = None
+    ) -> np.ndarray: ...
 
 
 def default_piper_voice() -> Path:
@@ -37,8 +39,9 @@ def default_piper_voice() -> Path:
 class PiperSynthesizer:
     """``threads``: onnxruntime intra-op threads (0: onnxruntime's default, one per core)."""
 
-    def __init__(self, model_path: str | Path, config_path: str | Path | None = None, *, use_cuda: bool = False,
-                 threads: int = 0) -> None:
+    def __init__(
+        self, model_path: str | Path, config_path: str | Path | None = None, *, use_cuda: bool = False, threads: int = 0
+    ) -> None:
         import onnxruntime as ort
         from piper import PiperVoice
 
@@ -46,7 +49,9 @@ class PiperSynthesizer:
         config_path = Path(config_path) if config_path else model_path.with_name(model_path.name + ".json")
         for path in (model_path, config_path):
             if not path.is_file():
-                raise FileNotFoundError(f"Piper voice file {path} does not exist; expected <voice>.onnx and <voice>.onnx.json")
+                raise FileNotFoundError(
+                    f"Piper voice file {path} does not exist; expected <voice>.onnx and <voice>.onnx.json"
+                )
         self._voice = PiperVoice.load(model_path, config_path, use_cuda=use_cuda)
         if not use_cuda:
             # Piper renders in bursts while the LLM decodes on the same cores: onnxruntime's default
@@ -56,18 +61,22 @@ class PiperSynthesizer:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            self._voice.session = ort.InferenceSession(str(model_path), sess_options=options,
-                                                       providers=["CPUExecutionProvider"])
+            self._voice.session = ort.InferenceSession(
+                str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
         self.sample_rate = int(self._voice.config.sample_rate)
         speakers = tuple(self._voice.config.speaker_id_map)
         self.voices = speakers or (model_path.name.removesuffix(".onnx"),)
 
-    def synthesize(self, text: str, *, speed: float = 1.0, voice: str | None = None,
-                   cancel: threading.Event | None = None) -> np.ndarray:
+    def synthesize(
+        self, text: str, *, speed: float = 1.0, voice: str | None = None, cancel: threading.Event | None = None
+    ) -> np.ndarray:
         from piper import SynthesisConfig
 
-        config = SynthesisConfig(speaker_id=self._voice.config.speaker_id_map.get(voice or ""),
-                                 length_scale=self._voice.config.length_scale / speed)
+        config = SynthesisConfig(
+            speaker_id=self._voice.config.speaker_id_map.get(voice or ""),
+            length_scale=self._voice.config.length_scale / speed,
+        )
         with _ESPEAK_LOCK:
             sentences = self._voice.phonemize(text)
         pieces: list[np.ndarray] = []
@@ -93,18 +102,23 @@ class HfVitsSynthesizer:
         from transformers import AutoTokenizer, VitsModel
 
         self._torch = torch
-        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
-                                   else "cpu" if device == "auto" else device)
+        self.device = torch.device(
+            "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
+        )
         self.model = VitsModel.from_pretrained(path).to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.sample_rate = int(self.model.config.sampling_rate)
-        self.voices = tuple(f"speaker_{i}" for i in range(self.model.config.num_speakers)) \
-            if self.model.config.num_speakers > 1 else (Path(path).name,)
+        self.voices = (
+            tuple(f"speaker_{i}" for i in range(self.model.config.num_speakers))
+            if self.model.config.num_speakers > 1
+            else (Path(path).name,)
+        )
         self.seed = seed
         self._lock = threading.Lock()
 
-    def synthesize(self, text: str, *, speed: float = 1.0, voice: str | None = None,
-                   cancel: threading.Event | None = None) -> np.ndarray:
+    def synthesize(
+        self, text: str, *, speed: float = 1.0, voice: str | None = None, cancel: threading.Event | None = None
+    ) -> np.ndarray:
         torch = self._torch
         if cancel is not None and cancel.is_set():
             return np.zeros(0, np.float32)
@@ -128,8 +142,9 @@ def _normalize(audio: np.ndarray) -> np.ndarray:
     return audio * (PEAK / peak) if peak > 1e-6 else np.zeros_like(audio)
 
 
-def load_synthesizer(spec: str, *, device: str = "auto", seed: int | None = None,
-                     threads: int = 0) -> SpeechSynthesizer:
+def load_synthesizer(
+    spec: str, *, device: str = "auto", seed: int | None = None, threads: int = 0
+) -> SpeechSynthesizer:
     """``"default"``: the packaged Piper voice; ``*.onnx``: a Piper voice; a directory: a HF VITS checkpoint.
     ``threads`` bounds a Piper voice's CPU threads (0: one per core)."""
     use_cuda = device.startswith("cuda")
@@ -140,8 +155,10 @@ def load_synthesizer(spec: str, *, device: str = "auto", seed: int | None = None
         return PiperSynthesizer(path, use_cuda=use_cuda, threads=threads)
     config = path / "config.json"
     if not config.is_file():
-        raise FileNotFoundError(f"TTS model {spec!r}: expected 'default', a Piper .onnx voice or a directory "
-                                "with a Hugging Face VITS config.json")
+        raise FileNotFoundError(
+            f"TTS model {spec!r}: expected 'default', a Piper .onnx voice or a directory "
+            "with a Hugging Face VITS config.json"
+        )
     model_type = json.loads(config.read_text()).get("model_type")
     if model_type != "vits":
         raise ValueError(f"TTS model {spec!r} has model_type {model_type!r}; expected 'vits'")

@@ -1,4 +1,5 @@
 """The benchmarks' shared result writing and statistics, which need no GPU."""
+
 from __future__ import annotations
 
 import json

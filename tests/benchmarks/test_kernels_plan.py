@@ -4,6 +4,7 @@ launches a sweep would time.
 The benchmark imports Triton, so it is imported inside the tests: tests/kernels/conftest.py must
 set TRITON_INTERPRET before Triton's first import, and it runs when pytest collects that
 directory, after this module has been collected."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,9 @@ def test_grid_parses_integer_and_flag_fields():
 
 
 def test_sweep_is_the_product_around_the_base():
-    from benchmarks.kernels import decode_sweep
     from omni_gateway.kernels.paged_attention import DecodeConfig
+
+    from benchmarks.kernels import decode_sweep
 
     base = DecodeConfig(min_split_tokens=64)
     configs = decode_sweep(base, {"block_n": [64, 128], "num_stages": [3, 5, 6]})
@@ -39,9 +41,24 @@ def test_sweep_is_the_product_around_the_base():
 
 def test_plan_counts_distinct_launches_without_a_gpu():
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.kernels", "--plan", "--heads", "32:4", "--batches", "16",
-         "--contexts", "1024", "--grid", "target_programs=64,128,264"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.kernels",
+            "--plan",
+            "--heads",
+            "32:4",
+            "--batches",
+            "16",
+            "--contexts",
+            "1024",
+            "--grid",
+            "target_programs=64,128,264",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     # 64 (sequence, KV head) pairs: 1, 2 and 4 splits are three launches besides the 396-program base (6).
     assert "4 distinct launches" in out

@@ -1,4 +1,5 @@
 """Headless Debian Chromium on the demo page, with fake camera and microphone, collecting what went wrong."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,10 +11,18 @@ from playwright.sync_api import ConsoleMessage, Page, Response, sync_playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
 # No network beyond loopback here: without these Chromium keeps trying to reach its own services.
-QUIET_FLAGS = ["--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               "--no-first-run"]
-FAKE_MEDIA_FLAGS = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-                    "--autoplay-policy=no-user-gesture-required"]
+QUIET_FLAGS = [
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+FAKE_MEDIA_FLAGS = [
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+    "--autoplay-policy=no-user-gesture-required",
+]
 
 
 @contextlib.contextmanager

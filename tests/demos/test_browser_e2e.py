@@ -5,6 +5,7 @@ The real embedded models answer (SmolLM2, Whisper tiny.en, Piper, silero VAD). C
 device plays a WAV file, spoken by the packaged Piper voice, as the microphone. The screenshot lands in
 artifacts/ for a human to look at.
 """
+
 from __future__ import annotations
 
 import sys
@@ -69,8 +70,11 @@ def test_spoken_question_in_the_browser_gets_a_spoken_answer(port: int, question
         connect(page)
         page.click("#mic")
         try:
-            page.wait_for_function("() => window.demo.responsesDone >= 1 && window.demo.transcripts.length >= 1"
-                                   " && window.demo.audioBytesReceived > 0", timeout=ANSWER_TIMEOUT_MS)
+            page.wait_for_function(
+                "() => window.demo.responsesDone >= 1 && window.demo.transcripts.length >= 1"
+                " && window.demo.audioBytesReceived > 0",
+                timeout=ANSWER_TIMEOUT_MS,
+            )
         finally:
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "demo-browser-e2e.png"))
@@ -88,4 +92,3 @@ def test_spoken_question_in_the_browser_gets_a_spoken_answer(port: int, question
     turn, to_text, to_audio, length = latency_row.split("\t")
     assert turn == "1" and to_text.endswith(" ms") and to_audio.endswith(" ms"), latency_row
     assert float(length.removesuffix(" s")) == pytest.approx(state["audioBytesReceived"] / 2 / 24000, abs=0.06)
-

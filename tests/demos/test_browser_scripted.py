@@ -4,6 +4,7 @@ The page loads without a key and hands the key to the realtime handshake. Webcam
 images; on a model without image input the failed turn stops the camera and removes the frames from the
 conversation, so the next turn is answered.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,9 +19,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "gateway"))
 
 from fakes import FakeBackend  # noqa: E402
-
 from omni_gateway.gateway.config import GatewayConfig  # noqa: E402
 from omni_gateway.omni.protocol import ImagePart, OmniRequest  # noqa: E402
+
 from tests.demos.chromium_page import connect, demo_page  # noqa: E402
 from tests.gateway.live_server import serve  # noqa: E402
 

@@ -1,4 +1,5 @@
 """The browser demo's routes: served without an API key, redirect to the slash form, a how-to page when absent."""
+
 from __future__ import annotations
 
 import sys
@@ -10,7 +11,6 @@ from starlette.testclient import TestClient
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
 
 from fakes import FakeBackend  # noqa: E402
-
 from omni_gateway.gateway.app import create_app  # noqa: E402
 from omni_gateway.gateway.config import GatewayConfig  # noqa: E402
 from omni_gateway.gateway.demo import DEMO_DIR, demo_routes  # noqa: E402

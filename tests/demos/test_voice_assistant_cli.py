@@ -1,4 +1,5 @@
 """The CLI voice client against a live server over the scripted backend: one spoken turn in, the answer saved."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,9 +17,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "gateway"))
 
 from fakes import RATE, FakeBackend, tone  # noqa: E402
+from omni_gateway.gateway.config import GatewayConfig  # noqa: E402
 
 from demos.voice_assistant import Progress, converse, main  # noqa: E402
-from omni_gateway.gateway.config import GatewayConfig  # noqa: E402
 from tests.gateway.live_server import serve  # noqa: E402
 
 REPLY = "Paris is the capital."
@@ -30,13 +31,24 @@ def question() -> np.ndarray:
     return np.frombuffer(tone(800), dtype="<i2")
 
 
-def test_converse_saves_the_answer_and_reports_transcripts_and_latency(tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_converse_saves_the_answer_and_reports_transcripts_and_latency(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     backend = FakeBackend(REPLY, transcript=HEARD, chunk_delay=CHUNK_DELAY_S)
     out = tmp_path / "answer.wav"
     with serve(backend, GatewayConfig(api_key="sk-voice")) as port:
-        result = asyncio.run(converse(f"ws://127.0.0.1:{port}/v1/realtime", question(), api_key="sk-voice",
-                                      mic=False, out=out, play=False, timeout=30, progress=Progress(True)))
+        result = asyncio.run(
+            converse(
+                f"ws://127.0.0.1:{port}/v1/realtime",
+                question(),
+                api_key="sk-voice",
+                mic=False,
+                out=out,
+                play=False,
+                timeout=30,
+                progress=Progress(True),
+            )
+        )
 
     assert result["transcript_in"] == HEARD
     assert result["transcript_out"] == REPLY
@@ -54,8 +66,9 @@ def test_converse_saves_the_answer_and_reports_transcripts_and_latency(tmp_path:
     assert f"saved {words * 0.1:.2f}s of audio to {out}" in progress
 
 
-def test_command_line_resamples_a_stereo_file_and_prints_the_result(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_command_line_resamples_a_stereo_file_and_prints_the_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rate = 16000
     t = np.arange(rate * 8 // 10) / rate
     wave = 0.6 * np.sin(2 * np.pi * 220 * t)
@@ -63,8 +76,18 @@ def test_command_line_resamples_a_stereo_file_and_prints_the_result(tmp_path: Pa
     sf.write(str(wav), np.stack([wave, wave], axis=1), rate, subtype="PCM_16")
     backend = FakeBackend(REPLY, transcript=HEARD)
     with serve(backend) as port:
-        code = main([str(wav), "--url", f"ws://127.0.0.1:{port}/v1/realtime", "--out", str(tmp_path / "a.wav"),
-                     "--quiet", "--timeout", "30"])
+        code = main(
+            [
+                str(wav),
+                "--url",
+                f"ws://127.0.0.1:{port}/v1/realtime",
+                "--out",
+                str(tmp_path / "a.wav"),
+                "--quiet",
+                "--timeout",
+                "30",
+            ]
+        )
 
     captured = capsys.readouterr()
     assert code == 0 and captured.err == ""
@@ -76,16 +99,29 @@ def test_command_line_resamples_a_stereo_file_and_prints_the_result(tmp_path: Pa
 
 
 def test_a_wrong_key_fails_the_handshake_instead_of_waiting(tmp_path: Path) -> None:
-    with serve(FakeBackend(), GatewayConfig(api_key="sk-voice")) as port, \
-            pytest.raises(websockets.exceptions.InvalidStatus) as failure:
-        asyncio.run(converse(f"ws://127.0.0.1:{port}/v1/realtime", question(), api_key="sk-wrong", mic=False,
-                             out=tmp_path / "never.wav", play=False, timeout=30, progress=Progress(False)))
+    with (
+        serve(FakeBackend(), GatewayConfig(api_key="sk-voice")) as port,
+        pytest.raises(websockets.exceptions.InvalidStatus) as failure,
+    ):
+        asyncio.run(
+            converse(
+                f"ws://127.0.0.1:{port}/v1/realtime",
+                question(),
+                api_key="sk-wrong",
+                mic=False,
+                out=tmp_path / "never.wav",
+                play=False,
+                timeout=30,
+                progress=Progress(False),
+            )
+        )
     assert failure.value.response.status_code == 401
     assert not (tmp_path / "never.wav").exists()
 
 
-def test_command_line_explains_an_unreachable_server_and_a_refused_key(tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_command_line_explains_an_unreachable_server_and_a_refused_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     wav = tmp_path / "question.wav"
     sf.write(str(wav), question(), RATE, subtype="PCM_16")
     with serve(FakeBackend(), GatewayConfig(api_key="sk-voice")) as port:

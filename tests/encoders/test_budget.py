@@ -1,11 +1,11 @@
 """The server-wide pixel budget: reservations, first-come waits, bounded waits, nothing leaked."""
+
 from __future__ import annotations
 
 import asyncio
 import threading
 
 import pytest
-
 from omni_gateway.encoders.budget import BudgetTimeout, PixelBudget
 
 

@@ -1,4 +1,5 @@
 """Image decoding under hostile input, and the encoder output cache."""
+
 from __future__ import annotations
 
 import base64
@@ -13,10 +14,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from PIL import Image
-
 from omni_gateway.encoders.cache import EncoderCache, image_key
 from omni_gateway.encoders.image import ImageDecodeError, ImageLimits, decode_image, image_pixels
+from PIL import Image
 
 
 def encode(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
@@ -34,16 +34,18 @@ def png_with_size(width: int, height: int) -> bytes:
     """A tiny PNG whose header declares ``width`` x ``height`` (a decompression bomb's signature)."""
     data = bytearray(encode(Image.new("L", (1, 1)), "PNG"))
     ihdr = data.index(b"IHDR")
-    data[ihdr + 4:ihdr + 12] = struct.pack(">II", width, height)
-    crc = zlib.crc32(bytes(data[ihdr:ihdr + 17])) & 0xFFFFFFFF
-    data[ihdr + 17:ihdr + 21] = struct.pack(">I", crc)
+    data[ihdr + 4 : ihdr + 12] = struct.pack(">II", width, height)
+    crc = zlib.crc32(bytes(data[ihdr : ihdr + 17])) & 0xFFFFFFFF
+    data[ihdr + 17 : ihdr + 21] = struct.pack(">I", crc)
     return bytes(data)
 
 
 def assert_clean(message: str) -> None:
     """Client-safe text: no object reprs, addresses or file paths."""
     assert not re.search(r"0x[0-9a-fA-F]{8,}", message), message
-    assert not any(leak in message for leak in ("<", "object at", "BytesIO", "Traceback", ".py", "/tmp", "/root")), message
+    assert not any(leak in message for leak in ("<", "object at", "BytesIO", "Traceback", ".py", "/tmp", "/root")), (
+        message
+    )
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP"])
@@ -111,8 +113,16 @@ def test_truncated_images_fail_cleanly(fmt: str) -> None:
     assert_clean(str(err.value))
 
 
-@pytest.mark.parametrize("data", [b"hello world, not an image", b"\x89PNG\r\n\x1a\n" + b"\0" * 40,
-                                  b"GIF89a" + b"\0" * 40, b"%PDF-1.4 ...", b"\xff\xd8\xff"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"hello world, not an image",
+        b"\x89PNG\r\n\x1a\n" + b"\0" * 40,
+        b"GIF89a" + b"\0" * 40,
+        b"%PDF-1.4 ...",
+        b"\xff\xd8\xff",
+    ],
+)
 def test_non_images_fail_cleanly(data: bytes) -> None:
     with pytest.raises(ImageDecodeError) as err:
         decode_image(data)
@@ -135,7 +145,7 @@ def test_bad_uris_and_empty_input_fail_cleanly(uri: str) -> None:
 @given(st.binary(max_size=400), st.integers(0, 2000))
 def test_mutated_images_never_raise_anything_else(noise_bytes: bytes, cut: int) -> None:
     base = encode(noise(16, 16), "PNG")
-    data = base[:cut] + noise_bytes + base[cut + len(noise_bytes):]
+    data = base[:cut] + noise_bytes + base[cut + len(noise_bytes) :]
     try:
         out = decode_image(data)
     except ImageDecodeError as exc:
@@ -181,11 +191,20 @@ def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     directory = tmp_path_factory.mktemp("llava")
     torch.manual_seed(0)
-    config = LlavaConfig(vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                                        num_attention_heads=2, image_size=28, patch_size=14),
-                         text_config=LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                                 num_hidden_layers=1, num_attention_heads=2),
-                         image_token_id=63)
+    config = LlavaConfig(
+        vision_config=CLIPVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+        ),
+        text_config=LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+        ),
+        image_token_id=63,
+    )
     LlavaForConditionalGeneration(config).save_pretrained(directory)
     CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}).save_pretrained(directory)
     return directory
@@ -197,7 +216,9 @@ def test_vision_encoder_encodes_a_repeated_image_once(tiny_llava: Path, monkeypa
     encoder = load_vision_encoder(tiny_llava, cache=EncoderCache(1 << 20))
     calls: list[str] = []
     original = LlavaVision._encode_image
-    monkeypatch.setattr(LlavaVision, "_encode_image", lambda self, img, key: calls.append(key) or original(self, img, key))
+    monkeypatch.setattr(
+        LlavaVision, "_encode_image", lambda self, img, key: calls.append(key) or original(self, img, key)
+    )
     image = noise(40, 30)
     first = encoder.encode_image(decode_image(encode(image, "PNG")))
     again = encoder.encode_image(decode_image(encode(image, "WEBP", lossless=True)))

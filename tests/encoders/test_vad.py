@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from omni_gateway.encoders.audio import float_to_pcm16, resample
 from omni_gateway.encoders.vad import CONTEXT, WINDOW, WINDOW_MS, SileroVad, SpeechEvent, load_session
 
@@ -22,7 +21,7 @@ def run_all(vad: SileroVad, x: np.ndarray, chunk_bytes: int = 960) -> list[Speec
     pcm = float_to_pcm16(x)
     events: list[SpeechEvent] = []
     for at in range(0, len(pcm), chunk_bytes):
-        events += vad.feed(pcm[at:at + chunk_bytes])
+        events += vad.feed(pcm[at : at + chunk_bytes])
     return events
 
 
@@ -68,8 +67,13 @@ def test_a_pause_is_announced_then_resumed_or_stopped(utterance: np.ndarray) -> 
     second_start = len(head) * 1000 / RATE + 450 + speech_bounds_ms(utterance)[0]
     second_end = speech_bounds_ms(x)[1]
     events = run_all(SileroVad(silence_duration_ms=900), x)
-    assert [e.kind for e in events] == ["speech_started", "speech_paused", "speech_resumed", "speech_paused",
-                                        "speech_stopped"]
+    assert [e.kind for e in events] == [
+        "speech_started",
+        "speech_paused",
+        "speech_resumed",
+        "speech_paused",
+        "speech_stopped",
+    ]
     _, pause, resume, last_pause, stop = events
     # a pause starts where the speech fades out (the voice's soft ending counts for a few windows)
     assert first_end - WINDOW_MS <= pause.audio_ms <= first_end + 250
@@ -100,11 +104,17 @@ def test_pause_hints_do_not_depend_on_chunking(utterance: np.ndarray) -> None:
 def window_probabilities(x24: np.ndarray) -> np.ndarray:
     """silero's reference windowing over the whole signal, independent of the streaming detector."""
     x = resample(x24, RATE, 16000)
-    session, state, context, probs = load_session(), np.zeros((2, 1, 128), np.float32), np.zeros(CONTEXT, np.float32), []
+    session, state, context, probs = (
+        load_session(),
+        np.zeros((2, 1, 128), np.float32),
+        np.zeros(CONTEXT, np.float32),
+        [],
+    )
     for at in range(0, len(x) - WINDOW + 1, WINDOW):
-        window = x[at:at + WINDOW]
-        p, state = session.run(None, {"input": np.concatenate([context, window])[None], "state": state,
-                                      "sr": np.array(16000, np.int64)})
+        window = x[at : at + WINDOW]
+        p, state = session.run(
+            None, {"input": np.concatenate([context, window])[None], "state": state, "sr": np.array(16000, np.int64)}
+        )
         context = window[-CONTEXT:]
         probs.append(float(p[0, 0]))
     return np.array(probs)
@@ -139,8 +149,8 @@ def test_detectors_share_the_model_but_not_state(utterance: np.ndarray) -> None:
     pcm_speech, pcm_quiet = float_to_pcm16(x), bytes(len(x) * 2)
     events_a: list[SpeechEvent] = []
     for at in range(0, len(pcm_speech), 960):
-        events_a += a.feed(pcm_speech[at:at + 960])
-        assert b.feed(pcm_quiet[at:at + 960]) == []
+        events_a += a.feed(pcm_speech[at : at + 960])
+        assert b.feed(pcm_quiet[at : at + 960]) == []
     assert events_a == run_all(SileroVad(), x)
 
 

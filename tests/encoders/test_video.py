@@ -1,4 +1,5 @@
 """Video decoding: fps sampling, limits during decode, hostile containers, webcam JPEG frames."""
+
 from __future__ import annotations
 
 import io
@@ -6,8 +7,6 @@ import re
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from omni_gateway.encoders.video import (
     VideoDecodeError,
     VideoLimits,
@@ -17,10 +16,12 @@ from omni_gateway.encoders.video import (
     sample_times,
     video_pixels,
 )
+from PIL import Image
 
 
-def make_video(seconds: float = 3.0, rate: int = 10, size: tuple[int, int] = (64, 48), fmt: str = "mp4",
-               codec: str = "mpeg4") -> bytes:
+def make_video(
+    seconds: float = 3.0, rate: int = 10, size: tuple[int, int] = (64, 48), fmt: str = "mp4", codec: str = "mpeg4"
+) -> bytes:
     """Frame ``i`` is a flat grey of level ``8 * i``, so a sampled frame tells its own timestamp."""
     import av
 
@@ -44,7 +45,9 @@ def frame_index(frame: Image.Image) -> int:
 
 def assert_clean(message: str) -> None:
     assert not re.search(r"0x[0-9a-fA-F]{8,}", message), message
-    assert not any(leak in message for leak in ("<", "object at", "BytesIO", "Traceback", ".py", "/tmp", "/root")), message
+    assert not any(leak in message for leak in ("<", "object at", "BytesIO", "Traceback", ".py", "/tmp", "/root")), (
+        message
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +73,14 @@ def test_frame_count_is_capped(clip: bytes) -> None:
     assert [frame_index(f) for f in frames] == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("limits, fps", [(VideoLimits(sample_fps=1.0), None), (VideoLimits(sample_fps=4.0), 2.0),
-                                         (VideoLimits(sample_fps=10.0, max_frames=4), None)])
+@pytest.mark.parametrize(
+    "limits, fps",
+    [
+        (VideoLimits(sample_fps=1.0), None),
+        (VideoLimits(sample_fps=4.0), 2.0),
+        (VideoLimits(sample_fps=10.0, max_frames=4), None),
+    ],
+)
 def test_video_pixels_are_what_decoding_holds(clip: bytes, limits: VideoLimits, fps: float | None) -> None:
     frames = decode_video(clip, limits, fps=fps)
     assert video_pixels(clip, limits, fps=fps) == sum(f.width * f.height for f in frames)
@@ -146,8 +155,9 @@ def test_jpeg_frames_decode_in_order_at_one_size() -> None:
 def test_frames_pixels_bound_the_frames_once_scaled_to_one_size() -> None:
     frames = [jpeg(10, (64, 48)), jpeg(120), jpeg(240)]
     assert frames_pixels(frames) == 3 * 64 * 48 == sum(f.width * f.height for f in decode_frames(frames))
-    assert frames_pixels([jpeg(10), jpeg(120, (64, 48))]) >= sum(f.width * f.height for f in decode_frames(
-        [jpeg(10), jpeg(120, (64, 48))]))
+    assert frames_pixels([jpeg(10), jpeg(120, (64, 48))]) >= sum(
+        f.width * f.height for f in decode_frames([jpeg(10), jpeg(120, (64, 48))])
+    )
     with pytest.raises(VideoDecodeError, match="frame 1: "):
         frames_pixels([jpeg(10), b"not an image"])
 

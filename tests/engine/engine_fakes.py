@@ -5,21 +5,24 @@ reads the whole context back through the block table. A wrong prefix hit, a stal
 slot mapping therefore changes the generated tokens, which the tests compare against an oracle
 that never touches a cache.
 """
+
 from __future__ import annotations
 
 import functools
-import json
 import hashlib
+import json
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from benchmarks.checkpoints import CORPUS, byte_level_tokenizer
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.llm_engine import LLMEngine
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
+
+from benchmarks.checkpoints import CORPUS, byte_level_tokenizer
+
 
 @functools.cache
 def sentencepiece_style_tokenizer() -> Any:
@@ -36,12 +39,14 @@ def sentencepiece_style_tokenizer() -> Any:
     vocab = dict(trained.get_vocab(with_added_tokens=False))
     for b in range(256):
         vocab.setdefault(f"<0x{b:02X}>", len(vocab))
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
-              for m in json.loads(trained.to_str())["model"]["merges"]]
+    merges = [
+        tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in json.loads(trained.to_str())["model"]["merges"]
+    ]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
     tok.normalizer = normalizer
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>", unk_token="<unk>")
 
 
@@ -58,14 +63,16 @@ def hashed_next_token(context: list[int], seed: int | None, vocab_size: int, fir
 
 
 class FakeRunner:
-    def __init__(self, config: EngineConfig, model: Any, *,
-                 next_token: Callable[[list[int], Sequence], int] | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, model: Any, *, next_token: Callable[[list[int], Sequence], int] | None = None
+    ) -> None:
         self.block_size = config.block_size
         self.num_kv_blocks = config.num_kv_blocks or 64
         self.slots: list[tuple[int, int] | None] = [None] * (self.num_kv_blocks * self.block_size)
         self.vocab_size = model.vocab_size
         self.next_token = next_token or (
-            lambda ctx, seq: hashed_next_token(ctx, seq.params.seed, self.vocab_size, model.first_free_id))
+            lambda ctx, seq: hashed_next_token(ctx, seq.params.seed, self.vocab_size, model.first_free_id)
+        )
         self.batches: list[list[tuple[int, int, int]]] = []  # per step: (seq_id, start, num_new_tokens)
         self.released: list[int] = []
         self.fail_after: int | None = None  # raise on this step number (engine death tests)
@@ -101,18 +108,29 @@ def fake_model(tokenizer: Any | None = None, *, max_model_len: int = 512) -> Sim
     tok = tokenizer or byte_level_tokenizer()
     specials = [tok.convert_tokens_to_ids(t) for t in tok.all_special_tokens]
     return SimpleNamespace(
-        hf_config=None, tokenizer=tok, eos_token_ids=frozenset({tok.eos_token_id}), max_model_len=max_model_len,
-        vocab_size=len(tok), chat_template=tok.chat_template, name="fake",
-        first_free_id=max(specials) + 1)  # the hashed model never emits special tokens by accident
+        hf_config=None,
+        tokenizer=tok,
+        eos_token_ids=frozenset({tok.eos_token_id}),
+        max_model_len=max_model_len,
+        vocab_size=len(tok),
+        chat_template=tok.chat_template,
+        name="fake",
+        first_free_id=max(specials) + 1,
+    )  # the hashed model never emits special tokens by accident
 
 
-def make_engine(*, model: SimpleNamespace | None = None, next_token: Callable[[list[int], Sequence], int] | None = None,
-                **config: Any) -> LLMEngine:
+def make_engine(
+    *,
+    model: SimpleNamespace | None = None,
+    next_token: Callable[[list[int], Sequence], int] | None = None,
+    **config: Any,
+) -> LLMEngine:
     config.setdefault("num_kv_blocks", 64)
     config.setdefault("block_size", 16)  # the tests count cached tokens in 16-token blocks
     cfg = EngineConfig(**config)
-    return LLMEngine(cfg, model=model or fake_model(),
-                     runner_factory=lambda c, m: FakeRunner(c, m, next_token=next_token))
+    return LLMEngine(
+        cfg, model=model or fake_model(), runner_factory=lambda c, m: FakeRunner(c, m, next_token=next_token)
+    )
 
 
 def oracle(engine: LLMEngine, prompt_ids: list[int], num_tokens: int, seed: int | None = None) -> list[int]:
@@ -121,4 +139,4 @@ def oracle(engine: LLMEngine, prompt_ids: list[int], num_tokens: int, seed: int 
     model = engine.model
     for _ in range(num_tokens):
         ctx.append(hashed_next_token(ctx, seed, model.vocab_size, model.first_free_id))
-    return ctx[len(prompt_ids):]
+    return ctx[len(prompt_ids) :]

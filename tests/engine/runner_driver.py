@@ -3,12 +3,12 @@
 The driver plays the scheduler: a bump allocator hands out KV blocks, each step batches every
 unfinished sequence (prefill chunks next to decodes) and advances state from the results.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-
 from omni_gateway.engine.model_runner import ModelRunner
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
@@ -18,9 +18,14 @@ def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
     """HF ``generate`` greedy continuation that never stops at EOS."""
     model.generation_config.eos_token_id = None
     with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 class RunnerDriver:

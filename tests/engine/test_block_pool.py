@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from omni_gateway.engine.block_pool import BlockPool, hash_block
 from omni_gateway.engine.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.sampling_params import SamplingParams

@@ -1,10 +1,10 @@
 """Cached numpy rows of block tables against the tables themselves, through growth, preemption and release."""
+
 from __future__ import annotations
 
 import random
 
 import numpy as np
-
 from omni_gateway.engine.block_table_rows import BlockTableRows
 from omni_gateway.engine.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.sampling_params import SamplingParams
@@ -16,8 +16,9 @@ BS = 4
 def test_rows_follow_tables_through_growth_and_preemption_by_the_kv_manager() -> None:
     rng = random.Random(0)
     kv = KVCacheManager(400, BS, enable_prefix_caching=False)
-    seqs = [Sequence(f"r{i}", [rng.randrange(50) for _ in range(rng.randrange(1, 30))], SamplingParams())
-            for i in range(6)]
+    seqs = [
+        Sequence(f"r{i}", [rng.randrange(50) for _ in range(rng.randrange(1, 30))], SamplingParams()) for i in range(6)
+    ]
     for seq in seqs:
         assert kv.allocate_slots(seq, len(seq))
         seq.num_computed_tokens = len(seq)
@@ -58,7 +59,6 @@ def test_an_emptied_table_that_regrows_to_the_same_length_is_read_again() -> Non
 
 def test_decode_inputs_are_packed_per_sequence_with_padding_rows() -> None:
     import pytest
-
     from omni_gateway.engine.graphed_decode import pack_decode_inputs
 
     kv = KVCacheManager(64, BS, enable_prefix_caching=False)
@@ -73,7 +73,7 @@ def test_decode_inputs_are_packed_per_sequence_with_padding_rows() -> None:
     for i, seq in enumerate(seqs):
         pos = len(seq) - 1
         assert rows[i].tolist() == [seq.token_ids[pos], pos, seq.block_table[pos // BS] * BS + pos % BS, pos + 1]
-        assert tables[i, :len(seq.block_table)].tolist() == seq.block_table
+        assert tables[i, : len(seq.block_table)].tolist() == seq.block_table
     assert rows[3].tolist() == [0, 0, -1, 0]  # padding: no KV write, no context
     seqs[0].num_computed_tokens = len(seqs[0])  # nothing left to decode
     with pytest.raises(ValueError, match="cannot decode position 5: 5 tokens, 2 KV blocks"):
@@ -82,7 +82,6 @@ def test_decode_inputs_are_packed_per_sequence_with_padding_rows() -> None:
 
 def test_a_step_ahead_packs_the_position_after_the_one_in_flight_with_its_id_on_the_device() -> None:
     import pytest
-
     from omni_gateway.engine.graphed_decode import pack_decode_inputs
 
     kv = KVCacheManager(64, BS, enable_prefix_caching=False)

@@ -1,9 +1,9 @@
 """Decode CUDA-graph buckets: bucket choice on the CPU; capture/replay against eager runs on a GPU."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from omni_gateway.engine.cuda_graphs import DecodeGraphs, default_buckets, pick_bucket
 
 
@@ -42,7 +42,7 @@ def test_replay_matches_eager_decode_step_with_padding():
     weight = torch.randn(hq * d, device=dev, dtype=torch.bfloat16)
 
     def step(q: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor) -> dict[str, torch.Tensor]:
-        attn = paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, d ** -0.5)
+        attn = paged_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, d**-0.5)
         return {"attn": attn, "normed": rms_norm(attn.view(attn.shape[0], -1), weight, 1e-6)}
 
     static = {
@@ -67,6 +67,11 @@ def test_replay_matches_eager_decode_step_with_padding():
     q = torch.randn(2, hq, d, device=dev, dtype=torch.bfloat16)
     got = graphs.replay(q=q, seq_lens=lens, block_tables=narrow)
     torch.testing.assert_close(got["attn"], step(q, lens, narrow)["attn"], rtol=1e-2, atol=1e-2)
-    assert graphs.replay(q=torch.zeros(9, hq, d, device=dev, dtype=torch.bfloat16),
-                         seq_lens=torch.ones(9, dtype=torch.int32, device=dev),
-                         block_tables=torch.zeros(9, width, dtype=torch.int32, device=dev)) is None
+    assert (
+        graphs.replay(
+            q=torch.zeros(9, hq, d, device=dev, dtype=torch.bfloat16),
+            seq_lens=torch.ones(9, dtype=torch.int32, device=dev),
+            block_tables=torch.zeros(9, width, dtype=torch.int32, device=dev),
+        )
+        is None
+    )

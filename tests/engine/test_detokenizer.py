@@ -5,7 +5,6 @@ from typing import Any
 
 import pytest
 from engine_fakes import byte_level_tokenizer, sentencepiece_style_tokenizer
-
 from omni_gateway.engine.detokenizer import IncrementalDetokenizer, direct_decoder
 from omni_gateway.engine.sampling_params import SamplingParams
 
@@ -38,7 +37,7 @@ def test_streamed_text_equals_decoding_in_context(make_tok: Any) -> None:
     output = tok.encode(" " + TEXT, add_special_tokens=False)
     assert any(tok.decode([t]) == "\ufffd" for t in output)  # some characters really span several tokens
     pieces, detok = stream(tok, prompt, output)
-    expected = tok.decode(prompt + output)[len(tok.decode(prompt)):]
+    expected = tok.decode(prompt + output)[len(tok.decode(prompt)) :]
     assert "".join(pieces) == expected == detok.output_text
     assert "\ufffd" not in "".join(pieces)
     assert all("\ufffd" not in p for p in pieces)
@@ -48,7 +47,7 @@ def test_sentencepiece_word_start_keeps_its_space_mid_text() -> None:
     tok = sentencepiece_style_tokenizer()
     prompt = tok.encode("Hello", add_special_tokens=False)
     full = tok.encode("Hello world", add_special_tokens=False)
-    output = full[len(prompt):]
+    output = full[len(prompt) :]
     assert full[: len(prompt)] == prompt and tok.convert_ids_to_tokens(output)[0].startswith("▁")
     assert tok.decode(output) == "world"  # decoded alone, the leading space is lost
     pieces, _ = stream(tok, prompt, output)
@@ -111,8 +110,9 @@ def test_wrapper_decode_is_bypassed_only_where_it_merely_forwards() -> None:
     direct = direct_decoder(tok)
     assert direct is not None
     for skip in (True, False):
-        assert direct(ids, skip_special_tokens=skip) == tok.decode(ids, skip_special_tokens=skip,
-                                                                   clean_up_tokenization_spaces=False)
+        assert direct(ids, skip_special_tokens=skip) == tok.decode(
+            ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False
+        )
 
     class Shouting(type(tok)):  # a tokenizer whose own decode must not be skipped
         def _decode(self, token_ids: Any, **kwargs: Any) -> str:

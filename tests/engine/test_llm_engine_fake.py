@@ -1,4 +1,5 @@
 """LLMEngine, LLM and AsyncEngine over the cache-simulating fake runner and a tiny real tokenizer."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,10 +11,9 @@ from typing import Any
 
 import pytest
 import torch
+from engine_fakes import FakeRunner, byte_level_tokenizer, fake_model, hashed_next_token, make_engine, oracle
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from engine_fakes import FakeRunner, byte_level_tokenizer, fake_model, hashed_next_token, make_engine, oracle
-
 from omni_gateway.engine.async_engine import AsyncEngine
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidRequest
@@ -291,8 +291,10 @@ def test_default_cpu_block_size_keeps_kv_waste_under_4_percent() -> None:
     """16 streams of 36-46 prompt tokens growing by 128 (the CPU benchmark's shape): a sequence's
     unfilled last block is all the waste there is, and the CPU's default blocks keep it under 4%."""
     prompts = [prompt_ids(36 + (7 * i) % 11, start=i) for i in range(16)]
-    waste = {bs: peak_kv_waste(make_engine(device="cpu", block_size=bs, num_kv_blocks=1024, max_num_seqs=16),
-                               prompts, 128) for bs in (None, 16)}
+    waste = {
+        bs: peak_kv_waste(make_engine(device="cpu", block_size=bs, num_kv_blocks=1024, max_num_seqs=16), prompts, 128)
+        for bs in (None, 16)
+    }
     assert waste[None] < 0.04 < waste[16]
 
 
@@ -337,8 +339,12 @@ def test_chat_without_template_is_an_error_unless_chatml_is_chosen() -> None:
     assert bare.decode(out.prompt_token_ids).endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
     tools = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
-    [out] = llm.chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "time?"}],
-                     GREEDY, tools=tools, chat_template="chatml")
+    [out] = llm.chat(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "time?"}],
+        GREEDY,
+        tools=tools,
+        chat_template="chatml",
+    )
     rendered = bare.decode(out.prompt_token_ids)
     assert rendered.startswith("<|im_start|>system\nBe brief.\n\nYou may call these tools")
     assert '"name": "get_time"' in rendered and rendered.count("<|im_start|>system") == 1
@@ -362,8 +368,9 @@ def test_async_stream_matches_offline_generation(async_engine: AsyncEngine) -> N
     p = prompt_ids(25)
 
     async def main() -> tuple[list[StreamDelta], list[StreamDelta]]:
-        return await asyncio.gather(collect(async_engine.generate(p, GREEDY, request_id="x")),
-                                    collect(async_engine.generate(p[:10], GREEDY)))
+        return await asyncio.gather(
+            collect(async_engine.generate(p, GREEDY, request_id="x")), collect(async_engine.generate(p[:10], GREEDY))
+        )
 
     first, second = asyncio.run(main())
     assert [t for d in first for t in d.token_ids] == oracle(async_engine.engine, p, 12)
@@ -487,10 +494,14 @@ _request = st.tuples(
 
 
 @settings(max_examples=20, deadline=None)
-@given(requests=st.lists(_request, min_size=1, max_size=10), num_blocks=st.integers(6, 40),
-       budget=st.sampled_from([5, 16, 64]))
+@given(
+    requests=st.lists(_request, min_size=1, max_size=10),
+    num_blocks=st.integers(6, 40),
+    budget=st.sampled_from([5, 16, 64]),
+)
 def test_random_workloads_match_the_oracle_and_leak_nothing(
-        requests: list[tuple[int, int, int, int, int | None]], num_blocks: int, budget: int) -> None:
+    requests: list[tuple[int, int, int, int, int | None]], num_blocks: int, budget: int
+) -> None:
     engine = make_engine(num_kv_blocks=num_blocks, max_num_batched_tokens=budget, max_num_seqs=4)
     prefixes = [prompt_ids(20, 1), prompt_ids(33, 2), prompt_ids(5, 3)]
     prompts = {}

@@ -1,5 +1,6 @@
 """The whole engine (scheduler, prefix cache, preemption, chunked prefill) over the real runner and a tiny
 random Llama checkpoint, checked token for token against Hugging Face greedy generation."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,13 +8,17 @@ from typing import Any
 
 import pytest
 import torch
+from omni_gateway.engine import LLM, SamplingParams
 from runner_driver import hf_greedy
 
 from benchmarks.checkpoints import save_tiny_checkpoint
-from omni_gateway.engine import LLM, SamplingParams
 
-DEVICES = ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+    ),
+]
 NEW_TOKENS = 12
 
 pytestmark = pytest.mark.slow
@@ -35,13 +40,18 @@ def workload() -> list[list[int]]:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("engine_args", [
-    {},
-    {"num_kv_blocks": 14, "max_num_batched_tokens": 24},  # preemption and chunked prefill
-    {"enable_prefix_caching": False, "max_num_seqs": 3},
-], ids=["roomy", "tight", "no-prefix-cache"])
-def test_engine_matches_hf_greedy(checkpoint: tuple[Path, list[list[int]]], device: str,
-                                  engine_args: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "engine_args",
+    [
+        {},
+        {"num_kv_blocks": 14, "max_num_batched_tokens": 24},  # preemption and chunked prefill
+        {"enable_prefix_caching": False, "max_num_seqs": 3},
+    ],
+    ids=["roomy", "tight", "no-prefix-cache"],
+)
+def test_engine_matches_hf_greedy(
+    checkpoint: tuple[Path, list[list[int]]], device: str, engine_args: dict[str, Any]
+) -> None:
     directory, expected = checkpoint
     llm = LLM(model=str(directory), device=device, dtype="float32", max_model_len=128, **engine_args)
     prompts = workload()

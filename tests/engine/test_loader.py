@@ -1,4 +1,5 @@
 """Every bad model input fails with ModelLoadError and a message naming the problem."""
+
 from __future__ import annotations
 
 import json
@@ -6,12 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file, save_file
-
-from benchmarks.checkpoints import save_tiny_checkpoint
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.loader import default_model_path, load_model
+from safetensors.torch import load_file, save_file
+
+from benchmarks.checkpoints import save_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

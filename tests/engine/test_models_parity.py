@@ -1,4 +1,5 @@
 """Greedy output of our paged model runner is token-identical to HF transformers ``generate``."""
+
 from __future__ import annotations
 
 import os
@@ -7,14 +8,14 @@ from typing import Any
 
 import pytest
 import torch
-from runner_driver import RunnerDriver, greedy_seq, hf_greedy
-
-from benchmarks.checkpoints import save_tiny_checkpoint
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.loader import default_model_path, load_model
 from omni_gateway.engine.model_runner import ModelRunner
 from omni_gateway.engine.models.llama import Linear, onednn_prepacks
 from omni_gateway.engine.sampling_params import SamplingParams
+from runner_driver import RunnerDriver, greedy_seq, hf_greedy
+
+from benchmarks.checkpoints import save_tiny_checkpoint
 
 NEW_TOKENS = 12
 
@@ -36,8 +37,13 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 def test_linear_matches_torch_for_one_row_and_many() -> None:
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
-    linear = Linear.build(weight, bias, torch.nn.functional.linear,
-                          prepack=onednn_prepacks(torch.device("cpu"), torch.float32), packed_rows=2)
+    linear = Linear.build(
+        weight,
+        bias,
+        torch.nn.functional.linear,
+        prepack=onednn_prepacks(torch.device("cpu"), torch.float32),
+        packed_rows=2,
+    )
     for rows in (1, 2, 17):  # one row takes the plain weight, more the oneDNN copy where there is one
         x = torch.randn(rows, 24, generator=gen)
         torch.testing.assert_close(linear(x), torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)

@@ -1,6 +1,7 @@
 """Pipelined decode (the step after the current one launched before the host reads it) gives exactly
 what the unpipelined engine gives: tokens, text, stops, aborts, arrivals, seeded draws. The real runner on
 a tiny random Llama; on the CPU the runner's eager launch path, on CUDA the decode graphs."""
+
 from __future__ import annotations
 
 import random
@@ -10,13 +11,17 @@ from typing import Any
 
 import pytest
 import torch
-
-from benchmarks.checkpoints import save_tiny_checkpoint
 from omni_gateway.engine import LLM, SamplingParams
 from omni_gateway.engine.llm_engine import LLMEngine
 
-DEVICES = ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+from benchmarks.checkpoints import save_tiny_checkpoint
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+    ),
+]
 PROMPTS = [[3 + (i * 7 + j * 11) % 300 for j in range(5 + 6 * i)] for i in range(4)]
 
 Outcome = list[tuple[str, tuple[int, ...], str, str | None, Any]]
@@ -30,12 +35,16 @@ def directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def engine(directory: Path, device: str, pipeline: str, **kw: Any) -> LLMEngine:
-    return LLM(model=str(directory), device=device, dtype="float32", max_model_len=128, pipeline_decode=pipeline,
-               **kw).engine
+    return LLM(
+        model=str(directory), device=device, dtype="float32", max_model_len=128, pipeline_decode=pipeline, **kw
+    ).engine
 
 
-def drive(eng: LLMEngine, requests: list[tuple[str, list[int], SamplingParams]],
-          events: dict[int, Callable[[LLMEngine], None]] | None = None) -> Outcome:
+def drive(
+    eng: LLMEngine,
+    requests: list[tuple[str, list[int], SamplingParams]],
+    events: dict[int, Callable[[LLMEngine], None]] | None = None,
+) -> Outcome:
     """Add ``requests``, step to the end (running ``events[k]`` before step k) and return every
     finished request's id, tokens, text, finish and stop reasons, sorted by id."""
     for rid, prompt, params in requests:
@@ -49,12 +58,25 @@ def drive(eng: LLMEngine, requests: list[tuple[str, list[int], SamplingParams]],
         done += eng.pop_finished()
         k += 1
     assert eng.stats()["kv_blocks_used"] == 0
-    return sorted((o.request_id, tuple(o.outputs[0].token_ids), o.outputs[0].text, o.outputs[0].finish_reason,
-                   o.outputs[0].stop_reason) for o in done)
+    return sorted(
+        (
+            o.request_id,
+            tuple(o.outputs[0].token_ids),
+            o.outputs[0].text,
+            o.outputs[0].finish_reason,
+            o.outputs[0].stop_reason,
+        )
+        for o in done
+    )
 
 
-def both(directory: Path, device: str, requests: list[tuple[str, list[int], SamplingParams]],
-         events: dict[int, Callable[[LLMEngine], None]] | None = None, **kw: Any) -> tuple[Outcome, int]:
+def both(
+    directory: Path,
+    device: str,
+    requests: list[tuple[str, list[int], SamplingParams]],
+    events: dict[int, Callable[[LLMEngine], None]] | None = None,
+    **kw: Any,
+) -> tuple[Outcome, int]:
     """The outcome with pipelining on, checked against pipelining off; and how many steps ran ahead."""
     off = engine(directory, device, "off", **kw)
     on = engine(directory, device, "on", **kw)
@@ -71,24 +93,29 @@ def greedy(**kw: Any) -> SamplingParams:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_lengths_eos_stop_tokens_and_stop_strings_end_where_they_do_unpipelined(directory: Path, device: str) -> None:
-    reference = drive(engine(directory, device, "off"),
-                      [(f"r{i}", p, greedy(max_tokens=24, ignore_eos=True)) for i, p in enumerate(PROMPTS)])
+    reference = drive(
+        engine(directory, device, "off"),
+        [(f"r{i}", p, greedy(max_tokens=24, ignore_eos=True)) for i, p in enumerate(PROMPTS)],
+    )
     tokens = {rid: toks for rid, toks, *_ in reference}
     texts = {rid: text for rid, _, text, *_ in reference}
     # End r1 on a token it generates mid-way (as a stop token and as EOS by min_tokens), r2 on a stop
     # string from the middle of its text; r0 and r3 run to their (different) lengths.
     stop_token = tokens["r1"][9]
-    stop_text = next(texts["r2"][i:i + 2] for i in range(8, len(texts["r2"]) - 2)
-                     if "\ufffd" not in texts["r2"][i:i + 2])
-    requests = [("r0", PROMPTS[0], greedy(max_tokens=24, ignore_eos=True)),
-                ("r1", PROMPTS[1], greedy(max_tokens=24, stop_token_ids=[stop_token])),
-                ("r2", PROMPTS[2], greedy(max_tokens=30, ignore_eos=True, stop=[stop_text])),
-                ("r3", PROMPTS[3], greedy(max_tokens=7, ignore_eos=True))]
+    stop_text = next(
+        texts["r2"][i : i + 2] for i in range(8, len(texts["r2"]) - 2) if "\ufffd" not in texts["r2"][i : i + 2]
+    )
+    requests = [
+        ("r0", PROMPTS[0], greedy(max_tokens=24, ignore_eos=True)),
+        ("r1", PROMPTS[1], greedy(max_tokens=24, stop_token_ids=[stop_token])),
+        ("r2", PROMPTS[2], greedy(max_tokens=30, ignore_eos=True, stop=[stop_text])),
+        ("r3", PROMPTS[3], greedy(max_tokens=7, ignore_eos=True)),
+    ]
     got, ahead = both(directory, device, requests)
     by_id = {rid: (toks, text, finish, stop) for rid, toks, text, finish, stop in got}
     assert by_id["r0"][0] == tokens["r0"] and by_id["r3"][0] == tokens["r3"][:7]
     first = tokens["r1"].index(stop_token)
-    assert by_id["r1"][0] == tokens["r1"][:first + 1] and by_id["r1"][2:] == ("stop", stop_token)
+    assert by_id["r1"][0] == tokens["r1"][: first + 1] and by_id["r1"][2:] == ("stop", stop_token)
     assert by_id["r2"][2:] == ("stop", stop_text) and stop_text not in by_id["r2"][1]
     assert ahead > 10
 
@@ -113,11 +140,16 @@ def test_aborts_and_arrivals_while_a_step_is_in_flight(directory: Path, device: 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_seeded_sampling_is_pipelined_and_draws_what_it_draws_unpipelined(directory: Path, device: str) -> None:
-    requests = [("greedy", PROMPTS[0], greedy(max_tokens=12, ignore_eos=True)),
-                ("hot", PROMPTS[1], SamplingParams(temperature=1.5, seed=7, max_tokens=12, ignore_eos=True)),
-                ("nucleus", PROMPTS[2], SamplingParams(temperature=0.9, top_p=0.8, top_k=20, seed=11, max_tokens=16,
-                                                       ignore_eos=True)),
-                ("min-p", PROMPTS[3], SamplingParams(temperature=1.0, min_p=0.05, seed=5, max_tokens=9))]
+    requests = [
+        ("greedy", PROMPTS[0], greedy(max_tokens=12, ignore_eos=True)),
+        ("hot", PROMPTS[1], SamplingParams(temperature=1.5, seed=7, max_tokens=12, ignore_eos=True)),
+        (
+            "nucleus",
+            PROMPTS[2],
+            SamplingParams(temperature=0.9, top_p=0.8, top_k=20, seed=11, max_tokens=16, ignore_eos=True),
+        ),
+        ("min-p", PROMPTS[3], SamplingParams(temperature=1.0, min_p=0.05, seed=5, max_tokens=9)),
+    ]
     got, ahead = both(directory, device, requests)
     assert ahead > 5
     by_id = {rid: toks for rid, toks, *_ in got}
@@ -130,12 +162,17 @@ def test_seeded_sampling_is_pipelined_and_draws_what_it_draws_unpipelined(direct
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_logprob_and_penalized_requests_are_not_pipelined_and_match(directory: Path, device: str) -> None:
-    requests = [("greedy", PROMPTS[0], greedy(max_tokens=10, ignore_eos=True)),
-                ("logprobs", PROMPTS[2], greedy(max_tokens=10, ignore_eos=True, logprobs=2))]
+    requests = [
+        ("greedy", PROMPTS[0], greedy(max_tokens=10, ignore_eos=True)),
+        ("logprobs", PROMPTS[2], greedy(max_tokens=10, ignore_eos=True, logprobs=2)),
+    ]
     _, ahead = both(directory, device, requests)
     assert ahead == 0  # every step has a row whose results need more than the token
-    _, ahead = both(directory, device, requests[:1] + [("penalized", PROMPTS[3], greedy(
-        max_tokens=10, ignore_eos=True, repetition_penalty=1.3))])
+    _, ahead = both(
+        directory,
+        device,
+        requests[:1] + [("penalized", PROMPTS[3], greedy(max_tokens=10, ignore_eos=True, repetition_penalty=1.3))],
+    )
     assert ahead == 0
 
 
@@ -167,15 +204,17 @@ def test_pipelining_switches_only_between_requests(directory: Path) -> None:
 
 def test_pipelining_on_needs_a_runner_that_can_launch() -> None:
     from engine_fakes import FakeRunner, fake_model, make_engine
-
     from omni_gateway.engine.config import EngineConfig
 
     class CudaFakeRunner(FakeRunner):  # on CUDA, but without launch_decode
         device = torch.device("cuda")
 
     assert not make_engine().pipelined  # "auto" off the GPU
-    on_cuda = LLMEngine(EngineConfig(num_kv_blocks=64, block_size=16), model=fake_model(),
-                        runner_factory=lambda c, m: CudaFakeRunner(c, m))
+    on_cuda = LLMEngine(
+        EngineConfig(num_kv_blocks=64, block_size=16),
+        model=fake_model(),
+        runner_factory=lambda c, m: CudaFakeRunner(c, m),
+    )
     assert not on_cuda.pipelined  # "auto" leaves a runner that cannot launch ahead as it is
     with pytest.raises(ValueError, match="needs a runner with launch_decode; FakeRunner has none"):
         make_engine(pipeline_decode="on")
@@ -183,18 +222,24 @@ def test_pipelining_on_needs_a_runner_that_can_launch() -> None:
         make_engine(pipeline_decode="yes")
 
 
-def random_scenario(rng: random.Random) -> tuple[list[tuple[str, list[int], SamplingParams]],
-                                                 dict[int, Callable[[LLMEngine], None]]]:
+def random_scenario(
+    rng: random.Random,
+) -> tuple[list[tuple[str, list[int], SamplingParams]], dict[int, Callable[[LLMEngine], None]]]:
     """Requests of mixed kinds (greedy, seeded sampling, logprobs, penalties, stops, lengths) and
     arrivals and aborts at random steps."""
+
     def params() -> SamplingParams:
         kind = rng.choice(["greedy", "seeded", "logprobs", "penalty", "stop"])
         max_tokens = rng.randint(1, 14)
-        common: dict[str, Any] = {"max_tokens": max_tokens, "ignore_eos": rng.random() < 0.7,
-                                  "min_tokens": min(max_tokens, rng.choice([0, 0, 2]))}
+        common: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "ignore_eos": rng.random() < 0.7,
+            "min_tokens": min(max_tokens, rng.choice([0, 0, 2])),
+        }
         if kind == "seeded":
-            return SamplingParams(temperature=rng.choice([0.7, 1.3]), top_p=rng.choice([1.0, 0.9]),
-                                  seed=rng.randint(0, 99), **common)
+            return SamplingParams(
+                temperature=rng.choice([0.7, 1.3]), top_p=rng.choice([1.0, 0.9]), seed=rng.randint(0, 99), **common
+            )
         if kind == "logprobs":
             return greedy(logprobs=rng.randint(0, 3), **common)
         if kind == "penalty":

@@ -1,4 +1,5 @@
 """Which decode steps may be launched ahead of the host (engine.pipelining), over the real scheduler."""
+
 from __future__ import annotations
 
 import itertools
@@ -47,8 +48,14 @@ def test_a_decode_step_is_launchable_unless_its_tokens_need_more_than_the_logits
     s = make()
     decoding(s, temperature=0.7, top_p=0.9, top_k=5, min_p=0.1, seed=3)
     assert launchable(s.schedule())  # sampling happens on the device from the sequence's parameters
-    for params in ({"logprobs": 2}, {"logprobs": 0}, {"repetition_penalty": 1.2}, {"presence_penalty": 0.5},
-                   {"frequency_penalty": 0.5}, {"min_tokens": 3}):
+    for params in (
+        {"logprobs": 2},
+        {"logprobs": 0},
+        {"repetition_penalty": 1.2},
+        {"presence_penalty": 0.5},
+        {"frequency_penalty": 0.5},
+        {"min_tokens": 3},
+    ):
         s2 = make()
         decoding(s2, **params)
         assert not launchable(s2.schedule()), params

@@ -1,4 +1,5 @@
 """The model runner on CUDA, with the Triton kernels and with the torch path, against HF on the CPU."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,13 +7,13 @@ from typing import Any
 
 import pytest
 import torch
-from runner_driver import RunnerDriver, greedy_seq, hf_greedy
-
-from benchmarks.checkpoints import save_tiny_checkpoint
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.loader import load_model
 from omni_gateway.engine.model_runner import ModelRunner
 from omni_gateway.engine.sequence import ScheduledBatch
+from runner_driver import RunnerDriver, greedy_seq, hf_greedy
+
+from benchmarks.checkpoints import save_tiny_checkpoint
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -26,8 +27,9 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_cuda_float32_matches_hf(checkpoint: tuple[Any, Path], backend: str) -> None:
     hf, directory = checkpoint
-    config = EngineConfig(model=str(directory), device="cuda", dtype="float32", attention_backend=backend,
-                          num_kv_blocks=64)
+    config = EngineConfig(
+        model=str(directory), device="cuda", dtype="float32", attention_backend=backend, num_kv_blocks=64
+    )
     runner = ModelRunner(config, load_model(config))
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(2, 300, (n,), generator=gen).tolist() for n in (7, 45, 20)]
@@ -48,8 +50,14 @@ def test_cuda_kv_cache_sized_from_memory_and_capped_by_need(checkpoint: tuple[An
 
 def test_decode_graphs_match_the_eager_forward(checkpoint: tuple[Any, Path]) -> None:
     _, directory = checkpoint
-    config = EngineConfig(model=str(directory), device="cuda", dtype="float32", attention_backend="triton",
-                          num_kv_blocks=64, max_num_seqs=8)
+    config = EngineConfig(
+        model=str(directory),
+        device="cuda",
+        dtype="float32",
+        attention_backend="triton",
+        num_kv_blocks=64,
+        max_num_seqs=8,
+    )
     runner = ModelRunner(config, load_model(config))
     assert runner.graphs is not None and runner.graphs.buckets == [1, 2, 4, 8]
     gen = torch.Generator().manual_seed(5)
@@ -69,8 +77,14 @@ def test_decode_graphs_match_the_eager_forward(checkpoint: tuple[Any, Path]) -> 
 
 def test_batches_beyond_the_largest_graph_run_eagerly(checkpoint: tuple[Any, Path]) -> None:
     hf, directory = checkpoint
-    config = EngineConfig(model=str(directory), device="cuda", dtype="float32", attention_backend="triton",
-                          num_kv_blocks=64, max_num_seqs=2)
+    config = EngineConfig(
+        model=str(directory),
+        device="cuda",
+        dtype="float32",
+        attention_backend="triton",
+        num_kv_blocks=64,
+        max_num_seqs=2,
+    )
     runner = ModelRunner(config, load_model(config))
     assert runner.graphs is not None and runner.graphs.buckets == [1, 2]
     prompts = [[3 + i, 40, 41 + i] for i in range(3)]  # 3 decodes: no graph holds them

@@ -1,8 +1,8 @@
 """Sampler behaviour: seeds, masks, penalties, logprobs, min_tokens."""
+
 from __future__ import annotations
 
 import torch
-
 from omni_gateway.engine.sampler import Sampler, apply_min_p, apply_penalties, apply_top_k_top_p
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.sequence import Sequence
@@ -10,8 +10,12 @@ from omni_gateway.engine.sequence import Sequence
 VOCAB = 50
 
 
-def _seq(params: SamplingParams, prompt: list[int] | None = None, output: list[int] = (),
-         eos: frozenset[int] = frozenset({0})) -> Sequence:
+def _seq(
+    params: SamplingParams,
+    prompt: list[int] | None = None,
+    output: list[int] = (),
+    eos: frozenset[int] = frozenset({0}),
+) -> Sequence:
     seq = Sequence("r", prompt or [1, 2, 3], params, eos_token_ids=eos)
     seq.token_ids.extend(output)
     return seq
@@ -44,8 +48,7 @@ def test_unseeded_temperature_sampling_follows_the_distribution() -> None:
     sampler = Sampler(torch.device("cpu"), seed=0)
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1] + [1e-9] * (VOCAB - 3)]))
     seqs = [_seq(SamplingParams(temperature=1.0))] * 2000
-    counts = torch.bincount(torch.tensor([r.token_id for r in sampler(logits.repeat(2000, 1), seqs)]),
-                            minlength=3)
+    counts = torch.bincount(torch.tensor([r.token_id for r in sampler(logits.repeat(2000, 1), seqs)]), minlength=3)
     freq = counts[:3].float() / 2000
     assert torch.allclose(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.04)
 
@@ -84,8 +87,11 @@ def test_min_p_drops_tokens_below_fraction_of_top() -> None:
 
 def test_penalties_follow_vllm_semantics() -> None:
     logits = torch.tensor([[2.0, -2.0, 1.0, 3.0, 0.5]])
-    seq = _seq(SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25),
-               prompt=[0, 1], output=[2, 2])
+    seq = _seq(
+        SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25),
+        prompt=[0, 1],
+        output=[2, 2],
+    )
     out = apply_penalties(logits, [seq])
     # token 0 (prompt, positive): 2/2; token 1 (prompt, negative): -2*2; token 2 (output x2, positive):
     # 1/2 - 0.5 - 2*0.25; token 3, 4 unseen: unchanged.

@@ -4,7 +4,6 @@ import itertools
 from typing import Any
 
 import pytest
-
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import EngineOverloaded
 from omni_gateway.engine.kv_cache_manager import KVCacheManager
@@ -22,12 +21,18 @@ def make(num_blocks: int = 64, **config: Any) -> Scheduler:
     return Scheduler(cfg, KVCacheManager(num_blocks, BS))
 
 
-def seq(n: int, *, priority: int = 0, max_tokens: int | None = 100, rid: str = "r", base: int | None = None,
-        **params: Any) -> Sequence:
+def seq(
+    n: int, *, priority: int = 0, max_tokens: int | None = 100, rid: str = "r", base: int | None = None, **params: Any
+) -> Sequence:
     """A prompt of n tokens; distinct from every other prompt unless ``base`` repeats."""
     start = next(_prompt_base) if base is None else base
-    return Sequence(rid, list(range(start, start + n)), SamplingParams(max_tokens=max_tokens, **params), priority=priority,
-                    eos_token_ids=frozenset({0}))
+    return Sequence(
+        rid,
+        list(range(start, start + n)),
+        SamplingParams(max_tokens=max_tokens, **params),
+        priority=priority,
+        eos_token_ids=frozenset({0}),
+    )
 
 
 def step(s: Scheduler) -> ScheduledBatch:
@@ -35,8 +40,10 @@ def step(s: Scheduler) -> ScheduledBatch:
     batch = s.schedule()
     for q, n in zip(batch.seqs, batch.num_new_tokens):
         assert len(q.block_table) == -(-(q.num_computed_tokens + n) // BS)
-    tokens = [next(_next_token) if q.num_computed_tokens + n == len(q) else None
-              for q, n in zip(batch.seqs, batch.num_new_tokens)]
+    tokens = [
+        next(_next_token) if q.num_computed_tokens + n == len(q) else None
+        for q, n in zip(batch.seqs, batch.num_new_tokens)
+    ]
     s.update_from_output(batch, tokens)
     return batch
 
@@ -167,16 +174,21 @@ def test_finished_sequences_release_blocks() -> None:
     assert a.finish_reason is FinishReason.LENGTH and s.kv.num_used_blocks == 0 and not s.has_unfinished()
 
 
-@pytest.mark.parametrize(("tokens", "params", "expected"), [
-    ([0], {}, (FinishReason.STOP, None)),
-    ([0], {"ignore_eos": True}, None),
-    ([0], {"min_tokens": 2}, None),
-    ([5, 0], {"min_tokens": 2}, (FinishReason.STOP, None)),
-    ([7], {"stop_token_ids": (7,)}, (FinishReason.STOP, 7)),
-    ([5, 6], {"max_tokens": 2}, (FinishReason.LENGTH, None)),
-    ([5], {"max_tokens": 2}, None),
-])
-def test_token_stop(tokens: list[int], params: dict[str, Any], expected: tuple[FinishReason, int | None] | None) -> None:
+@pytest.mark.parametrize(
+    ("tokens", "params", "expected"),
+    [
+        ([0], {}, (FinishReason.STOP, None)),
+        ([0], {"ignore_eos": True}, None),
+        ([0], {"min_tokens": 2}, None),
+        ([5, 0], {"min_tokens": 2}, (FinishReason.STOP, None)),
+        ([7], {"stop_token_ids": (7,)}, (FinishReason.STOP, 7)),
+        ([5, 6], {"max_tokens": 2}, (FinishReason.LENGTH, None)),
+        ([5], {"max_tokens": 2}, None),
+    ],
+)
+def test_token_stop(
+    tokens: list[int], params: dict[str, Any], expected: tuple[FinishReason, int | None] | None
+) -> None:
     q = Sequence("r", [1, 2], SamplingParams(**params), eos_token_ids=frozenset({0}))
     q.token_ids.extend(tokens)
     assert token_stop(q) == expected

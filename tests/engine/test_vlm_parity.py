@@ -4,6 +4,7 @@ Tiny random LLaVA and Qwen2-VL checkpoints are saved in the test; the engine run
 model with the vision tower's embeddings in EmbedSpans (built by omni.vision), and greedy outputs
 must equal ``generate`` of the full HF model given the same pixels.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,15 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-
-from benchmarks.checkpoints import (
-    picture,
-    png_bytes,
-    save_tiny_llava,
-    save_tiny_qwen2_vl,
-    vlm_tokenizer,
-)
-
 from omni_gateway.encoders.vision import VisionEncoder, load_vision_encoder
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.llm_engine import LLMEngine
@@ -29,6 +21,14 @@ from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.omni.prompting import UnsupportedInput
 from omni_gateway.omni.protocol import ImagePart, Message, OmniRequest, TextPart, VideoPart
 from omni_gateway.omni.vision import VisionPrompt, build_vision_prompt
+
+from benchmarks.checkpoints import (
+    picture,
+    png_bytes,
+    save_tiny_llava,
+    save_tiny_qwen2_vl,
+    vlm_tokenizer,
+)
 
 NEW_TOKENS = 8
 
@@ -47,9 +47,12 @@ class Stack:
 
     def run(self, prompt: VisionPrompt) -> RequestOutput:
         self._n += 1
-        self.engine.add_request(f"q{self._n}", prompt.token_ids, SamplingParams(temperature=0, max_tokens=NEW_TOKENS,
-                                                                              ignore_eos=True),
-                                embed_spans=prompt.embed_spans)
+        self.engine.add_request(
+            f"q{self._n}",
+            prompt.token_ids,
+            SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True),
+            embed_spans=prompt.embed_spans,
+        )
         while self.engine.has_unfinished():
             self.engine.step()
         (out,) = self.engine.pop_finished()
@@ -60,9 +63,16 @@ def hf_generate(model: Any, ids: list[int], **media: Any) -> list[int]:
     model.generation_config.eos_token_id = None
     tensor = torch.tensor([ids])
     with torch.inference_mode():
-        out = model.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=NEW_TOKENS,
-                             min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, **media)
-    return out[0, len(ids):].tolist()
+        out = model.generate(
+            tensor,
+            attention_mask=torch.ones_like(tensor),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+            **media,
+        )
+    return out[0, len(ids) :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +94,14 @@ def qwen(tmp_path_factory: pytest.TempPathFactory) -> Stack:
 def llava_processor_ids(stack: Stack, text: str, images: list[Any]) -> tuple[list[int], torch.Tensor]:
     from transformers import LlavaProcessor
 
-    processor = LlavaProcessor(image_processor=stack.encoder.processor, tokenizer=vlm_tokenizer(), patch_size=14,
-                               vision_feature_select_strategy="default", image_token="<image>",
-                               num_additional_image_tokens=1)
+    processor = LlavaProcessor(
+        image_processor=stack.encoder.processor,
+        tokenizer=vlm_tokenizer(),
+        patch_size=14,
+        vision_feature_select_strategy="default",
+        image_token="<image>",
+        num_additional_image_tokens=1,
+    )
     batch = processor(text=[text], images=images, return_tensors="pt")
     return batch["input_ids"][0].tolist(), batch["pixel_values"]
 
@@ -113,8 +128,7 @@ def test_llava_text_spelling_the_image_token_is_refused(llava: Stack) -> None:
 # ---- Qwen2-VL ------------------------------------------------------------------------------------
 
 
-def qwen_media(stack: Stack, prompt: VisionPrompt, images: list[Any], video: list[Any] | None = None
-               ) -> dict[str, Any]:
+def qwen_media(stack: Stack, prompt: VisionPrompt, images: list[Any], video: list[Any] | None = None) -> dict[str, Any]:
     """What the HF model takes for the same media: pixels, grids and the token type ids for M-RoPE."""
     marks = stack.encoder.placeholders
     ids = torch.tensor([prompt.token_ids])
@@ -158,13 +172,19 @@ def test_qwen2_vl_video_frames_match_hf(qwen: Stack) -> None:
 def test_mrope_positions_match_hf_rope_index(qwen: Stack) -> None:
     images = [picture(6, (84, 56)), picture(7, (56, 56))]
     frames = [picture(30 + i, (56, 84)) for i in range(4)]
-    prompt = qwen.prompt(TextPart("a"), ImagePart(png_bytes(images[0])), TextPart("b c"),
-                         VideoPart(b"", frames=tuple(png_bytes(f) for f in frames)), ImagePart(png_bytes(images[1])),
-                         TextPart("end"))
+    prompt = qwen.prompt(
+        TextPart("a"),
+        ImagePart(png_bytes(images[0])),
+        TextPart("b c"),
+        VideoPart(b"", frames=tuple(png_bytes(f) for f in frames)),
+        ImagePart(png_bytes(images[1])),
+        TextPart("end"),
+    )
     media = qwen_media(qwen, prompt, images, video=frames)
     ids = torch.tensor([prompt.token_ids])
-    expected, delta = qwen.hf.model.get_rope_index(ids, media["mm_token_type_ids"], media["image_grid_thw"],
-                                                   media["video_grid_thw"])
+    expected, delta = qwen.hf.model.get_rope_index(
+        ids, media["mm_token_type_ids"], media["image_grid_thw"], media["video_grid_thw"]
+    )
     n = len(prompt.token_ids)
     assert torch.equal(mrope_positions(prompt.embed_spans, 0, n), expected[:, 0])
     # Any chunking gives the same positions, and generated tokens continue with HF's rope delta.
@@ -211,11 +231,18 @@ def test_media_are_counted_before_decoding_and_bad_media_refused_cleanly(llava: 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_qwen2_vl_on_the_triton_backend_matches_hf(tmp_path: Path) -> None:
-    stack = Stack(tmp_path, save_tiny_qwen2_vl(tmp_path), device="cuda", dtype="float32", attention_backend="triton",
-                  max_num_batched_tokens=7)
+    stack = Stack(
+        tmp_path,
+        save_tiny_qwen2_vl(tmp_path),
+        device="cuda",
+        dtype="float32",
+        attention_backend="triton",
+        max_num_batched_tokens=7,
+    )
     images = [picture(50, (84, 56)), picture(51, (56, 56))]
-    prompt = stack.prompt(TextPart("what is in"), ImagePart(png_bytes(images[0])), TextPart(" and"),
-                          ImagePart(png_bytes(images[1])))
+    prompt = stack.prompt(
+        TextPart("what is in"), ImagePart(png_bytes(images[0])), TextPart(" and"), ImagePart(png_bytes(images[1]))
+    )
     media = qwen_media(stack, prompt, images)
     assert stack.run(prompt).outputs[0].token_ids == hf_generate(stack.hf, prompt.token_ids, **media)
 
@@ -225,7 +252,6 @@ def test_qwen2_vl_encoded_video_matches_hf(qwen: Stack) -> None:
 
     import av
     import numpy as np
-
     from omni_gateway.encoders.video import VideoLimits, decode_video
 
     out = io.BytesIO()

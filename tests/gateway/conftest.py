@@ -1,4 +1,5 @@
 """Fixtures of the HTTP API tests: one live server per test module over a scripted backend."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

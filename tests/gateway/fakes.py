@@ -1,13 +1,28 @@
 """Test doubles of the model side: a scripted ``OmniBackend`` and an amplitude-driven VAD."""
+
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import numpy as np
-
-from omni_gateway.omni.protocol import (AudioChunk, AudioOutputOptions, Capabilities, Done, Health, ImageFinal, ImagePartial,
-                           Message, OmniRequest, OutputChunk, TextDelta, Transcription, Usage, VadEvent, VadSettings)
+from omni_gateway.omni.protocol import (
+    AudioChunk,
+    AudioOutputOptions,
+    Capabilities,
+    Done,
+    Health,
+    ImageFinal,
+    ImagePartial,
+    Message,
+    OmniRequest,
+    OutputChunk,
+    TextDelta,
+    Transcription,
+    Usage,
+    VadEvent,
+    VadSettings,
+)
 
 RATE = 24000
 FRAME = RATE // 100  # 10 ms
@@ -84,11 +99,20 @@ class FakeBackend:
     ``partial_images`` previews (``preview_every`` > 0 only) and one final PNG; ``vision`` says whether
     its capabilities list image input."""
 
-    def __init__(self, reply: str = "Hello from the fake model.", *, transcript: str = "what the user said",
-                 vad: bool = True, audio_out: bool = True, chunk_delay: float = 0.0,
-                 script: Callable[[OmniRequest], Sequence[OutputChunk]] | None = None,
-                 fail_transcription: bool = False, image_out: bool = False, vision: bool = True,
-                 partial_images: int = 2) -> None:
+    def __init__(
+        self,
+        reply: str = "Hello from the fake model.",
+        *,
+        transcript: str = "what the user said",
+        vad: bool = True,
+        audio_out: bool = True,
+        chunk_delay: float = 0.0,
+        script: Callable[[OmniRequest], Sequence[OutputChunk]] | None = None,
+        fail_transcription: bool = False,
+        image_out: bool = False,
+        vision: bool = True,
+        partial_images: int = 2,
+    ) -> None:
         self.reply = reply
         self.transcript = transcript
         self.vad_enabled = vad
@@ -103,26 +127,39 @@ class FakeBackend:
         self.transcribed: list[bytes] = []
         self.vad_settings: list[VadSettings] = []
         self.capabilities = Capabilities(
-            model="fake-omni", input_modalities=frozenset({"text", "audio"} | ({"image"} if vision else set())),
-            output_modalities=frozenset({"text"} | ({"audio"} if audio_out else set())
-                                        | ({"image"} if image_out else set())), voices=("alloy", "verse"),
-            max_context_tokens=4096)
+            model="fake-omni",
+            input_modalities=frozenset({"text", "audio"} | ({"image"} if vision else set())),
+            output_modalities=frozenset(
+                {"text"} | ({"audio"} if audio_out else set()) | ({"image"} if image_out else set())
+            ),
+            voices=("alloy", "verse"),
+            max_context_tokens=4096,
+        )
 
     def chunks(self, request: OmniRequest) -> list[OutputChunk]:
         if self.script is not None:
             return list(self.script(request))
         if "image" in request.modalities:
             previews = self.partial_images if request.image.preview_every else 0
-            return [*(ImagePartial(index=k, png=png(shade=k + 1), step=k + 1) for k in range(previews)),
-                    ImageFinal(png=png(*request.image.size), seed=request.image.seed), Done("stop")]
+            return [
+                *(ImagePartial(index=k, png=png(shade=k + 1), step=k + 1) for k in range(previews)),
+                ImageFinal(png=png(*request.image.size), seed=request.image.seed),
+                Done("stop"),
+            ]
         words = words_of(self.reply)
         if "audio" in request.modalities:
             body: list[OutputChunk] = [AudioChunk(tone(100), RATE, transcript=w) for w in words]
         else:
             body = [TextDelta(w) for w in words]
-        return [*body, Usage(input_tokens=self.count_tokens(request.messages), output_tokens=len(words),
-                             output_audio_tokens=len(words) if "audio" in request.modalities else 0),
-                Done("stop")]
+        return [
+            *body,
+            Usage(
+                input_tokens=self.count_tokens(request.messages),
+                output_tokens=len(words),
+                output_audio_tokens=len(words) if "audio" in request.modalities else 0,
+            ),
+            Done("stop"),
+        ]
 
     async def generate(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
         self.requests.append(request)
@@ -139,8 +176,9 @@ class FakeBackend:
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
-    async def transcribe(self, pcm16: bytes, sample_rate: int, *, language: str | None = None,
-                         prompt: str | None = None) -> Transcription:
+    async def transcribe(
+        self, pcm16: bytes, sample_rate: int, *, language: str | None = None, prompt: str | None = None
+    ) -> Transcription:
         self.transcribed.append(pcm16)
         if self.fail_transcription:
             raise RuntimeError("ASR exploded")

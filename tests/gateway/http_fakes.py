@@ -1,4 +1,5 @@
 """A scripted ``OmniBackend`` for the HTTP API tests, and a uvicorn server on a free loopback port."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,17 +12,32 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import uvicorn
-
 from omni_gateway.gateway.app import create_app
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.omni.protocol import (
+    AudioChunk,
+    AudioOutputOptions,
+    Capabilities,
+    Done,
+    Error,
+    Health,
+    ImageFinal,
+    ImagePartial,
+    Message,
+    OmniRequest,
+    OutputChunk,
+    TextDelta,
+    ToolCallDelta,
+    Transcription,
+    Usage,
+    VadSettings,
+)
 
-from omni_gateway.omni.protocol import (AudioChunk, AudioOutputOptions, Capabilities, Done, Error, Health, ImageFinal,
-                           ImagePartial, Message, OmniRequest, OutputChunk, TextDelta, ToolCallDelta,
-                           Transcription, Usage, VadSettings)
-
-PNG_1X1 = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
-                        "1f15c4890000000d4944415478da63f8cfc0f01f0005000201e2b5f3a70000000049454e44ae426082")
+PNG_1X1 = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d4944415478da63f8cfc0f01f0005000201e2b5f3a70000000049454e44ae426082"
+)
 
 
 def tone(n_samples: int, value: int = 1000) -> bytes:
@@ -34,9 +50,15 @@ class FakeBackend:
     and records requests, aborts and closed streams so tests can assert on them."""
 
     reply: str = "hello from the fake model"
-    caps: Capabilities = field(default_factory=lambda: Capabilities(
-        model="omni-test", input_modalities=frozenset({"text", "audio", "image"}),
-        output_modalities=frozenset({"text", "audio"}), voices=("joe", "amy"), max_context_tokens=64))
+    caps: Capabilities = field(
+        default_factory=lambda: Capabilities(
+            model="omni-test",
+            input_modalities=frozenset({"text", "audio", "image"}),
+            output_modalities=frozenset({"text", "audio"}),
+            voices=("joe", "amy"),
+            max_context_tokens=64,
+        )
+    )
     script: list[OutputChunk] | None = None  # when set, yielded verbatim instead of the reply
     delay_s: float = 0.0  # pause before every chunk (disconnect tests)
     healthy: bool = True
@@ -77,14 +99,15 @@ class FakeBackend:
             opts = request.image
             out: list[OutputChunk] = []
             for i in range(opts.n):
-                out += [ImagePartial(index=k, png=PNG_1X1, step=k + 1, image_index=i)
-                        for k in range(opts.preview_every and 2)]
+                out += [
+                    ImagePartial(index=k, png=PNG_1X1, step=k + 1, image_index=i)
+                    for k in range(opts.preview_every and 2)
+                ]
                 out.append(ImageFinal(png=PNG_1X1, image_index=i, seed=opts.seed))
             return out + [Usage(input_tokens=3), Done("stop")]
         words = self.reply.split(" ")
         limit = request.sampling.max_tokens or len(words)
-        prompt = self.count_tokens(request.messages) if request.raw_prompt is None else len(
-            request.raw_prompt.split())
+        prompt = self.count_tokens(request.messages) if request.raw_prompt is None else len(request.raw_prompt.split())
         out = []
         for index in range(request.sampling.n):
             for k, word in enumerate(words[:limit]):
@@ -101,11 +124,15 @@ class FakeBackend:
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
-    async def transcribe(self, pcm16: bytes, sample_rate: int, *, language: str | None = None,
-                         prompt: str | None = None) -> Transcription:
+    async def transcribe(
+        self, pcm16: bytes, sample_rate: int, *, language: str | None = None, prompt: str | None = None
+    ) -> Transcription:
         self.transcribed.append((pcm16, sample_rate, language))
-        return Transcription(text=f"{len(pcm16) // 2} samples at {sample_rate} Hz", language=language or "en",
-                             duration_s=len(pcm16) / 2 / sample_rate)
+        return Transcription(
+            text=f"{len(pcm16) // 2} samples at {sample_rate} Hz",
+            language=language or "en",
+            duration_s=len(pcm16) / 2 / sample_rate,
+        )
 
     async def synthesize(self, text: str, options: AudioOutputOptions) -> AsyncIterator[AudioChunk]:
         self.synthesized.append((text, options))
@@ -126,13 +153,15 @@ class FakeBackend:
 
 
 def overloaded(status: int = 503) -> list[OutputChunk]:
-    return [Error(code="overloaded", message="the engine queue is full; retry later", status=status),
-            Done("error")]
+    return [Error(code="overloaded", message="the engine queue is full; retry later", status=status), Done("error")]
 
 
 def tool_call_script() -> list[OutputChunk]:
-    return [ToolCallDelta(call_id="call_1", name="get_weather", arguments='{"city": "Paris"}'),
-            Done("stop"), Usage(input_tokens=5, output_tokens=7)]
+    return [
+        ToolCallDelta(call_id="call_1", name="get_weather", arguments='{"city": "Paris"}'),
+        Done("stop"),
+        Usage(input_tokens=5, output_tokens=7),
+    ]
 
 
 def free_port() -> int:
@@ -145,8 +174,7 @@ def free_port() -> int:
 def serve(app) -> str:
     """Serve ``app`` on 127.0.0.1 in a background thread; yields the base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

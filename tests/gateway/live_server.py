@@ -1,5 +1,6 @@
 """A real uvicorn server on a free loopback port, in a thread, for socket-level tests, and the
 client-side reads those tests share."""
+
 from __future__ import annotations
 
 import contextlib
@@ -11,10 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
-from websockets.asyncio.client import ClientConnection
-
 from omni_gateway.gateway.app import create_app
 from omni_gateway.gateway.config import GatewayConfig
+from websockets.asyncio.client import ClientConnection
 
 
 @contextlib.contextmanager
@@ -26,8 +26,9 @@ def serve(backend: object, config: GatewayConfig | None = None) -> Iterator[int]
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws_max_size=config.max_frame_bytes,
-                                           lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", ws_max_size=config.max_frame_bytes, lifespan="off")
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

@@ -1,13 +1,21 @@
 """Drives a ``RealtimeSession`` without sockets: client events in, server events and commands out."""
+
 from __future__ import annotations
 
 import base64
 from typing import Any
 
 from fakes import FakeBackend
-
-from omni_gateway.gateway.realtime.commands import (AsrDeadline, CancelTask, Generate, Output, SessionLimits, Send,
-                                                    StartTask, Transcribe)
+from omni_gateway.gateway.realtime.commands import (
+    AsrDeadline,
+    CancelTask,
+    Generate,
+    Output,
+    Send,
+    SessionLimits,
+    StartTask,
+    Transcribe,
+)
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.omni.protocol import OutputChunk
 
@@ -17,12 +25,22 @@ def b64(data: bytes) -> str:
 
 
 class Driver:
-    def __init__(self, dialect: str = "ga", backend: FakeBackend | None = None, vad: bool = True,
-                 limits: SessionLimits | None = None, count_tokens: bool = False) -> None:
+    def __init__(
+        self,
+        dialect: str = "ga",
+        backend: FakeBackend | None = None,
+        vad: bool = True,
+        limits: SessionLimits | None = None,
+        count_tokens: bool = False,
+    ) -> None:
         self.backend = backend or FakeBackend(vad=vad)
-        self.session = RealtimeSession(dialect=dialect, capabilities=self.backend.capabilities,  # type: ignore[arg-type]
-                                       vad_factory=self.backend.new_vad if vad else None, limits=limits,
-                                       count_tokens=self.backend.count_tokens if count_tokens else None)
+        self.session = RealtimeSession(
+            dialect=dialect,
+            capabilities=self.backend.capabilities,  # type: ignore[arg-type]
+            vad_factory=self.backend.new_vad if vad else None,
+            limits=limits,
+            count_tokens=self.backend.count_tokens if count_tokens else None,
+        )
         self.opened = self.session.open()
 
     def send(self, event: dict[str, Any]) -> list[Output]:
@@ -42,8 +60,11 @@ class Driver:
         return self.send({"type": "conversation.item.create", "item": item})
 
     def text_mode(self) -> None:
-        session = {"type": "realtime", "output_modalities": ["text"]} if self.session.dialect == "ga" \
+        session = (
+            {"type": "realtime", "output_modalities": ["text"]}
+            if self.session.dialect == "ga"
             else {"modalities": ["text"]}
+        )
         assert types(self.send({"type": "session.update", "session": session})) == ["session.updated"]
 
 
@@ -67,8 +88,11 @@ def generations(outputs: list[Output]) -> list[Generate]:
 
 def responses_started(outputs: list[Output]) -> list[str]:
     """The responses ``outputs`` start: generating now, or once the transcripts they wait for are in."""
-    return [o.work.request.request_id if isinstance(o.work, Generate) else o.work.response_id for o in outputs
-            if isinstance(o, StartTask) and isinstance(o.work, (Generate, AsrDeadline))]
+    return [
+        o.work.request.request_id if isinstance(o.work, Generate) else o.work.response_id
+        for o in outputs
+        if isinstance(o, StartTask) and isinstance(o.work, (Generate, AsrDeadline))
+    ]
 
 
 def started(outputs: list[Output]) -> str:

@@ -1,4 +1,5 @@
 """Connection limits over a live socket: session cap, session expiry, a client that stops reading."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,14 +12,13 @@ import time
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
-
 from fakes import FakeBackend, tone
+from live_server import serve
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.realtime.commands import SessionLimits
-from live_server import serve
 from omni_gateway.omni.protocol import AudioChunk, Done
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 TIMEOUT = 20
 
@@ -75,8 +75,10 @@ def stalled_client(port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", port))
     key = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall(f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-                 f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+    sock.sendall(
+        f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
     handshake = b""
     while b"\r\n\r\n" not in handshake:
         handshake += sock.recv(1)
@@ -86,8 +88,9 @@ def stalled_client(port: int) -> socket.socket:
 
 def test_a_client_that_stops_reading_is_disconnected_and_its_generation_aborted() -> None:
     # ~40 MB of audio deltas, far beyond what socket buffers hold, so the server's writer must block
-    backend = FakeBackend(script=lambda request: [*(AudioChunk(tone(1000), 24000, "la ") for _ in range(300)),
-                                                  Done("stop")])
+    backend = FakeBackend(
+        script=lambda request: [*(AudioChunk(tone(1000), 24000, "la ") for _ in range(300)), Done("stop")]
+    )
     with serve(backend, GatewayConfig(send_queue_max=8, send_timeout_s=1.0)) as port:
         sock = stalled_client(port)
         sock.sendall(masked_text_frame(json.dumps({"type": "response.create", "response": {"instructions": "Talk."}})))
@@ -105,10 +108,10 @@ def server_frames(data: bytes | bytearray, frames: list[tuple[int, bytes]], at: 
         opcode, length, start = data[at] & 0x0F, data[at + 1] & 0x7F, at + 2
         if length >= 126:
             width = 2 if length == 126 else 8
-            length, start = int.from_bytes(data[start:start + width], "big"), start + width
+            length, start = int.from_bytes(data[start : start + width], "big"), start + width
         if start + length > len(data):
             break
-        frames.append((opcode, data[start:start + length]))
+        frames.append((opcode, data[start : start + length]))
         at = start + length
     return at
 
@@ -116,8 +119,10 @@ def server_frames(data: bytes | bytearray, frames: list[tuple[int, bytes]], at: 
 def test_a_reader_that_stalls_stops_its_generation_then_is_closed_with_1008(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="omni_gateway.gateway.realtime.connection")
     # An endless audio reply: only the slow-client bounds can stop it before the transport's keepalive (1011).
-    backend = FakeBackend(script=lambda request: [*(AudioChunk(tone(100), 24000, "la ") for _ in range(5000)),
-                                                  Done("stop")], chunk_delay=0.002)
+    backend = FakeBackend(
+        script=lambda request: [*(AudioChunk(tone(100), 24000, "la ") for _ in range(5000)), Done("stop")],
+        chunk_delay=0.002,
+    )
     config = GatewayConfig(send_queue_max=100_000, send_queue_max_bytes=256 * 1024, send_timeout_s=1.0)
 
     def dropped() -> bool:
@@ -144,6 +149,7 @@ def test_a_reader_that_stalls_stops_its_generation_then_is_closed_with_1008(capl
     (close,) = [payload for opcode, payload in frames if opcode == 0x8]
     assert int.from_bytes(close[:2], "big") == 1008
     assert close[2:].decode() == "client is not reading its events: one waited 1 s unsent"
-    deltas = sum(json.loads(payload)["type"] == "response.output_audio.delta" for opcode, payload in frames
-                 if opcode == 0x1)
+    deltas = sum(
+        json.loads(payload)["type"] == "response.output_audio.delta" for opcode, payload in frames if opcode == 0x1
+    )
     assert 0 < deltas < 5000

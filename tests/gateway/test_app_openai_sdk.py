@@ -1,4 +1,5 @@
 """The official ``openai`` SDK against a live server: GA text and audio turns, a VAD turn, the beta client."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,10 +9,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from openai import AsyncOpenAI
-
 from fakes import FakeBackend, silence, tone
 from live_server import serve
+from openai import AsyncOpenAI
 
 TIMEOUT = 20
 
@@ -28,8 +28,9 @@ def port(backend: FakeBackend) -> Iterator[int]:
 
 
 def client(port: int) -> AsyncOpenAI:
-    return AsyncOpenAI(api_key="sk-local", base_url=f"http://127.0.0.1:{port}/v1",
-                       websocket_base_url=f"ws://127.0.0.1:{port}/v1")
+    return AsyncOpenAI(
+        api_key="sk-local", base_url=f"http://127.0.0.1:{port}/v1", websocket_base_url=f"ws://127.0.0.1:{port}/v1"
+    )
 
 
 async def collect(conn: Any, until: str = "response.done", extra: str | None = None) -> list[Any]:
@@ -49,10 +50,12 @@ def run(coro: Any) -> Any:
 def test_ga_text_turn(port: int, backend: FakeBackend) -> None:
     async def turn() -> list[Any]:
         async with client(port).realtime.connect(model="fake-omni") as conn:
-            await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
-                                               "instructions": "Answer briefly."})
-            await conn.conversation.item.create(item={"type": "message", "role": "user",
-                                                      "content": [{"type": "input_text", "text": "hello"}]})
+            await conn.session.update(
+                session={"type": "realtime", "output_modalities": ["text"], "instructions": "Answer briefly."}
+            )
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}
+            )
             await conn.response.create()
             return await collect(conn)
 
@@ -73,8 +76,13 @@ def test_ga_text_turn(port: int, backend: FakeBackend) -> None:
 def test_ga_audio_turn_with_transcription(port: int, backend: FakeBackend) -> None:
     async def turn() -> list[Any]:
         async with client(port).realtime.connect(model="fake-omni") as conn:
-            await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"], "audio": {
-                "input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}}})
+            await conn.session.update(
+                session={
+                    "type": "realtime",
+                    "output_modalities": ["audio"],
+                    "audio": {"input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}},
+                }
+            )
             await conn.input_audio_buffer.append(audio=base64.b64encode(tone(400)).decode())
             await conn.input_audio_buffer.commit()
             await conn.response.create()
@@ -99,15 +107,25 @@ def test_ga_audio_turn_with_transcription(port: int, backend: FakeBackend) -> No
 def test_ga_server_vad_turn(port: int) -> None:
     async def turn() -> list[Any]:
         async with client(port).realtime.connect(model="fake-omni") as conn:
-            await conn.session.update(session={"type": "realtime", "output_modalities": ["text"], "audio": {
-                "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 200}}}})
+            await conn.session.update(
+                session={
+                    "type": "realtime",
+                    "output_modalities": ["text"],
+                    "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 200}}},
+                }
+            )
             for piece in (silence(300), tone(300), silence(300)):
                 await conn.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
             return await collect(conn)
 
     names = [e.type for e in run(turn())]
-    expected = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
-                "input_audio_buffer.committed", "response.created", "response.done"]
+    expected = [
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "response.created",
+        "response.done",
+    ]
     assert [n for n in names if n in expected] == expected
 
 
@@ -115,8 +133,9 @@ def test_beta_text_turn(port: int) -> None:
     async def turn() -> list[Any]:
         async with client(port).beta.realtime.connect(model="fake-omni") as conn:
             await conn.session.update(session={"modalities": ["text"]})
-            await conn.conversation.item.create(item={"type": "message", "role": "user",
-                                                      "content": [{"type": "input_text", "text": "hello"}]})
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}
+            )
             await conn.response.create()
             return await collect(conn)
 
@@ -135,10 +154,15 @@ def test_ga_barge_in_cancels_the_running_response() -> None:
 
     async def turn(port: int) -> list[Any]:
         async with client(port).realtime.connect(model="fake-omni") as conn:
-            await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": {
-                "type": "server_vad", "silence_duration_ms": 200}}}})
-            await conn.conversation.item.create(item={"type": "message", "role": "user",
-                                                      "content": [{"type": "input_text", "text": "talk"}]})
+            await conn.session.update(
+                session={
+                    "type": "realtime",
+                    "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 200}}},
+                }
+            )
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "talk"}]}
+            )
             await conn.response.create()
             seen = []
             async for event in conn:

@@ -1,5 +1,6 @@
 """Speculative transcription over the socket: the transcript computed during the pause is the one the
 committed turn reports and answers from, and the client sees the same events as without it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,11 +8,10 @@ import base64
 import json
 from typing import Any
 
-from websockets.asyncio.client import connect
-
 from fakes import FakeBackend, silence, tone
 from live_server import serve, until
 from omni_gateway.omni.protocol import Transcription
+from websockets.asyncio.client import connect
 
 TIMEOUT = 15
 BYTES_PER_MS = 48
@@ -26,8 +26,9 @@ class SlowAsr(FakeBackend):
         self.delay = delay
         self.failures = failures
 
-    async def transcribe(self, pcm16: bytes, sample_rate: int, *, language: str | None = None,
-                         prompt: str | None = None) -> Transcription:
+    async def transcribe(
+        self, pcm16: bytes, sample_rate: int, *, language: str | None = None, prompt: str | None = None
+    ) -> Transcription:
         self.transcribed.append(pcm16)
         await asyncio.sleep(self.delay)
         if len(self.transcribed) <= self.failures:
@@ -40,10 +41,27 @@ async def converse(port: int, pieces: list[bytes]) -> list[dict[str, Any]]:
     collect events until the reply is done."""
     async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=fake-omni") as ws:
         await until(ws, "conversation.created")
-        await ws.send(json.dumps({"type": "session.update", "session": {
-            "type": "realtime", "output_modalities": ["text"], "audio": {"input": {
-                "transcription": {"model": "whisper-1"},
-                "turn_detection": {"type": "server_vad", "prefix_padding_ms": 0, "silence_duration_ms": 300}}}}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "type": "realtime",
+                        "output_modalities": ["text"],
+                        "audio": {
+                            "input": {
+                                "transcription": {"model": "whisper-1"},
+                                "turn_detection": {
+                                    "type": "server_vad",
+                                    "prefix_padding_ms": 0,
+                                    "silence_duration_ms": 300,
+                                },
+                            }
+                        },
+                    },
+                }
+            )
+        )
         await until(ws, "session.updated")
         for pcm in pieces:
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}))
@@ -65,8 +83,12 @@ def test_the_turn_is_transcribed_once_from_its_pause_and_events_stay_as_before()
         events = run(converse(port, [tone(400), silence(100), silence(300)]))
     assert backend.transcribed == [tone(400)]  # only the speech, from the pause on nobody asked again
     seen = kinds(events)
-    assert seen.index("input_audio_buffer.speech_stopped") < seen.index("input_audio_buffer.committed") \
-        < seen.index("conversation.item.input_audio_transcription.completed") < seen.index("response.done")
+    assert (
+        seen.index("input_audio_buffer.speech_stopped")
+        < seen.index("input_audio_buffer.committed")
+        < seen.index("conversation.item.input_audio_transcription.completed")
+        < seen.index("response.done")
+    )
     assert not any("pause" in kind or "resume" in kind or "specul" in kind for kind in seen)
     (done,) = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
     assert done["transcript"] == f"{400 * BYTES_PER_MS} bytes"
@@ -101,8 +123,12 @@ def test_the_reply_prepared_during_the_pause_is_the_one_streamed() -> None:
     assert done["response"]["id"] == request.request_id and done["response"]["status"] == "completed"
     assert request.messages[-1].parts[0].transcript == f"{400 * BYTES_PER_MS} bytes"
     seen = kinds(events)
-    assert seen.index("input_audio_buffer.speech_stopped") < seen.index("response.created") \
-        < seen.index("conversation.item.input_audio_transcription.completed") < seen.index("response.output_text.delta")
+    assert (
+        seen.index("input_audio_buffer.speech_stopped")
+        < seen.index("response.created")
+        < seen.index("conversation.item.input_audio_transcription.completed")
+        < seen.index("response.output_text.delta")
+    )
     assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "Sure."
     assert backend.aborted == []
 
@@ -111,8 +137,11 @@ def test_speech_resumed_after_the_reply_was_prepared_aborts_it_and_answers_the_w
     backend = SlowAsr(delay=0.02)
     backend.chunk_delay = 0.2  # the prepared reply is still being generated when speech resumes
     with serve(backend) as port:
-        events = run(converse(port, [tone(300), silence(100), silence(50), silence(50), tone(200), silence(100),
-                                     *[silence(50)] * 6]))
+        events = run(
+            converse(
+                port, [tone(300), silence(100), silence(50), silence(50), tone(200), silence(100), *[silence(50)] * 6]
+            )
+        )
     first, second = backend.requests
     assert first.request_id in backend.aborted and first.request_id in backend.closed
     assert first.messages[-1].parts[0].transcript == f"{300 * BYTES_PER_MS} bytes"

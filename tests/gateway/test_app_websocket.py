@@ -1,4 +1,5 @@
 """Raw WebSocket behaviour of /v1/realtime: subprotocols, auth, limits, malformed frames, G.711, teardown."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,14 +11,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
-
 from fakes import FakeBackend, tone
+from live_server import recv, serve, until
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.realtime import g711
 from omni_gateway.omni.protocol import TextDelta
-from live_server import recv, serve, until
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 TIMEOUT = 15
 KEY = "sk-test-key"
@@ -48,10 +48,13 @@ def url(port: int) -> str:
     return f"ws://127.0.0.1:{port}/v1/realtime?model=fake-omni"
 
 
-@pytest.mark.parametrize("offered, chosen", [
-    (["realtime", "openai-insecure-api-key.whatever"], "realtime"),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "offered, chosen",
+    [
+        (["realtime", "openai-insecure-api-key.whatever"], "realtime"),
+        (None, None),
+    ],
+)
 def test_subprotocol_is_echoed_only_when_offered(port: int, offered: list[str] | None, chosen: str | None) -> None:
     async def go() -> tuple[str | None, dict[str, Any]]:
         async with connect(url(port), subprotocols=offered) as ws:  # type: ignore[arg-type]
@@ -75,11 +78,14 @@ def test_beta_dialect_is_chosen_by_subprotocol_or_header(port: int, how: str) ->
     assert "modalities" in session and "type" not in session
 
 
-@pytest.mark.parametrize("headers, protocols", [
-    ({}, None),
-    ({"Authorization": "Bearer wrong"}, None),
-    ({}, ["realtime", "openai-insecure-api-key.wrong"]),
-])
+@pytest.mark.parametrize(
+    "headers, protocols",
+    [
+        ({}, None),
+        ({"Authorization": "Bearer wrong"}, None),
+        ({}, ["realtime", "openai-insecure-api-key.wrong"]),
+    ],
+)
 def test_bad_or_missing_key_is_refused_with_401(secured_port: int, headers: dict, protocols: list | None) -> None:
     async def go() -> None:
         async with connect(url(secured_port), additional_headers=headers, subprotocols=protocols):
@@ -91,10 +97,13 @@ def test_bad_or_missing_key_is_refused_with_401(secured_port: int, headers: dict
     assert b"invalid_api_key" in info.value.response.body
 
 
-@pytest.mark.parametrize("headers, protocols", [
-    ({"Authorization": f"Bearer {KEY}"}, None),
-    ({}, ["realtime", f"openai-insecure-api-key.{KEY}"]),
-])
+@pytest.mark.parametrize(
+    "headers, protocols",
+    [
+        ({"Authorization": f"Bearer {KEY}"}, None),
+        ({}, ["realtime", f"openai-insecure-api-key.{KEY}"]),
+    ],
+)
 def test_right_key_is_accepted(secured_port: int, headers: dict, protocols: list | None) -> None:
     async def go() -> tuple[str | None, str]:
         async with connect(url(secured_port), additional_headers=headers, subprotocols=protocols) as ws:
@@ -127,8 +136,19 @@ def test_malformed_frames_get_errors_and_the_session_continues(port: int) -> Non
             await until(ws, "conversation.created")
             await ws.send("{oops")
             await ws.send(b"\x00\x01")
-            await ws.send(json.dumps({"type": "conversation.item.create", "event_id": "ok_1", "item": {
-                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "still here"}]}}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "conversation.item.create",
+                        "event_id": "ok_1",
+                        "item": {
+                            "type": "message",
+                            "role": "user",
+                            "content": [{"type": "input_text", "text": "still here"}],
+                        },
+                    }
+                )
+            )
             return [await recv(ws) for _ in range(4)]
 
     first, second, added, done = run(go())
@@ -143,12 +163,29 @@ def test_g711_in_and_out(port: int, backend: FakeBackend) -> None:
     async def go() -> list[dict[str, Any]]:
         async with connect(url(port)) as ws:
             await until(ws, "conversation.created")
-            await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {
-                "input": {"format": {"type": "audio/pcmu"}, "turn_detection": None},
-                "output": {"format": {"type": "audio/pcma"}}}}}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {
+                            "type": "realtime",
+                            "audio": {
+                                "input": {"format": {"type": "audio/pcmu"}, "turn_detection": None},
+                                "output": {"format": {"type": "audio/pcma"}},
+                            },
+                        },
+                    }
+                )
+            )
             await until(ws, "session.updated")
-            await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                      "audio": base64.b64encode(g711.pcm_to_ulaw(samples_8k)).decode()}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "input_audio_buffer.append",
+                        "audio": base64.b64encode(g711.pcm_to_ulaw(samples_8k)).decode(),
+                    }
+                )
+            )
             await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
             await ws.send(json.dumps(GREETING))
             return await until(ws, "response.done")
@@ -217,8 +254,9 @@ def test_backend_failures_fail_the_response_and_the_session_goes_on() -> None:
     async def go(port: int) -> list[dict[str, Any]]:
         async with connect(url(port)) as ws:
             await until(ws, "conversation.created")
-            await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime",
-                                                                            "output_modalities": ["text"]}}))
+            await ws.send(
+                json.dumps({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
+            )
             done = []
             for _ in range(2):
                 await ws.send(json.dumps(GREETING))
@@ -249,9 +287,18 @@ def test_idle_timeout_fires_over_the_socket(port: int) -> None:
     async def go() -> list[dict[str, Any]]:
         async with connect(url(port)) as ws:
             await until(ws, "conversation.created")
-            await ws.send(json.dumps({"type": "session.update", "session": {
-                "type": "realtime", "output_modalities": ["text"],
-                "audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}}}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {
+                            "type": "realtime",
+                            "output_modalities": ["text"],
+                            "audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}},
+                        },
+                    }
+                )
+            )
             await ws.send(json.dumps(GREETING))
             await until(ws, "response.done")
             started = time.monotonic()
@@ -269,10 +316,22 @@ def test_intent_transcription_over_the_socket(port: int) -> None:
     async def go() -> list[dict[str, Any]]:
         async with connect(f"ws://127.0.0.1:{port}/v1/realtime?intent=transcription") as ws:
             created = await recv(ws)
-            await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
-                "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 200}}}}}))
-            await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                      "audio": base64.b64encode(tone(300) + bytes(24000)).decode()}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {
+                            "type": "transcription",
+                            "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 200}}},
+                        },
+                    }
+                )
+            )
+            await ws.send(
+                json.dumps(
+                    {"type": "input_audio_buffer.append", "audio": base64.b64encode(tone(300) + bytes(24000)).decode()}
+                )
+            )
             return [created, *await until(ws, "conversation.item.input_audio_transcription.completed")]
 
     created, *events = run(go())

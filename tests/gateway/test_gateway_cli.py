@@ -1,4 +1,5 @@
 """``omni`` command line: argument mapping onto OmniConfig/GatewayConfig, startup line, version."""
+
 from __future__ import annotations
 
 import subprocess
@@ -6,7 +7,6 @@ import sys
 from typing import Any
 
 import pytest
-
 from fakes import FakeBackend
 from omni_gateway.gateway import cli
 
@@ -20,15 +20,17 @@ def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_importing_the_cli_loads_neither_torch_nor_the_engine() -> None:
-    code = "import sys, omni_gateway.gateway.cli; print(sorted(m for m in ('torch', 'omni_gateway.engine', 'omni_gateway.omni.pipeline') if m in sys.modules))"
+    heavy = ("torch", "omni_gateway.engine", "omni_gateway.omni.pipeline")
+    code = f"import sys, omni_gateway.gateway.cli; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
-def test_serve_builds_configs_loads_the_backend_and_runs_uvicorn(monkeypatch: pytest.MonkeyPatch,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    from omni_gateway import omni
+def test_serve_builds_configs_loads_the_backend_and_runs_uvicorn(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import uvicorn
+    from omni_gateway import omni
 
     loaded: dict[str, Any] = {}
 
@@ -41,9 +43,35 @@ def test_serve_builds_configs_loads_the_backend_and_runs_uvicorn(monkeypatch: py
 
     monkeypatch.setattr(omni, "load_backend", load_backend)
     monkeypatch.setattr(uvicorn, "run", run)
-    assert cli.main(["serve", "--host", "0.0.0.0", "--port", "9123", "--model", "/models/x.gguf", "--asr", "none",
-                     "--tts", "/voices/v.onnx", "--no-vad", "--api-key", "k", "--max-frame-mib", "2",
-                     "--device", "cpu", "--image-model", "/models/dit", "--pipeline-decode", "off"]) == 0
+    assert (
+        cli.main(
+            [
+                "serve",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                "9123",
+                "--model",
+                "/models/x.gguf",
+                "--asr",
+                "none",
+                "--tts",
+                "/voices/v.onnx",
+                "--no-vad",
+                "--api-key",
+                "k",
+                "--max-frame-mib",
+                "2",
+                "--device",
+                "cpu",
+                "--image-model",
+                "/models/dit",
+                "--pipeline-decode",
+                "off",
+            ]
+        )
+        == 0
+    )
     config = loaded["config"]
     assert config.engine.model == "/models/x.gguf" and config.engine.device == "cpu"
     assert config.engine.pipeline_decode == "off"
@@ -62,10 +90,10 @@ def test_serve_requires_a_command() -> None:
 
 
 def test_generation_defaults_reach_the_config_and_unset_ones_keep_the_model_side_defaults(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from omni_gateway import omni
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import uvicorn
-
+    from omni_gateway import omni
     from omni_gateway.omni.config import OmniConfig
 
     seen: list[Any] = []
@@ -76,11 +104,15 @@ def test_generation_defaults_reach_the_config_and_unset_ones_keep_the_model_side
     assert (seen[0].temperature, seen[0].max_tokens, seen[0].system_prompt) == (0.0, 40, "Be brief.")
     assert seen[0].top_p == OmniConfig().top_p
     assert (seen[1].temperature, seen[1].max_tokens, seen[1].system_prompt) == (
-        OmniConfig().temperature, OmniConfig().max_tokens, None)
+        OmniConfig().temperature,
+        OmniConfig().max_tokens,
+        None,
+    )
 
 
 def test_a_model_that_cannot_load_ends_with_a_one_line_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     from omni_gateway import omni
+
     def fail(config: Any) -> Any:
         raise FileNotFoundError("model path '/nope' does not exist")
 
@@ -121,13 +153,34 @@ def test_no_flags_build_the_default_configs() -> None:
 
 # One non-default command-line value per flag; a flag added without a value here fails the test below.
 SAMPLES = {
-    "--host": "10.0.0.5", "--port": "9001", "--api-key": "k", "--allowed-hosts": "a.example,b.example",
-    "--allowed-origins": "https://app.example", "--max-frame-mib": "2", "--max-sessions": "3",
-    "--max-sessions-per-key": "2", "--model": "/m.gguf", "--served-model-name": "m", "--asr": "none",
-    "--tts": "/v.onnx", "--no-vad": None, "--no-vision": None, "--image-model": "/dit", "--device": "cpu",
-    "--dtype": "float16", "--max-model-len": "1024", "--max-num-seqs": "8", "--max-num-batched-tokens": "512",
-    "--block-size": "32", "--gpu-memory-utilization": "0.5", "--enforce-eager": None, "--pipeline-decode": "off",
-    "--temperature": "0.1", "--top-p": "0.5", "--max-tokens": "7", "--system-prompt": "Be brief.",
+    "--host": "10.0.0.5",
+    "--port": "9001",
+    "--api-key": "k",
+    "--allowed-hosts": "a.example,b.example",
+    "--allowed-origins": "https://app.example",
+    "--max-frame-mib": "2",
+    "--max-sessions": "3",
+    "--max-sessions-per-key": "2",
+    "--model": "/m.gguf",
+    "--served-model-name": "m",
+    "--asr": "none",
+    "--tts": "/v.onnx",
+    "--no-vad": None,
+    "--no-vision": None,
+    "--image-model": "/dit",
+    "--device": "cpu",
+    "--dtype": "float16",
+    "--max-model-len": "1024",
+    "--max-num-seqs": "8",
+    "--max-num-batched-tokens": "512",
+    "--block-size": "32",
+    "--gpu-memory-utilization": "0.5",
+    "--enforce-eager": None,
+    "--pipeline-decode": "off",
+    "--temperature": "0.1",
+    "--top-p": "0.5",
+    "--max-tokens": "7",
+    "--system-prompt": "Be brief.",
 }
 DERIVED = {"--device": {"engine.block_size"}}  # an explicit device resolves the default block size
 
@@ -145,37 +198,49 @@ def test_each_flag_changes_exactly_its_own_field(flag: cli.Flag) -> None:
     def changed(new: Any, old: Any, prefix: str) -> set[str]:
         return {prefix + f.name for f in dataclasses.fields(new) if getattr(new, f.name) != getattr(old, f.name)}
 
-    differences = (changed(gateway, default_gateway, "gateway.")
-                   | (changed(omni_config, default_omni, "omni.") - {"omni.engine"})
-                   | changed(omni_config.engine, default_omni.engine, "engine.")) - DERIVED.get(flag.name, set())
+    differences = (
+        changed(gateway, default_gateway, "gateway.")
+        | (changed(omni_config, default_omni, "omni.") - {"omni.engine"})
+        | changed(omni_config.engine, default_omni.engine, "engine.")
+    ) - DERIVED.get(flag.name, set())
     owner = {"GatewayConfig": "gateway.", "EngineConfig": "engine.", "OmniConfig": "omni."}[flag.owner.__name__]
     assert differences == {owner + flag.field}
 
 
 def test_engine_sizing_flags_reach_the_engine_config() -> None:
-    _, omni_config = cli.configs(cli.build_parser().parse_args(
-        ["serve", "--max-num-batched-tokens", "4096", "--block-size", "32", "--device", "cuda"]))
+    _, omni_config = cli.configs(
+        cli.build_parser().parse_args(
+            ["serve", "--max-num-batched-tokens", "4096", "--block-size", "32", "--device", "cuda"]
+        )
+    )
     assert (omni_config.engine.max_num_batched_tokens, omni_config.engine.block_size) == (4096, 32)
     assert omni_config.engine.device == "cuda" and not hasattr(omni_config, "device")  # one device setting
 
 
 def test_host_lists_accept_repeats_and_commas() -> None:
-    gateway, _ = cli.configs(cli.build_parser().parse_args(
-        ["serve", "--allowed-hosts", "a.example, b.example", "--allowed-hosts", "c.example"]))
+    gateway, _ = cli.configs(
+        cli.build_parser().parse_args(
+            ["serve", "--allowed-hosts", "a.example, b.example", "--allowed-hosts", "c.example"]
+        )
+    )
     assert gateway.allowed_hosts == ("a.example", "b.example", "c.example")
 
 
-@pytest.mark.parametrize(("argv", "warned"), [
-    (["--host", "0.0.0.0"], True),
-    (["--allowed-hosts", "*"], True),
-    (["--host", "0.0.0.0", "--allowed-hosts", "box.lan"], False),
-    (["--host", "0.0.0.0", "--api-key", "k"], False),
-    ([], False),
-])
+@pytest.mark.parametrize(
+    ("argv", "warned"),
+    [
+        (["--host", "0.0.0.0"], True),
+        (["--allowed-hosts", "*"], True),
+        (["--host", "0.0.0.0", "--allowed-hosts", "box.lan"], False),
+        (["--host", "0.0.0.0", "--api-key", "k"], False),
+        ([], False),
+    ],
+)
 def test_accepting_any_host_without_a_key_is_warned_at_startup(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, argv: list[str], warned: bool) -> None:
-    from omni_gateway import omni
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, argv: list[str], warned: bool
+) -> None:
     import uvicorn
+    from omni_gateway import omni
 
     monkeypatch.setattr(omni, "load_backend", lambda config: FakeBackend())
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)

@@ -1,4 +1,5 @@
 """The admission guard over a live socket: auth on every route, Origin, per-key limits, overload and dead backend."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,14 +11,13 @@ import httpx
 import pytest
 from http_fakes import FakeBackend
 from live_server import serve
+from omni_gateway.gateway.app import create_app
+from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.guard import host_allowed, is_public, origin_allowed
+from omni_gateway.gateway.http.limits import HttpLimits
 from starlette.routing import Route, WebSocketRoute
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
-
-from omni_gateway.gateway.app import create_app
-from omni_gateway.gateway.config import GatewayConfig
-from omni_gateway.gateway.http.limits import HttpLimits
-from omni_gateway.gateway.guard import host_allowed, is_public, origin_allowed
 
 KEY = "sk-guard-key"
 TIMEOUT = 15
@@ -46,14 +46,32 @@ def secured() -> Iterator[int]:
 
 def test_no_route_but_health_answers_without_the_key(secured: int) -> None:
     app = create_app(FakeBackend(), GatewayConfig(api_key=KEY))
-    paths = [(m, r.path.replace("{model:path}", "omni-test")) for r in app.routes if isinstance(r, Route)
-             for m in sorted(r.methods - {"HEAD"})]
+    paths = [
+        (m, r.path.replace("{model:path}", "omni-test"))
+        for r in app.routes
+        if isinstance(r, Route)
+        for m in sorted(r.methods - {"HEAD"})
+    ]
     assert ("GET", "/health") in paths and ("POST", "/v1/chat/completions") in paths
     # Paths the router might normalise, and Host values that break a URL rebuilt from headers.
-    tricks = [("GET", "//v1/models"), ("GET", "/v1/models/"), ("GET", "/V1/models"), ("GET", "/v1/%6dodels"),
-              ("GET", "/v1/../v1/models"), ("GET", "/nowhere"), ("POST", "/v1/chat/completions/")]
-    headers_tried = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"},
-                     {"Authorization": KEY}, {"Host": "x/?"}, {"Host": "x/#"}, {"Host": "127.0.0.1/health?"}]
+    tricks = [
+        ("GET", "//v1/models"),
+        ("GET", "/v1/models/"),
+        ("GET", "/V1/models"),
+        ("GET", "/v1/%6dodels"),
+        ("GET", "/v1/../v1/models"),
+        ("GET", "/nowhere"),
+        ("POST", "/v1/chat/completions/"),
+    ]
+    headers_tried = [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Basic {KEY}"},
+        {"Authorization": KEY},
+        {"Host": "x/?"},
+        {"Host": "x/#"},
+        {"Host": "127.0.0.1/health?"},
+    ]
     tried = successes = 0
     with httpx.Client(base_url=f"http://127.0.0.1:{secured}") as client:
         for method, path in paths + tricks:
@@ -66,18 +84,28 @@ def test_no_route_but_health_answers_without_the_key(secured: int) -> None:
                 successes += r.status_code < 400
                 assert r.status_code == 401, (method, path, headers, r.status_code)
                 assert r.json()["error"]["code"] == "invalid_api_key"
-    ws_refused = [run(ws_status(secured, **kw)) for kw in (
-        {}, {"additional_headers": {"Authorization": "Bearer wrong"}},
-        {"subprotocols": ["realtime", "openai-insecure-api-key.wrong"]}, {"additional_headers": {"Host": "x/?"}})]
+    ws_refused = [
+        run(ws_status(secured, **kw))
+        for kw in (
+            {},
+            {"additional_headers": {"Authorization": "Bearer wrong"}},
+            {"subprotocols": ["realtime", "openai-insecure-api-key.wrong"]},
+            {"additional_headers": {"Host": "x/?"}},
+        )
+    ]
     ws_routes = [r.path for r in app.routes if isinstance(r, WebSocketRoute)]
-    print(f"\nauth coverage: {len(paths)} HTTP routes + {len(tricks)} path tricks x {len(headers_tried)} header "
-          f"variants = {tried} requests, {len(ws_routes)} WebSocket routes x {len(ws_refused)} handshakes; "
-          f"unauthenticated successes: {successes + ws_refused.count(101)}")
+    print(
+        f"\nauth coverage: {len(paths)} HTTP routes + {len(tricks)} path tricks x {len(headers_tried)} header "
+        f"variants = {tried} requests, {len(ws_routes)} WebSocket routes x {len(ws_refused)} handshakes; "
+        f"unauthenticated successes: {successes + ws_refused.count(101)}"
+    )
     assert successes == 0 and ws_refused[:3] == [401] * 3
     assert ws_refused[3] in (400, 401)  # the HTTP server may refuse the broken Host before the guard sees it
     assert run(ws_status(secured, subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"])) == 101
-    assert httpx.get(f"http://127.0.0.1:{secured}/v1/models", headers={"Authorization": f"Bearer {KEY}"}
-                     ).status_code == 200
+    assert (
+        httpx.get(f"http://127.0.0.1:{secured}/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code
+        == 200
+    )
 
 
 def test_demo_paths_stay_public(secured: int) -> None:
@@ -85,15 +113,18 @@ def test_demo_paths_stay_public(secured: int) -> None:
     assert httpx.get(f"http://127.0.0.1:{secured}/demo/").status_code in (200, 404)
 
 
-@pytest.mark.parametrize(("origin", "allowed", "expected"), [
-    (None, (), 101),  # non-browser clients send no Origin
-    ("http://127.0.0.1:{port}", (), 101),  # the server's own page
-    ("https://evil.example", (), 403),
-    ("null", (), 403),  # sandboxed iframes and file:// pages
-    ("https://app.example", ("https://app.example",), 101),
-    ("https://evil.example", ("https://app.example",), 403),
-    ("https://anything.example", ("*",), 101),
-])
+@pytest.mark.parametrize(
+    ("origin", "allowed", "expected"),
+    [
+        (None, (), 101),  # non-browser clients send no Origin
+        ("http://127.0.0.1:{port}", (), 101),  # the server's own page
+        ("https://evil.example", (), 403),
+        ("null", (), 403),  # sandboxed iframes and file:// pages
+        ("https://app.example", ("https://app.example",), 101),
+        ("https://evil.example", ("https://app.example",), 403),
+        ("https://anything.example", ("*",), 101),
+    ],
+)
 def test_websocket_origin_allow_list(origin: str | None, allowed: tuple[str, ...], expected: int) -> None:
     with serve(FakeBackend(), GatewayConfig(allowed_origins=allowed)) as port:
         kwargs = {} if origin is None else {"origin": origin.format(port=port)}
@@ -127,8 +158,11 @@ def test_sessions_beyond_the_per_key_limit_get_429_at_once() -> None:
 def _concurrent_posts(port: int, count: int, headers: dict[str, str]) -> list[tuple[int, float, str]]:
     async def one(client: httpx.AsyncClient) -> tuple[int, float, str]:
         t0 = time.perf_counter()
-        r = await client.post("/v1/chat/completions", headers=headers, json={
-            "model": "omni-test", "messages": [{"role": "user", "content": "hi"}]})
+        r = await client.post(
+            "/v1/chat/completions",
+            headers=headers,
+            json={"model": "omni-test", "messages": [{"role": "user", "content": "hi"}]},
+        )
         return r.status_code, time.perf_counter() - t0, r.json().get("error", {}).get("code") or ""
 
     async def go() -> list[tuple[int, float, str]]:
@@ -138,19 +172,25 @@ def _concurrent_posts(port: int, count: int, headers: dict[str, str]) -> list[tu
     return run(go())
 
 
-@pytest.mark.parametrize(("config", "status", "code"), [
-    (GatewayConfig(api_key=KEY, http=HttpLimits(max_requests_per_key=2)), 429, "rate_limit_exceeded"),
-    (GatewayConfig(api_key=KEY, http=HttpLimits(max_requests=2)), 503, "server_overloaded"),
-])
-def test_requests_beyond_the_in_flight_limits_are_refused_at_once(config: GatewayConfig, status: int,
-                                                                  code: str) -> None:
+@pytest.mark.parametrize(
+    ("config", "status", "code"),
+    [
+        (GatewayConfig(api_key=KEY, http=HttpLimits(max_requests_per_key=2)), 429, "rate_limit_exceeded"),
+        (GatewayConfig(api_key=KEY, http=HttpLimits(max_requests=2)), 503, "server_overloaded"),
+    ],
+)
+def test_requests_beyond_the_in_flight_limits_are_refused_at_once(
+    config: GatewayConfig, status: int, code: str
+) -> None:
     backend = FakeBackend(delay_s=0.3)  # each request holds its slot for ~1.5 s
     with serve(backend, config) as port:
         results = _concurrent_posts(port, 6, {"Authorization": f"Bearer {KEY}"})
     served = [r for r in results if r[0] == 200]
     refused = [r for r in results if r[0] == status]
-    print(f"\n6 concurrent requests, limit 2: served {len(served)}, refused {len(refused)} with {status} in at most "
-          f"{max(r[1] for r in refused) * 1000:.0f} ms")
+    print(
+        f"\n6 concurrent requests, limit 2: served {len(served)}, refused {len(refused)} with {status} in at most "
+        f"{max(r[1] for r in refused) * 1000:.0f} ms"
+    )
     assert len(served) == 2 and len(refused) == 4
     assert all(r[2] == code and r[1] < 1.0 for r in refused)
 
@@ -170,8 +210,17 @@ def test_a_dead_backend_is_answered_with_503_everywhere_but_metrics() -> None:
 def test_cli_sets_the_origin_allow_list_and_per_key_sessions() -> None:
     from omni_gateway.gateway.cli import build_parser, configs
 
-    args = build_parser().parse_args(["serve", "--allowed-origins", "https://a.example", "--allowed-origin",
-                                      "https://b.example,https://c.example", "--max-sessions-per-key", "3"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--allowed-origins",
+            "https://a.example",
+            "--allowed-origin",
+            "https://b.example,https://c.example",
+            "--max-sessions-per-key",
+            "3",
+        ]
+    )
     config, _ = configs(args)
     assert config.allowed_origins == ("https://a.example", "https://b.example", "https://c.example")
     assert config.max_sessions_per_key == 3
@@ -205,11 +254,18 @@ def open_server() -> Iterator[int]:
 def test_http_requests_naming_a_foreign_host_get_421(open_server: int, path: str) -> None:
     r = httpx.get(f"http://127.0.0.1:{open_server}{path}", headers=_rebinding_headers(open_server))
     assert r.status_code == 421
-    assert r.json()["error"] == {"type": "invalid_request_error", "code": "host_not_allowed", "param": None,
-                                 "message": r.json()["error"]["message"]}
+    assert r.json()["error"] == {
+        "type": "invalid_request_error",
+        "code": "host_not_allowed",
+        "param": None,
+        "message": r.json()["error"]["message"],
+    }
     assert "allowed_hosts" in r.json()["error"]["message"]
-    r = httpx.post(f"http://127.0.0.1:{open_server}/v1/chat/completions", headers=_rebinding_headers(open_server),
-                   json={"model": "omni-test", "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        f"http://127.0.0.1:{open_server}/v1/chat/completions",
+        headers=_rebinding_headers(open_server),
+        json={"model": "omni-test", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 421
 
 
@@ -219,23 +275,37 @@ def test_a_websocket_handshake_naming_a_foreign_host_gets_403(open_server: int) 
     assert run(ws_status_as(open_server, headers["Host"])) == 403
 
 
-@pytest.mark.parametrize("host", ["localhost", "localhost:{port}", "127.0.0.1", "127.0.0.1:{port}", "[::1]",
-                                  "[::1]:{port}", "LOCALHOST:{port}", "localhost.:{port}"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "localhost",
+        "localhost:{port}",
+        "127.0.0.1",
+        "127.0.0.1:{port}",
+        "[::1]",
+        "[::1]:{port}",
+        "LOCALHOST:{port}",
+        "localhost.:{port}",
+    ],
+)
 def test_the_loopback_names_are_served_with_or_without_the_port(open_server: int, host: str) -> None:
     host = host.format(port=open_server)
     assert httpx.get(f"http://127.0.0.1:{open_server}/v1/models", headers={"Host": host}).status_code == 200
     assert run(ws_status_as(open_server, host, f"http://{host}")) == 101
 
 
-@pytest.mark.parametrize(("config", "host", "served"), [
-    (GatewayConfig(allowed_hosts=("box.lan",)), "box.lan", True),
-    (GatewayConfig(allowed_hosts=("box.lan:9000",)), "box.lan", True),  # an entry's port is not compared
-    (GatewayConfig(allowed_hosts=("box.lan",)), "evil.example", False),
-    (GatewayConfig(allowed_hosts=("*",)), "evil.example", True),
-    (GatewayConfig(host="0.0.0.0"), "evil.example", True),  # every interface, no list: any (warned at startup)
-    (GatewayConfig(host="0.0.0.0", allowed_hosts=("box.lan",)), "evil.example", False),
-    (GatewayConfig(host="0.0.0.0", allowed_hosts=("box.lan",)), "localhost", True),
-])
+@pytest.mark.parametrize(
+    ("config", "host", "served"),
+    [
+        (GatewayConfig(allowed_hosts=("box.lan",)), "box.lan", True),
+        (GatewayConfig(allowed_hosts=("box.lan:9000",)), "box.lan", True),  # an entry's port is not compared
+        (GatewayConfig(allowed_hosts=("box.lan",)), "evil.example", False),
+        (GatewayConfig(allowed_hosts=("*",)), "evil.example", True),
+        (GatewayConfig(host="0.0.0.0"), "evil.example", True),  # every interface, no list: any (warned at startup)
+        (GatewayConfig(host="0.0.0.0", allowed_hosts=("box.lan",)), "evil.example", False),
+        (GatewayConfig(host="0.0.0.0", allowed_hosts=("box.lan",)), "localhost", True),
+    ],
+)
 def test_allowed_hosts_extend_the_list(config: GatewayConfig, host: str, served: bool) -> None:
     with serve(FakeBackend(), config) as port:
         headers = _rebinding_headers(port, host)
@@ -247,15 +317,21 @@ def test_allowed_hosts_extend_the_list(config: GatewayConfig, host: str, served:
 def test_the_host_is_checked_before_the_key() -> None:
     # A page reached through rebinding learns nothing from the key check's answer.
     with serve(FakeBackend(), GatewayConfig(api_key=KEY)) as port:
-        r = httpx.get(f"http://127.0.0.1:{port}/v1/models",
-                      headers={**_rebinding_headers(port), "Authorization": f"Bearer {KEY}"})
+        r = httpx.get(
+            f"http://127.0.0.1:{port}/v1/models", headers={**_rebinding_headers(port), "Authorization": f"Bearer {KEY}"}
+        )
     assert r.status_code == 421
 
 
 def test_host_allow_list_of_the_config() -> None:
     assert GatewayConfig().host_allow_list() == ("localhost", "127.0.0.1", "[::1]")
     assert GatewayConfig(host="10.1.2.3", allowed_hosts=("Box.LAN.",)).host_allow_list() == (
-        "localhost", "127.0.0.1", "[::1]", "10.1.2.3", "box.lan")
+        "localhost",
+        "127.0.0.1",
+        "[::1]",
+        "10.1.2.3",
+        "box.lan",
+    )
     assert GatewayConfig(host="::1").host_allow_list() == ("localhost", "127.0.0.1", "[::1]")
     assert GatewayConfig(host="::").host_allow_list() is None
     assert GatewayConfig(host="", allowed_hosts=("*",)).host_allow_list() is None
@@ -263,11 +339,21 @@ def test_host_allow_list_of_the_config() -> None:
         GatewayConfig(allowed_hosts="box.lan")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("header", "allowed"), [
-    ("localhost:8000", True), ("[::1]:8000", True), ("127.0.0.1", True), (None, True),
-    ("127.0.0.1.evil.example", False), ("localhost@evil.example", False), ("evil.example:8000", False),
-    ("localhost:8000:80", False), ("", False), ("[::1", False),
-])
+@pytest.mark.parametrize(
+    ("header", "allowed"),
+    [
+        ("localhost:8000", True),
+        ("[::1]:8000", True),
+        ("127.0.0.1", True),
+        (None, True),
+        ("127.0.0.1.evil.example", False),
+        ("localhost@evil.example", False),
+        ("evil.example:8000", False),
+        ("localhost:8000:80", False),
+        ("", False),
+        ("[::1", False),
+    ],
+)
 def test_host_allowed(header: str | None, allowed: bool) -> None:
     assert host_allowed(header, GatewayConfig().host_allow_list()) == allowed
 

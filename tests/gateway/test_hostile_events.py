@@ -1,4 +1,5 @@
 """A generated corpus of malformed realtime client events over one live socket: one error each, no close."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,9 +9,8 @@ from typing import Any
 
 from fakes import FakeBackend, silence
 from live_server import serve
-from websockets.asyncio.client import connect
-
 from omni_gateway.gateway.config import GatewayConfig
+from websockets.asyncio.client import connect
 
 MIB = 1024 * 1024
 JUNK: list[Any] = [None, True, -1, 2**70, 1e308, "", "x" * 10_000, [], [[[]]], {}, {"a": {"b": {"c": [1, {}]}}}]
@@ -18,8 +18,9 @@ JUNK: list[Any] = [None, True, -1, 2**70, 1e308, "", "x" * 10_000, [], [[[]]], {
 SHAPES: dict[str, dict[str, Any]] = {
     "session.update": {"session": {"type": "realtime", "instructions": "hi"}},
     "input_audio_buffer.append": {"audio": base64.b64encode(silence(20)).decode()},
-    "conversation.item.create": {"item": {"type": "message", "role": "user",
-                                          "content": [{"type": "input_text", "text": "hi"}]}},
+    "conversation.item.create": {
+        "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    },
     "conversation.item.retrieve": {"item_id": "item_missing"},
     "conversation.item.delete": {"item_id": "item_missing"},
     "conversation.item.truncate": {"item_id": "item_missing", "content_index": 0, "audio_end_ms": 10},
@@ -36,8 +37,19 @@ def nested(depth: int) -> Any:
 def corpus() -> list[tuple[str, str]]:
     """(label, frame text) pairs, every one of which a conforming server must refuse with an error event."""
     frames: list[tuple[str, str]] = [("commit empty buffer", json.dumps({"type": "input_audio_buffer.commit"}))]
-    for text in ["", "{", "nul", "\x00", '{"type":', "[1,2", "[" * 200_000, '{"type": "session.update"' + " " * 1000,
-                 "{'type': 'x'}", "NaN", "\ufeff{}"]:
+    for text in [
+        "",
+        "{",
+        "nul",
+        "\x00",
+        '{"type":',
+        "[1,2",
+        "[" * 200_000,
+        '{"type": "session.update"' + " " * 1000,
+        "{'type': 'x'}",
+        "NaN",
+        "\ufeff{}",
+    ]:
         frames.append(("not json", text))
     for value in [[], 1, "session.update", None, True, [{"type": "response.create"}]]:
         frames.append(("not an object", json.dumps(value)))
@@ -45,8 +57,16 @@ def corpus() -> list[tuple[str, str]]:
         frames.append(("bad type", json.dumps({"type": value})))
     frames.append(("lone surrogate type", '{"type": "\\ud800"}'))
     frames.append(("no type", json.dumps({"event_id": "e", "session": {}})))
-    for kind in ["session.create", "response.created", "input_audio_buffer.append.extra", "conversation.item",
-                 "x" * 300, "error", "transcription_session.update", "rate_limits.updated"]:
+    for kind in [
+        "session.create",
+        "response.created",
+        "input_audio_buffer.append.extra",
+        "conversation.item",
+        "x" * 300,
+        "error",
+        "transcription_session.update",
+        "rate_limits.updated",
+    ]:
         frames.append(("unknown type", json.dumps({"type": kind})))
     for kind, fields in SHAPES.items():
         for field in fields:
@@ -55,8 +75,12 @@ def corpus() -> list[tuple[str, str]]:
             for junk in JUNK:
                 if (field == "session" and isinstance(junk, dict)) or (field == "audio" and isinstance(junk, str)):
                     continue  # an object is a session update and any "x..." string is base64: both valid
-                if kind.startswith("conversation.item.") and kind != "conversation.item.create" and \
-                        field == "item_id" and isinstance(junk, str):
+                if (
+                    kind.startswith("conversation.item.")
+                    and kind != "conversation.item.create"
+                    and field == "item_id"
+                    and isinstance(junk, str)
+                ):
                     junk = junk or "nope"  # any string is a (missing) id: still an error
                 frames.append((f"{kind}.{field}={str(junk)[:20]}", json.dumps({"type": kind, **others, field: junk})))
     for bad in ["!!!!", "abc", "a===", "QUJD\x00", "=" * 100, "YWJj" * 10 + "*", "\u00e9\u00e9\u00e9\u00e9"]:
@@ -64,21 +88,42 @@ def corpus() -> list[tuple[str, str]]:
     too_big = base64.b64encode(bytes(15 * MIB + 2)).decode()
     frames.append(("append over 15 MiB", json.dumps({"type": "input_audio_buffer.append", "audio": too_big})))
     del too_big
-    for item in [{"type": "bogus"}, {"type": "message"}, {"type": "message", "role": "pirate", "content": []},
-                 {"type": "message", "role": "user", "content": "hi"},
-                 {"type": "message", "role": "user", "content": [{"type": "input_text"}]},
-                 {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": "!!"}]},
-                 {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]},
-                 {"type": "message", "role": "user", "content": [{"type": "input_text", "text": 5}]},
-                 {"type": "function_call_output"}, {"type": "function_call", "name": 5}]:
+    for item in [
+        {"type": "bogus"},
+        {"type": "message"},
+        {"type": "message", "role": "pirate", "content": []},
+        {"type": "message", "role": "user", "content": "hi"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": "!!"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": 5}]},
+        {"type": "function_call_output"},
+        {"type": "function_call", "name": 5},
+    ]:
         frames.append(("bad item", json.dumps({"type": "conversation.item.create", "item": item})))
-    for session in [{"type": "bogus"}, {"audio": {"input": {"turn_detection": {"type": "nope"}}}},
-                    {"audio": {"input": {"format": {"type": "audio/ogg"}}}}, {"output_modalities": ["smell"]},
-                    {"max_output_tokens": -5}, {"tools": "all"},
-                    {"type": "realtime", "tools": [nested(500)]}]:
+    for session in [
+        {"type": "bogus"},
+        {"audio": {"input": {"turn_detection": {"type": "nope"}}}},
+        {"audio": {"input": {"format": {"type": "audio/ogg"}}}},
+        {"output_modalities": ["smell"]},
+        {"max_output_tokens": -5},
+        {"tools": "all"},
+        {"type": "realtime", "tools": [nested(500)]},
+    ]:
         frames.append(("bad session", json.dumps({"type": "session.update", "session": session})))
-    for response in [5, "go", [], "", 0, False, {"conversation": "bogus"}, {"output_modalities": "text"},
-                     {"max_output_tokens": 0}, {"input": 5}, {"input": [{"type": "item_reference"}]}]:
+    for response in [
+        5,
+        "go",
+        [],
+        "",
+        0,
+        False,
+        {"conversation": "bogus"},
+        {"output_modalities": "text"},
+        {"max_output_tokens": 0},
+        {"input": 5},
+        {"input": [{"type": "item_reference"}]},
+    ]:
         frames.append(("bad response", json.dumps({"type": "response.create", "response": response})))
     frames.append(("cancel with none active", json.dumps({"type": "response.cancel"})))
     frames.append(("deeply nested junk", json.dumps({"type": "session.update", "session": nested(901)})))
@@ -102,7 +147,7 @@ async def drive(port: int, frames: list[tuple[str, str]]) -> tuple[int, list[str
                         errors += 1
                         break
                     others.append(f"{label}: {event['type']}")
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 missed.append(label)
         await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "ok"}}))
         still_open = json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "session.updated"
@@ -114,8 +159,10 @@ def test_every_malformed_event_gets_one_error_and_the_session_stays_open() -> No
     with serve(FakeBackend(), GatewayConfig(max_frame_bytes=24 * MIB)) as port:
         errors, missed, others, still_open = asyncio.run(asyncio.wait_for(drive(port, frames), 300))
     kinds = {label.split(" ")[0].split(".")[0] for label, _ in frames}
-    print(f"\nmalformed realtime events tried: {len(frames)} ({len(kinds)} families), error events: {errors}, "
-          f"other events: {len(others)}, session closes: {0 if still_open else 1}")
+    print(
+        f"\nmalformed realtime events tried: {len(frames)} ({len(kinds)} families), error events: {errors}, "
+        f"other events: {len(others)}, session closes: {0 if still_open else 1}"
+    )
     assert len(frames) >= 150 and missed == [] and others == []
     assert errors == len(frames)
     assert still_open

@@ -1,5 +1,6 @@
 """Hostile media through the live HTTP and realtime paths into the real decoders: every file refused with a
 4xx or a failed response and a sanitised message, the server unharmed, memory bounded."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,9 +18,6 @@ from pathlib import Path
 import httpx
 from http_fakes import FakeBackend
 from live_server import serve
-from PIL import Image
-from websockets.asyncio.client import connect
-
 from omni_gateway.encoders.audio import AudioDecodeError, decode_audio
 from omni_gateway.encoders.image import ImageDecodeError, decode_image
 from omni_gateway.gateway.config import GatewayConfig
@@ -33,6 +31,8 @@ from omni_gateway.omni.protocol import (
     TextDelta,
     Usage,
 )
+from PIL import Image
+from websockets.asyncio.client import connect
 
 # A memory address as Python prints it in a repr ("at 0x7f3a..."); random event/item ids, whose letters and
 # digits may happen to spell "0x", are not addresses.
@@ -71,8 +71,12 @@ def png_chunk(kind: bytes, data: bytes) -> bytes:
 
 def png_declaring(width: int, height: int, idat: bytes = b"") -> bytes:
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + (png_chunk(b"IDAT", idat) if idat else b"") + \
-        png_chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", ihdr)
+        + (png_chunk(b"IDAT", idat) if idat else b"")
+        + png_chunk(b"IEND", b"")
+    )
 
 
 def encoded(image: Image.Image, fmt: str) -> bytes:
@@ -84,8 +88,17 @@ def encoded(image: Image.Image, fmt: str) -> bytes:
 def wav_declaring(rate: int, channels: int, data_bytes: int, payload: bytes = b"") -> bytes:
     byte_rate = (rate * max(channels, 1) * 2) & 0xFFFFFFFF
     fmt = struct.pack("<HHIIHH", 1, channels, rate, byte_rate, max(channels, 1) * 2, 16)
-    return b"RIFF" + struct.pack("<I", 36 + data_bytes) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + \
-        b"data" + struct.pack("<I", data_bytes) + payload
+    return (
+        b"RIFF"
+        + struct.pack("<I", 36 + data_bytes)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", 16)
+        + fmt
+        + b"data"
+        + struct.pack("<I", data_bytes)
+        + payload
+    )
 
 
 def image_corpus() -> list[tuple[str, bytes]]:
@@ -94,8 +107,14 @@ def image_corpus() -> list[tuple[str, bytes]]:
     # 12000 x 12000 of zeros: a 144-Mpixel bomb that compresses to a few hundred kB
     row = b"\x00" + bytes(12000 * 3)
     bomb = png_declaring(12000, 12000, zlib.compress(row * 12000, 9))
-    gif_bomb = b"GIF89a" + struct.pack("<HH", 65535, 65535) + b"\x00\x00\x00" + b",\x00\x00\x00\x00" + \
-        struct.pack("<HH", 65535, 65535) + b"\x00\x02\x02D\x01\x00;"
+    gif_bomb = (
+        b"GIF89a"
+        + struct.pack("<HH", 65535, 65535)
+        + b"\x00\x00\x00"
+        + b",\x00\x00\x00\x00"
+        + struct.pack("<HH", 65535, 65535)
+        + b"\x00\x02\x02D\x01\x00;"
+    )
     return [
         ("png bomb 12000x12000", bomb),
         ("png header 65535x65535", png_declaring(65535, 65535)),
@@ -111,8 +130,12 @@ def image_corpus() -> list[tuple[str, bytes]]:
         ("zip polyglot", b"PK\x03\x04" + bytes(200)),
         ("pdf", b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF"),
         ("svg", b"<svg xmlns='http://www.w3.org/2000/svg' width='99999' height='99999'/>"),
-        ("bmp header 2^30 wide", b"BM" + struct.pack("<IHHI", 54, 0, 0, 54) +
-         struct.pack("<IiiHHIIiiII", 40, 2**30, 2**30, 1, 24, 0, 0, 0, 0, 0, 0)),
+        (
+            "bmp header 2^30 wide",
+            b"BM"
+            + struct.pack("<IHHI", 54, 0, 0, 54)
+            + struct.pack("<IiiHHIIiiII", 40, 2**30, 2**30, 1, 24, 0, 0, 0, 0, 0, 0),
+        ),
     ]
 
 
@@ -149,11 +172,19 @@ def test_hostile_media_is_refused_on_every_path_without_harm() -> None:
     with serve(backend, GatewayConfig()) as port:
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, timeout=60) as http:
+
             def post(label: str, content: list[dict]) -> None:
                 nonlocal worst_s
                 t0 = time.perf_counter()
-                r = http.post("/v1/chat/completions", json={"model": "omni-test", "messages": [
-                    {"role": "user", "content": [{"type": "text", "text": "what is this?"}, *content]}]})
+                r = http.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "omni-test",
+                        "messages": [
+                            {"role": "user", "content": [{"type": "text", "text": "what is this?"}, *content]}
+                        ],
+                    },
+                )
                 worst_s = max(worst_s, time.perf_counter() - t0)
                 results.append(("http", label, r.status_code))
                 if ADDRESS.search(r.text) or "BytesIO" in r.text or "Traceback" in r.text:
@@ -163,12 +194,17 @@ def test_hostile_media_is_refused_on_every_path_without_harm() -> None:
                 post(label, [{"type": "image_url", "image_url": {"url": data_uri(data)}}])
             for label, data in audio:
                 fmt = "wav" if data.startswith(b"RIFF") else "mp3"
-                post(label, [{"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(),
-                                                                     "format": fmt}}])
+                post(
+                    label,
+                    [{"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": fmt}}],
+                )
             for label, data in audio:
                 t0 = time.perf_counter()
-                r = http.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
-                              files={"file": ("a.wav", data, "audio/wav")})
+                r = http.post(
+                    "/v1/audio/transcriptions",
+                    data={"model": "whisper-1"},
+                    files={"file": ("a.wav", data, "audio/wav")},
+                )
                 worst_s = max(worst_s, time.perf_counter() - t0)
                 results.append(("transcriptions", label, r.status_code))
 
@@ -177,11 +213,19 @@ def test_hostile_media_is_refused_on_every_path_without_harm() -> None:
                 await ws.recv()
                 await ws.recv()
                 for label, data in images:
-                    await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-                        "type": "message", "role": "user", "content": [
-                            {"type": "input_image", "image_url": data_uri(data)}]}}))
-                    await ws.send(json.dumps({"type": "response.create", "response": {
-                        "output_modalities": ["text"]}}))
+                    await ws.send(
+                        json.dumps(
+                            {
+                                "type": "conversation.item.create",
+                                "item": {
+                                    "type": "message",
+                                    "role": "user",
+                                    "content": [{"type": "input_image", "image_url": data_uri(data)}],
+                                },
+                            }
+                        )
+                    )
+                    await ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"]}}))
                     outcome: int | str = "no answer"
                     while True:
                         event = json.loads(await asyncio.wait_for(ws.recv(), 30))
@@ -205,10 +249,12 @@ def test_hostile_media_is_refused_on_every_path_without_harm() -> None:
     tracemalloc.stop()
     rss_delta = rss_mib() - rss_before
     accepted = [r for r in results if r[2] in (200, "completed")]
-    print(f"\nhostile media: {len(images)} images + {len(audio)} audio files, {len(results)} deliveries over "
-          f"HTTP chat, transcriptions and realtime; accepted {len(accepted)}, crashes 0, leaked addresses "
-          f"{len(leaks)}; slowest {worst_s * 1000:.0f} ms, traced peak {peak / MIB:.0f} MiB, "
-          f"RSS delta {rss_delta:.0f} MiB")
+    print(
+        f"\nhostile media: {len(images)} images + {len(audio)} audio files, {len(results)} deliveries over "
+        f"HTTP chat, transcriptions and realtime; accepted {len(accepted)}, crashes 0, leaked addresses "
+        f"{len(leaks)}; slowest {worst_s * 1000:.0f} ms, traced peak {peak / MIB:.0f} MiB, "
+        f"RSS delta {rss_delta:.0f} MiB"
+    )
     assert accepted == [], accepted
     assert all(r[2] in (400, 413, 415, 422, "failed", "error") for r in results), results
     assert leaks == []

@@ -1,4 +1,5 @@
 """Backend chunks -> OpenAI response bodies and stream chunks, without a server."""
+
 from __future__ import annotations
 
 import base64
@@ -6,7 +7,6 @@ import io
 import wave
 
 import pytest
-
 from omni_gateway.gateway.http.chat_request import parse_chat
 from omni_gateway.gateway.http.chat_response import ChatAssembler
 from omni_gateway.gateway.http.completion_request import parse_completion
@@ -15,8 +15,9 @@ from omni_gateway.gateway.http.errors import ApiError
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.omni.protocol import AudioChunk, Capabilities, Done, Error, TextDelta, ToolCallDelta, Usage
 
-CAPS = Capabilities(model="m", input_modalities=frozenset({"text"}), output_modalities=frozenset({"text", "audio"}),
-                    voices=("joe",))
+CAPS = Capabilities(
+    model="m", input_modalities=frozenset({"text"}), output_modalities=frozenset({"text", "audio"}), voices=("joe",)
+)
 USER = [{"role": "user", "content": "hi"}]
 
 
@@ -26,8 +27,15 @@ def assembler(**fields) -> ChatAssembler:
 
 def test_text_choices_are_assembled_per_index_with_usage():
     a = assembler(n=2)
-    for chunk in [TextDelta("a", 1), TextDelta("x", 0), TextDelta("b", 1), Done("length", 1), TextDelta("y", 0),
-                  Done("stop", 0), Usage(input_tokens=4, output_tokens=4, cached_tokens=2)]:
+    for chunk in [
+        TextDelta("a", 1),
+        TextDelta("x", 0),
+        TextDelta("b", 1),
+        Done("length", 1),
+        TextDelta("y", 0),
+        Done("stop", 0),
+        Usage(input_tokens=4, output_tokens=4, cached_tokens=2),
+    ]:
         a.feed(chunk)
     body = a.body()
     assert [c["message"]["content"] for c in body["choices"]] == ["xy", "ab"]
@@ -68,8 +76,13 @@ def test_tool_calls_become_message_tool_calls_and_finish_reason():
 
 def test_audio_output_is_a_wav_with_the_text_as_transcript():
     a = assembler(modalities=["text", "audio"], audio={"voice": "joe", "format": "wav"})
-    for chunk in [TextDelta("Hi"), AudioChunk(b"\x01\x00" * 50, 24000, "Hi"), TextDelta(" there"),
-                  AudioChunk(b"\x02\x00" * 30, 24000, " there"), Done("stop")]:
+    for chunk in [
+        TextDelta("Hi"),
+        AudioChunk(b"\x01\x00" * 50, 24000, "Hi"),
+        TextDelta(" there"),
+        AudioChunk(b"\x02\x00" * 30, 24000, " there"),
+        Done("stop"),
+    ]:
         a.feed(chunk)
     message = a.body()["choices"][0]["message"]
     assert message["content"] is None and message["audio"]["transcript"] == "Hi there"
@@ -95,11 +108,17 @@ def test_logprobs_are_shaped_as_chat_logprobs_and_cut_to_top_logprobs():
     a = assembler(logprobs=True, top_logprobs=1)
     a.feed(TextDelta("a", logprobs=(("a", -0.1, (("a", -0.1), ("b", -2.0))),)))
     entry = a.body()["choices"][0]["logprobs"]["content"][0]
-    assert entry == {"token": "a", "logprob": -0.1, "bytes": [97],
-                     "top_logprobs": [{"token": "a", "logprob": -0.1, "bytes": [97]}]}
+    assert entry == {
+        "token": "a",
+        "logprob": -0.1,
+        "bytes": [97],
+        "top_logprobs": [{"token": "a", "logprob": -0.1, "bytes": [97]}],
+    }
 
 
-@pytest.mark.parametrize("status, kind", [(429, "rate_limit_error"), (503, "server_error"), (400, "invalid_request_error")])
+@pytest.mark.parametrize(
+    "status, kind", [(429, "rate_limit_error"), (503, "server_error"), (400, "invalid_request_error")]
+)
 def test_error_chunks_raise_the_status_they_carry(status, kind):
     with pytest.raises(ApiError) as info:
         assembler().feed(Error("overloaded", "busy", status))

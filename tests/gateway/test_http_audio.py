@@ -1,4 +1,5 @@
 """/v1/audio/transcriptions and /v1/audio/speech through the official openai SDK against a live server."""
+
 from __future__ import annotations
 
 import base64
@@ -10,8 +11,8 @@ import httpx
 import openai
 import pytest
 import soundfile
-
 from omni_gateway.omni.protocol import Capabilities
+
 from tests.gateway.http_fakes import FakeBackend, served
 from tests.gateway.test_http_parsing import wav_bytes
 
@@ -30,10 +31,11 @@ def test_transcription_json_decodes_the_wav_for_the_backend(fake):
 
 def test_transcription_text_and_verbose_json(fake):
     _, _, client = fake
-    assert client.audio.transcriptions.create(model="whisper-1", file=upload(), response_format="text") == \
-        "1600 samples at 16000 Hz"
-    verbose = client.audio.transcriptions.create(model="whisper-1", file=upload(8000),
-                                                 response_format="verbose_json")
+    assert (
+        client.audio.transcriptions.create(model="whisper-1", file=upload(), response_format="text")
+        == "1600 samples at 16000 Hz"
+    )
+    verbose = client.audio.transcriptions.create(model="whisper-1", file=upload(8000), response_format="verbose_json")
     assert verbose.duration == pytest.approx(0.5) and verbose.language == "en" and verbose.text.startswith("8000")
 
 
@@ -61,8 +63,9 @@ def test_missing_file_is_400(fake):
 
 def test_speech_wav_streams_a_playable_file(fake):
     backend, _, client = fake
-    with client.audio.speech.with_streaming_response.create(model="tts-1", voice="joe", input="one two three",
-                                                            response_format="wav", speed=1.25) as r:
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="joe", input="one two three", response_format="wav", speed=1.25
+    ) as r:
         data = r.read()
     with wave.open(io.BytesIO(data)) as w:
         assert w.getframerate() == 24000 and w.getnchannels() == 1
@@ -100,8 +103,11 @@ def test_unsupported_speech_format_and_voice_are_400(fake):
 
 
 def test_speech_without_a_voice_model_is_400():
-    backend = FakeBackend(caps=Capabilities(model="omni-test", input_modalities=frozenset({"text"}),
-                                            output_modalities=frozenset({"text"})))
+    backend = FakeBackend(
+        caps=Capabilities(
+            model="omni-test", input_modalities=frozenset({"text"}), output_modalities=frozenset({"text"})
+        )
+    )
     with served(backend) as (_, client):
         with pytest.raises(openai.BadRequestError) as info:
             client.audio.speech.create(model="tts-1", voice="joe", input="x", response_format="wav")
@@ -110,6 +116,9 @@ def test_speech_without_a_voice_model_is_400():
 
 def test_malformed_multipart_is_400_without_parser_details(fake):
     _, url, _ = fake
-    r = httpx.post(f"{url}/v1/audio/transcriptions", content=b"--xyz\r\nContent-Disposition: form-data\r\n\r\n",
-                   headers={"Content-Type": "multipart/form-data; boundary=xyz"})
+    r = httpx.post(
+        f"{url}/v1/audio/transcriptions",
+        content=b"--xyz\r\nContent-Disposition: form-data\r\n\r\n",
+        headers={"Content-Type": "multipart/form-data; boundary=xyz"},
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_multipart"

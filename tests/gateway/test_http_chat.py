@@ -1,4 +1,5 @@
 """/v1/chat/completions through the official openai SDK against a live server and the fake backend."""
+
 from __future__ import annotations
 
 import base64
@@ -10,8 +11,8 @@ import wave
 import httpx
 import openai
 import pytest
-
 from omni_gateway.omni.protocol import AudioPart, Done, Error, ImagePart, TextDelta
+
 from tests.gateway.http_fakes import FakeBackend, overloaded, served, tool_call_script
 from tests.gateway.test_http_parsing import wav_bytes
 
@@ -20,22 +21,40 @@ USER = [{"role": "user", "content": "hi there"}]
 
 def test_non_streaming_answer_with_n_and_logprobs(fake):
     backend, _, client = fake
-    r = client.chat.completions.create(model="omni-test", messages=USER, n=2, logprobs=True, top_logprobs=1,
-                                       max_tokens=3, temperature=0.5, seed=7, stop=["zzz"])
+    r = client.chat.completions.create(
+        model="omni-test",
+        messages=USER,
+        n=2,
+        logprobs=True,
+        top_logprobs=1,
+        max_tokens=3,
+        temperature=0.5,
+        seed=7,
+        stop=["zzz"],
+    )
     assert [c.message.content for c in r.choices] == ["hello from the"] * 2
     assert [c.finish_reason for c in r.choices] == ["length", "length"]
     assert [t.token for t in r.choices[1].logprobs.content] == ["hello", " from", " the"]
     assert len(r.choices[0].logprobs.content[0].top_logprobs) == 1
     assert r.usage.completion_tokens == 6 and r.usage.prompt_tokens == 4
     sent = backend.requests[-1].sampling
-    assert (sent.n, sent.max_tokens, sent.temperature, sent.seed, sent.stop, sent.logprobs) == \
-        (2, 3, 0.5, 7, ("zzz",), 1)
+    assert (sent.n, sent.max_tokens, sent.temperature, sent.seed, sent.stop, sent.logprobs) == (
+        2,
+        3,
+        0.5,
+        7,
+        ("zzz",),
+        1,
+    )
 
 
 def test_streaming_with_usage_reassembles_the_reply(fake):
     _, _, client = fake
-    chunks = list(client.chat.completions.create(model="omni-test", messages=USER, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="omni-test", messages=USER, stream=True, stream_options={"include_usage": True}
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "hello from the fake model"
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -56,8 +75,11 @@ def test_tool_calls_come_back_in_the_message_and_in_stream_deltas(fake):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     r = client.chat.completions.create(model="omni-test", messages=USER, tools=tools, tool_choice="auto")
     call = r.choices[0].message.tool_calls[0]
-    assert (call.id, call.function.name, json.loads(call.function.arguments)) == \
-        ("call_1", "get_weather", {"city": "Paris"})
+    assert (call.id, call.function.name, json.loads(call.function.arguments)) == (
+        "call_1",
+        "get_weather",
+        {"city": "Paris"},
+    )
     assert r.choices[0].finish_reason == "tool_calls"
     assert backend.requests[-1].tools == tuple(tools)
     chunks = list(client.chat.completions.create(model="omni-test", messages=USER, tools=tools, stream=True))
@@ -68,8 +90,9 @@ def test_tool_calls_come_back_in_the_message_and_in_stream_deltas(fake):
 
 def test_audio_output_non_streaming_is_a_wav_with_transcript(fake):
     _, _, client = fake
-    r = client.chat.completions.create(model="omni-test", messages=USER, modalities=["text", "audio"],
-                                       audio={"voice": "joe", "format": "wav"})
+    r = client.chat.completions.create(
+        model="omni-test", messages=USER, modalities=["text", "audio"], audio={"voice": "joe", "format": "wav"}
+    )
     audio = r.choices[0].message.audio
     assert audio.transcript == "hello from the fake model" and audio.expires_at > time.time()
     with wave.open(io.BytesIO(base64.b64decode(audio.data))) as w:
@@ -78,8 +101,15 @@ def test_audio_output_non_streaming_is_a_wav_with_transcript(fake):
 
 def test_audio_output_streams_pcm16_deltas(fake):
     _, _, client = fake
-    chunks = list(client.chat.completions.create(model="omni-test", messages=USER, modalities=["text", "audio"],
-                                                 audio={"voice": "joe", "format": "pcm16"}, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model="omni-test",
+            messages=USER,
+            modalities=["text", "audio"],
+            audio={"voice": "joe", "format": "pcm16"},
+            stream=True,
+        )
+    )
     audio = [c.choices[0].delta.audio for c in chunks if c.choices and c.choices[0].delta.audio]
     pcm = b"".join(base64.b64decode(a.data) for a in audio if a.data)
     transcript = "".join(a.transcript or "" for a in audio)
@@ -91,10 +121,22 @@ def test_data_uri_image_and_wav_audio_reach_the_backend(fake):
     backend, _, client = fake
     png = b"\x89PNG\r\n\x1a\nxyz"
     wav = wav_bytes([1, 2, 3, 4], rate=16000)
-    client.chat.completions.create(model="omni-test", messages=[{"role": "user", "content": [
-        {"type": "text", "text": "describe"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}},
-        {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}]}])
+    client.chat.completions.create(
+        model="omni-test",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "describe"},
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()},
+                    },
+                    {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}},
+                ],
+            }
+        ],
+    )
     parts = backend.requests[-1].messages[0].parts
     assert isinstance(parts[1], ImagePart) and parts[1].data == png
     assert isinstance(parts[2], AudioPart) and parts[2].sample_rate == 16000 and len(parts[2].pcm16) == 8
@@ -103,8 +145,15 @@ def test_data_uri_image_and_wav_audio_reach_the_backend(fake):
 def test_http_image_urls_are_refused_with_a_clear_message(fake):
     _, _, client = fake
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="omni-test", messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}])
+        client.chat.completions.create(
+            model="omni-test",
+            messages=[
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}],
+                }
+            ],
+        )
     assert info.value.code == "invalid_image_url" and "data URI" in info.value.message
 
 
@@ -147,8 +196,7 @@ def test_an_error_mid_stream_is_raised_by_the_sdk(fake):
 @pytest.mark.parametrize("status, error", [(503, openai.InternalServerError), (400, openai.BadRequestError)])
 def test_an_error_after_some_output_keeps_its_status_without_streaming(fake, status, error):
     backend, _, client = fake
-    backend.script = [TextDelta("partial"), Error("overloaded", "preempted and out of memory", status),
-                      Done("error")]
+    backend.script = [TextDelta("partial"), Error("overloaded", "preempted and out of memory", status), Done("error")]
     with pytest.raises(error) as info:
         client.chat.completions.create(model="omni-test", messages=USER)
     assert info.value.status_code == status and "out of memory" in info.value.message

@@ -1,4 +1,5 @@
 """/v1/completions through the official openai SDK against a live server and the fake backend."""
+
 from __future__ import annotations
 
 import time
@@ -29,8 +30,11 @@ def test_default_max_tokens_is_sixteen_and_echo_prepends_the_prompt(fake):
 
 def test_streaming_completions_with_usage(fake):
     _, _, client = fake
-    chunks = list(client.completions.create(model="omni-test", prompt=["a", "b"], stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="omni-test", prompt=["a", "b"], stream=True, stream_options={"include_usage": True}
+        )
+    )
     by_choice: dict[int, str] = {}
     for c in chunks[:-1]:
         by_choice[c.choices[0].index] = by_choice.get(c.choices[0].index, "") + c.choices[0].text

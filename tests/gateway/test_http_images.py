@@ -1,16 +1,18 @@
 """/v1/images/generations through the official openai SDK against a live server and the fake backend."""
+
 from __future__ import annotations
 
 import base64
 
 import openai
 import pytest
-
 from omni_gateway.omni.protocol import Capabilities
+
 from tests.gateway.http_fakes import PNG_1X1, FakeBackend, overloaded, served
 
-IMAGE_CAPS = Capabilities(model="omni-test", input_modalities=frozenset({"text"}),
-                          output_modalities=frozenset({"text", "image"}))
+IMAGE_CAPS = Capabilities(
+    model="omni-test", input_modalities=frozenset({"text"}), output_modalities=frozenset({"text", "image"})
+)
 
 
 @pytest.fixture(scope="module")

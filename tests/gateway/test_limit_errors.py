@@ -1,4 +1,5 @@
 """Each configured limit, crossed over a live socket, answers with an explicit error that names it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,17 +10,18 @@ from typing import Any
 import httpx
 from http_fakes import FakeBackend
 from live_server import serve
-from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
-
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.realtime.commands import SessionLimits
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 KIB = 1024
-CONFIG = GatewayConfig(max_frame_bytes=256 * KIB,
-                       session=SessionLimits(max_append_bytes=32 * KIB, max_buffer_bytes=96 * KIB),
-                       http=HttpLimits(max_n=2, max_body_bytes=128 * KIB))
+CONFIG = GatewayConfig(
+    max_frame_bytes=256 * KIB,
+    session=SessionLimits(max_append_bytes=32 * KIB, max_buffer_bytes=96 * KIB),
+    http=HttpLimits(max_n=2, max_body_bytes=128 * KIB),
+)
 
 
 def append(n_bytes: int) -> str:
@@ -31,8 +33,14 @@ async def realtime_matrix(port: int) -> dict[str, Any]:
     async with connect(f"ws://127.0.0.1:{port}/v1/realtime", max_size=None) as ws:
         await ws.recv()
         await ws.recv()
-        await ws.send(json.dumps({"type": "session.update", "session": {
-            "type": "realtime", "audio": {"input": {"turn_detection": None}}}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}},
+                }
+            )
+        )
         assert json.loads(await ws.recv())["type"] == "session.updated"
         await ws.send(append(32 * KIB + 2))
         seen["append over 32 KiB"] = json.loads(await ws.recv())["error"]
@@ -55,7 +63,8 @@ def test_limits_answer_with_errors_that_name_them() -> None:
             chat = {"model": "omni-test", "messages": [{"role": "user", "content": "hi"}]}
             seen["n over 2"] = http.post("/v1/chat/completions", json={**chat, "n": 3}).json()["error"]
             seen["body over 128 KiB"] = http.post("/v1/chat/completions", content=b"{" + b" " * 128 * KIB).json()[
-                "error"]
+                "error"
+            ]
     for case, outcome in seen.items():
         print(f"{case}: {outcome if isinstance(outcome, int) else (outcome.get('code'), outcome.get('param'))}")
     assert seen["append over 32 KiB"]["param"] == "audio" and str(32 * KIB) in seen["append over 32 KiB"]["message"]

@@ -1,4 +1,5 @@
 """The realtime outbox: events in order, bounded by count and by bytes, with the time each was queued."""
+
 from __future__ import annotations
 
 import asyncio

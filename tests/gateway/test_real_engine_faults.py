@@ -1,5 +1,6 @@
 """Faults over the real engine (tiny random Llama, CPU) behind a live server: clients killed mid-stream leak
 no KV blocks; an engine-thread failure turns /health, HTTP and open realtime sessions into explicit errors."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,11 +15,10 @@ from typing import Any
 import httpx
 import pytest
 from live_server import serve
+from omni_gateway.gateway.config import GatewayConfig
 from real_engine import tiny_pipeline
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
-
-from omni_gateway.gateway.config import GatewayConfig
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 60
@@ -47,9 +47,20 @@ def wait_for_stats(pipe: Any, done: Any, timeout: float = 15.0) -> dict[str, flo
 async def realtime_killed_after_first_delta(port: int) -> bool:
     """Ask for a long answer, then drop the TCP connection (no close frame) at the first text delta."""
     ws = await connect(f"ws://127.0.0.1:{port}/v1/realtime")
-    await ws.send(json.dumps({"type": "response.create", "response": {
-        "output_modalities": ["text"], "max_output_tokens": 200,
-        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "tell me"}]}]}}))
+    await ws.send(
+        json.dumps(
+            {
+                "type": "response.create",
+                "response": {
+                    "output_modalities": ["text"],
+                    "max_output_tokens": 200,
+                    "input": [
+                        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "tell me"}]}
+                    ],
+                },
+            }
+        )
+    )
     while True:
         event = json.loads(await ws.recv())
         if event["type"] == "response.output_text.delta":
@@ -62,11 +73,15 @@ async def realtime_killed_after_first_delta(port: int) -> bool:
 
 def sse_killed_after_first_chunk(port: int, reset: bool) -> bool:
     """A streamed chat completion whose socket is closed (FIN) or reset (RST) after the first data line."""
-    body = json.dumps({"model": "tiny-llama", "stream": True, "max_tokens": 200,
-                       "messages": [{"role": "user", "content": "tell me"}]}).encode()
+    body = json.dumps(
+        {"model": "tiny-llama", "stream": True, "max_tokens": 200, "messages": [{"role": "user", "content": "tell me"}]}
+    ).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     seen = b""
     while b"\ndata: {" not in seen and b"\r\n\r\ndata: {" not in seen:
         piece = sock.recv(4096)
@@ -81,6 +96,7 @@ def sse_killed_after_first_chunk(port: int, reset: bool) -> bool:
 
 def test_clients_killed_mid_stream_leak_no_kv_blocks(pipeline: Any) -> None:
     with serve(pipeline, GatewayConfig()) as port:
+
         async def realtime_kills() -> list[bool]:
             return list(await asyncio.gather(*(realtime_killed_after_first_delta(port) for _ in range(6))))
 
@@ -89,12 +105,17 @@ def test_clients_killed_mid_stream_leak_no_kv_blocks(pipeline: Any) -> None:
         stats = wait_for_stats(pipeline, lambda s: s["kv_blocks_used"] == 0 and s["requests"] == 0)
         assert pipeline.health().ok
         # The server still answers after the carnage.
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=TIMEOUT, json={
-            "model": "tiny-llama", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            timeout=TIMEOUT,
+            json={"model": "tiny-llama", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert r.status_code == 200
     after = wait_for_stats(pipeline, lambda s: s["kv_blocks_used"] == 0)
-    print(f"\nclients killed mid-stream: {sum(killed)} of {len(killed)} (6 realtime, 4 SSE), KV blocks leaked: "
-          f"{int(stats['kv_blocks_used'])} of {int(stats['kv_blocks_total'])}, requests left: {int(stats['requests'])}")
+    print(
+        f"\nclients killed mid-stream: {sum(killed)} of {len(killed)} (6 realtime, 4 SSE), KV blocks leaked: "
+        f"{int(stats['kv_blocks_used'])} of {int(stats['kv_blocks_total'])}, requests left: {int(stats['requests'])}"
+    )
     assert sum(killed) == len(killed)
     assert stats["kv_blocks_used"] == 0 and stats["requests"] == 0 and stats["running"] == 0
     assert after["kv_blocks_used"] == 0
@@ -123,13 +144,25 @@ def test_an_engine_thread_failure_is_reported_everywhere(tmp_path: Path) -> None
             assert (await http.get("/health")).status_code == 200
             armed["on"] = True
             t0 = time.perf_counter()
-            await busy.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"], "input": [
-                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]}}))
+            await busy.send(
+                json.dumps(
+                    {
+                        "type": "response.create",
+                        "response": {
+                            "output_modalities": ["text"],
+                            "input": [
+                                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+                            ],
+                        },
+                    }
+                )
+            )
             while (await http.get("/health")).status_code != 503:
                 await asyncio.sleep(0.05)
             health_s = time.perf_counter() - t0
-            chat = await http.post("/v1/chat/completions", json={
-                "model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]})
+            chat = await http.post(
+                "/v1/chat/completions", json={"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]}
+            )
 
         async def drain(ws: Any) -> tuple[list[dict[str, Any]], int | None, float]:
             events = []
@@ -146,8 +179,10 @@ def test_an_engine_thread_failure_is_reported_everywhere(tmp_path: Path) -> None
     pipe.shutdown()
     idle_events, idle_code, idle_s = out["idle"]
     busy_events, busy_code, _ = out["busy"]
-    print(f"\nengine fault: /health 503 after {out['health_s'] * 1000:.0f} ms; idle session error+close "
-          f"{idle_code} after {idle_s * 1000:.0f} ms; HTTP chat {out['chat'].status_code}")
+    print(
+        f"\nengine fault: /health 503 after {out['health_s'] * 1000:.0f} ms; idle session error+close "
+        f"{idle_code} after {idle_s * 1000:.0f} ms; HTTP chat {out['chat'].status_code}"
+    )
     assert out["health_s"] < 5.0
     assert out["chat"].status_code == 503
     assert [e["type"] for e in idle_events] == ["error"] and idle_code == 1011 and idle_s < 5.0

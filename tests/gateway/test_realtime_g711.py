@@ -1,11 +1,11 @@
 """G.711 tables and the wire-format conversions around them."""
+
 from __future__ import annotations
 
 import warnings
 
 import numpy as np
 import pytest
-
 from omni_gateway.gateway.realtime import audio, g711
 
 ALL_SAMPLES = np.arange(-32768, 32768, dtype=np.int16)
@@ -35,8 +35,7 @@ def test_decoders_match_the_stdlib_reference_on_every_code() -> None:
     assert g711.alaw_to_pcm(codes).tobytes() == audioop.alaw2lin(codes, 2)
 
 
-@pytest.mark.parametrize("encode, decode", [(g711.pcm_to_ulaw, g711.ulaw_to_pcm),
-                                            (g711.pcm_to_alaw, g711.alaw_to_pcm)])
+@pytest.mark.parametrize("encode, decode", [(g711.pcm_to_ulaw, g711.ulaw_to_pcm), (g711.pcm_to_alaw, g711.alaw_to_pcm)])
 def test_round_trip_error_is_within_the_logarithmic_step(encode, decode) -> None:  # type: ignore[no-untyped-def]
     back = decode(encode(ALL_SAMPLES)).astype(np.int32)
     err = np.abs(back - ALL_SAMPLES.astype(np.int32))

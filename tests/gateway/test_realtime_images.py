@@ -1,4 +1,5 @@
 """Images over a live /v1/realtime socket: a webcam-style frame stream in, a generated image out."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,12 +8,11 @@ import io
 import json
 from typing import Any
 
-from PIL import Image
-from websockets.asyncio.client import connect
-
 from fakes import FakeBackend, png
 from live_server import serve, until
 from omni_gateway.omni.protocol import ImagePart
+from PIL import Image
+from websockets.asyncio.client import connect
 
 TIMEOUT = 15
 
@@ -20,8 +20,9 @@ TIMEOUT = 15
 def image_item(data: bytes, text: str | None = None) -> str:
     content: list[dict[str, Any]] = [{"type": "input_text", "text": text}] if text else []
     content.append({"type": "input_image", "image_url": "data:image/png;base64," + base64.b64encode(data).decode()})
-    return json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
-                                                                    "content": content}})
+    return json.dumps(
+        {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": content}}
+    )
 
 
 def test_frames_in_and_a_generated_image_out_over_a_socket() -> None:
@@ -37,15 +38,30 @@ def test_frames_in_and_a_generated_image_out_over_a_socket() -> None:
             for frame in frames:  # one lone frame a second, as pipecat's live video does
                 await ws.send(image_item(frame))
                 await until(ws, "conversation.item.done")
-            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-                "type": "message", "role": "user",
-                "content": [{"type": "input_image", "image_url": "https://example.com/x.png"}]}}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "conversation.item.create",
+                        "item": {
+                            "type": "message",
+                            "role": "user",
+                            "content": [{"type": "input_image", "image_url": "https://example.com/x.png"}],
+                        },
+                    }
+                )
+            )
             refused = (await until(ws, "error"))[-1]["error"]
             assert (refused["code"], refused["param"]) == ("invalid_value", "item.content[0].image_url")
             await ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"]}}))
             text_turn = await until(ws, "response.done")
-            await ws.send(json.dumps({"type": "response.create", "response": {
-                "output_modalities": ["image"], "image": {"size": "64x64", "partial_images": 2}}}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "response.create",
+                        "response": {"output_modalities": ["image"], "image": {"size": "64x64", "partial_images": 2}},
+                    }
+                )
+            )
             return text_turn, await until(ws, "response.done")
 
     async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

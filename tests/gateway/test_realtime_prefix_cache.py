@@ -3,6 +3,7 @@
 Over the real engine (a tiny random Llama) through the socket; usage in response.done reports the
 prompt tokens served from the prefix cache, and the figures are printed.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,14 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def _turn(ws: Any, text: str) -> dict[str, Any]:
-    ws.send(json.dumps({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
+    ws.send(
+        json.dumps(
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+            }
+        )
+    )
     ws.send(json.dumps({"type": "response.create"}))
     while True:
         event = json.loads(ws.recv(timeout=120))
@@ -43,8 +50,10 @@ def test_turn_two_and_later_prefill_only_new_tokens(pipeline: Any) -> None:
         ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}}))
         usages = [_turn(ws, text) for text in ("hi there, tell me a story about a cat and a dog", "and then?", "go on")]
     figures = [(u["input_tokens"], u["input_token_details"]["cached_tokens"]) for u in usages]
-    print("\nturn: prompt tokens, served from the prefix cache:",
-          ", ".join(f"{i + 1}: {n} / {c}" for i, (n, c) in enumerate(figures)))
+    print(
+        "\nturn: prompt tokens, served from the prefix cache:",
+        ", ".join(f"{i + 1}: {n} / {c}" for i, (n, c) in enumerate(figures)),
+    )
     assert figures[0][1] == 0
     for (previous, _), (prompt, cached) in zip(figures, figures[1:]):
         assert prompt > previous

@@ -1,4 +1,5 @@
 """session.truncation: the oldest conversation messages are left out of a prompt that would not fit."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,14 +10,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import connect
-
 from fakes import FakeBackend
-from omni_gateway.gateway.realtime.errors import RealtimeError
-from omni_gateway.gateway.realtime.truncation import (AUTO_RETENTION, PromptWindow, Truncation, fit_messages, parse_truncation,
-                                         reply_reserve)
 from live_server import serve, until
+from omni_gateway.gateway.realtime.errors import RealtimeError
+from omni_gateway.gateway.realtime.truncation import (
+    AUTO_RETENTION,
+    PromptWindow,
+    Truncation,
+    fit_messages,
+    parse_truncation,
+    reply_reserve,
+)
 from omni_gateway.omni.protocol import Message, OmniRequest, TextPart, ToolCall
+from websockets.asyncio.client import connect
 
 TIMEOUT = 15
 
@@ -38,9 +44,15 @@ def test_parse_truncation_accepts_the_three_forms_and_names_what_it_expected() -
     assert parse_truncation("auto") == Truncation() == Truncation(retention_ratio=AUTO_RETENTION)
     assert parse_truncation("disabled") == Truncation(enabled=False)
     assert parse_truncation({"type": "retention_ratio", "retention_ratio": 0.5}) == Truncation(retention_ratio=0.5)
-    for bad in ("off", None, {"type": "retention_ratio", "retention_ratio": 0}, {"type": "retention_ratio"},
-                {"type": "retention_ratio", "retention_ratio": 1.5}, {"type": "retention_ratio", "retention_ratio": True},
-                {"type": "retention_ratio", "retention_ratio": 0.5, "extra": 1}):
+    for bad in (
+        "off",
+        None,
+        {"type": "retention_ratio", "retention_ratio": 0},
+        {"type": "retention_ratio"},
+        {"type": "retention_ratio", "retention_ratio": 1.5},
+        {"type": "retention_ratio", "retention_ratio": True},
+        {"type": "retention_ratio", "retention_ratio": 0.5, "extra": 1},
+    ):
         with pytest.raises(RealtimeError, match="session.truncation.*'auto', 'disabled'") as err:
             parse_truncation(bad)
         assert err.value.code == "invalid_value"
@@ -97,7 +109,7 @@ def test_a_cut_stays_in_place_until_the_conversation_outgrows_the_room_again() -
     assert left_out == [0] * 7 + [3, 3, 3, 6, 6, 6, 9, 9, 9]
     for turn in range(1, 16):
         if left_out[turn] == left_out[turn - 1]:  # no new cut: the prompt extends the last one
-            assert prompts[turn][:len(prompts[turn - 1])] == prompts[turn - 1]
+            assert prompts[turn][: len(prompts[turn - 1])] == prompts[turn - 1]
     # A conversation that no longer starts with what was left out (an item deleted) is cut afresh.
     kept, dropped = fit_in(window, (system, *conversation[1:]))
     assert kept == (system, *conversation[-5:]) and dropped == 10
@@ -111,8 +123,13 @@ def test_a_window_without_a_counter_or_a_known_context_leaves_prompts_uncut() ->
 
 def test_a_cut_never_leaves_a_tool_result_without_its_call() -> None:
     call = ToolCall("call_1", "lookup", "{}")
-    messages = (msg("user", 5), msg("assistant", 40, tool_calls=(call,)), msg("tool", 5, tool_call_id="call_1"),
-                msg("assistant", 10), msg("user", 10))
+    messages = (
+        msg("user", 5),
+        msg("assistant", 40, tool_calls=(call,)),
+        msg("tool", 5, tool_call_id="call_1"),
+        msg("assistant", 10),
+        msg("user", 10),
+    )
     kept, dropped = fit_messages(messages, WordCounter(), 80, None, Truncation(retention_ratio=1.0))  # 60 of 70
     # Dropping the first message leaves 65 words; dropping two would start with the orphaned tool result.
     assert kept == messages[3:] and dropped == messages[:3]
@@ -120,8 +137,10 @@ def test_a_cut_never_leaves_a_tool_result_without_its_call() -> None:
 
 def test_when_the_newest_message_alone_is_too_long_it_is_what_remains() -> None:
     messages = (msg("system", 2), msg("user", 10), msg("user", 500))
-    assert fit_messages(messages, WordCounter(), 100, None, Truncation()) == ((messages[0], messages[2]),
-                                                                              (messages[1],))
+    assert fit_messages(messages, WordCounter(), 100, None, Truncation()) == (
+        (messages[0], messages[2]),
+        (messages[1],),
+    )
 
 
 def test_disabled_sends_everything() -> None:
@@ -137,20 +156,38 @@ def test_a_long_conversation_reaches_the_model_truncated_and_stays_whole() -> No
     async def go(port: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=fake-omni") as ws:
             await until(ws, "conversation.created")
-            await ws.send(json.dumps({"type": "session.update", "session": {
-                "type": "realtime", "output_modalities": ["text"], "instructions": "Be brief."}}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {"type": "realtime", "output_modalities": ["text"], "instructions": "Be brief."},
+                    }
+                )
+            )
             await until(ws, "session.updated")
             for i in range(10):
-                await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-                    "type": "message", "role": "user",
-                    "content": [{"type": "input_text", "text": " ".join([f"turn{i}"] * 10)}]}}))
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "conversation.item.create",
+                            "item": {
+                                "type": "message",
+                                "role": "user",
+                                "content": [{"type": "input_text", "text": " ".join([f"turn{i}"] * 10)}],
+                            },
+                        }
+                    )
+                )
                 await until(ws, "conversation.item.done")
             await ws.send(json.dumps({"type": "response.create", "response": {"conversation": "none"}}))
             first = await until(ws, "response.done")
-            await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "truncation": "bogus"}}))
+            await ws.send(
+                json.dumps({"type": "session.update", "session": {"type": "realtime", "truncation": "bogus"}})
+            )
             refused = await until(ws, "error")
-            await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime",
-                                                                            "truncation": "disabled"}}))
+            await ws.send(
+                json.dumps({"type": "session.update", "session": {"type": "realtime", "truncation": "disabled"}})
+            )
             await until(ws, "session.updated")
             await ws.send(json.dumps({"type": "response.create", "response": {"conversation": "none"}}))
             second = await until(ws, "response.done")
@@ -177,8 +214,19 @@ def real_session(tmp_path: Any, **session: Any) -> Iterator[tuple[Any, Any]]:
     try:
         with serve(pipeline) as port, sync_connect(f"ws://127.0.0.1:{port}/v1/realtime") as ws:
             assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
-            ws.send(json.dumps({"type": "session.update", "session": {
-                "type": "realtime", "output_modalities": ["text"], "instructions": "Answer in one word.", **session}}))
+            ws.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {
+                            "type": "realtime",
+                            "output_modalities": ["text"],
+                            "instructions": "Answer in one word.",
+                            **session,
+                        },
+                    }
+                )
+            )
             yield pipeline, ws
     finally:
         pipeline.shutdown()
@@ -194,8 +242,14 @@ def respond(ws: Any, **params: Any) -> dict[str, Any]:
 
 
 def add_user_text(ws: Any, text: str) -> None:
-    ws.send(json.dumps({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
+    ws.send(
+        json.dumps(
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+            }
+        )
+    )
 
 
 def test_over_the_real_engine_a_conversation_past_the_window_still_gets_answers(tmp_path: Any) -> None:
@@ -217,8 +271,7 @@ def test_over_the_real_engine_a_conversation_past_the_window_still_gets_answers(
 
 
 @pytest.mark.parametrize("ratio", [0.5, 1.0])
-def test_turns_after_a_cut_find_their_prefix_cached_only_when_the_cut_leaves_room(tmp_path: Any,
-                                                                                   ratio: float) -> None:
+def test_turns_after_a_cut_find_their_prefix_cached_only_when_the_cut_leaves_room(tmp_path: Any, ratio: float) -> None:
     """Past the window, a cut to the least that fits moves the prompt's start on every turn, so nothing
     past the instructions is ever cached again; a deeper cut lets the next turns reuse it. (Here a turn
     is a fifth of the 192-token room, more than auto's 20% headroom, hence 0.5.)"""
@@ -228,11 +281,13 @@ def test_turns_after_a_cut_find_their_prefix_cached_only_when_the_cut_leaves_roo
             add_user_text(ws, f"turn {turn}: tell me more about foxes")
             response = respond(ws)
             assert response["status"] in ("completed", "incomplete"), response
-            usages.append((response["usage"]["input_tokens"], response["usage"]["input_token_details"]["cached_tokens"]))
+            usages.append(
+                (response["usage"]["input_tokens"], response["usage"]["input_token_details"]["cached_tokens"])
+            )
     print(f"\nretention_ratio {ratio}: per turn (prompt tokens, cached):", usages)
     cuts = [i for i in range(1, len(usages)) if usages[i][0] < usages[i - 1][0]]
     assert cuts, "the conversation never outgrew the window"
-    after = usages[cuts[0] + 1:]
+    after = usages[cuts[0] + 1 :]
     well_cached = [cached for prompt, cached in after if cached >= prompt // 2]
     if ratio < 1:
         assert well_cached, usages  # turns after the cut reuse the cut prompt's blocks

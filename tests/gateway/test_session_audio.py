@@ -1,21 +1,36 @@
 """Input audio: buffer, commit, G.711, server VAD turns, barge-in, truncation, transcription events."""
+
 from __future__ import annotations
 
 import base64
 
 import numpy as np
 import pytest
-from session_driver import (Driver, b64, cancelled, error, events, generations, only, responses_started, started,
-                            transcribes, types)
-
 from fakes import silence, tone
 from omni_gateway.gateway.realtime import g711
 from omni_gateway.omni.protocol import AudioChunk, Done, Transcription
+from session_driver import (
+    Driver,
+    b64,
+    cancelled,
+    error,
+    events,
+    generations,
+    only,
+    responses_started,
+    started,
+    transcribes,
+    types,
+)
 
 
 def manual(d: Driver, **audio_input: object) -> None:
-    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
-        "turn_detection": None, **audio_input}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"turn_detection": None, **audio_input}}},
+        }
+    )
 
 
 def test_commit_creates_a_user_audio_item_and_asks_for_asr() -> None:
@@ -73,14 +88,30 @@ def test_g711_input_is_decoded_to_24k_pcm() -> None:
 
 def test_server_vad_turn_commits_and_responds() -> None:
     d = Driver()
-    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
-        "type": "server_vad", "prefix_padding_ms": 100, "silence_duration_ms": 200}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {
+                    "input": {
+                        "turn_detection": {"type": "server_vad", "prefix_padding_ms": 100, "silence_duration_ms": 200}
+                    }
+                },
+            },
+        }
+    )
     out = d.send({"type": "input_audio_buffer.append", "audio": b64(silence(500) + tone(400))})
     speech = only(out, "input_audio_buffer.speech_started")
     assert speech["audio_start_ms"] == 400  # 500 ms onset minus 100 ms prefix padding
     out = d.send({"type": "input_audio_buffer.append", "audio": b64(silence(300))})
-    assert types(out) == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
-                          "conversation.item.added", "conversation.item.done", "response.created"]
+    assert types(out) == [
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.created",
+    ]
     stopped = events(out)[0]
     assert stopped["audio_end_ms"] == 1100 and stopped["item_id"] == speech["item_id"]
     assert events(out)[1]["item_id"] == speech["item_id"]
@@ -95,19 +126,45 @@ def test_server_vad_turn_commits_and_responds() -> None:
 
 def test_vad_threshold_is_honoured() -> None:
     d = Driver()
-    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
-        "type": "server_vad", "threshold": 0.9}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 0.9}}},
+            },
+        }
+    )
     assert d.send({"type": "input_audio_buffer.append", "audio": b64(tone(300))}) == []
-    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
-        "type": "server_vad", "threshold": 0.5}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 0.5}}},
+            },
+        }
+    )
     assert types(d.send({"type": "input_audio_buffer.append", "audio": b64(tone(300))})) == [
-        "input_audio_buffer.speech_started"]
+        "input_audio_buffer.speech_started"
+    ]
 
 
 def test_create_response_false_commits_without_responding() -> None:
     d = Driver()
-    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
-        "type": "server_vad", "silence_duration_ms": 100, "create_response": False}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {
+                    "input": {
+                        "turn_detection": {"type": "server_vad", "silence_duration_ms": 100, "create_response": False}
+                    }
+                },
+            },
+        }
+    )
     out = d.send({"type": "input_audio_buffer.append", "audio": b64(tone(300) + silence(200))})
     assert "input_audio_buffer.committed" in types(out) and "response.created" not in types(out)
 
@@ -123,14 +180,24 @@ def test_barge_in_cancels_the_active_response_with_turn_detected() -> None:
     assert cancelled(out) == [rid]
     done = only(out, "response.done")["response"]
     assert done["status"] == "cancelled" and done["status_details"] == {
-        "type": "cancelled", "reason": "turn_detected", "error": None}
+        "type": "cancelled",
+        "reason": "turn_detected",
+        "error": None,
+    }
     assert types(out)[-1] == "response.done"
 
 
 def test_no_barge_in_when_interrupt_response_is_false() -> None:
     d = Driver()
-    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
-        "type": "server_vad", "interrupt_response": False}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {"input": {"turn_detection": {"type": "server_vad", "interrupt_response": False}}},
+            },
+        }
+    )
     d.text_item()
     started(d.send({"type": "response.create"}))
     out = d.send({"type": "input_audio_buffer.append", "audio": b64(tone(200))})
@@ -140,8 +207,15 @@ def test_no_barge_in_when_interrupt_response_is_false() -> None:
 def spoken_reply(d: Driver) -> str:
     d.text_item()
     rid = started(d.send({"type": "response.create"}))
-    out = d.run(rid, [AudioChunk(tone(100), 24000, "One "), AudioChunk(tone(100), 24000, "two "),
-                      AudioChunk(tone(100), 24000, "three."), Done("stop")])
+    out = d.run(
+        rid,
+        [
+            AudioChunk(tone(100), 24000, "One "),
+            AudioChunk(tone(100), 24000, "two "),
+            AudioChunk(tone(100), 24000, "three."),
+            Done("stop"),
+        ],
+    )
     return only(out, "response.output_item.done")["item"]["id"]
 
 
@@ -150,8 +224,12 @@ def test_truncate_drops_the_unheard_transcript_and_audio() -> None:
     item_id = spoken_reply(d)
     out = d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 150})
     assert only(out, "conversation.item.truncated") | {"event_id": None} == {
-        "event_id": None, "type": "conversation.item.truncated", "item_id": item_id, "content_index": 0,
-        "audio_end_ms": 150}
+        "event_id": None,
+        "type": "conversation.item.truncated",
+        "item_id": item_id,
+        "content_index": 0,
+        "audio_end_ms": 150,
+    }
     retrieved = only(d.send({"type": "conversation.item.retrieve", "item_id": item_id}), "conversation.item.retrieved")
     content = retrieved["item"]["content"][0]
     assert content["transcript"] == "One two "
@@ -163,18 +241,25 @@ def test_truncate_drops_the_unheard_transcript_and_audio() -> None:
 def test_truncate_errors() -> None:
     d = Driver()
     item_id = spoken_reply(d)
-    too_long = error(d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
-                             "audio_end_ms": 301}))
+    too_long = error(
+        d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 301})
+    )
     assert too_long["message"] == "Audio content of 300ms is already shorter than 301ms"
-    fractional = error(d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
-                               "audio_end_ms": 12.5}))
+    fractional = error(
+        d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 12.5})
+    )
     assert fractional["code"] == "invalid_type" and fractional["param"] == "audio_end_ms"
-    unknown = error(d.send({"type": "conversation.item.truncate", "item_id": "nope", "content_index": 0,
-                            "audio_end_ms": 1}))
+    unknown = error(
+        d.send({"type": "conversation.item.truncate", "item_id": "nope", "content_index": 0, "audio_end_ms": 1})
+    )
     assert unknown["param"] == "item_id"
     user_item = only(d.text_item(), "conversation.item.added")["item"]["id"]
-    assert error(d.send({"type": "conversation.item.truncate", "item_id": user_item, "content_index": 0,
-                         "audio_end_ms": 0}))["param"] == "content_index"
+    assert (
+        error(
+            d.send({"type": "conversation.item.truncate", "item_id": user_item, "content_index": 0, "audio_end_ms": 0})
+        )["param"]
+        == "content_index"
+    )
     whole = d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 300})
     assert types(whole) == ["conversation.item.truncated"]
     assert d.session.items.get(item_id).content[0].transcript == "One two three."  # type: ignore[union-attr]
@@ -192,12 +277,15 @@ def test_transcription_events_only_when_configured() -> None:
     d.send({"type": "input_audio_buffer.append", "audio": b64(tone(200))})
     (job,) = transcribes(d.send({"type": "input_audio_buffer.commit"}))
     assert job.language == "en"
-    done = only(d.session.on_transcription(job.item_id, Transcription("hello", duration_s=0.2)),
-                "conversation.item.input_audio_transcription.completed")
+    done = only(
+        d.session.on_transcription(job.item_id, Transcription("hello", duration_s=0.2)),
+        "conversation.item.input_audio_transcription.completed",
+    )
     assert (done["item_id"], done["content_index"], done["transcript"]) == (job.item_id, 0, "hello")
     assert done["usage"] == {"type": "duration", "seconds": 0.2}
-    failed = only(d.session.on_transcription_failed("item_x", "no"),
-                  "conversation.item.input_audio_transcription.failed")
+    failed = only(
+        d.session.on_transcription_failed("item_x", "no"), "conversation.item.input_audio_transcription.failed"
+    )
     assert failed["error"]["type"] == "transcription_error"
 
 
@@ -218,8 +306,12 @@ def test_a_response_waits_for_pending_transcripts() -> None:
 
 def test_g711_output_format_encodes_deltas() -> None:
     d = Driver()
-    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"output": {
-        "format": {"type": "audio/pcmu"}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"output": {"format": {"type": "audio/pcmu"}}}},
+        }
+    )
     d.text_item()
     rid = started(d.send({"type": "response.create"}))
     delta = only(d.run(rid, [AudioChunk(tone(100), 24000, "x"), Done("stop")]), "response.output_audio.delta")
@@ -237,8 +329,12 @@ def test_old_audio_is_dropped_past_the_budget_but_transcripts_and_lengths_stay()
 
     backend = FakeBackend()
     d = Driver(backend=backend)
-    d.session = RealtimeSession(dialect="ga", capabilities=backend.capabilities, vad_factory=None,  # type: ignore[arg-type]
-                                limits=SessionLimits(max_conversation_audio_bytes=250 * 48))
+    d.session = RealtimeSession(
+        dialect="ga",
+        capabilities=backend.capabilities,
+        vad_factory=None,  # type: ignore[arg-type]
+        limits=SessionLimits(max_conversation_audio_bytes=250 * 48),
+    )
     d.send({"type": "input_audio_buffer.append", "audio": b64(tone(200))})
     (first,) = transcribes(d.send({"type": "input_audio_buffer.commit"}))
     d.session.on_transcription(first.item_id, Transcription("first turn"))
@@ -247,8 +343,9 @@ def test_old_audio_is_dropped_past_the_budget_but_transcripts_and_lengths_stay()
     assert old is not None and old.content[0].audio is None and old.content[0].transcript == "first turn"
     retrieved = only(d.send({"type": "conversation.item.retrieve", "item_id": item_id}), "conversation.item.retrieved")
     assert "audio" not in retrieved["item"]["content"][0]  # the reply itself (300 ms) is over the budget too
-    truncated = d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
-                        "audio_end_ms": 150})
+    truncated = d.send(
+        {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 150}
+    )
     assert types(truncated) == ["conversation.item.truncated"]
     request = d.session.build_request(started(d.send({"type": "response.create"})))
     assert request is not None
@@ -262,10 +359,18 @@ def test_idle_timeout_prompts_a_reply_after_the_previous_one_played_out() -> Non
     clock = [1000.0]
     backend = FakeBackend()
     d = Driver(backend=backend)
-    d.session = RealtimeSession(dialect="ga", capabilities=backend.capabilities, vad_factory=backend.new_vad,
-                                now=lambda: clock[0])  # type: ignore[arg-type]
-    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
-        "type": "server_vad", "idle_timeout_ms": 5000}}}}})
+    d.session = RealtimeSession(
+        dialect="ga", capabilities=backend.capabilities, vad_factory=backend.new_vad, now=lambda: clock[0]
+    )  # type: ignore[arg-type]
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}},
+            },
+        }
+    )
     assert d.session.idle_deadline is None
     spoken_reply(d)  # 300 ms of reply audio
     assert d.session.idle_deadline == pytest.approx(1000.0 + 0.3 + 5.0)
@@ -274,8 +379,13 @@ def test_idle_timeout_prompts_a_reply_after_the_previous_one_played_out() -> Non
     assert d.session.on_idle() == []  # the reply is still within its playback + timeout
     clock[0] += 0.5
     out = d.session.on_idle()
-    assert types(out) == ["input_audio_buffer.timeout_triggered", "input_audio_buffer.committed",
-                          "conversation.item.added", "conversation.item.done", "response.created"]
+    assert types(out) == [
+        "input_audio_buffer.timeout_triggered",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.created",
+    ]
     fired = events(out)[0]
     assert fired["item_id"] == events(out)[1]["item_id"] and fired["audio_end_ms"] - fired["audio_start_ms"] == 500
     assert d.session.idle_deadline is None and started(out)
@@ -283,8 +393,15 @@ def test_idle_timeout_prompts_a_reply_after_the_previous_one_played_out() -> Non
 
 def test_speech_disarms_the_idle_timeout() -> None:
     d = Driver()
-    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
-        "type": "server_vad", "idle_timeout_ms": 5000}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}},
+            },
+        }
+    )
     spoken_reply(d)
     assert d.session.idle_deadline is not None
     d.send({"type": "input_audio_buffer.append", "audio": b64(tone(100))})
@@ -296,8 +413,11 @@ def test_speech_disarms_the_idle_timeout() -> None:
 def test_idle_timeout_outside_openais_bounds_is_refused(dialect: str, value: object) -> None:
     d = Driver(dialect=dialect)
     turn = {"type": "server_vad", "idle_timeout_ms": value}
-    session = {"type": "realtime", "audio": {"input": {"turn_detection": turn}}} if dialect == "ga" \
+    session = (
+        {"type": "realtime", "audio": {"input": {"turn_detection": turn}}}
+        if dialect == "ga"
         else {"turn_detection": turn}
+    )
     err = error(d.send({"type": "session.update", "session": session}))
     prefix = "session.audio.input" if dialect == "ga" else "session"
     assert err["code"] == "invalid_value" and err["param"] == f"{prefix}.turn_detection.idle_timeout_ms"
@@ -308,8 +428,9 @@ def test_idle_timeout_outside_openais_bounds_is_refused(dialect: str, value: obj
 @pytest.mark.parametrize("value", [5000, 30000])
 def test_idle_timeout_within_bounds_is_taken_and_null_clears_it(value: int) -> None:
     d = Driver(dialect="beta")
-    out = d.send({"type": "session.update", "session": {"turn_detection": {"type": "server_vad",
-                                                                           "idle_timeout_ms": value}}})
+    out = d.send(
+        {"type": "session.update", "session": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": value}}}
+    )
     assert only(out, "session.updated")["session"]["turn_detection"]["idle_timeout_ms"] == value
     out = d.send({"type": "session.update", "session": {"turn_detection": {"idle_timeout_ms": None}}})
     assert only(out, "session.updated")["session"]["turn_detection"]["idle_timeout_ms"] is None
@@ -322,11 +443,19 @@ def test_idle_timeout_fires_once_until_the_client_sends_audio_again() -> None:
     clock = [1000.0]
     backend = FakeBackend()
     d = Driver(backend=backend)
-    d.session = RealtimeSession(dialect="ga", capabilities=backend.capabilities, vad_factory=backend.new_vad,
-                                now=lambda: clock[0])  # type: ignore[arg-type]
-    d.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"],
-                                                  "audio": {"input": {"turn_detection": {
-                                                      "type": "server_vad", "idle_timeout_ms": 5000}}}}})
+    d.session = RealtimeSession(
+        dialect="ga", capabilities=backend.capabilities, vad_factory=backend.new_vad, now=lambda: clock[0]
+    )  # type: ignore[arg-type]
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "output_modalities": ["text"],
+                "audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}},
+            },
+        }
+    )
     d.text_item()
     d.run(started(d.send({"type": "response.create"})))
     clock[0] += 6

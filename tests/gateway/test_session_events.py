@@ -1,12 +1,12 @@
 """Session-level client events: session.update, items, errors; both dialects, no sockets."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-from session_driver import Driver, b64, error, events, only, started, types
-
 from fakes import tone
+from session_driver import Driver, b64, error, events, only, started, types
 
 
 def test_open_sends_session_created_then_conversation_created() -> None:
@@ -22,20 +22,47 @@ def test_open_sends_session_created_then_conversation_created() -> None:
 def test_without_vad_the_default_session_uses_manual_turns() -> None:
     d = Driver(vad=False)
     assert events(d.opened)[0]["session"]["audio"]["input"]["turn_detection"] is None
-    err = error(d.send({"type": "session.update", "session": {
-        "type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}}))
+    err = error(
+        d.send(
+            {
+                "type": "session.update",
+                "session": {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}},
+            }
+        )
+    )
     assert err["code"] == "invalid_value"
 
 
 def test_ga_session_update_merges_and_echoes_the_full_session() -> None:
     d = Driver()
-    first = only(d.send({"type": "session.update", "session": {"type": "realtime", "instructions": "Be brief.",
-                                                                 "output_modalities": ["text"]}}), "session.updated")
+    first = only(
+        d.send(
+            {
+                "type": "session.update",
+                "session": {"type": "realtime", "instructions": "Be brief.", "output_modalities": ["text"]},
+            }
+        ),
+        "session.updated",
+    )
     assert first["session"]["instructions"] == "Be brief."
-    second = only(d.send({"type": "session.update", "session": {"type": "realtime", "audio": {
-        "input": {"format": {"type": "audio/pcmu"}, "turn_detection": {"type": "server_vad", "threshold": 0.7,
-                                                                         "silence_duration_ms": 300}},
-        "output": {"voice": "verse", "speed": 1.2}}}}), "session.updated")["session"]
+    second = only(
+        d.send(
+            {
+                "type": "session.update",
+                "session": {
+                    "type": "realtime",
+                    "audio": {
+                        "input": {
+                            "format": {"type": "audio/pcmu"},
+                            "turn_detection": {"type": "server_vad", "threshold": 0.7, "silence_duration_ms": 300},
+                        },
+                        "output": {"voice": "verse", "speed": 1.2},
+                    },
+                },
+            }
+        ),
+        "session.updated",
+    )["session"]
     # the earlier fields persist: the reply is the whole effective session, not the delta
     assert second["instructions"] == "Be brief." and second["output_modalities"] == ["text"]
     assert second["audio"]["input"]["format"] == {"type": "audio/pcmu"}
@@ -43,9 +70,15 @@ def test_ga_session_update_merges_and_echoes_the_full_session() -> None:
     turn = second["audio"]["input"]["turn_detection"]
     assert (turn["threshold"], turn["silence_duration_ms"], turn["prefix_padding_ms"]) == (0.7, 300, 300)
     assert d.backend.vad_settings[-1].threshold == 0.7 and d.backend.vad_settings[-1].silence_duration_ms == 300
-    cleared = only(d.send({"type": "session.update", "session": {"type": "realtime", "instructions": "",
-                                                                   "audio": {"input": {"turn_detection": None}}}}),
-                   "session.updated")["session"]
+    cleared = only(
+        d.send(
+            {
+                "type": "session.update",
+                "session": {"type": "realtime", "instructions": "", "audio": {"input": {"turn_detection": None}}},
+            }
+        ),
+        "session.updated",
+    )["session"]
     assert cleared["instructions"] == "" and cleared["audio"]["input"]["turn_detection"] is None
 
 
@@ -53,9 +86,22 @@ def test_beta_session_update_uses_flat_fields() -> None:
     d = Driver("beta")
     created = events(d.opened)[0]["session"]
     assert "type" not in created and created["modalities"] == ["text", "audio"]
-    updated = only(d.send({"type": "session.update", "session": {
-        "modalities": ["text"], "voice": "verse", "input_audio_format": "g711_alaw", "temperature": 0.7,
-        "turn_detection": None, "max_response_output_tokens": 200}}), "session.updated")["session"]
+    updated = only(
+        d.send(
+            {
+                "type": "session.update",
+                "session": {
+                    "modalities": ["text"],
+                    "voice": "verse",
+                    "input_audio_format": "g711_alaw",
+                    "temperature": 0.7,
+                    "turn_detection": None,
+                    "max_response_output_tokens": 200,
+                },
+            }
+        ),
+        "session.updated",
+    )["session"]
     assert updated["modalities"] == ["text"] and updated["voice"] == "verse"
     assert updated["input_audio_format"] == "g711_alaw" and updated["output_audio_format"] == "pcm16"
     assert updated["turn_detection"] is None and updated["temperature"] == 0.7
@@ -64,25 +110,49 @@ def test_beta_session_update_uses_flat_fields() -> None:
 
 def test_semantic_vad_is_accepted_and_eagerness_sets_the_silence() -> None:
     d = Driver()
-    low = only(d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
-        "turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}}}), "session.updated")
+    low = only(
+        d.send(
+            {
+                "type": "session.update",
+                "session": {
+                    "type": "realtime",
+                    "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}},
+                },
+            }
+        ),
+        "session.updated",
+    )
     assert low["session"]["audio"]["input"]["turn_detection"]["eagerness"] == "low"
-    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
-        "turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}},
+            },
+        }
+    )
     assert d.backend.vad_settings[-2].silence_duration_ms > d.backend.vad_settings[-1].silence_duration_ms
 
 
-@pytest.mark.parametrize("session, param", [
-    ({"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
-     "session.audio.input.format.rate"),
-    ({"type": "translation"}, "session.type"),
-    ({"type": "realtime", "output_modalities": ["video"]}, "session.output_modalities"),
-    ({"type": "realtime", "max_output_tokens": 5000}, "session.max_output_tokens"),
-    ({"type": "realtime", "audio": {"output": {"speed": 3}}}, "session.audio.output.speed"),
-    ({"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}},
-     "session.audio.input.turn_detection.threshold"),
-    ({"type": "realtime", "tools": [{"type": "function"}]}, "session.tools[0]"),
-])
+@pytest.mark.parametrize(
+    "session, param",
+    [
+        (
+            {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+            "session.audio.input.format.rate",
+        ),
+        ({"type": "translation"}, "session.type"),
+        ({"type": "realtime", "output_modalities": ["video"]}, "session.output_modalities"),
+        ({"type": "realtime", "max_output_tokens": 5000}, "session.max_output_tokens"),
+        ({"type": "realtime", "audio": {"output": {"speed": 3}}}, "session.audio.output.speed"),
+        (
+            {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}},
+            "session.audio.input.turn_detection.threshold",
+        ),
+        ({"type": "realtime", "tools": [{"type": "function"}]}, "session.tools[0]"),
+    ],
+)
 def test_invalid_session_update_is_rejected_and_changes_nothing(session: dict, param: str) -> None:
     d = Driver()
     before = d.session.settings
@@ -96,24 +166,28 @@ def test_voice_cannot_change_after_audio_was_output() -> None:
     d.text_item()
     rid = started(d.send({"type": "response.create"}))
     d.run(rid)
-    err = error(d.send({"type": "session.update", "session": {"type": "realtime",
-                                                               "audio": {"output": {"voice": "verse"}}}}))
+    err = error(
+        d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"voice": "verse"}}}})
+    )
     assert err["code"] == "cannot_update_voice"
 
 
-@pytest.mark.parametrize("raw, code", [
-    ("{not json", "invalid_json"),
-    ("[1, 2]", "invalid_event"),
-    ('{"event_id": "e1"}', "invalid_event"),
-    ('{"type": "no.such.event", "event_id": "e2"}', "invalid_event"),
-    ('{"type": "input_audio_buffer.append"}', "missing_required_parameter"),
-    ('{"type": "input_audio_buffer.append", "audio": "@@@"}', "invalid_value"),
-])
+@pytest.mark.parametrize(
+    "raw, code",
+    [
+        ("{not json", "invalid_json"),
+        ("[1, 2]", "invalid_event"),
+        ('{"event_id": "e1"}', "invalid_event"),
+        ('{"type": "no.such.event", "event_id": "e2"}', "invalid_event"),
+        ('{"type": "input_audio_buffer.append"}', "missing_required_parameter"),
+        ('{"type": "input_audio_buffer.append", "audio": "@@@"}', "invalid_value"),
+    ],
+)
 def test_malformed_events_yield_one_error_and_the_session_goes_on(raw: str, code: str) -> None:
     d = Driver()
     out = d.session.receive_text(raw)
     assert types(out) == ["error"] and error(out)["code"] == code
-    parsed = json.loads(raw) if raw.startswith(("{\"", "[")) else None
+    parsed = json.loads(raw) if raw.startswith(('{"', "[")) else None
     if isinstance(parsed, dict) and "event_id" in parsed:
         assert error(out)["event_id"] == parsed["event_id"]
     assert types(d.text_item()) == ["conversation.item.added", "conversation.item.done"]
@@ -130,13 +204,37 @@ def test_item_create_keeps_client_id_and_honours_previous_item_id() -> None:
     assert first["item"]["id"] == "item_client_1" and first["previous_item_id"] is None
     second = only(d.text_item("two", id="msg_2"), "conversation.item.added")
     assert second["previous_item_id"] == "item_client_1"
-    at_root = only(d.send({"type": "conversation.item.create", "previous_item_id": "root", "item": {
-        "id": "sys_0", "type": "message", "role": "system", "content": [{"type": "input_text", "text": "S"}]}}),
-        "conversation.item.added")
+    at_root = only(
+        d.send(
+            {
+                "type": "conversation.item.create",
+                "previous_item_id": "root",
+                "item": {
+                    "id": "sys_0",
+                    "type": "message",
+                    "role": "system",
+                    "content": [{"type": "input_text", "text": "S"}],
+                },
+            }
+        ),
+        "conversation.item.added",
+    )
     assert at_root["previous_item_id"] is None
-    middle = only(d.send({"type": "conversation.item.create", "previous_item_id": "item_client_1", "item": {
-        "id": "mid", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "m"}]}}),
-        "conversation.item.added")
+    middle = only(
+        d.send(
+            {
+                "type": "conversation.item.create",
+                "previous_item_id": "item_client_1",
+                "item": {
+                    "id": "mid",
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "m"}],
+                },
+            }
+        ),
+        "conversation.item.added",
+    )
     assert middle["previous_item_id"] == "item_client_1"
     assert [it.id for it in d.session.items] == ["sys_0", "item_client_1", "mid", "msg_2"]
 
@@ -145,43 +243,84 @@ def test_item_create_errors() -> None:
     d = Driver()
     d.text_item(id="dup")
     assert error(d.text_item(id="dup"))["code"] == "item_id_already_exists"
-    unknown = error(d.send({"type": "conversation.item.create", "previous_item_id": "nope", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}}))
+    unknown = error(
+        d.send(
+            {
+                "type": "conversation.item.create",
+                "previous_item_id": "nope",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]},
+            }
+        )
+    )
     assert unknown["param"] == "previous_item_id"
-    bad_role = error(d.send({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "robot", "content": []}}))
+    bad_role = error(
+        d.send({"type": "conversation.item.create", "item": {"type": "message", "role": "robot", "content": []}})
+    )
     assert bad_role["param"] == "item.role"
-    orphan = error(d.send({"type": "conversation.item.create", "item": {
-        "type": "function_call_output", "call_id": "call_x", "output": "{}"}}))
+    orphan = error(
+        d.send(
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "function_call_output", "call_id": "call_x", "output": "{}"},
+            }
+        )
+    )
     assert orphan["code"] == "invalid_tool_call_id"
     assert len(d.session.items) == 1
 
 
 def test_beta_item_create_answers_with_conversation_item_created_only() -> None:
     d = Driver("beta")
-    out = d.send({"type": "conversation.item.create", "item": {"type": "message", "role": "assistant",
-                                                              "content": [{"type": "text", "text": "hi"}]}})
+    out = d.send(
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "message", "role": "assistant", "content": [{"type": "text", "text": "hi"}]},
+        }
+    )
     assert types(out) == ["conversation.item.created"]
     assert only(out, "conversation.item.created")["item"]["content"] == [{"type": "text", "text": "hi"}]
 
 
 def test_retrieve_and_delete() -> None:
     d = Driver()
-    d.send({"type": "conversation.item.create", "item": {"id": "aud", "type": "message", "role": "user", "content": [
-        {"type": "input_audio", "audio": b64(tone(200))}]}})
+    d.send(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "id": "aud",
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_audio", "audio": b64(tone(200))}],
+            },
+        }
+    )
     retrieved = only(d.send({"type": "conversation.item.retrieve", "item_id": "aud"}), "conversation.item.retrieved")
     assert retrieved["item"]["content"][0]["audio"] == b64(tone(200))
     missing = error(d.send({"type": "conversation.item.retrieve", "item_id": "ghost", "event_id": "rci_ghost"}))
     assert missing["code"] == "item_retrieve_invalid_item_id" and missing["event_id"] == "rci_ghost"
-    assert only(d.send({"type": "conversation.item.delete", "item_id": "aud"}), "conversation.item.deleted")[
-        "item_id"] == "aud"
+    assert (
+        only(d.send({"type": "conversation.item.delete", "item_id": "aud"}), "conversation.item.deleted")["item_id"]
+        == "aud"
+    )
     assert len(d.session.items) == 0
-    assert error(d.send({"type": "conversation.item.delete", "item_id": "aud"}))["code"] == \
-        "item_delete_invalid_item_id"
+    assert (
+        error(d.send({"type": "conversation.item.delete", "item_id": "aud"}))["code"] == "item_delete_invalid_item_id"
+    )
 
 
 def test_created_items_never_carry_audio_bytes() -> None:
     d = Driver()
-    added = only(d.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
-        {"type": "input_audio", "audio": b64(tone(200)), "transcript": "hi"}]}}), "conversation.item.added")
+    added = only(
+        d.send(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_audio", "audio": b64(tone(200)), "transcript": "hi"}],
+                },
+            }
+        ),
+        "conversation.item.added",
+    )
     assert added["item"]["content"] == [{"type": "input_audio", "transcript": "hi"}]

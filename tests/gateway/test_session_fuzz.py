@@ -1,42 +1,76 @@
 """Random client event sequences: never an exception, one error per bad event, responses well paired."""
+
 from __future__ import annotations
 
 from typing import Any
 
+from fakes import silence, tone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from session_driver import Driver, b64, events, responses_started
 
-from fakes import silence, tone
-
 ITEM_IDS = st.sampled_from(["a", "b", "root", "missing"])
-JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-5, 5000) | st.text(max_size=5),
-                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                                   max_size=3), max_leaves=6)
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5000) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
 
 CLIENT_EVENTS = st.one_of(
-    st.builds(lambda audio: {"type": "input_audio_buffer.append", "audio": b64(audio)},
-              st.sampled_from([tone(120), silence(200), tone(40), b"\x01"])),
+    st.builds(
+        lambda audio: {"type": "input_audio_buffer.append", "audio": b64(audio)},
+        st.sampled_from([tone(120), silence(200), tone(40), b"\x01"]),
+    ),
     st.just({"type": "input_audio_buffer.commit"}),
     st.just({"type": "input_audio_buffer.clear"}),
-    st.builds(lambda i, p: {"type": "conversation.item.create", "previous_item_id": p, "item": {
-        "id": i, "type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}},
-        st.sampled_from(["a", "b", None]), st.sampled_from([None, "a", "root", "missing"])),
+    st.builds(
+        lambda i, p: {
+            "type": "conversation.item.create",
+            "previous_item_id": p,
+            "item": {"id": i, "type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]},
+        },
+        st.sampled_from(["a", "b", None]),
+        st.sampled_from([None, "a", "root", "missing"]),
+    ),
     st.builds(lambda i: {"type": "conversation.item.retrieve", "item_id": i}, ITEM_IDS),
     st.builds(lambda i: {"type": "conversation.item.delete", "item_id": i}, ITEM_IDS),
-    st.builds(lambda i, ms: {"type": "conversation.item.truncate", "item_id": i, "content_index": 0,
-                             "audio_end_ms": ms}, ITEM_IDS, st.integers(-10, 500) | st.floats(0, 10)),
-    st.builds(lambda conv: {"type": "response.create", "response": {"conversation": conv}},
-              st.sampled_from(["auto", "none", "bogus"])),
+    st.builds(
+        lambda i, ms: {"type": "conversation.item.truncate", "item_id": i, "content_index": 0, "audio_end_ms": ms},
+        ITEM_IDS,
+        st.integers(-10, 500) | st.floats(0, 10),
+    ),
+    st.builds(
+        lambda conv: {"type": "response.create", "response": {"conversation": conv}},
+        st.sampled_from(["auto", "none", "bogus"]),
+    ),
     st.just({"type": "response.cancel"}),
-    st.builds(lambda td: {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
-        "turn_detection": td}}}}, st.sampled_from([None, {"type": "server_vad", "silence_duration_ms": 100},
-                                                   {"type": "semantic_vad"}, {"type": "nope"}])),
-    st.builds(lambda t: {"type": "session.update", "session": {"type": "realtime", "truncation": t}},
-              st.sampled_from(["auto", "disabled", {"type": "retention_ratio", "retention_ratio": 0.5},
-                               {"type": "retention_ratio", "retention_ratio": 2}, "off", None])),
-    st.builds(lambda kind, payload: {"type": kind, "session": payload, "item": payload, "response": payload},
-              st.sampled_from(["session.update", "conversation.item.create", "response.create", "x.y"]), JSONISH),
+    st.builds(
+        lambda td: {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"turn_detection": td}}},
+        },
+        st.sampled_from(
+            [None, {"type": "server_vad", "silence_duration_ms": 100}, {"type": "semantic_vad"}, {"type": "nope"}]
+        ),
+    ),
+    st.builds(
+        lambda t: {"type": "session.update", "session": {"type": "realtime", "truncation": t}},
+        st.sampled_from(
+            [
+                "auto",
+                "disabled",
+                {"type": "retention_ratio", "retention_ratio": 0.5},
+                {"type": "retention_ratio", "retention_ratio": 2},
+                "off",
+                None,
+            ]
+        ),
+    ),
+    st.builds(
+        lambda kind, payload: {"type": kind, "session": payload, "item": payload, "response": payload},
+        st.sampled_from(["session.update", "conversation.item.create", "response.create", "x.y"]),
+        JSONISH,
+    ),
     st.builds(lambda rid: {"type": "backend.finish", "which": rid}, st.integers(0, 3)),
 )
 

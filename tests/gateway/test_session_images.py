@@ -1,5 +1,6 @@
 """Images in the Realtime session: input_image parts (checks, echo, webcam frame window, models without
 vision) and image output (the image_generation_call extension items and partial_image events)."""
+
 from __future__ import annotations
 
 import base64
@@ -7,13 +8,12 @@ import io
 from typing import Any
 
 import pytest
-from PIL import Image
-from session_driver import Driver, b64, error, events, generations, only, started, types
-
 from fakes import FakeBackend, png
 from omni_gateway.gateway.realtime.commands import SessionLimits
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.omni.protocol import Done, Error, ImageFinal, ImagePart, ImagePartial, TextDelta
+from PIL import Image
+from session_driver import Driver, b64, error, events, generations, only, started, types
 
 
 def encoded(fmt: str) -> bytes:
@@ -40,8 +40,12 @@ def request_images(d: Driver, rid: str) -> list[ImagePart]:
 
 def limited(limits: SessionLimits) -> Driver:
     d = Driver(vad=False)
-    d.session = RealtimeSession(dialect="ga", capabilities=d.backend.capabilities,  # type: ignore[arg-type]
-                                vad_factory=None, limits=limits)
+    d.session = RealtimeSession(
+        dialect="ga",
+        capabilities=d.backend.capabilities,  # type: ignore[arg-type]
+        vad_factory=None,
+        limits=limits,
+    )
     d.session.open()
     return d
 
@@ -54,20 +58,25 @@ def test_data_uri_images_are_echoed_and_reach_the_model_as_image_parts(fmt: str,
     out = d.send(image_item(uri(data, mime), text="what is this?", detail="low"))
     assert types(out) == ["conversation.item.added", "conversation.item.done"]
     content = only(out, "conversation.item.done")["item"]["content"]
-    assert content == [{"type": "input_text", "text": "what is this?"},
-                       {"type": "input_image", "image_url": uri(data, mime), "detail": "low"}]
+    assert content == [
+        {"type": "input_text", "text": "what is this?"},
+        {"type": "input_image", "image_url": uri(data, mime), "detail": "low"},
+    ]
     rid = started(d.send({"type": "response.create"}))
     assert request_images(d, rid) == [ImagePart(data=data, mime=mime, detail="low")]
 
 
-@pytest.mark.parametrize(("url", "why"), [
-    ("https://example.com/cat.png", "http(s) URLs are not fetched"),
-    ("http://169.254.169.254/latest", "http(s) URLs are not fetched"),
-    (uri(b"GIF89a....", "image/gif"), "data:image/png|jpeg|webp"),
-    ("data:image/png;base64,@@@@", "valid base64"),
-    (uri(b"plain text, not an image"), "PNG, JPEG or WebP image data"),
-    ("data:image/png;base64,", "a non-empty image"),
-])
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("https://example.com/cat.png", "http(s) URLs are not fetched"),
+        ("http://169.254.169.254/latest", "http(s) URLs are not fetched"),
+        (uri(b"GIF89a....", "image/gif"), "data:image/png|jpeg|webp"),
+        ("data:image/png;base64,@@@@", "valid base64"),
+        (uri(b"plain text, not an image"), "PNG, JPEG or WebP image data"),
+        ("data:image/png;base64,", "a non-empty image"),
+    ],
+)
 def test_bad_image_urls_are_refused_naming_the_param_and_the_session_goes_on(url: str, why: str) -> None:
     d = Driver()
     out = d.send({**image_item(url, text="look"), "event_id": "evt_1"})
@@ -131,9 +140,11 @@ def test_a_model_without_vision_fails_the_response_with_unsupported_modality() -
     assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "unsupported_modality"
     assert d.session.running_responses == ()
     d.text_item("then just text")
-    assert d.session.running_responses == () and types(d.send({"type": "response.create"})) == ["response.created",
-                                                                                               "error",
-                                                                                               "response.done"]
+    assert d.session.running_responses == () and types(d.send({"type": "response.create"})) == [
+        "response.created",
+        "error",
+        "response.done",
+    ]
 
 
 def test_an_error_chunk_fails_the_response_and_sends_an_error_event() -> None:
@@ -142,14 +153,28 @@ def test_an_error_chunk_fails_the_response_and_sends_an_error_event() -> None:
     d.text_item()
     rid = started(d.send({"type": "response.create"}))
     out = d.run(rid, [TextDelta("par"), Error("unsupported_modality", "no image input here")])
-    assert types(out)[-6:] == ["error", "response.output_text.done", "response.content_part.done",
-                               "response.output_item.done", "conversation.item.done", "response.done"]
-    assert error(out) == {"type": "invalid_request_error", "code": "unsupported_modality",
-                          "message": "no image input here", "param": None, "event_id": None}
+    assert types(out)[-6:] == [
+        "error",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
+    assert error(out) == {
+        "type": "invalid_request_error",
+        "code": "unsupported_modality",
+        "message": "no image input here",
+        "param": None,
+        "event_id": None,
+    }
     done = only(out, "response.done")["response"]
     assert done["status"] == "failed" and done["output"][0]["status"] == "incomplete"
-    assert done["status_details"]["error"] == {"type": "invalid_request_error", "code": "unsupported_modality",
-                                               "message": "no image input here"}
+    assert done["status_details"]["error"] == {
+        "type": "invalid_request_error",
+        "code": "unsupported_modality",
+        "message": "no image input here",
+    }
     rid = started(d.send({"type": "response.create"}))
     out = d.run(rid, [Error("engine_dead", "the engine stopped", status=503)])
     assert error(out)["type"] == "server_error" and d.session.running_responses == ()
@@ -163,8 +188,15 @@ def image_driver(dialect: str = "ga") -> Driver:
 def test_an_image_response_streams_partial_images_then_the_completed_item() -> None:
     d = image_driver()
     d.text_item("a red square", id="u1")
-    created = d.send({"type": "response.create", "response": {
-        "output_modalities": ["image"], "image": {"size": "64x128", "partial_images": 2, "num_inference_steps": 9}}})
+    created = d.send(
+        {
+            "type": "response.create",
+            "response": {
+                "output_modalities": ["image"],
+                "image": {"size": "64x128", "partial_images": 2, "num_inference_steps": 9},
+            },
+        }
+    )
     response = only(created, "response.created")["response"]
     assert response["output_modalities"] == ["image"]
     rid = started(created)
@@ -173,21 +205,46 @@ def test_an_image_response_streams_partial_images_then_the_completed_item() -> N
     assert request.image.size == (64, 128) and request.image.preview_every == 3
     previews = [png(shade=1), png(shade=2)]
     final = png(3, 3)
-    out = d.run(rid, [ImagePartial(0, previews[0], step=3), ImagePartial(1, previews[1], step=6), ImageFinal(final),
-                      Done("stop")])
-    assert types(out) == ["response.output_item.added", "conversation.item.added",
-                          "response.image_generation_call.partial_image", "response.image_generation_call.partial_image",
-                          "response.output_item.done", "conversation.item.done", "response.done"]
+    out = d.run(
+        rid,
+        [ImagePartial(0, previews[0], step=3), ImagePartial(1, previews[1], step=6), ImageFinal(final), Done("stop")],
+    )
+    assert types(out) == [
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.image_generation_call.partial_image",
+        "response.image_generation_call.partial_image",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
     evs = events(out)
     item_id = evs[0]["item"]["id"]
-    assert evs[0]["item"] == {"id": item_id, "type": "image_generation_call", "object": "realtime.item",
-                              "status": "in_progress"}
+    assert evs[0]["item"] == {
+        "id": item_id,
+        "type": "image_generation_call",
+        "object": "realtime.item",
+        "status": "in_progress",
+    }
     assert evs[0]["output_index"] == 0 and evs[1]["previous_item_id"] == "u1"
     for k, ev in enumerate(evs[2:4]):
-        assert set(ev) == {"type", "event_id", "response_id", "item_id", "output_index", "partial_image_index",
-                           "partial_image_b64", "size"}
-        assert (ev["response_id"], ev["item_id"], ev["output_index"], ev["partial_image_index"], ev["size"]) == \
-            (rid, item_id, 0, k, "64x128")
+        assert set(ev) == {
+            "type",
+            "event_id",
+            "response_id",
+            "item_id",
+            "output_index",
+            "partial_image_index",
+            "partial_image_b64",
+            "size",
+        }
+        assert (ev["response_id"], ev["item_id"], ev["output_index"], ev["partial_image_index"], ev["size"]) == (
+            rid,
+            item_id,
+            0,
+            k,
+            "64x128",
+        )
         assert base64.b64decode(ev["partial_image_b64"]) == previews[k]
     done_item = evs[4]["item"]
     assert done_item["status"] == "completed" and base64.b64decode(done_item["result"]) == final
@@ -217,13 +274,16 @@ def test_image_is_a_per_response_modality_not_a_session_one() -> None:
     assert err["code"] == "invalid_value" and err["param"] == "session.output_modalities"
 
 
-@pytest.mark.parametrize(("image", "param"), [
-    ({"size": "100x100"}, "response.image.size"),
-    ({"size": "64"}, "response.image.size"),
-    ({"partial_images": 4}, "response.image.partial_images"),
-    ({"num_inference_steps": True}, "response.image.num_inference_steps"),
-    ("big", "response.image"),
-])
+@pytest.mark.parametrize(
+    ("image", "param"),
+    [
+        ({"size": "100x100"}, "response.image.size"),
+        ({"size": "64"}, "response.image.size"),
+        ({"partial_images": 4}, "response.image.partial_images"),
+        ({"num_inference_steps": True}, "response.image.num_inference_steps"),
+        ("big", "response.image"),
+    ],
+)
 def test_bad_image_options_are_refused(image: Any, param: str) -> None:
     d = image_driver()
     d.text_item()
@@ -240,10 +300,19 @@ def test_beta_text_and_image_in_one_response() -> None:
     request = d.session.build_request(rid)
     assert request is not None and request.modalities == ("text", "image")
     out = d.run(rid, [TextDelta("Here"), ImageFinal(png()), Done("stop")])
-    assert types(out) == ["response.output_item.added", "conversation.item.created", "response.content_part.added",
-                          "response.text.delta", "response.output_item.added", "conversation.item.created",
-                          "response.output_item.done", "response.text.done", "response.content_part.done",
-                          "response.output_item.done", "response.done"]
+    assert types(out) == [
+        "response.output_item.added",
+        "conversation.item.created",
+        "response.content_part.added",
+        "response.text.delta",
+        "response.output_item.added",
+        "conversation.item.created",
+        "response.output_item.done",
+        "response.text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+    ]
     output = only(out, "response.done")["response"]["output"]
     assert [o["type"] for o in output] == ["message", "image_generation_call"]
     assert output[0]["content"] == [{"type": "text", "text": "Here"}]
@@ -266,8 +335,15 @@ def test_each_image_of_a_response_gets_its_own_item() -> None:
     d = image_driver()
     d.text_item()
     rid = started(d.send({"type": "response.create", "response": {"output_modalities": ["image"]}}))
-    out = d.run(rid, [ImagePartial(0, png(), step=1, image_index=1), ImageFinal(png(), image_index=0),
-                      ImageFinal(png(2, 2, 9), image_index=1), Done("stop")])
+    out = d.run(
+        rid,
+        [
+            ImagePartial(0, png(), step=1, image_index=1),
+            ImageFinal(png(), image_index=0),
+            ImageFinal(png(2, 2, 9), image_index=1),
+            Done("stop"),
+        ],
+    )
     output = only(out, "response.done")["response"]["output"]
     assert [o["status"] for o in output] == ["completed", "completed"]
     assert base64.b64decode(output[0]["result"]) == png(2, 2, 9)  # image 1 opened first, with its preview

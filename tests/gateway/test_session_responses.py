@@ -1,16 +1,25 @@
 """Response lifecycle: event order (realtime-protocol.md §2.3), indices, usage, cancel, overrides, tools."""
+
 from __future__ import annotations
 
 import base64
 
-from session_driver import Driver, cancelled, error, events, only, started, types
-
 from fakes import tone
 from omni_gateway.omni.protocol import AudioChunk, Done, Error, TextDelta, ToolCallDelta, Usage
+from session_driver import Driver, cancelled, error, events, only, started, types
 
-TEXT_ORDER = ["response.output_item.added", "conversation.item.added", "response.content_part.added",
-              "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
-              "response.content_part.done", "response.output_item.done", "conversation.item.done", "response.done"]
+TEXT_ORDER = [
+    "response.output_item.added",
+    "conversation.item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "conversation.item.done",
+    "response.done",
+]
 
 
 def test_ga_text_turn_order_indices_and_usage() -> None:
@@ -23,8 +32,10 @@ def test_ga_text_turn_order_indices_and_usage() -> None:
     assert response["status"] == "in_progress" and response["output"] == []
     assert response["object"] == "realtime.response" and response["conversation_id"].startswith("conv_")
     rid = started(created)
-    out = d.run(rid, [TextDelta("Hi "), TextDelta("there"), Usage(input_tokens=7, output_tokens=2, cached_tokens=3),
-                      Done("stop")])
+    out = d.run(
+        rid,
+        [TextDelta("Hi "), TextDelta("there"), Usage(input_tokens=7, output_tokens=2, cached_tokens=3), Done("stop")],
+    )
     assert types(out) == TEXT_ORDER
     evs = events(out)
     assert evs[1]["previous_item_id"] == "u1"
@@ -48,11 +59,20 @@ def test_audio_turn_interleaves_transcript_and_audio() -> None:
     rid = started(d.send({"type": "response.create"}))
     out = d.run(rid, [AudioChunk(tone(100), 24000, "Hel"), AudioChunk(tone(100), 24000, "lo"), Done("stop")])
     assert types(out) == [
-        "response.output_item.added", "conversation.item.added", "response.content_part.added",
-        "response.output_audio_transcript.delta", "response.output_audio.delta",
-        "response.output_audio_transcript.delta", "response.output_audio.delta",
-        "response.output_audio.done", "response.output_audio_transcript.done", "response.content_part.done",
-        "response.output_item.done", "conversation.item.done", "response.done"]
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+        "response.output_audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.output_audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
     evs = events(out)
     assert evs[2]["part"] == {"type": "audio", "transcript": ""}
     assert base64.b64decode(evs[4]["delta"]) == tone(100)
@@ -77,10 +97,17 @@ def test_beta_turn_uses_beta_names_and_content_types() -> None:
     rid = started(d.send({"type": "response.create", "response": {"modalities": ["text", "audio"]}}))
     out = d.run(rid, [AudioChunk(tone(100), 24000, "Hi"), Done("stop")])
     assert types(out) == [
-        "response.output_item.added", "conversation.item.created", "response.content_part.added",
-        "response.audio_transcript.delta", "response.audio.delta", "response.audio.done",
-        "response.audio_transcript.done", "response.content_part.done", "response.output_item.done",
-        "response.done"]
+        "response.output_item.added",
+        "conversation.item.created",
+        "response.content_part.added",
+        "response.audio_transcript.delta",
+        "response.audio.delta",
+        "response.audio.done",
+        "response.audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+    ]
     response = events(out)[-1]["response"]
     assert response["output"][0]["content"] == [{"type": "audio", "transcript": "Hi"}]
     assert response["modalities"] == ["text", "audio"] and response["output_audio_format"] == "pcm16"
@@ -108,8 +135,13 @@ def test_cancel_mid_stream_closes_everything_and_ignores_later_chunks() -> None:
     d.session.on_chunk(rid, TextDelta("partial"))
     out = d.send({"type": "response.cancel"})
     assert cancelled(out) == [rid]
-    assert types(out) == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "conversation.item.done", "response.done"]
+    assert types(out) == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
     done = events(out)[-1]["response"]
     assert done["status"] == "cancelled"
     assert done["status_details"]["reason"] == "client_cancelled"
@@ -123,18 +155,30 @@ def test_cancel_without_active_response() -> None:
     d = Driver()
     err = error(d.send({"type": "response.cancel", "event_id": "c1"}))
     assert err["code"] == "response_cancel_not_active" and err["event_id"] == "c1"
-    assert error(d.send({"type": "response.cancel", "response_id": "resp_nope"}))["code"] == \
-        "response_cancel_not_active"
+    assert (
+        error(d.send({"type": "response.cancel", "response_id": "resp_nope"}))["code"] == "response_cancel_not_active"
+    )
 
 
 def test_out_of_band_response_with_input_metadata_and_overrides() -> None:
     d = Driver()
     d.text_item("in the conversation", id="conv_item")
-    out = d.send({"type": "response.create", "response": {
-        "conversation": "none", "metadata": {"topic": "summary"}, "output_modalities": ["text"],
-        "instructions": "Summarise.", "max_output_tokens": 12,
-        "input": [{"type": "item_reference", "id": "conv_item"},
-                  {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "extra"}]}]}})
+    out = d.send(
+        {
+            "type": "response.create",
+            "response": {
+                "conversation": "none",
+                "metadata": {"topic": "summary"},
+                "output_modalities": ["text"],
+                "instructions": "Summarise.",
+                "max_output_tokens": 12,
+                "input": [
+                    {"type": "item_reference", "id": "conv_item"},
+                    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "extra"}]},
+                ],
+            },
+        }
+    )
     created = only(out, "response.created")["response"]
     assert created["metadata"] == {"topic": "summary"} and created["conversation_id"] is None
     rid = started(out)
@@ -152,8 +196,16 @@ def test_out_of_band_response_with_input_metadata_and_overrides() -> None:
 
 def test_response_request_carries_conversation_and_session_settings() -> None:
     d = Driver()
-    d.send({"type": "session.update", "session": {"type": "realtime", "instructions": "Be kind.",
-                                                  "audio": {"output": {"voice": "verse", "speed": 1.25}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "instructions": "Be kind.",
+                "audio": {"output": {"voice": "verse", "speed": 1.25}},
+            },
+        }
+    )
     d.text_item("question")
     request = d.session.build_request(started(d.send({"type": "response.create"})))
     assert request is not None
@@ -168,8 +220,9 @@ def test_beta_temperature_reaches_the_request() -> None:
     d.send({"type": "session.update", "session": {"temperature": 0.7, "instructions": "Be brief."}})
     request = d.session.build_request(started(d.send({"type": "response.create"})))
     assert request is not None and request.sampling.temperature == 0.7
-    override = d.session.build_request(started(d.send({"type": "response.create", "response": {
-        "conversation": "none", "temperature": 1.1}})))
+    override = d.session.build_request(
+        started(d.send({"type": "response.create", "response": {"conversation": "none", "temperature": 1.1}}))
+    )
     assert override is not None and override.sampling.temperature == 1.1
 
 
@@ -200,21 +253,44 @@ def test_usage_after_done_still_reaches_response_done() -> None:
 
 def test_tool_call_lifecycle_and_round_trip() -> None:
     d = Driver()
-    d.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"], "tools": [
-        {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}]}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "output_modalities": ["text"],
+                "tools": [{"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}],
+            },
+        }
+    )
     d.text_item("what time is it?")
     rid = started(d.send({"type": "response.create"}))
     request = d.session.build_request(rid)
     assert request is not None and request.tools[0]["name"] == "get_time"
     out = d.run(rid, [ToolCallDelta("call_1", "get_time", "{}"), Done("tool_calls")])
-    assert types(out) == ["response.output_item.added", "conversation.item.added",
-                          "response.function_call_arguments.delta", "response.function_call_arguments.done",
-                          "response.output_item.done", "conversation.item.done", "response.done"]
+    assert types(out) == [
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
     item = only(out, "response.output_item.done")["item"]
-    assert (item["type"], item["call_id"], item["name"], item["arguments"], item["status"]) == \
-        ("function_call", "call_1", "get_time", "{}", "completed")
-    answer = d.send({"type": "conversation.item.create", "item": {"type": "function_call_output",
-                                                                 "call_id": "call_1", "output": "12:00"}})
+    assert (item["type"], item["call_id"], item["name"], item["arguments"], item["status"]) == (
+        "function_call",
+        "call_1",
+        "get_time",
+        "{}",
+        "completed",
+    )
+    answer = d.send(
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": "call_1", "output": "12:00"},
+        }
+    )
     assert types(answer) == ["conversation.item.added", "conversation.item.done"]
     follow_up = d.session.build_request(started(d.send({"type": "response.create"})))
     assert follow_up is not None
@@ -224,6 +300,7 @@ def test_tool_call_lifecycle_and_round_trip() -> None:
 
 def test_audio_output_refused_when_the_backend_cannot_speak() -> None:
     from fakes import FakeBackend
+
     d = Driver(backend=FakeBackend(audio_out=False))
     assert events(d.opened)[0]["session"]["output_modalities"] == ["text"]
     err = error(d.send({"type": "response.create", "response": {"output_modalities": ["audio"]}}))

@@ -1,17 +1,26 @@
 """Every server event the session emits validates strictly against the openai SDK's pydantic types
 (GA and beta unions), as strict clients such as openai-agents and pipecat validate them."""
+
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from fakes import FakeBackend, png, silence, tone
+from omni_gateway.omni.protocol import (
+    AudioChunk,
+    Done,
+    ImageFinal,
+    ImagePartial,
+    TextDelta,
+    ToolCallDelta,
+    Transcription,
+    Usage,
+)
 from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
 from openai.types.realtime import RealtimeServerEvent as GaServerEvent
 from pydantic import TypeAdapter
 from session_driver import Driver, b64, committed_jobs, events, started
-
-from fakes import FakeBackend, png, silence, tone
-from omni_gateway.omni.protocol import AudioChunk, Done, ImageFinal, ImagePartial, TextDelta, ToolCallDelta, Transcription, Usage
 
 ADAPTERS = {"ga": TypeAdapter(GaServerEvent), "beta": TypeAdapter(BetaServerEvent)}
 # The SDK's beta union lacks these (the beta API did send conversation.item.retrieved).
@@ -24,16 +33,37 @@ IMAGE_EVENTS = {"response.image_generation_call.partial_image"}
 def transcript_of_everything(dialect: str) -> list[dict[str, Any]]:
     d = Driver(dialect, backend=FakeBackend(image_out=True))
     out = list(d.opened)
-    session = ({"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}, "turn_detection": {
-        "type": "server_vad", "silence_duration_ms": 200}}}, "tools": [{"type": "function", "name": "f"}]}
-               if dialect == "ga" else
-               {"input_audio_transcription": {"model": "whisper-1"}, "tools": [{"type": "function", "name": "f"}],
-                "turn_detection": {"type": "server_vad", "silence_duration_ms": 200}})
+    session = (
+        {
+            "type": "realtime",
+            "audio": {
+                "input": {
+                    "transcription": {"model": "whisper-1"},
+                    "turn_detection": {"type": "server_vad", "silence_duration_ms": 200},
+                }
+            },
+            "tools": [{"type": "function", "name": "f"}],
+        }
+        if dialect == "ga"
+        else {
+            "input_audio_transcription": {"model": "whisper-1"},
+            "tools": [{"type": "function", "name": "f"}],
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 200},
+        }
+    )
     out += d.send({"type": "session.update", "session": session})
     out += d.text_item("hi", id="u1")
     if dialect == "ga":  # beta had no image input
-        out += d.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
-            {"type": "input_image", "image_url": "data:image/png;base64," + b64(png())}]}})
+        out += d.send(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_image", "image_url": "data:image/png;base64," + b64(png())}],
+                },
+            }
+        )
     vad_turn = d.send({"type": "input_audio_buffer.append", "audio": b64(silence(200) + tone(300) + silence(300))})
     out += vad_turn
     (job,) = committed_jobs(vad_turn)
@@ -44,13 +74,34 @@ def transcript_of_everything(dialect: str) -> list[dict[str, Any]]:
     item_id = [e for e in events(out) if e["type"] == "response.output_item.done"][-1]["item"]["id"]
     out += d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 50})
     out += d.send({"type": "conversation.item.retrieve", "item_id": item_id})
-    text_rid = started(out_ := d.send({"type": "response.create", "response": {
-        "metadata": {"k": "v"}, **({"output_modalities": ["text"]} if dialect == "ga" else {"modalities": ["text"]})}}))
+    text_rid = started(
+        out_ := d.send(
+            {
+                "type": "response.create",
+                "response": {
+                    "metadata": {"k": "v"},
+                    **({"output_modalities": ["text"]} if dialect == "ga" else {"modalities": ["text"]}),
+                },
+            }
+        )
+    )
     out += out_
     out += d.run(text_rid, [TextDelta("ok"), ToolCallDelta("call_1", "f", "{}"), Done("tool_calls")])
-    image_rid = started(out_ := d.send({"type": "response.create", "response": {
-        **({"output_modalities": ["text", "image"]} if dialect == "ga" else {"modalities": ["text", "image"]}),
-        "image": {"partial_images": 1}}}))
+    image_rid = started(
+        out_ := d.send(
+            {
+                "type": "response.create",
+                "response": {
+                    **(
+                        {"output_modalities": ["text", "image"]}
+                        if dialect == "ga"
+                        else {"modalities": ["text", "image"]}
+                    ),
+                    "image": {"partial_images": 1},
+                },
+            }
+        )
+    )
     out += out_
     out += d.run(image_rid, [TextDelta("a cat"), ImagePartial(0, png(), 1), ImageFinal(png()), Done("stop")])
     cancel_rid = started(out_ := d.send({"type": "response.create"}))
@@ -62,8 +113,15 @@ def transcript_of_everything(dialect: str) -> list[dict[str, Any]]:
     out += d.send({"type": "response.cancel", "event_id": "c"})
     out += d.session.receive_text("{bad")
     if dialect == "ga":  # the idle timeout exists in GA only
-        out += d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
-            "turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}}})
+        out += d.send(
+            {
+                "type": "session.update",
+                "session": {
+                    "type": "realtime",
+                    "audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}},
+                },
+            }
+        )
         out += d.run(started(out_ := d.send({"type": "response.create"})), [TextDelta("x"), Done("stop")])
         out += out_
         d.session.idle_deadline = 0.0
@@ -89,12 +147,20 @@ def without_image_output(event: dict[str, Any]) -> dict[str, Any] | None:
 def test_every_event_validates_against_the_sdk_types(dialect: str) -> None:
     emitted = transcript_of_everything(dialect)
     kinds = {e["type"] for e in emitted}
-    assert {"error", "response.done", "conversation.item.truncated", "input_audio_buffer.speech_started",
-            "response.image_generation_call.partial_image"} <= kinds
+    assert {
+        "error",
+        "response.done",
+        "conversation.item.truncated",
+        "input_audio_buffer.speech_started",
+        "response.image_generation_call.partial_image",
+    } <= kinds
     assert dialect == "beta" or "input_audio_buffer.timeout_triggered" in kinds
-    assert dialect == "beta" or any(c["type"] == "input_image" and c["image_url"].startswith("data:image/png")
-                                     for e in emitted if e["type"] == "conversation.item.added"
-                                     for c in e["item"].get("content", []))
+    assert dialect == "beta" or any(
+        c["type"] == "input_image" and c["image_url"].startswith("data:image/png")
+        for e in emitted
+        if e["type"] == "conversation.item.added"
+        for c in e["item"].get("content", [])
+    )
     for original in emitted:
         event = without_image_output(original)
         if event is None or dialect == "beta" and event["type"] in BETA_UNTYPED:

@@ -4,18 +4,30 @@ reply to that transcript is prepared in the pause too, and the turn's response t
 
 The speculation is a transcription task under the turn's item id, so a commit that adopts it starts
 nothing; the prepared reply is a generation task under the id of the response that will stream it."""
-from __future__ import annotations
 
-from session_driver import Driver, b64, cancelled, events, generations, only, started, transcribes, types
+from __future__ import annotations
 
 from fakes import silence, tone
 from omni_gateway.gateway.realtime.commands import Generate, Output, Transcribe
 from omni_gateway.omni.protocol import Done, TextDelta, Transcription
+from session_driver import Driver, b64, cancelled, events, generations, only, started, transcribes, types
 
 
 def vad(d: Driver, **input_audio: object) -> None:
-    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
-        "type": "server_vad", "prefix_padding_ms": 100, "silence_duration_ms": 300}, **input_audio}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {
+                    "input": {
+                        "turn_detection": {"type": "server_vad", "prefix_padding_ms": 100, "silence_duration_ms": 300},
+                        **input_audio,
+                    }
+                },
+            },
+        }
+    )
 
 
 def append(d: Driver, pcm: bytes) -> list[Output]:
@@ -50,8 +62,9 @@ def test_the_commit_adopts_the_speculation_of_its_own_pause() -> None:
     assert not transcribes(out) and not cancelled(out)  # the speculation's task runs on as the turn's
     response_id = started(out)
     assert not generations(out)  # the response waits for the turn's transcript
-    (generation,) = generations(d.session.on_transcription(spec.item_id, Transcription("turn on the lights",
-                                                                                        duration_s=0.5)))
+    (generation,) = generations(
+        d.session.on_transcription(spec.item_id, Transcription("turn on the lights", duration_s=0.5))
+    )
     request = generation.request
     assert request.request_id == response_id and request.messages[-1].parts[0].transcript == "turn on the lights"
     # the committed audio carries the silence waited out after the pause
@@ -77,15 +90,28 @@ def test_transcript_events_still_follow_the_commit() -> None:
     vad(d, transcription={"model": "whisper-1"})
     spec = speculates(append(d, silence(500) + tone(400) + silence(100)))
     out = append(d, silence(300))
-    done = only(d.session.on_transcription(spec.item_id, Transcription("hi", duration_s=0.4)),
-                "conversation.item.input_audio_transcription.completed")
+    done = only(
+        d.session.on_transcription(spec.item_id, Transcription("hi", duration_s=0.4)),
+        "conversation.item.input_audio_transcription.completed",
+    )
     assert done["item_id"] == only(out, "input_audio_buffer.committed")["item_id"] and done["transcript"] == "hi"
 
 
 def test_a_pause_after_under_100ms_does_not_speculate_and_the_commit_transcribes() -> None:
     d = Driver()
-    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
-        "type": "server_vad", "prefix_padding_ms": 0, "silence_duration_ms": 300}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {
+                    "input": {
+                        "turn_detection": {"type": "server_vad", "prefix_padding_ms": 0, "silence_duration_ms": 300}
+                    }
+                },
+            },
+        }
+    )
     out = append(d, silence(500) + tone(30) + silence(400))
     assert "input_audio_buffer.committed" in types(out)
     assert len(transcribes(out)) == 1  # the committed turn's own transcription, nothing speculative
@@ -110,8 +136,15 @@ def test_clearing_or_retuning_the_detector_drops_the_speculation() -> None:
     assert cancelled(d.send({"type": "input_audio_buffer.clear"})) == [spec.item_id]
     append(d, tone(400))
     spec = speculates(append(d, silence(100)))
-    out = d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
-        "turn_detection": {"type": "server_vad", "silence_duration_ms": 800}}}}})
+    out = d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 800}}},
+            },
+        }
+    )
     assert cancelled(out) == [spec.item_id]
 
 
@@ -120,8 +153,15 @@ def test_a_transcription_setting_changed_during_the_pause_is_not_answered_by_the
     vad(d, transcription={"model": "whisper-1", "language": "en"})
     append(d, silence(500) + tone(400))
     spec = speculates(append(d, silence(100)))
-    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
-        "transcription": {"model": "whisper-1", "language": "de"}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {"input": {"transcription": {"model": "whisper-1", "language": "de"}}},
+            },
+        }
+    )
     out = append(d, silence(300))
     assert cancelled(out) == [spec.item_id]
     (job,) = transcribes(out)
@@ -187,8 +227,11 @@ def test_the_reply_to_the_speculative_transcript_is_prepared_and_taken_by_the_tu
     out = append(d, silence(300))
     assert not transcribes(out) and not generations(out) and not cancelled(out)  # both tasks run on
     seen = types(out)
-    assert seen.index("response.created") < seen.index("conversation.item.input_audio_transcription.completed") \
+    assert (
+        seen.index("response.created")
+        < seen.index("conversation.item.input_audio_transcription.completed")
         < seen.index("response.output_text.delta")
+    )
     assert only(out, "response.created")["response"]["id"] == rid
     assert only(out, "response.output_text.delta")["delta"] == "Lights "
     assert only(out, "conversation.item.input_audio_transcription.completed")["transcript"] == "turn on the lights"
@@ -197,8 +240,11 @@ def test_the_reply_to_the_speculative_transcript_is_prepared_and_taken_by_the_tu
     request = d.session.build_request(rid)
     assert request is not None and request.messages[:-1] == prepared.request.messages[:-1]
     assert request.messages[-1].parts[0].transcript == "turn on the lights"
-    assert (request.modalities, request.sampling, request.audio) == \
-        (prepared.request.modalities, prepared.request.sampling, prepared.request.audio)
+    assert (request.modalities, request.sampling, request.audio) == (
+        prepared.request.modalities,
+        prepared.request.sampling,
+        prepared.request.audio,
+    )
     d.session.on_chunk(rid, Done("stop"))
     done = only(d.session.on_stream_end(rid), "response.done")["response"]
     assert done["status"] == "completed" and d.session.running_responses == ()
@@ -246,8 +292,19 @@ def test_a_change_to_the_conversation_during_the_pause_discards_the_prepared_rep
 
 def test_nothing_is_prepared_when_the_turn_would_not_be_answered_or_the_pause_is_over() -> None:
     d = Driver()
-    d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
-        "type": "server_vad", "silence_duration_ms": 300, "create_response": False}}}}})
+    d.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "audio": {
+                    "input": {
+                        "turn_detection": {"type": "server_vad", "silence_duration_ms": 300, "create_response": False}
+                    }
+                },
+            },
+        }
+    )
     assert paused_turn(d)[1] is None
     d = Driver()
     vad(d)

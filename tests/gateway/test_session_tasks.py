@@ -2,22 +2,27 @@
 response's generation starts once its transcripts are in (or their deadline passed), the per-session
 response cap, the prompt window, and the events and closes for expiry, a stopped backend, a failure
 inside the session and a client that stopped reading."""
+
 from __future__ import annotations
 
 from typing import Any
-
-from session_driver import Driver, b64, cancelled, error, events, generations, only, started, transcribes, types
 
 from fakes import tone
 from omni_gateway.gateway.errors import SERVER_ERROR
 from omni_gateway.gateway.realtime.commands import AsrDeadline, Close, Output, SessionLimits, StartTask
 from omni_gateway.gateway.realtime.truncation import Truncation
 from omni_gateway.omni.protocol import Error, Message, TextDelta, TextPart, Transcription
+from session_driver import Driver, b64, cancelled, error, events, generations, only, started, transcribes, types
 
 
 def out_of_band(text: str = "hi") -> dict[str, Any]:
-    return {"type": "response.create", "response": {"conversation": "none", "input": [
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}]}}
+    return {
+        "type": "response.create",
+        "response": {
+            "conversation": "none",
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}],
+        },
+    }
 
 
 def deadlines(outputs: list[Output]) -> list[AsrDeadline]:
@@ -141,8 +146,13 @@ def test_a_server_side_backend_error_reaches_the_client_sanitized() -> None:
     d.text_item()
     rid = started(d.send({"type": "response.create"}))
     out = d.session.on_chunk(rid, Error("engine_crashed", "CUDA error at 0x7f3a in /opt/secret/model.py", 500))
-    assert error(out) == {"type": "server_error", "code": "engine_crashed", "message": SERVER_ERROR, "param": None,
-                          "event_id": None}
+    assert error(out) == {
+        "type": "server_error",
+        "code": "engine_crashed",
+        "message": SERVER_ERROR,
+        "param": None,
+        "event_id": None,
+    }
     d.session.on_chunk(rid, TextDelta("ignored"))
     assert d.session.running_responses == ()
 
@@ -167,8 +177,16 @@ def test_a_stopped_backend_ends_the_session_with_server_unavailable_and_1011() -
 def test_a_failure_inside_the_session_is_one_server_error_and_changes_nothing() -> None:
     d = Driver()
     d.backend.vad_enabled = False  # the detector factory now raises what no client input explains
-    out = d.send({"type": "session.update", "event_id": "e1", "session": {"type": "realtime", "audio": {"input": {
-        "turn_detection": {"type": "server_vad", "silence_duration_ms": 900}}}}})
+    out = d.send(
+        {
+            "type": "session.update",
+            "event_id": "e1",
+            "session": {
+                "type": "realtime",
+                "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 900}}},
+            },
+        }
+    )
     assert types(out) == ["error"] and error(out)["type"] == "server_error" and error(out)["message"] == SERVER_ERROR
     turn = d.session.settings.turn_detection
     assert turn is not None and turn.silence_duration_ms != 900
@@ -187,8 +205,7 @@ def test_a_client_that_stopped_reading_gets_no_more_generation() -> None:
     assert set(cancelled(out)) == {active, waiting, waiting + ":asr"}
     done = [e["response"] for e in events(out) if e["type"] == "response.done"]
     assert [r["id"] for r in done] == [active, waiting]
-    assert all(r["status"] == "failed" and r["status_details"]["error"]["code"] == "client_not_reading"
-               for r in done)
+    assert all(r["status"] == "failed" and r["status_details"]["error"]["code"] == "client_not_reading" for r in done)
     assert d.session.running_responses == ()
     assert not generations(d.session.on_transcription(item_id, Transcription("late")))
     out = d.send({"type": "response.create"})  # nothing is generated while it still does not read

@@ -1,4 +1,5 @@
 """TurnSpeculation on its own: which tasks each step of a speculated turn starts or cancels."""
+
 from __future__ import annotations
 
 from omni_gateway.gateway.realtime.commands import CancelTask, Generate, StartTask, Transcribe

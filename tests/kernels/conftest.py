@@ -4,6 +4,7 @@ The interpreter is chosen when ``@triton.jit`` decorates a function, so TRITON_I
 set before the kernel modules are imported; modules an earlier test already imported compiled
 are reloaded. Only Triton reads the variable, so torch-only tests are unaffected.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,11 +1,11 @@
 """The pure-torch kernels against naive dense formulas on random data."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
-
 from omni_gateway.kernels import reference as ref
 
 BLOCK = 16
@@ -31,13 +31,14 @@ def _scattered_tables(ctx_lens: list[int], num_blocks: int, gen: torch.Generator
     tables = torch.zeros(len(ctx_lens), max(need) + 1, dtype=torch.int32)
     pos = 0
     for b, n in enumerate(need):
-        tables[b, :n] = perm[pos:pos + n].to(torch.int32)
+        tables[b, :n] = perm[pos : pos + n].to(torch.int32)
         pos += n
     return tables
 
 
-def _fill_cache(ctx_lens: list[int], tables: torch.Tensor, hkv: int, d: int, num_blocks: int,
-                gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+def _fill_cache(
+    ctx_lens: list[int], tables: torch.Tensor, hkv: int, d: int, num_blocks: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     k_cache = torch.randn(num_blocks, BLOCK, hkv, d, generator=gen)
     v_cache = torch.randn(num_blocks, BLOCK, hkv, d, generator=gen)
     ks, vs = [], []
@@ -61,12 +62,11 @@ def test_prefill_matches_dense_causal_with_cached_prefix(hq: int, hkv: int) -> N
     k_cache, v_cache, ks, vs = _fill_cache(ctx_lens, tables, hkv, d, num_blocks, gen)
     q = torch.randn(sum(q_lens), hq, d, generator=gen)
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    scale = d ** -0.5
-    out = ref.paged_prefill_attention(q, k_cache, v_cache, cu, torch.tensor(ctx_lens, dtype=torch.int32),
-                                      tables, scale)
+    scale = d**-0.5
+    out = ref.paged_prefill_attention(q, k_cache, v_cache, cu, torch.tensor(ctx_lens, dtype=torch.int32), tables, scale)
     for b in range(len(ctx_lens)):
-        want = _naive_causal(q[cu[b]:cu[b + 1]], ks[b], vs[b], scale)
-        torch.testing.assert_close(out[cu[b]:cu[b + 1]], want, atol=1e-5, rtol=1e-5)
+        want = _naive_causal(q[cu[b] : cu[b + 1]], ks[b], vs[b], scale)
+        torch.testing.assert_close(out[cu[b] : cu[b + 1]], want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2)])
@@ -79,7 +79,7 @@ def test_decode_matches_dense_over_padded_batch(hq: int, hkv: int) -> None:
     q = torch.randn(len(ctx_lens), hq, d, generator=gen)
     out = ref.paged_decode_attention(q, k_cache, v_cache, torch.tensor(ctx_lens, dtype=torch.int32), tables, 0.3)
     for b in range(len(ctx_lens)):
-        torch.testing.assert_close(out[b:b + 1], _naive_causal(q[b:b + 1], ks[b], vs[b], 0.3), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out[b : b + 1], _naive_causal(q[b : b + 1], ks[b], vs[b], 0.3), atol=1e-5, rtol=1e-5)
 
 
 def test_write_kv_cache_skips_padding_slots() -> None:
@@ -120,7 +120,7 @@ def test_apply_rotary_matches_hf_rotate_half() -> None:
 
     def hf_style(x: torch.Tensor) -> torch.Tensor:
         emb = torch.cat((freqs, freqs), dim=-1)[positions].unsqueeze(1)
-        rotated = torch.cat((-x[..., d // 2:], x[..., : d // 2]), dim=-1)
+        rotated = torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1)
         return (x.double() * emb.cos() + rotated.double() * emb.sin()).float()
 
     q_out, k_out = ref.apply_rotary(q, k, positions, cache)

@@ -1,9 +1,9 @@
 """Triton silu_and_mul against kernels.reference in float64."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from omni_gateway.kernels import reference as ref
 from omni_gateway.kernels.activation import silu_and_mul
 

@@ -1,9 +1,9 @@
 """Triton greedy_argmax against torch.argmax: chunk winners, ties and padding columns."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from omni_gateway.kernels import reference as ref
 from omni_gateway.kernels.argmax import greedy_argmax
 

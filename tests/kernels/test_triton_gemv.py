@@ -1,20 +1,23 @@
 """Triton one-row linear (kernels.gemv.linear) against kernels.reference.linear in float64."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from omni_gateway.kernels import reference as ref
 from omni_gateway.kernels.gemv import GemvConfig, default_gemv_config, linear
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n,k,config", [
-    (24, 64, GemvConfig(block_n=8, block_k=16, stages=1)),
-    (20, 96, GemvConfig(block_n=8, block_k=32, stages=3)),  # ragged feature block
-    (13, 50, GemvConfig(block_n=4, block_k=16, stages=2)),  # ragged reduction
-    (40, 72, None),  # the default: a reduction shorter than one load
-])
+@pytest.mark.parametrize(
+    "n,k,config",
+    [
+        (24, 64, GemvConfig(block_n=8, block_k=16, stages=1)),
+        (20, 96, GemvConfig(block_n=8, block_k=32, stages=3)),  # ragged feature block
+        (13, 50, GemvConfig(block_n=4, block_k=16, stages=2)),  # ragged reduction
+        (40, 72, None),  # the default: a reduction shorter than one load
+    ],
+)
 def test_one_row_matches_reference(device, dtype, n, k, config, rel_err, tolerance):
     gen = torch.Generator().manual_seed(n * k)
     w = torch.randn(n, k, generator=gen).to(dtype).to(device)

@@ -1,9 +1,9 @@
 """Triton write_kv_cache against kernels.reference: exact scatter, padding slots skipped."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from omni_gateway.kernels import reference as ref
 from omni_gateway.kernels.kv_cache import write_kv_cache
 
@@ -33,8 +33,8 @@ def test_accepts_column_slices_of_a_fused_projection(device):
     gen = torch.Generator().manual_seed(4)
     tokens, hkv, d = 5, 2, 32
     qkv = torch.randn(tokens, (4 + 2 * hkv) * d, generator=gen).to(device)
-    k = qkv[:, 4 * d:(4 + hkv) * d].view(tokens, hkv, d)
-    v = qkv[:, (4 + hkv) * d:].view(tokens, hkv, d)
+    k = qkv[:, 4 * d : (4 + hkv) * d].view(tokens, hkv, d)
+    v = qkv[:, (4 + hkv) * d :].view(tokens, hkv, d)
     assert not k.is_contiguous()
     k_cache = torch.zeros(2, 16, hkv, d, device=device)
     v_cache = torch.zeros_like(k_cache)

@@ -1,9 +1,9 @@
 """Triton rms_norm and fused_add_rms_norm against kernels.reference in float64."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from omni_gateway.kernels import reference as ref
 from omni_gateway.kernels.norm import fused_add_rms_norm, rms_norm
 

@@ -1,4 +1,5 @@
 """The kernels package imports neither Triton nor torch until a kernel module is asked for."""
+
 from __future__ import annotations
 
 import subprocess

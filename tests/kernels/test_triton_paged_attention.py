@@ -1,11 +1,11 @@
 """Triton paged attention (decode and prefill) against kernels.reference in float64."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
-
 from omni_gateway.kernels import reference as ref
 from omni_gateway.kernels.paged_attention import (
     DecodeConfig,
@@ -18,13 +18,22 @@ from omni_gateway.kernels.paged_attention import (
 PAGE = 16
 # Small enough for the interpreter, yet every case has several splits and a partial last tile.
 SPLIT_FINE = DecodeConfig(block_n=32, num_warps=4, num_stages=2, target_programs=64, min_split_tokens=32)
-SPLIT_FUSED = DecodeConfig(block_n=32, num_warps=4, num_stages=2, target_programs=64, min_split_tokens=32,
-                           fused_reduce=True)
+SPLIT_FUSED = DecodeConfig(
+    block_n=32, num_warps=4, num_stages=2, target_programs=64, min_split_tokens=32, fused_reduce=True
+)
 F32, BF16 = torch.float32, torch.bfloat16
 
 
-def _paged_cache(ctx_lens: list[int], hkv: int, d: int, dtype: torch.dtype, device: torch.device,
-                 gen: torch.Generator, spare_blocks: int = 3, extra_columns: int = 1):
+def _paged_cache(
+    ctx_lens: list[int],
+    hkv: int,
+    d: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    gen: torch.Generator,
+    spare_blocks: int = 3,
+    extra_columns: int = 1,
+):
     """Random K/V cache with shuffled, distinct blocks per sequence and a table wider than needed."""
     need = [math.ceil(n / PAGE) for n in ctx_lens]
     num_blocks = sum(need) + spare_blocks
@@ -32,7 +41,7 @@ def _paged_cache(ctx_lens: list[int], hkv: int, d: int, dtype: torch.dtype, devi
     tables = torch.zeros(len(ctx_lens), max(need) + extra_columns, dtype=torch.int32)
     pos = 0
     for b, n in enumerate(need):
-        tables[b, :n] = perm[pos:pos + n].to(torch.int32)
+        tables[b, :n] = perm[pos : pos + n].to(torch.int32)
         pos += n
     k_cache = torch.randn(num_blocks, PAGE, hkv, d, generator=gen).to(dtype)
     v_cache = torch.randn(num_blocks, PAGE, hkv, d, generator=gen).to(dtype)
@@ -44,7 +53,7 @@ def _decode_case(batch_lens, hq, hkv, d, dtype, device, seed, config, poison):
     k_cache, v_cache, tables = _paged_cache(batch_lens, hkv, d, dtype, device, gen)
     q = torch.randn(len(batch_lens), hq, d, generator=gen).to(dtype).to(device)
     seq_lens = torch.tensor(batch_lens, dtype=torch.int32, device=device)
-    scale = d ** -0.5
+    scale = d**-0.5
     poison(q)
     out = paged_decode_attention(q, k_cache, v_cache, seq_lens, tables, scale, config=config)
     expected = ref.paged_decode_attention(q.double(), k_cache.double(), v_cache.double(), seq_lens, tables, scale)
@@ -54,9 +63,14 @@ def _decode_case(batch_lens, hq, hkv, d, dtype, device, seed, config, poison):
 @pytest.mark.parametrize(
     "dtype,config,hq,hkv,d",
     [
-        (F32, None, 4, 2, 64), (BF16, None, 4, 2, 64), (BF16, None, 8, 1, 128),
-        (F32, SPLIT_FINE, 4, 2, 64), (BF16, SPLIT_FINE, 6, 2, 64),
-        (F32, SPLIT_FUSED, 6, 2, 64), (BF16, SPLIT_FUSED, 4, 2, 64), (F32, SPLIT_FUSED, 8, 1, 128),
+        (F32, None, 4, 2, 64),
+        (BF16, None, 4, 2, 64),
+        (BF16, None, 8, 1, 128),
+        (F32, SPLIT_FINE, 4, 2, 64),
+        (BF16, SPLIT_FINE, 6, 2, 64),
+        (F32, SPLIT_FUSED, 6, 2, 64),
+        (BF16, SPLIT_FUSED, 4, 2, 64),
+        (F32, SPLIT_FUSED, 8, 1, 128),
     ],
     ids=["f32", "bf16", "bf16-d128", "f32-split", "bf16-split-g3", "f32-fused-g3", "bf16-fused", "f32-fused-d128"],
 )
@@ -112,8 +126,9 @@ def test_fused_reduce_leaves_counters_zeroed_for_the_next_call(device, rel_err):
 def _many_splits(num_warps: int = 4) -> DecodeConfig:
     """One 16-token tile per split and room for 64 programs per (sequence, KV head): splits as fine
     as the table allows, all merged in the split kernel."""
-    return DecodeConfig(block_n=16, num_warps=num_warps, num_stages=1, target_programs=4096, min_split_tokens=16,
-                        fused_max_splits=64)
+    return DecodeConfig(
+        block_n=16, num_warps=num_warps, num_stages=1, target_programs=4096, min_split_tokens=16, fused_max_splits=64
+    )
 
 
 # Each case: a long sequence, a zero-length padding sequence, and short ones whose later splits lie
@@ -129,8 +144,9 @@ def _many_splits(num_warps: int = 4) -> DecodeConfig:
     ],
     ids=["16", "32-g3", "33-mha", "32-bf16-g4", "32-chunked"],
 )
-def test_fused_merge_of_many_splits_matches_reference(device, lens, splits, dtype, hq, hkv, d, warps, poison,
-                                                      rel_err, tolerance):
+def test_fused_merge_of_many_splits_matches_reference(
+    device, lens, splits, dtype, hq, hkv, d, warps, poison, rel_err, tolerance
+):
     from omni_gateway.kernels import paged_attention
 
     config = _many_splits(warps)
@@ -156,8 +172,9 @@ def test_merge_chunk_fits_register_budget():
 def test_fused_max_splits_routes_to_the_merge_kernel_with_equal_results(device):
     lens = [240, 0, 37, 1]
     fused = _many_splits()
-    second_kernel = DecodeConfig(block_n=16, num_warps=4, num_stages=1, target_programs=4096, min_split_tokens=16,
-                                 fused_max_splits=15)
+    second_kernel = DecodeConfig(
+        block_n=16, num_warps=4, num_stages=1, target_programs=4096, min_split_tokens=16, fused_max_splits=15
+    )
     assert fused.merges_in_kernel(16) and not second_kernel.merges_in_kernel(16)
     out_fused, expected = _decode_case(lens, 4, 2, 64, F32, device, 9, fused, lambda _: None)
     out_kernel, _ = _decode_case(lens, 4, 2, 64, F32, device, 9, second_kernel, lambda _: None)
@@ -191,12 +208,10 @@ def _prefill_case(q_lens, ctx_lens, hq, hkv, d, dtype, device, seed, poison, con
     cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
     q = torch.randn(sum(q_lens), hq, d, generator=gen).to(dtype).to(device)
     seq_lens = torch.tensor(ctx_lens, dtype=torch.int32, device=device)
-    scale = d ** -0.5
+    scale = d**-0.5
     poison(q)
     out = paged_prefill_attention(q, k_cache, v_cache, cu, seq_lens, tables, scale, config=config)
-    expected = ref.paged_prefill_attention(
-        q.double(), k_cache.double(), v_cache.double(), cu, seq_lens, tables, scale
-    )
+    expected = ref.paged_prefill_attention(q.double(), k_cache.double(), v_cache.double(), cu, seq_lens, tables, scale)
     return out, expected
 
 
@@ -247,8 +262,9 @@ def test_prefill_rejects_mismatched_cu_seqlens(device):
     args = _valid_decode_args(device)
     cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="cu_seqlens_q: expected len"):
-        paged_prefill_attention(args["q"], args["k_cache"], args["v_cache"], cu, args["seq_lens"],
-                                args["block_tables"], 0.1)
+        paged_prefill_attention(
+            args["q"], args["k_cache"], args["v_cache"], cu, args["seq_lens"], args["block_tables"], 0.1
+        )
 
 
 @pytest.mark.gpu
@@ -286,6 +302,5 @@ def test_gpu_fused_reduce_is_stable_across_calls(config, poison, rel_err):
     lens = [3000, 70, 1, 2500, 640]
     assert config.merges_in_kernel(num_decode_splits(len(lens), 4, (math.ceil(3000 / PAGE) + 1) * PAGE, config)[0])
     for seed in range(6):
-        out, expected = _decode_case(lens, 32, 4, 128, torch.bfloat16, torch.device("cuda"),
-                                     100 + seed, config, poison)
+        out, expected = _decode_case(lens, 32, 4, 128, torch.bfloat16, torch.device("cuda"), 100 + seed, config, poison)
         assert rel_err(out, expected) < 1e-2

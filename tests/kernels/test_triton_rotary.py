@@ -1,9 +1,9 @@
 """Triton apply_rotary and rotary_write_kv against kernels.reference in float64."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from omni_gateway.kernels import reference as ref
 from omni_gateway.kernels.kv_cache import write_kv_cache
 from omni_gateway.kernels.rotary import apply_rotary, rotary_write_kv
@@ -35,8 +35,8 @@ def test_column_slices_of_a_fused_projection(device, rel_err):
     gen = torch.Generator().manual_seed(9)
     tokens, hq, hkv, d = 4, 4, 2, 64
     qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=gen).to(device)
-    q = qkv[:, :hq * d].view(tokens, hq, d)
-    k = qkv[:, hq * d:(hq + hkv) * d].view(tokens, hkv, d)
+    q = qkv[:, : hq * d].view(tokens, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(tokens, hkv, d)
     positions = torch.tensor([5, 0, 17, 63], device=device)
     cache = _cos_sin(64, d).float().to(device)
     q_out, k_out = apply_rotary(q, k, positions, cache)
@@ -48,32 +48,40 @@ def test_column_slices_of_a_fused_projection(device, rel_err):
 def test_position_zero_is_identity(device):
     q = torch.randn(3, 2, 64, device=device)
     k = torch.randn(3, 1, 64, device=device)
-    q_out, k_out = apply_rotary(q, k, torch.zeros(3, dtype=torch.int64, device=device), _cos_sin(4, 64).float().to(device))
+    q_out, k_out = apply_rotary(
+        q, k, torch.zeros(3, dtype=torch.int64, device=device), _cos_sin(4, 64).float().to(device)
+    )
     assert torch.equal(q_out, q) and torch.equal(k_out, k)
 
 
 def test_rejects_int32_positions(device):
     q = torch.zeros(2, 2, 64, device=device)
     with pytest.raises(ValueError, match="positions: expected dtype"):
-        apply_rotary(q, q[:, :1].contiguous(), torch.zeros(2, dtype=torch.int32, device=device),
-                     _cos_sin(4, 64).float().to(device))
+        apply_rotary(
+            q,
+            q[:, :1].contiguous(),
+            torch.zeros(2, dtype=torch.int32, device=device),
+            _cos_sin(4, 64).float().to(device),
+        )
 
 
 def _fused_qkv(tokens: int, hq: int, hkv: int, d: int, dtype: torch.dtype, device: torch.device, seed: int):
     """q, k, v as column slices of one fused projection output (token stride (hq + 2 hkv) * d)."""
     gen = torch.Generator().manual_seed(seed)
     qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=gen).to(dtype).to(device)
-    q = qkv[:, :hq * d].view(tokens, hq, d)
-    k = qkv[:, hq * d:(hq + hkv) * d].view(tokens, hkv, d)
-    v = qkv[:, (hq + hkv) * d:].view(tokens, hkv, d)
+    q = qkv[:, : hq * d].view(tokens, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(tokens, hkv, d)
+    v = qkv[:, (hq + hkv) * d :].view(tokens, hkv, d)
     return q, k, v
 
 
 def _kv_caches(hkv: int, d: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(hkv * d)
     shape = (3, 8, hkv, d)
-    return (torch.randn(shape, generator=gen).to(dtype).to(device),
-            torch.randn(shape, generator=gen).to(dtype).to(device))
+    return (
+        torch.randn(shape, generator=gen).to(dtype).to(device),
+        torch.randn(shape, generator=gen).to(dtype).to(device),
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -153,19 +161,25 @@ def _bad_v_cache_shape(args: dict) -> None:
     args["v_cache"] = torch.zeros(2, 4, 1, 16, device=args["k"].device)
 
 
-@pytest.mark.parametrize("corrupt,message", [
-    (_bad_slot_dtype, "slot_mapping: expected dtype"),
-    (_bad_cache_heads, "num_kv_heads"),
-    (_bad_v_shape, "v: expected the shape of k"),
-    (_bad_cache_dtype, "v_cache: expected dtype"),
-    (_bad_v_cache_shape, "v_cache: expected the shape of k_cache"),
-])
+@pytest.mark.parametrize(
+    "corrupt,message",
+    [
+        (_bad_slot_dtype, "slot_mapping: expected dtype"),
+        (_bad_cache_heads, "num_kv_heads"),
+        (_bad_v_shape, "v: expected the shape of k"),
+        (_bad_cache_dtype, "v_cache: expected dtype"),
+        (_bad_v_cache_shape, "v_cache: expected the shape of k_cache"),
+    ],
+)
 def test_rotary_write_kv_rejects(device, corrupt, message):
     args = {
-        "q": torch.zeros(2, 2, 16, device=device), "k": torch.zeros(2, 1, 16, device=device),
-        "v": torch.zeros(2, 1, 16, device=device), "positions": torch.zeros(2, dtype=torch.int64, device=device),
+        "q": torch.zeros(2, 2, 16, device=device),
+        "k": torch.zeros(2, 1, 16, device=device),
+        "v": torch.zeros(2, 1, 16, device=device),
+        "positions": torch.zeros(2, dtype=torch.int64, device=device),
         "cos_sin_cache": _cos_sin(4, 16).float().to(device),
-        "k_cache": torch.zeros(1, 4, 1, 16, device=device), "v_cache": torch.zeros(1, 4, 1, 16, device=device),
+        "k_cache": torch.zeros(1, 4, 1, 16, device=device),
+        "v_cache": torch.zeros(1, 4, 1, 16, device=device),
         "slot_mapping": torch.zeros(2, dtype=torch.int64, device=device),
     }
     corrupt(args)
@@ -177,5 +191,13 @@ def test_rotary_write_kv_rejects_odd_head_dim(device):
     x = torch.zeros(1, 1, 15, device=device)
     cache = torch.zeros(1, 4, 1, 15, device=device)
     with pytest.raises(ValueError, match="even head_dim"):
-        rotary_write_kv(x, x, x, torch.zeros(1, dtype=torch.int64, device=device), torch.zeros(4, 15, device=device),
-                        cache, cache.clone(), torch.zeros(1, dtype=torch.int64, device=device))
+        rotary_write_kv(
+            x,
+            x,
+            x,
+            torch.zeros(1, dtype=torch.int64, device=device),
+            torch.zeros(4, 15, device=device),
+            cache,
+            cache.clone(),
+            torch.zeros(1, dtype=torch.int64, device=device),
+        )

@@ -1,5 +1,6 @@
 """The DiT image head over tiny random PixArt and SD3 pipelines loaded from disk: sizes, seeds, previews,
 cancellation, batching and errors."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from omni_gateway.omni.heads.dit import ImageHead, load_image_head
-from omni_gateway.omni.heads.dit_errors import ImageRequestError, ImageModelLoadError
+from omni_gateway.omni.heads.dit_errors import ImageModelLoadError, ImageRequestError
 from omni_gateway.omni.heads.dit_loader import ImageHeadConfig, select_device
 from omni_gateway.omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
+from PIL import Image
+
 from tests.omni.tiny_dit import save_tiny_pixart, save_tiny_sd3
 
 # A wide window makes concurrently submitted requests reliably meet in one batch on a loaded machine.
@@ -53,6 +54,7 @@ def pixart(pixart_dir: Path):
 def collect(head: ImageHead, prompt: str, options: ImageOutputOptions, cancel=None) -> list:
     async def run() -> list:
         return [chunk async for chunk in head.generate(prompt, options, cancel)]
+
     return asyncio.run(run())
 
 
@@ -65,6 +67,7 @@ def finals(chunks: list) -> list[ImageFinal]:
 
 
 # ---- loading ---------------------------------------------------------------------------------------
+
 
 def test_missing_directory_is_a_load_error(tmp_path: Path) -> None:
     with pytest.raises(ImageModelLoadError, match="does not exist"):
@@ -117,9 +120,11 @@ def test_limits_come_from_the_model(pixart: ImageHead, sd3_dir: Path) -> None:
 
 # ---- generation ------------------------------------------------------------------------------------
 
+
 def test_previews_then_final_at_requested_size(pixart: ImageHead) -> None:
-    chunks = collect(pixart, "a red cat", ImageOutputOptions(size=(32, 24), num_inference_steps=4, seed=7,
-                                                              preview_every=2))
+    chunks = collect(
+        pixart, "a red cat", ImageOutputOptions(size=(32, 24), num_inference_steps=4, seed=7, preview_every=2)
+    )
     previews = [c for c in chunks if isinstance(c, ImagePartial)]
     assert [(p.index, p.step) for p in previews] == [(0, 2), (1, 4)]
     assert isinstance(chunks[-1], ImageFinal) and len(finals(chunks)) == 1
@@ -129,8 +134,7 @@ def test_previews_then_final_at_requested_size(pixart: ImageHead) -> None:
 
 
 def test_preview_count_is_steps_over_preview_every(pixart: ImageHead) -> None:
-    chunks = collect(pixart, "a dog", ImageOutputOptions(size=(16, 16), num_inference_steps=5, seed=1,
-                                                          preview_every=2))
+    chunks = collect(pixart, "a dog", ImageOutputOptions(size=(16, 16), num_inference_steps=5, seed=1, preview_every=2))
     assert [c.step for c in chunks if isinstance(c, ImagePartial)] == [2, 4]
     none = collect(pixart, "a dog", ImageOutputOptions(size=(16, 16), num_inference_steps=3, seed=1))
     assert not [c for c in none if isinstance(c, ImagePartial)] and len(finals(none)) == 1
@@ -139,8 +143,9 @@ def test_preview_count_is_steps_over_preview_every(pixart: ImageHead) -> None:
 def test_previews_are_shrunk_to_the_preview_limit(pixart_dir: Path) -> None:
     head = load_image_head(pixart_dir, device="cpu", config=ImageHeadConfig(min_side=16, preview_max_side=16))
     try:
-        chunks = collect(head, "a cat", ImageOutputOptions(size=(64, 32), num_inference_steps=2, seed=3,
-                                                            preview_every=1))
+        chunks = collect(
+            head, "a cat", ImageOutputOptions(size=(64, 32), num_inference_steps=2, seed=3, preview_every=1)
+        )
     finally:
         head.close()
     preview = next(c for c in chunks if isinstance(c, ImagePartial))
@@ -161,28 +166,38 @@ def test_unseeded_requests_report_the_seed_that_reproduces_them(pixart: ImageHea
     options = ImageOutputOptions(size=(16, 16), num_inference_steps=2)
     first = finals(collect(pixart, "a tree", options))[0]
     assert first.seed is not None
-    again = finals(collect(pixart, "a tree", ImageOutputOptions(size=(16, 16), num_inference_steps=2,
-                                                                seed=first.seed)))[0]
+    again = finals(
+        collect(pixart, "a tree", ImageOutputOptions(size=(16, 16), num_inference_steps=2, seed=first.seed))
+    )[0]
     assert again.png == first.png
 
 
 def test_n_images_get_consecutive_seeds_and_their_own_previews(pixart: ImageHead) -> None:
-    chunks = collect(pixart, "a cat on the mat", ImageOutputOptions(size=(16, 16), num_inference_steps=2, seed=40,
-                                                                     n=2, preview_every=1))
-    assert sorted((c.image_index, c.step) for c in chunks if isinstance(c, ImagePartial)) == \
-        [(0, 1), (0, 2), (1, 1), (1, 2)]
+    chunks = collect(
+        pixart,
+        "a cat on the mat",
+        ImageOutputOptions(size=(16, 16), num_inference_steps=2, seed=40, n=2, preview_every=1),
+    )
+    assert sorted((c.image_index, c.step) for c in chunks if isinstance(c, ImagePartial)) == [
+        (0, 1),
+        (0, 2),
+        (1, 1),
+        (1, 2),
+    ]
     done = {f.image_index: f for f in finals(chunks)}
     assert (done[0].seed, done[1].seed) == (40, 41)
-    alone = finals(collect(pixart, "a cat on the mat", ImageOutputOptions(size=(16, 16), num_inference_steps=2,
-                                                                         seed=41)))[0]
+    alone = finals(
+        collect(pixart, "a cat on the mat", ImageOutputOptions(size=(16, 16), num_inference_steps=2, seed=41))
+    )[0]
     assert np.abs(pixels(alone.png).astype(int) - pixels(done[1].png).astype(int)).max() <= 1
 
 
 def test_sd3_style_pipeline_streams_previews(sd3_dir: Path) -> None:
     head = load_image_head(sd3_dir, device="cpu", config=ImageHeadConfig(min_side=16))
     try:
-        chunks = collect(head, "a green tree", ImageOutputOptions(size=(32, 32), num_inference_steps=3, seed=5,
-                                                                   preview_every=1))
+        chunks = collect(
+            head, "a green tree", ImageOutputOptions(size=(32, 32), num_inference_steps=3, seed=5, preview_every=1)
+        )
         again = collect(head, "a green tree", ImageOutputOptions(size=(32, 32), num_inference_steps=3, seed=5))
     finally:
         head.close()
@@ -193,6 +208,7 @@ def test_sd3_style_pipeline_streams_previews(sd3_dir: Path) -> None:
 
 # ---- cancellation ----------------------------------------------------------------------------------
 
+
 def test_cancel_stops_denoising_early_and_frees_the_worker(pixart: ImageHead) -> None:
     steps = 12
     before = pixart.metrics()["image_steps_run"]
@@ -200,8 +216,9 @@ def test_cancel_stops_denoising_early_and_frees_the_worker(pixart: ImageHead) ->
 
     async def run() -> list:
         out = []
-        async for chunk in pixart.generate("a dog", ImageOutputOptions(size=(32, 32), num_inference_steps=steps,
-                                                                       seed=1, preview_every=1), cancel):
+        async for chunk in pixart.generate(
+            "a dog", ImageOutputOptions(size=(32, 32), num_inference_steps=steps, seed=1, preview_every=1), cancel
+        ):
             out.append(chunk)
             cancel.set()
         return out
@@ -219,8 +236,9 @@ def test_closing_the_stream_cancels_it(pixart: ImageHead) -> None:
     before = pixart.metrics()
 
     async def run() -> None:
-        stream = pixart.generate("a dog", ImageOutputOptions(size=(32, 32), num_inference_steps=steps, seed=1,
-                                                              preview_every=1))
+        stream = pixart.generate(
+            "a dog", ImageOutputOptions(size=(32, 32), num_inference_steps=steps, seed=1, preview_every=1)
+        )
         await stream.__anext__()
         await stream.aclose()
 
@@ -233,6 +251,7 @@ def test_closing_the_stream_cancels_it(pixart: ImageHead) -> None:
 
 # ---- batching --------------------------------------------------------------------------------------
 
+
 def test_compatible_requests_share_a_batch_and_match_unbatched_images(pixart_dir: Path, pixart: ImageHead) -> None:
     head = load_image_head(pixart_dir, device="cpu", config=BATCHING)
     prompts = [("a red cat", 1), ("a blue dog", 2), ("the sky", 3)]
@@ -241,6 +260,7 @@ def test_compatible_requests_share_a_batch_and_match_unbatched_images(pixart_dir
         async def one(prompt: str, seed: int) -> list:
             opts = ImageOutputOptions(size=(32, 32), num_inference_steps=2, seed=seed, preview_every=1)
             return [c async for c in head.generate(prompt, opts)]
+
         return await asyncio.gather(*(one(p, s) for p, s in prompts))
 
     try:
@@ -261,8 +281,11 @@ def test_incompatible_requests_run_in_separate_batches(pixart_dir: Path) -> None
 
     async def together() -> list[list]:
         return await asyncio.gather(
-            *(collect_async(head, "a cat", ImageOutputOptions(size=size, num_inference_steps=2, seed=1))
-              for size in ((16, 16), (32, 16))))
+            *(
+                collect_async(head, "a cat", ImageOutputOptions(size=size, num_inference_steps=2, seed=1))
+                for size in ((16, 16), (32, 16))
+            )
+        )
 
     try:
         results = asyncio.run(together())
@@ -279,18 +302,21 @@ async def collect_async(head: ImageHead, prompt: str, options: ImageOutputOption
 
 # ---- bad requests ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("options", "message"), [
-    (ImageOutputOptions(size=(30, 32)), r"multiple of 4 .*got 30x32"),
-    (ImageOutputOptions(size=(32, 4096)), r"from 16 to 2048 .*got 32x4096"),
-    (ImageOutputOptions(size=(8, 8)), r"from 16 to"),
-    (ImageOutputOptions(num_inference_steps=1), r"num_inference_steps must be an integer from 2 to 100 .*got 1"),
-    (ImageOutputOptions(num_inference_steps=101), r"got 101"),
-    (ImageOutputOptions(guidance_scale=-1.0), r"guidance_scale must be a number from 0 to 30; got -1.0"),
-    (ImageOutputOptions(n=5), r"n must be an integer from 1 to 4; got 5"),
-    (ImageOutputOptions(preview_every=-2), r"preview_every must be a non-negative integer"),
-])
-def test_bad_options_are_rejected_before_any_work(pixart: ImageHead, options: ImageOutputOptions,
-                                                  message: str) -> None:
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (ImageOutputOptions(size=(30, 32)), r"multiple of 4 .*got 30x32"),
+        (ImageOutputOptions(size=(32, 4096)), r"from 16 to 2048 .*got 32x4096"),
+        (ImageOutputOptions(size=(8, 8)), r"from 16 to"),
+        (ImageOutputOptions(num_inference_steps=1), r"num_inference_steps must be an integer from 2 to 100 .*got 1"),
+        (ImageOutputOptions(num_inference_steps=101), r"got 101"),
+        (ImageOutputOptions(guidance_scale=-1.0), r"guidance_scale must be a number from 0 to 30; got -1.0"),
+        (ImageOutputOptions(n=5), r"n must be an integer from 1 to 4; got 5"),
+        (ImageOutputOptions(preview_every=-2), r"preview_every must be a non-negative integer"),
+    ],
+)
+def test_bad_options_are_rejected_before_any_work(pixart: ImageHead, options: ImageOutputOptions, message: str) -> None:
     before = pixart.metrics()["image_batches_run"]
     with pytest.raises(ImageRequestError, match=message):
         collect(pixart, "a cat", options)

@@ -1,4 +1,5 @@
 """Which failures are the client's: only ``InvalidInput`` answers 400; any other exception is a logged 500."""
+
 from __future__ import annotations
 
 import asyncio
@@ -6,13 +7,12 @@ import logging
 from typing import Any
 
 import pytest
-from starlette.testclient import TestClient
-
 from omni_gateway.gateway.app import create_app
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import Error, Message, OmniRequest, OutputChunk, SamplingOptions, TextPart
+from starlette.testclient import TestClient
 
 from tests.omni.test_pipeline import CharTokenizer, FakeEngine
 
@@ -36,8 +36,9 @@ def _pipeline(engine: FakeEngine) -> OmniPipeline:
 
 
 def _request(**sampling: Any) -> OmniRequest:
-    return OmniRequest(request_id="r", messages=(Message("user", (TextPart("hi"),)),),
-                       sampling=SamplingOptions(**sampling))
+    return OmniRequest(
+        request_id="r", messages=(Message("user", (TextPart("hi"),)),), sampling=SamplingOptions(**sampling)
+    )
 
 
 async def _collect(pipeline: OmniPipeline, request: OmniRequest) -> list[OutputChunk]:

@@ -1,4 +1,5 @@
 """ImageBatcher and option resolution without a model: grouping by key and window, limits, failures."""
+
 from __future__ import annotations
 
 import threading
@@ -6,7 +7,6 @@ import time
 from collections.abc import Hashable
 
 import pytest
-
 from omni_gateway.omni.heads.dit_errors import ImageRequestError
 from omni_gateway.omni.heads.dit_options import ImageLimits, resolve_job
 from omni_gateway.omni.heads.image_batcher import BatcherClosed, ImageBatcher
@@ -136,26 +136,39 @@ def test_closed_batcher_refuses_work_and_finishes_waiting_requests() -> None:
         batcher.submit(Item("late"))
 
 
-LIMITS = ImageLimits(granularity=16, min_side=64, max_side=1024, min_steps=1, max_steps=50, max_images=4,
-                     max_guidance=20.0, default_steps=20, default_guidance=4.5)
+LIMITS = ImageLimits(
+    granularity=16,
+    min_side=64,
+    max_side=1024,
+    min_steps=1,
+    max_steps=50,
+    max_images=4,
+    max_guidance=20.0,
+    default_steps=20,
+    default_guidance=4.5,
+)
 
 
 def test_defaults_and_seeds_are_filled_in() -> None:
-    spec = resolve_job("a cat", ImageOutputOptions(size=(512, 256), n=3, preview_every=5), LIMITS,
-                       draw_seed=lambda: 100)
+    spec = resolve_job(
+        "a cat", ImageOutputOptions(size=(512, 256), n=3, preview_every=5), LIMITS, draw_seed=lambda: 100
+    )
     assert (spec.width, spec.height, spec.steps, spec.guidance) == (512, 256, 20, 4.5)
     assert spec.seeds == (100, 101, 102) and spec.num_previews == 4
     assert spec.batch_key == (512, 256, 20, 4.5)
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    (ImageOutputOptions(size=(520, 512)), "multiple of 16 from 64 to 1024 for this model; got 520x512"),
-    (ImageOutputOptions(size=(512,)), r"\(width, height\) pair"),  # type: ignore[arg-type]
-    (ImageOutputOptions(num_inference_steps=2.5), "got 2.5"),  # type: ignore[arg-type]
-    (ImageOutputOptions(guidance_scale=21.0), "from 0 to 20; got 21.0"),
-    (ImageOutputOptions(seed=-1), "seed must be"),
-    (ImageOutputOptions(n=0), "n must be an integer from 1 to 4; got 0"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (ImageOutputOptions(size=(520, 512)), "multiple of 16 from 64 to 1024 for this model; got 520x512"),
+        (ImageOutputOptions(size=(512,)), r"\(width, height\) pair"),  # type: ignore[arg-type]
+        (ImageOutputOptions(num_inference_steps=2.5), "got 2.5"),  # type: ignore[arg-type]
+        (ImageOutputOptions(guidance_scale=21.0), "from 0 to 20; got 21.0"),
+        (ImageOutputOptions(seed=-1), "seed must be"),
+        (ImageOutputOptions(n=0), "n must be an integer from 1 to 4; got 0"),
+    ],
+)
 def test_invalid_options_name_what_was_expected(options: ImageOutputOptions, message: str) -> None:
     with pytest.raises(ImageRequestError, match=message):
         resolve_job("a cat", options, LIMITS)

@@ -1,6 +1,7 @@
 """Decoded-pixel budgets with a vision model loaded (a tiny random LLaVA): per request, media that
 declare too many pixels are refused before decoding; per server, requests wait for room or fail
 cleanly, and every reservation comes back, on success, decode errors and cancellation alike."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,16 +21,15 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
 
 from live_server import serve, until  # noqa: E402
-
-from benchmarks.checkpoints import picture, png_bytes, save_tiny_llava  # noqa: E402
-from websockets.asyncio.client import connect  # noqa: E402
-
 from omni_gateway.encoders.budget import PixelBudget  # noqa: E402
 from omni_gateway.engine.config import EngineConfig  # noqa: E402
 from omni_gateway.omni import vision  # noqa: E402
 from omni_gateway.omni.config import OmniConfig  # noqa: E402
 from omni_gateway.omni.pipeline import OmniPipeline  # noqa: E402
 from omni_gateway.omni.protocol import Done, Error, ImagePart, Message, OmniRequest, SamplingOptions, TextPart  # noqa: E402
+from websockets.asyncio.client import connect  # noqa: E402
+
+from benchmarks.checkpoints import picture, png_bytes, save_tiny_llava  # noqa: E402
 
 SIDE = 64  # test pictures are SIDE x SIDE
 PIXELS = SIDE * SIDE
@@ -39,8 +39,8 @@ def declared_png(width: int, height: int) -> bytes:
     """A tiny PNG whose header declares ``width`` x ``height``: sized from the header, corrupt to decode."""
     data = bytearray(png_bytes(Image.new("L", (1, 1))))
     ihdr = data.index(b"IHDR")
-    data[ihdr + 4:ihdr + 12] = struct.pack(">II", width, height)
-    data[ihdr + 17:ihdr + 21] = struct.pack(">I", zlib.crc32(bytes(data[ihdr:ihdr + 17])) & 0xFFFFFFFF)
+    data[ihdr + 4 : ihdr + 12] = struct.pack(">II", width, height)
+    data[ihdr + 17 : ihdr + 21] = struct.pack(">I", zlib.crc32(bytes(data[ihdr : ihdr + 17])) & 0xFFFFFFFF)
     return bytes(data)
 
 
@@ -48,8 +48,14 @@ def declared_png(width: int, height: int) -> bytes:
 def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniPipeline]:
     directory = tmp_path_factory.mktemp("llava")
     save_tiny_llava(directory)
-    config = OmniConfig(engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96), asr=None, tts=None,
-                        vad=False, temperature=0.0, max_tokens=4)
+    config = OmniConfig(
+        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96),
+        asr=None,
+        tts=None,
+        vad=False,
+        temperature=0.0,
+        max_tokens=4,
+    )
     pipe = OmniPipeline.load(config)
     yield pipe
     pipe.shutdown()
@@ -87,7 +93,8 @@ async def answer(pipeline: OmniPipeline, req: OmniRequest) -> list[Any]:
 
 
 def test_many_large_images_in_one_request_are_refused_before_any_is_decoded(
-        pipeline: OmniPipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    pipeline: OmniPipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
     decoded: list[object] = []
     monkeypatch.setattr(vision, "decode_image", lambda *args: decoded.append(args))
     # Sixteen 4.9-KB-class files declaring 9 Mpx each: 144 Mpx, over the 128-Mpx request limit.
@@ -98,31 +105,37 @@ def test_many_large_images_in_one_request_are_refused_before_any_is_decoded(
     assert decoded == []
 
 
-def test_each_image_holds_its_pixels_while_encoded_and_returns_them(pipeline: OmniPipeline,
-                                                                   seen_in_use: list[int]) -> None:
+def test_each_image_holds_its_pixels_while_encoded_and_returns_them(
+    pipeline: OmniPipeline, seen_in_use: list[int]
+) -> None:
     images = [png_bytes(picture(k, (SIDE, SIDE))) for k in range(3)]
     chunks = asyncio.run(answer(pipeline, request("three", *images)))
     assert [c for c in chunks if isinstance(c, Done)], chunks
     assert seen_in_use == [PIXELS] * 3  # one image at a time, never the whole request at once
 
 
-def test_a_decode_error_after_the_header_returns_its_reservation(pipeline: OmniPipeline,
-                                                                 seen_in_use: list[int]) -> None:
-    chunks = asyncio.run(answer(pipeline, request("lying", png_bytes(picture(5, (SIDE, SIDE))),
-                                                  declared_png(2000, 2000))))
+def test_a_decode_error_after_the_header_returns_its_reservation(
+    pipeline: OmniPipeline, seen_in_use: list[int]
+) -> None:
+    chunks = asyncio.run(
+        answer(pipeline, request("lying", png_bytes(picture(5, (SIDE, SIDE))), declared_png(2000, 2000)))
+    )
     assert isinstance(chunks[0], Error) and (chunks[0].status, chunks[0].code) == (400, "invalid_request")
     assert "truncated or corrupt" in chunks[0].message
     assert seen_in_use == [PIXELS]  # the first image was encoded; the second failed while it held its 4 Mpx
 
 
-def test_concurrent_requests_over_the_server_budget_wait_their_turn(pipeline: OmniPipeline,
-                                                                    seen_in_use: list[int]) -> None:
+def test_concurrent_requests_over_the_server_budget_wait_their_turn(
+    pipeline: OmniPipeline, seen_in_use: list[int]
+) -> None:
     budget = pipeline.media_budget = PixelBudget(PIXELS + PIXELS // 2, wait_s=60)  # room for one image at a time
 
     async def main() -> list[list[Any]]:
         busy = await budget.reserve(budget.capacity)  # another request is decoding
-        tasks = [asyncio.create_task(answer(pipeline, request(f"c{k}", png_bytes(picture(10 + k, (SIDE, SIDE))))))
-                 for k in range(4)]
+        tasks = [
+            asyncio.create_task(answer(pipeline, request(f"c{k}", png_bytes(picture(10 + k, (SIDE, SIDE))))))
+            for k in range(4)
+        ]
         while budget.waiting < 4:
             await asyncio.sleep(0.01)
         assert not any(task.done() for task in tasks)
@@ -179,13 +192,30 @@ def data_uri(data: bytes) -> str:
 
 def test_http_refuses_too_many_pixels_with_openai_error_shape(pipeline: OmniPipeline) -> None:
     content = [{"type": "text", "text": "describe"}] + [
-        {"type": "image_url", "image_url": {"url": data_uri(declared_png(3000, 3000))}}] * 16
+        {"type": "image_url", "image_url": {"url": data_uri(declared_png(3000, 3000))}}
+    ] * 16
     with serve(pipeline) as port:
-        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30, json={
-            "model": pipeline.capabilities.model, "messages": [{"role": "user", "content": content}]})
-        ok = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30, json={
-            "model": pipeline.capabilities.model, "max_tokens": 2, "messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": data_uri(png_bytes(picture(30, (SIDE, SIDE))))}}]}]})
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            timeout=30,
+            json={"model": pipeline.capabilities.model, "messages": [{"role": "user", "content": content}]},
+        )
+        ok = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            timeout=30,
+            json={
+                "model": pipeline.capabilities.model,
+                "max_tokens": 2,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": data_uri(png_bytes(picture(30, (SIDE, SIDE))))}}
+                        ],
+                    }
+                ],
+            },
+        )
     assert reply.status_code == 413, reply.text
     error = reply.json()["error"]
     assert (error["type"], error["code"]) == ("invalid_request_error", "media_too_large")
@@ -194,9 +224,19 @@ def test_http_refuses_too_many_pixels_with_openai_error_shape(pipeline: OmniPipe
 
 def test_realtime_turn_over_a_full_budget_is_an_error_event_and_the_session_goes_on(pipeline: OmniPipeline) -> None:
     budget = pipeline.media_budget = PixelBudget(PIXELS, wait_s=0.05)
-    item = json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
-        {"type": "input_text", "text": "what is it?"},
-        {"type": "input_image", "image_url": data_uri(png_bytes(picture(31, (SIDE, SIDE))))}]}})
+    item = json.dumps(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "what is it?"},
+                    {"type": "input_image", "image_url": data_uri(png_bytes(picture(31, (SIDE, SIDE))))},
+                ],
+            },
+        }
+    )
     create = json.dumps({"type": "response.create", "response": {"output_modalities": ["text"]}})
 
     async def session(port: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

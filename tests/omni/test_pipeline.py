@@ -1,4 +1,5 @@
 """OmniPipeline orchestration over fake stages: what reaches the engine, and what the gateway receives."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,14 +8,26 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-
 from omni_gateway.engine.errors import EngineOverloaded
 from omni_gateway.engine.outputs import StreamDelta
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.loading import stage_threads
 from omni_gateway.omni.pipeline import OmniPipeline
-from omni_gateway.omni.protocol import (AudioChunk, AudioOutputOptions, AudioPart, Done, Error, ImagePart, Message, OmniRequest,
-                           SamplingOptions, TextDelta, TextPart, ToolCallDelta, Usage)
+from omni_gateway.omni.protocol import (
+    AudioChunk,
+    AudioOutputOptions,
+    AudioPart,
+    Done,
+    Error,
+    ImagePart,
+    Message,
+    OmniRequest,
+    SamplingOptions,
+    TextDelta,
+    TextPart,
+    ToolCallDelta,
+    Usage,
+)
 
 
 class CharTokenizer:
@@ -42,8 +55,9 @@ class FakeEngine:
         self.closed_early = False
         self.aborted: list[str] = []
 
-    async def generate(self, prompt_ids: list[int], params: Any, *, request_id: str,
-                       priority: int = 0) -> AsyncIterator[StreamDelta]:
+    async def generate(
+        self, prompt_ids: list[int], params: Any, *, request_id: str, priority: int = 0
+    ) -> AsyncIterator[StreamDelta]:
         if self.fail is not None:
             raise self.fail
         self.prompts.append(self.tokenizer.decode(prompt_ids))
@@ -53,16 +67,24 @@ class FakeEngine:
             for i, piece in enumerate(self.pieces):
                 emitted += 1
                 last = i == len(self.pieces) - 1
-                yield StreamDelta(request_id, piece, (i,), finished=last, finish_reason="stop" if last else None,
-                                  num_prompt_tokens=len(prompt_ids), num_cached_tokens=3,
-                                  num_output_tokens=emitted)
+                yield StreamDelta(
+                    request_id,
+                    piece,
+                    (i,),
+                    finished=last,
+                    finish_reason="stop" if last else None,
+                    num_prompt_tokens=len(prompt_ids),
+                    num_cached_tokens=3,
+                    num_output_tokens=emitted,
+                )
                 await asyncio.sleep(0)
         except (GeneratorExit, asyncio.CancelledError):  # closed by its consumer, or its task cancelled
             self.closed_early = True
             raise
 
-    def render_chat(self, messages: list[dict[str, Any]], *, tools: Any = None,
-                    add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self, messages: list[dict[str, Any]], *, tools: Any = None, add_generation_prompt: bool = True
+    ) -> str:
         return self.tokenizer.render(messages, tools, add_generation_prompt)
 
     def abort(self, request_id: str) -> None:
@@ -79,8 +101,9 @@ class FakeASR:
     def __init__(self) -> None:
         self.calls = 0
 
-    def transcribe(self, pcm16: bytes, *, sample_rate: int, language: str | None = None,
-                   prompt: str | None = None) -> Any:
+    def transcribe(
+        self, pcm16: bytes, *, sample_rate: int, language: str | None = None, prompt: str | None = None
+    ) -> Any:
         self.calls += 1
         rate = sample_rate
 
@@ -88,6 +111,7 @@ class FakeASR:
             text = "what is the capital of France"
             language = "en"
             duration_s = len(pcm16) / 2 / rate
+
         return Result()
 
 
@@ -106,8 +130,14 @@ class FakeTTS:
 
 
 def _pipeline(engine: FakeEngine, **kw: Any) -> OmniPipeline:
-    return OmniPipeline(OmniConfig(temperature=0.0), engine=engine, model_name="fake-llm", max_context_tokens=4096,
-                        asr=kw.get("asr"), tts=kw.get("tts"))
+    return OmniPipeline(
+        OmniConfig(temperature=0.0),
+        engine=engine,
+        model_name="fake-llm",
+        max_context_tokens=4096,
+        asr=kw.get("asr"),
+        tts=kw.get("tts"),
+    )
 
 
 def _user(text: str) -> tuple[Message, ...]:
@@ -131,8 +161,9 @@ def test_text_turn_streams_deltas_then_done_and_usage() -> None:
 
 def test_client_sampling_options_reach_the_engine() -> None:
     engine = FakeEngine(["ok"])
-    request = OmniRequest("r1", _user("hi"), sampling=SamplingOptions(temperature=1.3, max_tokens=7, seed=5,
-                                                                      stop=("\n",)))
+    request = OmniRequest(
+        "r1", _user("hi"), sampling=SamplingOptions(temperature=1.3, max_tokens=7, seed=5, stop=("\n",))
+    )
     asyncio.run(_collect(_pipeline(engine), request))
     p = engine.params[0]
     assert (p.temperature, p.max_tokens, p.seed, p.stop) == (1.3, 7, 5, ("\n",))
@@ -202,15 +233,17 @@ def test_closing_the_stream_early_closes_the_engine_stream() -> None:
 
 
 def test_image_output_without_an_image_model_is_a_clear_error() -> None:
-    chunks = asyncio.run(_collect(_pipeline(FakeEngine(["x"])),
-                                  OmniRequest("r1", _user("a cat"), modalities=("image",))))
+    chunks = asyncio.run(
+        _collect(_pipeline(FakeEngine(["x"])), OmniRequest("r1", _user("a cat"), modalities=("image",)))
+    )
     assert isinstance(chunks[0], Error) and "image model" in chunks[0].message
 
 
 @pytest.mark.parametrize("bad", [{"temperature": -1.0}, {"top_p": 0.0}, {"max_tokens": 0}])
 def test_bad_sampling_values_are_invalid_request_errors(bad: dict[str, Any]) -> None:
-    chunks = asyncio.run(_collect(_pipeline(FakeEngine(["x"])),
-                                  OmniRequest("r1", _user("hi"), sampling=SamplingOptions(**bad))))
+    chunks = asyncio.run(
+        _collect(_pipeline(FakeEngine(["x"])), OmniRequest("r1", _user("hi"), sampling=SamplingOptions(**bad)))
+    )
     assert isinstance(chunks[0], Error) and chunks[0].code == "invalid_request" and chunks[0].status == 400
 
 
@@ -236,6 +269,7 @@ class FakeImageHead:
 
     async def generate(self, prompt: str, options: Any, cancel: asyncio.Event) -> AsyncIterator[Any]:
         from omni_gateway.omni.protocol import ImageFinal, ImagePartial
+
         yield ImagePartial(index=0, png=b"preview", step=1)
         if self.fail is not None:
             raise self.fail
@@ -248,12 +282,14 @@ class FakeImageHead:
 
 
 def _image_pipeline(head: FakeImageHead) -> OmniPipeline:
-    return OmniPipeline(OmniConfig(), engine=FakeEngine(["x"]), model_name="fake", max_context_tokens=4096,
-                        image_head=head)
+    return OmniPipeline(
+        OmniConfig(), engine=FakeEngine(["x"]), model_name="fake", max_context_tokens=4096, image_head=head
+    )
 
 
 def test_image_output_streams_previews_then_the_final_image() -> None:
     from omni_gateway.omni.protocol import ImageFinal, ImagePartial
+
     pipeline = _image_pipeline(FakeImageHead())
     assert "image" in pipeline.capabilities.output_modalities
     chunks = asyncio.run(_collect(pipeline, OmniRequest("r1", _user("a cat"), modalities=("image",))))
@@ -262,11 +298,13 @@ def test_image_output_streams_previews_then_the_final_image() -> None:
 
 def test_image_generation_failure_is_a_server_error_and_cancel_is_an_abort() -> None:
     from omni_gateway.omni.heads.dit_errors import ImageGenerationError
+
     failing = _image_pipeline(FakeImageHead(fail=ImageGenerationError("VAE decode ran out of memory")))
     chunks = asyncio.run(_collect(failing, OmniRequest("r1", _user("a cat"), modalities=("image",))))
     assert isinstance(chunks[-1], Error) and chunks[-1].status == 500 and "out of memory" in chunks[-1].message
-    cancelled = asyncio.run(_collect(_image_pipeline(FakeImageHead()),
-                                     OmniRequest("r2", _user("cancel me"), modalities=("image",))))
+    cancelled = asyncio.run(
+        _collect(_image_pipeline(FakeImageHead()), OmniRequest("r2", _user("cancel me"), modalities=("image",)))
+    )
     assert cancelled[-1] == Done("abort")
 
 
@@ -280,6 +318,7 @@ def test_shutdown_closes_the_image_head() -> None:
 
 def test_text_and_image_in_one_response_run_side_by_side() -> None:
     from omni_gateway.omni.protocol import ImageFinal, ImagePartial
+
     pipeline = _image_pipeline(FakeImageHead())
     pipeline.engine.pieces = ["Here", " is", " a cat."]
     chunks = asyncio.run(_collect(pipeline, OmniRequest("r1", _user("draw a cat"), modalities=("text", "image"))))
@@ -325,8 +364,14 @@ def test_warm_up_runs_each_stage_once_with_the_prompt_every_conversation_starts_
             return b""
 
     engine, asr, tts = FakeEngine(["Hi"]), FakeASR(), SpokenTTS()
-    pipeline = OmniPipeline(OmniConfig(system_prompt="Be brief."), engine=engine, model_name="fake-llm",
-                            max_context_tokens=4096, asr=asr, tts=tts)
+    pipeline = OmniPipeline(
+        OmniConfig(system_prompt="Be brief."),
+        engine=engine,
+        model_name="fake-llm",
+        max_context_tokens=4096,
+        asr=asr,
+        tts=tts,
+    )
     pipeline.warm_up()
     (prompt,) = engine.prompts
     assert prompt.startswith("<system>Be brief.</system><user>") and engine.params[0].max_tokens > 1

@@ -1,34 +1,54 @@
 """The pipeline serves a vision-language checkpoint: image parts reach the engine as embedding spans."""
+
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
 import pytest
-
-from benchmarks.checkpoints import picture, png_bytes, save_tiny_llava
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
-from omni_gateway.omni.protocol import Done, Error, ImagePart, Message, OmniRequest, SamplingOptions, TextDelta, TextPart, Usage
+from omni_gateway.omni.protocol import (
+    Done,
+    Error,
+    ImagePart,
+    Message,
+    OmniRequest,
+    SamplingOptions,
+    TextDelta,
+    TextPart,
+    Usage,
+)
 from omni_gateway.omni.vision import build_vision_prompt
+
+from benchmarks.checkpoints import picture, png_bytes, save_tiny_llava
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Any:
     directory = tmp_path_factory.mktemp("llava")
     save_tiny_llava(directory)
-    config = OmniConfig(engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96), asr=None, tts=None,
-                        vad=False, temperature=0.0, max_tokens=6)
+    config = OmniConfig(
+        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96),
+        asr=None,
+        tts=None,
+        vad=False,
+        temperature=0.0,
+        max_tokens=6,
+    )
     pipe = OmniPipeline.load(config)
     yield pipe
     pipe.shutdown()
 
 
 def _ask(pipeline: OmniPipeline, image: bytes, rid: str) -> list[Any]:
-    request = OmniRequest(rid, (Message("user", (TextPart("describe"), ImagePart(image, "image/png"))),),
-                          sampling=SamplingOptions(max_tokens=6, temperature=0.0))
+    request = OmniRequest(
+        rid,
+        (Message("user", (TextPart("describe"), ImagePart(image, "image/png"))),),
+        sampling=SamplingOptions(max_tokens=6, temperature=0.0),
+    )
 
     async def run() -> list[Any]:
         return [c async for c in pipeline.generate(request)]
@@ -56,8 +76,12 @@ def test_image_turn_matches_the_engine_driven_directly(pipeline: OmniPipeline) -
 
     async def direct() -> str:
         out = ""
-        async for delta in pipeline.engine.generate(built.token_ids, SamplingParams(temperature=0.0, max_tokens=6),
-                                                    request_id="direct", embed_spans=built.embed_spans):
+        async for delta in pipeline.engine.generate(
+            built.token_ids,
+            SamplingParams(temperature=0.0, max_tokens=6),
+            request_id="direct",
+            embed_spans=built.embed_spans,
+        ):
             out += delta.text
         return out
 

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from omni_gateway.omni.heads.text_chunker import ChunkerConfig, TextChunker
 
 
@@ -10,7 +9,7 @@ def chunk(text: str, config: ChunkerConfig = ChunkerConfig(), step: int = 1) -> 
     chunker = TextChunker(config)
     segments: list[str] = []
     for at in range(0, len(text), step):
-        segments += chunker.push(text[at:at + step])
+        segments += chunker.push(text[at : at + step])
     return segments + chunker.flush()
 
 
@@ -19,13 +18,15 @@ CLAUSES_ONLY = ChunkerConfig(first_min_words=4, first_max_words=None, clause_min
 
 def test_first_segment_ends_at_the_first_long_enough_clause() -> None:
     text = "Sure, the weather today looks fine, and tomorrow is sunny too. Bring a hat, though."
-    assert chunk(text, CLAUSES_ONLY) == ["Sure, the weather today looks fine,", " and tomorrow is sunny too.",
-                                         " Bring a hat, though."]
+    assert chunk(text, CLAUSES_ONLY) == [
+        "Sure, the weather today looks fine,",
+        " and tomorrow is sunny too.",
+        " Bring a hat, though.",
+    ]
 
 
 def test_first_segment_is_cut_after_a_few_words_when_no_clause_ends_sooner() -> None:
-    assert chunk("The capital of France is Paris. It is big.") == ["The capital", " of France is Paris.",
-                                                                   " It is big."]
+    assert chunk("The capital of France is Paris. It is big.") == ["The capital", " of France is Paris.", " It is big."]
     assert chunk("Yes, the capital is Paris.") == ["Yes, the", " capital is Paris."]  # "Yes," is too short
     assert chunk("Paris is, of course, the capital.") == ["Paris is,", " of course, the capital."]
     three = ChunkerConfig(first_max_words=3)
@@ -52,11 +53,17 @@ def test_later_segments_end_only_at_sentences() -> None:
 
 
 def test_long_later_sentences_are_cut_at_clauses_short_ones_are_not() -> None:
-    text = ("Yes, the sky is blue on most days. On a clear day, the sky is a deep and rich shade of blue, with a "
-            "hint of pink near the horizon. Then, later, it darkens.")
-    assert chunk(text) == ["Yes, the", " sky is blue on most days.",
-                           " On a clear day, the sky is a deep and rich shade of blue,",  # "day," came too soon
-                           " with a hint of pink near the horizon.", " Then, later, it darkens."]
+    text = (
+        "Yes, the sky is blue on most days. On a clear day, the sky is a deep and rich shade of blue, with a "
+        "hint of pink near the horizon. Then, later, it darkens."
+    )
+    assert chunk(text) == [
+        "Yes, the",
+        " sky is blue on most days.",
+        " On a clear day, the sky is a deep and rich shade of blue,",  # "day," came too soon
+        " with a hint of pink near the horizon.",
+        " Then, later, it darkens.",
+    ]
 
 
 def test_segments_appear_as_soon_as_the_boundary_is_confirmed() -> None:
@@ -68,11 +75,18 @@ def test_segments_appear_as_soon_as_the_boundary_is_confirmed() -> None:
 
 def test_numbers_abbreviations_and_initials_do_not_split() -> None:
     text = "The price is 3.50 dollars today. Dr. Smith met J. R. Tolkien, e.g. at noon. Fine."
-    assert chunk(text, CLAUSES_ONLY) == ["The price is 3.50 dollars today.", " Dr. Smith met J. R. Tolkien, e.g. at noon.", " Fine."]
+    assert chunk(text, CLAUSES_ONLY) == [
+        "The price is 3.50 dollars today.",
+        " Dr. Smith met J. R. Tolkien, e.g. at noon.",
+        " Fine.",
+    ]
 
 
 def test_closing_quotes_stay_with_their_sentence() -> None:
-    assert chunk('He said "we will go now." Then we went home.', CLAUSES_ONLY) == ['He said "we will go now."', " Then we went home."]
+    assert chunk('He said "we will go now." Then we went home.', CLAUSES_ONLY) == [
+        'He said "we will go now."',
+        " Then we went home.",
+    ]
 
 
 def test_unpunctuated_text_is_cut_at_spaces_within_the_limits() -> None:
@@ -85,8 +99,10 @@ def test_unpunctuated_text_is_cut_at_spaces_within_the_limits() -> None:
 
 
 def test_newline_ends_a_segment() -> None:
-    assert chunk("Here are the steps to take\nfirst open the door", CLAUSES_ONLY) == \
-        ["Here are the steps to take\n", "first open the door"]
+    assert chunk("Here are the steps to take\nfirst open the door", CLAUSES_ONLY) == [
+        "Here are the steps to take\n",
+        "first open the door",
+    ]
     assert chunk("Steps to\nfirst open the door") == ["Steps to\n", "first open the door"]
 
 
@@ -96,7 +112,7 @@ def test_segments_rebuild_the_text_for_any_input_and_split(text: str, step: int)
     config = ChunkerConfig(first_max_chars=40, max_chars=60)
     segments = chunk(text, config, step)
     joined = "".join(segments)
-    assert text.startswith(joined) and text[len(joined):].strip() == ""
+    assert text.startswith(joined) and text[len(joined) :].strip() == ""
     assert all(s.strip() for s in segments)
     assert all(len(s) <= 60 + 10 for s in segments)
     assert segments == chunk(text, config, len(text) or 1)  # how the text arrives does not matter

@@ -9,13 +9,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from omni_gateway.omni.heads.tts import TtsHead
-from omni_gateway.omni.heads.tts_backends import HfVitsSynthesizer, PiperSynthesizer, default_piper_voice, load_synthesizer
+from omni_gateway.omni.heads.tts_backends import (
+    HfVitsSynthesizer,
+    PiperSynthesizer,
+    default_piper_voice,
+    load_synthesizer,
+)
 from omni_gateway.omni.protocol import AudioChunk, AudioOutputOptions
 
-REPLY = ("Sure, I can help with that. The weather today is sunny with a high of twenty degrees. "
-         "Tomorrow brings some rain in the afternoon, so take an umbrella.")
+REPLY = (
+    "Sure, I can help with that. The weather today is sunny with a high of twenty degrees. "
+    "Tomorrow brings some rain in the afternoon, so take an umbrella."
+)
 
 
 async def words(text: str, delay_s: float = 0.0, stamps: list[float] | None = None) -> AsyncIterator[str]:
@@ -42,8 +48,9 @@ class SlowTone:
         self.calls: list[str] = []
         self.cancels: list[threading.Event] = []
 
-    def synthesize(self, text: str, *, speed: float = 1.0, voice: str | None = None,
-                   cancel: threading.Event | None = None) -> np.ndarray:
+    def synthesize(
+        self, text: str, *, speed: float = 1.0, voice: str | None = None, cancel: threading.Event | None = None
+    ) -> np.ndarray:
         self.calls.append(text)
         if cancel is not None:
             self.cancels.append(cancel)
@@ -65,8 +72,11 @@ def test_piper_stream_chunks_are_100ms_pcm16_with_transcript_in_step(piper_head:
     assert "".join(c.transcript for c in chunks) == REPLY
     assert chunks[0].transcript == "Sure, I"  # "Sure," alone is too short; two words start the speech
     assert [c.transcript for c in chunks if c.transcript][1:] == [
-        " can help with that.", " The weather today is sunny with a high of twenty degrees.",
-        " Tomorrow brings some rain in the afternoon,", " so take an umbrella."]
+        " can help with that.",
+        " The weather today is sunny with a high of twenty degrees.",
+        " Tomorrow brings some rain in the afternoon,",
+        " so take an umbrella.",
+    ]
     audio = np.frombuffer(b"".join(c.pcm16 for c in chunks), "<i2")
     seconds = len(audio) / 24000
     assert 6.0 < seconds < 16.0  # ~25 words at a speaking pace
@@ -182,12 +192,27 @@ def tiny_vits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     vocab = {"<pad>": 0, "<unk>": 1} | {c: i + 2 for i, c in enumerate(symbols)}
     (path / "vocab.json").write_text(json.dumps(vocab))
     VitsTokenizer(str(path / "vocab.json"), phonemize=False).save_pretrained(path)
-    config = VitsConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, ffn_dim=32,
-                        flow_size=16, spectrogram_bins=17, upsample_initial_channel=16, upsample_rates=[4, 4, 4],
-                        upsample_kernel_sizes=[8, 8, 8], resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3]],
-                        prior_encoder_num_flows=1, prior_encoder_num_wavenet_layers=1,
-                        posterior_encoder_num_wavenet_layers=1, duration_predictor_num_flows=1,
-                        duration_predictor_filter_channels=16, depth_separable_num_layers=1, sampling_rate=16000)
+    config = VitsConfig(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        ffn_dim=32,
+        flow_size=16,
+        spectrogram_bins=17,
+        upsample_initial_channel=16,
+        upsample_rates=[4, 4, 4],
+        upsample_kernel_sizes=[8, 8, 8],
+        resblock_kernel_sizes=[3],
+        resblock_dilation_sizes=[[1, 3]],
+        prior_encoder_num_flows=1,
+        prior_encoder_num_wavenet_layers=1,
+        posterior_encoder_num_wavenet_layers=1,
+        duration_predictor_num_flows=1,
+        duration_predictor_filter_channels=16,
+        depth_separable_num_layers=1,
+        sampling_rate=16000,
+    )
     torch.manual_seed(0)
     VitsModel(config).eval().save_pretrained(path)
     return path
@@ -222,8 +247,12 @@ def test_hf_vits_streams_through_the_head(tiny_vits: Path) -> None:
     assert "".join(c.transcript for c in chunks) == "one two three four, five six. seven eight nine."
     assert all(c.sample_rate == 24000 and len(c.pcm16) <= 4800 for c in chunks)
     whole = head.synthesize("one two three four,")
-    assert abs(len(whole) - 1.5 * len(HfVitsSynthesizer(tiny_vits, device="cpu", seed=1)
-                                      .synthesize("one two three four,"))) <= 2
+    assert (
+        abs(
+            len(whole) - 1.5 * len(HfVitsSynthesizer(tiny_vits, device="cpu", seed=1).synthesize("one two three four,"))
+        )
+        <= 2
+    )
 
 
 def test_loader_errors_say_what_was_expected(tmp_path: Path) -> None:
