@@ -164,7 +164,7 @@ class FakeBackend:
 
     def reset(self) -> None:
         """Back to the defaults, for a server shared by several tests."""
-        self.__init__()  # type: ignore[misc]
+        self.__init__()
 
     def chunks(self, request: OmniRequest) -> list[OutputChunk]:
         """What ``generate`` streams for ``request``."""
