@@ -203,8 +203,9 @@ def test_pipelining_switches_only_between_requests(directory: Path) -> None:
 
 
 def test_pipelining_on_needs_a_runner_that_can_launch() -> None:
-    from engine_fakes import FakeRunner, fake_model, make_engine
     from omni_gateway.engine.config import EngineConfig
+
+    from tests.engine.engine_fakes import FakeRunner, fake_model, make_engine
 
     class CudaFakeRunner(FakeRunner):  # on CUDA, but without launch_decode
         device = torch.device("cuda")
