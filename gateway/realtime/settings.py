@@ -2,6 +2,23 @@
 
 One canonical ``SessionSettings`` lives in the session; ``session.update`` produces a new one through
 ``apply_update`` and ``session.updated`` always echoes the whole of it, as OpenAI does.
+
+Which fields a client may send (the table is ``schema.FIELDS``):
+
+- GA dialect: strict, as OpenAI's GA server. A key of ``session`` (in ``session.update``) or of
+  ``response`` (in ``response.create``), or of any object nested in them, that the GA schema lacks is
+  refused with an ``invalid_request_error`` whose ``code`` is ``unknown_parameter`` and whose ``param``
+  names it (``session.temperature``), and nothing changes. Beta-only spellings (``modalities``, a
+  top-level ``voice``, ``temperature``, ``input_audio_format``, ...) are such keys. The read-only fields
+  of ``session.created`` (``id``, ``object``, ``expires_at``) may be sent back and are ignored.
+- Beta dialect: tolerant, as the beta API that pipecat and older SDKs were written against: unknown
+  keys are ignored, except the GA spellings of fields the beta dialect names otherwise
+  (``output_modalities``, ``max_output_tokens``, ``audio``), which are refused with ``unknown_parameter``
+  and a message naming the beta spelling, since ignoring them would silently drop what the client asked.
+- Both: every field that is read is validated (``invalid_type`` / ``invalid_value``, naming the field).
+  ``include`` is null or a list of ``item.input_audio_transcription.logprobs``; ``tracing`` is null,
+  ``"auto"`` or ``{workflow_name, group_id, metadata}`` (stored and echoed); ``prompt`` (GA) may only be
+  null: this server has no reusable prompts, so a prompt object is refused with ``unsupported_parameter``.
 """
 
 from __future__ import annotations
@@ -11,6 +28,14 @@ from typing import Any, Literal, cast
 
 from omni_gateway.gateway.realtime.audio import AUDIO_FORMATS, SAMPLE_RATE, AudioFormat
 from omni_gateway.gateway.realtime.errors import invalid_type, invalid_value
+from omni_gateway.gateway.realtime.options import (
+    parse_include,
+    parse_noise_reduction,
+    parse_prompt,
+    parse_tracing,
+    parse_transcription,
+)
+from omni_gateway.gateway.realtime.schema import MAX_OUTPUT_TOKENS_CAP, RC, SU, reject_unknown, unknown_parameter
 from omni_gateway.gateway.realtime.truncation import parse_truncation
 from omni_gateway.omni.protocol import VadSettings
 
@@ -18,7 +43,8 @@ Dialect = Literal["ga", "beta"]
 
 # semantic_vad has no semantic model behind it here: its eagerness picks how long a pause ends the turn.
 EAGERNESS_SILENCE_MS = {"low": 1500, "medium": 800, "auto": 800, "high": 400}
-MAX_OUTPUT_TOKENS_CAP = 4096
+MAX_TURN_MS = 10_000  # prefix_padding_ms and silence_duration_ms: beyond it a turn would never end in practice
+TEMPERATURE = (0.6, 1.2)  # beta temperature, inclusive
 IDLE_TIMEOUT_MS = (5000, 30000)  # server_vad idle_timeout_ms, inclusive
 
 _GA_FORMATS: dict[str, AudioFormat] = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}
@@ -78,10 +104,9 @@ class SessionSettings:
     max_output_tokens: int | Literal["inf"] = "inf"
     temperature: float | None = None  # beta only; None leaves the server's sampling default
     speed: float = 1.0
-    tracing: Any = None
+    tracing: str | dict[str, Any] | None = None
     truncation: Any = "auto"
-    prompt: Any = None
-    include: Any = None
+    include: list[str] | None = None
 
     @property
     def wants_audio(self) -> bool:
@@ -121,8 +146,9 @@ def _ga_format(value: Any, param: str) -> AudioFormat:
     fmt = _GA_FORMATS.get(value.get("type"))
     if fmt is None:
         raise invalid_value(f"{param}.type", "one of 'audio/pcm', 'audio/pcmu', 'audio/pcma'", value.get("type"))
-    if fmt == "pcm16" and value.get("rate", SAMPLE_RATE) != SAMPLE_RATE:
-        raise invalid_value(f"{param}.rate", "24000", value.get("rate"))
+    rate = value.get("rate", SAMPLE_RATE)
+    if fmt == "pcm16" and (type(rate) is not int or rate != SAMPLE_RATE):
+        raise invalid_value(f"{param}.rate", "24000", rate)
     return fmt
 
 
@@ -170,10 +196,11 @@ def _tool_choice(value: Any, param: str) -> str | dict[str, Any]:
     raise invalid_value(param, "'auto', 'none', 'required' or {'type': 'function', 'name': ...}", value)
 
 
-def _optional_dict(value: Any, param: str) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    return dict(_expect(value, dict, param, "an object or null"))
+def _temperature(value: Any, param: str) -> float:
+    temperature = float(_expect(value, (int, float), param, "a number"))
+    if not TEMPERATURE[0] <= temperature <= TEMPERATURE[1]:
+        raise invalid_value(param, f"a number between {TEMPERATURE[0]} and {TEMPERATURE[1]}", value)
+    return temperature
 
 
 def _idle_timeout(value: Any, param: str) -> int | None:
@@ -203,8 +230,8 @@ def _turn_detection(value: Any, param: str, current: TurnDetection | None) -> Tu
     for key in ("prefix_padding_ms", "silence_duration_ms"):
         if key in value:
             ms = _expect(value[key], int, f"{param}.{key}", "an integer")
-            if ms < 0:
-                raise invalid_value(f"{param}.{key}", "a non-negative integer", ms)
+            if not 0 <= ms <= MAX_TURN_MS:
+                raise invalid_value(f"{param}.{key}", f"an integer between 0 and {MAX_TURN_MS}", ms)
             changes[key] = ms
     for key in ("create_response", "interrupt_response"):
         if key in value:
@@ -222,10 +249,37 @@ def _turn_detection(value: Any, param: str, current: TurnDetection | None) -> Tu
 def apply_update(current: SessionSettings, update: Any, dialect: Dialect) -> SessionSettings:
     """A partial update merged over ``current``; raises RealtimeError naming the offending field."""
     _expect(update, dict, "session", "an object")
-    return _apply_ga(current, update) if dialect == "ga" else _apply_beta(current, update)
+    if dialect == "ga":
+        reject_unknown(update, "session", SU, "ga")
+        return _apply_ga(current, update)
+    _reject_ga_spellings(update, "session", _BETA_SESSION_SPELLING)
+    return _apply_beta(current, update)
+
+
+# GA names a beta client might send by mistake -> the beta spelling that has their effect.
+_BETA_SESSION_SPELLING = {
+    "output_modalities": "modalities",
+    "max_output_tokens": "max_response_output_tokens",
+    "audio": "input_audio_format, output_audio_format, voice, speed, turn_detection",
+}
+_BETA_RESPONSE_SPELLING = {
+    "output_modalities": "modalities",
+    "max_output_tokens": "max_response_output_tokens",
+    "audio": "voice, output_audio_format",
+}
+
+
+def _reject_ga_spellings(update: dict[str, Any], prefix: str, spelling: dict[str, str]) -> None:
+    for key, beta in spelling.items():
+        if key in update:
+            error = unknown_parameter(f"{prefix}.{key}")
+            error.message += f" This session speaks the beta dialect: use '{beta}' instead."
+            raise error
 
 
 def _apply_common(update: dict[str, Any], changes: dict[str, Any], prefix: str) -> None:
+    if "model" in update:
+        _expect(update["model"], str, f"{prefix}.model", "a string")  # the served model is fixed regardless
     if "instructions" in update:
         changes["instructions"] = _expect(update["instructions"], str, f"{prefix}.instructions", "a string")
     if "tools" in update:
@@ -247,18 +301,23 @@ def _apply_ga(current: SessionSettings, update: dict[str, Any]) -> SessionSettin
     if "truncation" in update:
         parse_truncation(update["truncation"])  # rejects what the prompt fit could not apply
         changes["truncation"] = update["truncation"]
-    for key in ("tracing", "prompt", "include"):
-        if key in update:
-            changes[key] = update[key]
+    if "tracing" in update:
+        changes["tracing"] = parse_tracing(update["tracing"], "session.tracing")
+    if "include" in update:
+        changes["include"] = parse_include(update["include"], "session.include")
+    if "prompt" in update:
+        parse_prompt(update["prompt"], "session.prompt")
     audio = _expect(update.get("audio", {}), dict, "session.audio", "an object")
     audio_in = _expect(audio.get("input", {}), dict, "session.audio.input", "an object")
     audio_out = _expect(audio.get("output", {}), dict, "session.audio.output", "an object")
     if "format" in audio_in:
         changes["input_format"] = _ga_format(audio_in["format"], "session.audio.input.format")
     if "transcription" in audio_in:
-        changes["transcription"] = _optional_dict(audio_in["transcription"], "session.audio.input.transcription")
+        changes["transcription"] = parse_transcription(audio_in["transcription"], "session.audio.input.transcription")
     if "noise_reduction" in audio_in:
-        changes["noise_reduction"] = _optional_dict(audio_in["noise_reduction"], "session.audio.input.noise_reduction")
+        changes["noise_reduction"] = parse_noise_reduction(
+            audio_in["noise_reduction"], "session.audio.input.noise_reduction"
+        )
     if "turn_detection" in audio_in:
         changes["turn_detection"] = _turn_detection(
             audio_in["turn_detection"], "session.audio.input.turn_detection", current.turn_detection
@@ -301,11 +360,11 @@ def _apply_beta(current: SessionSettings, update: dict[str, Any]) -> SessionSett
     if "output_audio_format" in update:
         changes["output_format"] = _beta_format(update["output_audio_format"], "session.output_audio_format")
     if "input_audio_transcription" in update:
-        changes["transcription"] = _optional_dict(
+        changes["transcription"] = parse_transcription(
             update["input_audio_transcription"], "session.input_audio_transcription"
         )
     if "input_audio_noise_reduction" in update:
-        changes["noise_reduction"] = _optional_dict(
+        changes["noise_reduction"] = parse_noise_reduction(
             update["input_audio_noise_reduction"], "session.input_audio_noise_reduction"
         )
     if "turn_detection" in update:
@@ -313,10 +372,7 @@ def _apply_beta(current: SessionSettings, update: dict[str, Any]) -> SessionSett
             update["turn_detection"], "session.turn_detection", current.turn_detection
         )
     if "temperature" in update:
-        temperature = float(_expect(update["temperature"], (int, float), "session.temperature", "a number"))
-        if not 0.6 <= temperature <= 1.2:
-            raise invalid_value("session.temperature", "a number between 0.6 and 1.2", update["temperature"])
-        changes["temperature"] = temperature
+        changes["temperature"] = _temperature(update["temperature"], "session.temperature")
     if "max_response_output_tokens" in update:
         changes["max_output_tokens"] = _max_tokens(
             update["max_response_output_tokens"], "session.max_response_output_tokens"
@@ -324,7 +380,9 @@ def _apply_beta(current: SessionSettings, update: dict[str, Any]) -> SessionSett
     if "speed" in update:
         changes["speed"] = _speed(update["speed"], "session.speed")
     if "include" in update:
-        changes["include"] = update["include"]
+        changes["include"] = parse_include(update["include"], "session.include")
+    if "tracing" in update:
+        changes["tracing"] = parse_tracing(update["tracing"], "session.tracing")
     return replace(current, **changes)
 
 
@@ -332,8 +390,14 @@ def _apply_beta(current: SessionSettings, update: dict[str, Any]) -> SessionSett
 def apply_response_overrides(current: SessionSettings, response: dict[str, Any], dialect: Dialect) -> SessionSettings:
     """Per-response overrides: the same fields as the session, under the response's own names."""
     changes: dict[str, Any] = {}
+    if dialect == "ga":
+        reject_unknown(response, "response", RC, "ga")
+    else:
+        _reject_ga_spellings(response, "response", _BETA_RESPONSE_SPELLING)
     _apply_common(response, changes, "response")
     if dialect == "ga":
+        if "prompt" in response:
+            parse_prompt(response["prompt"], "response.prompt")
         if "output_modalities" in response:
             changes["output_modalities"] = _modalities(
                 response["output_modalities"], "response.output_modalities", allow_image=True
@@ -358,9 +422,7 @@ def apply_response_overrides(current: SessionSettings, response: dict[str, Any],
         if "output_audio_format" in response:
             changes["output_format"] = _beta_format(response["output_audio_format"], "response.output_audio_format")
         if "temperature" in response:
-            changes["temperature"] = float(
-                _expect(response["temperature"], (int, float), "response.temperature", "a number")
-            )
+            changes["temperature"] = _temperature(response["temperature"], "response.temperature")
     return replace(current, **changes)
 
 
@@ -427,7 +489,7 @@ def render_session(s: SessionSettings, dialect: Dialect, session_id: str, expire
         "max_output_tokens": s.max_output_tokens,
         "tracing": s.tracing,
         "truncation": s.truncation,
-        "prompt": s.prompt,
+        "prompt": None,
         "expires_at": expires_at,
         "include": s.include,
         "audio": {
