@@ -10,13 +10,10 @@ that every key a parser reads is in the table, so the table cannot fall behind t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from omni_gateway.gateway.field_spec import BOTH, Dialect, FieldSpec
 from omni_gateway.gateway.realtime.errors import RealtimeError
-
-Kind = Literal["string", "integer", "number", "boolean", "object", "array", "any"]
-Dialect = Literal["ga", "beta"]
 
 SU, TSU, RC = "session.update", "transcription_session.update", "response.create"
 IC, IA = "conversation.item.create", "input_audio_buffer.append"
@@ -28,32 +25,11 @@ IT, IR, ID, CANCEL = (
 )
 COMMIT, CLEAR = "input_audio_buffer.commit", "input_audio_buffer.clear"
 EVENTS = (SU, TSU, RC, IC, IA, IT, IR, ID, CANCEL, COMMIT, CLEAR)
-BOTH: tuple[Dialect, ...] = ("ga", "beta")
 GA: tuple[Dialect, ...] = ("ga",)
 BETA: tuple[Dialect, ...] = ("beta",)
 
 INCLUDE_CHOICES = ("item.input_audio_transcription.logprobs",)
 MAX_OUTPUT_TOKENS_CAP = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class FieldSpec:
-    path: str
-    kinds: tuple[Kind, ...]
-    events: tuple[str, ...]
-    dialects: tuple[Dialect, ...] = BOTH
-    nullable: bool = False
-    choices: tuple[str, ...] = ()  # the strings accepted (any string when empty)
-    lo: float | None = None  # numbers: inclusive bounds
-    hi: float | None = None
-    items: tuple[str, ...] = ()  # arrays of choices: the items accepted
-    min_items: int = 0
-    closed: bool = False  # objects: in GA, a key the table lacks is an unknown parameter
-    required: tuple[str, ...] = ()  # objects: keys that must be present
-    # Whether the kinds, bounds and choices above say all there is to validity (a fuzzer's oracle may rely
-    # on them). False where validity also depends on the conversation's state or on a structure not
-    # described here (an item id that must exist, base64 audio, a tool's JSON schema).
-    exact: bool = True
 
 
 def _turn_detection(prefix: str, events: tuple[str, ...], dialects: tuple[Dialect, ...]) -> list[FieldSpec]:
@@ -234,7 +210,7 @@ def _build() -> tuple[FieldSpec, ...]:
         FieldSpec("item.content[].detail", ("string",), (IC,), choices=("auto", "low", "high")),
         FieldSpec("item.call_id", ("string",), (IC,), exact=False),
         FieldSpec("item.name", ("string",), (IC,)),
-        FieldSpec("item.arguments", ("string",), (IC,)),
+        FieldSpec("item.arguments", ("string",), (IC,), nullable=True),
         FieldSpec("item.output", ("string",), (IC,)),
         # ---- the rest ----
         FieldSpec("audio", ("string",), (IA,), exact=False),

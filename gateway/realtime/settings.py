@@ -143,7 +143,8 @@ def _beta_format(value: Any, param: str) -> AudioFormat:
 
 def _ga_format(value: Any, param: str) -> AudioFormat:
     _expect(value, dict, param, "an object like {'type': 'audio/pcm', 'rate': 24000}")
-    fmt = _GA_FORMATS.get(value.get("type"))
+    kind = value.get("type")
+    fmt = _GA_FORMATS.get(kind) if isinstance(kind, str) else None
     if fmt is None:
         raise invalid_value(f"{param}.type", "one of 'audio/pcm', 'audio/pcmu', 'audio/pcma'", value.get("type"))
     rate = value.get("rate", SAMPLE_RATE)
@@ -157,8 +158,8 @@ def render_ga_format(fmt: AudioFormat) -> dict[str, Any]:
 
 
 def _voice(value: Any, param: str) -> str:
-    if isinstance(value, dict) and isinstance(value.get("id"), str):
-        return cast(str, value["id"])
+    if isinstance(value, dict):
+        return cast(str, _expect(value.get("id"), str, f"{param}.id", "a voice id"))
     return cast(str, _expect(value, str, param, "a voice name"))
 
 
@@ -181,12 +182,11 @@ def _max_tokens(value: Any, param: str) -> int | Literal["inf"]:
 def _tools(value: Any, param: str) -> tuple[dict[str, Any], ...]:
     _expect(value, list, param, "an array of tools")
     for i, tool in enumerate(value):
-        if (
-            not isinstance(tool, dict)
-            or tool.get("type", "function") != "function"
-            or not isinstance(tool.get("name"), str)
-        ):
-            raise invalid_value(f"{param}[{i}]", "a function tool {'type': 'function', 'name': ...}", tool)
+        _expect(tool, dict, f"{param}[{i}]", "a function tool {'type': 'function', 'name': ...}")
+        if tool.get("type", "function") != "function":
+            raise invalid_value(f"{param}[{i}].type", "'function'", tool.get("type"))
+        if not isinstance(tool.get("name"), str):
+            raise invalid_type(f"{param}[{i}].name", "a string", tool.get("name"))
     return tuple(value)
 
 
@@ -239,7 +239,7 @@ def _turn_detection(value: Any, param: str, current: TurnDetection | None) -> Tu
     if "idle_timeout_ms" in value:
         changes["idle_timeout_ms"] = _idle_timeout(value["idle_timeout_ms"], f"{param}.idle_timeout_ms")
     if "eagerness" in value:
-        if value["eagerness"] not in EAGERNESS_SILENCE_MS:
+        if not isinstance(value["eagerness"], str) or value["eagerness"] not in EAGERNESS_SILENCE_MS:
             raise invalid_value(f"{param}.eagerness", "'low', 'medium', 'high' or 'auto'", value["eagerness"])
         changes["eagerness"] = value["eagerness"]
     return replace(base, **changes)
