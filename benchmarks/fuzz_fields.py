@@ -136,6 +136,14 @@ def _number_ok(spec: FieldSpec, value: float) -> bool:
     return math.isfinite(value) and (spec.lo is None or value >= spec.lo) and (spec.hi is None or value <= spec.hi)
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
+
+
 def accepts(spec: FieldSpec, value: Any, *, strict: bool = True) -> bool:
     """Whether ``value`` is valid for ``spec`` by its kinds, bounds and choices (meaningful when ``exact``);
     ``strict``: closed objects refuse unknown keys (the GA dialect)."""
@@ -143,7 +151,7 @@ def accepts(spec: FieldSpec, value: Any, *, strict: bool = True) -> bool:
         if value.depth >= JSON_DEPTH:
             return False  # deeper than the JSON decoder goes: the whole document is refused
         value = [[]] if value.kind == "list" else {"a": {}}
-    if isinstance(value, str) and any("\ud800" <= c <= "\udfff" for c in value):
+    if isinstance(value, str) and not _encodable(value):
         return False
     if "any" in spec.kinds:
         return True

@@ -18,7 +18,7 @@ BOTH: tuple[Dialect, ...] = ("ga", "beta")
 @dataclass(frozen=True, slots=True)
 class FieldSpec:
     path: str  # dotted from the event or body root; ``[]`` stands for any index of an array
-    kinds: tuple[Kind, ...]
+    kinds: tuple[Kind, ...]  # empty: the key is refused whatever its value
     events: tuple[str, ...]  # the realtime client events, or the HTTP routes, that carry it
     dialects: tuple[Dialect, ...] = BOTH  # realtime only
     nullable: bool = False  # whether null (or, in HTTP bodies, leaving it out) is accepted

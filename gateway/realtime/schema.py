@@ -28,6 +28,8 @@ EVENTS = (SU, TSU, RC, IC, IA, IT, IR, ID, CANCEL, COMMIT, CLEAR)
 GA: tuple[Dialect, ...] = ("ga",)
 BETA: tuple[Dialect, ...] = ("beta",)
 
+# GA names of fields the beta dialect spells otherwise: refused there whatever their value (see settings).
+GA_SPELLINGS = ("output_modalities", "max_output_tokens", "audio")
 INCLUDE_CHOICES = ("item.input_audio_transcription.logprobs",)
 MAX_OUTPUT_TOKENS_CAP = 4096
 
@@ -160,6 +162,7 @@ def _build() -> tuple[FieldSpec, ...]:
         FieldSpec("session.audio.output.speed", ("number",), (SU,), GA, lo=0.25, hi=1.5),
         # beta names
         FieldSpec("session.modalities", ("array",), (SU,), BETA, items=("text", "audio"), min_items=1),
+        *(FieldSpec(f"session.{k}", (), (SU,), BETA) for k in GA_SPELLINGS),
         *_voice("session.voice", (SU,), BETA),
         FieldSpec(
             "session.input_audio_format", ("string",), (SU, TSU), BETA, choices=("pcm16", "g711_ulaw", "g711_alaw")
@@ -189,6 +192,7 @@ def _build() -> tuple[FieldSpec, ...]:
         *_voice("response.audio.output.voice", (RC,), GA),
         *_prompt("response.prompt", (RC,)),
         FieldSpec("response.modalities", ("array",), (RC,), BETA, items=("text", "audio"), min_items=1),
+        *(FieldSpec(f"response.{k}", (), (RC,), BETA) for k in GA_SPELLINGS),
         _max_tokens("response.max_response_output_tokens", (RC,), BETA),
         *_voice("response.voice", (RC,), BETA),
         FieldSpec(

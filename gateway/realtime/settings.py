@@ -249,6 +249,8 @@ def _turn_detection(value: Any, param: str, current: TurnDetection | None) -> Tu
 def apply_update(current: SessionSettings, update: Any, dialect: Dialect) -> SessionSettings:
     """A partial update merged over ``current``; raises RealtimeError naming the offending field."""
     _expect(update, dict, "session", "an object")
+    if "model" in update:
+        _expect(update["model"], str, "session.model", "a string")  # the served model is fixed regardless
     if dialect == "ga":
         reject_unknown(update, "session", SU, "ga")
         return _apply_ga(current, update)
@@ -278,8 +280,6 @@ def _reject_ga_spellings(update: dict[str, Any], prefix: str, spelling: dict[str
 
 
 def _apply_common(update: dict[str, Any], changes: dict[str, Any], prefix: str) -> None:
-    if "model" in update:
-        _expect(update["model"], str, f"{prefix}.model", "a string")  # the served model is fixed regardless
     if "instructions" in update:
         changes["instructions"] = _expect(update["instructions"], str, f"{prefix}.instructions", "a string")
     if "tools" in update:
