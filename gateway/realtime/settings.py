@@ -53,6 +53,18 @@ from omni_gateway.gateway.realtime.setting_fields import (
 )
 from omni_gateway.gateway.realtime.truncation import parse_truncation
 
+__all__ = [  # TurnDetection and render_ga_format live in setting_fields; the session imports them from here
+    "Dialect",
+    "SessionSettings",
+    "TurnDetection",
+    "apply_response_overrides",
+    "apply_transcription_update",
+    "apply_update",
+    "render_ga_format",
+    "render_session",
+    "validate_choice",
+]
+
 Dialect = Literal["ga", "beta"]
 
 
