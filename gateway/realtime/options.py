@@ -61,6 +61,23 @@ def parse_prompt(value: Any, param: str) -> None:
     )
 
 
+def refuse_reasoning_options(update: dict[str, Any], prefix: str) -> None:
+    """``parallel_tool_calls`` and ``reasoning``: OpenAI takes them for reasoning models only, and no model
+    served here reasons. What the server does anyway (no parallel calls, no reasoning) passes."""
+    if update.get("parallel_tool_calls", False) is not False:
+        param = f"{prefix}.parallel_tool_calls"
+        if not isinstance(update["parallel_tool_calls"], bool):
+            raise invalid_type(param, "a boolean", update["parallel_tool_calls"])
+        raise RealtimeError(
+            "unsupported_parameter", f"'{param}' is not supported: the served model does not reason.", param
+        )
+    if update.get("reasoning") is not None:
+        param = f"{prefix}.reasoning"
+        raise RealtimeError(
+            "unsupported_parameter", f"'{param}' is not supported: the served model does not reason.", param
+        )
+
+
 def parse_transcription(value: Any, param: str) -> dict[str, Any] | None:
     """Input transcription settings: null turns it off; ``language`` and ``prompt`` reach the recogniser."""
     if value is None:

@@ -100,6 +100,15 @@ def _prompt(path: str, events: tuple[str, ...]) -> list[FieldSpec]:
     ]
 
 
+def _reasoning(prefix: str, events: tuple[str, ...]) -> list[FieldSpec]:
+    """For reasoning models only (OpenAI's own rule); none is served here, so only what it does anyway passes."""
+    return [
+        FieldSpec(f"{prefix}.parallel_tool_calls", ("boolean",), events, GA, exact=False),
+        FieldSpec(f"{prefix}.reasoning", ("object",), events, GA, nullable=True, exact=False),
+        FieldSpec(f"{prefix}.reasoning.effort", ("string",), events, GA, exact=False),
+    ]
+
+
 def _image(path: str) -> list[FieldSpec]:
     """``response.image``: options of image output, an extension (see the README)."""
     return [
@@ -149,6 +158,7 @@ def _build() -> tuple[FieldSpec, ...]:
         FieldSpec("session.truncation.retention_ratio", ("number",), (SU,), GA, exact=False),
         *_tracing("session.tracing", (SU,), BOTH),
         *_prompt("session.prompt", (SU,)),
+        *_reasoning("session", (SU,)),
         FieldSpec("session.include", ("array",), (SU, TSU), nullable=True, items=INCLUDE_CHOICES),
         FieldSpec("session.audio", ("object",), (SU,), GA, closed=True),
         FieldSpec("session.audio.input", ("object",), (SU,), GA, closed=True),
@@ -191,6 +201,7 @@ def _build() -> tuple[FieldSpec, ...]:
         *_ga_format("response.audio.output.format", (RC,)),
         *_voice("response.audio.output.voice", (RC,), GA),
         *_prompt("response.prompt", (RC,)),
+        *_reasoning("response", (RC,)),
         FieldSpec("response.modalities", ("array",), (RC,), BETA, items=("text", "audio"), min_items=1),
         *(FieldSpec(f"response.{k}", (), (RC,), BETA) for k in GA_SPELLINGS),
         _max_tokens("response.max_response_output_tokens", (RC,), BETA),

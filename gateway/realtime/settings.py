@@ -34,6 +34,7 @@ from omni_gateway.gateway.realtime.options import (
     parse_prompt,
     parse_tracing,
     parse_transcription,
+    refuse_reasoning_options,
 )
 from omni_gateway.gateway.realtime.schema import RC, SU, reject_unknown, unknown_parameter
 from omni_gateway.gateway.realtime.setting_fields import (
@@ -107,6 +108,7 @@ def apply_update(current: SessionSettings, update: Any, dialect: Dialect) -> Ses
         expect(update["model"], str, "session.model", "a string")  # the served model is fixed regardless
     if dialect == "ga":
         reject_unknown(update, "session", SU, "ga")
+        refuse_reasoning_options(update, "session")
         return _apply_ga(current, update)
     _reject_ga_spellings(update, "session", _BETA_SESSION_SPELLING)
     return _apply_beta(current, update)
@@ -246,6 +248,7 @@ def apply_response_overrides(current: SessionSettings, response: dict[str, Any],
     changes: dict[str, Any] = {}
     if dialect == "ga":
         reject_unknown(response, "response", RC, "ga")
+        refuse_reasoning_options(response, "response")
     else:
         _reject_ga_spellings(response, "response", _BETA_RESPONSE_SPELLING)
     _apply_common(response, changes, "response")

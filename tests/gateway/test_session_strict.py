@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from omni_gateway.gateway.realtime.schema import RC, SU, field_spec
+from openai.types.realtime.realtime_response_create_params_param import RealtimeResponseCreateParamsParam
+from openai.types.realtime.realtime_session_create_request_param import RealtimeSessionCreateRequestParam
 from session_driver import Driver, error, only, types
 
 
@@ -126,3 +129,30 @@ def test_beta_include_and_tracing_are_validated_too() -> None:
 def test_beta_response_temperature_is_bounded_like_the_session() -> None:
     err = error(Driver("beta").send({"type": "response.create", "response": {"temperature": float("inf")}}))
     assert (err["code"], err["param"]) == ("invalid_value", "response.temperature")
+
+
+def _sdk_keys(annotated: type) -> set[str]:
+    return set(annotated.__annotations__)
+
+
+def test_every_ga_field_of_the_openai_sdk_is_known_so_none_is_an_unknown_parameter() -> None:
+    for event, prefix, annotated in (
+        (SU, "session", RealtimeSessionCreateRequestParam),
+        (RC, "response", RealtimeResponseCreateParamsParam),
+    ):
+        missing = {k for k in _sdk_keys(annotated) if field_spec(event, "ga", f"{prefix}.{k}") is None}
+        assert not missing, f"{prefix}: {sorted(missing)}"
+
+
+def test_reasoning_options_pass_only_where_they_change_nothing() -> None:
+    d = Driver("ga")
+    assert types(d.send(ga_update({"parallel_tool_calls": False, "reasoning": None}))) == ["session.updated"]
+    for session, code, param in (
+        ({"parallel_tool_calls": True}, "unsupported_parameter", "session.parallel_tool_calls"),
+        ({"parallel_tool_calls": "yes"}, "invalid_type", "session.parallel_tool_calls"),
+        ({"reasoning": {"effort": "low"}}, "unsupported_parameter", "session.reasoning"),
+    ):
+        err = error(d.send(ga_update(session)))
+        assert (err["code"], err["param"]) == (code, param)
+    err = error(d.send({"type": "response.create", "response": {"parallel_tool_calls": True}}))
+    assert (err["code"], err["param"]) == ("unsupported_parameter", "response.parallel_tool_calls")
