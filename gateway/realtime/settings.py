@@ -19,6 +19,7 @@ Which fields a client may send (the table is ``schema.FIELDS``):
   ``include`` is null or a list of ``item.input_audio_transcription.logprobs``; ``tracing`` is null,
   ``"auto"`` or ``{workflow_name, group_id, metadata}`` (stored and echoed); ``prompt`` (GA) may only be
   null: this server has no reusable prompts, so a prompt object is refused with ``unsupported_parameter``.
+  ``parallel_tool_calls`` and ``reasoning`` (GA; OpenAI's reasoning models only) pass as false and null only.
 """
 
 from __future__ import annotations
