@@ -77,7 +77,7 @@ def _size(value: str, limits: HttpLimits) -> tuple[int, int]:
     if value == "auto":
         return DEFAULT_SIZE
     width, sep, height = value.partition("x")
-    if not sep or not width.isdigit() or not height.isdigit():
+    if not sep or not (width + height).isascii() or not width.isdigit() or not height.isdigit():
         raise invalid(f'\'size\' must be "auto" or "<width>x<height>", got {shown(value)}.', "size")
     w, h = int(width), int(height)
     if not (64 <= w <= limits.max_image_side and 64 <= h <= limits.max_image_side) or w % 8 or h % 8:

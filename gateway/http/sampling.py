@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from omni_gateway.gateway.client_text import shown
 from omni_gateway.gateway.http.errors import ApiError, invalid
 from omni_gateway.gateway.http.fields import get_bool, get_float, get_int, get_stop, get_str, require_object
 from omni_gateway.gateway.http.limits import HttpLimits
@@ -22,7 +23,7 @@ def check_model(body: dict[str, Any], caps: Capabilities) -> str:
     if model is None or model != caps.model:
         raise ApiError(
             404,
-            f"The model '{model}' does not exist; this server serves '{caps.model}'.",
+            f"The model {shown(model)} does not exist; this server serves '{caps.model}'.",
             param="model",
             code="model_not_found",
         )

@@ -6,6 +6,8 @@ from typing import Any
 
 from omni_gateway.gateway.client_text import shown
 
+MAX_ECHOED_EVENT_ID = 512  # longer client event ids are not echoed in errors (OpenAI's ids are ~30 characters)
+
 
 class RealtimeError(Exception):
     """A rejected client event. ``code`` is what clients key on (see realtime-protocol.md §7)."""
@@ -20,6 +22,8 @@ class RealtimeError(Exception):
         self.error_type = error_type
 
     def body(self, client_event_id: str | None) -> dict[str, Any]:
+        if client_event_id is not None and len(client_event_id) > MAX_ECHOED_EVENT_ID:
+            client_event_id = None  # an error never echoes a megabyte of hostile input back
         return {
             "type": self.error_type,
             "code": self.code,

@@ -37,7 +37,7 @@ def parse_image_options(raw: Any, param: str = "response.image") -> ImageOutputO
     if raw.get("size") is not None:
         text = raw["size"]
         width, _, height = text.partition("x") if isinstance(text, str) else ("", "", "")
-        if not (width.isdigit() and height.isdigit()) or not all(
+        if not (width.isascii() and width.isdigit() and height.isascii() and height.isdigit()) or not all(
             64 <= int(side) <= MAX_SIDE and int(side) % 8 == 0 for side in (width, height)
         ):
             raise invalid_value(

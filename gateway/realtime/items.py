@@ -120,7 +120,10 @@ def parse_client_item(raw: Any, item_id: str, input_format: str, param: str = "i
         for key in ("call_id", "name"):
             if not isinstance(raw.get(key), str):
                 raise missing(f"{param}.{key}")
-        return Item(item_id, kind, call_id=raw["call_id"], name=raw["name"], arguments=str(raw.get("arguments", "")))
+        arguments = raw.get("arguments")
+        if arguments is not None and not isinstance(arguments, str):
+            raise invalid_type(f"{param}.arguments", "a string of JSON", arguments)
+        return Item(item_id, kind, call_id=raw["call_id"], name=raw["name"], arguments=arguments or "")
     if kind == "function_call_output":
         if not isinstance(raw.get("call_id"), str):
             raise missing(f"{param}.call_id")
@@ -130,7 +133,7 @@ def parse_client_item(raw: Any, item_id: str, input_format: str, param: str = "i
     if kind != "message":
         raise invalid_value(f"{param}.type", "'message', 'function_call' or 'function_call_output'", kind)
     role = raw.get("role")
-    if role not in _ROLE_CONTENT:
+    if not isinstance(role, str) or role not in _ROLE_CONTENT:
         raise invalid_value(f"{param}.role", "'user', 'assistant' or 'system'", role)
     content = raw.get("content")
     if not isinstance(content, list):

@@ -151,7 +151,7 @@ def test_semantic_vad_is_accepted_and_eagerness_sets_the_silence() -> None:
             {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}},
             "session.audio.input.turn_detection.threshold",
         ),
-        ({"type": "realtime", "tools": [{"type": "function"}]}, "session.tools[0]"),
+        ({"type": "realtime", "tools": [{"type": "function"}]}, "session.tools[0].name"),
     ],
 )
 def test_invalid_session_update_is_rejected_and_changes_nothing(session: dict, param: str) -> None:
