@@ -35,8 +35,8 @@ import numpy as np
 from omni_gateway.omni.heads.text_chunker import TextChunker
 
 from benchmarks.common import ResultLog, add_out_argument, percentile
+from benchmarks.live_server import serve
 from demos.voice_assistant import Progress, converse
-from tests.gateway.live_server import serve
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -8,7 +8,6 @@ what a correct answer says.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 
@@ -16,10 +15,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from demos.voice_assistant import Progress, converse  # noqa: E402
-from tests.gateway.live_server import serve  # noqa: E402
+from benchmarks.live_server import serve
+from demos.voice_assistant import Progress, converse
 
 pytestmark = pytest.mark.slow
 

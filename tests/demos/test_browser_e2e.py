@@ -8,7 +8,6 @@ artifacts/ for a human to look at.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,11 +17,10 @@ import soundfile as sf
 import soxr
 from playwright.sync_api import Page
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from benchmarks.live_server import serve
+from tests.demos.chromium_page import connect, demo_page
 
-from tests.demos.chromium_page import connect, demo_page  # noqa: E402
-from tests.gateway.live_server import serve  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 

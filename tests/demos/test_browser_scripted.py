@@ -8,22 +8,15 @@ conversation, so the next turn is answered.
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
+from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.omni.protocol import ImagePart, OmniRequest
 from playwright.sync_api import Page
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "gateway"))
-
-from fakes import FakeBackend  # noqa: E402
-from omni_gateway.gateway.config import GatewayConfig  # noqa: E402
-from omni_gateway.omni.protocol import ImagePart, OmniRequest  # noqa: E402
-
-from tests.demos.chromium_page import connect, demo_page  # noqa: E402
-from tests.gateway.live_server import serve  # noqa: E402
+from benchmarks.live_server import serve
+from tests.demos.chromium_page import connect, demo_page
+from tests.gateway.fakes import FakeBackend
 
 pytestmark = pytest.mark.slow
 

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from omni_gateway.gateway.app import create_app
+from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.demo import DEMO_DIR, demo_routes
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
-
-from fakes import FakeBackend  # noqa: E402
-from omni_gateway.gateway.app import create_app  # noqa: E402
-from omni_gateway.gateway.config import GatewayConfig  # noqa: E402
-from omni_gateway.gateway.demo import DEMO_DIR, demo_routes  # noqa: E402
+from tests.gateway.fakes import FakeBackend
 
 
 def keyed_client() -> TestClient:

@@ -4,23 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 import websockets
+from omni_gateway.gateway.config import GatewayConfig
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "gateway"))
-
-from fakes import RATE, FakeBackend, tone  # noqa: E402
-from omni_gateway.gateway.config import GatewayConfig  # noqa: E402
-
-from demos.voice_assistant import Progress, converse, main  # noqa: E402
-from tests.gateway.live_server import serve  # noqa: E402
+from benchmarks.live_server import serve
+from demos.voice_assistant import Progress, converse, main
+from tests.gateway.fakes import RATE, FakeBackend, tone
 
 REPLY = "Paris is the capital."
 HEARD = "what is the capital of france"

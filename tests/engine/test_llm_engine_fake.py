@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-from engine_fakes import FakeRunner, byte_level_tokenizer, fake_model, hashed_next_token, make_engine, oracle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from omni_gateway.engine.async_engine import AsyncEngine
@@ -22,6 +21,15 @@ from omni_gateway.engine.llm_engine import LLMEngine
 from omni_gateway.engine.outputs import RequestOutput, StreamDelta
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.sequence import Sequence
+
+from tests.engine.engine_fakes import (
+    FakeRunner,
+    byte_level_tokenizer,
+    fake_model,
+    hashed_next_token,
+    make_engine,
+    oracle,
+)
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 

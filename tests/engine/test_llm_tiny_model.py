@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 from omni_gateway.engine import LLM, SamplingParams
-from runner_driver import hf_greedy
 
 from benchmarks.checkpoints import save_tiny_checkpoint
+from tests.engine.runner_driver import hf_greedy
 
 DEVICES = [
     "cpu",

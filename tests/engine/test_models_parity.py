@@ -13,9 +13,9 @@ from omni_gateway.engine.loader import default_model_path, load_model
 from omni_gateway.engine.model_runner import ModelRunner
 from omni_gateway.engine.models.llama import Linear, onednn_prepacks
 from omni_gateway.engine.sampling_params import SamplingParams
-from runner_driver import RunnerDriver, greedy_seq, hf_greedy
 
 from benchmarks.checkpoints import save_tiny_checkpoint
+from tests.engine.runner_driver import RunnerDriver, greedy_seq, hf_greedy
 
 NEW_TOKENS = 12
 

@@ -203,8 +203,9 @@ def test_pipelining_switches_only_between_requests(directory: Path) -> None:
 
 
 def test_pipelining_defaults_on_for_cuda_runners_and_runs_ahead_on_any_runner() -> None:
-    from engine_fakes import FakeRunner, fake_model, make_engine
     from omni_gateway.engine.config import EngineConfig
+
+    from tests.engine.engine_fakes import FakeRunner, fake_model, make_engine
 
     class CudaFakeRunner(FakeRunner):
         device = torch.device("cuda")

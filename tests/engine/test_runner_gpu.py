@@ -11,9 +11,9 @@ from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.loader import load_model
 from omni_gateway.engine.model_runner import ModelRunner
 from omni_gateway.engine.sequence import ScheduledBatch
-from runner_driver import RunnerDriver, greedy_seq, hf_greedy
 
 from benchmarks.checkpoints import save_tiny_checkpoint
+from tests.engine.runner_driver import RunnerDriver, greedy_seq, hf_greedy
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.gateway.http_fakes import FakeBackend, served
+from benchmarks.live_server import served
+from tests.gateway.fakes import FakeBackend
 
 
 @pytest.fixture(scope="module")

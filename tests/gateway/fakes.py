@@ -1,9 +1,11 @@
-"""Test doubles of the model side: a scripted ``OmniBackend`` and an amplitude-driven VAD."""
+"""The one test double of the model side: a scripted ``OmniBackend`` (with an amplitude-driven VAD) that the
+realtime, HTTP and demo tests all serve, plus the audio and image inputs they feed it."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+import io
+from collections.abc import AsyncIterator
 
 import numpy as np
 from omni_gateway.omni.protocol import (
@@ -11,6 +13,7 @@ from omni_gateway.omni.protocol import (
     AudioOutputOptions,
     Capabilities,
     Done,
+    Error,
     Health,
     ImageFinal,
     ImagePartial,
@@ -18,6 +21,7 @@ from omni_gateway.omni.protocol import (
     OmniRequest,
     OutputChunk,
     TextDelta,
+    ToolCallDelta,
     Transcription,
     Usage,
     VadEvent,
@@ -28,14 +32,41 @@ RATE = 24000
 FRAME = RATE // 100  # 10 ms
 
 
-def tone(ms: int, amplitude: int = 20000, freq: float = 220.0) -> bytes:
-    """``ms`` of a sine at ``amplitude`` as 24 kHz pcm16: "speech" for the amplitude VAD."""
-    t = np.arange(ms * RATE // 1000) / RATE
+def tone(ms: int, amplitude: int = 20000, freq: float = 220.0, rate: int = RATE) -> bytes:
+    """``ms`` of a sine at ``amplitude`` as pcm16 (24 kHz unless said): "speech" for the amplitude VAD."""
+    t = np.arange(ms * rate // 1000) / rate
     return (amplitude * np.sin(2 * np.pi * freq * t)).astype("<i2").tobytes()
 
 
 def silence(ms: int) -> bytes:
     return bytes(ms * RATE // 1000 * 2)
+
+
+def png(width: int = 2, height: int = 2, shade: int = 0) -> bytes:
+    """A small valid PNG (RGB, one flat colour): what the image scripts and image inputs carry."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (shade, 255 - shade, 128)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def words_of(text: str) -> list[str]:
+    """``text`` as the deltas a model streams: each word after the first carries its leading space."""
+    words = text.split(" ")
+    return [w if i == 0 else " " + w for i, w in enumerate(words)]
+
+
+def overloaded(status: int = 503) -> list[OutputChunk]:
+    return [Error(code="overloaded", message="the engine queue is full; retry later", status=status), Done("error")]
+
+
+def tool_call_script() -> list[OutputChunk]:
+    return [
+        ToolCallDelta(call_id="call_1", name="get_weather", arguments='{"city": "Paris"}'),
+        Done("stop"),
+        Usage(input_tokens=5, output_tokens=7),
+    ]
 
 
 class AmplitudeVad:
@@ -76,93 +107,106 @@ class AmplitudeVad:
         return events
 
 
-def png(width: int = 2, height: int = 2, shade: int = 0) -> bytes:
-    """A small valid PNG (RGB, one flat colour): what the image scripts and image inputs carry."""
-    import io
-
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.new("RGB", (width, height), (shade, 255 - shade, 128)).save(out, format="PNG")
-    return out.getvalue()
-
-
-def words_of(text: str) -> list[str]:
-    words = text.split(" ")
-    return [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)]
-
-
 class FakeBackend:
-    """Answers every request with ``reply`` word by word: TextDelta per word, or for audio one 100 ms
-    AudioChunk per word carrying that word as its transcript. ``gate`` (when set) holds each stream
-    before its first chunk until the test releases it. With ``image_out`` a request for "image" gets
-    ``partial_images`` previews (``preview_every`` > 0 only) and one final PNG; ``vision`` says whether
-    its capabilities list image input."""
+    """Answers every request with ``reply`` word by word, per choice (``n``), up to ``max_tokens``, with
+    logprobs when asked: a TextDelta per word, or for spoken answers one 100 ms AudioChunk per word carrying
+    it as its transcript; then Done per choice and the Usage. An image request gets, per image,
+    ``partial_images`` previews (when ``preview_every`` asks for them) and a final PNG of the asked size.
+    ``script`` (when set) is streamed verbatim instead; ``gate`` (when set) holds each stream before its
+    first chunk until the test releases it; ``chunk_delay`` pauses before every chunk.
+
+    Everything asked of it is recorded: ``requests``, ``aborted``; streams that ran to their end
+    (``completed``) or were closed before it (``closed``); ``transcribed`` audio (with its
+    ``transcription_options``), ``synthesized`` text and ``vad_settings``."""
 
     def __init__(
         self,
-        reply: str = "Hello from the fake model.",
+        reply: str = "hello from the fake model",
         *,
         transcript: str = "what the user said",
         vad: bool = True,
         audio_out: bool = True,
-        chunk_delay: float = 0.0,
-        script: Callable[[OmniRequest], Sequence[OutputChunk]] | None = None,
-        fail_transcription: bool = False,
         image_out: bool = False,
         vision: bool = True,
+        capabilities: Capabilities | None = None,
+        script: list[OutputChunk] | None = None,
+        chunk_delay: float = 0.0,
+        fail_transcription: bool = False,
         partial_images: int = 2,
+        healthy: bool = True,
     ) -> None:
         self.reply = reply
         self.transcript = transcript
         self.vad_enabled = vad
-        self.chunk_delay = chunk_delay
         self.script = script
+        self.chunk_delay = chunk_delay
         self.fail_transcription = fail_transcription
         self.partial_images = partial_images
+        self.healthy = healthy
         self.gate: asyncio.Event | None = None
         self.requests: list[OmniRequest] = []
         self.aborted: list[str] = []
         self.closed: list[str] = []
+        self.completed: list[str] = []
         self.transcribed: list[bytes] = []
+        self.transcription_options: list[tuple[int, str | None]] = []  # (sample rate, language) of each
+        self.synthesized: list[tuple[str, AudioOutputOptions]] = []
         self.vad_settings: list[VadSettings] = []
-        self.capabilities = Capabilities(
-            model="fake-omni",
+        self.capabilities = capabilities or Capabilities(
+            model="omni-test",
             input_modalities=frozenset({"text", "audio"} | ({"image"} if vision else set())),
             output_modalities=frozenset(
                 {"text"} | ({"audio"} if audio_out else set()) | ({"image"} if image_out else set())
             ),
-            voices=("alloy", "verse"),
+            voices=("joe", "verse"),
             max_context_tokens=4096,
         )
 
-    def chunks(self, request: OmniRequest) -> list[OutputChunk]:
-        if self.script is not None:
-            return list(self.script(request))
-        if "image" in request.modalities:
-            previews = self.partial_images if request.image.preview_every else 0
-            return [
-                *(ImagePartial(index=k, png=png(shade=k + 1), step=k + 1) for k in range(previews)),
-                ImageFinal(png=png(*request.image.size), seed=request.image.seed),
-                Done("stop"),
-            ]
-        words = words_of(self.reply)
-        if "audio" in request.modalities:
-            body: list[OutputChunk] = [AudioChunk(tone(100), RATE, transcript=w) for w in words]
-        else:
-            body = [TextDelta(w) for w in words]
-        return [
-            *body,
-            Usage(
-                input_tokens=self.count_tokens(request.messages),
-                output_tokens=len(words),
-                output_audio_tokens=len(words) if "audio" in request.modalities else 0,
-            ),
-            Done("stop"),
-        ]
+    def reset(self) -> None:
+        """Back to the defaults, for a server shared by several tests."""
+        self.__init__()
 
-    async def generate(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
+    def chunks(self, request: OmniRequest) -> list[OutputChunk]:
+        """What ``generate`` streams for ``request``."""
+        if self.script is not None:
+            return list(self.script)
+        if "image" in request.modalities:
+            return self._images(request)
+        words = words_of(self.reply)
+        limit = request.sampling.max_tokens or len(words)
+        spoken = "audio" in request.modalities
+        out: list[OutputChunk] = []
+        for index in range(request.sampling.n):
+            for text in words[:limit]:
+                if spoken:  # spoken answers carry their text only as the audio's transcript
+                    out.append(AudioChunk(tone(100), RATE, transcript=text))
+                else:
+                    lp = ((text, -0.5, ((text, -0.5), ("x", -2.0))),) if request.sampling.logprobs is not None else ()
+                    out.append(TextDelta(text, index=index, logprobs=lp))
+            out.append(Done("length" if limit < len(words) else "stop", index=index))
+        emitted = min(limit, len(words)) * request.sampling.n
+        prompt = len(request.raw_prompt.split()) if request.raw_prompt is not None else None
+        usage = Usage(
+            input_tokens=self.count_tokens(request.messages) if prompt is None else prompt,
+            output_tokens=emitted,
+            output_audio_tokens=emitted if spoken else 0,
+        )
+        return [*out, usage]
+
+    def _images(self, request: OmniRequest) -> list[OutputChunk]:
+        options = request.image
+        previews = self.partial_images if options.preview_every else 0
+        out: list[OutputChunk] = []
+        for i in range(options.n):
+            out += [ImagePartial(index=k, png=png(shade=k + 1), step=k + 1, image_index=i) for k in range(previews)]
+            out.append(ImageFinal(png=png(*options.size), image_index=i, seed=options.seed))
+        return [*out, Usage(input_tokens=self.count_tokens(request.messages)), Done("stop")]
+
+    def generate(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
         self.requests.append(request)
+        return self._stream(request)
+
+    async def _stream(self, request: OmniRequest) -> AsyncIterator[OutputChunk]:
         try:
             if self.gate is not None:
                 await self.gate.wait()
@@ -170,8 +214,10 @@ class FakeBackend:
                 if self.chunk_delay:
                     await asyncio.sleep(self.chunk_delay)
                 yield chunk
+            self.completed.append(request.request_id)
         finally:
-            self.closed.append(request.request_id)
+            if request.request_id not in self.completed:
+                self.closed.append(request.request_id)
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
@@ -180,13 +226,15 @@ class FakeBackend:
         self, pcm16: bytes, sample_rate: int, *, language: str | None = None, prompt: str | None = None
     ) -> Transcription:
         self.transcribed.append(pcm16)
+        self.transcription_options.append((sample_rate, language))
         if self.fail_transcription:
             raise RuntimeError("ASR exploded")
-        return Transcription(self.transcript, language="en", duration_s=len(pcm16) / (2 * sample_rate))
+        return Transcription(self.transcript, language=language or "en", duration_s=len(pcm16) / (2 * sample_rate))
 
     async def synthesize(self, text: str, options: AudioOutputOptions) -> AsyncIterator[AudioChunk]:
+        self.synthesized.append((text, options))
         for word in words_of(text):
-            yield AudioChunk(tone(100), RATE, transcript=word)
+            yield AudioChunk(tone(100, rate=options.sample_rate), options.sample_rate, transcript=word)
 
     def new_vad(self, settings: VadSettings) -> AmplitudeVad:
         if not self.vad_enabled:
@@ -195,10 +243,16 @@ class FakeBackend:
         return AmplitudeVad(settings)
 
     def count_tokens(self, messages: tuple[Message, ...]) -> int:
+        """One token per word."""
         return sum(len(m.text.split()) for m in messages)
 
     def health(self) -> Health:
-        return Health(True)
+        return Health(ok=self.healthy, detail="ready" if self.healthy else "engine thread stopped")
 
     def metrics(self) -> dict[str, float]:
-        return {"requests": float(len(self.requests))}
+        return {
+            "requests": float(len(self.requests)),
+            "kv_blocks_used": 3.0,
+            "kv_blocks_free": 61.0,
+            "requests_waiting": 0.0,
+        }

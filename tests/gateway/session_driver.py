@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from fakes import FakeBackend
 from omni_gateway.gateway.realtime.commands import (
     AsrDeadline,
     CancelTask,
@@ -18,6 +17,8 @@ from omni_gateway.gateway.realtime.commands import (
 )
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.omni.protocol import OutputChunk
+
+from tests.gateway.fakes import FakeBackend
 
 
 def b64(data: bytes) -> str:

@@ -12,13 +12,14 @@ import time
 from typing import Any
 
 import pytest
-from fakes import FakeBackend, tone
-from live_server import serve
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.realtime.commands import SessionLimits
 from omni_gateway.omni.protocol import AudioChunk, Done
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from benchmarks.live_server import serve
+from tests.gateway.fakes import FakeBackend, tone
 
 TIMEOUT = 20
 
@@ -88,9 +89,7 @@ def stalled_client(port: int) -> socket.socket:
 
 def test_a_client_that_stops_reading_is_disconnected_and_its_generation_aborted() -> None:
     # ~40 MB of audio deltas, far beyond what socket buffers hold, so the server's writer must block
-    backend = FakeBackend(
-        script=lambda request: [*(AudioChunk(tone(1000), 24000, "la ") for _ in range(300)), Done("stop")]
-    )
+    backend = FakeBackend(script=[*(AudioChunk(tone(1000), 24000, "la ") for _ in range(300)), Done("stop")])
     with serve(backend, GatewayConfig(send_queue_max=8, send_timeout_s=1.0)) as port:
         sock = stalled_client(port)
         sock.sendall(masked_text_frame(json.dumps({"type": "response.create", "response": {"instructions": "Talk."}})))
@@ -120,7 +119,7 @@ def test_a_reader_that_stalls_stops_its_generation_then_is_closed_with_1008(capl
     caplog.set_level(logging.INFO, logger="omni_gateway.gateway.realtime.connection")
     # An endless audio reply: only the slow-client bounds can stop it before the transport's keepalive (1011).
     backend = FakeBackend(
-        script=lambda request: [*(AudioChunk(tone(100), 24000, "la ") for _ in range(5000)), Done("stop")],
+        script=[*(AudioChunk(tone(100), 24000, "la ") for _ in range(5000)), Done("stop")],
         chunk_delay=0.002,
     )
     config = GatewayConfig(send_queue_max=100_000, send_queue_max_bytes=256 * 1024, send_timeout_s=1.0)

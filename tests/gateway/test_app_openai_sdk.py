@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fakes import FakeBackend, silence, tone
-from live_server import serve
 from openai import AsyncOpenAI
+
+from benchmarks.live_server import serve
+from tests.gateway.fakes import FakeBackend, silence, tone
 
 TIMEOUT = 20
 
@@ -49,7 +50,7 @@ def run(coro: Any) -> Any:
 
 def test_ga_text_turn(port: int, backend: FakeBackend) -> None:
     async def turn() -> list[Any]:
-        async with client(port).realtime.connect(model="fake-omni") as conn:
+        async with client(port).realtime.connect(model="omni-test") as conn:
             await conn.session.update(
                 session={"type": "realtime", "output_modalities": ["text"], "instructions": "Answer briefly."}
             )
@@ -75,7 +76,7 @@ def test_ga_text_turn(port: int, backend: FakeBackend) -> None:
 
 def test_ga_audio_turn_with_transcription(port: int, backend: FakeBackend) -> None:
     async def turn() -> list[Any]:
-        async with client(port).realtime.connect(model="fake-omni") as conn:
+        async with client(port).realtime.connect(model="omni-test") as conn:
             await conn.session.update(
                 session={
                     "type": "realtime",
@@ -106,7 +107,7 @@ def test_ga_audio_turn_with_transcription(port: int, backend: FakeBackend) -> No
 
 def test_ga_server_vad_turn(port: int) -> None:
     async def turn() -> list[Any]:
-        async with client(port).realtime.connect(model="fake-omni") as conn:
+        async with client(port).realtime.connect(model="omni-test") as conn:
             await conn.session.update(
                 session={
                     "type": "realtime",
@@ -131,7 +132,7 @@ def test_ga_server_vad_turn(port: int) -> None:
 
 def test_beta_text_turn(port: int) -> None:
     async def turn() -> list[Any]:
-        async with client(port).beta.realtime.connect(model="fake-omni") as conn:
+        async with client(port).beta.realtime.connect(model="omni-test") as conn:
             await conn.session.update(session={"modalities": ["text"]})
             await conn.conversation.item.create(
                 item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}
@@ -153,7 +154,7 @@ def test_ga_barge_in_cancels_the_running_response() -> None:
     backend = FakeBackend(chunk_delay=1.0)  # slow enough that the reply is still running when the user talks
 
     async def turn(port: int) -> list[Any]:
-        async with client(port).realtime.connect(model="fake-omni") as conn:
+        async with client(port).realtime.connect(model="omni-test") as conn:
             await conn.session.update(
                 session={
                     "type": "realtime",

@@ -8,10 +8,11 @@ import base64
 import json
 from typing import Any
 
-from fakes import FakeBackend, silence, tone
-from live_server import serve, until
 from omni_gateway.omni.protocol import Transcription
 from websockets.asyncio.client import connect
+
+from benchmarks.live_server import serve, until
+from tests.gateway.fakes import FakeBackend, silence, tone
 
 TIMEOUT = 15
 BYTES_PER_MS = 48
@@ -39,7 +40,7 @@ class SlowAsr(FakeBackend):
 async def converse(port: int, pieces: list[bytes]) -> list[dict[str, Any]]:
     """Speak ``pieces`` with a pause between sends (the server handles each before the next), then
     collect events until the reply is done."""
-    async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=fake-omni") as ws:
+    async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=omni-test") as ws:
         await until(ws, "conversation.created")
         await ws.send(
             json.dumps(

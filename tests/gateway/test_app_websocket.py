@@ -11,13 +11,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fakes import FakeBackend, tone
-from live_server import recv, serve, until
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.realtime import g711
 from omni_gateway.omni.protocol import TextDelta
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from benchmarks.live_server import recv, serve, until
+from tests.gateway.fakes import FakeBackend, tone
 
 TIMEOUT = 15
 KEY = "sk-test-key"
@@ -45,7 +46,7 @@ def run(coro: Any) -> Any:
 
 
 def url(port: int) -> str:
-    return f"ws://127.0.0.1:{port}/v1/realtime?model=fake-omni"
+    return f"ws://127.0.0.1:{port}/v1/realtime?model=omni-test"
 
 
 @pytest.mark.parametrize(

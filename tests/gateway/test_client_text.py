@@ -7,7 +7,8 @@ import json
 import httpx
 import pytest
 from omni_gateway.gateway.client_text import invalid_text_path, shown
-from session_driver import Driver, error, only, started, types
+
+from tests.gateway.session_driver import Driver, error, only, started, types
 
 LONE = json.loads('"a\\ud800b"')
 

@@ -7,8 +7,9 @@ import sys
 from typing import Any
 
 import pytest
-from fakes import FakeBackend
 from omni_gateway.gateway import cli
+
+from tests.gateway.fakes import FakeBackend
 
 
 def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:

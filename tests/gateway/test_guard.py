@@ -9,8 +9,6 @@ from typing import Any
 
 import httpx
 import pytest
-from http_fakes import FakeBackend
-from live_server import serve
 from omni_gateway.gateway.app import create_app
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.guard import host_allowed, is_public, origin_allowed
@@ -18,6 +16,9 @@ from omni_gateway.gateway.http.limits import HttpLimits
 from starlette.routing import Route, WebSocketRoute
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
+
+from benchmarks.live_server import serve
+from tests.gateway.fakes import FakeBackend
 
 KEY = "sk-guard-key"
 TIMEOUT = 15
@@ -182,7 +183,7 @@ def _concurrent_posts(port: int, count: int, headers: dict[str, str]) -> list[tu
 def test_requests_beyond_the_in_flight_limits_are_refused_at_once(
     config: GatewayConfig, status: int, code: str
 ) -> None:
-    backend = FakeBackend(delay_s=0.3)  # each request holds its slot for ~1.5 s
+    backend = FakeBackend(chunk_delay=0.3)  # each request holds its slot for ~1.5 s
     with serve(backend, config) as port:
         results = _concurrent_posts(port, 6, {"Authorization": f"Bearer {KEY}"})
     served = [r for r in results if r[0] == 200]

@@ -7,10 +7,11 @@ import base64
 import json
 from typing import Any
 
-from fakes import FakeBackend, silence
-from live_server import serve
 from omni_gateway.gateway.config import GatewayConfig
 from websockets.asyncio.client import connect
+
+from benchmarks.live_server import serve
+from tests.gateway.fakes import FakeBackend, silence
 
 MIB = 1024 * 1024
 JUNK: list[Any] = [None, True, -1, 2**70, 1e308, "", "x" * 10_000, [], [[[]]], {}, {"a": {"b": {"c": [1, {}]}}}]

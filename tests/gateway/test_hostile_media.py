@@ -16,8 +16,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-from http_fakes import FakeBackend
-from live_server import serve
 from omni_gateway.encoders.audio import AudioDecodeError, decode_audio
 from omni_gateway.encoders.image import ImageDecodeError, decode_image
 from omni_gateway.gateway.config import GatewayConfig
@@ -33,6 +31,9 @@ from omni_gateway.omni.protocol import (
 )
 from PIL import Image
 from websockets.asyncio.client import connect
+
+from benchmarks.live_server import serve
+from tests.gateway.fakes import FakeBackend
 
 # A memory address as Python prints it in a repr ("at 0x7f3a..."); random event/item ids, whose letters and
 # digits may happen to spell "0x", are not addresses.

@@ -13,8 +13,11 @@ import pytest
 import soundfile
 from omni_gateway.omni.protocol import Capabilities
 
-from tests.gateway.http_fakes import FakeBackend, served
+from benchmarks.live_server import served
+from tests.gateway.fakes import FakeBackend, tone
 from tests.gateway.test_http_parsing import wav_bytes
+
+WORD = tone(100)  # what the fake voice says for each word
 
 
 def upload(samples: int = 1600, rate: int = 16000, channels: int = 1) -> tuple[str, bytes, str]:
@@ -24,19 +27,18 @@ def upload(samples: int = 1600, rate: int = 16000, channels: int = 1) -> tuple[s
 def test_transcription_json_decodes_the_wav_for_the_backend(fake):
     backend, _, client = fake
     r = client.audio.transcriptions.create(model="whisper-1", file=upload(channels=2), language="en")
-    assert r.text == "1600 samples at 16000 Hz"
-    pcm, rate, language = backend.transcribed[-1]
-    assert (len(pcm), rate, language) == (3200, 16000, "en")
+    assert r.text == backend.transcript
+    assert len(backend.transcribed[-1]) == 3200 and backend.transcription_options[-1] == (16000, "en")
 
 
 def test_transcription_text_and_verbose_json(fake):
-    _, _, client = fake
+    backend, _, client = fake
     assert (
         client.audio.transcriptions.create(model="whisper-1", file=upload(), response_format="text")
-        == "1600 samples at 16000 Hz"
+        == backend.transcript
     )
     verbose = client.audio.transcriptions.create(model="whisper-1", file=upload(8000), response_format="verbose_json")
-    assert verbose.duration == pytest.approx(0.5) and verbose.language == "en" and verbose.text.startswith("8000")
+    assert verbose.duration == pytest.approx(0.5) and verbose.language == "en" and verbose.text == backend.transcript
 
 
 def test_non_wav_uploads_are_refused_with_the_accepted_format(fake):
@@ -47,9 +49,10 @@ def test_non_wav_uploads_are_refused_with_the_accepted_format(fake):
 
 
 def test_upload_beyond_the_body_limit_is_413():
+    from omni_gateway.gateway.config import GatewayConfig
     from omni_gateway.gateway.http.limits import HttpLimits
 
-    with served(FakeBackend(), limits=HttpLimits(max_body_bytes=4000)) as (_, client):
+    with served(FakeBackend(), GatewayConfig(http=HttpLimits(max_body_bytes=4000))) as (_, client):
         with pytest.raises(openai.APIStatusError) as info:
             client.audio.transcriptions.create(model="whisper-1", file=upload(4000))
         assert info.value.status_code == 413
@@ -69,7 +72,7 @@ def test_speech_wav_streams_a_playable_file(fake):
         data = r.read()
     with wave.open(io.BytesIO(data)) as w:
         assert w.getframerate() == 24000 and w.getnchannels() == 1
-        assert len(w.readframes(10_000)) == 3 * 100 * 2
+        assert w.readframes(100_000) == WORD * 3
     text, options = backend.synthesized[-1]
     assert text == "one two three" and options.voice == "joe" and options.speed == 1.25
 
@@ -77,10 +80,10 @@ def test_speech_wav_streams_a_playable_file(fake):
 def test_speech_pcm_and_flac(fake):
     _, _, client = fake
     pcm = client.audio.speech.create(model="tts-1", voice="joe", input="a b", response_format="pcm").read()
-    assert len(pcm) == 2 * 100 * 2
+    assert pcm == WORD * 2
     flac = client.audio.speech.create(model="tts-1", voice="joe", input="a b c", response_format="flac").read()
     samples, rate = soundfile.read(io.BytesIO(flac), dtype="int16")
-    assert rate == 24000 and len(samples) == 300 and samples[0] == 1000
+    assert rate == 24000 and samples.tobytes() == WORD * 3
 
 
 def test_speech_as_server_sent_events(fake):
@@ -89,7 +92,7 @@ def test_speech_as_server_sent_events(fake):
     r = httpx.post(f"{url}/v1/audio/speech", json=body)
     events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
     assert [e["type"] for e in events] == ["speech.audio.delta", "speech.audio.delta", "speech.audio.done"]
-    assert len(base64.b64decode(events[0]["audio"])) == 200
+    assert base64.b64decode(events[0]["audio"]) == WORD
 
 
 def test_unsupported_speech_format_and_voice_are_400(fake):
@@ -104,7 +107,7 @@ def test_unsupported_speech_format_and_voice_are_400(fake):
 
 def test_speech_without_a_voice_model_is_400():
     backend = FakeBackend(
-        caps=Capabilities(
+        capabilities=Capabilities(
             model="omni-test", input_modalities=frozenset({"text"}), output_modalities=frozenset({"text"})
         )
     )

@@ -13,7 +13,8 @@ import openai
 import pytest
 from omni_gateway.omni.protocol import AudioPart, Done, Error, ImagePart, TextDelta
 
-from tests.gateway.http_fakes import FakeBackend, overloaded, served, tool_call_script
+from benchmarks.live_server import served
+from tests.gateway.fakes import FakeBackend, overloaded, tone, tool_call_script
 from tests.gateway.test_http_parsing import wav_bytes
 
 USER = [{"role": "user", "content": "hi there"}]
@@ -36,7 +37,7 @@ def test_non_streaming_answer_with_n_and_logprobs(fake):
     assert [c.finish_reason for c in r.choices] == ["length", "length"]
     assert [t.token for t in r.choices[1].logprobs.content] == ["hello", " from", " the"]
     assert len(r.choices[0].logprobs.content[0].top_logprobs) == 1
-    assert r.usage.completion_tokens == 6 and r.usage.prompt_tokens == 4
+    assert r.usage.completion_tokens == 6 and r.usage.prompt_tokens == 2
     sent = backend.requests[-1].sampling
     assert (sent.n, sent.max_tokens, sent.temperature, sent.seed, sent.stop, sent.logprobs) == (
         2,
@@ -96,7 +97,7 @@ def test_audio_output_non_streaming_is_a_wav_with_transcript(fake):
     audio = r.choices[0].message.audio
     assert audio.transcript == "hello from the fake model" and audio.expires_at > time.time()
     with wave.open(io.BytesIO(base64.b64decode(audio.data))) as w:
-        assert w.getnframes() == 5 * 240 and w.getframerate() == 24000
+        assert w.getnframes() == 5 * len(tone(100)) // 2 and w.getframerate() == 24000
 
 
 def test_audio_output_streams_pcm16_deltas(fake):
@@ -113,7 +114,7 @@ def test_audio_output_streams_pcm16_deltas(fake):
     audio = [c.choices[0].delta.audio for c in chunks if c.choices and c.choices[0].delta.audio]
     pcm = b"".join(base64.b64decode(a.data) for a in audio if a.data)
     transcript = "".join(a.transcript or "" for a in audio)
-    assert len(pcm) == 5 * 240 * 2 and transcript == "hello from the fake model"
+    assert len(pcm) == 5 * len(tone(100)) and transcript == "hello from the fake model"
     assert audio[-1].expires_at is not None and len({a.id for a in audio}) == 1
 
 
@@ -167,7 +168,7 @@ def test_unknown_model_is_a_404(fake):
 def test_prompt_beyond_the_context_window_is_refused_before_generation(fake):
     backend, _, client = fake
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="omni-test", messages=[{"role": "user", "content": "w " * 70}])
+        client.chat.completions.create(model="omni-test", messages=[{"role": "user", "content": "w " * 5000}])
     assert info.value.code == "context_length_exceeded" and backend.requests == []
 
 
@@ -203,10 +204,11 @@ def test_an_error_after_some_output_keeps_its_status_without_streaming(fake, sta
 
 
 def test_body_over_the_limit_is_413():
-    backend = FakeBackend()
+    from omni_gateway.gateway.config import GatewayConfig
     from omni_gateway.gateway.http.limits import HttpLimits
 
-    with served(backend, limits=HttpLimits(max_body_bytes=1000)) as (url, client):
+    backend = FakeBackend()
+    with served(backend, GatewayConfig(http=HttpLimits(max_body_bytes=1000))) as (url, client):
         with pytest.raises(openai.APIStatusError) as info:
             client.chat.completions.create(model="omni-test", messages=[{"role": "user", "content": "x" * 2000}])
         assert info.value.status_code == 413 and info.value.body["code"] == "request_too_large"
@@ -225,7 +227,7 @@ def wait_until(predicate, timeout: float = 5.0) -> bool:
 
 def test_client_leaving_mid_stream_aborts_the_backend_request(fake):
     backend, url, _ = fake
-    backend.delay_s = 0.2
+    backend.chunk_delay = 0.2
     body = {"model": "omni-test", "messages": USER, "stream": True}
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=10) as r:
         first = next(r.iter_lines())
@@ -237,7 +239,7 @@ def test_client_leaving_mid_stream_aborts_the_backend_request(fake):
 
 def test_client_leaving_a_non_streaming_request_aborts_it(fake):
     backend, url, _ = fake
-    backend.delay_s = 0.2
+    backend.chunk_delay = 0.2
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{url}/v1/chat/completions", json={"model": "omni-test", "messages": USER}, timeout=0.5)
     assert wait_until(lambda: len(backend.aborted) == 1)

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.http_fakes import overloaded
+from tests.gateway.fakes import overloaded
 
 
 def test_prompt_list_with_n_numbers_choices_by_prompt(fake):
@@ -65,7 +65,7 @@ def test_unknown_model_is_404(fake):
 
 def test_client_leaving_a_completion_stream_aborts_the_open_generation(fake):
     backend, url, _ = fake
-    backend.delay_s = 0.2
+    backend.chunk_delay = 0.2
     body = {"model": "omni-test", "prompt": ["a", "b"], "stream": True}
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=10) as r:
         assert next(r.iter_lines()).startswith("data: ")

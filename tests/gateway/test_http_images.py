@@ -8,7 +8,8 @@ import openai
 import pytest
 from omni_gateway.omni.protocol import Capabilities
 
-from tests.gateway.http_fakes import PNG_1X1, FakeBackend, overloaded, served
+from benchmarks.live_server import served
+from tests.gateway.fakes import FakeBackend, overloaded, png
 
 IMAGE_CAPS = Capabilities(
     model="omni-test", input_modalities=frozenset({"text"}), output_modalities=frozenset({"text", "image"})
@@ -17,7 +18,7 @@ IMAGE_CAPS = Capabilities(
 
 @pytest.fixture(scope="module")
 def live():
-    backend = FakeBackend(caps=IMAGE_CAPS)
+    backend = FakeBackend(capabilities=IMAGE_CAPS)
     with served(backend) as (url, client):
         yield backend, url, client
 
@@ -25,7 +26,7 @@ def live():
 @pytest.fixture
 def fake(live):
     live[0].reset()
-    live[0].caps = IMAGE_CAPS
+    live[0].capabilities = IMAGE_CAPS
     return live
 
 
@@ -39,7 +40,7 @@ def test_without_an_image_model_the_route_says_so():
 def test_generation_returns_base64_pngs(fake):
     backend, _, client = fake
     r = client.images.generate(prompt="a red square", n=2, size="512x256", extra_body={"seed": 11})
-    assert [base64.b64decode(d.b64_json) for d in r.data] == [PNG_1X1, PNG_1X1]
+    assert [base64.b64decode(d.b64_json) for d in r.data] == [png(512, 256)] * 2
     sent = backend.requests[-1]
     assert sent.modalities == ("image",) and sent.messages[0].text == "a red square"
     assert sent.image.size == (512, 256) and sent.image.n == 2 and sent.image.seed == 11
@@ -49,8 +50,12 @@ def test_streaming_sends_partial_images_then_the_completed_one(fake):
     backend, _, client = fake
     events = list(client.images.generate(prompt="a red square", stream=True, partial_images=1))
     assert [e.type for e in events] == ["image_generation.partial_image", "image_generation.completed"]
-    assert events[0].partial_image_index == 0 and base64.b64decode(events[1].b64_json) == PNG_1X1
-    assert events[1].usage.input_tokens == 3 and backend.requests[-1].image.preview_every == 1
+    final = png(*backend.requests[-1].image.size)
+    assert events[0].partial_image_index == 0 and base64.b64decode(events[1].b64_json) == final
+    assert (
+        events[1].usage.input_tokens == backend.count_tokens(backend.requests[-1].messages)
+        and backend.requests[-1].image.preview_every == 1
+    )
 
 
 def test_overload_is_reported_with_its_status(fake):

@@ -8,7 +8,8 @@ import pytest
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.http import routes
 
-from tests.gateway.http_fakes import FakeBackend, served
+from benchmarks.live_server import served
+from tests.gateway.fakes import FakeBackend
 
 KEY = "sk-test-123"
 
@@ -82,7 +83,7 @@ def http_paths() -> list[tuple[str, str]]:
 
 def test_every_route_but_health_wants_the_api_key():
     backend = FakeBackend()
-    with served(backend, api_key=KEY) as (url, client), httpx.Client(base_url=url) as http:
+    with served(backend, GatewayConfig(api_key=KEY)) as (url, client), httpx.Client(base_url=url) as http:
         for method, path in http_paths():
             for headers in (
                 {},

@@ -8,13 +8,14 @@ import json
 from typing import Any
 
 import httpx
-from http_fakes import FakeBackend
-from live_server import serve
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.realtime.commands import SessionLimits
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
+
+from benchmarks.live_server import serve
+from tests.gateway.fakes import FakeBackend
 
 KIB = 1024
 CONFIG = GatewayConfig(

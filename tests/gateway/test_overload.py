@@ -8,12 +8,13 @@ import json
 import time
 from typing import Any
 
-from fakes import FakeBackend
-from live_server import serve
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.realtime.commands import SessionLimits
 from omni_gateway.omni.protocol import Done, Error
 from websockets.asyncio.client import connect
+
+from benchmarks.live_server import serve
+from tests.gateway.fakes import FakeBackend
 
 TIMEOUT = 20
 
@@ -68,7 +69,7 @@ def test_responses_over_the_session_cap_fail_at_once_and_the_rest_complete() -> 
 
 def test_a_full_engine_queue_fails_the_response_with_overloaded() -> None:
     backend = FakeBackend(
-        script=lambda request: [Error("overloaded", "waiting queue is full (4096 requests)", status=503), Done("error")]
+        script=[Error("overloaded", "waiting queue is full (4096 requests)", status=503), Done("error")]
     )
 
     async def go(port: int) -> dict[str, Any]:

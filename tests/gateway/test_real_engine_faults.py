@@ -14,11 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
-from live_server import serve
 from omni_gateway.gateway.config import GatewayConfig
-from real_engine import tiny_pipeline
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
+
+from benchmarks.live_server import serve
+from tests.gateway.real_engine import tiny_pipeline
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 60

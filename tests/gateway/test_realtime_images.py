@@ -8,11 +8,12 @@ import io
 import json
 from typing import Any
 
-from fakes import FakeBackend, png
-from live_server import serve, until
 from omni_gateway.omni.protocol import ImagePart
 from PIL import Image
 from websockets.asyncio.client import connect
+
+from benchmarks.live_server import serve, until
+from tests.gateway.fakes import FakeBackend, png
 
 TIMEOUT = 15
 
@@ -30,7 +31,7 @@ def test_frames_in_and_a_generated_image_out_over_a_socket() -> None:
     frames = [png(shade=k) for k in range(4)]
 
     async def session(port: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=fake-omni") as ws:
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=omni-test") as ws:
             await until(ws, "conversation.created")
             await ws.send(image_item(png(shade=200), text="this is my desk"))
             echoed = (await until(ws, "conversation.item.done"))[-1]["item"]["content"][1]
@@ -84,7 +85,7 @@ def test_a_model_without_vision_answers_an_image_turn_with_an_error_not_a_crash(
     backend = FakeBackend(vision=False)
 
     async def session(port: int) -> list[dict[str, Any]]:
-        async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=fake-omni") as ws:
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=omni-test") as ws:
             await until(ws, "conversation.created")
             await ws.send(image_item(png(), text="what is this?"))
             await until(ws, "conversation.item.done")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from websockets.sync.client import connect
 
-from tests.gateway.live_server import serve
+from benchmarks.live_server import serve
 from tests.gateway.real_engine import tiny_pipeline
 
 BLOCK = 16

@@ -10,8 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fakes import FakeBackend
-from live_server import serve, until
 from omni_gateway.gateway.realtime.errors import RealtimeError
 from omni_gateway.gateway.realtime.truncation import (
     AUTO_RETENTION,
@@ -23,6 +21,9 @@ from omni_gateway.gateway.realtime.truncation import (
 )
 from omni_gateway.omni.protocol import Message, OmniRequest, TextPart, ToolCall
 from websockets.asyncio.client import connect
+
+from benchmarks.live_server import serve, until
+from tests.gateway.fakes import FakeBackend
 
 TIMEOUT = 15
 
@@ -154,7 +155,7 @@ def test_a_long_conversation_reaches_the_model_truncated_and_stays_whole() -> No
     backend.capabilities = dataclasses.replace(backend.capabilities, max_context_tokens=100)
 
     async def go(port: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=fake-omni") as ws:
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=omni-test") as ws:
             await until(ws, "conversation.created")
             await ws.send(
                 json.dumps(

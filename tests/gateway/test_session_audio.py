@@ -6,10 +6,11 @@ import base64
 
 import numpy as np
 import pytest
-from fakes import silence, tone
 from omni_gateway.gateway.realtime import g711
 from omni_gateway.omni.protocol import AudioChunk, Done, Transcription
-from session_driver import (
+
+from tests.gateway.fakes import silence, tone
+from tests.gateway.session_driver import (
     Driver,
     b64,
     cancelled,
@@ -323,9 +324,10 @@ def test_g711_output_format_encodes_deltas() -> None:
 
 
 def test_old_audio_is_dropped_past_the_budget_but_transcripts_and_lengths_stay() -> None:
-    from fakes import FakeBackend
     from omni_gateway.gateway.realtime.commands import SessionLimits
     from omni_gateway.gateway.realtime.session import RealtimeSession
+
+    from tests.gateway.fakes import FakeBackend
 
     backend = FakeBackend()
     d = Driver(backend=backend)
@@ -353,8 +355,9 @@ def test_old_audio_is_dropped_past_the_budget_but_transcripts_and_lengths_stay()
 
 
 def test_idle_timeout_prompts_a_reply_after_the_previous_one_played_out() -> None:
-    from fakes import FakeBackend
     from omni_gateway.gateway.realtime.session import RealtimeSession
+
+    from tests.gateway.fakes import FakeBackend
 
     clock = [1000.0]
     backend = FakeBackend()
@@ -437,8 +440,9 @@ def test_idle_timeout_within_bounds_is_taken_and_null_clears_it(value: int) -> N
 
 
 def test_idle_timeout_fires_once_until_the_client_sends_audio_again() -> None:
-    from fakes import FakeBackend
     from omni_gateway.gateway.realtime.session import RealtimeSession
+
+    from tests.gateway.fakes import FakeBackend
 
     clock = [1000.0]
     backend = FakeBackend()

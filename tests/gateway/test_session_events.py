@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from fakes import tone
-from session_driver import Driver, b64, error, events, only, started, types
+
+from tests.gateway.fakes import tone
+from tests.gateway.session_driver import Driver, b64, error, events, only, started, types
 
 
 def test_open_sends_session_created_then_conversation_created() -> None:
     d = Driver()
     assert types(d.opened) == ["session.created", "conversation.created"]
     session = events(d.opened)[0]["session"]
-    assert session["type"] == "realtime" and session["model"] == "fake-omni"
+    assert session["type"] == "realtime" and session["model"] == "omni-test"
     assert session["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
     assert session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
     assert all(e["event_id"].startswith("event_") for e in events(d.opened))

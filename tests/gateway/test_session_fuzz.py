@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fakes import silence, tone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from session_driver import Driver, b64, events, responses_started
+
+from tests.gateway.fakes import silence, tone
+from tests.gateway.session_driver import Driver, b64, events, responses_started
 
 ITEM_IDS = st.sampled_from(["a", "b", "root", "missing"])
 JSONISH = st.recursive(

@@ -8,12 +8,13 @@ import io
 from typing import Any
 
 import pytest
-from fakes import FakeBackend, png
 from omni_gateway.gateway.realtime.commands import SessionLimits
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.omni.protocol import Done, Error, ImageFinal, ImagePart, ImagePartial, TextDelta
 from PIL import Image
-from session_driver import Driver, b64, error, events, generations, only, started, types
+
+from tests.gateway.fakes import FakeBackend, png
+from tests.gateway.session_driver import Driver, b64, error, events, generations, only, started, types
 
 
 def encoded(fmt: str) -> bytes:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import base64
 
-from fakes import tone
 from omni_gateway.omni.protocol import AudioChunk, Done, Error, TextDelta, ToolCallDelta, Usage
-from session_driver import Driver, cancelled, error, events, only, started, types
+
+from tests.gateway.fakes import tone
+from tests.gateway.session_driver import Driver, cancelled, error, events, only, started, types
 
 TEXT_ORDER = [
     "response.output_item.added",
@@ -299,7 +300,7 @@ def test_tool_call_lifecycle_and_round_trip() -> None:
 
 
 def test_audio_output_refused_when_the_backend_cannot_speak() -> None:
-    from fakes import FakeBackend
+    from tests.gateway.fakes import FakeBackend
 
     d = Driver(backend=FakeBackend(audio_out=False))
     assert events(d.opened)[0]["session"]["output_modalities"] == ["text"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fakes import FakeBackend, png, silence, tone
 from omni_gateway.omni.protocol import (
     AudioChunk,
     Done,
@@ -20,7 +19,9 @@ from omni_gateway.omni.protocol import (
 from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
 from openai.types.realtime import RealtimeServerEvent as GaServerEvent
 from pydantic import TypeAdapter
-from session_driver import Driver, b64, committed_jobs, events, started
+
+from tests.gateway.fakes import FakeBackend, png, silence, tone
+from tests.gateway.session_driver import Driver, b64, committed_jobs, events, started
 
 ADAPTERS = {"ga": TypeAdapter(GaServerEvent), "beta": TypeAdapter(BetaServerEvent)}
 # The SDK's beta union lacks these (the beta API did send conversation.item.retrieved).

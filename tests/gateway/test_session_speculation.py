@@ -7,10 +7,11 @@ nothing; the prepared reply is a generation task under the id of the response th
 
 from __future__ import annotations
 
-from fakes import silence, tone
 from omni_gateway.gateway.realtime.commands import Generate, Output, Transcribe
 from omni_gateway.omni.protocol import Done, TextDelta, Transcription
-from session_driver import Driver, b64, cancelled, events, generations, only, started, transcribes, types
+
+from tests.gateway.fakes import silence, tone
+from tests.gateway.session_driver import Driver, b64, cancelled, events, generations, only, started, transcribes, types
 
 
 def vad(d: Driver, **input_audio: object) -> None:

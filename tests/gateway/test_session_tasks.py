@@ -7,12 +7,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from fakes import tone
 from omni_gateway.gateway.errors import SERVER_ERROR
 from omni_gateway.gateway.realtime.commands import AsrDeadline, Close, Output, SessionLimits, StartTask
 from omni_gateway.gateway.realtime.truncation import Truncation
 from omni_gateway.omni.protocol import Error, Message, TextDelta, TextPart, Transcription
-from session_driver import Driver, b64, cancelled, error, events, generations, only, started, transcribes, types
+
+from tests.gateway.fakes import tone
+from tests.gateway.session_driver import (
+    Driver,
+    b64,
+    cancelled,
+    error,
+    events,
+    generations,
+    only,
+    started,
+    transcribes,
+    types,
+)
 
 
 def out_of_band(text: str = "hi") -> dict[str, Any]:

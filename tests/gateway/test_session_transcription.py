@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from fakes import FakeBackend, silence, tone
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.omni.protocol import Transcription
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
-from session_driver import Driver, b64, committed_jobs, error, events, only, transcribes, types
+
+from tests.gateway.fakes import FakeBackend, silence, tone
+from tests.gateway.session_driver import Driver, b64, committed_jobs, error, events, only, transcribes, types
 
 VAD = {"type": "server_vad", "silence_duration_ms": 200}
 

@@ -8,28 +8,23 @@ import asyncio
 import base64
 import json
 import struct
-import sys
 import zlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from omni_gateway.encoders.budget import PixelBudget
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.omni import vision
+from omni_gateway.omni.config import OmniConfig
+from omni_gateway.omni.pipeline import OmniPipeline
+from omni_gateway.omni.protocol import Done, Error, ImagePart, Message, OmniRequest, SamplingOptions, TextPart
 from PIL import Image
+from websockets.asyncio.client import connect
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
-
-from live_server import serve, until  # noqa: E402
-from omni_gateway.encoders.budget import PixelBudget  # noqa: E402
-from omni_gateway.engine.config import EngineConfig  # noqa: E402
-from omni_gateway.omni import vision  # noqa: E402
-from omni_gateway.omni.config import OmniConfig  # noqa: E402
-from omni_gateway.omni.pipeline import OmniPipeline  # noqa: E402
-from omni_gateway.omni.protocol import Done, Error, ImagePart, Message, OmniRequest, SamplingOptions, TextPart  # noqa: E402
-from websockets.asyncio.client import connect  # noqa: E402
-
-from benchmarks.checkpoints import picture, png_bytes, save_tiny_llava  # noqa: E402
+from benchmarks.checkpoints import picture, png_bytes, save_tiny_llava
+from benchmarks.live_server import serve, until
 
 SIDE = 64  # test pictures are SIDE x SIDE
 PIXELS = SIDE * SIDE

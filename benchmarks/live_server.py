@@ -1,5 +1,5 @@
-"""A real uvicorn server on a free loopback port, in a thread, for socket-level tests, and the
-client-side reads those tests share."""
+"""The gateway's real application on a free loopback port, served by uvicorn in a thread: what the socket-level
+tests and the end-to-end benchmarks talk to, plus the client-side reads they share."""
 
 from __future__ import annotations
 
@@ -16,25 +16,29 @@ from omni_gateway.gateway.app import create_app
 from omni_gateway.gateway.config import GatewayConfig
 from websockets.asyncio.client import ClientConnection
 
+START_TIMEOUT_S = 10
+
 
 @contextlib.contextmanager
 def serve(backend: object, config: GatewayConfig | None = None) -> Iterator[int]:
-    """Yields the port; the server stops when the block ends."""
+    """Serve ``backend`` (any ``OmniBackend``) behind ``config``; yields the port, and stops the server (waiting
+    for its thread) when the block ends. The socket is bound before the server starts, so the port cannot
+    be taken in between."""
     config = config or GatewayConfig()
     app = create_app(backend, config)  # type: ignore[arg-type]
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
+    port: int = sock.getsockname()[1]
     server = uvicorn.Server(
         uvicorn.Config(app, log_level="warning", ws_max_size=config.max_frame_bytes, lifespan="off")
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + START_TIMEOUT_S
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start within 10 s")
+            raise RuntimeError(f"uvicorn did not start within {START_TIMEOUT_S} s")
         time.sleep(0.01)
     try:
         yield port
@@ -44,8 +48,20 @@ def serve(backend: object, config: GatewayConfig | None = None) -> Iterator[int]
         sock.close()
 
 
+@contextlib.contextmanager
+def served(backend: object, config: GatewayConfig | None = None) -> Iterator[tuple[str, Any]]:
+    """``serve``, as ``(base URL, openai.OpenAI client)`` for the HTTP API."""
+    import openai
+
+    config = config or GatewayConfig()
+    with serve(backend, config) as port:
+        url = f"http://127.0.0.1:{port}"
+        yield url, openai.OpenAI(base_url=f"{url}/v1", api_key=config.api_key or "unused", max_retries=0, timeout=20)
+
+
 async def recv(ws: ClientConnection) -> dict[str, Any]:
-    return json.loads(await ws.recv())
+    event: dict[str, Any] = json.loads(await ws.recv())
+    return event
 
 
 async def until(ws: ClientConnection, kind: str) -> list[dict[str, Any]]:
