@@ -159,9 +159,9 @@ def main() -> None:
     runner = llm.engine.runner
     execute = runner.execute
 
-    def recording_execute(batch: Any) -> Any:
+    def recording_execute(batch: Any, after: Any = None) -> Any:
         usage.record(batch)
-        return execute(batch)
+        return execute(batch, after)
 
     runner.execute = recording_execute
     total = n * new

@@ -295,7 +295,7 @@ def run_engine(
             f"(pipelined {per_token * 1e3:.3f}: {unpipelined / per_token:.3f}x)",
             flush=True,
         )
-    graph_ms = device_step_ms(llm)
+    graph_ms = device_step_ms(llm, b1_prompt)
     if args.profile_b1:
         import cProfile
         import pstats
@@ -357,22 +357,45 @@ def b1_decode_seconds(llm: Any, prompt: list[int], new_tokens: int) -> float:
     return (min(timings[1], timings[3]) - min(timings[0], timings[2])) / new_tokens
 
 
-def device_step_ms(llm: Any, replays: int = 100) -> float | None:
-    """Median ms of the batch-1 decode graph replayed back to back on its last inputs (the b1 run's
-    last step), with no host work between replays; None when the engine runs without graphs."""
+def device_step_ms(llm: Any, prompt: list[int], steps: int = 100) -> float | None:
+    """Median device ms of the batch-1 decode graph over a ``steps``-token generate (CUDA events
+    around each replay: the step's device time without the host's share); None without graphs."""
+    marks = graph_replay_marks(llm, prompt, steps)
+    return None if marks is None else statistics.median(b.elapsed_time(e) for b, e, _ in marks)
+
+
+def graph_replay_marks(
+    llm: Any, prompt: list[int], steps: int
+) -> list[tuple[torch.cuda.Event, torch.cuda.Event, float]] | None:
+    """CUDA events around every replay of the batch-1 decode graph in a warm ``steps``-token generate,
+    with the host seconds spent inside each launch; None when the engine runs without graphs."""
+    from omni_gateway.engine import SamplingParams
+
     graphs = llm.engine.runner.graphs
     if graphs is None:
         return None
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays // 5):
-            graphs.replay_as_is(1)
+    graph = graphs._graphs._graphs[1].graph
+    replay = graph.replay
+    marks: list[tuple[torch.cuda.Event, torch.cuda.Event, float]] = []
+
+    def timed_replay() -> None:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        t0 = time.perf_counter()
+        replay()
+        marks.append((begin, end, time.perf_counter() - t0))
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / (replays // 5))
-    return statistics.median(times)
+
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
+    graph.replay = timed_replay
+    try:
+        llm.generate([prompt], params)
+        marks.clear()
+        llm.generate([prompt], params)
+        torch.cuda.synchronize()
+    finally:
+        del graph.replay
+    return marks
 
 
 def trace_decode(llm: Any, prompt: list[int], steps: int) -> None:
@@ -419,33 +442,10 @@ def probe_steps(llm: Any, prompt: list[int], steps: int) -> None:
     """Split a batch-1 step into the graph's device time, the device time between two graphs (the
     staged copies and any idling) and the host time spent inside the graph launch, from CUDA events
     recorded around every replay of the batch-1 graph and host clocks around the launch call."""
-    from omni_gateway.engine import SamplingParams
-
-    graphs = llm.engine.runner.graphs
-    if graphs is None:
+    marks = graph_replay_marks(llm, prompt, steps)
+    if marks is None:
         print("  probe: the engine runs without graphs", flush=True)
         return
-    graph = graphs._graphs._graphs[1].graph
-    replay = graph.replay
-    marks: list[tuple[torch.cuda.Event, torch.cuda.Event, float]] = []
-
-    def timed_replay() -> None:
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        t0 = time.perf_counter()
-        replay()
-        marks.append((begin, end, time.perf_counter() - t0))
-        end.record()
-
-    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
-    graph.replay = timed_replay
-    try:
-        llm.generate([prompt], params)
-        marks.clear()
-        llm.generate([prompt], params)
-        torch.cuda.synchronize()
-    finally:
-        del graph.replay
     inside = [b.elapsed_time(e) for b, e, _ in marks]
     between = [marks[i][1].elapsed_time(marks[i + 1][0]) for i in range(len(marks) - 1)]
     launch = [host * 1e3 for _, _, host in marks]

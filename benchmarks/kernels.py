@@ -40,7 +40,6 @@ import triton.testing
 from omni_gateway.kernels import reference as ref
 from omni_gateway.kernels.activation import silu_and_mul
 from omni_gateway.kernels.argmax import greedy_argmax
-from omni_gateway.kernels.kv_cache import write_kv_cache
 from omni_gateway.kernels.norm import fused_add_rms_norm, rms_norm
 from omni_gateway.kernels.paged_attention import (
     DecodeConfig,
@@ -515,10 +514,6 @@ def bench_elementwise(copy_bw: float, report: Report) -> None:
     inv = 1.0 / (10000 ** (torch.arange(0, d // 2, device="cuda", dtype=torch.float32) / (d // 2)))
     ang = torch.arange(8192, device="cuda", dtype=torch.float32)[:, None] * inv[None]
     cos_sin = torch.cat([ang.cos(), ang.sin()], 1)
-    num_blocks = t_tok // PAGE * 2
-    k_cache = torch.randn(num_blocks, PAGE, hkv, d, device="cuda", dtype=dtype)
-    v_cache = torch.randn_like(k_cache)
-    slots = torch.randperm(num_blocks * PAGE, device="cuda")[:t_tok]
     e = x.element_size()
     cases = [
         (
@@ -550,23 +545,17 @@ def bench_elementwise(copy_bw: float, report: Report) -> None:
                 apply_rotary(q, k, pos, cos_sin)[0], ref.apply_rotary(q.double(), k.double(), pos, cos_sin.double())[0]
             ),
         ),
-        ("write_kv_cache", lambda m: m.write_kv_cache(k, k, k_cache, v_cache, slots), 4 * k.numel() * e, None),
     ]
     impls = {
         "rms_norm": rms_norm,
         "fused_add_rms_norm": fused_add_rms_norm,
         "silu_and_mul": silu_and_mul,
         "apply_rotary": apply_rotary,
-        "write_kv_cache": write_kv_cache,
     }
     ns = argparse.Namespace(**impls)
     rows = []
     for name, call, nbytes, check in cases:
         err = check() if check else float("nan")
-        if name == "write_kv_cache":
-            write_kv_cache(k, k, k_cache, v_cache, slots)
-            got = k_cache.view(-1, hkv, d)[slots]
-            err = rel_err(got, k)
         t = triton.testing.do_bench(lambda: call(ns), warmup=25, rep=100, return_mode="median") / 1e3
         t_ref = triton.testing.do_bench(lambda: call(ref), warmup=25, rep=100, return_mode="median") / 1e3
         report.record("elementwise", name=name, seconds=t, ref_seconds=t_ref, bytes=nbytes, rel_err=err)

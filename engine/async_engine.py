@@ -85,6 +85,12 @@ class AsyncEngine:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    @property
+    def device_and_dtype(self) -> tuple[Any, Any]:
+        """The torch device and dtype the model runs in, for encoders whose outputs feed it."""
+        runner = self.engine.runner
+        return runner.device, getattr(runner, "dtype", None)
+
     def render_chat(
         self,
         messages: Sequence[Mapping[str, Any]],

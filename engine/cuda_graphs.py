@@ -130,15 +130,6 @@ class DecodeGraphs:
         captured.graph.replay()
         return _leading_rows(captured.outputs, batch)
 
-    def replay_as_is(self, bucket: int) -> None:
-        """Replay ``bucket``'s graph on whatever its static buffers hold now, staging nothing: the
-        device time of a step without the host's share, for benchmarks."""
-        if bucket not in self._graphs:
-            raise ValueError(
-                f"replay_as_is: no graph captured for batch size {bucket}; captured {sorted(self._graphs)}"
-            )
-        self._graphs[bucket].graph.replay()
-
     def _stage(self, name: str, src: torch.Tensor, bucket: int) -> None:
         dst = self._inputs[name][:bucket]
         if src.dim() != dst.dim() or any(s > d for s, d in zip(src.shape[1:], dst.shape[1:])):

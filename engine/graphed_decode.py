@@ -6,7 +6,7 @@ into the graphs' static buffers with one asynchronous copy each. The smallest fi
 replays the whole model forward, the LM head and a greedy argmax, and the logits and argmax of
 the live rows come back as views of the graph's outputs (valid until the next replay).
 
-A step launched ahead of the host (``launch`` with ``after``) does not know its token ids: its
+A step launched ahead of the host (``forward`` with ``after``) does not know its token ids: its
 rows carry id -1 and the graph takes those rows' ids from a device buffer, staged from the
 argmax of the step in flight by a device-to-device copy.
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,8 +27,7 @@ from omni_gateway.engine.attention import AttentionMetadata
 from omni_gateway.engine.block_table_rows import BlockTableRows
 from omni_gateway.engine.cuda_graphs import DecodeGraphs, default_buckets, pick_bucket
 from omni_gateway.engine.pending_decode import PendingDecode
-from omni_gateway.engine.sampler import to_device
-from omni_gateway.engine.sequence import ScheduledBatch
+from omni_gateway.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +37,7 @@ _IDS, _POS, _SLOT, _LEN = range(4)
 _FROM_DEVICE = -1  # token id column: take the id from the device buffer ``prev_ids``
 
 
-class _Staging:
+class Staging:
     """Pinned host buffers of one step. Two alternate, so a step can be packed while the copies of
     the one launched before it may still be in flight; ``copied`` marks the end of their use."""
 
@@ -51,7 +49,7 @@ class _Staging:
         self.tables_np = self.tables.numpy()
         self.copied: torch.cuda.Event | None = None
 
-    def claim(self) -> _Staging:
+    def claim(self) -> Staging:
         if self.copied is not None:
             self.copied.synchronize()
             self.copied = None
@@ -59,8 +57,7 @@ class _Staging:
 
 
 class GraphedDecode:
-    """``capture()`` once on a CUDA device, then ``run(seqs)`` (the runner samples and waits) or
-    ``launch(batch, choose)`` (the host reads the tokens later) per pure-decode step."""
+    """``capture()`` once on a CUDA device, then ``forward(seqs, after)`` per pure-decode step."""
 
     def __init__(
         self,
@@ -75,7 +72,7 @@ class GraphedDecode:
         self._model = model
         self._kv_caches = kv_caches
         self.block_size = block_size
-        self._staging = [_Staging(max_batch, max_blocks_per_seq) for _ in range(2)]
+        self._staging = [Staging(max_batch, max_blocks_per_seq) for _ in range(2)]
         self._turn = 0
         self._table_rows = BlockTableRows()
         capture_rows = torch.zeros(max_batch, 4, dtype=torch.int64)
@@ -105,10 +102,6 @@ class GraphedDecode:
             "captured decode CUDA graphs for %d batch sizes in %.1f s", len(self.buckets), time.perf_counter() - start
         )
 
-    def replay_as_is(self, bucket: int) -> None:
-        """See ``DecodeGraphs.replay_as_is``: the last staged inputs again, for benchmarks."""
-        self._graphs.replay_as_is(bucket)
-
     def release(self, seq_ids: list[int]) -> None:
         """Forget the cached block-table rows of finished sequences."""
         self._table_rows.release(seq_ids)
@@ -136,14 +129,20 @@ class GraphedDecode:
         # outside the graph and, on one row of a large vocabulary, far more device time.
         return logits, self._model.ops.greedy_argmax(logits)
 
-    def _next_staging(self) -> _Staging:
+    def forward(
+        self, seqs: list[Sequence], after: PendingDecode | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, Staging] | None:
+        """float32 logits ``[len(seqs), vocab]`` and their int64 argmax ``[len(seqs)]`` for one decode
+        token per sequence (views of the graph's outputs, valid until the next replay), and the step's
+        staging buffers, whose ``copied`` the caller sets once their last use is queued; None when the
+        batch exceeds the largest bucket. Each sequence decodes position ``num_computed_tokens``, or
+        with ``after``, the step in flight whose tokens the host has not read, the position after it,
+        with the token ``after`` samples for it."""
+        bucket = pick_bucket(self.buckets, len(seqs))
+        if bucket is None:
+            return None
         self._turn ^= 1
-        return self._staging[self._turn].claim()
-
-    def _replay(
-        self, seqs: list[Any], bucket: int, prev_ids: torch.Tensor | None
-    ) -> tuple[_Staging, torch.Tensor, torch.Tensor]:
-        staging = self._next_staging()
+        staging = self._staging[self._turn].claim()
         pack_decode_inputs(
             seqs,
             staging.rows_np,
@@ -151,66 +150,18 @@ class GraphedDecode:
             self.block_size,
             self._table_rows,
             bucket,
-            ahead=prev_ids is not None,
+            ahead=after is not None,
         )
         inputs = {"rows": staging.rows[:bucket], "block_tables": staging.tables[:bucket]}
-        if prev_ids is not None:
-            inputs["prev_ids"] = prev_ids
+        if after is not None:
+            inputs["prev_ids"] = after.tokens_for(seqs)
         out = self._graphs.replay(**inputs)
         assert isinstance(out, tuple) and len(out) == 2
         logits, argmax = out  # the bucket's rows: padding rows follow the live ones
-        return staging, logits[: len(seqs)], argmax[: len(seqs)]
-
-    def run(self, seqs: list[Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """float32 logits ``[len(seqs), vocab]`` and their int64 argmax ``[len(seqs)]`` for one decode
-        token per sequence, or None when the batch exceeds the largest bucket. Each sequence decodes
-        position ``num_computed_tokens``."""
-        bucket = pick_bucket(self.buckets, len(seqs))
-        if bucket is None:
-            return None
-        staging, logits, argmax = self._replay(seqs, bucket, None)
-        staging.copied = _record()
-        return logits, argmax
-
-    def launch(
-        self,
-        batch: ScheduledBatch,
-        choose: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        after: PendingDecode | None = None,
-    ) -> PendingDecode | None:
-        """Start a decode step and return without waiting for it (None when the batch exceeds the
-        largest bucket); ``choose(logits, argmax)`` turns the graph's outputs into the step's tokens
-        on the device. With ``after``, the step in flight whose tokens the host has not read, each
-        sequence decodes the position after its last known token, with the token ``after`` samples
-        for it."""
-        seqs = batch.seqs
-        bucket = pick_bucket(self.buckets, len(seqs))
-        if bucket is None:
-            return None
-        prev_ids = None if after is None else tokens_for(seqs, after)
-        staging, logits, argmax = self._replay(seqs, bucket, prev_ids)
-        pending = PendingDecode.start(batch, choose(logits, argmax), staging.tokens[: len(seqs)])
-        staging.copied = pending.ready
-        return pending
+        return logits[: len(seqs)], argmax[: len(seqs)], staging
 
 
-def _record() -> torch.cuda.Event:
-    event = torch.cuda.Event()
-    event.record()
-    return event
-
-
-def tokens_for(seqs: list[Any], after: PendingDecode) -> torch.Tensor:
-    """The device tokens ``after`` samples for ``seqs`` (each of which is in ``after``'s batch), in
-    the order of ``seqs``."""
-    row_of = {seq.seq_id: i for i, seq in enumerate(after.batch.seqs)}
-    rows = [row_of[seq.seq_id] for seq in seqs]
-    if rows == list(range(len(rows))):
-        return after.tokens[: len(rows)]
-    return after.tokens[to_device(rows, torch.int64, after.tokens.device)]
-
-
-def decode_position(seq: Any, block_size: int, ahead: bool) -> int:
+def decode_position(seq: Sequence, block_size: int, ahead: bool) -> int:
     """The position ``seq`` decodes: ``num_computed_tokens``, or with ``ahead`` the one after it, whose
     token is still on the device. Raises ValueError where that position has no token or no KV slot."""
     pos = seq.num_computed_tokens + (1 if ahead else 0)
@@ -225,7 +176,7 @@ def decode_position(seq: Any, block_size: int, ahead: bool) -> int:
 
 
 def pack_decode_inputs(
-    seqs: list[Any],
+    seqs: list[Sequence],
     rows: np.ndarray,
     tables: np.ndarray,
     block_size: int,
@@ -244,7 +195,7 @@ def pack_decode_inputs(
         pos = decode_position(seq, bs, ahead)
         table = seq.block_table
         token = _FROM_DEVICE if ahead else seq.token_ids[pos]
-        rows[i] = (token, pos, table[pos // bs] * bs + pos % bs, pos + 1)
+        rows[i] = (token, pos, seq.slot(pos, bs), pos + 1)
         used = min(len(table), width)
         tables[i, :used] = table_rows.row(seq)[:used]  # columns past the context are never read
     rows[len(seqs) : bucket] = (0, 0, -1, 0)

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from omni_gateway.engine.chat_template import render_chat
-from omni_gateway.engine.config import EngineConfig, default_block_size
+from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.detokenizer import IncrementalDetokenizer
 from omni_gateway.engine.errors import InvalidRequest
 from omni_gateway.engine.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
-from omni_gateway.engine.pipelining import launchable, lookahead_batch
+from omni_gateway.engine.pipelining import launchable
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.scheduler import Scheduler
 from omni_gateway.engine.sequence import EmbedSpan, FinishReason, ScheduledBatch, Sequence
@@ -27,14 +27,24 @@ from omni_gateway.engine.sequence import EmbedSpan, FinishReason, ScheduledBatch
 log = logging.getLogger(__name__)
 
 
+class Step(Protocol):
+    """A step the runner started: its batch, and ``results()``, which waits for its tokens and
+    returns one result per sequence (None where it sampled nothing)."""
+
+    batch: ScheduledBatch
+
+    def results(self) -> list[Any]: ...  # SampleResult | None per sequence
+
+
 class Runner(Protocol):
-    """What the engine drives. A runner may also offer ``launch_decode(batch, after=None)``, returning
-    an object whose ``batch`` is the step's and whose ``results()`` waits for its tokens (see
-    ``ModelRunner.launch_decode``); then decode steps are pipelined."""
+    """What the engine drives (``ModelRunner``): ``execute(batch)`` starts a step; with ``after``,
+    a step whose tokens the host has not read, every sequence decodes the position after its last
+    known token, with the token ``after`` samples for it (see ``engine.pipelining``)."""
 
     num_kv_blocks: int
+    device: Any  # a torch.device: pipelined decode defaults on where launches are asynchronous (CUDA)
 
-    def execute(self, batch: ScheduledBatch) -> list[Any]: ...  # SampleResult | None per sequence
+    def execute(self, batch: ScheduledBatch, after: Any = None) -> Step: ...
 
     def release(self, seq_ids: list[int]) -> None: ...
 
@@ -71,18 +81,19 @@ class LLMEngine:
             from omni_gateway.engine.model_runner import ModelRunner
 
             runner_factory = ModelRunner
-        block_size = config.block_size
-        if block_size is None:  # device "auto": the block size follows the device it picks
+        if config.device == "auto":
+            # Resolved once, here: the config then names its device, and its block size follows it.
             from omni_gateway.engine.model_runner import pick_device_dtype
 
-            block_size = default_block_size(pick_device_dtype(config)[0].type)
-            config = dataclasses.replace(config, block_size=block_size)
+            config = dataclasses.replace(config, device=pick_device_dtype(config)[0].type)
+        assert config.block_size is not None  # EngineConfig sets it for every named device
+        block_size = config.block_size
         self.config = config
         self.model = model
         self.tokenizer = model.tokenizer
         self.eos_token_ids: frozenset[int] = frozenset(model.eos_token_ids)
         self.vocab_size: int = model.vocab_size
-        self.runner = runner_factory(config, model)
+        self.runner: Runner = runner_factory(config, model)
         num_blocks = self.runner.num_kv_blocks
         self.max_model_len = self._decide_max_model_len(config, model.max_model_len, num_blocks, block_size)
         kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=config.enable_prefix_caching)
@@ -90,12 +101,10 @@ class LLMEngine:
         self._requests: dict[str, _Request] = {}
         self._owner: dict[int, tuple[_Request, int]] = {}
         self._finished: list[RequestOutput] = []
-        self._in_flight: Any = None  # a pipelined step whose tokens the host has not read
-        self._launch: Callable[..., Any] | None = None
-        on_cuda = getattr(getattr(self.runner, "device", None), "type", None) == "cuda"
-        # "auto" leaves a runner that cannot launch ahead unpipelined; "on" insists (the setter refuses).
-        can_launch = hasattr(self.runner, "launch_decode")
-        self.pipelined = config.pipeline_decode == "on" or (config.pipeline_decode == "auto" and on_cuda and can_launch)
+        self._in_flight: Step | None = None  # a pipelined step whose tokens the host has not read
+        self._pipelined = False
+        on_cuda = self.runner.device.type == "cuda"
+        self.pipelined = config.pipeline_decode == "on" or (config.pipeline_decode == "auto" and on_cuda)
         self.num_steps_ahead = 0  # steps launched before the host had read the step in front of them
 
     @staticmethod
@@ -115,19 +124,14 @@ class LLMEngine:
     @property
     def pipelined(self) -> bool:
         """Whether decode steps run one step ahead of the host (see ``engine.pipelining``)."""
-        return self._launch is not None
+        return self._pipelined
 
     @pipelined.setter
     def pipelined(self, on: bool) -> None:
-        launch = getattr(self.runner, "launch_decode", None)
-        if on and launch is None:
-            raise ValueError(
-                f"pipelined decode needs a runner with launch_decode; {type(self.runner).__name__} has none"
-            )
         if self._in_flight is not None and not all(seq.is_finished for seq in self._in_flight.batch.seqs):
             raise RuntimeError("cannot switch pipelined decode while a step of unfinished requests is in flight")
         self._in_flight = None
-        self._launch = launch if on else None
+        self._pipelined = on
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -242,12 +246,6 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
-    def request_output(self, request_id: str) -> RequestOutput:
-        req = self._requests.get(request_id)
-        if req is None:
-            raise KeyError(f"no unfinished request {request_id!r}")
-        return self._output(req)
-
     def pop_finished(self) -> list[RequestOutput]:
         """RequestOutputs of requests that finished since the last call (the caller must drain this)."""
         out, self._finished = self._finished, []
@@ -270,15 +268,15 @@ class LLMEngine:
                         f"{self.scheduler.num_running} running sequences"
                     )
                 return []
-            if self._launch is not None and launchable(batch):
-                pending = self._launch(batch)
-            if pending is None:
-                return self._absorb(batch, self.runner.execute(batch))
-        assert self._launch is not None
-        ahead = lookahead_batch(pending.batch, self.scheduler)
-        if ahead is not None:
-            self._in_flight = self._launch(ahead, pending)
-            self.num_steps_ahead += self._in_flight is not None
+            pending = self.runner.execute(batch)
+            chain = self._pipelined and launchable(batch)
+        else:
+            chain = True  # a step launched ahead is launchable by construction
+        if chain:
+            ahead = self.scheduler.schedule_lookahead(pending.batch)
+            if ahead is not None:
+                self._in_flight = self.runner.execute(ahead, pending)
+                self.num_steps_ahead += 1
         return self._absorb(pending.batch, pending.results())
 
     def _absorb(self, batch: ScheduledBatch, results: list[Any]) -> list[StreamDelta]:

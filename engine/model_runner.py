@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 from omni_gateway.engine.attention import AttentionMetadata, plan_step, select_kernels
-from omni_gateway.engine.config import EngineConfig, default_block_size
-from omni_gateway.engine.graphed_decode import GraphedDecode, decode_position, tokens_for
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.graphed_decode import GraphedDecode, Staging, decode_position
 from omni_gateway.engine.loader import LoadedModel
 from omni_gateway.engine.models import build_model
 from omni_gateway.engine.mrope import mrope_positions
@@ -54,8 +54,12 @@ class ModelRunner:
         self.config = config
         self.device, self.dtype = pick_device_dtype(config)
         self.ops = select_kernels(config.attention_backend, self.device)
-        # A config built for device 'auto' leaves the block size to the device it resolves to.
-        self.block_size = config.block_size or default_block_size(self.device.type)
+        if config.block_size is None:
+            raise ValueError(
+                "ModelRunner needs a config with a named device (LLMEngine resolves 'auto'); "
+                "got device 'auto' and no block_size"
+            )
+        self.block_size = config.block_size
         self.max_model_len = loaded.max_model_len
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         self.model = build_model(
@@ -67,7 +71,7 @@ class ModelRunner:
             max_positions=self.max_model_len,
         )
         shape = self.model.shape
-        self.uses_mrope = bool(getattr(self.model, "uses_mrope", False))
+        self.uses_mrope: bool = self.model.uses_mrope
         self.num_kv_blocks = self._decide_num_blocks(shape.num_layers, shape.num_kv_heads, shape.head_dim)
         # Zeroed, not empty: padded decode positions are masked, but NaN garbage would still leak
         # through the masked softmax weights (0 * NaN).
@@ -137,71 +141,43 @@ class ModelRunner:
             self.graphs.release(seq_ids)
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> list[SampleResult | None]:
-        results: list[SampleResult | None] = [None] * len(batch.seqs)
-        if not batch.seqs:
-            return results
-        if self.graphs is not None and self._graph_ready(batch):
-            graphed = self.graphs.run(batch.seqs)
-            if graphed is not None:
-                logits, argmax = graphed
-                rows = [i for i, seq in enumerate(batch.seqs) if seq.num_computed_tokens + 1 == len(seq)]
-                if len(rows) < len(batch.seqs):  # one-token prefill chunks sample nothing
-                    picked = to_device(rows, torch.int64, self.device)
-                    logits, argmax = logits[picked], argmax[picked]
-                for slot, sample in zip(rows, self.sampler(logits, [batch.seqs[i] for i in rows], argmax)):
-                    results[slot] = sample
-                return results
-        step = self._prepare(batch)
-        hidden = self.model.forward(
-            step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds
-        )
-        if not step.sample_seqs:
-            return results
-        logits = self.model.compute_logits(hidden[step.sample_rows])
-        for slot, sample in zip(step.sample_slots, self.sampler(logits, step.sample_seqs)):
-            results[slot] = sample
-        return results
-
-    @torch.inference_mode()
-    def launch_decode(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> PendingDecode | None:
-        """Start a decode step whose tokens depend on the logits alone (see ``engine.pipelining``) and
-        return before it finishes; with ``after``, the step in flight, each sequence decodes the
-        position whose token ``after`` samples. None for models with M-RoPE positions, whose steps go
-        through ``execute``."""
-        if self.uses_mrope:
-            return None
-        if self.graphs is not None:
-            pending = self.graphs.launch(
-                batch, lambda logits, argmax: self.sampler.choose(logits, batch.seqs, argmax), after
-            )
-            if pending is not None:
-                return pending
-        return self._launch_eager(batch, after)
-
-    def _launch_eager(self, batch: ScheduledBatch, after: PendingDecode | None) -> PendingDecode:
-        seqs, bs, dev = batch.seqs, self.block_size, self.device
-        positions = [decode_position(seq, bs, after is not None) for seq in seqs]
-        if after is not None:
-            ids = tokens_for(seqs, after)
+    def execute(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> PendingDecode:
+        """Run one step and return it without waiting for its tokens where nothing needs them on the
+        host first (no logprobs asked; otherwise it comes back resolved). With ``after``, the step in
+        flight whose tokens the host has not read (see ``engine.pipelining``), every sequence decodes
+        the position after its last known token, with the token ``after`` samples for it."""
+        seqs = batch.seqs
+        if not seqs:
+            return PendingDecode.resolved_with(batch, [])
+        staging: Staging | None = None
+        graphed = self.graphs.forward(seqs, after) if self.graphs is not None and self._graph_ready(batch) else None
+        if graphed is not None:
+            logits, argmax, staging = graphed
+            rows = [i for i, seq in enumerate(seqs) if after is not None or seq.num_computed_tokens + 1 == len(seq)]
+            if len(rows) < len(seqs):  # one-token prefill chunks sample nothing
+                picked = to_device(rows, torch.int64, self.device)
+                logits, argmax = logits[picked], argmax[picked]
+            chosen: torch.Tensor | None = argmax
         else:
-            ids = to_device([seq.token_ids[pos] for seq, pos in zip(seqs, positions)], torch.int64, dev)
-        lens = [pos + 1 for pos in positions]
-        meta = AttentionMetadata(
-            slot_mapping=to_device(
-                [seq.block_table[pos // bs] * bs + pos % bs for seq, pos in zip(seqs, positions)], torch.int64, dev
-            ),
-            num_decode=len(seqs),
-            decode_seq_lens=to_device(lens, torch.int32, dev),
-            decode_block_tables=self._block_tables(seqs, lens),
-            prefill_cu_seqlens_q=torch.zeros(1, dtype=torch.int32, device=dev),
-            prefill_seq_lens=torch.zeros(0, dtype=torch.int32, device=dev),
-            prefill_block_tables=self._block_tables([], []),
-            num_tokens=len(seqs),
-        )
-        plan_step(self.ops, meta, bs)
-        hidden = self.model.forward(ids, to_device(positions, torch.int64, dev), meta, self.kv_caches)
-        return PendingDecode.start(batch, self.sampler.choose(self.model.compute_logits(hidden), seqs))
+            step = self._prepare(batch, after)
+            hidden = self.model.forward(
+                step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds
+            )
+            rows = step.sample_slots
+            if not rows:
+                return PendingDecode.resolved_with(batch, [None] * len(seqs))
+            logits, chosen = self.model.compute_logits(hidden[step.sample_rows]), None
+        sampling = [seqs[i] for i in rows]
+        if any(seq.params.logprobs is not None for seq in sampling):
+            results: list[SampleResult | None] = [None] * len(seqs)
+            for row, sample in zip(rows, self.sampler(logits, sampling, chosen)):
+                results[row] = sample
+            return PendingDecode.resolved_with(batch, results)  # the sampler waited for the device
+        host = None if staging is None else staging.tokens[: len(rows)]
+        pending = PendingDecode.start(batch, rows, self.sampler.choose(logits, sampling, chosen), host)
+        if staging is not None:
+            staging.copied = pending.ready
+        return pending
 
     # ---- input preparation ----------------------------------------------------------------------
 
@@ -209,8 +185,13 @@ class ModelRunner:
         """A step the decode graphs can run: one token per sequence, no image embeddings."""
         return all(n == 1 for n in batch.num_new_tokens) and not any(seq.embed_spans for seq in batch.seqs)
 
-    def _prepare(self, batch: ScheduledBatch) -> _StepInputs:
+    def _prepare(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> _StepInputs:
+        """The flattened inputs of ``batch`` (decodes first, then prefill chunks). With ``after``,
+        every sequence decodes the position after its last known token, whose id is on the device."""
         bs = self.block_size
+        ahead = after is not None
+        if ahead and any(n != 1 for n in batch.num_new_tokens):
+            raise ValueError(f"a step launched ahead decodes one token per sequence, got {batch.num_new_tokens}")
         decode = [i for i, n in enumerate(batch.num_new_tokens) if n == 1]
         prefill = [i for i, n in enumerate(batch.num_new_tokens) if n > 1]
         ids: list[int] = []
@@ -227,9 +208,9 @@ class ModelRunner:
         prefill_lens: list[int] = []
         for i in decode + prefill:
             seq = batch.seqs[i]
-            start = seq.num_computed_tokens
+            start = decode_position(seq, bs, ahead=True) if ahead else seq.num_computed_tokens
             end = start + batch.num_new_tokens[i]
-            if end > len(seq):
+            if end > len(seq) + ahead:
                 raise ValueError(f"sequence {seq.request_id!r} scheduled to compute up to {end} tokens, has {len(seq)}")
             if len(seq.block_table) * bs < end:
                 raise ValueError(
@@ -237,10 +218,8 @@ class ModelRunner:
                     f"block table has {len(seq.block_table)}"
                 )
             flat_start = len(ids)
-            ids.extend(seq.token_ids[start:end])
-            table = seq.block_table
-            for pos in range(start, end):
-                slots.append(table[pos // bs] * bs + pos % bs)
+            ids.extend(seq.token_ids[start:end] if not ahead else [0])  # ahead: the id comes from the device
+            slots.extend(seq.slot(pos, bs) for pos in range(start, end))
             if self.uses_mrope:
                 mrope_parts.append(mrope_positions(seq.embed_spans, start, end))
             else:
@@ -250,7 +229,7 @@ class ModelRunner:
             else:
                 prefill_lens.append(end)
                 cu_q.append(cu_q[-1] + end - start)
-            if end == len(seq):
+            if end == len(seq) + ahead:
                 sample_rows.append(len(ids) - 1)
                 sample_seqs.append(seq)
                 sample_slots.append(i)
@@ -263,13 +242,15 @@ class ModelRunner:
         num_decode = len(decode)
         decode_seqs = [batch.seqs[i] for i in decode]
         prefill_seqs = [batch.seqs[i] for i in prefill]
+        # Every upload is asynchronous (pinned memory): a step launched while another is in flight must
+        # not wait for the device.
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            slot_mapping=to_device(slots, torch.int64, dev),
             num_decode=num_decode,
-            decode_seq_lens=torch.tensor(decode_lens, dtype=torch.int32, device=dev),
+            decode_seq_lens=to_device(decode_lens, torch.int32, dev),
             decode_block_tables=self._block_tables(decode_seqs, decode_lens),
-            prefill_cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, device=dev),
-            prefill_seq_lens=torch.tensor(prefill_lens, dtype=torch.int32, device=dev),
+            prefill_cu_seqlens_q=to_device(cu_q, torch.int32, dev),
+            prefill_seq_lens=to_device(prefill_lens, torch.int32, dev),
             prefill_block_tables=self._block_tables(prefill_seqs, prefill_lens),
             num_tokens=len(ids),
         )
@@ -278,17 +259,15 @@ class ModelRunner:
         if embed_parts:
             embeds = torch.cat([p.to(device=dev, dtype=self.dtype) for p in embed_parts], dim=0)
         return _StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            input_ids=after.tokens_for(decode_seqs) if after is not None else to_device(ids, torch.int64, dev),
             positions=(
-                torch.cat(mrope_parts, dim=1).to(dev)
-                if self.uses_mrope
-                else torch.tensor(positions, dtype=torch.int64, device=dev)
+                torch.cat(mrope_parts, dim=1).to(dev) if self.uses_mrope else to_device(positions, torch.int64, dev)
             ),
             meta=meta,
-            sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=dev),
+            sample_rows=to_device(sample_rows, torch.int64, dev),
             sample_seqs=sample_seqs,
             sample_slots=sample_slots,
-            embed_rows=torch.tensor(embed_rows, dtype=torch.int64, device=dev) if embed_rows else None,
+            embed_rows=to_device(embed_rows, torch.int64, dev) if embed_rows else None,
             embeds=embeds,
         )
 

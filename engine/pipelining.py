@@ -1,4 +1,5 @@
-"""Which decode steps run one step ahead of the host, and the step that does. No torch here.
+"""Which decode steps may run one step ahead of the host (``Scheduler.schedule_lookahead`` builds
+them). No torch here.
 
 A step launched ahead starts before the host has read the tokens of the step in flight: each of
 its sequences decodes the position whose token that step is sampling, and the runner takes the
@@ -16,7 +17,6 @@ aborted, while its next step is in flight has that step's row discarded.
 
 from __future__ import annotations
 
-from omni_gateway.engine.scheduler import Scheduler
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
 
 
@@ -42,23 +42,3 @@ def continues_after_next_token(seq: Sequence) -> bool:
     if p.max_tokens is not None and seq.num_output_tokens + 1 >= p.max_tokens:
         return False
     return seq.max_model_len is None or len(seq) + 1 < seq.max_model_len
-
-
-def lookahead_batch(in_flight: ScheduledBatch, scheduler: Scheduler) -> ScheduledBatch | None:
-    """The step to launch behind ``in_flight`` (a ``launchable`` step whose tokens the host has not
-    read), with the KV slot of each sequence's next position allocated; None when the host must see
-    ``in_flight``'s tokens first."""
-    if scheduler.num_waiting:
-        return None  # the host's schedule would admit them
-    live = [seq for seq in in_flight.seqs if not seq.is_finished]
-    if len(live) != scheduler.num_running:
-        return None  # some running sequence was left out of the step in flight; it must not starve
-    seqs = [seq for seq in live if continues_after_next_token(seq)]
-    if not seqs or not all(samples_from_logits_alone(seq) for seq in seqs):
-        return None
-    for seq in seqs:
-        # The slot of the position after the one in flight. Blocks taken before a refusal stay with
-        # their sequence, which the next scheduled step would have allocated anyway.
-        if not scheduler.kv.allocate_slots(seq, 2):
-            return None
-    return ScheduledBatch(seqs=seqs, num_new_tokens=[1] * len(seqs), preempted=[])

@@ -14,6 +14,7 @@ from collections.abc import Sequence as Seq
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import EngineOverloaded
 from omni_gateway.engine.kv_cache_manager import KVCacheManager
+from omni_gateway.engine.pipelining import continues_after_next_token, samples_from_logits_alone
 from omni_gateway.engine.sequence import FinishReason, ScheduledBatch, Sequence, SequenceStatus
 
 
@@ -120,6 +121,25 @@ class Scheduler:
                 self.waiting = [s for s in self.waiting if s.status is SequenceStatus.WAITING]
 
         return ScheduledBatch(seqs=seqs, num_new_tokens=counts, preempted=preempted)
+
+    def schedule_lookahead(self, in_flight: ScheduledBatch) -> ScheduledBatch | None:
+        """The step to launch behind ``in_flight`` (a launchable step whose tokens the host has not
+        read; see ``engine.pipelining``), with the KV slot of each sequence's next position allocated;
+        None when the host must see ``in_flight``'s tokens first."""
+        if self.waiting:
+            return None  # the host's schedule would admit them
+        live = [seq for seq in in_flight.seqs if not seq.is_finished]
+        if len(live) != len(self.running):
+            return None  # some running sequence was left out of the step in flight; it must not starve
+        seqs = [seq for seq in live if continues_after_next_token(seq)]
+        if not seqs or not all(samples_from_logits_alone(seq) for seq in seqs):
+            return None
+        for seq in seqs:
+            # The slot of the position after the one in flight. Blocks taken before a refusal stay with
+            # their sequence, which the next scheduled step would have allocated anyway.
+            if not self.kv.allocate_slots(seq, 2):
+                return None
+        return ScheduledBatch(seqs=seqs, num_new_tokens=[1] * len(seqs), preempted=[])
 
     def update_from_output(self, batch: ScheduledBatch, token_ids: Seq[int | None]) -> list[Sequence]:
         """Advance computed counts, append sampled tokens and finish sequences on token-level stops.

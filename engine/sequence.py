@@ -106,6 +106,10 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
+    def slot(self, pos: int, block_size: int) -> int:
+        """The KV-cache slot of position ``pos``: its block's id times ``block_size`` plus its offset."""
+        return self.block_table[pos // block_size] * block_size + pos % block_size
+
     def extra_keys_for(self, start: int, end: int) -> tuple[str, ...]:
         """Content hashes of media spans overlapping token positions [start, end), for the block hash."""
         return tuple(s.key for s in self.embed_spans if s.offset < end and start < s.offset + s.length)

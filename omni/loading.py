@@ -88,8 +88,8 @@ def _load_vision(config: OmniConfig, engine: Any) -> VisionEncoder:
     """The checkpoint's vision tower, on the engine's device and in its dtype."""
     from omni_gateway.encoders.vision import load_vision_encoder
 
-    runner = engine.engine.runner
-    return load_vision_encoder(config.engine.model, device=runner.device, dtype=runner.dtype)
+    device, dtype = engine.device_and_dtype
+    return load_vision_encoder(config.engine.model, device=device, dtype=dtype)
 
 
 def warm_up(pipeline: OmniPipeline) -> None:

@@ -154,6 +154,8 @@ class _Layer:
 class LlamaModel:
     """Plain tensors and functions (no nn.Module): the forward is all there is to run."""
 
+    uses_mrope = False  # positions are one index per token; M-RoPE models override this
+
     def __init__(
         self,
         hf_config: Any,

@@ -56,6 +56,17 @@ class FakeSample:
     logprob: Any = None
 
 
+@dataclass(frozen=True)
+class FakeStep:
+    """A step the fake runner ran: resolved at once."""
+
+    batch: ScheduledBatch
+    samples: list[FakeSample | None]
+
+    def results(self) -> list[FakeSample | None]:
+        return self.samples
+
+
 def hashed_next_token(context: list[int], seed: int | None, vocab_size: int, first_id: int) -> int:
     """Deterministic 'model': a token picked by hashing the whole context (and the seed, if any)."""
     digest = hashlib.sha256(array("q", context).tobytes() + str(seed).encode()).digest()
@@ -63,6 +74,8 @@ def hashed_next_token(context: list[int], seed: int | None, vocab_size: int, fir
 
 
 class FakeRunner:
+    device: Any = SimpleNamespace(type="cpu")  # a torch.device's only attribute the engine reads
+
     def __init__(
         self, config: EngineConfig, model: Any, *, next_token: Callable[[list[int], Sequence], int] | None = None
     ) -> None:
@@ -77,28 +90,37 @@ class FakeRunner:
         self.released: list[int] = []
         self.fail_after: int | None = None  # raise on this step number (engine death tests)
 
-    def execute(self, batch: ScheduledBatch) -> list[FakeSample | None]:
+    def execute(self, batch: ScheduledBatch, after: FakeStep | None = None) -> FakeStep:
+        """Like ``ModelRunner.execute``; with ``after``, each sequence decodes the position after its
+        last known token, whose id ``after`` sampled."""
         if self.fail_after is not None and len(self.batches) >= self.fail_after:
             raise RuntimeError("simulated device failure")
         bs = self.block_size
-        self.batches.append([(s.seq_id, s.num_computed_tokens, n) for s, n in zip(batch.seqs, batch.num_new_tokens)])
+        ahead = after is not None
+        in_flight = {} if after is None else {s.seq_id: r.token_id for s, r in zip(after.batch.seqs, after.results())}
+        self.batches.append(
+            [(s.seq_id, s.num_computed_tokens + ahead, n) for s, n in zip(batch.seqs, batch.num_new_tokens)]
+        )
         out: list[FakeSample | None] = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            tokens = seq.token_ids + ([in_flight[seq.seq_id]] if ahead else [])
+            start = seq.num_computed_tokens + ahead
+            end = start + n
             needed = -(-end // bs)
-            assert len(seq.block_table) == needed, f"{seq!r} holds {len(seq.block_table)} blocks, needs {needed}"
+            held = len(seq.block_table)  # ahead, the scheduler may have allocated the next block already
+            assert held == needed or (ahead and held > needed), f"{seq!r} holds {held} blocks, needs {needed}"
             for pos in range(start, end):
-                self.slots[seq.block_table[pos // bs] * bs + pos % bs] = (pos, seq.token_ids[pos])
-            if end < len(seq):
+                self.slots[seq.slot(pos, bs)] = (pos, tokens[pos])
+            if end < len(tokens):
                 out.append(None)
                 continue
             context = []
             for pos in range(end):
-                entry = self.slots[seq.block_table[pos // bs] * bs + pos % bs]
+                entry = self.slots[seq.slot(pos, bs)]
                 assert entry is not None and entry[0] == pos, f"slot for position {pos} of {seq!r} holds {entry}"
                 context.append(entry[1])
             out.append(FakeSample(self.next_token(context, seq)))
-        return out
+        return FakeStep(batch, out)
 
     def release(self, seq_ids: list[int]) -> None:
         self.released.extend(seq_ids)

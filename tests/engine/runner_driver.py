@@ -48,7 +48,7 @@ class RunnerDriver:
             counts = [min(chunk, len(seqs[i]) - seqs[i].num_computed_tokens) for i in live]
             for i, n in zip(live, counts):
                 self.allocate(seqs[i], seqs[i].num_computed_tokens + n)
-            results = self.runner.execute(ScheduledBatch([seqs[i] for i in live], counts, []))
+            results = self.runner.execute(ScheduledBatch([seqs[i] for i in live], counts, [])).results()
             for i, n, result in zip(live, counts, results):
                 seq = seqs[i]
                 seq.num_computed_tokens += n

@@ -202,12 +202,12 @@ def test_pipelining_switches_only_between_requests(directory: Path) -> None:
     assert eng.num_steps_ahead == ahead
 
 
-def test_pipelining_on_needs_a_runner_that_can_launch() -> None:
+def test_pipelining_defaults_on_for_cuda_runners_and_runs_ahead_on_any_runner() -> None:
     from omni_gateway.engine.config import EngineConfig
 
     from tests.engine.engine_fakes import FakeRunner, fake_model, make_engine
 
-    class CudaFakeRunner(FakeRunner):  # on CUDA, but without launch_decode
+    class CudaFakeRunner(FakeRunner):
         device = torch.device("cuda")
 
     assert not make_engine().pipelined  # "auto" off the GPU
@@ -216,11 +216,15 @@ def test_pipelining_on_needs_a_runner_that_can_launch() -> None:
         model=fake_model(),
         runner_factory=lambda c, m: CudaFakeRunner(c, m),
     )
-    assert not on_cuda.pipelined  # "auto" leaves a runner that cannot launch ahead as it is
-    with pytest.raises(ValueError, match="needs a runner with launch_decode; FakeRunner has none"):
-        make_engine(pipeline_decode="on")
+    assert on_cuda.pipelined  # "auto" where launches are asynchronous
     with pytest.raises(ValueError, match="pipeline_decode must be 'auto', 'on' or 'off', got 'yes'"):
         make_engine(pipeline_decode="yes")
+    # The fake runner decodes ahead from the in-flight step's tokens through its simulated KV cache,
+    # so a wrong position or slot in the launched-ahead step changes the tokens.
+    requests = [(f"r{i}", PROMPTS[i % len(PROMPTS)], greedy(max_tokens=9, ignore_eos=True)) for i in range(3)]
+    ahead, plain = make_engine(pipeline_decode="on"), make_engine(pipeline_decode="off")
+    assert drive(ahead, requests) == drive(plain, requests)
+    assert ahead.num_steps_ahead > 0 and plain.num_steps_ahead == 0
 
 
 def random_scenario(

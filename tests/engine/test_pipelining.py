@@ -7,7 +7,7 @@ from typing import Any
 
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.kv_cache_manager import KVCacheManager
-from omni_gateway.engine.pipelining import launchable, lookahead_batch
+from omni_gateway.engine.pipelining import launchable
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.scheduler import Scheduler
 from omni_gateway.engine.sequence import FinishReason, ScheduledBatch, Sequence
@@ -74,7 +74,7 @@ def test_lookahead_decodes_every_running_sequence_and_allocates_its_next_slot() 
     in_flight = s.schedule()  # a decodes position 6, b position 7: both within 2 blocks
     assert launchable(in_flight) and in_flight.seqs == [a, b]
     blocks = [len(a.block_table), len(b.block_table)]
-    ahead = lookahead_batch(in_flight, s)
+    ahead = s.schedule_lookahead(in_flight)
     assert ahead is not None and ahead.seqs == [a, b] and ahead.num_new_tokens == [1, 1]
     # Room for positions 7 and 8: a stays within its 2nd block, b starts a 3rd (positions 8-11).
     assert blocks == [2, 2] and [len(a.block_table), len(b.block_table)] == [2, 3]
@@ -88,7 +88,7 @@ def test_lookahead_waits_for_the_host_where_it_would_schedule_differently() -> N
     a = decoding(s)
     in_flight = s.schedule()
     s.add(Sequence("new", [5, 6, 7], SamplingParams(temperature=0.0)))
-    assert lookahead_batch(in_flight, s) is None  # the host's schedule admits the waiting request
+    assert s.schedule_lookahead(in_flight) is None  # the host's schedule admits the waiting request
 
     s = make()
     a, b = greedy(), greedy()
@@ -96,12 +96,12 @@ def test_lookahead_waits_for_the_host_where_it_would_schedule_differently() -> N
     s.config = EngineConfig(block_size=BS, num_kv_blocks=64, max_num_batched_tokens=1)  # b left out
     in_flight = s.schedule()
     assert in_flight.seqs == [a]
-    assert lookahead_batch(in_flight, s) is None
+    assert s.schedule_lookahead(in_flight) is None
 
     s = make()
     decoding(s, min_tokens=1)  # one output so far: nothing masked from here on
     in_flight = s.schedule()
-    assert launchable(in_flight) and lookahead_batch(in_flight, s) is not None
+    assert launchable(in_flight) and s.schedule_lookahead(in_flight) is not None
     s = make()
     decoding(s, min_tokens=2)  # the token in flight is the 2nd: EOS is still masked for it
     assert not launchable(s.schedule())
@@ -117,12 +117,12 @@ def test_sequences_certain_to_stop_on_length_and_finished_ones_are_left_out() ->
     in_flight = s.schedule()
     assert in_flight.seqs == [stops, goes_on, at_context_end, aborted]
     s.finish(aborted, FinishReason.ABORT)
-    ahead = lookahead_batch(in_flight, s)
+    ahead = s.schedule_lookahead(in_flight)
     assert ahead is not None and ahead.seqs == [goes_on]
     # None left: nothing to launch.
     s = make()
     only = decoding(s, max_tokens=2)
-    assert lookahead_batch(s.schedule(), s) is None and only.num_output_tokens == 1
+    assert s.schedule_lookahead(s.schedule()) is None and only.num_output_tokens == 1
 
 
 def test_lookahead_is_refused_when_the_pool_has_no_block_for_the_next_position() -> None:
@@ -130,4 +130,4 @@ def test_lookahead_is_refused_when_the_pool_has_no_block_for_the_next_position()
     seq = decoding(s, prompt_len=7)
     in_flight = s.schedule()  # decodes position 7, the last slot
     assert launchable(in_flight)
-    assert lookahead_batch(in_flight, s) is None and len(seq.block_table) == 2
+    assert s.schedule_lookahead(in_flight) is None and len(seq.block_table) == 2

@@ -66,7 +66,9 @@ def test_decode_graphs_match_the_eager_forward(checkpoint: tuple[Any, Path]) -> 
     driver.generate(seqs, 3)  # prefill, then decodes through the graphs (3 rows run the 4-row bucket)
     for seq in seqs:
         driver.allocate(seq, len(seq))
-    logits, argmax = (t.clone() for t in runner.graphs.run(seqs))
+    forward = runner.graphs.forward(seqs)
+    assert forward is not None
+    logits, argmax = (t.clone() for t in forward[:2])
     step = runner._prepare(ScheduledBatch(seqs, [1] * len(seqs), []))
     with torch.inference_mode():
         hidden = runner.model.forward(step.input_ids, step.positions, step.meta, runner.kv_caches)

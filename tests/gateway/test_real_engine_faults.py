@@ -122,18 +122,19 @@ def test_clients_killed_mid_stream_leak_no_kv_blocks(pipeline: Any) -> None:
     assert after["kv_blocks_used"] == 0
 
 
-def test_an_engine_thread_failure_is_reported_everywhere(tmp_path: Path) -> None:
+def test_an_engine_thread_failure_is_reported_everywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from omni_gateway.engine.model_runner import ModelRunner
+
     pipe = tiny_pipeline(tmp_path)
-    runner = pipe.engine.engine.runner
-    real_execute = runner.execute
+    real_execute = ModelRunner.execute
     armed = {"on": False}
 
-    def execute(batch: Any) -> Any:
+    def execute(self: ModelRunner, batch: Any, after: Any = None) -> Any:
         if armed["on"]:
             raise RuntimeError("injected runner fault")
-        return real_execute(batch)
+        return real_execute(self, batch, after)
 
-    runner.execute = execute
+    monkeypatch.setattr(ModelRunner, "execute", execute)
 
     async def scenario(port: int) -> dict[str, Any]:
         idle = await connect(f"ws://127.0.0.1:{port}/v1/realtime")
