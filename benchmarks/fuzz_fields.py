@@ -20,23 +20,18 @@ import copy
 import json
 import math
 import statistics
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "gateway"))  # the fake backends and the session driver
+from omni_gateway.gateway.field_spec import FieldSpec
+from omni_gateway.gateway.http import schema as http_schema
+from omni_gateway.gateway.http.errors import ApiError
+from omni_gateway.gateway.realtime import schema as rt_schema
+from omni_gateway.gateway.realtime.commands import Close, Send
+from omni_gateway.gateway.realtime.outbox import serialize
 
-from omni_gateway.gateway.field_spec import FieldSpec  # noqa: E402
-from omni_gateway.gateway.http import schema as http_schema  # noqa: E402
-from omni_gateway.gateway.http.errors import ApiError  # noqa: E402
-from omni_gateway.gateway.realtime import schema as rt_schema  # noqa: E402
-from omni_gateway.gateway.realtime.commands import Close, Send  # noqa: E402
-from omni_gateway.gateway.realtime.outbox import serialize  # noqa: E402
-
-from benchmarks.common import ResultLog, add_out_argument  # noqa: E402
+from benchmarks.common import ResultLog, add_out_argument
 
 MAX_ERROR_BYTES = 2048
 JSON_DEPTH = 1000  # one level past what Python's JSON decoder takes: the document is refused as a whole
@@ -330,7 +325,7 @@ def realtime_fields() -> list[tuple[str, str, FieldSpec]]:
 
 
 def _run_realtime(event: str, dialect: str, document: Any, setup: list[dict[str, Any]]) -> tuple[list[Any], Any]:
-    from session_driver import Driver  # noqa: PLC0415 - tests/gateway is put on the path above
+    from benchmarks.session_driver import Driver
 
     driver = Driver(dialect)
     for step in setup:
@@ -429,16 +424,17 @@ def http_fields() -> list[tuple[str, FieldSpec]]:
 
 def http_parse(route: str, body: Any) -> Any:
     """Run the route's parser on a decoded body, as the handler does."""
-    from dataclasses import replace  # noqa: PLC0415
+    from dataclasses import replace
 
-    from http_fakes import FakeBackend  # noqa: PLC0415
-    from omni_gateway.gateway.http.audio_request import parse_speech, parse_transcription_form  # noqa: PLC0415
-    from omni_gateway.gateway.http.chat_request import parse_chat  # noqa: PLC0415
-    from omni_gateway.gateway.http.completion_request import parse_completion  # noqa: PLC0415
-    from omni_gateway.gateway.http.image_request import parse_image_generation  # noqa: PLC0415
-    from omni_gateway.gateway.http.limits import HttpLimits  # noqa: PLC0415
+    from omni_gateway.gateway.http.audio_request import parse_speech, parse_transcription_form
+    from omni_gateway.gateway.http.chat_request import parse_chat
+    from omni_gateway.gateway.http.completion_request import parse_completion
+    from omni_gateway.gateway.http.image_request import parse_image_generation
+    from omni_gateway.gateway.http.limits import HttpLimits
 
-    caps, limits = FakeBackend().caps, HttpLimits()
+    from benchmarks.fake_backend import FakeBackend
+
+    caps, limits = FakeBackend().capabilities, HttpLimits()
     if route == http_schema.CHAT:
         return parse_chat(body, caps, limits)
     if route == http_schema.COMPLETIONS:
@@ -470,7 +466,7 @@ def http_case(route: str, spec: FieldSpec, label: str, value: Any) -> Outcome:
         outcome.status = 400
     else:
         try:
-            from omni_gateway.gateway.client_text import invalid_text_path  # noqa: PLC0415
+            from omni_gateway.gateway.client_text import invalid_text_path
 
             if invalid_text_path(decoded) is not None:  # read_json refuses it before the parser
                 errors.append({"message": "lone surrogate", "param": invalid_text_path(decoded)})
@@ -538,10 +534,12 @@ def all_cases() -> Iterator[tuple[str, Callable[[], Outcome], Callable[[Any], Ou
 
 
 def app_client() -> Any:
-    from http_fakes import FakeBackend, http_app  # noqa: PLC0415
-    from starlette.testclient import TestClient  # noqa: PLC0415
+    from omni_gateway.gateway.app import create_app
+    from starlette.testclient import TestClient
 
-    return TestClient(http_app(FakeBackend()), base_url="http://localhost")
+    from benchmarks.fake_backend import FakeBackend
+
+    return TestClient(create_app(FakeBackend()), base_url="http://localhost")
 
 
 def main() -> None:

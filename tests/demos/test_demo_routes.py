@@ -10,7 +10,7 @@ from omni_gateway.gateway.demo import DEMO_DIR, demo_routes
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from tests.gateway.fakes import FakeBackend
+from benchmarks.fake_backend import FakeBackend
 
 
 def keyed_client() -> TestClient:

@@ -12,9 +12,9 @@ import soundfile as sf
 import websockets
 from omni_gateway.gateway.config import GatewayConfig
 
+from benchmarks.fake_backend import RATE, FakeBackend, tone
 from benchmarks.live_server import serve
 from demos.voice_assistant import Progress, converse, main
-from tests.gateway.fakes import RATE, FakeBackend, tone
 
 REPLY = "Paris is the capital."
 HEARD = "what is the capital of france"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from benchmarks.fake_backend import FakeBackend
 from benchmarks.live_server import served
-from tests.gateway.fakes import FakeBackend
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ from omni_gateway.gateway.field_spec import FieldSpec
 from omni_gateway.gateway.http import schema as http_schema
 from omni_gateway.gateway.http.errors import ApiError
 from omni_gateway.gateway.realtime import schema as rt_schema
-from session_driver import Driver
 
 from benchmarks import fuzz_fields as fuzz
+from benchmarks.session_driver import Driver
 
 
 class Recording(dict[str, Any]):

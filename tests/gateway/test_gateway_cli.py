@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from omni_gateway.gateway import cli
 
-from tests.gateway.fakes import FakeBackend
+from benchmarks.fake_backend import FakeBackend
 
 
 def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:

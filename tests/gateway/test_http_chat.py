@@ -13,8 +13,8 @@ import openai
 import pytest
 from omni_gateway.omni.protocol import AudioPart, Done, Error, ImagePart, TextDelta
 
+from benchmarks.fake_backend import FakeBackend, overloaded, tone, tool_call_script
 from benchmarks.live_server import served
-from tests.gateway.fakes import FakeBackend, overloaded, tone, tool_call_script
 from tests.gateway.test_http_parsing import wav_bytes
 
 USER = [{"role": "user", "content": "hi there"}]

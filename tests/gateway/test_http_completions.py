@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.fakes import overloaded
+from benchmarks.fake_backend import overloaded
 
 
 def test_prompt_list_with_n_numbers_choices_by_prompt(fake):

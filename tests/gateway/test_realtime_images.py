@@ -12,8 +12,8 @@ from omni_gateway.omni.protocol import ImagePart
 from PIL import Image
 from websockets.asyncio.client import connect
 
+from benchmarks.fake_backend import FakeBackend, png
 from benchmarks.live_server import serve, until
-from tests.gateway.fakes import FakeBackend, png
 
 TIMEOUT = 15
 

@@ -22,8 +22,8 @@ from omni_gateway.gateway.realtime.truncation import (
 from omni_gateway.omni.protocol import Message, OmniRequest, TextPart, ToolCall
 from websockets.asyncio.client import connect
 
+from benchmarks.fake_backend import FakeBackend
 from benchmarks.live_server import serve, until
-from tests.gateway.fakes import FakeBackend
 
 TIMEOUT = 15
 

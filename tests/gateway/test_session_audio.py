@@ -9,8 +9,8 @@ import pytest
 from omni_gateway.gateway.realtime import g711
 from omni_gateway.omni.protocol import AudioChunk, Done, Transcription
 
-from tests.gateway.fakes import silence, tone
-from tests.gateway.session_driver import (
+from benchmarks.fake_backend import silence, tone
+from benchmarks.session_driver import (
     Driver,
     b64,
     cancelled,
@@ -327,7 +327,7 @@ def test_old_audio_is_dropped_past_the_budget_but_transcripts_and_lengths_stay()
     from omni_gateway.gateway.realtime.commands import SessionLimits
     from omni_gateway.gateway.realtime.session import RealtimeSession
 
-    from tests.gateway.fakes import FakeBackend
+    from benchmarks.fake_backend import FakeBackend
 
     backend = FakeBackend()
     d = Driver(backend=backend)
@@ -357,7 +357,7 @@ def test_old_audio_is_dropped_past_the_budget_but_transcripts_and_lengths_stay()
 def test_idle_timeout_prompts_a_reply_after_the_previous_one_played_out() -> None:
     from omni_gateway.gateway.realtime.session import RealtimeSession
 
-    from tests.gateway.fakes import FakeBackend
+    from benchmarks.fake_backend import FakeBackend
 
     clock = [1000.0]
     backend = FakeBackend()
@@ -442,7 +442,7 @@ def test_idle_timeout_within_bounds_is_taken_and_null_clears_it(value: int) -> N
 def test_idle_timeout_fires_once_until_the_client_sends_audio_again() -> None:
     from omni_gateway.gateway.realtime.session import RealtimeSession
 
-    from tests.gateway.fakes import FakeBackend
+    from benchmarks.fake_backend import FakeBackend
 
     clock = [1000.0]
     backend = FakeBackend()

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tests.gateway.fakes import tone
-from tests.gateway.session_driver import Driver, b64, error, events, only, started, types
+from benchmarks.fake_backend import tone
+from benchmarks.session_driver import Driver, b64, error, events, only, started, types
 
 
 def test_open_sends_session_created_then_conversation_created() -> None:

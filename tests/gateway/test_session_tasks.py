@@ -12,8 +12,8 @@ from omni_gateway.gateway.realtime.commands import AsrDeadline, Close, Output, S
 from omni_gateway.gateway.realtime.truncation import Truncation
 from omni_gateway.omni.protocol import Error, Message, TextDelta, TextPart, Transcription
 
-from tests.gateway.fakes import tone
-from tests.gateway.session_driver import (
+from benchmarks.fake_backend import tone
+from benchmarks.session_driver import (
     Driver,
     b64,
     cancelled,

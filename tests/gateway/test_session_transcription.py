@@ -8,8 +8,8 @@ from omni_gateway.omni.protocol import Transcription
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
-from tests.gateway.fakes import FakeBackend, silence, tone
-from tests.gateway.session_driver import Driver, b64, committed_jobs, error, events, only, transcribes, types
+from benchmarks.fake_backend import FakeBackend, silence, tone
+from benchmarks.session_driver import Driver, b64, committed_jobs, error, events, only, transcribes, types
 
 VAD = {"type": "server_vad", "silence_duration_ms": 200}
 

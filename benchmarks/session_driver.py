@@ -18,7 +18,7 @@ from omni_gateway.gateway.realtime.commands import (
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.omni.protocol import OutputChunk
 
-from tests.gateway.fakes import FakeBackend
+from benchmarks.fake_backend import FakeBackend
 
 
 def b64(data: bytes) -> str:
