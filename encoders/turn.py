@@ -15,9 +15,9 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from omni_gateway.encoders.audio import pcm16_to_float, resample
@@ -99,7 +99,7 @@ class SemanticTurn:
         *,
         max_silence_ms: int,
         input_rate: int = 24000,
-        score: Any = None,
+        score: Callable[[np.ndarray], float] | None = None,
         executor: Executor | None = None,
     ) -> None:
         if max_silence_ms < vad.silence_duration_ms:
@@ -113,6 +113,7 @@ class SemanticTurn:
         self._executor = executor if executor is not None else scoring_pool()
         self._keep_bytes = (WINDOW_S + 2) * input_rate * 2
         self.last_probability: float | None = None
+        self._pending: Future[float] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -126,10 +127,9 @@ class SemanticTurn:
         self._cancel()
 
     def _cancel(self) -> None:
-        pending = getattr(self, "_pending", None)
-        if pending is not None:
-            pending.cancel()
-        self._pending: Future[float] | None = None
+        if self._pending is not None:
+            self._pending.cancel()
+        self._pending = None
 
     def feed(self, pcm16: bytes) -> list[SpeechEvent]:
         self._pcm += pcm16
