@@ -1,9 +1,10 @@
 """Semantic end-of-turn detection (``semantic_vad``) with the Smart Turn v3 model that ships in ``pipecat-ai``.
 
-Silero VAD finds the pauses; at each pause that has lasted ``pause_ms`` the turn so far (its last 8 s at
-16 kHz, zero-padded at the front, Whisper log-mel features normalized over the whole window, as pipecat's own
-analyzer feeds it) is scored by Smart Turn. A turn that sounds finished ends there; one that sounds unfinished
-keeps waiting, up to ``max_silence_ms`` of silence, for the speaker to go on.
+Silero VAD finds the pauses; once a pause has lasted 200 ms the turn so far (its last 8 s at 16 kHz,
+zero-padded at the front, Whisper log-mel features normalized over the whole window, as pipecat's own analyzer
+feeds it) is scored by Smart Turn. A turn that sounds finished ends when the pause reaches the detector's
+``silence_duration_ms``; one that sounds unfinished keeps waiting, up to ``max_silence_ms`` of silence, for the
+speaker to go on.
 
 Scoring runs on a small shared thread pool so the event loop that feeds the detector never waits on it while
 audio arrives at real-time pace; a client that sends audio faster than that makes ``feed`` wait for the
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 MODEL_RATE = 16000
 WINDOW_S = 8  # the model reads the last 8 s of the turn
 COMPLETE = 0.5  # the model's probability of a finished turn at and above which the turn ends
+# The silence after the speech that the model hears, as pipecat's analyzer (after its VAD's 0.2 s stop) feeds
+# it: with more, it hears unfinished phrases as finished ("... for two people and": 0.03 at 0.2 s, 0.55 at 0.3 s).
+SCORED_SILENCE_MS = 200
 MAX_LAG_MS = 1000  # audio fed past a pause before ``feed`` waits for the pause's verdict
 MODEL_FILE = "smart-turn-v3.2-cpu.onnx"
 PACKAGE = "pipecat-ai==1.14.0"
@@ -121,7 +125,8 @@ class SemanticTurn:
         self._pcm = bytearray()
         self._pcm_start_ms = 0.0  # stream time of self._pcm[0]
         self._turn_start_ms = 0
-        self._pause_ms = 0
+        self._pause_ms: int | None = None  # where the current pause began (None: speaking or idle)
+        self._scored = False  # the current pause has been sent to the model
         self._stop_ms = 0
         self._waiting = False  # silero ended its turn; this one is still open
         self._cancel()
@@ -143,22 +148,42 @@ class SemanticTurn:
             if event.kind == "speech_started":
                 if self._waiting:  # the speaker went on within the wait: the same turn
                     self._waiting = False
+                    self._pause_ms = None
                     self._cancel()
                     events.append(SpeechEvent("speech_resumed", event.audio_ms))
                 else:
                     self._turn_start_ms = event.audio_ms
                     events.append(event)
-            elif event.kind == "speech_stopped":
+            elif event.kind == "speech_paused":
+                self._pause_ms, self._scored = event.audio_ms, False
+                events.append(event)
+            elif event.kind == "speech_resumed":
+                self._pause_ms = None
+                self._cancel()
+                events.append(event)
+            else:  # silero's stop: the pause has lasted the short wait; the verdict decides
                 self._waiting = True
                 self._stop_ms = event.audio_ms
-                self._pending = self._executor.submit(self._score_safely, self._turn_audio(event.audio_ms))
-            else:
-                if event.kind == "speech_paused":
-                    self._pause_ms = event.audio_ms
-                events.append(event)
+                self._submit()
+        self._submit_when_due()
         if self._waiting:
             events += self._decide()
         return events
+
+    def _scored_until(self) -> int:
+        assert self._pause_ms is not None
+        return self._pause_ms + min(SCORED_SILENCE_MS, self._vad.silence_duration_ms)
+
+    def _submit_when_due(self) -> None:
+        """Score a pause once it has lasted ``SCORED_SILENCE_MS``: the verdict is ready by the short stop."""
+        if self._pause_ms is not None and self._vad.audio_ms >= self._scored_until():
+            self._submit()
+
+    def _submit(self) -> None:
+        if not self._scored and self._pause_ms is not None:
+            self._scored = True
+            audio = self._turn_audio(self._scored_until())
+            self._pending = self._executor.submit(self._score_safely, audio)
 
     def _decide(self) -> list[SpeechEvent]:
         now_ms = self._vad.audio_ms
@@ -169,11 +194,13 @@ class SemanticTurn:
             self._pending = None
             if self.last_probability >= COMPLETE:
                 return self._end(self._stop_ms)
+        assert self._pause_ms is not None
         deadline = self._pause_ms + self.max_silence_ms
         return self._end(deadline) if now_ms >= deadline else []
 
     def _end(self, at_ms: int) -> list[SpeechEvent]:
         self._waiting = False
+        self._pause_ms = None
         return [SpeechEvent("speech_stopped", at_ms)]
 
     def _turn_audio(self, end_ms: int) -> np.ndarray:

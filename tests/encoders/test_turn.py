@@ -72,11 +72,18 @@ def test_an_unfinished_turn_waits_for_the_eagerness_cap(sentence: np.ndarray, ca
 
 def test_speech_within_the_wait_resumes_the_same_turn(sentence: np.ndarray) -> None:
     x = np.concatenate([silence(500), sentence, silence(1200), sentence, silence(5000)])
-    verdicts = iter([0.1, 0.9])
-    events = run(detector(lambda samples: next(verdicts)), x)
+    once = len(sentence) / RATE + 1.0  # seconds: the first sentence, its padding and pause, sounds unfinished
+    events = run(detector(lambda samples: 0.9 if len(samples) / MODEL_RATE > once else 0.1), x)
     kinds = [e.kind for e in events]
     assert kinds.count("speech_started") == 1 and kinds.count("speech_stopped") == 1
     assert "speech_resumed" in kinds and kinds.index("speech_resumed") < kinds.index("speech_stopped")
+
+
+def test_each_pause_is_scored_once(sentence: np.ndarray) -> None:
+    seen: list[int] = []
+    x = np.concatenate([silence(500), sentence, silence(3000)])
+    run(detector(lambda samples: seen.append(len(samples)) or 0.1, max_silence_ms=2000), x)
+    assert len(seen) == 1
 
 
 def test_the_scored_audio_is_the_turn_at_16_khz(sentence: np.ndarray) -> None:
@@ -85,7 +92,8 @@ def test_the_scored_audio_is_the_turn_at_16_khz(sentence: np.ndarray) -> None:
     run(detector(lambda samples: seen.append(samples) or 1.0), x)
     assert len(seen) == 1
     duration_s = len(seen[0]) / MODEL_RATE
-    assert len(sentence) / RATE < duration_s < len(sentence) / RATE + 1.0  # prefix padding + the pause
+    # the prefix padding and the 200 ms of the pause the model hears
+    assert len(sentence) / RATE + 0.2 < duration_s < len(sentence) / RATE + 0.2 + 0.5
 
 
 def test_a_failing_model_ends_the_turn_at_the_pause(sentence: np.ndarray) -> None:
