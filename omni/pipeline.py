@@ -190,16 +190,17 @@ class OmniPipeline:
         )
         if settings.max_silence_ms is None:
             return _SileroDetector(vad)
-        from omni_gateway.encoders.turn import PACKAGE, SemanticTurn, default_model_path
+        from omni_gateway.encoders.turn import PACKAGE, SemanticTurn, default_model_path, load_smart_turn, scoring_pool
 
         try:
-            default_model_path()  # the model itself loads on the scoring thread, off the event loop
+            default_model_path()
         except FileNotFoundError as exc:
             log.warning("%s", exc)
             raise UnsupportedInput(
                 "semantic_vad needs the Smart Turn v3 model of the pipecat-ai package, which this server lacks "
                 f"(pip install --no-deps {PACKAGE}); use server_vad"
             ) from None
+        scoring_pool().submit(load_smart_turn)  # loaded by the first pause, off the event loop
         return _SileroDetector(SemanticTurn(vad, max_silence_ms=settings.max_silence_ms))
 
     def count_tokens(self, messages: tuple[Message, ...]) -> int:

@@ -390,12 +390,18 @@ def _vad_pipeline() -> OmniPipeline:
     )
 
 
-def test_semantic_settings_get_the_end_of_turn_detector() -> None:
+def test_semantic_settings_get_the_end_of_turn_detector(monkeypatch: pytest.MonkeyPatch) -> None:
+    from omni_gateway.encoders import turn
     from omni_gateway.encoders.turn import SemanticTurn
 
+    warmed: list[object] = []
+    monkeypatch.setattr(
+        turn, "scoring_pool", lambda: type("Pool", (), {"submit": lambda self, fn: warmed.append(fn)})()
+    )
     pipeline = _vad_pipeline()
     semantic = pipeline.new_vad(VadSettings(silence_duration_ms=300, max_silence_ms=2000))
     assert isinstance(semantic._detector, SemanticTurn) and semantic._detector.max_silence_ms == 2000  # type: ignore[attr-defined]
+    assert warmed == [turn.load_smart_turn]  # the model loads off the event loop before the first pause
     plain = pipeline.new_vad(VadSettings())
     assert not isinstance(plain._detector, SemanticTurn)  # type: ignore[attr-defined]
 
