@@ -8,9 +8,10 @@ streaming silence, as a microphone does, and speaks its next question once the r
 
 - latency: `input_audio_buffer.speech_stopped` -> first `response.output_audio.delta`;
 - stages, each measured from the stop or the end of the stage before, whichever is later: `asr` (-> the
-  transcript), `llm` (`response.created` -> the first transcript delta of the reply: the engine's queue
-  and first token), `tts` (-> the first audio delta: the TTS head's queue and first clause). Each holds
-  the stage's queueing behind the other sessions as well as its own work;
+  transcript), `start` (-> `response.created`) and `reply` (-> the first audio delta: the engine's queue,
+  its first tokens and the TTS head's first clause; the server sends a reply's transcript deltas with its
+  audio, so a client cannot split the LLM from the TTS). Each holds the stage's queueing behind the other
+  sessions as well as its own work;
 - a turn is lost when no reply audio came within ``--turn-timeout``; its transcript is right when it holds
   every content word of the question.
 
@@ -120,7 +121,6 @@ async def session(url: str, questions: list[str], spoken: dict[str, bytes], turn
                 elif kind == "response.created":
                     turn.setdefault("created", now)
                 elif kind == "response.output_audio_transcript.delta":
-                    turn.setdefault("first_text", now)
                     turn["reply"] += event["delta"]
                 elif kind == "response.output_audio.delta":
                     turn.setdefault("first_audio", now)
@@ -150,12 +150,11 @@ def turn_row(turn: dict[str, Any]) -> dict[str, Any]:
         return row
     heard = max(stop, turn.get("transcribed", stop))
     created = max(heard, turn.get("created", heard))
-    first_text = max(created, turn.get("first_text", created))
     row.update(
         total=turn["first_audio"] - stop,
         asr=heard - stop,
-        llm=first_text - created,
-        tts=max(0.0, turn["first_audio"] - first_text),
+        start=created - heard,
+        reply=max(0.0, turn["first_audio"] - created),
     )
     return row
 
@@ -177,7 +176,7 @@ def report(n: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if totals:
         out.update(p50_s=statistics.median(totals), p90_s=percentile(totals, 0.9), p99_s=percentile(totals, 0.99))
-        for stage in ("asr", "llm", "tts"):
+        for stage in ("asr", "start", "reply"):
             out[f"{stage}_mean_s"] = statistics.fmean(r[stage] for r in kept)
     ms = {k: f"{v * 1000:.0f} ms" for k, v in out.items() if k.endswith("_s")}
     print(
