@@ -7,8 +7,9 @@ feeds it) is scored by Smart Turn. A turn that sounds finished ends when the pau
 speaker to go on.
 
 Scoring runs on a small shared thread pool so the event loop that feeds the detector never waits on it while
-audio arrives at real-time pace; a client that sends audio faster than that makes ``feed`` wait for the
-verdict once ``MAX_LAG_MS`` more audio has come, so the outcome never depends on thread timing.
+audio arrives at real-time pace. A client that sends audio faster than that (a file, a test) makes ``feed``
+wait for the verdict once it is ``MAX_LAG_MS`` ahead of the clock, so its outcome never depends on thread
+timing.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +34,7 @@ COMPLETE = 0.5  # the model's probability of a finished turn at and above which 
 # The silence after the speech that the model hears, as pipecat's analyzer (after its VAD's 0.2 s stop) feeds
 # it: with more, it hears unfinished phrases as finished ("... for two people and": 0.03 at 0.2 s, 0.55 at 0.3 s).
 SCORED_SILENCE_MS = 200
-MAX_LAG_MS = 1000  # audio fed past a pause before ``feed`` waits for the pause's verdict
+MAX_LAG_MS = 1000  # how far ahead of real time a client's audio may run before ``feed`` waits for a verdict
 MODEL_FILE = "smart-turn-v3.2-cpu.onnx"
 PACKAGE = "pipecat-ai==1.14.0"
 
@@ -128,6 +130,7 @@ class SemanticTurn:
         self._pause_ms: int | None = None  # where the current pause began (None: speaking or idle)
         self._scored = False  # the current pause has been sent to the model
         self._stop_ms = 0
+        self._stop_wall = 0.0  # time.monotonic() at the stop
         self._waiting = False  # silero ended its turn; this one is still open
         self._cancel()
 
@@ -163,7 +166,7 @@ class SemanticTurn:
                 events.append(event)
             else:  # silero's stop: the pause has lasted the short wait; the verdict decides
                 self._waiting = True
-                self._stop_ms = event.audio_ms
+                self._stop_ms, self._stop_wall = event.audio_ms, time.monotonic()
                 self._submit()
         self._submit_when_due()
         if self._waiting:
@@ -187,15 +190,21 @@ class SemanticTurn:
 
     def _decide(self) -> list[SpeechEvent]:
         now_ms = self._vad.audio_ms
+        assert self._pause_ms is not None
+        deadline = self._pause_ms + self.max_silence_ms
         if self._pending is not None:
-            if not self._pending.done() and now_ms - self._stop_ms < MAX_LAG_MS:
-                return []
+            if not self._pending.done():
+                # audio fed since the stop beyond the time that passed: a client ahead of real time
+                ahead_ms = now_ms - self._stop_ms - (time.monotonic() - self._stop_wall) * 1000
+                if ahead_ms < MAX_LAG_MS:
+                    if now_ms < deadline:
+                        return []
+                    self._cancel()  # a real-time client waited the whole cap: the verdict comes too late
+                    return self._end(deadline)
             self.last_probability = self._pending.result()
             self._pending = None
             if self.last_probability >= COMPLETE:
                 return self._end(self._stop_ms)
-        assert self._pause_ms is not None
-        deadline = self._pause_ms + self.max_silence_ms
         return self._end(deadline) if now_ms >= deadline else []
 
     def _end(self, at_ms: int) -> list[SpeechEvent]:

@@ -142,3 +142,32 @@ def test_an_unfinished_sentence_waits_longer_than_a_finished_one(speak) -> None:
     finished = stop_delay("I would like to book a table for two people tonight.")
     unfinished = stop_delay("I would like to book a table for two people and")
     assert finished < 1000 and unfinished > 3000, (finished, unfinished)
+
+
+class Never:
+    """An executor whose scores never finish: a model stuck behind other sessions' pauses."""
+
+    def submit(self, fn, *args):  # type: ignore[no-untyped-def]
+        return Future()
+
+
+def test_a_real_time_client_never_waits_for_a_late_verdict(
+    sentence: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Audio arriving at real-time pace: ``feed`` never blocks on the model; without a verdict the turn ends at
+    the cap, as an unfinished one would."""
+    clock = [0.0]
+
+    def real_time_feed(d: SemanticTurn, x: np.ndarray) -> list[SpeechEvent]:
+        pcm, step, events = float_to_pcm16(x), RATE * 2 * 40 // 1000, []
+        for at in range(0, len(pcm), step):
+            clock[0] += 0.04
+            events += d.feed(pcm[at : at + step])
+        return events
+
+    monkeypatch.setattr(turn, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
+    d = SemanticTurn(SileroVad(silence_duration_ms=PAUSE_MS), max_silence_ms=2000, executor=Never())  # type: ignore[arg-type]
+    x = np.concatenate([silence(500), sentence, silence(3000)])
+    events = real_time_feed(d, x)
+    paused = [e for e in events if e.kind == "speech_paused"]
+    assert events[-1].kind == "speech_stopped" and events[-1].audio_ms - paused[-1].audio_ms == 2000
