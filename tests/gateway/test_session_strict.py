@@ -8,7 +8,8 @@ import pytest
 from omni_gateway.gateway.realtime.schema import RC, SU, field_spec
 from openai.types.realtime.realtime_response_create_params_param import RealtimeResponseCreateParamsParam
 from openai.types.realtime.realtime_session_create_request_param import RealtimeSessionCreateRequestParam
-from session_driver import Driver, error, only, types
+
+from tests.gateway.session_driver import Driver, error, only, types
 
 
 def ga_update(session: dict[str, Any]) -> dict[str, Any]:
