@@ -99,6 +99,11 @@ class SileroVad:
         self._silence_since_ms: float | None = None
         self.last_probability = 0.0
 
+    @property
+    def audio_ms(self) -> float:
+        """How much audio the detector has judged so far, in ms (the end of its last window)."""
+        return self._windows * WINDOW_MS
+
     def feed(self, pcm16: bytes) -> list[SpeechEvent]:
         data = self._odd_byte + pcm16
         cut = len(data) - len(data) % 2

@@ -24,8 +24,10 @@ def create_app(backend: OmniBackend, config: GatewayConfig | None = None) -> Sta
         ok: bool = backend.health().ok
         return ok
 
+    caps = backend.capabilities
+    voice = "audio" in caps.input_modalities or "audio" in caps.output_modalities
     routes = [realtime_route(backend, config, probe_vad(backend)), *http.routes(backend, config), *demo_routes()]
-    app = Starlette(routes=routes, middleware=[Middleware(Guard, config=config, healthy=healthy)])
+    app = Starlette(routes=routes, middleware=[Middleware(Guard, config=config, healthy=healthy, voice=voice)])
     app.state.backend = backend
     app.state.config = config
     return app

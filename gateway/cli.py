@@ -157,6 +157,15 @@ def _flags() -> tuple[Flag, ...]:
             type=int,
         ),
         Flag(
+            "--max-voice-sessions",
+            gw,
+            "max_voice_sessions",
+            "concurrent realtime sessions the speech stages serve; past it new ones are refused "
+            "(default: no cap beyond --max-sessions)",
+            "network",
+            type=int,
+        ),
+        Flag(
             "--model",
             eng,
             "model",

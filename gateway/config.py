@@ -31,6 +31,10 @@ class GatewayConfig:
     allowed_hosts: tuple[str, ...] = ()
     max_sessions: int = 256  # concurrent realtime sessions; beyond it new sockets are refused (503 / 1013)
     max_sessions_per_key: int = 128  # realtime sessions one key (or, without auth, one client address) holds
+    # Realtime sessions on a server with speech stages (ASR, TTS, VAD), beyond which a new one is refused (503 /
+    # 1013) so the admitted keep their latency. None: only max_sessions caps them, because the voice stages'
+    # capacity depends on the models and the hardware; benchmarks/voice_sessions.py measures it.
+    max_voice_sessions: int | None = None
     # One WebSocket message. OpenAI allows 15 MiB of audio per append (20 MiB as base64); 16 MiB matches
     # uvicorn's default and bounds what one frame can make us buffer.
     max_frame_bytes: int = 16 * 1024 * 1024

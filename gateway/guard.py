@@ -34,6 +34,7 @@ PUBLIC_PATHS = ("/health",)
 PUBLIC_PREFIXES = ("/demo",)
 # Observability stays reachable while the backend is down: that is when it matters most.
 UNGATED_BY_HEALTH = ("/health", "/metrics")
+REALTIME_PATH = "/v1/realtime"  # the sessions that use the speech stages
 
 _ERROR_TYPES = {
     401: "authentication_error",
@@ -100,12 +101,14 @@ def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...
 class Guard:
     """Pure ASGI middleware; ``healthy`` is read per request (cheap: a thread liveness check)."""
 
-    def __init__(self, app: App, *, config: GatewayConfig, healthy: Callable[[], bool]) -> None:
+    def __init__(self, app: App, *, config: GatewayConfig, healthy: Callable[[], bool], voice: bool = False) -> None:
         self.app = app
         self.config = config
         self.allowed_hosts = config.host_allow_list()
         self.healthy = healthy
+        self.voice = voice  # the backend hears or speaks: every realtime session is a voice session
         self.sessions: Counter[str] = Counter()  # open WebSockets per key
+        self.voice_sessions = 0
         self.requests: Counter[str] = Counter()  # HTTP requests in flight per key (streams count until done)
         self.http_in_flight = 0
 
@@ -127,7 +130,9 @@ class Guard:
             return
         owner = self._owner(scope)
         counter = self.sessions if kind == "websocket" else self.requests
+        voice = self._is_voice(kind, path)
         counter[owner] += 1
+        self.voice_sessions += voice
         if kind == "websocket":
             metrics.SESSIONS_OPEN.inc()
         else:
@@ -138,10 +143,14 @@ class Guard:
             counter[owner] -= 1
             if counter[owner] <= 0:
                 del counter[owner]
+            self.voice_sessions -= voice
             if kind == "websocket":
                 metrics.SESSIONS_OPEN.dec()
             else:
                 self.http_in_flight -= 1
+
+    def _is_voice(self, kind: str, path: str) -> bool:
+        return self.voice and kind == "websocket" and path == REALTIME_PATH
 
     def _owner(self, scope: Scope) -> str:
         """Whom the per-key limits count: the key, or without authentication the client's address."""
@@ -199,6 +208,13 @@ class Guard:
                     503,
                     "server_overloaded",
                     (f"This server already serves {config.max_sessions} realtime sessions; try again later."),
+                )
+            cap = config.max_voice_sessions
+            if cap is not None and self._is_voice(kind, path) and self.voice_sessions >= cap:
+                return (
+                    503,
+                    "voice_capacity_reached",
+                    f"This server's speech stages already serve {cap} voice sessions; try again later.",
                 )
         elif path not in UNGATED_BY_HEALTH:
             if self.requests[owner] >= http.max_requests_per_key:

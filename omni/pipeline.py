@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -53,6 +54,8 @@ from omni_gateway.omni.streams import Prompt, drawn, merged, refusal, spoken, wr
 
 if TYPE_CHECKING:
     from omni_gateway.encoders.vision import VisionEncoder
+
+log = logging.getLogger(__name__)
 
 # Fast English speech is ~3 words/s, ~4 tokens/s; count more so the estimate stays an upper bound.
 _SPEECH_TOKENS_PER_SECOND = 8
@@ -179,14 +182,26 @@ class OmniPipeline:
             raise UnsupportedInput("voice activity detection is disabled on this server")
         from omni_gateway.encoders.vad import SileroVad
 
-        return _SileroDetector(
-            SileroVad(
-                threshold=settings.threshold,
-                prefix_padding_ms=settings.prefix_padding_ms,
-                silence_duration_ms=settings.silence_duration_ms,
-                session=self._vad_session,
-            )
+        vad = SileroVad(
+            threshold=settings.threshold,
+            prefix_padding_ms=settings.prefix_padding_ms,
+            silence_duration_ms=settings.silence_duration_ms,
+            session=self._vad_session,
         )
+        if settings.max_silence_ms is None:
+            return _SileroDetector(vad)
+        from omni_gateway.encoders.turn import PACKAGE, SemanticTurn, default_model_path, load_smart_turn, scoring_pool
+
+        try:
+            default_model_path()
+        except FileNotFoundError as exc:
+            log.warning("%s", exc)
+            raise UnsupportedInput(
+                "semantic_vad needs the Smart Turn v3 model of the pipecat-ai package, which this server lacks "
+                f"(pip install --no-deps {PACKAGE}); use server_vad"
+            ) from None
+        scoring_pool().submit(load_smart_turn)  # loaded by the first pause, off the event loop
+        return _SileroDetector(SemanticTurn(vad, max_silence_ms=settings.max_silence_ms))
 
     def count_tokens(self, messages: tuple[Message, ...]) -> int:
         """Prompt tokens of a conversation. Audio not yet transcribed counts by its duration, at a rate

@@ -221,9 +221,14 @@ class VadEvent:
 
 @dataclass(frozen=True, slots=True)
 class VadSettings:
+    """``max_silence_ms`` set asks for semantic turn detection: a pause of ``silence_duration_ms`` ends a
+    turn that an end-of-turn model judges finished, one that sounds unfinished ends after ``max_silence_ms``
+    of silence at the latest. Unset, every pause of ``silence_duration_ms`` ends the turn."""
+
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
+    max_silence_ms: int | None = None
 
 
 class VoiceActivityDetector(Protocol):

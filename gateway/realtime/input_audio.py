@@ -108,6 +108,13 @@ class InputAudioBuffer:
         self._speech_start = self._pause_at = None
         return pcm
 
+    def take_since(self, offset: int) -> bytes:
+        """Everything buffered from stream ``offset`` on becomes one turn; what came before is dropped."""
+        pcm = self._slice(offset, self.end)
+        self._drop_before(self.end)
+        self._speech_start = self._pause_at = None
+        return pcm
+
     def clear(self) -> None:
         self._drop_before(self.end)
         self._speech_start = self._pause_at = None

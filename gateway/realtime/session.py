@@ -87,6 +87,8 @@ class RealtimeSession(SessionConfiguration, InputTurns, ConversationItems, Respo
         self._now = now
         # server_vad idle_timeout_ms: when the silence after the last reply's audio ends (None: not armed)
         self.idle_deadline: float | None = None
+        # where that silence starts in the input stream (the reply's playback end, input arriving in real time)
+        self._idle_from = 0
         # Set when the idle timeout fired; only client audio clears it, so silence answers once, not in a loop.
         self._idle_spent = False
         self._vad_factory = vad_factory

@@ -35,6 +35,7 @@ class InputTurns:
     idle_deadline: float | None
     _now: Callable[[], float]
     _idle_spent: bool
+    _idle_from: int
     _pending_turn_id: str | None
     _pending_asr: set[str]
     _known: list[tuple[str, Transcription]]
@@ -182,8 +183,9 @@ class InputTurns:
         ):
             return self._flush()
         self._idle_spent = True
-        start_ms = int(self.audio.start / audio_fmt.BYTES_PER_MS)
-        end_ms = int(self.audio.end / audio_fmt.BYTES_PER_MS)
+        # the silent stretch since the reply played out, as OpenAI reports it: about idle_timeout_ms long
+        start = min(self._idle_from, self.audio.end)
+        start_ms, end_ms = start // audio_fmt.BYTES_PER_MS, self.audio.end // audio_fmt.BYTES_PER_MS
         item_id = self._new_item_id()
         self._emit(
             {
@@ -193,7 +195,8 @@ class InputTurns:
                 "item_id": item_id,
             }
         )
-        if audio_fmt.duration_ms(self.audio.size) >= MIN_COMMIT_MS:
-            self._commit(self.audio.take_all(), item_id)
+        silence = self.audio.take_since(start)
+        if audio_fmt.duration_ms(silence) >= MIN_COMMIT_MS:
+            self._commit(silence, item_id)
         self._start_response({})
         return self._flush()

@@ -17,7 +17,7 @@ from omni_gateway.gateway.realtime.settings import (
     apply_update,
     render_session,
 )
-from omni_gateway.omni.protocol import Capabilities
+from omni_gateway.omni.protocol import Capabilities, InvalidInput
 
 
 class SessionConfiguration:
@@ -106,5 +106,7 @@ class SessionConfiguration:
             raise invalid_value(
                 "session.turn_detection", "settings the voice activity detector accepts", str(exc)
             ) from None
+        except InvalidInput as exc:  # a detector this server cannot build (semantic_vad without its model)
+            raise RealtimeError("invalid_value", str(exc), "session.turn_detection.type") from None
         self._drop_speculation()  # the new detector starts a new turn
         self.audio.set_vad(vad, vad_settings.prefix_padding_ms)

@@ -18,6 +18,7 @@ from omni_gateway.gateway.realtime.context import (
 )
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_type, invalid_value
 from omni_gateway.gateway.realtime.image_output import parse_image_options
+from omni_gateway.gateway.realtime.input_audio import InputAudioBuffer
 from omni_gateway.gateway.realtime.items import ItemStore, audio_bytes
 from omni_gateway.gateway.realtime.response import Event, ResponseRun
 from omni_gateway.gateway.realtime.session_tasks import Waiting, deadline_id
@@ -38,6 +39,8 @@ class ResponseLifecycle:
     idle_deadline: float | None
     _now: Callable[[], float]
     _idle_spent: bool
+    _idle_from: int
+    audio: InputAudioBuffer
     _audio_emitted: bool
     _active: str | None
     _responses: dict[str, ResponseRun]
@@ -176,6 +179,7 @@ class ResponseLifecycle:
                     if c.type == "output_audio"
                 )
                 self.idle_deadline = self._now() + (played_ms + turn.idle_timeout_ms) / 1000
+                self._idle_from = self.audio.end + round(played_ms) * audio_fmt.BYTES_PER_MS
         self._audio_emitted |= run.audio_emitted
         for ev in run.finish(status, reason=reason, error=error):
             self._emit(ev)

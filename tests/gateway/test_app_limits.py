@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.realtime.commands import SessionLimits
-from omni_gateway.omni.protocol import AudioChunk, Done
+from omni_gateway.omni.protocol import AudioChunk, Capabilities, Done
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -43,6 +43,51 @@ def test_sessions_beyond_the_cap_are_refused_with_503() -> None:
 
     with serve(FakeBackend(), GatewayConfig(max_sessions=1)) as port:
         assert run(go(port)) == 503
+
+
+def test_voice_sessions_beyond_the_voice_capacity_are_refused_and_the_admitted_keep_working() -> None:
+    async def go(port: int) -> tuple[int, dict[str, Any], str, str]:
+        async with connect(url(port)) as first:
+            assert json.loads(await first.recv())["type"] == "session.created"
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(url(port)):
+                    pass
+            refusal = json.loads(info.value.response.body or b"{}")["error"]
+            await first.send(json.dumps({"type": "input_audio_buffer.append", "audio": tone_b64(200)}))
+            await first.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            committed = ""
+            while committed != "input_audio_buffer.committed":  # the admitted session still answers
+                committed = json.loads(await first.recv())["type"]
+        while True:  # the closed session's place frees once the server has seen the close
+            try:
+                async with connect(url(port)) as later:
+                    return info.value.response.status_code, refusal, committed, json.loads(await later.recv())["type"]
+            except InvalidStatus:
+                await asyncio.sleep(0.05)
+
+    with serve(FakeBackend(), GatewayConfig(max_voice_sessions=1)) as port:
+        status, refusal, committed, later = run(go(port))
+    assert status == 503 and refusal["code"] == "voice_capacity_reached" and "try again later" in refusal["message"]
+    assert committed == "input_audio_buffer.committed" and later == "session.created"
+
+
+def test_the_voice_capacity_leaves_a_server_without_speech_stages_alone() -> None:
+    async def go(port: int) -> list[str]:
+        async with connect(url(port)) as first, connect(url(port)) as second:
+            return [json.loads(await ws.recv())["type"] for ws in (first, second)]
+
+    text_only = FakeBackend(
+        vad=False,
+        capabilities=Capabilities(
+            model="text", input_modalities=frozenset({"text"}), output_modalities=frozenset({"text"})
+        ),
+    )
+    with serve(text_only, GatewayConfig(max_voice_sessions=1)) as port:
+        assert run(go(port)) == ["session.created", "session.created"]
+
+
+def tone_b64(ms: int) -> str:
+    return base64.b64encode(tone(ms)).decode()
 
 
 def test_expired_session_gets_session_expired_then_close_1001() -> None:

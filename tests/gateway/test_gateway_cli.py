@@ -161,6 +161,7 @@ SAMPLES = {
     "--allowed-origins": "https://app.example",
     "--max-frame-mib": "2",
     "--max-sessions": "3",
+    "--max-voice-sessions": "2",
     "--max-sessions-per-key": "2",
     "--model": "/m.gguf",
     "--served-model-name": "m",

@@ -356,6 +356,7 @@ def test_old_audio_is_dropped_past_the_budget_but_transcripts_and_lengths_stay()
 
 def test_idle_timeout_prompts_a_reply_after_the_previous_one_played_out() -> None:
     from omni_gateway.gateway.realtime.session import RealtimeSession
+    from openai.types.realtime import InputAudioBufferTimeoutTriggered
 
     from benchmarks.fake_backend import FakeBackend
 
@@ -377,7 +378,8 @@ def test_idle_timeout_prompts_a_reply_after_the_previous_one_played_out() -> Non
     assert d.session.idle_deadline is None
     spoken_reply(d)  # 300 ms of reply audio
     assert d.session.idle_deadline == pytest.approx(1000.0 + 0.3 + 5.0)
-    d.send({"type": "input_audio_buffer.append", "audio": b64(silence(500))})
+    for _ in range(11):  # the client streams silence in real time while the reply plays and after
+        d.send({"type": "input_audio_buffer.append", "audio": b64(silence(500))})
     clock[0] += 5.0
     assert d.session.on_idle() == []  # the reply is still within its playback + timeout
     clock[0] += 0.5
@@ -390,7 +392,14 @@ def test_idle_timeout_prompts_a_reply_after_the_previous_one_played_out() -> Non
         "response.created",
     ]
     fired = events(out)[0]
-    assert fired["item_id"] == events(out)[1]["item_id"] and fired["audio_end_ms"] - fired["audio_start_ms"] == 500
+    # OpenAI's fields exactly: the silence from the reply's playback end (300 ms) to the audio written so far
+    InputAudioBufferTimeoutTriggered.model_validate(fired)
+    assert set(fired) == set(InputAudioBufferTimeoutTriggered.model_fields)
+    assert (fired["audio_start_ms"], fired["audio_end_ms"]) == (300, 5500)
+    assert fired["item_id"] == events(out)[1]["item_id"]
+    committed = d.session.items.get(fired["item_id"])
+    assert committed is not None and committed.content[0].audio
+    assert 100 <= len(committed.content[0].audio) // 48 <= 5500 - 300
     assert d.session.idle_deadline is None and started(out)
 
 

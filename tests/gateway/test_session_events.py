@@ -109,7 +109,7 @@ def test_beta_session_update_uses_flat_fields() -> None:
     assert updated["max_response_output_tokens"] == 200
 
 
-def test_semantic_vad_is_accepted_and_eagerness_sets_the_silence() -> None:
+def test_semantic_vad_is_accepted_and_eagerness_caps_the_wait() -> None:
     d = Driver()
     low = only(
         d.send(
@@ -133,7 +133,32 @@ def test_semantic_vad_is_accepted_and_eagerness_sets_the_silence() -> None:
             },
         }
     )
-    assert d.backend.vad_settings[-2].silence_duration_ms > d.backend.vad_settings[-1].silence_duration_ms
+    low_vad, high_vad = d.backend.vad_settings[-2:]
+    assert (low_vad.max_silence_ms, high_vad.max_silence_ms) == (8000, 2000)
+    assert low_vad.silence_duration_ms == high_vad.silence_duration_ms < high_vad.max_silence_ms
+
+
+def test_semantic_vad_on_a_server_without_its_model_is_a_clear_error() -> None:
+    from omni_gateway.omni.prompting import UnsupportedInput
+
+    d = Driver()
+    real = d.backend.new_vad
+
+    def no_semantic(settings):  # type: ignore[no-untyped-def]
+        if settings.max_silence_ms is not None:
+            raise UnsupportedInput("semantic_vad needs the pipecat-ai package")
+        return real(settings)
+
+    d.session._vad_factory = no_semantic
+    out = d.send(
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+        }
+    )
+    err = error(out)
+    assert err["param"] == "session.turn_detection.type" and "pipecat-ai" in err["message"]
+    assert d.session.settings.turn_detection is not None and d.session.settings.turn_detection.type == "server_vad"
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from omni_gateway.engine.outputs import StreamDelta
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.loading import stage_threads
 from omni_gateway.omni.pipeline import OmniPipeline
+from omni_gateway.omni.prompting import UnsupportedInput
 from omni_gateway.omni.protocol import (
     AudioChunk,
     AudioOutputOptions,
@@ -27,6 +28,7 @@ from omni_gateway.omni.protocol import (
     TextPart,
     ToolCallDelta,
     Usage,
+    VadSettings,
 )
 
 
@@ -378,3 +380,38 @@ def test_warm_up_runs_each_stage_once_with_the_prompt_every_conversation_starts_
     asyncio.run(_collect(pipeline, OmniRequest(request_id="r1", messages=_user("What time is it?"))))
     assert engine.prompts[1].startswith("<system>Be brief.</system><user>")  # the prefix the cache now holds
     assert asr.calls == 1 and len(tts.said) == 1
+
+
+def _vad_pipeline() -> OmniPipeline:
+    from omni_gateway.encoders.vad import load_session
+
+    return OmniPipeline(
+        OmniConfig(), engine=FakeEngine([]), model_name="fake-llm", max_context_tokens=4096, vad_session=load_session()
+    )
+
+
+def test_semantic_settings_get_the_end_of_turn_detector(monkeypatch: pytest.MonkeyPatch) -> None:
+    from omni_gateway.encoders import turn
+    from omni_gateway.encoders.turn import SemanticTurn
+
+    warmed: list[object] = []
+    monkeypatch.setattr(
+        turn, "scoring_pool", lambda: type("Pool", (), {"submit": lambda self, fn: warmed.append(fn)})()
+    )
+    pipeline = _vad_pipeline()
+    semantic = pipeline.new_vad(VadSettings(silence_duration_ms=300, max_silence_ms=2000))
+    assert isinstance(semantic._detector, SemanticTurn) and semantic._detector.max_silence_ms == 2000  # type: ignore[attr-defined]
+    assert warmed == [turn.load_smart_turn]  # the model loads off the event loop before the first pause
+    plain = pipeline.new_vad(VadSettings())
+    assert not isinstance(plain._detector, SemanticTurn)  # type: ignore[attr-defined]
+
+
+def test_semantic_vad_without_pipecat_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pipecat" else real(name, *a))
+    pipeline = _vad_pipeline()
+    with pytest.raises(UnsupportedInput, match="pip install --no-deps pipecat-ai"):
+        pipeline.new_vad(VadSettings(max_silence_ms=4000))
+    pipeline.new_vad(VadSettings())  # server VAD needs no end-of-turn model

