@@ -194,3 +194,15 @@ def test_importing_gateway_does_not_load_torch() -> None:
 
 def test_pure_engine_modules_do_not_load_torch() -> None:
     assert _loads_torch([f"{NAMESPACE}.engine.{m}" for m in TORCH_FREE_ENGINE_MODULES]) == []
+
+
+def test_benchmarks_and_demos_never_import_test_code() -> None:
+    """Shared harness (fake backend, session driver, live server, checkpoints) lives in ``benchmarks/``."""
+    problems = [
+        f"{path.relative_to(ROOT)}:{imp.line} imports {imp.module}"
+        for folder in ("benchmarks", "demos")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for imp in imports_of(path.read_text(), folder)
+        if imp.module == "tests" or imp.module.startswith("tests.")
+    ]
+    assert not problems, "\n".join(problems)
