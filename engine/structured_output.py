@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 import xgrammar as xgr
-from omni_gateway.engine.errors import InvalidRequest
+from omni_gateway.engine.errors import InvalidConstraint
 from omni_gateway.engine.sampling_params import StructuredOutputs
 from omni_gateway.engine.sequence import Sequence
 
@@ -44,7 +44,7 @@ class GrammarCache:
         self._lock = threading.Lock()
 
     def compile(self, spec: StructuredOutputs) -> xgr.CompiledGrammar:
-        """The compiled grammar of ``spec``; InvalidRequest when xgrammar rejects it."""
+        """The compiled grammar of ``spec``; InvalidConstraint when xgrammar rejects it."""
         with self._lock:
             hit = self._compiled.get(spec)
             if hit is not None:
@@ -108,7 +108,7 @@ def _compile(compiler: xgr.GrammarCompiler, spec: StructuredOutputs) -> xgr.Comp
         return compiler.compile_structural_tag(spec.structural_tag)
     except Exception as exc:  # xgrammar raises RuntimeError, ValueError or its own errors for bad input
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InvalidRequest(f"invalid {kind} constraint: {detail}") from exc
+        raise InvalidConstraint(f"invalid {kind} constraint: {detail}") from exc
 
 
 # ---- the engine loop side ---------------------------------------------------------------------------
