@@ -19,8 +19,8 @@ class StructuredOutputs:
     one of a JSON schema, any JSON object, a regex, a choice among strings, an EBNF grammar or an
     xgrammar structural tag (free text that turns into constrained segments after trigger strings).
 
-    ``json`` may be given as a dict; it is stored as canonical JSON text so equal schemas share one
-    compiled grammar. The engine compiles it (``engine.structured_output``); a constraint xgrammar
+    ``json`` may be given as a dict; it is stored as JSON text (key order kept: the generated object's
+    properties follow the schema's order), which keys the cache of compiled grammars. The engine compiles it (``engine.structured_output``); a constraint xgrammar
     rejects is an InvalidRequest there."""
 
     json: str | None = None
@@ -35,13 +35,13 @@ class StructuredOutputs:
         raw: Any = self.json
         if raw is not None and not isinstance(raw, str):
             try:
-                object.__setattr__(self, "json", json.dumps(raw, sort_keys=True, ensure_ascii=False))
+                object.__setattr__(self, "json", json.dumps(raw, ensure_ascii=False))
             except (TypeError, ValueError) as exc:
                 raise InvalidRequest(f"json schema must be JSON-serializable, got {raw!r}: {exc}") from exc
         raw_tag: Any = self.structural_tag
         if raw_tag is not None and not isinstance(raw_tag, str):
             try:
-                object.__setattr__(self, "structural_tag", json.dumps(raw_tag, sort_keys=True, ensure_ascii=False))
+                object.__setattr__(self, "structural_tag", json.dumps(raw_tag, ensure_ascii=False))
             except (TypeError, ValueError) as exc:
                 raise InvalidRequest(f"structural_tag must be JSON-serializable, got {raw_tag!r}: {exc}") from exc
         if self.choice is not None and not isinstance(self.choice, tuple):

@@ -103,7 +103,7 @@ def _constraint(kind: ConstraintKind, value: Any, param: str) -> OutputConstrain
                 raise invalid(f"'{param}' is not valid JSON: {exc}.", param) from None
         if not isinstance(value, (dict, bool)):
             raise invalid(f"'{param}' must be a JSON schema (an object), got {type(value).__name__}.", param)
-        text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+        text = json.dumps(value, ensure_ascii=False)  # key order matters: properties follow it
         _check_size(text, param)
         return OutputConstraint("json", text, param=param)
     if kind == "choice":

@@ -39,7 +39,7 @@ TIME = {
         },
     },
 }
-CANONICAL = json.dumps(SCHEMA, sort_keys=True)
+CANONICAL = json.dumps(SCHEMA)
 
 
 def _post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
