@@ -67,7 +67,7 @@ class Sampler:
         if any(s.grammar is not None for s in seqs):
             from omni_gateway.engine.structured_output import apply_masks  # xgrammar loads on first use
 
-            logits = apply_masks(logits, seqs)
+            logits = apply_masks(logits, seqs, in_place=logits is not raw)  # a copy already, or the raw logits
         # The given argmax is that of the raw logits: stale once a mask (min_tokens, a grammar) or a
         # penalty changed them.
         best = argmax if argmax is not None and logits is raw else logits.argmax(dim=-1)

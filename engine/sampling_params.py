@@ -20,8 +20,9 @@ class StructuredOutputs:
     xgrammar structural tag (free text that turns into constrained segments after trigger strings).
 
     ``json`` may be given as a dict; it is stored as JSON text (key order kept: the generated object's
-    properties follow the schema's order), which keys the cache of compiled grammars. The engine compiles it (``engine.structured_output``); a constraint xgrammar
-    rejects is an InvalidRequest there."""
+    properties follow the schema's order), which keys the cache of compiled grammars. The engine
+    compiles it (``engine.structured_output``); a constraint xgrammar rejects is an InvalidConstraint
+    there."""
 
     json: str | None = None
     json_object: bool = False

@@ -11,6 +11,7 @@ mask depends on the token in flight.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections import OrderedDict
@@ -57,6 +58,11 @@ class GrammarCache:
             while len(self._compiled) > _CACHE_SIZE:
                 self._compiled.popitem(last=False)
         return compiled
+
+    def clear(self) -> None:
+        """Forget the compiled grammars (the vocabulary's index stays)."""
+        with self._lock:
+            self._compiled.clear()
 
     def matcher(self, spec: StructuredOutputs) -> xgr.GrammarMatcher:
         return xgr.GrammarMatcher(self.compile(spec))
@@ -114,17 +120,26 @@ def _compile(compiler: xgr.GrammarCompiler, spec: StructuredOutputs) -> xgr.Comp
 # ---- the engine loop side ---------------------------------------------------------------------------
 
 
-def apply_masks(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """``logits`` with every token the row's matcher forbids set to -inf, for constrained rows only;
-    the input itself when no row is constrained. Other rows keep their values bit for bit."""
+def apply_masks(logits: torch.Tensor, seqs: list[Sequence], *, in_place: bool = False) -> torch.Tensor:
+    """``logits`` with every token the row's matcher forbids set to -inf, for constrained rows only
+    (a copy unless ``in_place``); the input itself when no row is constrained. Other rows keep their
+    values bit for bit. The masks are filled on the host, several rows at once on xgrammar's threads,
+    and applied on the logits' device."""
     rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None]
     if not rows:
         return logits
     vocab = logits.shape[1]
     bitmask = xgr.allocate_token_bitmask(len(seqs), vocab)  # every token allowed until filled
-    for i in rows:
-        seqs[i].grammar.fill_next_token_bitmask(bitmask, i)
-    masked = logits.clone()
+    if len(rows) == 1:
+        seqs[rows[0]].grammar.fill_next_token_bitmask(bitmask, rows[0])
+    else:
+        _batch_filler().batch_fill_next_token_bitmask([seqs[i].grammar for i in rows], bitmask, rows)
+    masked = logits if in_place else logits.clone()
     device_mask = bitmask if logits.device.type == "cpu" else bitmask.pin_memory().to(logits.device, non_blocking=True)
     xgr.apply_token_bitmask_inplace(masked, device_mask, vocab_size=vocab, indices=rows)
     return masked
+
+
+@functools.cache
+def _batch_filler() -> xgr.BatchGrammarMatcher:
+    return xgr.BatchGrammarMatcher()  # half the hardware threads

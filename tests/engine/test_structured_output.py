@@ -4,6 +4,7 @@ only the grammar makes them parse)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -93,21 +94,28 @@ def test_compiled_grammars_are_cached_by_content(grammars: GrammarCache) -> None
 
 
 def test_sampler_masks_constrained_rows_only(grammars: GrammarCache) -> None:
-    spec = StructuredOutputs(regex=r"[0-9]+")
-    greedy = SamplingParams(temperature=0.0, structured_outputs=spec)
-    sampled = SamplingParams(temperature=1.0, seed=3)
-    seqs = [Sequence("a", [1], greedy), Sequence("b", [1], sampled), Sequence("c", [1], SamplingParams(temperature=0))]
-    seqs[0].grammar = grammars.matcher(spec)
-    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(0))
+    digits, letters = StructuredOutputs(regex=r"[0-9]+"), StructuredOutputs(regex=r"[x-z]+")
+    seqs = [
+        Sequence("a", [1], SamplingParams(temperature=0.0, structured_outputs=digits)),
+        Sequence("b", [1], SamplingParams(temperature=1.0, seed=3)),
+        Sequence("c", [1], SamplingParams(temperature=0.0)),
+        Sequence("d", [1], SamplingParams(temperature=1.0, structured_outputs=letters)),
+    ]
+    seqs[0].grammar = grammars.matcher(digits)
+    seqs[3].grammar = grammars.matcher(letters)
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(0))
     before = logits.clone()
     tokens = Sampler(torch.device("cpu"), seed=7).choose(logits, seqs, logits.argmax(-1)).tolist()
 
     assert torch.equal(logits, before)  # the raw logits are untouched (logprobs read them)
-    digit = byte_level_tokenizer().decode([tokens[0]])
-    assert re.fullmatch(r"[0-9]+", digit), digit
-    alone_b = Sampler(torch.device("cpu"), seed=7).choose(logits[1:2], seqs[1:2]).tolist()
-    assert tokens[1] == alone_b[0]
-    assert tokens[2] == int(logits[2].argmax())
+    tok = byte_level_tokenizer()
+    assert re.fullmatch(r"[0-9]+", tok.decode([tokens[0]])), tok.decode([tokens[0]])
+    assert re.fullmatch(r"[x-z]+", tok.decode([tokens[3]])), tok.decode([tokens[3]])
+    assert tokens[2] == int(logits[2].argmax())  # the stale argmax is not used for a masked batch's others
+    # The sampled unconstrained row draws from the shared generator in the same place as without masks.
+    plain = [Sequence(s.request_id, [1], dataclasses.replace(s.params, structured_outputs=None)) for s in seqs]
+    unmasked = Sampler(torch.device("cpu"), seed=7).choose(logits, plain).tolist()
+    assert tokens[1] == unmasked[1]
 
 
 # ---- the engine -------------------------------------------------------------------------------------
