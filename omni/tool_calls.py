@@ -22,7 +22,9 @@ from typing import Any
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _MAX_HEAD_CHARS = 256
-_MAX_WHITESPACE = 16  # per run between JSON tokens, as for a JSON schema (engine.structured_output)
+# Whitespace between the arguments' JSON tokens: one character a run. Arguments are machine-read, and a
+# small model sampling at temperature 1 otherwise spends its token budget on blank lines mid-call.
+_MAX_WHITESPACE = 1
 _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 
 
@@ -123,7 +125,8 @@ StreamEvent = str | CallStart | ArgumentsDelta | CallEnd  # a str is content
 
 class ToolCallStream:
     """Incremental ``parse_tool_calls`` of the tagged form: ``feed`` each piece of text, then
-    ``finish``. Content is released as soon as it cannot be the start of ``<tool_call>``; a call's
+    ``finish``. A call cut off before its end streams its pieces but never becomes a ``CallEnd``.
+    Content is released as soon as it cannot be the start of ``<tool_call>``; a call's
     arguments as soon as they cannot be its closing ``}`` and ``</tool_call>``. Text that opens with
     ``{`` is held to the end and parsed whole, for models that call with a bare JSON object."""
 
@@ -199,7 +202,8 @@ class ToolCallStream:
     def _in_call(self, final: bool) -> list[StreamEvent]:
         call = self._call
         assert call is not None
-        close = self._pending.find(CLOSE)
+        released = "".join(self._arguments)
+        close = _close_outside_strings(released + self._pending) - len(released)
         if close >= 0:
             body = self._pending[:close].rstrip()
             if body.endswith("}"):
@@ -207,9 +211,9 @@ class ToolCallStream:
             self._pending = self._pending[close + len(CLOSE) :]
             self._after_call = True
             return self._close(body)
-        if final:  # cut off (max_tokens): what arrived is all the arguments there are
-            body, self._pending = self._pending, ""
-            return self._close(body)
+        if final:  # cut off (max_tokens): the pieces went out, but the call never closed
+            rest, self._pending, self._call = self._pending, "", None
+            return [ArgumentsDelta(call.call_id, call.name, rest)] if rest else []
         if not self._arguments:
             self._pending = self._pending.lstrip()
         keep = _closing_suffix(self._pending)
@@ -238,6 +242,24 @@ def _partial_suffix(text: str, marker: str) -> int:
         if marker.startswith(text[-n:]):
             return n
     return 0
+
+
+def _close_outside_strings(body: str) -> int:
+    """Where ``</tool_call>`` first occurs in ``body`` outside a JSON string; -1 if nowhere."""
+    in_string = escaped = False
+    for i, ch in enumerate(body):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == "<" and body.startswith(CLOSE, i):
+            return i
+    return -1
 
 
 def _could_become_head(text: str) -> bool:
