@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Sequence as Seq
@@ -98,16 +99,18 @@ class LLMEngine:
         self.pipelined = config.pipeline_decode == "on" or (config.pipeline_decode == "auto" and on_cuda and can_launch)
         self.num_steps_ahead = 0  # steps launched before the host had read the step in front of them
         self._grammars: Any = None  # engine.structured_output.GrammarCache, built on first use
+        self._grammars_lock = threading.Lock()
 
     @property
     def grammars(self) -> Any:
         """The compiler of this model's constraints (``engine.structured_output.GrammarCache``); any
         thread may compile with it, so callers compile before a request reaches the loop."""
-        if self._grammars is None:
-            from omni_gateway.engine.structured_output import GrammarCache  # xgrammar loads on first use
+        with self._grammars_lock:
+            if self._grammars is None:
+                from omni_gateway.engine.structured_output import GrammarCache  # xgrammar loads on first use
 
-            self._grammars = GrammarCache(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        return self._grammars
+                self._grammars = GrammarCache(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            return self._grammars
 
     @staticmethod
     def _decide_max_model_len(config: EngineConfig, model_len: int, num_blocks: int, block_size: int) -> int:
