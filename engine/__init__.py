@@ -11,7 +11,7 @@ from typing import Any
 
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import EngineDead, EngineError, EngineOverloaded, InvalidRequest, ModelLoadError
-from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.sampling_params import SamplingParams, StructuredOutputs
 
 _LAZY = {
     "LLM": "omni_gateway.engine.llm",
@@ -26,6 +26,7 @@ _LAZY = {
 __all__ = [
     "EngineConfig",
     "SamplingParams",
+    "StructuredOutputs",
     "EngineError",
     "InvalidRequest",
     "EngineOverloaded",

@@ -116,6 +116,9 @@ class AsyncEngine:
         """Stream deltas until every completion of the request finished. Closing the iterator early
         aborts the request. Raises InvalidRequest, EngineOverloaded or EngineDead before the first delta."""
         params = params or SamplingParams()
+        if params.structured_outputs is not None:
+            # Compile here, off the engine loop (and off this event loop); the loop finds it cached.
+            await asyncio.to_thread(self.engine.grammars.compile, params.structured_outputs)
         rid = request_id or f"req-{uuid.uuid4().hex}"
         stream = _Stream(asyncio.get_running_loop(), params.n)
         done: concurrent.futures.Future[None] = concurrent.futures.Future()

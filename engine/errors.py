@@ -11,6 +11,10 @@ class InvalidRequest(EngineError, ValueError):
     """The request cannot be served as given (prompt too long, bad sampling values, ...)."""
 
 
+class InvalidConstraint(InvalidRequest):
+    """A structured-output constraint (schema, regex, grammar, ...) the grammar compiler rejects."""
+
+
 class EngineOverloaded(EngineError):
     """The waiting queue is full; retry later."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Sequence as Seq
@@ -106,6 +107,19 @@ class LLMEngine:
         on_cuda = self.runner.device.type == "cuda"
         self.pipelined = config.pipeline_decode == "on" or (config.pipeline_decode == "auto" and on_cuda)
         self.num_steps_ahead = 0  # steps launched before the host had read the step in front of them
+        self._grammars: Any = None  # engine.structured_output.GrammarCache, built on first use
+        self._grammars_lock = threading.Lock()
+
+    @property
+    def grammars(self) -> Any:
+        """The compiler of this model's constraints (``engine.structured_output.GrammarCache``); any
+        thread may compile with it, so callers compile before a request reaches the loop."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from omni_gateway.engine.structured_output import GrammarCache  # xgrammar loads on first use
+
+                self._grammars = GrammarCache(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            return self._grammars
 
     @staticmethod
     def _decide_max_model_len(config: EngineConfig, model_len: int, num_blocks: int, block_size: int) -> int:
@@ -168,6 +182,9 @@ class LLMEngine:
                     f"prompt of {len(token_ids)} tokens"
                 )
 
+        spec = params.structured_outputs
+        if spec is not None:
+            self.grammars.compile(spec)  # a cache hit when the caller compiled it already
         seqs = []
         for i in range(params.n):
             seq_params = params
@@ -185,6 +202,8 @@ class LLMEngine:
                     max_model_len=self.max_model_len,
                 )
             )
+            if spec is not None:
+                seqs[-1].grammar = self.grammars.matcher(spec)
         self.scheduler.add(seqs[0])
         for sibling in seqs[1:]:
             # The queue bound counts requests; the scheduler makes siblings reuse the first one's prompt KV.
@@ -284,7 +303,9 @@ class LLMEngine:
         if len(results) != len(batch.seqs):
             raise RuntimeError(f"runner returned {len(results)} results for {len(batch.seqs)} sequences")
         by_seq = {seq.seq_id: r for seq, r in zip(batch.seqs, results) if r is not None}
-        grown = self.scheduler.update_from_output(batch, [None if r is None else r.token_id for r in results])
+        token_ids: list[int | None] = [None if r is None else r.token_id for r in results]
+        rejected = self._grammars.accept(batch.seqs, token_ids) if self._grammars is not None else []
+        grown = self.scheduler.update_from_output(batch, token_ids)
 
         deltas: list[StreamDelta] = []
         done: list[Sequence] = []
@@ -295,6 +316,8 @@ class LLMEngine:
             touched[req.request_id] = req
             req.first_token = req.first_token or now
             result = by_seq[seq.seq_id]
+            if not seq.is_finished and seq.grammar is not None and seq.grammar.is_terminated():
+                self.scheduler.finish(seq, FinishReason.STOP)  # the grammar accepted its stop token
             lp: tuple[Logprob, ...] = ()
             if seq.params.logprobs is not None and result.logprob is not None:
                 seq.output_logprobs.append(result.logprob)
@@ -303,6 +326,12 @@ class LLMEngine:
             if seq.is_finished:
                 done.append(seq)
             deltas.append(self._delta(req, index, text, (result.token_id,), lp))
+        for seq in rejected:  # the grammar cannot continue (every token was masked): end it, token unkept
+            req, index = self._owner[seq.seq_id]
+            touched[req.request_id] = req
+            self.scheduler.finish(seq, FinishReason.ERROR)
+            done.append(seq)
+            deltas.append(self._delta(req, index, req.detoks[index].flush(), ()))
         if done:
             self.runner.release([s.seq_id for s in done])
         for req in touched.values():
@@ -324,6 +353,7 @@ class LLMEngine:
     def _retire(self, req: _Request) -> None:
         for seq in req.seqs:
             self._owner.pop(seq.seq_id, None)
+            seq.grammar = None
         del self._requests[req.request_id]
         self._finished.append(self._output(req))
 

@@ -8,7 +8,8 @@ checks its stops, instead of idling while the host works.
 
 That is sound only where the host would not change what the device picks and would schedule the
 same step itself. The token must come from the logits and the sequence's parameters alone: no
-logprobs to return, no penalty (which reads the token history), no min_tokens mask left to apply;
+logprobs to return, no penalty (which reads the token history), no grammar (whose mask needs the
+matcher advanced by the token in flight), no min_tokens mask left to apply;
 greedy or sampled (a seeded sequence draws from its own generator either way). Every running
 sequence must be in the step, none waiting to be admitted, and no sequence certain to stop on
 length at the step in flight. A sequence that stops on EOS, a stop token or a stop string, or is
@@ -22,9 +23,16 @@ from omni_gateway.engine.sequence import ScheduledBatch, Sequence
 
 def samples_from_logits_alone(seq: Sequence) -> bool:
     """Whether the sampler picks ``seq``'s next tokens from the logits and the sequence's parameters
-    alone: no logprobs, no penalty, min_tokens reached, no media (whose decode steps run eagerly)."""
+    alone: no logprobs, no penalty, no grammar (whose mask follows the token in flight), min_tokens
+    reached, no media (whose decode steps run eagerly)."""
     p = seq.params
-    return p.logprobs is None and not p.penalized and seq.num_output_tokens >= p.min_tokens and not seq.embed_spans
+    return (
+        p.logprobs is None
+        and not p.penalized
+        and p.structured_outputs is None
+        and seq.num_output_tokens >= p.min_tokens
+        and not seq.embed_spans
+    )
 
 
 def launchable(batch: ScheduledBatch) -> bool:

@@ -1,6 +1,7 @@
 """Batched token sampling over one step's logits.
 
-Order (vLLM's): min_tokens masking, penalties, then greedy argmax, or temperature -> top-k ->
+Order (vLLM's): min_tokens masking, penalties, grammar masks (constrained rows only, see
+``engine.structured_output``), then greedy argmax, or temperature -> top-k ->
 top-p -> min-p -> a draw. Repetition penalty looks at prompt + output tokens; presence and
 frequency penalties at output tokens only. Logprobs are those of the raw model distribution.
 
@@ -63,7 +64,12 @@ class Sampler:
         logits = self._mask_min_tokens(logits, seqs)
         if any(p.penalized for p in params):
             logits = apply_penalties(logits, seqs)
-        # The given argmax is that of the raw logits: stale once a mask or a penalty changed them.
+        if any(s.grammar is not None for s in seqs):
+            from omni_gateway.engine.structured_output import apply_masks  # xgrammar loads on first use
+
+            logits = apply_masks(logits, seqs, in_place=logits is not raw)  # a copy already, or the raw logits
+        # The given argmax is that of the raw logits: stale once a mask (min_tokens, a grammar) or a
+        # penalty changed them.
         best = argmax if argmax is not None and logits is raw else logits.argmax(dim=-1)
         if all(p.greedy for p in params):
             return best

@@ -2,12 +2,68 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from omni_gateway.engine.errors import InvalidRequest
 
 _MAX_STOP_STRINGS = 16
 _MAX_LOGPROBS = 20
+_CONSTRAINTS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputs:
+    """A constraint on what a request may generate (vLLM's ``StructuredOutputsParams`` names): exactly
+    one of a JSON schema, any JSON object, a regex, a choice among strings, an EBNF grammar or an
+    xgrammar structural tag (free text that turns into constrained segments after trigger strings).
+
+    ``json`` may be given as a dict; it is stored as JSON text (key order kept: the generated object's
+    properties follow the schema's order), which keys the cache of compiled grammars. The engine
+    compiles it (``engine.structured_output``); a constraint xgrammar rejects is an InvalidConstraint
+    there."""
+
+    json: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None  # EBNF (GBNF dialect)
+    structural_tag: str | None = None  # xgrammar's structural tag as JSON text
+    disable_any_whitespace: bool = False  # JSON: no whitespace outside strings
+
+    def __post_init__(self) -> None:
+        raw: Any = self.json
+        if raw is not None and not isinstance(raw, str):
+            try:
+                object.__setattr__(self, "json", json.dumps(raw, ensure_ascii=False))
+            except (TypeError, ValueError) as exc:
+                raise InvalidRequest(f"json schema must be JSON-serializable, got {raw!r}: {exc}") from exc
+        raw_tag: Any = self.structural_tag
+        if raw_tag is not None and not isinstance(raw_tag, str):
+            try:
+                object.__setattr__(self, "structural_tag", json.dumps(raw_tag, ensure_ascii=False))
+            except (TypeError, ValueError) as exc:
+                raise InvalidRequest(f"structural_tag must be JSON-serializable, got {raw_tag!r}: {exc}") from exc
+        if self.choice is not None and not isinstance(self.choice, tuple):
+            choice: Any = self.choice
+            if isinstance(choice, str) or not hasattr(choice, "__iter__"):
+                raise InvalidRequest(f"choice must be a list of strings, got {choice!r}")
+            object.__setattr__(self, "choice", tuple(choice))
+        given = [name for name in _CONSTRAINTS if getattr(self, name) not in (None, False)]
+        _check(len(given) == 1, f"structured outputs take exactly one of {', '.join(_CONSTRAINTS)}; got {given}")
+        _check(
+            self.choice is None or (bool(self.choice) and all(isinstance(c, str) and c for c in self.choice)),
+            f"choice must be a non-empty list of non-empty strings, got {self.choice!r}",
+        )
+        for name in ("json", "regex", "grammar", "structural_tag"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, str) and bool(value)), f"{name} must be a non-empty string")
+
+    @property
+    def kind(self) -> str:
+        """The name of the one constraint given."""
+        return next(name for name in _CONSTRAINTS if getattr(self, name) not in (None, False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +85,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top logprobs to return besides the sampled token's
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         # Accept lists and a bare string for convenience; store tuples so the object stays hashable.
@@ -87,6 +144,10 @@ class SamplingParams:
         _check(
             self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= _MAX_LOGPROBS),
             f"logprobs must be an integer in [0, {_MAX_LOGPROBS}] or None, got {self.logprobs!r}",
+        )
+        _check(
+            self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputs),
+            f"structured_outputs must be a StructuredOutputs or None, got {type(self.structured_outputs).__name__}",
         )
 
     @property

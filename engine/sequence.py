@@ -78,6 +78,9 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at the last admission
         self.num_preemptions = 0
         self.output_logprobs: list[Any] = []  # one entry per output token when params.logprobs is set
+        # The xgrammar matcher of a constrained request (engine.structured_output), at the state after
+        # the output tokens so far; None when unconstrained or once the request is retired.
+        self.grammar: Any = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

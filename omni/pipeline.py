@@ -32,7 +32,13 @@ from omni_gateway.omni.collaborators import (
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.loading import load_pipeline, warm_up
 from omni_gateway.omni.media import server_budget
-from omni_gateway.omni.prompting import SamplingDefaults, UnsupportedInput, prompt_ids, sampling_params
+from omni_gateway.omni.prompting import (
+    SamplingDefaults,
+    UnsupportedInput,
+    prompt_ids,
+    sampling_params,
+    structured_outputs,
+)
 from omni_gateway.omni.protocol import (
     AudioChunk,
     AudioOutputOptions,
@@ -134,7 +140,7 @@ class OmniPipeline:
         try:
             request = await self._transcribe_parts(request)
             prompt = await self._prompt(request)
-            params = sampling_params(request.sampling, self._defaults)
+            params = sampling_params(request.sampling, self._defaults, structured_outputs=structured_outputs(request))
         except InvalidInput as exc:
             yield refusal(exc)
             return

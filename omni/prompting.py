@@ -8,17 +8,19 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from omni_gateway.engine.errors import InvalidRequest
-from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.sampling_params import SamplingParams, StructuredOutputs
 from omni_gateway.omni.protocol import (
     AudioPart,
     ImagePart,
     InvalidInput,
     Message,
     OmniRequest,
+    OutputConstraint,
     SamplingOptions,
     TextPart,
     VideoPart,
 )
+from omni_gateway.omni.tool_calls import tool_call_tag
 
 
 class ChatRenderer(Protocol):
@@ -133,17 +135,58 @@ def _json_or_text(arguments: str) -> Any:
 
 
 def sampling_params(
-    options: SamplingOptions, defaults: SamplingDefaults, *, stop_token_ids: tuple[int, ...] = ()
+    options: SamplingOptions,
+    defaults: SamplingDefaults,
+    *,
+    stop_token_ids: tuple[int, ...] = (),
+    structured_outputs: StructuredOutputs | None = None,
 ) -> SamplingParams:
     """Map the OpenAI-level options onto the engine's SamplingParams (raises InvalidInput on bad values)."""
     try:
-        return _sampling_params(options, defaults, stop_token_ids)
+        return _sampling_params(options, defaults, stop_token_ids, structured_outputs)
     except InvalidRequest as exc:
         raise InvalidInput(str(exc)) from None
 
 
+def structured_outputs(request: OmniRequest) -> StructuredOutputs | None:
+    """The engine constraint of a request: its output constraint, else (with tools offered) the tool
+    calls' structural tag, else none. Raises InvalidInput naming the field of a malformed one."""
+    constraint = request.sampling.constraint
+    try:
+        if constraint is not None:
+            return _constraint(constraint)
+        if request.tools:
+            tag = tool_call_tag(
+                request.tools, required=request.tool_choice == "required", parallel=request.parallel_tool_calls
+            )
+            return StructuredOutputs(structural_tag=json.dumps(tag, ensure_ascii=False))
+    except InvalidRequest as exc:
+        raise InvalidInput(f"Invalid '{constraint_param(request)}': {exc}", param=constraint_param(request)) from None
+    return None
+
+
+def constraint_param(request: OmniRequest) -> str:
+    """The request field a constraint came from, named when it cannot be compiled."""
+    return request.sampling.constraint.param if request.sampling.constraint is not None else "tools"
+
+
+def _constraint(c: OutputConstraint) -> StructuredOutputs:
+    if c.kind == "json":
+        return StructuredOutputs(json=c.spec)
+    if c.kind == "json_object":
+        return StructuredOutputs(json_object=True)
+    if c.kind == "regex":
+        return StructuredOutputs(regex=c.spec)
+    if c.kind == "choice":
+        return StructuredOutputs(choice=c.choices)
+    return StructuredOutputs(grammar=c.spec)
+
+
 def _sampling_params(
-    options: SamplingOptions, defaults: SamplingDefaults, stop_token_ids: tuple[int, ...]
+    options: SamplingOptions,
+    defaults: SamplingDefaults,
+    stop_token_ids: tuple[int, ...],
+    structured: StructuredOutputs | None,
 ) -> SamplingParams:
     return SamplingParams(
         n=options.n,
@@ -159,4 +202,5 @@ def _sampling_params(
         stop=options.stop,
         stop_token_ids=stop_token_ids,
         logprobs=options.logprobs,
+        structured_outputs=structured,
     )

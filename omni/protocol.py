@@ -23,6 +23,10 @@ class InvalidInput(Exception):
     code = "invalid_request"
     status = 400  # 413/429 for media over the request's or the server's budget (omni.media)
 
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param  # the request field at fault, where one is
+
 
 # ---- input parts -------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,24 @@ class Message:
         )
 
 
+ConstraintKind = Literal["json", "json_object", "regex", "choice", "grammar"]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputConstraint:
+    """What every generated choice must match (vLLM's structured outputs). ``spec`` is the JSON schema
+    as JSON text, the regex or the EBNF grammar ("" for json_object); ``choices`` the strings of a
+    choice. ``param`` names the request field it came from, for the error a bad one gets."""
+
+    kind: ConstraintKind
+    spec: str = ""
+    choices: tuple[str, ...] = ()
+    param: str = ""
+
+
+ToolChoice = Literal["auto", "required"]
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingOptions:
     """OpenAI-level knobs; the backend maps them onto the engine's SamplingParams."""
@@ -99,6 +121,7 @@ class SamplingOptions:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
     n: int = 1
+    constraint: OutputConstraint | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +150,10 @@ class OmniRequest:
     audio: AudioOutputOptions = field(default_factory=AudioOutputOptions)
     image: ImageOutputOptions = field(default_factory=ImageOutputOptions)
     tools: tuple[dict[str, Any], ...] = ()  # JSON-schema function tools, passed through the chat template
+    # "required": answer with calls of ``tools`` only (a named tool_choice is "required" of that one
+    # tool); "auto": text, calls or both. Calls follow the tool's parameters either way.
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
     raw_prompt: str | None = None  # /v1/completions: a prompt used as is, no chat template
     priority: int = 0  # 0 realtime turns, 1 bulk HTTP work
@@ -165,10 +192,22 @@ class ImageFinal:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallArguments:
+    """A piece of a tool call's arguments as they are generated; the complete ``ToolCallDelta`` of
+    the same ``call_id`` follows once the call is closed."""
+
+    call_id: str
+    name: str
+    delta: str
+    index: int = 0  # choice index when n > 1
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallDelta:
     call_id: str
     name: str
     arguments: str  # complete JSON arguments
+    index: int = 0  # choice index when n > 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,9 +231,12 @@ class Error:
     code: str  # machine-readable, e.g. "invalid_request", "overloaded", "unsupported_modality", "engine_dead"
     message: str
     status: int = 400  # the HTTP status this maps to
+    param: str | None = None  # the request field at fault, where one is
 
 
-OutputChunk = TextDelta | AudioChunk | ImagePartial | ImageFinal | ToolCallDelta | Usage | Done | Error
+OutputChunk = (
+    TextDelta | AudioChunk | ImagePartial | ImageFinal | ToolCallArguments | ToolCallDelta | Usage | Done | Error
+)
 
 
 # ---- audio services the gateway uses directly ----------------------------------------------------

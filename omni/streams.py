@@ -13,8 +13,9 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidRequest
+from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidConstraint, InvalidRequest
 from omni_gateway.omni.heads.dit_errors import ImageGenerationError
+from omni_gateway.omni.prompting import constraint_param
 from omni_gateway.omni.protocol import (
     Done,
     Error,
@@ -22,10 +23,11 @@ from omni_gateway.omni.protocol import (
     OmniRequest,
     OutputChunk,
     TextDelta,
+    ToolCallArguments,
     ToolCallDelta,
     Usage,
 )
-from omni_gateway.omni.tool_calls import parse_tool_calls
+from omni_gateway.omni.tool_calls import ArgumentsDelta, CallStart, StreamEvent, ToolCallStream, tool_name
 
 if TYPE_CHECKING:
     from omni_gateway.engine.outputs import StreamDelta
@@ -45,36 +47,49 @@ class Prompt:
 async def written(
     engine: Engine, request: OmniRequest, prompt: Prompt, params: SamplingParams
 ) -> AsyncIterator[OutputChunk]:
-    """The answer as text deltas; with tools, each choice's text is held until it is known to be a call or not."""
-    tool_names = frozenset(t.get("name") or t.get("function", {}).get("name") for t in request.tools)
-    held: dict[int, list[str]] = {}
+    """The answer as text deltas; with tools, each choice's text goes through a ``ToolCallStream``, so
+    content streams as it comes and each call as its start, its argument pieces and the whole call."""
+    tool_names = frozenset(tool_name(t) for t in request.tools)
+    parsers: dict[int, ToolCallStream] = {}
     finals: list[StreamDelta] = []
     try:
         async for delta in _deltas(engine, request, prompt, params):
             if delta.error is not None:
                 yield Error("engine_error", delta.error, status=500)
                 return
-            if delta.text or delta.logprobs:
-                if tool_names:
-                    held.setdefault(delta.index, []).append(delta.text)
-                else:
-                    yield TextDelta(delta.text, index=delta.index, logprobs=_logprobs(engine, delta))
+            if tool_names:
+                parser = parsers.setdefault(delta.index, ToolCallStream(tool_names))
+                events = parser.feed(delta.text) if delta.text else []
+                if delta.finished:
+                    events += parser.finish()
+                for chunk in _tool_chunks(events, delta.index):
+                    yield chunk
+            elif delta.text or delta.logprobs:
+                yield TextDelta(delta.text, index=delta.index, logprobs=_logprobs(engine, delta))
             if delta.finished:
                 finals.append(delta)
                 reason = delta.finish_reason or "stop"
-                if tool_names:
-                    content, calls = parse_tool_calls("".join(held.pop(delta.index, [])), tool_names)
-                    if content:
-                        yield TextDelta(content, index=delta.index)
-                    for call in calls:
-                        yield ToolCallDelta(call.call_id, call.name, call.arguments)
-                    if calls:
-                        reason = "tool_calls"
+                if tool_names and parsers[delta.index].calls and reason == "stop":
+                    reason = "tool_calls"
                 yield Done(reason, index=delta.index)
     except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
-        yield refusal(exc)
+        yield refusal(exc, constraint_param(request) if isinstance(exc, InvalidConstraint) else None)
         return
     yield usage(finals, prompt)
+
+
+def _tool_chunks(events: list[StreamEvent], index: int) -> list[OutputChunk]:
+    chunks: list[OutputChunk] = []
+    for event in events:
+        if isinstance(event, str):
+            chunks.append(TextDelta(event, index=index))
+        elif isinstance(event, ArgumentsDelta):
+            chunks.append(ToolCallArguments(event.call_id, event.name, event.delta, index=index))
+        elif isinstance(event, CallStart):
+            chunks.append(ToolCallArguments(event.call_id, event.name, "", index=index))
+        else:
+            chunks.append(ToolCallDelta(event.call.call_id, event.call.name, event.call.arguments, index=index))
+    return chunks
 
 
 async def spoken(
@@ -184,15 +199,17 @@ async def merged(*streams: AsyncIterator[OutputChunk]) -> AsyncIterator[OutputCh
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def refusal(exc: InvalidInput | InvalidRequest | EngineOverloaded | EngineDead) -> Error:
-    """The error chunk of a refusal the client is told about: its own request's fault (400), or no capacity (503)."""
+def refusal(exc: InvalidInput | InvalidRequest | EngineOverloaded | EngineDead, param: str | None = None) -> Error:
+    """The error chunk of a refusal the client is told about: its own request's fault (400), or no capacity
+    (503). ``param`` names the request field at fault where the caller knows it."""
     if isinstance(exc, EngineOverloaded):
         return Error("overloaded", str(exc), status=503)
     if isinstance(exc, EngineDead):
         return Error("engine_dead", str(exc), status=503)
     if isinstance(exc, InvalidInput):
-        return Error(exc.code, str(exc), status=exc.status)
-    return Error("invalid_request", str(exc), status=400)  # the engine's InvalidRequest: prompt too long, ...
+        return Error(exc.code, str(exc), status=exc.status, param=exc.param)
+    message = f"Invalid '{param}': {exc}" if param else str(exc)
+    return Error("invalid_request", message, status=400, param=param)  # the engine's InvalidRequest
 
 
 def usage(finals: list[StreamDelta], prompt: Prompt) -> Usage:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from omni_gateway.gateway.client_text import shown
@@ -12,7 +12,8 @@ from omni_gateway.gateway.http.errors import invalid
 from omni_gateway.gateway.http.fields import get_bool, get_int, get_str, require_object
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.http.sampling import StreamOptions, check_model, parse_sampling, parse_stream
-from omni_gateway.omni.protocol import AudioOutputOptions, Capabilities, Modality, OmniRequest
+from omni_gateway.gateway.http.structured import parse_constraint
+from omni_gateway.omni.protocol import AudioOutputOptions, Capabilities, Modality, OmniRequest, ToolChoice
 
 # pcm16 is 24 kHz mono 16-bit little-endian, as in OpenAI's API; streaming supports pcm16 only there too
 CHAT_AUDIO_FORMATS = ("wav", "pcm16")
@@ -43,7 +44,13 @@ def parse_chat(raw: object, caps: Capabilities, limits: HttpLimits) -> ChatCall:
     audio, audio_format = _audio_output(body, modalities, caps, stream.stream)
     if audio_format is not None and sampling.n > 1:
         raise invalid("'n' must be 1 when audio output is requested.", "n")
-    _check_response_format(body)
+    sampling = replace(sampling, constraint=parse_constraint(body, response_format=True))
+    tools, tool_choice = _tools(body)
+    if tool_choice == "required" and sampling.constraint is not None:
+        raise invalid(
+            f"'tool_choice' forces a tool call, which '{sampling.constraint.param}' would constrain too; send one.",
+            "tool_choice",
+        )
     return ChatCall(
         request=OmniRequest(
             request_id=f"chatcmpl-{uuid.uuid4().hex}",
@@ -51,7 +58,9 @@ def parse_chat(raw: object, caps: Capabilities, limits: HttpLimits) -> ChatCall:
             modalities=modalities,
             sampling=sampling,
             audio=audio,
-            tools=_tools(body),
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=get_bool(body, "parallel_tool_calls", True),
             priority=HTTP_PRIORITY,
         ),
         model=model,
@@ -92,10 +101,15 @@ def _audio_output(
     return AudioOutputOptions(voice=voice, sample_rate=24000), fmt
 
 
-def _tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+def _tools(body: dict[str, Any]) -> tuple[tuple[dict[str, Any], ...], ToolChoice]:
+    """The tools offered and whether a call is required: "none" offers none; a named function offers
+    that one tool and requires its call."""
     tools = body.get("tools")
+    choice = body.get("tool_choice")
     if tools is None:
-        return ()
+        if choice not in (None, "none", "auto"):
+            raise invalid("'tool_choice' requires 'tools'.", "tool_choice")
+        return (), "auto"
     if not isinstance(tools, list):
         raise invalid("'tools' must be an array of function tools.", "tools")
     names = []
@@ -104,26 +118,25 @@ def _tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
         get_str(tool, "type", required=True, choices=("function",), param=f"tools[{i}].type")
         fn = require_object(tool.get("function"), f"tools[{i}].function")
         names.append(get_str(fn, "name", required=True, max_len=64, param=f"tools[{i}].function.name"))
-    choice = body.get("tool_choice")
-    if choice is None or choice in ("auto", "required"):
-        return tuple(tools)
+        if fn.get("parameters") is not None:
+            require_object(fn["parameters"], f"tools[{i}].function.parameters")
+    if len(set(names)) != len(names):
+        raise invalid("'tools' names a function twice; function names must be unique.", "tools")
+    if choice is None or choice == "auto":
+        return tuple(tools), "auto"
+    if choice == "required":
+        if not tools:
+            raise invalid("'tool_choice' \"required\" needs at least one tool in 'tools'.", "tool_choice")
+        return tuple(tools), "required"
     if choice == "none":
-        return ()
+        return (), "auto"
+    if isinstance(choice, str):
+        raise invalid(
+            f'\'tool_choice\' must be "none", "auto", "required" or a named function, got {shown(choice)}.',
+            "tool_choice",
+        )
     choice = require_object(choice, "tool_choice")
     name = require_object(choice.get("function"), "tool_choice.function").get("name")
     if name not in names:
         raise invalid(f"'tool_choice' names function {shown(name)}, which is not among 'tools'.", "tool_choice")
-    return tuple(t for t, n in zip(tools, names) if n == name)
-
-
-def _check_response_format(body: dict[str, Any]) -> None:
-    value = body.get("response_format")
-    if value is None:
-        return
-    kind = get_str(require_object(value, "response_format"), "type", required=True, param="response_format.type")
-    if kind != "text":
-        raise invalid(
-            f"'response_format' type {shown(kind)} is not supported by this server; use \"text\".",
-            "response_format.type",
-            "unsupported_parameter",
-        )
+    return tuple(t for t, n in zip(tools, names) if n == name), "required"

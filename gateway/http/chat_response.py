@@ -10,7 +10,16 @@ from typing import Any
 from omni_gateway.gateway.http.chat_request import ChatCall
 from omni_gateway.gateway.http.errors import from_backend
 from omni_gateway.gateway.http.wav import encode_wav
-from omni_gateway.omni.protocol import AudioChunk, Done, Error, OutputChunk, TextDelta, ToolCallDelta, Usage
+from omni_gateway.omni.protocol import (
+    AudioChunk,
+    Done,
+    Error,
+    OutputChunk,
+    TextDelta,
+    ToolCallArguments,
+    ToolCallDelta,
+    Usage,
+)
 
 
 def usage_body(usage: Usage) -> dict[str, Any]:
@@ -77,7 +86,7 @@ class ChatAssembler:
             if chunk.transcript:
                 audio["transcript"] = chunk.transcript
             return self._delta(0, {"audio": audio})
-        index = chunk.index if isinstance(chunk, (TextDelta, Done)) else 0
+        index = chunk.index if isinstance(chunk, (TextDelta, Done, ToolCallArguments, ToolCallDelta)) else 0
         choice = self._choice(index)
         if isinstance(chunk, TextDelta):
             if self.wants_audio:  # the same words arrive again as the audio's transcript
@@ -89,14 +98,29 @@ class ChatAssembler:
             return self._delta(
                 index, {"content": chunk.text}, {"content": logprobs, "refusal": None} if logprobs else None
             )
+        if isinstance(chunk, ToolCallArguments):
+            # The first piece of a call carries its id and name; the rest only more arguments.
+            known = [i for i, c in enumerate(choice.tool_calls) if c["id"] == chunk.call_id]
+            if known:
+                choice.tool_calls[known[0]]["function"]["arguments"] += chunk.delta
+                if not chunk.delta:
+                    return []
+                return self._delta(index, {"tool_calls": [{"index": known[0], "function": {"arguments": chunk.delta}}]})
+            call = {"id": chunk.call_id, "type": "function", "function": {"name": chunk.name, "arguments": chunk.delta}}
+            choice.tool_calls.append(call)
+            return self._delta(index, {"tool_calls": [{"index": len(choice.tool_calls) - 1, **_copy(call)}]})
         if isinstance(chunk, ToolCallDelta):
+            streamed = [c for c in choice.tool_calls if c["id"] == chunk.call_id]
+            if streamed:  # its pieces went out already; the whole call is what the body reports
+                streamed[0]["function"]["arguments"] = chunk.arguments
+                return []
             call = {
                 "id": chunk.call_id,
                 "type": "function",
                 "function": {"name": chunk.name, "arguments": chunk.arguments},
             }
             choice.tool_calls.append(call)
-            return self._delta(index, {"tool_calls": [{"index": len(choice.tool_calls) - 1, **call}]})
+            return self._delta(index, {"tool_calls": [{"index": len(choice.tool_calls) - 1, **_copy(call)}]})
         if isinstance(chunk, Done):
             choice.finish_reason = self._finish_reason(choice, chunk.finish_reason)
             out = []
@@ -176,3 +200,8 @@ class ChatAssembler:
             "logprobs": logprobs,
             "finish_reason": choice.finish_reason or "stop",
         }
+
+
+def _copy(call: dict[str, Any]) -> dict[str, Any]:
+    """A call as sent in a chunk: later pieces must not change a chunk already built."""
+    return {**call, "function": dict(call["function"])}

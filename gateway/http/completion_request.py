@@ -11,6 +11,7 @@ from omni_gateway.gateway.http.errors import invalid
 from omni_gateway.gateway.http.fields import get_bool, get_int, require_object
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.http.sampling import StreamOptions, check_model, parse_sampling, parse_stream
+from omni_gateway.gateway.http.structured import parse_constraint
 from omni_gateway.omni.protocol import Capabilities, Message, OmniRequest, TextPart
 
 DEFAULT_MAX_TOKENS = 16  # the legacy completions API's default
@@ -43,6 +44,7 @@ def parse_completion(raw: object, caps: Capabilities, limits: HttpLimits) -> Com
     best_of = get_int(body, "best_of", lo=1, hi=limits.max_n)
     if best_of is not None and best_of != sampling.n:
         raise invalid("'best_of' other than 'n' is not supported by this server.", "best_of", "unsupported_parameter")
+    sampling = replace(sampling, constraint=parse_constraint(body, response_format=False))
     if sampling.max_tokens is None:
         sampling = replace(sampling, max_tokens=DEFAULT_MAX_TOKENS)
     call_id = f"cmpl-{uuid.uuid4().hex}"

@@ -52,7 +52,8 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
 def from_backend(error: Error) -> ApiError:
     """Map an ``Error`` chunk of the backend's stream onto the HTTP error the client gets."""
     status = error.status if 400 <= error.status <= 599 else 500
-    return ApiError(status, client_safe(dataclasses.replace(error, status=status)).message, code=error.code)
+    message = client_safe(dataclasses.replace(error, status=status)).message
+    return ApiError(status, message, param=error.param, code=error.code)
 
 
 def internal() -> ApiError:

@@ -22,6 +22,7 @@ from omni_gateway.omni.protocol import (
     SamplingOptions,
     TextPart,
     ToolCall,
+    ToolChoice,
 )
 
 
@@ -94,7 +95,7 @@ def build_request(
     context = recent_frames_only(items, max_image_frames)
     messages += [m for m in (item_to_message(it) for it in context) if m is not None]
     max_tokens = None if settings.max_output_tokens == "inf" else settings.max_output_tokens
-    tools = settings.tools if settings.tool_choice != "none" else ()
+    tools, tool_choice = _offered_tools(settings)
     return OmniRequest(
         request_id=request_id,
         messages=tuple(messages),
@@ -102,9 +103,23 @@ def build_request(
         sampling=SamplingOptions(max_tokens=max_tokens, temperature=settings.temperature),
         audio=AudioOutputOptions(voice=settings.voice, sample_rate=SAMPLE_RATE, speed=settings.speed),
         image=image or ImageOutputOptions(),
-        tools=tuple(tools),
+        tools=tools,
+        tool_choice=tool_choice,
         priority=0,
     )
+
+
+def _offered_tools(settings: SessionSettings) -> tuple[tuple[dict[str, Any], ...], ToolChoice]:
+    """The tools a response may call and whether it must: "none" offers none; a named function offers
+    that one tool and requires its call."""
+    choice = settings.tool_choice
+    if choice == "none" or not settings.tools:
+        return (), "auto"
+    if choice == "required":
+        return tuple(settings.tools), "required"
+    if isinstance(choice, dict):
+        return tuple(t for t in settings.tools if t.get("name") == choice.get("name")), "required"
+    return tuple(settings.tools), "auto"
 
 
 def parse_metadata(raw: Any) -> dict[str, str] | None:

@@ -18,7 +18,15 @@ from omni_gateway.gateway.realtime import audio as audio_fmt
 from omni_gateway.gateway.realtime.image_output import render_size
 from omni_gateway.gateway.realtime.items import Content, Item, ItemStore
 from omni_gateway.gateway.realtime.settings import Dialect, SessionSettings, render_ga_format
-from omni_gateway.omni.protocol import AudioChunk, ImageFinal, ImageOutputOptions, ImagePartial, ToolCallDelta, Usage
+from omni_gateway.omni.protocol import (
+    AudioChunk,
+    ImageFinal,
+    ImageOutputOptions,
+    ImagePartial,
+    ToolCallArguments,
+    ToolCallDelta,
+    Usage,
+)
 
 Event = dict[str, Any]
 
@@ -77,6 +85,7 @@ class ResponseRun:
         self.image = image or ImageOutputOptions()
         self._images: dict[int, Item] = {}  # image_index -> its open image_generation_call item
         self._images_done: set[int] = set()
+        self._calls: dict[str, Item] = {}  # call_id -> its function_call item while its arguments stream
 
     @property
     def active(self) -> bool:
@@ -228,22 +237,51 @@ class ResponseRun:
         content.marks.append((end, len(content.transcript or "")))
         return events
 
+    def on_tool_arguments(self, chunk: ToolCallArguments) -> list[Event]:
+        """A piece of a call's arguments: the first opens its function_call item."""
+        item = self._calls.get(chunk.call_id)
+        events: list[Event] = []
+        if item is None:
+            events += self._close_message("completed")
+            item = Item(self._new_item_id(), "function_call", call_id=chunk.call_id, name=chunk.name)
+            self._calls[chunk.call_id] = item
+            events += self._open_item(item)
+        if chunk.delta:
+            item.arguments += chunk.delta
+            events.append(
+                {"type": "response.function_call_arguments.delta", **self._call_ref(item), "delta": chunk.delta}
+            )
+        return events
+
     def on_tool_call(self, call: ToolCallDelta) -> list[Event]:
-        events = self._close_message("completed")
-        item = Item(self._new_item_id(), "function_call", call_id=call.call_id, name=call.name)
-        events += self._open_item(item)
-        ref = {
+        """A complete call: closes the item its pieces opened, or opens and closes one at once."""
+        item = self._calls.pop(call.call_id, None)
+        events: list[Event] = []
+        if item is None:
+            events += self._close_message("completed")
+            item = Item(self._new_item_id(), "function_call", call_id=call.call_id, name=call.name)
+            events += self._open_item(item)
+            events.append(
+                {"type": "response.function_call_arguments.delta", **self._call_ref(item), "delta": call.arguments}
+            )
+        item.arguments = call.arguments
+        events.append(
+            {
+                "type": "response.function_call_arguments.done",
+                **self._call_ref(item),
+                "name": call.name,
+                "arguments": call.arguments,
+            }
+        )
+        return events + self._close_item(item, "completed")
+
+    def _call_ref(self, item: Item) -> dict[str, Any]:
+        return {
             "response_id": self.id,
             "item_id": item.id,
             "output_index": self.output.index(item),
-            "call_id": call.call_id,
+            "call_id": item.call_id,
         }
-        item.arguments = call.arguments
-        events.append({"type": "response.function_call_arguments.delta", **ref, "delta": call.arguments})
-        events.append(
-            {"type": "response.function_call_arguments.done", **ref, "name": call.name, "arguments": call.arguments}
-        )
-        return events + self._close_item(item, "completed")
 
     def _open_image(self, image_index: int) -> list[Event]:
         if image_index in self._images:
@@ -286,6 +324,8 @@ class ResponseRun:
         events = self._close_message("completed" if status == "completed" else "incomplete")
         for image_index in sorted(self._images):  # an image that never got its final one
             events += self._close_item(self._images.pop(image_index), "incomplete")
+        for call_id in list(self._calls):  # a call cut off before its arguments were complete
+            events += self._close_item(self._calls.pop(call_id), "incomplete")
         self.status = status
         if status != "completed":
             self.status_details = {"type": status, "reason": reason, "error": error}

@@ -42,6 +42,7 @@ from omni_gateway.omni.protocol import (
     OmniRequest,
     OutputChunk,
     TextDelta,
+    ToolCallArguments,
     ToolCallDelta,
     Transcription,
     Usage,
@@ -319,8 +320,10 @@ class TaskOutcomes:
         elif isinstance(chunk, AudioChunk):
             events = run.on_audio(chunk)
             self._audio_emitted |= run.audio_emitted
+        elif isinstance(chunk, ToolCallArguments):
+            events = run.on_tool_arguments(chunk) if chunk.index == 0 else []
         elif isinstance(chunk, ToolCallDelta):
-            events = run.on_tool_call(chunk)
+            events = run.on_tool_call(chunk) if chunk.index == 0 else []
         elif isinstance(chunk, ImagePartial):
             events = run.on_image_partial(chunk)
         elif isinstance(chunk, ImageFinal):

@@ -124,7 +124,7 @@ def test_logprobs_without_top_count_asks_for_the_sampled_token_only():
         ({"stop": [""]}, "stop"),
         ({"stop": [1]}, "stop"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
-        ({"response_format": {"type": "json_object"}}, "response_format.type"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
         ({"logit_bias": {"50256": -100}}, "logit_bias"),
         ({"messages": []}, "messages"),
         ({"messages": "hi"}, "messages"),

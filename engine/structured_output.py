@@ -1,0 +1,145 @@
+"""Grammar-constrained decoding with xgrammar: compile a request's constraint, keep one matcher per
+sequence, mask the constrained rows of a step's logits and advance the matchers with the kept tokens.
+
+Compilation happens in the caller's thread (``AsyncEngine.generate`` compiles before the request
+reaches the loop; ``LLMEngine.add_request`` then finds it in the cache), so a slow schema never
+stalls the decode loop. Matchers live on their ``Sequence`` and are touched only by the engine loop:
+the sampler reads them to build the mask, ``LLMEngine._absorb`` advances them with the tokens it
+keeps. A constrained sequence is never decoded ahead of the host (``engine.pipelining``): its next
+mask depends on the token in flight.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Collection
+from typing import Any
+
+import torch
+import xgrammar as xgr
+from omni_gateway.engine.errors import InvalidConstraint
+from omni_gateway.engine.sampling_params import StructuredOutputs
+from omni_gateway.engine.sequence import Sequence
+
+# A run of whitespace between JSON tokens is capped: a small model sampling at temperature 1 otherwise
+# tends to spend its whole token budget on blank lines inside an unfinished object.
+MAX_JSON_WHITESPACE = 16
+_CACHE_SIZE = 256
+
+
+class GrammarCache:
+    """Compiles constraints for one model's tokenizer; compiled grammars are cached by content.
+
+    Thread-safe. The tokenizer's vocabulary is read once, on the first constrained request, with the
+    model's vocabulary size (which may exceed the tokenizer's: the extra ids are never allowed)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Collection[int]) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._stop_token_ids = sorted(stop_token_ids)
+        self._compiler: xgr.GrammarCompiler | None = None
+        self._compiled: OrderedDict[StructuredOutputs, xgr.CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def compile(self, spec: StructuredOutputs) -> xgr.CompiledGrammar:
+        """The compiled grammar of ``spec``; InvalidConstraint when xgrammar rejects it."""
+        with self._lock:
+            hit = self._compiled.get(spec)
+            if hit is not None:
+                self._compiled.move_to_end(spec)
+                return hit
+            compiler = self._compiler_locked()
+        compiled = _compile(compiler, spec)  # outside the lock: xgrammar compiles in parallel
+        with self._lock:
+            self._compiled[spec] = compiled
+            while len(self._compiled) > _CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        return compiled
+
+    def clear(self) -> None:
+        """Forget the compiled grammars (the vocabulary's index stays)."""
+        with self._lock:
+            self._compiled.clear()
+
+    def matcher(self, spec: StructuredOutputs) -> xgr.GrammarMatcher:
+        return xgr.GrammarMatcher(self.compile(spec))
+
+    @staticmethod
+    def accept(seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:
+        """Advance each constrained, unfinished sequence's matcher with its sampled token, before the
+        token is kept. A token the matcher rejects (only possible when every token was masked) becomes
+        None in ``token_ids``, so it is never kept; those sequences are returned, to be ended."""
+        rejected: list[Sequence] = []
+        for i, (seq, token) in enumerate(zip(seqs, token_ids)):
+            if token is None or seq.grammar is None or seq.is_finished:
+                continue
+            if not seq.grammar.accept_token(token):
+                token_ids[i] = None
+                rejected.append(seq)
+        return rejected
+
+    def _compiler_locked(self) -> xgr.GrammarCompiler:
+        if self._compiler is None:
+            info = xgr.TokenizerInfo.from_huggingface(
+                self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop_token_ids or None
+            )
+            self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # ours caches by spec
+        return self._compiler
+
+
+def _compile(compiler: xgr.GrammarCompiler, spec: StructuredOutputs) -> xgr.CompiledGrammar:
+    kind = spec.kind
+    whitespace: dict[str, Any] = (
+        {"any_whitespace": False} if spec.disable_any_whitespace else {"max_whitespace_cnt": MAX_JSON_WHITESPACE}
+    )
+    try:
+        if spec.json is not None:
+            schema = json.loads(spec.json)
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError(f"a JSON schema is an object or a boolean, got {type(schema).__name__}")
+            return compiler.compile_json_schema(spec.json, **whitespace)
+        if spec.json_object:
+            return compiler.compile_json_schema('{"type": "object"}', **whitespace)
+        if spec.regex is not None:
+            return compiler.compile_regex(spec.regex)
+        if spec.choice is not None:
+            alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.choice)
+            return compiler.compile_grammar(f"root ::= {alternatives}")
+        if spec.grammar is not None:
+            return compiler.compile_grammar(spec.grammar)
+        assert spec.structural_tag is not None
+        return compiler.compile_structural_tag(spec.structural_tag)
+    except Exception as exc:  # xgrammar raises RuntimeError, ValueError or its own errors for bad input
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidConstraint(f"invalid {kind} constraint: {detail}") from exc
+
+
+# ---- the engine loop side ---------------------------------------------------------------------------
+
+
+def apply_masks(logits: torch.Tensor, seqs: list[Sequence], *, in_place: bool = False) -> torch.Tensor:
+    """``logits`` with every token the row's matcher forbids set to -inf, for constrained rows only
+    (a copy unless ``in_place``); the input itself when no row is constrained. Other rows keep their
+    values bit for bit. The masks are filled on the host, several rows at once on xgrammar's threads,
+    and applied on the logits' device."""
+    rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None]
+    if not rows:
+        return logits
+    vocab = logits.shape[1]
+    bitmask = xgr.allocate_token_bitmask(len(seqs), vocab)  # every token allowed until filled
+    if len(rows) == 1:
+        seqs[rows[0]].grammar.fill_next_token_bitmask(bitmask, rows[0])
+    else:
+        _batch_filler().batch_fill_next_token_bitmask([seqs[i].grammar for i in rows], bitmask, rows)
+    masked = logits if in_place else logits.clone()
+    device_mask = bitmask if logits.device.type == "cpu" else bitmask.pin_memory().to(logits.device, non_blocking=True)
+    xgr.apply_token_bitmask_inplace(masked, device_mask, vocab_size=vocab, indices=rows)
+    return masked
+
+
+@functools.cache
+def _batch_filler() -> xgr.BatchGrammarMatcher:
+    return xgr.BatchGrammarMatcher()  # half the hardware threads
