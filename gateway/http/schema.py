@@ -35,6 +35,12 @@ def _sampling() -> list[FieldSpec]:
         FieldSpec("stop", ("string", "array"), _BOTH_TEXT, nullable=True, exact=False),
         FieldSpec("n", ("integer",), _BOTH_TEXT, nullable=True, lo=1, hi=_LIMITS.max_n),
         FieldSpec("logit_bias", ("object",), _BOTH_TEXT, nullable=True, exact=False),  # refused unless empty
+        # Output constraints (vLLM's names): at most one per request; whether it compiles is the engine's say.
+        FieldSpec("structured_outputs", ("object",), _BOTH_TEXT, nullable=True, exact=False),
+        FieldSpec("guided_json", ("object", "string", "boolean"), _BOTH_TEXT, nullable=True, exact=False),
+        FieldSpec("guided_regex", ("string",), _BOTH_TEXT, nullable=True, exact=False),
+        FieldSpec("guided_choice", ("array",), _BOTH_TEXT, nullable=True, exact=False),
+        FieldSpec("guided_grammar", ("string",), _BOTH_TEXT, nullable=True, exact=False),
     ]
 
 
@@ -70,11 +76,17 @@ def _chat() -> list[FieldSpec]:
         FieldSpec("tools[].type", ("string",), (CHAT,), choices=("function",)),
         FieldSpec("tools[].function", ("object",), (CHAT,), exact=False),
         FieldSpec("tools[].function.name", ("string",), (CHAT,), max_len=64),
+        FieldSpec("tools[].function.parameters", ("object",), (CHAT,), nullable=True, exact=False),
+        FieldSpec("parallel_tool_calls", ("boolean",), (CHAT,), nullable=True),
         FieldSpec("tool_choice", ("string", "object"), (CHAT,), nullable=True, exact=False),
         FieldSpec("tool_choice.function", ("object",), (CHAT,), exact=False),
         FieldSpec("tool_choice.function.name", ("string",), (CHAT,), exact=False),
         FieldSpec("response_format", ("object",), (CHAT,), nullable=True, exact=False),
         FieldSpec("response_format.type", ("string",), (CHAT,), exact=False),
+        FieldSpec("response_format.json_schema", ("object",), (CHAT,), exact=False),  # with type json_schema
+        FieldSpec("response_format.json_schema.name", ("string",), (CHAT,), max_len=64, exact=False),
+        FieldSpec("response_format.json_schema.strict", ("boolean",), (CHAT,), nullable=True, exact=False),
+        FieldSpec("response_format.json_schema.schema", ("object",), (CHAT,), nullable=True, exact=False),
     ]
 
 
@@ -85,6 +97,7 @@ def _completions() -> list[FieldSpec]:
         FieldSpec("echo", ("boolean",), (COMPLETIONS,), nullable=True),
         FieldSpec("suffix", ("string",), (COMPLETIONS,), nullable=True, exact=False),  # refused unless empty
         FieldSpec("best_of", ("integer",), (COMPLETIONS,), nullable=True, exact=False),  # must equal 'n'
+        FieldSpec("response_format", (), (COMPLETIONS,)),  # chat only
     ]
 
 
