@@ -21,9 +21,12 @@ from omni_gateway.engine.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
-WARMUP_MODES = ("full", "minimal", "off")
 _SHORT_PROMPT = 8  # tokens of the prompts whose decode steps are being warmed
 _GENERATED = 3  # tokens per warm-up request: the prefill step, then decode steps
+# Past this context the decode launch choices no longer change (splits top out at 64 tiles of 64).
+_LONGEST_DECODE_CONTEXT = 8192
+# Bound on one phase's prefill work (in steps of the full budget), for engines without prefix caching.
+_PREFILL_TOKENS_PER_PHASE = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,11 +107,18 @@ def plan(
     max_num_batched_tokens: int,
     block_size: int,
     kv_tokens: int,
+    prefix_caching: bool = True,
     graph_buckets: tuple[int, ...] = (),
 ) -> list[Phase]:
-    """The phases of a warm-up: a function of the engine's limits only, so it is testable without a model."""
-    if mode not in WARMUP_MODES:
-        raise ValueError(f"warm-up mode must be one of {WARMUP_MODES}, got {mode!r}")
+    """The phases of a warm-up: a function of the engine's limits only, so it is testable without a model.
+
+    Kernel choices depend on the batch size and the longest context of a step (decode splits and
+    tiles; see ``kernels.paged_attention.gpu_decode_config``), both bucketed by powers of two, so the
+    warm-up walks a grid of those: for each context length one prompt of that length (uncached
+    prefill, chunked past the token budget), then for each batch size that many sequences decoding
+    over it (their prompts hit its cached prefix) while a late prompt prefills in the same steps."""
+    if mode not in ("full", "minimal", "off"):
+        raise ValueError(f"warm-up mode must be 'full', 'minimal' or 'off', got {mode!r}")
     if mode == "off":
         return []
     prompts = _Prompts(vocab_size)
@@ -117,55 +127,24 @@ def plan(
         return [Phase("prefill 16 + decode", (prompts.new(min(16, longest)),), (_greedy(),))]
     phases: list[Phase] = []
     budget = max_num_batched_tokens
-    # Prefill without a cached prefix across the token budget; past the budget the prompt is chunked
-    # and later chunks attend to the KV of earlier ones.
-    lengths = _powers_of_two(16, min(budget, longest))
-    if longest > budget:
-        lengths.append(min(2 * budget, longest, kv_tokens - _GENERATED - 1))
-    for n in lengths:
-        phases.append(Phase(f"prefill {n} tokens", (prompts.new(n),), (_greedy(),)))
-    # Prefill over a cached prefix: the same leading blocks again, with a new tail.
-    for n in lengths:
-        cached = (n // block_size) * block_size
-        tail = min(16, longest - cached)
-        if cached < block_size or tail < 1:
-            continue
-        salt = prompts.salt + 1
-        first = prompts.of(salt, cached + tail)
-        second = first[:cached] + prompts.of(salt + 1, tail)
-        prompts.salt += 2
-        phases.append(Phase(f"prefill {tail} tokens after {cached} cached", (first,), (_greedy(),)))
-        phases.append(Phase(f"prefill {tail} tokens after {cached} cached", (second,), (_greedy(),)))
-    # Decode batch sizes (those past the largest graph bucket run eagerly), over short and long contexts.
-    per_seq = _SHORT_PROMPT + _GENERATED
-    sizes = sorted(set(_powers_of_two(1, max_num_seqs)) | {b for b in graph_buckets if b <= max_num_seqs})
-    for b in sizes:
-        if b * per_seq > kv_tokens:
-            break
-        phases.append(Phase(f"decode batch {b}", tuple(prompts.new(_SHORT_PROMPT) for _ in range(b)), (_greedy(),) * b))
-    long_context = min(budget, longest)
-    for b in _powers_of_two(2, max_num_seqs):
-        if b * (long_context + _GENERATED + block_size) > kv_tokens:
-            break
-        phases.append(
-            Phase(
-                f"decode batch {b} over {long_context} tokens",
-                tuple(prompts.new(long_context) for _ in range(b)),
-                (_greedy(),) * b,
-            )
-        )
-    # Mixed steps: prefill chunks of a late prompt alongside the others' decodes.
-    decoders = min(max_num_seqs - 1, 8)
-    if decoders >= 1:
-        for n in _powers_of_two(16, min(budget, longest)):
-            if (decoders * per_seq + n + _GENERATED) > kv_tokens:
+    late = min(16, longest)
+    sizes = sorted(set(_powers_of_two(1, max_num_seqs)) | {b + 1 for b in graph_buckets[-1:] if b < max_num_seqs})
+    for context in _powers_of_two(16, min(longest - 1, _LONGEST_DECODE_CONTEXT, kv_tokens // 2)):
+        prefix = prompts.new(context)
+        phases.append(Phase(f"prefill {context} tokens", (prefix,), (_greedy(),)))
+        cached = prefix if prefix_caching else ()
+        for b in sizes:
+            own = context - len(cached) + 1  # tokens a sequence computes itself; the rest is cached
+            if len(cached) + b * (own + _GENERATED + 2 * block_size) + late + 2 * block_size > kv_tokens:
+                break
+            if b * own > _PREFILL_TOKENS_PER_PHASE * budget:
                 break
             phases.append(
                 Phase(
-                    f"mixed: {decoders} decodes + prefill {n}",
-                    tuple(prompts.new(_SHORT_PROMPT) for _ in range(decoders)),
-                    (_greedy(max_tokens=_GENERATED + 2),) * decoders,
-                    late=(prompts.new(n),),
+                    f"{b} decodes over {context} tokens + prefill {late}",
+                    tuple(prefix + (prompts.new(1)[0],) for _ in range(b)),
+                    (_greedy(max_tokens=_GENERATED + 2),) * b,
+                    late=(prompts.new(late),),
                 )
             )
     # Every sampler path, alone and together in one batch.
@@ -185,6 +164,8 @@ def warm_up_engine(
     ``progress(done, total, phase)`` is called after each phase; by default it logs every phase."""
     start = time.perf_counter()
     config = engine.config
+    if mode == "auto":  # only CUDA compiles kernels; the CPU's torch path has little to warm
+        mode = "full" if engine.runner.device.type == "cuda" else "minimal"
     kv = engine.scheduler.kv
     graphs = getattr(engine.runner, "graphs", None)
     phases = plan(
@@ -195,6 +176,7 @@ def warm_up_engine(
         max_num_batched_tokens=config.max_num_batched_tokens,
         block_size=kv.block_size,
         kv_tokens=kv.num_blocks * kv.block_size,
+        prefix_caching=kv.enable_prefix_caching,
         graph_buckets=tuple(graphs.buckets) if graphs is not None else (),
     )
     if not phases:

@@ -239,9 +239,10 @@ def _flags() -> tuple[Flag, ...]:
             eng,
             "warmup",
             "step shapes run before the server answers: 'full' compiles every kernel and path a request can "
-            "hit, 'minimal' one prefill and decode, 'off' none (default %(default)s)",
+            "hit, 'minimal' one prefill and decode, 'off' none, 'auto' full on CUDA and minimal on the CPU "
+            "(default %(default)s)",
             "engine",
-            choices=("full", "minimal", "off"),
+            choices=("auto", "full", "minimal", "off"),
         ),
         Flag(
             "--compile-cache-dir",

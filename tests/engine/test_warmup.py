@@ -21,16 +21,17 @@ LIMITS = {
 }
 
 
-def test_full_plan_covers_the_budget_cached_prefixes_decode_sizes_mixed_steps_and_every_sampler_path() -> None:
+def test_full_plan_walks_contexts_and_batch_sizes_with_cached_prefixes_mixed_steps_and_sampler_paths() -> None:
     phases = plan("full", **LIMITS, graph_buckets=(1, 2, 4, 8))
-    prefill = [len(p.prompts[0]) for p in phases if p.name.startswith("prefill") and "cached" not in p.name]
-    assert prefill[:4] == [16, 32, 64, 128] and prefill[-1] > 128  # past the budget: a chunked prompt
-    cached = [p.prompts[0] for p in phases if "cached" in p.name]
-    assert cached and all(a[:16] == b[:16] and a != b for a, b in zip(cached[::2], cached[1::2]))
-    decode = [len(p.prompts) for p in phases if p.name.startswith("decode batch") and "over" not in p.name]
-    assert decode == [1, 2, 4, 8, 16]  # 16 is past the largest graph bucket: the eager path
-    mixed = [p for p in phases if p.late]
-    assert mixed and all(len(p.prompts) >= 1 for p in mixed)
+    prefill = [len(p.prompts[0]) for p in phases if p.name.startswith("prefill")]
+    assert prefill == [16, 32, 64, 128, 256, 507]  # past the budget of 128: chunked; then the context cap
+    grid = [p for p in phases if "decodes over" in p.name]
+    assert {len(p.prompts) for p in grid} == {1, 2, 4, 8, 9, 16}  # 9: past the largest graph bucket, eager
+    for phase in grid:
+        prefix = next(p.prompts[0] for p in phases if p.name == f"prefill {len(phase.prompts[0]) - 1} tokens")
+        assert all(prompt[:-1] == prefix for prompt in phase.prompts)  # decoders hit the cached prefix
+        assert len(phase.late) == 1  # a prefill joining their decode steps
+    assert {len(p.prompts[0]) - 1 for p in grid} == set(prefill)
     sampled = [params for p in phases if p.name.startswith("sampler") for params in p.params]
     assert all(variant in sampled for variant in sampler_variants())
     everything = [tok for p in phases for prompt in p.prompts + p.late for tok in prompt]
@@ -38,16 +39,23 @@ def test_full_plan_covers_the_budget_cached_prefixes_decode_sizes_mixed_steps_an
 
 
 def test_plan_respects_the_context_and_the_kv_capacity() -> None:
-    phases = plan("full", **{**LIMITS, "max_model_len": 40, "kv_tokens": 8 * 16})
-    for phase in phases:
-        assert all(len(p) + 3 < 40 for p in phase.prompts + phase.late), phase.name
-        assert sum(len(p) + 3 for p in phase.prompts + phase.late) <= 8 * 16 or len(phase.prompts) == 1, phase.name
+    kv_tokens = 12 * 16
+    for caching in (True, False):
+        phases = plan("full", **{**LIMITS, "max_model_len": 40, "kv_tokens": kv_tokens}, prefix_caching=caching)
+        assert phases
+        for phase in phases:
+            prompts = phase.prompts + phase.late
+            assert all(len(p) + 3 < 40 for p in prompts), phase.name
+            blocks = sum(-(-(len(p) + 5) // 16) for p in prompts)
+            if caching and "decodes over" in phase.name:  # the decoders share their prompt's full blocks
+                blocks -= (len(phase.prompts) - 1) * ((len(phase.prompts[0]) - 1) // 16)
+            assert blocks * 16 <= kv_tokens, phase.name
 
 
 def test_minimal_and_off_plans_and_a_bad_mode() -> None:
     assert len(plan("minimal", **LIMITS)) == 1
     assert plan("off", **LIMITS) == []
-    with pytest.raises(ValueError, match="warm-up mode must be one of"):
+    with pytest.raises(ValueError, match="warm-up mode must be"):
         plan("sometimes", **LIMITS)
 
 
@@ -55,7 +63,14 @@ def test_warm_up_runs_mixed_and_cached_steps_then_forgets_them() -> None:
     engine = make_engine(max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=64)
     before = engine.stats()
     seen: list[tuple[int, int, str]] = []
-    report = warm_up_engine(engine, "full", progress=lambda done, total, name: seen.append((done, total, name)))
+    hits: list[int] = []
+
+    def progress(done: int, total: int, name: str) -> None:
+        seen.append((done, total, name))
+        hits.append(engine.scheduler.kv.prefix_hit_tokens)
+
+    report = warm_up_engine(engine, "full", progress=progress)
+    assert hits[-1] > 0  # decoders reused their context's cached prefix
     batches = engine.runner.batches  # type: ignore[attr-defined]
     assert report.steps == len(batches) and report.phases == len(seen) == seen[-1][1]
     assert any(any(n == 1 for *_, n in b) and any(n > 1 for *_, n in b) for b in batches)  # mixed steps
