@@ -22,6 +22,9 @@ from omni_gateway.engine.scheduler import Scheduler
 log = logging.getLogger(__name__)
 
 _SHORT_PROMPT = 8  # tokens of the prompts whose decode steps are being warmed
+# Tokens each decoder adds after the shared context: its first step is a prefill over a cached
+# prefix (a single token would make it a decode-shaped step).
+_TAIL = 16
 _GENERATED = 3  # tokens per warm-up request: the prefill step, then decode steps
 # Past this context the decode launch choices no longer change (splits top out at 64 tiles of 64).
 _LONGEST_DECODE_CONTEXT = 8192
@@ -116,7 +119,8 @@ def plan(
     tiles; see ``kernels.paged_attention.gpu_decode_config``), both bucketed by powers of two, so the
     warm-up walks a grid of those: for each context length one prompt of that length (uncached
     prefill, chunked past the token budget), then for each batch size that many sequences decoding
-    over it (their prompts hit its cached prefix) while a late prompt prefills in the same steps."""
+    over it (their prompts add a few tokens to its cached prefix) while a late prompt prefills in the
+    same steps."""
     if mode not in ("full", "minimal", "off"):
         raise ValueError(f"warm-up mode must be 'full', 'minimal' or 'off', got {mode!r}")
     if mode == "off":
@@ -129,12 +133,12 @@ def plan(
     budget = max_num_batched_tokens
     late = min(16, longest)
     sizes = sorted(set(_powers_of_two(1, max_num_seqs)) | {b + 1 for b in graph_buckets[-1:] if b < max_num_seqs})
-    for context in _powers_of_two(16, min(longest - 1, _LONGEST_DECODE_CONTEXT, kv_tokens // 2)):
+    for context in _powers_of_two(16, min(longest - _TAIL, _LONGEST_DECODE_CONTEXT, kv_tokens // 2)):
         prefix = prompts.new(context)
         phases.append(Phase(f"prefill {context} tokens", (prefix,), (_greedy(),)))
         cached = prefix if prefix_caching else ()
         for b in sizes:
-            own = context - len(cached) + 1  # tokens a sequence computes itself; the rest is cached
+            own = context - len(cached) + _TAIL  # tokens a sequence computes itself; the rest is cached
             if len(cached) + b * (own + _GENERATED + 2 * block_size) + late + 2 * block_size > kv_tokens:
                 break
             if b * own > _PREFILL_TOKENS_PER_PHASE * budget:
@@ -142,7 +146,7 @@ def plan(
             phases.append(
                 Phase(
                     f"{b} decodes over {context} tokens + prefill {late}",
-                    tuple(prefix + (prompts.new(1)[0],) for _ in range(b)),
+                    tuple(prefix + prompts.new(_TAIL) for _ in range(b)),
                     (_greedy(max_tokens=_GENERATED + 2),) * b,
                     late=(prompts.new(late),),
                 )
@@ -190,9 +194,10 @@ def warm_up_engine(
         for done, phase in enumerate(phases, 1):
             steps += _run_phase(engine, phase, ids)
             report(done, len(phases), phase.name)
-    finally:
-        engine.abort_all()
-        _forget(engine)
+    except BaseException:
+        engine.abort_all()  # the error stands; the engine is not served after a failed warm-up
+        raise
+    _forget(engine)
     seconds = time.perf_counter() - start
     log.info("warm-up (%s): %d phases, %d engine steps in %.1f s", mode, len(phases), steps, seconds)
     return WarmupReport(mode, len(phases), steps, seconds)

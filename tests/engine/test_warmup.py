@@ -24,14 +24,15 @@ LIMITS = {
 def test_full_plan_walks_contexts_and_batch_sizes_with_cached_prefixes_mixed_steps_and_sampler_paths() -> None:
     phases = plan("full", **LIMITS, graph_buckets=(1, 2, 4, 8))
     prefill = [len(p.prompts[0]) for p in phases if p.name.startswith("prefill")]
-    assert prefill == [16, 32, 64, 128, 256, 507]  # past the budget of 128: chunked; then the context cap
+    assert prefill == [16, 32, 64, 128, 256, 512 - 3 - 1 - 16]  # past the budget of 128: chunked prefill
     grid = [p for p in phases if "decodes over" in p.name]
     assert {len(p.prompts) for p in grid} == {1, 2, 4, 8, 9, 16}  # 9: past the largest graph bucket, eager
     for phase in grid:
-        prefix = next(p.prompts[0] for p in phases if p.name == f"prefill {len(phase.prompts[0]) - 1} tokens")
-        assert all(prompt[:-1] == prefix for prompt in phase.prompts)  # decoders hit the cached prefix
+        prefix = next(p.prompts[0] for p in phases if p.name == f"prefill {len(phase.prompts[0]) - 16} tokens")
+        assert all(prompt[: len(prefix)] == prefix for prompt in phase.prompts)  # decoders hit the cached prefix
+        assert len({prompt[len(prefix) :] for prompt in phase.prompts}) == len(phase.prompts)  # own tails
         assert len(phase.late) == 1  # a prefill joining their decode steps
-    assert {len(p.prompts[0]) - 1 for p in grid} == set(prefill)
+    assert {len(p.prompts[0]) - 16 for p in grid} == set(prefill)
     sampled = [params for p in phases if p.name.startswith("sampler") for params in p.params]
     assert all(variant in sampled for variant in sampler_variants())
     everything = [tok for p in phases for prompt in p.prompts + p.late for tok in prompt]
@@ -48,7 +49,7 @@ def test_plan_respects_the_context_and_the_kv_capacity() -> None:
             assert all(len(p) + 3 < 40 for p in prompts), phase.name
             blocks = sum(-(-(len(p) + 5) // 16) for p in prompts)
             if caching and "decodes over" in phase.name:  # the decoders share their prompt's full blocks
-                blocks -= (len(phase.prompts) - 1) * ((len(phase.prompts[0]) - 1) // 16)
+                blocks -= (len(phase.prompts) - 1) * ((len(phase.prompts[0]) - 16) // 16)
             assert blocks * 16 <= kv_tokens, phase.name
 
 
