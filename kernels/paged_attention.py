@@ -283,10 +283,11 @@ def _merge_group_splits(
 
 
 # Triton compiles an int argument anew for each value class it specializes on (== 1, divisible by 16).
-# Counts that change with every step (splits, tokens per split, block-table width, sequences) are
-# passed unspecialized, so a new batch or context length reuses the kernel compiled at warm-up; the
-# per-model constants (strides, head counts) stay specialized.
-@triton.jit(do_not_specialize=["max_blocks", "tokens_per_split", "num_splits"])
+# Counts that change with every step (splits, block-table width, sequences) are passed unspecialized,
+# so a new batch or context length reuses the kernel compiled at warm-up. The per-model constants
+# (strides) stay specialized, and so does tokens_per_split: a multiple of the tile (16 or more), it is
+# always in the same class, and the hint keeps the tile offsets aligned.
+@triton.jit(do_not_specialize=["max_blocks", "num_splits"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,

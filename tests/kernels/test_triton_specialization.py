@@ -15,10 +15,11 @@ import pytest
 from triton.runtime.jit import JITFunction
 
 # module -> kernel -> non-pointer arguments that stay specialized: per-model constants (strides,
-# matrix sizes) and floats (Triton never specializes floats by value).
+# matrix sizes), values always in one class (tokens_per_split: a multiple of the 16+ token tile) and
+# floats (Triton never specializes floats by value).
 _SPECIALIZED = {
     "omni_gateway.kernels.paged_attention": {
-        "_decode_split_kernel": {"qk_scale", "stride_cache_block", "stride_cache_tok"},
+        "_decode_split_kernel": {"qk_scale", "tokens_per_split", "stride_cache_block", "stride_cache_tok"},
         "_decode_reduce_kernel": set(),
         "_prefill_kernel": {"qk_scale", "stride_cache_block", "stride_cache_tok"},
     },
@@ -59,5 +60,21 @@ def test_only_per_model_ints_are_specialized(module: str, name: str) -> None:
 def test_per_step_counts_are_unspecialized() -> None:
     attention = importlib.import_module("omni_gateway.kernels.paged_attention")
     unspecialized = {p.name for p in _jit(attention._decode_split_kernel).params if p.do_not_specialize}
-    assert unspecialized == {"max_blocks", "tokens_per_split", "num_splits"}
+    assert unspecialized == {"max_blocks", "num_splits"}
     assert {p.name for p in _jit(attention._prefill_kernel).params if p.do_not_specialize} == {"num_seqs", "max_blocks"}
+
+
+def test_tokens_per_split_stays_in_one_specialization_class() -> None:
+    """Left specialized, tokens_per_split must never change class (== 1, divisible by 16) between steps."""
+    attention = importlib.import_module("omni_gateway.kernels.paged_attention")
+    configs = [
+        attention.gpu_decode_config(132, batch, 8, context, head_dim=head_dim, element_size=2)
+        for batch in (1, 3, 16, 64, 256)
+        for context in (16, 1000, 8192, 131072)
+        for head_dim in (64, 128, 256)
+    ]
+    for config in configs:
+        for batch in (1, 5, 64):
+            for context in (1, 17, 500, 4096, 100_000):
+                _, per_split = attention.num_decode_splits(batch, 8, context, config)
+                assert per_split > 1 and per_split % 16 == 0, (config, batch, context, per_split)
