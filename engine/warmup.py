@@ -84,6 +84,16 @@ def _powers_of_two(lo: int, hi: int) -> list[int]:
     return out
 
 
+def _batch_sizes(max_num_seqs: int, graph_buckets: tuple[int, ...]) -> list[int]:
+    """Powers of two and three times them (1, 2, 3, 4, 6, 8, 12, ...) up to ``max_num_seqs``: the decode
+    launch choice changes where the batch's programs per SM cross a whole number (see
+    ``gpu_decode_config``), which powers of two alone step over (17-24 sequences of 8 KV heads on 132
+    SMs get two splits each, 16 get more and 32 one). Plus one past the largest graph bucket: eager."""
+    sizes = set(_powers_of_two(1, max_num_seqs))  # max_num_seqs included
+    sizes |= {3 * b for b in _powers_of_two(1, max_num_seqs // 3) if b & (b - 1) == 0}
+    return sorted(sizes | {b + 1 for b in graph_buckets[-1:] if b < max_num_seqs})
+
+
 class _Prompts:
     """Distinct dummy prompts: each salt starts a different token sequence, so nothing hits the
     prefix cache unless a prompt reuses another's salt on purpose."""
@@ -132,7 +142,7 @@ def plan(
     phases: list[Phase] = []
     budget = max_num_batched_tokens
     late = min(16, longest)
-    sizes = sorted(set(_powers_of_two(1, max_num_seqs)) | {b + 1 for b in graph_buckets[-1:] if b < max_num_seqs})
+    sizes = _batch_sizes(max_num_seqs, graph_buckets)
     for context in _powers_of_two(16, min(longest - _TAIL, _LONGEST_DECODE_CONTEXT, kv_tokens // 2)):
         prefix = prompts.new(context)
         phases.append(Phase(f"prefill {context} tokens", (prefix,), (_greedy(),)))
