@@ -315,13 +315,14 @@ def _print(model: str, ready: dict[str, Any], summary: dict[str, Any]) -> None:
         f"load {ready['load_s']:.1f} s, warm-up {ready['warmup_mode']} {ready['warmup_s']:.1f} s "
         f"in {ready['warmup_steps']} steps)"
     )
-    print(f"TTFT of the first {summary['cold']['n']} requests      p50       p90       p99")
+    print(f"TTFT of the first {summary['cold']['n']} requests {'p50':>12} {'p90':>12} {'p99':>12}")
     for name in ("cold", "warm"):
         s = summary[name]
-        print(f"  {name:<34}{1e3 * s['p50']:7.1f} ms{1e3 * s['p90']:7.1f} ms{1e3 * s['p99']:7.1f} ms")
+        print(f"  {name:<32}" + " ".join(f"{1e3 * s[q]:9.1f} ms" for q in ("p50", "p90", "p99")))
     r = summary["ratio"]
     verdict = "within" if summary["p99_within_1.5x"] else "NOT within"
-    print(f"  cold / warm {r['p50']:27.2f}x {r['p90']:8.2f}x {r['p99']:8.2f}x  (p99 {verdict} the 1.5x target)")
+    ratios = " ".join(f"{r[q]:11.2f}x" for q in ("p50", "p90", "p99"))
+    print(f"  {'cold / warm':<32}{ratios}  (p99 {verdict} the 1.5x target)")
 
 
 if __name__ == "__main__":
