@@ -45,6 +45,13 @@ class EngineConfig:
     # tokens into text and checks stops. "auto": on CUDA (where launches are asynchronous), off on the CPU.
     pipeline_decode: str = "auto"  # "auto" | "on" | "off"
     seed: int = 0
+    # Step shapes run before serving (``engine.warmup``): "full" every kernel choice the limits above
+    # allow, "minimal" one prefill and decode, "off" none; "auto": full on CUDA, minimal on the CPU
+    # (whose torch path compiles nothing). Only the serving entry points warm up.
+    warmup: str = "auto"
+    # Where Triton (and torch inductor) keep compiled kernels; None: their defaults (~/.triton/cache).
+    # A directory that outlives the process makes later start-ups skip compiling.
+    compile_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.block_size is None and self.device != "auto":
@@ -65,5 +72,9 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
         if self.pipeline_decode not in ("auto", "on", "off"):
             raise ValueError(f"pipeline_decode must be 'auto', 'on' or 'off', got {self.pipeline_decode!r}")
+        if self.warmup not in ("auto", "full", "minimal", "off"):
+            raise ValueError(f"warmup must be 'auto', 'full', 'minimal' or 'off', got {self.warmup!r}")
+        if self.compile_cache_dir is not None and not self.compile_cache_dir:
+            raise ValueError("compile_cache_dir must be a directory path or None, got an empty string")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 from omni_gateway.engine.attention import AttentionMetadata, plan_step, select_kernels
+from omni_gateway.engine.compile_cache import use_compile_cache
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.graphed_decode import GraphedDecode, Staging, decode_position
 from omni_gateway.engine.loader import LoadedModel
@@ -52,6 +53,8 @@ class _StepInputs:
 class ModelRunner:
     def __init__(self, config: EngineConfig, loaded: LoadedModel) -> None:
         self.config = config
+        if config.compile_cache_dir is not None:  # before the first kernel compiles
+            use_compile_cache(config.compile_cache_dir)
         self.device, self.dtype = pick_device_dtype(config)
         self.ops = select_kernels(config.attention_backend, self.device)
         if config.block_size is None:

@@ -244,6 +244,24 @@ def _flags() -> tuple[Flag, ...]:
         ),
         Flag("--enforce-eager", eng, "enforce_eager", "no CUDA graphs", "engine", switch=True),
         Flag(
+            "--warmup",
+            eng,
+            "warmup",
+            "step shapes run before the server answers: 'full' compiles every kernel and path a request can "
+            "hit, 'minimal' one prefill and decode, 'off' none, 'auto' full on CUDA and minimal on the CPU "
+            "(default %(default)s)",
+            "engine",
+            choices=("auto", "full", "minimal", "off"),
+        ),
+        Flag(
+            "--compile-cache-dir",
+            eng,
+            "compile_cache_dir",
+            "directory of compiled Triton kernels; keep it on a volume so restarts skip compiling "
+            "(default: Triton's, ~/.triton/cache)",
+            "engine",
+        ),
+        Flag(
             "--pipeline-decode",
             eng,
             "pipeline_decode",

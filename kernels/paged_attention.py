@@ -282,7 +282,12 @@ def _merge_group_splits(
     )
 
 
-@triton.jit
+# Triton compiles an int argument anew for each value class it specializes on (== 1, divisible by 16).
+# Counts that change with every step (splits, block-table width, sequences) are passed unspecialized,
+# so a new batch or context length reuses the kernel compiled at warm-up. The per-model constants
+# (strides) stay specialized, and so does tokens_per_split: a multiple of the tile (16 or more), it is
+# always in the same class, and the hint keeps the tile offsets aligned.
+@triton.jit(do_not_specialize=["max_blocks", "num_splits"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -400,7 +405,7 @@ def _decode_split_kernel(
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     part_out_ptr,
     part_lse_ptr,
@@ -562,7 +567,7 @@ def paged_decode_attention(
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "max_blocks"])
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,

@@ -23,6 +23,8 @@ _WARM_UP_SENTENCE = "Hello, this sentence only warms up the voice before anyone 
 def load_pipeline(config: OmniConfig) -> OmniPipeline:
     """Load every configured stage; the slow ones report progress on the log."""
     from omni_gateway.engine.async_engine import AsyncEngine
+    from omni_gateway.engine.llm_engine import LLMEngine
+    from omni_gateway.engine.warmup import warm_up_engine
     from omni_gateway.omni.pipeline import OmniPipeline
 
     t0 = time.monotonic()
@@ -31,7 +33,11 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
         import torch
 
         torch.set_num_threads(threads)  # before the engine thread starts, so it runs with this count
-    engine = AsyncEngine(config.engine)
+    llm = LLMEngine(config.engine)
+    # Before the engine thread starts: the warm-up drives the engine itself, and the server only
+    # listens (and reports healthy) once this returns.
+    warm_up_engine(llm, config.engine.warmup)
+    engine = AsyncEngine(engine=llm)
     model_name = engine.model_name
     log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t0)
     asr = tts = vad_session = image_head = vision = None
@@ -93,8 +99,9 @@ def _load_vision(config: OmniConfig, engine: Any) -> VisionEncoder:
 
 
 def warm_up(pipeline: OmniPipeline) -> None:
-    """One short pass through the LLM, ASR and TTS. The LLM's prompt starts as every conversation's
-    does (system prompt included), so those full KV blocks stay in the prefix cache for later turns."""
+    """One short pass through the LLM, ASR and TTS. The LLM's step shapes were warmed when it loaded
+    (``engine.warmup``); this prompt starts as every conversation's does (system prompt included), so
+    those full KV blocks stay in the prefix cache for later turns."""
     from concurrent.futures import ThreadPoolExecutor
 
     from omni_gateway.engine.sampling_params import SamplingParams

@@ -178,6 +178,8 @@ SAMPLES = {
     "--block-size": "32",
     "--gpu-memory-utilization": "0.5",
     "--enforce-eager": None,
+    "--warmup": "off",
+    "--compile-cache-dir": "/var/cache/omni",
     "--pipeline-decode": "off",
     "--temperature": "0.1",
     "--top-p": "0.5",
@@ -217,6 +219,15 @@ def test_engine_sizing_flags_reach_the_engine_config() -> None:
     )
     assert (omni_config.engine.max_num_batched_tokens, omni_config.engine.block_size) == (4096, 32)
     assert omni_config.engine.device == "cuda" and not hasattr(omni_config, "device")  # one device setting
+
+
+def test_warmup_and_compile_cache_flags_reach_the_engine_config() -> None:
+    _, omni_config = cli.configs(
+        cli.build_parser().parse_args(["serve", "--warmup", "minimal", "--compile-cache-dir", "/cache"])
+    )
+    assert (omni_config.engine.warmup, omni_config.engine.compile_cache_dir) == ("minimal", "/cache")
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["serve", "--warmup", "sometimes"])
 
 
 def test_host_lists_accept_repeats_and_commas() -> None:
