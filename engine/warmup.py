@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 from omni_gateway.engine.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.llm_engine import LLMEngine
-from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.sampling_params import SamplingParams, StructuredOutputs
 from omni_gateway.engine.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ def _greedy(max_tokens: int = _GENERATED) -> SamplingParams:
 
 
 def sampler_variants() -> tuple[SamplingParams, ...]:
-    """One request per sampler path: greedy, each truncation, penalties, logprobs, min_tokens, seeded."""
+    """One request per sampler path: greedy, each truncation, penalties, logprobs, min_tokens, seeded, and a
+    grammar-constrained one."""
     greedy = _greedy()
     hot = replace(greedy, temperature=0.8)
     return (
@@ -69,6 +71,8 @@ def sampler_variants() -> tuple[SamplingParams, ...]:
         replace(greedy, logprobs=2),
         replace(hot, logprobs=0, top_k=20, top_p=0.9, min_p=0.05, seed=1),
         replace(greedy, min_tokens=_GENERATED),
+        # Builds the tokenizer's grammar index (once per model) and runs the masked sampler path.
+        replace(greedy, structured_outputs=StructuredOutputs(json_object=True)),
     )
 
 
@@ -92,6 +96,23 @@ def _batch_sizes(max_num_seqs: int, graph_buckets: tuple[int, ...]) -> list[int]
     sizes = set(_powers_of_two(1, max_num_seqs))  # max_num_seqs included
     sizes |= {3 * b for b in _powers_of_two(1, max_num_seqs // 3) if b & (b - 1) == 0}
     return sorted(sizes | {b + 1 for b in graph_buckets[-1:] if b < max_num_seqs})
+
+
+def _missed_launches(
+    key: Callable[[int, int], Hashable] | None, sizes: list[int], context: int, max_num_seqs: int, block_size: int
+) -> list[int]:
+    """The smallest batch size of each decode launch key over ``context`` tokens that ``sizes`` misses."""
+    if key is None:
+        return []
+    width = -(-context // block_size) * block_size  # the kernel sees whole blocks of the block table
+    seen = {key(b, width) for b in sizes}
+    extra = []
+    for b in range(1, max_num_seqs + 1):
+        k = key(b, width)
+        if k not in seen:
+            seen.add(k)
+            extra.append(b)
+    return extra
 
 
 class _Prompts:
@@ -122,6 +143,7 @@ def plan(
     kv_tokens: int,
     prefix_caching: bool = True,
     graph_buckets: tuple[int, ...] = (),
+    launch_key: Callable[[int, int], Hashable] | None = None,
 ) -> list[Phase]:
     """The phases of a warm-up: a function of the engine's limits only, so it is testable without a model.
 
@@ -130,7 +152,8 @@ def plan(
     warm-up walks a grid of those: for each context length one prompt of that length (uncached
     prefill, chunked past the token budget), then for each batch size that many sequences decoding
     over it (their prompts add a few tokens to its cached prefix) while a late prompt prefills in the
-    same steps."""
+    same steps. ``launch_key(batch, context)``, where given, names the decode kernel a step of that shape
+    compiles; batch sizes that reach a key the sizes above miss are added for that context."""
     if mode not in ("full", "minimal", "off"):
         raise ValueError(f"warm-up mode must be 'full', 'minimal' or 'off', got {mode!r}")
     if mode == "off":
@@ -147,7 +170,7 @@ def plan(
         prefix = prompts.new(context)
         phases.append(Phase(f"prefill {context} tokens", (prefix,), (_greedy(),)))
         cached = prefix if prefix_caching else ()
-        for b in sizes:
+        for b in sizes + _missed_launches(launch_key, sizes, context + _TAIL + _GENERATED, max_num_seqs, block_size):
             own = context - len(cached) + _TAIL  # tokens a sequence computes itself; the rest is cached
             if len(cached) + b * (own + _GENERATED + 2 * block_size) + late + 2 * block_size > kv_tokens:
                 break
@@ -194,6 +217,7 @@ def warm_up_engine(
         kv_tokens=kv.num_blocks * kv.block_size,
         prefix_caching=kv.enable_prefix_caching,
         graph_buckets=tuple(graphs.buckets) if graphs is not None else (),
+        launch_key=_decode_launch_key(engine),
     )
     if not phases:
         return WarmupReport(mode, 0, 0, 0.0)
@@ -213,6 +237,21 @@ def warm_up_engine(
     seconds = time.perf_counter() - start
     log.info("warm-up (%s): %d phases, %d engine steps in %.1f s", mode, len(phases), steps, seconds)
     return WarmupReport(mode, len(phases), steps, seconds)
+
+
+def _decode_launch_key(engine: LLMEngine) -> Callable[[int, int], Hashable] | None:
+    """The Triton decode kernel's launch key for this engine's model and GPU (None off the Triton path)."""
+    runner: Any = engine.runner
+    if runner.device.type != "cuda" or getattr(getattr(runner, "ops", None), "name", None) != "triton":
+        return None
+    import torch
+    from omni_gateway.kernels.paged_attention import decode_launch_key
+
+    sm_count = torch.cuda.get_device_properties(runner.device).multi_processor_count
+    shape, element_size = runner.model.shape, runner.dtype.itemsize
+    return lambda batch, context: decode_launch_key(
+        sm_count, batch, shape.num_kv_heads, context, head_dim=shape.head_dim, element_size=element_size
+    )
 
 
 def _request_ids() -> Iterator[str]:

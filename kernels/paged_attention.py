@@ -175,6 +175,17 @@ def gpu_decode_config(
     return replace(config, block_n=block_n, min_split_tokens=min(config.min_split_tokens, block_n))
 
 
+def decode_launch_key(
+    sm_count: int, batch: int, num_kv_heads: int, max_context: int, *, head_dim: int = 128, element_size: int = 2
+) -> tuple[int, ...]:
+    """What a GPU decode launch of this shape compiles for (its tile, pipeline depth and split
+    constexprs): two shapes with one key run one compiled kernel, so a warm-up needs one shape per key."""
+    config = gpu_decode_config(sm_count, batch, num_kv_heads, max_context, head_dim=head_dim, element_size=element_size)
+    num_splits, _ = num_decode_splits(batch, num_kv_heads, max_context, config)
+    fused = config.merges_in_kernel(num_splits)
+    return (config.block_n, config.num_warps, config.num_stages, num_splits == 1, fused, max(2, next_pow2(num_splits)))
+
+
 def default_prefill_config(q: torch.Tensor) -> PrefillConfig:
     """Prefill launch parameters: the H200 sweep's best 96 KB-shared-memory tile, small tiles on the CPU."""
     if q.device.type != "cuda":

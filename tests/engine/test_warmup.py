@@ -105,3 +105,16 @@ def test_real_runner_after_warm_up_samples_as_a_fresh_engine(tmp_path: Path) -> 
     assert report.steps > 0
     assert [o.outputs[0].token_ids for o in warmed.generate(prompts, params)] == fresh
     assert warmed.engine.stats()["prefix_cache_hit_tokens"] == 0
+
+
+def test_plan_adds_a_batch_size_for_each_decode_launch_the_grid_misses() -> None:
+    def key(batch: int, context: int) -> tuple[int, int]:
+        return (3 if 17 <= batch <= 22 else 0, min(context, 64))  # a kernel variant no grid size hits
+
+    limits = {**LIMITS, "max_num_seqs": 32, "kv_tokens": 1 << 16}
+    plain = plan("full", **limits)
+    keyed = plan("full", **limits, launch_key=key)
+    decodes = [p for p in keyed if "decodes over" in p.name]
+    assert {len(p.prompts) for p in decodes} - {len(p.prompts) for p in plain if "decodes over" in p.name} == {17}
+    # One more phase per context, and nothing else changes.
+    assert len(keyed) - len(plain) == len({p.name.split(" over ")[1] for p in decodes})
