@@ -54,7 +54,8 @@ def parse_tool_calls(text: str, tool_names: frozenset[str]) -> tuple[str, list[P
 
 def _call_from_json(body: str, tool_names: frozenset[str]) -> ParsedCall | None:
     try:
-        obj = json.loads(body)
+        # Lenient about raw control characters inside strings: the JSON grammar lets a tab through.
+        obj = json.loads(body, strict=False)
     except ValueError:
         return None
     if not isinstance(obj, dict) or obj.get("name") not in tool_names:
@@ -229,11 +230,25 @@ class ToolCallStream:
         assert call is not None
         tail = tail if self._arguments else tail.lstrip()
         self._arguments.append(tail)
-        parsed = ParsedCall(call.call_id, call.name, "".join(self._arguments).strip())
+        parsed = ParsedCall(call.call_id, call.name, _strict_json("".join(self._arguments).strip()))
         self.calls.append(parsed)
         self._call = None
         events: list[StreamEvent] = [ArgumentsDelta(call.call_id, call.name, tail)] if tail else []
         return [*events, CallEnd(parsed)]
+
+
+def _strict_json(text: str) -> str:
+    """``text`` unchanged where strict JSON parsers read it; re-serialized where it holds a raw control
+    character in a string (the JSON grammar lets a tab through), so the final arguments always parse."""
+    try:
+        json.loads(text)
+        return text
+    except ValueError:
+        pass
+    try:
+        return json.dumps(json.loads(text, strict=False), ensure_ascii=False)
+    except ValueError:
+        return text  # not JSON at all (a call cut off): left for the caller to report
 
 
 def _partial_suffix(text: str, marker: str) -> int:

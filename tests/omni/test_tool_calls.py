@@ -103,3 +103,12 @@ def test_tool_call_tag_compiles_and_follows_the_parameters(required: bool, paral
     assert xgr.GrammarMatcher(compiled).accept_string("plain text") == (not required)
     complete = xgr.GrammarMatcher(compiled)
     assert complete.accept_string(one) and complete.accept_token(tokenizer.eos_token_id) and complete.is_terminated()
+
+
+def test_a_raw_tab_in_an_argument_string_still_gives_strict_json() -> None:
+    from omni_gateway.omni.tool_calls import parse_tool_calls
+
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Los\tAngeles"}}\n</tool_call>'  # a raw tab
+    content, calls = parse_tool_calls(text, frozenset({"get_weather"}))
+    assert content == "" and len(calls) == 1
+    assert json.loads(calls[0].arguments) == {"city": "Los\tAngeles"}  # strict parse: the tab is escaped
