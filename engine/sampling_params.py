@@ -33,18 +33,14 @@ class StructuredOutputs:
     disable_any_whitespace: bool = False  # JSON: no whitespace outside strings
 
     def __post_init__(self) -> None:
-        raw: Any = self.json
-        if raw is not None and not isinstance(raw, str):
-            try:
-                object.__setattr__(self, "json", json.dumps(raw, ensure_ascii=False))
-            except (TypeError, ValueError) as exc:
-                raise InvalidRequest(f"json schema must be JSON-serializable, got {raw!r}: {exc}") from exc
-        raw_tag: Any = self.structural_tag
-        if raw_tag is not None and not isinstance(raw_tag, str):
-            try:
-                object.__setattr__(self, "structural_tag", json.dumps(raw_tag, ensure_ascii=False))
-            except (TypeError, ValueError) as exc:
-                raise InvalidRequest(f"structural_tag must be JSON-serializable, got {raw_tag!r}: {exc}") from exc
+        # Both may be given as Python objects; stored as JSON text (hashable, and the compile cache's key).
+        for name, label in (("json", "json schema"), ("structural_tag", "structural_tag")):
+            raw: Any = getattr(self, name)
+            if raw is not None and not isinstance(raw, str):
+                try:
+                    object.__setattr__(self, name, json.dumps(raw, ensure_ascii=False))
+                except (TypeError, ValueError) as exc:
+                    raise InvalidRequest(f"{label} must be JSON-serializable, got {raw!r}: {exc}") from exc
         if self.choice is not None and not isinstance(self.choice, tuple):
             choice: Any = self.choice
             if isinstance(choice, str) or not hasattr(choice, "__iter__"):
