@@ -30,11 +30,14 @@ log = logging.getLogger(__name__)
 
 class Step(Protocol):
     """A step the runner started: its batch, and ``results()``, which waits for its tokens and
-    returns one result per sequence (None where it sampled nothing)."""
+    returns one result per sequence (None where it sampled nothing). ``finish()`` queues what a step
+    launched ahead held back until the host absorbed the step before it (grammar masks)."""
 
     batch: ScheduledBatch
 
     def results(self) -> list[Any]: ...  # SampleResult | None per sequence
+
+    def finish(self) -> None: ...
 
 
 class Runner(Protocol):
@@ -296,7 +299,10 @@ class LLMEngine:
             if ahead is not None:
                 self._in_flight = self.runner.execute(ahead, pending)
                 self.num_steps_ahead += 1
-        return self._absorb(pending.batch, pending.results())
+        deltas = self._absorb(pending.batch, pending.results())
+        if self._in_flight is not None:
+            self._in_flight.finish()  # its grammar masks, now that the matchers hold this step's tokens
+        return deltas
 
     def _absorb(self, batch: ScheduledBatch, results: list[Any]) -> list[StreamDelta]:
         """Apply one step's sampled tokens to its sequences; the deltas for the caller."""

@@ -176,11 +176,17 @@ class ModelRunner:
             for row, sample in zip(rows, self.sampler(logits, sampling, chosen)):
                 results[row] = sample
             return PendingDecode.resolved_with(batch, results)  # the sampler waited for the device
-        host = None if staging is None else staging.tokens[: len(rows)]
-        pending = PendingDecode.start(batch, rows, self.sampler.choose(logits, sampling, chosen), host)
-        if staging is not None:
-            staging.copied = pending.ready
-        return pending
+        if after is not None and any(seq.grammar is not None for seq in sampling):
+            # The masks follow the tokens of ``after``, which the host absorbs while the device runs this
+            # forward; the engine calls finish() then.
+            if staging is not None:
+                staging.copied = _recorded_event()  # the forward's uploads, until the tokens' copy replaces it
+            return PendingDecode.deferred(batch, rows, lambda: self._choose(logits, sampling, chosen), staging)
+        return PendingDecode.start(batch, rows, self.sampler.choose(logits, sampling, chosen), staging)
+
+    @torch.inference_mode()
+    def _choose(self, logits: torch.Tensor, seqs: list[Sequence], chosen: torch.Tensor | None) -> torch.Tensor:
+        return self.sampler.choose(logits, seqs, chosen)
 
     # ---- input preparation ----------------------------------------------------------------------
 
@@ -284,3 +290,9 @@ class ModelRunner:
         # Through pinned memory: a plain torch.tensor(..., device="cuda") would wait for the device,
         # which a step launched while another is in flight must not do.
         return to_device(rows, torch.int32, self.device).reshape(len(seqs), width)
+
+
+def _recorded_event() -> torch.cuda.Event:
+    event = torch.cuda.Event()
+    event.record()
+    return event

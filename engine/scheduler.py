@@ -14,7 +14,7 @@ from collections.abc import Sequence as Seq
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import EngineOverloaded
 from omni_gateway.engine.kv_cache_manager import KVCacheManager
-from omni_gateway.engine.pipelining import continues_after_next_token, samples_from_logits_alone
+from omni_gateway.engine.pipelining import continues_after_next_token, may_run_ahead
 from omni_gateway.engine.sequence import FinishReason, ScheduledBatch, Sequence, SequenceStatus
 
 
@@ -132,7 +132,7 @@ class Scheduler:
         if len(live) != len(self.running):
             return None  # some running sequence was left out of the step in flight; it must not starve
         seqs = [seq for seq in live if continues_after_next_token(seq)]
-        if not seqs or not all(samples_from_logits_alone(seq) for seq in seqs):
+        if not seqs or not all(may_run_ahead(seq) for seq in seqs):
             return None
         for seq in seqs:
             # The slot of the position after the one in flight. Blocks taken before a refusal stay with

@@ -5,14 +5,17 @@ Compilation happens in the caller's thread (``AsyncEngine.generate`` compiles be
 reaches the loop; ``LLMEngine.add_request`` then finds it in the cache), so a slow schema never
 stalls the decode loop. Matchers live on their ``Sequence`` and are touched only by the engine loop:
 the sampler reads them to build the mask, ``LLMEngine._absorb`` advances them with the tokens it
-keeps. A constrained sequence is never decoded ahead of the host (``engine.pipelining``): its next
-mask depends on the token in flight.
+keeps. Where decode is pipelined (``engine.pipelining``), a constrained step's forward is launched
+ahead and its masks are filled once the host has absorbed the token in flight, while the device runs
+that forward; the mask is applied to the logits on the device, between the graph's replay and the
+draw.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Collection
@@ -28,6 +31,10 @@ from omni_gateway.engine.sequence import Sequence
 # tends to spend its whole token budget on blank lines inside an unfinished object.
 MAX_JSON_WHITESPACE = 16
 _CACHE_SIZE = 256
+# xgrammar writes the characters of a length-bounded JSON string as [^"\\\r\n], which lets the other
+# control characters (a raw tab) through although JSON allows them only escaped: the class is narrowed.
+_LOOSE_STRING_CHAR = r"[^\"\\\r\n]"
+_JSON_STRING_CHAR = r"[^\0-\x1f\"\\\r\n]"
 
 
 class GrammarCache:
@@ -100,7 +107,7 @@ def _compile(compiler: xgr.GrammarCompiler, spec: StructuredOutputs) -> xgr.Comp
             schema = json.loads(spec.json)
             if not isinstance(schema, (dict, bool)):
                 raise ValueError(f"a JSON schema is an object or a boolean, got {type(schema).__name__}")
-            return compiler.compile_json_schema(spec.json, **whitespace)
+            return compiler.compile_grammar(_strict_strings(xgr.Grammar.from_json_schema(spec.json, **whitespace)))
         if spec.json_object:
             return compiler.compile_json_schema('{"type": "object"}', **whitespace)
         if spec.regex is not None:
@@ -111,10 +118,18 @@ def _compile(compiler: xgr.GrammarCompiler, spec: StructuredOutputs) -> xgr.Comp
         if spec.grammar is not None:
             return compiler.compile_grammar(spec.grammar)
         assert spec.structural_tag is not None
-        return compiler.compile_structural_tag(spec.structural_tag)
+        return compiler.compile_grammar(_strict_strings(xgr.Grammar.from_structural_tag(spec.structural_tag)))
     except Exception as exc:  # xgrammar raises RuntimeError, ValueError or its own errors for bad input
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InvalidConstraint(f"invalid {kind} constraint: {detail}") from exc
+
+
+def _strict_strings(grammar: xgr.Grammar) -> xgr.Grammar:
+    """``grammar`` with every JSON string character class excluding the control characters."""
+    text = str(grammar)
+    if _LOOSE_STRING_CHAR not in text:
+        return grammar
+    return xgr.Grammar.from_ebnf(text.replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR))
 
 
 # ---- the engine loop side ---------------------------------------------------------------------------
@@ -125,7 +140,8 @@ def apply_masks(logits: torch.Tensor, seqs: list[Sequence], *, in_place: bool = 
     (a copy unless ``in_place``); the input itself when no row is constrained. Other rows keep their
     values bit for bit. The masks are filled on the host, several rows at once on xgrammar's threads,
     and applied on the logits' device."""
-    rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None]
+    # A sequence that ended while its step ran ahead keeps a terminated matcher: its row is discarded.
+    rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and not seq.is_finished]
     if not rows:
         return logits
     vocab = logits.shape[1]
@@ -142,4 +158,6 @@ def apply_masks(logits: torch.Tensor, seqs: list[Sequence], *, in_place: bool = 
 
 @functools.cache
 def _batch_filler() -> xgr.BatchGrammarMatcher:
-    return xgr.BatchGrammarMatcher()  # half the hardware threads
+    # xgrammar's default is half of the host's hardware threads, which in a container limited to a few
+    # cores oversubscribes them many times over; the engine loop needs one of this process's cores.
+    return xgr.BatchGrammarMatcher(max_threads=max(1, min(8, len(os.sched_getaffinity(0)) - 1)))

@@ -66,6 +66,9 @@ class FakeStep:
     def results(self) -> list[FakeSample | None]:
         return self.samples
 
+    def finish(self) -> None:
+        """Nothing held back: the fake samples without grammars."""
+
 
 def hashed_next_token(context: list[int], seed: int | None, vocab_size: int, first_id: int) -> int:
     """Deterministic 'model': a token picked by hashing the whole context (and the seed, if any)."""

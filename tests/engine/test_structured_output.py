@@ -13,10 +13,11 @@ import jsonschema
 import pytest
 import torch
 from omni_gateway.engine import LLM, InvalidRequest, SamplingParams, StructuredOutputs
-from omni_gateway.engine.pipelining import samples_from_logits_alone
+from omni_gateway.engine.pipelining import may_run_ahead
 from omni_gateway.engine.sampler import Sampler
 from omni_gateway.engine.sequence import Sequence
 from omni_gateway.engine.structured_output import GrammarCache
+from omni_gateway.omni.tool_calls import tool_call_tag
 
 from benchmarks.checkpoints import VOCAB, byte_level_tokenizer, save_tiny_checkpoint
 
@@ -56,11 +57,11 @@ def test_a_schema_keeps_its_property_order() -> None:
     assert list(json.loads(StructuredOutputs(json=ordered).json or "")["properties"]) == ["z", "a"]
 
 
-def test_constrained_sequences_are_never_decoded_ahead() -> None:
-    plain = Sequence("r", [1, 2], SamplingParams())
-    constrained = Sequence("r", [1, 2], SamplingParams(structured_outputs=StructuredOutputs(regex="a")))
-    assert samples_from_logits_alone(plain)
-    assert not samples_from_logits_alone(constrained)
+def test_constrained_sequences_may_decode_ahead_unless_the_host_reads_their_history() -> None:
+    regex = StructuredOutputs(regex="a")
+    assert may_run_ahead(Sequence("r", [1, 2], SamplingParams(structured_outputs=regex)))
+    assert not may_run_ahead(Sequence("r", [1, 2], SamplingParams(structured_outputs=regex, logprobs=1)))
+    assert not may_run_ahead(Sequence("r", [1, 2], SamplingParams(structured_outputs=regex, repetition_penalty=1.2)))
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,29 @@ def test_a_constraint_xgrammar_rejects_is_an_invalid_request(
 ) -> None:
     with pytest.raises(InvalidRequest, match=f"invalid {kind} constraint"):
         grammars.compile(spec)
+
+
+def _accepts(grammars: GrammarCache, spec: StructuredOutputs, text: str) -> bool:
+    matcher = grammars.matcher(spec)
+    return all(matcher.accept_token(t) for t in byte_level_tokenizer().encode(text, add_special_tokens=False))
+
+
+@pytest.mark.parametrize("bounded", [{"maxLength": 12}, {"minLength": 2}, {}])
+def test_json_strings_take_no_raw_control_character(grammars: GrammarCache, bounded: dict[str, int]) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string", **bounded}}, "required": ["city"]}
+    spec = StructuredOutputs(json=schema, disable_any_whitespace=True)
+    assert _accepts(grammars, spec, '{"city": "Los Angeles"}')
+    for control in "\t\x00\x1f\x0b":
+        assert not _accepts(grammars, spec, f'{{"city": "Los{control}Angeles"}}'), repr(control)
+
+
+def test_tool_call_arguments_take_no_raw_control_character(grammars: GrammarCache) -> None:
+    params = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 9}}, "required": ["q"]}
+    tool = {"type": "function", "function": {"name": "f", "parameters": params}}
+    spec = StructuredOutputs(structural_tag=json.dumps(tool_call_tag([tool], required=True, parallel=False)))
+    call = '<tool_call>\n{{"name": "f", "arguments": {{"q": "a{}b"}}}}\n</tool_call>'
+    assert _accepts(grammars, spec, call.format(" "))
+    assert not _accepts(grammars, spec, call.format("\t"))
 
 
 def test_compiled_grammars_are_cached_by_content(grammars: GrammarCache) -> None:
@@ -243,3 +267,25 @@ def test_invalid_constraint_queues_nothing(llm: LLM) -> None:
     with pytest.raises(InvalidRequest, match="invalid regex constraint"):
         llm.engine.add_request("bad", PROMPTS[0], _constrained(StructuredOutputs(regex="(")))
     assert not llm.engine.has_unfinished()
+
+
+@pytest.mark.slow
+def test_pipelined_constrained_decode_gives_what_the_unpipelined_engine_gives(checkpoint: Path) -> None:
+    """Launched ahead, a constrained step's masks wait for the token in flight: same tokens, stops and
+    finishes, and steps did run ahead."""
+    requests = [
+        (PROMPTS[0], _constrained(COMPACT_JSON, seed=1)),
+        (PROMPTS[1], SamplingParams(temperature=1.0, seed=2, max_tokens=40)),
+        (PROMPTS[2], _constrained(StructuredOutputs(choice=["alpha beta gamma"]), seed=3, stop=[" beta"])),
+        (PROMPTS[3], _constrained(StructuredOutputs(regex=r"[a-z]{3,30}"), seed=4, n=2)),
+    ]
+    outcomes = {}
+    for mode in ("off", "on"):
+        llm = LLM(model=str(checkpoint), device="cpu", dtype="float32", max_model_len=256, pipeline_decode=mode)
+        outputs = llm.generate([p for p, _ in requests], [params for _, params in requests])
+        outcomes[mode] = [[(c.token_ids, c.text, c.finish_reason) for c in out.outputs] for out in outputs]
+        assert (llm.engine.num_steps_ahead > 0) == (mode == "on")
+        assert llm.engine.stats()["kv_blocks_used"] == 0
+    assert outcomes["on"] == outcomes["off"]
+    jsonschema.validate(json.loads(outcomes["on"][0][0][1]), SCHEMA)
+    assert outcomes["on"][2][0][1:] == ("alpha", "stop")
