@@ -2,7 +2,8 @@
 how often answers fail to parse without one.
 
     python -m benchmarks.structured [--model default] [--device cpu|cuda|auto] [--dtype auto]
-        [--batches 1,64] [--fractions 0,0.5,1] [--steps 16] [--requests 50] [--skip-rates] [--out FILE]
+        [--batches 1,64] [--fractions 0,0.5,1] [--steps 16] [--requests 50] [--skip-rates]
+        [--pipeline-decode auto|on|off] [--out FILE]
 
 1. Decode step time with 0%, 50% and 100% of the rows constrained (a typical tool's arguments, as a
    JSON array long enough never to end inside the measured steps), at each batch size: the median
@@ -70,6 +71,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed per configuration")
     parser.add_argument("--requests", type=int, default=50, help="requests per parse-failure rate")
     parser.add_argument("--skip-rates", action="store_true", help="skip the parse-failure rates")
+    parser.add_argument(
+        "--pipeline-decode", default="auto", choices=("auto", "on", "off"), help="off: every step waits for the host"
+    )
     add_out_argument(parser, "structured")
     args = parser.parse_args()
 
@@ -83,10 +87,11 @@ def main() -> None:
         dtype=args.dtype,
         max_model_len=1024,
         max_num_seqs=max(max(batches), args.requests),
+        pipeline_decode=args.pipeline_decode,
     )
     engine = llm.engine
     device = str(getattr(engine.runner, "device", args.device))
-    with ResultLog(args.out, "structured", model=args.model, device=device) as log:
+    with ResultLog(args.out, "structured", model=args.model, device=device, pipeline=args.pipeline_decode) as log:
         compile_times(engine, log)
         step_time(engine, max(batches), 0.5, 4, None)  # warm-up: first-use allocations and thread pools
         for batch in batches:

@@ -270,7 +270,17 @@ def test_invalid_constraint_queues_nothing(llm: LLM) -> None:
 
 
 @pytest.mark.slow
-def test_pipelined_constrained_decode_gives_what_the_unpipelined_engine_gives(checkpoint: Path) -> None:
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")],
+        ),
+    ],
+)
+def test_pipelined_constrained_decode_gives_what_the_unpipelined_engine_gives(checkpoint: Path, device: str) -> None:
     """Launched ahead, a constrained step's masks wait for the token in flight: same tokens, stops and
     finishes, and steps did run ahead."""
     requests = [
@@ -281,7 +291,7 @@ def test_pipelined_constrained_decode_gives_what_the_unpipelined_engine_gives(ch
     ]
     outcomes = {}
     for mode in ("off", "on"):
-        llm = LLM(model=str(checkpoint), device="cpu", dtype="float32", max_model_len=256, pipeline_decode=mode)
+        llm = LLM(model=str(checkpoint), device=device, dtype="float32", max_model_len=256, pipeline_decode=mode)
         outputs = llm.generate([p for p, _ in requests], [params for _, params in requests])
         outcomes[mode] = [[(c.token_ids, c.text, c.finish_reason) for c in out.outputs] for out in outputs]
         assert (llm.engine.num_steps_ahead > 0) == (mode == "on")
