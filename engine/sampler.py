@@ -37,6 +37,7 @@ class Sampler:
         self._shared = torch.Generator(device=device)
         self._shared.manual_seed(seed)
         self._seeded: dict[int, torch.Generator] = {}
+        self._bitmask: Any = None  # engine.structured_output.HostBitmask, made on the first constrained step
 
     def release(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:
@@ -65,9 +66,10 @@ class Sampler:
         if any(p.penalized for p in params):
             logits = apply_penalties(logits, seqs)
         if any(s.grammar is not None for s in seqs):
-            from omni_gateway.engine.structured_output import apply_masks  # xgrammar loads on first use
+            from omni_gateway.engine.structured_output import HostBitmask, apply_masks  # xgrammar loads on first use
 
-            logits = apply_masks(logits, seqs, in_place=logits is not raw)  # a copy already, or the raw logits
+            self._bitmask = self._bitmask or HostBitmask()
+            logits = apply_masks(logits, seqs, self._bitmask, in_place=logits is not raw)  # raw logits stay intact
         # The given argmax is that of the raw logits: stale once a mask (min_tokens, a grammar) or a
         # penalty changed them.
         best = argmax if argmax is not None and logits is raw else logits.argmax(dim=-1)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 from omni_gateway.engine.errors import InvalidConstraint
+from omni_gateway.engine.sampler import to_device
 from omni_gateway.engine.sampling_params import StructuredOutputs
 from omni_gateway.engine.sequence import Sequence
 
@@ -135,25 +136,62 @@ def _strict_strings(grammar: xgr.Grammar) -> xgr.Grammar:
 # ---- the engine loop side ---------------------------------------------------------------------------
 
 
-def apply_masks(logits: torch.Tensor, seqs: list[Sequence], *, in_place: bool = False) -> torch.Tensor:
+def apply_masks(
+    logits: torch.Tensor, seqs: list[Sequence], buffer: HostBitmask, *, in_place: bool = False
+) -> torch.Tensor:
     """``logits`` with every token the row's matcher forbids set to -inf, for constrained rows only
     (a copy unless ``in_place``); the input itself when no row is constrained. Other rows keep their
     values bit for bit. The masks are filled on the host, several rows at once on xgrammar's threads,
-    and applied on the logits' device."""
+    into ``buffer`` (the caller's, reused step after step), and applied on the logits' device without
+    waiting for it."""
     # A sequence that ended while its step ran ahead keeps a terminated matcher: its row is discarded.
     rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and not seq.is_finished]
     if not rows:
         return logits
     vocab = logits.shape[1]
-    bitmask = xgr.allocate_token_bitmask(len(seqs), vocab)  # every token allowed until filled
+    device = logits.device
+    bitmask = buffer.claim(len(seqs), vocab, pinned=device.type == "cuda")
     if len(rows) == 1:
         seqs[rows[0]].grammar.fill_next_token_bitmask(bitmask, rows[0])
     else:
         _batch_filler().batch_fill_next_token_bitmask([seqs[i].grammar for i in rows], bitmask, rows)
     masked = logits if in_place else logits.clone()
-    device_mask = bitmask if logits.device.type == "cpu" else bitmask.pin_memory().to(logits.device, non_blocking=True)
-    xgr.apply_token_bitmask_inplace(masked, device_mask, vocab_size=vocab, indices=rows)
+    if device.type == "cpu":
+        xgr.apply_token_bitmask_inplace(masked, bitmask, vocab_size=vocab, indices=rows)
+        return masked
+    # Device-side row indices: from a host list, xgrammar would copy them from pageable memory, which
+    # waits for the device (the forward this step's masks are meant to overlap).
+    device_mask = buffer.upload(bitmask, device)
+    xgr.apply_token_bitmask_inplace(masked, device_mask, vocab_size=vocab, indices=to_device(rows, torch.int32, device))
     return masked
+
+
+class HostBitmask:
+    """The host buffer a step's masks are filled into, kept from step to step: allocating and pinning
+    one per step costs more than filling it, and torch's parallel fill of a fresh one wakes its thread
+    pool, whose spinning threads then take the cores xgrammar fills the masks on. Pinned for a GPU, so
+    the upload is asynchronous; a refill waits for the previous upload to be done."""
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+        self._uploaded: torch.cuda.Event | None = None
+
+    def claim(self, rows: int, vocab: int, *, pinned: bool) -> torch.Tensor:
+        """int32 ``[rows, ceil(vocab / 32)]``; its contents are stale (every filled row is overwritten)."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
+            self._uploaded = None
+        words = -(-vocab // 32)
+        buffer = self._buffer
+        if buffer is None or buffer.shape[0] < rows or buffer.shape[1] != words or buffer.is_pinned() != pinned:
+            self._buffer = buffer = torch.empty(max(rows, 64), words, dtype=torch.int32, pin_memory=pinned)
+        return buffer[:rows]
+
+    def upload(self, bitmask: torch.Tensor, device: torch.device) -> torch.Tensor:
+        on_device = bitmask.to(device, non_blocking=True)
+        self._uploaded = torch.cuda.Event()
+        self._uploaded.record()
+        return on_device
 
 
 @functools.cache
