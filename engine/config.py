@@ -47,7 +47,8 @@ class EngineConfig:
     seed: int = 0
     # Step shapes run before serving (``engine.warmup``): "full" every kernel choice the limits above
     # allow, "minimal" one prefill and decode, "off" none; "auto": full on CUDA, minimal on the CPU
-    # (whose torch path compiles nothing). Only the serving entry points warm up.
+    # (whose torch path compiles nothing) and over a compile_cache_dir that a full warm-up of the same
+    # configuration filled. Only the serving entry points warm up.
     warmup: str = "auto"
     # Where Triton (and torch inductor) keep compiled kernels; None: their defaults (~/.triton/cache).
     # A directory that outlives the process makes later start-ups skip compiling.

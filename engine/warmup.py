@@ -15,6 +15,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from omni_gateway.engine import compile_cache
 from omni_gateway.engine.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.llm_engine import LLMEngine
 from omni_gateway.engine.sampling_params import SamplingParams, StructuredOutputs
@@ -201,10 +202,12 @@ def warm_up_engine(
     ``progress(done, total, phase)`` is called after each phase; by default it logs every phase."""
     start = time.perf_counter()
     config = engine.config
-    # Only CUDA compiles kernels. The CPU's torch path still pays first-call costs per shape, but its
-    # full grid is slow to run there (a 256-sequence decode over 8k tokens), so it is asked for by name.
-    if mode == "auto":
-        mode = "full" if engine.runner.device.type == "cuda" else "minimal"
+    requested = mode
+    record = _warm_record(engine)
+    warmed = record is not None and compile_cache.is_warmed(record[0], record[1])
+    mode = resolve_mode(mode, on_cuda=engine.runner.device.type == "cuda", cache_warmed=warmed)
+    if requested == "auto" and warmed and record is not None:
+        log.info("compile cache %s holds this configuration's kernels: minimal warm-up", record[0])
     kv = engine.scheduler.kv
     graphs = getattr(engine.runner, "graphs", None)
     phases = plan(
@@ -234,9 +237,52 @@ def warm_up_engine(
         engine.abort_all()  # the error stands; the engine is not served after a failed warm-up
         raise
     _forget(engine)
+    if mode == "full" and requested in ("auto", "full") and record is not None:
+        compile_cache.mark_warmed(*record)
     seconds = time.perf_counter() - start
     log.info("warm-up (%s): %d phases, %d engine steps in %.1f s", mode, len(phases), steps, seconds)
     return WarmupReport(mode, len(phases), steps, seconds)
+
+
+def resolve_mode(mode: str, *, on_cuda: bool, cache_warmed: bool) -> str:
+    """The warm-up ``mode`` runs as: "auto" is "full" on CUDA over a compile cache not yet warmed for
+    this configuration, "minimal" otherwise. Only CUDA compiles kernels; the CPU's torch path still pays
+    first-call costs per shape, but its full grid is slow to run there (a 256-sequence decode over 8k
+    tokens), so it is asked for by name. A persisted cache that a full warm-up of the same configuration
+    filled holds every kernel: on the H200 a minimal warm-up over one gave first requests the TTFT of
+    warm ones (docs/benchmarks.md, cold start)."""
+    if mode != "auto":
+        return mode
+    return "full" if on_cuda and not cache_warmed else "minimal"
+
+
+def _warm_record(engine: LLMEngine) -> tuple[str, str, dict[str, Any]] | None:
+    """(compile cache directory, configuration key, description) of a CUDA engine whose compile cache
+    was named (the one a deployment persists); None otherwise."""
+    config = engine.config
+    runner: Any = engine.runner
+    if config.compile_cache_dir is None or runner.device.type != "cuda":
+        return None
+    import torch
+    import triton
+
+    description = {
+        "model": config.model,
+        "shape": repr(getattr(getattr(runner, "model", None), "shape", None)),
+        "vocab_size": engine.vocab_size,
+        "max_model_len": engine.max_model_len,
+        "engine": {
+            name: getattr(config, name)
+            for name in ("dtype", "max_num_seqs", "max_num_batched_tokens", "block_size", "enforce_eager")
+        },
+        "attention": getattr(getattr(runner, "ops", None), "name", None),
+        "kv_blocks": engine.scheduler.kv.num_blocks,
+        "prefix_caching": engine.scheduler.kv.enable_prefix_caching,
+        "gpu": torch.cuda.get_device_name(runner.device),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
+    return config.compile_cache_dir, compile_cache.configuration_key(description), description
 
 
 def _decode_launch_key(engine: LLMEngine) -> Callable[[int, int], Hashable] | None:

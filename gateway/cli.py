@@ -249,7 +249,7 @@ def _flags() -> tuple[Flag, ...]:
             "warmup",
             "step shapes run before the server answers: 'full' compiles every kernel and path a request can "
             "hit, 'minimal' one prefill and decode, 'off' none, 'auto' full on CUDA and minimal on the CPU "
-            "(default %(default)s)",
+            "or over a --compile-cache-dir a full warm-up of the same configuration filled (default %(default)s)",
             "engine",
             choices=("auto", "full", "minimal", "off"),
         ),
