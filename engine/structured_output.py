@@ -159,10 +159,12 @@ def apply_masks(
     if device.type == "cpu":
         xgr.apply_token_bitmask_inplace(masked, bitmask, vocab_size=vocab, indices=rows)
         return masked
-    # Device-side row indices: from a host list, xgrammar would copy them from pageable memory, which
-    # waits for the device (the forward this step's masks are meant to overlap).
-    device_mask = buffer.upload(bitmask, device)
-    xgr.apply_token_bitmask_inplace(masked, device_mask, vocab_size=vocab, indices=to_device(rows, torch.int32, device))
+    # xgrammar's CUDA kernel (Triton), given device-side row indices: from a host list it would copy them
+    # from pageable memory, which waits for the device (the forward these masks are meant to overlap).
+    from xgrammar.kernels.apply_token_bitmask_inplace_triton import apply_token_bitmask_inplace_triton
+
+    indices = to_device(rows, torch.int32, device)
+    apply_token_bitmask_inplace_triton(masked, buffer.upload(bitmask, device), vocab, indices)
     return masked
 
 
@@ -189,8 +191,9 @@ class HostBitmask:
 
     def upload(self, bitmask: torch.Tensor, device: torch.device) -> torch.Tensor:
         on_device = bitmask.to(device, non_blocking=True)
-        self._uploaded = torch.cuda.Event()
-        self._uploaded.record()
+        uploaded = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        uploaded.record()
+        self._uploaded = uploaded
         return on_device
 
 
