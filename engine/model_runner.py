@@ -111,7 +111,7 @@ class ModelRunner:
         self.max_model_len = loaded.max_model_len
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         weights = loaded.weights
-        if parallel.is_parallel:
+        if parallel.is_parallel or (not weights and loaded.source is not None):  # read here, this rank's slices
             layout = ShardLayout.of(loaded.hf_config, parallel.rank, parallel.world_size)
             weights = shard_weights(loaded.source, layout)
         self.model = build_model(

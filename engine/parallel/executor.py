@@ -184,9 +184,6 @@ class TensorParallelRunner(ModelRunner):
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel) -> None:
         n = config.tensor_parallel_size
-        ShardLayout.of(loaded.hf_config, 0, n)  # a model that cannot be split fails before anything starts
-        if loaded.source is None:
-            raise ValueError("tensor parallel needs a model loaded with tensor_parallel_size > 1 (no weight source)")
         device = pick_device_dtype(config)[0]
         if device.type == "cuda":
             base = device.index or 0
@@ -195,6 +192,9 @@ class TensorParallelRunner(ModelRunner):
                 raise ValueError(
                     f"tensor_parallel_size={n} from cuda:{base} needs {base + n} CUDA devices, found {count}"
                 )
+        ShardLayout.of(loaded.hf_config, 0, n)  # a model that cannot be split fails before anything starts
+        if loaded.source is None:
+            raise ValueError("tensor parallel needs a model loaded with tensor_parallel_size > 1 (no weight source)")
         self._workers = _Workers(config, loaded, device)
         self._finalizer = weakref.finalize(self, self._workers.shutdown)
         try:

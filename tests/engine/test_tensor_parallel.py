@@ -118,13 +118,13 @@ def test_the_cli_takes_vllms_flag_and_its_short_form() -> None:
 # ---- end to end: spawned ranks ------------------------------------------------------------------
 
 
-def _generate(model: str, tp: int, **config: Any) -> dict[str, tuple[list[int], list[float]]]:
+def generate(model: str, tp: int, device: str = "cpu", **config: Any) -> dict[str, tuple[list[int], list[float]]]:
     """Greedy continuations of prompts that share a prefix (prefix cache) and run chunked prefill
     next to decodes (a small step budget), with each chosen token's log-probability."""
     engine = LLMEngine(
         EngineConfig(
             model=model,
-            device="cpu",
+            device=device,
             dtype="float32",
             tensor_parallel_size=tp,
             num_kv_blocks=96,
@@ -151,7 +151,7 @@ def _generate(model: str, tp: int, **config: Any) -> dict[str, tuple[list[int], 
         assert multiprocessing.active_children() == [], "a rank outlived its engine"
 
 
-def _assert_same(single: dict[str, Any], parallel: dict[str, Any]) -> None:
+def assert_same(single: dict[str, Any], parallel: dict[str, Any]) -> None:
     assert single.keys() == parallel.keys()
     for rid in single:
         assert parallel[rid][0] == single[rid][0], f"request {rid}: greedy tokens differ"
@@ -165,14 +165,14 @@ def _assert_same(single: dict[str, Any], parallel: dict[str, Any]) -> None:
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 def test_two_ranks_generate_what_one_generates(checkpoints: dict[str, Path], kind: str) -> None:
     model = str(checkpoints[kind])
-    _assert_same(_generate(model, 1), _generate(model, 2))
+    assert_same(generate(model, 1), generate(model, 2))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_smollm2_split_three_ways_generates_what_one_rank_generates() -> None:
     # SmolLM2-135M has 9 attention heads and 3 KV heads: 3 is the smallest split it allows (2 is refused).
-    _assert_same(_generate("default", 1, max_model_len=512), _generate("default", 3, max_model_len=512))
+    assert_same(generate("default", 1, max_model_len=512), generate("default", 3, max_model_len=512))
 
 
 @pytest.mark.slow
