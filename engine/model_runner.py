@@ -259,7 +259,9 @@ class ModelRunner:
         """A step the decode graphs can run: one token per sequence, no image embeddings."""
         return all(n == 1 for n in batch.num_new_tokens) and not any(seq.embed_spans for seq in batch.seqs)
 
-    def _plan(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> tuple[StepPlan, list[Sequence], list[int]]:
+    def _plan(
+        self, batch: ScheduledBatch, after: PendingDecode | None = None
+    ) -> tuple[StepPlan, list[Sequence], list[int]]:
         """The flattened inputs of ``batch`` (decodes first, then prefill chunks), the decoding
         sequences, and the index into ``batch.seqs`` of each sampling sequence. With ``after``, every
         sequence decodes the position after its last known token, whose id is on the device."""

@@ -46,14 +46,10 @@ class ShardLayout:
         if not 0 <= self.rank < n:
             raise ValueError(f"rank must be in [0, {n}), got {self.rank}")
         if self.num_heads % n:
-            raise ValueError(
-                f"tensor_parallel_size={n} must divide the model's {self.num_heads} attention heads"
-            )
+            raise ValueError(f"tensor_parallel_size={n} must divide the model's {self.num_heads} attention heads")
         kv = self.num_kv_heads
         if (n <= kv and kv % n) or (n > kv and n % kv):
-            raise ValueError(
-                f"tensor_parallel_size={n} must divide the model's {kv} KV heads or be a multiple of them"
-            )
+            raise ValueError(f"tensor_parallel_size={n} must divide the model's {kv} KV heads or be a multiple of them")
         if self.intermediate_size % n:
             raise ValueError(
                 f"tensor_parallel_size={n} must divide the model's MLP intermediate size {self.intermediate_size}"
