@@ -65,6 +65,7 @@ class _Workers:
         self.errors: dict[int, str] = {}
         self.closed = False
         self.joined = False
+        self.steps_sent = 0
         for rank in range(1, n):
             ours, theirs = spawn.Pipe()
             proc = spawn.Process(
@@ -142,6 +143,7 @@ class _Workers:
         if isinstance(body, StepPlan) and body.embeds is not None:  # a device tensor would unpickle on rank 0's device
             body = dataclasses.replace(body, embeds=body.embeds.cpu())
         payload = pickle.dumps((kind, body, 0 if ids is None else ids.numel()), protocol=pickle.HIGHEST_PROTOCOL)
+        self.steps_sent += 1
         for rank, conn in enumerate(self.conns, start=1):
             try:
                 conn.send_bytes(payload)
@@ -210,12 +212,16 @@ class TensorParallelRunner(ModelRunner):
         log.info("tensor parallel: %d ranks on %s", n, self.device.type)
 
     def execute(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> PendingDecode:
+        sent = self._workers.steps_sent
         try:
             return super().execute(batch, after)
-        except TensorParallelError:
-            raise
-        except RuntimeError as exc:  # a collective broke: say which rank went away
-            raise self._workers.explain(exc) from exc
+        except Exception as exc:
+            if self._workers.steps_sent == sent and not isinstance(exc, TensorParallelError):
+                raise  # refused before any rank saw the step (a malformed batch): the ranks stay in step
+            # The ranks may be inside this step's collectives, which rank 0 will never join: stop them all.
+            error = exc if isinstance(exc, TensorParallelError) else self._workers.explain(exc)
+            self._finalizer()
+            raise error from exc
 
     def shutdown(self) -> None:
         self._finalizer()

@@ -194,8 +194,32 @@ def test_a_rank_that_dies_fails_the_next_step_with_its_name(checkpoints: dict[st
         with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) exited with code -9"):
             for _ in range(50):
                 engine.step()
+        assert multiprocessing.active_children() == [], "a failed step stops the ranks"
+        with pytest.raises(TensorParallelError, match="shut down"):
+            engine.step()
     finally:
         started = time.monotonic()
         engine.shutdown()
         assert time.monotonic() - started < 30
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_rank_that_dies_inside_a_collective_is_named_not_waited_for(checkpoints: dict[str, Path]) -> None:
+    config = EngineConfig(
+        model=str(checkpoints["llama"]), device="cpu", tensor_parallel_size=2, num_kv_blocks=32, warmup="off"
+    )
+    engine = LLMEngine(config)
+    try:
+        runner: Any = engine.runner
+        (worker,) = multiprocessing.active_children()
+        assert worker.pid is not None
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(30)
+        with pytest.raises(RuntimeError) as caught:  # gloo sees the closed socket at once
+            runner.parallel.all_reduce(torch.zeros(4))
+        assert "rank 1" in str(runner._workers.explain(caught.value))
+    finally:
+        engine.shutdown()
     assert multiprocessing.active_children() == []
