@@ -223,3 +223,31 @@ def test_a_rank_that_dies_inside_a_collective_is_named_not_waited_for(checkpoint
     finally:
         engine.shutdown()
     assert multiprocessing.active_children() == []
+
+
+def _pipelined_tokens(model: str, tp: int) -> tuple[dict[str, list[int]], int]:
+    engine = LLMEngine(
+        EngineConfig(
+            model=model, device="cpu", tensor_parallel_size=tp, num_kv_blocks=64, pipeline_decode="on", warmup="off"
+        )
+    )
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)  # no logprobs: steps go ahead
+        for rid, prompt in {"a": [4, 8, 15, 16, 23, 42], "b": list(range(60, 80))}.items():
+            engine.add_request(rid, prompt, params)
+        while engine.has_unfinished():
+            engine.step()
+        tokens = {out.request_id: list(out.outputs[0].token_ids) for out in engine.pop_finished()}
+        return tokens, engine.num_steps_ahead
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_steps_launched_ahead_take_their_token_ids_from_rank_0(checkpoints: dict[str, Path]) -> None:
+    model = str(checkpoints["qwen3"])
+    single, _ = _pipelined_tokens(model, 1)
+    parallel, ahead = _pipelined_tokens(model, 2)
+    assert ahead > 0, "decode steps were launched ahead"
+    assert parallel == single
