@@ -99,6 +99,8 @@ class _Workers:
             raise TensorParallelError(f"rank 0 could not join the tensor-parallel group: {box['error']}")
         self.joined = True
         ctx: ParallelContext = box["ctx"]
+        if ctx.device is not None and ctx.device.type == "cuda":
+            torch.cuda.set_device(ctx.device)  # the current device is per thread: the join ran in another
         return ctx
 
     def wait_ready(self) -> None:
