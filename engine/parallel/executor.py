@@ -36,6 +36,7 @@ from omni_gateway.engine.sequence import ScheduledBatch
 log = logging.getLogger(__name__)
 
 _JOIN_TIMEOUT_S = 10.0  # how long a stopped worker may take to exit before it is killed
+_EXIT_GRACE_S = 5.0  # how long a failed collective waits for the rank that broke it to exit
 
 
 class TensorParallelError(RuntimeError):
@@ -78,7 +79,11 @@ class _Workers:
             theirs.close()
             self.procs.append(proc)
             self.conns.append(ours)
-        self.context = self._join(init_method, device.type)
+        try:
+            self.context = self._join(init_method, device.type)
+        except BaseException:
+            self.shutdown()  # the ranks that did start must not wait for a group that will never form
+            raise
 
     def _join(self, init_method: str, device_type: str) -> ParallelContext:
         """Join the group from a thread, so a worker that dies before it joins fails fast here."""
@@ -118,7 +123,14 @@ class _Workers:
                 raise TensorParallelError(self.describe_death(rank))
 
     def describe_death(self, rank: int) -> str:
-        proc, conn = self.procs[rank - 1], self.conns[rank - 1]
+        proc = self.procs[rank - 1]
+        self._collect_error(rank)
+        state = "is running" if proc.is_alive() else f"exited with code {proc.exitcode}"
+        last = self.errors.get(rank)
+        return f"tensor-parallel rank {rank} (pid {proc.pid}) {state}" + (f"; its error:\n{last}" if last else "")
+
+    def _collect_error(self, rank: int) -> None:
+        conn = self.conns[rank - 1]
         try:
             while conn.poll(0):
                 kind, detail = conn.recv()
@@ -126,17 +138,17 @@ class _Workers:
                     self.errors[rank] = str(detail)
         except (EOFError, OSError):
             pass
-        state = "is running" if proc.is_alive() else f"exited with code {proc.exitcode}"
-        last = self.errors.get(rank)
-        return f"tensor-parallel rank {rank} (pid {proc.pid}) {state}" + (f"; its error:\n{last}" if last else "")
 
     def explain(self, exc: BaseException) -> TensorParallelError:
         """A collective failed: name the rank that went away, if one did."""
-        time.sleep(0.2)  # a dying worker's exit may lag the socket it closed
+        deadline = time.monotonic() + _EXIT_GRACE_S
         for rank in range(1, self.world_size):
-            if not self.procs[rank - 1].is_alive() or rank in self.errors:
-                return TensorParallelError(f"{self.describe_death(rank)} (rank 0 saw: {exc})")
-        return TensorParallelError(f"tensor-parallel step failed: {type(exc).__name__}: {exc}")
+            proc = self.procs[rank - 1]
+            proc.join(max(0.0, deadline - time.monotonic()))  # its exit may lag the socket it closed
+            self._collect_error(rank)
+            if not proc.is_alive() or rank in self.errors:
+                return TensorParallelError(f"{self.describe_death(rank)}\n(rank 0 saw: {exc})")
+        return TensorParallelError(f"tensor parallel failed on rank 0: {type(exc).__name__}: {exc}")
 
     def send(self, kind: str, body: object, ids: torch.Tensor | None) -> None:
         if self.closed:

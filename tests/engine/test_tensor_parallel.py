@@ -251,3 +251,29 @@ def test_steps_launched_ahead_take_their_token_ids_from_rank_0(checkpoints: dict
     parallel, ahead = _pipelined_tokens(model, 2)
     assert ahead > 0, "decode steps were launched ahead"
     assert parallel == single
+
+
+class UnreadablePastRank0(SafetensorsSource):
+    """A checkpoint whose slices past the first cannot be read: every rank but 0 fails to load."""
+
+    def read(self, name: str, dim: int | None = None, start: int = 0, end: int | None = None) -> torch.Tensor:
+        if start > 0:
+            raise OSError(f"cannot read {name}[{start}:{end}]: the disk went away")
+        return super().read(name, dim, start, end)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_rank_that_cannot_load_its_shard_fails_the_engine_with_its_error(checkpoints: dict[str, Path]) -> None:
+    import dataclasses
+
+    from omni_gateway.engine.loader import load_model
+    from omni_gateway.engine.parallel.executor import TensorParallelError
+
+    directory = checkpoints["llama"]
+    config = EngineConfig(model=str(directory), device="cpu", tensor_parallel_size=2, num_kv_blocks=32)
+    loaded = load_model(config)
+    broken = dataclasses.replace(loaded, source=UnreadablePastRank0(sorted(directory.glob("*.safetensors"))))
+    with pytest.raises(TensorParallelError, match=r"(?s)rank 1 .*exited with code 1.*the disk went away"):
+        LLMEngine(config, model=broken)
+    assert multiprocessing.active_children() == []
