@@ -59,14 +59,23 @@ def test_the_vocabulary_is_split_in_equal_padded_shards() -> None:
     assert _layout(0, 4, 4, 2, vocab=10).vocab_per_rank == 3
 
 
+class _Checkpoints(dict[str, Path]):
+    """Tiny checkpoints by kind, each saved the first time a test asks for it."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        super().__init__()
+        self._factory = factory
+
+    def __missing__(self, kind: str) -> Path:
+        directory = self._factory.mktemp(kind)
+        save_tiny_checkpoint(kind, directory)
+        self[kind] = directory
+        return directory
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = {}
-    for kind in ("llama", "qwen2", "qwen3"):
-        directory = tmp_path_factory.mktemp(kind)
-        save_tiny_checkpoint(kind, directory)
-        out[kind] = directory
-    return out
+    return _Checkpoints(tmp_path_factory)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
