@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from omni_gateway.engine.attention import AttentionMetadata, plan_step, select_kernels
 from omni_gateway.engine.compile_cache import use_compile_cache
@@ -56,10 +57,10 @@ class StepPlan:
     slots: list[int]
     num_decode: int
     decode_lens: list[int]
-    decode_tables: list[list[int]]
+    decode_tables: np.ndarray  # int32 [num_decode, blocks]: arrays pickle as one copy of their bytes
     cu_q: list[int]
     prefill_lens: list[int]
-    prefill_tables: list[list[int]]
+    prefill_tables: np.ndarray
     sample_rows: list[int]  # flat token index of each sampling sequence's last token
     embed_rows: list[int]
     embeds: torch.Tensor | None
@@ -343,10 +344,10 @@ class ModelRunner:
             slot_mapping=to_device(plan.slots, torch.int64, dev),
             num_decode=plan.num_decode,
             decode_seq_lens=to_device(plan.decode_lens, torch.int32, dev),
-            decode_block_tables=self._block_tables(plan.decode_tables, plan.decode_lens),
+            decode_block_tables=self._block_tables(plan.decode_tables),
             prefill_cu_seqlens_q=to_device(plan.cu_q, torch.int32, dev),
             prefill_seq_lens=to_device(plan.prefill_lens, torch.int32, dev),
-            prefill_block_tables=self._block_tables(plan.prefill_tables, plan.prefill_lens),
+            prefill_block_tables=self._block_tables(plan.prefill_tables),
             num_tokens=plan.num_tokens,
         )
         plan_step(self.ops, meta, self.block_size)
@@ -362,17 +363,20 @@ class ModelRunner:
             embeds=plan.embeds.to(dev) if plan.embeds is not None else None,
         )
 
-    def _table_rows(self, seqs: list[Sequence], lengths: list[int]) -> list[list[int]]:
-        """Each sequence's block table cut or zero-padded to the blocks covering the longest context."""
-        bs = self.block_size
-        width = max((-(-n // bs) for n in lengths), default=0)
-        return [seq.block_table[:width] + [0] * (width - min(width, len(seq.block_table))) for seq in seqs]
-
-    def _block_tables(self, rows: list[list[int]], lengths: list[int]) -> torch.Tensor:
-        """int32 ``[len(rows), max blocks in use]``: only the blocks covering each context."""
+    def _table_rows(self, seqs: list[Sequence], lengths: list[int]) -> np.ndarray:
+        """int32 ``[len(seqs), max blocks in use]``: each sequence's block table cut or zero-padded to
+        the blocks covering the longest context."""
         width = max((-(-n // self.block_size) for n in lengths), default=0)
-        if not rows:
-            return torch.zeros(0, width, dtype=torch.int32, device=self.device)
-        # Through pinned memory: a plain torch.tensor(..., device="cuda") would wait for the device,
-        # which a step launched while another is in flight must not do.
-        return to_device(rows, torch.int32, self.device).reshape(len(rows), width)
+        rows = np.zeros((len(seqs), width), dtype=np.int32)
+        for i, seq in enumerate(seqs):
+            used = min(width, len(seq.block_table))
+            rows[i, :used] = seq.block_table[:used]
+        return rows
+
+    def _block_tables(self, rows: np.ndarray) -> torch.Tensor:
+        """``rows`` on the device. Through pinned memory: a plain copy to CUDA would wait for the device,
+        which a step launched while another is in flight must not do."""
+        if rows.size == 0:
+            return torch.zeros(rows.shape, dtype=torch.int32, device=self.device)
+        table = torch.from_numpy(rows)
+        return table.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else table
