@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -64,6 +65,8 @@ def worker_main(
     import torch.distributed as dist
     from omni_gateway.engine.model_runner import ModelRunner
 
+    # Ctrl-C reaches the whole process group: rank 0 decides when the ranks stop (STOP, or EOF on the pipe).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if device_type == "cpu":  # the ranks share the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     try:
