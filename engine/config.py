@@ -53,6 +53,8 @@ class EngineConfig:
     # Where Triton (and torch inductor) keep compiled kernels; None: their defaults (~/.triton/cache).
     # A directory that outlives the process makes later start-ups skip compiling.
     compile_cache_dir: str | None = None
+    # Ranks one model is split over (engine/parallel): one process each, one device each on CUDA.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.block_size is None and self.device != "auto":
@@ -77,5 +79,7 @@ class EngineConfig:
             raise ValueError(f"warmup must be 'auto', 'full', 'minimal' or 'off', got {self.warmup!r}")
         if self.compile_cache_dir is not None and not self.compile_cache_dir:
             raise ValueError("compile_cache_dir must be a directory path or None, got an empty string")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -90,6 +91,8 @@ class GraphedDecode:
         )
         # prev_ids is read only where a row's id is _FROM_DEVICE: padding rows past a batch are never read.
         self._graphs = DecodeGraphs(self._step, static, default_buckets(max_batch), pad_values={"prev_ids": None})
+        # Tensor parallel: rank 0 hands each replay's inputs to the other ranks, which ``replay`` them.
+        self.on_replay: Callable[[dict[str, torch.Tensor]], None] | None = None
 
     @property
     def buckets(self) -> list[int]:
@@ -155,10 +158,16 @@ class GraphedDecode:
         inputs = {"rows": staging.rows[:bucket], "block_tables": staging.tables[:bucket]}
         if after is not None:
             inputs["prev_ids"] = after.tokens_for(seqs)
+        if self.on_replay is not None:
+            self.on_replay(inputs)
+        logits, argmax = self.replay(inputs)  # the bucket's rows: padding rows follow the live ones
+        return logits[: len(seqs)], argmax[: len(seqs)], staging
+
+    def replay(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the graph of a bucket's staged ``rows``, ``block_tables`` (and ``prev_ids``)."""
         out = self._graphs.replay(**inputs)
         assert isinstance(out, tuple) and len(out) == 2
-        logits, argmax = out  # the bucket's rows: padding rows follow the live ones
-        return logits[: len(seqs)], argmax[: len(seqs)], staging
+        return out[0], out[1]
 
 
 def decode_position(seq: Sequence, block_size: int, ahead: bool) -> int:

@@ -81,7 +81,11 @@ class LLMEngine:
             from omni_gateway.engine.loader import load_model
 
             model = load_model(config)
-        if runner_factory is None:
+        if runner_factory is None and config.tensor_parallel_size > 1:
+            from omni_gateway.engine.parallel.executor import TensorParallelRunner
+
+            runner_factory = TensorParallelRunner
+        elif runner_factory is None:
             from omni_gateway.engine.model_runner import ModelRunner
 
             runner_factory = ModelRunner
@@ -408,6 +412,12 @@ class LLMEngine:
             num_cached_tokens=req.seqs[0].num_cached_tokens,
             metrics=metrics,
         )
+
+    def shutdown(self) -> None:
+        """Release what the runner holds beyond this process (tensor-parallel worker processes)."""
+        close = getattr(self.runner, "shutdown", None)
+        if close is not None:
+            close()
 
     # ---- observability --------------------------------------------------------------------------
 

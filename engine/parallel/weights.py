@@ -1,0 +1,130 @@
+"""Reading one rank's slices of a checkpoint, under Hugging Face names.
+
+A safetensors checkpoint is read slice by slice (``safe_open`` + ``get_slice``), so no rank ever
+holds more than its shard. A source that is already in memory (a dequantized GGUF file) is sliced
+after the fact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from omni_gateway.engine.parallel.layout import ShardLayout
+
+
+class WeightSource(Protocol):
+    """Named tensors that can be read in row or column slices without loading the rest."""
+
+    def names(self) -> set[str]: ...
+
+    def read(self, name: str, dim: int | None = None, start: int = 0, end: int | None = None) -> torch.Tensor: ...
+
+
+class TensorDictSource:
+    """Tensors already in memory (a GGUF file dequantized whole); slices are copied out of them."""
+
+    def __init__(self, load: Callable[[], Mapping[str, torch.Tensor]]) -> None:
+        self._load = load  # called in the process that reads (a spawned rank loads its own copy)
+
+    def names(self) -> set[str]:
+        return set(self._load())
+
+    def read(self, name: str, dim: int | None = None, start: int = 0, end: int | None = None) -> torch.Tensor:
+        tensor = self._load()[name]
+        if dim is None:
+            return tensor
+        return tensor.narrow(dim, start, (tensor.shape[dim] if end is None else end) - start).clone()
+
+
+class SafetensorsSource:
+    """Every ``*.safetensors`` file of a directory; ``rename`` maps stored names to the model's."""
+
+    def __init__(self, files: list[Path], rename: Callable[[dict[str, str]], dict[str, str]] | None = None) -> None:
+        from safetensors import safe_open
+
+        stored: dict[str, tuple[str, str]] = {}
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                for key in handle.keys():
+                    stored[key] = (str(file), key)
+        names = {key: key for key in stored}
+        if rename is not None:
+            names = rename(names)  # new name -> stored name
+        self._index = {new: stored[old] for new, old in names.items()}
+        self._handles: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_index": self._index, "_handles": {}}  # open files stay in the process that opened them
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._index, self._handles = state["_index"], state["_handles"]
+
+    def names(self) -> set[str]:
+        return set(self._index)
+
+    def read(self, name: str, dim: int | None = None, start: int = 0, end: int | None = None) -> torch.Tensor:
+        from safetensors import safe_open
+
+        file, key = self._index[name]
+        handle = self._handles.get(file)
+        if handle is None:
+            handle = self._handles[file] = safe_open(file, framework="pt")
+        if dim is None:
+            tensor: torch.Tensor = handle.get_tensor(key)
+            return tensor
+        piece = handle.get_slice(key)
+        stop = piece.get_shape()[dim] if end is None else end
+        sliced: torch.Tensor = piece[start:stop] if dim == 0 else piece[:, start:stop]
+        return sliced
+
+
+# Where each weight is split: rows of column-parallel linears, columns of row-parallel ones.
+_Q, _KV, _MLP = "q", "kv", "mlp"
+_COLUMN_PARALLEL = {
+    "self_attn.q_proj": _Q,
+    "self_attn.k_proj": _KV,
+    "self_attn.v_proj": _KV,
+    "mlp.gate_proj": _MLP,
+    "mlp.up_proj": _MLP,
+}
+_ROW_PARALLEL = {"self_attn.o_proj": _Q, "mlp.down_proj": _MLP}
+_VOCAB_PARALLEL = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def shard_weights(source: WeightSource, layout: ShardLayout) -> dict[str, torch.Tensor]:
+    """This rank's tensors under HF names. Merging q/k/v (gate/up) after slicing keeps the merged
+    layout per rank: ``[q heads | k heads | v heads]`` of this rank only. A row-parallel bias is
+    added once, after the all-reduce, so only rank 0 holds it."""
+    spans = {_Q: layout.q_rows(), _KV: layout.kv_rows(), _MLP: layout.mlp_rows()}
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(source.names()):
+        module, _, kind = name.rpartition(".")
+        sub = module.split(".", 3)[-1] if module.startswith("model.layers.") else module
+        if name in _VOCAB_PARALLEL:
+            start, end = layout.vocab_rows()
+            rows = source.read(name, 0, start, end) if end > start else None
+            out[name] = _pad_rows(rows, layout.vocab_per_rank, source, name)
+        elif sub in _COLUMN_PARALLEL:
+            start, end = spans[_COLUMN_PARALLEL[sub]]
+            out[name] = source.read(name, 0, start, end)  # weight rows, or the bias's entries
+        elif sub in _ROW_PARALLEL:
+            if kind == "bias":
+                if layout.rank == 0:
+                    out[name] = source.read(name)
+                continue
+            start, end = spans[_ROW_PARALLEL[sub]]
+            out[name] = source.read(name, 1, start, end)
+        else:
+            out[name] = source.read(name)  # norms, per-head q/k norms, rotary divisors: small, replicated
+    return out
+
+
+def _pad_rows(rows: torch.Tensor | None, count: int, source: WeightSource, name: str) -> torch.Tensor:
+    if rows is None:  # a rank past the vocabulary (more ranks than rows): all padding
+        rows = source.read(name, 0, 0, 1)[:0]
+    if rows.shape[0] == count:
+        return rows
+    return torch.cat((rows, rows.new_zeros(count - rows.shape[0], rows.shape[1])), dim=0)
