@@ -1,0 +1,149 @@
+"""Audio input for models that hear: a conversation -> prompt ids + embedding spans, audio included.
+
+Like ``omni.vision.build_vision_prompt``, with audio parts as media too: each clip becomes the model's
+audio placeholder (between its audio start/end tokens where it has them), repeated once per embedding
+the audio tower produced, and its span carries the clip's content hash, so an earlier turn's audio is
+neither encoded (encoder cache) nor prefilled (KV prefix cache) again. Images and videos go through the
+vision tower when the model also sees (the Qwen2.5-Omni thinker):
+
+    prompt = build_audio_prompt(request, engine.tokenizer, audio_encoder, vision_encoder)
+    engine.generate(prompt.token_ids, params, embed_spans=prompt.embed_spans)
+
+An audio part's transcript, if ASR gave it one, is not used: the model hears the audio itself. It
+decodes media and runs the towers, so call it off the event loop (``asyncio.to_thread``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+from omni_gateway.encoders.audio import AudioDecodeError, AudioLimits, decode_audio, pcm16_to_float
+from omni_gateway.encoders.audio_tower import AudioEncoder, UnusableAudio
+from omni_gateway.encoders.vision import VisionEncoder, VisualFeatures
+from omni_gateway.omni.media import MediaError
+from omni_gateway.omni.prompting import ChatRenderer, Tokenizer, UnsupportedInput, prompt_ids
+from omni_gateway.omni.protocol import AudioPart, ImagePart, Message, OmniRequest, TextPart, VideoPart
+from omni_gateway.omni.vision import MediaLimits, VisionPrompt, _features, expand_placeholders, media_pixels
+
+Item = tuple[int, VisualFeatures]  # (placeholder token id, features) of one span
+
+
+@dataclass(frozen=True, slots=True)
+class AudioInputLimits:
+    max_clips: int = 16  # audio parts in one request, counted before anything is decoded
+    audio: AudioLimits = field(default_factory=AudioLimits)
+
+
+def build_audio_prompt(
+    request: OmniRequest,
+    tokenizer: Tokenizer,
+    audio: AudioEncoder,
+    vision: VisionEncoder | None = None,
+    *,
+    system_prompt: str | None = None,
+    limits: MediaLimits = MediaLimits(),
+    audio_limits: AudioInputLimits = AudioInputLimits(),
+    render: ChatRenderer | None = None,
+) -> VisionPrompt:
+    """Prompt token ids with expanded audio (and image/video) placeholders and one EmbedSpan per clip or
+    picture, in prompt order. ``MediaError`` for audio or media that is refused (undecodable, over a
+    limit, longer than the model's window), ``UnsupportedInput`` for images on a model that does not see
+    or text that spells the model's placeholder tokens."""
+    parts = [p for m in request.messages for p in m.parts if isinstance(p, (AudioPart, ImagePart, VideoPart))]
+    clips = sum(isinstance(p, AudioPart) for p in parts)
+    if clips > audio_limits.max_clips:
+        raise MediaError(f"request has {clips} audio parts; the limit is {audio_limits.max_clips}")
+    visual = [p for p in parts if not isinstance(p, AudioPart)]
+    if visual and vision is None:
+        raise UnsupportedInput("this model takes no image or video input")
+    if len(visual) > limits.max_items:
+        raise MediaError(f"request has {len(visual)} image/video parts; the limit is {limits.max_items}")
+    media_pixels(visual, limits)
+    per_part: list[list[Item]] = []
+    for part in parts:
+        if isinstance(part, AudioPart):
+            per_part.append([(audio.placeholders.audio, audio_features(part, audio, audio_limits.audio))])
+        else:
+            assert vision is not None
+            per_part.append(_features(part, vision, limits))
+    return _assemble(request, tokenizer, audio, vision, per_part, system_prompt, render)
+
+
+def audio_features(part: AudioPart, encoder: AudioEncoder, limits: AudioLimits) -> VisualFeatures:
+    """The clip's embeddings as a span's features (audio positions run like text: no M-RoPE offsets)."""
+    samples, rate = decode_audio_part(part, limits)
+    try:
+        features = encoder.encode(samples, rate)
+    except UnusableAudio as exc:
+        raise MediaError(str(exc)) from None
+    return VisualFeatures(embeds=features.embeds, key=features.key)
+
+
+def decode_audio_part(part: AudioPart, limits: AudioLimits) -> tuple[np.ndarray, int]:
+    """float32 mono samples and their rate; ``MediaError`` for bytes that are not audio or exceed a limit."""
+    message = None
+    try:
+        if part.encoded:
+            decoded = decode_audio(part.encoded, limits=limits)
+            return decoded.samples, decoded.sample_rate
+        if part.sample_rate <= 0:
+            raise AudioDecodeError(f"pcm16 audio needs a positive sample rate, got {part.sample_rate}")
+        samples = pcm16_to_float(bytes(part.pcm16))
+    except (AudioDecodeError, ValueError) as exc:
+        message = str(exc)
+    if message is not None:
+        raise MediaError(f"an audio part was refused: {message}")
+    if samples.size > limits.max_duration_s * part.sample_rate:
+        raise MediaError(
+            f"an audio part is {samples.size / part.sample_rate:.1f} s; the limit is {limits.max_duration_s:g} s"
+        )
+    return samples, part.sample_rate
+
+
+def _assemble(
+    request: OmniRequest,
+    tokenizer: Tokenizer,
+    audio: AudioEncoder,
+    vision: VisionEncoder | None,
+    per_part: list[list[Item]],
+    system_prompt: str | None,
+    render: ChatRenderer | None,
+) -> VisionPrompt:
+    from omni_gateway.engine.chat_template import render_chat
+    from omni_gateway.omni.vision import _placeholder_text
+
+    texts = []
+    for found in per_part:
+        if found and found[0][0] == audio.placeholders.audio:
+            texts.append(_audio_text(tokenizer, audio))
+        else:
+            assert vision is not None
+            texts.append(_placeholder_text(tokenizer, vision, found))
+    pieces = iter(texts)
+    messages = tuple(_with_placeholders(m, pieces) for m in request.messages)
+    texted = dataclasses.replace(request, messages=messages)
+    if render is None:
+        render = functools.partial(render_chat, tokenizer)
+    ids = prompt_ids(texted, tokenizer, render, system_prompt=system_prompt, allow_images=True)
+    marks = {audio.placeholders.audio}
+    if vision is not None:
+        marks |= {vision.placeholders.image, vision.placeholders.video} - {None}
+    items = [item for found in per_part for item in found]
+    return expand_placeholders(ids, items, marks)
+
+
+def _audio_text(tokenizer: Tokenizer, encoder: AudioEncoder) -> str:
+    marks = encoder.placeholders
+    ids = [i for i in (marks.start, marks.audio, marks.end) if i is not None]
+    return "".join(tokenizer.convert_ids_to_tokens(i) for i in ids)
+
+
+def _with_placeholders(message: Message, texts: object) -> Message:
+    parts = [
+        TextPart(next(texts)) if isinstance(p, (AudioPart, ImagePart, VideoPart)) else p  # type: ignore[call-overload]
+        for p in message.parts
+    ]
+    return dataclasses.replace(message, parts=tuple(parts))
