@@ -53,7 +53,7 @@ def resolve_architecture(hf_config: Any) -> str:
 
 
 def build_model(hf_config: Any, weights: dict[str, Any], **kwargs: Any) -> Any:
-    """The model object for a supported architecture (all of them run on ``LlamaModel``, M-RoPE ones on its subclass)."""
+    """The model object for a supported architecture (all run on ``LlamaModel``; M-RoPE ones on its subclass)."""
     if resolve_architecture(hf_config) in MROPE_ARCHITECTURES:
         from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel
 

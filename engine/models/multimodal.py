@@ -2,8 +2,8 @@
 
 The engine runs the LLM; the vision and audio towers and projectors are the encoders' business (they
 read their own weights from the same directory). Qwen2.5-Omni nests its LLM in ``thinker_config``;
-the talker and token2wav weights are left to the speech heads. Here the wrapper config gives way to its text config and the
-language model's weights are renamed to the plain causal-LM names the decoder code expects.
+the talker and token2wav weights are left to the speech heads. Here the wrapper config gives way to its
+text config and the language model's weights are renamed to the plain causal-LM names the decoder expects.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def language_model_config(hf_config: Any) -> Any:
             "has no text_config for its language model"
         )
     text.architectures = [arch]
-    if getattr(outer, "tie_word_embeddings", False):
-        text.tie_word_embeddings = True
+    # The wrapper owns the LM head, so its setting wins (the Omni thinker's text config says True by default).
+    text.tie_word_embeddings = bool(getattr(outer, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False)))
     return text
 
 

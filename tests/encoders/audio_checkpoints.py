@@ -7,13 +7,14 @@ instead of 30 s) so a test runs the whole tower in milliseconds.
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from benchmarks.checkpoints import VOCAB, _text_config, _trained_byte_level
+from benchmarks.checkpoints import _text_config, _trained_byte_level
 
 AUDIO_SPECIALS = [
     "<eos>",
@@ -151,7 +152,10 @@ def save_tiny_qwen2_5_omni(directory: Path, seed: int = 0) -> Any:
     )
     config = Qwen2_5OmniConfig(thinker_config=thinker, enable_audio_output=False)
     model = Qwen2_5OmniForConditionalGeneration(config)
-    _save(model, directory, _feature_extractor(), _image_processor())
+    _save(model, directory)
+    # One preprocessor_config.json serves both, as in the released checkpoints.
+    merged = {**_image_processor().to_dict(), **_feature_extractor().to_dict()}
+    (directory / "preprocessor_config.json").write_text(json.dumps(merged, indent=2))
     return model.thinker
 
 
