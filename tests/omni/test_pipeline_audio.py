@@ -21,7 +21,16 @@ from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.omni.audio_input import build_audio_prompt
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
-from omni_gateway.omni.protocol import AudioPart, Error, Message, OmniRequest, SamplingOptions, TextDelta, TextPart
+from omni_gateway.omni.protocol import (
+    AudioPart,
+    Error,
+    Message,
+    OmniRequest,
+    SamplingOptions,
+    TextDelta,
+    TextPart,
+    Transcription,
+)
 from websockets.asyncio.client import connect
 
 from benchmarks.live_server import recv, serve, served, until
@@ -146,3 +155,48 @@ def test_chat_completion_with_input_audio_goes_to_the_model(pipeline: OmniPipeli
     samples = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
     heard = AudioPart(float_to_pcm16(samples), RATE)
     assert reply.choices[0].message.content == direct(pipeline, (Message("user", (heard, TextPart("what is said"))),))
+
+
+class _Recognizer:
+    """An ASR stage that reports one fixed transcript (what the session asked for alongside the answer)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def transcribe(
+        self, audio: bytes, *, sample_rate: int = 16000, language: str | None = None, prompt: str | None = None
+    ) -> Transcription:
+        self.calls += 1
+        return Transcription(text="what the user said", language="en", duration_s=len(audio) / 2 / sample_rate)
+
+
+def test_input_transcription_is_produced_alongside_the_heard_answer(pipeline: OmniPipeline) -> None:
+    pcm = clip_pcm16()
+
+    async def go(port: int) -> list[dict[str, Any]]:
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=m") as ws:
+            await recv(ws)
+            audio_in = {"turn_detection": None, "transcription": {"model": "whisper-1"}}
+            session = {"type": "realtime", "output_modalities": ["text"], "audio": {"input": audio_in}}
+            await ws.send(json.dumps({"type": "session.update", "session": session}))
+            await until(ws, "session.updated")
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            await ws.send(json.dumps({"type": "response.create"}))
+            seen = await until(ws, "response.done")
+            if not any(e["type"].endswith("transcription.completed") for e in seen):
+                seen += await until(ws, "conversation.item.input_audio_transcription.completed")
+            return seen
+
+    recognizer = _Recognizer()
+    pipeline.asr = recognizer
+    try:
+        with serve(pipeline) as port:
+            events = asyncio.run(asyncio.wait_for(go(port), 60))
+    finally:
+        pipeline.asr = None
+    transcript = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert transcript["transcript"] == "what the user said" and recognizer.calls == 1
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    # The answer comes from the audio itself, not from the transcript.
+    assert text == direct(pipeline, (Message("user", (AudioPart(pcm, RATE),)),))
