@@ -269,6 +269,30 @@ class OmniAudioTower(AudioEncoder):
             start=int(thinker.audio_start_token_id),
             end=int(thinker.audio_end_token_id),
         )
+        # Audio heard inside a video (``omni.audio_in_video``) is interleaved with the frames in 2 s chunks.
+        self.positions_per_second = int(thinker.position_id_per_seconds)
+        self.seconds_per_chunk = float(thinker.seconds_per_chunk)
+        self.video_token = int(thinker.video_token_id)
+        self.vision_end = int(thinker.vision_end_token_id)
+        self._marker_rows: torch.Tensor | None = None
+
+    def marker_embeds(self) -> torch.Tensor:
+        """``[3, hidden]`` token embeddings of audio start, audio end and vision end: an interleaved
+        video span carries its own end markers (they share positions the text cannot give them)."""
+        if self._marker_rows is None:
+            from safetensors import safe_open
+
+            ids = [self.placeholders.start, self.placeholders.end, self.vision_end]
+            for file in sorted(self.model_dir.glob("*.safetensors")):
+                with safe_open(str(file), framework="pt") as f:
+                    if "thinker.model.embed_tokens.weight" in f.keys():  # noqa: SIM118 (not a dict)
+                        table = f.get_slice("thinker.model.embed_tokens.weight")
+                        rows = [table[i : i + 1] for i in ids]
+                        self._marker_rows = torch.cat(rows).to(device=self.device, dtype=self.dtype)
+                        break
+            if self._marker_rows is None:
+                raise AudioLoadError(f"{str(self.model_dir)!r} lacks thinker.model.embed_tokens.weight")
+        return self._marker_rows
 
     def mel(self, samples: np.ndarray) -> torch.Tensor:
         """``[mels, frames]`` log-mel of the real (unpadded) frames, as the thinker packs them."""

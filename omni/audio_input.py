@@ -9,8 +9,10 @@ vision tower when the model also sees (the Qwen2.5-Omni thinker):
     prompt = build_audio_prompt(request, engine.tokenizer, audio_encoder, vision_encoder)
     engine.generate(prompt.token_ids, params, embed_spans=prompt.embed_spans)
 
-An audio part's transcript, if ASR gave it one, is not used: the model hears the audio itself. It
-decodes media and runs the towers, so call it off the event loop (``asyncio.to_thread``).
+An audio part's transcript, if ASR gave it one, is not used: the model hears the audio itself. On the
+Qwen2.5-Omni thinker a video file with sound is heard too, its audio interleaved with its frames
+(``omni.audio_in_video``) unless ``audio_in_video=False``. It decodes media and runs the towers, so call
+it off the event loop (``asyncio.to_thread``).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import functools
 from dataclasses import dataclass, field
 
 import numpy as np
-from omni_gateway.encoders.audio import AudioDecodeError, AudioLimits, decode_audio, pcm16_to_float
-from omni_gateway.encoders.audio_tower import AudioEncoder, UnusableAudio
+from omni_gateway.encoders.audio import AudioDecodeError, AudioLimits, NoAudioStream, decode_audio, pcm16_to_float
+from omni_gateway.encoders.audio_tower import AudioEncoder, OmniAudioTower, UnusableAudio
 from omni_gateway.encoders.vision import VisionEncoder, VisualFeatures
+from omni_gateway.omni.audio_in_video import Interleaved, interleave
 from omni_gateway.omni.media import MediaError
 from omni_gateway.omni.prompting import ChatRenderer, Tokenizer, UnsupportedInput, prompt_ids
 from omni_gateway.omni.protocol import AudioPart, ImagePart, Message, OmniRequest, TextPart, VideoPart
@@ -47,6 +50,7 @@ def build_audio_prompt(
     limits: MediaLimits = MediaLimits(),
     audio_limits: AudioInputLimits = AudioInputLimits(),
     render: ChatRenderer | None = None,
+    audio_in_video: bool = True,
 ) -> VisionPrompt:
     """Prompt token ids with expanded audio (and image/video) placeholders and one EmbedSpan per clip or
     picture, in prompt order. ``MediaError`` for audio or media that is refused (undecodable, over a
@@ -62,14 +66,37 @@ def build_audio_prompt(
     if len(visual) > limits.max_items:
         raise MediaError(f"request has {len(visual)} image/video parts; the limit is {limits.max_items}")
     media_pixels(visual, limits)
-    per_part: list[list[Item]] = []
+    per_part: list[list[Item] | Interleaved] = []
     for part in parts:
         if isinstance(part, AudioPart):
             per_part.append([(audio.placeholders.audio, audio_features(part, audio, audio_limits.audio))])
-        else:
-            assert vision is not None
-            per_part.append(_features(part, vision, limits))
+            continue
+        assert vision is not None
+        heard = None
+        if audio_in_video and isinstance(part, VideoPart) and isinstance(audio, OmniAudioTower):
+            heard = video_with_audio(part, audio, vision, limits, audio_limits.audio)
+        per_part.append(heard if heard is not None else _features(part, vision, limits))
     return _assemble(request, tokenizer, audio, vision, per_part, system_prompt, render)
+
+
+def video_with_audio(
+    part: VideoPart, audio: OmniAudioTower, vision: VisionEncoder, limits: MediaLimits, audio_limits: AudioLimits
+) -> Interleaved | None:
+    """The video's frames and sound as one interleaved span; None for a silent video or separate frames."""
+    if not part.data:
+        return None
+    message = None
+    try:
+        decoded = decode_audio(part.data, limits=audio_limits)
+        clip = audio.encode(decoded.samples, decoded.sample_rate)
+    except NoAudioStream:
+        return None
+    except (AudioDecodeError, UnusableAudio) as exc:
+        message = str(exc)
+    if message is not None:
+        raise MediaError(f"the sound of a video was refused: {message}")
+    ((_, video),) = _features(part, vision, limits)
+    return interleave(video, clip.embeds, clip.key, audio)
 
 
 def audio_features(part: AudioPart, encoder: AudioEncoder, limits: AudioLimits) -> VisualFeatures:
@@ -108,7 +135,7 @@ def _assemble(
     tokenizer: Tokenizer,
     audio: AudioEncoder,
     vision: VisionEncoder | None,
-    per_part: list[list[Item]],
+    per_part: list[list[Item] | Interleaved],
     system_prompt: str | None,
     render: ChatRenderer | None,
 ) -> VisionPrompt:
@@ -116,12 +143,27 @@ def _assemble(
     from omni_gateway.omni.vision import _placeholder_text
 
     texts = []
+    items: list[Item] = []
+    rewrites: list[list[int] | None] = []  # per item: the token ids its span must hold, if not its placeholder
     for found in per_part:
+        if isinstance(found, Interleaved):
+            assert vision is not None and vision.placeholders.start is not None and vision.placeholders.video
+            # <|vision_bos|> stays text; one video placeholder stands for the span from <|audio_bos|> on.
+            texts.append(
+                "".join(
+                    tokenizer.convert_ids_to_tokens(i) for i in (vision.placeholders.start, vision.placeholders.video)
+                )
+            )
+            items.append((vision.placeholders.video, found.features))
+            rewrites.append(found.token_ids)
+            continue
         if found and found[0][0] == audio.placeholders.audio:
             texts.append(_audio_text(tokenizer, audio))
         else:
             assert vision is not None
             texts.append(_placeholder_text(tokenizer, vision, found))
+        items += found
+        rewrites += [None] * len(found)
     pieces = iter(texts)
     messages = tuple(_with_placeholders(m, pieces) for m in request.messages)
     texted = dataclasses.replace(request, messages=messages)
@@ -131,8 +173,14 @@ def _assemble(
     marks = {audio.placeholders.audio}
     if vision is not None:
         marks |= {vision.placeholders.image, vision.placeholders.video} - {None}
-    items = [item for found in per_part for item in found]
-    return expand_placeholders(ids, items, marks)
+    built = expand_placeholders(ids, items, marks)
+    if not any(rewrites):
+        return built
+    token_ids = list(built.token_ids)
+    for span, wanted in zip(built.embed_spans, rewrites):
+        if wanted is not None:
+            token_ids[span.offset : span.offset + span.length] = wanted
+    return dataclasses.replace(built, token_ids=token_ids)
 
 
 def _audio_text(tokenizer: Tokenizer, encoder: AudioEncoder) -> str:

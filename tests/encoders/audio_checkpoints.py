@@ -37,6 +37,7 @@ AUDIO_CORPUS = [
 SAMPLE_RATE = 16000
 WINDOW_S = 1  # seconds of audio per encoder window (30 in the real checkpoints)
 MEL_FRAMES = WINDOW_S * 100  # hop length 160 at 16 kHz
+OMNI_WINDOW_S = 4  # long enough for a video of two 2 s chunks with its sound
 
 
 @functools.cache
@@ -131,14 +132,15 @@ def _mrope_text(**extra: Any) -> dict[str, Any]:
 
 
 def save_tiny_qwen2_5_omni(directory: Path, seed: int = 0) -> Any:
-    """The Qwen2.5-Omni thinker (audio tower, Qwen2.5-VL vision tower, 2-layer M-RoPE Qwen2) without talker.
+    """The Qwen2.5-Omni thinker (audio tower with a 4 s window, Qwen2.5-VL vision tower, 2-layer M-RoPE Qwen2)
+    without talker.
 
     Returns ``Qwen2_5OmniThinkerForConditionalGeneration`` (the part whose text HF generates)."""
     from transformers import Qwen2_5OmniConfig, Qwen2_5OmniForConditionalGeneration
 
     torch.manual_seed(seed)
     thinker = dict(
-        audio_config=dict(**_whisper_audio(n_window=25, output_dim=64)),
+        audio_config=dict(**_whisper_audio(OMNI_WINDOW_S, n_window=25, output_dim=64)),
         vision_config=_qwen25_vision(),
         text_config=_mrope_text(),
         audio_token_index=token_id("<|AUDIO|>"),
@@ -154,7 +156,7 @@ def save_tiny_qwen2_5_omni(directory: Path, seed: int = 0) -> Any:
     model = Qwen2_5OmniForConditionalGeneration(config)
     _save(model, directory)
     # One preprocessor_config.json serves both, as in the released checkpoints.
-    merged = {**_image_processor().to_dict(), **_feature_extractor().to_dict()}
+    merged = {**_image_processor().to_dict(), **_feature_extractor(OMNI_WINDOW_S).to_dict()}
     (directory / "preprocessor_config.json").write_text(json.dumps(merged, indent=2))
     return model.thinker
 
@@ -181,3 +183,28 @@ def tone(seed: int, seconds: float, rate: int = SAMPLE_RATE) -> np.ndarray:
     t = np.arange(int(seconds * rate)) / rate
     wave = sum(rng.uniform(0.1, 0.3) * np.sin(2 * np.pi * rng.uniform(100, 2000) * t) for _ in range(3))
     return (wave + 0.05 * rng.standard_normal(len(t))).astype(np.float32)
+
+
+def video_with_sound(seed: int, video_s: int, audio_s: float, fps: int = 4) -> bytes:
+    """A Matroska file: ``video_s`` seconds of random 56x56 frames and ``audio_s`` seconds of 16 kHz pcm16 tones."""
+    import io
+
+    import av
+
+    rng = np.random.default_rng(seed)
+    out = io.BytesIO()
+    with av.open(out, "w", format="matroska") as container:
+        video = container.add_stream("mpeg4", rate=fps)
+        video.width, video.height, video.pix_fmt = 56, 56, "yuv420p"
+        sound = container.add_stream("pcm_s16le", rate=SAMPLE_RATE, layout="mono")
+        for _ in range(video_s * fps):
+            frame = av.VideoFrame.from_ndarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8), format="rgb24")
+            container.mux(video.encode(frame))
+        container.mux(video.encode())
+        samples = (tone(seed, audio_s) * 20000).astype(np.int16)
+        for start in range(0, len(samples), 1600):
+            block = av.AudioFrame.from_ndarray(samples[None, start : start + 1600], format="s16", layout="mono")
+            block.sample_rate = SAMPLE_RATE
+            container.mux(sound.encode(block))
+        container.mux(sound.encode())
+    return out.getvalue()

@@ -23,6 +23,7 @@ from tests.encoders.audio_checkpoints import (
     save_tiny_qwen2_5_omni,
     save_tiny_qwen2_5_vl,
     tone,
+    video_with_sound,
 )
 from tests.engine.test_audio_parity import Stack, heard, hf_generate, pcm16
 
@@ -68,7 +69,7 @@ def check_positions(stack: Stack, prompt: VisionPrompt, media: dict[str, Any]) -
         media.get("image_grid_thw"),
         media.get("video_grid_thw"),
         torch.ones_like(ids),
-        False,
+        bool(media.get("use_audio_in_video")),
         mask.sum(-1) if mask is not None else None,
         media.get("video_second_per_grid"),
     )
@@ -128,6 +129,31 @@ def test_omni_mixed_audio_image_video_matches_hf(omni: Stack) -> None:
     media = omni_media(omni, [clip], [image], video=frames)
     check_positions(omni, prompt, media)
     assert omni.run(prompt).outputs[0].token_ids == hf_generate(omni.hf, prompt.token_ids, **media)
+
+
+def test_omni_video_heard_with_its_sound_matches_hf(omni: Stack) -> None:
+    from omni_gateway.encoders.audio import decode_audio
+    from omni_gateway.encoders.video import VideoLimits, decode_video
+
+    data = video_with_sound(11, video_s=4, audio_s=3.0)
+    prompt = omni.prompt(TextPart("what happens"), VideoPart(data), TextPart("and then"))
+    (span,) = prompt.embed_spans
+    frames = decode_video(data, VideoLimits(), fps=FPS)
+    sound = decode_audio(data).samples
+    media = omni_media(omni, [sound], [], video=frames)
+    media["use_audio_in_video"] = True
+    # Two 2 s chunks: 4 frames -> 2 temporal patches of 2x2 tokens, 3 s of sound -> 75 audio tokens.
+    kinds = prompt.token_ids[span.offset : span.offset + span.length]
+    marks = omni.audio.placeholders
+    video_id = omni.vision.placeholders.video
+    assert kinds == [marks.start] + [video_id] * 4 + [marks.audio] * 50 + [video_id] * 4 + [marks.audio] * 25 + [
+        marks.end,
+        omni.vision.placeholders.end,
+    ]
+    check_positions(omni, prompt, media)
+    assert omni.run(prompt).outputs[0].token_ids == hf_generate(omni.hf, prompt.token_ids, **media)
+    again = omni.prompt(VideoPart(data), TextPart("x"))  # the same file's span: the same content key
+    assert again.embed_spans[0].key == span.key
 
 
 # ---- Qwen2.5-VL (the same vision path without audio) ---------------------------------------------
