@@ -174,13 +174,16 @@ def _assemble(
     if vision is not None:
         marks |= {vision.placeholders.image, vision.placeholders.video} - {None}
     built = expand_placeholders(ids, items, marks)
-    if not any(rewrites):
-        return built
     token_ids = list(built.token_ids)
     for span, wanted in zip(built.embed_spans, rewrites):
         if wanted is not None:
             token_ids[span.offset : span.offset + span.length] = wanted
-    return dataclasses.replace(built, token_ids=token_ids)
+    heard = sum(
+        t == audio.placeholders.audio for s in built.embed_spans for t in token_ids[s.offset : s.offset + s.length]
+    )
+    return dataclasses.replace(
+        built, token_ids=token_ids, num_image_tokens=built.num_image_tokens - heard, num_audio_tokens=heard
+    )
 
 
 def _audio_text(tokenizer: Tokenizer, encoder: AudioEncoder) -> str:

@@ -307,7 +307,7 @@ class OmniPipeline:
                 system_prompt=self.config.system_prompt,
                 render=self.engine.render_chat,
             )
-            return Prompt(built.token_ids, built.embed_spans, built.num_image_tokens)
+            return Prompt(built.token_ids, built.embed_spans, built.num_image_tokens, built.num_audio_tokens)
         if self.vision is None or not _has_media(request):
             return Prompt(self.prompt_ids(request))
         from omni_gateway.omni.vision import build_vision_prompt_async

@@ -43,7 +43,8 @@ from PIL import Image
 class VisionPrompt:
     token_ids: list[int]
     embed_spans: tuple[EmbedSpan, ...]
-    num_image_tokens: int  # placeholder tokens in all (for usage accounting)
+    num_image_tokens: int  # image and video placeholder tokens (for usage accounting)
+    num_audio_tokens: int = 0  # audio placeholder tokens, for a model that hears (omni.audio_input)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from omni_gateway.omni.protocol import (
     TextDelta,
     TextPart,
     Transcription,
+    Usage,
 )
 from websockets.asyncio.client import connect
 
@@ -96,6 +97,8 @@ def test_audio_checkpoint_hears_without_asr(pipeline: OmniPipeline) -> None:
     chunks = asyncio.run(run())
     assert not [c for c in chunks if isinstance(c, Error)], chunks
     assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == direct(pipeline, messages)
+    (usage,) = [c for c in chunks if isinstance(c, Usage)]
+    assert usage.input_audio_tokens == 15 and usage.input_image_tokens == 0  # 0.6 s: 60 mel frames -> 15 tokens
 
 
 def test_corrupt_audio_upload_is_a_clear_refusal(pipeline: OmniPipeline) -> None:
