@@ -49,11 +49,10 @@ class UnusableAudio(ValueError):
 @dataclass(frozen=True, slots=True)
 class AudioFeatures:
     """One clip as the LLM sees it: ``embeds [num_tokens, hidden]``; ``key`` is the content hash that also
-    keys the KV prefix cache; ``duration_s`` is the clip's length (time-aligned positions use it)."""
+    keys the KV prefix cache."""
 
     embeds: torch.Tensor
     key: str
-    duration_s: float
 
     @property
     def num_tokens(self) -> int:
@@ -166,8 +165,8 @@ class AudioEncoder(abc.ABC):
     def _features(self, samples: np.ndarray, **kwargs: Any) -> Any:
         return self.extractor(samples, sampling_rate=self.sampling_rate, return_tensors="pt", **kwargs)
 
-    def _done(self, embeds: torch.Tensor, samples: np.ndarray, key: str) -> AudioFeatures:
-        return AudioFeatures(embeds=embeds.detach(), key=key, duration_s=samples.size / self.sampling_rate)
+    def _done(self, embeds: torch.Tensor, key: str) -> AudioFeatures:
+        return AudioFeatures(embeds=embeds.detach(), key=key)
 
 
 def _weights(model_dir: Path, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -219,7 +218,7 @@ class Qwen2AudioTower(AudioEncoder):
             attention_mask=valid,
         )
         hidden = self.tower(mel, attention_mask=mask).last_hidden_state
-        return self._done(self.projector(hidden)[0, : int(out_len[0])], samples, key)
+        return self._done(self.projector(hidden)[0, : int(out_len[0])], key)
 
 
 class VoxtralTower(AudioEncoder):
@@ -248,7 +247,7 @@ class VoxtralTower(AudioEncoder):
         mel = batch["input_features"]  # [1, mels, windows * window_frames]
         windows = mel.reshape(mel.shape[1], -1, self.window_frames).transpose(0, 1)
         hidden = self.tower(windows.to(device=self.device, dtype=self.dtype)).last_hidden_state
-        return self._done(self.projector(hidden.reshape(-1, self.stack)), samples, key)
+        return self._done(self.projector(hidden.reshape(-1, self.stack)), key)
 
 
 class OmniAudioTower(AudioEncoder):
@@ -310,7 +309,7 @@ class OmniAudioTower(AudioEncoder):
             feature_lens=lengths.to(self.device),
             aftercnn_lens=after_cnn.to(self.device),
         )
-        return self._done(out.last_hidden_state, samples, key)
+        return self._done(out.last_hidden_state, key)
 
 
 _CLASSES: dict[str, type[AudioEncoder]] = {
