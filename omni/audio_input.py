@@ -17,16 +17,19 @@ it off the event loop (``asyncio.to_thread``).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 from omni_gateway.encoders.audio import AudioDecodeError, AudioLimits, NoAudioStream, decode_audio, pcm16_to_float
 from omni_gateway.encoders.audio_tower import AudioEncoder, OmniAudioTower, UnusableAudio
+from omni_gateway.encoders.budget import BudgetTimeout, PixelBudget, Reservation
 from omni_gateway.encoders.vision import VisionEncoder, VisualFeatures
 from omni_gateway.omni.audio_in_video import Interleaved, interleave
-from omni_gateway.omni.media import MediaError
+from omni_gateway.omni.media import MediaBusy, MediaError, MediaTooLarge
 from omni_gateway.omni.prompting import ChatRenderer, Tokenizer, UnsupportedInput, prompt_ids
 from omni_gateway.omni.protocol import AudioPart, ImagePart, Message, OmniRequest, TextPart, VideoPart
 from omni_gateway.omni.vision import MediaLimits, VisionPrompt, _features, expand_placeholders, media_pixels
@@ -77,6 +80,41 @@ def build_audio_prompt(
             heard = video_with_audio(part, audio, vision, limits, audio_limits.audio)
         per_part.append(heard if heard is not None else _features(part, vision, limits))
     return _assemble(request, tokenizer, audio, vision, per_part, system_prompt, render)
+
+
+async def build_audio_prompt_async(
+    request: OmniRequest,
+    tokenizer: Tokenizer,
+    audio: AudioEncoder,
+    vision: VisionEncoder | None,
+    budget: PixelBudget,
+    *,
+    system_prompt: str | None = None,
+    limits: MediaLimits = MediaLimits(),
+    render: ChatRenderer | None = None,
+) -> VisionPrompt:
+    """``build_audio_prompt`` in a worker thread, holding the declared pixels of the request's images and
+    video frames from ``budget`` until the towers have consumed them (``MediaBusy`` when it stays full)."""
+    visual = [p for m in request.messages for p in m.parts if isinstance(p, (ImagePart, VideoPart))]
+    pixels = sum(await asyncio.to_thread(media_pixels, visual, limits)) if visual and vision is not None else 0
+    if pixels > budget.capacity:
+        raise MediaTooLarge(
+            f"the request's media declare {pixels} pixels; this server decodes at most {budget.capacity}"
+        )
+    try:
+        reservation = await budget.reserve(pixels)
+    except BudgetTimeout as exc:
+        raise MediaBusy(str(exc)) from None
+    build = functools.partial(
+        build_audio_prompt, request, tokenizer, audio, vision, system_prompt=system_prompt, limits=limits, render=render
+    )
+    # Handed to the worker with no await in between: released there even if this task is cancelled meanwhile.
+    return await asyncio.to_thread(_within, reservation, build)
+
+
+def _within(reservation: Reservation, build: Callable[[], VisionPrompt]) -> VisionPrompt:
+    with reservation:
+        return build()
 
 
 def video_with_audio(

@@ -295,15 +295,15 @@ class OmniPipeline:
 
     async def _prompt(self, request: OmniRequest) -> Prompt:
         if self.audio is not None and _has_audio(request):
-            from omni_gateway.omni.audio_input import build_audio_prompt
+            from omni_gateway.omni.audio_input import build_audio_prompt_async
 
-            # Audio decoding and the towers are heavy: a worker thread runs them.
-            built = await asyncio.to_thread(
-                build_audio_prompt,
+            # Media decoding and the towers are heavy: a worker thread runs them, within the pixel budget.
+            built = await build_audio_prompt_async(
                 request,
                 self.engine.tokenizer,
                 self.audio,
                 self.vision,
+                self.media_budget,
                 system_prompt=self.config.system_prompt,
                 render=self.engine.render_chat,
             )

@@ -206,3 +206,26 @@ def test_qwen2_5_vl_images_and_video_match_hf(tmp_path_factory: pytest.TempPathF
         engine.step()
     (out,) = engine.pop_finished()
     assert out.outputs[0].token_ids == hf_generate(hf, prompt.token_ids, **media)
+
+
+def test_served_prompts_hold_their_pixels_from_the_budget(omni: Stack) -> None:
+    import asyncio
+
+    from omni_gateway.encoders.budget import PixelBudget
+    from omni_gateway.omni.audio_input import build_audio_prompt_async
+    from omni_gateway.omni.media import MediaTooLarge
+    from omni_gateway.omni.protocol import Message, OmniRequest
+
+    image = picture(8, (56, 84))
+    parts = (AudioPart(pcm16(heard(tone(4, 0.5))), SAMPLE_RATE), ImagePart(png_bytes(image)), TextPart("both"))
+    request = OmniRequest(request_id="r", messages=(Message("user", parts),))
+    budget = PixelBudget(capacity=56 * 84)
+    built = asyncio.run(build_audio_prompt_async(request, omni.engine.tokenizer, omni.audio, omni.vision, budget))
+    assert built == omni.prompt(*parts) and budget.in_use == 0  # released once the towers are done
+    assert built.num_audio_tokens == 12 and built.num_image_tokens == 6  # 50 mel frames -> 12; 2x3 merged patches
+    with pytest.raises(MediaTooLarge, match="decodes at most 4703"):
+        asyncio.run(
+            build_audio_prompt_async(
+                request, omni.engine.tokenizer, omni.audio, omni.vision, PixelBudget(capacity=56 * 84 - 1)
+            )
+        )
