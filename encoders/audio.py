@@ -31,6 +31,10 @@ class AudioDecodeError(ValueError):
     """The bytes are not decodable audio (unknown container, truncated or corrupt data)."""
 
 
+class NoAudioStream(AudioDecodeError):
+    """The container is readable but holds no audio stream (a silent video)."""
+
+
 class AudioLimitError(AudioDecodeError):
     """The audio is decodable but exceeds a configured limit."""
 
@@ -131,7 +135,7 @@ def _decode_av(data: bytes, limits: AudioLimits) -> DecodedAudio:
     pieces: list[np.ndarray] = []
     try:
         if not container.streams.audio:
-            raise AudioDecodeError("the container has no audio stream")
+            raise NoAudioStream("the container has no audio stream")
         stream = container.streams.audio[0]
         rate = stream.codec_context.sample_rate
         if not rate or rate <= 0:

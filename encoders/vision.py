@@ -9,6 +9,8 @@ and loading only the vision weights (the language model is the engine's):
 - Qwen2-VL (``Qwen2VLForConditionalGeneration``): the native-resolution ViT with its patch merger;
   tokens per image follow the image size (``grid_thw``), and each token carries a 3-D position
   (time, height, width) for the LLM's M-RoPE. Video frames go in pairs (temporal patch 2).
+- Qwen2.5-VL and the Qwen2.5-Omni thinker: the same layout with a windowed-attention ViT; a video's
+  temporal positions advance with time (``tokens_per_second`` / ``position_id_per_seconds`` per second).
 
 Outputs are cached by content hash (encoders/cache.py), so a repeated image or frame is encoded once.
 """
@@ -26,7 +28,12 @@ import torch
 from omni_gateway.encoders.cache import EncoderCache, content_key, frames_key, image_key
 from PIL import Image
 
-FAMILIES = {"LlavaForConditionalGeneration": "llava", "Qwen2VLForConditionalGeneration": "qwen2_vl"}
+FAMILIES = {
+    "LlavaForConditionalGeneration": "llava",
+    "Qwen2VLForConditionalGeneration": "qwen2_vl",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    "Qwen2_5OmniForConditionalGeneration": "qwen2_5_omni",
+}
 
 
 class UnusableImage(ValueError):
@@ -135,8 +142,9 @@ class VisionEncoder(abc.ABC):
         """Raise UnusableImage for an image the preprocessing cannot take."""
 
     @abc.abstractmethod
-    def encode_video(self, frames: list[Image.Image]) -> list[VisualFeatures]:
-        """Features of a sampled frame sequence: one item for models with video support, else one per frame."""
+    def encode_video(self, frames: list[Image.Image], fps: float = 1.0) -> list[VisualFeatures]:
+        """Features of a frame sequence sampled at ``fps``: one item for models with video support, else one
+        per frame."""
 
     @abc.abstractmethod
     def _encode_image(self, image: Image.Image, key: str) -> VisualFeatures:
@@ -189,23 +197,20 @@ class LlavaVision(VisionEncoder):
         embeds = self.projector(torch.cat(states, dim=-1))[0]
         return VisualFeatures(embeds=embeds, key=key)
 
-    def encode_video(self, frames: list[Image.Image]) -> list[VisualFeatures]:
+    def encode_video(self, frames: list[Image.Image], fps: float = 1.0) -> list[VisualFeatures]:
         # LLaVA has no temporal model: a video is its sampled frames, each an image.
         return [self.encode_image(frame) for frame in frames]
 
 
 class Qwen2VLVision(VisionEncoder):
     family = "qwen2_vl"
+    weight_prefixes: tuple[str, ...] = ("model.visual.", "visual.")
 
     def __init__(self, model_dir: Path, hf_config: Any, **kwargs: Any) -> None:
         super().__init__(model_dir, hf_config, **kwargs)
-        from transformers.models.qwen2_vl.modeling_qwen2_vl import (
-            Qwen2VisionTransformerPretrainedModel,
-        )
-
         vcfg = hf_config.vision_config
-        tower = Qwen2VisionTransformerPretrainedModel._from_config(vcfg)
-        _load_module(tower, _vision_weights(model_dir, ("model.visual.", "visual.")), "vision tower", model_dir)
+        tower = self.tower_class()._from_config(vcfg)
+        _load_module(tower, _vision_weights(model_dir, self.weight_prefixes), "vision tower", model_dir)
         self.tower = tower.to(device=self.device, dtype=self.dtype).eval()
         self.merge = int(vcfg.spatial_merge_size)
         self.temporal_patch = int(vcfg.temporal_patch_size)
@@ -217,6 +222,16 @@ class Qwen2VLVision(VisionEncoder):
             end=int(hf_config.vision_end_token_id),
         )
 
+    @staticmethod
+    def tower_class() -> Any:
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+        return Qwen2VisionTransformerPretrainedModel
+
+    def time_interval(self, fps: float) -> torch.Tensor | None:
+        """Temporal position step per temporal patch of a video sampled at ``fps``; None: one per patch."""
+        return None
+
     def check_image(self, image: Image.Image) -> None:
         # The processor's resize keeps the aspect ratio and refuses beyond 200:1.
         ratio = max(image.size) / min(image.size)
@@ -227,16 +242,19 @@ class Qwen2VLVision(VisionEncoder):
         batch = self.processor(images=[image], return_tensors="pt")
         return self._encode(batch["pixel_values"], batch["image_grid_thw"][0], key)
 
-    def encode_video(self, frames: list[Image.Image]) -> list[VisualFeatures]:
+    def encode_video(self, frames: list[Image.Image], fps: float = 1.0) -> list[VisualFeatures]:
         if not frames:
             raise ValueError("a video needs at least one frame")
+        if fps <= 0:
+            raise ValueError(f"fps must be positive, got {fps}")
+        interval = self.time_interval(fps)
         keys = [image_key(f, self.settings) for f in frames]
-        key = frames_key(keys, self.settings)
+        key = frames_key(keys, self.settings if interval is None else f"{self.settings} {interval.item()!r}")
         cached = self.cache.get(key)
         if cached is None:
             self.check_image(frames[0])
             pixels, grid = self.video_patches(frames)
-            cached = self._encode(pixels, grid, key)
+            cached = self._encode(pixels, grid, key, interval)
             self.cache.put(key, cached, _nbytes(cached))
         return [cached]
 
@@ -259,15 +277,61 @@ class Qwen2VLVision(VisionEncoder):
         return torch.from_numpy(flat), torch.tensor([grid_t, grid_h, grid_w])
 
     @torch.inference_mode()
-    def _encode(self, pixels: torch.Tensor, grid: torch.Tensor, key: str) -> VisualFeatures:
+    def _encode(
+        self, pixels: torch.Tensor, grid: torch.Tensor, key: str, interval: torch.Tensor | None = None
+    ) -> VisualFeatures:
         out = self.tower(pixels.to(device=self.device, dtype=self.dtype), grid_thw=grid.view(1, 3).to(self.device))
         embeds = out.pooler_output  # after the patch merger: one row per LLM token
         t, h, w = int(grid[0]), int(grid[1]) // self.merge, int(grid[2]) // self.merge
-        tt, hh, ww = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
+        times = torch.arange(t) if interval is None else (torch.arange(t) * interval).long()
+        tt, hh, ww = torch.meshgrid(times, torch.arange(h), torch.arange(w), indexing="ij")
         positions = torch.stack((tt, hh, ww)).reshape(3, -1)
         if embeds.shape[0] != positions.shape[1]:
             raise RuntimeError(f"vision tower gave {embeds.shape[0]} embeddings for a {t}x{h}x{w} grid")
         return VisualFeatures(embeds=embeds, key=key, positions=positions)
+
+
+class Qwen25VLVision(Qwen2VLVision):
+    family = "qwen2_5_vl"
+
+    @staticmethod
+    def tower_class() -> Any:
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+        return Qwen2_5_VisionTransformerPretrainedModel
+
+    def time_interval(self, fps: float) -> torch.Tensor | None:
+        # As the HF rope index computes it: float32 seconds per temporal patch times tokens per second.
+        seconds = torch.tensor(self.temporal_patch / fps, dtype=torch.float32)
+        return int(self.hf_config.vision_config.tokens_per_second) * seconds
+
+
+class OmniVision(Qwen2VLVision):
+    """The Qwen2.5-Omni thinker's tower (its config and weights sit under ``thinker``)."""
+
+    family = "qwen2_5_omni"
+    weight_prefixes = ("thinker.visual.", "visual.")
+
+    def __init__(self, model_dir: Path, hf_config: Any, **kwargs: Any) -> None:
+        super().__init__(model_dir, getattr(hf_config, "thinker_config", hf_config), **kwargs)
+
+    @staticmethod
+    def tower_class() -> Any:
+        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniVisionEncoder
+
+        return Qwen2_5OmniVisionEncoder
+
+    def time_interval(self, fps: float) -> torch.Tensor | None:
+        seconds = torch.tensor(self.temporal_patch / fps, dtype=torch.float32)
+        return seconds * int(self.hf_config.position_id_per_seconds)
+
+
+_CLASSES: dict[str, type[VisionEncoder]] = {
+    "llava": LlavaVision,
+    "qwen2_vl": Qwen2VLVision,
+    "qwen2_5_vl": Qwen25VLVision,
+    "qwen2_5_omni": OmniVision,
+}
 
 
 def load_vision_encoder(
@@ -277,7 +341,7 @@ def load_vision_encoder(
     dtype: torch.dtype = torch.float32,
     cache: EncoderCache | None = None,
 ) -> VisionEncoder:
-    """The vision encoder of a LLaVA or Qwen2-VL checkpoint directory."""
+    """The vision encoder of a LLaVA, Qwen2-VL, Qwen2.5-VL or Qwen2.5-Omni checkpoint directory."""
     from transformers import AutoConfig
 
     path = Path(model_dir)
@@ -289,5 +353,4 @@ def load_vision_encoder(
     if not any(path.glob("*.safetensors")):
         raise VisionLoadError(f"{str(path)!r} has no *.safetensors weights")
     hf_config = AutoConfig.from_pretrained(str(path))
-    cls = LlavaVision if family == "llava" else Qwen2VLVision
-    return cls(path, hf_config, device=torch.device(device), dtype=dtype, cache=cache)
+    return _CLASSES[family](path, hf_config, device=torch.device(device), dtype=dtype, cache=cache)

@@ -1,9 +1,9 @@
 """Multimodal rotary positions (M-RoPE, Qwen2-VL): one position per rotary axis (time, height, width).
 
 Text tokens carry the same position on all three axes. A media span brings its own per-axis offsets
-(``EmbedSpan.positions``, relative to the span's first token); the text after it resumes one past the
-largest position the span reached, so a span of ``length`` tokens may advance the position by less
-than ``length``. That shift carries over to every later token, the generated ones included.
+(``EmbedSpan.positions``, relative to the span's first token, negative ones included); the text after
+it resumes one past the position of the span's last token, so a span of ``length`` tokens may advance the
+position by less than ``length``. That shift carries over to every later token, the generated ones included.
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ from omni_gateway.engine.sequence import EmbedSpan
 
 
 def span_advance(span: EmbedSpan) -> int:
-    """How far the text position moves past a span: one beyond its largest relative position."""
+    """How far the text position moves past a span: one beyond its last token's largest axis position.
+
+    For a picture or video the last token holds the largest position of all; a Qwen2.5-Omni video with
+    its audio interleaved ends with its end markers, whose position decides where the text resumes."""
     if span.positions is None:
         return span.length
-    return int(span.positions.max()) + 1
+    return int(span.positions[:, -1].max()) + 1
 
 
 def mrope_positions(spans: Iterable[EmbedSpan], start: int, end: int) -> torch.Tensor:

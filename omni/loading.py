@@ -12,6 +12,7 @@ from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.protocol import Message, OmniRequest, TextPart
 
 if TYPE_CHECKING:
+    from omni_gateway.encoders.audio_tower import AudioEncoder
     from omni_gateway.encoders.vision import VisionEncoder
     from omni_gateway.omni.pipeline import OmniPipeline
 
@@ -40,13 +41,17 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
     engine = AsyncEngine(engine=llm)
     model_name = engine.model_name
     log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t0)
-    asr = tts = vad_session = image_head = vision = None
+    asr = tts = vad_session = image_head = vision = audio = None
     try:
+        from omni_gateway.encoders.audio_tower import checkpoint_family as audio_family
         from omni_gateway.encoders.vision import checkpoint_family
 
         if config.vision and checkpoint_family(config.engine.model):
             vision = _load_vision(config, engine)
             log.info("vision tower of %s ready", config.engine.model)
+        if audio_family(config.engine.model):
+            audio = _load_audio(config, engine)
+            log.info("audio tower of %s ready: the model hears audio itself", config.engine.model)
         if config.asr is not None:
             from omni_gateway.encoders.asr import load_recognizer
 
@@ -79,6 +84,7 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
         vad_session=vad_session,
         image_head=image_head,
         vision=vision,
+        audio=audio,
     )
     if config.warm_up:
         try:
@@ -96,6 +102,14 @@ def _load_vision(config: OmniConfig, engine: Any) -> VisionEncoder:
 
     device, dtype = engine.device_and_dtype
     return load_vision_encoder(config.engine.model, device=device, dtype=dtype)
+
+
+def _load_audio(config: OmniConfig, engine: Any) -> AudioEncoder:
+    """The checkpoint's audio tower, on the engine's device and in its dtype."""
+    from omni_gateway.encoders.audio_tower import load_audio_encoder
+
+    device, dtype = engine.device_and_dtype
+    return load_audio_encoder(config.engine.model, device=device, dtype=dtype)
 
 
 def warm_up(pipeline: OmniPipeline) -> None:

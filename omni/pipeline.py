@@ -1,6 +1,7 @@
 """OmniPipeline: the model side of the gateway (``omni.protocol.OmniBackend``).
 
-One turn: audio parts without a transcript go through ASR; the conversation is rendered with the
+One turn: audio parts without a transcript go through ASR, unless the model hears audio itself (its
+audio tower turns them into embeddings, ``omni.audio_input``); the conversation is rendered with the
 LLM's chat template and streamed from the engine thread; for audio output the text deltas feed the
 TTS head, which speaks clause by clause while the text is still being generated; image output goes
 to the DiT head. Every stage stops when the consumer closes the stream or calls ``abort``.
@@ -59,12 +60,15 @@ from omni_gateway.omni.protocol import (
 from omni_gateway.omni.streams import Prompt, drawn, merged, refusal, spoken, written
 
 if TYPE_CHECKING:
+    from omni_gateway.encoders.audio_tower import AudioEncoder
     from omni_gateway.encoders.vision import VisionEncoder
 
 log = logging.getLogger(__name__)
 
 # Fast English speech is ~3 words/s, ~4 tokens/s; count more so the estimate stays an upper bound.
 _SPEECH_TOKENS_PER_SECOND = 8
+# A model that hears takes 25 audio tokens per second (Qwen2-Audio, Qwen2.5-Omni; Voxtral 12.5), plus its markers.
+_HEARD_TOKENS_PER_SECOND = 26
 
 
 class OmniPipeline:
@@ -80,6 +84,7 @@ class OmniPipeline:
         vad_session: VadModel | None = None,
         image_head: ImageHead | None = None,
         vision: VisionEncoder | None = None,
+        audio: AudioEncoder | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -87,6 +92,7 @@ class OmniPipeline:
         self.tts = tts
         self.image_head = image_head
         self.vision = vision  # the vision tower of a vision-language checkpoint
+        self.audio = audio  # the audio tower of a checkpoint that hears (Qwen2-Audio, Voxtral, Qwen2.5-Omni)
         self.media_budget = server_budget()  # decoded pixels every request together may hold (omni.media)
         self._vad_session = vad_session
         self._defaults = SamplingDefaults(
@@ -94,7 +100,10 @@ class OmniPipeline:
         )
         self._asr_lock = threading.Lock()  # one decoder instance; turns are short and sequential anyway
         self._active: dict[str, asyncio.Event] = {}
-        inputs = {"text"} | ({"audio"} if asr is not None else set()) | ({"image", "video"} if vision else set())
+        hears = audio is not None
+        inputs = (
+            {"text"} | ({"audio"} if asr is not None or hears else set()) | ({"image", "video"} if vision else set())
+        )
         outputs = (
             {"text"} | ({"audio"} if tts is not None else set()) | ({"image"} if image_head is not None else set())
         )
@@ -104,6 +113,7 @@ class OmniPipeline:
             output_modalities=frozenset(outputs),
             voices=tuple(tts.voices) if tts is not None else (),
             max_context_tokens=max_context_tokens,
+            hears_audio=hears,
         )
 
     @classmethod
@@ -138,7 +148,8 @@ class OmniPipeline:
     async def _respond(self, request: OmniRequest, cancel: asyncio.Event) -> AsyncIterator[OutputChunk]:
         """The LLM's answer, as text or (with "audio") speech."""
         try:
-            request = await self._transcribe_parts(request)
+            if self.audio is None:  # a model that hears takes the audio itself, not its transcript
+                request = await self._transcribe_parts(request)
             prompt = await self._prompt(request)
             params = sampling_params(request.sampling, self._defaults, structured_outputs=structured_outputs(request))
         except InvalidInput as exc:
@@ -218,11 +229,12 @@ class OmniPipeline:
         for message in messages:
             parts = []
             for part in message.parts:
-                if isinstance(part, AudioPart) and part.transcript is None:
+                if isinstance(part, AudioPart) and (part.transcript is None or self.audio is not None):
                     seconds = len(part.pcm16) / 2 / part.sample_rate if part.sample_rate else 0.0
                     if getattr(part, "encoded", None):
                         seconds = len(part.encoded) / 4000  # ~32 kbit/s: a low bitrate for speech, an upper bound
-                    estimate += int(seconds * _SPEECH_TOKENS_PER_SECOND) + 1
+                    rate = _SPEECH_TOKENS_PER_SECOND if self.audio is None else _HEARD_TOKENS_PER_SECOND
+                    estimate += int(seconds * rate) + 3
                     part = dataclasses.replace(part, transcript="")
                 if isinstance(part, (ImagePart, VideoPart)):
                     continue
@@ -282,6 +294,20 @@ class OmniPipeline:
         )
 
     async def _prompt(self, request: OmniRequest) -> Prompt:
+        if self.audio is not None and _has_audio(request):
+            from omni_gateway.omni.audio_input import build_audio_prompt_async
+
+            # Media decoding and the towers are heavy: a worker thread runs them, within the pixel budget.
+            built = await build_audio_prompt_async(
+                request,
+                self.engine.tokenizer,
+                self.audio,
+                self.vision,
+                self.media_budget,
+                system_prompt=self.config.system_prompt,
+                render=self.engine.render_chat,
+            )
+            return Prompt(built.token_ids, built.embed_spans, built.num_image_tokens, built.num_audio_tokens)
         if self.vision is None or not _has_media(request):
             return Prompt(self.prompt_ids(request))
         from omni_gateway.omni.vision import build_vision_prompt_async
@@ -313,3 +339,7 @@ class _SileroDetector:
 
 def _has_media(request: OmniRequest) -> bool:
     return any(isinstance(p, (ImagePart, VideoPart)) for m in request.messages for p in m.parts)
+
+
+def _has_audio(request: OmniRequest) -> bool:
+    return any(isinstance(p, AudioPart) for m in request.messages for p in m.parts)

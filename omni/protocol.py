@@ -294,6 +294,8 @@ class Capabilities:
     output_modalities: frozenset[str]  # subset of {"text", "audio", "image"}
     voices: tuple[str, ...] = ()
     max_context_tokens: int = 0
+    # The model hears audio itself: a user's audio goes to it directly, ASR only reports transcripts.
+    hears_audio: bool = False
 
 
 class OmniBackend(Protocol):

@@ -42,6 +42,7 @@ class Prompt:
     token_ids: list[int]
     embed_spans: tuple[Any, ...] = ()  # engine.sequence.EmbedSpan for image/video placeholders
     num_image_tokens: int = 0
+    num_audio_tokens: int = 0
 
 
 async def written(
@@ -214,12 +215,13 @@ def refusal(exc: InvalidInput | InvalidRequest | EngineOverloaded | EngineDead, 
 
 def usage(finals: list[StreamDelta], prompt: Prompt) -> Usage:
     if not finals:
-        return Usage(input_image_tokens=prompt.num_image_tokens)
+        return Usage(input_image_tokens=prompt.num_image_tokens, input_audio_tokens=prompt.num_audio_tokens)
     return Usage(
         input_tokens=finals[0].num_prompt_tokens,
         cached_tokens=finals[0].num_cached_tokens,
         output_tokens=sum(d.num_output_tokens for d in finals),
         input_image_tokens=prompt.num_image_tokens,
+        input_audio_tokens=prompt.num_audio_tokens,
     )
 
 

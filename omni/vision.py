@@ -43,7 +43,8 @@ from PIL import Image
 class VisionPrompt:
     token_ids: list[int]
     embed_spans: tuple[EmbedSpan, ...]
-    num_image_tokens: int  # placeholder tokens in all (for usage accounting)
+    num_image_tokens: int  # image and video placeholder tokens (for usage accounting)
+    num_audio_tokens: int = 0  # audio placeholder tokens, for a model that hears (omni.audio_input)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +203,9 @@ def _features(
     try:
         if isinstance(part, ImagePart):
             return [(marks.image, encoder.encode_image(decode_image(part.data, limits.image)))]
-        features = encoder.encode_video(_decode_video_part(part, limits))  # no local keeps the frames
+        # Frames are sampled at the part's fps capped by the limits' (encoders.video); time positions follow it.
+        fps = min(part.fps or limits.video.sample_fps, limits.video.sample_fps)
+        features = encoder.encode_video(_decode_video_part(part, limits), fps=fps)  # no local keeps the frames
     except (ImageDecodeError, VideoDecodeError, UnusableImage) as exc:
         message = str(exc)
     if message is not None:

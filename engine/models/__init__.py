@@ -16,6 +16,16 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     # Vision-language checkpoints: the engine runs their language model (engine/models/multimodal.py).
     "LlavaForConditionalGeneration",
     "Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
+    # Audio-in checkpoints: likewise their language model; the audio tower is encoders/audio_tower.py.
+    "Qwen2AudioForConditionalGeneration",
+    "VoxtralForConditionalGeneration",
+    "Qwen2_5OmniForConditionalGeneration",  # the thinker (text out); talker and token2wav are heads
+)
+
+# Architectures whose language model takes multimodal rotary positions (engine/mrope.py).
+MROPE_ARCHITECTURES: frozenset[str] = frozenset(
+    {"Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5OmniForConditionalGeneration"}
 )
 
 # GGUF ``general.architecture`` values we read, and the HF model_type each becomes.
@@ -43,8 +53,8 @@ def resolve_architecture(hf_config: Any) -> str:
 
 
 def build_model(hf_config: Any, weights: dict[str, Any], **kwargs: Any) -> Any:
-    """The model object for a supported architecture (all of them run on ``LlamaModel``)."""
-    if resolve_architecture(hf_config) == "Qwen2VLForConditionalGeneration":
+    """The model object for a supported architecture (all run on ``LlamaModel``; M-RoPE ones on its subclass)."""
+    if resolve_architecture(hf_config) in MROPE_ARCHITECTURES:
         from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel
 
         return Qwen2VLModel(hf_config, weights, **kwargs)

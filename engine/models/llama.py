@@ -17,6 +17,9 @@ from omni_gateway.engine.attention import AttentionMetadata, KernelOps, paged_at
 from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
 
+# Text model types of the Qwen2 family (plain, VL, 2.5-VL, 2.5-Omni thinker): q/k/v projections carry a bias.
+_QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text"})
+
 
 @dataclass(frozen=True, slots=True)
 class ModelShape:
@@ -43,7 +46,7 @@ class ModelShape:
             head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads),
             vocab_size=int(cfg.vocab_size),
             rms_norm_eps=float(cfg.rms_norm_eps),
-            qkv_bias=model_type in ("qwen2", "qwen2_vl_text") or bool(getattr(cfg, "attention_bias", False)),
+            qkv_bias=model_type in _QKV_BIAS_TYPES or bool(getattr(cfg, "attention_bias", False)),
             qk_norm=model_type == "qwen3",
             tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         )

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from omni_gateway.gateway.realtime import audio as audio_fmt
-from omni_gateway.gateway.realtime.commands import Output, SessionLimits, Transcribe
+from omni_gateway.gateway.realtime.commands import Output, SessionLimits, StartTask, Transcribe
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_value, missing
 from omni_gateway.gateway.realtime.input_audio import (
     InputAudioBuffer,
@@ -21,7 +21,7 @@ from omni_gateway.gateway.realtime.items import Content, Item, decode_base64
 from omni_gateway.gateway.realtime.response import Event
 from omni_gateway.gateway.realtime.settings import SessionSettings
 from omni_gateway.gateway.realtime.speculation import TurnSpeculation
-from omni_gateway.omni.protocol import Transcription
+from omni_gateway.omni.protocol import Capabilities, Transcription
 
 MIN_COMMIT_MS = 100
 
@@ -31,6 +31,7 @@ class InputTurns:
 
     limits: SessionLimits
     settings: SessionSettings
+    capabilities: Capabilities
     audio: InputAudioBuffer
     idle_deadline: float | None
     _now: Callable[[], float]
@@ -53,6 +54,8 @@ class InputTurns:
         def _enforce_audio_budget(self) -> None: ...
         def _cancel(self, response_id: str, reason: str) -> None: ...
         def _start_response(self, params: dict[str, Any]) -> None: ...
+        @property
+        def _transcribing(self) -> bool: ...
 
     def _buffer_append(self, event: dict[str, Any]) -> None:
         if "audio" not in event:
@@ -88,6 +91,8 @@ class InputTurns:
         self._drop_speculation()
         if self._pending_turn_id is None or audio_fmt.duration_ms(signal.pcm16) < MIN_COMMIT_MS:
             return
+        if self.capabilities.hears_audio:
+            return  # no transcript to get ahead of: the model hears the turn itself
         self._out += self._speculation.begin(signal.pause_at, self._transcribe_job(self._pending_turn_id, signal.pcm16))
 
     def _drop_speculation(self) -> None:
@@ -145,8 +150,15 @@ class InputTurns:
         previous = self._insert(item, None)
         self._emit({"type": "input_audio_buffer.committed", "item_id": item.id, "previous_item_id": previous})
         self._announce(item, previous)
-        self._pending_asr.add(item.id)
         self._enforce_audio_budget()
+        if self.capabilities.hears_audio:
+            # The model takes the audio itself: responses do not wait for a transcript, which is only
+            # computed (alongside) when the session asks for input transcription.
+            self._out += self._speculation.drop()
+            if self._transcribing:
+                self._out.append(StartTask(item.id, self._transcribe_job(item.id, pcm)))
+            return
+        self._pending_asr.add(item.id)
         out, known = self._speculation.commit(self._transcribe_job(item.id, pcm), pause_at)
         self._out += out
         if known is not None:
