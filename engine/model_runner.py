@@ -186,7 +186,9 @@ class ModelRunner:
 
     def _graph_ready(self, batch: ScheduledBatch) -> bool:
         """A step the decode graphs can run: one token per sequence, no image embeddings."""
-        return all(n == 1 for n in batch.num_new_tokens) and not any(seq.embed_spans for seq in batch.seqs)
+        return all(n == 1 for n in batch.num_new_tokens) and not any(
+            seq.embed_spans or seq.input_stream is not None for seq in batch.seqs
+        )
 
     def _prepare(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> _StepInputs:
         """The flattened inputs of ``batch`` (decodes first, then prefill chunks). With ``after``,
@@ -241,6 +243,11 @@ class ModelRunner:
                 if lo < hi:
                     embed_rows.extend(range(flat_start + lo - start, flat_start + hi - start))
                     embed_parts.append(span.embeds[lo - span.offset : hi - span.offset])
+            stream = seq.input_stream
+            if stream is not None and end > stream.start:
+                lo = max(start, stream.start)
+                embed_rows.extend(range(flat_start + lo - start, flat_start + end - start))
+                embed_parts.append(torch.stack([torch.as_tensor(row) for row in stream.rows(lo, end)]))
         dev = self.device
         num_decode = len(decode)
         decode_seqs = [batch.seqs[i] for i in decode]

@@ -16,6 +16,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     # Vision-language checkpoints: the engine runs their language model (engine/models/multimodal.py).
     "LlavaForConditionalGeneration",
     "Qwen2VLForConditionalGeneration",
+    # Qwen2.5-Omni's talker (codec tokens from the thinker's states), loaded by qwen2_5_omni_talker.load_talker.
+    "Qwen2_5OmniTalkerForConditionalGeneration",
 )
 
 # GGUF ``general.architecture`` values we read, and the HF model_type each becomes.
@@ -44,7 +46,12 @@ def resolve_architecture(hf_config: Any) -> str:
 
 def build_model(hf_config: Any, weights: dict[str, Any], **kwargs: Any) -> Any:
     """The model object for a supported architecture (all of them run on ``LlamaModel``)."""
-    if resolve_architecture(hf_config) == "Qwen2VLForConditionalGeneration":
+    architecture = resolve_architecture(hf_config)
+    if architecture == "Qwen2_5OmniTalkerForConditionalGeneration":
+        from omni_gateway.engine.models.qwen2_5_omni_talker import Qwen2_5OmniTalkerModel
+
+        return Qwen2_5OmniTalkerModel(hf_config, weights, **kwargs)
+    if architecture == "Qwen2VLForConditionalGeneration":
         from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel
 
         return Qwen2VLModel(hf_config, weights, **kwargs)
