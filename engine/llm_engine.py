@@ -376,6 +376,15 @@ class LLMEngine:
         self, req: _Request, index: int, text: str, token_ids: tuple[int, ...], logprobs: tuple[Logprob, ...] = ()
     ) -> StreamDelta:
         seq = req.seqs[index]
+        hidden = embeds = None
+        start = 0
+        if seq.hidden_rows:
+            import torch  # only requests that asked for hidden states get here (the runner made tensors)
+
+            start = seq.hidden_rows[0][0]
+            hidden = torch.cat([h for _, h, _ in seq.hidden_rows])
+            embeds = torch.cat([e for _, _, e in seq.hidden_rows])
+            seq.hidden_rows.clear()
         return StreamDelta(
             request_id=req.request_id,
             text=text,
@@ -388,6 +397,9 @@ class LLMEngine:
             num_output_tokens=seq.num_output_tokens,
             logprobs=logprobs,
             index=index,
+            hidden_states=hidden,
+            input_embeds=embeds,
+            hidden_start=start,
         )
 
     def _output(self, req: _Request) -> RequestOutput:

@@ -48,6 +48,7 @@ class _StepInputs:
     sample_slots: list[int]  # index into batch.seqs of each sampling sequence
     embed_rows: torch.Tensor | None
     embeds: torch.Tensor | None
+    hidden_spans: list[tuple[Sequence, int, int, int]]  # (seq, flat start, flat end, first position)
 
 
 class ModelRunner:
@@ -166,6 +167,7 @@ class ModelRunner:
             hidden = self.model.forward(
                 step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds
             )
+            self._keep_hidden(step, hidden)
             rows = step.sample_slots
             if not rows:
                 return PendingDecode.resolved_with(batch, [None] * len(seqs))
@@ -187,8 +189,16 @@ class ModelRunner:
     def _graph_ready(self, batch: ScheduledBatch) -> bool:
         """A step the decode graphs can run: one token per sequence, no image embeddings."""
         return all(n == 1 for n in batch.num_new_tokens) and not any(
-            seq.embed_spans or seq.input_stream is not None for seq in batch.seqs
+            seq.embed_spans or seq.input_stream is not None or seq.params.return_hidden_states for seq in batch.seqs
         )
+
+    def _keep_hidden(self, step: _StepInputs, hidden: torch.Tensor) -> None:
+        """Copy out the final-normed hidden states and input embeddings of the sequences that asked."""
+        model = self.model
+        for seq, lo, hi, first in step.hidden_spans:
+            rows = model.ops.rms_norm(hidden[lo:hi], model.final_norm, model.shape.rms_norm_eps)
+            embeds = model.embed_tokens(step.input_ids[lo:hi])
+            seq.hidden_rows.append((first, rows.float().cpu(), embeds.float().cpu()))
 
     def _prepare(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> _StepInputs:
         """The flattened inputs of ``batch`` (decodes first, then prefill chunks). With ``after``,
@@ -208,6 +218,7 @@ class ModelRunner:
         embed_rows: list[int] = []
         embed_parts: list[torch.Tensor] = []
         mrope_parts: list[torch.Tensor] = []
+        hidden_spans: list[tuple[Sequence, int, int, int]] = []
         cu_q = [0]
         decode_lens: list[int] = []
         prefill_lens: list[int] = []
@@ -223,6 +234,8 @@ class ModelRunner:
                     f"block table has {len(seq.block_table)}"
                 )
             flat_start = len(ids)
+            if seq.params.return_hidden_states:
+                hidden_spans.append((seq, flat_start, flat_start + end - start, start))
             ids.extend(seq.token_ids[start:end] if not ahead else [0])  # ahead: the id comes from the device
             slots.extend(seq.slot(pos, bs) for pos in range(start, end))
             if self.uses_mrope:
@@ -279,6 +292,7 @@ class ModelRunner:
             sample_slots=sample_slots,
             embed_rows=to_device(embed_rows, torch.int64, dev) if embed_rows else None,
             embeds=embeds,
+            hidden_spans=hidden_spans,
         )
 
     def _block_tables(self, seqs: list[Sequence], lengths: list[int]) -> torch.Tensor:

@@ -32,6 +32,7 @@ def samples_from_logits_alone(seq: Sequence) -> bool:
         and p.structured_outputs is None
         and seq.num_output_tokens >= p.min_tokens
         and not seq.embed_spans
+        and not p.return_hidden_states
     )
 
 

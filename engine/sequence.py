@@ -83,6 +83,9 @@ class Sequence:
         self.grammar: Any = None
         # Rows that arrive while it runs, one per generated position (engine.input_stream.InputStream).
         self.input_stream: Any = None
+        # (first position, hidden rows, embedding rows) per step, with params.return_hidden_states;
+        # the runner appends, the engine hands them out with the next delta.
+        self.hidden_rows: list[tuple[int, Any, Any]] = []
 
     def __len__(self) -> int:
         return len(self.token_ids)
