@@ -60,6 +60,7 @@ from omni_gateway.omni.streams import Prompt, drawn, merged, refusal, spoken, wr
 
 if TYPE_CHECKING:
     from omni_gateway.encoders.vision import VisionEncoder
+    from omni_gateway.omni.speech import SpokenModel
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class OmniPipeline:
         vad_session: VadModel | None = None,
         image_head: ImageHead | None = None,
         vision: VisionEncoder | None = None,
+        speech: SpokenModel | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -87,6 +89,7 @@ class OmniPipeline:
         self.tts = tts
         self.image_head = image_head
         self.vision = vision  # the vision tower of a vision-language checkpoint
+        self.speech = speech  # a speaking model's talker and token2wav: audio in the model's own voice
         self.media_budget = server_budget()  # decoded pixels every request together may hold (omni.media)
         self._vad_session = vad_session
         self._defaults = SamplingDefaults(
@@ -95,14 +98,13 @@ class OmniPipeline:
         self._asr_lock = threading.Lock()  # one decoder instance; turns are short and sequential anyway
         self._active: dict[str, asyncio.Event] = {}
         inputs = {"text"} | ({"audio"} if asr is not None else set()) | ({"image", "video"} if vision else set())
-        outputs = (
-            {"text"} | ({"audio"} if tts is not None else set()) | ({"image"} if image_head is not None else set())
-        )
+        speaks = tts is not None or speech is not None
+        outputs = {"text"} | ({"audio"} if speaks else set()) | ({"image"} if image_head is not None else set())
         self.capabilities = Capabilities(
             model=config.served_model_name or model_name,
             input_modalities=frozenset(inputs),
             output_modalities=frozenset(outputs),
-            voices=tuple(tts.voices) if tts is not None else (),
+            voices=tuple(speech.voices) if speech is not None else tuple(tts.voices) if tts is not None else (),
             max_context_tokens=max_context_tokens,
         )
 
@@ -144,7 +146,9 @@ class OmniPipeline:
         except InvalidInput as exc:
             yield refusal(exc)
             return
-        if "audio" in request.modalities:
+        if "audio" in request.modalities and self.speech is not None:
+            stream = self.speech.speak(self.engine, request, prompt, params, cancel)
+        elif "audio" in request.modalities:
             stream = spoken(self.engine, self.tts, request, prompt, params, cancel)
         else:
             stream = written(self.engine, request, prompt, params)
@@ -157,6 +161,8 @@ class OmniPipeline:
         if event is not None:
             event.set()
         self.engine.abort(request_id)
+        if self.speech is not None:
+            self.speech.abort(request_id)
 
     async def transcribe(
         self, pcm16: bytes, sample_rate: int, *, language: str | None = None, prompt: str | None = None
@@ -240,6 +246,8 @@ class OmniPipeline:
         return dict(self.engine.stats())
 
     def shutdown(self) -> None:
+        if self.speech is not None:
+            self.speech.shutdown()
         if self.image_head is not None:
             self.image_head.close()
         self.engine.shutdown()

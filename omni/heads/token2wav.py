@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 from omni_gateway.omni.heads.token2wav_loader import Speaker, Token2WavModels, load_token2wav
 
+OUTPUT_SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN: 100 mel frames/s, 240 samples each
+
 
 class UnknownVoice(ValueError):
     """A voice the checkpoint's speaker map does not have."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-THINKER_VOCAB = 160
+THINKER_VOCAB = 384  # fits benchmarks.checkpoints.byte_level_tokenizer
 CODEC_VOCAB = 40  # codec ids; the last few are the talker's special tokens
 SPEAKERS = ("Chelsie", "Ethan")
 
@@ -139,4 +139,40 @@ def save_tiny_omni(path: Path, seed: int = 0) -> Path:
         for name in SPEAKERS
     }
     torch.save(speakers, path / "spk_dict.pt")
+    return path
+
+
+def save_tiny_thinker_text(omni_dir: Path, path: Path) -> Path:
+    """The thinker's text model of a saved tiny Omni checkpoint as a plain Qwen2 checkpoint with a tokenizer:
+    what the engine serves as the thinker until it loads Omni checkpoints itself."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from benchmarks.checkpoints import byte_level_tokenizer
+
+    text = AutoConfig.from_pretrained(omni_dir).thinker_config.text_config
+    config = Qwen2Config(
+        vocab_size=text.vocab_size,
+        hidden_size=text.hidden_size,
+        intermediate_size=text.intermediate_size,
+        num_hidden_layers=text.num_hidden_layers,
+        num_attention_heads=text.num_attention_heads,
+        num_key_value_heads=text.num_key_value_heads,
+        max_position_embeddings=text.max_position_embeddings,
+        rms_norm_eps=text.rms_norm_eps,
+        tie_word_embeddings=False,
+        eos_token_id=0,
+        bos_token_id=1,
+    )
+    weights = load_file(str(omni_dir / "model.safetensors"))
+    state = {}
+    for name, tensor in weights.items():
+        if name.startswith("thinker.model."):
+            state["model." + name[len("thinker.model.") :]] = tensor
+        elif name == "thinker.lm_head.weight":
+            state["lm_head.weight"] = tensor
+    model = Qwen2ForCausalLM(config)
+    model.load_state_dict(state, strict=True)
+    model.save_pretrained(path)
+    byte_level_tokenizer().save_pretrained(path)
     return path
