@@ -136,3 +136,59 @@ def test_cancel_mid_talker_frees_every_kv_block(pipeline: OmniPipeline) -> None:
         pipeline.speech = short
     assert _kv_used(talker) == 0
     assert _kv_used(pipeline.engine) == 0
+
+
+def test_realtime_turn_returns_the_models_own_audio(pipeline: OmniPipeline) -> None:
+    """A text turn over /v1/realtime asking for audio: the deltas come from the talker (no Whisper, no Piper)."""
+    import base64
+    import json
+
+    from websockets.asyncio.client import connect
+
+    from benchmarks.live_server import serve
+
+    assert pipeline.asr is None and pipeline.tts is None
+
+    async def turn(port: int) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime") as ws:
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {
+                            "type": "realtime",
+                            "output_modalities": ["audio"],
+                            "audio": {"output": {"voice": "Ethan"}},
+                        },
+                    }
+                )
+            )
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "conversation.item.create",
+                        "item": {
+                            "type": "message",
+                            "role": "user",
+                            "content": [{"type": "input_text", "text": "the cat"}],
+                        },
+                    }
+                )
+            )
+            await ws.send(json.dumps({"type": "response.create"}))
+            while True:
+                event = json.loads(await asyncio.wait_for(ws.recv(), 120))
+                events.append(event)
+                assert event["type"] != "error", event
+                if event["type"] == "response.done":
+                    return events
+
+    with serve(pipeline) as port:
+        events = asyncio.run(turn(port))
+    audio = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+    assert len(audio) > 0
+    transcript = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
+    assert transcript  # the thinker's words, streamed with the audio
+    # The tiny thinker never says its end token: the answer stops at the server's max_tokens.
+    assert events[-1]["response"]["status_details"]["reason"] == "max_output_tokens"
