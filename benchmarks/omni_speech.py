@@ -35,7 +35,7 @@ def omni_config(shapes: str) -> Any:
     from transformers import Qwen2_5OmniConfig
 
     if shapes == "tiny":
-        from tests.omni.tiny_omni import tiny_omni_config
+        from benchmarks.tiny_omni import tiny_omni_config
 
         return tiny_omni_config()
     mrope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}

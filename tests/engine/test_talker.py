@@ -15,7 +15,7 @@ from omni_gateway.engine.models.qwen2_5_omni_talker import TalkerTokens, load_ta
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.sequence import EmbedSpan
 
-from tests.omni.tiny_omni import save_tiny_omni
+from benchmarks.tiny_omni import save_tiny_omni
 
 PROMPT = [100, 5, 17, 42, 9, 11]  # thinker prompt ids
 MAX_CODES = 40

@@ -9,7 +9,7 @@ import torch
 from omni_gateway.omni.heads.token2wav import Token2Wav, Token2WavConfig, UnknownVoice
 from omni_gateway.omni.heads.token2wav_loader import Token2WavLoadError
 
-from tests.omni.tiny_omni import CODEC_VOCAB, SPEAKERS, save_tiny_omni
+from benchmarks.tiny_omni import CODEC_VOCAB, SPEAKERS, save_tiny_omni
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -32,7 +32,7 @@ from omni_gateway.omni.protocol import (
 )
 from omni_gateway.omni.speech import SpeechConfig, SpokenModel
 
-from tests.omni.tiny_omni import SPEAKERS, save_tiny_omni, save_tiny_thinker_text
+from benchmarks.tiny_omni import SPEAKERS, save_tiny_omni, save_tiny_thinker_text
 
 pytestmark = pytest.mark.slow
 
