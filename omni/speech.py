@@ -116,6 +116,7 @@ class SpokenModel:
 
     def shutdown(self) -> None:
         self.talker.shutdown()
+        self.token2wav.close()
 
     # ---- one turn -------------------------------------------------------------------------------
 

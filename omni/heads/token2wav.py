@@ -23,10 +23,13 @@ window-edge estimate). The models are ``transformers``' own modules, loaded from
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
 from omni_gateway.omni.heads.token2wav_loader import Speaker, Token2WavModels, load_token2wav
 
 OUTPUT_SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN: 100 mel frames/s, 240 samples each
@@ -84,6 +87,8 @@ class Token2Wav:
     def __init__(self, models: Token2WavModels, config: Token2WavConfig = Token2WavConfig()) -> None:
         self.models = models
         self.config = config
+        self._batched: tuple[BatchedCalls, BatchedCalls] | None = None  # started by the first stream
+        self._batched_lock = threading.Lock()
         dit = models.dit
         self.repeats: int = int(dit.repeats)
         self.mel_dim: int = int(dit.mel_dim)
@@ -127,10 +132,50 @@ class Token2Wav:
     def stream(self, voice: str, *, seed: int | None = None) -> Token2WavStream:
         return Token2WavStream(self, self.speaker(voice), seed)
 
+    def close(self) -> None:
+        """Stop the batching workers (streams started later start them again)."""
+        with self._batched_lock:
+            batched, self._batched = self._batched, None
+        if batched is not None:
+            for calls in batched:
+                calls.close()
+
+    # ---- batched across streams (each stream's chunk calls these from its own thread) --------------
+
+    def mel_batched(self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker) -> torch.Tensor:
+        return self._workers()[0]((code.shape[1], speaker.ref_mel.shape[1]), code, noise, speaker)
+
+    def vocode_batched(self, mel: torch.Tensor) -> torch.Tensor:
+        return self._workers()[1](mel.shape[2], mel)
+
+    def _workers(self) -> tuple[BatchedCalls, BatchedCalls]:
+        with self._batched_lock:
+            if self._batched is None:
+                self._batched = (
+                    BatchedCalls(self._mel_group, "token2wav-dit"),
+                    BatchedCalls(self._vocode_group, "token2wav-vocoder"),
+                )
+            return self._batched
+
+    @torch.inference_mode()
+    def _mel_group(self, calls: list[tuple[Any, ...]]) -> list[torch.Tensor]:
+        codes = torch.cat([c for c, _, _ in calls])
+        noise = torch.cat([n for _, n, _ in calls])
+        cond = torch.cat([s.cond for _, _, s in calls])
+        ref_mel = torch.cat([s.ref_mel for _, _, s in calls])
+        mel = self._mel(codes, noise, Speaker(cond=cond, ref_mel=ref_mel, bos_token=0))
+        return list(mel.split(1))
+
+    @torch.inference_mode()
+    def _vocode_group(self, calls: list[tuple[Any, ...]]) -> list[torch.Tensor]:
+        wav = self.models.vocoder(torch.cat([m for (m,) in calls])).reshape(len(calls), -1).float()
+        return list(wav)
+
     # ---- the two models ---------------------------------------------------------------------------
 
     def _mel(self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker) -> torch.Tensor:
-        """``[1, mel_dim, frames]`` mel of ``code`` ``[1, n]`` from ``noise`` ``[1, n * repeats, mel_dim]``."""
+        """``[B, mel_dim, frames]`` mel of ``code`` ``[B, n]`` from ``noise`` ``[B, n * repeats, mel_dim]``
+        (``speaker`` rows: one per batch row)."""
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
         cfg, dit = self.config, self.models.dit
@@ -216,13 +261,13 @@ class Token2WavStream:
         win_end = len(self.codes) if final else min(len(self.codes), end + cfg.lookahead_codes)
         code = _as_codes(self.codes[win_start:win_end], t2w.device, t2w.num_codes)
         noise = self.noise.upto(win_end * r)[:, win_start * r :]
-        window_mel = t2w._mel(code, noise, self.speaker)
+        window_mel = t2w.mel_batched(code, noise, self.speaker)
         lo, hi = (start - win_start) * r, (end - win_start) * r
         kept = window_mel[:, :, lo:hi]
         ctx = cfg.vocoder_context_frames
         left = self.mel[:, :, -ctx:] if self.mel is not None and ctx else kept[:, :, :0]
         right = window_mel[:, :, hi : hi + ctx]
-        wav = t2w._vocode(torch.cat((left, kept, right), dim=2))
+        wav = t2w.vocode_batched(torch.cat((left, kept, right), dim=2))
         a = left.shape[2] * t2w.hop
         chunk = wav[a : a + kept.shape[2] * t2w.hop]
         self.mel = kept if self.mel is None else torch.cat((self.mel, kept), dim=2)[:, :, -max(ctx, 1) :]

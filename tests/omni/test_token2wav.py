@@ -114,3 +114,68 @@ def test_bad_codes_and_configs(t2w: Token2Wav, tmp_path: Path) -> None:
         Token2WavConfig(first_chunk_codes=0)
     with pytest.raises(Token2WavLoadError):
         Token2Wav.from_pretrained(tmp_path, device="cpu")
+
+
+def test_concurrent_streams_batch_and_match_solo_streams(t2w: Token2Wav) -> None:
+    import threading
+
+    cfg = Token2WavConfig(first_chunk_codes=4, chunk_codes=8, past_codes=4, lookahead_codes=2)
+    chunked = Token2Wav(t2w.models, cfg)
+    jobs = [(_codes(20, seed=s), voice, s) for s, voice in ((11, "Ethan"), (12, "Chelsie"), (13, "Ethan"))]
+
+    def run(codes: list[int], voice: str, seed: int) -> torch.Tensor:
+        stream = chunked.stream(voice, seed=seed)
+        return torch.cat(stream.push(codes) + stream.finish())
+
+    solo = [run(*job) for job in jobs]
+    together: list[torch.Tensor | None] = [None] * len(jobs)
+
+    def worker(i: int) -> None:
+        together[i] = run(*jobs[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for alone, batched in zip(solo, together):
+        assert batched is not None
+        torch.testing.assert_close(batched, alone, rtol=1e-4, atol=1e-5)
+    chunked.close()
+
+
+def test_batched_calls_group_what_queued_while_busy() -> None:
+    import threading
+    import time
+
+    from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
+
+    gate, busy = threading.Event(), threading.Event()
+    batches: list[list[int]] = []
+
+    def fn(calls: list[tuple[int]]) -> list[int]:
+        busy.set()
+        gate.wait(5)
+        batches.append([x for (x,) in calls])
+        return [x * 10 for (x,) in calls]
+
+    calls = BatchedCalls(fn, "test-batcher")
+    results: dict[int, int] = {}
+
+    def call(x: int, key: str) -> None:
+        results[x] = calls(key, x)
+
+    first = threading.Thread(target=call, args=(0, "a"))
+    first.start()
+    assert busy.wait(5)  # the worker runs the first job
+    rest = [threading.Thread(target=call, args=(x, "a" if x < 3 else "b")) for x in (1, 2, 3)]
+    for thread in rest:
+        thread.start()
+    while calls._jobs.qsize() < 3:  # all three queued behind it
+        time.sleep(0.001)
+    gate.set()
+    for thread in [first, *rest]:
+        thread.join()
+    calls.close()
+    assert results == {0: 0, 1: 10, 2: 20, 3: 30}
+    assert batches == [[0], [1, 2], [3]]  # queued while the first ran: one batch per key
