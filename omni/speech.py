@@ -16,6 +16,7 @@ requests are aborted (their KV blocks freed) and no further token2wav chunk is s
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -86,6 +87,9 @@ class SpokenModel:
         self.default_voice = config.default_voice or token2wav.voices[0]
         self.token2wav.speaker(self.default_voice)  # an unknown default fails at load, not at the first turn
         self._text_rows: dict[int, torch.Tensor] = {}  # thinker embedding rows of the talker's text tokens
+        # token2wav chunks wait in these threads for their batch (omni.heads.token2wav_batcher): one per
+        # session speaking at once, more than asyncio's default pool holds.
+        self._chunk_threads = concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="token2wav")
 
     @classmethod
     def load(cls, path: str | Path, *, device: str = "auto", config: SpeechConfig = SpeechConfig()) -> SpokenModel:
@@ -117,6 +121,7 @@ class SpokenModel:
     def shutdown(self) -> None:
         self.talker.shutdown()
         self.token2wav.close()
+        self._chunk_threads.shutdown(wait=False, cancel_futures=True)
 
     # ---- one turn -------------------------------------------------------------------------------
 
@@ -266,9 +271,10 @@ class SpokenModel:
                     return
                 # Stop codes end the utterance; other special codes have no sound (token2wav has no row for them).
                 codes = [c for c in delta.token_ids if c not in stop and c < t2w.num_codes]
-                waves = await asyncio.to_thread(speech.push, codes) if codes else []
+                loop = asyncio.get_running_loop()
+                waves = await loop.run_in_executor(self._chunk_threads, speech.push, codes) if codes else []
                 if delta.finished and not cancel.is_set():
-                    waves += await asyncio.to_thread(speech.finish)
+                    waves += await loop.run_in_executor(self._chunk_threads, speech.finish)
                 for wave in waves:
                     yield wave.cpu().numpy()
 
