@@ -229,16 +229,26 @@ def main() -> None:
     parser.add_argument("--text-tokens", type=int, default=48, help="thinker tokens per answer")
     parser.add_argument("--codes", type=int, default=400, help="talker codes per answer in the baseline (8 s)")
     parser.add_argument("--first-chunk", type=int, default=None, help="token2wav first chunk, in codes")
+    parser.add_argument("--lookahead", type=int, default=None, help="token2wav lookahead, in codes")
+    parser.add_argument("--steps", type=int, default=None, help="token2wav ODE steps (Qwen's default: 10)")
     parser.add_argument("--no-baseline", action="store_true")
     add_out_argument(parser, "omni_speech")
     args = parser.parse_args()
     device = torch.device(args.device)
     hf, thinker, speech = build(args.shapes, device, max(args.concurrency))
-    if args.first_chunk is not None:
+    changes = {
+        name: value
+        for name, value in (
+            ("first_chunk_codes", args.first_chunk),
+            ("lookahead_codes", args.lookahead),
+            ("num_steps", args.steps),
+        )
+        if value is not None
+    }
+    if changes:
         from omni_gateway.omni.heads.token2wav import Token2Wav
 
-        cfg = dataclasses.replace(speech.token2wav.config, first_chunk_codes=args.first_chunk)
-        speech.token2wav = Token2Wav(speech.token2wav.models, cfg)
+        speech.token2wav = Token2Wav(speech.token2wav.models, dataclasses.replace(speech.token2wav.config, **changes))
     speech.config = dataclasses.replace(speech.config, max_codes=args.codes)
     vocab = min(1000, hf.config.thinker_config.text_config.vocab_size)  # ordinary ids, clear of the special ones
     g = torch.Generator().manual_seed(1)
@@ -246,7 +256,19 @@ def main() -> None:
     def prompts(n: int) -> list[list[int]]:
         return [torch.randint(200, vocab, (args.prompt_tokens,), generator=g).tolist() for _ in range(n)]
 
-    with ResultLog(args.out, "omni_speech", shapes=args.shapes, device=str(device)) as log:
+    t2w = speech.token2wav.config
+    with ResultLog(
+        args.out,
+        "omni_speech",
+        shapes=args.shapes,
+        device=str(device),
+        first_chunk_codes=t2w.first_chunk_codes,
+        chunk_codes=t2w.chunk_codes,
+        lookahead_codes=t2w.lookahead_codes,
+        num_steps=t2w.num_steps,
+        text_tokens=args.text_tokens,
+        codes=args.codes,
+    ) as log:
         asyncio.run(ours(thinker, speech, prompts(1), 4, 16))  # warm-up: first-call costs out of the way
         if not args.no_baseline:
             hf_baseline(hf, prompts(1)[0], 4, 16, device)  # warm-up
@@ -254,6 +276,7 @@ def main() -> None:
             log.write("result", system="transformers", concurrency=1, **base)
             print(f"transformers c=1: first audio {base['first_audio_s'] * 1000:.0f} ms, RTF {base['rtf']:.3f}")
         for c in args.concurrency:
+            asyncio.run(ours(thinker, speech, prompts(c), 4, 32))  # warm-up at this batch size, untimed
             runs = asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes))
             ttfa = summary([r["first_audio_s"] for r in runs])
             rtf = statistics.mean(r["rtf"] for r in runs)
