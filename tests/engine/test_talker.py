@@ -110,6 +110,7 @@ def engine_codes(engine: LLMEngine, rows: dict[str, torch.Tensor], rid: str, *, 
     return codes
 
 
+@pytest.mark.slow
 def test_talker_codes_match_hf(tiny_dir: Path, hf: Any) -> None:
     engine = LLMEngine(
         EngineConfig(device="cpu", attention_backend="torch", dtype="float32"), model=load_talker(tiny_dir)
@@ -124,6 +125,7 @@ def test_talker_codes_match_hf(tiny_dir: Path, hf: Any) -> None:
     assert engine.scheduler.kv.usage().num_used_blocks == 0
 
 
+@pytest.mark.slow
 def test_input_stream_rules(tiny_dir: Path) -> None:
     engine = LLMEngine(
         EngineConfig(device="cpu", attention_backend="torch", dtype="float32"), model=load_talker(tiny_dir)

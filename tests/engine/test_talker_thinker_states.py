@@ -17,6 +17,7 @@ from benchmarks.checkpoints import save_tiny_checkpoint
 NEW = 6
 
 
+@pytest.mark.slow
 def test_hidden_states_match_hf_generate(tmp_path: Path) -> None:
     hf = save_tiny_checkpoint("qwen2", tmp_path, seed=3)
     engine = LLMEngine(

@@ -37,6 +37,7 @@ def _codes(n: int, seed: int = 1) -> list[int]:
     return torch.randint(0, CODEC_VOCAB - 4, (n,), generator=g).tolist()
 
 
+@pytest.mark.slow
 def test_whole_utterance_matches_hf(tiny_dir: Path, t2w: Token2Wav) -> None:
     from transformers import Qwen2_5OmniForConditionalGeneration
 
@@ -56,6 +57,7 @@ def test_whole_utterance_matches_hf(tiny_dir: Path, t2w: Token2Wav) -> None:
     assert not torch.allclose(t2w.synthesize(codes, "Chelsie", seed=7), want, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_one_chunk_stream_is_the_whole_utterance(t2w: Token2Wav) -> None:
     codes = _codes(30)
     whole = Token2Wav(t2w.models, Token2WavConfig(first_chunk_codes=64))
@@ -65,6 +67,7 @@ def test_one_chunk_stream_is_the_whole_utterance(t2w: Token2Wav) -> None:
     torch.testing.assert_close(only, t2w.synthesize(codes, "Chelsie", seed=3))
 
 
+@pytest.mark.slow
 def test_chunked_stream_against_whole_utterance(t2w: Token2Wav) -> None:
     codes = _codes(60, seed=2)
     cfg = Token2WavConfig(
@@ -97,6 +100,7 @@ def test_chunked_stream_against_whole_utterance(t2w: Token2Wav) -> None:
     assert at_edges > 100 * between
 
 
+@pytest.mark.slow
 def test_unknown_voice_lists_the_voices(t2w: Token2Wav) -> None:
     with pytest.raises(UnknownVoice) as info:
         t2w.stream("Nobody")
@@ -105,6 +109,7 @@ def test_unknown_voice_lists_the_voices(t2w: Token2Wav) -> None:
     assert t2w.voices == SPEAKERS
 
 
+@pytest.mark.slow
 def test_bad_codes_and_configs(t2w: Token2Wav, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="codec codes must be in"):
         t2w.synthesize([1, CODEC_VOCAB + 100], "Ethan")
@@ -116,6 +121,7 @@ def test_bad_codes_and_configs(t2w: Token2Wav, tmp_path: Path) -> None:
         Token2Wav.from_pretrained(tmp_path, device="cpu")
 
 
+@pytest.mark.slow
 def test_concurrent_streams_batch_and_match_solo_streams(t2w: Token2Wav) -> None:
     import threading
 
