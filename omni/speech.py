@@ -65,7 +65,7 @@ class _Turn:
         self.text = ""  # transcript not yet sent with audio
         self.finals: list[StreamDelta] = []
         self.failure: Error | None = None
-        self.started: asyncio.Future[tuple[list[int], EmbedSpan, InputStream] | None] = (
+        self.started: asyncio.Future[tuple[list[int], tuple[EmbedSpan, ...], InputStream] | None] = (
             asyncio.get_running_loop().create_future()
         )
 
@@ -227,8 +227,8 @@ class SpokenModel:
                     ids = [self.tokens.codec_mask] * n + [self.tokens.codec_pad, self.tokens.codec_bos]
                     stream = InputStream(start=n + 2)
                     stream.append(rows[n + 1 :])
-                    span = EmbedSpan(offset=0, length=n + 2, key=f"{request.request_id}-thinker", embeds=cond)
-                    turn.started.set_result((ids, span, stream))
+                    spans = talker_spans(cond, prompt.embed_spans, f"{request.request_id}-thinker")
+                    turn.started.set_result((ids, spans, stream))
                 if delta.finished:
                     turn.finals.append(delta)
                     break
@@ -241,10 +241,14 @@ class SpokenModel:
                 turn.started.set_result(None)
 
     async def _audio(
-        self, request: OmniRequest, start: tuple[list[int], EmbedSpan, InputStream], voice: str, cancel: asyncio.Event
+        self,
+        request: OmniRequest,
+        start: tuple[list[int], tuple[EmbedSpan, ...], InputStream],
+        voice: str,
+        cancel: asyncio.Event,
     ) -> AsyncIterator[np.ndarray]:
         """float32 waveform pieces at 24 kHz from the talker's codes, chunk by chunk."""
-        ids, span, stream = start
+        ids, spans, stream = start
         cfg, t2w = self.config, self.token2wav
         params = SamplingParams(
             temperature=cfg.temperature,
@@ -262,7 +266,7 @@ class SpokenModel:
                 params,
                 request_id=_talker_id(request.request_id),
                 priority=request.priority,
-                embed_spans=[span],
+                embed_spans=spans,
                 input_stream=stream,
             )
         ) as deltas:
@@ -277,6 +281,24 @@ class SpokenModel:
                     waves += await loop.run_in_executor(self._chunk_threads, speech.finish)
                 for wave in waves:
                     yield wave.cpu().numpy()
+
+
+def talker_spans(cond: torch.Tensor, media: tuple[EmbedSpan, ...], key: str) -> tuple[EmbedSpan, ...]:
+    """The talker prompt's conditioning rows ``cond`` as spans covering it: the thinker's media spans keep
+    their multimodal rotary positions (the talker's positions are the thinker's), the text between and
+    after them goes in plain spans."""
+    spans: list[EmbedSpan] = []
+    at = 0
+    for span in sorted(media, key=lambda s: s.offset):
+        if span.offset > at:
+            spans.append(EmbedSpan(at, span.offset - at, f"{key}@{at}", cond[at : span.offset]))
+        end = span.offset + span.length
+        spans.append(
+            EmbedSpan(span.offset, span.length, f"{key}@{span.offset}", cond[span.offset : end], span.positions)
+        )
+        at = end
+    spans.append(EmbedSpan(at, len(cond) - at, f"{key}@{at}", cond[at:]))
+    return tuple(spans)
 
 
 def _talker_id(request_id: str) -> str:

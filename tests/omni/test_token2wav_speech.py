@@ -192,3 +192,22 @@ def test_realtime_turn_returns_the_models_own_audio(pipeline: OmniPipeline) -> N
     assert transcript  # the thinker's words, streamed with the audio
     # The tiny thinker never says its end token: the answer stops at the server's max_tokens.
     assert events[-1]["response"]["status_details"]["reason"] == "max_output_tokens"
+
+
+def test_talker_spans_keep_the_thinkers_media_positions() -> None:
+    from omni_gateway.engine.mrope import mrope_positions
+    from omni_gateway.engine.sequence import EmbedSpan
+    from omni_gateway.omni.speech import talker_spans
+
+    # Thinker prompt of 10 tokens with a 4-token image at 3 (2x2 grid); the talker prompt adds two tokens.
+    grid = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1], [0, 1, 0, 1]])
+    image = EmbedSpan(offset=3, length=4, key="img", embeds=torch.zeros(4, 32), positions=grid)
+    cond = torch.randn(12, 32)
+    spans = talker_spans(cond, (image,), "t")
+    assert [(s.offset, s.length) for s in spans] == [(0, 3), (3, 4), (7, 5)]
+    torch.testing.assert_close(torch.cat([s.embeds for s in spans]), cond)
+    # The talker's positions are the thinker's, continued over its two extra tokens.
+    thinker = mrope_positions((image,), 0, 10)
+    talker = mrope_positions(spans, 0, 12)
+    assert torch.equal(talker[:, :10], thinker)
+    assert talker[:, 10:].tolist() == [[thinker[0, -1] + 1, thinker[0, -1] + 2]] * 3
