@@ -121,8 +121,11 @@ def build(shapes: str, device: torch.device, max_seqs: int) -> tuple[Any, Any, A
         tie_word_embeddings=False,
         architectures=["Qwen2ForCausalLM"],
     )
-    # In memory the thinker's text model sits under thinker.model.language_model (saved: thinker.model).
+    # In memory the thinker's text model sits under thinker.model.language_model (saved, and in older
+    # transformers releases: thinker.model).
     lm = "thinker.model.language_model."
+    if f"{lm}embed_tokens.weight" not in state:
+        lm = "thinker.model."
     thinker_weights = {"model." + k[len(lm) :]: v for k, v in state.items() if k.startswith(lm)}
     thinker_weights["lm_head.weight"] = state["thinker.lm_head.weight"]
     max_len = 4096
