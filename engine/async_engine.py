@@ -22,6 +22,7 @@ from typing import Any
 
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import EngineDead, InvalidRequest
+from omni_gateway.engine.input_stream import InputStream
 from omni_gateway.engine.llm_engine import LLMEngine
 from omni_gateway.engine.outputs import StreamDelta
 from omni_gateway.engine.sampling_params import SamplingParams
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 # stats() walks every held block; a busy loop refreshes the snapshot at this period, an idle one at once.
 _STATS_PERIOD_S = 0.25
+# How often a loop whose every request waits for input rows (engine.input_stream) looks for them.
+_INPUT_POLL_S = 0.001
 
 
 @dataclass(slots=True)
@@ -50,6 +53,7 @@ class _Add:
     embed_spans: tuple[EmbedSpan, ...]
     add_special_tokens: bool
     done: concurrent.futures.Future[None]
+    input_stream: InputStream | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,7 @@ class AsyncEngine:
         priority: int = 0,
         embed_spans: Iterable[EmbedSpan] = (),
         add_special_tokens: bool = True,
+        input_stream: InputStream | None = None,
     ) -> AsyncIterator[StreamDelta]:
         """Stream deltas until every completion of the request finished. Closing the iterator early
         aborts the request. Raises InvalidRequest, EngineOverloaded or EngineDead before the first delta."""
@@ -128,7 +133,9 @@ class AsyncEngine:
             if rid in self._streams:
                 raise InvalidRequest(f"request_id {rid!r} is already streaming")
             self._streams[rid] = stream
-            self._commands.put(_Add(rid, prompt, params, priority, tuple(embed_spans), add_special_tokens, done))
+            self._commands.put(
+                _Add(rid, prompt, params, priority, tuple(embed_spans), add_special_tokens, done, input_stream)
+            )
         complete = False
         try:
             await asyncio.wrap_future(done)
@@ -191,7 +198,12 @@ class AsyncEngine:
         stats_at = time.monotonic()
         try:
             while True:
-                command = self._commands.get() if not engine.has_unfinished() else self._next_command()
+                if not engine.has_unfinished():
+                    command = self._commands.get()
+                elif engine.waits_for_input():  # input rows arrive outside the queue: look again soon
+                    command = self._next_command(_INPUT_POLL_S)
+                else:
+                    command = self._next_command()
                 while command is not None:
                     if isinstance(command, _Stop):
                         self._stop_all()
@@ -210,9 +222,9 @@ class AsyncEngine:
             log.exception("engine loop failed")
             self._die(f"{type(exc).__name__}: {exc}")
 
-    def _next_command(self) -> _Add | _Abort | _Stop | None:
+    def _next_command(self, wait_s: float = 0.0) -> _Add | _Abort | _Stop | None:
         try:
-            return self._commands.get_nowait()
+            return self._commands.get(timeout=wait_s) if wait_s else self._commands.get_nowait()
         except queue.Empty:
             return None
 
@@ -232,6 +244,7 @@ class AsyncEngine:
                 priority=command.priority,
                 embed_spans=command.embed_spans,
                 add_special_tokens=command.add_special_tokens,
+                input_stream=command.input_stream,
             )
         except Exception as exc:  # noqa: BLE001 - validation errors belong to the caller
             command.done.set_exception(exc)

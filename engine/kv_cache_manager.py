@@ -68,8 +68,8 @@ class KVCacheManager:
     def find_cached_prefix(self, seq: Sequence) -> CachedPrefix:
         """Longest run of cached full blocks at the start of ``seq``. It never covers the last token,
         because that token's forward pass is what produces the next token's logits."""
-        if not self.enable_prefix_caching:
-            return _NO_PREFIX
+        if not self.enable_prefix_caching or seq.params.return_hidden_states:
+            return _NO_PREFIX  # a request that wants every position's hidden state computes every position
         max_blocks = (len(seq) - 1) // self.block_size
         hits: list[Block] = []
         for block_hash in self._block_hashes(seq, max_blocks):

@@ -18,6 +18,7 @@ from omni_gateway.engine.chat_template import render_chat
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.detokenizer import IncrementalDetokenizer
 from omni_gateway.engine.errors import InvalidRequest
+from omni_gateway.engine.input_stream import InputStream
 from omni_gateway.engine.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
 from omni_gateway.engine.pipelining import launchable
@@ -165,8 +166,12 @@ class LLMEngine:
         priority: int = 0,
         embed_spans: Iterable[EmbedSpan] = (),
         add_special_tokens: bool = True,
+        input_stream: InputStream | None = None,
     ) -> None:
-        """Validate and queue. Raises InvalidRequest or EngineOverloaded; nothing is queued then."""
+        """Validate and queue. Raises InvalidRequest or EngineOverloaded; nothing is queued then.
+
+        ``input_stream`` supplies input rows for generated positions as they arrive (the model decides
+        how they combine with the token embeddings); the request waits while its next row is missing."""
         params = params or SamplingParams()
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequest(f"request_id must be a non-empty string, got {request_id!r}")
@@ -189,6 +194,11 @@ class LLMEngine:
                     f"prompt of {len(token_ids)} tokens"
                 )
 
+        if input_stream is not None and (params.n != 1 or input_stream.start < len(token_ids)):
+            raise InvalidRequest(
+                f"an input stream needs n=1 and must start at or after the prompt's {len(token_ids)} tokens; "
+                f"got n={params.n}, start={input_stream.start}"
+            )
         spec = params.structured_outputs
         if spec is not None:
             self.grammars.compile(spec)  # a cache hit when the caller compiled it already
@@ -209,6 +219,7 @@ class LLMEngine:
                     max_model_len=self.max_model_len,
                 )
             )
+            seqs[-1].input_stream = input_stream
             if spec is not None:
                 seqs[-1].grammar = self.grammars.matcher(spec)
         self.scheduler.add(seqs[0])
@@ -272,6 +283,10 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
+    def waits_for_input(self) -> bool:
+        """Whether every unfinished request waits for input rows (``step`` would do nothing)."""
+        return bool(self._requests) and self.scheduler.all_wait_for_input() and self._in_flight is None
+
     def pop_finished(self) -> list[RequestOutput]:
         """RequestOutputs of requests that finished since the last call (the caller must drain this)."""
         out, self._finished = self._finished, []
@@ -288,7 +303,7 @@ class LLMEngine:
         if pending is None:
             batch = self.scheduler.schedule()
             if not batch:
-                if self.scheduler.has_unfinished():
+                if self.scheduler.has_unfinished() and not self.scheduler.all_wait_for_input():
                     raise RuntimeError(
                         f"nothing schedulable with {self.scheduler.num_waiting} waiting and "
                         f"{self.scheduler.num_running} running sequences"
@@ -371,6 +386,15 @@ class LLMEngine:
         self, req: _Request, index: int, text: str, token_ids: tuple[int, ...], logprobs: tuple[Logprob, ...] = ()
     ) -> StreamDelta:
         seq = req.seqs[index]
+        hidden = embeds = None
+        start = 0
+        if seq.hidden_rows:
+            import torch  # only requests that asked for hidden states get here (the runner made tensors)
+
+            start = seq.hidden_rows[0][0]
+            hidden = torch.cat([h for _, h, _ in seq.hidden_rows])
+            embeds = torch.cat([e for _, _, e in seq.hidden_rows])
+            seq.hidden_rows.clear()
         return StreamDelta(
             request_id=req.request_id,
             text=text,
@@ -383,6 +407,9 @@ class LLMEngine:
             num_output_tokens=seq.num_output_tokens,
             logprobs=logprobs,
             index=index,
+            hidden_states=hidden,
+            input_embeds=embeds,
+            hidden_start=start,
         )
 
     def _output(self, req: _Request) -> RequestOutput:

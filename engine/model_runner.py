@@ -79,6 +79,8 @@ class _StepInputs:
 # Rank 0's hook that sends a step to the other tensor-parallel ranks before running it itself:
 # an eager step (its plan, and the device token ids of a step launched ahead), or a graph replay
 # (the graph's staged inputs).
+# (sequence, flat start, flat end, first position) of a sequence whose hidden states are copied out.
+HiddenSpan = tuple[Sequence, int, int, int]
 StepBroadcast = Callable[[str, object, "torch.Tensor | None"], None]
 
 
@@ -222,11 +224,11 @@ class ModelRunner:
                 logits, argmax = logits[picked], argmax[picked]
             chosen: torch.Tensor | None = argmax
         else:
-            plan, decode_seqs, rows = self._plan(batch, after)
+            plan, decode_seqs, rows, hidden_spans = self._plan(batch, after)
             device_ids = after.tokens_for(decode_seqs) if after is not None else None
             if self.broadcast is not None:
                 self.broadcast("eager", plan, device_ids)
-            logits = self.run_plan(plan, device_ids)
+            logits = self.run_plan(plan, device_ids, hidden_spans)
             if logits is None:
                 return PendingDecode.resolved_with(batch, [None] * len(seqs))
             chosen = None
@@ -249,12 +251,17 @@ class ModelRunner:
         return self.sampler.choose(logits, seqs, chosen)
 
     @torch.inference_mode()
-    def run_plan(self, plan: StepPlan, device_ids: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The model forward of one step: float32 logits of its sampling rows (None where none samples)."""
+    def run_plan(
+        self, plan: StepPlan, device_ids: torch.Tensor | None = None, hidden_spans: list[HiddenSpan] | None = None
+    ) -> torch.Tensor | None:
+        """The model forward of one step: float32 logits of its sampling rows (None where none samples).
+        ``hidden_spans`` (rank 0's): the sequences whose hidden states are copied out."""
         step = self._upload(plan, device_ids)
         hidden = self.model.forward(
             step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds
         )
+        if hidden_spans:
+            self._keep_hidden(hidden_spans, step.input_ids, hidden)
         if not plan.sample_rows:
             return None
         logits: torch.Tensor = self.model.compute_logits(hidden[step.sample_rows])
@@ -263,15 +270,27 @@ class ModelRunner:
     # ---- input preparation ----------------------------------------------------------------------
 
     def _graph_ready(self, batch: ScheduledBatch) -> bool:
-        """A step the decode graphs can run: one token per sequence, no image embeddings."""
-        return all(n == 1 for n in batch.num_new_tokens) and not any(seq.embed_spans for seq in batch.seqs)
+        """A step the decode graphs can run: one token per sequence, no image embeddings, no input rows
+        streamed in, no hidden states to copy out."""
+        return all(n == 1 for n in batch.num_new_tokens) and not any(
+            seq.embed_spans or seq.input_stream is not None or seq.params.return_hidden_states for seq in batch.seqs
+        )
+
+    def _keep_hidden(self, spans: list[HiddenSpan], input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Copy out the final-normed hidden states and input embeddings of the sequences that asked."""
+        model = self.model
+        for seq, lo, hi, first in spans:
+            rows = model.ops.rms_norm(hidden[lo:hi], model.final_norm, model.shape.rms_norm_eps)
+            embeds = model.embed_tokens(input_ids[lo:hi])
+            seq.hidden_rows.append((first, rows.float().cpu(), embeds.float().cpu()))
 
     def _plan(
         self, batch: ScheduledBatch, after: PendingDecode | None = None
-    ) -> tuple[StepPlan, list[Sequence], list[int]]:
+    ) -> tuple[StepPlan, list[Sequence], list[int], list[HiddenSpan]]:
         """The flattened inputs of ``batch`` (decodes first, then prefill chunks), the decoding
-        sequences, and the index into ``batch.seqs`` of each sampling sequence. With ``after``, every
-        sequence decodes the position after its last known token, whose id is on the device."""
+        sequences, the index into ``batch.seqs`` of each sampling sequence, and the spans of the
+        sequences that asked for hidden states. With ``after``, every sequence decodes the position
+        after its last known token, whose id is on the device."""
         bs = self.block_size
         ahead = after is not None
         if ahead and any(n != 1 for n in batch.num_new_tokens):
@@ -286,6 +305,7 @@ class ModelRunner:
         embed_rows: list[int] = []
         embed_parts: list[torch.Tensor] = []
         mrope_parts: list[torch.Tensor] = []
+        hidden_spans: list[HiddenSpan] = []
         cu_q = [0]
         decode_lens: list[int] = []
         prefill_lens: list[int] = []
@@ -303,6 +323,8 @@ class ModelRunner:
                 )
             flat_start = num_tokens
             num_tokens += end - start
+            if seq.params.return_hidden_states:
+                hidden_spans.append((seq, flat_start, num_tokens, start))
             if not ahead:  # ahead: the id comes from the device
                 ids.extend(seq.token_ids[start:end])
             slots.extend(seq.slot(pos, bs) for pos in range(start, end))
@@ -323,6 +345,11 @@ class ModelRunner:
                 if lo < hi:
                     embed_rows.extend(range(flat_start + lo - start, flat_start + hi - start))
                     embed_parts.append(span.embeds[lo - span.offset : hi - span.offset])
+            stream = seq.input_stream
+            if stream is not None and end > stream.start:
+                lo = max(start, stream.start)
+                embed_rows.extend(range(flat_start + lo - start, flat_start + end - start))
+                embed_parts.append(torch.stack([torch.as_tensor(row) for row in stream.rows(lo, end)]))
         decode_seqs = [batch.seqs[i] for i in decode]
         prefill_seqs = [batch.seqs[i] for i in prefill]
         plan = StepPlan(
@@ -340,7 +367,7 @@ class ModelRunner:
             embed_rows=embed_rows,
             embeds=torch.cat([p.to(self.dtype) for p in embed_parts], dim=0) if embed_parts else None,
         )
-        return plan, decode_seqs, sample_slots
+        return plan, decode_seqs, sample_slots, hidden_spans
 
     def _upload(self, plan: StepPlan, device_ids: torch.Tensor | None) -> _StepInputs:
         """The device tensors of a plan. Every upload is asynchronous (pinned memory): a step launched

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,3 +51,10 @@ class StreamDelta:
     logprobs: tuple[Logprob, ...] = ()
     error: str | None = None
     index: int = 0  # which of the request's n completions this delta extends
+    # With SamplingParams.return_hidden_states: float32 CPU ``[rows, hidden]`` tensors for the positions
+    # computed since the last delta, the first at ``hidden_start`` (prompt positions, then each generated
+    # token fed back; the last generated token is never fed, so it has none). ``input_embeds`` are the
+    # token-table rows of those positions' ids.
+    hidden_states: Any = None
+    input_embeds: Any = None
+    hidden_start: int = 0

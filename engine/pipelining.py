@@ -28,7 +28,13 @@ def may_run_ahead(seq: Sequence) -> bool:
     its parameters and its grammar (whose mask waits for the token in flight) alone: no logprobs, no
     penalty, min_tokens reached, no media (whose decode steps run eagerly)."""
     p = seq.params
-    return p.logprobs is None and not p.penalized and seq.num_output_tokens >= p.min_tokens and not seq.embed_spans
+    return (
+        p.logprobs is None
+        and not p.penalized
+        and seq.num_output_tokens >= p.min_tokens
+        and not seq.embed_spans
+        and not p.return_hidden_states
+    )
 
 
 def launchable(batch: ScheduledBatch) -> bool:

@@ -82,6 +82,10 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputs | None = None
+    # Return, with the deltas, the final-normed last-layer hidden state and the input embedding of every
+    # position the request computes: the prompt's (no prefix-cache reuse then) and each generated token
+    # fed back. What a speaking model's talker is conditioned on.
+    return_hidden_states: bool = False
 
     def __post_init__(self) -> None:
         # Accept lists and a bare string for convenience; store tuples so the object stays hashable.
@@ -140,6 +144,10 @@ class SamplingParams:
         _check(
             self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= _MAX_LOGPROBS),
             f"logprobs must be an integer in [0, {_MAX_LOGPROBS}] or None, got {self.logprobs!r}",
+        )
+        _check(
+            isinstance(self.return_hidden_states, bool),
+            f"return_hidden_states must be a bool, got {self.return_hidden_states!r}",
         )
         _check(
             self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputs),

@@ -58,6 +58,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def all_wait_for_input(self) -> bool:
+        """Whether nothing waits for admission and every running sequence waits for its input rows."""
+        return not self.waiting and all(seq.waits_for_input(1) for seq in self.running)
+
     def add(self, seq: Sequence, *, enforce_limit: bool = True) -> None:
         """Queue a new sequence. ``enforce_limit=False`` is for siblings of an admitted request (n > 1)."""
         limit = self.config.max_waiting_requests
@@ -80,6 +84,9 @@ class Scheduler:
         while i < len(queue) and budget > 0:
             seq = queue[i]
             n = min(seq.num_uncomputed_tokens, budget)
+            if seq.waits_for_input(n):
+                queue.pop(i)  # its input rows are still on their way; it keeps its blocks meanwhile
+                continue
             while not self.kv.allocate_slots(seq, n):
                 victim = queue.pop()
                 self._preempt(victim)
@@ -132,6 +139,8 @@ class Scheduler:
         if len(live) != len(self.running):
             return None  # some running sequence was left out of the step in flight; it must not starve
         seqs = [seq for seq in live if continues_after_next_token(seq)]
+        if any(seq.input_stream is not None and not seq.input_stream.ready(len(seq) + 1) for seq in seqs):
+            return None
         if not seqs or not all(may_run_ahead(seq) for seq in seqs):
             return None
         for seq in seqs:

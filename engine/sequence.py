@@ -81,6 +81,11 @@ class Sequence:
         # The xgrammar matcher of a constrained request (engine.structured_output), at the state after
         # the output tokens so far; None when unconstrained or once the request is retired.
         self.grammar: Any = None
+        # Rows that arrive while it runs, one per generated position (engine.input_stream.InputStream).
+        self.input_stream: Any = None
+        # (first position, hidden rows, embedding rows) per step, with params.return_hidden_states;
+        # the runner appends, the engine hands them out with the next delta.
+        self.hidden_rows: list[tuple[int, Any, Any]] = []
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -104,6 +109,11 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    def waits_for_input(self, num_new_tokens: int) -> bool:
+        """Whether the input rows of its next ``num_new_tokens`` positions have not all arrived."""
+        stream = self.input_stream
+        return stream is not None and not stream.ready(self.num_computed_tokens + num_new_tokens)
 
     @property
     def is_finished(self) -> bool:

@@ -41,7 +41,7 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
     engine = AsyncEngine(engine=llm)
     model_name = engine.model_name
     log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t0)
-    asr = tts = vad_session = image_head = vision = audio = None
+    asr = tts = vad_session = image_head = vision = audio = speech = None
     try:
         from omni_gateway.encoders.audio_tower import checkpoint_family as audio_family
         from omni_gateway.encoders.vision import checkpoint_family
@@ -66,6 +66,11 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
             from omni_gateway.encoders.vad import load_session
 
             vad_session = load_session()
+        if config.speech_model is not None:
+            from omni_gateway.omni.speech import SpokenModel
+
+            speech = SpokenModel.load(config.speech_model, device=str(engine.device_and_dtype[0]))
+            log.info("talker and token2wav of %s ready", config.speech_model)
         if config.image_model is not None:
             from omni_gateway.omni.heads.dit import load_image_head
 
@@ -73,6 +78,8 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
             log.info("image model %s ready", config.image_model)
     except BaseException:
         engine.shutdown()
+        if speech is not None:
+            speech.shutdown()
         raise
     pipeline = OmniPipeline(
         config,
@@ -85,6 +92,7 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
         image_head=image_head,
         vision=vision,
         audio=audio,
+        speech=speech,
     )
     if config.warm_up:
         try:

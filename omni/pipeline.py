@@ -62,6 +62,7 @@ from omni_gateway.omni.streams import Prompt, drawn, merged, refusal, spoken, wr
 if TYPE_CHECKING:
     from omni_gateway.encoders.audio_tower import AudioEncoder
     from omni_gateway.encoders.vision import VisionEncoder
+    from omni_gateway.omni.speech import SpokenModel
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class OmniPipeline:
         image_head: ImageHead | None = None,
         vision: VisionEncoder | None = None,
         audio: AudioEncoder | None = None,
+        speech: SpokenModel | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -93,6 +95,7 @@ class OmniPipeline:
         self.image_head = image_head
         self.vision = vision  # the vision tower of a vision-language checkpoint
         self.audio = audio  # the audio tower of a checkpoint that hears (Qwen2-Audio, Voxtral, Qwen2.5-Omni)
+        self.speech = speech  # a speaking model's talker and token2wav: audio in the model's own voice
         self.media_budget = server_budget()  # decoded pixels every request together may hold (omni.media)
         self._vad_session = vad_session
         self._defaults = SamplingDefaults(
@@ -104,14 +107,13 @@ class OmniPipeline:
         inputs = (
             {"text"} | ({"audio"} if asr is not None or hears else set()) | ({"image", "video"} if vision else set())
         )
-        outputs = (
-            {"text"} | ({"audio"} if tts is not None else set()) | ({"image"} if image_head is not None else set())
-        )
+        speaks = tts is not None or speech is not None
+        outputs = {"text"} | ({"audio"} if speaks else set()) | ({"image"} if image_head is not None else set())
         self.capabilities = Capabilities(
             model=config.served_model_name or model_name,
             input_modalities=frozenset(inputs),
             output_modalities=frozenset(outputs),
-            voices=tuple(tts.voices) if tts is not None else (),
+            voices=tuple(speech.voices) if speech is not None else tuple(tts.voices) if tts is not None else (),
             max_context_tokens=max_context_tokens,
             hears_audio=hears,
         )
@@ -155,7 +157,9 @@ class OmniPipeline:
         except InvalidInput as exc:
             yield refusal(exc)
             return
-        if "audio" in request.modalities:
+        if "audio" in request.modalities and self.speech is not None:
+            stream = self.speech.speak(self.engine, request, prompt, params, cancel)
+        elif "audio" in request.modalities:
             stream = spoken(self.engine, self.tts, request, prompt, params, cancel)
         else:
             stream = written(self.engine, request, prompt, params)
@@ -168,6 +172,8 @@ class OmniPipeline:
         if event is not None:
             event.set()
         self.engine.abort(request_id)
+        if self.speech is not None:
+            self.speech.abort(request_id)
 
     async def transcribe(
         self, pcm16: bytes, sample_rate: int, *, language: str | None = None, prompt: str | None = None
@@ -252,6 +258,8 @@ class OmniPipeline:
         return dict(self.engine.stats())
 
     def shutdown(self) -> None:
+        if self.speech is not None:
+            self.speech.shutdown()
         if self.image_head is not None:
             self.image_head.close()
         self.engine.shutdown()

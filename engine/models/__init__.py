@@ -21,6 +21,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "Qwen2AudioForConditionalGeneration",
     "VoxtralForConditionalGeneration",
     "Qwen2_5OmniForConditionalGeneration",  # the thinker (text out); talker and token2wav are heads
+    # Qwen2.5-Omni's talker (codec tokens from the thinker's states), loaded by qwen2_5_omni_talker.load_talker.
+    "Qwen2_5OmniTalkerForConditionalGeneration",
 )
 
 # Architectures whose language model takes multimodal rotary positions (engine/mrope.py).
@@ -54,7 +56,12 @@ def resolve_architecture(hf_config: Any) -> str:
 
 def build_model(hf_config: Any, weights: dict[str, Any], **kwargs: Any) -> Any:
     """The model object for a supported architecture (all run on ``LlamaModel``; M-RoPE ones on its subclass)."""
-    if resolve_architecture(hf_config) in MROPE_ARCHITECTURES:
+    architecture = resolve_architecture(hf_config)
+    if architecture == "Qwen2_5OmniTalkerForConditionalGeneration":
+        from omni_gateway.engine.models.qwen2_5_omni_talker import Qwen2_5OmniTalkerModel
+
+        return Qwen2_5OmniTalkerModel(hf_config, weights, **kwargs)
+    if architecture in MROPE_ARCHITECTURES:
         from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel
 
         return Qwen2VLModel(hf_config, weights, **kwargs)

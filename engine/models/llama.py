@@ -264,6 +264,17 @@ class LlamaModel:
         hidden = self.embed_tokens(input_ids)
         if embed_rows is not None and embeds is not None:
             hidden[embed_rows] = embeds.to(hidden.dtype)
+        return self.decode_layers(hidden, positions, meta, kv_caches, rotary_table)
+
+    def decode_layers(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        rotary_table: torch.Tensor,
+    ) -> torch.Tensor:
+        """The decoder layers over input embeddings ``[T, hidden]``; see ``forward``."""
         ops, eps, all_reduce = self.ops, self.shape.rms_norm_eps, self.parallel.all_reduce
         residual: torch.Tensor | None = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):

@@ -1,0 +1,299 @@
+"""Speech out of Qwen2.5-Omni: time to first audio and real-time factor, ours against transformers.
+
+Random weights in Qwen2.5-Omni-7B's shapes (``--shapes 7b``; ``tiny`` is a smoke test that runs on a
+CPU). One ``Qwen2_5OmniForConditionalGeneration`` is built on the device; transformers' own
+``generate(return_audio=True)`` at concurrency 1 is the baseline (its audio arrives all at once, so
+its first audio is its whole run). Ours shares the same weight tensors: the thinker's text model and
+the talker each on a paged engine (``engine.models``), token2wav as the streaming head
+(``omni.heads.token2wav``), driven by ``omni.speech.SpokenModel.speak`` at concurrency 1, 8 and 32
+with no web stack. The thinker runs as the plain Qwen2 text model it is for text-only prompts.
+
+Time to first audio: the request handed to the pipeline -> its first audio chunk. Real-time factor:
+the request's wall time / the seconds of audio it returned (below 1 is faster than real time).
+
+    python -m benchmarks.omni_speech                  # H200: 7B shapes, concurrency 1 8 32
+    python -m benchmarks.omni_speech --shapes tiny --concurrency 1 2 --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from benchmarks.common import ResultLog, add_out_argument, summary
+
+SPEAKER = "Chelsie"
+
+
+def omni_config(shapes: str) -> Any:
+    from transformers import Qwen2_5OmniConfig
+
+    if shapes == "tiny":
+        from benchmarks.tiny_omni import tiny_omni_config
+
+        return tiny_omni_config()
+    mrope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}
+    return Qwen2_5OmniConfig(
+        thinker_config={
+            "text_config": dict(
+                vocab_size=152064,
+                hidden_size=3584,
+                intermediate_size=18944,
+                num_hidden_layers=28,
+                num_attention_heads=28,
+                num_key_value_heads=4,
+                max_position_embeddings=32768,
+                rope_parameters=mrope,
+                tie_word_embeddings=False,
+            ),
+        },
+        talker_config=dict(
+            vocab_size=8448,
+            embedding_size=3584,
+            hidden_size=896,
+            intermediate_size=18944,
+            num_hidden_layers=24,
+            num_attention_heads=12,
+            num_key_value_heads=4,
+            head_dim=128,
+            max_position_embeddings=32768,
+            rope_parameters=mrope,
+        ),
+    )  # token2wav: the config's defaults are the 7B's
+
+
+class _WordTokenizer:
+    """Random weights speak no language: every token reads as one short word."""
+
+    chat_template = None
+
+    def decode(self, ids: Any, **_: Any) -> str:
+        return "".join(" w" for _ in ids)
+
+
+def build(shapes: str, device: torch.device, max_seqs: int) -> tuple[Any, Any, Any]:
+    """The HF model, our thinker engine and our SpokenModel, sharing the weights."""
+    from omni_gateway.engine.async_engine import AsyncEngine
+    from omni_gateway.engine.config import EngineConfig
+    from omni_gateway.engine.llm_engine import LLMEngine
+    from omni_gateway.engine.loader import LoadedModel
+    from omni_gateway.engine.models.qwen2_5_omni_talker import (
+        CodecTokenizer,
+        TalkerTokens,
+        talker_config,
+        talker_weights,
+    )
+    from omni_gateway.omni.heads.token2wav import Token2Wav
+    from omni_gateway.omni.heads.token2wav_loader import Speaker, Token2WavModels
+    from omni_gateway.omni.speech import SpokenModel
+    from transformers import Qwen2_5OmniForConditionalGeneration, Qwen2Config
+
+    config = omni_config(shapes)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with device:
+        hf = Qwen2_5OmniForConditionalGeneration._from_config(config, dtype=dtype).eval()
+    hf.token2wav.float()
+    t2w_cfg = config.token2wav_config.dit_config
+    cond = torch.randn(t2w_cfg.enc_emb_dim, device=device)
+    ref_mel = torch.randn(1, 300, t2w_cfg.mel_dim, device=device)
+    bos = int(config.talker_config.tts_text_start_token_id)
+    hf.speaker_map = {SPEAKER: {"cond": cond, "ref_mel": ref_mel, "bos_token": bos}}
+
+    state = hf.state_dict()
+    text = config.thinker_config.text_config
+    thinker_cfg = Qwen2Config(
+        vocab_size=text.vocab_size,
+        hidden_size=text.hidden_size,
+        intermediate_size=text.intermediate_size,
+        num_hidden_layers=text.num_hidden_layers,
+        num_attention_heads=text.num_attention_heads,
+        num_key_value_heads=text.num_key_value_heads,
+        max_position_embeddings=text.max_position_embeddings,
+        rms_norm_eps=text.rms_norm_eps,
+        rope_theta=float(text.rope_parameters.get("rope_theta", 1e6)),
+        tie_word_embeddings=False,
+        architectures=["Qwen2ForCausalLM"],
+    )
+    # In memory the thinker's text model sits under thinker.model.language_model (saved, and in older
+    # transformers releases: thinker.model).
+    lm = "thinker.model.language_model."
+    if f"{lm}embed_tokens.weight" not in state:
+        lm = "thinker.model."
+    thinker_weights = {"model." + k[len(lm) :]: v for k, v in state.items() if k.startswith(lm)}
+    thinker_weights["lm_head.weight"] = state["thinker.lm_head.weight"]
+    max_len = 4096
+    engine_kw: dict[str, Any] = dict(device=device.type, max_num_seqs=max_seqs, max_model_len=max_len)
+    if device.type == "cpu":
+        engine_kw["attention_backend"] = "torch"
+    thinker = LLMEngine(
+        EngineConfig(num_kv_blocks=max_seqs * 32 + 64, **engine_kw),
+        model=LoadedModel(
+            thinker_cfg,
+            _WordTokenizer(),
+            frozenset({0}),
+            max_len,
+            text.vocab_size,
+            None,
+            "thinker",
+            "Qwen2ForCausalLM",
+            thinker_weights,
+        ),
+    )
+    tcfg = talker_config(config)
+    talker = LLMEngine(
+        EngineConfig(num_kv_blocks=max_seqs * (max_len // 16) + 64, **engine_kw),
+        model=LoadedModel(
+            tcfg,
+            CodecTokenizer(),
+            TalkerTokens.from_hf(tcfg).stop_ids,
+            max_len,
+            tcfg.vocab_size,
+            None,
+            "talker",
+            "Qwen2_5OmniTalkerForConditionalGeneration",
+            talker_weights(state),
+        ),
+    )
+    models = Token2WavModels(
+        dit=hf.token2wav.code2wav_dit_model,
+        vocoder=hf.token2wav.code2wav_bigvgan_model,
+        speakers={SPEAKER: Speaker(cond=cond.float()[None], ref_mel=ref_mel.float(), bos_token=bos)},
+        device=device,
+    )
+    return hf, AsyncEngine(engine=thinker), SpokenModel(AsyncEngine(engine=talker), Token2Wav(models))
+
+
+def hf_baseline(hf: Any, prompt: list[int], text_tokens: int, codes: int, device: torch.device) -> dict[str, float]:
+    ids = torch.tensor([prompt], device=device)
+    start = time.perf_counter()
+    _, wav = hf.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        speaker=SPEAKER,
+        thinker_max_new_tokens=text_tokens,
+        thinker_min_new_tokens=text_tokens,
+        talker_max_new_tokens=codes,
+        talker_min_new_tokens=codes,
+    )
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    audio_s = wav.numel() / 24000
+    return {"first_audio_s": wall, "wall_s": wall, "audio_s": audio_s, "rtf": wall / audio_s if audio_s else 0.0}
+
+
+async def ours(thinker: Any, speech: Any, prompts: list[list[int]], text_tokens: int, codes: int) -> list[dict]:
+    from omni_gateway.engine.sampling_params import SamplingParams
+    from omni_gateway.omni.protocol import AudioChunk, AudioOutputOptions, OmniRequest, SamplingOptions
+    from omni_gateway.omni.streams import Prompt
+
+    params = SamplingParams(max_tokens=text_tokens, ignore_eos=True, temperature=0.7)
+
+    async def one(i: int, prompt: list[int]) -> dict[str, float]:
+        request = OmniRequest(
+            request_id=f"bench-{time.monotonic_ns()}-{i}",
+            messages=(),
+            modalities=("text", "audio"),
+            sampling=SamplingOptions(seed=i),
+            audio=AudioOutputOptions(voice=SPEAKER),
+        )
+        start = time.perf_counter()
+        first = None
+        samples = 0
+        async for chunk in speech.speak(thinker, request, Prompt(prompt), params, asyncio.Event()):
+            if isinstance(chunk, AudioChunk) and chunk.pcm16:
+                first = first if first is not None else time.perf_counter() - start
+                samples += len(chunk.pcm16) // 2
+        wall = time.perf_counter() - start
+        audio_s = samples / 24000
+        return {
+            "first_audio_s": first or wall,
+            "wall_s": wall,
+            "audio_s": audio_s,
+            "rtf": wall / audio_s if audio_s else 0.0,
+        }
+
+    return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", choices=("7b", "tiny"), default="7b")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--text-tokens", type=int, default=48, help="thinker tokens per answer")
+    parser.add_argument("--codes", type=int, default=400, help="talker codes per answer in the baseline (8 s)")
+    parser.add_argument("--first-chunk", type=int, default=None, help="token2wav first chunk, in codes")
+    parser.add_argument("--lookahead", type=int, default=None, help="token2wav lookahead, in codes")
+    parser.add_argument("--steps", type=int, default=None, help="token2wav ODE steps (Qwen's default: 10)")
+    parser.add_argument("--no-baseline", action="store_true")
+    add_out_argument(parser, "omni_speech")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    hf, thinker, speech = build(args.shapes, device, max(args.concurrency))
+    changes = {
+        name: value
+        for name, value in (
+            ("first_chunk_codes", args.first_chunk),
+            ("lookahead_codes", args.lookahead),
+            ("num_steps", args.steps),
+        )
+        if value is not None
+    }
+    if changes:
+        from omni_gateway.omni.heads.token2wav import Token2Wav
+
+        speech.token2wav = Token2Wav(speech.token2wav.models, dataclasses.replace(speech.token2wav.config, **changes))
+    speech.config = dataclasses.replace(speech.config, max_codes=args.codes)
+    vocab = min(1000, hf.config.thinker_config.text_config.vocab_size)  # ordinary ids, clear of the special ones
+    g = torch.Generator().manual_seed(1)
+
+    def prompts(n: int) -> list[list[int]]:
+        return [torch.randint(200, vocab, (args.prompt_tokens,), generator=g).tolist() for _ in range(n)]
+
+    t2w = speech.token2wav.config
+    with ResultLog(
+        args.out,
+        "omni_speech",
+        shapes=args.shapes,
+        device=str(device),
+        first_chunk_codes=t2w.first_chunk_codes,
+        chunk_codes=t2w.chunk_codes,
+        lookahead_codes=t2w.lookahead_codes,
+        num_steps=t2w.num_steps,
+        text_tokens=args.text_tokens,
+        codes=args.codes,
+    ) as log:
+        asyncio.run(ours(thinker, speech, prompts(1), 4, 16))  # warm-up: first-call costs out of the way
+        if not args.no_baseline:
+            hf_baseline(hf, prompts(1)[0], 4, 16, device)  # warm-up
+            base = hf_baseline(hf, prompts(1)[0], args.text_tokens, args.codes, device)
+            log.write("result", system="transformers", concurrency=1, **base)
+            print(f"transformers c=1: first audio {base['first_audio_s'] * 1000:.0f} ms, RTF {base['rtf']:.3f}")
+        for c in args.concurrency:
+            asyncio.run(ours(thinker, speech, prompts(c), 4, 32))  # warm-up at this batch size, untimed
+            runs = asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes))
+            ttfa = summary([r["first_audio_s"] for r in runs])
+            rtf = statistics.mean(r["rtf"] for r in runs)
+            audio = statistics.mean(r["audio_s"] for r in runs)
+            log.write(
+                "result", system="omni-gateway", concurrency=c, first_audio=ttfa, rtf_mean=rtf, audio_s_mean=audio
+            )
+            print(
+                f"omni-gateway c={c}: first audio median {ttfa['median'] * 1000:.0f} ms "
+                f"p90 {ttfa['p90'] * 1000:.0f} ms, RTF {rtf:.3f}, {audio:.1f} s audio each"
+            )
+    thinker.shutdown()
+    speech.shutdown()
+
+
+if __name__ == "__main__":
+    main()

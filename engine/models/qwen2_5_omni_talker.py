@@ -1,0 +1,170 @@
+"""Qwen2.5-Omni's talker: a Qwen2 decoder over codec tokens, conditioned on the thinker's outputs.
+
+Each talker position's input is built in the thinker's embedding space and projected to the talker's
+width (``thinker_to_talker_proj``): the codec token's embedding plus a conditioning row, the thinker's
+last hidden state plus its input embedding for the text token in step with it. The codec mask token
+stands for "no codec token here" and contributes nothing, so a prompt of mask tokens followed by the
+codec pad and start tokens reproduces Hugging Face's talker input exactly.
+
+So for this model, ``embeds`` rows (from ``EmbedSpan``s over the prompt and from the sequence's
+``input_stream`` over generated positions) are *added* to the codec embeddings rather than replacing
+them. Positions are Qwen2-VL's multimodal rotary positions, as in the thinker; for a text-only prompt
+all three axes agree and the plain rotary path runs. The talker never emits its codec start token
+(Hugging Face's generate suppresses it too).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from omni_gateway.engine.attention import AttentionMetadata
+from omni_gateway.engine.errors import ModelLoadError
+from omni_gateway.engine.models.llama import Linear
+from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel
+
+TALKER_ARCHITECTURE = "Qwen2_5OmniTalkerForConditionalGeneration"
+_PREFIX = "talker."
+
+
+@dataclass(frozen=True, slots=True)
+class TalkerTokens:
+    """The talker's special ids: codec ones in its own vocabulary, text ones in the thinker's."""
+
+    codec_pad: int
+    codec_bos: int
+    codec_eos: int
+    codec_mask: int
+    text_bos: int
+    text_eos: int
+    text_pad: int
+
+    @classmethod
+    def from_hf(cls, cfg: Any) -> TalkerTokens:
+        return cls(
+            codec_pad=int(cfg.tts_codec_pad_token_id),
+            codec_bos=int(cfg.tts_codec_start_token_id),
+            codec_eos=int(cfg.tts_codec_end_token_id),
+            codec_mask=int(cfg.tts_codec_mask_token_id),
+            text_bos=int(cfg.tts_text_start_token_id),
+            text_eos=int(cfg.tts_text_end_token_id),
+            text_pad=int(cfg.tts_text_pad_token_id),
+        )
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """Codes that end an utterance (Hugging Face's talker stops on the codec pad and end tokens)."""
+        return frozenset((self.codec_pad, self.codec_eos))
+
+
+class Qwen2_5OmniTalkerModel(Qwen2VLModel):
+    def __init__(self, hf_config: Any, weights: dict[str, torch.Tensor], **kwargs: Any) -> None:
+        super().__init__(hf_config, weights, **kwargs)
+        self.tokens = TalkerTokens.from_hf(hf_config)
+        proj = weights["thinker_to_talker_proj.weight"].to(device=self.device, dtype=self.dtype).contiguous()
+        bias = weights["thinker_to_talker_proj.bias"].to(device=self.device, dtype=self.dtype).contiguous()
+        self.proj = Linear.build(proj, bias, self.ops.linear, prepack=False)
+        self.embedding_size = int(proj.shape[1])
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        embed_rows: torch.Tensor | None = None,
+        embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = F.embedding(input_ids, self.embed) * (input_ids != self.tokens.codec_mask).unsqueeze(-1).to(self.dtype)
+        if embed_rows is not None and embeds is not None:
+            x = x.index_add(0, embed_rows, embeds.to(x.dtype))
+        hidden = self.proj(x)
+        if positions.dim() == 1:
+            return self.decode_layers(hidden, positions, meta, kv_caches, self.cos_sin_cache)
+        rows = torch.arange(positions.shape[1], device=positions.device)
+        return self.decode_layers(hidden, rows, meta, kv_caches, self.mrope_table(positions))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden)
+        logits[:, self.tokens.codec_bos] = float("-inf")
+        return logits
+
+
+class CodecTokenizer:
+    """Codec tokens have no text: the engine's detokenizer gets empty strings."""
+
+    chat_template = None
+
+    def decode(self, ids: Any, **_: Any) -> str:
+        return ""
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        raise ValueError("the talker takes codec token ids, not text")
+
+
+def talker_config(hf_config: Any) -> Any:
+    """The talker's config out of a Qwen2.5-Omni config, named so the registry picks this model."""
+    sub = getattr(hf_config, "talker_config", None)
+    if sub is None:
+        raise ModelLoadError(
+            f"config of model type {getattr(hf_config, 'model_type', None)!r} has no talker_config "
+            "(expected a Qwen2.5-Omni checkpoint that speaks)"
+        )
+    cfg = copy.deepcopy(sub)
+    cfg.architectures = [TALKER_ARCHITECTURE]
+    cfg.attention_bias = True  # Qwen2 layers: q/k/v carry biases
+    return cfg
+
+
+def talker_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The talker's tensors under the decoder's names (``model.*``, ``lm_head``, the input projection)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        if not name.startswith(_PREFIX):
+            continue
+        name = name[len(_PREFIX) :]
+        out["lm_head.weight" if name == "codec_head.weight" else name] = tensor
+    return out
+
+
+def load_talker(path: str | Path, max_model_len: int | None = None) -> Any:
+    """A ``LoadedModel`` of the talker in a Qwen2.5-Omni checkpoint directory (for ``LLMEngine(model=...)``)."""
+    from omni_gateway.engine.loader import LoadedModel
+    from omni_gateway.engine.models.llama import missing_weights
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    root = Path(path)
+    try:
+        hf = AutoConfig.from_pretrained(str(root))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read the config in {str(root)!r}: {exc}") from exc
+    cfg = talker_config(hf)
+    weights: dict[str, torch.Tensor] = {}
+    for shard in sorted(root.glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            weights.update({n: f.get_tensor(n) for n in f.keys() if n.startswith(_PREFIX)})
+    weights = talker_weights(weights)
+    missing = missing_weights(cfg, weights) + [
+        n for n in ("thinker_to_talker_proj.weight", "thinker_to_talker_proj.bias") if n not in weights
+    ]
+    if missing:
+        raise ModelLoadError(f"{str(root)!r} lacks {len(missing)} talker tensor(s): {', '.join(missing[:6])}")
+    model_len = int(cfg.max_position_embeddings)
+    if max_model_len is not None and max_model_len > model_len:
+        raise ModelLoadError(f"max_model_len={max_model_len} exceeds the talker's context length {model_len}")
+    return LoadedModel(
+        hf_config=cfg,
+        tokenizer=CodecTokenizer(),
+        eos_token_ids=TalkerTokens.from_hf(cfg).stop_ids,
+        max_model_len=max_model_len or model_len,
+        vocab_size=int(cfg.vocab_size),
+        chat_template=None,
+        name=f"{root.name}-talker",
+        architecture=TALKER_ARCHITECTURE,
+        weights=weights,
+    )

@@ -1,0 +1,287 @@
+"""Qwen2.5-Omni token2wav as a streaming head: codec codes in, waveform chunks out.
+
+token2wav is two models: a DiT that turns codes into a mel spectrogram by flow matching (an ODE from
+noise, ``num_steps`` RK4 steps, classifier-free guidance on the codes and the speaker), and a BigVGAN
+vocoder from mel to 24 kHz audio. Each code becomes ``repeats`` mel frames; each frame ``hop`` samples.
+
+Streaming runs both on windows of codes. The first chunk is small (``first_chunk_codes``: the latency
+knob), later ones larger (``chunk_codes``: fewer DiT passes per second of audio). A chunk's DiT window
+reaches ``past_codes`` back and ``lookahead_codes`` ahead, starting on a DiT attention block boundary so
+the block masks line up with the whole utterance's; the chunk keeps the mel of its own frames only. The
+vocoder sees ``vocoder_context_frames`` of mel either side and keeps the samples of the chunk's frames.
+The noise that starts the ODE is drawn frame by frame from one seeded generator, so every window of a
+stream sees the same noise as the whole utterance would.
+
+Streamed audio is not bit-identical to whole-utterance synthesis: the ODE runs ``3 * num_steps``
+DiT evaluations, each widening the context a frame depends on by the look-back/look-ahead blocks, so
+the whole utterance's frame depends on codes beyond any finite window; and the vocoder's receptive
+field at a chunk edge sees the neighbouring mel of a different window (the lookahead mel is itself a
+window-edge estimate). The models are ``transformers``' own modules, loaded from the checkpoint's
+``token2wav.`` weights.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
+from omni_gateway.omni.heads.token2wav_loader import Speaker, Token2WavModels, load_token2wav
+
+OUTPUT_SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN: 100 mel frames/s, 240 samples each
+
+
+class UnknownVoice(ValueError):
+    """A voice the checkpoint's speaker map does not have."""
+
+
+@dataclass(frozen=True, slots=True)
+class Token2WavConfig:
+    first_chunk_codes: int = 12  # 240 ms of audio at 50 codes/s: audio starts after this many codes
+    chunk_codes: int = 48  # later chunks
+    past_codes: int = 24  # DiT context before a chunk
+    lookahead_codes: int = 12  # DiT context after a chunk (a chunk waits for these codes)
+    vocoder_context_frames: int = 16  # mel frames of vocoder context either side of a chunk
+    num_steps: int = 10
+    guidance_scale: float = 0.5
+    sway_coefficient: float = -1.0
+
+    def __post_init__(self) -> None:
+        for name in ("first_chunk_codes", "chunk_codes", "num_steps"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("past_codes", "lookahead_codes", "vocoder_context_frames"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+
+
+class _Noise:
+    """The ODE's starting noise, ``[1, frames, mel_dim]``, drawn in order from one seeded CPU generator.
+
+    Prefixes agree with a single draw of the whole length (CPU normal sampling fills in order), so a
+    stream and a whole-utterance synthesis with the same seed start from the same noise."""
+
+    def __init__(self, seed: int | None, mel_dim: int) -> None:
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+        self.mel_dim = mel_dim
+        self.frames = torch.empty(1, 0, mel_dim)
+
+    def upto(self, end: int) -> torch.Tensor:
+        if end > self.frames.shape[1]:
+            more = torch.randn(1, end - self.frames.shape[1], self.mel_dim, generator=self.generator)
+            self.frames = torch.cat((self.frames, more), dim=1)
+        return self.frames[:, :end]
+
+
+class Token2Wav:
+    """The loaded models plus the speaker map; ``stream`` starts one utterance."""
+
+    def __init__(self, models: Token2WavModels, config: Token2WavConfig = Token2WavConfig()) -> None:
+        self.models = models
+        self.config = config
+        self._batched: tuple[BatchedCalls, BatchedCalls] | None = None  # started by the first stream
+        self._batched_lock = threading.Lock()
+        dit = models.dit
+        self.repeats: int = int(dit.repeats)
+        self.mel_dim: int = int(dit.mel_dim)
+        self.block_codes = max(1, int(dit.block_size) // self.repeats)
+        self.hop: int = math.prod(int(r) for r in models.vocoder.config.upsample_rates)
+        self.max_frames: int = int(dit.config.max_position_embeddings)
+        self.num_codes: int = int(dit.config.num_embeds)  # the DiT's table has one more row, for "no code"
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, config: Token2WavConfig = Token2WavConfig(), *, device: str = "auto"
+    ) -> Token2Wav:
+        return cls(load_token2wav(Path(path), device=device), config)
+
+    @property
+    def voices(self) -> tuple[str, ...]:
+        return tuple(self.models.speakers)
+
+    @property
+    def device(self) -> torch.device:
+        return self.models.device
+
+    def speaker(self, voice: str) -> Speaker:
+        try:
+            return self.models.speakers[voice]
+        except KeyError:
+            raise UnknownVoice(f"unknown voice {voice!r}; this model speaks as: {', '.join(self.voices)}") from None
+
+    def text_bos_token(self, voice: str) -> int:
+        """The thinker-vocabulary token that starts the talker's text stream for ``voice``."""
+        return self.speaker(voice).bos_token
+
+    @torch.inference_mode()
+    def synthesize(self, codes: list[int] | torch.Tensor, voice: str, *, seed: int | None = None) -> torch.Tensor:
+        """float32 ``[samples]`` waveform of a whole utterance (HF's ``Qwen2_5OmniToken2WavModel.forward``)."""
+        code = _as_codes(codes, self.device, self.num_codes)
+        noise = _Noise(seed, self.mel_dim).upto(code.shape[1] * self.repeats)
+        mel = self._mel(code, noise, self.speaker(voice))
+        return self._vocode(mel)
+
+    def stream(self, voice: str, *, seed: int | None = None) -> Token2WavStream:
+        return Token2WavStream(self, self.speaker(voice), seed)
+
+    def close(self) -> None:
+        """Stop the batching workers (streams started later start them again)."""
+        with self._batched_lock:
+            batched, self._batched = self._batched, None
+        if batched is not None:
+            for calls in batched:
+                calls.close()
+
+    # ---- batched across streams (each stream's chunk calls these from its own thread) --------------
+
+    def mel_batched(self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker) -> torch.Tensor:
+        return self._workers()[0]((code.shape[1], speaker.ref_mel.shape[1]), code, noise, speaker)
+
+    def vocode_batched(self, mel: torch.Tensor) -> torch.Tensor:
+        return self._workers()[1](mel.shape[2], mel)
+
+    def _workers(self) -> tuple[BatchedCalls, BatchedCalls]:
+        with self._batched_lock:
+            if self._batched is None:
+                self._batched = (
+                    BatchedCalls(self._mel_group, "token2wav-dit"),
+                    BatchedCalls(self._vocode_group, "token2wav-vocoder"),
+                )
+            return self._batched
+
+    @torch.inference_mode()
+    def _mel_group(self, calls: list[tuple[Any, ...]]) -> list[torch.Tensor]:
+        codes = torch.cat([c for c, _, _ in calls])
+        noise = torch.cat([n for _, n, _ in calls])
+        cond = torch.cat([s.cond for _, _, s in calls])
+        ref_mel = torch.cat([s.ref_mel for _, _, s in calls])
+        mel = self._mel(codes, noise, Speaker(cond=cond, ref_mel=ref_mel, bos_token=0))
+        return list(mel.split(1))
+
+    @torch.inference_mode()
+    def _vocode_group(self, calls: list[tuple[Any, ...]]) -> list[torch.Tensor]:
+        wav = self.models.vocoder(torch.cat([m for (m,) in calls])).reshape(len(calls), -1).float()
+        return list(wav)
+
+    # ---- the two models ---------------------------------------------------------------------------
+
+    def _mel(self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker) -> torch.Tensor:
+        """``[B, mel_dim, frames]`` mel of ``code`` ``[B, n]`` from ``noise`` ``[B, n * repeats, mel_dim]``
+        (``speaker`` rows: one per batch row)."""
+        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
+
+        cfg, dit = self.config, self.models.dit
+        frames = code.shape[1] * self.repeats
+        if frames > self.max_frames:
+            raise ValueError(f"{frames} mel frames exceed the DiT's {self.max_frames} positions; use shorter chunks")
+        cond = speaker.cond.unsqueeze(1).repeat(1, frames, 1)
+        ref_mel = speaker.ref_mel
+
+        def velocity(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            if cfg.guidance_scale < 1e-5:
+                return dit(
+                    hidden_states=x,
+                    speaker_embedding=cond,
+                    condition_vector=ref_mel,
+                    quantized_code=code,
+                    time_step=t,
+                    apply_cfg=False,
+                )
+            out = dit(
+                hidden_states=x,
+                speaker_embedding=cond,
+                condition_vector=ref_mel,
+                quantized_code=code,
+                time_step=t,
+                apply_cfg=True,
+            )
+            guided, null = torch.chunk(out, 2, dim=0)
+            return guided + (guided - null) * cfg.guidance_scale
+
+        t = torch.linspace(0, 1, cfg.num_steps, device=self.device, dtype=speaker.cond.dtype)
+        if cfg.sway_coefficient is not None:
+            t += cfg.sway_coefficient * (torch.cos(torch.pi / 2 * t) - 1 + t)
+        x0 = noise.to(device=self.device, dtype=speaker.ref_mel.dtype)
+        return RungeKutta4ODESolver(function=velocity, initial_value=x0).integrate(t)[-1].permute(0, 2, 1)
+
+    def _vocode(self, mel: torch.Tensor) -> torch.Tensor:
+        return self.models.vocoder(mel).reshape(-1).float()
+
+
+class Token2WavStream:
+    """One utterance: ``push`` codes as the talker makes them and get the chunks now complete; ``finish``
+    returns the rest. Each call returns float32 ``[samples]`` waveforms, in order, never overlapping."""
+
+    def __init__(self, t2w: Token2Wav, speaker: Speaker, seed: int | None) -> None:
+        self.t2w = t2w
+        self.speaker = speaker
+        self.noise = _Noise(seed, t2w.mel_dim)
+        self.codes: list[int] = []
+        self.done_codes = 0  # codes whose audio was returned
+        self.mel: torch.Tensor | None = None  # [1, mel_dim, frames] of the returned codes (vocoder's left context)
+        self.finished = False
+
+    @property
+    def next_chunk_end(self) -> int:
+        cfg = self.t2w.config
+        return cfg.first_chunk_codes if self.done_codes == 0 else self.done_codes + cfg.chunk_codes
+
+    def push(self, codes: list[int]) -> list[torch.Tensor]:
+        if self.finished:
+            raise RuntimeError("token2wav stream already finished")
+        self.codes.extend(int(c) for c in codes)
+        out: list[torch.Tensor] = []
+        while len(self.codes) >= self.next_chunk_end + self.t2w.config.lookahead_codes:
+            out.append(self._chunk(self.next_chunk_end, final=False))
+        return out
+
+    def finish(self) -> list[torch.Tensor]:
+        """Audio of every code not yet returned (the last chunk needs no lookahead)."""
+        out: list[torch.Tensor] = []
+        while not self.finished and self.done_codes < len(self.codes):
+            end = min(self.next_chunk_end, len(self.codes))
+            out.append(self._chunk(end, final=end == len(self.codes)))
+        self.finished = True
+        return out
+
+    @torch.inference_mode()
+    def _chunk(self, end: int, *, final: bool) -> torch.Tensor:
+        t2w, cfg, r = self.t2w, self.t2w.config, self.t2w.repeats
+        start = self.done_codes
+        # Window start on a DiT block boundary: the block masks then match the whole utterance's.
+        win_start = max(0, start - cfg.past_codes) // t2w.block_codes * t2w.block_codes
+        win_end = len(self.codes) if final else min(len(self.codes), end + cfg.lookahead_codes)
+        code = _as_codes(self.codes[win_start:win_end], t2w.device, t2w.num_codes)
+        noise = self.noise.upto(win_end * r)[:, win_start * r :]
+        window_mel = t2w.mel_batched(code, noise, self.speaker)
+        lo, hi = (start - win_start) * r, (end - win_start) * r
+        kept = window_mel[:, :, lo:hi]
+        ctx = cfg.vocoder_context_frames
+        left = self.mel[:, :, -ctx:] if self.mel is not None and ctx else kept[:, :, :0]
+        right = window_mel[:, :, hi : hi + ctx]
+        wav = t2w.vocode_batched(torch.cat((left, kept, right), dim=2))
+        a = left.shape[2] * t2w.hop
+        chunk = wav[a : a + kept.shape[2] * t2w.hop]
+        self.mel = kept if self.mel is None else torch.cat((self.mel, kept), dim=2)[:, :, -max(ctx, 1) :]
+        self.done_codes = end
+        if final:
+            self.finished = True
+        return chunk
+
+
+def _as_codes(codes: list[int] | torch.Tensor, device: torch.device, num_codes: int) -> torch.Tensor:
+    code = torch.as_tensor(codes, dtype=torch.long).reshape(1, -1)
+    if code.shape[1] == 0:
+        raise ValueError("token2wav needs at least one codec code")
+    bad = code[(code < 0) | (code >= num_codes)]
+    if bad.numel():
+        raise ValueError(f"codec codes must be in [0, {num_codes}); got {bad[:4].tolist()}")
+    return code.to(device)

@@ -1,0 +1,107 @@
+"""Loading Qwen2.5-Omni's token2wav (DiT + BigVGAN) and its speaker map from a local checkpoint directory.
+
+Only the ``token2wav.`` tensors are read from the safetensors shards; the speaker map is ``spk_dict.pt``
+(per voice: the speaker embedding ``cond``, a reference mel ``ref_mel`` and the talker's text start
+token ``bos_token``). token2wav runs in float32, as the checkpoint's authors require.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_PREFIX = "token2wav."
+
+
+class Token2WavLoadError(RuntimeError):
+    """The directory is not a Qwen2.5-Omni checkpoint with a token2wav and a speaker map."""
+
+
+@dataclass(frozen=True, slots=True)
+class Speaker:
+    cond: torch.Tensor  # [1, enc_emb_dim]
+    ref_mel: torch.Tensor  # [1, frames, mel_dim]
+    bos_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Token2WavModels:
+    dit: Any  # transformers' Qwen2_5OmniToken2WavDiTModel
+    vocoder: Any  # transformers' Qwen2_5OmniToken2WavBigVGANModel
+    speakers: dict[str, Speaker]
+    device: torch.device
+
+
+def checkpoint_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint under ``prefix``, with the prefix removed."""
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise Token2WavLoadError(f"no safetensors weights in {path}")
+    out: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        with safe_open(str(shard), "pt") as f:
+            for name in f.keys():
+                if name.startswith(prefix):
+                    out[name[len(prefix) :]] = f.get_tensor(name)
+    return out
+
+
+def load_speakers(path: Path, device: torch.device) -> dict[str, Speaker]:
+    spk = path / "spk_dict.pt"
+    if not spk.is_file():
+        raise Token2WavLoadError(f"{path} has no spk_dict.pt (the speaker map token2wav needs)")
+    raw = torch.load(spk, map_location="cpu", weights_only=True)
+    speakers: dict[str, Speaker] = {}
+    for name, entry in raw.items():
+        try:
+            speakers[str(name)] = Speaker(
+                cond=entry["cond"].float().reshape(1, -1).to(device),
+                ref_mel=entry["ref_mel"].float().reshape(1, -1, entry["ref_mel"].shape[-1]).to(device),
+                bos_token=int(entry["bos_token"]),
+            )
+        except (KeyError, AttributeError, TypeError) as exc:
+            raise Token2WavLoadError(f"speaker {name!r} in {spk} lacks cond/ref_mel/bos_token: {exc}") from exc
+    if not speakers:
+        raise Token2WavLoadError(f"{spk} names no speakers")
+    return speakers
+
+
+def load_token2wav(path: Path, *, device: str = "auto") -> Token2WavModels:
+    from transformers import AutoConfig
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise Token2WavLoadError(f"{path} holds no readable Hugging Face config: {exc}") from exc
+    t2w_config = getattr(config, "token2wav_config", None)
+    if t2w_config is None:
+        raise Token2WavLoadError(f"{path} is a {config.model_type!r} checkpoint; token2wav needs Qwen2.5-Omni's")
+    t2w_config._attn_implementation = "sdpa"
+    model = Qwen2_5OmniToken2WavModel(t2w_config)
+    tensors = checkpoint_tensors(path, _PREFIX)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if missing:
+        raise Token2WavLoadError(f"{path} lacks token2wav weights: {missing[:4]} ({len(missing)} in all)")
+    if unexpected:
+        raise Token2WavLoadError(f"{path} has unknown token2wav weights: {unexpected[:4]}")
+    model = model.float().eval().to(dev)
+    return Token2WavModels(
+        dit=model.code2wav_dit_model,
+        vocoder=model.code2wav_bigvgan_model,
+        speakers=load_speakers(path, dev),
+        device=dev,
+    )

@@ -1,0 +1,314 @@
+"""Speech from a speaking model (Qwen2.5-Omni): thinker -> talker -> token2wav, streamed.
+
+The thinker is whatever engine answers the turn (``omni.collaborators.Engine``): it runs with
+``return_hidden_states`` and hands back, per computed position, its final hidden state and input
+embedding. Their sums condition the talker (``engine.models.qwen2_5_omni_talker``), a second engine
+with its own KV cache batching every session's talker: the prompt's rows go in as one span, and each
+row of the reply reaches the running talker through an ``InputStream`` as soon as the thinker has it
+(the talker waits when it catches up). The talker's codes feed a ``Token2WavStream`` in chunks; the
+audio goes out in 100 ms ``AudioChunk``s whose ``transcript`` carries the thinker's text received
+since the previous chunk, so the transcript never runs more than one chunk ahead of the audio.
+
+Cancellation (barge-in, ``response.cancel``) closes this stream: the thinker's and the talker's
+requests are aborted (their KV blocks freed) and no further token2wav chunk is started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidRequest
+from omni_gateway.engine.input_stream import InputStream
+from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.sequence import EmbedSpan
+from omni_gateway.omni.heads.token2wav import OUTPUT_SAMPLE_RATE, Token2Wav, Token2WavConfig
+from omni_gateway.omni.protocol import AudioChunk, Done, Error, OmniRequest, OutputChunk
+from omni_gateway.omni.streams import Prompt, refusal, usage
+
+if TYPE_CHECKING:
+    import torch
+    from omni_gateway.engine.async_engine import AsyncEngine
+    from omni_gateway.engine.outputs import StreamDelta
+    from omni_gateway.omni.collaborators import Engine
+
+log = logging.getLogger(__name__)
+
+CHUNK_MS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechConfig:
+    """The talker's sampling (Qwen2.5-Omni's defaults) and token2wav's chunking."""
+
+    token2wav: Token2WavConfig = Token2WavConfig()
+    temperature: float = 0.9
+    top_k: int = 40
+    top_p: float = 0.8
+    repetition_penalty: float = 1.05
+    max_codes: int = 4096  # ~82 s of speech at 50 codes/s
+    default_voice: str | None = None  # None: the checkpoint's first speaker
+
+
+class _Turn:
+    """What the thinker side of one turn has produced, shared with the talker side."""
+
+    def __init__(self) -> None:
+        self.text = ""  # transcript not yet sent with audio
+        self.finals: list[StreamDelta] = []
+        self.failure: Error | None = None
+        self.started: asyncio.Future[tuple[list[int], tuple[EmbedSpan, ...], InputStream] | None] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+    def take_text(self) -> str:
+        text, self.text = self.text, ""
+        return text
+
+
+class SpokenModel:
+    """The talker engine and token2wav of one speaking checkpoint, shared by every session."""
+
+    def __init__(self, talker: AsyncEngine, token2wav: Token2Wav, config: SpeechConfig = SpeechConfig()) -> None:
+        from omni_gateway.engine.models.qwen2_5_omni_talker import TalkerTokens
+
+        self.talker = talker
+        self.token2wav = token2wav
+        self.config = config
+        self.tokens = TalkerTokens.from_hf(talker.engine.model.hf_config)
+        self.default_voice = config.default_voice or token2wav.voices[0]
+        self.token2wav.speaker(self.default_voice)  # an unknown default fails at load, not at the first turn
+        self._text_rows: dict[int, torch.Tensor] = {}  # thinker embedding rows of the talker's text tokens
+        # token2wav chunks wait in these threads for their batch (omni.heads.token2wav_batcher): one per
+        # session speaking at once, more than asyncio's default pool holds.
+        self._chunk_threads = concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="token2wav")
+
+    @classmethod
+    def load(cls, path: str | Path, *, device: str = "auto", config: SpeechConfig = SpeechConfig()) -> SpokenModel:
+        from omni_gateway.engine.async_engine import AsyncEngine
+        from omni_gateway.engine.config import EngineConfig
+        from omni_gateway.engine.llm_engine import LLMEngine
+        from omni_gateway.engine.models.qwen2_5_omni_talker import load_talker
+
+        engine = LLMEngine(EngineConfig(model=str(path), device=device), model=load_talker(path))
+        talker = AsyncEngine(engine=engine)
+        try:
+            t2w = Token2Wav.from_pretrained(path, config.token2wav, device=str(engine.runner.device))
+            return cls(talker, t2w, config)
+        except BaseException:
+            talker.shutdown()
+            raise
+
+    @property
+    def voices(self) -> tuple[str, ...]:
+        return self.token2wav.voices
+
+    def abort(self, request_id: str) -> None:
+        """Stop the talker of a turn at once (its stream also stops when the turn's output is closed)."""
+        self.talker.abort(_talker_id(request_id))
+
+    def stats(self) -> dict[str, float]:
+        return self.talker.stats()
+
+    def shutdown(self) -> None:
+        self.talker.shutdown()
+        self.token2wav.close()
+        self._chunk_threads.shutdown(wait=False, cancel_futures=True)
+
+    # ---- one turn -------------------------------------------------------------------------------
+
+    async def speak(
+        self, thinker: Engine, request: OmniRequest, prompt: Prompt, params: SamplingParams, cancel: asyncio.Event
+    ) -> AsyncIterator[OutputChunk]:
+        """The thinker's answer as speech (``AudioChunk``s carrying its text), then ``Done`` and ``Usage``."""
+        voice = request.audio.voice or self.default_voice
+        if voice not in self.voices:
+            yield Error(
+                "invalid_request",
+                f"unknown voice {voice!r}; this model speaks as: {', '.join(self.voices)}",
+                status=400,
+                param="voice",
+            )
+            return
+        rate = request.audio.sample_rate
+        try:
+            bos, eos, pad = await self._rows(thinker, (self.token2wav.text_bos_token(voice), *self._text_tail))
+        except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
+            yield refusal(exc)
+            return
+        turn = _Turn()
+        thinking = asyncio.create_task(self._think(thinker, request, prompt, params, turn, (bos, eos, pad)))
+        samples = 0
+        try:
+            start = await turn.started
+            if start is not None and not cancel.is_set():
+                async with contextlib.aclosing(self._audio(request, start, voice, cancel)) as waves:
+                    async for wave in waves:
+                        for index, piece in enumerate(_pcm16_slices(wave, rate)):
+                            samples += len(piece) // 2
+                            yield AudioChunk(piece, rate, turn.take_text() if index == 0 else "")
+            await thinking
+        finally:
+            thinking.cancel()
+            await asyncio.gather(thinking, return_exceptions=True)
+        if turn.failure is not None:
+            yield turn.failure
+            return
+        if turn.text:  # text the audio did not carry (a reply too short to speak)
+            yield AudioChunk(b"", rate, turn.take_text())
+        reason = "abort" if cancel.is_set() else (turn.finals[0].finish_reason if turn.finals else "abort")
+        yield Done(reason or "stop")
+        counted = usage(turn.finals, prompt)
+        yield dataclasses.replace(counted, output_audio_tokens=round(samples / rate * 20))
+
+    @property
+    def _text_tail(self) -> tuple[int, int]:
+        return self.tokens.text_eos, self.tokens.text_pad
+
+    async def _rows(self, thinker: Engine, token_ids: tuple[int, ...]) -> list[torch.Tensor]:
+        """The thinker's input-embedding rows of ``token_ids``, asked of the thinker engine once."""
+        missing = [t for t in token_ids if t not in self._text_rows]
+        if missing:
+            params = SamplingParams(max_tokens=1, temperature=0.0, return_hidden_states=True)
+            async for delta in thinker.generate(missing, params):
+                if delta.input_embeds is not None:
+                    for i, row in enumerate(delta.input_embeds):
+                        self._text_rows[missing[delta.hidden_start + i]] = row
+        return [self._text_rows[t] for t in token_ids]
+
+    async def _think(
+        self,
+        thinker: Engine,
+        request: OmniRequest,
+        prompt: Prompt,
+        params: SamplingParams,
+        turn: _Turn,
+        text_rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    ) -> None:
+        """Run the thinker: its text into ``turn.text``, its rows into the talker's prompt and input stream."""
+        import torch
+
+        bos, eos, pad = text_rows
+        n = len(prompt.token_ids)
+        media = [(s.offset, s.offset + s.length) for s in prompt.embed_spans]
+        rows: list[torch.Tensor] = []  # conditioning row of every position so far
+        stream: InputStream | None = None
+        kwargs = {"embed_spans": prompt.embed_spans} if prompt.embed_spans else {}
+        thinker_params = dataclasses.replace(params, n=1, return_hidden_states=True)
+        try:
+            async for delta in thinker.generate(
+                prompt.token_ids, thinker_params, request_id=request.request_id, priority=request.priority, **kwargs
+            ):
+                if delta.error is not None:
+                    turn.failure = Error("engine_error", delta.error, status=500)
+                    break
+                turn.text += delta.text
+                if delta.hidden_states is not None:
+                    embeds = delta.input_embeds.clone()
+                    for lo, hi in media:  # the talker hears media through the thinker's states only
+                        a, b = max(lo - delta.hidden_start, 0), min(hi - delta.hidden_start, len(embeds))
+                        if a < b:
+                            embeds[a:b] = 0
+                    new = list(delta.hidden_states + embeds)
+                    if stream is not None:
+                        stream.append(new)
+                    rows += new
+                if stream is None and len(rows) > n:
+                    # The prompt's rows, the voice's text start and the first reply token's row: the talker starts.
+                    cond = torch.cat((torch.stack(rows[:n]), bos[None], rows[n][None]))
+                    ids = [self.tokens.codec_mask] * n + [self.tokens.codec_pad, self.tokens.codec_bos]
+                    stream = InputStream(start=n + 2)
+                    stream.append(rows[n + 1 :])
+                    spans = talker_spans(cond, prompt.embed_spans, f"{request.request_id}-thinker")
+                    turn.started.set_result((ids, spans, stream))
+                if delta.finished:
+                    turn.finals.append(delta)
+                    break
+        except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
+            turn.failure = refusal(exc)
+        finally:
+            if stream is not None and not stream.closed:
+                stream.close([eos], pad)  # after the text: its end, then padding for as long as the talker speaks
+            if not turn.started.done():
+                turn.started.set_result(None)
+
+    async def _audio(
+        self,
+        request: OmniRequest,
+        start: tuple[list[int], tuple[EmbedSpan, ...], InputStream],
+        voice: str,
+        cancel: asyncio.Event,
+    ) -> AsyncIterator[np.ndarray]:
+        """float32 waveform pieces at 24 kHz from the talker's codes, chunk by chunk."""
+        ids, spans, stream = start
+        cfg, t2w = self.config, self.token2wav
+        params = SamplingParams(
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            repetition_penalty=cfg.repetition_penalty,
+            max_tokens=min(cfg.max_codes, self.talker.max_model_len - len(ids)),
+            seed=request.sampling.seed,
+        )
+        speech = t2w.stream(voice, seed=request.sampling.seed)
+        stop = self.tokens.stop_ids
+        async with contextlib.aclosing(
+            self.talker.generate(
+                ids,
+                params,
+                request_id=_talker_id(request.request_id),
+                priority=request.priority,
+                embed_spans=spans,
+                input_stream=stream,
+            )
+        ) as deltas:
+            async for delta in deltas:
+                if cancel.is_set():
+                    return
+                # Stop codes end the utterance; other special codes have no sound (token2wav has no row for them).
+                codes = [c for c in delta.token_ids if c not in stop and c < t2w.num_codes]
+                loop = asyncio.get_running_loop()
+                waves = await loop.run_in_executor(self._chunk_threads, speech.push, codes) if codes else []
+                if delta.finished and not cancel.is_set():
+                    waves += await loop.run_in_executor(self._chunk_threads, speech.finish)
+                for wave in waves:
+                    yield wave.cpu().numpy()
+
+
+def talker_spans(cond: torch.Tensor, media: tuple[EmbedSpan, ...], key: str) -> tuple[EmbedSpan, ...]:
+    """The talker prompt's conditioning rows ``cond`` as spans covering it: the thinker's media spans keep
+    their multimodal rotary positions (the talker's positions are the thinker's), the text between and
+    after them goes in plain spans."""
+    spans: list[EmbedSpan] = []
+    at = 0
+    for span in sorted(media, key=lambda s: s.offset):
+        if span.offset > at:
+            spans.append(EmbedSpan(at, span.offset - at, f"{key}@{at}", cond[at : span.offset]))
+        end = span.offset + span.length
+        spans.append(
+            EmbedSpan(span.offset, span.length, f"{key}@{span.offset}", cond[span.offset : end], span.positions)
+        )
+        at = end
+    spans.append(EmbedSpan(at, len(cond) - at, f"{key}@{at}", cond[at:]))
+    return tuple(spans)
+
+
+def _talker_id(request_id: str) -> str:
+    return f"{request_id}-talker"
+
+
+def _pcm16_slices(wave: np.ndarray, rate: int) -> Iterator[bytes]:
+    from omni_gateway.encoders.audio import float_to_pcm16_array, resample
+
+    pcm = float_to_pcm16_array(resample(wave, OUTPUT_SAMPLE_RATE, rate) if rate != OUTPUT_SAMPLE_RATE else wave)
+    step = rate * CHUNK_MS // 1000
+    for start in range(0, len(pcm), step):
+        yield pcm[start : start + step].tobytes()

@@ -1,0 +1,187 @@
+"""token2wav against transformers' own Qwen2_5OmniToken2WavModel, and streamed against whole-utterance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omni_gateway.omni.heads.token2wav import Token2Wav, Token2WavConfig, UnknownVoice
+from omni_gateway.omni.heads.token2wav_loader import Token2WavLoadError
+
+from benchmarks.tiny_omni import CODEC_VOCAB, SPEAKERS, save_tiny_omni
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_cpu_thread():
+    """Tiny models gain nothing from intra-op threads; on a busy 2-core machine spinning OpenMP workers
+    make them many times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_omni(tmp_path_factory.mktemp("omni"))
+
+
+@pytest.fixture(scope="module")
+def t2w(tiny_dir: Path) -> Token2Wav:
+    return Token2Wav.from_pretrained(tiny_dir, device="cpu")
+
+
+def _codes(n: int, seed: int = 1) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, CODEC_VOCAB - 4, (n,), generator=g).tolist()
+
+
+@pytest.mark.slow
+def test_whole_utterance_matches_hf(tiny_dir: Path, t2w: Token2Wav) -> None:
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    hf = Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny_dir).eval()
+    codes = _codes(37)
+    spk = hf.speaker_map["Ethan"]
+    torch.manual_seed(7)
+    with torch.no_grad():
+        want = hf.token2wav(
+            torch.tensor([codes]), conditioning=spk["cond"].float().reshape(1, -1), reference_mel=spk["ref_mel"].float()
+        ).reshape(-1)
+    got = t2w.synthesize(codes, "Ethan", seed=7)
+    assert got.shape == want.shape == (37 * t2w.repeats * t2w.hop,)
+    assert want.abs().max() > 0.01
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # Another voice is another speaker embedding and reference mel: different audio.
+    assert not torch.allclose(t2w.synthesize(codes, "Chelsie", seed=7), want, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_one_chunk_stream_is_the_whole_utterance(t2w: Token2Wav) -> None:
+    codes = _codes(30)
+    whole = Token2Wav(t2w.models, Token2WavConfig(first_chunk_codes=64))
+    stream = whole.stream("Chelsie", seed=3)
+    assert stream.push(codes) == []  # 30 codes are less than the first chunk plus its lookahead
+    (only,) = stream.finish()
+    torch.testing.assert_close(only, t2w.synthesize(codes, "Chelsie", seed=3))
+
+
+@pytest.mark.slow
+def test_chunked_stream_against_whole_utterance(t2w: Token2Wav) -> None:
+    codes = _codes(60, seed=2)
+    cfg = Token2WavConfig(
+        first_chunk_codes=6, chunk_codes=12, past_codes=8, lookahead_codes=3, vocoder_context_frames=8
+    )
+    chunked = Token2Wav(t2w.models, cfg)
+    stream = chunked.stream("Ethan", seed=5)
+    pieces: list[torch.Tensor] = []
+    first_ready = None
+    for i in range(0, len(codes), 3):  # codes arrive three at a time, as a talker makes them
+        got = stream.push(codes[i : i + 3])
+        if got and first_ready is None:
+            first_ready = i + 3
+        pieces += got
+    pieces += stream.finish()
+    # Audio starts once the first chunk and its lookahead are in, long before the utterance ends.
+    assert first_ready == cfg.first_chunk_codes + cfg.lookahead_codes
+    assert [p.shape[0] for p in pieces] == [n * 2 * t2w.hop for n in (6, 12, 12, 12, 12, 6)]
+    streamed = torch.cat(pieces)
+    whole = t2w.synthesize(codes, "Ethan", seed=5)
+    assert streamed.shape == whole.shape
+    # Not identical: each window's ODE sees only its own context, and the vocoder's receptive field
+    # straddles chunk edges. The differences sit at the chunk edges; between them the audio agrees.
+    err = (streamed - whole).abs()
+    assert 0 < err.mean() < 0.01 * whole.abs().mean()
+    frame = 2 * t2w.hop  # samples per code
+    edges = [6, 18, 30, 42, 54]
+    at_edges = max(err[(c - 1) * frame : (c + 1) * frame].max() for c in edges)
+    between = max(err[(c - 4) * frame : (c - 2) * frame].max() for c in edges)
+    assert at_edges > 100 * between
+
+
+@pytest.mark.slow
+def test_unknown_voice_lists_the_voices(t2w: Token2Wav) -> None:
+    with pytest.raises(UnknownVoice) as info:
+        t2w.stream("Nobody")
+    for name in SPEAKERS:
+        assert name in str(info.value)
+    assert t2w.voices == SPEAKERS
+
+
+@pytest.mark.slow
+def test_bad_codes_and_configs(t2w: Token2Wav, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="codec codes must be in"):
+        t2w.synthesize([1, CODEC_VOCAB + 100], "Ethan")
+    with pytest.raises(ValueError, match="at least one"):
+        t2w.synthesize([], "Ethan")
+    with pytest.raises(ValueError, match="first_chunk_codes"):
+        Token2WavConfig(first_chunk_codes=0)
+    with pytest.raises(Token2WavLoadError):
+        Token2Wav.from_pretrained(tmp_path, device="cpu")
+
+
+@pytest.mark.slow
+def test_concurrent_streams_batch_and_match_solo_streams(t2w: Token2Wav) -> None:
+    import threading
+
+    cfg = Token2WavConfig(first_chunk_codes=4, chunk_codes=8, past_codes=4, lookahead_codes=2)
+    chunked = Token2Wav(t2w.models, cfg)
+    jobs = [(_codes(20, seed=s), voice, s) for s, voice in ((11, "Ethan"), (12, "Chelsie"), (13, "Ethan"))]
+
+    def run(codes: list[int], voice: str, seed: int) -> torch.Tensor:
+        stream = chunked.stream(voice, seed=seed)
+        return torch.cat(stream.push(codes) + stream.finish())
+
+    solo = [run(*job) for job in jobs]
+    together: list[torch.Tensor | None] = [None] * len(jobs)
+
+    def worker(i: int) -> None:
+        together[i] = run(*jobs[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for alone, batched in zip(solo, together):
+        assert batched is not None
+        torch.testing.assert_close(batched, alone, rtol=1e-4, atol=1e-5)
+    chunked.close()
+
+
+def test_batched_calls_group_what_queued_while_busy() -> None:
+    import threading
+    import time
+
+    from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
+
+    gate, busy = threading.Event(), threading.Event()
+    batches: list[list[int]] = []
+
+    def fn(calls: list[tuple[int]]) -> list[int]:
+        busy.set()
+        gate.wait(5)
+        batches.append([x for (x,) in calls])
+        return [x * 10 for (x,) in calls]
+
+    calls = BatchedCalls(fn, "test-batcher")
+    results: dict[int, int] = {}
+
+    def call(x: int, key: str) -> None:
+        results[x] = calls(key, x)
+
+    first = threading.Thread(target=call, args=(0, "a"))
+    first.start()
+    assert busy.wait(5)  # the worker runs the first job
+    rest = [threading.Thread(target=call, args=(x, "a" if x < 3 else "b")) for x in (1, 2, 3)]
+    for thread in rest:
+        thread.start()
+    while calls._jobs.qsize() < 3:  # all three queued behind it
+        time.sleep(0.001)
+    gate.set()
+    for thread in [first, *rest]:
+        thread.join()
+    calls.close()
+    assert results == {0: 0, 1: 10, 2: 20, 3: 30}
+    assert batches == [[0], [1, 2], [3]]  # queued while the first ran: one batch per key

@@ -1,0 +1,213 @@
+"""Thinker -> talker -> token2wav through the pipeline, with neither an ASR nor a TTS model loaded.
+
+The thinker is the tiny Omni checkpoint's text model served by the engine; the talker and token2wav
+come from the same checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from omni_gateway.engine.async_engine import AsyncEngine
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.omni.config import OmniConfig
+from omni_gateway.omni.heads.token2wav import Token2WavConfig
+from omni_gateway.omni.pipeline import OmniPipeline
+from omni_gateway.omni.protocol import (
+    AudioChunk,
+    AudioOutputOptions,
+    Done,
+    Error,
+    Message,
+    OmniRequest,
+    SamplingOptions,
+    TextDelta,
+    TextPart,
+    Usage,
+)
+from omni_gateway.omni.speech import SpeechConfig, SpokenModel
+
+from benchmarks.tiny_omni import SPEAKERS, save_tiny_omni, save_tiny_thinker_text
+
+pytestmark = pytest.mark.slow
+
+CHUNKS = Token2WavConfig(first_chunk_codes=4, chunk_codes=8, past_codes=4, lookahead_codes=2, num_steps=4)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniPipeline]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("speaking")
+    omni = save_tiny_omni(root / "omni")
+    thinker_dir = save_tiny_thinker_text(omni, root / "thinker")
+    cpu = dict(device="cpu", attention_backend="torch", max_model_len=512)
+    thinker = AsyncEngine(engine=LLMEngine(EngineConfig(model=str(thinker_dir), **cpu)))
+    speech = SpokenModel.load(omni, device="cpu", config=SpeechConfig(token2wav=CHUNKS, temperature=0.0, max_codes=48))
+    config = OmniConfig(
+        engine=EngineConfig(model=str(thinker_dir), **cpu),
+        asr=None,
+        tts=None,
+        vad=False,
+        temperature=0.0,
+        max_tokens=10,
+    )
+    pipe = OmniPipeline(config, engine=thinker, model_name="tiny", max_context_tokens=512, speech=speech)
+    yield pipe
+    pipe.shutdown()
+    torch.set_num_threads(threads)
+
+
+def _request(rid: str, modalities: tuple[str, ...], voice: str | None = None) -> OmniRequest:
+    return OmniRequest(
+        request_id=rid,
+        messages=(Message("user", (TextPart("the cat sat on the mat"),)),),
+        modalities=modalities,  # type: ignore[arg-type]
+        sampling=SamplingOptions(temperature=0.0, max_tokens=10, seed=1),
+        audio=AudioOutputOptions(voice=voice),
+    )
+
+
+async def _collect(pipe: OmniPipeline, request: OmniRequest) -> list[Any]:
+    return [chunk async for chunk in pipe.generate(request)]
+
+
+def test_spoken_answer_comes_from_talker_and_token2wav(pipeline: OmniPipeline) -> None:
+    assert "audio" in pipeline.capabilities.output_modalities
+    assert pipeline.capabilities.voices == SPEAKERS
+    written = asyncio.run(_collect(pipeline, _request("text-1", ("text",))))
+    text = "".join(c.text for c in written if isinstance(c, TextDelta))
+    spoken = asyncio.run(_collect(pipeline, _request("audio-1", ("text", "audio"), voice="Ethan")))
+    audio = [c for c in spoken if isinstance(c, AudioChunk)]
+    pcm = b"".join(c.pcm16 for c in audio)
+    assert len(pcm) > 0 and all(len(c.pcm16) <= 2 * 2400 for c in audio)  # 100 ms pieces at 24 kHz
+    # The transcript is the thinker's text, carried by the audio chunks.
+    assert "".join(c.transcript for c in audio) == text
+    done = [c for c in spoken if isinstance(c, Done)]
+    assert len(done) == 1 and isinstance(spoken[-1], Usage) and spoken[-1].output_audio_tokens > 0
+    # Another voice: same words, another speaker.
+    other = asyncio.run(_collect(pipeline, _request("audio-2", ("text", "audio"), voice="Chelsie")))
+    assert b"".join(c.pcm16 for c in other if isinstance(c, AudioChunk)) != pcm
+
+
+def test_unknown_voice_is_refused_with_the_voices(pipeline: OmniPipeline) -> None:
+    chunks = asyncio.run(_collect(pipeline, _request("bad-voice", ("text", "audio"), voice="Nobody")))
+    assert isinstance(chunks[0], Error) and chunks[0].status == 400
+    assert all(name in chunks[0].message for name in SPEAKERS)
+
+
+def _kv_used(engine: AsyncEngine) -> int:
+    return engine.engine.scheduler.kv.usage().num_used_blocks
+
+
+def test_cancel_mid_talker_frees_every_kv_block(pipeline: OmniPipeline) -> None:
+    short = pipeline.speech
+    assert short is not None
+    talker = short.talker
+    # A talker allowed to speak for long: the first audio comes while it still runs.
+    pipeline.speech = SpokenModel(talker, short.token2wav, SpeechConfig(token2wav=CHUNKS, temperature=0.0))
+
+    async def cancel_after_first_audio() -> int:
+        request = _request("cancel-1", ("text", "audio"))
+        got = 0
+        async with contextlib.aclosing(pipeline.generate(request)) as chunks:
+            async for chunk in chunks:
+                if isinstance(chunk, AudioChunk) and chunk.pcm16:
+                    got += 1
+                    # The talker is still speaking: its request holds KV blocks right now.
+                    assert talker.engine.has_unfinished()
+                    await pipeline.abort(request.request_id)
+                    break
+        # Aborts reach the engine loops as commands: wait until both have applied them.
+        for _ in range(500):
+            if not talker.engine.has_unfinished() and not pipeline.engine.engine.has_unfinished():
+                break
+            await asyncio.sleep(0.01)
+        return got
+
+    try:
+        assert asyncio.run(cancel_after_first_audio()) == 1
+    finally:
+        pipeline.speech = short
+    assert _kv_used(talker) == 0
+    assert _kv_used(pipeline.engine) == 0
+
+
+def test_realtime_turn_returns_the_models_own_audio(pipeline: OmniPipeline) -> None:
+    """A text turn over /v1/realtime asking for audio: the deltas come from the talker (no Whisper, no Piper)."""
+    import base64
+    import json
+
+    from websockets.asyncio.client import connect
+
+    from benchmarks.live_server import serve
+
+    assert pipeline.asr is None and pipeline.tts is None
+
+    async def turn(port: int) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime") as ws:
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {
+                            "type": "realtime",
+                            "output_modalities": ["audio"],
+                            "audio": {"output": {"voice": "Ethan"}},
+                        },
+                    }
+                )
+            )
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "conversation.item.create",
+                        "item": {
+                            "type": "message",
+                            "role": "user",
+                            "content": [{"type": "input_text", "text": "the cat"}],
+                        },
+                    }
+                )
+            )
+            await ws.send(json.dumps({"type": "response.create"}))
+            while True:
+                event = json.loads(await asyncio.wait_for(ws.recv(), 120))
+                events.append(event)
+                assert event["type"] != "error", event
+                if event["type"] == "response.done":
+                    return events
+
+    with serve(pipeline) as port:
+        events = asyncio.run(turn(port))
+    audio = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+    assert len(audio) > 0
+    transcript = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
+    assert transcript  # the thinker's words, streamed with the audio
+    # The tiny thinker never says its end token: the answer stops at the server's max_tokens.
+    assert events[-1]["response"]["status_details"]["reason"] == "max_output_tokens"
+
+
+def test_talker_spans_keep_the_thinkers_media_positions() -> None:
+    from omni_gateway.engine.mrope import mrope_positions
+    from omni_gateway.engine.sequence import EmbedSpan
+    from omni_gateway.omni.speech import talker_spans
+
+    # Thinker prompt of 10 tokens with a 4-token image at 3 (2x2 grid); the talker prompt adds two tokens.
+    grid = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1], [0, 1, 0, 1]])
+    image = EmbedSpan(offset=3, length=4, key="img", embeds=torch.zeros(4, 32), positions=grid)
+    cond = torch.randn(12, 32)
+    spans = talker_spans(cond, (image,), "t")
+    assert [(s.offset, s.length) for s in spans] == [(0, 3), (3, 4), (7, 5)]
+    torch.testing.assert_close(torch.cat([s.embeds for s in spans]), cond)
+    # The talker's positions are the thinker's, continued over its two extra tokens.
+    thinker = mrope_positions((image,), 0, 10)
+    talker = mrope_positions(spans, 0, 12)
+    assert torch.equal(talker[:, :10], thinker)
+    assert talker[:, 10:].tolist() == [[thinker[0, -1] + 1, thinker[0, -1] + 2]] * 3
