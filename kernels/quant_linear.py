@@ -157,7 +157,9 @@ def _quant_linear_kernel(
             k_start = k0 + u * BLOCK_K
             ks = k_start + tl.arange(0, BLOCK_K)
             k_ok = ks < K
-            w, scale = _weight_tile(w_ptr, s_ptr, z_ptr, cols, col_ok, k_start, K, EVEN, FORMAT, GROUP, BLOCK_N, BLOCK_K)
+            w, scale = _weight_tile(
+                w_ptr, s_ptr, z_ptr, cols, col_ok, k_start, K, EVEN, FORMAT, GROUP, BLOCK_N, BLOCK_K
+            )
             if EVEN:
                 x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None], other=0.0)
             else:
@@ -269,8 +271,9 @@ def fp8_linear(
         check_tensor("scale", scale, ndim=2, dtypes=(torch.float32,), device=weight.device)
         expected = (triton.cdiv(n, FP8_BLOCK), triton.cdiv(k, FP8_BLOCK))
         if tuple(scale.shape) != expected:
-            raise ValueError(f"scale: expected per-block shape {expected} for weight {tuple(weight.shape)}, "
-                             f"got {tuple(scale.shape)}")
+            raise ValueError(
+                f"scale: expected per-block shape {expected} for weight {tuple(weight.shape)}, got {tuple(scale.shape)}"
+            )
         fmt = FP8_BLOCKWISE
     x = _check_x(x, weight, k, n, bias)
     config = config or default_quant_config(x.shape[0], n)

@@ -113,7 +113,8 @@ def test_rejects_bad_inputs(device):
     with pytest.raises(ValueError, match="group size"):  # 128 / 16 = 8 elements per group
         int4_linear(x, packed, torch.ones(32, 16, device=device), torch.zeros(32, 16, dtype=torch.uint8, device=device))
     with pytest.raises(ValueError, match=">= 16"):
-        fp8_linear(torch.zeros(2, 128, device=device), q, torch.ones(32, device=device),
-                   config=QuantLinearConfig(block_n=8))
+        fp8_linear(
+            torch.zeros(2, 128, device=device), q, torch.ones(32, device=device), config=QuantLinearConfig(block_n=8)
+        )
     with pytest.raises(ValueError, match="power of two"):
         QuantLinearConfig(unroll=3)
