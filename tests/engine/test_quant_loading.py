@@ -195,3 +195,22 @@ def test_quantization_errors_name_the_problem(tmp_path: Path) -> None:
     config_file.write_text(json.dumps(spec))
     with pytest.raises(ModelLoadError, match="awq version 'gemv' is not supported; supported: 'gemm'"):
         LLM(model=quantized, device="cpu")
+
+
+def test_fp8_kv_cache_on_the_cpu(tmp_path: Path) -> None:
+    """The CPU stores K/V as float8_e4m3fn and the torch attention widens them (emulation: no fp8 math
+    there). K/V rounded to 3 mantissa bits move the logprobs by a few hundredths on this model."""
+    config, tensors = _float_model(seed=2)
+    model = _save(tmp_path / "float", config, tensors)
+    llm = LLM(model=model, device="cpu", dtype="float32", max_model_len=128, kv_cache_dtype="fp8")
+    assert llm.engine.runner.kv_cache.dtype == torch.float8_e4m3fn
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    fp8 = [
+        (o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs or []])
+        for o in llm.generate(PROMPTS, params)
+    ]
+    full = _run(model)
+    for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(fp8, full):
+        assert tokens[:4] == ref_tokens[:4]
+        assert abs(logprobs[0] - ref_logprobs[0]) < 0.05
+    assert fp8 != full  # the cache really rounded K/V
