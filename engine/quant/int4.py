@@ -3,7 +3,7 @@ the input features, each group with its own scale and zero point; activations st
 
 Both checkpoint layouts are repacked at load (engine/quant/hf_formats.py) into the one the kernels
 read: uint8 ``[N, K / 2]`` (two weights a byte, even input feature in the low nibble), scales
-``[N, K / G]`` in the model dtype, zero points uint8 ``[N, K / G]`` (kernels/quant_reference.py).
+``[N, K / G]`` in the checkpoint's dtype, zero points uint8 ``[N, K / G]`` (kernels/quant_reference.py).
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ class Int4Weight:
         return self.shape[1] // self.scales.shape[1]
 
     def to(self, device: torch.device, dtype: torch.dtype) -> Int4Weight:
-        """On ``device`` with scales in the activation ``dtype`` (the kernels multiply in float32)."""
+        """On ``device``; the scales keep the checkpoint's dtype whatever the activation ``dtype`` (the
+        kernels widen them to float32; float16 scales cast to bfloat16 would lose 3 bits)."""
+        del dtype
         return Int4Weight(
-            self.packed.to(device).contiguous(),
-            self.scales.to(device, dtype).contiguous(),
-            self.zeros.to(device).contiguous(),
+            self.packed.to(device).contiguous(), self.scales.to(device).contiguous(), self.zeros.to(device).contiguous()
         )
 
     @staticmethod
