@@ -4,10 +4,12 @@
     python -m benchmarks.quant_gpu --quick         # correctness only (kernels + a 2-layer engine pass)
     python -m benchmarks.quant_gpu --variants bf16,fp8-channel --skip-workload
 
-1. Kernels: every 8B (Llama-3.1-8B) linear shape at 1, 2, 4, 8, 64 and 320 rows, checked against
+1. Kernels: every 8B (Llama-3.1-8B) linear shape at 1 to 320 rows, checked against
    the torch twins (kernels/quant_reference.py) and timed in CUDA graphs (weights rotated over
    sets bigger than L2): bf16 (kernels/gemv.py at one row, cuBLAS above), FP8 per channel, FP8 per
    128x128 block, int4 group 128. One row also sweeps a few launch configs (``config_sweep``).
+   At 2+ rows, ``fp8-dequant``/``int4-dequant`` time the de-quantize + cuBLAS path that takes over
+   above ``QuantLinearConfig.max_dot_rows`` (256), to place that threshold.
 2. Engine, 8B shape with random weights (checkpoints written to ``--tmp``, no download): bf16, FP8
    per channel (``--quantization fp8`` on the bf16 checkpoint), FP8 per block (an ``fp8``
    checkpoint with ``weight_scale_inv``), int4 (an AWQ checkpoint), and bf16 weights with the FP8 KV
@@ -43,7 +45,7 @@ from benchmarks.engine_gpu import b1_decode_seconds, free_cuda, make_workload, s
 
 VARIANTS = ("bf16", "fp8-channel", "fp8-block", "int4", "fp8-kv")
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-ROWS = (1, 2, 4, 8, 64, 320)
+ROWS = (1, 2, 4, 8, 16, 64, 128, 256, 320)
 _LINEARS = [f"self_attn.{n}_proj" for n in "qkvo"] + [f"mlp.{n}_proj" for n in ("gate", "up", "down")]
 _AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
@@ -65,11 +67,14 @@ def _quant_sets(n: int, k: int, sets: int) -> list[dict[str, Any]]:
 def _kernel_fns(config: Any = None) -> dict[str, Callable[[torch.Tensor, dict[str, Any]], torch.Tensor]]:
     from omni_gateway.kernels import gemv, quant_linear
 
+    dequant = quant_linear.QuantLinearConfig(max_dot_rows=1)  # 2+ rows: de-quantize + cuBLAS
     return {
         "bf16": lambda x, s: gemv.linear(x, s["w"]),
         "fp8-channel": lambda x, s: quant_linear.fp8_linear(x, *s["fp8c"], config=config),
         "fp8-block": lambda x, s: quant_linear.fp8_linear(x, *s["fp8b"], config=config),
         "int4": lambda x, s: quant_linear.int4_linear(x, *s["int4"], config=config),
+        "fp8-dequant": lambda x, s: quant_linear.fp8_linear(x, *s["fp8c"], config=dequant),
+        "int4-dequant": lambda x, s: quant_linear.int4_linear(x, *s["int4"], config=dequant),
     }
 
 
@@ -79,6 +84,8 @@ def _twins() -> dict[str, Callable[[torch.Tensor, dict[str, Any]], torch.Tensor]
         "fp8-channel": lambda x, s: x.double() @ qref.dequantize_fp8(*s["fp8c"], torch.float64).T,
         "fp8-block": lambda x, s: x.double() @ qref.dequantize_fp8(*s["fp8b"], torch.float64).T,
         "int4": lambda x, s: x.double() @ qref.dequantize_int4(*s["int4"], torch.float64).T,
+        "fp8-dequant": lambda x, s: x.double() @ qref.dequantize_fp8(*s["fp8c"], torch.float64).T,
+        "int4-dequant": lambda x, s: x.double() @ qref.dequantize_int4(*s["int4"], torch.float64).T,
     }
 
 
@@ -101,6 +108,8 @@ def kernel_bench(log: ResultLog, quick: bool) -> bool:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             line = []
             for name, fn in fns.items():
+                if name.endswith("-dequant") and rows == 1:
+                    continue  # one row never takes the cuBLAS path
                 err = _rel_err(fn(x, data[0]), twins[name](x, data[0]))
                 passed = err < 1e-2
                 ok &= passed
@@ -131,11 +140,11 @@ def config_sweep(log: ResultLog, shape: str, n: int, k: int, data: list[dict[str
     configs = [
         QuantLinearConfig(block_n=bn, block_k=bk, unroll=u, stages=st, num_warps=w)
         for bn, bk, u, st, w in [
-            (8, 128, 2, 3, 4),
-            (16, 128, 2, 3, 4),
+            (8, 128, 8, 3, 4),
+            (8, 128, 16, 3, 4),
+            (4, 128, 8, 3, 4),
             (16, 128, 4, 3, 4),
-            (32, 128, 2, 3, 4),
-            (16, 64, 4, 4, 4),
+            (16, 128, 8, 2, 4),
             (8, 128, 4, 4, 2),
             (32, 128, 4, 2, 8),
         ]

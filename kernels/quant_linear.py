@@ -59,13 +59,18 @@ class QuantLinearConfig:
             raise ValueError(f"QuantLinearConfig.max_dot_rows: expected at least 1, got {self.max_dot_rows}")
 
 
-def default_quant_config(rows: int, out_features: int) -> QuantLinearConfig:
-    """One row: 16-feature programs (256 programs for 4096 features, about two per H200 SM), two
-    128-element steps per iteration. More rows: ``tl.dot`` needs 16+ features per program; 32 keeps
-    the de-quantized tile small."""
+def default_quant_config(rows: int, out_features: int, *, int4: bool = False) -> QuantLinearConfig:
+    """Sized so a loop step reads about as many weight bytes as kernels/gemv.py's bf16 step (8 features
+    x 512 elements x 2 bytes): 1024 FP8 or 2048 int4 elements per feature, in 128-element tiles (one
+    scale group each). One row: 8-feature programs (4 below 2048 features, to fill the SMs). More rows:
+    ``tl.dot`` needs 16+ features; 16 keeps 256 programs on a 4096-feature layer, and past 16 rows 64
+    features per program re-read the weight over fewer row blocks."""
+    unroll = 16 if int4 else 8
     if rows == 1:
-        return QuantLinearConfig(block_n=16 if out_features >= 2048 else 8, block_k=128, unroll=2)
-    return QuantLinearConfig(block_n=32, block_k=64, unroll=2, stages=3)
+        return QuantLinearConfig(block_n=8 if out_features >= 2048 else 4, block_k=128, unroll=unroll)
+    if rows <= 16:
+        return QuantLinearConfig(block_n=16, block_k=128, unroll=unroll // 2)
+    return QuantLinearConfig(block_n=64, block_k=64, unroll=2, num_warps=4)
 
 
 @triton.jit
@@ -306,7 +311,7 @@ def int4_linear(
     if group < 16 or group & (group - 1):
         raise ValueError(f"int4_linear: group size must be a power of two >= 16, got {group}")
     x = _check_x(x, packed, k, n, bias)
-    config = config or default_quant_config(x.shape[0], n)
+    config = config or default_quant_config(x.shape[0], n, int4=True)
     if x.shape[0] > config.max_dot_rows:
         return F.linear(x, dequantize_int4(packed, scales, zeros, x.dtype), bias)
     return _launch(x, packed, scales, zeros, bias, n, k, INT4_GROUPED, group, config)
