@@ -140,20 +140,32 @@ def _write_pair(tmp: Path, kind: str) -> tuple[str, str]:
     return quantized, _save(tmp / f"{kind}-dequantized", config, reference)
 
 
-def _run(model: str, **engine_args: Any) -> list[tuple[list[int], list[float]]]:
-    llm = LLM(model=model, device="cpu", dtype="float32", max_model_len=128, **engine_args)
+def _run(model: str, device: str = "cpu", **engine_args: Any) -> list[tuple[list[int], list[float]]]:
+    llm = LLM(model=model, device=device, dtype="float32", max_model_len=128, **engine_args)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
     outs = llm.generate(PROMPTS, params)
     return [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs or []]) for o in outs]
 
 
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")],
+        ),
+    ],
+)
 @pytest.mark.parametrize("kind", ["fp8-channel", "fp8-block", "awq", "gptq"])
-def test_quantized_checkpoint_matches_its_dequantized_weights(tmp_path: Path, kind: str) -> None:
+def test_quantized_checkpoint_matches_its_dequantized_weights(tmp_path: Path, kind: str, device: str) -> None:
+    """On CUDA the Triton kernels sum in another order than cuBLAS: float32 rounding, 1e-3 in logprobs."""
     quantized, dequantized = _write_pair(tmp_path, kind)
-    got, expected = _run(quantized), _run(dequantized)
+    got, expected = _run(quantized, device), _run(dequantized, device)
     for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(got, expected):
         assert tokens == ref_tokens and len(logprobs) == NEW_TOKENS
-        assert torch.allclose(torch.tensor(logprobs), torch.tensor(ref_logprobs), atol=1e-4)
+        atol = 1e-4 if device == "cpu" else 1e-3
+        assert torch.allclose(torch.tensor(logprobs), torch.tensor(ref_logprobs), atol=atol)
 
 
 def test_quantize_fp8_at_load(tmp_path: Path) -> None:
