@@ -97,3 +97,35 @@ def test_mismatched_caches_are_rejected(device):
     lens = torch.ones(1, dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="float8_e4m3fn for both caches"):
         paged_decode_attention(q, k_cache, v_cache, lens, tables, 1.0)
+
+
+@pytest.mark.slow
+def test_triton_runner_with_an_fp8_cache_matches_the_torch_one(device: torch.device, tmp_path) -> None:
+    """The whole model over an fp8 cache: the Triton kernels (write, prefill chunks, decodes) and the
+    torch twins store and read the same e4m3 values, so greedy tokens agree."""
+    from omni_gateway.engine.config import EngineConfig
+    from omni_gateway.engine.loader import load_model
+    from omni_gateway.engine.model_runner import ModelRunner
+
+    from benchmarks.checkpoints import save_tiny_checkpoint
+    from tests.engine.runner_driver import RunnerDriver, greedy_seq
+
+    save_tiny_checkpoint("llama", tmp_path)
+    gen = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(2, 300, (n,), generator=gen).tolist() for n in (7, 30)]
+    outputs = []
+    for backend in ("triton", "torch"):
+        config = EngineConfig(
+            model=str(tmp_path),
+            device=str(device),
+            dtype="float32",
+            attention_backend=backend,
+            num_kv_blocks=32,
+            enforce_eager=True,
+            kv_cache_dtype="fp8",
+        )
+        runner = ModelRunner(config, load_model(config))
+        assert runner.kv_cache.dtype == FP8
+        seqs = [greedy_seq(p, str(i)) for i, p in enumerate(prompts)]
+        outputs.append(RunnerDriver(runner).generate(seqs, 5, chunk=16))
+    assert outputs[0] == outputs[1]
