@@ -19,6 +19,13 @@
    prompts and the largest logprob difference of the tokens both chose while their histories agree.
    Random weights make near-uniform logits, so greedy paths part sooner than on a trained model.
 
+The whole run writes about 30 GB of checkpoints and loads five 8B engines; where one command may run
+only 10 minutes, split it (each engine run repeats bf16, the baseline of its ratios):
+
+    python -m benchmarks.quant_gpu --skip-engine
+    python -m benchmarks.quant_gpu --skip-kernels --variants bf16,fp8-channel,fp8-block
+    python -m benchmarks.quant_gpu --skip-kernels --variants bf16,int4,fp8-kv
+
 Needs torch, triton, transformers, safetensors and tokenizers; nothing of the HTTP/realtime stack.
 Every record is appended as a JSON line to ``benchmarks/results/quant_gpu.jsonl`` (``--out``; under
 ``$OUT`` when that is set).
@@ -357,7 +364,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="correctness only: kernels and a 2-layer engine")
     parser.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS), help=",".join(VARIANTS))
     parser.add_argument(
-        "--workload-variants", type=lambda s: s.split(","), default=["bf16", "fp8-channel", "fp8-block", "int4"]
+        "--workload-variants",
+        type=lambda s: s.split(","),
+        default=list(VARIANTS),
+        help="variants that run the workload",
     )
     parser.add_argument("--skip-kernels", action="store_true")
     parser.add_argument("--skip-engine", action="store_true")
