@@ -91,6 +91,7 @@ def _weight_tile(
     """The ``[block_n, block_k]`` tile at ``k_start`` of unscaled weights (exact in bf16) and its
     per-feature scale (1 for per-channel FP8, whose scale applies to the finished sums)."""
     in_k = (cols * 0 + k_start) < K  # per feature: the interpreter rejects scalar masks
+    # One return at the end: the branches are compile-time, and only the taken one is generated.
     if FORMAT == 2:
         half = k_start // 2 + tl.arange(0, BLOCK_K // 2)
         ptrs = w_ptr + cols.to(tl.int64)[:, None] * (K // 2) + half[None, :]
@@ -104,23 +105,23 @@ def _weight_tile(
             packed = tl.load(ptrs, mask=mask, other=0, eviction_policy="evict_first")
             zero = tl.load(z_ptr + g, mask=col_ok & in_k, other=0).to(tl.float32)
             scale = tl.load(s_ptr + g, mask=col_ok & in_k, other=0.0).to(tl.float32)
-        q = tl.interleave(packed & 0xF, packed >> 4).to(tl.float32)
-        return q - zero[:, None], scale
-    ks = k_start + tl.arange(0, BLOCK_K)
-    ptrs = w_ptr + cols.to(tl.int64)[:, None] * K + ks[None, :]
-    if EVEN:
-        w = tl.load(ptrs, eviction_policy="evict_first").to(tl.float32)
+        w = tl.interleave(packed & 0xF, packed >> 4).to(tl.float32) - zero[:, None]
     else:
-        w = tl.load(ptrs, mask=col_ok[:, None] & (ks < K)[None, :], other=0.0, eviction_policy="evict_first")
-        w = w.to(tl.float32)
-    if FORMAT == 1:
-        sp = s_ptr + (cols // GROUP) * tl.cdiv(K, GROUP) + k_start // GROUP
+        ks = k_start + tl.arange(0, BLOCK_K)
+        ptrs = w_ptr + cols.to(tl.int64)[:, None] * K + ks[None, :]
         if EVEN:
-            scale = tl.load(sp)
+            w = tl.load(ptrs, eviction_policy="evict_first").to(tl.float32)
         else:
-            scale = tl.load(sp, mask=col_ok & in_k, other=0.0)
-    else:
-        scale = tl.full([BLOCK_N], 1.0, tl.float32)
+            w = tl.load(ptrs, mask=col_ok[:, None] & (ks < K)[None, :], other=0.0, eviction_policy="evict_first")
+            w = w.to(tl.float32)
+        if FORMAT == 1:
+            sp = s_ptr + (cols // GROUP) * tl.cdiv(K, GROUP) + k_start // GROUP
+            if EVEN:
+                scale = tl.load(sp)
+            else:
+                scale = tl.load(sp, mask=col_ok & in_k, other=0.0)
+        else:
+            scale = tl.full([BLOCK_N], 1.0, tl.float32)
     return w, scale
 
 

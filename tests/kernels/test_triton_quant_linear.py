@@ -64,6 +64,19 @@ def test_int4_matches_reference(device, dtype, rows, n, k, group, rel_err, toler
         assert rel_err(qref.int4_linear(x, packed, scales, zeros, b), expected) < tolerance[dtype]
 
 
+@pytest.mark.parametrize("rows", [20, 40])
+def test_decode_batches_past_16_rows(device, rows, rel_err, tolerance):
+    """The default launch for 17+ rows (wider feature blocks, 32/64-row activation blocks)."""
+    w, x, bias = _data(128, 256, rows, torch.bfloat16, device, rows)
+    q, scale = (t.to(device) for t in qref.quantize_fp8_per_block(w))
+    out = fp8_linear(x, q, scale, bias)
+    assert rel_err(out, _expected(x, qref.dequantize_fp8(q, scale), bias)) < tolerance[torch.bfloat16]
+    packed, scales, zeros = (t.to(device) for t in qref.quantize_int4(w))
+    out = int4_linear(x, packed, scales, zeros, bias)
+    expected = _expected(x, qref.dequantize_int4(packed, scales, zeros), bias)
+    assert rel_err(out, expected) < tolerance[torch.bfloat16]
+
+
 def test_many_rows_take_the_dequantized_path(device, rel_err):
     w, x, _ = _data(32, 128, 5, torch.float32, device, 7)
     q, scale = (t.to(device) for t in qref.quantize_fp8_per_channel(w))
