@@ -11,6 +11,13 @@ CPU_BLOCK_SIZE = 8
 CUDA_BLOCK_SIZE = 16
 
 
+# vLLM's names. "none" loads a float checkpoint as it is; None (the default) follows the checkpoint's
+# quantization_config. Only "fp8" quantizes a float checkpoint at load.
+QUANTIZATION_CHOICES: tuple[str, ...] = ("fp8", "awq", "gptq", "compressed-tensors", "none")
+# "fp8" stores K/V as float8_e4m3fn (scale 1.0, as vLLM's default); "fp8_e4m3" is its alias.
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8", "fp8_e4m3")
+
+
 def default_block_size(device: str) -> int:
     """KV block size for a device string ("cpu", "cuda", "cuda:1", ...)."""
     return CUDA_BLOCK_SIZE if device.startswith("cuda") else CPU_BLOCK_SIZE
@@ -55,6 +62,10 @@ class EngineConfig:
     compile_cache_dir: str | None = None
     # Ranks one model is split over (engine/parallel): one process each, one device each on CUDA.
     tensor_parallel_size: int = 1
+    # Weight quantization (QUANTIZATION_CHOICES); None: whatever the checkpoint's config.json declares.
+    quantization: str | None = None
+    # "auto": the KV cache in the model dtype; "fp8": float8_e4m3fn, half the bytes of bf16.
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size is None and self.device != "auto":
@@ -81,5 +92,11 @@ class EngineConfig:
             raise ValueError("compile_cache_dir must be a directory path or None, got an empty string")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
+            raise ValueError(
+                f"unsupported quantization {self.quantization!r}; supported: {', '.join(QUANTIZATION_CHOICES)}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")

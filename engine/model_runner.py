@@ -104,6 +104,8 @@ class ModelRunner:
         self.device, self.dtype = pick_device_dtype(config)
         if parallel.device is not None:
             self.device = parallel.device
+        # fp8: K/V stored as float8_e4m3fn with scale 1.0 (vLLM's default); attention widens them again.
+        self.kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype in ("fp8", "fp8_e4m3") else self.dtype
         self.ops = select_kernels(config.attention_backend, self.device)
         if config.block_size is None:
             raise ValueError(
@@ -142,7 +144,7 @@ class ModelRunner:
             num_kv_heads,
             shape.head_dim,
             device=self.device,
-            dtype=self.dtype,
+            dtype=self.kv_dtype,
         )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(shape.num_layers)]
         self.sampler = Sampler(self.device, config.seed)
@@ -183,7 +185,7 @@ class ModelRunner:
     def _decide_num_blocks(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
-        block_bytes = 2 * num_layers * self.block_size * num_kv_heads * head_dim * self.dtype.itemsize
+        block_bytes = 2 * num_layers * self.block_size * num_kv_heads * head_dim * self.kv_dtype.itemsize
         needed = self.config.max_num_seqs * self.max_blocks_per_seq + 1
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)

@@ -210,6 +210,23 @@ def _flags() -> tuple[Flag, ...]:
             "engine",
             choices=("auto", "float32", "bfloat16", "float16"),
         ),
+        Flag(
+            "--quantization",
+            eng,
+            "quantization",
+            "weight quantization; default: the checkpoint's quantization_config (fp8 also quantizes a float "
+            "checkpoint at load)",
+            "engine",
+            choices=("fp8", "awq", "gptq", "compressed-tensors", "none"),
+        ),
+        Flag(
+            "--kv-cache-dtype",
+            eng,
+            "kv_cache_dtype",
+            "KV cache storage: 'auto' (the model dtype) or 'fp8' (float8_e4m3fn, scale 1.0) (default %(default)s)",
+            "engine",
+            choices=("auto", "fp8", "fp8_e4m3"),
+        ),
         Flag("--max-model-len", eng, "max_model_len", "context length cap (default: the model's)", "engine", type=int),
         Flag(
             "--max-num-seqs",

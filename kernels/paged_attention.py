@@ -23,8 +23,9 @@ import triton
 import triton.language as tl
 from omni_gateway.kernels.validation import (
     FLOAT_DTYPES,
+    KV_CACHE_DTYPES,
+    check_cache_dtype,
     check_dim,
-    check_same_dtype,
     check_tensor,
     interpreting,
     next_pow2,
@@ -216,8 +217,10 @@ def _paged_scores(
     kv_off = page * stride_cache_block + (offs % PAGE) * stride_cache_tok + kvh * HEAD_DIM
     kv_ptrs = kv_off[:, None] + dims[None, :]
     kv_mask = tok_ok[:, None] & dim_ok[None, :]
-    k = tl.load(k_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
-    v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+    # An fp8 cache (scale 1: the caller folds per-tensor scales into the softmax scale and output)
+    # widens to the query dtype here; for a cache in that dtype the casts are no-ops.
+    k = tl.load(k_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0).to(q.dtype)
+    v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0).to(q.dtype)
     if DOT_FP32:
         # fp32 inputs want exact products; the CPU interpreter also mis-multiplies 16-bit
         # floats, so there both operands go through fp32 (values stay those of the 16-bit type).
@@ -451,9 +454,9 @@ def _decode_reduce_kernel(
 
 
 def _check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor) -> None:
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=FLOAT_DTYPES, device=q.device)
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=FLOAT_DTYPES, device=q.device)
-    check_same_dtype(q.dtype, k_cache=k_cache, v_cache=v_cache)
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=KV_CACHE_DTYPES, device=q.device)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=KV_CACHE_DTYPES, device=q.device)
+    check_cache_dtype(q.dtype, k_cache, v_cache)
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]

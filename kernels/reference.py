@@ -35,18 +35,37 @@ def write_kv_cache(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Scatter token ``t``'s K/V to ``slot_mapping[t]``; slot -1 marks padding and is skipped."""
+    """Scatter token ``t``'s K/V to ``slot_mapping[t]``; slot -1 marks padding and is skipped.
+
+    An float8_e4m3fn cache stores the values saturated at +-448 (scale 1; e4m3 has no infinity)."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    k, v = _to_cache(k, k_cache.dtype), _to_cache(v, v_cache.dtype)
+    if k_cache.dtype == FP8_KV_DTYPE:  # index_copy_ has no float8 kernel on the CPU: copy the bytes
+        k_flat, v_flat, k, v = (
+            k_flat.view(torch.uint8),
+            v_flat.view(torch.uint8),
+            k.view(torch.uint8),
+            v.view(torch.uint8),
+        )
     valid = slot_mapping >= 0
     if bool(valid.all()):
-        k_flat.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-        v_flat.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        k_flat.index_copy_(0, slot_mapping, k)
+        v_flat.index_copy_(0, slot_mapping, v)
         return
     slots = slot_mapping[valid]
-    k_flat.index_copy_(0, slots, k[valid].to(k_cache.dtype))
-    v_flat.index_copy_(0, slots, v[valid].to(v_cache.dtype))
+    k_flat.index_copy_(0, slots, k[valid])
+    v_flat.index_copy_(0, slots, v[valid])
+
+
+FP8_KV_DTYPE = torch.float8_e4m3fn
+
+
+def _to_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == FP8_KV_DTYPE:
+        return x.float().clamp(-448.0, 448.0).to(dtype)
+    return x.to(dtype)
 
 
 def _gather_context(cache: torch.Tensor, block_table_row: torch.Tensor, length: int) -> torch.Tensor:

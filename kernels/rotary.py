@@ -7,6 +7,8 @@ import triton
 import triton.language as tl
 from omni_gateway.kernels.validation import (
     FLOAT_DTYPES,
+    KV_CACHE_DTYPES,
+    check_cache_dtype,
     check_dim,
     check_same_dtype,
     check_tensor,
@@ -38,8 +40,31 @@ def _rotate_heads(
     dst = dst_row + cols
     x1 = tl.load(x_ptr + src, mask=ok, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + src + HEAD_DIM // 2, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + dst, (x1 * cos - x2 * sin).to(out_ptr.dtype.element_ty), mask=ok)
-    tl.store(out_ptr + dst + HEAD_DIM // 2, (x2 * cos + x1 * sin).to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + dst, _narrow(x1 * cos - x2 * sin, out_ptr), mask=ok)
+    tl.store(out_ptr + dst + HEAD_DIM // 2, _narrow(x2 * cos + x1 * sin, out_ptr), mask=ok)
+
+
+@triton.jit
+def _narrow(x, out_ptr):
+    """``x`` in the element type of ``out_ptr``; into an fp8 cache it saturates at +-448 (e4m3 has no
+    infinity: an out-of-range value would otherwise become NaN)."""
+    if out_ptr.dtype.element_ty == tl.float8e4nv:
+        x = _round_to_e4m3(tl.minimum(tl.maximum(x.to(tl.float32), -448.0), 448.0))
+    return x.to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _round_to_e4m3(x):
+    """float32 ``x`` (``|x| <= 448``) rounded to the nearest e4m3 value, ties to even, still in float32.
+    The cast that follows is then exact: Triton's CPU interpreter drops the carry when its own rounding
+    crosses a power of two (7.9 became 4), and the GPU's cvt gives the same bits either way."""
+    exponent = tl.maximum(((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)  # subnormals below 2^-6
+    step = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits: 2^(e-3), exact
+    r = x / step
+    low = tl.floor(r)
+    odd = (low - 2.0 * tl.floor(low * 0.5)) != 0.0
+    up = (r - low > 0.5) | ((r - low == 0.5) & odd)
+    return tl.where(up, low + 1.0, low) * step
 
 
 @triton.jit
@@ -158,7 +183,7 @@ def _rotary_write_kv_kernel(
         cols = tl.arange(0, BLOCK_ROW)
         ok = cols < row
         v = tl.load(v_ptr + token * stride_v + cols, mask=ok)
-        tl.store(v_cache_ptr + slot * row + cols, v.to(v_cache_ptr.dtype.element_ty), mask=ok)
+        tl.store(v_cache_ptr + slot * row + cols, _narrow(v, v_cache_ptr), mask=ok)
 
 
 def _check_rotary_args(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> int:
@@ -183,8 +208,9 @@ def _check_cache_args(
 ) -> None:
     check_token_rows("v", v, dtypes=FLOAT_DTYPES, device=k.device)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        check_tensor(name, t, ndim=4, dtypes=FLOAT_DTYPES, device=k.device)
-    check_same_dtype(k.dtype, v=v, k_cache=k_cache, v_cache=v_cache)
+        check_tensor(name, t, ndim=4, dtypes=KV_CACHE_DTYPES, device=k.device)
+    check_same_dtype(k.dtype, v=v)
+    check_cache_dtype(k.dtype, k_cache, v_cache)
     check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int64,), device=k.device)
     if v.shape != k.shape:
         raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")

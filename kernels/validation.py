@@ -12,6 +12,8 @@ import os
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# A paged KV cache holds the activation dtype, or float8_e4m3fn (``--kv-cache-dtype fp8``).
+KV_CACHE_DTYPES = (*FLOAT_DTYPES, torch.float8_e4m3fn)
 
 
 def interpreting() -> bool:
@@ -62,6 +64,16 @@ def check_same_dtype(dtype: torch.dtype, **tensors: torch.Tensor) -> None:
     for name, t in tensors.items():
         if t.dtype != dtype:
             raise ValueError(f"{name}: expected dtype {dtype} (matching the other operands), got {t.dtype}")
+
+
+def check_cache_dtype(dtype: torch.dtype, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """Both caches hold ``dtype`` (the activations') or both float8_e4m3fn."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype not in (dtype, torch.float8_e4m3fn) or t.dtype != k_cache.dtype:
+            raise ValueError(
+                f"{name}: expected dtype {dtype} (the activations') or torch.float8_e4m3fn for both caches, "
+                f"got k_cache {k_cache.dtype} and v_cache {v_cache.dtype}"
+            )
 
 
 def check_dim(name: str, actual: int, expected: int, what: str) -> None:

@@ -133,6 +133,8 @@ class Linear:
         prepack: bool,
         packed_rows: int = 1,
     ) -> Linear:
+        if not isinstance(weight, torch.Tensor):  # a quantized weight (engine/quant) brings its own kernel
+            return cls(weight, bias, weight.kernel())
         packed = torch.ops.mkldnn._reorder_linear_weight(weight) if prepack else None
         return cls(weight, bias, kernel, packed, packed_rows)
 
@@ -190,6 +192,8 @@ class LlamaModel:
         self.kv_size = self.num_kv_heads * s.head_dim
 
         def w(name: str) -> torch.Tensor:
+            if not isinstance(weights[name], torch.Tensor):  # quantized (engine/quant): moves itself
+                return weights[name].to(device, dtype)
             return weights[name].to(device=device, dtype=dtype).contiguous()
 
         def opt(name: str) -> torch.Tensor | None:
@@ -198,6 +202,8 @@ class LlamaModel:
         def merged(names: list[str]) -> torch.Tensor | None:
             if not all(n in weights for n in names):
                 return None
+            if not isinstance(weights[names[0]], torch.Tensor):  # quantized: stacks its own parts
+                return type(weights[names[0]]).cat([weights[n] for n in names]).to(device, dtype)
             return torch.cat([weights[n] for n in names], dim=0).to(device=device, dtype=dtype).contiguous()
 
         prepack = onednn_prepacks(device, dtype)

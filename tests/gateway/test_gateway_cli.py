@@ -172,6 +172,8 @@ SAMPLES = {
     "--image-model": "/dit",
     "--device": "cpu",
     "--dtype": "float16",
+    "--quantization": "fp8",
+    "--kv-cache-dtype": "fp8",
     "--max-model-len": "1024",
     "--max-num-seqs": "8",
     "--max-num-batched-tokens": "512",

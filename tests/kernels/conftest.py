@@ -22,6 +22,7 @@ _TRITON_MODULES = (
     "omni_gateway.kernels.activation",
     "omni_gateway.kernels.argmax",
     "omni_gateway.kernels.gemv",
+    "omni_gateway.kernels.quant_linear",
 )
 
 if not torch.cuda.is_available():

@@ -24,6 +24,7 @@ _SPECIALIZED = {
         "_prefill_kernel": {"qk_scale", "stride_cache_block", "stride_cache_tok"},
     },
     "omni_gateway.kernels.gemv": {"_gemv_kernel": {"N", "K"}},
+    "omni_gateway.kernels.quant_linear": {"_quant_linear_kernel": {"N", "K", "stride_xm"}},
     "omni_gateway.kernels.norm": {"_rms_norm_kernel": {"eps"}},
     "omni_gateway.kernels.rotary": {
         "_rotary_kernel": {"stride_q", "stride_k"},

@@ -1,0 +1,119 @@
+"""Pure-torch twins of the quantized linear kernels (kernels/quant_linear.py): the formats' spec,
+the quantizers that produce them, and the de-quantization the large-row path runs before cuBLAS.
+
+Formats (weights are ``[N, K]``, output features by input features, like ``F.linear``):
+
+- FP8 per channel: ``weight`` float8_e4m3fn ``[N, K]``, ``scale`` float32 ``[N]``;
+  ``w[n, k] = weight[n, k] * scale[n]``.
+- FP8 per block: ``scale`` float32 ``[cdiv(N, 128), cdiv(K, 128)]``;
+  ``w[n, k] = weight[n, k] * scale[n // 128, k // 128]`` (vLLM's ``weight_scale_inv``).
+- int4, groups of ``group_size`` along K: ``packed`` uint8 ``[N, K / 2]`` with element ``2j`` in the
+  low nibble of byte ``j`` and ``2j + 1`` in the high one; ``scales`` ``[N, K / group_size]`` in the
+  activation dtype; ``zeros`` uint8 ``[N, K / group_size]`` (0..15);
+  ``w[n, k] = (q[n, k] - zeros[n, g]) * scales[n, g]`` with ``g = k // group_size``.
+  AWQ and GPTQ checkpoints are repacked into this one layout at load.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_BLOCK = 128  # the block edge of per-block FP8 scales (DeepSeek/vLLM's [128, 128])
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def quantize_fp8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each output row scaled so its largest magnitude maps to FP8_MAX."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
+    return (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def quantize_fp8_per_block(weight: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per ``block x block`` tile (ragged edge tiles included)."""
+    n, k = weight.shape
+    nb, kb = _cdiv(n, block), _cdiv(k, block)
+    w = F.pad(weight.float(), (0, kb * block - k, 0, nb * block - n))
+    tiles = w.view(nb, block, kb, block)
+    scale = (tiles.abs().amax(dim=(1, 3)) / FP8_MAX).clamp_min(1e-12)
+    q = (tiles / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).view(nb * block, kb * block)[:n, :k]
+    return q.contiguous().to(FP8_DTYPE), scale
+
+
+def fp8_scale_per_element(scale: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """float32 ``[N, K]`` scale of every weight element, for either scale layout."""
+    if scale.dim() == 1:
+        return scale.float()[:, None].expand(n, k)
+    per_row = scale.float().repeat_interleave(FP8_BLOCK, dim=0)[:n]
+    return per_row.repeat_interleave(FP8_BLOCK, dim=1)[:, :k]
+
+
+def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    n, k = weight.shape
+    return (weight.float() * fp8_scale_per_element(scale, n, k)).to(dtype)
+
+
+def fp8_linear(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x @ dequantize_fp8(weight, scale).T (+ bias)`` in x's dtype."""
+    return F.linear(x, dequantize_fp8(weight, scale, x.dtype), bias)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[N, K]`` of values 0..15 -> uint8 ``[N, K / 2]``, even columns in the low nibbles."""
+    q = q.to(torch.uint8)
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``pack_int4``: uint8 ``[N, 2 * packed.shape[1]]``."""
+    low, high = packed & 0xF, packed >> 4
+    return torch.stack((low, high), dim=-1).flatten(1)
+
+
+def quantize_int4(
+    weight: torch.Tensor, group_size: int = 128, *, symmetric: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Round-to-nearest min/max quantization per group: ``(packed, scales, zeros)``; scales in weight's
+    dtype (what AWQ/GPTQ store). ``symmetric`` fixes every zero point at 8 (GPTQ's ``sym=True``)."""
+    n, k = weight.shape
+    if k % group_size:
+        raise ValueError(f"quantize_int4: in_features {k} is not a multiple of group_size {group_size}")
+    groups = weight.float().view(n, k // group_size, group_size)
+    if symmetric:
+        scales = (groups.abs().amax(dim=2) / 7.5).clamp_min(1e-8).to(weight.dtype).float()
+        zeros = torch.full_like(scales, 8.0)
+    else:
+        lo, hi = groups.amin(dim=2).clamp(max=0.0), groups.amax(dim=2).clamp(min=0.0)
+        scales = ((hi - lo) / 15.0).clamp_min(1e-8).to(weight.dtype).float()
+        zeros = (-lo / scales).round().clamp(0, 15)
+    q = (groups / scales[..., None] + zeros[..., None]).round().clamp(0, 15).view(n, k)
+    return pack_int4(q), scales.to(weight.dtype), zeros.to(torch.uint8)
+
+
+def dequantize_int4(
+    packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    q = unpack_int4(packed).float()
+    group_size = q.shape[1] // scales.shape[1]
+    z = zeros.float().repeat_interleave(group_size, dim=1)
+    s = scales.float().repeat_interleave(group_size, dim=1)
+    return ((q - z) * s).to(dtype)
+
+
+def int4_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ dequantize_int4(packed, scales, zeros).T (+ bias)`` in x's dtype."""
+    return F.linear(x, dequantize_int4(packed, scales, zeros, x.dtype), bias)

@@ -1,0 +1,133 @@
+"""Triton weight-only quantized linears (kernels.quant_linear) against their torch twins
+(kernels.quant_reference) in float64, and the quantizers' round trip."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omni_gateway.kernels import quant_reference as qref
+from omni_gateway.kernels.quant_linear import QuantLinearConfig, fp8_linear, int4_linear
+
+
+def _data(n: int, k: int, m: int, dtype: torch.dtype, device: torch.device, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen) * 0.05
+    x = torch.randn(m, k, generator=gen).to(dtype).to(device)
+    bias = torch.randn(n, generator=gen).to(dtype).to(device)
+    return w, x, bias
+
+
+def _expected(x: torch.Tensor, dequantized: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out = x.double() @ dequantized.double().T
+    return out if bias is None else out + bias.double()
+
+
+_SMALL = QuantLinearConfig(block_n=16, block_k=32, unroll=2, stages=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize(
+    "n,k,config",
+    [
+        (32, 256, _SMALL),
+        (40, 200, _SMALL),  # ragged features and reduction
+        (48, 384, None),  # the defaults
+    ],
+)
+@pytest.mark.parametrize("blockwise", [False, True])
+def test_fp8_matches_reference(device, dtype, rows, n, k, config, blockwise, rel_err, tolerance):
+    w, x, bias = _data(n, k, rows, dtype, device, n * k + rows)
+    q, scale = qref.quantize_fp8_per_block(w) if blockwise else qref.quantize_fp8_per_channel(w)
+    q, scale = q.to(device), scale.to(device)
+    deq = qref.dequantize_fp8(q, scale)
+    for b in (None, bias):
+        out = fp8_linear(x, q, scale, b, config=config)
+        assert out.shape == (rows, n) and out.dtype == dtype
+        expected = _expected(x, deq, b)
+        assert rel_err(out, expected) < tolerance[dtype]
+        assert rel_err(qref.fp8_linear(x, q, scale, b), expected) < tolerance[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 8])
+@pytest.mark.parametrize("n,k,group", [(32, 256, 128), (40, 192, 64), (64, 512, 128)])
+def test_int4_matches_reference(device, dtype, rows, n, k, group, rel_err, tolerance):
+    w, x, bias = _data(n, k, rows, dtype, device, n + k + rows)
+    packed, scales, zeros = (t.to(device) for t in qref.quantize_int4(w.to(dtype), group))
+    deq = qref.dequantize_int4(packed, scales, zeros)
+    for b, config in ((None, _SMALL), (bias, None)):
+        out = int4_linear(x, packed, scales, zeros, b, config=config)
+        assert out.shape == (rows, n) and out.dtype == dtype
+        expected = _expected(x, deq, b)
+        assert rel_err(out, expected) < tolerance[dtype]
+        assert rel_err(qref.int4_linear(x, packed, scales, zeros, b), expected) < tolerance[dtype]
+
+
+@pytest.mark.parametrize("rows", [20, 40])
+def test_decode_batches_past_16_rows(device, rows, rel_err, tolerance):
+    """The default launch for 17+ rows (wider feature blocks, 32/64-row activation blocks)."""
+    w, x, bias = _data(128, 256, rows, torch.bfloat16, device, rows)
+    q, scale = (t.to(device) for t in qref.quantize_fp8_per_block(w))
+    out = fp8_linear(x, q, scale, bias)
+    assert rel_err(out, _expected(x, qref.dequantize_fp8(q, scale), bias)) < tolerance[torch.bfloat16]
+    packed, scales, zeros = (t.to(device) for t in qref.quantize_int4(w))
+    out = int4_linear(x, packed, scales, zeros, bias)
+    expected = _expected(x, qref.dequantize_int4(packed, scales, zeros), bias)
+    assert rel_err(out, expected) < tolerance[torch.bfloat16]
+
+
+def test_many_rows_take_the_dequantized_path(device, rel_err):
+    w, x, _ = _data(32, 128, 5, torch.float32, device, 7)
+    q, scale = (t.to(device) for t in qref.quantize_fp8_per_channel(w))
+    packed, scales, zeros = (t.to(device) for t in qref.quantize_int4(w))
+    few = QuantLinearConfig(max_dot_rows=4)
+    assert rel_err(fp8_linear(x, q, scale, config=few), _expected(x, qref.dequantize_fp8(q, scale), None)) < 1e-5
+    expected = _expected(x, qref.dequantize_int4(packed, scales, zeros), None)
+    assert rel_err(int4_linear(x, packed, scales, zeros, config=few), expected) < 1e-5
+
+
+def test_quantizers_round_trip():
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(130, 260, generator=gen)
+    for q, scale in (qref.quantize_fp8_per_channel(w), qref.quantize_fp8_per_block(w)):
+        # e4m3 keeps 3 mantissa bits (a relative rounding error of at most 2^-4), and below 2^-6 it
+        # steps by 2^-9 (an absolute error of at most half that, times the scale).
+        bound = w.abs() / 16 + qref.fp8_scale_per_element(scale, *w.shape) * 2**-10 + 1e-7
+        assert ((qref.dequantize_fp8(q, scale) - w).abs() <= bound).all()
+    assert qref.quantize_fp8_per_block(w)[1].shape == (2, 3)
+    w = w[:, :256]
+    packed, scales, zeros = qref.quantize_int4(w, 128)
+    assert packed.shape == (130, 128) and scales.shape == zeros.shape == (130, 2)
+    assert torch.equal(qref.pack_int4(qref.unpack_int4(packed)), packed)
+    # Round to nearest: at most half a step from the original, the step being the group's scale.
+    step = scales.float().repeat_interleave(128, dim=1)
+    assert ((qref.dequantize_int4(packed, scales, zeros) - w).abs() <= step / 2 + 1e-6).all()
+    sym_packed, sym_scales, sym_zeros = qref.quantize_int4(w, 128, symmetric=True)
+    assert (sym_zeros == 8).all()
+
+
+def test_rejects_bad_inputs(device):
+    q = torch.zeros(32, 128, device=device).to(qref.FP8_DTYPE)
+    x = torch.zeros(1, 128, device=device)
+    with pytest.raises(ValueError, match="in_features"):
+        fp8_linear(torch.zeros(1, 64, device=device), q, torch.ones(32, device=device))
+    with pytest.raises(ValueError, match="per-channel"):
+        fp8_linear(x, q, torch.ones(31, device=device))
+    with pytest.raises(ValueError, match="per-block shape"):
+        fp8_linear(x, q, torch.ones(2, 2, device=device))
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        fp8_linear(x, torch.zeros(32, 128, device=device), torch.ones(32, device=device))
+    packed = torch.zeros(32, 64, dtype=torch.uint8, device=device)
+    with pytest.raises(ValueError, match="zeros"):
+        int4_linear(x, packed, torch.ones(32, 1, device=device), torch.zeros(32, 2, dtype=torch.uint8, device=device))
+    with pytest.raises(ValueError, match="K / group"):
+        int4_linear(x, packed, torch.ones(32, 3, device=device), torch.zeros(32, 3, dtype=torch.uint8, device=device))
+    with pytest.raises(ValueError, match="group size"):  # 128 / 16 = 8 elements per group
+        int4_linear(x, packed, torch.ones(32, 16, device=device), torch.zeros(32, 16, dtype=torch.uint8, device=device))
+    with pytest.raises(ValueError, match=">= 16"):
+        fp8_linear(
+            torch.zeros(2, 128, device=device), q, torch.ones(32, device=device), config=QuantLinearConfig(block_n=8)
+        )
+    with pytest.raises(ValueError, match="power of two"):
+        QuantLinearConfig(unroll=3)
