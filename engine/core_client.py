@@ -374,7 +374,7 @@ class EngineCoreClient:
         if isinstance(message, ipc.StepOutput):
             if message.stats is not None:
                 self._stats = message.stats
-            for delta in message.deltas:
+            for delta in message.deltas():
                 self._deliver(delta.request_id, delta)
                 if delta.finished and self._failures:
                     self._failures = 0  # this core serves: a later death is not a crash loop

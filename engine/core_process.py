@@ -203,7 +203,7 @@ class _CoreLoop:
         if not self.engine.has_unfinished() or now - self.stats_at >= _STATS_PERIOD_S:
             stats, self.stats_at = self.engine.stats(), now
         if deltas or stats is not None:
-            self.outputs.send(ipc.encode(ipc.StepOutput(self.spec.epoch, tuple(deltas), stats)))
+            self.outputs.send(ipc.encode(ipc.StepOutput.of(self.spec.epoch, deltas, stats)))
 
     def _orphaned(self) -> bool:
         return self.spec.parent_pid is not None and os.getppid() != self.spec.parent_pid
