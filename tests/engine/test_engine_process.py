@@ -18,7 +18,7 @@ from omni_gateway.engine.core_process import ProcessLauncher
 from omni_gateway.engine.errors import EngineDead, InvalidRequest, ModelLoadError
 from omni_gateway.engine.launch import start_engine
 from omni_gateway.engine.outputs import StreamDelta
-from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.sampling_params import SamplingParams, StructuredOutputs
 
 from tests.engine.engine_fakes import make_engine, oracle
 
@@ -87,6 +87,13 @@ def test_a_refused_request_raises_before_any_delta(core: EngineCoreClient) -> No
     with pytest.raises(InvalidRequest):
         asyncio.run(collect(core.generate(too_long, GREEDY)))
     assert core.health()["alive"] and core.health()["open_streams"] == 0
+
+
+def test_a_constraint_that_does_not_compile_is_refused_from_the_core(core: EngineCoreClient) -> None:
+    bad = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputs(regex="(unclosed"))
+    with pytest.raises(InvalidRequest):
+        asyncio.run(collect(core.generate("a b", bad)))
+    assert asyncio.run(collect(core.generate("a b", GREEDY)))[-1].finish_reason == "length"  # the loop goes on
 
 
 def test_closing_a_stream_early_aborts_it_in_the_core(core: EngineCoreClient) -> None:
