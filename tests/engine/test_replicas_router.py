@@ -1,8 +1,16 @@
-"""Routing across engine replicas: pure logic, no processes."""
+"""Routing across engine replicas: the router's pure logic, and ``ReplicatedEngine`` over fake replicas."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
 import pytest
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.errors import EngineDead
+from omni_gateway.engine.outputs import StreamDelta
+from omni_gateway.engine.replicas import ReplicatedEngine
 from omni_gateway.engine.router import NoLiveReplica, Router
 
 UP2 = [True, True]
@@ -104,3 +112,74 @@ def test_tables_are_bounded_and_forgetting_releases_the_load() -> None:
 def test_states_of_the_wrong_length_are_refused() -> None:
     with pytest.raises(ValueError, match="expected 2 replica states"):
         Router(2).route(alive=[True], open_requests=[0, 0])
+
+
+def test_process_layout_flags_are_checked() -> None:
+    with pytest.raises(ValueError, match="data_parallel_size must be >= 1"):
+        EngineConfig(data_parallel_size=0)
+    with pytest.raises(ValueError, match="'mp' or 'ray'"):
+        EngineConfig(distributed_executor_backend="slurm")
+    with pytest.raises(ValueError, match="engine_in_process"):
+        EngineConfig(engine_in_process=True, data_parallel_size=2)
+
+
+class FakeReplica:
+    """What ``ReplicatedEngine`` reads of an ``EngineCoreClient``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.alive = True
+        self.num_open_streams = 0
+        self.aborted: list[str] = []
+
+    async def generate(self, prompt: Any, params: Any = None, **kwargs: Any) -> AsyncIterator[StreamDelta]:
+        self.num_open_streams += 1
+        try:
+            yield StreamDelta(kwargs["request_id"], self.name, (1,), finished=True, finish_reason="length")
+        finally:
+            self.num_open_streams -= 1
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def health(self) -> dict[str, Any]:
+        return {"alive": self.alive, "error": None if self.alive else "killed", "open_streams": 0}
+
+    def stats(self) -> dict[str, float]:
+        return {"running": 1.0, "kv_waste_fraction": 0.2 if self.name == "a" else 0.4}
+
+
+async def answer(engine: ReplicatedEngine, session_id: str | None, prompt: Any = (1, 2)) -> str:
+    deltas = [d async for d in engine.generate(list(prompt), request_id="r", session_id=session_id)]
+    return deltas[0].text
+
+
+def test_replicated_engine_keeps_sessions_and_skips_dead_replicas() -> None:
+    a, b = FakeReplica("a"), FakeReplica("b")
+    engine = ReplicatedEngine([a, b])  # type: ignore[list-item]
+    first = asyncio.run(answer(engine, "s1"))
+    assert {asyncio.run(answer(engine, "s1")) for _ in range(3)} == {first}
+    (a if first == "a" else b).alive = False
+    assert asyncio.run(answer(engine, "s1")) != first  # its replica died: the next turn goes to the survivor
+    health = engine.health()
+    assert health["alive"] and health["replicas_alive"] == 1 and "killed" in health["error"]
+    assert engine.stats()["running"] == 2.0 and abs(engine.stats()["kv_waste_fraction"] - 0.3) < 1e-9
+    a.alive = b.alive = False
+    with pytest.raises(EngineDead, match="no engine replica is running"):
+        asyncio.run(answer(engine, "s2"))
+    assert not engine.health()["alive"]
+
+
+def test_an_abort_reaches_the_replica_that_streams_the_request() -> None:
+    a, b = FakeReplica("a"), FakeReplica("b")
+    engine = ReplicatedEngine([a, b])  # type: ignore[list-item]
+
+    async def abort_mid_stream() -> str:
+        stream = engine.generate([1], request_id="r9", session_id="s")
+        delta = await anext(stream)
+        engine.abort("r9")
+        await stream.aclose()
+        return delta.text
+
+    home = asyncio.run(abort_mid_stream())
+    assert (a if home == "a" else b).aborted == ["r9"] and (b if home == "a" else a).aborted == []
