@@ -10,7 +10,7 @@ Death: the receiver looks at the core every ``_WATCH_S``. When it is gone, every
 with an error delta (a realtime session turns it into an ``error`` event and a failed response, HTTP
 into a 500 or a stream error), ``health()`` turns red, and the core is started again (a new epoch)
 after a backoff. A restart loses the prefix cache and nothing else: requests are not replayed, their
-clients were told. After ``max_restarts`` starts in a row that die before serving a request, the
+clients were told. After ``max_restarts`` restarts in a row that die within a minute of starting, the
 client stays down with the reason in ``health()``: a core that cannot start will not by retrying.
 """
 
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 _WATCH_S = 0.1  # how often the receiver checks that the core is alive
 _BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+_STABLE_S = 60.0  # a core that served this long before dying was not crash-looping
 
 
 class CoreHandle(Protocol):
@@ -119,6 +120,7 @@ class EngineCoreClient:
         self._failures = 0  # starts in a row that died before serving
         self._restart_at = 0.0
         self._started_at = 0.0
+        self._ready_at = 0.0
         self._handle: CoreHandle | None = None
         self._ready: ipc.Ready | None = None
         self._stats: dict[str, float] = {}
@@ -296,6 +298,8 @@ class EngineCoreClient:
         import zmq
 
         with self._lock:
+            if self._state == "closed":
+                return
             running = self._state == "running"
             self._state, self._reason = "closed", "shut down"
             if running:
@@ -376,8 +380,6 @@ class EngineCoreClient:
                 self._stats = message.stats
             for delta in message.deltas():
                 self._deliver(delta.request_id, delta)
-                if delta.finished and self._failures:
-                    self._failures = 0  # this core serves: a later death is not a crash loop
         elif isinstance(message, ipc.Refused):
             self._deliver(message.request_id, message.error)
         elif isinstance(message, ipc.Ready):
@@ -385,7 +387,7 @@ class EngineCoreClient:
             self._stats = message.stats
             with self._lock:
                 if self._state == "starting":
-                    self._state, self._reason = "running", None
+                    self._state, self._reason, self._ready_at = "running", None, time.monotonic()
             log.info("%s core ready (pid %d, epoch %d)", self.name, message.pid, message.epoch)
             self._first.set()
         elif isinstance(message, ipc.StartFailed):
@@ -412,8 +414,10 @@ class EngineCoreClient:
         with self._lock:
             if self._state == "closed":
                 return
-            never_served = self._state == "starting" or self._failures > 0
-            self._failures = self._failures + 1 if never_served else 1
+            # A core that served a while before dying starts a new count; one that died starting, or soon
+            # after a restart, continues the crash loop's.
+            served = self._state == "running" and time.monotonic() - self._ready_at >= _STABLE_S
+            self._failures = 1 if served or self._failures == 0 else self._failures + 1
             give_up = self._ready is None or self._failures > self._max_restarts
             self._state = "failed" if give_up else "dead"
             self._reason = reason
