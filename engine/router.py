@@ -6,7 +6,9 @@
 - A request without a session (HTTP) goes where the same prompt prefix went before (its leading
   ``prefix_blocks`` KV blocks, hashed), unless that replica is dead or carries ``slack`` more work
   than the least loaded one; otherwise to the least loaded, which then owns the prefix.
-- Load is the replica's open requests (from its client) plus the sessions pinned to it.
+- Load is the replica's open requests (from its client) plus the sessions pinned to it that sent a
+  request within ``active_s`` (an idle or ended session keeps its replica but weighs nothing: the gateway
+  does not tell the engine when a session closes).
 
 Both tables are bounded LRUs: a session that ended (or a prefix nobody sends again) is forgotten once
 ``capacity`` newer ones arrived.
@@ -15,9 +17,10 @@ Both tables are bounded LRUs: a session that ended (or a prefix nobody sends aga
 from __future__ import annotations
 
 import hashlib
+import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 class NoLiveReplica(RuntimeError):
@@ -26,7 +29,15 @@ class NoLiveReplica(RuntimeError):
 
 class Router:
     def __init__(
-        self, num_replicas: int, *, block_size: int = 16, prefix_blocks: int = 4, slack: int = 4, capacity: int = 65536
+        self,
+        num_replicas: int,
+        *,
+        block_size: int = 16,
+        prefix_blocks: int = 4,
+        slack: int = 4,
+        capacity: int = 65536,
+        active_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
@@ -35,7 +46,10 @@ class Router:
         self.prefix_blocks = prefix_blocks
         self.slack = slack
         self.capacity = capacity
+        self.active_s = active_s
+        self._clock = clock
         self._sessions: OrderedDict[str, int] = OrderedDict()
+        self._recent: OrderedDict[str, tuple[int, float]] = OrderedDict()  # active sessions, by last request
         self._prefixes: OrderedDict[bytes, int] = OrderedDict()
         self._pinned = [0] * num_replicas
         self._next = 0  # rotates ties, so sessions that arrive together spread
@@ -55,6 +69,7 @@ class Router:
             )
         if not any(alive):
             raise NoLiveReplica("no engine replica is running")
+        self._expire()
         loads = [open_requests[i] + self._pinned[i] for i in range(self.num_replicas)]
         if session_id is not None:
             return self._route_session(session_id, alive, loads)
@@ -72,9 +87,8 @@ class Router:
         return self._sessions.get(session_id)
 
     def forget_session(self, session_id: str) -> None:
-        replica = self._sessions.pop(session_id, None)
-        if replica is not None:
-            self._pinned[replica] -= 1
+        self._sessions.pop(session_id, None)
+        self._deactivate(session_id)
 
     def prefix_key(self, prompt: str | Sequence[int]) -> bytes | None:
         """A hash of the prompt's leading full blocks (characters stand in for tokens in a text prompt);
@@ -88,19 +102,34 @@ class Router:
 
     def _route_session(self, session_id: str, alive: Sequence[bool], loads: list[int]) -> int:
         replica = self._sessions.get(session_id)
-        if replica is not None and alive[replica]:
-            self._sessions.move_to_end(session_id)
-            return replica
-        if replica is not None:
-            self.forget_session(session_id)  # its replica died: placed afresh
-            loads[replica] -= 1
-        replica = self._least_loaded(alive, loads)
+        if replica is None or not alive[replica]:
+            if session_id in self._recent:  # its replica died: placed afresh
+                loads[self._recent[session_id][0]] -= 1
+            self._deactivate(session_id)
+            replica = self._least_loaded(alive, loads)
         self._sessions[session_id] = replica
-        self._pinned[replica] += 1
+        self._sessions.move_to_end(session_id)
         while len(self._sessions) > self.capacity:
-            _, old = self._sessions.popitem(last=False)
-            self._pinned[old] -= 1
+            old, _ = self._sessions.popitem(last=False)
+            self._deactivate(old)
+        if session_id not in self._recent:
+            self._pinned[replica] += 1
+        self._recent[session_id] = (replica, self._clock())
+        self._recent.move_to_end(session_id)
         return replica
+
+    def _deactivate(self, session_id: str) -> None:
+        entry = self._recent.pop(session_id, None)
+        if entry is not None:
+            self._pinned[entry[0]] -= 1
+
+    def _expire(self) -> None:
+        horizon = self._clock() - self.active_s
+        while self._recent:
+            session_id, (_, last) = next(iter(self._recent.items()))
+            if last >= horizon:
+                return
+            self._deactivate(session_id)
 
     def _least_loaded(self, alive: Sequence[bool], loads: Sequence[int]) -> int:
         n = self.num_replicas

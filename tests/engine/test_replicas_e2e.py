@@ -133,4 +133,9 @@ def test_data_parallel_processes(tmp_path: Path) -> None:
 
 
 def test_ray_actors(tmp_path: Path, ray_cluster: None) -> None:
-    run_scenario(replicated_pipeline(tmp_path, "ray"))
+    import ray
+
+    pipe = replicated_pipeline(tmp_path, "ray")
+    groups = [g for g in ray.util.placement_group_table().values() if g["name"].startswith("omni-engine-")]
+    assert sorted((g["strategy"], g["state"]) for g in groups) == [("STRICT_PACK", "CREATED")] * 2
+    run_scenario(pipe)

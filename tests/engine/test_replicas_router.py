@@ -183,3 +183,17 @@ def test_an_abort_reaches_the_replica_that_streams_the_request() -> None:
 
     home = asyncio.run(abort_mid_stream())
     assert (a if home == "a" else b).aborted == ["r9"] and (b if home == "a" else a).aborted == []
+
+
+def test_an_idle_session_keeps_its_replica_but_stops_weighing_on_it() -> None:
+    now = [0.0]
+    router = Router(2, active_s=60, clock=lambda: now[0])
+    home = router.route(alive=UP2, open_requests=[0, 0], session_id="idle")
+    other = 1 - home
+    now[0] = 30.0  # still active: the next session goes to the other replica
+    assert router.route(alive=UP2, open_requests=[0, 0], session_id="second") == other
+    now[0] = 200.0  # both idle: neither weighs, ties rotate
+    busy = [0, 0]
+    busy[other] = 1
+    assert router.route(alive=UP2, open_requests=busy, session_id="third") == home
+    assert router.route(alive=UP2, open_requests=[0, 0], session_id="idle") == home  # it comes back home
