@@ -7,6 +7,7 @@ core starts in a couple of seconds; the real tiny checkpoint runs in ``test_repl
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -159,3 +160,46 @@ def test_in_process_layout_serves_through_the_same_interface() -> None:
         assert deltas[-1].finish_reason == "length"
     finally:
         engine.shutdown()
+
+
+def test_behind_the_server_a_dead_core_turns_health_red_errors_sessions_then_recovers() -> None:
+    import httpx
+    from omni_gateway.gateway.config import GatewayConfig
+    from omni_gateway.omni.config import OmniConfig
+    from omni_gateway.omni.pipeline import OmniPipeline
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    from benchmarks.live_server import serve
+
+    engine = client(slow_fake_engine)
+    config = OmniConfig(asr=None, tts=None, vad=False, vision=False)
+    pipe = OmniPipeline(config, engine=engine, model_name="fake", max_context_tokens=engine.max_model_len)
+
+    async def scenario(port: int) -> tuple[float, list[dict[str, Any]], int | None]:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            ws = await connect(f"ws://127.0.0.1:{port}/v1/realtime")
+            await ws.recv()  # session.created
+            assert (await http.get("/health")).status_code == 200
+            t0 = time.monotonic()
+            engine.kill()
+            while (await http.get("/health")).status_code != 503:
+                await asyncio.sleep(0.05)
+            red_after = time.monotonic() - t0
+            events: list[dict[str, Any]] = []
+            try:
+                while True:
+                    events.append(json.loads(await ws.recv()))
+            except ConnectionClosed as closed:
+                code = closed.rcvd.code if closed.rcvd else None
+            assert await asyncio.to_thread(engine.wait_alive, 120)
+            assert (await http.get("/health")).status_code == 200
+            return red_after, events, code
+
+    try:
+        with serve(pipe, GatewayConfig(health_poll_s=0.2)) as port:
+            red_after, events, code = asyncio.run(asyncio.wait_for(scenario(port), 180))
+    finally:
+        pipe.shutdown()
+    assert red_after < 5.0
+    assert [e["type"] for e in events if e["type"] != "conversation.created"] == ["error"] and code == 1011
