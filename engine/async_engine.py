@@ -117,6 +117,7 @@ class AsyncEngine:
         embed_spans: Iterable[EmbedSpan] = (),
         add_special_tokens: bool = True,
         input_stream: InputStream | None = None,
+        session_id: str | None = None,  # replica affinity; one engine has nothing to choose
     ) -> AsyncIterator[StreamDelta]:
         """Stream deltas until every completion of the request finished. Closing the iterator early
         aborts the request. Raises InvalidRequest, EngineOverloaded or EngineDead before the first delta."""

@@ -66,6 +66,13 @@ class EngineConfig:
     quantization: str | None = None
     # "auto": the KV cache in the model dtype; "fp8": float8_e4m3fn, half the bytes of bf16.
     kv_cache_dtype: str = "auto"
+    # ---- process layout (serving only; ``LLM`` always runs in the caller's process) ----
+    # Engine replicas, each a full copy of the model with its own KV cache (vLLM's --data-parallel-size).
+    data_parallel_size: int = 1
+    # Where replicas run: "mp" processes on this machine, "ray" actors placed on a Ray cluster.
+    distributed_executor_backend: str = "mp"
+    # The engine core in a thread of the serving process instead of its own process (debugging, tests).
+    engine_in_process: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size is None and self.device != "auto":
@@ -98,5 +105,16 @@ class EngineConfig:
             )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
+        if self.distributed_executor_backend not in ("mp", "ray"):
+            raise ValueError(
+                f"distributed_executor_backend must be 'mp' or 'ray', got {self.distributed_executor_backend!r}"
+            )
+        if self.engine_in_process and (self.data_parallel_size > 1 or self.distributed_executor_backend == "ray"):
+            raise ValueError(
+                "engine_in_process runs one engine in this process: data_parallel_size must be 1 and "
+                "distributed_executor_backend 'mp'"
+            )
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")

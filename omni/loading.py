@@ -23,22 +23,14 @@ _WARM_UP_SENTENCE = "Hello, this sentence only warms up the voice before anyone 
 
 def load_pipeline(config: OmniConfig) -> OmniPipeline:
     """Load every configured stage; the slow ones report progress on the log."""
-    from omni_gateway.engine.async_engine import AsyncEngine
-    from omni_gateway.engine.llm_engine import LLMEngine
-    from omni_gateway.engine.warmup import warm_up_engine
+    from omni_gateway.engine.launch import start_engine
     from omni_gateway.omni.pipeline import OmniPipeline
 
     t0 = time.monotonic()
     threads = stage_threads(config)
-    if _engine_on_cpu(config):
-        import torch
-
-        torch.set_num_threads(threads)  # before the engine thread starts, so it runs with this count
-    llm = LLMEngine(config.engine)
-    # Before the engine thread starts: the warm-up drives the engine itself, and the server only
-    # listens (and reports healthy) once this returns.
-    warm_up_engine(llm, config.engine.warmup)
-    engine = AsyncEngine(engine=llm)
+    # Loaded and warmed before the server listens (and reports healthy); the engine core runs in its
+    # own process(es) unless the config keeps it in this one.
+    engine = start_engine(config.engine, threads=threads if _engine_on_cpu(config) else None)
     model_name = engine.model_name
     log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t0)
     asr = tts = vad_session = image_head = vision = audio = speech = None

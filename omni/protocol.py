@@ -157,6 +157,7 @@ class OmniRequest:
     add_generation_prompt: bool = True
     raw_prompt: str | None = None  # /v1/completions: a prompt used as is, no chat template
     priority: int = 0  # 0 realtime turns, 1 bulk HTTP work
+    session_id: str | None = None  # a realtime session's id: all its turns go to one engine replica
 
 
 # ---- output chunks -----------------------------------------------------------------------------

@@ -228,7 +228,9 @@ def usage(finals: list[StreamDelta], prompt: Prompt) -> Usage:
 async def _deltas(
     engine: Engine, request: OmniRequest, prompt: Prompt, params: SamplingParams
 ) -> AsyncIterator[StreamDelta]:
-    kwargs = {"embed_spans": prompt.embed_spans} if prompt.embed_spans else {}
+    kwargs: dict[str, Any] = {"embed_spans": prompt.embed_spans} if prompt.embed_spans else {}
+    if request.session_id is not None:
+        kwargs["session_id"] = request.session_id
     async with contextlib.aclosing(
         engine.generate(prompt.token_ids, params, request_id=request.request_id, priority=request.priority, **kwargs)
     ) as deltas:

@@ -5,6 +5,7 @@ session answers goes to ``report`` (the connection's dispatch, which waits while
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -55,7 +56,7 @@ async def _generate(
     stream: AsyncIterator[OutputChunk] | None = None
     exhausted = False
     timer = metrics.TokenTimer("realtime")
-    request = work.request
+    request = dataclasses.replace(work.request, session_id=session.id)  # keeps the session on one replica
     try:
         if work.fit is not None:
             request, cut = await _fit_prompt(work.fit, request)

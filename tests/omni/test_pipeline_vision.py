@@ -70,8 +70,7 @@ def test_image_turn_matches_the_engine_driven_directly(pipeline: OmniPipeline) -
 
     # The same prompt through omni.vision and the engine, without the pipeline in between.
     request = OmniRequest("direct", (Message("user", (TextPart("describe"), ImagePart(image, "image/png"))),))
-    llm_engine = pipeline.engine.engine
-    built = build_vision_prompt(request, llm_engine.tokenizer, pipeline.vision)
+    built = build_vision_prompt(request, pipeline.engine.tokenizer, pipeline.vision)
     assert usage.input_tokens == len(built.token_ids)
 
     async def direct() -> str:
