@@ -305,12 +305,14 @@ class EngineCoreClient:
             if running:
                 with contextlib.suppress(zmq.Again):
                     self._commands.send(ipc.encode(ipc.Stop(self._epoch)), zmq.NOBLOCK)
+        # The receiver thread first: it restarts dead cores, and once it has stopped no core can start
+        # behind this shutdown's back (a restart racing it would leave an orphan process).
+        if getattr(self, "_thread", None) is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
         handle = self._handle
         if handle is not None and not handle.join(timeout if running else 0.0):
             handle.kill()
             handle.join(5.0)
-        if getattr(self, "_thread", None) is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
         self._fail_streams("shut down")
         self._commands.close(linger=0)
         self._outputs.close(linger=0)

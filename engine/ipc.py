@@ -108,6 +108,9 @@ def delta_rows(deltas: list[StreamDelta]) -> tuple[tuple[Any, ...], ...]:
             d.logprobs,
             d.error,
             d.index,
+            d.hidden_states,
+            d.input_embeds,
+            d.hidden_start,
         )
         for d in deltas
     )

@@ -24,6 +24,12 @@ from benchmarks.checkpoints import save_tiny_checkpoint
 LOGPROB_ATOL = 1e-4  # float32 reduction order; measured differences stay below 2e-5
 
 
+def tp_ranks() -> list[multiprocessing.process.BaseProcess]:
+    """The live rank workers of this process's tensor-parallel engines (other tests may leave engine
+    core processes of their own running)."""
+    return [p for p in multiprocessing.active_children() if p.name.startswith("omni-tp-rank")]
+
+
 def _layout(rank: int, world: int, heads: int, kv: int, inter: int = 96, vocab: int = 10) -> ShardLayout:
     layout = ShardLayout(rank, world, heads, kv, 4, inter, vocab)
     layout.validate()
@@ -108,7 +114,7 @@ def test_an_unsplittable_model_fails_before_any_process_starts(checkpoints: dict
     config = EngineConfig(model=str(checkpoints["llama"]), device="cpu", tensor_parallel_size=3, num_kv_blocks=16)
     with pytest.raises(ValueError, match="tensor_parallel_size=3 must divide the model's 4 attention heads"):
         LLMEngine(config)
-    assert multiprocessing.active_children() == []
+    assert tp_ranks() == []
 
 
 def test_tensor_parallel_size_must_be_positive() -> None:
@@ -157,7 +163,7 @@ def generate(model: str, tp: int, device: str = "cpu", **config: Any) -> dict[st
         return outputs
     finally:
         engine.shutdown()
-        assert multiprocessing.active_children() == [], "a rank outlived its engine"
+        assert tp_ranks() == [], "a rank outlived its engine"
 
 
 def assert_same(single: dict[str, Any], parallel: dict[str, Any]) -> None:
@@ -196,21 +202,21 @@ def test_a_rank_that_dies_fails_the_next_step_with_its_name(checkpoints: dict[st
     try:
         engine.add_request("r", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))
         engine.step()
-        (worker,) = multiprocessing.active_children()
+        (worker,) = tp_ranks()
         assert worker.pid is not None
         os.kill(worker.pid, signal.SIGKILL)
         worker.join(30)
         with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) exited with code -9"):
             for _ in range(50):
                 engine.step()
-        assert multiprocessing.active_children() == [], "a failed step stops the ranks"
+        assert tp_ranks() == [], "a failed step stops the ranks"
         with pytest.raises(TensorParallelError, match="shut down"):
             engine.step()
     finally:
         started = time.monotonic()
         engine.shutdown()
         assert time.monotonic() - started < 30
-    assert multiprocessing.active_children() == []
+    assert tp_ranks() == []
 
 
 @pytest.mark.slow
@@ -222,7 +228,7 @@ def test_a_rank_that_dies_inside_a_collective_is_named_not_waited_for(checkpoint
     engine = LLMEngine(config)
     try:
         runner: Any = engine.runner
-        (worker,) = multiprocessing.active_children()
+        (worker,) = tp_ranks()
         assert worker.pid is not None
         os.kill(worker.pid, signal.SIGKILL)
         worker.join(30)
@@ -231,7 +237,7 @@ def test_a_rank_that_dies_inside_a_collective_is_named_not_waited_for(checkpoint
         assert "rank 1" in str(runner._workers.explain(caught.value))
     finally:
         engine.shutdown()
-    assert multiprocessing.active_children() == []
+    assert tp_ranks() == []
 
 
 def _pipelined_tokens(model: str, tp: int) -> tuple[dict[str, list[int]], int]:
@@ -285,4 +291,4 @@ def test_a_rank_that_cannot_load_its_shard_fails_the_engine_with_its_error(check
     broken = dataclasses.replace(loaded, source=UnreadablePastRank0(sorted(directory.glob("*.safetensors"))))
     with pytest.raises(TensorParallelError, match=r"(?s)rank 1 .*exited with code 1.*the disk went away"):
         LLMEngine(config, model=broken)
-    assert multiprocessing.active_children() == []
+    assert tp_ranks() == []

@@ -68,7 +68,7 @@ def direct(pipeline: OmniPipeline, messages: tuple[Message, ...]) -> str:
     """The engine's greedy text for the conversation's audio prompt, without the pipeline in between."""
     request = OmniRequest("direct", messages)
     built = build_audio_prompt(
-        request, pipeline.engine.engine.tokenizer, pipeline.audio, system_prompt=pipeline.config.system_prompt
+        request, pipeline.engine.tokenizer, pipeline.audio, system_prompt=pipeline.config.system_prompt
     )
 
     async def go() -> str:
