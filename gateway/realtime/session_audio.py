@@ -1,14 +1,16 @@
 """The input audio of a ``RealtimeSession``: the ``input_audio_buffer.*`` client events, the turns server VAD
-finds in the buffer (a turn's transcription starts speculatively at a pause; its end commits it and, when the
-session answers turns, creates the response) and the idle timeout that answers a user who stays silent."""
+finds in the buffer (read while spoken for partial transcripts; a turn's transcription starts speculatively at
+a pause; its end commits it and, when the session answers turns, creates the response) and the idle timeout
+that answers a user who stays silent."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from omni_gateway.gateway.realtime import audio as audio_fmt
-from omni_gateway.gateway.realtime.commands import Output, SessionLimits, Transcribe
+from omni_gateway.gateway.realtime.commands import Output, SessionLimits, StartTask, Transcribe
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_value, missing
 from omni_gateway.gateway.realtime.input_audio import (
     InputAudioBuffer,
@@ -18,6 +20,7 @@ from omni_gateway.gateway.realtime.input_audio import (
     SpeechStopped,
 )
 from omni_gateway.gateway.realtime.items import Content, Item, decode_base64
+from omni_gateway.gateway.realtime.partial_transcript import PartialTranscripts, partial_task_id
 from omni_gateway.gateway.realtime.response import Event
 from omni_gateway.gateway.realtime.settings import SessionSettings
 from omni_gateway.gateway.realtime.speculation import TurnSpeculation
@@ -40,6 +43,7 @@ class InputTurns:
     _pending_asr: set[str]
     _known: list[tuple[str, Transcription]]
     _speculation: TurnSpeculation
+    _partials: PartialTranscripts
     _active: str | None
     _out: list[Output]
 
@@ -53,6 +57,9 @@ class InputTurns:
         def _enforce_audio_budget(self) -> None: ...
         def _cancel(self, response_id: str, reason: str) -> None: ...
         def _start_response(self, params: dict[str, Any]) -> None: ...
+
+        @property
+        def _transcribing(self) -> bool: ...
 
     def _buffer_append(self, event: dict[str, Any]) -> None:
         if "audio" not in event:
@@ -82,6 +89,18 @@ class InputTurns:
                 self._drop_speculation()
             else:
                 self._speech_stopped(signal)
+        self._read_while_spoken()
+
+    def _read_while_spoken(self) -> None:
+        """Transcribe the turn being spoken when enough new speech arrived since its last partial transcript."""
+        item_id = self._pending_turn_id
+        if item_id is None or not self._transcribing:
+            return
+        speech = self.audio.speech_so_far()
+        if speech is None or not self._partials.due(item_id, len(speech)):
+            return
+        job = self._transcribe_job(item_id, speech)
+        self._out.append(StartTask(partial_task_id(item_id), replace(job, partial=True)))
 
     def _speech_paused(self, signal: SpeechPaused) -> None:
         """Start the turn's transcription now: if the pause becomes the stop, the commit reuses it."""
