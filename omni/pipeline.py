@@ -163,7 +163,12 @@ class OmniPipeline:
     ) -> Transcription:
         if self.asr is None:
             raise UnsupportedInput("no speech recognition model is loaded (start the server with --asr)")
-        result = await asyncio.to_thread(self._transcribe_locked, pcm16, sample_rate, language, prompt)
+        submit = getattr(self.asr, "submit", None)
+        if submit is not None:  # a batching recognizer: concurrent turns share its batches
+            job = submit(pcm16, sample_rate=sample_rate, language=language, prompt=prompt)
+            result = await asyncio.wrap_future(job)
+        else:
+            result = await asyncio.to_thread(self._transcribe_locked, pcm16, sample_rate, language, prompt)
         return Transcription(text=result.text, language=result.language, duration_s=result.duration_s)
 
     def _transcribe_locked(
