@@ -114,7 +114,7 @@ async def session(url: str, questions: list[str], spoken: dict[str, bytes], turn
         async def talk() -> None:
             silence = bytes(CHUNK * 10)  # 400 ms
             for question in questions:
-                turns.append({"question": question, "transcript": "", "reply": ""})
+                turns.append({"question": question, "transcript": "", "answer": ""})
                 done.clear()
                 await send_pcm(silence + spoken[question])
                 deadline = time.monotonic() + turn_timeout
@@ -137,7 +137,7 @@ async def session(url: str, questions: list[str], spoken: dict[str, bytes], turn
                 elif kind == "response.created":
                     turn.setdefault("created", now)
                 elif kind == "response.output_audio_transcript.delta":
-                    turn["reply"] += event["delta"]
+                    turn["answer"] += event["delta"]
                 elif kind == "response.output_audio.delta":
                     turn.setdefault("first_audio", now)
                 elif kind == "response.done":
@@ -158,7 +158,7 @@ def turn_row(turn: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {
         "question": turn["question"],
         "transcript": turn["transcript"].strip(),
-        "reply": turn["reply"].strip(),
+        "answer": turn["answer"].strip(),
         "lost": lost,
         "transcript_right": content_words(turn["question"]) <= content_words(turn["transcript"]),
         "early_deltas": turn.get("early_deltas", 0),
@@ -265,8 +265,14 @@ def main() -> None:
     parser.add_argument("--tts", default="default", help="'default' (Piper), a Piper .onnx or a HF VITS directory")
     parser.add_argument("--random-stages", metavar="DIR", help="build and serve random-weight stages in real shapes")
     parser.add_argument("--llm-shape", default="llama-3.1-8b", help="the LLM shape of --random-stages")
+    parser.add_argument(
+        "--partial-transcripts-ms", type=int, default=1000, help="speech between partial transcripts (0: none)"
+    )
     add_out_argument(parser, "voice_sessions")
     args = parser.parse_args()
+    from omni_gateway.gateway.config import GatewayConfig
+    from omni_gateway.gateway.realtime.commands import SessionLimits
+
     try:
         from benchmarks.live_server import serve
     except ImportError as exc:
@@ -276,7 +282,8 @@ def main() -> None:
     spoken = speak_all(QUESTIONS)
     backend = load_stages(args)
     summaries = []
-    with serve(backend) as port:
+    partials = None if args.partial_transcripts_ms == 0 else args.partial_transcripts_ms
+    with serve(backend, GatewayConfig(session=SessionLimits(partial_transcript_ms=partials))) as port:
         url = f"ws://127.0.0.1:{port}/v1/realtime"
         runs = []
         for n in args.sessions:
@@ -285,7 +292,13 @@ def main() -> None:
             runs.append((n, rows, dict(batch_sizes(backend), load_before=round(load, 2))))
     if not args.fake:
         backend.shutdown()
-    stages = {"model": args.model, "asr": args.asr, "tts": args.tts, "random_stages": bool(args.random_stages)}
+    stages = {
+        "model": args.model,
+        "asr": args.asr,
+        "tts": args.tts,
+        "random_stages": bool(args.random_stages),
+        "partial_transcripts_ms": args.partial_transcripts_ms,
+    }
     with ResultLog(args.out, "voice_sessions", turns=args.turns, device=args.device, fake=args.fake, **stages) as log:
         for n, rows, extra in runs:
             for row in rows:

@@ -8,6 +8,9 @@ const state = {
   userLines: new Map(), assistantLine: null, turn: 0, lastError: "",
   frameIds: [], frameCount: 0,
   speechStoppedAt: null, responseStartedAt: null, firstAudioAt: null, firstTextAt: null, turnAudioBytes: 0,
+  // The turn's stages: how long after the speech ended server VAD ended the turn (the input stream's own
+  // clock: audio sent minus the turn's audio_end_ms), and when the final transcript came.
+  vadEndMs: null, transcriptAt: null, partials: new Map(),
   // Running totals, read by the end-to-end test and handy in the console.
   micBytesSent: 0, audioBytesReceived: 0, responsesDone: 0, transcripts: [], answers: [],
 };
@@ -73,11 +76,15 @@ async function ensureAudio() {
 }
 
 function recordLatency(status) {
+  // Stages from the end of speech as this page sees it (speech_stopped, or the request when typed):
+  // VAD end, transcript, first text, first audio; then the answer's length.
   const row = document.createElement("tr");
   const fmt = (a, b) => (a && b ? `${Math.round(b - a)} ms` : "–");
   const start = state.speechStoppedAt || state.responseStartedAt;
+  const vad = state.speechStoppedAt && state.vadEndMs !== null ? `${Math.round(state.vadEndMs)} ms` : "–";
+  const transcript = state.speechStoppedAt ? fmt(start, state.transcriptAt) : "–";
   const seconds = status === "completed" ? `${(state.turnAudioBytes / 2 / RATE).toFixed(1)} s` : status;
-  row.innerHTML = `<td>${state.turn}</td><td>${fmt(start, state.firstTextAt)}</td>`
+  row.innerHTML = `<td>${state.turn}</td><td>${vad}</td><td>${transcript}</td><td>${fmt(start, state.firstTextAt)}</td>`
     + `<td>${fmt(start, state.firstAudioAt)}</td><td>${seconds}</td>`;
   $("latency").querySelector("tbody").appendChild(row);
 }
@@ -103,16 +110,28 @@ function handle(event) {
       break;
     case "input_audio_buffer.speech_stopped":
       state.speechStoppedAt = performance.now();
+      state.vadEndMs = state.micBytesSent / 2 / (RATE / 1000) - event.audio_end_ms;
+      state.transcriptAt = null;
       setPhase("thinking");
       break;
+    case "conversation.item.input_audio_transcription.delta": {
+      // the words heard so far, while the user still speaks
+      const heard = (state.partials.get(event.item_id) || "") + event.delta;
+      state.partials.set(event.item_id, heard);
+      userLine(event.item_id).textContent = `${heard} …`;
+      break;
+    }
     case "conversation.item.input_audio_transcription.completed":
+      if (state.speechStoppedAt && !state.transcriptAt) state.transcriptAt = performance.now();
       userLine(event.item_id).textContent = event.transcript;
       state.userLines.delete(event.item_id);
+      state.partials.delete(event.item_id);
       state.transcripts.push(event.transcript);
       break;
     case "conversation.item.input_audio_transcription.failed":
       userLine(event.item_id).textContent = "(speech not transcribed)";
       state.userLines.delete(event.item_id);
+      state.partials.delete(event.item_id);
       break;
     case "response.created":
       state.turn += 1;

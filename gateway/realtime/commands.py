@@ -98,7 +98,7 @@ class SessionLimits:
     max_conversation_image_bytes: int = 64 * 1024 * 1024  # input images kept in items; the oldest is dropped first
     max_responses: int = 4  # concurrent responses (out-of-band ones overlap); beyond it a response fails at once
     asr_timeout_s: float = 30.0  # a response waits at most this long for its turn's transcript
-    partial_transcript_ms: int = 1000  # speech between partial transcripts of a turn being spoken (0: none)
+    partial_transcript_ms: int | None = 1000  # speech between partial transcripts of a turn being spoken (None: none)
 
 
 def new_id(prefix: str) -> str:

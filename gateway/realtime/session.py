@@ -112,7 +112,7 @@ class RealtimeSession(SessionConfiguration, InputTurns, ConversationItems, Respo
         self._window = PromptWindow(count_tokens, capabilities.max_context_tokens)  # where prompts start
         self._pending_turn_id: str | None = None  # announced by speech_started, used by the commit
         self._speculation = TurnSpeculation()
-        self._partials = PartialTranscripts(limits.partial_transcript_ms * audio_fmt.BYTES_PER_MS)
+        self._partials = PartialTranscripts((limits.partial_transcript_ms or 0) * audio_fmt.BYTES_PER_MS)
         self._audio_emitted = False
         self._client_stalled = False  # the client stopped reading: nothing is generated for it
         self._out: list[Output] = []
