@@ -16,7 +16,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_llm(path: Path, shape: str) -> Path:
+def build_llm(path: Path, shape: str, device: str = "cuda") -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -24,7 +24,7 @@ def build_llm(path: Path, shape: str) -> Path:
 
     config = shape_config(shape)
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
     model.save_pretrained(path)
     tokenizer = word_tokenizer(config.vocab_size)
@@ -33,7 +33,7 @@ def build_llm(path: Path, shape: str) -> Path:
     return path
 
 
-def build_whisper_turbo(path: Path) -> Path:
+def build_whisper_turbo(path: Path, device: str = "cuda") -> Path:
     import torch
     from transformers import (
         GenerationConfig,
@@ -75,8 +75,8 @@ def build_whisper_turbo(path: Path) -> Path:
         bos_token_id=50256,
     )
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = WhisperForConditionalGeneration(config).half().eval()
+    with torch.device(device):
+        model = WhisperForConditionalGeneration(config).to(torch.float16 if device == "cuda" else torch.float32)
     model.generation_config = GenerationConfig(
         decoder_start_token_id=start,
         eos_token_id=50256,
@@ -101,12 +101,12 @@ def build_vits(path: Path) -> Path:
     return path
 
 
-def build_all(root: Path, llm_shape: str) -> dict[str, Any]:
+def build_all(root: Path, llm_shape: str, device: str = "cuda") -> dict[str, Any]:
     """{"llm", "asr", "tts"}: the checkpoint directories, built under ``root`` (kept: a rerun reuses them)."""
     built = {}
     for name, build in (
-        ("llm", lambda p: build_llm(p, llm_shape)),
-        ("asr", build_whisper_turbo),
+        ("llm", lambda p: build_llm(p, llm_shape, device)),
+        ("asr", lambda p: build_whisper_turbo(p, device)),
         ("tts", build_vits),
     ):
         path = root / (f"llm-{llm_shape}" if name == "llm" else name)

@@ -220,7 +220,7 @@ def load_stages(args: argparse.Namespace) -> Any:
     if args.random_stages:
         from benchmarks.voice_gpu_stages import build_all
 
-        built = build_all(Path(args.random_stages), args.llm_shape)
+        built = build_all(Path(args.random_stages), args.llm_shape, "cpu" if args.device == "cpu" else "cuda")
         model, asr, tts = str(built["llm"]), str(built["asr"]), str(built["tts"])
     engine = EngineConfig(model=model, device=args.device, max_num_seqs=max(256, 2 * max(args.sessions)))
     backend = load_backend(
