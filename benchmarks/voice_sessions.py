@@ -49,7 +49,6 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import ResultLog, add_out_argument, percentile
-from benchmarks.voice_loop import QUESTIONS
 
 RATE = 24000
 CHUNK = RATE * 2 * 40 // 1000  # 40 ms of pcm16
@@ -177,7 +176,8 @@ def turn_row(turn: dict[str, Any]) -> dict[str, Any]:
 
 
 async def run_sessions(url: str, n: int, turns: int, spoken: dict[str, bytes], turn_timeout: float) -> list[dict]:
-    plans = [[QUESTIONS[(s * turns + t) % len(QUESTIONS)] for t in range(turns)] for s in range(n)]
+    questions = list(spoken)
+    plans = [[questions[(s * turns + t) % len(questions)] for t in range(turns)] for s in range(n)]
     results = await asyncio.gather(*(session(url, plan, spoken, turn_timeout) for plan in plans))
     return [dict(turn_row(t), session=s) for s, turns_of in enumerate(results) for t in turns_of]
 
@@ -275,6 +275,7 @@ def main() -> None:
 
     try:
         from benchmarks.live_server import serve
+        from benchmarks.voice_loop import QUESTIONS
     except ImportError as exc:
         raise SystemExit(f"this benchmark drives the live server and needs the web stack: {exc}") from None
 
