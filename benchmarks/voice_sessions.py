@@ -55,8 +55,13 @@ CHUNK = RATE * 2 * 40 // 1000  # 40 ms of pcm16
 STOP_WORDS = {"what", "is", "the", "a", "an", "of", "on", "do", "does", "how", "many", "are", "in", "which", "we"}
 
 
+NUMBERS = dict(enumerate("zero one two three four five six seven eight nine ten".split()))
+
+
 def content_words(text: str) -> set[str]:
-    return {w for w in re.findall(r"[a-z]+", text.lower()) if w not in STOP_WORDS}
+    """The words that must be heard, digits read as words ("2" is "two")."""
+    words = (NUMBERS.get(int(w), w) if w.isdigit() else w for w in re.findall(r"[a-z]+|\d+", text.lower()))
+    return {w for w in words if w not in STOP_WORDS}
 
 
 def speak_all(questions: list[str]) -> dict[str, bytes]:
