@@ -1,16 +1,18 @@
 // The demo speaks the OpenAI Realtime protocol (GA event names) to /v1/realtime.
 const $ = (id) => document.getElementById(id);
 const RATE = 24000;
-const KEPT_FRAMES = 2; // the server shows the model only the most recent webcam frames; older ones are deleted
+const KEPT_FRAMES = 2;
+const LOUD = 0x8000 / 50; // -34 dBFS: a chunk this loud holds speech, even from a quiet microphone // the server shows the model only the most recent webcam frames; older ones are deleted
 
 const state = {
   ws: null, audio: null, player: null, mic: null, cameraTimer: null,
   userLines: new Map(), assistantLine: null, turn: 0, lastError: "",
   frameIds: [], frameCount: 0,
   speechStoppedAt: null, responseStartedAt: null, firstAudioAt: null, firstTextAt: null, turnAudioBytes: 0,
-  // The turn's stages: how long after the speech ended server VAD ended the turn (the input stream's own
-  // clock: audio sent minus the turn's audio_end_ms), and when the final transcript came.
-  vadEndMs: null, transcriptAt: null, partials: new Map(),
+  // The turn's stages: how long after the speech ended the page heard speech_stopped (on the input stream's
+  // own clock: the audio sent by then, minus where the last loud 100 ms chunk the page sent ends), and when
+  // the final transcript came.
+  lastLoudMs: 0, vadEndMs: null, transcriptAt: null, partials: new Map(),
   // Running totals, read by the end-to-end test and handy in the console.
   micBytesSent: 0, audioBytesReceived: 0, responsesDone: 0, transcripts: [], answers: [],
 };
@@ -43,6 +45,12 @@ function showError(text) {
 
 function send(event) {
   if (state.ws && state.ws.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify(event));
+}
+
+function peak(samples) {
+  let most = 0;
+  for (const v of samples) most = Math.max(most, Math.abs(v));
+  return most;
 }
 
 function b64FromBuffer(buffer) {
@@ -110,7 +118,7 @@ function handle(event) {
       break;
     case "input_audio_buffer.speech_stopped":
       state.speechStoppedAt = performance.now();
-      state.vadEndMs = state.micBytesSent / 2 / (RATE / 1000) - event.audio_end_ms;
+      state.vadEndMs = state.micBytesSent / 2 / (RATE / 1000) - state.lastLoudMs;
       state.transcriptAt = null;
       setPhase("thinking");
       break;
@@ -268,6 +276,7 @@ async function toggleMic() {
   const node = new AudioWorkletNode(state.audio, "capture-processor");
   node.port.onmessage = (e) => {
     state.micBytesSent += e.data.byteLength;
+    if (peak(new Int16Array(e.data)) > LOUD) state.lastLoudMs = state.micBytesSent / 2 / (RATE / 1000);
     send({ type: "input_audio_buffer.append", audio: b64FromBuffer(e.data) });
   };
   source.connect(node);
