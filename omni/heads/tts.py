@@ -80,7 +80,7 @@ class TtsHead:
                     raise item.error
                 text = carried + str(item)
                 pcm = await self._render(text.strip(), options, cancel, first)
-                carried, first = text, False
+                carried, first = text, first and not len(pcm)
                 for index, piece in enumerate(_slices(pcm, options.sample_rate)):
                     yield AudioChunk(piece, options.sample_rate, text if index == 0 else "")
                     carried = ""

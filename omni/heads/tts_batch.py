@@ -34,7 +34,7 @@ class BatchSynthesizer(Protocol):
     ) -> list[np.ndarray]: ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # a clause is itself: the queue finds and removes it by identity
 class Clause:
     text: str
     speed: float
