@@ -90,6 +90,7 @@ def build_whisper_turbo(path: Path, device: str = "cuda") -> Path:
 
 def build_vits(path: Path) -> Path:
     import torch
+    from omni_gateway.omni.heads.vits_batch import detach_vocoder
     from transformers import VitsConfig, VitsModel, VitsTokenizer
 
     symbols = list(" abcdefghijklmnopqrstuvwxyz0123456789',.?!-")
@@ -97,7 +98,17 @@ def build_vits(path: Path) -> Path:
     (path / "vocab.json").write_text(json.dumps(vocab))
     VitsTokenizer(str(path / "vocab.json"), phonemize=False).save_pretrained(path)
     torch.manual_seed(0)
-    VitsModel(VitsConfig(vocab_size=len(vocab))).eval().save_pretrained(path)
+    model = VitsModel(VitsConfig(vocab_size=len(vocab))).eval()
+    # Random duration weights say each symbol lasts far longer than speech does (a clause would render for
+    # tens of seconds): the voice's speaking_rate brings a clause to a conversational 14 characters a second.
+    probe = "w12 w345 w6789 w10 w11121 w314 w15."
+    tokenizer = VitsTokenizer.from_pretrained(path)
+    vocoder = detach_vocoder(model)
+    with torch.no_grad():
+        samples = float(model(**tokenizer(probe, return_tensors="pt")).sequence_lengths[0])
+    model.decoder = vocoder
+    model.config.speaking_rate = samples / (len(probe) / 14 * model.config.sampling_rate)
+    model.save_pretrained(path)
     return path
 
 

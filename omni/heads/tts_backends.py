@@ -144,7 +144,9 @@ class HfVitsSynthesizer:
         with self._lock, torch.inference_mode(), torch.random.fork_rng(devices=self._rng_devices()):
             if self.seed is not None:
                 torch.manual_seed(self.seed)
-            output = self.model(**inputs, speaking_rate=speed, speaker_id=speaker)
+            # ``speed`` scales the voice's own rate (its config's speaking_rate, 1.0 in MMS checkpoints)
+            rate = speed * float(self.model.config.speaking_rate)
+            output = self.model(**inputs, speaking_rate=rate, speaker_id=speaker)
             frames = output.sequence_lengths // self._upsampling
             conditioning = None
             if speaker is not None:
