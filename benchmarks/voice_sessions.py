@@ -87,10 +87,13 @@ def speak_all(questions: list[str]) -> dict[str, bytes]:
     return spoken
 
 
-async def session(url: str, questions: list[str], spoken: dict[str, bytes], turn_timeout: float) -> list[dict]:
-    """One client: its turns' timelines (monotonic seconds) and transcripts."""
+async def session(
+    url: str, questions: list[str], spoken: dict[str, bytes], turn_timeout: float, delay_s: float = 0.0
+) -> list[dict]:
+    """One client, connecting after ``delay_s``: its turns' timelines (monotonic seconds) and transcripts."""
     import websockets
 
+    await asyncio.sleep(delay_s)
     turns: list[dict[str, Any]] = []
     done = asyncio.Event()
     async with websockets.connect(url, max_size=32 * 2**20) as ws:
@@ -184,10 +187,15 @@ def turn_row(turn: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-async def run_sessions(url: str, n: int, turns: int, spoken: dict[str, bytes], turn_timeout: float) -> list[dict]:
+async def run_sessions(
+    url: str, n: int, turns: int, spoken: dict[str, bytes], turn_timeout: float, stagger_s: float = 0.0
+) -> list[dict]:
+    """``stagger_s``: the sessions' starts spread evenly over that many seconds (0: all at once)."""
     questions = list(spoken)
     plans = [[questions[(s * turns + t) % len(questions)] for t in range(turns)] for s in range(n)]
-    results = await asyncio.gather(*(session(url, plan, spoken, turn_timeout) for plan in plans))
+    results = await asyncio.gather(
+        *(session(url, plan, spoken, turn_timeout, s * stagger_s / n) for s, plan in enumerate(plans))
+    )
     return [dict(turn_row(t), session=s) for s, turns_of in enumerate(results) for t in turns_of]
 
 
@@ -275,6 +283,13 @@ def main() -> None:
     parser.add_argument("--random-stages", metavar="DIR", help="build and serve random-weight stages in real shapes")
     parser.add_argument("--llm-shape", default="llama-3.1-8b", help="the LLM shape of --random-stages")
     parser.add_argument(
+        "--stagger-s",
+        type=float,
+        default=0.0,
+        help="spread the sessions' starts evenly over this many seconds (default 0: all at once, their turns "
+        "ending together)",
+    )
+    parser.add_argument(
         "--partial-transcripts-ms", type=int, default=1000, help="speech between partial transcripts (0: none)"
     )
     add_out_argument(parser, "voice_sessions")
@@ -298,7 +313,7 @@ def main() -> None:
         runs = []
         for n in args.sessions:
             load = os.getloadavg()[0]
-            rows = asyncio.run(run_sessions(url, n, args.turns, spoken, args.turn_timeout))
+            rows = asyncio.run(run_sessions(url, n, args.turns, spoken, args.turn_timeout, args.stagger_s))
             runs.append((n, rows, dict(batch_sizes(backend), load_before=round(load, 2))))
     if not args.fake:
         backend.shutdown()
@@ -308,6 +323,7 @@ def main() -> None:
         "tts": args.tts,
         "random_stages": bool(args.random_stages),
         "partial_transcripts_ms": args.partial_transcripts_ms,
+        "stagger_s": args.stagger_s,
     }
     with ResultLog(args.out, "voice_sessions", turns=args.turns, device=args.device, fake=args.fake, **stages) as log:
         for n, rows, extra in runs:
