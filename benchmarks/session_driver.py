@@ -106,8 +106,13 @@ def cancelled(outputs: list[Output]) -> list[str]:
     return [o.task_id for o in outputs if isinstance(o, CancelTask)]
 
 
-def transcribes(outputs: list[Output]) -> list[Transcribe]:
-    return [o.work for o in outputs if isinstance(o, StartTask) and isinstance(o.work, Transcribe)]
+def transcribes(outputs: list[Output], *, partial: bool = False) -> list[Transcribe]:
+    """The transcription tasks started: of turns (or, with ``partial``, of turns being spoken)."""
+    return [
+        o.work
+        for o in outputs
+        if isinstance(o, StartTask) and isinstance(o.work, Transcribe) and o.work.partial == partial
+    ]
 
 
 def committed_jobs(outputs: list[Output]) -> list[Transcribe]:

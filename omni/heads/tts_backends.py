@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from omni_gateway.omni.heads.vits_batch import decode_masked, detach_vocoder
 
 # Peak level of a rendered sentence: headroom so resampling overshoot does not clip.
 PEAK = 0.9
@@ -106,6 +107,9 @@ class HfVitsSynthesizer:
             "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
         )
         self.model = VitsModel.from_pretrained(path).to(self.device).eval()
+        # The model's forward stops at the spectrogram; the vocoder runs on it with each row's length
+        # (``vits_batch``), so a padded batch renders every row as it would alone.
+        self.vocoder = detach_vocoder(self.model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.sample_rate = int(self.model.config.sampling_rate)
         self.voices = (
@@ -114,24 +118,43 @@ class HfVitsSynthesizer:
             else (Path(path).name,)
         )
         self.seed = seed
+        self._upsampling = int(np.prod(self.model.config.upsample_rates))
         self._lock = threading.Lock()
 
     def synthesize(
         self, text: str, *, speed: float = 1.0, voice: str | None = None, cancel: threading.Event | None = None
     ) -> np.ndarray:
-        torch = self._torch
         if cancel is not None and cancel.is_set():
             return np.zeros(0, np.float32)
-        inputs = self.tokenizer(text, return_tensors="pt").to(self.device)
-        if inputs["input_ids"].shape[-1] == 0:
-            return np.zeros(0, np.float32)
+        return self.synthesize_batch([text], speed=speed, voice=voice)[0]
+
+    def synthesize_batch(self, texts: list[str], *, speed: float = 1.0, voice: str | None = None) -> list[np.ndarray]:
+        """Several texts in one forward pass (padded to the longest; the masks keep each row as it would be
+        alone). The noise VITS samples is drawn for the whole batch: with a ``seed``, a batch is as
+        reproducible as a single text, but a text's audio depends on the batch it ran in unless the
+        model's noise scales are 0."""
+        torch = self._torch
+        ids = [self.tokenizer(text)["input_ids"] for text in texts]
+        rows = [i for i, row in enumerate(ids) if row]
+        audio = [np.zeros(0, np.float32) for _ in texts]
+        if not rows:
+            return audio
+        inputs = self.tokenizer([texts[i] for i in rows], return_tensors="pt", padding=True).to(self.device)
         speaker = self.voices.index(voice) if voice in self.voices and self.model.config.num_speakers > 1 else None
         with self._lock, torch.inference_mode(), torch.random.fork_rng(devices=self._rng_devices()):
             if self.seed is not None:
                 torch.manual_seed(self.seed)
-            output = self.model(**inputs, speaking_rate=speed, speaker_id=speaker)
-        length = int(output.sequence_lengths[0]) if output.sequence_lengths is not None else output.waveform.shape[-1]
-        return output.waveform[0, :length].float().cpu().numpy()
+            # ``speed`` scales the voice's own rate (its config's speaking_rate, 1.0 in MMS checkpoints)
+            rate = speed * float(self.model.config.speaking_rate)
+            output = self.model(**inputs, speaking_rate=rate, speaker_id=speaker)
+            frames = output.sequence_lengths // self._upsampling
+            conditioning = None
+            if speaker is not None:
+                conditioning = self.model.embed_speaker(torch.full((1,), speaker, device=self.device)).unsqueeze(-1)
+            waveform = decode_masked(self.vocoder, output.spectrogram, frames, conditioning).float().cpu().numpy()
+        for row, i in enumerate(rows):
+            audio[i] = waveform[row, : int(output.sequence_lengths[row])].copy()
+        return audio
 
     def _rng_devices(self) -> list[int]:
         return [self.device.index or 0] if self.device.type == "cuda" else []

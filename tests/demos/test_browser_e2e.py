@@ -86,7 +86,9 @@ def test_spoken_question_in_the_browser_gets_a_spoken_answer(port: int, question
     assert state["audioBytesReceived"] >= 24000, state  # at least half a second of 24 kHz pcm16
     assert state["micBytesSent"] > 0 and state["status"].startswith("connected"), state
     assert not any(line.startswith("msg system") for line in state["log"]), state["log"]
-    # The turn's row: end of speech to first text and to first audio, then the answer's length in seconds.
-    turn, to_text, to_audio, length = latency_row.split("\t")
-    assert turn == "1" and to_text.endswith(" ms") and to_audio.endswith(" ms"), latency_row
+    # The turn's row: the VAD's wait after the speech, then from the turn's end to the transcript, the first
+    # text and the first audio, then the answer's length in seconds.
+    turn, vad, heard_in, to_text, to_audio, length = latency_row.split("\t")
+    assert turn == "1" and all(t.endswith(" ms") for t in (vad, heard_in, to_text, to_audio)), latency_row
+    assert 500 <= int(vad.removesuffix(" ms")) < 3000, latency_row  # the session's 500 ms of silence and more
     assert float(length.removesuffix(" s")) == pytest.approx(state["audioBytesReceived"] / 2 / 24000, abs=0.06)

@@ -172,7 +172,7 @@ def clips() -> list[np.ndarray]:
 @pytest.mark.parametrize("clip", range(2))
 def test_torch_greedy_decoder_matches_hf_generate(tiny_en: Path, clip: int) -> None:
     audio = clips()[clip]
-    recognizer = load_recognizer(str(tiny_en), device="cpu")
+    recognizer = load_recognizer(str(tiny_en), device="cpu").recognizer
     assert isinstance(recognizer, TorchWhisperRecognizer) and not recognizer.multilingual
     recognizer.max_new_tokens = 24
     features = recognizer._features(audio)
@@ -241,7 +241,7 @@ def test_torch_backend_on_gpu_matches_cpu(tiny_en: Path) -> None:
     gpu = TorchWhisperRecognizer(tiny_en, device="cuda", dtype="float32", max_new_tokens=24)
     prefix = cpu._prefix([], None)
     assert gpu.greedy_decode(gpu._features(audio), prefix) == cpu.greedy_decode(cpu._features(audio), prefix)
-    half = load_recognizer(str(tiny_en), device="auto")
+    half = load_recognizer(str(tiny_en), device="auto").recognizer
     assert half.model.dtype.is_floating_point and half.device.type == "cuda"
     assert half.transcribe(audio).usage.output_tokens > 0
 

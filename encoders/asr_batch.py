@@ -1,0 +1,121 @@
+"""Transcriptions from many sessions batched onto one torch Whisper.
+
+Each caller ``submit``s its audio and gets a future. One worker thread takes what has queued: a batch
+starts ``window_s`` after its first request (so turns ending together share it) or at once when
+``max_batch`` requests wait, and requests that arrive while a batch runs form the next one. The batch
+runs ``TorchWhisperRecognizer.transcribe_batch``: one encoder pass, then the decoder over the batch with
+a KV cache per row.
+
+Why not the engine's paged KV machinery: Whisper's decoder attends to its encoder output through
+cross-attention, which the engine's paged kernels (written for decoder-only LLMs) do not have, and the
+encoders never import the engine. A voice turn decodes a few dozen tokens over 448 positions at most, so a
+dense cache per batch costs little next to the encoder, which is where a GPU's batch pays off.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+from omni_gateway.encoders.asr import SAMPLE_RATE, AsrJob, AsrResult, TorchWhisperRecognizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    job: AsrJob
+    future: Future[AsrResult]
+
+
+class BatchedRecognizer:
+    """A ``SpeechRecognizer`` whose calls, from any number of threads, run in shared batches."""
+
+    def __init__(self, recognizer: TorchWhisperRecognizer, *, max_batch: int = 32, window_s: float = 0.005) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1; got {max_batch}")
+        if window_s < 0:
+            raise ValueError(f"window_s must be >= 0; got {window_s}")
+        self.recognizer = recognizer
+        self.max_batch = max_batch
+        self.window_s = window_s
+        self.batch_sizes: deque[int] = deque(maxlen=1024)  # the sizes of the latest batches, for benchmarks
+        self._queue: deque[_Request] = deque()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="asr-batcher", daemon=True)
+        self._worker.start()
+
+    @property
+    def multilingual(self) -> bool:
+        return self.recognizer.multilingual
+
+    def submit(
+        self,
+        audio: np.ndarray | bytes,
+        *,
+        sample_rate: int = SAMPLE_RATE,
+        language: str | None = None,
+        prompt: str | None = None,
+    ) -> Future[AsrResult]:
+        """Queue one transcription; a bad request raises here, before it joins a batch."""
+        job = self.recognizer.prepare(audio, sample_rate=sample_rate, language=language, prompt=prompt)
+        future: Future[AsrResult] = Future()
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the ASR batcher was closed")
+            self._queue.append(_Request(job, future))
+            self._ready.notify()
+        return future
+
+    def transcribe(
+        self,
+        audio: np.ndarray | bytes,
+        *,
+        sample_rate: int = SAMPLE_RATE,
+        language: str | None = None,
+        prompt: str | None = None,
+    ) -> AsrResult:
+        return self.submit(audio, sample_rate=sample_rate, language=language, prompt=prompt).result()
+
+    def close(self) -> None:
+        """Stop the worker once the queued requests are done."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+        self._worker.join()
+
+    def _take(self) -> list[_Request] | None:
+        with self._ready:
+            while not self._queue and not self._closed:
+                self._ready.wait()
+            if not self._queue:
+                return None
+            deadline = time.monotonic() + self.window_s
+            while len(self._queue) < self.max_batch and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._ready.wait(left)
+            return [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+
+    def _run(self) -> None:
+        while (batch := self._take()) is not None:
+            live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+            if not live:
+                continue
+            self.batch_sizes.append(len(live))
+            try:
+                results = self.recognizer.transcribe_batch([r.job for r in live])
+            except Exception as exc:  # the batch's failure is each caller's; the worker keeps serving
+                log.exception("an ASR batch of %d failed", len(live))
+                for r in live:
+                    r.future.set_exception(exc)
+                continue
+            for r, result in zip(live, results):
+                r.future.set_result(result)

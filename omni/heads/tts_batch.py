@@ -1,0 +1,185 @@
+"""Speech from many streams synthesized in shared batches, scheduled for first audio.
+
+Every spoken response is a stream of clauses, rendered one at a time. A worker thread forms each batch
+from what waits: first clauses before anything else, in arrival order (a session's first audio matters
+more than throughput); then the other streams' clauses round-robin, the stream served longest ago first,
+one clause per stream per round, so a long answer never holds up another session's audio. A batch shares
+one speed and voice, and while it carries a first clause, a later clause joins only when it is no longer
+than the longest first clause in it (a padded batch lasts as long as its longest row).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Hashable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+class BatchSynthesizer(Protocol):
+    sample_rate: int
+    voices: tuple[str, ...]
+
+    def synthesize_batch(
+        self, texts: list[str], *, speed: float = 1.0, voice: str | None = None
+    ) -> list[np.ndarray]: ...
+
+
+@dataclass(slots=True, eq=False)  # a clause is itself: the queue finds and removes it by identity
+class Clause:
+    text: str
+    speed: float
+    voice: str | None
+    stream: Hashable
+    first: bool
+    cancel: threading.Event | None = None
+    future: Future[np.ndarray] = field(default_factory=Future)
+
+
+class FairQueue:
+    """The scheduling rule above, as pure state (no threads, no clock)."""
+
+    def __init__(self) -> None:
+        self._firsts: deque[Clause] = deque()
+        self._streams: dict[Hashable, deque[Clause]] = {}  # in round-robin order: served longest ago first
+
+    def __len__(self) -> int:
+        return len(self._firsts) + sum(len(q) for q in self._streams.values())
+
+    def push(self, clause: Clause) -> None:
+        if clause.first:
+            self._firsts.append(clause)
+        else:
+            self._streams.setdefault(clause.stream, deque()).append(clause)
+
+    def take(self, max_batch: int) -> list[Clause]:
+        """The next batch (empty when nothing waits)."""
+        order = [*self._firsts, *self._round_robin()]
+        if not order:
+            return []
+        lead = order[0]
+        batch: list[Clause] = []
+        for clause in order:
+            if len(batch) == max_batch:
+                break
+            if (clause.speed, clause.voice) != (lead.speed, lead.voice):
+                continue
+            if not clause.first and batch and batch[0].first:
+                if len(clause.text) > max(len(c.text) for c in batch if c.first):
+                    continue
+            batch.append(clause)
+        for clause in batch:
+            self._remove(clause)
+        return batch
+
+    def _round_robin(self) -> list[Clause]:
+        queues = [list(q) for q in self._streams.values()]
+        return [c for rank in itertools.zip_longest(*queues) for c in rank if c is not None]
+
+    def _remove(self, clause: Clause) -> None:
+        if clause.first:
+            self._firsts.remove(clause)
+            return
+        queue = self._streams.pop(clause.stream)
+        queue.remove(clause)
+        if queue:
+            self._streams[clause.stream] = queue  # to the back of the rotation: it was just served
+
+
+class BatchedSynthesizer:
+    """A ``SpeechSynthesizer`` over a ``BatchSynthesizer``: ``submit`` from any thread, one worker renders."""
+
+    def __init__(self, synthesizer: BatchSynthesizer, *, max_batch: int = 16, window_s: float = 0.005) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1; got {max_batch}")
+        if window_s < 0:
+            raise ValueError(f"window_s must be >= 0; got {window_s}")
+        self.synthesizer = synthesizer
+        self.sample_rate = synthesizer.sample_rate
+        self.voices = synthesizer.voices
+        self.max_batch = max_batch
+        self.window_s = window_s
+        self.batch_sizes: deque[int] = deque(maxlen=1024)  # the sizes of the latest batches, for benchmarks
+        self._queue = FairQueue()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="tts-batcher", daemon=True)
+        self._worker.start()
+
+    def submit(
+        self,
+        text: str,
+        *,
+        speed: float = 1.0,
+        voice: str | None = None,
+        stream: Hashable | None = None,
+        first: bool = True,
+        cancel: threading.Event | None = None,
+    ) -> Future[np.ndarray]:
+        """Queue one clause of ``stream`` (None: a stream of its own); ``first`` marks a stream's first clause."""
+        clause = Clause(text, speed, voice, stream if stream is not None else object(), first, cancel)
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the TTS batcher was closed")
+            self._queue.push(clause)
+            self._ready.notify()
+        return clause.future
+
+    def synthesize(
+        self, text: str, *, speed: float = 1.0, voice: str | None = None, cancel: threading.Event | None = None
+    ) -> np.ndarray:
+        return self.submit(text, speed=speed, voice=voice, cancel=cancel).result()
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+        self._worker.join()
+
+    def _take(self) -> list[Clause] | None:
+        with self._ready:
+            while not len(self._queue) and not self._closed:
+                self._ready.wait()
+            if not len(self._queue):
+                return None
+            deadline = time.monotonic() + self.window_s
+            while len(self._queue) < self.max_batch and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._ready.wait(left)
+            return self._queue.take(self.max_batch)
+
+    def _run(self) -> None:
+        while (batch := self._take()) is not None:
+            live = []
+            for clause in batch:
+                if not clause.future.set_running_or_notify_cancel():
+                    continue
+                if clause.cancel is not None and clause.cancel.is_set():
+                    clause.future.set_result(np.zeros(0, np.float32))
+                    continue
+                live.append(clause)
+            if not live:
+                continue
+            self.batch_sizes.append(len(live))
+            try:
+                audio = self.synthesizer.synthesize_batch(
+                    [c.text for c in live], speed=live[0].speed, voice=live[0].voice
+                )
+            except Exception as exc:  # each caller's failure; the worker keeps serving
+                log.exception("a TTS batch of %d failed", len(live))
+                for clause in live:
+                    clause.future.set_exception(exc)
+                continue
+            for clause, samples in zip(live, audio):
+                clause.future.set_result(samples)

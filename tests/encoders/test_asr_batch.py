@@ -1,0 +1,144 @@
+"""Whisper transcriptions batched across callers: the same transcripts as one at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from omni_gateway.encoders.asr import TorchWhisperRecognizer
+from omni_gateway.encoders.asr_batch import BatchedRecognizer
+from omni_gateway.encoders.audio import float_to_pcm16
+from omni_gateway.omni.config import OmniConfig
+from omni_gateway.omni.pipeline import OmniPipeline
+
+from tests.encoders.test_asr import build_tiny_whisper
+from tests.omni.test_pipeline import FakeEngine
+
+pytestmark = pytest.mark.slow
+EOS = 50256
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_en(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("whisper_en")
+    build_tiny_whisper(path, multilingual=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_multi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("whisper_multi")
+    build_tiny_whisper(path, multilingual=True)
+    return path
+
+
+def clips() -> list[np.ndarray]:
+    """Tones of different pitch and length; one longer than Whisper's 30 s window, one empty."""
+    t = np.arange(16000 * 31) / 16000
+    shapes = [(1.0, 0.1, 200), (2.0, 0.3, 900), (0.5, 0.05, 3000), (31.0, 0.2, 400), (0.0, 0.1, 100)]
+    return [(a * np.sin(2 * np.pi * f * t[: int(16000 * s)])).astype(np.float32) for s, a, f in shapes]
+
+
+def test_a_batch_decodes_each_row_as_alone_while_rows_finish_at_different_steps(tiny_en: Path) -> None:
+    import torch
+
+    recognizer = TorchWhisperRecognizer(tiny_en, device="cpu", max_new_tokens=30)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        # The random decoder made to listen to its encoder states, and to stop where it would say a token
+        # it often says: its rows then end at different steps, and leave the batch one by one.
+        for layer in recognizer.model.model.decoder.layers:
+            layer.encoder_attn.out_proj.weight *= 5
+        encoded = torch.randn(6, 1500, 32) * 3
+        prefix = recognizer._prefix([], None)
+        spoken = [t for row in recognizer._decode(encoded, prefix) for t in row[3:]]
+        weights = recognizer.model.proj_out.weight
+        weights[EOS] = weights[max(set(spoken), key=spoken.count)] * 1.02
+        alone = [recognizer._decode(encoded[i : i + 1], prefix)[0] for i in range(6)]
+        assert len({len(row) for row in alone}) > 1 and len({tuple(row) for row in alone}) > 1
+        assert recognizer._decode(encoded, prefix) == alone
+
+
+@pytest.mark.parametrize("model", ["tiny_en", "tiny_multi"])
+def test_transcribe_batch_gives_each_job_its_transcript_alone(model: str, request: pytest.FixtureRequest) -> None:
+    recognizer = TorchWhisperRecognizer(request.getfixturevalue(model), device="cpu", max_new_tokens=12)
+    prompts = [None, "kitchen lights", None, None, "kitchen lights"]
+    languages = [None] * 5 if not recognizer.multilingual else [None, "fr", "de", None, "en"]
+    jobs = [recognizer.prepare(c, language=lang, prompt=p) for c, lang, p in zip(clips(), languages, prompts)]
+    batched = recognizer.transcribe_batch(jobs)
+    alone = [recognizer.transcribe(c, language=lang, prompt=p) for c, lang, p in zip(clips(), languages, prompts)]
+    assert batched == alone
+    assert batched[3].usage.output_tokens > 12  # two windows
+    assert batched[4].text == "" and batched[4].usage.output_tokens == 0
+    assert batched[1].usage.prompt_tokens > 0
+
+
+def test_the_batcher_runs_concurrent_callers_in_one_batch(tiny_en: Path) -> None:
+    recognizer = TorchWhisperRecognizer(tiny_en, device="cpu", max_new_tokens=12)
+    audio = clips()[:3] + [clips()[0][::2]]
+    # a window far longer than the test: the batch closes because max_batch callers are waiting
+    batcher = BatchedRecognizer(recognizer, max_batch=4, window_s=60)
+    results: list = [None] * 4
+    threads = [
+        threading.Thread(target=lambda i=i: results.__setitem__(i, batcher.transcribe(float_to_pcm16(audio[i]))))
+        for i in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert list(batcher.batch_sizes) == [4]
+    assert results == [recognizer.transcribe(float_to_pcm16(c)) for c in audio]
+    batcher.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        batcher.submit(audio[0])
+
+
+def test_a_bad_request_fails_alone_and_a_failed_batch_fails_its_callers(
+    tiny_en: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recognizer = TorchWhisperRecognizer(tiny_en, device="cpu", max_new_tokens=4)
+    batcher = BatchedRecognizer(recognizer, window_s=0)
+    with pytest.raises(ValueError, match="English-only; got language 'fr'"):
+        batcher.submit(clips()[0], language="fr")
+    with pytest.raises(ValueError, match="lasts 601.0 s"):
+        batcher.submit(np.zeros(601 * 16000, np.float32))
+    with pytest.raises(ValueError, match="max_batch must be at least 1"):
+        BatchedRecognizer(recognizer, max_batch=0)
+    monkeypatch.setattr(recognizer, "transcribe_batch", lambda jobs: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        batcher.transcribe(clips()[0])
+    monkeypatch.undo()
+    assert batcher.transcribe(clips()[0]).usage.output_tokens > 0  # the worker serves on
+    batcher.close()
+
+
+def test_the_pipeline_hands_concurrent_turns_to_the_batcher(tiny_en: Path) -> None:
+    recognizer = TorchWhisperRecognizer(tiny_en, device="cpu", max_new_tokens=6)
+    batcher = BatchedRecognizer(recognizer, max_batch=3, window_s=60)
+    pipeline = OmniPipeline(
+        OmniConfig(), engine=FakeEngine([]), model_name="fake", max_context_tokens=4096, asr=batcher
+    )
+    pcm = [float_to_pcm16(c) for c in clips()[:3]]
+
+    async def three() -> list:
+        return await asyncio.gather(*(pipeline.transcribe(p, 16000) for p in pcm))
+
+    results = asyncio.run(three())
+    assert list(batcher.batch_sizes) == [3]
+    assert [r.text for r in results] == [recognizer.transcribe(p).text for p in pcm]
+    batcher.close()

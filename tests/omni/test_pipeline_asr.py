@@ -1,0 +1,48 @@
+"""The pipeline's transcriptions through a recognizer that runs one call at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from omni_gateway.encoders.asr import AsrResult, AsrUsage
+from omni_gateway.omni.config import OmniConfig
+from omni_gateway.omni.pipeline import OmniPipeline
+
+from tests.omni.test_pipeline import FakeEngine
+
+
+class GatedRecognizer:
+    """Each call waits for ``gate``; records the audio it transcribed."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.heard: list[bytes] = []
+
+    def transcribe(self, audio: bytes, *, sample_rate: int = 16000, language=None, prompt=None) -> AsrResult:  # type: ignore[no-untyped-def]
+        self.started.set()
+        self.gate.wait(10)
+        self.heard.append(audio)
+        return AsrResult("hi", "en", 0.1, AsrUsage(0.1, 0, 1))
+
+
+def test_a_transcription_dropped_while_it_waits_for_the_recognizer_never_runs() -> None:
+    recognizer = GatedRecognizer()
+    pipeline = OmniPipeline(
+        OmniConfig(), engine=FakeEngine([]), model_name="fake", max_context_tokens=64, asr=recognizer
+    )
+
+    async def go() -> str:
+        first = asyncio.create_task(pipeline.transcribe(b"\x01\x00" * 160, 16000))
+        await asyncio.to_thread(recognizer.started.wait, 10)
+        dropped = asyncio.create_task(pipeline.transcribe(b"\x02\x00" * 160, 16000))
+        await asyncio.sleep(0.05)  # it is now waiting for the recognizer
+        dropped.cancel()
+        await asyncio.gather(dropped, return_exceptions=True)  # its caller has left
+        recognizer.gate.set()
+        third = await pipeline.transcribe(b"\x03\x00" * 160, 16000)
+        return (await first).text + third.text
+
+    assert asyncio.run(go()) == "hihi"
+    assert [a[:1] for a in recognizer.heard] == [b"\x01", b"\x03"]

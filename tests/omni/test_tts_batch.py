@@ -1,0 +1,131 @@
+"""Speech synthesis batched across streams: the fair schedule, and batched VITS audio equal to one at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from omni_gateway.omni.heads.tts import TtsHead
+from omni_gateway.omni.heads.tts_backends import HfVitsSynthesizer
+from omni_gateway.omni.heads.tts_batch import BatchedSynthesizer, Clause, FairQueue
+
+from tests.omni.test_tts import collect, tiny_vits, words  # noqa: F401  (tiny_vits: a fixture)
+
+# Batched rows against the same texts alone: the masks keep rows apart, so only float rounding of the
+# padded matmuls differs.
+ATOL = 1e-5
+
+
+def clause(text: str, stream: str, first: bool = False, speed: float = 1.0) -> Clause:
+    return Clause(text, speed, None, stream, first)
+
+
+def texts(batch: list[Clause]) -> list[str]:
+    return [c.text for c in batch]
+
+
+def test_first_clauses_go_first_then_streams_round_robin() -> None:
+    queue = FairQueue()
+    for i in range(3):
+        queue.push(clause(f"long answer {i}", "a"))
+    queue.push(clause("b later", "b"))
+    queue.push(clause("c first", "c", first=True))
+    queue.push(clause("d first", "d", first=True))
+    assert texts(queue.take(2)) == ["c first", "d first"]
+    # a's long answer takes one clause per round; b is not held behind it
+    assert texts(queue.take(2)) == ["long answer 0", "b later"]
+    queue.push(clause("b again", "b"))  # b comes back behind a, which was waiting
+    assert texts(queue.take(1)) == ["long answer 1"]
+    assert texts(queue.take(4)) == ["b again", "long answer 2"] and len(queue) == 0
+    assert queue.take(4) == []
+
+
+def test_a_first_clause_does_not_wait_for_a_longer_clause_or_another_speed() -> None:
+    queue = FairQueue()
+    queue.push(clause("a very long sentence of a long answer that renders slowly", "a"))
+    queue.push(clause("short one", "b"))
+    queue.push(clause("hello there", "c", first=True))
+    queue.push(clause("hi", "d", first=True, speed=1.5))
+    assert texts(queue.take(8)) == ["hello there", "short one"]
+    assert texts(queue.take(8)) == ["hi"]
+    assert texts(queue.take(8)) == ["a very long sentence of a long answer that renders slowly"]
+
+
+@pytest.fixture
+def quiet_vits(tiny_vits: Path) -> HfVitsSynthesizer:  # noqa: F811
+    """The tiny VITS with its noise switched off: its duration and flow then depend on the text alone."""
+    synthesizer = HfVitsSynthesizer(tiny_vits, device="cpu")
+    synthesizer.model.noise_scale = synthesizer.model.noise_scale_duration = 0.0
+    return synthesizer
+
+
+SENTENCES = ["hi.", "hello there, friend.", "", "the quick brown fox jumps over the lazy dog, twice."]
+
+
+@pytest.mark.slow
+def test_a_batch_renders_each_text_as_alone(quiet_vits: HfVitsSynthesizer) -> None:
+    batched = quiet_vits.synthesize_batch(SENTENCES, speed=1.2)
+    alone = [quiet_vits.synthesize(t, speed=1.2) for t in SENTENCES]
+    assert [len(a) for a in batched] == [len(a) for a in alone] and len(alone[2]) == 0
+    assert len({len(a) for a in alone}) == 4
+    for got, expected in zip(batched, alone):
+        np.testing.assert_allclose(got, expected, atol=ATOL)
+
+
+@pytest.mark.slow
+def test_concurrent_callers_share_a_batch(quiet_vits: HfVitsSynthesizer) -> None:
+    alone = [quiet_vits.synthesize(t) for t in SENTENCES]
+    batcher = BatchedSynthesizer(quiet_vits, max_batch=4, window_s=60)  # closes on max_batch, not the clock
+    results: list = [None] * 4
+    threads = [
+        threading.Thread(target=lambda i=i: results.__setitem__(i, batcher.synthesize(SENTENCES[i]))) for i in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert list(batcher.batch_sizes) == [4]
+    for got, expected in zip(results, alone):
+        np.testing.assert_allclose(got, expected, atol=ATOL)
+    cancelled = threading.Event()
+    cancelled.set()
+    assert len(batcher.submit("hello", cancel=cancelled).result()) == 0
+    batcher.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        batcher.submit("hello")
+
+
+@pytest.mark.slow
+def test_a_failed_batch_fails_its_callers_and_the_worker_serves_on(quiet_vits: HfVitsSynthesizer) -> None:
+    batcher = BatchedSynthesizer(quiet_vits, window_s=0)
+    real = quiet_vits.synthesize_batch
+    quiet_vits.synthesize_batch = lambda *a, **k: 1 / 0  # type: ignore[method-assign]
+    with pytest.raises(ZeroDivisionError):
+        batcher.synthesize("hello")
+    quiet_vits.synthesize_batch = real  # type: ignore[method-assign]
+    assert len(batcher.synthesize("hello")) > 0
+    with pytest.raises(ValueError, match="max_batch must be at least 1"):
+        BatchedSynthesizer(quiet_vits, max_batch=0)
+    batcher.close()
+
+
+@pytest.mark.slow
+def test_two_streams_through_one_batched_head(quiet_vits: HfVitsSynthesizer) -> None:
+    batcher = BatchedSynthesizer(quiet_vits, window_s=0.05)
+    head = TtsHead(batcher)
+    replies = ["one two three four, five six. seven eight nine.", "ten eleven, twelve thirteen fourteen."]
+
+    async def both() -> list:
+        return await asyncio.gather(*(collect(head.stream(words(r))) for r in replies))
+
+    for reply, chunks in zip(replies, asyncio.run(both())):
+        assert "".join(c.transcript for _, c in chunks) == reply
+    alone = TtsHead(quiet_vits)
+    solo = asyncio.run(collect(alone.stream(words(replies[0]))))
+    together = asyncio.run(collect(head.stream(words(replies[0]))))
+    assert [len(c.pcm16) for _, c in solo] == [len(c.pcm16) for _, c in together]
+    assert max(batcher.batch_sizes) >= 1
+    batcher.close()
