@@ -1,0 +1,1 @@
+"""Quantized weights kept quantized: GGUF block decoding and the CPU matmuls that read the codes directly."""
