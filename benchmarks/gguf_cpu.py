@@ -166,7 +166,8 @@ def _child(side: str, args: argparse.Namespace) -> dict[str, Any]:
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"the {side} run failed ({out.returncode}): {out.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
 
 
 def main() -> int:

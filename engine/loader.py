@@ -264,9 +264,10 @@ def _undo_gguf_rotary_permute(weight: torch.Tensor | QuantizedWeight, heads: int
         bias = None if weight.bias is None else _undo_gguf_rotary_permute(weight.bias, heads)
         codes = _undo_gguf_rotary_permute(weight.codes, heads)
         scale = _undo_gguf_rotary_permute(weight.scale, heads)
-        return QuantizedWeight(weight.layout, weight.gguf_type, codes, scale, bias, weight.group)  # type: ignore[arg-type]
+        return QuantizedWeight(weight.layout, weight.gguf_type, codes, scale, bias, weight.group)
     rows = weight.shape[0]
-    return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape).contiguous()
+    interleaved = weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:])
+    return interleaved.swapaxes(1, 2).reshape(weight.shape).contiguous()
 
 
 def _gguf_to_hf_name(name: str) -> str | None:

@@ -74,9 +74,9 @@ class QuantizedWeight:
             return (values * scale.unsqueeze(-1)).flatten(-2)
         low, high = codes & 0x0F, codes >> 4
         half = self.group // 2
-        values = torch.cat(
-            (low.view(*codes.shape[:-1], -1, half), high.view(*codes.shape[:-1], -1, half)), dim=-1
-        ).to(torch.float32)
+        values = torch.cat((low.view(*codes.shape[:-1], -1, half), high.view(*codes.shape[:-1], -1, half)), dim=-1).to(
+            torch.float32
+        )
         assert self.bias is not None
         return (values * scale.unsqueeze(-1) + self.bias[index].unsqueeze(-1)).flatten(-2)
 
@@ -109,7 +109,14 @@ class QuantizedWeight:
         if self.layout == "q4":
             assert self.bias is not None
             lib.q4_linear(
-                _ptr(x), rows, cols, _ptr(self.codes), _ptr(self.scale), _ptr(self.bias), self.shape[0], _ptr(out),
+                _ptr(x),
+                rows,
+                cols,
+                _ptr(self.codes),
+                _ptr(self.scale),
+                _ptr(self.bias),
+                self.shape[0],
+                _ptr(out),
                 threads,
             )
         else:

@@ -66,7 +66,8 @@ def _f16(b: np.ndarray) -> np.ndarray:
 
 def _pack_nibbles(q: np.ndarray) -> np.ndarray:
     """``[..., 32]`` 4-bit values -> ``[..., 16]`` bytes, low nibble = value j, high = value j + 16."""
-    return q[..., :16] | (q[..., 16:] << np.uint8(4))
+    packed: np.ndarray = q[..., :16] | (q[..., 16:] << np.uint8(4))
+    return packed
 
 
 Decoded = tuple[str, np.ndarray, np.ndarray, "np.ndarray | None", int]
