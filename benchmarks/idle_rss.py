@@ -58,7 +58,8 @@ def tensor_bytes(root):
 import torch
 from omni_gateway.gateway.app import create_app
 from omni_gateway.omni.config import OmniConfig
-from omni_gateway.omni.pipeline import OmniPipeline, stage_threads
+from omni_gateway.omni.loading import stage_threads
+from omni_gateway.omni.pipeline import OmniPipeline
 torch.set_num_threads(stage_threads(OmniConfig()))
 stage = sys.argv[1]
 base = rss()

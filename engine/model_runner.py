@@ -4,6 +4,7 @@ cache and samples. Sequence state is read only; the scheduler advances it from t
 from __future__ import annotations
 
 import logging
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,6 +42,17 @@ def pick_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
     else:
         dtype = _DTYPES[config.dtype]
     return device, dtype
+
+
+def _zeroed(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.zeros``; on the CPU over an anonymous mapping, whose pages read as zeros and become
+    resident only once written, so an idle server does not hold its whole KV cache in RSS."""
+    if device.type != "cpu":
+        return torch.zeros(shape, device=device, dtype=dtype)
+    numel = 1
+    for size in shape:
+        numel *= size
+    return torch.frombuffer(mmap.mmap(-1, numel * dtype.itemsize), dtype=dtype).view(shape)
 
 
 @dataclass(slots=True)
@@ -136,15 +148,10 @@ class ModelRunner:
         self.num_kv_blocks = parallel.min_int(self._decide_num_blocks(shape.num_layers, num_kv_heads, shape.head_dim))
         # Zeroed, not empty: padded decode positions are masked, but NaN garbage would still leak
         # through the masked softmax weights (0 * NaN).
-        self.kv_cache = torch.zeros(
-            shape.num_layers,
-            2,
-            self.num_kv_blocks,
-            self.block_size,
-            num_kv_heads,
-            shape.head_dim,
-            device=self.device,
-            dtype=self.kv_dtype,
+        self.kv_cache = _zeroed(
+            (shape.num_layers, 2, self.num_kv_blocks, self.block_size, num_kv_heads, shape.head_dim),
+            self.device,
+            self.kv_dtype,
         )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(shape.num_layers)]
         self.sampler = Sampler(self.device, config.seed)

@@ -19,6 +19,7 @@ from omni_gateway.engine.parallel.layout import ShardLayout
 
 # Text model types of the Qwen2 family (plain, VL, 2.5-VL, 2.5-Omni thinker): q/k/v projections carry a bias.
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text"})
+from omni_gateway.engine.quant.cpu_linear import QuantizedLinear, QuantizedWeight, keeps_quantized
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,13 +148,13 @@ class Linear:
 @dataclass(slots=True)
 class _Layer:
     input_norm: torch.Tensor
-    qkv: Linear
-    o: Linear
+    qkv: Linear | QuantizedLinear
+    o: Linear | QuantizedLinear
     post_norm: torch.Tensor
-    gate_up: Linear | None  # merged on CUDA; None on the CPU, which uses gate/up
-    gate: Linear | None
-    up: Linear | None
-    down: Linear
+    gate_up: Linear | QuantizedLinear | None  # merged on CUDA; None on the CPU, which uses gate/up
+    gate: Linear | QuantizedLinear | None
+    up: Linear | QuantizedLinear | None
+    down: Linear | QuantizedLinear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
 
@@ -191,31 +192,43 @@ class LlamaModel:
         self.q_size = self.num_heads * s.head_dim
         self.kv_size = self.num_kv_heads * s.head_dim
 
-        def w(name: str) -> torch.Tensor:
-            if not isinstance(weights[name], torch.Tensor):  # quantized (engine/quant): moves itself
-                return weights[name].to(device, dtype)
-            return weights[name].to(device=device, dtype=dtype).contiguous()
+        # GGUF codes stay quantized where the CPU matmuls run; elsewhere they become float weights here.
+        quantized = keeps_quantized(device, dtype)
+
+        def w(name: str) -> Any:
+            value = weights[name]
+            if isinstance(value, QuantizedWeight):
+                if quantized:
+                    return value
+                value = value.dequantize()
+            if not isinstance(value, torch.Tensor):  # a checkpoint's quantized weight (engine/quant): moves itself
+                return value.to(device, dtype)
+            return value.to(device=device, dtype=dtype).contiguous()
 
         def opt(name: str) -> torch.Tensor | None:
             return w(name) if name in weights else None
 
-        def merged(names: list[str]) -> torch.Tensor | None:
+        def merged(names: list[str]) -> Any:
             if not all(n in weights for n in names):
                 return None
-            if not isinstance(weights[names[0]], torch.Tensor):  # quantized: stacks its own parts
-                return type(weights[names[0]]).cat([weights[n] for n in names]).to(device, dtype)
-            return torch.cat([weights[n] for n in names], dim=0).to(device=device, dtype=dtype).contiguous()
+            first = weights[names[0]]
+            if not isinstance(first, (torch.Tensor, QuantizedWeight)):  # checkpoint-quantized: stacks its parts
+                return type(first).cat([weights[n] for n in names]).to(device, dtype)
+            parts = [w(n) for n in names]
+            if all(isinstance(p, QuantizedWeight) for p in parts):
+                return parts
+            return torch.cat([p.dequantize() if isinstance(p, QuantizedWeight) else p for p in parts]).contiguous()
 
         prepack = onednn_prepacks(device, dtype)
 
-        def linear(weight: torch.Tensor | None, bias: torch.Tensor | None = None) -> Linear:
+        def linear(weight: Any, bias: torch.Tensor | None = None, packed_rows: int = 2) -> Linear | QuantizedLinear:
             assert weight is not None
-            return Linear.build(weight, bias, ops.linear, prepack=prepack, packed_rows=2)
+            if isinstance(weight, (QuantizedWeight, list)):
+                return QuantizedLinear.build(weight if isinstance(weight, list) else [weight], bias)
+            return Linear.build(weight, bias, ops.linear, prepack=prepack, packed_rows=packed_rows)
 
         self.embed = w("model.embed_tokens.weight")
-        self.lm_head = Linear.build(
-            self.embed if s.tie_embeddings else w("lm_head.weight"), None, ops.linear, prepack=prepack
-        )
+        self.lm_head = linear(self.embed if s.tie_embeddings else w("lm_head.weight"), None, packed_rows=1)
         self.final_norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         # On the CPU the [2I, H] merged gate/up matmul was no faster than two [I, H] ones (MKL ran it
@@ -248,6 +261,8 @@ class LlamaModel:
         )
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.embed, QuantizedWeight):
+            return self.embed.rows(input_ids)
         return self.parallel.embedding(input_ids, self.embed, self.vocab_start)
 
     def forward(

@@ -1,3 +1,4 @@
-"""Quantized weights: how checkpoints' quantized tensors are read (``hf_formats``), the in-memory
-weight types the model's linear layers run on (``fp8``, ``int4``), and the kernels they call
-(kernels/quant_linear.py on CUDA, their torch twins in kernels/quant_reference.py elsewhere)."""
+"""Quantized weights: GGUF blocks kept quantized with the CPU matmuls that read their codes
+(``gguf_blocks``, ``cpu_linear``, ``cpu_ext``); how checkpoints' quantized tensors are read
+(``hf_formats``) and the weight types the model's linear layers run on the GPU (``fp8``, ``int4``), whose
+kernels are kernels/quant_linear.py on CUDA and their torch twins in kernels/quant_reference.py elsewhere."""
