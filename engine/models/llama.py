@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from omni_gateway.engine.attention import AttentionMetadata, KernelOps, paged_attention
 from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
+from omni_gateway.engine.quant.cpu_linear import QuantizedLinear, QuantizedWeight, keeps_quantized
 
 # Text model types of the Qwen2 family (plain, VL, 2.5-VL, 2.5-Omni thinker): q/k/v projections carry a bias.
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text"})
-from omni_gateway.engine.quant.cpu_linear import QuantizedLinear, QuantizedWeight, keeps_quantized
 
 
 @dataclass(frozen=True, slots=True)
