@@ -61,9 +61,6 @@ class InputTurns:
         @property
         def _transcribing(self) -> bool: ...
 
-        @property
-        def _transcribing(self) -> bool: ...
-
     def _buffer_append(self, event: dict[str, Any]) -> None:
         if "audio" not in event:
             raise missing("audio")
