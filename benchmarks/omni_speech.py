@@ -52,6 +52,9 @@ def omni_config(shapes: str) -> Any:
                 rope_parameters=mrope,
                 tie_word_embeddings=False,
             ),
+            # The released checkpoint's ids; some transformers versions read them without a default.
+            "vision_start_token_id": 151652,
+            "vision_end_token_id": 151653,
         },
         talker_config=dict(
             vocab_size=8448,
