@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni_gateway.engine.chat_stream import ChatStreaming
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import EngineDead, InvalidRequest
 from omni_gateway.engine.input_stream import InputStream
@@ -66,7 +67,7 @@ class _Stop:
     pass
 
 
-class AsyncEngine:
+class AsyncEngine(ChatStreaming):
     def __init__(self, config: EngineConfig | None = None, *, engine: LLMEngine | None = None) -> None:
         self.engine = engine if engine is not None else LLMEngine(config or EngineConfig())
         self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
@@ -101,9 +102,12 @@ class AsyncEngine:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        chat_template: str | None = None,
     ) -> str:
         """The prompt text of a conversation, with the model's chat template (reads immutable state only)."""
-        return self.engine.render_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+        return self.engine.render_chat(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, chat_template=chat_template
+        )
 
     # ---- caller side (any asyncio loop) --------------------------------------------------------
 
@@ -154,27 +158,6 @@ class AsyncEngine:
             rejected = done.done() and not done.cancelled() and done.exception() is not None
             if not complete and not rejected:
                 self.abort(rid)
-
-    async def chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        params: SamplingParams | None = None,
-        *,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        chat_template: str | None = None,
-        request_id: str | None = None,
-        priority: int = 0,
-    ) -> AsyncIterator[StreamDelta]:
-        """``generate`` over messages rendered with the model's chat template."""
-        prompt = self.engine.render_chat(
-            messages, tools=tools, add_generation_prompt=add_generation_prompt, chat_template=chat_template
-        )
-        async with contextlib.aclosing(
-            self.generate(prompt, params, request_id=request_id, priority=priority, add_special_tokens=False)
-        ) as deltas:
-            async for delta in deltas:
-                yield delta
 
     def abort(self, request_id: str) -> None:
         """Stop a request; its stream ends with finish_reason "abort". Safe from any thread."""

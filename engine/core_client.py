@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from omni_gateway.engine import ipc
+from omni_gateway.engine.chat_stream import ChatStreaming
 from omni_gateway.engine.chat_template import render_chat
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core_process import CoreSpec
@@ -84,7 +85,7 @@ class _Stream:
     finished: int = 0
 
 
-class EngineCoreClient:
+class EngineCoreClient(ChatStreaming):
     def __init__(
         self,
         config: EngineConfig,
@@ -240,27 +241,6 @@ class EngineCoreClient:
                 self._streams.pop(rid, None)
             if not complete and not refused:
                 self.abort(rid)
-
-    async def chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        params: SamplingParams | None = None,
-        *,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        chat_template: str | None = None,
-        request_id: str | None = None,
-        priority: int = 0,
-    ) -> AsyncIterator[StreamDelta]:
-        """``generate`` over messages rendered with the model's chat template."""
-        prompt = self.render_chat(
-            messages, tools=tools, add_generation_prompt=add_generation_prompt, chat_template=chat_template
-        )
-        async with contextlib.aclosing(
-            self.generate(prompt, params, request_id=request_id, priority=priority, add_special_tokens=False)
-        ) as deltas:
-            async for delta in deltas:
-                yield delta
 
     def abort(self, request_id: str) -> None:
         """Stop a request; its stream ends with finish_reason "abort". Safe from any thread."""

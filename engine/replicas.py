@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
+from omni_gateway.engine.chat_stream import ChatStreaming
 from omni_gateway.engine.core_client import EngineCoreClient
 from omni_gateway.engine.errors import EngineDead
 from omni_gateway.engine.outputs import StreamDelta
@@ -23,7 +24,7 @@ from omni_gateway.engine.sequence import EmbedSpan
 _AVERAGED = ("kv_waste_fraction", "decode_steps_ahead")
 
 
-class ReplicatedEngine:
+class ReplicatedEngine(ChatStreaming):
     def __init__(self, replicas: Sequence[EngineCoreClient], *, block_size: int = 16) -> None:
         if not replicas:
             raise ValueError("ReplicatedEngine needs at least one replica")
@@ -102,26 +103,6 @@ class ReplicatedEngine:
         finally:
             if request_id is not None and self._owner.get(request_id) == index:
                 del self._owner[request_id]
-
-    async def chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        params: SamplingParams | None = None,
-        *,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        chat_template: str | None = None,
-        request_id: str | None = None,
-        priority: int = 0,
-    ) -> AsyncIterator[StreamDelta]:
-        prompt = self.render_chat(
-            messages, tools=tools, add_generation_prompt=add_generation_prompt, chat_template=chat_template
-        )
-        async with contextlib.aclosing(
-            self.generate(prompt, params, request_id=request_id, priority=priority, add_special_tokens=False)
-        ) as deltas:
-            async for delta in deltas:
-                yield delta
 
     def abort(self, request_id: str) -> None:
         index = self._owner.get(request_id)
