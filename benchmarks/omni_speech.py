@@ -95,7 +95,9 @@ def build(shapes: str, device: torch.device, max_seqs: int) -> tuple[Any, Any, A
     from omni_gateway.omni.heads.token2wav import Token2Wav
     from omni_gateway.omni.heads.token2wav_loader import Speaker, Token2WavModels
     from omni_gateway.omni.speech import SpokenModel
-    from transformers import Qwen2_5OmniForConditionalGeneration, Qwen2Config
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    from benchmarks.tiny_omni import thinker_as_qwen2, thinker_weights_as_qwen2
 
     config = omni_config(shapes)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -111,26 +113,10 @@ def build(shapes: str, device: torch.device, max_seqs: int) -> tuple[Any, Any, A
 
     state = hf.state_dict()
     text = config.thinker_config.text_config
-    thinker_cfg = Qwen2Config(
-        vocab_size=text.vocab_size,
-        hidden_size=text.hidden_size,
-        intermediate_size=text.intermediate_size,
-        num_hidden_layers=text.num_hidden_layers,
-        num_attention_heads=text.num_attention_heads,
-        num_key_value_heads=text.num_key_value_heads,
-        max_position_embeddings=text.max_position_embeddings,
-        rms_norm_eps=text.rms_norm_eps,
-        rope_theta=float(text.rope_parameters.get("rope_theta", 1e6)),
-        tie_word_embeddings=False,
-        architectures=["Qwen2ForCausalLM"],
+    thinker_cfg = thinker_as_qwen2(
+        text, rope_theta=float(text.rope_parameters.get("rope_theta", 1e6)), architectures=["Qwen2ForCausalLM"]
     )
-    # In memory the thinker's text model sits under thinker.model.language_model (saved, and in older
-    # transformers releases: thinker.model).
-    lm = "thinker.model.language_model."
-    if f"{lm}embed_tokens.weight" not in state:
-        lm = "thinker.model."
-    thinker_weights = {"model." + k[len(lm) :]: v for k, v in state.items() if k.startswith(lm)}
-    thinker_weights["lm_head.weight"] = state["thinker.lm_head.weight"]
+    thinker_weights = thinker_weights_as_qwen2(state)
     max_len = 4096
     engine_kw: dict[str, Any] = dict(device=device.type, max_num_seqs=max_seqs, max_model_len=max_len)
     if device.type == "cpu":

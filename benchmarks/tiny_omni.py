@@ -146,12 +146,25 @@ def save_tiny_thinker_text(omni_dir: Path, path: Path) -> Path:
     """The thinker's text model of a saved tiny Omni checkpoint as a plain Qwen2 checkpoint with a tokenizer:
     what the engine serves as the thinker until it loads Omni checkpoints itself."""
     from safetensors.torch import load_file
-    from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoConfig, Qwen2ForCausalLM
 
     from benchmarks.checkpoints import byte_level_tokenizer
 
     text = AutoConfig.from_pretrained(omni_dir).thinker_config.text_config
-    config = Qwen2Config(
+    config = thinker_as_qwen2(text, eos_token_id=0, bos_token_id=1)
+    state = thinker_weights_as_qwen2(load_file(str(omni_dir / "model.safetensors")))
+    model = Qwen2ForCausalLM(config)
+    model.load_state_dict(state, strict=True)
+    model.save_pretrained(path)
+    byte_level_tokenizer().save_pretrained(path)
+    return path
+
+
+def thinker_as_qwen2(text: Any, **overrides: Any) -> Any:
+    """A ``Qwen2Config`` of the thinker's text config ``text``: the plain Qwen2 model it is for text."""
+    from transformers import Qwen2Config
+
+    fields = dict(
         vocab_size=text.vocab_size,
         hidden_size=text.hidden_size,
         intermediate_size=text.intermediate_size,
@@ -161,18 +174,16 @@ def save_tiny_thinker_text(omni_dir: Path, path: Path) -> Path:
         max_position_embeddings=text.max_position_embeddings,
         rms_norm_eps=text.rms_norm_eps,
         tie_word_embeddings=False,
-        eos_token_id=0,
-        bos_token_id=1,
     )
-    weights = load_file(str(omni_dir / "model.safetensors"))
-    state = {}
-    for name, tensor in weights.items():
-        if name.startswith("thinker.model."):
-            state["model." + name[len("thinker.model.") :]] = tensor
-        elif name == "thinker.lm_head.weight":
-            state["lm_head.weight"] = tensor
-    model = Qwen2ForCausalLM(config)
-    model.load_state_dict(state, strict=True)
-    model.save_pretrained(path)
-    byte_level_tokenizer().save_pretrained(path)
-    return path
+    return Qwen2Config(**{**fields, **overrides})
+
+
+def thinker_weights_as_qwen2(state: dict[str, Any]) -> dict[str, Any]:
+    """The thinker's text-model weights of an Omni state dict under Qwen2's names. In memory they sit under
+    ``thinker.model.language_model.``; saved (and in older transformers releases), under ``thinker.model.``."""
+    prefix = "thinker.model.language_model."
+    if f"{prefix}embed_tokens.weight" not in state:
+        prefix = "thinker.model."
+    weights = {"model." + k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    weights["lm_head.weight"] = state["thinker.lm_head.weight"]
+    return weights
