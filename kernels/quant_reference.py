@@ -1,5 +1,5 @@
-"""Pure-torch twins of the quantized linear kernels (kernels/quant_linear.py): the formats' spec,
-the quantizers that produce them, and the de-quantization the large-row path runs before cuBLAS.
+"""Pure-torch twins of the quantized linear kernels (kernels/quant_linear.py and the decode and prefill
+kernels behind it): the formats' spec, the quantizers that produce them, and the de-quantization.
 
 Formats (weights are ``[N, K]``, output features by input features, like ``F.linear``):
 
@@ -64,6 +64,24 @@ def fp8_linear(
 ) -> torch.Tensor:
     """``x @ dequantize_fp8(weight, scale).T (+ bias)`` in x's dtype."""
     return F.linear(x, dequantize_fp8(weight, scale, x.dtype), bias)
+
+
+def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic activation quantization (W8A8 prefill): float32 ``[M, 1]`` scales ``max|x| / FP8_MAX`` per
+    row and the e4m3 rows ``x / scale``."""
+    xf = x.float()
+    scale = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(1e-12)
+    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def fp8_linear_dynamic(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The W8A8 product of many-row bf16 activations with per-channel FP8 weights: activations
+    quantized per token, float32 accumulation, both scales on the sums, then ``bias``; in x's dtype."""
+    q, x_scale = quantize_fp8_per_token(x)
+    out = (q.float() @ weight.float().T) * x_scale * scale.float()[None, :]
+    return (out if bias is None else out + bias.float()).to(x.dtype)
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:

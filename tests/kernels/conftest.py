@@ -22,6 +22,8 @@ _TRITON_MODULES = (
     "omni_gateway.kernels.activation",
     "omni_gateway.kernels.argmax",
     "omni_gateway.kernels.gemv",
+    "omni_gateway.kernels.quant_gemv",
+    "omni_gateway.kernels.quant_gemm",
     "omni_gateway.kernels.quant_linear",
 )
 

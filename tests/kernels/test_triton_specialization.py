@@ -24,7 +24,11 @@ _SPECIALIZED = {
         "_prefill_kernel": {"qk_scale", "stride_cache_block", "stride_cache_tok"},
     },
     "omni_gateway.kernels.gemv": {"_gemv_kernel": {"N", "K"}},
-    "omni_gateway.kernels.quant_linear": {"_quant_linear_kernel": {"N", "K", "stride_xm"}},
+    "omni_gateway.kernels.quant_gemv": {"_gemv_kernel": {"N", "K", "stride_xm", "k_per_split"}},
+    "omni_gateway.kernels.quant_gemm": {
+        "_dequant_gemm_kernel": {"N", "K", "stride_xm"},
+        "_quant_rows_kernel": {"K", "stride_xm"},
+    },
     "omni_gateway.kernels.norm": {"_rms_norm_kernel": {"eps"}},
     "omni_gateway.kernels.rotary": {
         "_rotary_kernel": {"stride_q", "stride_k"},

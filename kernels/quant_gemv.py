@@ -1,0 +1,325 @@
+"""Decode-sized weight-only quantized linears (1 to ``MAX_GEMV_ROWS`` rows): the kernel that streams
+the quantized weight once and de-quantizes it in registers. Formats: kernels/quant_reference.py.
+
+Decode is memory-bound, so what matters is bytes in flight and few ALU operations per weight:
+
+- one row: each program owns ``block_n`` output features and accumulates elementwise products into a
+  ``[block_n, block_k]`` tile that is summed once at the end (no cross-lane reduction in the loop).
+  FP8 per block folds the block scale into the activation (the scale of a 128-feature block depends
+  on k alone), so the weight tile sees one convert and one FMA per element.
+- int4 reads 32-bit words (eight 4-bit weights, input features ``8j .. 8j + 7``). The reduction order
+  does not matter, so nibble ``i`` of every word forms a plane against activations ``x[8j + i]``: the
+  nibble is masked in place and ORed into the mantissa of 2^23 (exact float ``2^23 + q * 16^p``),
+  one subtraction makes it ``q * 16^p`` and the activation carries the ``16^-p``. The zero point comes
+  off per word through the activations' sum, the group scale multiplies once per word: about three
+  ALU operations per weight instead of shift, mask, int-to-float convert and two more.
+- 2+ rows: the de-quantized tile (raw FP8 value, or ``q - zero``: both exact in bf16) goes to
+  ``tl.dot`` against a 16-row activation tile, and the group/block scale multiplies the partial sums.
+- split-K (``split_k`` > 1): when a layer has few output blocks, ``split_k`` programs share each one
+  and write float32 partial sums; the last to finish (an atomic counter per output block, reset by
+  that program) adds them up and runs the epilogue. One launch, no memset, no reduce kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from omni_gateway.kernels.quant_tuning import FP8_BLOCKWISE, FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig
+
+_LOCKS = 1 << 16  # split-K counters per device; a launch needing more runs unsplit
+_locks: dict[torch.device, torch.Tensor] = {}
+
+
+@triton.jit
+def _epilogue(
+    acc, rows, cols, row_ok, col_ok, s_ptr, bias_ptr, out_ptr, N, FORMAT: tl.constexpr, HAS_BIAS: tl.constexpr
+):
+    out = acc
+    if FORMAT == 0:
+        out *= tl.load(s_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _int4_row_step(
+    w_rows, x_ptr, s_ptr, z_ptr, cols, col_ok, kb, K, acc, EVEN: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr
+):
+    """One row against ``SUB`` input features of int4 words (inside one group): ``acc`` [block_n,
+    SUB / 8] += scale * (sum_i q_i x_i - zero * sum_i x_i) per word."""
+    words_k = kb // 8 + tl.arange(0, SUB // 8)
+    xk = kb + tl.arange(0, SUB // 8) * 8
+    g = cols * (K // GROUP) + kb // GROUP
+    if EVEN:
+        words = tl.load(w_rows + words_k[None, :], eviction_policy="evict_first")
+        zero = tl.load(z_ptr + g).to(tl.float32)
+        scale = tl.load(s_ptr + g).to(tl.float32)
+    else:
+        in_k = words_k < K // 8
+        words = tl.load(
+            w_rows + words_k[None, :], mask=col_ok[:, None] & in_k[None, :], other=0, eviction_policy="evict_first"
+        )
+        ok = col_ok & ((cols * 0 + kb) < K)  # per feature: the interpreter rejects scalar masks
+        zero = tl.load(z_ptr + g, mask=ok, other=0).to(tl.float32)
+        scale = tl.load(s_ptr + g, mask=ok, other=0.0).to(tl.float32)
+    high = words >> 12  # nibbles 5..7 land on bits 8..19, still inside the 23-bit mantissa
+    part = tl.zeros(words.shape, tl.float32)
+    x_sum = tl.zeros([1, SUB // 8], tl.float32)
+    x_ptrs = x_ptr + xk[None, :]  # [1, SUB / 8]: the words' layout, so the planes need no conversion
+    for i in tl.static_range(8):
+        if EVEN:
+            x = tl.load(x_ptrs + i).to(tl.float32)
+        else:
+            x = tl.load(x_ptrs + i, mask=xk[None, :] + i < K, other=0.0).to(tl.float32)
+        x_sum += x
+        if i < 5:
+            bits = (words & (15 << (4 * i))) | 0x4B000000
+            x = x * (1.0 / (1 << (4 * i)))
+        else:
+            bits = (high & (15 << (4 * (i - 3)))) | 0x4B000000
+            x = x * (1.0 / (1 << (4 * (i - 3))))
+        q = bits.to(tl.float32, bitcast=True) - 8388608.0  # q * 16^p, exact
+        part += q * x
+    return acc + (part - zero[:, None] * x_sum) * scale[:, None]
+
+
+@triton.jit
+def _dot_tile(
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    cols,
+    col_ok,
+    kb,
+    K,
+    like,
+    EVEN: tl.constexpr,
+    FORMAT: tl.constexpr,
+    GROUP: tl.constexpr,
+    SUB: tl.constexpr,
+):
+    """The ``[block_n, SUB]`` tile at ``kb`` of unscaled weights in the dtype of ``like`` (raw FP8
+    value or ``q - zero``, exact in 16-bit floats) and the per-feature scale of its partial sums."""
+    if FORMAT == 2:
+        half = kb // 2 + tl.arange(0, SUB // 2)
+        ptrs = w_ptr + cols.to(tl.int64)[:, None] * (K // 2) + half[None, :]
+        g = cols * (K // GROUP) + kb // GROUP
+        if EVEN:
+            packed = tl.load(ptrs, eviction_policy="evict_first")
+            zero = tl.load(z_ptr + g).to(tl.float32)
+            scale = tl.load(s_ptr + g).to(tl.float32)
+        else:
+            ok = col_ok & ((cols * 0 + kb) < K)
+            packed = tl.load(
+                ptrs, mask=col_ok[:, None] & (half < K // 2)[None, :], other=0, eviction_policy="evict_first"
+            )
+            zero = tl.load(z_ptr + g, mask=ok, other=0).to(tl.float32)
+            scale = tl.load(s_ptr + g, mask=ok, other=0.0).to(tl.float32)
+        q = tl.interleave(packed & 0xF, packed >> 4).to(tl.int32) | 0x4B000000
+        w = (q.to(tl.float32, bitcast=True) - (8388608.0 + zero[:, None])).to(like.dtype)
+    else:
+        ks = kb + tl.arange(0, SUB)
+        ptrs = w_ptr + cols.to(tl.int64)[:, None] * K + ks[None, :]
+        if EVEN:
+            w = tl.load(ptrs, eviction_policy="evict_first")
+        else:
+            w = tl.load(ptrs, mask=col_ok[:, None] & (ks < K)[None, :], other=0.0, eviction_policy="evict_first")
+        w = w.to(like.dtype)
+        if FORMAT == 1:
+            # block_n divides 128, so the program's features share one block row of scales.
+            sp = s_ptr + (cols // GROUP) * tl.cdiv(K, GROUP) + kb // GROUP
+            if EVEN:
+                scale = tl.load(sp)
+            else:
+                scale = tl.load(sp, mask=col_ok & ((cols * 0 + kb) < K), other=0.0)
+        else:
+            scale = tl.full([cols.shape[0]], 1.0, tl.float32)
+    return w, scale
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    bias_ptr,
+    out_ptr,
+    part_ptr,
+    lock_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    k_per_split,
+    FORMAT: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    SPLIT: tl.constexpr,
+    EVEN: tl.constexpr,
+    SUB: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    if USE_DOT:
+        x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
+            for u in tl.static_range(BLOCK_K // SUB):
+                kb = k0 + u * SUB
+                ks = kb + tl.arange(0, SUB)
+                if EVEN:
+                    x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None], other=0.0)
+                else:
+                    x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
+                if DOT_FP32:
+                    x = x.to(tl.float32)
+                w, scale = _dot_tile(w_ptr, s_ptr, z_ptr, cols, col_ok, kb, K, x, EVEN, FORMAT, GROUP, SUB)
+                if DOT_FP32:
+                    part = tl.dot(x, tl.trans(w), input_precision="ieee")
+                else:
+                    part = tl.dot(x, tl.trans(w))
+                if FORMAT == 0:
+                    acc += part
+                else:
+                    acc += part * scale[None, :]
+    elif FORMAT == 2:
+        w_rows = w_ptr + cols.to(tl.int64)[:, None] * (K // 8)
+        acc2 = tl.zeros([BLOCK_N, SUB // 8], tl.float32)
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
+            for u in tl.static_range(BLOCK_K // SUB):
+                acc2 = _int4_row_step(
+                    w_rows, x_ptr, s_ptr, z_ptr, cols, col_ok, k0 + u * SUB, K, acc2, EVEN, GROUP, SUB
+                )
+        acc = tl.sum(acc2, 1)[None, :]
+    else:
+        w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
+        if FORMAT == 1:
+            s_row = s_ptr + (pid_n * BLOCK_N // GROUP) * tl.cdiv(K, GROUP)
+        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            if EVEN:
+                w = tl.load(w_rows + ks[None, :], eviction_policy="evict_first")
+                x = tl.load(x_ptr + ks).to(tl.float32)
+            else:
+                w = tl.load(
+                    w_rows + ks[None, :],
+                    mask=col_ok[:, None] & (ks < K)[None, :],
+                    other=0.0,
+                    eviction_policy="evict_first",
+                )
+                x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+            if FORMAT == 1:
+                # block_n divides 128: every feature of the program shares this row of block scales.
+                x *= tl.load(s_row + ks // GROUP, mask=ks < K, other=0.0)
+            acc2 += w.to(tl.float32) * x[None, :]
+        acc = tl.sum(acc2, 1)[None, :]
+    if SPLIT:
+        mask = row_ok[:, None] & col_ok[None, :]
+        parts = part_ptr + (rows.to(tl.int64)[:, None] * N + cols[None, :])
+        tl.store(parts + pid_k * M * N, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial sums precede the counter's release
+        arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")
+        splits = tl.num_programs(1)
+        if arrived == splits - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in range(0, splits):
+                total += tl.load(parts + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(lock_ptr + pid_n, 0)  # ready for the next launch
+            _epilogue(total, rows, cols, row_ok, col_ok, s_ptr, bias_ptr, out_ptr, N, FORMAT, HAS_BIAS)
+    else:
+        _epilogue(acc, rows, cols, row_ok, col_ok, s_ptr, bias_ptr, out_ptr, N, FORMAT, HAS_BIAS)
+
+
+def _split_locks(device: torch.device, blocks: int) -> torch.Tensor | None:
+    """The zeroed split-K counters of ``device``, or None when there are too few or none exist yet
+    inside a CUDA graph capture (allocating them there would tie them to the graph's memory pool)."""
+    locks = _locks.get(device)
+    if locks is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        locks = _locks[device] = torch.zeros(_LOCKS, dtype=torch.int32, device=device)
+    return locks if blocks <= _LOCKS else None
+
+
+def launch_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    zeros: torch.Tensor,
+    bias: torch.Tensor | None,
+    n: int,
+    k: int,
+    fmt: int,
+    group: int,
+    config: QuantLinearConfig,
+    *,
+    dot_fp32: bool,
+) -> torch.Tensor:
+    """``[M, N]`` output for 1..MAX_GEMV_ROWS rows of ``x`` (validated by the caller)."""
+    block_n, block_k, split_k = config.block_n, config.block_k, config.split_k
+    m = x.shape[0]
+    use_dot = m > 1
+    if use_dot and block_n < 16:
+        raise ValueError(f"QuantLinearConfig.block_n: {m} rows run tl.dot, which needs >= 16, got {block_n}")
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    # int4 and per-block FP8 walk sub-tiles that each lie inside one scale group (one row of per-block
+    # FP8 scales its activations instead).
+    sub = block_k if fmt == FP8_CHANNEL or (fmt == FP8_BLOCKWISE and not use_dot) else min(block_k, group)
+    grid_n = triton.cdiv(n, block_n)
+    # Splits are whole steps (and whole groups for int4), so every split but the last is full.
+    step = max(block_k, group) if fmt == INT4_GROUPED else block_k
+    split_k = max(1, min(split_k, triton.cdiv(k, step)))
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), step) * step
+    split_k = triton.cdiv(k, k_per_split)
+    locks = _split_locks(x.device, grid_n) if split_k > 1 else None
+    if locks is None:
+        split_k, k_per_split = 1, triton.cdiv(k, block_k) * block_k
+    parts = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if split_k > 1 else out
+    even = n % block_n == 0 and k % block_k == 0 and k_per_split % block_k == 0
+    w = weight.view(torch.int32) if fmt == INT4_GROUPED and not use_dot else weight
+    _gemv_kernel[(grid_n, split_k)](
+        x,
+        w,
+        scale,
+        zeros,
+        weight if bias is None else bias,
+        out,
+        parts,
+        out if locks is None else locks,
+        m,
+        n,
+        k,
+        x.stride(0),
+        k_per_split,
+        FORMAT=fmt,
+        GROUP=group,
+        HAS_BIAS=bias is not None,
+        USE_DOT=use_dot,
+        DOT_FP32=dot_fp32,
+        SPLIT=split_k > 1,
+        EVEN=even,
+        SUB=sub,
+        BLOCK_M=16 if use_dot else 1,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        STAGES=config.stages,
+        num_warps=config.num_warps,
+    )
+    return out
