@@ -247,15 +247,20 @@ def _gemv_kernel(
         _epilogue(acc, rows, cols, row_ok, col_ok, s_ptr, bias_ptr, out_ptr, N, FORMAT, HAS_BIAS)
 
 
+def prepare_device(device: torch.device) -> None:
+    """Allocate ``device``'s zeroed split-K counters now, outside any CUDA graph capture."""
+    if device not in _locks:
+        _locks[device] = torch.zeros(_LOCKS, dtype=torch.int32, device=device)
+
+
 def _split_locks(device: torch.device, blocks: int) -> torch.Tensor | None:
     """The zeroed split-K counters of ``device``, or None when there are too few or none exist yet
     inside a CUDA graph capture (allocating them there would tie them to the graph's memory pool)."""
-    locks = _locks.get(device)
-    if locks is None:
+    if device not in _locks:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        locks = _locks[device] = torch.zeros(_LOCKS, dtype=torch.int32, device=device)
-    return locks if blocks <= _LOCKS else None
+        prepare_device(device)
+    return _locks[device] if blocks <= _LOCKS else None
 
 
 def launch_gemv(

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import torch
 from omni_gateway.kernels.quant_gemm import GemmConfig, dequant_gemm, fp8_scaled_mm, scaled_mm_supported
-from omni_gateway.kernels.quant_gemv import launch_gemv
+from omni_gateway.kernels.quant_gemv import launch_gemv, prepare_device
 from omni_gateway.kernels.quant_reference import FP8_BLOCK, FP8_DTYPE
 from omni_gateway.kernels.quant_tuning import FP8_BLOCKWISE, FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig, tuned_config
 from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_tensor, interpreting
 
-__all__ = ["GemmConfig", "QuantLinearConfig", "fp8_linear", "int4_linear"]
+__all__ = ["GemmConfig", "QuantLinearConfig", "fp8_linear", "int4_linear", "prepare_device"]
 
 
 def _check_x(x: torch.Tensor, weight: torch.Tensor, k: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:

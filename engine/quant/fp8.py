@@ -66,7 +66,10 @@ class Fp8Weight:
 
     def kernel(self) -> Callable[[torch.Tensor, Fp8Weight, torch.Tensor | None], torch.Tensor]:
         """``f(x, this weight, bias)`` for the model's ``Linear``."""
-        fn = kernel_module(self.weight.device).fp8_linear
+        module = kernel_module(self.weight.device)
+        if hasattr(module, "prepare_device"):  # the Triton launchers' split-K counters, before any graph capture
+            module.prepare_device(self.weight.device)
+        fn = module.fp8_linear
 
         def run(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
             return fn(x, w.weight, w.scale, bias)  # type: ignore[no-any-return]

@@ -64,7 +64,10 @@ class Int4Weight:
 
     def kernel(self) -> Callable[[torch.Tensor, Int4Weight, torch.Tensor | None], torch.Tensor]:
         """``f(x, this weight, bias)`` for the model's ``Linear``."""
-        fn = kernel_module(self.packed.device).int4_linear
+        module = kernel_module(self.packed.device)
+        if hasattr(module, "prepare_device"):  # the Triton launchers' split-K counters, before any graph capture
+            module.prepare_device(self.packed.device)
+        fn = module.int4_linear
 
         def run(x: torch.Tensor, w: Int4Weight, bias: torch.Tensor | None) -> torch.Tensor:
             return fn(x, w.packed, w.scales, w.zeros, bias)  # type: ignore[no-any-return]
