@@ -7,9 +7,8 @@
 1. Kernels: every 8B (Llama-3.1-8B) linear shape at 1 to 320 rows, checked against
    the torch twins (kernels/quant_reference.py) and timed in CUDA graphs (weights rotated over
    sets bigger than L2): bf16 (kernels/gemv.py at one row, cuBLAS above), FP8 per channel, FP8 per
-   128x128 block, int4 group 128. One row also sweeps a few launch configs (``config_sweep``).
-   At 2+ rows, ``fp8-dequant``/``int4-dequant`` time the de-quantize + cuBLAS path that takes over
-   above ``QuantLinearConfig.max_dot_rows`` (256), to place that threshold.
+   128x128 block, int4 group 128, each with the shipped launch configs. The launch-config sweep
+   that produced them is benchmarks/quant_sweep.py.
 2. Engine, 8B shape with random weights (checkpoints written to ``--tmp``, no download): bf16, FP8
    per channel (``--quantization fp8`` on the bf16 checkpoint), FP8 per block (an ``fp8``
    checkpoint with ``weight_scale_inv``), int4 (an AWQ checkpoint), and bf16 weights with the FP8 KV
@@ -71,28 +70,28 @@ def _quant_sets(n: int, k: int, sets: int) -> list[dict[str, Any]]:
     return out
 
 
-def _kernel_fns(config: Any = None) -> dict[str, Callable[[torch.Tensor, dict[str, Any]], torch.Tensor]]:
+def _kernel_fns() -> dict[str, Callable[[torch.Tensor, dict[str, Any]], torch.Tensor]]:
     from omni_gateway.kernels import gemv, quant_linear
 
-    dequant = quant_linear.QuantLinearConfig(max_dot_rows=1)  # 2+ rows: de-quantize + cuBLAS
     return {
         "bf16": lambda x, s: gemv.linear(x, s["w"]),
-        "fp8-channel": lambda x, s: quant_linear.fp8_linear(x, *s["fp8c"], config=config),
-        "fp8-block": lambda x, s: quant_linear.fp8_linear(x, *s["fp8b"], config=config),
-        "int4": lambda x, s: quant_linear.int4_linear(x, *s["int4"], config=config),
-        "fp8-dequant": lambda x, s: quant_linear.fp8_linear(x, *s["fp8c"], config=dequant),
-        "int4-dequant": lambda x, s: quant_linear.int4_linear(x, *s["int4"], config=dequant),
+        "fp8-channel": lambda x, s: quant_linear.fp8_linear(x, *s["fp8c"]),
+        "fp8-block": lambda x, s: quant_linear.fp8_linear(x, *s["fp8b"]),
+        "int4": lambda x, s: quant_linear.int4_linear(x, *s["int4"]),
     }
 
 
 def _twins() -> dict[str, Callable[[torch.Tensor, dict[str, Any]], torch.Tensor]]:
+    def fp8_channel(x: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
+        if x.shape[0] > 16:  # W8A8 through torch._scaled_mm
+            return qref.fp8_linear_dynamic(x, *s["fp8c"]).double()
+        return x.double() @ qref.dequantize_fp8(*s["fp8c"], torch.float64).T
+
     return {
         "bf16": lambda x, s: x.double() @ s["w"].double().T,
-        "fp8-channel": lambda x, s: x.double() @ qref.dequantize_fp8(*s["fp8c"], torch.float64).T,
+        "fp8-channel": fp8_channel,
         "fp8-block": lambda x, s: x.double() @ qref.dequantize_fp8(*s["fp8b"], torch.float64).T,
         "int4": lambda x, s: x.double() @ qref.dequantize_int4(*s["int4"], torch.float64).T,
-        "fp8-dequant": lambda x, s: x.double() @ qref.dequantize_fp8(*s["fp8c"], torch.float64).T,
-        "int4-dequant": lambda x, s: x.double() @ qref.dequantize_int4(*s["int4"], torch.float64).T,
     }
 
 
@@ -115,8 +114,6 @@ def kernel_bench(log: ResultLog, quick: bool) -> bool:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             line = []
             for name, fn in fns.items():
-                if name.endswith("-dequant") and rows == 1:
-                    continue  # one row never takes the cuBLAS path
                 err = _rel_err(fn(x, data[0]), twins[name](x, data[0]))
                 passed = err < 1e-2
                 ok &= passed
@@ -132,39 +129,9 @@ def kernel_bench(log: ResultLog, quick: bool) -> bool:
                     line.append(f"{name} err {err:.1e}{'' if passed else ' FAIL'}")
                 log.write("kernel", **record)
             print(f"[kernel] {shape} {n}x{k} rows={rows}: " + ", ".join(line), flush=True)
-        if not quick:
-            config_sweep(log, shape, n, k, data)
         data.clear()
         free_cuda()
     return ok
-
-
-def config_sweep(log: ResultLog, shape: str, n: int, k: int, data: list[dict[str, Any]]) -> None:
-    """One row through a few launch configs (the defaults were not tuned on an H200)."""
-    from omni_gateway.kernels.quant_linear import QuantLinearConfig
-
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    configs = [
-        QuantLinearConfig(block_n=bn, block_k=bk, unroll=u, stages=st, num_warps=w)
-        for bn, bk, u, st, w in [
-            (8, 128, 8, 3, 4),
-            (8, 128, 16, 3, 4),
-            (4, 128, 8, 3, 4),
-            (16, 128, 4, 3, 4),
-            (16, 128, 8, 2, 4),
-            (8, 128, 4, 4, 2),
-            (32, 128, 4, 2, 8),
-        ]
-    ]
-    for variant in ("fp8-channel", "fp8-block", "int4"):
-        timings = []
-        for config in configs:
-            fn = _kernel_fns(config)[variant]
-            sec = time_graph(lambda i, fn=fn: fn(x, data[i]), len(data), 20e-6)
-            timings.append((sec, config))
-            log.write("config_sweep", shape=shape, variant=variant, config=repr(config), us=sec * 1e6)
-        best = min(timings, key=lambda t: t[0])
-        print(f"[sweep] {shape} {variant} 1 row: best {best[0] * 1e6:.1f} us with {best[1]}", flush=True)
 
 
 # ---- checkpoints -----------------------------------------------------------------------------------

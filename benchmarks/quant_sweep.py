@@ -3,6 +3,7 @@ the torch twins (kernels/quant_reference.py) before it is timed.
 
     python -m benchmarks.quant_sweep                  # decode sweep + prefill GEMM paths, 8B shapes
     python -m benchmarks.quant_sweep --budget-s 200   # stop sweeping after 200 s (the table still prints)
+    python -m benchmarks.quant_sweep --final          # only the shipped dispatch at 1..4096 rows vs bf16
 
 1. Decode (1, 2, 4, 8, 16 rows): FP8 per channel, FP8 per block and int4 (group 128) through a grid
    of ``QuantLinearConfig`` candidates times split-K 1..8, against bf16 (kernels/gemv.py at one row,
@@ -267,12 +268,54 @@ def prefill_bench(log: ResultLog, deadline: float) -> bool:
     return ok
 
 
+def final_table(log: ResultLog, deadline: float) -> bool:
+    """What ``fp8_linear``/``int4_linear`` run with no config (the tuned table, its fallback and the
+    prefill paths) at every 8B shape, checked against the twins and timed against bf16."""
+    ok = True
+    for shape, (n, k) in SHAPES.items():
+        rows_list = (1,) if shape == "lm_head" else (1, 4, 16, 64, 256, 4096)
+        sets = max(1, -(-240_000_000 // (n * k // 2)))
+        data = [_weights(n, k) for _ in range(sets)]
+        for rows in rows_list:
+            if time.perf_counter() > deadline:
+                print("[final] budget spent; stopping", flush=True)
+                return ok
+            x = torch.randn(rows, k, device=DEVICE, dtype=torch.bfloat16)
+            est = max(10e-6, 2 * rows * n * k / 600e12)
+            nsets = sets if rows <= 16 else 1
+            base = time_graph(lambda i: _call("bf16", x, data[i]), nsets, est, replays=5)
+            line = [f"bf16 {base * 1e6:.1f} us"]
+            for variant in FORMATS:
+                err = _rel_err(_call(variant, x, data[0]), _reference(variant, x, data[0], rows))
+                passed = err < 1e-2
+                ok &= passed
+                sec = time_graph(lambda i, v=variant: _call(v, x, data[i]), nsets, est, replays=5)
+                log.write(
+                    "final",
+                    shape=shape,
+                    n=n,
+                    k=k,
+                    rows=rows,
+                    variant=variant,
+                    rel_err=err,
+                    ok=passed,
+                    us=sec * 1e6,
+                    bf16_us=base * 1e6,
+                )
+                line.append(f"{variant} {sec * 1e6:.1f} us {base / sec:.2f}x{'' if passed else ' WRONG'}")
+            print(f"[final] {shape:8s} rows={rows:4d}: " + ", ".join(line), flush=True)
+        data.clear()
+        torch.cuda.empty_cache()
+    return ok
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop the decode sweep after this long")
     parser.add_argument("--prefill-budget-s", type=float, default=60.0)
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--skip-prefill", action="store_true")
+    parser.add_argument("--final", action="store_true", help="only time the shipped dispatch (no sweep)")
     default_out = (
         Path(os.environ["OUT"]) / "quant_sweep.jsonl" if os.environ.get("OUT") else RESULTS_DIR / "quant_sweep.jsonl"
     )
@@ -281,6 +324,12 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.quant_sweep needs a CUDA GPU")
     start = time.perf_counter()
+    if args.final:
+        with ResultLog(args.out, "quant_sweep", final=True) as log:
+            ok = final_table(log, start + args.budget_s)
+            log.write("verdict", ok=ok)
+        print("all checks passed" if ok else "SOME CHECKS FAILED", flush=True)
+        return
     precompile(args.workers)
     with ResultLog(args.out, "quant_sweep") as log:
         ok = True

@@ -5,8 +5,9 @@ Decode is memory-bound, so what matters is bytes in flight and few ALU operation
 
 - one row: each program owns ``block_n`` output features and accumulates elementwise products into a
   ``[block_n, block_k]`` tile that is summed once at the end (no cross-lane reduction in the loop).
-  FP8 per block folds the block scale into the activation (the scale of a 128-feature block depends
-  on k alone), so the weight tile sees one convert and one FMA per element.
+  FP8 per block walks 128-wide sub-tiles and folds each one's block scale (one per program: its
+  features lie in one block row) into the activations, so the weight tile sees one convert and one
+  FMA per element.
 - int4 reads 32-bit words (eight 4-bit weights, input features ``8j .. 8j + 7``). The reduction order
   does not matter, so nibble ``i`` of every word forms a plane against activations ``x[8j + i]``: the
   nibble is masked in place and ORed into the mantissa of 2^23 (exact float ``2^23 + q * 16^p``),
@@ -25,7 +26,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from omni_gateway.kernels.quant_tuning import FP8_BLOCKWISE, FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig
+from omni_gateway.kernels.quant_tuning import FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig
 
 _LOCKS = 1 << 16  # split-K counters per device; a launch needing more runs unsplit
 _locks: dict[torch.device, torch.Tensor] = {}
@@ -210,25 +211,27 @@ def _gemv_kernel(
     else:
         w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
         if FORMAT == 1:
+            # block_n divides 128: every feature of the program shares this row of block scales.
             s_row = s_ptr + (pid_n * BLOCK_N // GROUP) * tl.cdiv(K, GROUP)
-        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        acc2 = tl.zeros([BLOCK_N, SUB], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            if EVEN:
-                w = tl.load(w_rows + ks[None, :], eviction_policy="evict_first")
-                x = tl.load(x_ptr + ks).to(tl.float32)
-            else:
-                w = tl.load(
-                    w_rows + ks[None, :],
-                    mask=col_ok[:, None] & (ks < K)[None, :],
-                    other=0.0,
-                    eviction_policy="evict_first",
-                )
-                x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-            if FORMAT == 1:
-                # block_n divides 128: every feature of the program shares this row of block scales.
-                x *= tl.load(s_row + ks // GROUP, mask=ks < K, other=0.0)
-            acc2 += w.to(tl.float32) * x[None, :]
+            for u in tl.static_range(BLOCK_K // SUB):
+                ks = k0 + u * SUB + tl.arange(0, SUB)
+                if EVEN:
+                    w = tl.load(w_rows + ks[None, :], eviction_policy="evict_first")
+                    x = tl.load(x_ptr + ks).to(tl.float32)
+                else:
+                    w = tl.load(
+                        w_rows + ks[None, :],
+                        mask=col_ok[:, None] & (ks < K)[None, :],
+                        other=0.0,
+                        eviction_policy="evict_first",
+                    )
+                    x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+                if FORMAT == 1:
+                    # One block scale for the whole sub-tile (clamped: a ragged tail's weights are masked).
+                    x *= tl.load(s_row + tl.minimum((k0 + u * SUB) // GROUP, tl.cdiv(K, GROUP) - 1))
+                acc2 += w.to(tl.float32) * x[None, :]
         acc = tl.sum(acc2, 1)[None, :]
     if SPLIT:
         mask = row_ok[:, None] & col_ok[None, :]
@@ -284,9 +287,8 @@ def launch_gemv(
     if use_dot and block_n < 16:
         raise ValueError(f"QuantLinearConfig.block_n: {m} rows run tl.dot, which needs >= 16, got {block_n}")
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    # int4 and per-block FP8 walk sub-tiles that each lie inside one scale group (one row of per-block
-    # FP8 scales its activations instead).
-    sub = block_k if fmt == FP8_CHANNEL or (fmt == FP8_BLOCKWISE and not use_dot) else min(block_k, group)
+    # int4 and per-block FP8 walk sub-tiles that each lie inside one scale group.
+    sub = block_k if fmt == FP8_CHANNEL else min(block_k, group)
     grid_n = triton.cdiv(n, block_n)
     # Splits are whole steps (and whole groups for int4), so every split but the last is full.
     step = max(block_k, group) if fmt == INT4_GROUPED else block_k

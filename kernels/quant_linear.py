@@ -5,18 +5,29 @@ activations. Formats and their pure-torch twins: kernels/quant_reference.py.
 Up to ``QuantLinearConfig.max_dot_rows`` rows (decode) run the memory-bound kernel of
 kernels/quant_gemv.py with a launch config from kernels/quant_tuning.py; more rows (prefill) run
 kernels/quant_gemm.py: FP8 per channel with bf16 activations on the FP8 tensor cores
-(``torch._scaled_mm``, activations quantized per token), everything else through the Triton GEMM that
-de-quantizes weight tiles in registers.
+(``torch._scaled_mm``, activations quantized per token); everything else through the Triton GEMM that
+de-quantizes weight tiles in registers up to ``DEQUANT_GEMM_MAX_ROWS`` rows (or whenever a
+``gemm_config`` is given), and above that through one de-quantize pass and cuBLAS.
 """
 
 from __future__ import annotations
 
 import torch
-from omni_gateway.kernels.quant_gemm import GemmConfig, dequant_gemm, fp8_scaled_mm, scaled_mm_supported
+from omni_gateway.kernels.quant_gemm import (
+    GemmConfig,
+    dequant_gemm,
+    dequant_linear,
+    fp8_scaled_mm,
+    scaled_mm_supported,
+)
 from omni_gateway.kernels.quant_gemv import launch_gemv, prepare_device
 from omni_gateway.kernels.quant_reference import FP8_BLOCK, FP8_DTYPE
 from omni_gateway.kernels.quant_tuning import FP8_BLOCKWISE, FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig, tuned_config
 from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_tensor, interpreting
+
+# Up to this many rows the Triton GEMM de-quantizes tiles in registers; above, one de-quantize pass and
+# cuBLAS win (kernels/quant_gemm.py).
+DEQUANT_GEMM_MAX_ROWS = 64
 
 __all__ = ["GemmConfig", "QuantLinearConfig", "fp8_linear", "int4_linear", "prepare_device"]
 
@@ -53,6 +64,8 @@ def _run(
         return launch_gemv(x, weight, scale, zeros, bias, n, k, fmt, group, config, dot_fp32=dot_fp32)
     if fmt == FP8_CHANNEL and config.scaled_mm and not interpreting() and scaled_mm_supported(x, n, k):
         return fp8_scaled_mm(x, weight, scale, bias)
+    if gemm_config is None and m > DEQUANT_GEMM_MAX_ROWS:
+        return dequant_linear(x, weight, scale, zeros, bias, n, k, fmt, group)
     return dequant_gemm(x, weight, scale, zeros, bias, n, k, fmt, group, config=gemm_config, dot_fp32=dot_fp32)
 
 

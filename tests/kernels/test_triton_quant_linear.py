@@ -93,6 +93,19 @@ def test_many_rows_run_the_dequantizing_gemm(device, rows, dtype, rel_err, toler
     assert rel_err(int4_linear(x, packed, scales, zeros, bias, gemm_config=_SMALL_GEMM), expected) < tolerance[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_rows_dequantize_once_then_matmul(device, dtype, rel_err, tolerance):
+    """Past 64 rows, with no GEMM config given, one de-quantize pass feeds F.linear (ragged N and K)."""
+    w, x, bias = _data(72, 320, 70, dtype, device, 70)
+    for q, scale in (qref.quantize_fp8_per_block(w), qref.quantize_fp8_per_channel(w)):
+        q, scale = q.to(device), scale.to(device)
+        out = fp8_linear(x, q, scale, bias, config=QuantLinearConfig(scaled_mm=False))
+        assert rel_err(out, _expected(x, qref.dequantize_fp8(q, scale), bias)) < tolerance[dtype]
+    packed, scales, zeros = (t.to(device) for t in qref.quantize_int4(w.to(dtype), 64))
+    expected = _expected(x, qref.dequantize_int4(packed, scales, zeros), bias)
+    assert rel_err(int4_linear(x, packed, scales, zeros, bias), expected) < tolerance[dtype]
+
+
 def test_max_dot_rows_moves_the_switch_to_the_gemm(device, rel_err):
     w, x, _ = _data(32, 128, 5, torch.float32, device, 7)
     q, scale = (t.to(device) for t in qref.quantize_fp8_per_channel(w))

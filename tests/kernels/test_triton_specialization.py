@@ -28,6 +28,7 @@ _SPECIALIZED = {
     "omni_gateway.kernels.quant_gemm": {
         "_dequant_gemm_kernel": {"N", "K", "stride_xm"},
         "_quant_rows_kernel": {"K", "stride_xm"},
+        "_dequant_kernel": {"N", "K"},
     },
     "omni_gateway.kernels.norm": {"_rms_norm_kernel": {"eps"}},
     "omni_gateway.kernels.rotary": {
