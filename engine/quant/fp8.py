@@ -1,5 +1,6 @@
-"""FP8 (e4m3) weight-only linear layers: float8_e4m3fn weights with a float32 scale per output
-channel or per 128x128 block; activations stay in the model dtype.
+"""FP8 (e4m3) linear layers: float8_e4m3fn weights with a float32 scale per output channel or per
+128x128 block; activations stay in the model dtype (on CUDA, more than 16 rows with per-channel scales
+run W8A8 through ``torch._scaled_mm``, kernels/quant_gemm.py).
 
 A checkpoint's weights arrive as ``Fp8Weight``; a float checkpoint loaded with ``--quantization fp8``
 arrives as ``Fp8Pending``, which quantizes per output channel on the device it is moved to (the

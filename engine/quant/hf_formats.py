@@ -13,8 +13,9 @@ Read as vLLM reads them (the ``quantization_config`` of config.json):
   order), ``qzeros`` int32 ``[K / G, N / 8]`` holding zero - 1 (zero itself for ``gptq_v2``),
   ``scales`` ``[K / G, N]``, ``g_idx`` ``[K]`` (must be ``k // G``).
 
-Activation scales of W8A8 checkpoints (``input_scale``) are dropped: every scheme runs weight-only
-with activations in the model dtype. Embeddings, norms and the LM head stay in the model dtype.
+Activation scales of W8A8 checkpoints (``input_scale``) are dropped: activations stay in the model dtype,
+except that on CUDA prefill-sized batches of FP8 per-channel layers quantize them per token on the fly
+(kernels/quant_gemm.py). Embeddings, norms and the LM head stay in the model dtype.
 """
 
 from __future__ import annotations
