@@ -1,10 +1,11 @@
-"""Transcriptions from many sessions batched onto one torch Whisper.
+"""Transcriptions from many sessions batched onto one Whisper (torch or CTranslate2).
 
 Each caller ``submit``s its audio and gets a future. One worker thread takes what has queued: a batch
 starts ``window_s`` after its first request (so turns ending together share it) or at once when
 ``max_batch`` requests wait, and requests that arrive while a batch runs form the next one. The batch
-runs ``TorchWhisperRecognizer.transcribe_batch``: one encoder pass, then the decoder over the batch with
-a KV cache per row.
+runs the recognizer's ``transcribe_batch``: one encoder pass, then the decoder over the batch (torch: a KV
+cache per row; CTranslate2: its own batched greedy search). On a CPU the batch shares each weight pass and
+each decoder step among the turns that end together, instead of queueing them behind one lock.
 
 Why not the engine's paged KV machinery: Whisper's decoder attends to its encoder output through
 cross-attention, which the engine's paged kernels (written for decoder-only LLMs) do not have, and the
@@ -22,7 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
-from omni_gateway.encoders.asr import SAMPLE_RATE, AsrJob, AsrResult, TorchWhisperRecognizer
+from omni_gateway.encoders.asr import SAMPLE_RATE, AsrJob, AsrResult, BatchRecognizer
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class _Request:
 class BatchedRecognizer:
     """A ``SpeechRecognizer`` whose calls, from any number of threads, run in shared batches."""
 
-    def __init__(self, recognizer: TorchWhisperRecognizer, *, max_batch: int = 32, window_s: float = 0.005) -> None:
+    def __init__(self, recognizer: BatchRecognizer, *, max_batch: int = 32, window_s: float = 0.005) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1; got {max_batch}")
         if window_s < 0:
