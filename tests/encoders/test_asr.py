@@ -18,6 +18,7 @@ SENTENCE = "Please turn on the kitchen lights."
 def default_asr() -> Iterator[FasterWhisperRecognizer]:
     batcher = load_recognizer("default", device="cpu")
     assert isinstance(batcher, BatchedRecognizer) and isinstance(batcher.recognizer, FasterWhisperRecognizer)
+    assert batcher.max_batch == 1  # on a CPU a batch saves little and makes its first turns wait
     yield batcher.recognizer
     batcher.close()
 
