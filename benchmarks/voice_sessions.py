@@ -8,7 +8,9 @@ Each session streams its own spoken questions (the Piper voice, synthesized befo
 /v1/realtime in 40 ms chunks at real-time pace, with server VAD ending each turn; between turns it keeps
 streaming silence, as a microphone does, and speaks its next question once the reply is done. Per turn:
 
-- latency: `input_audio_buffer.speech_stopped` -> first `response.output_audio.delta`;
+- latency: `input_audio_buffer.speech_stopped` -> first `response.output_audio.delta`; and, since a busy
+  server may send `speech_stopped` late, from the moment the client sent the audio that ended the turn (its
+  `audio_end_ms`: the speech and the VAD's silence after it) to the first audio delta (`audio_end_*`);
 - stages, each measured from the stop or the end of the stage before, whichever is later: `asr` (-> the
   transcript), `start` (-> `response.created`) and `reply` (-> the first audio delta: the engine's queue,
   its first tokens and the TTS head's first clause; the server sends a reply's transcript deltas with its
@@ -47,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import bisect
 import json
 import os
 import re
@@ -101,6 +104,8 @@ async def session(
     await asyncio.sleep(delay_s)
     turns: list[dict[str, Any]] = []
     done = asyncio.Event()
+    sent_bytes: list[int] = []  # the stream's length after each chunk sent, and when it was sent
+    sent_at: list[float] = []
     async with websockets.connect(url, max_size=32 * 2**20) as ws:
         await ws.send(
             json.dumps(
@@ -125,6 +130,8 @@ async def session(
             for i, at in enumerate(range(0, len(pcm), CHUNK)):
                 chunk = base64.b64encode(pcm[at : at + CHUNK]).decode()
                 await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+                sent_bytes.append((sent_bytes[-1] if sent_bytes else 0) + len(pcm[at : at + CHUNK]))
+                sent_at.append(time.monotonic())
                 await asyncio.sleep(max(0.0, start + (i + 1) * 0.04 - time.monotonic()))
 
         async def talk() -> None:
@@ -145,6 +152,7 @@ async def session(
                 turn = turns[-1] if turns else {}
                 if kind == "input_audio_buffer.speech_stopped":
                     turn.setdefault("stopped", now)
+                    turn.setdefault("audio_end_bytes", event["audio_end_ms"] * CHUNK // 40)
                 elif kind == "conversation.item.input_audio_transcription.delta" and "stopped" not in turn:
                     turn["early_deltas"] = turn.get("early_deltas", 0) + 1
                 elif kind == "conversation.item.input_audio_transcription.completed":
@@ -165,6 +173,10 @@ async def session(
         finally:
             listener.cancel()
             await asyncio.gather(listener, return_exceptions=True)
+    for turn in turns:  # when the audio that ended the turn (speech, then the VAD's silence) was sent
+        if "audio_end_bytes" in turn:
+            index = bisect.bisect_left(sent_bytes, turn.pop("audio_end_bytes"))
+            turn["audio_end_sent"] = sent_at[min(index, len(sent_at) - 1)]
     return turns
 
 
@@ -185,6 +197,7 @@ def turn_row(turn: dict[str, Any]) -> dict[str, Any]:
     created = max(heard, turn.get("created", heard))
     row.update(
         total=turn["first_audio"] - stop,
+        from_audio_end=turn["first_audio"] - turn.get("audio_end_sent", stop),
         asr=heard - stop,
         start=created - heard,
         reply=max(0.0, turn["first_audio"] - created),
@@ -246,6 +259,8 @@ def report(n: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if totals:
         out.update(p50_s=statistics.median(totals), p90_s=percentile(totals, 0.9), p99_s=percentile(totals, 0.99))
+        ends = [r["from_audio_end"] for r in kept]
+        out.update(audio_end_p50_s=statistics.median(ends), audio_end_p99_s=percentile(ends, 0.99))
         for stage in ("asr", "start", "reply"):
             out[f"{stage}_mean_s"] = statistics.fmean(r[stage] for r in kept)
     ms = {k: f"{v * 1000:.0f} ms" for k, v in out.items() if k.endswith("_s")}
