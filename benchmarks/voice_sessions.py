@@ -21,7 +21,8 @@ streaming silence, as a microphone does, and speaks its next question once the r
 
 - partial transcripts: how many `conversation.item.input_audio_transcription.delta` events came before
   `speech_stopped`, i.e. while the user spoke;
-- batches: with a torch Whisper or a HF VITS (batched across sessions), the mean batch size of each.
+- batches: with the ASR or TTS batcher (torch or CTranslate2 Whisper, HF VITS), the mean batch size of each
+  and the share of the run its worker spent in batches (`*_busy`: near 1, that worker is the queue).
 
 ``--fake`` serves the test suite's fake backend instead (instant ASR, a fixed reply, silence for audio):
 the gateway's own cost of many sessions, without models. ``--asr``/``--tts``/``--model`` pick the stages
@@ -307,8 +308,9 @@ def load_stages(args: argparse.Namespace) -> Any:
     return backend
 
 
-def batch_sizes(backend: Any) -> dict[str, float]:
-    """Mean batch sizes of the stages that batch across sessions (torch Whisper, HF VITS)."""
+def batch_sizes(backend: Any, wall_s: float) -> dict[str, float]:
+    """Mean batch sizes of the stages that batch across sessions (the ASR and TTS batchers), and the share of
+    ``wall_s`` each one's worker spent in batches (near 1: that worker is the queue)."""
     out = {}
     for name, stage in (
         ("asr", getattr(backend, "asr", None)),
@@ -318,6 +320,9 @@ def batch_sizes(backend: Any) -> dict[str, float]:
         if sizes:
             out[f"{name}_mean_batch"] = round(statistics.fmean(sizes), 2)
             stage.batch_sizes.clear()
+        if getattr(stage, "busy_s", 0.0):
+            out[f"{name}_busy"] = round(stage.busy_s / wall_s, 3)
+            stage.busy_s = 0.0
     return out
 
 
@@ -403,12 +408,12 @@ def main() -> None:
         if args.warmup_turns:
             print("warm-up, not counted:", flush=True)
             rows = run_sessions(url, 1, args.warmup_turns, spoken, args.turn_timeout)
-            batch_sizes(backend)
+            batch_sizes(backend, 1.0)
             log.write("warmup", **report(1, rows))
         for n in args.sessions:
-            load = os.getloadavg()[0]
+            load, started = os.getloadavg()[0], time.monotonic()
             rows = run_sessions(url, n, args.turns, spoken, args.turn_timeout, args.stagger_s, args.per_process)
-            extra = dict(batch_sizes(backend), load_before=round(load, 2))
+            extra = dict(batch_sizes(backend, time.monotonic() - started), load_before=round(load, 2))
             for row in rows:
                 log.write("turn", sessions=n, **row)
             summary = dict(report(n, rows), **extra)

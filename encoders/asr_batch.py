@@ -46,6 +46,7 @@ class BatchedRecognizer:
         self.max_batch = max_batch
         self.window_s = window_s
         self.batch_sizes: deque[int] = deque(maxlen=1024)  # the sizes of the latest batches, for benchmarks
+        self.busy_s = 0.0  # seconds spent reading batches, for benchmarks (is the worker the bottleneck?)
         self._queue: deque[_Request] = deque()
         self._ready = threading.Condition()
         self._closed = False
@@ -111,6 +112,7 @@ class BatchedRecognizer:
             if not live:
                 continue
             self.batch_sizes.append(len(live))
+            started = time.monotonic()
             try:
                 results = self.recognizer.transcribe_batch([r.job for r in live])
             except Exception as exc:  # the batch's failure is each caller's; the worker keeps serving
@@ -118,5 +120,7 @@ class BatchedRecognizer:
                 for r in live:
                     r.future.set_exception(exc)
                 continue
+            finally:
+                self.busy_s += time.monotonic() - started
             for r, result in zip(live, results):
                 r.future.set_result(result)
