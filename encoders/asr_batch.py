@@ -66,7 +66,21 @@ class BatchedRecognizer:
         prompt: str | None = None,
     ) -> Future[AsrResult]:
         """Queue one transcription; a bad request raises here, before it joins a batch."""
-        job = self.recognizer.prepare(audio, sample_rate=sample_rate, language=language, prompt=prompt)
+        return self.enqueue(self.prepare(audio, sample_rate=sample_rate, language=language, prompt=prompt))
+
+    def prepare(
+        self,
+        audio: np.ndarray | bytes,
+        *,
+        sample_rate: int = SAMPLE_RATE,
+        language: str | None = None,
+        prompt: str | None = None,
+    ) -> AsrJob:
+        """Check and convert one request (decode, resample): CPU work, for the caller's thread."""
+        return self.recognizer.prepare(audio, sample_rate=sample_rate, language=language, prompt=prompt)
+
+    def enqueue(self, job: AsrJob) -> Future[AsrResult]:
+        """Queue a prepared transcription for the next batch."""
         future: Future[AsrResult] = Future()
         with self._ready:
             if self._closed:

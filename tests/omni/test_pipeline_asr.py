@@ -64,3 +64,33 @@ def test_a_transcription_dropped_while_it_waits_for_the_recognizer_never_runs(ba
     assert [a[:1] for a in recognizer.heard] == [b"\x01", b"\x03"]
     if isinstance(asr, BatchedRecognizer):
         asr.close()
+
+
+def test_a_transcription_dropped_while_its_audio_is_converted_never_runs() -> None:
+    class SlowPrepare(GatedBatchRecognizer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.preparing = threading.Event()
+            self.prepared = threading.Event()
+
+        def prepare(self, audio: bytes, **kwargs) -> AsrJob:  # type: ignore[no-untyped-def]
+            self.preparing.set()
+            self.prepared.wait(10)
+            return super().prepare(audio, **kwargs)
+
+    recognizer = SlowPrepare()
+    recognizer.gate.set()
+    batcher = BatchedRecognizer(recognizer, max_batch=1)
+    pipeline = OmniPipeline(OmniConfig(), engine=FakeEngine([]), model_name="fake", max_context_tokens=64, asr=batcher)
+
+    async def go() -> str:
+        dropped = asyncio.create_task(pipeline.transcribe(b"\x02\x00" * 160, 16000))
+        await asyncio.to_thread(recognizer.preparing.wait, 10)  # converting, off the event loop
+        dropped.cancel()
+        await asyncio.gather(dropped, return_exceptions=True)
+        recognizer.prepared.set()
+        return (await pipeline.transcribe(b"\x03\x00" * 160, 16000)).text
+
+    assert asyncio.run(go()) == "hi"
+    assert [a[:1] for a in recognizer.heard] == [b"\x03"]
+    batcher.close()
