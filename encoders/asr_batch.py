@@ -1,10 +1,11 @@
-"""Transcriptions from many sessions batched onto one torch Whisper.
+"""Transcriptions from many sessions batched onto one Whisper (torch or CTranslate2).
 
 Each caller ``submit``s its audio and gets a future. One worker thread takes what has queued: a batch
 starts ``window_s`` after its first request (so turns ending together share it) or at once when
 ``max_batch`` requests wait, and requests that arrive while a batch runs form the next one. The batch
-runs ``TorchWhisperRecognizer.transcribe_batch``: one encoder pass, then the decoder over the batch with
-a KV cache per row.
+runs the recognizer's ``transcribe_batch``: one encoder pass, then the decoder over the batch (torch: a KV
+cache per row; CTranslate2: its own batched greedy search). On a CPU the batch shares each weight pass and
+each decoder step among the turns that end together, instead of queueing them behind one lock.
 
 Why not the engine's paged KV machinery: Whisper's decoder attends to its encoder output through
 cross-attention, which the engine's paged kernels (written for decoder-only LLMs) do not have, and the
@@ -22,7 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
-from omni_gateway.encoders.asr import SAMPLE_RATE, AsrJob, AsrResult, TorchWhisperRecognizer
+from omni_gateway.encoders.asr import SAMPLE_RATE, AsrJob, AsrResult, BatchRecognizer
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class _Request:
 class BatchedRecognizer:
     """A ``SpeechRecognizer`` whose calls, from any number of threads, run in shared batches."""
 
-    def __init__(self, recognizer: TorchWhisperRecognizer, *, max_batch: int = 32, window_s: float = 0.005) -> None:
+    def __init__(self, recognizer: BatchRecognizer, *, max_batch: int = 32, window_s: float = 0.005) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1; got {max_batch}")
         if window_s < 0:
@@ -45,6 +46,7 @@ class BatchedRecognizer:
         self.max_batch = max_batch
         self.window_s = window_s
         self.batch_sizes: deque[int] = deque(maxlen=1024)  # the sizes of the latest batches, for benchmarks
+        self.busy_s = 0.0  # seconds spent reading batches, for benchmarks (is the worker the bottleneck?)
         self._queue: deque[_Request] = deque()
         self._ready = threading.Condition()
         self._closed = False
@@ -64,7 +66,21 @@ class BatchedRecognizer:
         prompt: str | None = None,
     ) -> Future[AsrResult]:
         """Queue one transcription; a bad request raises here, before it joins a batch."""
-        job = self.recognizer.prepare(audio, sample_rate=sample_rate, language=language, prompt=prompt)
+        return self.enqueue(self.prepare(audio, sample_rate=sample_rate, language=language, prompt=prompt))
+
+    def prepare(
+        self,
+        audio: np.ndarray | bytes,
+        *,
+        sample_rate: int = SAMPLE_RATE,
+        language: str | None = None,
+        prompt: str | None = None,
+    ) -> AsrJob:
+        """Check and convert one request (decode, resample): CPU work, for the caller's thread."""
+        return self.recognizer.prepare(audio, sample_rate=sample_rate, language=language, prompt=prompt)
+
+    def enqueue(self, job: AsrJob) -> Future[AsrResult]:
+        """Queue a prepared transcription for the next batch."""
         future: Future[AsrResult] = Future()
         with self._ready:
             if self._closed:
@@ -110,6 +126,7 @@ class BatchedRecognizer:
             if not live:
                 continue
             self.batch_sizes.append(len(live))
+            started = time.monotonic()
             try:
                 results = self.recognizer.transcribe_batch([r.job for r in live])
             except Exception as exc:  # the batch's failure is each caller's; the worker keeps serving
@@ -117,5 +134,7 @@ class BatchedRecognizer:
                 for r in live:
                     r.future.set_exception(exc)
                 continue
+            finally:
+                self.busy_s += time.monotonic() - started
             for r, result in zip(live, results):
                 r.future.set_result(result)

@@ -180,9 +180,14 @@ class OmniPipeline:
     ) -> Transcription:
         if self.asr is None:
             raise UnsupportedInput("no speech recognition model is loaded (start the server with --asr)")
-        submit = getattr(self.asr, "submit", None)
-        if submit is not None:  # a batching recognizer: concurrent turns share its batches
-            job = submit(pcm16, sample_rate=sample_rate, language=language, prompt=prompt)
+        enqueue = getattr(self.asr, "enqueue", None)
+        if enqueue is not None:  # a batching recognizer: concurrent turns share its batches
+            # Converting the audio (decode, resample: 25 ms a minute of it) runs off the event loop; a caller
+            # that leaves meanwhile has queued nothing.
+            prepared = await asyncio.to_thread(
+                self.asr.prepare, pcm16, sample_rate=sample_rate, language=language, prompt=prompt
+            )
+            job = enqueue(prepared)
             result = await asyncio.wrap_future(job)
         else:
             dropped = threading.Event()

@@ -109,6 +109,7 @@ class BatchedSynthesizer:
         self.max_batch = max_batch
         self.window_s = window_s
         self.batch_sizes: deque[int] = deque(maxlen=1024)  # the sizes of the latest batches, for benchmarks
+        self.busy_s = 0.0  # seconds spent rendering batches, for benchmarks (is the worker the bottleneck?)
         self._queue = FairQueue()
         self._ready = threading.Condition()
         self._closed = False
@@ -172,6 +173,7 @@ class BatchedSynthesizer:
             if not live:
                 continue
             self.batch_sizes.append(len(live))
+            started = time.monotonic()
             try:
                 audio = self.synthesizer.synthesize_batch(
                     [c.text for c in live], speed=live[0].speed, voice=live[0].voice
@@ -181,5 +183,7 @@ class BatchedSynthesizer:
                 for clause in live:
                     clause.future.set_exception(exc)
                 continue
+            finally:
+                self.busy_s += time.monotonic() - started
             for clause, samples in zip(live, audio):
                 clause.future.set_result(samples)

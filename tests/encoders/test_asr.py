@@ -2,21 +2,25 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from omni_gateway.encoders.asr import FasterWhisperRecognizer, TorchWhisperRecognizer, load_recognizer
+from omni_gateway.encoders.asr_batch import BatchedRecognizer
 from omni_gateway.encoders.audio import float_to_pcm16, resample
 
 SENTENCE = "Please turn on the kitchen lights."
 
 
 @pytest.fixture(scope="module")
-def default_asr() -> FasterWhisperRecognizer:
-    recognizer = load_recognizer("default", device="cpu")
-    assert isinstance(recognizer, FasterWhisperRecognizer)
-    return recognizer
+def default_asr() -> Iterator[FasterWhisperRecognizer]:
+    batcher = load_recognizer("default", device="cpu")
+    assert isinstance(batcher, BatchedRecognizer) and isinstance(batcher.recognizer, FasterWhisperRecognizer)
+    assert batcher.max_batch == 1  # on a CPU a batch saves little and makes its first turns wait
+    yield batcher.recognizer
+    batcher.close()
 
 
 def words_of(text: str) -> set[str]:
@@ -278,3 +282,32 @@ def test_short_turns_read_the_same_through_the_short_window(
     monkeypatch.setattr(asr_module, "SHORT_SPEECH_MAX_S", 0.5)
     default_asr.transcribe(audio, sample_rate=rate)
     assert calls == [1, 1]
+
+
+@pytest.mark.slow
+def test_a_batch_of_short_turns_reads_each_as_alone(
+    default_asr: FasterWhisperRecognizer, speak, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import omni_gateway.encoders.asr as asr_module
+
+    sentences = [SENTENCE, "What is the capital of France?", "How many legs does a spider have?", "Name a fruit."]
+    spoken = [speak(text) for text in sentences]
+    jobs = [default_asr.prepare(audio, sample_rate=rate) for audio, rate in spoken]
+    jobs.append(default_asr.prepare(b""))
+    jobs.append(default_asr.prepare(spoken[1][0], sample_rate=spoken[1][1], prompt="Geography."))
+    alone = [default_asr.transcribe_batch([job])[0] for job in jobs]
+    assert default_asr.transcribe_batch(jobs) == alone
+    assert {"capital", "france"} <= words_of(alone[1].text) and alone[4].text == ""
+    assert alone[5].usage.prompt_tokens > 0 == alone[1].usage.prompt_tokens
+    # A row whose decode runs past its budget is read again over the full window; the others keep the batch's.
+    limit = min(a.usage.output_tokens for a in alone[:4])
+    monkeypatch.setattr(asr_module, "_SHORT_TOKENS_BASE", limit)
+    monkeypatch.setattr(asr_module, "_SHORT_TOKENS_PER_S", 0)
+    calls: list[int] = []
+    original = default_asr.model.transcribe
+    monkeypatch.setattr(default_asr.model, "transcribe", lambda *a, **k: calls.append(1) or original(*a, **k))
+    batch = default_asr.transcribe_batch(jobs[:4])
+    over = [a.usage.output_tokens > limit for a in alone[:4]]
+    assert len(calls) == sum(over) > 0 and not all(over)
+    for read, one, job, redone in zip(batch, alone[:4], jobs[:4], over, strict=True):
+        assert read == (default_asr._transcribe_full(job) if redone else one)

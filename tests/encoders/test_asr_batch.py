@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,11 +98,13 @@ def test_the_batcher_runs_concurrent_callers_in_one_batch(tiny_en: Path) -> None
         threading.Thread(target=lambda i=i: results.__setitem__(i, batcher.transcribe(float_to_pcm16(audio[i]))))
         for i in range(4)
     ]
+    started = time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert list(batcher.batch_sizes) == [4]
+    assert 0 < batcher.busy_s <= time.monotonic() - started  # the one batch's time, for benchmarks
     assert results == [recognizer.transcribe(float_to_pcm16(c)) for c in audio]
     batcher.close()
     with pytest.raises(RuntimeError, match="closed"):

@@ -1,11 +1,15 @@
-"""The pipeline's transcriptions through a recognizer that runs one call at a time."""
+"""The pipeline's transcriptions through a recognizer that runs one call at a time, directly or through the
+ASR batcher."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 
-from omni_gateway.encoders.asr import AsrResult, AsrUsage
+import numpy as np
+import pytest
+from omni_gateway.encoders.asr import AsrJob, AsrResult, AsrUsage
+from omni_gateway.encoders.asr_batch import BatchedRecognizer
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 
@@ -27,11 +31,23 @@ class GatedRecognizer:
         return AsrResult("hi", "en", 0.1, AsrUsage(0.1, 0, 1))
 
 
-def test_a_transcription_dropped_while_it_waits_for_the_recognizer_never_runs() -> None:
-    recognizer = GatedRecognizer()
-    pipeline = OmniPipeline(
-        OmniConfig(), engine=FakeEngine([]), model_name="fake", max_context_tokens=64, asr=recognizer
-    )
+class GatedBatchRecognizer(GatedRecognizer):
+    """The same, read through ``prepare`` and ``transcribe_batch``, as the ASR batcher calls it."""
+
+    multilingual = False
+
+    def prepare(self, audio: bytes, *, sample_rate: int = 16000, language=None, prompt=None) -> AsrJob:  # type: ignore[no-untyped-def]
+        return AsrJob(np.frombuffer(audio, np.int16).astype(np.float32), language, ())
+
+    def transcribe_batch(self, jobs: list[AsrJob]) -> list[AsrResult]:
+        return [self.transcribe(job.samples.astype(np.int16).tobytes()) for job in jobs]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["lock", "batcher"])
+def test_a_transcription_dropped_while_it_waits_for_the_recognizer_never_runs(batched: bool) -> None:
+    recognizer = GatedBatchRecognizer() if batched else GatedRecognizer()
+    asr = BatchedRecognizer(recognizer, max_batch=1) if batched else recognizer
+    pipeline = OmniPipeline(OmniConfig(), engine=FakeEngine([]), model_name="fake", max_context_tokens=64, asr=asr)
 
     async def go() -> str:
         first = asyncio.create_task(pipeline.transcribe(b"\x01\x00" * 160, 16000))
@@ -46,3 +62,35 @@ def test_a_transcription_dropped_while_it_waits_for_the_recognizer_never_runs() 
 
     assert asyncio.run(go()) == "hihi"
     assert [a[:1] for a in recognizer.heard] == [b"\x01", b"\x03"]
+    if isinstance(asr, BatchedRecognizer):
+        asr.close()
+
+
+def test_a_transcription_dropped_while_its_audio_is_converted_never_runs() -> None:
+    class SlowPrepare(GatedBatchRecognizer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.preparing = threading.Event()
+            self.prepared = threading.Event()
+
+        def prepare(self, audio: bytes, **kwargs) -> AsrJob:  # type: ignore[no-untyped-def]
+            self.preparing.set()
+            self.prepared.wait(10)
+            return super().prepare(audio, **kwargs)
+
+    recognizer = SlowPrepare()
+    recognizer.gate.set()
+    batcher = BatchedRecognizer(recognizer, max_batch=1)
+    pipeline = OmniPipeline(OmniConfig(), engine=FakeEngine([]), model_name="fake", max_context_tokens=64, asr=batcher)
+
+    async def go() -> str:
+        dropped = asyncio.create_task(pipeline.transcribe(b"\x02\x00" * 160, 16000))
+        await asyncio.to_thread(recognizer.preparing.wait, 10)  # converting, off the event loop
+        dropped.cancel()
+        await asyncio.gather(dropped, return_exceptions=True)
+        recognizer.prepared.set()
+        return (await pipeline.transcribe(b"\x03\x00" * 160, 16000)).text
+
+    assert asyncio.run(go()) == "hi"
+    assert [a[:1] for a in recognizer.heard] == [b"\x03"]
+    batcher.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -83,11 +84,13 @@ def test_concurrent_callers_share_a_batch(quiet_vits: HfVitsSynthesizer) -> None
     threads = [
         threading.Thread(target=lambda i=i: results.__setitem__(i, batcher.synthesize(SENTENCES[i]))) for i in range(4)
     ]
+    started = time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert list(batcher.batch_sizes) == [4]
+    assert 0 < batcher.busy_s <= time.monotonic() - started  # the one batch's time, for benchmarks
     for got, expected in zip(results, alone):
         np.testing.assert_allclose(got, expected, atol=ATOL)
     cancelled = threading.Event()
