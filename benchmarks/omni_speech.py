@@ -331,6 +331,7 @@ def main() -> None:
     parser.add_argument("--first-chunk", type=int, default=None, help="token2wav first chunk, in codes")
     parser.add_argument("--lookahead", type=int, default=None, help="token2wav lookahead, in codes")
     parser.add_argument("--steps", type=int, default=None, help="token2wav ODE steps (Qwen's default: 10)")
+    parser.add_argument("--first-steps", type=int, default=None, help="token2wav ODE steps of the first chunk")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true", help="thinker and talker without CUDA graphs")
     parser.add_argument("--stages", action="store_true", help="time each request's stages (adds device syncs)")
@@ -344,6 +345,7 @@ def main() -> None:
             ("first_chunk_codes", args.first_chunk),
             ("lookahead_codes", args.lookahead),
             ("num_steps", args.steps),
+            ("first_chunk_steps", args.first_steps),
         )
         if value is not None
     }
@@ -370,6 +372,7 @@ def main() -> None:
         chunk_codes=t2w.chunk_codes,
         lookahead_codes=t2w.lookahead_codes,
         num_steps=t2w.num_steps,
+        first_chunk_steps=t2w.first_chunk_steps,
         cuda_graphs=not args.enforce_eager,
         text_tokens=args.text_tokens,
         codes=args.codes,

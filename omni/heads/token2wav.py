@@ -5,7 +5,9 @@ noise, ``num_steps`` RK4 steps, classifier-free guidance on the codes and the sp
 vocoder from mel to 24 kHz audio. Each code becomes ``repeats`` mel frames; each frame ``hop`` samples.
 
 Streaming runs both on windows of codes. The first chunk is small (``first_chunk_codes``: the latency
-knob), later ones larger (``chunk_codes``: fewer DiT passes per second of audio). A chunk's DiT window
+knob), later ones larger (``chunk_codes``: fewer DiT passes per second of audio). The first chunk may also
+take fewer ODE steps (``first_chunk_steps``): on the H200 its DiT call is bound by kernel launches, about
+4 DiT evaluations per step, so its time falls with the steps. A chunk's DiT window
 reaches ``past_codes`` back and ``lookahead_codes`` ahead, starting on a DiT attention block boundary so
 the block masks line up with the whole utterance's; the chunk keeps the mel of its own frames only. The
 vocoder sees ``vocoder_context_frames`` of mel either side and keeps the samples of the chunk's frames.
@@ -41,12 +43,13 @@ class UnknownVoice(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Token2WavConfig:
-    first_chunk_codes: int = 12  # 240 ms of audio at 50 codes/s: audio starts after this many codes
+    first_chunk_codes: int = 4  # 80 ms of audio at 50 codes/s: audio starts after this many codes
     chunk_codes: int = 48  # later chunks
     past_codes: int = 24  # DiT context before a chunk
-    lookahead_codes: int = 12  # DiT context after a chunk (a chunk waits for these codes)
+    lookahead_codes: int = 2  # DiT context after a chunk (a chunk waits for these codes)
     vocoder_context_frames: int = 16  # mel frames of vocoder context either side of a chunk
     num_steps: int = 10
+    first_chunk_steps: int | None = None  # ODE steps of the first chunk; None: num_steps
     guidance_scale: float = 0.5
     sway_coefficient: float = -1.0
 
@@ -54,6 +57,10 @@ class Token2WavConfig:
         for name in ("first_chunk_codes", "chunk_codes", "num_steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.first_chunk_steps is not None and (
+            not isinstance(self.first_chunk_steps, int) or self.first_chunk_steps < 2
+        ):
+            raise ValueError(f"first_chunk_steps must be None or an integer >= 2, got {self.first_chunk_steps!r}")
         for name in ("past_codes", "lookahead_codes", "vocoder_context_frames"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
@@ -126,7 +133,7 @@ class Token2Wav:
         """float32 ``[samples]`` waveform of a whole utterance (HF's ``Qwen2_5OmniToken2WavModel.forward``)."""
         code = _as_codes(codes, self.device, self.num_codes)
         noise = _Noise(seed, self.mel_dim).upto(code.shape[1] * self.repeats)
-        mel = self._mel(code, noise, self.speaker(voice))
+        mel = self._mel(code, noise, self.speaker(voice), self.config.num_steps)
         return self._vocode(mel)
 
     def stream(self, voice: str, *, seed: int | None = None) -> Token2WavStream:
@@ -142,8 +149,8 @@ class Token2Wav:
 
     # ---- batched across streams (each stream's chunk calls these from its own thread) --------------
 
-    def mel_batched(self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker) -> torch.Tensor:
-        return self._workers()[0]((code.shape[1], speaker.ref_mel.shape[1]), code, noise, speaker)
+    def mel_batched(self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker, steps: int) -> torch.Tensor:
+        return self._workers()[0]((code.shape[1], speaker.ref_mel.shape[1], steps), code, noise, speaker, steps)
 
     def vocode_batched(self, mel: torch.Tensor) -> torch.Tensor:
         return self._workers()[1](mel.shape[2], mel)
@@ -159,11 +166,11 @@ class Token2Wav:
 
     @torch.inference_mode()
     def _mel_group(self, calls: list[tuple[Any, ...]]) -> list[torch.Tensor]:
-        codes = torch.cat([c for c, _, _ in calls])
-        noise = torch.cat([n for _, n, _ in calls])
-        cond = torch.cat([s.cond for _, _, s in calls])
-        ref_mel = torch.cat([s.ref_mel for _, _, s in calls])
-        mel = self._mel(codes, noise, Speaker(cond=cond, ref_mel=ref_mel, bos_token=0))
+        codes = torch.cat([c for c, _, _, _ in calls])
+        noise = torch.cat([n for _, n, _, _ in calls])
+        cond = torch.cat([s.cond for _, _, s, _ in calls])
+        ref_mel = torch.cat([s.ref_mel for _, _, s, _ in calls])
+        mel = self._mel(codes, noise, Speaker(cond=cond, ref_mel=ref_mel, bos_token=0), calls[0][3])
         return list(mel.split(1))
 
     @torch.inference_mode()
@@ -173,9 +180,9 @@ class Token2Wav:
 
     # ---- the two models ---------------------------------------------------------------------------
 
-    def _mel(self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker) -> torch.Tensor:
+    def _mel(self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker, steps: int) -> torch.Tensor:
         """``[B, mel_dim, frames]`` mel of ``code`` ``[B, n]`` from ``noise`` ``[B, n * repeats, mel_dim]``
-        (``speaker`` rows: one per batch row)."""
+        (``speaker`` rows: one per batch row), ``steps`` ODE steps."""
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
         cfg, dit = self.config, self.models.dit
@@ -206,7 +213,7 @@ class Token2Wav:
             guided, null = torch.chunk(out, 2, dim=0)
             return guided + (guided - null) * cfg.guidance_scale
 
-        t = torch.linspace(0, 1, cfg.num_steps, device=self.device, dtype=speaker.cond.dtype)
+        t = torch.linspace(0, 1, steps, device=self.device, dtype=speaker.cond.dtype)
         if cfg.sway_coefficient is not None:
             t += cfg.sway_coefficient * (torch.cos(torch.pi / 2 * t) - 1 + t)
         x0 = noise.to(device=self.device, dtype=speaker.ref_mel.dtype)
@@ -261,7 +268,8 @@ class Token2WavStream:
         win_end = len(self.codes) if final else min(len(self.codes), end + cfg.lookahead_codes)
         code = _as_codes(self.codes[win_start:win_end], t2w.device, t2w.num_codes)
         noise = self.noise.upto(win_end * r)[:, win_start * r :]
-        window_mel = t2w.mel_batched(code, noise, self.speaker)
+        steps = cfg.first_chunk_steps if start == 0 and cfg.first_chunk_steps is not None else cfg.num_steps
+        window_mel = t2w.mel_batched(code, noise, self.speaker, steps)
         lo, hi = (start - win_start) * r, (end - win_start) * r
         kept = window_mel[:, :, lo:hi]
         ctx = cfg.vocoder_context_frames
