@@ -332,6 +332,9 @@ def main() -> None:
     parser.add_argument("--lookahead", type=int, default=None, help="token2wav lookahead, in codes")
     parser.add_argument("--steps", type=int, default=None, help="token2wav ODE steps (Qwen's default: 10)")
     parser.add_argument("--first-steps", type=int, default=None, help="token2wav ODE steps of the first chunk")
+    parser.add_argument(
+        "--t2w-graphs", action="store_true", default=None, help="replay token2wav's first-chunk ODE from CUDA graphs"
+    )
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true", help="thinker and talker without CUDA graphs")
     parser.add_argument("--stages", action="store_true", help="time each request's stages (adds device syncs)")
@@ -346,6 +349,7 @@ def main() -> None:
             ("lookahead_codes", args.lookahead),
             ("num_steps", args.steps),
             ("first_chunk_steps", args.first_steps),
+            ("cuda_graphs", args.t2w_graphs),
         )
         if value is not None
     }
@@ -373,6 +377,7 @@ def main() -> None:
         lookahead_codes=t2w.lookahead_codes,
         num_steps=t2w.num_steps,
         first_chunk_steps=t2w.first_chunk_steps,
+        token2wav_graphs=t2w.cuda_graphs,
         cuda_graphs=not args.enforce_eager,
         text_tokens=args.text_tokens,
         codes=args.codes,
