@@ -167,6 +167,8 @@ def warm_up(pipeline: OmniPipeline) -> None:
         pool.submit(asyncio.run, a_few_tokens()).result()
     if pipeline.asr is not None:
         pipeline.asr.transcribe(bytes(16000), sample_rate=16000)  # 0.5 s of silence
+    if pipeline.speech is not None:
+        pipeline.speech.warm_up(pipeline.engine, ids)
     if pipeline.tts is not None:
         # Longer than a first segment: the voice model's buffers grow once, here, to fit those too.
         pipeline.tts.synthesize(_WARM_UP_SENTENCE)

@@ -40,9 +40,8 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniPipeline]
         vad=False,  # tts left at its default: a speaking model loads none
         temperature=0.0,
         max_tokens=6,
-        warm_up=False,
     )
-    pipe = OmniPipeline.load(config)
+    pipe = OmniPipeline.load(config)  # warmed up: one short spoken turn ran before serving
     assert pipe.speech is not None
     # A random talker may never say its stop code: a short utterance keeps the test fast.
     pipe.speech.config = dataclasses.replace(pipe.speech.config, max_codes=30, temperature=0.0)
@@ -52,6 +51,7 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniPipeline]
 
 def test_checkpoint_that_speaks_loads_no_asr_and_no_tts(pipeline: OmniPipeline) -> None:
     assert pipeline.asr is None and pipeline.tts is None
+    assert pipeline.speech is not None and pipeline.speech._text_rows  # the warm-up asked for the voice's rows
     assert pipeline.audio is not None and pipeline.capabilities.hears_audio
     assert isinstance(pipeline.engine, AsyncEngine)  # in this process: hidden states stay where they are
 
