@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import dataclasses
 import statistics
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import torch
@@ -71,6 +73,93 @@ def omni_config(shapes: str) -> Any:
     )  # token2wav: the config's defaults are the 7B's
 
 
+# Per-request stage clock (``--stages``): seconds since the request was handed to the pipeline.
+_CLOCK: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("clock", default=None)
+STAGES = (
+    "thinker_first_token",  # the thinker's prefill and its first token reached the pipeline
+    "talker_start",  # the talker's request was added (the thinker had its first reply row)
+    "talker_first_code",
+    "chunk_codes_ready",  # the talker made the codes the first token2wav chunk waits for
+    "chunk_dit_s",  # duration of the first chunk's DiT (flow matching) call, device-synchronized
+    "chunk_vocoder_s",  # duration of its vocoder call
+    "first_audio",
+)
+
+
+def _mark(clock: dict[str, float] | None, name: str, value: float | None = None) -> None:
+    if clock is not None and name not in clock:
+        clock[name] = value if value is not None else time.perf_counter() - clock["t0"]
+
+
+def instrument(thinker: Any, speech: Any) -> None:
+    """Wrap the pipeline's stages so each request's ``_CLOCK`` records when it passed them (the wrappers
+    add a device synchronization around each token2wav call: they time, they do not speed up)."""
+
+    def wrap_generate(engine: Any, first: str, start: str | None) -> None:
+        inner = engine.generate
+
+        async def generate(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            clock = _CLOCK.get() if kwargs.get("request_id") else None
+            if start is not None:
+                _mark(clock, start)
+            async for delta in inner(*args, **kwargs):
+                if delta.token_ids:
+                    _mark(clock, first)
+                yield delta
+
+        engine.generate = generate
+
+    wrap_generate(thinker, "thinker_first_token", None)
+    wrap_generate(speech.talker, "talker_first_code", "talker_start")
+    t2w = speech.token2wav
+    stream = t2w.stream
+
+    def timed(name: str, fn: Callable[..., Any], clock: dict[str, float] | None) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            if clock is None or name in clock:
+                return fn(*args)
+            sync()
+            t = time.perf_counter()
+            out = fn(*args)
+            sync()
+            clock[name] = time.perf_counter() - t
+            return out
+
+        return call
+
+    def sync() -> None:
+        if t2w.device.type == "cuda":
+            torch.cuda.synchronize(t2w.device)
+
+    def started(voice: str, *, seed: int | None = None) -> Any:
+        s = stream(voice, seed=seed)
+        clock = _CLOCK.get()
+        push = s.push
+
+        def timed_push(codes: list[int]) -> Any:
+            if len(s.codes) + len(codes) >= s.next_chunk_end + t2w.config.lookahead_codes:
+                _mark(clock, "chunk_codes_ready")
+            return push(codes)
+
+        s.push = timed_push
+        s.t2w = _Timed(
+            t2w, timed("chunk_dit_s", t2w.mel_batched, clock), timed("chunk_vocoder_s", t2w.vocode_batched, clock)
+        )
+        return s
+
+    t2w.stream = started
+
+
+class _Timed:
+    """A Token2Wav seen by one stream, whose batched calls are timed."""
+
+    def __init__(self, t2w: Any, mel: Callable[..., Any], vocode: Callable[..., Any]) -> None:
+        self._t2w, self.mel_batched, self.vocode_batched = t2w, mel, vocode
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._t2w, name)
+
+
 class _WordTokenizer:
     """Random weights speak no language: every token reads as one short word."""
 
@@ -80,7 +169,7 @@ class _WordTokenizer:
         return "".join(" w" for _ in ids)
 
 
-def build(shapes: str, device: torch.device, max_seqs: int) -> tuple[Any, Any, Any]:
+def build(shapes: str, device: torch.device, max_seqs: int, eager: bool = False) -> tuple[Any, Any, Any]:
     """The HF model, our thinker engine and our SpokenModel, sharing the weights."""
     from omni_gateway.engine.async_engine import AsyncEngine
     from omni_gateway.engine.config import EngineConfig
@@ -118,7 +207,9 @@ def build(shapes: str, device: torch.device, max_seqs: int) -> tuple[Any, Any, A
     )
     thinker_weights = thinker_weights_as_qwen2(state)
     max_len = 4096
-    engine_kw: dict[str, Any] = dict(device=device.type, max_num_seqs=max_seqs, max_model_len=max_len)
+    engine_kw: dict[str, Any] = dict(
+        device=device.type, max_num_seqs=max_seqs, max_model_len=max_len, enforce_eager=eager
+    )
     if device.type == "cpu":
         engine_kw["attention_backend"] = "torch"
     thinker = LLMEngine(
@@ -159,8 +250,16 @@ def build(shapes: str, device: torch.device, max_seqs: int) -> tuple[Any, Any, A
     return hf, AsyncEngine(engine=thinker), SpokenModel(AsyncEngine(engine=talker), Token2Wav(models))
 
 
-def hf_baseline(hf: Any, prompt: list[int], text_tokens: int, codes: int, device: torch.device) -> dict[str, float]:
+def hf_baseline(hf: Any, prompt: list[int], text_tokens: int, codes: int, device: torch.device) -> dict[str, Any]:
+    """transformers' ``generate(return_audio=True)``, timed.
+
+    Random talker weights pick codec ids anywhere in the talker's vocabulary, and the ids past the DiT's
+    code table (the special codes) make its embedding lookup fail on the device; the device assert then
+    surfaces at the vocoder's next cuDNN call as "unable to find an engine". The real talker never
+    speaks those ids, so the baseline's talker is barred from them (``bad_words_ids``); ours drops them."""
     ids = torch.tensor([prompt], device=device)
+    num_codes = int(hf.config.token2wav_config.dit_config.num_embeds)
+    barred = [[c] for c in range(num_codes, int(hf.config.talker_config.vocab_size))]
     start = time.perf_counter()
     _, wav = hf.generate(
         input_ids=ids,
@@ -170,6 +269,7 @@ def hf_baseline(hf: Any, prompt: list[int], text_tokens: int, codes: int, device
         thinker_min_new_tokens=text_tokens,
         talker_max_new_tokens=codes,
         talker_min_new_tokens=codes,
+        **({"talker_bad_words_ids": barred} if barred else {}),
     )
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -178,7 +278,9 @@ def hf_baseline(hf: Any, prompt: list[int], text_tokens: int, codes: int, device
     return {"first_audio_s": wall, "wall_s": wall, "audio_s": audio_s, "rtf": wall / audio_s if audio_s else 0.0}
 
 
-async def ours(thinker: Any, speech: Any, prompts: list[list[int]], text_tokens: int, codes: int) -> list[dict]:
+async def ours(
+    thinker: Any, speech: Any, prompts: list[list[int]], text_tokens: int, codes: int, stages: bool = False
+) -> list[dict]:
     from omni_gateway.engine.sampling_params import SamplingParams
     from omni_gateway.omni.protocol import AudioChunk, AudioOutputOptions, OmniRequest, SamplingOptions
     from omni_gateway.omni.streams import Prompt
@@ -194,20 +296,26 @@ async def ours(thinker: Any, speech: Any, prompts: list[list[int]], text_tokens:
             audio=AudioOutputOptions(voice=SPEAKER),
         )
         start = time.perf_counter()
+        clock = {"t0": start} if stages else None
+        _CLOCK.set(clock)
         first = None
         samples = 0
         async for chunk in speech.speak(thinker, request, Prompt(prompt), params, asyncio.Event()):
             if isinstance(chunk, AudioChunk) and chunk.pcm16:
                 first = first if first is not None else time.perf_counter() - start
+                _mark(clock, "first_audio")
                 samples += len(chunk.pcm16) // 2
         wall = time.perf_counter() - start
         audio_s = samples / 24000
-        return {
+        out = {
             "first_audio_s": first or wall,
             "wall_s": wall,
             "audio_s": audio_s,
             "rtf": wall / audio_s if audio_s else 0.0,
         }
+        if clock is not None:
+            out["stages"] = {k: v for k, v in clock.items() if k != "t0"}
+        return out
 
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
@@ -223,17 +331,25 @@ def main() -> None:
     parser.add_argument("--first-chunk", type=int, default=None, help="token2wav first chunk, in codes")
     parser.add_argument("--lookahead", type=int, default=None, help="token2wav lookahead, in codes")
     parser.add_argument("--steps", type=int, default=None, help="token2wav ODE steps (Qwen's default: 10)")
+    parser.add_argument("--first-steps", type=int, default=None, help="token2wav ODE steps of the first chunk")
+    parser.add_argument(
+        "--t2w-graphs", action="store_true", default=None, help="replay token2wav's first-chunk ODE from CUDA graphs"
+    )
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--enforce-eager", action="store_true", help="thinker and talker without CUDA graphs")
+    parser.add_argument("--stages", action="store_true", help="time each request's stages (adds device syncs)")
     add_out_argument(parser, "omni_speech")
     args = parser.parse_args()
     device = torch.device(args.device)
-    hf, thinker, speech = build(args.shapes, device, max(args.concurrency))
+    hf, thinker, speech = build(args.shapes, device, max(args.concurrency), args.enforce_eager)
     changes = {
         name: value
         for name, value in (
             ("first_chunk_codes", args.first_chunk),
             ("lookahead_codes", args.lookahead),
             ("num_steps", args.steps),
+            ("first_chunk_steps", args.first_steps),
+            ("cuda_graphs", args.t2w_graphs),
         )
         if value is not None
     }
@@ -242,6 +358,8 @@ def main() -> None:
 
         speech.token2wav = Token2Wav(speech.token2wav.models, dataclasses.replace(speech.token2wav.config, **changes))
     speech.config = dataclasses.replace(speech.config, max_codes=args.codes)
+    if args.stages:
+        instrument(thinker, speech)
     vocab = min(1000, hf.config.thinker_config.text_config.vocab_size)  # ordinary ids, clear of the special ones
     g = torch.Generator().manual_seed(1)
 
@@ -258,18 +376,16 @@ def main() -> None:
         chunk_codes=t2w.chunk_codes,
         lookahead_codes=t2w.lookahead_codes,
         num_steps=t2w.num_steps,
+        first_chunk_steps=t2w.first_chunk_steps,
+        token2wav_graphs=t2w.cuda_graphs,
+        cuda_graphs=not args.enforce_eager,
         text_tokens=args.text_tokens,
         codes=args.codes,
     ) as log:
         asyncio.run(ours(thinker, speech, prompts(1), 4, 16))  # warm-up: first-call costs out of the way
-        if not args.no_baseline:
-            hf_baseline(hf, prompts(1)[0], 4, 16, device)  # warm-up
-            base = hf_baseline(hf, prompts(1)[0], args.text_tokens, args.codes, device)
-            log.write("result", system="transformers", concurrency=1, **base)
-            print(f"transformers c=1: first audio {base['first_audio_s'] * 1000:.0f} ms, RTF {base['rtf']:.3f}")
         for c in args.concurrency:
             asyncio.run(ours(thinker, speech, prompts(c), 4, 32))  # warm-up at this batch size, untimed
-            runs = asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes))
+            runs = asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes, args.stages))
             ttfa = summary([r["first_audio_s"] for r in runs])
             rtf = statistics.mean(r["rtf"] for r in runs)
             audio = statistics.mean(r["audio_s"] for r in runs)
@@ -280,6 +396,19 @@ def main() -> None:
                 f"omni-gateway c={c}: first audio median {ttfa['median'] * 1000:.0f} ms "
                 f"p90 {ttfa['p90'] * 1000:.0f} ms, RTF {rtf:.3f}, {audio:.1f} s audio each"
             )
+            if args.stages:
+                medians = {
+                    name: statistics.median(r["stages"][name] for r in runs if name in r["stages"])
+                    for name in STAGES
+                    if any(name in r["stages"] for r in runs)
+                }
+                log.write("stages", concurrency=c, **medians)
+                print("  stages (median ms): " + ", ".join(f"{k} {v * 1000:.0f}" for k, v in medians.items()))
+        if not args.no_baseline:
+            hf_baseline(hf, prompts(1)[0], 4, 16, device)  # warm-up
+            base = hf_baseline(hf, prompts(1)[0], args.text_tokens, args.codes, device)
+            log.write("result", system="transformers", concurrency=1, **base)
+            print(f"transformers c=1: first audio {base['first_audio_s'] * 1000:.0f} ms, RTF {base['rtf']:.3f}")
     thinker.shutdown()
     speech.shutdown()
 

@@ -10,6 +10,12 @@ A step launched ahead of the host (``forward`` with ``after``) does not know its
 rows carry id -1 and the graph takes those rows' ids from a device buffer, staged from the
 argmax of the step in flight by a device-to-device copy.
 
+A model that adds input rows to its token embeddings (``adds_input_rows``: Qwen2.5-Omni's talker, whose
+rows come from the thinker) gets a third static buffer, one row per sequence, zero where a sequence has
+no row. The graph also hands back each row's final hidden state (before the last norm) and token id, so
+a sequence that asked for hidden states needs no eager step. A sequence past media spans with M-RoPE
+positions decodes at its index plus the spans' shift, where all three axes agree (plain rotary).
+
 Padding rows get KV slot -1 (the cache write skips it) and context length 0 (decode attention
 answers zeros), so they neither read nor write live KV blocks. The block-table buffer is as wide
 as the longest context the engine admits; entries past a sequence's context are never read.
@@ -20,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +34,7 @@ import torch
 from omni_gateway.engine.attention import AttentionMetadata
 from omni_gateway.engine.block_table_rows import BlockTableRows
 from omni_gateway.engine.cuda_graphs import DecodeGraphs, default_buckets, pick_bucket
+from omni_gateway.engine.mrope import text_shift
 from omni_gateway.engine.pending_decode import PendingDecode
 from omni_gateway.engine.sequence import Sequence
 
@@ -69,8 +77,11 @@ class GraphedDecode:
         max_blocks_per_seq: int,
         block_size: int,
         device: torch.device,
+        input_rows: bool = False,
     ) -> None:
         self._model = model
+        # Rows added to the token embeddings (``adds_input_rows`` models): one per sequence, staged per step.
+        self.input_rows = input_rows
         self._kv_caches = kv_caches
         self.block_size = block_size
         self._staging = [Staging(max_batch, max_blocks_per_seq) for _ in range(2)]
@@ -83,6 +94,9 @@ class GraphedDecode:
             "block_tables": torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int32, device=device),
             "prev_ids": torch.zeros(max_batch, dtype=torch.int64, device=device),
         }
+        if input_rows:
+            static["embeds"] = torch.zeros(max_batch, model.embedding_size, dtype=model.dtype, device=device)
+            self._zero_row = torch.zeros(model.embedding_size, dtype=torch.float32, device=device)
         # Decode-only steps carry no prefill; these stay empty for every replay.
         self._no_prefill = (
             torch.zeros(1, dtype=torch.int32, device=device),
@@ -110,8 +124,12 @@ class GraphedDecode:
         self._table_rows.release(seq_ids)
 
     def _step(
-        self, rows: torch.Tensor, block_tables: torch.Tensor, prev_ids: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        rows: torch.Tensor,
+        block_tables: torch.Tensor,
+        prev_ids: torch.Tensor,
+        embeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
         cu_q, prefill_lens, prefill_tables = self._no_prefill
         batch = rows.shape[0]
         cols = rows.t().contiguous()
@@ -126,21 +144,23 @@ class GraphedDecode:
             prefill_block_tables=prefill_tables,
             num_tokens=batch,
         )
-        hidden = self._model.forward(ids, cols[_POS], meta, self._kv_caches)
+        if embeds is not None:  # zero rows (padding, no stream) add nothing
+            every = torch.arange(batch, device=ids.device)
+            hidden = self._model.forward(ids, cols[_POS], meta, self._kv_caches, every, embeds)
+        else:
+            hidden = self._model.forward(ids, cols[_POS], meta, self._kv_caches)
         logits = self._model.compute_logits(hidden)
         # Computed for every step, sampled or not: the sampler's torch.argmax would cost a launch
         # outside the graph and, on one row of a large vocabulary, far more device time.
-        return logits, self._model.ops.greedy_argmax(logits)
+        return logits, self._model.ops.greedy_argmax(logits), hidden, ids
 
-    def forward(
-        self, seqs: list[Sequence], after: PendingDecode | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, Staging] | None:
+    def forward(self, seqs: list[Sequence], after: PendingDecode | None = None) -> GraphedStep | None:
         """float32 logits ``[len(seqs), vocab]`` and their int64 argmax ``[len(seqs)]`` for one decode
-        token per sequence (views of the graph's outputs, valid until the next replay), and the step's
-        staging buffers, whose ``copied`` the caller sets once their last use is queued; None when the
-        batch exceeds the largest bucket. Each sequence decodes position ``num_computed_tokens``, or
-        with ``after``, the step in flight whose tokens the host has not read, the position after it,
-        with the token ``after`` samples for it."""
+        token per sequence, their hidden states and token ids (views of the graph's outputs, valid until
+        the next replay), and the step's staging buffers, whose ``copied`` the caller sets once their
+        last use is queued; None when the batch exceeds the largest bucket. Each sequence decodes
+        position ``num_computed_tokens``, or with ``after``, the step in flight whose tokens the host
+        has not read, the position after it, with the token ``after`` samples for it."""
         bucket = pick_bucket(self.buckets, len(seqs))
         if bucket is None:
             return None
@@ -158,16 +178,39 @@ class GraphedDecode:
         inputs = {"rows": staging.rows[:bucket], "block_tables": staging.tables[:bucket]}
         if after is not None:
             inputs["prev_ids"] = after.tokens_for(seqs)
+        if self.input_rows:
+            inputs["embeds"] = self._input_rows(seqs, after is not None)
         if self.on_replay is not None:
             self.on_replay(inputs)
-        logits, argmax = self.replay(inputs)  # the bucket's rows: padding rows follow the live ones
-        return logits[: len(seqs)], argmax[: len(seqs)], staging
+        out = self.replay(inputs)  # the bucket's rows: padding rows follow the live ones
+        n = len(seqs)
+        return GraphedStep(out[0][:n], out[1][:n], staging, out[2][:n], out[3][:n])
 
-    def replay(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replay the graph of a bucket's staged ``rows``, ``block_tables`` (and ``prev_ids``)."""
+    def _input_rows(self, seqs: list[Sequence], ahead: bool) -> torch.Tensor:
+        """``[len(seqs), embedding_size]``: each sequence's input row of the position it decodes (zeros without)."""
+        zero = self._zero_row
+        rows = []
+        for seq in seqs:
+            stream, pos = seq.input_stream, decode_position(seq, self.block_size, ahead)
+            row = zero if stream is None or pos < stream.start else torch.as_tensor(stream.rows(pos, pos + 1)[0])
+            rows.append(row.to(device=zero.device, dtype=zero.dtype))  # the thinker's rows are float32 already
+        return torch.stack(rows)
+
+    def replay(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Replay the graph of a bucket's staged ``rows``, ``block_tables`` (``prev_ids``, ``embeds``):
+        its logits, argmax, hidden states and token ids."""
         out = self._graphs.replay(**inputs)
-        assert isinstance(out, tuple) and len(out) == 2
-        return out[0], out[1]
+        assert isinstance(out, tuple) and len(out) == 4
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class GraphedStep:
+    logits: torch.Tensor
+    argmax: torch.Tensor
+    staging: Staging
+    hidden: torch.Tensor  # before the final norm
+    ids: torch.Tensor
 
 
 def decode_position(seq: Sequence, block_size: int, ahead: bool) -> int:
@@ -204,7 +247,7 @@ def pack_decode_inputs(
         pos = decode_position(seq, bs, ahead)
         table = seq.block_table
         token = _FROM_DEVICE if ahead else seq.token_ids[pos]
-        rows[i] = (token, pos, seq.slot(pos, bs), pos + 1)
+        rows[i] = (token, pos + text_shift(seq.embed_spans), seq.slot(pos, bs), pos + 1)
         used = min(len(table), width)
         tables[i, :used] = table_rows.row(seq)[:used]  # columns past the context are never read
     rows[len(seqs) : bucket] = (0, 0, -1, 0)

@@ -108,12 +108,17 @@ def delta_rows(deltas: list[StreamDelta]) -> tuple[tuple[Any, ...], ...]:
             d.logprobs,
             d.error,
             d.index,
-            d.hidden_states,
-            d.input_embeds,
+            _on_host(d.hidden_states),
+            _on_host(d.input_embeds),
             d.hidden_start,
         )
         for d in deltas
     )
+
+
+def _on_host(rows: Any) -> Any:
+    """Hidden-state rows stay on the engine's device in its process; a message carries them on the host."""
+    return rows.cpu() if hasattr(rows, "cpu") else rows
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,14 +156,12 @@ class ModelRunner:
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(shape.num_layers)]
         self.sampler = Sampler(self.device, config.seed)
         self.graphs: GraphedDecode | None = None
-        # Graphs need kernels free of host syncs (the Triton ones) and a per-step input layout
-        # they can hold fixed (M-RoPE positions and image embeddings change shape per step).
-        if (
-            self.device.type == "cuda"
-            and not config.enforce_eager
-            and self.ops.name == "triton"
-            and not self.uses_mrope
-        ):
+        # Graphs need kernels free of host syncs (the Triton ones) and a per-step input layout they can
+        # hold fixed: decoded text only (M-RoPE positions past the media agree on all axes, see
+        # ``_graph_ready``). Rows streamed into a model that adds them (the talker) go in a static buffer,
+        # which the tensor-parallel replay does not carry.
+        self._graph_input_rows = bool(getattr(self.model, "adds_input_rows", False)) and broadcast is None
+        if self.device.type == "cuda" and not config.enforce_eager and self.ops.name == "triton":
             self.graphs = GraphedDecode(
                 self.model,
                 self.kv_caches,
@@ -171,6 +169,7 @@ class ModelRunner:
                 max_blocks_per_seq=self.max_blocks_per_seq,
                 block_size=self.block_size,
                 device=self.device,
+                input_rows=self._graph_input_rows,
             )
             if broadcast is not None:
                 self.graphs.on_replay = lambda inputs: broadcast(
@@ -226,7 +225,14 @@ class ModelRunner:
         staging: Staging | None = None
         graphed = self.graphs.forward(seqs, after) if self.graphs is not None and self._graph_ready(batch) else None
         if graphed is not None:
-            logits, argmax, staging = graphed
+            logits, argmax, staging = graphed.logits, graphed.argmax, graphed.staging
+            spans = [
+                (seq, i, i + 1, seq.num_computed_tokens)
+                for i, seq in enumerate(seqs)
+                if seq.params.return_hidden_states
+            ]
+            if spans:  # never launched ahead (engine.pipelining): num_computed_tokens is the decoded position
+                self._keep_hidden(spans, graphed.ids, graphed.hidden)
             rows = [i for i, seq in enumerate(seqs) if after is not None or seq.num_computed_tokens + 1 == len(seq)]
             if len(rows) < len(seqs):  # one-token prefill chunks sample nothing
                 picked = to_device(rows, torch.int64, self.device)
@@ -279,19 +285,27 @@ class ModelRunner:
     # ---- input preparation ----------------------------------------------------------------------
 
     def _graph_ready(self, batch: ScheduledBatch) -> bool:
-        """A step the decode graphs can run: one token per sequence, no image embeddings, no input rows
-        streamed in, no hidden states to copy out."""
-        return all(n == 1 for n in batch.num_new_tokens) and not any(
-            seq.embed_spans or seq.input_stream is not None or seq.params.return_hidden_states for seq in batch.seqs
-        )
+        """A step the decode graphs can run: one token per sequence, each past its media (whose
+        embeddings and M-RoPE positions are the prompt's), input rows only where the graphs carry them."""
+        if not all(n == 1 for n in batch.num_new_tokens):
+            return False
+        for seq in batch.seqs:
+            if seq.input_stream is not None and not self._graph_input_rows:
+                return False
+            if any(seq.num_computed_tokens < s.offset + s.length for s in seq.embed_spans):
+                return False
+        return True
 
     def _keep_hidden(self, spans: list[HiddenSpan], input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        """Copy out the final-normed hidden states and input embeddings of the sequences that asked."""
+        """The final-normed hidden states and input embeddings of the sequences that asked, float32 on
+        the device (new tensors: ``hidden`` may be a graph's output, overwritten by its next replay). They
+        stay there: a consumer in this process (the talker) uses them where they are, and the engine
+        core's messages move them to the host (``engine.ipc``)."""
         model = self.model
         for seq, lo, hi, first in spans:
-            rows = model.ops.rms_norm(hidden[lo:hi], model.final_norm, model.shape.rms_norm_eps)
-            embeds = model.embed_tokens(input_ids[lo:hi])
-            seq.hidden_rows.append((first, rows.float().cpu(), embeds.float().cpu()))
+            rows = model.ops.rms_norm(hidden[lo:hi], model.final_norm, model.shape.rms_norm_eps).float()
+            embeds = model.embed_tokens(input_ids[lo:hi]).float()
+            seq.hidden_rows.append((first, rows, embeds))
 
     def _plan(
         self, batch: ScheduledBatch, after: PendingDecode | None = None

@@ -24,6 +24,12 @@ def span_advance(span: EmbedSpan) -> int:
     return int(span.positions[:, -1].max()) + 1
 
 
+def text_shift(spans: Iterable[EmbedSpan]) -> int:
+    """Position minus token index of text after every span (all three axes agree there): a decoded token's
+    rotary position is its index plus this."""
+    return sum(span_advance(span) - span.length for span in spans if span.positions is not None)
+
+
 def mrope_positions(spans: Iterable[EmbedSpan], start: int, end: int) -> torch.Tensor:
     """int64 ``[3, end - start]`` positions of token indices ``[start, end)`` of one sequence."""
     pos = torch.arange(start, end, dtype=torch.int64).repeat(3, 1)

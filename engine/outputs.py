@@ -51,7 +51,8 @@ class StreamDelta:
     logprobs: tuple[Logprob, ...] = ()
     error: str | None = None
     index: int = 0  # which of the request's n completions this delta extends
-    # With SamplingParams.return_hidden_states: float32 CPU ``[rows, hidden]`` tensors for the positions
+    # With SamplingParams.return_hidden_states: float32 ``[rows, hidden]`` tensors on the engine's device
+    # (on the host once they cross the engine core's process boundary) for the positions
     # computed since the last delta, the first at ``hidden_start`` (prompt positions, then each generated
     # token fed back; the last generated token is never fed, so it has none). ``input_embeds`` are the
     # token-table rows of those positions' ids.

@@ -196,6 +196,16 @@ def _flags() -> tuple[Flag, ...]:
         ),
         Flag("--image-model", om, "image_model", "local diffusers pipeline directory for image output", "models"),
         Flag(
+            "--speech-model",
+            om,
+            "speech_model",
+            "Qwen2.5-Omni checkpoint whose talker and token2wav speak for the LLM (audio in the model's own "
+            "voice instead of --tts): 'auto' (the --model directory when it has them), a path, or 'none' "
+            "(default %(default)s)",
+            "models",
+            to_field=_stage,
+        ),
+        Flag(
             "--device",
             eng,
             "device",

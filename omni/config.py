@@ -22,9 +22,9 @@ class OmniConfig:
     vision: bool = True  # use the LLM's vision tower when the checkpoint has one
     image_model: str | None = None  # local diffusers pipeline directory for image output
     # A Qwen2.5-Omni checkpoint whose talker and token2wav speak for the LLM (its thinker): audio output
-    # then comes from the model's own voice instead of the TTS head. Until the engine serves the Omni
-    # thinker itself, ``engine.model`` may be the thinker's text model saved on its own.
-    speech_model: str | None = None
+    # then comes from the model's own voice instead of the TTS head. "auto": the LLM's own checkpoint when
+    # it has them (a Qwen2.5-Omni directory with audio output and a speaker map); None: never.
+    speech_model: str | None = "auto"
     served_model_name: str | None = None
     # Defaults for knobs a client leaves unset (the realtime API has no temperature at all).
     temperature: float = 0.7

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omni_gateway.omni.config import OmniConfig
@@ -28,9 +31,16 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
 
     t0 = time.monotonic()
     threads = stage_threads(config)
+    speech_model = resolve_speech_model(config)
+    engine_config = config.engine
+    if speech_model is not None and not engine_config.engine_in_process and engine_config.data_parallel_size == 1:
+        # The talker reads the thinker's hidden states every step: in this process they stay on the device,
+        # from a core process each step's would be copied to the host and sent over a socket first.
+        engine_config = dataclasses.replace(engine_config, engine_in_process=True)
+        log.info("engine in this process: the talker of %s reads its hidden states on the device", speech_model)
     # Loaded and warmed before the server listens (and reports healthy); the engine core runs in its
     # own process(es) unless the config keeps it in this one.
-    engine = start_engine(config.engine, threads=threads if _engine_on_cpu(config) else None)
+    engine = start_engine(engine_config, threads=threads if _engine_on_cpu(config) else None)
     model_name = engine.model_name
     log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t0)
     asr = tts = vad_session = image_head = vision = audio = speech = None
@@ -49,7 +59,9 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
 
             asr = load_recognizer(config.asr, device=config.engine.device)
             log.info("ASR %s ready", config.asr)
-        if config.tts is not None:
+        if config.tts is not None and speech_model is not None:
+            log.info("no TTS voice loaded: %s speaks in its own voice", speech_model)
+        elif config.tts is not None:
             from omni_gateway.omni.heads.tts import TtsHead
 
             tts = TtsHead.load(config.tts, device=config.engine.device, threads=threads)
@@ -58,11 +70,11 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
             from omni_gateway.encoders.vad import load_session
 
             vad_session = load_session()
-        if config.speech_model is not None:
+        if speech_model is not None:
             from omni_gateway.omni.speech import SpokenModel
 
-            speech = SpokenModel.load(config.speech_model, device=str(engine.device_and_dtype[0]))
-            log.info("talker and token2wav of %s ready", config.speech_model)
+            speech = SpokenModel.load(speech_model, device=str(engine.device_and_dtype[0]))
+            log.info("talker and token2wav of %s ready: the model speaks in its own voice", speech_model)
         if config.image_model is not None:
             from omni_gateway.omni.heads.dit import load_image_head
 
@@ -94,6 +106,29 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
             raise
     log.info("all stages ready in %.1f s", time.monotonic() - t0)
     return pipeline
+
+
+def resolve_speech_model(config: OmniConfig) -> str | None:
+    """The checkpoint whose talker and token2wav speak: ``speech_model`` as given, or for "auto" the LLM's
+    own directory when it is a Qwen2.5-Omni checkpoint with audio output and a speaker map."""
+    if config.speech_model != "auto":
+        return config.speech_model
+    return config.engine.model if speaks(config.engine.model) else None
+
+
+def speaks(model: str) -> bool:
+    """Whether ``model`` is a local Qwen2.5-Omni directory that ships its talker and token2wav."""
+    root = Path(model)
+    try:
+        hf = json.loads((root / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        hf.get("model_type") == "qwen2_5_omni"
+        and hf.get("enable_audio_output", True) is not False
+        and "talker_config" in hf
+        and (root / "spk_dict.pt").is_file()
+    )
 
 
 def _load_vision(config: OmniConfig, engine: Any) -> VisionEncoder:
@@ -132,6 +167,8 @@ def warm_up(pipeline: OmniPipeline) -> None:
         pool.submit(asyncio.run, a_few_tokens()).result()
     if pipeline.asr is not None:
         pipeline.asr.transcribe(bytes(16000), sample_rate=16000)  # 0.5 s of silence
+    if pipeline.speech is not None:
+        pipeline.speech.warm_up(pipeline.engine, ids)
     if pipeline.tts is not None:
         # Longer than a first segment: the voice model's buffers grow once, here, to fit those too.
         pipeline.tts.synthesize(_WARM_UP_SENTENCE)

@@ -123,6 +123,36 @@ class SpokenModel:
         self.token2wav.close()
         self._chunk_threads.shutdown(wait=False, cancel_futures=True)
 
+    def warm_up(self, thinker: Engine, prompt_ids: list[int]) -> None:
+        """One short spoken turn before serving: the first user pays no first-call costs (kernel choices,
+        the voice's text rows asked of the thinker, token2wav's first chunks). Call it before any session
+        speaks: it shortens the talker's answers while it runs."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from omni_gateway.omni.protocol import AudioOutputOptions, Message, TextPart
+
+        t2w = self.token2wav.config
+        request = OmniRequest(
+            "warm-up-speech",
+            (Message("user", (TextPart("Hello."),)),),
+            modalities=("text", "audio"),
+            audio=AudioOutputOptions(voice=self.default_voice),
+        )
+        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+
+        async def speak() -> None:
+            async for _ in self.speak(thinker, request, Prompt(prompt_ids), params, asyncio.Event()):
+                pass
+
+        config = self.config
+        # Enough codes for the first chunk and one more, then the talker stops.
+        self.config = dataclasses.replace(config, max_codes=t2w.first_chunk_codes + t2w.lookahead_codes + 2)
+        try:
+            with ThreadPoolExecutor(1) as pool:  # its own event loop: load() may run inside one
+                pool.submit(asyncio.run, speak()).result()
+        finally:
+            self.config = config
+
     # ---- one turn -------------------------------------------------------------------------------
 
     async def speak(

@@ -62,6 +62,8 @@ class TalkerTokens:
 
 
 class Qwen2_5OmniTalkerModel(Qwen2VLModel):
+    adds_input_rows = True  # embeds rows add to the codec embeddings (decode graphs stage them, zero = none)
+
     def __init__(self, hf_config: Any, weights: dict[str, torch.Tensor], **kwargs: Any) -> None:
         super().__init__(hf_config, weights, **kwargs)
         self.tokens = TalkerTokens.from_hf(hf_config)

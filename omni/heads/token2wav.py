@@ -5,7 +5,9 @@ noise, ``num_steps`` RK4 steps, classifier-free guidance on the codes and the sp
 vocoder from mel to 24 kHz audio. Each code becomes ``repeats`` mel frames; each frame ``hop`` samples.
 
 Streaming runs both on windows of codes. The first chunk is small (``first_chunk_codes``: the latency
-knob), later ones larger (``chunk_codes``: fewer DiT passes per second of audio). A chunk's DiT window
+knob), later ones larger (``chunk_codes``: fewer DiT passes per second of audio). The first chunk may also
+take fewer ODE steps (``first_chunk_steps``): on the H200 its DiT call is bound by kernel launches, about
+4 DiT evaluations per step, so its time falls with the steps. A chunk's DiT window
 reaches ``past_codes`` back and ``lookahead_codes`` ahead, starting on a DiT attention block boundary so
 the block masks line up with the whole utterance's; the chunk keeps the mel of its own frames only. The
 vocoder sees ``vocoder_context_frames`` of mel either side and keeps the samples of the chunk's frames.
@@ -30,6 +32,7 @@ from typing import Any
 
 import torch
 from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
+from omni_gateway.omni.heads.token2wav_graphs import OdeGraphs
 from omni_gateway.omni.heads.token2wav_loader import Speaker, Token2WavModels, load_token2wav
 
 OUTPUT_SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN: 100 mel frames/s, 240 samples each
@@ -41,12 +44,14 @@ class UnknownVoice(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Token2WavConfig:
-    first_chunk_codes: int = 12  # 240 ms of audio at 50 codes/s: audio starts after this many codes
+    first_chunk_codes: int = 4  # 80 ms of audio at 50 codes/s: audio starts after this many codes
     chunk_codes: int = 48  # later chunks
     past_codes: int = 24  # DiT context before a chunk
-    lookahead_codes: int = 12  # DiT context after a chunk (a chunk waits for these codes)
+    lookahead_codes: int = 2  # DiT context after a chunk (a chunk waits for these codes)
     vocoder_context_frames: int = 16  # mel frames of vocoder context either side of a chunk
     num_steps: int = 10
+    first_chunk_steps: int | None = None  # ODE steps of the first chunk; None: num_steps
+    cuda_graphs: bool = False  # replay the first chunk's ODE from CUDA graphs (token2wav_graphs)
     guidance_scale: float = 0.5
     sway_coefficient: float = -1.0
 
@@ -54,6 +59,10 @@ class Token2WavConfig:
         for name in ("first_chunk_codes", "chunk_codes", "num_steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.first_chunk_steps is not None and (
+            not isinstance(self.first_chunk_steps, int) or self.first_chunk_steps < 2
+        ):
+            raise ValueError(f"first_chunk_steps must be None or an integer >= 2, got {self.first_chunk_steps!r}")
         for name in ("past_codes", "lookahead_codes", "vocoder_context_frames"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
@@ -96,6 +105,13 @@ class Token2Wav:
         self.hop: int = math.prod(int(r) for r in models.vocoder.config.upsample_rates)
         self.max_frames: int = int(dit.config.max_position_embeddings)
         self.num_codes: int = int(dit.config.num_embeds)  # the DiT's table has one more row, for "no code"
+        # The first chunk's window (its codes plus lookahead, from the utterance's start) has one length:
+        # its ODE can replay from CUDA graphs, one per batch size (config.cuda_graphs, CUDA only).
+        self._first_window = config.first_chunk_codes + config.lookahead_codes
+        self._first_steps = config.first_chunk_steps or config.num_steps
+        self._graphs: OdeGraphs | None = None
+        if config.cuda_graphs and models.device.type == "cuda":
+            self._graphs = OdeGraphs(lambda c, x, s, r: self._ode(c, x, s, r, self._first_steps))
 
     @classmethod
     def from_pretrained(
@@ -126,7 +142,7 @@ class Token2Wav:
         """float32 ``[samples]`` waveform of a whole utterance (HF's ``Qwen2_5OmniToken2WavModel.forward``)."""
         code = _as_codes(codes, self.device, self.num_codes)
         noise = _Noise(seed, self.mel_dim).upto(code.shape[1] * self.repeats)
-        mel = self._mel(code, noise, self.speaker(voice))
+        mel = self._mel(code, noise, self.speaker(voice), self.config.num_steps)
         return self._vocode(mel)
 
     def stream(self, voice: str, *, seed: int | None = None) -> Token2WavStream:
@@ -142,8 +158,8 @@ class Token2Wav:
 
     # ---- batched across streams (each stream's chunk calls these from its own thread) --------------
 
-    def mel_batched(self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker) -> torch.Tensor:
-        return self._workers()[0]((code.shape[1], speaker.ref_mel.shape[1]), code, noise, speaker)
+    def mel_batched(self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker, steps: int) -> torch.Tensor:
+        return self._workers()[0]((code.shape[1], speaker.ref_mel.shape[1], steps), code, noise, speaker, steps)
 
     def vocode_batched(self, mel: torch.Tensor) -> torch.Tensor:
         return self._workers()[1](mel.shape[2], mel)
@@ -159,11 +175,17 @@ class Token2Wav:
 
     @torch.inference_mode()
     def _mel_group(self, calls: list[tuple[Any, ...]]) -> list[torch.Tensor]:
-        codes = torch.cat([c for c, _, _ in calls])
-        noise = torch.cat([n for _, n, _ in calls])
-        cond = torch.cat([s.cond for _, _, s in calls])
-        ref_mel = torch.cat([s.ref_mel for _, _, s in calls])
-        mel = self._mel(codes, noise, Speaker(cond=cond, ref_mel=ref_mel, bos_token=0))
+        codes = torch.cat([c for c, _, _, _ in calls])
+        noise = torch.cat([n for _, n, _, _ in calls])
+        cond = torch.cat([s.cond for _, _, s, _ in calls])
+        ref_mel = torch.cat([s.ref_mel for _, _, s, _ in calls])
+        steps = calls[0][3]
+        mel = None
+        if self._graphs is not None and codes.shape[1] == self._first_window and steps == self._first_steps:
+            # Only this worker thread replays them: the graphs' static buffers are its own.
+            mel = self._graphs(codes, noise.to(device=self.device, dtype=ref_mel.dtype), cond, ref_mel)
+        if mel is None:
+            mel = self._mel(codes, noise, Speaker(cond=cond, ref_mel=ref_mel, bos_token=0), steps)
         return list(mel.split(1))
 
     @torch.inference_mode()
@@ -173,44 +195,50 @@ class Token2Wav:
 
     # ---- the two models ---------------------------------------------------------------------------
 
-    def _mel(self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker) -> torch.Tensor:
+    def _mel(self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker, steps: int) -> torch.Tensor:
         """``[B, mel_dim, frames]`` mel of ``code`` ``[B, n]`` from ``noise`` ``[B, n * repeats, mel_dim]``
-        (``speaker`` rows: one per batch row)."""
-        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
-
-        cfg, dit = self.config, self.models.dit
+        (``speaker`` rows: one per batch row), ``steps`` ODE steps."""
         frames = code.shape[1] * self.repeats
         if frames > self.max_frames:
             raise ValueError(f"{frames} mel frames exceed the DiT's {self.max_frames} positions; use shorter chunks")
-        cond = speaker.cond.unsqueeze(1).repeat(1, frames, 1)
-        ref_mel = speaker.ref_mel
+        x0 = noise.to(device=self.device, dtype=speaker.ref_mel.dtype)
+        return self._ode(code, x0, speaker.cond, speaker.ref_mel, steps)
 
-        def velocity(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-            if cfg.guidance_scale < 1e-5:
-                return dit(
-                    hidden_states=x,
-                    speaker_embedding=cond,
-                    condition_vector=ref_mel,
-                    quantized_code=code,
-                    time_step=t,
-                    apply_cfg=False,
-                )
+    def _ode(
+        self, code: torch.Tensor, x0: torch.Tensor, cond: torch.Tensor, ref_mel: torch.Tensor, steps: int
+    ) -> torch.Tensor:
+        """transformers' flow-matching ODE (``Qwen2_5OmniToken2WavDiTModel.sample``: RK4 in its 3/8 form over
+        sway-warped times), with the times as host numbers: no step waits for the device, so it also
+        captures into a CUDA graph."""
+        cfg, dit = self.config, self.models.dit
+        cond = cond.unsqueeze(1).repeat(1, x0.shape[1], 1)
+
+        def velocity(t: float, x: torch.Tensor) -> torch.Tensor:
+            time = torch.full((), t, device=x.device, dtype=x.dtype)
+            guided = cfg.guidance_scale >= 1e-5
             out = dit(
                 hidden_states=x,
                 speaker_embedding=cond,
                 condition_vector=ref_mel,
                 quantized_code=code,
-                time_step=t,
-                apply_cfg=True,
+                time_step=time,
+                apply_cfg=guided,
             )
-            guided, null = torch.chunk(out, 2, dim=0)
-            return guided + (guided - null) * cfg.guidance_scale
+            if not guided:
+                return out
+            with_cond, null = torch.chunk(out, 2, dim=0)
+            return with_cond + (with_cond - null) * cfg.guidance_scale
 
-        t = torch.linspace(0, 1, cfg.num_steps, device=self.device, dtype=speaker.cond.dtype)
-        if cfg.sway_coefficient is not None:
-            t += cfg.sway_coefficient * (torch.cos(torch.pi / 2 * t) - 1 + t)
-        x0 = noise.to(device=self.device, dtype=speaker.ref_mel.dtype)
-        return RungeKutta4ODESolver(function=velocity, initial_value=x0).integrate(t)[-1].permute(0, 2, 1)
+        x = x0
+        times = ode_times(steps, cfg.sway_coefficient)
+        for t0, t1 in zip(times[:-1], times[1:]):
+            dt = t1 - t0
+            k1 = velocity(t0, x)
+            k2 = velocity(t0 + dt / 3, x + dt * k1 / 3)
+            k3 = velocity(t0 + dt * 2 / 3, x + dt * (k2 - k1 / 3))
+            k4 = velocity(t1, x + dt * (k1 - k2 + k3))
+            x = x + (k1 + 3 * (k2 + k3) + k4) * dt / 8
+        return x.permute(0, 2, 1)
 
     def _vocode(self, mel: torch.Tensor) -> torch.Tensor:
         return self.models.vocoder(mel).reshape(-1).float()
@@ -261,7 +289,8 @@ class Token2WavStream:
         win_end = len(self.codes) if final else min(len(self.codes), end + cfg.lookahead_codes)
         code = _as_codes(self.codes[win_start:win_end], t2w.device, t2w.num_codes)
         noise = self.noise.upto(win_end * r)[:, win_start * r :]
-        window_mel = t2w.mel_batched(code, noise, self.speaker)
+        steps = cfg.first_chunk_steps if start == 0 and cfg.first_chunk_steps is not None else cfg.num_steps
+        window_mel = t2w.mel_batched(code, noise, self.speaker, steps)
         lo, hi = (start - win_start) * r, (end - win_start) * r
         kept = window_mel[:, :, lo:hi]
         ctx = cfg.vocoder_context_frames
@@ -275,6 +304,14 @@ class Token2WavStream:
         if final:
             self.finished = True
         return chunk
+
+
+def ode_times(steps: int, sway: float | None) -> list[float]:
+    """The ODE's time points as transformers computes them (float32 linspace, then the sway warp)."""
+    t = torch.linspace(0, 1, steps, dtype=torch.float32)
+    if sway is not None:
+        t += sway * (torch.cos(torch.pi / 2 * t) - 1 + t)
+    return [float(v) for v in t]
 
 
 def _as_codes(codes: list[int] | torch.Tensor, device: torch.device, num_codes: int) -> torch.Tensor:

@@ -131,9 +131,10 @@ def _mrope_text(**extra: Any) -> dict[str, Any]:
     )
 
 
-def save_tiny_qwen2_5_omni(directory: Path, seed: int = 0) -> Any:
-    """The Qwen2.5-Omni thinker (audio tower with a 4 s window, Qwen2.5-VL vision tower, 2-layer M-RoPE Qwen2)
-    without talker.
+def save_tiny_qwen2_5_omni(directory: Path, seed: int = 0, *, speaks: bool = False) -> Any:
+    """The Qwen2.5-Omni thinker (audio tower with a 4 s window, Qwen2.5-VL vision tower, 2-layer M-RoPE Qwen2),
+    without talker; with ``speaks``, also the tiny talker and token2wav of ``benchmarks.tiny_omni`` (widened
+    to this thinker) and a speaker map, as a checkpoint that speaks is shipped.
 
     Returns ``Qwen2_5OmniThinkerForConditionalGeneration`` (the part whose text HF generates)."""
     from transformers import Qwen2_5OmniConfig, Qwen2_5OmniForConditionalGeneration
@@ -153,12 +154,54 @@ def save_tiny_qwen2_5_omni(directory: Path, seed: int = 0) -> Any:
         initializer_range=0.3,
     )
     config = Qwen2_5OmniConfig(thinker_config=thinker, enable_audio_output=False)
+    if speaks:
+        config = _speaking(config)
     model = Qwen2_5OmniForConditionalGeneration(config)
+    if speaks:
+        with torch.no_grad():  # as benchmarks.tiny_omni: varied greedy codes, audio at speech level
+            model.talker.codec_head.weight.normal_(0.0, 1.0)
+            model.token2wav.code2wav_bigvgan_model.conv_post.weight.mul_(300.0)
+        dit = config.token2wav_config.dit_config
+        speakers = {
+            name: {"cond": torch.randn(dit.enc_emb_dim), "ref_mel": torch.randn(1, 12, dit.mel_dim), "bos_token": 10}
+            for name in ("Chelsie", "Ethan")
+        }
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save(speakers, directory / "spk_dict.pt")
     _save(model, directory)
     # One preprocessor_config.json serves both, as in the released checkpoints.
     merged = {**_image_processor().to_dict(), **_feature_extractor(OMNI_WINDOW_S).to_dict()}
     (directory / "preprocessor_config.json").write_text(json.dumps(merged, indent=2))
     return model.thinker
+
+
+def _speaking(config: Any) -> Any:
+    """``config`` with the tiny talker and token2wav, the talker reading this thinker's width and ids."""
+    from transformers import Qwen2_5OmniConfig
+
+    from benchmarks.tiny_omni import tiny_omni_config
+
+    tiny = tiny_omni_config()
+    thinker = config.thinker_config
+    ids = {
+        name: getattr(thinker, name)
+        for name in ("audio_token_index", "image_token_index", "video_token_index")
+        + ("audio_start_token_id", "audio_end_token_id", "vision_start_token_id", "vision_end_token_id")
+    }
+    talker = {
+        **tiny.talker_config.to_dict(),
+        **ids,
+        "embedding_size": thinker.text_config.hidden_size,
+        "tts_text_start_token_id": 10,  # ordinary ids of this tokenizer stand for the text start, end, pad
+        "tts_text_end_token_id": 11,
+        "tts_text_pad_token_id": 12,
+    }
+    return Qwen2_5OmniConfig(
+        thinker_config=thinker.to_dict(),
+        talker_config=talker,
+        token2wav_config=tiny.token2wav_config.to_dict(),
+        enable_audio_output=True,
+    )
 
 
 def save_tiny_qwen2_5_vl(directory: Path, seed: int = 0) -> Any:

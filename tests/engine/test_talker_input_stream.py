@@ -53,3 +53,21 @@ def test_a_request_waits_for_its_rows_and_others_run_meanwhile() -> None:
         step()
     assert got["talker"] == 4
     assert engine.scheduler.kv.usage().num_used_blocks == 0
+
+
+def test_decoded_text_after_mrope_spans_shifts_like_mrope_positions() -> None:
+    """A graph decodes text past M-RoPE media at index + text_shift, which all three axes agree on."""
+    import torch
+    from omni_gateway.engine.mrope import mrope_positions, text_shift
+    from omni_gateway.engine.sequence import EmbedSpan
+
+    grid = torch.tensor([[0, 0, 0, 0, 1, 1], [0, 0, 1, 1, 0, 0], [0, 1, 0, 1, 0, 1]])  # t, h, w of 6 patches
+    spans = (
+        EmbedSpan(offset=0, length=3, key="text", embeds=None),
+        EmbedSpan(offset=3, length=6, key="image", embeds=None, positions=grid),
+        EmbedSpan(offset=11, length=6, key="image2", embeds=None, positions=grid),
+    )
+    for index in (17, 18, 40):
+        want = mrope_positions(spans, index, index + 1)[:, 0]
+        assert want.tolist() == [index + text_shift(spans)] * 3
+    assert text_shift(spans) == 2 * (2 - 6)

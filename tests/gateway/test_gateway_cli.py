@@ -170,6 +170,7 @@ SAMPLES = {
     "--no-vad": None,
     "--no-vision": None,
     "--image-model": "/dit",
+    "--speech-model": "/omni",
     "--device": "cpu",
     "--dtype": "float16",
     "--quantization": "fp8",
@@ -266,3 +267,12 @@ def test_accepting_any_host_without_a_key_is_warned_at_startup(
     with caplog.at_level("WARNING", logger="omni_gateway.gateway.cli"):
         cli.main(["serve", *argv])
     assert any("--allowed-hosts" in r.getMessage() for r in caplog.records) == warned
+
+
+def test_speech_model_flag_takes_auto_a_path_or_none() -> None:
+    def speech(*argv: str) -> str | None:
+        return cli.configs(cli.build_parser().parse_args(["serve", *argv]))[1].speech_model
+
+    assert speech() == "auto"  # an Omni checkpoint given as --model speaks in its own voice
+    assert speech("--speech-model", "/omni") == "/omni"
+    assert speech("--speech-model", "none") is None

@@ -117,6 +117,8 @@ def test_bad_codes_and_configs(t2w: Token2Wav, tmp_path: Path) -> None:
         t2w.synthesize([], "Ethan")
     with pytest.raises(ValueError, match="first_chunk_codes"):
         Token2WavConfig(first_chunk_codes=0)
+    with pytest.raises(ValueError, match="first_chunk_steps"):
+        Token2WavConfig(first_chunk_steps=1)
     with pytest.raises(Token2WavLoadError):
         Token2Wav.from_pretrained(tmp_path, device="cpu")
 
@@ -148,6 +150,26 @@ def test_concurrent_streams_batch_and_match_solo_streams(t2w: Token2Wav) -> None
         assert batched is not None
         torch.testing.assert_close(batched, alone, rtol=1e-4, atol=1e-5)
     chunked.close()
+
+
+@pytest.mark.slow
+def test_first_chunk_takes_its_own_ode_steps(t2w: Token2Wav) -> None:
+    """``first_chunk_steps`` changes the first chunk alone: it is what a stream of that many steps makes."""
+    chunks = dict(first_chunk_codes=4, chunk_codes=8, past_codes=4, lookahead_codes=2)
+    codes = _codes(20, seed=5)
+
+    def first_and_rest(**steps: int | None) -> list[torch.Tensor]:
+        head = Token2Wav(t2w.models, Token2WavConfig(**chunks, **steps))
+        stream = head.stream("Ethan", seed=3)
+        out = stream.push(codes) + stream.finish()
+        head.close()
+        return out
+
+    fast = first_and_rest(num_steps=6, first_chunk_steps=3)
+    torch.testing.assert_close(fast[0], first_and_rest(num_steps=3)[0])
+    slow = first_and_rest(num_steps=6)
+    assert not torch.equal(fast[0], slow[0])  # (the tiny DiT's flow is nearly straight: close, not equal)
+    assert [len(c) for c in fast] == [len(c) for c in slow]
 
 
 def test_batched_calls_group_what_queued_while_busy() -> None:
