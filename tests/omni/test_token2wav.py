@@ -207,3 +207,50 @@ def test_batched_calls_group_what_queued_while_busy() -> None:
     calls.close()
     assert results == {0: 0, 1: 10, 2: 20, 3: 30}
     assert batches == [[0], [1, 2], [3]]  # queued while the first ran: one batch per key
+
+
+def test_first_chunks_go_before_later_chunks_queued_earlier() -> None:
+    import threading
+    import time
+
+    from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
+
+    gate, busy = threading.Event(), threading.Event()
+    batches: list[list[str]] = []
+
+    def fn(calls: list[tuple[str]]) -> list[str]:
+        busy.set()
+        gate.wait(5)
+        batches.append([x for (x,) in calls])
+        return [x.upper() for (x,) in calls]
+
+    calls = BatchedCalls(fn, "test-batcher", max_batch=2)
+    results: dict[str, str] = {}
+
+    def call(x: str, key: str, urgent: bool) -> None:
+        results[x] = calls(key, x, urgent=urgent)
+
+    threads = [threading.Thread(target=call, args=("busy", "later", False))]
+    threads[0].start()
+    assert busy.wait(5)
+    queued = (("l1", "later", False), ("l2", "later", False), ("l3", "later", False), ("f1", "first", True))
+    for n, args in enumerate(queued, start=1):
+        threads.append(threading.Thread(target=call, args=args))
+        threads[-1].start()
+        while calls._jobs.qsize() < n:  # queued in this order
+            time.sleep(0.001)
+    gate.set()
+    for thread in threads:
+        thread.join()
+    calls.close()
+    assert results == {x: x.upper() for x in ("busy", "l1", "l2", "l3", "f1")}
+    assert batches == [["busy"], ["f1"], ["l1", "l2"], ["l3"]]  # urgent first; at most max_batch a call
+
+
+def test_batched_vocoder_rows_match_single_calls(t2w: Token2Wav) -> None:
+    """The graph-capturable vocoder is transformers' BigVGAN, row by row, whatever the batch."""
+    mel = torch.randn(3, t2w.mel_dim, 12, generator=torch.Generator().manual_seed(4)) - 3
+    with torch.inference_mode():
+        batched = t2w._wave(mel)
+        for row in range(3):
+            torch.testing.assert_close(batched[row], t2w.models.vocoder(mel[row : row + 1]), rtol=1e-4, atol=1e-5)
