@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from omni_gateway.omni.heads.token2wav import Token2Wav, Token2WavConfig, UnknownVoice
+from omni_gateway.omni.heads.token2wav import ChunkShape, Token2Wav, Token2WavConfig, UnknownVoice
 from omni_gateway.omni.heads.token2wav_loader import Token2WavLoadError
 
 from benchmarks.tiny_omni import CODEC_VOCAB, SPEAKERS, save_tiny_omni
@@ -254,3 +254,29 @@ def test_batched_vocoder_rows_match_single_calls(t2w: Token2Wav) -> None:
         batched = t2w._wave(mel)
         for row in range(3):
             torch.testing.assert_close(batched[row], t2w.models.vocoder(mel[row : row + 1]), rtol=1e-4, atol=1e-5)
+
+
+def test_regular_windows_take_few_shapes_and_the_last_is_not_graphed(t2w: Token2Wav) -> None:
+    """The graphs assume every chunk but a stream's last has one of a few shapes; check it with the default
+    chunking over a long answer (the chunk's call is replaced: only its shapes are looked at)."""
+    head = Token2Wav(t2w.models, Token2WavConfig())
+    seen: list[tuple[int, int, ChunkShape]] = []
+
+    def shapes_only(
+        code: torch.Tensor, noise: torch.Tensor, speaker: object, left: torch.Tensor, shape: ChunkShape
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        seen.append((code.shape[1], left.shape[2], shape))
+        assert noise.shape[1] == code.shape[1] * head.repeats
+        frames = shape.hi - shape.lo
+        return torch.zeros(1, head.mel_dim, frames), torch.zeros(frames * head.hop)
+
+    head.chunk_batched = shapes_only  # type: ignore[method-assign]
+    stream = head.stream("Ethan", seed=0)
+    codes = _codes(1000, seed=2)
+    for i in range(0, len(codes), 7):
+        stream.push(codes[i : i + 7])
+    stream.finish()
+    assert [s.first for _, _, s in seen] == [True] + [False] * (len(seen) - 1)
+    assert not seen[-1][2].regular  # 1000 codes leave a short last chunk
+    regular = {entry for entry in seen if entry[2].regular}
+    assert len(seen) > 15 and len(regular) <= 3
