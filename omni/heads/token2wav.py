@@ -125,6 +125,7 @@ class Token2Wav:
         # Regular chunks' windows take a few shapes: their ODE and vocoder calls replay from CUDA graphs, one
         # per batch bucket and shape (config.cuda_graphs, CUDA only); the two kinds fall back to eager apart.
         self._graphs: tuple[CallGraphs, CallGraphs] | None = None
+        self._stream: torch.cuda.Stream | None = None  # made by the worker's first call, on CUDA
         if config.cuda_graphs and models.device.type == "cuda":
             self._graphs = (CallGraphs("ODE"), CallGraphs("vocoder"))
 
@@ -175,8 +176,9 @@ class Token2Wav:
     def chunk_batched(
         self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker, left: torch.Tensor, chunk: ChunkShape
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One stream's chunk, batched with the other streams' chunks of the same shape: the kept mel
-        ``[1, mel_dim, frames]`` and the chunk's float32 ``[samples]`` waveform (on the host)."""
+        """One stream's chunk, batched with the other streams' chunks of the same shape: the mel the next
+        chunk's vocoder sees on its left (``left`` then the chunk's, the last ``vocoder_context_frames``) and the
+        chunk's float32 ``[samples]`` waveform (on the host). ``code`` and ``noise`` are on the host."""
         frames = code.shape[1] * self.repeats
         if frames > self.max_frames:
             raise ValueError(f"{frames} mel frames exceed the DiT's {self.max_frames} positions; use shorter chunks")
@@ -187,10 +189,21 @@ class Token2Wav:
         key = (chunk, code.shape[1], speaker.ref_mel.shape[1], left.shape[2])
         return batched(key, code, noise, speaker, left, chunk, urgent=chunk.first)
 
-    @torch.inference_mode()
     def _chunk_group(self, calls: list[tuple[Any, ...]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self.device.type != "cuda":
+            return self._run_group(calls)
+        if self._stream is None:  # the worker's own CUDA stream: the engines' steps and token2wav's interleave
+            self._stream = torch.cuda.Stream(self.device)
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the weights, loaded on this one
+        with torch.cuda.stream(self._stream):
+            return self._run_group(calls)
+
+    @torch.inference_mode()
+    def _run_group(self, calls: list[tuple[Any, ...]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # Every device tensor made here is made on the worker's stream; what a caller passes is on the host,
+        # or made here by an earlier call (``left``), or the voice's, made at load.
         chunk: ChunkShape = calls[0][4]
-        code = torch.cat([c[0] for c in calls])
+        code = torch.cat([c[0] for c in calls]).to(self.device)
         ref_mel = torch.cat([c[2].ref_mel for c in calls])
         x0 = torch.cat([c[1] for c in calls]).to(device=self.device, dtype=ref_mel.dtype)
         cond = torch.cat([c[2].cond for c in calls])
@@ -211,8 +224,9 @@ class Token2Wav:
         if wav is None:
             wav = self._wave(vocoder_in)
         a = left.shape[2] * self.hop
-        wav = wav[:, a : a + kept.shape[2] * self.hop].float().cpu()
-        return [(kept[i : i + 1], wav[i]) for i in range(len(calls))]
+        tail = torch.cat((left, kept), 2)[:, :, -max(self.config.vocoder_context_frames, 1) :]
+        wav = wav[:, a : a + kept.shape[2] * self.hop].float().cpu()  # also waits for ``tail``
+        return [(tail[i : i + 1], wav[i]) for i in range(len(calls))]
 
     # ---- the two models ---------------------------------------------------------------------------
 
@@ -286,7 +300,7 @@ class Token2WavStream:
         self.noise = _Noise(seed, t2w.mel_dim)
         self.codes: list[int] = []
         self.done_codes = 0  # codes whose audio was returned
-        self.mel: torch.Tensor | None = None  # [1, mel_dim, frames] of the returned codes (vocoder's left context)
+        self.mel: torch.Tensor | None = None  # [1, mel_dim, <= context] of the returned codes' last frames
         self.finished = False
 
     @property
@@ -319,16 +333,14 @@ class Token2WavStream:
         # Window start on a DiT block boundary: the block masks then match the whole utterance's.
         win_start = max(0, start - cfg.past_codes) // t2w.block_codes * t2w.block_codes
         win_end = len(self.codes) if final else min(len(self.codes), end + cfg.lookahead_codes)
-        code = _as_codes(self.codes[win_start:win_end], t2w.device, t2w.num_codes)
+        code = _as_codes(self.codes[win_start:win_end], torch.device("cpu"), t2w.num_codes)
         noise = self.noise.upto(win_end * r)[:, win_start * r :]
         steps = cfg.first_chunk_steps if start == 0 and cfg.first_chunk_steps is not None else cfg.num_steps
         ctx = cfg.vocoder_context_frames
-        ref = self.speaker.ref_mel
-        left = self.mel[:, :, -ctx:] if self.mel is not None and ctx else ref.new_zeros(1, t2w.mel_dim, 0)
+        left = self.mel if self.mel is not None and ctx else torch.zeros(1, t2w.mel_dim, 0)
         regular = not final and win_end == end + cfg.lookahead_codes
         shape = ChunkShape((start - win_start) * r, (end - win_start) * r, steps, first=start == 0, regular=regular)
-        kept, chunk = t2w.chunk_batched(code, noise, self.speaker, left, shape)
-        self.mel = kept if self.mel is None else torch.cat((self.mel, kept), dim=2)[:, :, -max(ctx, 1) :]
+        self.mel, chunk = t2w.chunk_batched(code, noise, self.speaker, left, shape)
         self.done_codes = end
         if final:
             self.finished = True
