@@ -75,13 +75,13 @@ def omni_config(shapes: str) -> Any:
 
 # Per-request stage clock (``--stages``): seconds since the request was handed to the pipeline.
 _CLOCK: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("clock", default=None)
+_BATCHES: list[tuple[str, int]] = []  # (first / later / last chunk, rows) of each batched token2wav call
 STAGES = (
     "thinker_first_token",  # the thinker's prefill and its first token reached the pipeline
     "talker_start",  # the talker's request was added (the thinker had its first reply row)
     "talker_first_code",
     "chunk_codes_ready",  # the talker made the codes the first token2wav chunk waits for
-    "chunk_dit_s",  # duration of the first chunk's DiT (flow matching) call, device-synchronized
-    "chunk_vocoder_s",  # duration of its vocoder call
+    "chunk_token2wav_s",  # the first chunk's token2wav call (waiting for its batch, DiT, vocoder), synchronized
     "first_audio",
 )
 
@@ -93,7 +93,8 @@ def _mark(clock: dict[str, float] | None, name: str, value: float | None = None)
 
 def instrument(thinker: Any, speech: Any) -> None:
     """Wrap the pipeline's stages so each request's ``_CLOCK`` records when it passed them (the wrappers
-    add a device synchronization around each token2wav call: they time, they do not speed up)."""
+    add a device synchronization around each token2wav call: they time, they do not speed up), and count
+    the rows of token2wav's batched calls in ``_BATCHES``."""
 
     def wrap_generate(engine: Any, first: str, start: str | None) -> None:
         inner = engine.generate
@@ -131,6 +132,15 @@ def instrument(thinker: Any, speech: Any) -> None:
         if t2w.device.type == "cuda":
             torch.cuda.synchronize(t2w.device)
 
+    group = t2w._chunk_group
+
+    def counted(calls: list[tuple[Any, ...]]) -> Any:
+        shape = calls[0][4]
+        _BATCHES.append(("first" if shape.first else "later" if shape.regular else "last", len(calls)))
+        return group(calls)
+
+    t2w._chunk_group = counted  # before the first stream starts the worker that calls it
+
     def started(voice: str, *, seed: int | None = None) -> Any:
         s = stream(voice, seed=seed)
         clock = _CLOCK.get()
@@ -142,9 +152,7 @@ def instrument(thinker: Any, speech: Any) -> None:
             return push(codes)
 
         s.push = timed_push
-        s.t2w = _Timed(
-            t2w, timed("chunk_dit_s", t2w.mel_batched, clock), timed("chunk_vocoder_s", t2w.vocode_batched, clock)
-        )
+        s.t2w = _Timed(t2w, timed("chunk_token2wav_s", t2w.chunk_batched, clock))
         return s
 
     t2w.stream = started
@@ -153,8 +161,8 @@ def instrument(thinker: Any, speech: Any) -> None:
 class _Timed:
     """A Token2Wav seen by one stream, whose batched calls are timed."""
 
-    def __init__(self, t2w: Any, mel: Callable[..., Any], vocode: Callable[..., Any]) -> None:
-        self._t2w, self.mel_batched, self.vocode_batched = t2w, mel, vocode
+    def __init__(self, t2w: Any, chunk: Callable[..., Any]) -> None:
+        self._t2w, self.chunk_batched = t2w, chunk
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._t2w, name)
@@ -333,7 +341,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="token2wav ODE steps (Qwen's default: 10)")
     parser.add_argument("--first-steps", type=int, default=None, help="token2wav ODE steps of the first chunk")
     parser.add_argument(
-        "--t2w-graphs", action="store_true", default=None, help="replay token2wav's first-chunk ODE from CUDA graphs"
+        "--t2w-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replay token2wav's regular chunks (ODE and vocoder) from CUDA graphs (default: on, on CUDA)",
     )
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true", help="thinker and talker without CUDA graphs")
@@ -377,14 +388,17 @@ def main() -> None:
         lookahead_codes=t2w.lookahead_codes,
         num_steps=t2w.num_steps,
         first_chunk_steps=t2w.first_chunk_steps,
-        token2wav_graphs=t2w.cuda_graphs,
+        token2wav_graphs=t2w.cuda_graphs and device.type == "cuda",
         cuda_graphs=not args.enforce_eager,
         text_tokens=args.text_tokens,
         codes=args.codes,
     ) as log:
         asyncio.run(ours(thinker, speech, prompts(1), 4, 16))  # warm-up: first-call costs out of the way
         for c in args.concurrency:
-            asyncio.run(ours(thinker, speech, prompts(c), 4, 32))  # warm-up at this batch size, untimed
+            # Warm-up at this batch size, untimed, as long as the timed run: token2wav captures a CUDA graph the
+            # first time a chunk shape meets a batch bucket, and the timed run should replay, not capture.
+            asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes))
+            _BATCHES.clear()
             runs = asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes, args.stages))
             ttfa = summary([r["first_audio_s"] for r in runs])
             rtf = statistics.mean(r["rtf"] for r in runs)
@@ -402,8 +416,14 @@ def main() -> None:
                     for name in STAGES
                     if any(name in r["stages"] for r in runs)
                 }
-                log.write("stages", concurrency=c, **medians)
+                rows = {
+                    f"{kind}_chunk_rows_mean": statistics.mean(n for k, n in _BATCHES if k == kind)
+                    for kind in ("first", "later", "last")
+                    if any(k == kind for k, _ in _BATCHES)
+                }
+                log.write("stages", concurrency=c, **medians, **rows)
                 print("  stages (median ms): " + ", ".join(f"{k} {v * 1000:.0f}" for k, v in medians.items()))
+                print("  token2wav rows per call (mean): " + ", ".join(f"{k} {v:.1f}" for k, v in rows.items()))
         if not args.no_baseline:
             hf_baseline(hf, prompts(1)[0], 4, 16, device)  # warm-up
             base = hf_baseline(hf, prompts(1)[0], args.text_tokens, args.codes, device)

@@ -6,8 +6,11 @@ vocoder from mel to 24 kHz audio. Each code becomes ``repeats`` mel frames; each
 
 Streaming runs both on windows of codes. The first chunk is small (``first_chunk_codes``: the latency
 knob), later ones larger (``chunk_codes``: fewer DiT passes per second of audio). The first chunk may also
-take fewer ODE steps (``first_chunk_steps``): on the H200 its DiT call is bound by kernel launches, about
-4 DiT evaluations per step, so its time falls with the steps. A chunk's DiT window
+take fewer ODE steps (``first_chunk_steps``): eagerly its DiT call is bound by kernel launches, about
+4 DiT evaluations per step, so its time falls with the steps. On CUDA every chunk but a stream's last
+replays its ODE and its vocoder call from CUDA graphs (``cuda_graphs``, ``token2wav_graphs``). Each chunk
+is one call to one worker thread that batches the chunks of every stream (``token2wav_batcher``): the
+DiT, then the vocoder, with first chunks ahead of later ones. A chunk's DiT window
 reaches ``past_codes`` back and ``lookahead_codes`` ahead, starting on a DiT attention block boundary so
 the block masks line up with the whole utterance's; the chunk keeps the mel of its own frames only. The
 vocoder sees ``vocoder_context_frames`` of mel either side and keeps the samples of the chunk's frames.
@@ -32,10 +35,11 @@ from typing import Any
 
 import torch
 from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
-from omni_gateway.omni.heads.token2wav_graphs import OdeGraphs
+from omni_gateway.omni.heads.token2wav_graphs import CallGraphs
 from omni_gateway.omni.heads.token2wav_loader import Speaker, Token2WavModels, load_token2wav
 
 OUTPUT_SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN: 100 mel frames/s, 240 samples each
+_MIN_AMPLITUDE = math.exp(-115 / 20 * math.log(10))  # BigVGAN's mel floor (-115 dB), as a host number
 
 
 class UnknownVoice(ValueError):
@@ -51,7 +55,7 @@ class Token2WavConfig:
     vocoder_context_frames: int = 16  # mel frames of vocoder context either side of a chunk
     num_steps: int = 10
     first_chunk_steps: int | None = None  # ODE steps of the first chunk; None: num_steps
-    cuda_graphs: bool = False  # replay the first chunk's ODE from CUDA graphs (token2wav_graphs)
+    cuda_graphs: bool = True  # on CUDA, replay chunks' ODE and vocoder from CUDA graphs (token2wav_graphs)
     guidance_scale: float = 0.5
     sway_coefficient: float = -1.0
 
@@ -66,6 +70,19 @@ class Token2WavConfig:
         for name in ("past_codes", "lookahead_codes", "vocoder_context_frames"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkShape:
+    """What a chunk's call computes beyond its inputs' shapes: its mel frames ``[lo, hi)`` of the window,
+    its ODE steps, whether it is a stream's first chunk (batched first), and whether its window has one of the
+    stream's steady shapes (its calls may replay from CUDA graphs; a stream's last window has a one-off one)."""
+
+    lo: int
+    hi: int
+    steps: int
+    first: bool
+    regular: bool
 
 
 class _Noise:
@@ -96,7 +113,7 @@ class Token2Wav:
     def __init__(self, models: Token2WavModels, config: Token2WavConfig = Token2WavConfig()) -> None:
         self.models = models
         self.config = config
-        self._batched: tuple[BatchedCalls, BatchedCalls] | None = None  # started by the first stream
+        self._batched: BatchedCalls | None = None  # started by the first stream
         self._batched_lock = threading.Lock()
         dit = models.dit
         self.repeats: int = int(dit.repeats)
@@ -105,13 +122,12 @@ class Token2Wav:
         self.hop: int = math.prod(int(r) for r in models.vocoder.config.upsample_rates)
         self.max_frames: int = int(dit.config.max_position_embeddings)
         self.num_codes: int = int(dit.config.num_embeds)  # the DiT's table has one more row, for "no code"
-        # The first chunk's window (its codes plus lookahead, from the utterance's start) has one length:
-        # its ODE can replay from CUDA graphs, one per batch size (config.cuda_graphs, CUDA only).
-        self._first_window = config.first_chunk_codes + config.lookahead_codes
-        self._first_steps = config.first_chunk_steps or config.num_steps
-        self._graphs: OdeGraphs | None = None
+        # Regular chunks' windows take a few shapes: their ODE and vocoder calls replay from CUDA graphs, one
+        # per batch bucket and shape (config.cuda_graphs, CUDA only); the two kinds fall back to eager apart.
+        self._graphs: tuple[CallGraphs, CallGraphs] | None = None
+        self._stream: torch.cuda.Stream | None = None  # made by the worker's first call, on CUDA
         if config.cuda_graphs and models.device.type == "cuda":
-            self._graphs = OdeGraphs(lambda c, x, s, r: self._ode(c, x, s, r, self._first_steps))
+            self._graphs = (CallGraphs("ODE"), CallGraphs("vocoder"))
 
     @classmethod
     def from_pretrained(
@@ -143,55 +159,74 @@ class Token2Wav:
         code = _as_codes(codes, self.device, self.num_codes)
         noise = _Noise(seed, self.mel_dim).upto(code.shape[1] * self.repeats)
         mel = self._mel(code, noise, self.speaker(voice), self.config.num_steps)
-        return self._vocode(mel)
+        return self._wave(mel).reshape(-1).float().cpu()
 
     def stream(self, voice: str, *, seed: int | None = None) -> Token2WavStream:
         return Token2WavStream(self, self.speaker(voice), seed)
 
     def close(self) -> None:
-        """Stop the batching workers (streams started later start them again)."""
+        """Stop the batching worker (streams started later start it again)."""
         with self._batched_lock:
             batched, self._batched = self._batched, None
         if batched is not None:
-            for calls in batched:
-                calls.close()
+            batched.close()
 
     # ---- batched across streams (each stream's chunk calls these from its own thread) --------------
 
-    def mel_batched(self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker, steps: int) -> torch.Tensor:
-        return self._workers()[0]((code.shape[1], speaker.ref_mel.shape[1], steps), code, noise, speaker, steps)
-
-    def vocode_batched(self, mel: torch.Tensor) -> torch.Tensor:
-        return self._workers()[1](mel.shape[2], mel)
-
-    def _workers(self) -> tuple[BatchedCalls, BatchedCalls]:
+    def chunk_batched(
+        self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker, left: torch.Tensor, chunk: ChunkShape
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One stream's chunk, batched with the other streams' chunks of the same shape: the mel the next
+        chunk's vocoder sees on its left (``left`` then the chunk's, the last ``vocoder_context_frames``) and the
+        chunk's float32 ``[samples]`` waveform (on the host). ``code`` and ``noise`` are on the host."""
+        frames = code.shape[1] * self.repeats
+        if frames > self.max_frames:
+            raise ValueError(f"{frames} mel frames exceed the DiT's {self.max_frames} positions; use shorter chunks")
         with self._batched_lock:
             if self._batched is None:
-                self._batched = (
-                    BatchedCalls(self._mel_group, "token2wav-dit"),
-                    BatchedCalls(self._vocode_group, "token2wav-vocoder"),
-                )
-            return self._batched
+                self._batched = BatchedCalls(self._chunk_group, "token2wav")
+            batched = self._batched
+        key = (chunk, code.shape[1], speaker.ref_mel.shape[1], left.shape[2])
+        return batched(key, code, noise, speaker, left, chunk, urgent=chunk.first)
+
+    def _chunk_group(self, calls: list[tuple[Any, ...]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self.device.type != "cuda":
+            return self._run_group(calls)
+        if self._stream is None:  # the worker's own CUDA stream: the engines' steps and token2wav's interleave
+            self._stream = torch.cuda.Stream(self.device)
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the weights, loaded on this one
+        with torch.cuda.stream(self._stream):
+            return self._run_group(calls)
 
     @torch.inference_mode()
-    def _mel_group(self, calls: list[tuple[Any, ...]]) -> list[torch.Tensor]:
-        codes = torch.cat([c for c, _, _, _ in calls])
-        noise = torch.cat([n for _, n, _, _ in calls])
-        cond = torch.cat([s.cond for _, _, s, _ in calls])
-        ref_mel = torch.cat([s.ref_mel for _, _, s, _ in calls])
-        steps = calls[0][3]
-        mel = None
-        if self._graphs is not None and codes.shape[1] == self._first_window and steps == self._first_steps:
-            # Only this worker thread replays them: the graphs' static buffers are its own.
-            mel = self._graphs(codes, noise.to(device=self.device, dtype=ref_mel.dtype), cond, ref_mel)
+    def _run_group(self, calls: list[tuple[Any, ...]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # Every device tensor made here is made on the worker's stream; what a caller passes is on the host,
+        # or made here by an earlier call (``left``), or the voice's, made at load.
+        chunk: ChunkShape = calls[0][4]
+        code = torch.cat([c[0] for c in calls]).to(self.device)
+        ref_mel = torch.cat([c[2].ref_mel for c in calls])
+        x0 = torch.cat([c[1] for c in calls]).to(device=self.device, dtype=ref_mel.dtype)
+        cond = torch.cat([c[2].cond for c in calls])
+        left = torch.cat([c[3] for c in calls]).to(device=self.device, dtype=ref_mel.dtype)
+        # A one-off window (a stream's last) would capture a graph for one use: it runs eagerly.
+        ode_graphs, vocoder_graphs = self._graphs if self._graphs is not None and chunk.regular else (None, None)
+        steps = chunk.steps
+
+        def ode(c: torch.Tensor, x: torch.Tensor, s: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+            return self._ode(c, x, s, r, steps)
+
+        mel = ode_graphs(ode, steps, code, x0, cond, ref_mel) if ode_graphs is not None else None
         if mel is None:
-            mel = self._mel(codes, noise, Speaker(cond=cond, ref_mel=ref_mel, bos_token=0), steps)
-        return list(mel.split(1))
-
-    @torch.inference_mode()
-    def _vocode_group(self, calls: list[tuple[Any, ...]]) -> list[torch.Tensor]:
-        wav = self.models.vocoder(torch.cat([m for (m,) in calls])).reshape(len(calls), -1).float()
-        return list(wav)
+            mel = ode(code, x0, cond, ref_mel)
+        kept = mel[:, :, chunk.lo : chunk.hi]
+        vocoder_in = torch.cat((left, kept, mel[:, :, chunk.hi : chunk.hi + self.config.vocoder_context_frames]), 2)
+        wav = vocoder_graphs(self._wave, None, vocoder_in) if vocoder_graphs is not None else None
+        if wav is None:
+            wav = self._wave(vocoder_in)
+        a = left.shape[2] * self.hop
+        tail = torch.cat((left, kept), 2)[:, :, -max(self.config.vocoder_context_frames, 1) :]
+        wav = wav[:, a : a + kept.shape[2] * self.hop].float().cpu()  # also waits for ``tail``
+        return [(tail[i : i + 1], wav[i]) for i in range(len(calls))]
 
     # ---- the two models ---------------------------------------------------------------------------
 
@@ -240,8 +275,19 @@ class Token2Wav:
             x = x + (k1 + 3 * (k2 + k3) + k4) * dt / 8
         return x.permute(0, 2, 1)
 
-    def _vocode(self, mel: torch.Tensor) -> torch.Tensor:
-        return self.models.vocoder(mel).reshape(-1).float()
+    def _wave(self, mel: torch.Tensor) -> torch.Tensor:
+        """``[B, samples]`` waveform of ``mel`` ``[B, mel_dim, frames]`` on the device: transformers'
+        ``Qwen2_5OmniToken2WavBigVGANModel.forward`` without its copy to the host, and with its mel floor as a
+        host number, so the call captures into a CUDA graph."""
+        v = self.models.vocoder
+        db = 20 * torch.log10(torch.clamp(torch.exp(mel), min=_MIN_AMPLITUDE)) - 20
+        x = v.conv_pre(v.normalize_spectrogram(db, 1, -115))
+        for i in range(v.num_upsample_layers):
+            x = v.ups[i][0](x)
+            blocks = v.resblocks[i * v.num_residual_blocks : (i + 1) * v.num_residual_blocks]
+            x = sum(block(x) for block in blocks) / v.num_residual_blocks
+        x = v.conv_post(v.activation_post(x))
+        return torch.clamp(x, min=-1.0, max=1.0)[:, 0]
 
 
 class Token2WavStream:
@@ -254,7 +300,7 @@ class Token2WavStream:
         self.noise = _Noise(seed, t2w.mel_dim)
         self.codes: list[int] = []
         self.done_codes = 0  # codes whose audio was returned
-        self.mel: torch.Tensor | None = None  # [1, mel_dim, frames] of the returned codes (vocoder's left context)
+        self.mel: torch.Tensor | None = None  # [1, mel_dim, <= context] of the returned codes' last frames
         self.finished = False
 
     @property
@@ -287,19 +333,14 @@ class Token2WavStream:
         # Window start on a DiT block boundary: the block masks then match the whole utterance's.
         win_start = max(0, start - cfg.past_codes) // t2w.block_codes * t2w.block_codes
         win_end = len(self.codes) if final else min(len(self.codes), end + cfg.lookahead_codes)
-        code = _as_codes(self.codes[win_start:win_end], t2w.device, t2w.num_codes)
+        code = _as_codes(self.codes[win_start:win_end], torch.device("cpu"), t2w.num_codes)
         noise = self.noise.upto(win_end * r)[:, win_start * r :]
         steps = cfg.first_chunk_steps if start == 0 and cfg.first_chunk_steps is not None else cfg.num_steps
-        window_mel = t2w.mel_batched(code, noise, self.speaker, steps)
-        lo, hi = (start - win_start) * r, (end - win_start) * r
-        kept = window_mel[:, :, lo:hi]
         ctx = cfg.vocoder_context_frames
-        left = self.mel[:, :, -ctx:] if self.mel is not None and ctx else kept[:, :, :0]
-        right = window_mel[:, :, hi : hi + ctx]
-        wav = t2w.vocode_batched(torch.cat((left, kept, right), dim=2))
-        a = left.shape[2] * t2w.hop
-        chunk = wav[a : a + kept.shape[2] * t2w.hop]
-        self.mel = kept if self.mel is None else torch.cat((self.mel, kept), dim=2)[:, :, -max(ctx, 1) :]
+        left = self.mel if self.mel is not None and ctx else torch.zeros(1, t2w.mel_dim, 0)
+        regular = not final and win_end == end + cfg.lookahead_codes
+        shape = ChunkShape((start - win_start) * r, (end - win_start) * r, steps, first=start == 0, regular=regular)
+        self.mel, chunk = t2w.chunk_batched(code, noise, self.speaker, left, shape)
         self.done_codes = end
         if final:
             self.finished = True

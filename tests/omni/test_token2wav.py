@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from omni_gateway.omni.heads.token2wav import Token2Wav, Token2WavConfig, UnknownVoice
+from omni_gateway.omni.heads.token2wav import ChunkShape, Token2Wav, Token2WavConfig, UnknownVoice
 from omni_gateway.omni.heads.token2wav_loader import Token2WavLoadError
 
 from benchmarks.tiny_omni import CODEC_VOCAB, SPEAKERS, save_tiny_omni
@@ -207,3 +207,76 @@ def test_batched_calls_group_what_queued_while_busy() -> None:
     calls.close()
     assert results == {0: 0, 1: 10, 2: 20, 3: 30}
     assert batches == [[0], [1, 2], [3]]  # queued while the first ran: one batch per key
+
+
+def test_first_chunks_go_before_later_chunks_queued_earlier() -> None:
+    import threading
+    import time
+
+    from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
+
+    gate, busy = threading.Event(), threading.Event()
+    batches: list[list[str]] = []
+
+    def fn(calls: list[tuple[str]]) -> list[str]:
+        busy.set()
+        gate.wait(5)
+        batches.append([x for (x,) in calls])
+        return [x.upper() for (x,) in calls]
+
+    calls = BatchedCalls(fn, "test-batcher", max_batch=2)
+    results: dict[str, str] = {}
+
+    def call(x: str, key: str, urgent: bool) -> None:
+        results[x] = calls(key, x, urgent=urgent)
+
+    threads = [threading.Thread(target=call, args=("busy", "later", False))]
+    threads[0].start()
+    assert busy.wait(5)
+    queued = (("l1", "later", False), ("l2", "later", False), ("l3", "later", False), ("f1", "first", True))
+    for n, args in enumerate(queued, start=1):
+        threads.append(threading.Thread(target=call, args=args))
+        threads[-1].start()
+        while calls._jobs.qsize() < n:  # queued in this order
+            time.sleep(0.001)
+    gate.set()
+    for thread in threads:
+        thread.join()
+    calls.close()
+    assert results == {x: x.upper() for x in ("busy", "l1", "l2", "l3", "f1")}
+    assert batches == [["busy"], ["f1"], ["l1", "l2"], ["l3"]]  # urgent first; at most max_batch a call
+
+
+def test_batched_vocoder_rows_match_single_calls(t2w: Token2Wav) -> None:
+    """The graph-capturable vocoder is transformers' BigVGAN, row by row, whatever the batch."""
+    mel = torch.randn(3, t2w.mel_dim, 12, generator=torch.Generator().manual_seed(4)) - 3
+    with torch.inference_mode():
+        batched = t2w._wave(mel)
+        for row in range(3):
+            torch.testing.assert_close(batched[row], t2w.models.vocoder(mel[row : row + 1]), rtol=1e-4, atol=1e-5)
+
+
+def test_regular_windows_take_few_shapes_and_the_last_is_not_graphed(t2w: Token2Wav) -> None:
+    """The graphs assume every chunk but a stream's last has one of a few shapes; check it with the default
+    chunking over a long answer (the chunk's call is replaced: only its shapes are looked at)."""
+    head = Token2Wav(t2w.models, Token2WavConfig())
+    seen: list[tuple[int, int, ChunkShape]] = []
+
+    def shapes_only(
+        code: torch.Tensor, noise: torch.Tensor, speaker: object, left: torch.Tensor, shape: ChunkShape
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        seen.append((code.shape[1], left.shape[2], shape))
+        assert noise.shape[1] == code.shape[1] * head.repeats
+        frames = shape.hi - shape.lo
+        return torch.zeros(1, head.mel_dim, frames), torch.zeros(frames * head.hop)
+
+    head.chunk_batched = shapes_only  # type: ignore[method-assign]
+    stream = head.stream("Ethan", seed=0)
+    codes = _codes(1000, seed=2)
+    for i in range(0, len(codes), 7):
+        stream.push(codes[i : i + 7])
+    stream.finish()
+    assert [s.first for _, _, s in seen] == [True] + [False] * (len(seen) - 1)
+    assert not seen[-1][2].regular  # 1000 codes leave a short last chunk
+    regular = {entry for entry in seen if entry[2].regular}
+    assert len(seen) > 15 and len(regular) <= 3
