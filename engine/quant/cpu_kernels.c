@@ -4,14 +4,25 @@
  *   q4: 4-bit codes, 32-weight groups of 16 bytes (low nibbles = weights 0..15, high = 16..31),
  *       w = code * scale + bias with one float32 scale and bias per group;
  *   q8: int8 codes, w = code * scale with one float32 scale per `group` (16 or 32) weights.
- * Each weight is decoded with one fused multiply-add, which gives the same float32 value the
- * reference de-quantizer computes (the product code * scale is exact for every GGUF type read here),
- * and the dot products accumulate in float32.
+ *
+ * Each call first quantizes the activations once per row to int16 in blocks of 32
+ * (dx = max|x| / 32767, qx = round(x / dx)), then takes the products with the codes as integer dot
+ * products (madd) and applies the scales per block in float32:
+ *   q4: sum(x * w) ~ scale * dx * sum(qx * code) + bias * dx * sum(qx)
+ *   q8: sum(x * w) ~ scale * dx * sum(qx * code)
+ * Every integer sum is exact (|qx * code| <= 32767 * 128, four per int32 lane, below 2^24 so exact in
+ * float32 too), so the result is the product of the de-quantized W with the block-quantized x, rounded
+ * in float32: it differs from x @ W^T by at most sum over blocks of dx/2 * sum|w| per output (about
+ * 1.5e-5 of the block's largest |x|) plus float32 rounding. llama.cpp quantizes activations to int8
+ * (256 times the error); int16 keeps greedy output equal to the float32 path's on the models tested.
  */
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define QK 32 /* activation block */
+#define QMAX 32767.0f
 
 ALWAYS_INLINE float hsum(__m256 v) {
     __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -20,119 +31,224 @@ ALWAYS_INLINE float hsum(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
-ALWAYS_INLINE void q4_decode(const uint8_t *p, float s, float b, __m256 w[4]) {
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)p);
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(bytes, mask);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-    const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
-    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), vs, vb);
-    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), vs, vb);
-    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), vs, vb);
-    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), vs, vb);
+ALWAYS_INLINE float hmax(__m256 v) {
+    __m128 lo = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    lo = _mm_max_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_max_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
 }
 
-ALWAYS_INLINE __m256 q8_decode8(const int8_t *p, __m256 vs) {
-    const __m128i bytes = _mm_loadl_epi64((const __m128i *)p);
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), vs);
+/* One row of K floats -> int16 codes q, block scales d and d * sum(q) per 32 values. */
+static void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *s) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < K / QK; b++) {
+        const float *xb = x + b * QK;
+        __m256 v[4];
+        __m256 amax = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(xb + 8 * j);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+        }
+        const float m = hmax(amax);
+        const float db = m / QMAX;
+        const __m256 id = _mm256_set1_ps(m > 0.0f ? QMAX / m : 0.0f);
+        __m256i i[4];
+        for (int j = 0; j < 4; j++)
+            i[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT));
+        const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        /* int32 -> int16 in order: packs interleaves 128-bit lanes, the permute restores the order */
+        const __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[0], i[1]), 0xD8);
+        const __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[2], i[3]), 0xD8);
+        _mm256_storeu_si256((__m256i *)(q + b * QK), lo);
+        _mm256_storeu_si256((__m256i *)(q + b * QK + 16), hi);
+        d[b] = db;
+        s[b] = db * hsum(_mm256_cvtepi32_ps(sum));
+    }
 }
 
-/* One weight row n against MT activation rows; CH independent accumulators per activation row so
- * that a single row is not bound by the FMA latency. */
-#define Q4_ROW(MT, CH)                                                                             \
-    ALWAYS_INLINE void q4_row_##MT(const float *x, int64_t K, const uint8_t *row, const float *sc,     \
-                                   const float *bi, float *y, int64_t N) {                           \
-        __m256 acc[MT][CH];                                                                        \
-        for (int i = 0; i < MT; i++)                                                               \
-            for (int c = 0; c < CH; c++) acc[i][c] = _mm256_setzero_ps();                          \
-        const int64_t groups = K / 32;                                                             \
-        for (int64_t g = 0; g < groups; g++) {                                                     \
-            __m256 w[4];                                                                           \
-            q4_decode(row + g * 16, sc[g], bi[g], w);                                              \
-            for (int i = 0; i < MT; i++) {                                                         \
-                const float *xi = x + i * K + g * 32;                                              \
-                for (int j = 0; j < 4; j++)                                                        \
-                    acc[i][j % CH] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8 * j), w[j], acc[i][j % CH]); \
-            }                                                                                      \
-        }                                                                                          \
-        for (int i = 0; i < MT; i++) {                                                             \
-            __m256 t = acc[i][0];                                                                  \
-            for (int c = 1; c < CH; c++) t = _mm256_add_ps(t, acc[i][c]);                          \
-            y[i * N] = hsum(t);                                                                    \
-        }                                                                                          \
-    }
-Q4_ROW(1, 4)
-Q4_ROW(2, 2)
-Q4_ROW(4, 2)
-Q4_ROW(8, 1)
+/* 32 4-bit codes as int16: [0] = weights 0..15, [1] = 16..31 */
+ALWAYS_INLINE void q4_codes16(const uint8_t *p, __m256i w[2]) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
+    w[0] = _mm256_cvtepu8_epi16(_mm_and_si128(bytes, mask));
+    w[1] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask));
+}
 
-#define Q8_ROW(MT, CH)                                                                             \
-    ALWAYS_INLINE void q8_row_##MT(const float *x, int64_t K, const int8_t *row, const float *sc,      \
-                                   int64_t group, float *y, int64_t N) {                           \
-        __m256 acc[MT][CH];                                                                        \
-        for (int i = 0; i < MT; i++)                                                               \
-            for (int c = 0; c < CH; c++) acc[i][c] = _mm256_setzero_ps();                          \
-        for (int64_t k = 0; k < K; k += 16) {                                                      \
-            const __m256 vs = _mm256_set1_ps(sc[k / group]);                                       \
-            const __m256 w0 = q8_decode8(row + k, vs), w1 = q8_decode8(row + k + 8, vs);           \
-            for (int i = 0; i < MT; i++) {                                                         \
-                const float *xi = x + i * K + k;                                                   \
-                acc[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), w0, acc[i][0]);                   \
-                acc[i][CH - 1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), w1, acc[i][CH - 1]);     \
-            }                                                                                      \
-        }                                                                                          \
-        for (int i = 0; i < MT; i++) {                                                             \
-            __m256 t = acc[i][0];                                                                  \
-            if (CH > 1) t = _mm256_add_ps(t, acc[i][CH - 1]);                                      \
-            y[i * N] = hsum(t);                                                                    \
-        }                                                                                          \
-    }
-Q8_ROW(1, 2)
-Q8_ROW(2, 2)
-Q8_ROW(4, 2)
-Q8_ROW(8, 1)
+ALWAYS_INLINE void q8_codes16(const int8_t *p, __m256i w[2]) {
+    w[0] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    w[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
+}
 
-/* Rows of W are split over threads; each thread walks its rows once per tile of 8 activation rows. */
-void q4_linear(const float *x, int64_t M, int64_t K, const uint8_t *packed, const float *scale,
-               const float *bias, int64_t N, float *y, int threads) {
-    const int64_t groups = K / 32;
+/* 8 int32 partial sums of 32 int16 products */
+ALWAYS_INLINE __m256i dot16(const __m256i w[2], const int16_t *x) {
+    return _mm256_add_epi32(_mm256_madd_epi16(w[0], _mm256_loadu_si256((const __m256i *)x)),
+                            _mm256_madd_epi16(w[1], _mm256_loadu_si256((const __m256i *)(x + 16))));
+}
+
+/* Activations quantized for one call. */
+typedef struct {
+    const int16_t *q; /* [M, K] */
+    const float *d;  /* [M, K / 32] */
+    const float *s;  /* [M, K / 32]: d * sum(q) */
+} QX;
+
+/* sum(a[g] * b[g]) over g < n */
+ALWAYS_INLINE float dot_f32(const float *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 8 <= n; g += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + g), _mm256_loadu_ps(b + g), acc);
+    float sum = hsum(acc);
+    for (; g < n; g++) sum += a[g] * b[g];
+    return sum;
+}
+
+/* One weight row against MT activation rows. Groups go in pairs into two accumulators per row (hiding
+ * the FMA latency; fixed indices keep them in registers); the bias terms (bias * dx * sum(qx)) are one
+ * float dot product per row after the loop. */
+#define Q4_STEP(MT, G, ACC)                                                                             \
+    do {                                                                                                \
+        __m256i w[2];                                                                                   \
+        q4_codes16(row + (G) * 16, w);                                                                  \
+        for (int i = 0; i < MT; i++) {                                                                  \
+            const int64_t b = i * groups + (G);                                                         \
+            const __m256i p = dot16(w, x.q + b * QK);                                                   \
+            ACC[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sc[G] * x.d[b]), ACC[i]);     \
+        }                                                                                               \
+    } while (0)
+
+#define Q4_ROW(MT)                                                                                      \
+    ALWAYS_INLINE void q4_row_##MT(QX x, int64_t K, const uint8_t *row, const float *sc, const float *bi, \
+                                   float *y, int64_t N) {                                               \
+        __m256 acc0[MT], acc1[MT];                                                                      \
+        for (int i = 0; i < MT; i++) acc0[i] = acc1[i] = _mm256_setzero_ps();                           \
+        const int64_t groups = K / QK;                                                                  \
+        int64_t g = 0;                                                                                  \
+        for (; g + 2 <= groups; g += 2) {                                                               \
+            Q4_STEP(MT, g, acc0);                                                                       \
+            Q4_STEP(MT, g + 1, acc1);                                                                   \
+        }                                                                                               \
+        if (g < groups) Q4_STEP(MT, g, acc0);                                                           \
+        for (int i = 0; i < MT; i++)                                                                    \
+            y[i * N] = hsum(_mm256_add_ps(acc0[i], acc1[i])) + dot_f32(bi, x.s + i * groups, groups);   \
+    }
+Q4_ROW(1)
+Q4_ROW(2)
+Q4_ROW(4)
+Q4_ROW(8)
+
+#define Q8_STEP(MT, G, ACC)                                                                             \
+    do {                                                                                                \
+        __m256i w[2];                                                                                   \
+        q8_codes16(row + (G) * QK, w);                                                                  \
+        for (int i = 0; i < MT; i++) {                                                                  \
+            const int64_t b = i * groups + (G);                                                         \
+            const int16_t *xq = x.q + b * QK;                                                           \
+            const __m256i p0 = _mm256_madd_epi16(w[0], _mm256_loadu_si256((const __m256i *)xq));        \
+            const __m256i p1 = _mm256_madd_epi16(w[1], _mm256_loadu_si256((const __m256i *)(xq + 16))); \
+            if (group == 16) { /* a scale per half */                                                   \
+                ACC[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(sc[2 * (G)] * x.d[b]), ACC[i]); \
+                ACC[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(sc[2 * (G) + 1] * x.d[b]), ACC[i]); \
+            } else {                                                                                    \
+                const __m256 p = _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1));                          \
+                ACC[i] = _mm256_fmadd_ps(p, _mm256_set1_ps(sc[G] * x.d[b]), ACC[i]);                    \
+            }                                                                                           \
+        }                                                                                               \
+    } while (0)
+
+#define Q8_ROW(MT)                                                                                      \
+    ALWAYS_INLINE void q8_row_##MT(QX x, int64_t K, const int8_t *row, const float *sc, int64_t group,     \
+                                   float *y, int64_t N) {                                               \
+        __m256 acc0[MT], acc1[MT];                                                                      \
+        for (int i = 0; i < MT; i++) acc0[i] = acc1[i] = _mm256_setzero_ps();                           \
+        const int64_t groups = K / QK;                                                                  \
+        int64_t g = 0;                                                                                  \
+        for (; g + 2 <= groups; g += 2) {                                                               \
+            Q8_STEP(MT, g, acc0);                                                                       \
+            Q8_STEP(MT, g + 1, acc1);                                                                   \
+        }                                                                                               \
+        if (g < groups) Q8_STEP(MT, g, acc0);                                                           \
+        for (int i = 0; i < MT; i++) y[i * N] = hsum(_mm256_add_ps(acc0[i], acc1[i]));                  \
+    }
+Q8_ROW(1)
+Q8_ROW(2)
+Q8_ROW(4)
+Q8_ROW(8)
+
+/* Scratch for the quantized activations of one call; NULL when out of memory. */
+static void *quantize_input(const float *x, int64_t M, int64_t K, QX *out, int threads) {
+    const int64_t blocks = M * (K / QK);
+    char *buf = malloc((size_t)(M * K * (int64_t)sizeof(int16_t) + 2 * blocks * (int64_t)sizeof(float)));
+    if (buf == NULL) return NULL;
+    float *d = (float *)buf, *s = d + blocks;
+    int16_t *q = (int16_t *)(s + blocks);
+#pragma omp parallel for num_threads(threads) schedule(static) if (M >= 16)
+    for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, q + m * K, d + m * (K / QK), s + m * (K / QK));
+    out->q = q, out->d = d, out->s = s;
+    return buf;
+}
+
+ALWAYS_INLINE QX rows_from(QX x, int64_t m, int64_t K) {
+    QX r = {x.q + m * K, x.d + m * (K / QK), x.s + m * (K / QK)};
+    return r;
+}
+
+/* Rows of W are split over threads; each thread walks its rows once per tile of 8 activation rows.
+ * Returns 0, or -1 when the activation scratch could not be allocated. */
+int q4_linear(const float *x, int64_t M, int64_t K, const uint8_t *packed, const float *scale,
+              const float *bias, int64_t N, float *y, int threads) {
+    QX qx;
+    void *buf = quantize_input(x, M, K, &qx, threads);
+    if (buf == NULL) return -1;
+    const int64_t groups = K / QK;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *row = packed + n * groups * 16;
         const float *sc = scale + n * groups, *bi = bias + n * groups;
         int64_t m = 0;
-        for (; m + 8 <= M; m += 8) q4_row_8(x + m * K, K, row, sc, bi, y + m * N + n, N);
-        if (m + 4 <= M) { q4_row_4(x + m * K, K, row, sc, bi, y + m * N + n, N); m += 4; }
-        if (m + 2 <= M) { q4_row_2(x + m * K, K, row, sc, bi, y + m * N + n, N); m += 2; }
-        if (m < M) q4_row_1(x + m * K, K, row, sc, bi, y + m * N + n, N);
+        for (; m + 8 <= M; m += 8) q4_row_8(rows_from(qx, m, K), K, row, sc, bi, y + m * N + n, N);
+        if (m + 4 <= M) { q4_row_4(rows_from(qx, m, K), K, row, sc, bi, y + m * N + n, N); m += 4; }
+        if (m + 2 <= M) { q4_row_2(rows_from(qx, m, K), K, row, sc, bi, y + m * N + n, N); m += 2; }
+        if (m < M) q4_row_1(rows_from(qx, m, K), K, row, sc, bi, y + m * N + n, N);
     }
+    free(buf);
+    return 0;
 }
 
-void q8_linear(const float *x, int64_t M, int64_t K, const int8_t *codes, const float *scale, int64_t group,
-               int64_t N, float *y, int threads) {
+int q8_linear(const float *x, int64_t M, int64_t K, const int8_t *codes, const float *scale, int64_t group,
+              int64_t N, float *y, int threads) {
+    QX qx;
+    void *buf = quantize_input(x, M, K, &qx, threads);
+    if (buf == NULL) return -1;
     const int64_t groups = K / group;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const int8_t *row = codes + n * K;
         const float *sc = scale + n * groups;
         int64_t m = 0;
-        for (; m + 8 <= M; m += 8) q8_row_8(x + m * K, K, row, sc, group, y + m * N + n, N);
-        if (m + 4 <= M) { q8_row_4(x + m * K, K, row, sc, group, y + m * N + n, N); m += 4; }
-        if (m + 2 <= M) { q8_row_2(x + m * K, K, row, sc, group, y + m * N + n, N); m += 2; }
-        if (m < M) q8_row_1(x + m * K, K, row, sc, group, y + m * N + n, N);
+        for (; m + 8 <= M; m += 8) q8_row_8(rows_from(qx, m, K), K, row, sc, group, y + m * N + n, N);
+        if (m + 4 <= M) { q8_row_4(rows_from(qx, m, K), K, row, sc, group, y + m * N + n, N); m += 4; }
+        if (m + 2 <= M) { q8_row_2(rows_from(qx, m, K), K, row, sc, group, y + m * N + n, N); m += 2; }
+        if (m < M) q8_row_1(rows_from(qx, m, K), K, row, sc, group, y + m * N + n, N);
     }
+    free(buf);
+    return 0;
 }
 
-/* Float32 copies of W (rows [0, N)) for large batches, where a float GEMM beats decoding per tile. */
+/* Float32 copies of W (rows [0, N)) for large batches, where a float GEMM beats the int8 products;
+ * each weight is code * scale + bias with one fused multiply-add, the reference de-quantizer's value. */
 void q4_dequantize(const uint8_t *packed, const float *scale, const float *bias, int64_t N, int64_t K, float *out,
                    int threads) {
-    const int64_t groups = K / 32;
+    const int64_t groups = K / QK;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         for (int64_t g = 0; g < groups; g++) {
-            __m256 w[4];
-            q4_decode(packed + (n * groups + g) * 16, scale[n * groups + g], bias[n * groups + g], w);
-            for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + n * K + g * 32 + 8 * j, w[j]);
+            __m256i c[2];
+            q4_codes16(packed + (n * groups + g) * 16, c);
+            const __m256 vs = _mm256_set1_ps(scale[n * groups + g]), vb = _mm256_set1_ps(bias[n * groups + g]);
+            for (int j = 0; j < 4; j++) {
+                const __m128i part = j & 1 ? _mm256_extracti128_si256(c[j / 2], 1) : _mm256_castsi256_si128(c[j / 2]);
+                const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(part));
+                _mm256_storeu_ps(out + n * K + g * QK + 8 * j, _mm256_fmadd_ps(v, vs, vb));
+            }
         }
     }
 }
@@ -144,7 +260,9 @@ void q8_dequantize(const int8_t *codes, const float *scale, int64_t group, int64
     for (int64_t n = 0; n < N; n++) {
         for (int64_t k = 0; k < K; k += 8) {
             const __m256 vs = _mm256_set1_ps(scale[n * groups + k / group]);
-            _mm256_storeu_ps(out + n * K + k, q8_decode8(codes + n * K + k, vs));
+            const __m128i bytes = _mm_loadl_epi64((const __m128i *)(codes + n * K + k));
+            const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+            _mm256_storeu_ps(out + n * K + k, _mm256_mul_ps(v, vs));
         }
     }
 }

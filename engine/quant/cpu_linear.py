@@ -99,30 +99,25 @@ class QuantizedWeight:
         return out
 
     def matmul(self, x: torch.Tensor, lib: ctypes.CDLL) -> torch.Tensor:
-        """``x @ W.T`` for float32 ``x [M, cols]``."""
-        rows, cols = x.shape[0], self.shape[1]
-        if rows >= DEQUANTIZED_GEMM_ROWS and self.shape[0] * cols <= DEQUANTIZED_GEMM_MAX_WEIGHTS:
+        """``x @ W.T`` for float32 ``x [M, cols]``: int8 products of block-quantized ``x`` (see
+        ``cpu_kernels.c``), or a float32 GEMM on a de-quantized copy for large ``M``."""
+        rows, (out_rows, cols) = x.shape[0], self.shape
+        if rows >= DEQUANTIZED_GEMM_ROWS and out_rows * cols <= DEQUANTIZED_GEMM_MAX_WEIGHTS:
             return F.linear(x, self.dequantize())
         x = x.contiguous()
-        out = torch.empty(rows, self.shape[0], dtype=torch.float32)
+        out = torch.empty(rows, out_rows, dtype=torch.float32)
         threads = torch.get_num_threads()
         if self.layout == "q4":
             assert self.bias is not None
-            lib.q4_linear(
-                _ptr(x),
-                rows,
-                cols,
-                _ptr(self.codes),
-                _ptr(self.scale),
-                _ptr(self.bias),
-                self.shape[0],
-                _ptr(out),
-                threads,
+            status = lib.q4_linear(
+                _ptr(x), rows, cols, _ptr(self.codes), _ptr(self.scale), _ptr(self.bias), out_rows, _ptr(out), threads
             )
         else:
-            lib.q8_linear(
-                _ptr(x), rows, cols, _ptr(self.codes), _ptr(self.scale), self.group, self.shape[0], _ptr(out), threads
+            status = lib.q8_linear(
+                _ptr(x), rows, cols, _ptr(self.codes), _ptr(self.scale), self.group, out_rows, _ptr(out), threads
             )
+        if status != 0:
+            raise MemoryError(f"no memory for the int8 copy of a [{rows}, {cols}] input to a quantized linear")
         return out
 
 
