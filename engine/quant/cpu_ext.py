@@ -21,14 +21,17 @@ import torch
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("cpu_kernels.c")
-_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+_FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
-_SIGNATURES = {  # name: (argument types, result type)
-    "q4_linear": ((_P, _I, _I, _P, _P, _P, _I, _P, ctypes.c_int), ctypes.c_int),
-    "q8_linear": ((_P, _I, _I, _P, _P, _I, _I, _P, ctypes.c_int), ctypes.c_int),
-    "q4_dequantize": ((_P, _P, _P, _I, _I, _P, ctypes.c_int), None),
-    "q8_dequantize": ((_P, _P, _I, _I, _I, _P, ctypes.c_int), None),
+_SIGNATURES = {
+    "quantize": (_P, _I, _I, _P, ctypes.c_int),
+    "add_rms_norm": (_P, _P, _P, ctypes.c_float, _I, _I, _P, _P, ctypes.c_int),
+    "q4_linear": (_P, _I, _I, _P, _P, _P, _I, _P, _I, ctypes.c_int),
+    "q8_linear": (_P, _I, _I, _P, _P, _I, _I, _P, _I, ctypes.c_int),
+    "q4_dequantize": (_P, _P, _P, _I, _I, _P, ctypes.c_int),
+    "q8_dequantize": (_P, _P, _I, _I, _I, _P, ctypes.c_int),
+    "decode_attention": (_P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _P, _P, _P, _I, ctypes.c_float, _P, ctypes.c_int),
 }
 
 
@@ -66,8 +69,8 @@ def load_kernels() -> ctypes.CDLL | None:
             Path(tmp).unlink(missing_ok=True)
             return None
     lib = ctypes.CDLL(str(target))
-    for name, (argtypes, restype) in _SIGNATURES.items():
+    for name, argtypes in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = restype
+        fn.restype = None
     return lib

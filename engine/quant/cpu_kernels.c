@@ -18,6 +18,7 @@
  */
 #include <immintrin.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdlib.h>
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -84,7 +85,8 @@ ALWAYS_INLINE __m256i dot16(const __m256i w[2], const int16_t *x) {
                             _mm256_madd_epi16(w[1], _mm256_loadu_si256((const __m256i *)(x + 16))));
 }
 
-/* Activations quantized for one call. */
+/* Quantized activations of M rows of K values, one buffer of ACTIVATION_BYTES(M, K):
+ * float d[M, K / 32] (block scales), float s[M, K / 32] (d * sum(q)), int16 q[M, K]. */
 typedef struct {
     const int16_t *q; /* [M, K] */
     const float *d;  /* [M, K / 32] */
@@ -173,17 +175,10 @@ Q8_ROW(2)
 Q8_ROW(4)
 Q8_ROW(8)
 
-/* Scratch for the quantized activations of one call; NULL when out of memory. */
-static void *quantize_input(const float *x, int64_t M, int64_t K, QX *out, int threads) {
-    const int64_t blocks = M * (K / QK);
-    char *buf = malloc((size_t)(M * K * (int64_t)sizeof(int16_t) + 2 * blocks * (int64_t)sizeof(float)));
-    if (buf == NULL) return NULL;
-    float *d = (float *)buf, *s = d + blocks;
-    int16_t *q = (int16_t *)(s + blocks);
-#pragma omp parallel for num_threads(threads) schedule(static) if (M >= 16)
-    for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, q + m * K, d + m * (K / QK), s + m * (K / QK));
-    out->q = q, out->d = d, out->s = s;
-    return buf;
+ALWAYS_INLINE QX view(const void *buf, int64_t M, int64_t K) {
+    const float *d = (const float *)buf, *s = d + M * (K / QK);
+    QX x = {(const int16_t *)(s + M * (K / QK)), d, s};
+    return x;
 }
 
 ALWAYS_INLINE QX rows_from(QX x, int64_t m, int64_t K) {
@@ -191,46 +186,72 @@ ALWAYS_INLINE QX rows_from(QX x, int64_t m, int64_t K) {
     return r;
 }
 
-/* Rows of W are split over threads; each thread walks its rows once per tile of 8 activation rows.
- * Returns 0, or -1 when the activation scratch could not be allocated. */
-int q4_linear(const float *x, int64_t M, int64_t K, const uint8_t *packed, const float *scale,
-              const float *bias, int64_t N, float *y, int threads) {
-    QX qx;
-    void *buf = quantize_input(x, M, K, &qx, threads);
-    if (buf == NULL) return -1;
+void quantize(const float *x, int64_t M, int64_t K, void *buf, int threads) {
+    float *d = (float *)buf, *s = d + M * (K / QK);
+    int16_t *q = (int16_t *)(s + M * (K / QK));
+#pragma omp parallel for num_threads(threads) schedule(static) if (M >= 16)
+    for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, q + m * K, d + m * (K / QK), s + m * (K / QK));
+}
+
+/* residual += x (x may be NULL); out = RMSNorm(residual) * weight; then quantize(out) into buf unless
+ * buf is NULL. One pass over rows of a few KB instead of four torch calls. */
+void add_rms_norm(const float *x, float *residual, const float *weight, float eps, int64_t M, int64_t K, float *out,
+                  void *buf, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (M >= 16)
+    for (int64_t m = 0; m < M; m++) {
+        float *r = residual + m * K, *o = out + m * K;
+        __m256 sq = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K; k += 8) {
+            __m256 v = _mm256_loadu_ps(r + k);
+            if (x != NULL) {
+                v = _mm256_add_ps(v, _mm256_loadu_ps(x + m * K + k));
+                _mm256_storeu_ps(r + k, v);
+            }
+            sq = _mm256_fmadd_ps(v, v, sq);
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(sq) / (float)K + eps));
+        for (int64_t k = 0; k < K; k += 8) {
+            const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(r + k), inv);
+            _mm256_storeu_ps(o + k, _mm256_mul_ps(v, _mm256_loadu_ps(weight + k)));
+        }
+    }
+    if (buf != NULL) quantize(out, M, K, buf, threads);
+}
+
+/* y[m * ldy + n] for rows n < N of W and rows m < M of the quantized activations qx (see quantize).
+ * Rows of W are split over threads; each thread walks its rows once per tile of 8 activation rows. */
+void q4_linear(const void *qx, int64_t M, int64_t K, const uint8_t *packed, const float *scale, const float *bias,
+               int64_t N, float *y, int64_t ldy, int threads) {
+    const QX x = view(qx, M, K);
     const int64_t groups = K / QK;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *row = packed + n * groups * 16;
         const float *sc = scale + n * groups, *bi = bias + n * groups;
+        float *yn = y + n;
         int64_t m = 0;
-        for (; m + 8 <= M; m += 8) q4_row_8(rows_from(qx, m, K), K, row, sc, bi, y + m * N + n, N);
-        if (m + 4 <= M) { q4_row_4(rows_from(qx, m, K), K, row, sc, bi, y + m * N + n, N); m += 4; }
-        if (m + 2 <= M) { q4_row_2(rows_from(qx, m, K), K, row, sc, bi, y + m * N + n, N); m += 2; }
-        if (m < M) q4_row_1(rows_from(qx, m, K), K, row, sc, bi, y + m * N + n, N);
+        for (; m + 8 <= M; m += 8) q4_row_8(rows_from(x, m, K), K, row, sc, bi, yn + m * ldy, ldy);
+        if (m + 4 <= M) { q4_row_4(rows_from(x, m, K), K, row, sc, bi, yn + m * ldy, ldy); m += 4; }
+        if (m + 2 <= M) { q4_row_2(rows_from(x, m, K), K, row, sc, bi, yn + m * ldy, ldy); m += 2; }
+        if (m < M) q4_row_1(rows_from(x, m, K), K, row, sc, bi, yn + m * ldy, ldy);
     }
-    free(buf);
-    return 0;
 }
 
-int q8_linear(const float *x, int64_t M, int64_t K, const int8_t *codes, const float *scale, int64_t group,
-              int64_t N, float *y, int threads) {
-    QX qx;
-    void *buf = quantize_input(x, M, K, &qx, threads);
-    if (buf == NULL) return -1;
+void q8_linear(const void *qx, int64_t M, int64_t K, const int8_t *codes, const float *scale, int64_t group,
+               int64_t N, float *y, int64_t ldy, int threads) {
+    const QX x = view(qx, M, K);
     const int64_t groups = K / group;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const int8_t *row = codes + n * K;
         const float *sc = scale + n * groups;
+        float *yn = y + n;
         int64_t m = 0;
-        for (; m + 8 <= M; m += 8) q8_row_8(rows_from(qx, m, K), K, row, sc, group, y + m * N + n, N);
-        if (m + 4 <= M) { q8_row_4(rows_from(qx, m, K), K, row, sc, group, y + m * N + n, N); m += 4; }
-        if (m + 2 <= M) { q8_row_2(rows_from(qx, m, K), K, row, sc, group, y + m * N + n, N); m += 2; }
-        if (m < M) q8_row_1(rows_from(qx, m, K), K, row, sc, group, y + m * N + n, N);
+        for (; m + 8 <= M; m += 8) q8_row_8(rows_from(x, m, K), K, row, sc, group, yn + m * ldy, ldy);
+        if (m + 4 <= M) { q8_row_4(rows_from(x, m, K), K, row, sc, group, yn + m * ldy, ldy); m += 4; }
+        if (m + 2 <= M) { q8_row_2(rows_from(x, m, K), K, row, sc, group, yn + m * ldy, ldy); m += 2; }
+        if (m < M) q8_row_1(rows_from(x, m, K), K, row, sc, group, yn + m * ldy, ldy);
     }
-    free(buf);
-    return 0;
 }
 
 /* Float32 copies of W (rows [0, N)) for large batches, where a float GEMM beats the int8 products;
@@ -264,5 +285,72 @@ void q8_dequantize(const int8_t *codes, const float *scale, int64_t group, int64
             const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
             _mm256_storeu_ps(out + n * K + k, _mm256_mul_ps(v, vs));
         }
+    }
+}
+
+ALWAYS_INLINE int64_t cache_slot(const int32_t *table, int64_t block_size, int64_t position) {
+    return (int64_t)table[position / block_size] * block_size + position % block_size;
+}
+
+/* One decode step's attention for T single-query sequences, from the merged q/k/v rows qkv [T, (H + 2 Hkv) D]:
+ * rotates q and k (NeoX halves; cos_sin[p] = cat(cos, sin) of position p), writes k and v to the paged
+ * caches [blocks, block_size, Hkv, D] at slots[t] (-1: nothing), then attends each query head over its
+ * sequence's seq_lens[t] cached positions (block_tables [T, max_blocks]) into out [T, H D].
+ * The same math as the torch path (rotary_write_kv, then a softmax attention) in one call. */
+void decode_attention(const float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
+                      const float *cos_sin, float *k_cache, float *v_cache, int64_t block_size, const int64_t *slots,
+                      const int32_t *seq_lens, const int32_t *block_tables, int64_t max_blocks, float scale,
+                      float *out, int threads) {
+    const int64_t width = (H + 2 * Hkv) * D, half = D / 2, group = H / Hkv;
+    for (int64_t t = 0; t < T; t++) { /* k and v into the cache first: each query sees its own token */
+        if (slots[t] < 0) continue;
+        const float *cs = cos_sin + positions[t] * D, *k = qkv + t * width + H * D, *v = k + Hkv * D;
+        float *kc = k_cache + slots[t] * Hkv * D, *vc = v_cache + slots[t] * Hkv * D;
+        for (int64_t h = 0; h < Hkv; h++)
+            for (int64_t i = 0; i < half; i++) {
+                const float x1 = k[h * D + i], x2 = k[h * D + half + i];
+                kc[h * D + i] = x1 * cs[i] - x2 * cs[half + i];
+                kc[h * D + half + i] = x2 * cs[i] + x1 * cs[half + i];
+            }
+        for (int64_t i = 0; i < Hkv * D; i++) vc[i] = v[i];
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t capacity = 0;
+        float *scores = NULL, *q = malloc((size_t)D * sizeof(float)), *acc = malloc((size_t)D * sizeof(float));
+#pragma omp for schedule(dynamic)
+        for (int64_t task = 0; task < T * H; task++) {
+            const int64_t t = task / H, h = task % H, kvh = h / group, len = seq_lens[t];
+            const float *cs = cos_sin + positions[t] * D, *qs = qkv + t * width + h * D;
+            const int32_t *table = block_tables + t * max_blocks;
+            for (int64_t i = 0; i < half; i++) {
+                q[i] = qs[i] * cs[i] - qs[half + i] * cs[half + i];
+                q[half + i] = qs[half + i] * cs[i] + qs[i] * cs[half + i];
+            }
+            if (len > capacity) {
+                free(scores);
+                capacity = len;
+                scores = malloc((size_t)capacity * sizeof(float));
+            }
+            float top = -INFINITY;
+            for (int64_t j = 0; j < len; j++) {
+                const float *kr = k_cache + (cache_slot(table, block_size, j) * Hkv + kvh) * D;
+                scores[j] = dot_f32(q, kr, D) * scale;
+                top = scores[j] > top ? scores[j] : top;
+            }
+            float total = 0.0f;
+            for (int64_t i = 0; i < D; i++) acc[i] = 0.0f;
+            for (int64_t j = 0; j < len; j++) {
+                const float *vr = v_cache + (cache_slot(table, block_size, j) * Hkv + kvh) * D;
+                const float p = expf(scores[j] - top);
+                total += p;
+                for (int64_t i = 0; i < D; i++) acc[i] += p * vr[i];
+            }
+            float *o = out + t * H * D + h * D;
+            for (int64_t i = 0; i < D; i++) o[i] = acc[i] / total;
+        }
+        free(scores);
+        free(q);
+        free(acc);
     }
 }

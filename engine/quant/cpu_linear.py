@@ -6,14 +6,16 @@ Two layouts cover the GGUF types read here (see ``gguf_blocks.py``):
 - ``q8``: int8 codes, ``w = c * scale`` per ``group`` weights (Q8_0 with groups of 32, Q6_K of 16).
 
 Every product ``c * scale`` is exact in float32 for these types, so a decoded weight is bit for bit
-the float32 value the reference de-quantizer gives; the matmuls then differ from a float32 GEMM only
-in the order their float32 sums are taken.
+the float32 value the reference de-quantizer gives. The linears take their input as ``Activations``:
+the float32 rows and, where the int16 kernels of ``cpu_kernels.c`` run, their block-quantized codes,
+made once per input and shared by every part of a linear (see that file for the error bound).
 """
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -98,41 +100,51 @@ class QuantizedWeight:
             )
         return out
 
-    def matmul(self, x: torch.Tensor, lib: ctypes.CDLL) -> torch.Tensor:
-        """``x @ W.T`` for float32 ``x [M, cols]``: int8 products of block-quantized ``x`` (see
-        ``cpu_kernels.c``), or a float32 GEMM on a de-quantized copy for large ``M``."""
-        rows, (out_rows, cols) = x.shape[0], self.shape
-        if rows >= DEQUANTIZED_GEMM_ROWS and out_rows * cols <= DEQUANTIZED_GEMM_MAX_WEIGHTS:
-            return F.linear(x, self.dequantize())
-        x = x.contiguous()
-        out = torch.empty(rows, out_rows, dtype=torch.float32)
-        threads = torch.get_num_threads()
-        if self.layout == "q4":
-            assert self.bias is not None
-            status = lib.q4_linear(
-                _ptr(x), rows, cols, _ptr(self.codes), _ptr(self.scale), _ptr(self.bias), out_rows, _ptr(out), threads
-            )
-        else:
-            status = lib.q8_linear(
-                _ptr(x), rows, cols, _ptr(self.codes), _ptr(self.scale), self.group, out_rows, _ptr(out), threads
-            )
-        if status != 0:
-            raise MemoryError(f"no memory for the int8 copy of a [{rows}, {cols}] input to a quantized linear")
-        return out
+    def uses_float_gemm(self, rows: int) -> bool:
+        """Whether ``rows`` input rows go through a float32 GEMM on a de-quantized copy (prefill chunks)."""
+        out_features, in_features = self.shape
+        return rows >= DEQUANTIZED_GEMM_ROWS and out_features * in_features <= DEQUANTIZED_GEMM_MAX_WEIGHTS
 
 
 def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
+def activation_bytes(rows: int, cols: int) -> int:
+    """Size of the quantized activations of ``[rows, cols]`` floats: int16 codes, two floats per 32."""
+    return rows * cols * 2 + rows * (cols // 32) * 8
+
+
+@dataclass(frozen=True, slots=True)
+class Activations:
+    """Input rows of a quantized linear: float32 ``values [M, K]`` and, unless every part of the linear
+    runs a float GEMM for ``M`` rows, ``codes`` (the int16 block quantization the kernels read)."""
+
+    values: torch.Tensor
+    codes: torch.Tensor | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One weight of a linear with its kernel arguments bound: ``columns`` of the output it writes."""
+
+    weight: QuantizedWeight
+    columns: slice
+    kernel: Callable[..., int]
+    arguments: tuple[int, ...]  # the weight's pointers (and group) after the input's, before the output's
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class QuantizedLinear:
     """``x @ W.T + bias`` over quantized ``parts`` stacked by rows (a merged q/k/v whose parts differ in
-    type, as in Q4_K_M files, keeps one part per layout)."""
+    type, as in Q4_K_M files, keeps one part per layout; all of them read one quantized input)."""
 
     parts: tuple[QuantizedWeight, ...]
     bias: torch.Tensor | None
     lib: ctypes.CDLL
+    _bound: tuple[_Part, ...] = field(repr=False)
+    in_features: int
+    out_features: int
 
     @classmethod
     def build(cls, weights: list[QuantizedWeight], bias: torch.Tensor | None) -> QuantizedLinear:
@@ -146,14 +158,90 @@ class QuantizedLinear:
                 run = []
             run.append(weight)
         parts.append(run[0] if len(run) == 1 else QuantizedWeight.concat(run))
-        return cls(tuple(parts), bias, lib)
+        bound, start = [], 0
+        for part in parts:
+            rows = part.shape[0]
+            if part.layout == "q4":
+                assert part.bias is not None
+                kernel, arguments = lib.q4_linear, (_ptr(part.codes), _ptr(part.scale), _ptr(part.bias), rows)
+            else:
+                kernel, arguments = lib.q8_linear, (_ptr(part.codes), _ptr(part.scale), part.group, rows)
+            bound.append(_Part(part, slice(start, start + rows), kernel, arguments))
+            start += rows
+        return cls(tuple(parts), bias, lib, tuple(bound), parts[0].shape[1], start)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32:
-            raise TypeError(f"quantized CPU linears take float32 activations, got {x.dtype}")
-        outs = [part.matmul(x, self.lib) for part in self.parts]
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
-        return out if self.bias is None else out + self.bias
+        return self.apply(self.activations(x))
+
+    def _needs_codes(self, rows: int) -> bool:
+        return not all(part.uses_float_gemm(rows) for part in self.parts)
+
+    def _check(self, x: torch.Tensor) -> None:
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.in_features:
+            raise TypeError(
+                f"quantized CPU linears take float32 [rows, {self.in_features}] activations, "
+                f"got {x.dtype} {list(x.shape)}"
+            )
+
+    def activations(self, x: torch.Tensor) -> Activations:
+        """``x`` with its codes where this linear's kernels need them."""
+        self._check(x)
+        x = x.contiguous()
+        rows = x.shape[0]
+        if not self._needs_codes(rows):
+            return Activations(x, None)
+        codes = torch.empty(activation_bytes(rows, self.in_features), dtype=torch.uint8)
+        self.lib.quantize(_ptr(x), rows, self.in_features, _ptr(codes), torch.get_num_threads())
+        return Activations(x, codes)
+
+    def add_rms_norm(
+        self, x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> Activations:
+        """``residual += x`` in place (unless ``x`` is None), then ``RMSNorm(residual) * weight`` as this
+        linear's input: one C call for the norm and the quantization of its output."""
+        self._check(residual)
+        assert residual.is_contiguous() and weight.dtype == torch.float32 and weight.is_contiguous()
+        rows = residual.shape[0]
+        out = torch.empty_like(residual)
+        codes = None
+        if self._needs_codes(rows):
+            codes = torch.empty(activation_bytes(rows, self.in_features), dtype=torch.uint8)
+        if x is not None:
+            self._check(x)
+            x = x.contiguous()
+        self.lib.add_rms_norm(
+            None if x is None else _ptr(x),
+            _ptr(residual),
+            _ptr(weight),
+            eps,
+            rows,
+            self.in_features,
+            _ptr(out),
+            None if codes is None else _ptr(codes),
+            torch.get_num_threads(),
+        )
+        return Activations(out, codes)
+
+    def apply(self, x: Activations) -> torch.Tensor:
+        rows = x.values.shape[0]
+        if len(self._bound) == 1 and x.codes is None:
+            return F.linear(x.values, self.parts[0].dequantize(), self.bias)
+        out = torch.empty(rows, self.out_features, dtype=torch.float32)
+        threads = torch.get_num_threads()
+        for part in self._bound:
+            if part.weight.uses_float_gemm(rows) or x.codes is None:
+                out[:, part.columns] = F.linear(x.values, part.weight.dequantize())
+            else:
+                part.kernel(
+                    _ptr(x.codes),
+                    rows,
+                    self.in_features,
+                    *part.arguments,
+                    _ptr(out) + part.columns.start * 4,
+                    self.out_features,
+                    threads,
+                )
+        return out if self.bias is None else out.add_(self.bias)
 
 
 def keeps_quantized(device: torch.device, dtype: torch.dtype) -> bool:
