@@ -31,7 +31,7 @@ _SIGNATURES = {
     "q8_linear": (_P, _I, _I, _P, _P, _I, _I, _P, _I, ctypes.c_int),
     "q4_dequantize": (_P, _P, _P, _I, _I, _P, ctypes.c_int),
     "q8_dequantize": (_P, _P, _I, _I, _I, _P, ctypes.c_int),
-    "decode_attention": (_P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _P, _P, _P, _I, ctypes.c_float, _P, ctypes.c_int),
+    "decode_attention": (_P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _P, _P, _P, _I, ctypes.c_float, _P, _P, ctypes.c_int),
 }
 
 

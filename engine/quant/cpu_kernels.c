@@ -1,7 +1,9 @@
 /* Weight-only quantized matmuls for x86 CPUs with AVX2/FMA: y[M, N] = x[M, K] @ W[N, K]^T in float32.
  *
  * Weights stay in two layouts (see cpu_linear.py):
- *   q4: 4-bit codes, 32-weight groups of 16 bytes (low nibbles = weights 0..15, high = 16..31),
+ *   q4: 4-bit codes, 32-weight groups of 16 bytes (low nibbles = weights 0..15, high = 16..31), the
+ *       bytes of each pair of groups interleaved (g0 byte 0, g1 byte 0, g0 byte 1, ...) so that one
+ *       32-byte load gives both groups' codes as int16 with shifts and masks;
  *       w = code * scale + bias with one float32 scale and bias per group;
  *   q8: int8 codes, w = code * scale with one float32 scale per `group` (16 or 32) weights.
  *
@@ -17,9 +19,9 @@
  * (256 times the error); int16 keeps greedy output equal to the float32 path's on the models tested.
  */
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 #include <math.h>
-#include <stdlib.h>
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define QK 32 /* activation block */
@@ -79,12 +81,6 @@ ALWAYS_INLINE void q8_codes16(const int8_t *p, __m256i w[2]) {
     w[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
 }
 
-/* 8 int32 partial sums of 32 int16 products */
-ALWAYS_INLINE __m256i dot16(const __m256i w[2], const int16_t *x) {
-    return _mm256_add_epi32(_mm256_madd_epi16(w[0], _mm256_loadu_si256((const __m256i *)x)),
-                            _mm256_madd_epi16(w[1], _mm256_loadu_si256((const __m256i *)(x + 16))));
-}
-
 /* Quantized activations of M rows of K values, one buffer of ACTIVATION_BYTES(M, K):
  * float d[M, K / 32] (block scales), float s[M, K / 32] (d * sum(q)), int16 q[M, K]. */
 typedef struct {
@@ -106,17 +102,38 @@ ALWAYS_INLINE float dot_f32(const float *a, const float *b, int64_t n) {
 /* One weight row against MT activation rows. Groups go in pairs into two accumulators per row (hiding
  * the FMA latency; fixed indices keep them in registers); the bias terms (bias * dx * sum(qx)) are one
  * float dot product per row after the loop. */
-#define Q4_STEP(MT, G, ACC)                                                                             \
-    do {                                                                                                \
-        __m256i w[2];                                                                                   \
-        q4_codes16(row + (G) * 16, w);                                                                  \
-        for (int i = 0; i < MT; i++) {                                                                  \
-            const int64_t b = i * groups + (G);                                                         \
-            const __m256i p = dot16(w, x.q + b * QK);                                                   \
-            ACC[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sc[G] * x.d[b]), ACC[i]);     \
-        }                                                                                               \
-    } while (0)
+/* A pair of q4 groups (32 bytes, their bytes interleaved: see cpu_linear.py) as four int16 vectors:
+ * the codes of group g (weights 0..15, 16..31), then those of group g + 1. */
+ALWAYS_INLINE void q4_pair16(const uint8_t *p, __m256i w[4]) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p), mask = _mm256_set1_epi16(0x0F);
+    w[0] = _mm256_and_si256(v, mask);
+    w[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    w[2] = _mm256_and_si256(_mm256_srli_epi16(v, 8), mask);
+    w[3] = _mm256_srli_epi16(v, 12);
+}
 
+/* Group g of a row of `groups` q4 groups as two int16 vectors (weights 0..15, 16..31). */
+ALWAYS_INLINE void q4_group16(const uint8_t *row, int64_t g, int64_t groups, __m256i w[2]) {
+    if (g == groups - 1 && groups % 2 == 1) { /* an odd last group stays as it is */
+        q4_codes16(row + g * 16, w);
+        return;
+    }
+    __m256i pair[4];
+    q4_pair16(row + (g & ~(int64_t)1) * 16, pair);
+    w[0] = pair[2 * (g & 1)], w[1] = pair[2 * (g & 1) + 1];
+}
+
+ALWAYS_INLINE __m256i dot16_parts(__m256i w0, __m256i w1, const int16_t *x) {
+    return _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)x)),
+                            _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(x + 16))));
+}
+
+#define Q4_FMA(ACC, I, P, G) \
+    ACC[I] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_set1_ps(sc[G] * x.d[(I) * groups + (G)]), ACC[I])
+
+/* One weight row against MT activation rows, a pair of groups at a time into two accumulators per row
+ * (fixed indices keep them in registers); the bias terms (bias * dx * sum(qx)) are one float dot
+ * product per row after the loop. */
 #define Q4_ROW(MT)                                                                                      \
     ALWAYS_INLINE void q4_row_##MT(QX x, int64_t K, const uint8_t *row, const float *sc, const float *bi, \
                                    float *y, int64_t N) {                                               \
@@ -125,10 +142,22 @@ ALWAYS_INLINE float dot_f32(const float *a, const float *b, int64_t n) {
         const int64_t groups = K / QK;                                                                  \
         int64_t g = 0;                                                                                  \
         for (; g + 2 <= groups; g += 2) {                                                               \
-            Q4_STEP(MT, g, acc0);                                                                       \
-            Q4_STEP(MT, g + 1, acc1);                                                                   \
+            __m256i w[4];                                                                               \
+            q4_pair16(row + g * 16, w);                                                                 \
+            for (int i = 0; i < MT; i++) {                                                              \
+                const int64_t b = i * groups + g;                                                       \
+                Q4_FMA(acc0, i, dot16_parts(w[0], w[1], x.q + b * QK), g);                              \
+                Q4_FMA(acc1, i, dot16_parts(w[2], w[3], x.q + (b + 1) * QK), g + 1);                    \
+            }                                                                                           \
         }                                                                                               \
-        if (g < groups) Q4_STEP(MT, g, acc0);                                                           \
+        if (g < groups) {                                                                               \
+            __m256i w[2];                                                                               \
+            q4_codes16(row + g * 16, w);                                                                \
+            for (int i = 0; i < MT; i++) {                                                              \
+                const int64_t b = i * groups + g;                                                       \
+                Q4_FMA(acc0, i, dot16_parts(w[0], w[1], x.q + b * QK), g);                              \
+            }                                                                                           \
+        }                                                                                               \
         for (int i = 0; i < MT; i++)                                                                    \
             y[i * N] = hsum(_mm256_add_ps(acc0[i], acc1[i])) + dot_f32(bi, x.s + i * groups, groups);   \
     }
@@ -147,11 +176,11 @@ Q4_ROW(8)
             const __m256i p0 = _mm256_madd_epi16(w[0], _mm256_loadu_si256((const __m256i *)xq));        \
             const __m256i p1 = _mm256_madd_epi16(w[1], _mm256_loadu_si256((const __m256i *)(xq + 16))); \
             if (group == 16) { /* a scale per half */                                                   \
-                ACC[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(sc[2 * (G)] * x.d[b]), ACC[i]); \
-                ACC[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(sc[2 * (G) + 1] * x.d[b]), ACC[i]); \
+                ACC[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(sc[2 * (G)] * x.d[b]), ACC[i]);      \
+                ACC[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(sc[2 * (G) + 1] * x.d[b]), ACC[i]);  \
             } else {                                                                                    \
                 const __m256 p = _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1));                          \
-                ACC[i] = _mm256_fmadd_ps(p, _mm256_set1_ps(sc[G] * x.d[b]), ACC[i]);                    \
+                ACC[i] = _mm256_fmadd_ps(p, _mm256_set1_ps(sc[G] * x.d[b]), ACC[i]);                        \
             }                                                                                           \
         }                                                                                               \
     } while (0)
@@ -263,7 +292,7 @@ void q4_dequantize(const uint8_t *packed, const float *scale, const float *bias,
     for (int64_t n = 0; n < N; n++) {
         for (int64_t g = 0; g < groups; g++) {
             __m256i c[2];
-            q4_codes16(packed + (n * groups + g) * 16, c);
+            q4_group16(packed + n * groups * 16, g, groups, c);
             const __m256 vs = _mm256_set1_ps(scale[n * groups + g]), vb = _mm256_set1_ps(bias[n * groups + g]);
             for (int j = 0; j < 4; j++) {
                 const __m128i part = j & 1 ? _mm256_extracti128_si256(c[j / 2], 1) : _mm256_castsi256_si128(c[j / 2]);
@@ -295,12 +324,13 @@ ALWAYS_INLINE int64_t cache_slot(const int32_t *table, int64_t block_size, int64
 /* One decode step's attention for T single-query sequences, from the merged q/k/v rows qkv [T, (H + 2 Hkv) D]:
  * rotates q and k (NeoX halves; cos_sin[p] = cat(cos, sin) of position p), writes k and v to the paged
  * caches [blocks, block_size, Hkv, D] at slots[t] (-1: nothing), then attends each query head over its
- * sequence's seq_lens[t] cached positions (block_tables [T, max_blocks]) into out [T, H D].
+ * sequence's seq_lens[t] cached positions (block_tables [T, max_blocks]) into out [T, H D]; scratch holds
+ * threads * (2 D + max_blocks * block_size) floats.
  * The same math as the torch path (rotary_write_kv, then a softmax attention) in one call. */
 void decode_attention(const float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
                       const float *cos_sin, float *k_cache, float *v_cache, int64_t block_size, const int64_t *slots,
                       const int32_t *seq_lens, const int32_t *block_tables, int64_t max_blocks, float scale,
-                      float *out, int threads) {
+                      float *out, float *scratch, int threads) {
     const int64_t width = (H + 2 * Hkv) * D, half = D / 2, group = H / Hkv;
     for (int64_t t = 0; t < T; t++) { /* k and v into the cache first: each query sees its own token */
         if (slots[t] < 0) continue;
@@ -316,8 +346,8 @@ void decode_attention(const float *qkv, int64_t T, int64_t H, int64_t Hkv, int64
     }
 #pragma omp parallel num_threads(threads)
     {
-        int64_t capacity = 0;
-        float *scores = NULL, *q = malloc((size_t)D * sizeof(float)), *acc = malloc((size_t)D * sizeof(float));
+        /* this thread's scratch: D + D + max_blocks * block_size floats */
+        float *q = scratch + omp_get_thread_num() * (2 * D + max_blocks * block_size), *acc = q + D, *scores = acc + D;
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < T * H; task++) {
             const int64_t t = task / H, h = task % H, kvh = h / group, len = seq_lens[t];
@@ -326,11 +356,6 @@ void decode_attention(const float *qkv, int64_t T, int64_t H, int64_t Hkv, int64
             for (int64_t i = 0; i < half; i++) {
                 q[i] = qs[i] * cs[i] - qs[half + i] * cs[half + i];
                 q[half + i] = qs[half + i] * cs[i] + qs[i] * cs[half + i];
-            }
-            if (len > capacity) {
-                free(scores);
-                capacity = len;
-                scores = malloc((size_t)capacity * sizeof(float));
             }
             float top = -INFINITY;
             for (int64_t j = 0; j < len; j++) {
@@ -349,8 +374,5 @@ void decode_attention(const float *qkv, int64_t T, int64_t H, int64_t Hkv, int64
             float *o = out + t * H * D + h * D;
             for (int64_t i = 0; i < D; i++) o[i] = acc[i] / total;
         }
-        free(scores);
-        free(q);
-        free(acc);
     }
 }

@@ -79,6 +79,8 @@ def _attention(
     out = torch.empty(tokens, heads * head_dim, dtype=torch.float32)
     tables = meta.decode_block_tables.contiguous()
     positions = positions.contiguous()
+    threads = torch.get_num_threads()
+    scratch = torch.empty(threads, 2 * head_dim + tables.shape[1] * k_cache.shape[1], dtype=torch.float32)
     lib.decode_attention(
         qkv.data_ptr(),
         tokens,
@@ -96,6 +98,7 @@ def _attention(
         tables.shape[1],
         model.scale,
         out.data_ptr(),
-        torch.get_num_threads(),
+        scratch.data_ptr(),
+        threads,
     )
     return out

@@ -2,7 +2,9 @@
 
 Two layouts cover the GGUF types read here (see ``gguf_blocks.py``):
 
-- ``q4``: 4-bit codes ``c`` in 32-weight groups, ``w = c * scale + bias`` (Q4_0, Q4_1, Q4_K);
+- ``q4``: 4-bit codes ``c`` in 32-weight groups, ``w = c * scale + bias`` (Q4_0, Q4_1, Q4_K); a group
+  is 16 bytes (low nibbles = weights 0..15, high = 16..31), and the bytes of each pair of groups are
+  interleaved (``pair_groups``), which lets the kernel unpack two groups from one 32-byte load;
 - ``q8``: int8 codes, ``w = c * scale`` per ``group`` weights (Q8_0 with groups of 32, Q6_K of 16).
 
 Every product ``c * scale`` is exact in float32 for these types, so a decoded weight is bit for bit
@@ -74,6 +76,7 @@ class QuantizedWeight:
         if self.layout == "q8":
             values = codes.to(torch.float32).view(*codes.shape[:-1], -1, self.group)
             return (values * scale.unsqueeze(-1)).flatten(-2)
+        codes = group_major(codes)
         low, high = codes & 0x0F, codes >> 4
         half = self.group // 2
         values = torch.cat((low.view(*codes.shape[:-1], -1, half), high.view(*codes.shape[:-1], -1, half)), dim=-1).to(
@@ -104,6 +107,25 @@ class QuantizedWeight:
         """Whether ``rows`` input rows go through a float32 GEMM on a de-quantized copy (prefill chunks)."""
         out_features, in_features = self.shape
         return rows >= DEQUANTIZED_GEMM_ROWS and out_features * in_features <= DEQUANTIZED_GEMM_MAX_WEIGHTS
+
+
+def pair_groups(codes: torch.Tensor) -> torch.Tensor:
+    """q4 codes ``[..., groups * 16]``, one group after another -> the kernel's layout: the 16 bytes of
+    groups ``2i`` and ``2i + 1`` interleaved byte by byte (an odd last group stays as it is)."""
+    head, tail = _split_pairs(codes)
+    paired = head.unflatten(-1, (-1, 2, 16)).transpose(-1, -2).flatten(-3)
+    return torch.cat((paired, tail), dim=-1)
+
+
+def group_major(codes: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``pair_groups``."""
+    head, tail = _split_pairs(codes)
+    return torch.cat((head.unflatten(-1, (-1, 16, 2)).transpose(-1, -2).flatten(-3), tail), dim=-1)
+
+
+def _split_pairs(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    paired = codes.shape[-1] // 32 * 32
+    return codes[..., :paired], codes[..., paired:]
 
 
 def _ptr(t: torch.Tensor) -> int:

@@ -71,6 +71,20 @@ def test_matmul_is_within_the_int16_activation_bound_of_the_float64_product(
     assert bool(((got - want).abs() <= _error_bound(x, reference) + 1e-6).all())
 
 
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1], ids=lambda t: t.name)
+def test_q4_rows_of_an_odd_number_of_groups(qtype: GGMLQuantizationType) -> None:
+    # The q4 layout interleaves pairs of groups; a row of 3 groups ends with one left as it is.
+    rows, cols = 24, 96
+    blocks = quantized_blocks(qtype, rows, cols, np.random.default_rng(4))
+    reference = torch.from_numpy(dequantize(blocks, qtype).reshape(rows, cols).astype(np.float32))
+    weight = decode_quantized("w", qtype.name, blocks, rows, cols)
+    assert torch.equal(weight.dequantize(), reference)
+    assert torch.equal(weight.rows(torch.tensor([5, 23])), reference[[5, 23]])
+    x = torch.randn(3, cols)
+    err = (QuantizedLinear.build([weight], None)(x).double() - x.double() @ reference.double().T).abs()
+    assert bool((err <= _error_bound(x, reference)).all())
+
+
 def test_mixed_layouts_stack_by_rows() -> None:
     rng = np.random.default_rng(3)
     q = decode_quantized("q", "Q4_K", quantized_blocks(GGMLQuantizationType.Q4_K, 64, 256, rng), 64, 256)
