@@ -317,6 +317,23 @@ void q8_dequantize(const int8_t *codes, const float *scale, int64_t group, int64
     }
 }
 
+/* e^x for x <= 0 (softmax weights), to about 2 float32 ulps: Cephes' expf polynomial on 8 lanes. */
+ALWAYS_INLINE __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+    __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    f = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), f);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(_mm256_mul_ps(y, f), f, _mm256_add_ps(f, _mm256_set1_ps(1.0f)));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+
 ALWAYS_INLINE int64_t cache_slot(const int32_t *table, int64_t block_size, int64_t position) {
     return (int64_t)table[position / block_size] * block_size + position % block_size;
 }
@@ -363,12 +380,22 @@ void decode_attention(const float *qkv, int64_t T, int64_t H, int64_t Hkv, int64
                 scores[j] = dot_f32(q, kr, D) * scale;
                 top = scores[j] > top ? scores[j] : top;
             }
-            float total = 0.0f;
+            const __m256 vtop = _mm256_set1_ps(top);
+            __m256 sum = _mm256_setzero_ps();
+            int64_t j = 0;
+            for (; j + 8 <= len; j += 8) {
+                const __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vtop));
+                _mm256_storeu_ps(scores + j, p);
+                sum = _mm256_add_ps(sum, p);
+            }
+            float total = hsum(sum);
+            for (; j < len; j++) {
+                scores[j] = _mm256_cvtss_f32(exp256(_mm256_set1_ps(scores[j] - top)));
+                total += scores[j];
+            }
             for (int64_t i = 0; i < D; i++) acc[i] = 0.0f;
-            for (int64_t j = 0; j < len; j++) {
-                const float *vr = v_cache + (cache_slot(table, block_size, j) * Hkv + kvh) * D;
-                const float p = expf(scores[j] - top);
-                total += p;
+            for (j = 0; j < len; j++) {
+                const float *vr = v_cache + (cache_slot(table, block_size, j) * Hkv + kvh) * D, p = scores[j];
                 for (int64_t i = 0; i < D; i++) acc[i] += p * vr[i];
             }
             float *o = out + t * H * D + h * D;

