@@ -1,4 +1,5 @@
-"""Builds and loads the AVX2 matmuls of ``cpu_kernels.c`` (a plain C library called through ctypes).
+"""Builds and loads the AVX2 kernels of ``cpu_kernels.c`` (quantized matmuls, and the norm and decode
+attention of ``cpu_layers``): a plain C library called through ctypes.
 
 The library is compiled once per source version with the system C compiler and cached on disk; a
 machine without AVX2/FMA or without a compiler gets ``None`` and the engine keeps float weights.

@@ -152,7 +152,7 @@ class _Part:
 
     weight: QuantizedWeight
     columns: slice
-    kernel: Callable[..., int]
+    kernel: Callable[..., None]
     arguments: tuple[int, ...]  # the weight's pointers (and group) after the input's, before the output's
 
 
