@@ -19,7 +19,6 @@
  * (256 times the error); int16 keeps greedy output equal to the float32 path's on the models tested.
  */
 #include <immintrin.h>
-#include <omp.h>
 #include <stdint.h>
 #include <math.h>
 
@@ -215,106 +214,167 @@ ALWAYS_INLINE QX rows_from(QX x, int64_t m, int64_t K) {
     return r;
 }
 
+/* Work split over threads (cpu_pool.c): ranges of rows, `chunk` at a time. */
+typedef void (*range_fn)(const void *ctx, int64_t begin, int64_t end, int slot);
+void pool_run(range_fn fn, const void *ctx, int64_t n, int64_t chunk, int threads);
+
+/* Rows of a weight per chunk: about four chunks per thread, at least 16 rows. */
+static int64_t chunk_rows(int64_t N, int threads) {
+    const int64_t chunk = N / (4 * (int64_t)threads);
+    return chunk < 16 ? 16 : chunk;
+}
+
+typedef struct {
+    const float *x, *weight, *add;
+    float *residual, *out, eps;
+    void *buf;
+    int64_t M, K;
+} RowsArgs;
+
+static void quantize_rows(const void *ctx, int64_t begin, int64_t end, int slot) {
+    const RowsArgs *a = ctx;
+    const int64_t K = a->K, G = K / QK;
+    float *d = (float *)a->buf, *s = d + a->M * G;
+    int16_t *q = (int16_t *)(s + a->M * G);
+    (void)slot;
+    for (int64_t m = begin; m < end; m++) quantize_row(a->x + m * K, K, q + m * K, d + m * G, s + m * G);
+}
+
 void quantize(const float *x, int64_t M, int64_t K, void *buf, int threads) {
-    float *d = (float *)buf, *s = d + M * (K / QK);
-    int16_t *q = (int16_t *)(s + M * (K / QK));
-#pragma omp parallel for num_threads(threads) schedule(static) if (M >= 16)
-    for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, q + m * K, d + m * (K / QK), s + m * (K / QK));
+    const RowsArgs a = {.x = x, .buf = buf, .M = M, .K = K};
+    pool_run(quantize_rows, &a, M, 16, threads);
+}
+
+static void norm_rows(const void *ctx, int64_t begin, int64_t end, int slot) {
+    const RowsArgs *a = ctx;
+    const int64_t K = a->K;
+    (void)slot;
+    for (int64_t m = begin; m < end; m++) {
+        float *r = a->residual + m * K, *o = a->out + m * K;
+        __m256 sq = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K; k += 8) {
+            __m256 v = _mm256_loadu_ps(r + k);
+            if (a->add != NULL) {
+                v = _mm256_add_ps(v, _mm256_loadu_ps(a->add + m * K + k));
+                _mm256_storeu_ps(r + k, v);
+            }
+            sq = _mm256_fmadd_ps(v, v, sq);
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(sq) / (float)K + a->eps));
+        for (int64_t k = 0; k < K; k += 8) {
+            const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(r + k), inv);
+            _mm256_storeu_ps(o + k, _mm256_mul_ps(v, _mm256_loadu_ps(a->weight + k)));
+        }
+    }
 }
 
 /* residual += x (x may be NULL); out = RMSNorm(residual) * weight; then quantize(out) into buf unless
  * buf is NULL. One pass over rows of a few KB instead of four torch calls. */
 void add_rms_norm(const float *x, float *residual, const float *weight, float eps, int64_t M, int64_t K, float *out,
                   void *buf, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (M >= 16)
-    for (int64_t m = 0; m < M; m++) {
-        float *r = residual + m * K, *o = out + m * K;
-        __m256 sq = _mm256_setzero_ps();
-        for (int64_t k = 0; k < K; k += 8) {
-            __m256 v = _mm256_loadu_ps(r + k);
-            if (x != NULL) {
-                v = _mm256_add_ps(v, _mm256_loadu_ps(x + m * K + k));
-                _mm256_storeu_ps(r + k, v);
-            }
-            sq = _mm256_fmadd_ps(v, v, sq);
-        }
-        const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(sq) / (float)K + eps));
-        for (int64_t k = 0; k < K; k += 8) {
-            const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(r + k), inv);
-            _mm256_storeu_ps(o + k, _mm256_mul_ps(v, _mm256_loadu_ps(weight + k)));
-        }
-    }
+    const RowsArgs a = {.add = x, .residual = residual, .weight = weight, .eps = eps, .out = out, .M = M, .K = K};
+    pool_run(norm_rows, &a, M, 16, threads);
     if (buf != NULL) quantize(out, M, K, buf, threads);
 }
 
-/* y[m * ldy + n] for rows n < N of W and rows m < M of the quantized activations qx (see quantize).
- * Rows of W are split over threads; each thread walks its rows once per tile of 8 activation rows. */
+typedef struct {
+    QX x;
+    int64_t M, K, group, ldy;
+    const void *codes;
+    const float *scale, *bias;
+    float *y;
+} LinearArgs;
+
+/* y[m * ldy + n] for rows n of W and rows m < M of the quantized activations (see quantize); each
+ * weight row is walked once per tile of 8 activation rows. */
+static void q4_rows(const void *ctx, int64_t begin, int64_t end, int slot) {
+    const LinearArgs *a = ctx;
+    const int64_t M = a->M, K = a->K, ldy = a->ldy, groups = K / QK;
+    (void)slot;
+    for (int64_t n = begin; n < end; n++) {
+        const uint8_t *row = (const uint8_t *)a->codes + n * groups * 16;
+        const float *sc = a->scale + n * groups, *bi = a->bias + n * groups;
+        float *yn = a->y + n;
+        int64_t m = 0;
+        for (; m + 8 <= M; m += 8) q4_row_8(rows_from(a->x, m, K), K, row, sc, bi, yn + m * ldy, ldy);
+        if (m + 4 <= M) { q4_row_4(rows_from(a->x, m, K), K, row, sc, bi, yn + m * ldy, ldy); m += 4; }
+        if (m + 2 <= M) { q4_row_2(rows_from(a->x, m, K), K, row, sc, bi, yn + m * ldy, ldy); m += 2; }
+        if (m < M) q4_row_1(rows_from(a->x, m, K), K, row, sc, bi, yn + m * ldy, ldy);
+    }
+}
+
+static void q8_rows(const void *ctx, int64_t begin, int64_t end, int slot) {
+    const LinearArgs *a = ctx;
+    const int64_t M = a->M, K = a->K, ldy = a->ldy, group = a->group, groups = K / group;
+    (void)slot;
+    for (int64_t n = begin; n < end; n++) {
+        const int8_t *row = (const int8_t *)a->codes + n * K;
+        const float *sc = a->scale + n * groups;
+        float *yn = a->y + n;
+        int64_t m = 0;
+        for (; m + 8 <= M; m += 8) q8_row_8(rows_from(a->x, m, K), K, row, sc, group, yn + m * ldy, ldy);
+        if (m + 4 <= M) { q8_row_4(rows_from(a->x, m, K), K, row, sc, group, yn + m * ldy, ldy); m += 4; }
+        if (m + 2 <= M) { q8_row_2(rows_from(a->x, m, K), K, row, sc, group, yn + m * ldy, ldy); m += 2; }
+        if (m < M) q8_row_1(rows_from(a->x, m, K), K, row, sc, group, yn + m * ldy, ldy);
+    }
+}
+
 void q4_linear(const void *qx, int64_t M, int64_t K, const uint8_t *packed, const float *scale, const float *bias,
                int64_t N, float *y, int64_t ldy, int threads) {
-    const QX x = view(qx, M, K);
-    const int64_t groups = K / QK;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *row = packed + n * groups * 16;
-        const float *sc = scale + n * groups, *bi = bias + n * groups;
-        float *yn = y + n;
-        int64_t m = 0;
-        for (; m + 8 <= M; m += 8) q4_row_8(rows_from(x, m, K), K, row, sc, bi, yn + m * ldy, ldy);
-        if (m + 4 <= M) { q4_row_4(rows_from(x, m, K), K, row, sc, bi, yn + m * ldy, ldy); m += 4; }
-        if (m + 2 <= M) { q4_row_2(rows_from(x, m, K), K, row, sc, bi, yn + m * ldy, ldy); m += 2; }
-        if (m < M) q4_row_1(rows_from(x, m, K), K, row, sc, bi, yn + m * ldy, ldy);
-    }
+    const LinearArgs a = {view(qx, M, K), M, K, QK, ldy, packed, scale, bias, y};
+    pool_run(q4_rows, &a, N, chunk_rows(N, threads), threads);
 }
 
 void q8_linear(const void *qx, int64_t M, int64_t K, const int8_t *codes, const float *scale, int64_t group,
                int64_t N, float *y, int64_t ldy, int threads) {
-    const QX x = view(qx, M, K);
-    const int64_t groups = K / group;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const int8_t *row = codes + n * K;
-        const float *sc = scale + n * groups;
-        float *yn = y + n;
-        int64_t m = 0;
-        for (; m + 8 <= M; m += 8) q8_row_8(rows_from(x, m, K), K, row, sc, group, yn + m * ldy, ldy);
-        if (m + 4 <= M) { q8_row_4(rows_from(x, m, K), K, row, sc, group, yn + m * ldy, ldy); m += 4; }
-        if (m + 2 <= M) { q8_row_2(rows_from(x, m, K), K, row, sc, group, yn + m * ldy, ldy); m += 2; }
-        if (m < M) q8_row_1(rows_from(x, m, K), K, row, sc, group, yn + m * ldy, ldy);
-    }
+    const LinearArgs a = {view(qx, M, K), M, K, group, ldy, codes, scale, NULL, y};
+    pool_run(q8_rows, &a, N, chunk_rows(N, threads), threads);
 }
 
-/* Float32 copies of W (rows [0, N)) for large batches, where a float GEMM beats the int8 products;
- * each weight is code * scale + bias with one fused multiply-add, the reference de-quantizer's value. */
-void q4_dequantize(const uint8_t *packed, const float *scale, const float *bias, int64_t N, int64_t K, float *out,
-                   int threads) {
-    const int64_t groups = K / QK;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
+/* Float32 copies of W for large batches, where a float GEMM beats the integer products; each weight is
+ * code * scale + bias with one fused multiply-add, the reference de-quantizer's value. */
+static void q4_dequantize_rows(const void *ctx, int64_t begin, int64_t end, int slot) {
+    const LinearArgs *a = ctx;
+    const int64_t K = a->K, groups = K / QK;
+    (void)slot;
+    for (int64_t n = begin; n < end; n++) {
         for (int64_t g = 0; g < groups; g++) {
             __m256i c[2];
-            q4_group16(packed + n * groups * 16, g, groups, c);
-            const __m256 vs = _mm256_set1_ps(scale[n * groups + g]), vb = _mm256_set1_ps(bias[n * groups + g]);
+            q4_group16((const uint8_t *)a->codes + n * groups * 16, g, groups, c);
+            const __m256 vs = _mm256_set1_ps(a->scale[n * groups + g]), vb = _mm256_set1_ps(a->bias[n * groups + g]);
             for (int j = 0; j < 4; j++) {
                 const __m128i part = j & 1 ? _mm256_extracti128_si256(c[j / 2], 1) : _mm256_castsi256_si128(c[j / 2]);
                 const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(part));
-                _mm256_storeu_ps(out + n * K + g * QK + 8 * j, _mm256_fmadd_ps(v, vs, vb));
+                _mm256_storeu_ps(a->y + n * K + g * QK + 8 * j, _mm256_fmadd_ps(v, vs, vb));
             }
         }
     }
 }
 
-void q8_dequantize(const int8_t *codes, const float *scale, int64_t group, int64_t N, int64_t K, float *out,
-                   int threads) {
-    const int64_t groups = K / group;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
+static void q8_dequantize_rows(const void *ctx, int64_t begin, int64_t end, int slot) {
+    const LinearArgs *a = ctx;
+    const int64_t K = a->K, group = a->group, groups = K / group;
+    (void)slot;
+    for (int64_t n = begin; n < end; n++) {
         for (int64_t k = 0; k < K; k += 8) {
-            const __m256 vs = _mm256_set1_ps(scale[n * groups + k / group]);
-            const __m128i bytes = _mm_loadl_epi64((const __m128i *)(codes + n * K + k));
+            const __m256 vs = _mm256_set1_ps(a->scale[n * groups + k / group]);
+            const __m128i bytes = _mm_loadl_epi64((const __m128i *)((const int8_t *)a->codes + n * K + k));
             const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-            _mm256_storeu_ps(out + n * K + k, _mm256_mul_ps(v, vs));
+            _mm256_storeu_ps(a->y + n * K + k, _mm256_mul_ps(v, vs));
         }
     }
+}
+
+void q4_dequantize(const uint8_t *packed, const float *scale, const float *bias, int64_t N, int64_t K, float *out,
+                   int threads) {
+    const LinearArgs a = {.K = K, .codes = packed, .scale = scale, .bias = bias, .y = out};
+    pool_run(q4_dequantize_rows, &a, N, chunk_rows(N, threads), threads);
+}
+
+void q8_dequantize(const int8_t *codes, const float *scale, int64_t group, int64_t N, int64_t K, float *out,
+                   int threads) {
+    const LinearArgs a = {.K = K, .group = group, .codes = codes, .scale = scale, .y = out};
+    pool_run(q8_dequantize_rows, &a, N, chunk_rows(N, threads), threads);
 }
 
 /* e^x for x <= 0 (softmax weights), to about 2 float32 ulps: Cephes' expf polynomial on 8 lanes. */
@@ -338,6 +398,57 @@ ALWAYS_INLINE int64_t cache_slot(const int32_t *table, int64_t block_size, int64
     return (int64_t)table[position / block_size] * block_size + position % block_size;
 }
 
+typedef struct {
+    const float *qkv, *cos_sin, *k_cache, *v_cache;
+    const int64_t *positions;
+    const int32_t *seq_lens, *block_tables;
+    int64_t H, Hkv, D, block_size, max_blocks;
+    float scale, *out, *scratch;
+} AttentionArgs;
+
+/* Query heads [begin, end) of the flattened (token, head) pairs. */
+static void attend(const void *ctx, int64_t begin, int64_t end, int slot) {
+    const AttentionArgs *a = ctx;
+    const int64_t H = a->H, Hkv = a->Hkv, D = a->D, half = D / 2, width = (H + 2 * Hkv) * D;
+    /* this thread's scratch: D + D + max_blocks * block_size floats */
+    float *q = a->scratch + slot * (2 * D + a->max_blocks * a->block_size), *acc = q + D, *scores = acc + D;
+    for (int64_t task = begin; task < end; task++) {
+        const int64_t t = task / H, h = task % H, kvh = h / (H / Hkv), len = a->seq_lens[t];
+        const float *cs = a->cos_sin + a->positions[t] * D, *qs = a->qkv + t * width + h * D;
+        const int32_t *table = a->block_tables + t * a->max_blocks;
+        for (int64_t i = 0; i < half; i++) {
+            q[i] = qs[i] * cs[i] - qs[half + i] * cs[half + i];
+            q[half + i] = qs[half + i] * cs[i] + qs[i] * cs[half + i];
+        }
+        float top = -INFINITY;
+        for (int64_t j = 0; j < len; j++) {
+            const float *kr = a->k_cache + (cache_slot(table, a->block_size, j) * Hkv + kvh) * D;
+            scores[j] = dot_f32(q, kr, D) * a->scale;
+            top = scores[j] > top ? scores[j] : top;
+        }
+        const __m256 vtop = _mm256_set1_ps(top);
+        __m256 sum = _mm256_setzero_ps();
+        int64_t j = 0;
+        for (; j + 8 <= len; j += 8) {
+            const __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vtop));
+            _mm256_storeu_ps(scores + j, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        float total = hsum(sum);
+        for (; j < len; j++) {
+            scores[j] = _mm256_cvtss_f32(exp256(_mm256_set1_ps(scores[j] - top)));
+            total += scores[j];
+        }
+        for (int64_t i = 0; i < D; i++) acc[i] = 0.0f;
+        for (j = 0; j < len; j++) {
+            const float *vr = a->v_cache + (cache_slot(table, a->block_size, j) * Hkv + kvh) * D, p = scores[j];
+            for (int64_t i = 0; i < D; i++) acc[i] += p * vr[i];
+        }
+        float *o = a->out + t * H * D + h * D;
+        for (int64_t i = 0; i < D; i++) o[i] = acc[i] / total;
+    }
+}
+
 /* One decode step's attention for T single-query sequences, from the merged q/k/v rows qkv [T, (H + 2 Hkv) D]:
  * rotates q and k (NeoX halves; cos_sin[p] = cat(cos, sin) of position p), writes k and v to the paged
  * caches [blocks, block_size, Hkv, D] at slots[t] (-1: nothing), then attends each query head over its
@@ -348,7 +459,7 @@ void decode_attention(const float *qkv, int64_t T, int64_t H, int64_t Hkv, int64
                       const float *cos_sin, float *k_cache, float *v_cache, int64_t block_size, const int64_t *slots,
                       const int32_t *seq_lens, const int32_t *block_tables, int64_t max_blocks, float scale,
                       float *out, float *scratch, int threads) {
-    const int64_t width = (H + 2 * Hkv) * D, half = D / 2, group = H / Hkv;
+    const int64_t width = (H + 2 * Hkv) * D, half = D / 2;
     for (int64_t t = 0; t < T; t++) { /* k and v into the cache first: each query sees its own token */
         if (slots[t] < 0) continue;
         const float *cs = cos_sin + positions[t] * D, *k = qkv + t * width + H * D, *v = k + Hkv * D;
@@ -361,45 +472,7 @@ void decode_attention(const float *qkv, int64_t T, int64_t H, int64_t Hkv, int64
             }
         for (int64_t i = 0; i < Hkv * D; i++) vc[i] = v[i];
     }
-#pragma omp parallel num_threads(threads)
-    {
-        /* this thread's scratch: D + D + max_blocks * block_size floats */
-        float *q = scratch + omp_get_thread_num() * (2 * D + max_blocks * block_size), *acc = q + D, *scores = acc + D;
-#pragma omp for schedule(dynamic)
-        for (int64_t task = 0; task < T * H; task++) {
-            const int64_t t = task / H, h = task % H, kvh = h / group, len = seq_lens[t];
-            const float *cs = cos_sin + positions[t] * D, *qs = qkv + t * width + h * D;
-            const int32_t *table = block_tables + t * max_blocks;
-            for (int64_t i = 0; i < half; i++) {
-                q[i] = qs[i] * cs[i] - qs[half + i] * cs[half + i];
-                q[half + i] = qs[half + i] * cs[i] + qs[i] * cs[half + i];
-            }
-            float top = -INFINITY;
-            for (int64_t j = 0; j < len; j++) {
-                const float *kr = k_cache + (cache_slot(table, block_size, j) * Hkv + kvh) * D;
-                scores[j] = dot_f32(q, kr, D) * scale;
-                top = scores[j] > top ? scores[j] : top;
-            }
-            const __m256 vtop = _mm256_set1_ps(top);
-            __m256 sum = _mm256_setzero_ps();
-            int64_t j = 0;
-            for (; j + 8 <= len; j += 8) {
-                const __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vtop));
-                _mm256_storeu_ps(scores + j, p);
-                sum = _mm256_add_ps(sum, p);
-            }
-            float total = hsum(sum);
-            for (; j < len; j++) {
-                scores[j] = _mm256_cvtss_f32(exp256(_mm256_set1_ps(scores[j] - top)));
-                total += scores[j];
-            }
-            for (int64_t i = 0; i < D; i++) acc[i] = 0.0f;
-            for (j = 0; j < len; j++) {
-                const float *vr = v_cache + (cache_slot(table, block_size, j) * Hkv + kvh) * D, p = scores[j];
-                for (int64_t i = 0; i < D; i++) acc[i] += p * vr[i];
-            }
-            float *o = out + t * H * D + h * D;
-            for (int64_t i = 0; i < D; i++) o[i] = acc[i] / total;
-        }
-    }
+    const AttentionArgs a = {qkv, cos_sin, k_cache, v_cache, positions, seq_lens, block_tables, H, Hkv, D,
+                             block_size, max_blocks, scale, out, scratch};
+    pool_run(attend, &a, T * H, 4, threads);
 }
