@@ -394,10 +394,6 @@ ALWAYS_INLINE __m256 exp256(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
 }
 
-ALWAYS_INLINE int64_t cache_slot(const int32_t *table, int64_t block_size, int64_t position) {
-    return (int64_t)table[position / block_size] * block_size + position % block_size;
-}
-
 typedef struct {
     const float *qkv, *cos_sin, *k_cache, *v_cache;
     const int64_t *positions;
@@ -410,20 +406,27 @@ typedef struct {
 static void attend(const void *ctx, int64_t begin, int64_t end, int slot) {
     const AttentionArgs *a = ctx;
     const int64_t H = a->H, Hkv = a->Hkv, D = a->D, half = D / 2, width = (H + 2 * Hkv) * D;
-    /* this thread's scratch: D + D + max_blocks * block_size floats */
-    float *q = a->scratch + slot * (2 * D + a->max_blocks * a->block_size), *acc = q + D, *scores = acc + D;
+    /* this thread's scratch: q, acc (D floats each), scores and cache slots (max_blocks * block_size each) */
+    const int64_t positions = (a->max_blocks * a->block_size + 1) / 2 * 2; /* even: slot_of stays aligned */
+    float *q = a->scratch + slot * (2 * D + 3 * positions), *acc = q + D, *scores = acc + D;
+    int64_t *slot_of = (int64_t *)(scores + positions), slots_of = -1;
     for (int64_t task = begin; task < end; task++) {
         const int64_t t = task / H, h = task % H, kvh = h / (H / Hkv), len = a->seq_lens[t];
         const float *cs = a->cos_sin + a->positions[t] * D, *qs = a->qkv + t * width + h * D;
-        const int32_t *table = a->block_tables + t * a->max_blocks;
+        if (t != slots_of) { /* the cache slots of this sequence's positions, once per sequence */
+            const int32_t *table = a->block_tables + t * a->max_blocks;
+            for (int64_t j = 0, block = 0; j < len; block++)
+                for (int64_t o = 0; o < a->block_size && j < len; o++, j++)
+                    slot_of[j] = (int64_t)table[block] * a->block_size + o;
+            slots_of = t;
+        }
         for (int64_t i = 0; i < half; i++) {
             q[i] = qs[i] * cs[i] - qs[half + i] * cs[half + i];
             q[half + i] = qs[half + i] * cs[i] + qs[i] * cs[half + i];
         }
         float top = -INFINITY;
         for (int64_t j = 0; j < len; j++) {
-            const float *kr = a->k_cache + (cache_slot(table, a->block_size, j) * Hkv + kvh) * D;
-            scores[j] = dot_f32(q, kr, D) * a->scale;
+            scores[j] = dot_f32(q, a->k_cache + (slot_of[j] * Hkv + kvh) * D, D) * a->scale;
             top = scores[j] > top ? scores[j] : top;
         }
         const __m256 vtop = _mm256_set1_ps(top);
@@ -441,7 +444,7 @@ static void attend(const void *ctx, int64_t begin, int64_t end, int slot) {
         }
         for (int64_t i = 0; i < D; i++) acc[i] = 0.0f;
         for (j = 0; j < len; j++) {
-            const float *vr = a->v_cache + (cache_slot(table, a->block_size, j) * Hkv + kvh) * D, p = scores[j];
+            const float *vr = a->v_cache + (slot_of[j] * Hkv + kvh) * D, p = scores[j];
             for (int64_t i = 0; i < D; i++) acc[i] += p * vr[i];
         }
         float *o = a->out + t * H * D + h * D;
@@ -453,7 +456,7 @@ static void attend(const void *ctx, int64_t begin, int64_t end, int slot) {
  * rotates q and k (NeoX halves; cos_sin[p] = cat(cos, sin) of position p), writes k and v to the paged
  * caches [blocks, block_size, Hkv, D] at slots[t] (-1: nothing), then attends each query head over its
  * sequence's seq_lens[t] cached positions (block_tables [T, max_blocks]) into out [T, H D]; scratch holds
- * threads * (2 D + max_blocks * block_size) floats.
+ * threads * (2 D + 3 P) floats, P = max_blocks * block_size rounded up to even.
  * The same math as the torch path (rotary_write_kv, then a softmax attention) in one call. */
 void decode_attention(const float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
                       const float *cos_sin, float *k_cache, float *v_cache, int64_t block_size, const int64_t *slots,

@@ -80,7 +80,8 @@ def _attention(
     tables = meta.decode_block_tables.contiguous()
     positions = positions.contiguous()
     threads = torch.get_num_threads()
-    scratch = torch.empty(threads, 2 * head_dim + tables.shape[1] * k_cache.shape[1], dtype=torch.float32)
+    positions_per_seq = (tables.shape[1] * k_cache.shape[1] + 1) // 2 * 2
+    scratch = torch.empty(threads, 2 * head_dim + 3 * positions_per_seq, dtype=torch.float32)
     lib.decode_attention(
         qkv.data_ptr(),
         tokens,
