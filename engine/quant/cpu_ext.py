@@ -28,6 +28,7 @@ _I = ctypes.c_int64
 _SIGNATURES = {
     "quantize": (_P, _I, _I, _P, ctypes.c_int),
     "add_rms_norm": (_P, _P, _P, ctypes.c_float, _I, _I, _P, _P, ctypes.c_int),
+    "silu_mul": (_P, _I, _I, _P, _P, ctypes.c_int),
     "q4_linear": (_P, _I, _I, _P, _P, _P, _I, _P, _I, ctypes.c_int),
     "q8_linear": (_P, _I, _I, _P, _P, _I, _I, _P, _I, ctypes.c_int),
     "q4_dequantize": (_P, _P, _P, _I, _I, _P, ctypes.c_int),

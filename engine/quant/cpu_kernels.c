@@ -40,6 +40,23 @@ ALWAYS_INLINE float hmax(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
+/* e^x for x <= 88, to about 2 float32 ulps: Cephes' expf polynomial on 8 lanes. */
+ALWAYS_INLINE __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+    __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    f = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), f);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(_mm256_mul_ps(y, f), f, _mm256_add_ps(f, _mm256_set1_ps(1.0f)));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+
 /* One row of K floats -> int16 codes q, block scales d and d * sum(q) per 32 values. */
 static void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *s) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -277,6 +294,30 @@ void add_rms_norm(const float *x, float *residual, const float *weight, float ep
     if (buf != NULL) quantize(out, M, K, buf, threads);
 }
 
+static void silu_mul_rows(const void *ctx, int64_t begin, int64_t end, int slot) {
+    const RowsArgs *a = ctx;
+    const int64_t I = a->K;
+    (void)slot;
+    for (int64_t m = begin; m < end; m++) {
+        const float *g = a->x + m * 2 * I, *u = g + I;
+        float *o = a->out + m * I;
+        for (int64_t k = 0; k < I; k += 8) {
+            const __m256 v = _mm256_loadu_ps(g + k);
+            const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), v));
+            const __m256 silu = _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            _mm256_storeu_ps(o + k, _mm256_mul_ps(silu, _mm256_loadu_ps(u + k)));
+        }
+    }
+}
+
+/* out[M, I] = silu(gate) * up for gate_up [M, 2I] = cat(gate, up); then quantize(out) into buf unless
+ * buf is NULL (the input of down_proj). */
+void silu_mul(const float *gate_up, int64_t M, int64_t I, float *out, void *buf, int threads) {
+    const RowsArgs a = {.x = gate_up, .out = out, .M = M, .K = I};
+    pool_run(silu_mul_rows, &a, M, 16, threads);
+    if (buf != NULL) quantize(out, M, I, buf, threads);
+}
+
 typedef struct {
     QX x;
     int64_t M, K, group, ldy;
@@ -375,23 +416,6 @@ void q8_dequantize(const int8_t *codes, const float *scale, int64_t group, int64
                    int threads) {
     const LinearArgs a = {.K = K, .group = group, .codes = codes, .scale = scale, .y = out};
     pool_run(q8_dequantize_rows, &a, N, chunk_rows(N, threads), threads);
-}
-
-/* e^x for x <= 0 (softmax weights), to about 2 float32 ulps: Cephes' expf polynomial on 8 lanes. */
-ALWAYS_INLINE __m256 exp256(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-    __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    f = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), f);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(_mm256_mul_ps(y, f), f, _mm256_add_ps(f, _mm256_set1_ps(1.0f)));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
 }
 
 typedef struct {
