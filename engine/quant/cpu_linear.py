@@ -16,6 +16,7 @@ made once per input and shared by every part of a linear (see that file for the 
 from __future__ import annotations
 
 import ctypes
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -103,10 +104,11 @@ class QuantizedWeight:
             )
         return out
 
-    def uses_float_gemm(self, rows: int) -> bool:
-        """Whether ``rows`` input rows go through a float32 GEMM on a de-quantized copy (prefill chunks)."""
+    @property
+    def float_gemm_rows(self) -> int:
+        """From how many input rows (prefill chunks) the product is a float32 GEMM on a de-quantized copy."""
         out_features, in_features = self.shape
-        return rows >= DEQUANTIZED_GEMM_ROWS and out_features * in_features <= DEQUANTIZED_GEMM_MAX_WEIGHTS
+        return DEQUANTIZED_GEMM_ROWS if out_features * in_features <= DEQUANTIZED_GEMM_MAX_WEIGHTS else sys.maxsize
 
 
 def pair_groups(codes: torch.Tensor) -> torch.Tensor:
@@ -152,6 +154,7 @@ class _Part:
 
     weight: QuantizedWeight
     columns: slice
+    float_gemm_rows: int
     kernel: Callable[..., None]
     arguments: tuple[int, ...]  # the weight's pointers (and group) after the input's, before the output's
 
@@ -167,6 +170,7 @@ class QuantizedLinear:
     _bound: tuple[_Part, ...] = field(repr=False)
     in_features: int
     out_features: int
+    codes_below: int  # inputs of fewer rows are quantized for the integer kernels
 
     @classmethod
     def build(cls, weights: list[QuantizedWeight], bias: torch.Tensor | None) -> QuantizedLinear:
@@ -188,15 +192,16 @@ class QuantizedLinear:
                 kernel, arguments = lib.q4_linear, (_ptr(part.codes), _ptr(part.scale), _ptr(part.bias), rows)
             else:
                 kernel, arguments = lib.q8_linear, (_ptr(part.codes), _ptr(part.scale), part.group, rows)
-            bound.append(_Part(part, slice(start, start + rows), kernel, arguments))
+            bound.append(_Part(part, slice(start, start + rows), part.float_gemm_rows, kernel, arguments))
             start += rows
-        return cls(tuple(parts), bias, lib, tuple(bound), parts[0].shape[1], start)
+        codes_below = max(p.float_gemm_rows for p in bound)
+        return cls(tuple(parts), bias, lib, tuple(bound), parts[0].shape[1], start, codes_below)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.apply(self.activations(x))
 
     def _needs_codes(self, rows: int) -> bool:
-        return not all(part.uses_float_gemm(rows) for part in self.parts)
+        return rows < self.codes_below
 
     def _check(self, x: torch.Tensor) -> None:
         if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.in_features:
@@ -275,7 +280,7 @@ class QuantizedLinear:
         out = torch.empty(rows, self.out_features, dtype=torch.float32)
         threads = torch.get_num_threads()
         for part in self._bound:
-            if part.weight.uses_float_gemm(rows) or x.codes is None:
+            if rows >= part.float_gemm_rows or x.codes is None:
                 out[:, part.columns] = F.linear(x.values, part.weight.dequantize())
             else:
                 part.kernel(
