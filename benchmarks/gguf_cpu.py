@@ -10,7 +10,8 @@ decoding and EOS ignored, and measures:
 - ``--concurrent`` requests x ``new_tokens``: the engine runs them at once, llama.cpp one after
   another (it serves one sequence per context); output tokens / wall time;
 - TTFT on a ``--prompt-tokens`` prompt (a different first token each repeat, so no prefix cache hits);
-- RSS after loading (idle) and the peak.
+- RSS after loading (idle) and the peak;
+- the 1-minute load average before and after each side (the figures are only as steady as the machine).
 
 Every figure is the median of ``--repeats`` runs. Prints the engine/llama.cpp ratios and appends the
 raw results to ``benchmarks/results/gguf_cpu.jsonl``. Without ``llama_cpp`` installed the llama.cpp
@@ -162,11 +163,13 @@ def _figures(decode: list[float], batched: list[float], ttft: list[float], idle:
 
 def _child(side: str, args: argparse.Namespace) -> dict[str, Any]:
     argv = [sys.executable, "-m", "benchmarks.gguf_cpu", "--side", side, *sys.argv[1:]]
+    load_start = os.getloadavg()[0]  # other work on the machine: each side's figures carry it
     out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=args.timeout)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"the {side} run failed ({out.returncode}): {out.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(lines[-1])
+    result["load_1min"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
     return result
 
 
@@ -207,7 +210,8 @@ def main() -> int:
         ("idle RSS MiB", "idle_rss_mib", False),
         ("peak RSS MiB", "peak_rss_mib", False),
     )
-    print(f"{Path(args.model).name}, {args.threads} threads, median of {args.repeats}")
+    loads = ", ".join(f"{side} {r['load_1min'][0]}-{r['load_1min'][1]}" for side, r in results.items())
+    print(f"{Path(args.model).name}, {args.threads} threads, median of {args.repeats}; 1-min load average: {loads}")
     print(f"{'':52} {'engine':>10} {'llama.cpp':>10} {'engine/llama.cpp':>17}")
     for label, key, higher_better in rows:
         ours = results["engine"][key]

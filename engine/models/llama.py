@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from omni_gateway.engine.attention import AttentionMetadata, KernelOps, paged_attention
 from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
+from omni_gateway.engine.quant import cpu_layers
 from omni_gateway.engine.quant.cpu_linear import QuantizedLinear, QuantizedWeight, keeps_quantized
 
 # Text model types of the Qwen2 family (plain, VL, 2.5-VL, 2.5-Omni thinker): q/k/v projections carry a bias.
@@ -232,8 +233,13 @@ class LlamaModel:
         self.final_norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         # On the CPU the [2I, H] merged gate/up matmul was no faster than two [I, H] ones (MKL ran it
-        # up to 1.5x slower at decode batch sizes), so they stay apart there; MLP biases take the merged path.
-        merge_mlp = device.type == "cuda" or any(k.endswith("mlp.gate_proj.bias") for k in weights)
+        # up to 1.5x slower at decode batch sizes), so they stay apart there unless quantized (one call
+        # instead of two); MLP biases take the merged path.
+        merge_mlp = (
+            device.type == "cuda"
+            or (quantized and isinstance(weights.get("model.layers.0.mlp.gate_proj.weight"), QuantizedWeight))
+            or any(k.endswith("mlp.gate_proj.bias") for k in weights)
+        )
         for i in range(s.num_layers):
             p = f"model.layers.{i}."
             attn = [f"{p}self_attn.{n}_proj" for n in ("q", "k", "v")]
@@ -259,6 +265,7 @@ class LlamaModel:
         self.cos_sin_cache = rotary_cos_sin_cache(hf_config, s.head_dim, max_positions, weights.get("rope_freqs")).to(
             device
         )
+        self.fused_cpu_layers = cpu_layers.runs_fused(self)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed, QuantizedWeight):
@@ -296,6 +303,8 @@ class LlamaModel:
         rotary_table: torch.Tensor,
     ) -> torch.Tensor:
         """The decoder layers over input embeddings ``[T, hidden]``; see ``forward``."""
+        if self.fused_cpu_layers:
+            return cpu_layers.decode_layers(self, hidden, positions, meta, kv_caches, rotary_table)
         ops, eps, all_reduce = self.ops, self.shape.rms_norm_eps, self.parallel.all_reduce
         residual: torch.Tensor | None = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):

@@ -1,4 +1,5 @@
-"""Builds and loads the AVX2 matmuls of ``cpu_kernels.c`` (a plain C library called through ctypes).
+"""Builds and loads the AVX2 kernels of ``cpu_kernels.c`` (quantized matmuls, and the norm and decode
+attention of ``cpu_layers``): a plain C library called through ctypes.
 
 The library is compiled once per source version with the system C compiler and cached on disk; a
 machine without AVX2/FMA or without a compiler gets ``None`` and the engine keeps float weights.
@@ -20,15 +21,19 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("cpu_kernels.c")
-_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+_SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_kernels.c", "cpu_pool.c"))
+_FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-pthread", "-shared", "-fPIC")
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 _SIGNATURES = {
-    "q4_linear": (_P, _I, _I, _P, _P, _P, _I, _P, ctypes.c_int),
-    "q8_linear": (_P, _I, _I, _P, _P, _I, _I, _P, ctypes.c_int),
+    "quantize": (_P, _I, _I, _P, ctypes.c_int),
+    "add_rms_norm": (_P, _P, _P, ctypes.c_float, _I, _I, _P, _P, ctypes.c_int),
+    "silu_mul": (_P, _I, _I, _P, _P, ctypes.c_int),
+    "q4_linear": (_P, _I, _I, _P, _P, _P, _I, _P, _I, ctypes.c_int),
+    "q8_linear": (_P, _I, _I, _P, _P, _I, _I, _P, _I, ctypes.c_int),
     "q4_dequantize": (_P, _P, _P, _I, _I, _P, ctypes.c_int),
     "q8_dequantize": (_P, _P, _I, _I, _I, _P, ctypes.c_int),
+    "decode_attention": (_P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _P, _P, _P, _I, ctypes.c_float, _P, _P, ctypes.c_int),
 }
 
 
@@ -50,7 +55,11 @@ def load_kernels() -> ctypes.CDLL | None:
     if compiler is None:
         log.warning("no C compiler found; GGUF weights are de-quantized to float32 (more memory, slower)")
         return None
-    source = _SOURCE.read_bytes()
+    try:
+        source = b"".join(path.read_bytes() for path in _SOURCES)
+    except OSError as exc:  # an install without the C sources
+        log.warning("the quantized CPU kernels' sources are missing (%s); using float32 weights", exc)
+        return None
     digest = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
     target = cache_dir() / f"cpu_kernels-{digest}.so"
     if not target.is_file():
@@ -58,7 +67,8 @@ def load_kernels() -> ctypes.CDLL | None:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            subprocess.run([compiler, *_FLAGS, "-o", tmp, str(_SOURCE)], check=True, capture_output=True, timeout=120)
+            command = [compiler, *_FLAGS, "-o", tmp, *map(str, _SOURCES)]
+            subprocess.run(command, check=True, capture_output=True, timeout=120)
             os.replace(tmp, target)  # atomic: concurrent builders each install a complete file
         except (OSError, subprocess.SubprocessError) as exc:
             detail = getattr(exc, "stderr", b"") or b""

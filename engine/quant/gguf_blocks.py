@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from omni_gateway.engine.errors import ModelLoadError
-from omni_gateway.engine.quant.cpu_linear import QuantizedWeight
+from omni_gateway.engine.quant.cpu_linear import QuantizedWeight, pair_groups
 
 KEPT_QUANTIZED = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
 DEQUANTIZED = ("F32", "F16", "BF16", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K")
@@ -43,10 +43,11 @@ def decode_quantized(name: str, type_name: str, data: np.ndarray, rows: int, col
         if values is not None and not np.isfinite(values).all():
             bad = int((~np.isfinite(values)).sum())
             raise ModelLoadError(f"GGUF tensor {name!r} ({type_name}) has {bad} non-finite block {label}(s)")
+    packed = torch.from_numpy(np.ascontiguousarray(codes))
     return QuantizedWeight(
         layout,
         type_name,
-        torch.from_numpy(np.ascontiguousarray(codes)),
+        pair_groups(packed).contiguous() if layout == "q4" else packed,
         torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float32)),
         None if bias is None else torch.from_numpy(np.ascontiguousarray(bias, dtype=np.float32)),
         group,
