@@ -34,7 +34,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 from benchmarks.common import ResultLog, add_out_argument, percentile
 
@@ -85,12 +84,11 @@ def serve_child(profile: str | None, vad: str) -> None:
     import pstats
 
     import uvicorn
+    from omni_gateway.encoders.vad import VadBatcher
     from omni_gateway.gateway.app import create_app
     from omni_gateway.gateway.config import GatewayConfig
 
     from benchmarks.fake_backend import FakeBackend
-
-    from omni_gateway.encoders.vad import VadBatcher
 
     batcher = VadBatcher() if vad == "batched" else None
 
@@ -103,7 +101,9 @@ def serve_child(profile: str | None, vad: str) -> None:
     app = create_app(backend, config)  # type: ignore[arg-type]
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws_max_size=config.max_frame_bytes, lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", ws_max_size=config.max_frame_bytes, lifespan="off")
+    )
     lags: list[float] = []
     measuring = threading.Event()
     profiler = cProfile.Profile() if profile else None
@@ -206,8 +206,10 @@ async def run_clients(port: int, sessions: int, seconds: float, child: subproces
     messages = [spoken_messages(i) for i in range(sessions)]
     ready = asyncio.Barrier(sessions + 1)
     start = time.monotonic() + 1.0
-    tasks = [asyncio.create_task(stream(url, messages[i], start + i * 0.04 / sessions, seconds, ready))
-             for i in range(sessions)]
+    tasks = [
+        asyncio.create_task(stream(url, messages[i], start + i * 0.04 / sessions, seconds, ready))
+        for i in range(sessions)
+    ]
     await ready.wait()
     await asyncio.sleep(max(0.0, start - time.monotonic()))
     assert child.stdin is not None

@@ -126,6 +126,12 @@ class SileroVad:
             self._ready.clear()
             self._generation += 1
 
+    @property
+    def judging(self) -> bool:
+        """Whether windows fed so far still wait for the batcher's verdict."""
+        with self._lock:
+            return bool(self._queued) or self._in_flight
+
     def listen(self, notify: Callable[[], None]) -> None:
         """With a batcher, ``notify`` is called (from the batcher's thread) when events are ready that no
         ``feed`` returned yet; ``feed(b"")`` then returns them. Without one, every event comes from ``feed``."""

@@ -13,8 +13,8 @@ from omni_gateway.gateway.realtime import audio as audio_fmt
 from omni_gateway.gateway.realtime.commands import Output, SessionLimits, StartTask, Transcribe
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_value, missing
 from omni_gateway.gateway.realtime.input_audio import (
-    Signal,
     InputAudioBuffer,
+    Signal,
     SpeechPaused,
     SpeechResumed,
     SpeechStarted,
