@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 from omni_gateway.omni.protocol import (
@@ -82,6 +82,9 @@ class AmplitudeVad:
         self._rest = b""
         self._speaking = False
         self._silence_ms = 0
+
+    def listen(self, notify: Callable[[], None]) -> None:
+        """Every event comes from ``feed``: nothing to announce later."""
 
     def feed(self, pcm16: bytes) -> list[VadEvent]:
         data = self._rest + pcm16

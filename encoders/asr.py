@@ -255,7 +255,10 @@ class TorchWhisperRecognizer:
         dtype: str | None = None,
         max_new_tokens: int = 224,
         max_duration_s: float = 600.0,
+        static_cache: bool | None = None,
     ) -> None:
+        """``static_cache``: decode over fixed buffers (``whisper_decode``), each step a CUDA graph on CUDA;
+        default on CUDA only (on a CPU the dynamic cache, which attends to written positions only, costs less)."""
         import torch
         from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
@@ -279,6 +282,13 @@ class TorchWhisperRecognizer:
         self.multilingual = bool(getattr(generation, "is_multilingual", False)) and bool(self._languages)
         self._suppress = list(getattr(generation, "suppress_tokens", None) or [])
         self._begin_suppress = list(getattr(generation, "begin_suppress_tokens", None) or [])
+        self._static = None
+        if static_cache if static_cache is not None else self.device.type == "cuda":
+            from omni_gateway.encoders.whisper_decode import StaticWhisperDecoder
+
+            self._static = StaticWhisperDecoder(
+                self.model, suppress=self._suppress, begin_suppress=self._begin_suppress, eos=self._eos, graphs=True
+            )
 
     def transcribe(
         self,
@@ -402,6 +412,8 @@ class TorchWhisperRecognizer:
                 f"prompt leaves no room to decode: {len(prefix)} prefix tokens, "
                 f"{self.model.config.max_target_positions} positions"
             )
+        if self._static is not None:
+            return self._static.decode(encoded, prefix, budget)
         suppress = torch.tensor(self._suppress, dtype=torch.long, device=self.device)
         begin_suppress = torch.tensor(self._begin_suppress, dtype=torch.long, device=self.device)
         generated: list[list[int]] = [[] for _ in range(encoded.shape[0])]

@@ -122,6 +122,9 @@ class SemanticTurn:
         self._pending: Future[float] | None = None
         self.reset()
 
+    def listen(self, notify: Callable[[], None]) -> None:
+        """Events come from ``feed`` only: the detector under it judges inline (it reads its clock)."""
+
     def reset(self) -> None:
         self._vad.reset()
         self._pcm = bytearray()

@@ -5,7 +5,7 @@ Each matches the real object named in its docstring; nothing here imports torch.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from omni_gateway.omni.protocol import AudioChunk, AudioOutputOptions, ImageFinal, ImageOutputOptions, ImagePartial
@@ -119,6 +119,8 @@ class SpeechDetector(Protocol):
     def feed(self, pcm16: bytes) -> Sequence[SpeechEvent]: ...
 
     def reset(self) -> None: ...
+
+    def listen(self, notify: Callable[[], None]) -> None: ...
 
 
 class VadModel(Protocol):

@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from omni_gateway.omni.collaborators import (
@@ -61,6 +61,7 @@ from omni_gateway.omni.streams import Prompt, drawn, merged, refusal, spoken, wr
 
 if TYPE_CHECKING:
     from omni_gateway.encoders.audio_tower import AudioEncoder
+    from omni_gateway.encoders.vad import VadBatcher
     from omni_gateway.encoders.vision import VisionEncoder
     from omni_gateway.omni.speech import SpokenModel
 
@@ -98,6 +99,7 @@ class OmniPipeline:
         self.speech = speech  # a speaking model's talker and token2wav: audio in the model's own voice
         self.media_budget = server_budget()  # decoded pixels every request together may hold (omni.media)
         self._vad_session = vad_session
+        self._vad_batcher: VadBatcher | None = None  # started by the first server_vad session
         self._defaults = SamplingDefaults(
             temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
         )
@@ -223,16 +225,26 @@ class OmniPipeline:
     def new_vad(self, settings: VadSettings) -> VoiceActivityDetector:
         if self._vad_session is None:
             raise UnsupportedInput("voice activity detection is disabled on this server")
-        from omni_gateway.encoders.vad import SileroVad
+        from omni_gateway.encoders.vad import SileroVad, VadBatcher
 
+        if settings.max_silence_ms is None:
+            # server_vad: every session's windows judged together, off the event loop
+            if self._vad_batcher is None:
+                self._vad_batcher = VadBatcher(self._vad_session)
+            batched = SileroVad(
+                threshold=settings.threshold,
+                prefix_padding_ms=settings.prefix_padding_ms,
+                silence_duration_ms=settings.silence_duration_ms,
+                batcher=self._vad_batcher,
+            )
+            return _SileroDetector(batched)
+        # semantic_vad reads the detector's clock as it feeds it, so its silero judges inline
         vad = SileroVad(
             threshold=settings.threshold,
             prefix_padding_ms=settings.prefix_padding_ms,
             silence_duration_ms=settings.silence_duration_ms,
             session=self._vad_session,
         )
-        if settings.max_silence_ms is None:
-            return _SileroDetector(vad)
         from omni_gateway.encoders.turn import PACKAGE, SemanticTurn, default_model_path, load_smart_turn, scoring_pool
 
         try:
@@ -363,6 +375,9 @@ class _SileroDetector:
 
     def reset(self) -> None:
         self._detector.reset()
+
+    def listen(self, notify: Callable[[], None]) -> None:
+        self._detector.listen(notify)
 
 
 def _has_media(request: OmniRequest) -> bool:

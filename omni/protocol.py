@@ -7,7 +7,7 @@ so ``import gateway`` stays fast and the backend can later live in another proce
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -275,11 +275,18 @@ class VadSettings:
 
 
 class VoiceActivityDetector(Protocol):
-    """Streaming speech detector for one session; fed 24 kHz mono pcm16 of any chunk size."""
+    """Streaming speech detector for one session; fed 24 kHz mono pcm16 of any chunk size.
+
+    ``feed`` returns the events judged so far that it has not returned before. A detector that judges off
+    the caller's thread (batched across sessions) returns them later: it calls the ``listen`` callback,
+    from any thread, when events are ready, and ``feed(b"")`` then returns them.
+    """
 
     def feed(self, pcm16: bytes) -> list[VadEvent]: ...
 
     def reset(self) -> None: ...
+
+    def listen(self, notify: Callable[[], None]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

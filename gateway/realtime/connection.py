@@ -13,6 +13,7 @@ retrieved), and it is the waiting that tells a client that does not read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -32,7 +33,7 @@ from omni_gateway.gateway.realtime.outbox import Outbox
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.gateway.realtime.settings import Dialect
 from omni_gateway.gateway.realtime.tasks import run_task
-from omni_gateway.omni.protocol import OmniBackend
+from omni_gateway.omni.protocol import OmniBackend, VadSettings, VoiceActivityDetector
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 log = logging.getLogger(__name__)
@@ -55,10 +56,11 @@ class RealtimeConnection:
         self.ws = websocket
         self.backend = backend
         self.config = config
+        self._loop = asyncio.get_running_loop()
         self.session = RealtimeSession(
             dialect=dialect,
             capabilities=backend.capabilities,
-            vad_factory=vad_factory,
+            vad_factory=None if vad_factory is None else self._listening(vad_factory),
             limits=config.session,
             intent=intent,
             count_tokens=backend.count_tokens,
@@ -111,6 +113,25 @@ class RealtimeConnection:
             self._close = (code, reason)
         if self._reader_task is not None:
             self._reader_task.cancel()
+
+    def _listening(self, factory: VadFactory) -> VadFactory:
+        """``factory``, whose detectors tell this connection when they judged audio off the event loop."""
+
+        def build(settings: VadSettings) -> VoiceActivityDetector:
+            vad = factory(settings)
+            vad.listen(self._vad_ready)
+            return vad
+
+        return build
+
+    def _vad_ready(self) -> None:
+        """From the detector's thread: hand its events to the event loop."""
+        with contextlib.suppress(RuntimeError):  # the loop closed: the session is over
+            self._loop.call_soon_threadsafe(self._vad_events)
+
+    def _vad_events(self) -> None:
+        if self._reader_task is not None and not self._reader_task.done():
+            self._apply(self.session.on_vad_events())
 
     # ---- reading --------------------------------------------------------------------------------
     async def _reader(self) -> None:

@@ -14,6 +14,7 @@ from omni_gateway.gateway.realtime.commands import Output, SessionLimits, StartT
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_value, missing
 from omni_gateway.gateway.realtime.input_audio import (
     InputAudioBuffer,
+    Signal,
     SpeechPaused,
     SpeechResumed,
     SpeechStarted,
@@ -80,7 +81,16 @@ class InputTurns:
                 "audio",
             )
         self._idle_spent &= not pcm  # audio the client sent re-arms the idle timeout
-        for signal in self.audio.append(pcm):
+        self._take_signals(self.audio.append(pcm))
+
+    def on_vad_events(self) -> list[Output]:
+        """The detector judged audio already received (off the event loop, batched with other sessions'):
+        its events act as if they had come with that audio."""
+        self._take_signals(self.audio.append(b""))
+        return self._flush()
+
+    def _take_signals(self, signals: list[Signal]) -> None:
+        for signal in signals:
             if isinstance(signal, SpeechStarted):
                 self._speech_started(signal)
             elif isinstance(signal, SpeechPaused):

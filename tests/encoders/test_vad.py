@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from omni_gateway.encoders.audio import float_to_pcm16, resample
-from omni_gateway.encoders.vad import CONTEXT, WINDOW, WINDOW_MS, SileroVad, SpeechEvent, load_session
+from omni_gateway.encoders.vad import CONTEXT, WINDOW, WINDOW_MS, SileroVad, SpeechEvent, VadBatcher, load_session
 
 RATE = 24000
 
@@ -168,3 +170,67 @@ def test_bad_settings_are_rejected() -> None:
         SileroVad(threshold=1.5)
     with pytest.raises(ValueError, match="must be >= 0"):
         SileroVad(silence_duration_ms=-1)
+
+
+# ---- batched across detectors ------------------------------------------------------------------------------
+def drain(vad: SileroVad, timeout_s: float = 30.0) -> list[SpeechEvent]:
+    """The events a batched detector still owes, once its batcher judged every window fed."""
+    deadline = time.monotonic() + timeout_s
+    while vad.judging and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return vad.feed(b"")
+
+
+def test_batched_detectors_emit_the_same_events_as_one_by_one(utterance: np.ndarray) -> None:
+    # four sessions with different audio and chunk sizes, fed interleaved as a server receives them
+    streams = [
+        float_to_pcm16(
+            np.concatenate([silence(300 + 170 * k), utterance, silence(450 + 100 * k), utterance, silence(1200)])
+        )
+        for k in range(4)
+    ]
+    chunks = [960, 1920, 4800, 1234]
+    settings = [dict(silence_duration_ms=500), dict(silence_duration_ms=900), dict(threshold=0.3), {}]
+    alone = []
+    for pcm, chunk, kw in zip(streams, chunks, settings):
+        vad = SileroVad(**kw)
+        alone.append([e for at in range(0, len(pcm), chunk) for e in vad.feed(pcm[at : at + chunk])])
+    batcher = VadBatcher(window_s=0.002)
+    notified = [0] * 4
+    detectors = [SileroVad(batcher=batcher, **kw) for kw in settings]
+    for i, d in enumerate(detectors):
+        d.listen(lambda i=i: notified.__setitem__(i, notified[i] + 1))
+    batched: list[list[SpeechEvent]] = [[] for _ in streams]
+    for step in range(max(len(p) // c + 1 for p, c in zip(streams, chunks))):
+        for i, (pcm, chunk) in enumerate(zip(streams, chunks)):
+            batched[i] += detectors[i].feed(pcm[step * chunk : (step + 1) * chunk])
+    for i in range(len(streams)):
+        batched[i] += drain(detectors[i])
+    batcher.close()
+    assert all(alone), "every stream has turns"
+    assert batched == alone
+    assert all(notified), "each detector announced events it judged late"
+    assert batcher.windows / batcher.batches > 1.5, "windows of several detectors shared calls"
+
+
+def test_reset_drops_windows_judged_for_the_old_stream(utterance: np.ndarray) -> None:
+    pcm = float_to_pcm16(np.concatenate([silence(700), utterance, silence(900)]))
+    batcher = VadBatcher()
+    vad = SileroVad(batcher=batcher)
+    vad.feed(float_to_pcm16(utterance))  # speech, still being judged when the reset comes
+    vad.reset()
+    events = vad.feed(pcm)
+    events += drain(vad)
+    batcher.close()
+    assert events == run_all(SileroVad(), float_to_pcm16_to_float(pcm))
+
+
+def float_to_pcm16_to_float(pcm: bytes) -> np.ndarray:
+    return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def test_a_closed_batcher_refuses_new_windows() -> None:
+    batcher = VadBatcher()
+    batcher.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        SileroVad(batcher=batcher).feed(bytes(9600))

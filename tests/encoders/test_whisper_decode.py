@@ -1,0 +1,101 @@
+"""Whisper's static-cache decode (one fixed-shape step per token, a CUDA graph on CUDA) against the dynamic one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from omni_gateway.encoders.asr import TorchWhisperRecognizer
+
+from tests.encoders.test_asr import build_tiny_whisper
+
+pytestmark = pytest.mark.slow
+EOS = 50256
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_multi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("whisper_multi")
+    build_tiny_whisper(path, multilingual=True)
+    return path
+
+
+def dynamic(recognizer: TorchWhisperRecognizer, encoded, prefix: list[int]) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """The same recognizer's decode over Hugging Face's dynamic cache, rows leaving as they end."""
+    static, recognizer._static = recognizer._static, None
+    try:
+        return recognizer._decode(encoded, prefix)
+    finally:
+        recognizer._static = static
+
+
+def rows_that_end_apart(recognizer: TorchWhisperRecognizer, rows: int):  # type: ignore[no-untyped-def]
+    """Encoder states the random decoder listens to, with end-of-text made likely: rows end at different steps."""
+    import torch
+
+    torch.manual_seed(0)
+    for layer in recognizer.model.model.decoder.layers:
+        layer.encoder_attn.out_proj.weight *= 5
+    encoded = torch.randn(rows, 1500, 32, dtype=recognizer.model.dtype, device=recognizer.device) * 3
+    prefix = recognizer._prefix([], "en")
+    spoken = [t for row in dynamic(recognizer, encoded, prefix) for t in row[3:]]
+    weights = recognizer.model.proj_out.weight
+    weights[EOS] = weights[max(set(spoken), key=spoken.count)] * 1.02
+    return encoded, prefix
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6])
+def test_static_cache_decodes_what_the_dynamic_cache_does(tiny_multi: Path, rows: int) -> None:
+    import torch
+
+    recognizer = TorchWhisperRecognizer(tiny_multi, device="cpu", max_new_tokens=30, static_cache=True)
+    with torch.inference_mode():
+        encoded, prefix = rows_that_end_apart(recognizer, rows)
+        expected = dynamic(recognizer, encoded, prefix)
+        assert recognizer._decode(encoded, prefix) == expected
+        assert recognizer._decode(encoded, prefix) == expected  # the buffers of an earlier batch do not leak in
+    if rows == 6:
+        assert len({len(row) for row in expected}) > 1, "rows end at different steps"
+
+
+def test_a_short_budget_stops_every_row_at_it(tiny_multi: Path) -> None:
+    import torch
+
+    recognizer = TorchWhisperRecognizer(tiny_multi, device="cpu", max_new_tokens=30, static_cache=True)
+    with torch.inference_mode():
+        encoded, prefix = rows_that_end_apart(recognizer, 4)
+        recognizer.max_new_tokens = 3
+        decoded = recognizer._decode(encoded, prefix)
+        assert decoded == dynamic(recognizer, encoded, prefix)
+        assert max(len(row) for row in decoded) == 3
+
+
+def test_static_cache_is_the_default_on_cuda_only(tiny_multi: Path) -> None:
+    assert TorchWhisperRecognizer(tiny_multi, device="cpu")._static is None
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decode_matches_the_dynamic_cache(tiny_multi: Path) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    recognizer = TorchWhisperRecognizer(tiny_multi, device="cuda", dtype="float32", max_new_tokens=30)
+    assert recognizer._static is not None and recognizer._static.graphs
+    with torch.inference_mode():
+        encoded, prefix = rows_that_end_apart(recognizer, 5)
+        expected = dynamic(recognizer, encoded, prefix)
+        assert recognizer._decode(encoded, prefix) == expected
+        assert recognizer._decode(encoded[:2], prefix) == expected[:2]  # another bucket, its own graph
+        assert recognizer._decode(encoded, prefix) == expected  # the captured graph replayed for a new batch
