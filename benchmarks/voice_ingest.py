@@ -101,6 +101,7 @@ def serve_child(profile: str | None, vad: str) -> None:
     app = create_app(backend, config)  # type: ignore[arg-type]
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)  # clients may connect as soon as the port is printed, before uvicorn starts serving
     server = uvicorn.Server(
         uvicorn.Config(app, log_level="warning", ws_max_size=config.max_frame_bytes, lifespan="off")
     )
@@ -210,7 +211,15 @@ async def run_clients(port: int, sessions: int, seconds: float, child: subproces
         asyncio.create_task(stream(url, messages[i], start + i * 0.04 / sessions, seconds, ready))
         for i in range(sessions)
     ]
-    await ready.wait()
+    # A client that fails to connect never reaches the barrier: wait for the barrier or the first failure.
+    waiting = asyncio.create_task(ready.wait())
+    done, _ = await asyncio.wait([waiting, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    if waiting not in done:
+        for task in tasks:
+            task.cancel()
+        for task in done:
+            task.result()  # raises the client's error
+        raise RuntimeError("a client ended before every session had connected")
     await asyncio.sleep(max(0.0, start - time.monotonic()))
     assert child.stdin is not None
     child.stdin.write("mark\n")
@@ -230,6 +239,9 @@ def measure(sessions: int, seconds: float, profile: str | None, vad: str) -> dic
         port = int(child.stdout.readline())
         sent = asyncio.run(run_clients(port, sessions, seconds, child))
         report = json.loads(child.stdout.readline())
+    except BaseException:
+        child.kill()
+        raise
     finally:
         child.wait(timeout=60)
     audio_s = sent * 0.04
