@@ -14,8 +14,11 @@ Greedy output equals ``TorchWhisperRecognizer``'s dynamic-cache decode (``tests/
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -106,18 +109,29 @@ class StaticWhisperDecoder:
         if not self.graphs:
             return self._step(bucket, bucket.token, bucket.position)
         if bucket.graph is None:
-            torch = self._torch
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm up outside the capture (allocator, cuBLAS workspaces)
-                for _ in range(2):
-                    self._step(bucket, bucket.token, bucket.position)
-            torch.cuda.current_stream().wait_stream(stream)
-            bucket.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(bucket.graph):
-                bucket.next_token = self._step(bucket, bucket.token, bucket.position)
+            try:
+                self._capture(bucket)
+            except Exception as exc:  # noqa: BLE001 - any capture failure means: decode eagerly from now on
+                log.warning("Whisper: CUDA graph capture of the decoder step failed (%s); it runs eagerly", exc)
+                self.graphs = False
+                bucket.graph = None
+                # the step only writes this position's cache slots, so running it again is safe
+                return self._step(bucket, bucket.token, bucket.position)
         bucket.graph.replay()
         return bucket.next_token
+
+    def _capture(self, bucket: _Bucket) -> None:
+        torch = self._torch
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm up outside the capture (allocator, cuBLAS workspaces)
+            for _ in range(2):
+                self._step(bucket, bucket.token, bucket.position)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            bucket.next_token = self._step(bucket, bucket.token, bucket.position)
+        bucket.graph = graph
 
     def _bucket(self, rows: int) -> _Bucket:
         if rows not in self._buckets:

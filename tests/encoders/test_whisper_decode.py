@@ -85,6 +85,20 @@ def test_static_cache_is_the_default_on_cuda_only(tiny_multi: Path) -> None:
     assert TorchWhisperRecognizer(tiny_multi, device="cpu")._static is None
 
 
+def test_a_failed_graph_capture_decodes_eagerly(tiny_multi: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import torch
+
+    recognizer = TorchWhisperRecognizer(tiny_multi, device="cpu", max_new_tokens=30, static_cache=True)
+    assert recognizer._static is not None
+    recognizer._static.graphs = True  # as on CUDA; capturing needs a CUDA stream, which this CPU build lacks
+    with torch.inference_mode():
+        encoded, prefix = rows_that_end_apart(recognizer, 3)
+        expected = dynamic(recognizer, encoded, prefix)
+        assert recognizer._decode(encoded, prefix) == expected
+    assert not recognizer._static.graphs
+    assert "CUDA graph capture of the decoder step failed" in caplog.text
+
+
 @pytest.mark.gpu
 def test_cuda_graph_decode_matches_the_dynamic_cache(tiny_multi: Path) -> None:
     import torch
