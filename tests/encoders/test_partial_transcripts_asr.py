@@ -4,6 +4,7 @@ silero VAD, each partial reading transcribed by the packaged Whisper (faster-whi
 from __future__ import annotations
 
 import base64
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,13 @@ def stream_turn(speak, recognizer: SpeechRecognizer) -> list[dict]:  # type: ign
     pipeline = OmniPipeline(
         OmniConfig(), engine=FakeEngine([]), model_name="fake", max_context_tokens=4096, vad_session=load_session()
     )
-    session = RealtimeSession(dialect="ga", capabilities=pipeline.capabilities, vad_factory=pipeline.new_vad)
+    detectors: list = []  # type: ignore[type-arg]
+
+    def new_vad(settings):  # type: ignore[no-untyped-def]
+        detectors.append(pipeline.new_vad(settings))
+        return detectors[-1]
+
+    session = RealtimeSession(dialect="ga", capabilities=pipeline.capabilities, vad_factory=new_vad)
     session.open()
     audio_input = {
         "turn_detection": {"type": "server_vad", "create_response": False},
@@ -63,6 +70,14 @@ def stream_turn(speak, recognizer: SpeechRecognizer) -> list[dict]:  # type: ign
                 {"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[at : at + step]).decode()}
             )
         )
+        # server VAD judges off the caller's thread: as on an idle server streaming in real time, every chunk
+        # is judged, and its events applied (as the connection does when told), before the next one arrives
+        detector = detectors[-1]  # the session's current one
+        deadline = time.monotonic() + 10
+        while detector._detector.judging:
+            assert time.monotonic() < deadline, "the VAD judged nothing for 10 s"
+            time.sleep(0.001)
+        run(session.on_vad_events())
     return sent
 
 
