@@ -8,6 +8,19 @@ from typing import Any
 import pytest
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models gain nothing from intra-op threads: on a busy 2-core machine per-op thread wake-ups and
+    spinning OpenMP workers make them many times slower (and starve an event loop relaying their output).
+    Modules of tiny-model tests use it with ``pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def embedded_backend() -> Iterator[Any]:
     """The full model stack on the embedded defaults (SmolLM2, Whisper tiny.en, Piper, silero), loaded once

@@ -23,3 +23,23 @@ def speak() -> Callable[[str], tuple[np.ndarray, int]]:
         return audio.astype(np.float32), voice.config.sample_rate
 
     return _speak
+
+
+@pytest.fixture(scope="module")
+def tiny_en(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random English-only Whisper checkpoint, with the shipped model's tokenizer."""
+    from tests.encoders.test_asr import build_tiny_whisper
+
+    path = tmp_path_factory.mktemp("whisper_en")
+    build_tiny_whisper(path, multilingual=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_multi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random multilingual Whisper checkpoint."""
+    from tests.encoders.test_asr import build_tiny_whisper
+
+    path = tmp_path_factory.mktemp("whisper_multi")
+    build_tiny_whisper(path, multilingual=True)
+    return path

@@ -11,6 +11,8 @@ from omni_gateway.encoders.asr import FasterWhisperRecognizer, TorchWhisperRecog
 from omni_gateway.encoders.asr_batch import BatchedRecognizer
 from omni_gateway.encoders.audio import float_to_pcm16, resample
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 SENTENCE = "Please turn on the kitchen lights."
 
 
@@ -54,17 +56,6 @@ def test_prompt_is_counted_and_input_is_checked(default_asr: FasterWhisperRecogn
 
 # ---- torch backend against Hugging Face generate on a tiny random checkpoint ----------------------
 LANGUAGES = ("en", "fr", "de")
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models are dominated by per-op thread wake-ups on a busy machine; one thread is many times faster."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def build_tiny_whisper(path: Path, multilingual: bool) -> None:
@@ -131,20 +122,6 @@ def build_tiny_whisper(path: Path, multilingual: bool) -> None:
         )
     model.generation_config = GenerationConfig(**generation)
     model.save_pretrained(path)
-
-
-@pytest.fixture(scope="module")
-def tiny_en(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("whisper_en")
-    build_tiny_whisper(path, multilingual=False)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny_multi(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("whisper_multi")
-    build_tiny_whisper(path, multilingual=True)
-    return path
 
 
 def hf_reference(path: Path, audio: np.ndarray, max_new_tokens: int, prefix: list[int], **kwargs) -> list[int]:

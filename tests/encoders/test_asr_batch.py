@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,35 +15,10 @@ from omni_gateway.encoders.audio import float_to_pcm16
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 
-from tests.encoders.test_asr import build_tiny_whisper
 from tests.omni.test_pipeline import FakeEngine
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 EOS = 50256
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_en(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("whisper_en")
-    build_tiny_whisper(path, multilingual=False)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny_multi(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("whisper_multi")
-    build_tiny_whisper(path, multilingual=True)
-    return path
 
 
 def clips() -> list[np.ndarray]:

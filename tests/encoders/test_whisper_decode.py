@@ -2,33 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from omni_gateway.encoders.asr import TorchWhisperRecognizer
 
-from tests.encoders.test_asr import build_tiny_whisper
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 EOS = 50256
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_multi(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("whisper_multi")
-    build_tiny_whisper(path, multilingual=True)
-    return path
 
 
 def dynamic(recognizer: TorchWhisperRecognizer, encoded, prefix: list[int]) -> list[list[int]]:  # type: ignore[no-untyped-def]

@@ -17,16 +17,10 @@ from omni_gateway.engine.sequence import EmbedSpan
 
 from benchmarks.tiny_omni import save_tiny_omni
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 PROMPT = [100, 5, 17, 42, 9, 11]  # thinker prompt ids
 MAX_CODES = 40
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_cpu_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

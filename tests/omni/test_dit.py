@@ -20,18 +20,10 @@ from PIL import Image
 
 from tests.omni.tiny_dit import save_tiny_pixart, save_tiny_sd3
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 # A wide window makes concurrently submitted requests reliably meet in one batch on a loaded machine.
 BATCHING = ImageHeadConfig(min_side=16, batch_window_s=0.3)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_cpu_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine the spinning OpenMP
-    workers of the denoising thread starve the event loop that relays its output."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

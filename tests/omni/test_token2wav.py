@@ -11,15 +11,7 @@ from omni_gateway.omni.heads.token2wav_loader import Token2WavLoadError
 
 from benchmarks.tiny_omni import CODEC_VOCAB, SPEAKERS, save_tiny_omni
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_cpu_thread():
-    """Tiny models gain nothing from intra-op threads; on a busy 2-core machine spinning OpenMP workers
-    make them many times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
