@@ -10,6 +10,7 @@ short, and the first token matters more than the last fraction of accuracy a bea
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -282,6 +283,10 @@ class TorchWhisperRecognizer:
         self.multilingual = bool(getattr(generation, "is_multilingual", False)) and bool(self._languages)
         self._suppress = list(getattr(generation, "suppress_tokens", None) or [])
         self._begin_suppress = list(getattr(generation, "begin_suppress_tokens", None) or [])
+        # transformers renamed the decoder's ``past_key_values`` argument and output to ``cache`` (the old
+        # name stays until 5.40); use whichever this release's forward takes
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_name = "cache" if "cache" in params else "past_key_values"
         self._static = None
         if static_cache if static_cache is not None else self.device.type == "cuda":
             from omni_gateway.encoders.whisper_decode import StaticWhisperDecoder
@@ -422,9 +427,9 @@ class TorchWhisperRecognizer:
         past = None
         for step in range(budget):
             out = self.model(
-                encoder_outputs=(encoded,), decoder_input_ids=step_input, past_key_values=past, use_cache=True
+                encoder_outputs=(encoded,), decoder_input_ids=step_input, use_cache=True, **{self._cache_name: past}
             )
-            past = out.past_key_values
+            past = getattr(out, self._cache_name)
             logits = out.logits[:, -1].float()
             if len(suppress):
                 logits[:, suppress] = -float("inf")
