@@ -89,6 +89,21 @@ class BatchRecognizer(SpeechRecognizer, Protocol):
     def transcribe_batch(self, jobs: list[AsrJob]) -> list[AsrResult]: ...
 
 
+class _OneAsABatch:
+    """``transcribe`` of a ``BatchRecognizer``: one request, read as a batch of one."""
+
+    def transcribe(
+        self: BatchRecognizer,
+        audio: np.ndarray | bytes,
+        *,
+        sample_rate: int = SAMPLE_RATE,
+        language: str | None = None,
+        prompt: str | None = None,
+    ) -> AsrResult:
+        job = self.prepare(audio, sample_rate=sample_rate, language=language, prompt=prompt)
+        return self.transcribe_batch([job])[0]
+
+
 def to_model_input(audio: np.ndarray | bytes, sample_rate: int, max_duration_s: float) -> np.ndarray:
     """float32 samples or pcm16 bytes at ``sample_rate`` -> float32 mono 16 kHz."""
     if sample_rate <= 0:
@@ -116,7 +131,7 @@ def default_model_path() -> Path:
     return Path(spec.submodule_search_locations[0]) / "model"
 
 
-class FasterWhisperRecognizer:
+class FasterWhisperRecognizer(_OneAsABatch):
     def __init__(
         self,
         path: str | Path,
@@ -143,18 +158,6 @@ class FasterWhisperRecognizer:
     @property
     def multilingual(self) -> bool:
         return self.model.model.is_multilingual
-
-    def transcribe(
-        self,
-        audio: np.ndarray | bytes,
-        *,
-        sample_rate: int = SAMPLE_RATE,
-        language: str | None = None,
-        prompt: str | None = None,
-    ) -> AsrResult:
-        return self.transcribe_batch([self.prepare(audio, sample_rate=sample_rate, language=language, prompt=prompt)])[
-            0
-        ]
 
     def prepare(
         self,
@@ -245,7 +248,7 @@ class FasterWhisperRecognizer:
         return out
 
 
-class TorchWhisperRecognizer:
+class TorchWhisperRecognizer(_OneAsABatch):
     """A local Hugging Face Whisper directory (model + processor files), greedy decoding in torch."""
 
     def __init__(
@@ -294,18 +297,6 @@ class TorchWhisperRecognizer:
             self._static = StaticWhisperDecoder(
                 self.model, suppress=self._suppress, begin_suppress=self._begin_suppress, eos=self._eos, graphs=True
             )
-
-    def transcribe(
-        self,
-        audio: np.ndarray | bytes,
-        *,
-        sample_rate: int = SAMPLE_RATE,
-        language: str | None = None,
-        prompt: str | None = None,
-    ) -> AsrResult:
-        return self.transcribe_batch([self.prepare(audio, sample_rate=sample_rate, language=language, prompt=prompt)])[
-            0
-        ]
 
     def prepare(
         self,
