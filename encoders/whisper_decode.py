@@ -114,7 +114,6 @@ class StaticWhisperDecoder:
             except Exception as exc:  # noqa: BLE001 - any capture failure means: decode eagerly from now on
                 log.warning("Whisper: CUDA graph capture of the decoder step failed (%s); it runs eagerly", exc)
                 self.graphs = False
-                bucket.graph = None
                 # the step only writes this position's cache slots, so running it again is safe
                 return self._step(bucket, bucket.token, bucket.position)
         bucket.graph.replay()
