@@ -18,6 +18,8 @@ from omni_gateway.omni.heads.tts_backends import (
 )
 from omni_gateway.omni.protocol import AudioChunk, AudioOutputOptions
 
+from benchmarks.voice_gpu_stages import TINY_VITS
+
 REPLY = (
     "Sure, I can help with that. The weather today is sunny with a high of twenty degrees. "
     "Tomorrow brings some rain in the afternoon, so take an umbrella."
@@ -192,27 +194,7 @@ def tiny_vits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     vocab = {"<pad>": 0, "<unk>": 1} | {c: i + 2 for i, c in enumerate(symbols)}
     (path / "vocab.json").write_text(json.dumps(vocab))
     VitsTokenizer(str(path / "vocab.json"), phonemize=False).save_pretrained(path)
-    config = VitsConfig(
-        vocab_size=len(vocab),
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        ffn_dim=32,
-        flow_size=16,
-        spectrogram_bins=17,
-        upsample_initial_channel=16,
-        upsample_rates=[4, 4, 4],
-        upsample_kernel_sizes=[8, 8, 8],
-        resblock_kernel_sizes=[3],
-        resblock_dilation_sizes=[[1, 3]],
-        prior_encoder_num_flows=1,
-        prior_encoder_num_wavenet_layers=1,
-        posterior_encoder_num_wavenet_layers=1,
-        duration_predictor_num_flows=1,
-        duration_predictor_filter_channels=16,
-        depth_separable_num_layers=1,
-        sampling_rate=16000,
-    )
+    config = VitsConfig(vocab_size=len(vocab), sampling_rate=16000, **TINY_VITS)
     torch.manual_seed(0)
     VitsModel(config).eval().save_pretrained(path)
     return path
