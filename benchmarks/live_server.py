@@ -3,6 +3,7 @@ tests and the end-to-end benchmarks talk to, plus the client-side reads they sha
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import socket
@@ -14,7 +15,7 @@ from typing import Any
 import uvicorn
 from omni_gateway.gateway.app import create_app
 from omni_gateway.gateway.config import GatewayConfig
-from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import ClientConnection, connect
 
 START_TIMEOUT_S = 10
 
@@ -70,3 +71,22 @@ async def until(ws: ClientConnection, kind: str) -> list[dict[str, Any]]:
     while not seen or seen[-1]["type"] != kind:
         seen.append(await recv(ws))
     return seen
+
+
+async def audio_turn(
+    port: int, session: dict[str, Any], pcm16: bytes, *, also: str | None = None
+) -> list[dict[str, Any]]:
+    """One realtime session on ``port``: ``session.update`` with ``session``, then the audio appended and
+    committed and a response asked for; every event up to ``response.done``, and on to the first event of
+    type ``also`` when one did not come before it."""
+    async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=m") as ws:
+        await recv(ws)  # session.created
+        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        await until(ws, "session.updated")
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16).decode()}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        seen = await until(ws, "response.done")
+        if also is not None and not any(e["type"] == also for e in seen):
+            seen += await until(ws, also)
+        return seen

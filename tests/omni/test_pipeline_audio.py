@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,9 +31,8 @@ from omni_gateway.omni.protocol import (
     Transcription,
     Usage,
 )
-from websockets.asyncio.client import connect
 
-from benchmarks.live_server import recv, serve, served, until
+from benchmarks.live_server import audio_turn, serve, served
 from tests.encoders.audio_checkpoints import save_tiny_qwen2_audio, tone
 
 pytestmark = pytest.mark.slow
@@ -114,19 +112,10 @@ def test_corrupt_audio_upload_is_a_clear_refusal(pipeline: OmniPipeline) -> None
 def test_realtime_audio_turn_is_answered_by_the_model_hearing_it(pipeline: OmniPipeline) -> None:
     pcm = clip_pcm16()
 
-    async def go(port: int) -> list[dict[str, Any]]:
-        async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=m") as ws:
-            await recv(ws)  # session.created
-            session = {"type": "realtime", "output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}
-            await ws.send(json.dumps({"type": "session.update", "session": session}))
-            await until(ws, "session.updated")
-            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}))
-            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-            await ws.send(json.dumps({"type": "response.create"}))
-            return await until(ws, "response.done")
+    session = {"type": "realtime", "output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}
 
     with serve(pipeline) as port:
-        events = asyncio.run(asyncio.wait_for(go(port), 60))
+        events = asyncio.run(asyncio.wait_for(audio_turn(port, session, pcm), 60))
     done = events[-1]["response"]
     assert done["status"] in ("completed", "incomplete") and (done["status_details"] or {}).get("error") is None, done
     assert not any("transcription" in e["type"] for e in events)  # none asked for, none ran
@@ -176,29 +165,18 @@ class _Recognizer:
 def test_input_transcription_is_produced_alongside_the_heard_answer(pipeline: OmniPipeline) -> None:
     pcm = clip_pcm16()
 
-    async def go(port: int) -> list[dict[str, Any]]:
-        async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=m") as ws:
-            await recv(ws)
-            audio_in = {"turn_detection": None, "transcription": {"model": "whisper-1"}}
-            session = {"type": "realtime", "output_modalities": ["text"], "audio": {"input": audio_in}}
-            await ws.send(json.dumps({"type": "session.update", "session": session}))
-            await until(ws, "session.updated")
-            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}))
-            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-            await ws.send(json.dumps({"type": "response.create"}))
-            seen = await until(ws, "response.done")
-            if not any(e["type"].endswith("transcription.completed") for e in seen):
-                seen += await until(ws, "conversation.item.input_audio_transcription.completed")
-            return seen
+    audio_in = {"turn_detection": None, "transcription": {"model": "whisper-1"}}
+    session = {"type": "realtime", "output_modalities": ["text"], "audio": {"input": audio_in}}
+    completed = "conversation.item.input_audio_transcription.completed"
 
     recognizer = _Recognizer()
     pipeline.asr = recognizer
     try:
         with serve(pipeline) as port:
-            events = asyncio.run(asyncio.wait_for(go(port), 60))
+            events = asyncio.run(asyncio.wait_for(audio_turn(port, session, pcm, also=completed), 60))
     finally:
         pipeline.asr = None
-    transcript = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
+    transcript = next(e for e in events if e["type"] == completed)
     assert transcript["transcript"] == "what the user said" and recognizer.calls == 1
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     # The answer comes from the audio itself, not from the transcript.

@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import json
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from omni_gateway.encoders.audio import float_to_pcm16, resample
@@ -21,9 +19,8 @@ from omni_gateway.engine.async_engine import AsyncEngine
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
-from websockets.asyncio.client import connect
 
-from benchmarks.live_server import recv, serve, until
+from benchmarks.live_server import audio_turn, serve
 from tests.encoders.audio_checkpoints import save_tiny_qwen2_5_omni, tone
 
 pytestmark = pytest.mark.slow
@@ -59,23 +56,14 @@ def test_checkpoint_that_speaks_loads_no_asr_and_no_tts(pipeline: OmniPipeline) 
 def test_realtime_audio_turn_is_answered_in_the_models_own_voice(pipeline: OmniPipeline) -> None:
     pcm = float_to_pcm16(resample(tone(3, 0.6), 16000, RATE))
 
-    async def go(port: int) -> list[dict[str, Any]]:
-        async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=m") as ws:
-            await recv(ws)  # session.created
-            session = {
-                "type": "realtime",
-                "output_modalities": ["audio"],
-                "audio": {"input": {"turn_detection": None}, "output": {"voice": "Ethan"}},
-            }
-            await ws.send(json.dumps({"type": "session.update", "session": session}))
-            await until(ws, "session.updated")
-            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}))
-            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-            await ws.send(json.dumps({"type": "response.create"}))
-            return await until(ws, "response.done")
+    session = {
+        "type": "realtime",
+        "output_modalities": ["audio"],
+        "audio": {"input": {"turn_detection": None}, "output": {"voice": "Ethan"}},
+    }
 
     with serve(pipeline) as port:
-        events = asyncio.run(asyncio.wait_for(go(port), 120))
+        events = asyncio.run(asyncio.wait_for(audio_turn(port, session, pcm), 120))
     assert not [e for e in events if e["type"] == "error"], events
     done = events[-1]["response"]
     assert (done["status_details"] or {}).get("error") is None, done
