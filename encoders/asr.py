@@ -260,9 +260,11 @@ class TorchWhisperRecognizer(_OneAsABatch):
         max_new_tokens: int = 224,
         max_duration_s: float = 600.0,
         static_cache: bool | None = None,
+        max_batch: int = 32,
     ) -> None:
         """``static_cache``: decode over fixed buffers (``whisper_decode``), each step a CUDA graph on CUDA;
-        default on CUDA only (on a CPU the dynamic cache, which attends to written positions only, costs less)."""
+        default on CUDA only (on a CPU the dynamic cache, which attends to written positions only, costs less).
+        ``max_batch``: the most windows decoded together (the static buffers' rows; larger batches run in parts)."""
         import torch
         from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
@@ -277,6 +279,7 @@ class TorchWhisperRecognizer(_OneAsABatch):
         self.processor = WhisperProcessor.from_pretrained(path)
         self.max_new_tokens = max_new_tokens
         self.max_duration_s = max_duration_s
+        self.max_batch = max_batch
         tokenizer, generation = self.processor.tokenizer, self.model.generation_config
         self._sot = self.model.config.decoder_start_token_id
         self._eos = self.model.config.eos_token_id
@@ -295,7 +298,12 @@ class TorchWhisperRecognizer(_OneAsABatch):
             from omni_gateway.encoders.whisper_decode import StaticWhisperDecoder
 
             self._static = StaticWhisperDecoder(
-                self.model, suppress=self._suppress, begin_suppress=self._begin_suppress, eos=self._eos, graphs=True
+                self.model,
+                suppress=self._suppress,
+                begin_suppress=self._begin_suppress,
+                eos=self._eos,
+                graphs=True,
+                max_rows=max_batch,
             )
 
     def prepare(
@@ -463,4 +471,5 @@ def load_recognizer(spec: str, *, device: str = "auto") -> SpeechRecognizer:
     model_type = json.loads(config.read_text()).get("model_type")
     if model_type != "whisper":
         raise ValueError(f"ASR model {spec!r} has model_type {model_type!r}; expected 'whisper'")
-    return BatchedRecognizer(TorchWhisperRecognizer(path, device=device))
+    torch_recognizer = TorchWhisperRecognizer(path, device=device)
+    return BatchedRecognizer(torch_recognizer, max_batch=torch_recognizer.max_batch)

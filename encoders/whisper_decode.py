@@ -4,10 +4,15 @@ The Hugging Face decoder grows its cache a token at a time and drops finished ro
 shape and several hundred kernel launches issued from Python: on a GPU the host is the bottleneck for a
 decoder this small (four layers in large-v3-turbo). Here a batch is padded to a bucket (1, 2, 4, ... rows)
 whose buffers live as long as the decoder: self-attention keys and values for every position, the
-cross-attention keys and values computed once per batch, the step's token ids and position. One decode
-step reads and writes only those buffers, so on CUDA it is captured once per bucket in a CUDA graph and
+cross-attention keys and values computed once per batch, the step's token ids and position. Every bucket
+is a view of the largest one's buffers (``max_rows``), so they cost the memory of one. One decode step
+reads and writes only those buffers, so on CUDA it is captured once per bucket in a CUDA graph and
 replayed (one launch per token); on CPU the same step runs eagerly. Finished rows stay in the batch
 (their tokens are ignored) so the shapes never change. The weights are the model's own modules.
+
+Every graph is captured when the decoder is built, before it serves: a capture while other threads use
+the device (the TTS head's sampling, cuBLAS on the legacy stream) breaks their work and the capture, so
+nothing is captured later. Where a capture fails the decoder runs eagerly.
 
 Greedy output equals ``TorchWhisperRecognizer``'s dynamic-cache decode (``tests/encoders/test_whisper_decode.py``).
 """
@@ -40,8 +45,20 @@ class _Bucket:
 class StaticWhisperDecoder:
     """Greedy decoding for one ``WhisperForConditionalGeneration`` in eval mode (``graphs``: capture on CUDA)."""
 
-    def __init__(self, model: Any, *, suppress: list[int], begin_suppress: list[int], eos: int, graphs: bool) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        suppress: list[int],
+        begin_suppress: list[int],
+        eos: int,
+        graphs: bool,
+        max_rows: int = BUCKETS[-1],
+    ) -> None:
         import torch
+
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be at least 1; got {max_rows}")
 
         self._torch = torch
         self.model = model
@@ -60,7 +77,10 @@ class StaticWhisperDecoder:
         self._barred[[t for t in suppress if t < vocab]] = True
         self._begin_barred = torch.zeros(vocab, dtype=torch.bool, device=self.device)
         self._begin_barred[[t for t in begin_suppress if t < vocab]] = True
-        self._buckets: dict[int, _Bucket] = {}
+        self.buckets = tuple(b for b in BUCKETS if b < max_rows) + (max_rows,)
+        self._buckets = self._make_buckets(max_rows)
+        if self.graphs:
+            self._capture_all()
 
     def decode(self, encoded: Any, prefix: list[int], budget: int) -> list[list[int]]:
         """Up to ``budget`` tokens per row of ``encoded`` after ``prefix``, end-of-text excluded."""
@@ -69,13 +89,14 @@ class StaticWhisperDecoder:
         if len(prefix) + budget > self.max_positions:
             raise ValueError(f"{len(prefix)} prefix tokens and {budget} new ones exceed {self.max_positions} positions")
         out: list[list[int]] = []
-        for start in range(0, rows, BUCKETS[-1]):
-            out += self._decode_bucket(encoded[start : start + BUCKETS[-1]], prefix, budget, torch)
+        most = self.buckets[-1]
+        for start in range(0, rows, most):
+            out += self._decode_bucket(encoded[start : start + most], prefix, budget, torch)
         return out
 
     def _decode_bucket(self, encoded: Any, prefix: list[int], budget: int, torch: Any) -> list[list[int]]:
         rows = encoded.shape[0]
-        bucket = self._bucket(next(b for b in BUCKETS if b >= rows))
+        bucket = self._buckets[next(b for b in self.buckets if b >= rows)]
         padded = (
             encoded if rows == bucket.rows else torch.cat([encoded, encoded[:1].expand(bucket.rows - rows, -1, -1)])
         )
@@ -106,52 +127,69 @@ class StaticWhisperDecoder:
         return generated
 
     def _replay(self, bucket: _Bucket) -> Any:
-        if not self.graphs:
-            return self._step(bucket, bucket.token, bucket.position)
         if bucket.graph is None:
-            try:
-                self._capture(bucket)
-            except Exception as exc:  # noqa: BLE001 - any capture failure means: decode eagerly from now on
-                log.warning("Whisper: CUDA graph capture of the decoder step failed (%s); it runs eagerly", exc)
-                self.graphs = False
-                # the step only writes this position's cache slots, so running it again is safe
-                return self._step(bucket, bucket.token, bucket.position)
+            return self._step(bucket, bucket.token, bucket.position)
         bucket.graph.replay()
         return bucket.next_token
 
-    def _capture(self, bucket: _Bucket) -> None:
+    def _capture_all(self) -> None:
         torch = self._torch
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm up outside the capture (allocator, cuBLAS workspaces)
-            for _ in range(2):
-                self._step(bucket, bucket.token, bucket.position)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            bucket.next_token = self._step(bucket, bucket.token, bucket.position)
-        bucket.graph = graph
+        try:
+            self._capture_each(torch)
+        except Exception as exc:  # noqa: BLE001 - any capture failure means: decode eagerly
+            log.warning("Whisper: CUDA graph capture of the decoder step failed (%s); it runs eagerly", exc)
+            self.graphs = False
+            for bucket in self._buckets.values():
+                bucket.graph = bucket.next_token = None
+            return
+        log.info("Whisper: captured the decoder step for %s rows", ", ".join(map(str, self.buckets)))
 
-    def _bucket(self, rows: int) -> _Bucket:
-        if rows not in self._buckets:
-            torch = self._torch
+    def _capture_each(self, torch: Any) -> None:
+        # no autograd: the decoder is built outside inference mode, and the step writes its caches in place
+        with torch.no_grad():
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm up outside the capture (allocator, cuBLAS workspaces)
+                for bucket in self._buckets.values():
+                    for _ in range(2):
+                        self._step(bucket, bucket.token, bucket.position)
+            torch.cuda.current_stream().wait_stream(stream)
+            pool = torch.cuda.graph_pool_handle()
+            for bucket in self._buckets.values():
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                    bucket.next_token = self._step(bucket, bucket.token, bucket.position)
+                bucket.graph = graph
+            torch.cuda.synchronize()
 
-            def zeros(positions: int) -> Any:
-                shape = (rows, self.heads, positions, self.head_dim)
-                return torch.zeros(shape, dtype=self.dtype, device=self.device)
+    def _make_buckets(self, max_rows: int) -> dict[int, _Bucket]:
+        """One bucket per size in ``self.buckets``, each a view of the first rows of the largest's buffers."""
+        torch = self._torch
 
-            layers = range(len(self.decoder.layers))
-            self._buckets[rows] = _Bucket(
+        def zeros(positions: int) -> Any:
+            shape = (max_rows, self.heads, positions, self.head_dim)
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+        layers = range(len(self.decoder.layers))
+        self_k = [zeros(self.max_positions) for _ in layers]
+        self_v = [zeros(self.max_positions) for _ in layers]
+        cross_k = [zeros(self.source_positions) for _ in layers]
+        cross_v = [zeros(self.source_positions) for _ in layers]
+        token = torch.zeros((max_rows, 1), dtype=torch.long, device=self.device)
+        return {
+            rows: _Bucket(
                 rows=rows,
-                self_k=[zeros(self.max_positions) for _ in layers],
-                self_v=[zeros(self.max_positions) for _ in layers],
-                cross_k=[zeros(self.source_positions) for _ in layers],
-                cross_v=[zeros(self.source_positions) for _ in layers],
-                token=torch.zeros((rows, 1), dtype=torch.long, device=self.device),
+                self_k=[t[:rows] for t in self_k],
+                self_v=[t[:rows] for t in self_v],
+                cross_k=[t[:rows] for t in cross_k],
+                cross_v=[t[:rows] for t in cross_v],
+                token=token[:rows],
+                # per bucket: a graph reads its own position and first-step flag
                 position=torch.zeros(1, dtype=torch.long, device=self.device),
                 first=torch.zeros((), dtype=torch.bool, device=self.device),
             )
-        return self._buckets[rows]
+            for rows in self.buckets
+        }
 
     def _split(self, x: Any) -> Any:
         """[rows, positions, d_model] -> [rows, heads, positions, head_dim]"""

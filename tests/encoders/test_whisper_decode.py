@@ -71,6 +71,7 @@ def test_a_failed_graph_capture_decodes_eagerly(tiny_multi: Path, caplog: pytest
     recognizer = TorchWhisperRecognizer(tiny_multi, device="cpu", max_new_tokens=30, static_cache=True)
     assert recognizer._static is not None
     recognizer._static.graphs = True  # as on CUDA; capturing needs a CUDA stream, which this CPU build lacks
+    recognizer._static._capture_all()
     with torch.inference_mode():
         encoded, prefix = rows_that_end_apart(recognizer, 3)
         expected = dynamic(recognizer, encoded, prefix)
@@ -93,3 +94,16 @@ def test_cuda_graph_decode_matches_the_dynamic_cache(tiny_multi: Path) -> None:
         assert recognizer._decode(encoded, prefix) == expected
         assert recognizer._decode(encoded[:2], prefix) == expected[:2]  # another bucket, its own graph
         assert recognizer._decode(encoded, prefix) == expected  # the captured graph replayed for a new batch
+    static = recognizer._static
+    assert static.buckets == (1, 2, 4, 8, 16, 32) and all(b.graph is not None for b in static._buckets.values())
+
+
+def test_every_bucket_shares_the_largest_buckets_buffers(tiny_multi: Path) -> None:
+    recognizer = TorchWhisperRecognizer(tiny_multi, device="cpu", max_batch=6, static_cache=True)
+    static = recognizer._static
+    assert static is not None and static.buckets == (1, 2, 4, 6)
+    largest = static._buckets[6]
+    for rows, bucket in static._buckets.items():
+        assert bucket.cross_k[0].shape[0] == rows
+        assert bucket.cross_k[0].data_ptr() == largest.cross_k[0].data_ptr()
+        assert bucket.self_v[-1].data_ptr() == largest.self_v[-1].data_ptr()
