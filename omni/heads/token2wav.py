@@ -8,7 +8,8 @@ Streaming runs both on windows of codes. The first chunk is small (``first_chunk
 knob), later ones larger (``chunk_codes``: fewer DiT passes per second of audio). The first chunk may also
 take fewer ODE steps (``first_chunk_steps``): eagerly its DiT call is bound by kernel launches, about
 4 DiT evaluations per step, so its time falls with the steps. On CUDA every chunk but a stream's last
-replays its ODE and its vocoder call from CUDA graphs (``cuda_graphs``, ``token2wav_graphs``). Each chunk
+may replay its ODE and its vocoder call from CUDA graphs (``cuda_graphs``, off by default; ``token2wav_graphs``),
+captured for every regular window shape (``regular_shapes``), voice and batch bucket when the head is built. Each chunk
 is one call to one worker thread that batches the chunks of every stream (``token2wav_batcher``): the
 DiT, then the vocoder, with first chunks ahead of later ones. A chunk's DiT window
 reaches ``past_codes`` back and ``lookahead_codes`` ahead, starting on a DiT attention block boundary so
@@ -27,16 +28,26 @@ window-edge estimate). The models are ``transformers``' own modules, loaded from
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
-from omni_gateway.omni.heads.token2wav_graphs import CallGraphs
+from omni_gateway.omni.heads.token2wav_graphs import BUCKETS, CallGraphs
 from omni_gateway.omni.heads.token2wav_loader import Speaker, Token2WavModels, load_token2wav
+
+log = logging.getLogger(__name__)
+
+# A call's codes (rows x window) up to which its ODE and vocoder are replayed from graphs. Past it the DiT
+# is bound by the GPU's arithmetic, not by launches (H200, 7B shapes: a 54-code window at 8 rows takes
+# 0.95 s eagerly and 0.89 s replayed, at 1 row 1.03 s and 0.31 s), and capturing every bucket of every
+# window took 99 s at load.
+GRAPH_CODES = 256
 
 OUTPUT_SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN: 100 mel frames/s, 240 samples each
 _MIN_AMPLITUDE = math.exp(-115 / 20 * math.log(10))  # BigVGAN's mel floor (-115 dB), as a host number
@@ -55,7 +66,10 @@ class Token2WavConfig:
     vocoder_context_frames: int = 16  # mel frames of vocoder context either side of a chunk
     num_steps: int = 10
     first_chunk_steps: int | None = None  # ODE steps of the first chunk; None: num_steps
-    cuda_graphs: bool = True  # on CUDA, replay chunks' ODE and vocoder from CUDA graphs (token2wav_graphs)
+    # On CUDA, replay regular chunks' ODE and vocoder from graphs captured at build (token2wav_graphs): a first
+    # chunk's call takes 0.2 s instead of 1.2 s on an H200. Off by default: at 32 concurrent streams a vocoder
+    # graph's replay crashed the process (a segfault inside the replay, cause not found); at 8 it ran clean.
+    cuda_graphs: bool = False
     guidance_scale: float = 0.5
     sway_coefficient: float = -1.0
 
@@ -128,6 +142,7 @@ class Token2Wav:
         self._stream: torch.cuda.Stream | None = None  # made by the worker's first call, on CUDA
         if config.cuda_graphs and models.device.type == "cuda":
             self._graphs = (CallGraphs("ODE"), CallGraphs("vocoder"))
+            self._capture_graphs()
 
     @classmethod
     def from_pretrained(
@@ -163,6 +178,50 @@ class Token2Wav:
 
     def stream(self, voice: str, *, seed: int | None = None) -> Token2WavStream:
         return Token2WavStream(self, self.speaker(voice), seed)
+
+    def regular_shapes(self) -> list[tuple[int, int, ChunkShape]]:
+        """Every regular chunk's (window codes, left mel frames, shape), in stream order: the first chunk's,
+        then later ones' until they repeat (a window's start is block-aligned, so its length cycles)."""
+        cfg = self.config
+        shapes: list[tuple[int, int, ChunkShape]] = []
+        start = left = 0
+        while True:
+            end = cfg.first_chunk_codes if start == 0 else start + cfg.chunk_codes
+            ahead = end + cfg.lookahead_codes
+            b, r = self.block_codes, self.repeats
+            win_start, win_end, shape = chunk_window(cfg, b, r, start, end, ahead, final=False)
+            entry = (win_end - win_start, left, shape)
+            if entry in shapes or (win_end - win_start) * self.repeats > self.max_frames:
+                return shapes
+            shapes.append(entry)
+            kept = shape.hi - shape.lo
+            left = min(left + kept, cfg.vocoder_context_frames) if cfg.vocoder_context_frames else 0
+            start = end
+
+    def _capture_graphs(self) -> None:
+        """Capture every regular chunk's ODE and vocoder graphs, for each batch bucket and reference-mel
+        length, by running the calls on zeros; then freeze the graphs (nothing is captured while serving)."""
+        assert self._graphs is not None
+        began = time.perf_counter()
+        voices = {s.ref_mel.shape[1]: s for s in self.models.speakers.values()}
+        for window, left, shape in self.regular_shapes():
+            code = torch.zeros(1, window, dtype=torch.long)
+            noise = torch.zeros(1, window * self.repeats, self.mel_dim)
+            edge = torch.zeros(1, self.mel_dim, left)
+            for speaker in voices.values():
+                for rows in BUCKETS:
+                    if rows * window <= GRAPH_CODES:
+                        self._chunk_group([(code, noise, speaker, edge, shape)] * rows)
+        for graphs in self._graphs:
+            graphs.frozen = True
+        log.info(
+            "token2wav: captured %d ODE and %d vocoder CUDA graphs (%d window shapes, %d voices) in %.1f s",
+            len(self._graphs[0]),
+            len(self._graphs[1]),
+            len(self.regular_shapes()),
+            len(voices),
+            time.perf_counter() - began,
+        )
 
     def close(self) -> None:
         """Stop the batching worker (streams started later start it again)."""
@@ -330,21 +389,30 @@ class Token2WavStream:
     def _chunk(self, end: int, *, final: bool) -> torch.Tensor:
         t2w, cfg, r = self.t2w, self.t2w.config, self.t2w.repeats
         start = self.done_codes
-        # Window start on a DiT block boundary: the block masks then match the whole utterance's.
-        win_start = max(0, start - cfg.past_codes) // t2w.block_codes * t2w.block_codes
-        win_end = len(self.codes) if final else min(len(self.codes), end + cfg.lookahead_codes)
+        win_start, win_end, shape = chunk_window(cfg, t2w.block_codes, r, start, end, len(self.codes), final=final)
         code = _as_codes(self.codes[win_start:win_end], torch.device("cpu"), t2w.num_codes)
         noise = self.noise.upto(win_end * r)[:, win_start * r :]
-        steps = cfg.first_chunk_steps if start == 0 and cfg.first_chunk_steps is not None else cfg.num_steps
         ctx = cfg.vocoder_context_frames
         left = self.mel if self.mel is not None and ctx else torch.zeros(1, t2w.mel_dim, 0)
-        regular = not final and win_end == end + cfg.lookahead_codes
-        shape = ChunkShape((start - win_start) * r, (end - win_start) * r, steps, first=start == 0, regular=regular)
         self.mel, chunk = t2w.chunk_batched(code, noise, self.speaker, left, shape)
         self.done_codes = end
         if final:
             self.finished = True
         return chunk
+
+
+def chunk_window(
+    cfg: Token2WavConfig, block_codes: int, repeats: int, start: int, end: int, available: int, *, final: bool
+) -> tuple[int, int, ChunkShape]:
+    """The DiT window ``[win_start, win_end)`` (in codes) of the chunk of codes ``[start, end)``, with
+    ``available`` codes known, and the chunk's shape in it. The window starts on a DiT block boundary, so its
+    block masks match the whole utterance's, and reaches ``lookahead_codes`` past the chunk unless ``final``."""
+    win_start = max(0, start - cfg.past_codes) // block_codes * block_codes
+    win_end = available if final else min(available, end + cfg.lookahead_codes)
+    steps = cfg.first_chunk_steps if start == 0 and cfg.first_chunk_steps is not None else cfg.num_steps
+    regular = not final and win_end == end + cfg.lookahead_codes
+    lo, hi = (start - win_start) * repeats, (end - win_start) * repeats
+    return win_start, win_end, ChunkShape(lo, hi, steps, first=start == 0, regular=regular)
 
 
 def ode_times(steps: int, sway: float | None) -> list[float]:

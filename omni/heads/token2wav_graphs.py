@@ -1,15 +1,17 @@
 """token2wav's calls replayed from CUDA graphs, one graph per batch-size bucket and shape.
 
-Streamed token2wav is bound by the host, not the GPU: a window's ODE is up to 40 DiT evaluations of about
-2,200 operations each, and BigVGAN a few hundred more, every one launched from Python (about 1 s for the
-ODE on an H200 whatever the window's length). A replayed graph launches them all at once. Only the regular
-chunks are replayed: the first chunk's window has one length, and later windows (``chunk_codes`` plus the
-block-aligned context) take a few lengths only, so a few graphs per batch bucket and reference-mel length
-cover them; a stream's last chunk has whatever length the answer leaves and runs eagerly. A graph is
-captured the first time its shape is needed, on the token2wav worker thread that makes every call
-(``token2wav_batcher``), with thread-local capture so the engine threads' work on the device meanwhile is
-untouched. A batch is padded to its bucket with copies of its first row. Where a capture fails that set of
-graphs is switched off and its calls run eagerly from then on.
+A small token2wav call is bound by the host, not the GPU: a window's ODE is up to 40 DiT evaluations of
+about 2,200 operations each, and BigVGAN a few hundred more, every one launched from Python (about 1 s for
+the ODE on an H200 whatever the window's length). A replayed graph launches them all at once (a first
+chunk's call: 0.2 s instead of 1.2 s). Large calls (many rows of long windows) are bound by the GPU's
+arithmetic instead and gain nothing, so ``Token2Wav`` captures graphs only up to ``GRAPH_CODES`` codes a
+call. Only the regular chunks are replayed: the first chunk's window has one length, and later windows
+(``chunk_codes`` plus the block-aligned context) take a few lengths only, so a few graphs per batch bucket
+and reference-mel length cover them; a stream's last chunk has whatever length the answer leaves and runs
+eagerly. Every graph is captured when the head is built, before it serves, and then ``frozen`` stops
+captures: a capture while other threads use the device (the engines' sampling, any work on the legacy
+stream) breaks their work and the capture. A batch is padded to its bucket with copies of its first row.
+Where a capture fails that set of graphs is switched off and its calls run eagerly from then on.
 """
 
 from __future__ import annotations
@@ -28,13 +30,18 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 class CallGraphs:
     """Graphs of one kind of call (``name``: the ODE, the vocoder), keyed by bucket, ``key`` and input shapes."""
 
-    def __init__(self, name: str, buckets: tuple[int, ...] = BUCKETS, max_graphs: int = 64) -> None:
+    def __init__(self, name: str, buckets: tuple[int, ...] = BUCKETS, max_graphs: int = 128) -> None:
         self._name = name
         self._buckets = buckets
         self._max_graphs = max_graphs
         self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], torch.Tensor]] = {}
         self._pool: object | None = None
         self.enabled = True
+        self.replayed = 0  # calls served from a graph
+        self.frozen = False  # set once the head is built: from then on a call without a graph runs eagerly
+
+    def __len__(self) -> int:
+        return len(self._graphs)
 
     def __call__(self, fn: Fn, key: Hashable, *inputs: torch.Tensor) -> torch.Tensor | None:
         """``fn(*inputs)`` (batch first in every input and the output) from its graph, or None where no graph
@@ -46,7 +53,7 @@ class CallGraphs:
         full_key = (bucket, key, tuple(tuple(v.shape[1:]) for v in inputs))
         captured = self._graphs.get(full_key)
         if captured is None:
-            if len(self._graphs) >= self._max_graphs:
+            if self.frozen or len(self._graphs) >= self._max_graphs:
                 return None
             try:
                 captured = self._capture(fn, bucket, inputs)
@@ -61,6 +68,7 @@ class CallGraphs:
             if batch < bucket:
                 static[batch:].copy_(value[:1].expand(bucket - batch, *value.shape[1:]))
         graph.replay()
+        self.replayed += 1
         return output[:batch].clone()
 
     def _capture(

@@ -260,7 +260,8 @@ def test_regular_windows_take_few_shapes_and_the_last_is_not_graphed(t2w: Token2
         seen.append((code.shape[1], left.shape[2], shape))
         assert noise.shape[1] == code.shape[1] * head.repeats
         frames = shape.hi - shape.lo
-        return torch.zeros(1, head.mel_dim, frames), torch.zeros(frames * head.hop)
+        tail = torch.cat((left, torch.zeros(1, head.mel_dim, frames)), 2)[:, :, -head.config.vocoder_context_frames :]
+        return tail, torch.zeros(frames * head.hop)
 
     head.chunk_batched = shapes_only  # type: ignore[method-assign]
     stream = head.stream("Ethan", seed=0)
@@ -272,3 +273,6 @@ def test_regular_windows_take_few_shapes_and_the_last_is_not_graphed(t2w: Token2
     assert not seen[-1][2].regular  # 1000 codes leave a short last chunk
     regular = {entry for entry in seen if entry[2].regular}
     assert len(seen) > 15 and len(regular) <= 3
+    # the shapes the head captures graphs for, when it is built, are exactly the ones a stream meets
+    assert set(head.regular_shapes()) == regular
+    assert head.regular_shapes() == list(dict.fromkeys(e for e in seen if e[2].regular))

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from omni_gateway.omni.heads.token2wav import Token2Wav, Token2WavConfig
+from omni_gateway.omni.heads.token2wav import GRAPH_CODES, Token2Wav, Token2WavConfig
+from omni_gateway.omni.heads.token2wav_graphs import BUCKETS
 
 from benchmarks.tiny_omni import CODEC_VOCAB, save_tiny_omni
 
@@ -19,6 +20,9 @@ def test_graphed_chunks_match_eager(tmp_path: Path) -> None:
     chunks = dict(first_chunk_codes=4, chunk_codes=8, past_codes=4, lookahead_codes=2, num_steps=4)
     eager = Token2Wav.from_pretrained(directory, Token2WavConfig(**chunks, cuda_graphs=False), device="cuda")
     graphed = Token2Wav(eager.models, Token2WavConfig(**chunks, cuda_graphs=True))
+    assert graphed._graphs is not None
+    ode, vocoder = graphed._graphs
+    replays_at_build = ode.replayed
     g = torch.Generator().manual_seed(0)
     jobs = [(torch.randint(0, CODEC_VOCAB - 4, (20,), generator=g).tolist(), voice) for voice in ("Ethan", "Chelsie")]
 
@@ -40,17 +44,22 @@ def test_graphed_chunks_match_eager(tmp_path: Path) -> None:
         return got
 
     want = [run(eager, codes, voice, i) for i, (codes, voice) in enumerate(jobs)]
-    for _ in range(2):  # the second round replays what the first captured
+    for _ in range(2):  # replayed round after round, with the graphs' inputs overwritten in between
         got = together()
         for alone, replayed in zip(want, got):
             assert replayed is not None and len(replayed) == len(alone)
             for a, b in zip(alone, replayed):
                 torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
-    assert eager._graphs is None and graphed._graphs is not None
-    ode, vocoder = graphed._graphs
-    assert ode.enabled and vocoder.enabled
-    # first (6 codes), second and third windows are regular; the last (a one-off length) is not graphed
-    assert {key[2][0][0] for key in ode._graphs} == {6, 14}
-    assert len(vocoder._graphs) >= 2
+    assert eager._graphs is None
+    assert ode.enabled and vocoder.enabled and ode.frozen and vocoder.frozen
+    # captured when the head was built: every regular window (first 6 codes, then the block-aligned ones),
+    # each batch bucket; serving captured nothing more, and the streams' regular chunks replayed
+    windows = {window for window, _, _ in graphed.regular_shapes()}
+    assert 6 in windows and {key[2][0][0] for key in ode._graphs} == windows
+    ode_calls = {(window, shape.steps) for window, _, shape in graphed.regular_shapes()}
+    ref_lengths = {speaker.ref_mel.shape[1] for speaker in graphed.models.speakers.values()}
+    per_voice = sum(1 for window, _ in ode_calls for rows in BUCKETS if rows * window <= GRAPH_CODES)
+    assert len(ode) == per_voice * len(ref_lengths)
+    assert ode.replayed - replays_at_build >= 2 * 2 and vocoder.replayed == ode.replayed
     eager.close()
     graphed.close()
