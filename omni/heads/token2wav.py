@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
+from omni_gateway.omni.heads.token2wav_dit import FastDiT
 from omni_gateway.omni.heads.token2wav_graphs import BUCKETS, CallGraphs
 from omni_gateway.omni.heads.token2wav_loader import Speaker, Token2WavModels, load_token2wav
 
@@ -140,6 +141,9 @@ class Token2Wav:
         # per batch bucket and shape (config.cuda_graphs, CUDA only); the two kinds fall back to eager apart.
         self._graphs: tuple[CallGraphs, CallGraphs] | None = None
         self._stream: torch.cuda.Stream | None = None  # made by the worker's first call, on CUDA
+        step_counts = {config.num_steps, config.first_chunk_steps or config.num_steps}
+        times = [t for n in step_counts for _, _, four in rk4_intervals(n, config.sway_coefficient) for t in four]
+        self._dit = FastDiT(dit, times)
         if config.cuda_graphs and models.device.type == "cuda":
             self._graphs = (CallGraphs("ODE"), CallGraphs("vocoder"))
             self._capture_graphs()
@@ -304,33 +308,24 @@ class Token2Wav:
         """transformers' flow-matching ODE (``Qwen2_5OmniToken2WavDiTModel.sample``: RK4 in its 3/8 form over
         sway-warped times), with the times as host numbers: no step waits for the device, so it also
         captures into a CUDA graph."""
-        cfg, dit = self.config, self.models.dit
-        cond = cond.unsqueeze(1).repeat(1, x0.shape[1], 1)
+        cfg = self.config
+        guided = cfg.guidance_scale >= 1e-5
+        chunk = self._dit.prepare(code, cond.unsqueeze(1).repeat(1, x0.shape[1], 1), ref_mel, guided)
 
         def velocity(t: float, x: torch.Tensor) -> torch.Tensor:
-            time = torch.full((), t, device=x.device, dtype=x.dtype)
-            guided = cfg.guidance_scale >= 1e-5
-            out = dit(
-                hidden_states=x,
-                speaker_embedding=cond,
-                condition_vector=ref_mel,
-                quantized_code=code,
-                time_step=time,
-                apply_cfg=guided,
-            )
+            out = self._dit.velocity(chunk, x, t)
             if not guided:
                 return out
             with_cond, null = torch.chunk(out, 2, dim=0)
             return with_cond + (with_cond - null) * cfg.guidance_scale
 
         x = x0
-        times = ode_times(steps, cfg.sway_coefficient)
-        for t0, t1 in zip(times[:-1], times[1:]):
+        for t0, t1, (ta, tb, tc, td) in rk4_intervals(steps, cfg.sway_coefficient):
             dt = t1 - t0
-            k1 = velocity(t0, x)
-            k2 = velocity(t0 + dt / 3, x + dt * k1 / 3)
-            k3 = velocity(t0 + dt * 2 / 3, x + dt * (k2 - k1 / 3))
-            k4 = velocity(t1, x + dt * (k1 - k2 + k3))
+            k1 = velocity(ta, x)
+            k2 = velocity(tb, x + dt * k1 / 3)
+            k3 = velocity(tc, x + dt * (k2 - k1 / 3))
+            k4 = velocity(td, x + dt * (k1 - k2 + k3))
             x = x + (k1 + 3 * (k2 + k3) + k4) * dt / 8
         return x.permute(0, 2, 1)
 
@@ -413,6 +408,12 @@ def chunk_window(
     regular = not final and win_end == end + cfg.lookahead_codes
     lo, hi = (start - win_start) * repeats, (end - win_start) * repeats
     return win_start, win_end, ChunkShape(lo, hi, steps, first=start == 0, regular=regular)
+
+
+def rk4_intervals(steps: int, sway: float | None) -> list[tuple[float, float, tuple[float, float, float, float]]]:
+    """Each ODE interval's ends and the four times its RK4 (3/8 rule) step evaluates the DiT at."""
+    times = ode_times(steps, sway)
+    return [(t0, t1, (t0, t0 + (t1 - t0) / 3, t0 + (t1 - t0) * 2 / 3, t1)) for t0, t1 in zip(times[:-1], times[1:])]
 
 
 def ode_times(steps: int, sway: float | None) -> list[float]:

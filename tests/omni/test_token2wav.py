@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from omni_gateway.omni.heads.token2wav import ChunkShape, Token2Wav, Token2WavConfig, UnknownVoice
+from omni_gateway.omni.heads.token2wav_dit import FastDiT
 from omni_gateway.omni.heads.token2wav_loader import Token2WavLoadError
 
 from benchmarks.tiny_omni import CODEC_VOCAB, SPEAKERS, save_tiny_omni
@@ -27,6 +28,40 @@ def t2w(tiny_dir: Path) -> Token2Wav:
 def _codes(n: int, seed: int = 1) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, CODEC_VOCAB - 4, (n,), generator=g).tolist()
+
+
+@pytest.mark.parametrize("guided", [True, False])
+def test_fast_dit_evaluation_matches_the_dits_forward(t2w: Token2Wav, guided: bool) -> None:
+    """The DiT with its per-chunk and per-time parts computed apart, against transformers' forward; weights
+    drawn large, so that head 0's rotary positions, the block masks and the speaker encoder all move the
+    output (at the checkpoint's small initial weights they hardly do)."""
+    import copy
+
+    dit = copy.deepcopy(t2w.models.dit)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for param in dit.parameters():
+            param.copy_(torch.randn(param.shape, generator=g) * 0.3)
+    fast = FastDiT(dit, [0.25])
+    rows, n = 2, 9
+    frames = n * dit.repeats
+    code = torch.randint(0, CODEC_VOCAB - 4, (rows, n), generator=g)
+    x = torch.randn(rows, frames, dit.mel_dim, generator=g)
+    speaker = torch.randn(rows, 1, dit.config.enc_emb_dim, generator=g).expand(rows, frames, -1)
+    ref_mel = torch.randn(rows, 30, dit.mel_dim, generator=g)
+    with torch.inference_mode():
+        chunk = fast.prepare(code, speaker, ref_mel, guided)
+        for t in (0.25, 0.6):  # a time computed when built, and one computed on the spot
+            want = dit(
+                hidden_states=x,
+                speaker_embedding=speaker,
+                condition_vector=ref_mel,
+                quantized_code=code,
+                time_step=torch.tensor(t),
+                apply_cfg=guided,
+            )
+            assert want.shape == (rows * (2 if guided else 1), frames, dit.mel_dim)
+            torch.testing.assert_close(fast.velocity(chunk, x, t), want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow

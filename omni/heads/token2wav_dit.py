@@ -1,0 +1,119 @@
+"""token2wav's DiT evaluation with what does not change across the ODE's steps computed once.
+
+transformers' ``Qwen2_5OmniToken2WavDiTModel.forward`` recomputes, at every one of the ODE's 40
+evaluations, things that depend on the chunk only (the speaker encoder over the reference mel, the code
+embeddings, their share of the input projection, the rotary positions and the block masks) or on the time
+only (the time embedding and every layer's adaptive-norm modulation). That is about 1,000 kernels an
+evaluation, and on a GPU a small chunk's call is bound by launching them. Here ``prepare`` computes the
+chunk's part once per call; ``velocity`` runs only the layers over ``x``, about 19 kernels a layer, with
+each layer's modulation looked up by time (computed when the head is built, for the ODE's own times, or on
+the spot for any other time). Head 0's rotary rotation is one small matrix per position. The weights are
+the model's own modules; the result equals ``forward`` up to float rounding (``tests/omni/test_token2wav.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedChunk:
+    """One call's step-invariant inputs: ``rows`` is the batch (doubled under classifier-free guidance)."""
+
+    rows: int
+    fixed_input: torch.Tensor  # [rows, frames, hidden]: the input projection of everything but ``x``, bias included
+    rotation: torch.Tensor  # [frames, head_dim, head_dim]: head 0's rotary map at each position
+    masks: tuple[torch.Tensor, ...]  # per layer [frames, frames] bool: which frames a frame attends to
+    guided: bool
+
+
+class FastDiT:
+    """``dit``'s forward split into per-chunk and per-evaluation parts (``dit``: transformers' DiT, eval mode)."""
+
+    def __init__(self, dit: Any, times: list[float]) -> None:
+        self.dit = dit
+        self.mel_dim = int(dit.mel_dim)
+        self.heads = int(dit.num_attention_heads)
+        attn = dit.transformer_blocks[0].attn
+        self.head_dim = attn.inner_dim // self.heads
+        hf = sys.modules[type(attn).__module__]
+        self._apply_rotary = hf.apply_rotary_pos_emb
+        self._deinterleave = getattr(hf, "deinterleave_head_dim", lambda x: x)
+        self._modulations: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
+        with torch.inference_mode():
+            for t in times:
+                self._modulations[t] = self._modulation(t)
+
+    def prepare(self, code: torch.Tensor, speaker: torch.Tensor, ref_mel: torch.Tensor, guided: bool) -> PreparedChunk:
+        """``code`` [B, n], ``speaker`` [B, frames, enc_emb_dim], ``ref_mel`` [B, ref_frames, mel_dim]."""
+        dit = self.dit
+        embed = dit.input_embed
+        code_embed = dit.text_embed(code, drop_code=False)
+        if guided:  # the second half: no speaker, no reference audio, no codes
+            code_embed = torch.cat((code_embed, dit.text_embed(code, drop_code=True)))
+            speaker = torch.cat((speaker, torch.zeros_like(speaker)))
+            ref_mel = torch.cat((ref_mel, torch.zeros_like(ref_mel)))
+        rows, frames = code_embed.shape[0], code_embed.shape[1]
+        voice = embed.spk_encoder(ref_mel).unsqueeze(1).expand(rows, frames, -1)
+        weight = embed.proj.weight
+        fixed = F.linear(torch.cat((voice, code_embed, speaker), -1), weight[:, self.mel_dim :], embed.proj.bias)
+        positions = torch.arange(frames, device=code.device)
+        cos, sin = dit.rotary_embed(fixed, positions[None])
+        eye = torch.eye(self.head_dim, device=code.device, dtype=fixed.dtype)
+        basis = eye[None, :, None, :].expand(1, self.head_dim, frames, self.head_dim)  # [1, "heads"=D, T, D]
+        rotated, _ = self._apply_rotary(self._deinterleave(basis), self._deinterleave(basis), cos, sin)
+        rotation = rotated[0].transpose(0, 1)  # [T, D_in, D_out]
+        block = positions // dit.block_size
+        diff = block[None, :] - block[:, None]
+        spans = [(layer.look_backward_block, layer.look_ahead_block) for layer in dit.transformer_blocks]
+        masks = {span: (diff >= -float(span[0])) & (diff <= float(span[1])) for span in set(spans)}
+        return PreparedChunk(rows, fixed, rotation.contiguous(), tuple(masks[span] for span in spans), guided)
+
+    def velocity(self, chunk: PreparedChunk, x: torch.Tensor, t: float) -> torch.Tensor:
+        """The DiT's output for ``x`` [B, frames, mel_dim] at time ``t`` ([2B, ...] when guided)."""
+        dit = self.dit
+        layers, final = self._modulations.get(t) or self._modulation(t)
+        if chunk.guided:
+            x = torch.cat((x, x))
+        h = torch.addmm(
+            chunk.fixed_input.reshape(-1, chunk.fixed_input.shape[-1]),
+            x.reshape(-1, self.mel_dim),
+            self.dit.input_embed.proj.weight[:, : self.mel_dim].t(),
+        ).view(chunk.fixed_input.shape)
+        rows, frames, width = h.shape
+        for layer, mod, mask in zip(dit.transformer_blocks, layers, chunk.masks):
+            shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod  # scales hold 1 + scale
+            attn = layer.attn
+            n = torch.addcmul(shift_msa, F.layer_norm(h, (width,), eps=1e-6), scale_msa)
+            q = attn.to_q(n).view(rows, frames, self.heads, self.head_dim)
+            k = attn.to_k(n).view(rows, frames, self.heads, self.head_dim)
+            v = attn.to_v(n).view(rows, frames, self.heads, self.head_dim)
+            # head 0 carries the rotary positions (as the checkpoint was trained), the other heads none
+            head0 = torch.matmul(torch.stack((q[:, :, 0], k[:, :, 0])).unsqueeze(3), chunk.rotation)
+            q[:, :, 0] = head0[0, :, :, 0]
+            k[:, :, 0] = head0[1, :, :, 0]
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+            h = torch.addcmul(h, gate_msa, attn.to_out[0](a.transpose(1, 2).reshape(rows, frames, width)))
+            n = torch.addcmul(shift_mlp, F.layer_norm(h, (width,), eps=1e-6), scale_mlp)
+            ff = layer.ff.ff
+            h = torch.addcmul(h, gate_mlp, ff[3](ff[1](ff[0](n))))
+        scale, shift = final
+        return dit.proj_out(torch.addcmul(shift, F.layer_norm(h, (width,), eps=1e-6), scale))
+
+    def _modulation(self, t: float) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's six modulation vectors at time ``t`` (scales as 1 + scale) and the final norm's two."""
+        dit = self.dit
+        weight = dit.proj_out.weight
+        emb = dit.time_embed(torch.full((1,), t, device=weight.device, dtype=weight.dtype))
+        layers = []
+        for layer in dit.transformer_blocks:
+            norm = layer.attn_norm
+            shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = norm.linear(norm.silu(emb))[0].chunk(6)
+            layers.append(torch.stack((shift_msa, 1 + scale_msa, gate_msa, shift_mlp, 1 + scale_mlp, gate_mlp)))
+        scale, shift = dit.norm_out.linear(dit.norm_out.silu(emb))[0].chunk(2)
+        return layers, (1 + scale, shift)
