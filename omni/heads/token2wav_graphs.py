@@ -1,9 +1,9 @@
 """token2wav's calls replayed from CUDA graphs, one graph per batch-size bucket and shape.
 
 A small token2wav call is bound by the host, not the GPU: a window's ODE is up to 40 DiT evaluations of
-about 2,200 operations each, and BigVGAN a few hundred more, every one launched from Python (about 1 s for
-the ODE on an H200 whatever the window's length). A replayed graph launches them all at once (a first
-chunk's call: 0.2 s instead of 1.2 s). Large calls (many rows of long windows) are bound by the GPU's
+about 800 operations each (``token2wav_dit``), and BigVGAN a few hundred more, every one launched from
+Python (0.6-0.7 s for a first chunk's call on an H200, eagerly). A replayed graph launches them all at once
+(0.15 s). Large calls (many rows of long windows) are bound by the GPU's
 arithmetic instead and gain nothing, so ``Token2Wav`` captures graphs only up to ``GRAPH_CODES`` codes a
 call. Only the regular chunks are replayed: the first chunk's window has one length, and later windows
 (``chunk_codes`` plus the block-aligned context) take a few lengths only, so a few graphs per batch bucket
