@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from omni_gateway.encoders.asr import SAMPLE_RATE, AsrJob, AsrResult, BatchRecognizer
+from omni_gateway.encoders.batch_window import wait_for_batch
 
 log = logging.getLogger(__name__)
 
@@ -108,16 +109,10 @@ class BatchedRecognizer:
 
     def _take(self) -> list[_Request] | None:
         with self._ready:
-            while not self._queue and not self._closed:
-                self._ready.wait()
-            if not self._queue:
+            if not wait_for_batch(
+                self._ready, lambda: len(self._queue), lambda: self._closed, self.max_batch, self.window_s
+            ):
                 return None
-            deadline = time.monotonic() + self.window_s
-            while len(self._queue) < self.max_batch and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._ready.wait(left)
             return [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
 
     def _run(self) -> None:

@@ -18,7 +18,6 @@ import functools
 import importlib.util
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 from omni_gateway.encoders.audio import StreamResampler, pcm16_to_float
+from omni_gateway.encoders.batch_window import wait_for_batch
 
 MODEL_RATE = 16000
 WINDOW = 512
@@ -263,17 +263,12 @@ class VadBatcher:
 
     def _take(self) -> list[SileroVad] | None:
         with self._ready:
-            while not self._waiting and not self._closed:
-                self._ready.wait()
-            if not self._waiting:
+            window = 0.0 if self._backlog else self.window_s
+            if not wait_for_batch(
+                self._ready, lambda: len(self._waiting), lambda: self._closed, self.max_batch, window
+            ):
                 return None
-            deadline = time.monotonic() + (0.0 if self._backlog else self.window_s)
             self._backlog = False
-            while len(self._waiting) < self.max_batch and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._ready.wait(left)
             taken = list(self._waiting)[: self.max_batch]
             for detector in taken:
                 del self._waiting[detector]

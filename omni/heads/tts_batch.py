@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+from omni_gateway.encoders.batch_window import wait_for_batch
 
 log = logging.getLogger(__name__)
 
@@ -148,16 +149,10 @@ class BatchedSynthesizer:
 
     def _take(self) -> list[Clause] | None:
         with self._ready:
-            while not len(self._queue) and not self._closed:
-                self._ready.wait()
-            if not len(self._queue):
+            if not wait_for_batch(
+                self._ready, lambda: len(self._queue), lambda: self._closed, self.max_batch, self.window_s
+            ):
                 return None
-            deadline = time.monotonic() + self.window_s
-            while len(self._queue) < self.max_batch and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._ready.wait(left)
             return self._queue.take(self.max_batch)
 
     def _run(self) -> None:
