@@ -200,8 +200,11 @@ class QuantizedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.apply(self.activations(x))
 
-    def _needs_codes(self, rows: int) -> bool:
-        return rows < self.codes_below
+    def _codes_buffer(self, rows: int) -> torch.Tensor | None:
+        """Room for ``rows`` rows' int16 codes where this linear's kernels read codes at that many rows."""
+        if rows >= self.codes_below:
+            return None
+        return torch.empty(activation_bytes(rows, self.in_features), dtype=torch.uint8)
 
     def _check(self, x: torch.Tensor) -> None:
         if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.in_features:
@@ -215,9 +218,9 @@ class QuantizedLinear:
         self._check(x)
         x = x.contiguous()
         rows = x.shape[0]
-        if not self._needs_codes(rows):
+        codes = self._codes_buffer(rows)
+        if codes is None:
             return Activations(x, None)
-        codes = torch.empty(activation_bytes(rows, self.in_features), dtype=torch.uint8)
         self.lib.quantize(_ptr(x), rows, self.in_features, _ptr(codes), torch.get_num_threads())
         return Activations(x, codes)
 
@@ -230,9 +233,7 @@ class QuantizedLinear:
         assert residual.is_contiguous() and weight.dtype == torch.float32 and weight.is_contiguous()
         rows = residual.shape[0]
         out = torch.empty_like(residual)
-        codes = None
-        if self._needs_codes(rows):
-            codes = torch.empty(activation_bytes(rows, self.in_features), dtype=torch.uint8)
+        codes = self._codes_buffer(rows)
         if x is not None:
             self._check(x)
             x = x.contiguous()
@@ -260,9 +261,7 @@ class QuantizedLinear:
             )
         gate_up = gate_up.contiguous()
         out = torch.empty(rows, self.in_features, dtype=torch.float32)
-        codes = None
-        if self._needs_codes(rows):
-            codes = torch.empty(activation_bytes(rows, self.in_features), dtype=torch.uint8)
+        codes = self._codes_buffer(rows)
         self.lib.silu_mul(
             _ptr(gate_up),
             rows,
