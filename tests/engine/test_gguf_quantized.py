@@ -28,12 +28,19 @@ pytestmark = pytest.mark.skipif(load_kernels() is None, reason="the quantized CP
 TYPES = [GGMLQuantizationType[name] for name in KEPT_QUANTIZED]
 
 
+def _decoded_and_reference(
+    qtype: GGMLQuantizationType, rows: int, cols: int, seed: int
+) -> tuple[QuantizedWeight, torch.Tensor]:
+    """Random blocks of ``qtype`` decoded for the kernels, and gguf's own float32 dequantization of them."""
+    blocks = quantized_blocks(qtype, rows, cols, np.random.default_rng(seed))
+    reference = torch.from_numpy(dequantize(blocks, qtype).reshape(rows, cols).astype(np.float32))
+    return decode_quantized("w", qtype.name, blocks, rows, cols), reference
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_decoded_weights_equal_the_reference_dequantizer_bit_for_bit(qtype: GGMLQuantizationType) -> None:
     rows, cols = 40, 512
-    blocks = quantized_blocks(qtype, rows, cols, np.random.default_rng(1))
-    reference = torch.from_numpy(dequantize(blocks, qtype).reshape(rows, cols).astype(np.float32))
-    weight = decode_quantized("w", qtype.name, blocks, rows, cols)
+    weight, reference = _decoded_and_reference(qtype, rows, cols, seed=1)
     assert torch.equal(weight.dequantize(), reference)
     picked = torch.tensor([3, 0, 39, 3])
     assert torch.equal(weight.rows(picked), reference[picked])
@@ -75,9 +82,7 @@ def test_matmul_is_within_the_int16_activation_bound_of_the_float64_product(
 def test_q4_rows_of_an_odd_number_of_groups(qtype: GGMLQuantizationType) -> None:
     # The q4 layout interleaves pairs of groups; a row of 3 groups ends with one left as it is.
     rows, cols = 24, 96
-    blocks = quantized_blocks(qtype, rows, cols, np.random.default_rng(4))
-    reference = torch.from_numpy(dequantize(blocks, qtype).reshape(rows, cols).astype(np.float32))
-    weight = decode_quantized("w", qtype.name, blocks, rows, cols)
+    weight, reference = _decoded_and_reference(qtype, rows, cols, seed=4)
     assert torch.equal(weight.dequantize(), reference)
     assert torch.equal(weight.rows(torch.tensor([5, 23])), reference[[5, 23]])
     x = torch.randn(3, cols)
