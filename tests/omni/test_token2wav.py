@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from omni_gateway.omni.heads.token2wav import ChunkShape, Token2Wav, Token2WavConfig, UnknownVoice
+from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
 from omni_gateway.omni.heads.token2wav_dit import FastDiT
 from omni_gateway.omni.heads.token2wav_graphs import CallGraphs
 from omni_gateway.omni.heads.token2wav_loader import Token2WavLoadError
@@ -200,22 +205,25 @@ def test_first_chunk_takes_its_own_ode_steps(t2w: Token2Wav) -> None:
     assert [len(c) for c in fast] == [len(c) for c in slow]
 
 
-def test_batched_calls_group_what_queued_while_busy() -> None:
-    import threading
-    import time
-
-    from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
-
+def _held_batcher(
+    answer: Callable[[Any], Any], **options: Any
+) -> tuple[BatchedCalls, threading.Event, threading.Event, list[list[Any]]]:
+    """A batcher whose every call waits for ``gate`` (``busy`` is set once the first runs), recording each
+    batch's jobs in ``batches`` and answering each job with ``answer(job)``."""
     gate, busy = threading.Event(), threading.Event()
-    batches: list[list[int]] = []
+    batches: list[list[Any]] = []
 
-    def fn(calls: list[tuple[int]]) -> list[int]:
+    def fn(calls: list[tuple[Any]]) -> list[Any]:
         busy.set()
         gate.wait(5)
         batches.append([x for (x,) in calls])
-        return [x * 10 for (x,) in calls]
+        return [answer(x) for (x,) in calls]
 
-    calls = BatchedCalls(fn, "test-batcher")
+    return BatchedCalls(fn, "test-batcher", **options), gate, busy, batches
+
+
+def test_batched_calls_group_what_queued_while_busy() -> None:
+    calls, gate, busy, batches = _held_batcher(lambda x: x * 10)
     results: dict[int, int] = {}
 
     def call(x: int, key: str) -> None:
@@ -238,21 +246,7 @@ def test_batched_calls_group_what_queued_while_busy() -> None:
 
 
 def test_first_chunks_go_before_later_chunks_queued_earlier() -> None:
-    import threading
-    import time
-
-    from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
-
-    gate, busy = threading.Event(), threading.Event()
-    batches: list[list[str]] = []
-
-    def fn(calls: list[tuple[str]]) -> list[str]:
-        busy.set()
-        gate.wait(5)
-        batches.append([x for (x,) in calls])
-        return [x.upper() for (x,) in calls]
-
-    calls = BatchedCalls(fn, "test-batcher", max_batch=2)
+    calls, gate, busy, batches = _held_batcher(str.upper, max_batch=2)
     results: dict[str, str] = {}
 
     def call(x: str, key: str, urgent: bool) -> None:
