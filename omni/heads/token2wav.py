@@ -209,7 +209,8 @@ class Token2Wav:
         assert self._graphs is not None
         began = time.perf_counter()
         voices = {s.ref_mel.shape[1]: s for s in self.models.speakers.values()}
-        for window, left, shape in self.regular_shapes():
+        shapes = self.regular_shapes()
+        for window, left, shape in shapes:
             code = torch.zeros(1, window, dtype=torch.long)
             noise = torch.zeros(1, window * self.repeats, self.mel_dim)
             edge = torch.zeros(1, self.mel_dim, left)
@@ -223,7 +224,7 @@ class Token2Wav:
             "token2wav: captured %d ODE and %d vocoder CUDA graphs (%d window shapes, %d voices) in %.1f s",
             len(self._graphs[0]),
             len(self._graphs[1]),
-            len(self.regular_shapes()),
+            len(shapes),
             len(voices),
             time.perf_counter() - began,
         )

@@ -44,6 +44,9 @@ class FastDiT:
         hf = sys.modules[type(attn).__module__]
         self._apply_rotary = hf.apply_rotary_pos_emb
         self._deinterleave = getattr(hf, "deinterleave_head_dim", lambda x: x)
+        proj = dit.input_embed.proj.weight
+        self._x_weight = proj[:, : self.mel_dim].t()  # the input projection's columns that see ``x``
+        self._fixed_weight = proj[:, self.mel_dim :]  # ... and those that see the chunk's conditions
         self._modulations: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
         with torch.inference_mode():
             for t in times:
@@ -60,8 +63,7 @@ class FastDiT:
             ref_mel = torch.cat((ref_mel, torch.zeros_like(ref_mel)))
         rows, frames = code_embed.shape[0], code_embed.shape[1]
         voice = embed.spk_encoder(ref_mel).unsqueeze(1).expand(rows, frames, -1)
-        weight = embed.proj.weight
-        fixed = F.linear(torch.cat((voice, code_embed, speaker), -1), weight[:, self.mel_dim :], embed.proj.bias)
+        fixed = F.linear(torch.cat((voice, code_embed, speaker), -1), self._fixed_weight, embed.proj.bias)
         positions = torch.arange(frames, device=code.device)
         cos, sin = dit.rotary_embed(fixed, positions[None])
         eye = torch.eye(self.head_dim, device=code.device, dtype=fixed.dtype)
@@ -81,9 +83,7 @@ class FastDiT:
         if chunk.guided:
             x = torch.cat((x, x))
         h = torch.addmm(
-            chunk.fixed_input.reshape(-1, chunk.fixed_input.shape[-1]),
-            x.reshape(-1, self.mel_dim),
-            self.dit.input_embed.proj.weight[:, : self.mel_dim].t(),
+            chunk.fixed_input.reshape(-1, chunk.fixed_input.shape[-1]), x.reshape(-1, self.mel_dim), self._x_weight
         ).view(chunk.fixed_input.shape)
         rows, frames, width = h.shape
         for layer, mod, mask in zip(dit.transformer_blocks, layers, chunk.masks):
