@@ -22,7 +22,8 @@ streaming silence, as a microphone does, and speaks its next question once the r
 - partial transcripts: how many `conversation.item.input_audio_transcription.delta` events came before
   `speech_stopped`, i.e. while the user spoke;
 - batches: with the ASR or TTS batcher (torch or CTranslate2 Whisper, HF VITS), the mean batch size of each
-  and the share of the run its worker spent in batches (`*_busy`: near 1, that worker is the queue).
+  how long their batches took (`*_batch_p50_ms`, `*_batch_p90_ms`: the stage's work; the rest of its time
+  is queueing) and the share of the run its worker spent in batches (`*_busy`: near 1, that worker is the queue).
 
 ``--fake`` serves the test suite's fake backend instead (instant ASR, a fixed reply, silence for audio):
 the gateway's own cost of many sessions, without models. ``--asr``/``--tts``/``--model`` pick the stages
@@ -309,8 +310,9 @@ def load_stages(args: argparse.Namespace) -> Any:
 
 
 def batch_sizes(backend: Any, wall_s: float) -> dict[str, float]:
-    """Mean batch sizes of the stages that batch across sessions (the ASR and TTS batchers), and the share of
-    ``wall_s`` each one's worker spent in batches (near 1: that worker is the queue)."""
+    """Mean batch sizes of the stages that batch across sessions (the ASR and TTS batchers), how long their
+    batches took (p50/p90: the stage's work, the rest of its time is queueing), and the share of ``wall_s``
+    each one's worker spent in batches (near 1: that worker is the queue)."""
     out = {}
     for name, stage in (
         ("asr", getattr(backend, "asr", None)),
@@ -320,6 +322,11 @@ def batch_sizes(backend: Any, wall_s: float) -> dict[str, float]:
         if sizes:
             out[f"{name}_mean_batch"] = round(statistics.fmean(sizes), 2)
             stage.batch_sizes.clear()
+        seconds = list(getattr(stage, "batch_seconds", None) or [])
+        if seconds:
+            for p in (50, 90):
+                out[f"{name}_batch_p{p}_ms"] = round(percentile(seconds, p / 100) * 1000, 1)
+            stage.batch_seconds.clear()
         if getattr(stage, "busy_s", 0.0):
             out[f"{name}_busy"] = round(stage.busy_s / wall_s, 3)
             stage.busy_s = 0.0

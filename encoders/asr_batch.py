@@ -47,6 +47,7 @@ class BatchedRecognizer:
         self.max_batch = max_batch
         self.window_s = window_s
         self.batch_sizes: deque[int] = deque(maxlen=1024)  # the sizes of the latest batches, for benchmarks
+        self.batch_seconds: deque[float] = deque(maxlen=1024)  # and how long each took: work, not queueing
         self.busy_s = 0.0  # seconds spent reading batches, for benchmarks (is the worker the bottleneck?)
         self._queue: deque[_Request] = deque()
         self._ready = threading.Condition()
@@ -130,6 +131,7 @@ class BatchedRecognizer:
                     r.future.set_exception(exc)
                 continue
             finally:
-                self.busy_s += time.monotonic() - started
+                self.batch_seconds.append(time.monotonic() - started)
+                self.busy_s += self.batch_seconds[-1]
             for r, result in zip(live, results):
                 r.future.set_result(result)

@@ -110,6 +110,7 @@ class BatchedSynthesizer:
         self.max_batch = max_batch
         self.window_s = window_s
         self.batch_sizes: deque[int] = deque(maxlen=1024)  # the sizes of the latest batches, for benchmarks
+        self.batch_seconds: deque[float] = deque(maxlen=1024)  # and how long each took: work, not queueing
         self.busy_s = 0.0  # seconds spent rendering batches, for benchmarks (is the worker the bottleneck?)
         self._queue = FairQueue()
         self._ready = threading.Condition()
@@ -179,6 +180,7 @@ class BatchedSynthesizer:
                     clause.future.set_exception(exc)
                 continue
             finally:
-                self.busy_s += time.monotonic() - started
+                self.batch_seconds.append(time.monotonic() - started)
+                self.busy_s += self.batch_seconds[-1]
             for clause, samples in zip(live, audio):
                 clause.future.set_result(samples)

@@ -79,6 +79,7 @@ def test_the_batcher_runs_concurrent_callers_in_one_batch(tiny_en: Path) -> None
         thread.join()
     assert list(batcher.batch_sizes) == [4]
     assert 0 < batcher.busy_s <= time.monotonic() - started  # the one batch's time, for benchmarks
+    assert list(batcher.batch_seconds) == [batcher.busy_s]
     assert results == [recognizer.transcribe(float_to_pcm16(c)) for c in audio]
     batcher.close()
     with pytest.raises(RuntimeError, match="closed"):

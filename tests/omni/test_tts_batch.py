@@ -91,6 +91,7 @@ def test_concurrent_callers_share_a_batch(quiet_vits: HfVitsSynthesizer) -> None
         thread.join()
     assert list(batcher.batch_sizes) == [4]
     assert 0 < batcher.busy_s <= time.monotonic() - started  # the one batch's time, for benchmarks
+    assert list(batcher.batch_seconds) == [batcher.busy_s]
     for got, expected in zip(results, alone):
         np.testing.assert_allclose(got, expected, atol=ATOL)
     cancelled = threading.Event()
