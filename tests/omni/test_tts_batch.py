@@ -55,6 +55,16 @@ def test_a_first_clause_does_not_wait_for_a_longer_clause_or_another_speed() -> 
     assert texts(queue.take(8)) == ["a very long sentence of a long answer that renders slowly"]
 
 
+def test_a_batch_takes_many_first_clauses_but_few_later_ones() -> None:
+    queue = FairQueue()
+    for stream in "abcd":
+        queue.push(clause(f"{stream} ok", stream))
+    for stream in "efg":
+        queue.push(clause(f"{stream} first", stream, first=True))
+    assert texts(queue.take(8, max_later=2)) == ["e first", "f first", "g first", "a ok", "b ok"]
+    assert texts(queue.take(8, max_later=2)) == ["c ok", "d ok"] and len(queue) == 0
+
+
 @pytest.fixture
 def quiet_vits(tiny_vits: Path) -> HfVitsSynthesizer:  # noqa: F811
     """The tiny VITS with its noise switched off: its duration and flow then depend on the text alone."""
@@ -111,7 +121,7 @@ def test_a_failed_batch_fails_its_callers_and_the_worker_serves_on(quiet_vits: H
         batcher.synthesize("hello")
     quiet_vits.synthesize_batch = real  # type: ignore[method-assign]
     assert len(batcher.synthesize("hello")) > 0
-    with pytest.raises(ValueError, match="max_batch must be at least 1"):
+    with pytest.raises(ValueError, match="max_batch and max_later must be at least 1"):
         BatchedSynthesizer(quiet_vits, max_batch=0)
     batcher.close()
 
