@@ -18,11 +18,15 @@ def decode_masked(decoder: Any, spectrogram: Any, frames: Any, conditioning: Any
     import torch
     from torch.nn import functional
 
+    keeps: dict[int, torch.Tensor] = {}  # one mask per upsampling stage, not one per convolution
+
     def zero_past_end(hidden: torch.Tensor) -> torch.Tensor:
-        scale = hidden.shape[-1] // spectrogram.shape[-1]  # the upsampling so far
-        positions = torch.arange(hidden.shape[-1], device=hidden.device)
-        keep = positions[None, :] < (frames * scale)[:, None]
-        return hidden * keep[:, None, :].to(hidden.dtype)
+        length = hidden.shape[-1]
+        if length not in keeps:
+            scale = length // spectrogram.shape[-1]  # the upsampling so far
+            positions = torch.arange(length, device=hidden.device)
+            keeps[length] = (positions[None, :] < (frames * scale)[:, None])[:, None, :].to(hidden.dtype)
+        return hidden * keeps[length]
 
     slope = decoder.config.leaky_relu_slope
     hidden = decoder.conv_pre(zero_past_end(spectrogram))
