@@ -225,6 +225,8 @@ def test_cancel_and_disconnect_abort_backend_requests() -> None:
             done = (await until(ws, "response.done"))[-1]["response"]
             await ws.send(json.dumps(GREETING))
             second = (await until(ws, "response.created"))[-1]["response"]["id"]
+            while second not in [r.request_id for r in backend.requests]:  # leave once its stream has started
+                await asyncio.sleep(0.01)
             return first + " " + second, done
         raise AssertionError("unreachable")
 
