@@ -34,7 +34,13 @@ def serve(backend: object, config: GatewayConfig | None = None) -> Iterator[int]
     sock.bind(("127.0.0.1", 0))
     port: int = sock.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", ws_max_size=config.max_frame_bytes, lifespan="off")
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            ws_max_size=config.max_frame_bytes,
+            ws_per_message_deflate=config.ws_compression,
+            lifespan="off",
+        )
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
