@@ -29,7 +29,7 @@ from omni_gateway.gateway.http import schema as http_schema
 from omni_gateway.gateway.http.errors import ApiError
 from omni_gateway.gateway.realtime import schema as rt_schema
 from omni_gateway.gateway.realtime.commands import Close, Send
-from omni_gateway.gateway.realtime.outbox import serialize
+from omni_gateway.gateway.realtime.frames import serialize
 
 from benchmarks.common import ResultLog, add_out_argument
 

@@ -43,7 +43,9 @@ class TokenTimer:
     """Observes time-to-first-output once, then the gap before every further output."""
 
     def __init__(self, api: str, clock: Callable[[], float] = time.perf_counter) -> None:
-        self._api = api
+        # The labelled series looked up once: tick runs for every chunk of audio or text.
+        self._first = TIME_TO_FIRST_TOKEN.labels(api)
+        self._gaps = INTER_TOKEN_LATENCY.labels(api)
         self._clock = clock
         self._start = clock()
         self._last: float | None = None
@@ -51,9 +53,9 @@ class TokenTimer:
     def tick(self) -> None:
         now = self._clock()
         if self._last is None:
-            TIME_TO_FIRST_TOKEN.labels(self._api).observe(now - self._start)
+            self._first.observe(now - self._start)
         else:
-            INTER_TOKEN_LATENCY.labels(self._api).observe(now - self._last)
+            self._gaps.observe(now - self._last)
         self._last = now
 
 

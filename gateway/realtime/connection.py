@@ -71,6 +71,7 @@ class RealtimeConnection:
         self._stalled = False  # the session was told the client stopped reading; cleared once it drains
         self._state_changed = asyncio.Event()  # set after every dispatch: the idle watcher re-reads its deadline
         self._reader_task: asyncio.Task[None] | None = None
+        self._send_watch: asyncio.TimerHandle | None = None  # the timer of the event being sent
 
     # ---- lifecycle ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -150,28 +151,36 @@ class RealtimeConnection:
 
     # ---- writing --------------------------------------------------------------------------------
     async def _writer(self) -> None:
-        timeout = self.config.send_timeout_s
         while (item := await self._outbox.get()) is not None:
             text, queued_at = item
-            send = asyncio.ensure_future(self.ws.send_text(text))
+            # Nearly every send returns at once, so the event is sent in this task, watched by a timer,
+            # rather than in a task of its own awaited with a timeout (its cost doubled an audio delta's).
+            self._send_watch = self._loop.call_later(
+                queued_at + self.config.send_timeout_s / 2 - time.monotonic(), self._send_slow, queued_at
+            )
             try:
-                await asyncio.wait({send}, timeout=queued_at + timeout / 2 - time.monotonic())
-                if not send.done():
-                    self._stall()
-                    await asyncio.wait({send}, timeout=queued_at + timeout - time.monotonic())
-            finally:
-                if not send.done():
-                    send.cancel()
-                    await asyncio.gather(send, return_exceptions=True)
-            if send.cancelled():
-                self._drop(f"client is not reading its events: one waited {timeout:g} s unsent")
-                return
-            if send.exception() is not None:  # the socket is gone
+                await self.ws.send_text(text)
+            except Exception:  # the socket is gone
                 self._abandon(CLOSE_NORMAL, "")
                 return
+            finally:
+                self._send_watch.cancel()
             if self._stalled and not self._outbox.over_bound:
                 self._stalled = False
                 self._apply(self.session.on_client_reading())
+            if len(self._outbox):  # sends that never suspend: other sockets go out between this one's events
+                await asyncio.sleep(0)
+
+    def _send_slow(self, queued_at: float) -> None:
+        """The event being sent has waited half the send timeout: generation stops for this client, and the
+        socket closes once it has waited the whole timeout (teardown then cancels the send)."""
+        self._stall()
+        timeout = self.config.send_timeout_s
+        self._send_watch = self._loop.call_later(
+            queued_at + timeout - time.monotonic(),
+            self._drop,
+            f"client is not reading its events: one waited {timeout:g} s unsent",
+        )
 
     def _drop(self, reason: str) -> None:
         log.info("closing realtime session %s (1008): %s", self.session.id, reason)

@@ -4,20 +4,11 @@ count and bytes, each with the time it was queued so the writer knows how long t
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import deque
 from typing import Any
 
-
-def serialize(event: dict[str, Any]) -> tuple[str, int]:
-    """The event's text frame and its size in bytes."""
-    text = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
-    try:
-        return text, len(text.encode())
-    except UnicodeEncodeError:  # lone surrogates from the client's JSON escapes: send them escaped
-        text = json.dumps(event, separators=(",", ":"))
-        return text, len(text)
+from omni_gateway.gateway.realtime.frames import serialize
 
 
 class Outbox:

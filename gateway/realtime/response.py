@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from omni_gateway.gateway.realtime import audio as audio_fmt
+from omni_gateway.gateway.realtime.frames import Base64
 from omni_gateway.gateway.realtime.image_output import render_size
 from omni_gateway.gateway.realtime.items import Content, Item, ItemStore
 from omni_gateway.gateway.realtime.settings import Dialect, SessionSettings, render_ga_format
@@ -232,7 +233,7 @@ class ResponseRun:
             content.audio += pcm24
             fmt = self.settings.output_format
             wire = pcm24 if fmt == "pcm16" else audio_fmt.encode(pcm24, fmt)
-            events.append({"type": "response.output_audio.delta", **ref, "delta": base64.b64encode(wire).decode()})
+            events.append({"type": "response.output_audio.delta", **ref, "delta": Base64.of(wire)})
             self.audio_emitted = True
         content.marks.append((end, len(content.transcript or "")))
         return events

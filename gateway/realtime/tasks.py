@@ -89,6 +89,10 @@ async def _generate(
             elif isinstance(chunk, Usage):
                 metrics.count_tokens("realtime", chunk.input_tokens, chunk.output_tokens)
             await report(session.on_chunk(task_id, chunk))
+            # A rendered clause arrives as a burst of chunks that are all ready, and neither the stream nor
+            # the outbox suspends then: without this one burst, and those of every session woken with it,
+            # would run in one loop iteration and hold up every other session's events.
+            await asyncio.sleep(0)
         exhausted = True
         await report(session.on_stream_end(task_id))
     except asyncio.CancelledError:

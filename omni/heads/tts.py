@@ -82,6 +82,8 @@ class TtsHead:
                 pcm = await self._render(text.strip(), options, cancel, first)
                 carried, first = text, first and not len(pcm)
                 for index, piece in enumerate(_slices(pcm, options.sample_rate)):
+                    if index:  # a clause is seconds of chunks at once: other streams run between them
+                        await asyncio.sleep(0)
                     yield AudioChunk(piece, options.sample_rate, text if index == 0 else "")
                     carried = ""
         finally:

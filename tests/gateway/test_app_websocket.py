@@ -65,6 +65,18 @@ def test_subprotocol_is_echoed_only_when_offered(port: int, offered: list[str] |
     assert subprotocol == chosen and first["type"] == "session.created"
 
 
+@pytest.mark.parametrize("compression", [False, True])
+def test_permessage_deflate_is_accepted_only_when_configured(compression: bool) -> None:
+    async def go(port: int) -> tuple[str | None, dict[str, Any]]:
+        async with connect(url(port)) as ws:  # offers permessage-deflate, as browsers do
+            return ws.response.headers.get("Sec-WebSocket-Extensions"), await recv(ws)
+
+    with serve(FakeBackend(), GatewayConfig(ws_compression=compression)) as p:
+        extensions, first = run(go(p))
+    assert first["type"] == "session.created"
+    assert (extensions is not None and "permessage-deflate" in extensions) is compression
+
+
 @pytest.mark.parametrize("how", ["subprotocol", "header"])
 def test_beta_dialect_is_chosen_by_subprotocol_or_header(port: int, how: str) -> None:
     async def go() -> dict[str, Any]:
@@ -225,6 +237,8 @@ def test_cancel_and_disconnect_abort_backend_requests() -> None:
             done = (await until(ws, "response.done"))[-1]["response"]
             await ws.send(json.dumps(GREETING))
             second = (await until(ws, "response.created"))[-1]["response"]["id"]
+            while second not in [r.request_id for r in backend.requests]:  # leave once its stream has started
+                await asyncio.sleep(0.01)
             return first + " " + second, done
         raise AssertionError("unreachable")
 

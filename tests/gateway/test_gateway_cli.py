@@ -78,7 +78,7 @@ def test_serve_builds_configs_loads_the_backend_and_runs_uvicorn(
     assert config.engine.pipeline_decode == "off"
     assert (config.asr, config.tts, config.vad, config.image_model) == (None, "/voices/v.onnx", False, "/models/dit")
     assert loaded["run"]["host"] == "0.0.0.0" and loaded["run"]["port"] == 9123
-    assert loaded["run"]["ws_max_size"] == 2 * 2**20
+    assert loaded["run"]["ws_max_size"] == 2 * 2**20 and loaded["run"]["ws_per_message_deflate"] is False
     gateway_config = loaded["app"].state.config
     assert gateway_config.api_key == "k" and gateway_config.max_frame_bytes == 2 * 2**20
     out = capsys.readouterr().out
@@ -160,6 +160,7 @@ SAMPLES = {
     "--allowed-hosts": "a.example,b.example",
     "--allowed-origins": "https://app.example",
     "--max-frame-mib": "2",
+    "--ws-compression": None,
     "--max-sessions": "3",
     "--max-voice-sessions": "2",
     "--max-sessions-per-key": "2",

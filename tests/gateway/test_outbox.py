@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 
-from omni_gateway.gateway.realtime.outbox import Outbox, serialize
+import pytest
+from omni_gateway.gateway.realtime.frames import Base64, serialize
+from omni_gateway.gateway.realtime.outbox import Outbox
 
 
 def run(coro: object) -> object:
@@ -17,6 +20,22 @@ def test_serialize_counts_utf8_bytes_and_escapes_lone_surrogates() -> None:
     assert json.loads(text) == {"t": "héllo"} and size == len(text.encode()) == len(text) + 1
     text, size = serialize({"t": "\ud800"})
     assert text == '{"t":"\\ud800"}' and size == len(text)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [{}, {"type": "response.output_audio.delta", "output_index": 0}, {"t": "héllo"}, {"t": "\ud800"}],
+)
+def test_a_base64_value_ending_an_event_is_framed_as_json_would_write_it(head: dict[str, object]) -> None:
+    delta = Base64.of(bytes(range(256)) * 3)
+    text, size = serialize({**head, "delta": delta})
+    assert text == serialize({**head, "delta": str(delta)})[0] and size == len(text.encode("utf-8", "surrogatepass"))
+    assert json.loads(text) == {**head, "delta": base64.b64encode(bytes(range(256)) * 3).decode()}
+
+
+def test_a_base64_value_elsewhere_is_encoded_as_any_string() -> None:
+    event = {"audio": Base64.of(b"\x00\xff"), "i": 1}
+    assert serialize(event)[0] == '{"audio":"AP8=","i":1}'
 
 
 def test_events_leave_in_order_with_their_queue_time_and_the_end_stops_the_writer() -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
+import string
 
 import pytest
+from omni_gateway.gateway.realtime.commands import new_id
 
 from benchmarks.fake_backend import tone
 from benchmarks.session_driver import Driver, b64, error, events, only, started, types
@@ -18,6 +21,12 @@ def test_open_sends_session_created_then_conversation_created() -> None:
     assert session["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
     assert session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
     assert all(e["event_id"].startswith("event_") for e in events(d.opened))
+
+
+def test_ids_are_their_prefix_and_20_random_letters_and_digits() -> None:
+    ids = [new_id("event") for _ in range(2000)]
+    assert all(re.fullmatch(r"event_[A-Za-z0-9]{20}", i) for i in ids) and len(set(ids)) == len(ids)
+    assert set("".join(i[6:] for i in ids)) == set(string.ascii_letters + string.digits)
 
 
 def test_without_vad_the_default_session_uses_manual_turns() -> None:

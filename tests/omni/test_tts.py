@@ -121,6 +121,27 @@ def test_output_rate_follows_the_options() -> None:
     assert abs(total - sum(len(t) for t in spoken) * 0.05 * 8000) < len(spoken)  # rounding per segment only
 
 
+def test_a_clause_of_many_chunks_lets_other_tasks_run_between_them() -> None:
+    async def scenario() -> list[tuple[int, AudioChunk]]:
+        turns = 0
+
+        async def other_task() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        other = asyncio.create_task(other_task())
+        try:  # each clause is seconds of audio rendered at once
+            return [(turns, c) async for c in TtsHead(SlowTone()).stream(words("Well, a long clause that speaks."))]
+        finally:
+            other.cancel()
+
+    got = asyncio.run(scenario())
+    within = [(earlier, later) for (earlier, _), (later, c) in zip(got, got[1:], strict=False) if not c.transcript]
+    assert len(within) > 10 and all(later > earlier for earlier, later in within)
+
+
 def test_closing_the_stream_stops_synthesis() -> None:
     synth = SlowTone(seconds=0.15)
     head = TtsHead(synth)
