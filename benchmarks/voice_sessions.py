@@ -292,7 +292,12 @@ def load_stages(args: argparse.Namespace) -> Any:
         device = "cpu" if args.device == "cpu" else "cuda"
         built = build_all(Path(args.random_stages), args.llm_shape, device, tiny=args.tiny_stages)
         model, asr, tts = str(built["llm"]), str(built["asr"]), str(built["tts"])
-    engine = EngineConfig(model=model, device=args.device, max_num_seqs=max(256, 2 * max(args.sessions)))
+    engine = EngineConfig(
+        model=model,
+        device=args.device,
+        max_num_seqs=max(256, 2 * max(args.sessions)),
+        engine_in_process=args.engine_in_process,
+    )
     backend = load_backend(
         OmniConfig(
             engine=engine,
@@ -366,6 +371,12 @@ def main() -> None:
         "--spoken", metavar="NPZ", help="the spoken questions: read from this file, or synthesized and saved there"
     )
     parser.add_argument(
+        "--engine-in-process",
+        action="store_true",
+        help="the engine core in a thread of the server's process (one CUDA context with the voice stages, one "
+        "interpreter) instead of a process of its own",
+    )
+    parser.add_argument(
         "--per-process", type=int, default=32, help="client sessions per client process (each its own interpreter)"
     )
     parser.add_argument(
@@ -404,6 +415,7 @@ def main() -> None:
         "random_stages": bool(args.random_stages),
         "tiny_stages": args.tiny_stages,
         "partial_transcripts_ms": args.partial_transcripts_ms,
+        "engine_in_process": args.engine_in_process,
         "stagger_s": args.stagger_s,
     }
     # Each N is written as soon as it ends, so a run cut short by a time limit keeps the Ns before.
