@@ -145,7 +145,7 @@ def _flags() -> tuple[Flag, ...]:
             "--ws-compression",
             gw,
             "ws_compression",
-            "accept WebSocket permessage-deflate from clients that offer it (audio deltas cost several "
+            "accept WebSocket permessage-deflate from clients that offer it (audio deltas cost five "
             "times the event-loop time for a third fewer bytes)",
             "network",
             switch=True,

@@ -39,8 +39,8 @@ class GatewayConfig:
     # uvicorn's default and bounds what one frame can make us buffer.
     max_frame_bytes: int = 16 * 1024 * 1024
     # permessage-deflate, for clients that offer it. Off: nearly all a spoken reply sends is base64 audio,
-    # which it shrinks by only a third, at 0.1-0.3 ms of the event loop per 100 ms delta (more than the
-    # rest of a delta's work together); a client that offers it gets plain frames, as RFC 7692 allows.
+    # which it shrinks by a third, for five times the event loop's work per 100 ms delta (benchmarks/
+    # audio_burst.py); a client that offers it gets plain frames, as RFC 7692 allows.
     ws_compression: bool = False
     # A client that stops reading: over either outbox bound (or with an event unsent for half the timeout)
     # its generation stops and producers wait; an event unsent for send_timeout_s closes the socket (1008).
