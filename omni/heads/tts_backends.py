@@ -6,14 +6,16 @@ sentences, the smallest unit either model renders at once.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import threading
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
-from omni_gateway.omni.heads.vits_batch import decode_masked, detach_vocoder
+from omni_gateway.omni.heads.vits_batch import decode_window, detach_vocoder, receptive_frames, window_frames
+from omni_gateway.omni.heads.vits_spline import use_sync_free_spline
 
 # Peak level of a rendered sentence: headroom so resampling overshoot does not clip.
 PEAK = 0.9
@@ -107,6 +109,7 @@ class HfVitsSynthesizer:
             "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
         )
         self.model = VitsModel.from_pretrained(path).to(self.device).eval()
+        use_sync_free_spline(self.model)
         # The model's forward stops at the spectrogram; the vocoder runs on it with each row's length
         # (``vits_batch``), so a padded batch renders every row as it would alone.
         self.vocoder = detach_vocoder(self.model)
@@ -118,8 +121,14 @@ class HfVitsSynthesizer:
             else (Path(path).name,)
         )
         self.seed = seed
-        self._upsampling = int(np.prod(self.model.config.upsample_rates))
+        self.upsampling = int(np.prod(self.model.config.upsample_rates))
+        # A vocoder step decodes at most this many frames summed over the batch's rows (2 s of 16 kHz audio
+        # for 16 rows at MMS's 256 samples a frame), so what waits between steps never waits long.
+        self.window_row_frames = 2048
+        self.context = receptive_frames(self.vocoder)  # frames either side of a window
         self._lock = threading.Lock()
+        if self.device.type == "cuda":
+            self._plan_vocoder_shapes()
 
     def synthesize(
         self, text: str, *, speed: float = 1.0, voice: str | None = None, cancel: threading.Event | None = None
@@ -133,31 +142,116 @@ class HfVitsSynthesizer:
         alone). The noise VITS samples is drawn for the whole batch: with a ``seed``, a batch is as
         reproducible as a single text, but a text's audio depends on the batch it ran in unless the
         model's noise scales are 0."""
+        render = self.start_batch(texts, speed=speed, voice=voice)
+        while not render.step():
+            pass
+        return render.audio()
+
+    def start_batch(self, texts: list[str], *, speed: float = 1.0, voice: str | None = None) -> VitsRender:
+        """``synthesize_batch`` in steps: this call runs the model up to the spectrogram, and each
+        ``step`` of the returned render decodes one window of the vocoder (``window_row_frames``)."""
         torch = self._torch
         ids = [self.tokenizer(text)["input_ids"] for text in texts]
         rows = [i for i, row in enumerate(ids) if row]
-        audio = [np.zeros(0, np.float32) for _ in texts]
         if not rows:
-            return audio
+            return VitsRender(self, texts, rows, None, None, None)
         inputs = self.tokenizer([texts[i] for i in rows], return_tensors="pt", padding=True).to(self.device)
         speaker = self.voices.index(voice) if voice in self.voices and self.model.config.num_speakers > 1 else None
-        with self._lock, torch.inference_mode(), torch.random.fork_rng(devices=self._rng_devices()):
+        # The model's convolutions up to the spectrogram are small, and each batch brings new lengths: on an
+        # H200 cuDNN spent more planning each new shape than torch's own kernels take to run it (a short
+        # batch 97 ms against 39), and was no faster on shapes it had seen. The flag is global; the
+        # vocoder, which needs cuDNN, runs under the same lock, and another thread's convolution that
+        # overlaps runs on torch's kernels, correctly.
+        with (
+            self._lock,
+            torch.inference_mode(),
+            torch.random.fork_rng(devices=self._rng_devices()),
+            torch.backends.cudnn.flags(enabled=False) if self.device.type == "cuda" else contextlib.nullcontext(),
+        ):
             if self.seed is not None:
                 torch.manual_seed(self.seed)
             # ``speed`` scales the voice's own rate (its config's speaking_rate, 1.0 in MMS checkpoints)
             rate = speed * float(self.model.config.speaking_rate)
             output = self.model(**inputs, speaking_rate=rate, speaker_id=speaker)
-            frames = output.sequence_lengths // self._upsampling
             conditioning = None
             if speaker is not None:
                 conditioning = self.model.embed_speaker(torch.full((1,), speaker, device=self.device)).unsqueeze(-1)
-            waveform = decode_masked(self.vocoder, output.spectrogram, frames, conditioning).float().cpu().numpy()
-        for row, i in enumerate(rows):
-            audio[i] = waveform[row, : int(output.sequence_lengths[row])].copy()
-        return audio
+        return VitsRender(self, texts, rows, output.spectrogram, output.sequence_lengths, conditioning)
+
+    def decode(self, spectrogram: Any, frames: Any, conditioning: Any | None, start: int, window: int) -> np.ndarray:
+        """Samples of frames ``start:start + window`` of a ``start_batch`` spectrogram, as float32
+        ``(rows, samples)``. The rows are padded to a power of two (rows of no frames) for the vocoder,
+        which then sees a few shapes only."""
+        torch = self._torch
+        rows = spectrogram.shape[0]
+        padded = 1 << (rows - 1).bit_length()
+        with self._lock, torch.inference_mode():
+            if padded > rows:
+                spectrogram = torch.cat([spectrogram, spectrogram.new_zeros(padded - rows, *spectrogram.shape[1:])])
+                frames = torch.cat([frames, frames.new_zeros(padded - rows)])
+            wave = decode_window(self.vocoder, spectrogram, frames, conditioning, start, window, self.context)
+            return wave[:rows].float().cpu().numpy()
+
+    def _plan_vocoder_shapes(self, max_rows: int = 64) -> None:
+        """Decode once at every window shape a batch of up to ``max_rows`` rows can take, so that no
+        request pays for cuDNN planning a shape (about 0.1 s each on an H200)."""
+        torch = self._torch
+        bins = int(self.vocoder.conv_pre.in_channels)
+        rows = 1
+        while rows <= max_rows:
+            longest = window_frames(1 << 30, rows, self.window_row_frames)
+            window = 16
+            while window <= longest:
+                spectrogram = torch.zeros(rows, bins, window, device=self.device)
+                frames = torch.full((rows,), window, device=self.device)
+                self.decode(spectrogram, frames, None, 0, window)
+                window *= 2
+            rows *= 2
 
     def _rng_devices(self) -> list[int]:
         return [self.device.index or 0] if self.device.type == "cuda" else []
+
+
+class VitsRender:
+    """A batch of ``HfVitsSynthesizer`` in progress: ``step`` decodes the next vocoder window and says
+    whether the batch is done; ``audio`` then gives each text's samples (empty for a text without tokens)."""
+
+    def __init__(
+        self,
+        synthesizer: HfVitsSynthesizer,
+        texts: list[str],
+        rows: list[int],
+        spectrogram: Any | None,
+        lengths: Any | None,
+        conditioning: Any | None,
+    ) -> None:
+        self._synthesizer, self._texts, self._rows = synthesizer, texts, rows
+        self._spectrogram, self._conditioning = spectrogram, conditioning
+        self._lengths = [] if lengths is None else [int(n) for n in lengths.cpu()]
+        self._frames = None if lengths is None else lengths // synthesizer.upsampling
+        total = 0 if spectrogram is None else spectrogram.shape[-1]
+        self._window = window_frames(total, len(rows), synthesizer.window_row_frames)
+        self._starts = list(range(0, total, self._window))
+        self._pieces: list[np.ndarray] = []
+
+    def step(self) -> bool:
+        """Decode the next window, if any; True once every window is decoded."""
+        if len(self._pieces) < len(self._starts):
+            start = self._starts[len(self._pieces)]
+            self._pieces.append(
+                self._synthesizer.decode(self._spectrogram, self._frames, self._conditioning, start, self._window)
+            )
+        return len(self._pieces) == len(self._starts)
+
+    def audio(self) -> list[np.ndarray]:
+        if len(self._pieces) < len(self._starts):
+            raise RuntimeError("VitsRender.audio: the batch is not rendered yet; call step until it returns True")
+        audio = [np.zeros(0, np.float32) for _ in self._texts]
+        if self._pieces:
+            waveform = np.concatenate(self._pieces, axis=1)
+            for row, i in enumerate(self._rows):
+                audio[i] = waveform[row, : self._lengths[row]].copy()
+        return audio
 
 
 def _normalize(audio: np.ndarray) -> np.ndarray:

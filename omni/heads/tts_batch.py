@@ -10,8 +10,9 @@ than the longest first clause in it (a padded batch lasts as long as its longest
 A batch takes up to ``max_batch`` clauses but at most ``max_later`` later ones. A batch of short first
 clauses costs about the same for one row as for sixteen (on a GPU the VITS call is bound by the host issuing
 its operators), so the first clauses of many turns that end together share one call. A batch of later
-clauses, seconds of audio each, takes longer the more rows it has, and a first clause that arrives while it
-runs waits for all of it: those batches stay small.
+clauses, seconds of audio each, takes longer the more rows it has: it renders in steps (a window of the
+vocoder each), and first clauses that arrive meanwhile render, as a batch of their own, before its next step.
+So a first clause waits for one step of a long batch, not all of it.
 """
 
 from __future__ import annotations
@@ -32,13 +33,19 @@ from omni_gateway.encoders.batch_window import wait_for_batch
 log = logging.getLogger(__name__)
 
 
+class BatchRender(Protocol):
+    def step(self) -> bool:
+        """Render some more; True once done."""
+        ...
+
+    def audio(self) -> list[np.ndarray]: ...
+
+
 class BatchSynthesizer(Protocol):
     sample_rate: int
     voices: tuple[str, ...]
 
-    def synthesize_batch(
-        self, texts: list[str], *, speed: float = 1.0, voice: str | None = None
-    ) -> list[np.ndarray]: ...
+    def start_batch(self, texts: list[str], *, speed: float = 1.0, voice: str | None = None) -> BatchRender: ...
 
 
 @dataclass(slots=True, eq=False)  # a clause is itself: the queue finds and removes it by identity
@@ -172,29 +179,55 @@ class BatchedSynthesizer:
 
     def _run(self) -> None:
         while (batch := self._take()) is not None:
-            live = []
-            for clause in batch:
-                if not clause.future.set_running_or_notify_cancel():
-                    continue
-                if clause.cancel is not None and clause.cancel.is_set():
-                    clause.future.set_result(np.zeros(0, np.float32))
-                    continue
-                live.append(clause)
-            if not live:
-                continue
-            self.batch_sizes.append(len(live))
+            self._render(batch)
+
+    def _render(self, batch: list[Clause]) -> None:
+        """Render ``batch``; between the steps of a batch without first clauses, render the first clauses
+        that wait (whole: they are short)."""
+        live = self._live(batch)
+        if not live:
+            return
+        self.batch_sizes.append(len(live))
+        preemptible = not any(c.first for c in live)
+        spent = 0.0
+        try:
             started = time.monotonic()
-            try:
-                audio = self.synthesizer.synthesize_batch(
-                    [c.text for c in live], speed=live[0].speed, voice=live[0].voice
-                )
-            except Exception as exc:  # each caller's failure; the worker keeps serving
-                log.exception("a TTS batch of %d failed", len(live))
-                for clause in live:
-                    clause.future.set_exception(exc)
+            render = self.synthesizer.start_batch([c.text for c in live], speed=live[0].speed, voice=live[0].voice)
+            while not render.step():
+                spent += time.monotonic() - started
+                if all(c.cancel is not None and c.cancel.is_set() for c in live):
+                    for clause in live:  # every listener is gone: the rest of the batch is not rendered
+                        clause.future.set_result(np.zeros(0, np.float32))
+                    return
+                while preemptible and (firsts := self._take_firsts()):
+                    self._render(firsts)
+                started = time.monotonic()
+            spent += time.monotonic() - started
+            audio = render.audio()
+        except Exception as exc:  # each caller's failure; the worker keeps serving
+            log.exception("a TTS batch of %d failed", len(live))
+            for clause in live:
+                clause.future.set_exception(exc)
+            return
+        finally:
+            self.batch_seconds.append(spent)
+            self.busy_s += spent
+        for clause, samples in zip(live, audio):
+            clause.future.set_result(samples)
+
+    def _take_firsts(self) -> list[Clause]:
+        with self._ready:
+            return self._queue.take(self.max_batch, max_later=0)
+
+    @staticmethod
+    def _live(batch: list[Clause]) -> list[Clause]:
+        """The clauses of ``batch`` still wanted (a cancelled one resolves to no audio here)."""
+        live = []
+        for clause in batch:
+            if not clause.future.set_running_or_notify_cancel():
                 continue
-            finally:
-                self.batch_seconds.append(time.monotonic() - started)
-                self.busy_s += self.batch_seconds[-1]
-            for clause, samples in zip(live, audio):
-                clause.future.set_result(samples)
+            if clause.cancel is not None and clause.cancel.is_set():
+                clause.future.set_result(np.zeros(0, np.float32))
+                continue
+            live.append(clause)
+        return live

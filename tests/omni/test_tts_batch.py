@@ -65,6 +65,15 @@ def test_a_batch_takes_many_first_clauses_but_few_later_ones() -> None:
     assert texts(queue.take(8, max_later=2)) == ["c ok", "d ok"] and len(queue) == 0
 
 
+def test_a_batch_of_first_clauses_only() -> None:
+    queue = FairQueue()
+    queue.push(clause("a ok", "a"))
+    assert queue.take(8, max_later=0) == [] and len(queue) == 1
+    queue.push(clause("b first", "b", first=True))
+    assert texts(queue.take(8, max_later=0)) == ["b first"]
+    assert texts(queue.take(8, max_later=0)) == [] and len(queue) == 1
+
+
 @pytest.fixture
 def quiet_vits(tiny_vits: Path) -> HfVitsSynthesizer:  # noqa: F811
     """The tiny VITS with its noise switched off: its duration and flow then depend on the text alone."""
@@ -84,6 +93,84 @@ def test_a_batch_renders_each_text_as_alone(quiet_vits: HfVitsSynthesizer) -> No
     assert len({len(a) for a in alone}) == 4
     for got, expected in zip(batched, alone):
         np.testing.assert_allclose(got, expected, atol=ATOL)
+
+
+@pytest.mark.slow
+def test_a_batch_in_windows_renders_as_in_one(quiet_vits: HfVitsSynthesizer) -> None:
+    whole = quiet_vits.synthesize_batch(SENTENCES)
+    quiet_vits.window_row_frames = 48  # windows of 16 frames for three rows: several vocoder steps
+    render = quiet_vits.start_batch(SENTENCES)
+    with pytest.raises(RuntimeError, match="not rendered yet"):
+        render.audio()
+    steps = 1
+    while not render.step():
+        steps += 1
+    assert steps == -(-max(len(a) for a in whole) // quiet_vits.upsampling // 16) > 2
+    for got, expected in zip(render.audio(), whole):
+        np.testing.assert_allclose(got, expected, atol=ATOL)
+
+
+LONG = "the quick brown fox jumps over the lazy dog, twice, and then once more for good measure."
+
+
+@pytest.fixture
+def held_steps(quiet_vits: HfVitsSynthesizer) -> tuple[threading.Event, threading.Event, list[int]]:
+    """Vocoder steps that set ``stepping``, then wait for ``go`` (set at first); ``rows`` lists each step's rows."""
+    stepping, go, rows = threading.Event(), threading.Event(), []
+    go.set()
+    real = quiet_vits.decode
+
+    def decode(spectrogram, *args):  # type: ignore[no-untyped-def]
+        rows.append(spectrogram.shape[0])
+        stepping.set()
+        assert go.wait(10)
+        return real(spectrogram, *args)
+
+    quiet_vits.decode = decode  # type: ignore[method-assign]
+    quiet_vits.window_row_frames = 8
+    return stepping, go, rows
+
+
+@pytest.mark.slow
+def test_a_first_clause_renders_between_the_steps_of_a_long_batch(
+    quiet_vits: HfVitsSynthesizer, held_steps: tuple[threading.Event, threading.Event, list[int]]
+) -> None:
+    stepping, go, rows = held_steps
+    alone = [quiet_vits.synthesize_batch([LONG])[0], quiet_vits.synthesize_batch(["hi there"])[0]]
+    rows.clear()
+    go.clear()
+    stepping.clear()
+    batcher = BatchedSynthesizer(quiet_vits, window_s=0)
+    done: list[str] = []
+    later = batcher.submit(LONG, stream="a", first=False)
+    later.add_done_callback(lambda _: done.append("later"))
+    assert stepping.wait(10)  # the long batch's first step is under way
+    first = batcher.submit("hi there", stream="b", first=True)
+    first.add_done_callback(lambda _: done.append("first"))
+    go.set()
+    np.testing.assert_allclose(later.result(10), alone[0], atol=ATOL)
+    np.testing.assert_allclose(first.result(10), alone[1], atol=ATOL)
+    assert done == ["first", "later"]
+    assert rows[0] == 1 and len(rows) > 2  # the long clause took several steps, the first clause ran among them
+    assert list(batcher.batch_sizes) == [1, 1]
+    batcher.close()
+
+
+@pytest.mark.slow
+def test_a_batch_whose_listeners_all_left_stops_rendering(
+    quiet_vits: HfVitsSynthesizer, held_steps: tuple[threading.Event, threading.Event, list[int]]
+) -> None:
+    stepping, go, rows = held_steps
+    go.clear()
+    batcher = BatchedSynthesizer(quiet_vits, window_s=0)
+    cancel = threading.Event()
+    later = batcher.submit(LONG, stream="a", first=False, cancel=cancel)
+    assert stepping.wait(10)
+    cancel.set()
+    go.set()
+    assert len(later.result(10)) == 0
+    assert len(rows) == 1  # the step under way when the listener left was the last
+    batcher.close()
 
 
 @pytest.mark.slow
@@ -115,11 +202,11 @@ def test_concurrent_callers_share_a_batch(quiet_vits: HfVitsSynthesizer) -> None
 @pytest.mark.slow
 def test_a_failed_batch_fails_its_callers_and_the_worker_serves_on(quiet_vits: HfVitsSynthesizer) -> None:
     batcher = BatchedSynthesizer(quiet_vits, window_s=0)
-    real = quiet_vits.synthesize_batch
-    quiet_vits.synthesize_batch = lambda *a, **k: 1 / 0  # type: ignore[method-assign]
+    real = quiet_vits.start_batch
+    quiet_vits.start_batch = lambda *a, **k: 1 / 0  # type: ignore[method-assign]
     with pytest.raises(ZeroDivisionError):
         batcher.synthesize("hello")
-    quiet_vits.synthesize_batch = real  # type: ignore[method-assign]
+    quiet_vits.start_batch = real  # type: ignore[method-assign]
     assert len(batcher.synthesize("hello")) > 0
     with pytest.raises(ValueError, match="max_batch and max_later must be at least 1"):
         BatchedSynthesizer(quiet_vits, max_batch=0)
