@@ -127,8 +127,12 @@ class HfVitsSynthesizer:
         self.window_row_frames = 2048
         self.context = receptive_frames(self.vocoder)  # frames either side of a window
         self._lock = threading.Lock()
-        if self.device.type == "cuda":
-            self._plan_vocoder_shapes()
+        # On CUDA the model runs on a stream of its own: its few synchronizations (the output lengths, each
+        # window's samples) then wait for its own kernels only, not for those another stage of the process
+        # (the speech recognizer's encoder) queued on the default stream.
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the weights, loaded on that one
 
     def synthesize(
         self, text: str, *, speed: float = 1.0, voice: str | None = None, cancel: threading.Event | None = None
@@ -154,8 +158,8 @@ class HfVitsSynthesizer:
         ids = [self.tokenizer(text)["input_ids"] for text in texts]
         rows = [i for i, row in enumerate(ids) if row]
         if not rows:
-            return VitsRender(self, texts, rows, None, None, None)
-        inputs = self.tokenizer([texts[i] for i in rows], return_tensors="pt", padding=True).to(self.device)
+            return VitsRender(self, texts, rows, None, [], None, None)
+        inputs = self.tokenizer([texts[i] for i in rows], return_tensors="pt", padding=True)
         speaker = self.voices.index(voice) if voice in self.voices and self.model.config.num_speakers > 1 else None
         # The model's convolutions up to the spectrogram are small, and each batch brings new lengths: on an
         # H200 cuDNN spent more planning each new shape than torch's own kernels take to run it (a short
@@ -164,6 +168,7 @@ class HfVitsSynthesizer:
         # overlaps runs on torch's kernels, correctly.
         with (
             self._lock,
+            self._on_stream(),
             torch.inference_mode(),
             torch.random.fork_rng(devices=self._rng_devices()),
             torch.backends.cudnn.flags(enabled=False) if self.device.type == "cuda" else contextlib.nullcontext(),
@@ -172,11 +177,13 @@ class HfVitsSynthesizer:
                 torch.manual_seed(self.seed)
             # ``speed`` scales the voice's own rate (its config's speaking_rate, 1.0 in MMS checkpoints)
             rate = speed * float(self.model.config.speaking_rate)
-            output = self.model(**inputs, speaking_rate=rate, speaker_id=speaker)
+            output = self.model(**inputs.to(self.device), speaking_rate=rate, speaker_id=speaker)
             conditioning = None
             if speaker is not None:
                 conditioning = self.model.embed_speaker(torch.full((1,), speaker, device=self.device)).unsqueeze(-1)
-        return VitsRender(self, texts, rows, output.spectrogram, output.sequence_lengths, conditioning)
+            lengths = [int(n) for n in output.sequence_lengths.cpu()]
+            frames = output.sequence_lengths // self.upsampling
+        return VitsRender(self, texts, rows, output.spectrogram, lengths, frames, conditioning)
 
     def decode(self, spectrogram: Any, frames: Any, conditioning: Any | None, start: int, window: int) -> np.ndarray:
         """Samples of frames ``start:start + window`` of a ``start_batch`` spectrogram, as float32
@@ -185,16 +192,19 @@ class HfVitsSynthesizer:
         torch = self._torch
         rows = spectrogram.shape[0]
         padded = 1 << (rows - 1).bit_length()
-        with self._lock, torch.inference_mode():
+        with self._lock, self._on_stream(), torch.inference_mode():
             if padded > rows:
                 spectrogram = torch.cat([spectrogram, spectrogram.new_zeros(padded - rows, *spectrogram.shape[1:])])
                 frames = torch.cat([frames, frames.new_zeros(padded - rows)])
             wave = decode_window(self.vocoder, spectrogram, frames, conditioning, start, window, self.context)
             return wave[:rows].float().cpu().numpy()
 
-    def _plan_vocoder_shapes(self, max_rows: int = 64) -> None:
-        """Decode once at every window shape a batch of up to ``max_rows`` rows can take, so that no
-        request pays for cuDNN planning a shape (about 0.1 s each on an H200)."""
+    def prepare(self, max_rows: int = 64) -> None:
+        """On CUDA, decode once at every window shape a batch of up to ``max_rows`` rows can take, so that no
+        request pays for cuDNN planning a shape (about 0.1 s each on an H200). torch keeps cuDNN's plans per
+        thread: the thread that will render calls this (``BatchedSynthesizer``'s worker does, first)."""
+        if self.device.type != "cuda":
+            return
         torch = self._torch
         bins = int(self.vocoder.conv_pre.in_channels)
         rows = 1
@@ -202,14 +212,18 @@ class HfVitsSynthesizer:
             longest = window_frames(1 << 30, rows, self.window_row_frames)
             window = 16
             while window <= longest:
-                spectrogram = torch.zeros(rows, bins, window, device=self.device)
-                frames = torch.full((rows,), window, device=self.device)
+                with self._on_stream():  # made on the stream that decodes them
+                    spectrogram = torch.zeros(rows, bins, window, device=self.device)
+                    frames = torch.full((rows,), window, device=self.device)
                 self.decode(spectrogram, frames, None, 0, window)
                 window *= 2
             rows *= 2
 
     def _rng_devices(self) -> list[int]:
         return [self.device.index or 0] if self.device.type == "cuda" else []
+
+    def _on_stream(self) -> Any:
+        return contextlib.nullcontext() if self._stream is None else self._torch.cuda.stream(self._stream)
 
 
 class VitsRender:
@@ -222,13 +236,14 @@ class VitsRender:
         texts: list[str],
         rows: list[int],
         spectrogram: Any | None,
-        lengths: Any | None,
+        lengths: list[int],
+        frames: Any | None,
         conditioning: Any | None,
     ) -> None:
+        """``lengths``: each row's samples; ``frames``: the same in frames, on the model's device."""
         self._synthesizer, self._texts, self._rows = synthesizer, texts, rows
         self._spectrogram, self._conditioning = spectrogram, conditioning
-        self._lengths = [] if lengths is None else [int(n) for n in lengths.cpu()]
-        self._frames = None if lengths is None else lengths // synthesizer.upsampling
+        self._lengths, self._frames = lengths, frames
         total = 0 if spectrogram is None else spectrogram.shape[-1]
         self._window = window_frames(total, len(rows), synthesizer.window_row_frames)
         self._starts = list(range(0, total, self._window))

@@ -45,6 +45,10 @@ class BatchSynthesizer(Protocol):
     sample_rate: int
     voices: tuple[str, ...]
 
+    def prepare(self) -> None:
+        """Whatever the rendering thread should do before the first batch (it is called there)."""
+        ...
+
     def start_batch(self, texts: list[str], *, speed: float = 1.0, voice: str | None = None) -> BatchRender: ...
 
 
@@ -178,6 +182,10 @@ class BatchedSynthesizer:
             return self._queue.take(self.max_batch, self.max_later)
 
     def _run(self) -> None:
+        try:
+            self.synthesizer.prepare()
+        except Exception:  # only a first batch's speed is at stake: serve anyway
+            log.exception("preparing the TTS model for batches failed")
         while (batch := self._take()) is not None:
             self._render(batch)
 

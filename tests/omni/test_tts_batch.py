@@ -199,6 +199,26 @@ def test_concurrent_callers_share_a_batch(quiet_vits: HfVitsSynthesizer) -> None
         batcher.submit("hello")
 
 
+def test_the_worker_prepares_the_model_in_its_own_thread_before_serving(quiet_vits: HfVitsSynthesizer) -> None:
+    # cuDNN's plans are kept per thread: a warm-up anywhere else would not spare the worker's first batches
+    prepared_in: list[str] = []
+    quiet_vits.prepare = lambda: prepared_in.append(threading.current_thread().name)  # type: ignore[method-assign]
+    batcher = BatchedSynthesizer(quiet_vits, window_s=0)
+    assert len(batcher.synthesize("hello")) > 0
+    assert prepared_in == ["tts-batcher"]
+    batcher.close()
+
+
+def test_a_failed_preparation_is_logged_and_the_worker_serves(
+    quiet_vits: HfVitsSynthesizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    quiet_vits.prepare = lambda: 1 / 0  # type: ignore[method-assign]
+    batcher = BatchedSynthesizer(quiet_vits, window_s=0)
+    assert len(batcher.synthesize("hello")) > 0
+    assert "preparing the TTS model for batches failed" in caplog.text
+    batcher.close()
+
+
 @pytest.mark.slow
 def test_a_failed_batch_fails_its_callers_and_the_worker_serves_on(quiet_vits: HfVitsSynthesizer) -> None:
     batcher = BatchedSynthesizer(quiet_vits, window_s=0)
