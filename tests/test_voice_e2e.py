@@ -58,3 +58,12 @@ def test_spoken_question_gets_a_spoken_answer_with_the_right_content(backend, tm
     while (stats := backend.metrics())["running"] or stats["kv_blocks_used"]:
         assert time.monotonic() < deadline, f"engine still busy after the turn ended: {stats}"
         time.sleep(0.1)
+
+
+def test_the_serving_process_hands_the_interpreter_to_stage_threads_within_half_a_millisecond(backend) -> None:
+    import sys
+
+    from omni_gateway.omni.loading import STAGE_SWITCH_INTERVAL_S
+
+    assert backend is not None  # loaded: the loader set it
+    assert sys.getswitchinterval() == pytest.approx(STAGE_SWITCH_INTERVAL_S)
