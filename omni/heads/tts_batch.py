@@ -12,7 +12,7 @@ clauses costs about the same for one row as for sixteen (on a GPU the VITS call 
 its operators), so the first clauses of many turns that end together share one call. A batch of later
 clauses, seconds of audio each, takes longer the more rows it has: it renders in steps (a window of the
 vocoder each), and first clauses that arrive meanwhile render, as a batch of their own, before its next step.
-So a first clause waits for one step of a long batch, not all of it.
+So a first clause waits for one step of a long batch (or its model pass), not all of it.
 """
 
 from __future__ import annotations
