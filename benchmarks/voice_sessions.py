@@ -17,7 +17,11 @@ streaming silence, as a microphone does, and speaks its next question once the r
   audio, so a client cannot split the LLM from the TTS). Each holds the stage's queueing behind the other
   sessions as well as its own work;
 - a turn is lost when no reply audio came within ``--turn-timeout``; its transcript is right when it holds
-  every content word of the question.
+  every content word of the question;
+- stalls: the silence a listener hears inside a reply, played from its first delta at real-time pace, while
+  the next delta had not come yet (summed per turn; `stall_p50`/`stall_p90`, and the turns that stalled for
+  100 ms or more). Only the turn's own response counts (its deltas carry the id of the response created
+  after the turn's `speech_stopped`).
 
 - partial transcripts: how many `conversation.item.input_audio_transcription.delta` events came before
   `speech_stopped`, i.e. while the user spoke;
@@ -149,24 +153,7 @@ async def session(
 
         async def listen() -> None:
             async for raw in ws:
-                event = json.loads(raw)
-                kind, now = event["type"], time.monotonic()
-                turn = turns[-1] if turns else {}
-                if kind == "input_audio_buffer.speech_stopped":
-                    turn.setdefault("stopped", now)
-                    turn.setdefault("audio_end_bytes", event["audio_end_ms"] * CHUNK // 40)
-                elif kind == "conversation.item.input_audio_transcription.delta" and "stopped" not in turn:
-                    turn["early_deltas"] = turn.get("early_deltas", 0) + 1
-                elif kind == "conversation.item.input_audio_transcription.completed":
-                    turn.setdefault("transcribed", now)
-                    turn["transcript"] += event["transcript"]
-                elif kind == "response.created":
-                    turn.setdefault("created", now)
-                elif kind == "response.output_audio_transcript.delta":
-                    turn["answer"] += event["delta"]
-                elif kind == "response.output_audio.delta":
-                    turn.setdefault("first_audio", now)
-                elif kind == "response.done":
+                if record(turns[-1] if turns else {}, json.loads(raw), time.monotonic()):
                     done.set()
 
         listener = asyncio.create_task(listen())
@@ -180,6 +167,45 @@ async def session(
             index = bisect.bisect_left(sent_bytes, turn.pop("audio_end_bytes"))
             turn["audio_end_sent"] = sent_at[min(index, len(sent_at) - 1)]
     return turns
+
+
+def record(turn: dict[str, Any], event: dict[str, Any], now: float) -> bool:
+    """Note a server ``event`` that arrived at ``now`` in ``turn``, the turn in progress; True when it ends
+    the turn's response. Events of an earlier turn's response (still streaming when the client spoke
+    again) are left out."""
+    kind = event["type"]
+    if kind == "input_audio_buffer.speech_stopped":
+        turn.setdefault("stopped", now)
+        turn.setdefault("audio_end_bytes", event["audio_end_ms"] * CHUNK // 40)
+    elif kind == "conversation.item.input_audio_transcription.delta" and "stopped" not in turn:
+        turn["early_deltas"] = turn.get("early_deltas", 0) + 1
+    elif kind == "conversation.item.input_audio_transcription.completed":
+        turn.setdefault("transcribed", now)
+        turn["transcript"] += event["transcript"]
+    elif kind == "response.created":
+        if "stopped" in turn and "response_id" not in turn:
+            turn["created"], turn["response_id"] = now, event["response"]["id"]
+    elif kind in ("response.output_audio_transcript.delta", "response.output_audio.delta", "response.done"):
+        response_id = event["response"]["id"] if kind == "response.done" else event["response_id"]
+        if response_id != turn.get("response_id"):
+            return False
+        if kind == "response.done":
+            return True
+        if kind == "response.output_audio_transcript.delta":
+            turn["answer"] += event["delta"]
+        else:
+            turn.setdefault("first_audio", now)
+            seconds = len(base64.b64decode(event["delta"])) / 2 / RATE
+            stall, turn["played_until"] = play(turn.get("played_until", now), now, seconds)
+            turn["stall"] = turn.get("stall", 0.0) + stall
+    return False
+
+
+def play(played_until: float, arrival: float, seconds: float) -> tuple[float, float]:
+    """A delta of ``seconds`` of audio arriving at ``arrival`` to a listener whose audio so far plays until
+    ``played_until``: the silence heard before it (0 when it came in time) and when the audio now ends."""
+    stall = max(0.0, arrival - played_until)
+    return stall, max(played_until, arrival) + seconds
 
 
 def turn_row(turn: dict[str, Any]) -> dict[str, Any]:
@@ -203,6 +229,7 @@ def turn_row(turn: dict[str, Any]) -> dict[str, Any]:
         asr=heard - stop,
         start=created - heard,
         reply=max(0.0, turn["first_audio"] - created),
+        stall=turn.get("stall", 0.0),
     )
     return row
 
@@ -265,10 +292,13 @@ def report(n: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
         out.update(audio_end_p50_s=statistics.median(ends), audio_end_p99_s=percentile(ends, 0.99))
         for stage in ("asr", "start", "reply"):
             out[f"{stage}_mean_s"] = statistics.fmean(r[stage] for r in kept)
+        stalls = [r["stall"] for r in kept]
+        out.update(stall_p50_s=statistics.median(stalls), stall_p90_s=percentile(stalls, 0.9))
+        out["turns_stalled"] = sum(stall >= 0.1 for stall in stalls)
     ms = {k: f"{v * 1000:.0f} ms" for k, v in out.items() if k.endswith("_s")}
     print(
         f"N={n}: {out['turns']} turns, {out['lost']} lost, {out['transcripts_right']} transcripts right, "
-        f"{out['turns_with_early_deltas']} with partial transcripts; "
+        f"{out['turns_with_early_deltas']} with partial transcripts, {out.get('turns_stalled', 0)} stalled; "
         + ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in ms.items()),
         flush=True,
     )

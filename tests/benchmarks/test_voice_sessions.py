@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from benchmarks.voice_sessions import batch_sizes, content_words, report, spoken_questions, turn_row
+from benchmarks.voice_sessions import RATE, batch_sizes, content_words, play, record, report, spoken_questions, turn_row
 
 
 def test_a_transcript_is_right_when_it_holds_the_questions_content_words_digits_read_as_words() -> None:
@@ -54,3 +55,37 @@ def test_spoken_questions_are_read_back_from_the_file_a_piper_host_saved(tmp_pat
     pcm = {"What do bees make?": np.arange(-5, 5, dtype="<i2"), "Name a fruit.": np.array([7, -7], "<i2")}
     np.savez(tmp_path / "spoken.npz", **pcm)
     assert spoken_questions(str(tmp_path / "spoken.npz")) == {q: a.tobytes() for q, a in pcm.items()}
+
+
+def test_a_listener_hears_silence_only_when_the_next_delta_is_late() -> None:
+    assert play(10.0, 9.5, 0.1) == (0.0, 10.1)  # came while the audio before it still played
+    stall, until = play(10.0, 10.25, 0.1)
+    assert stall == pytest.approx(0.25) and until == pytest.approx(10.35)
+
+
+def audio(seconds: float, response_id: str) -> dict:
+    pcm = bytes(int(seconds * RATE) * 2)
+    return {"type": "response.output_audio.delta", "response_id": response_id, "delta": base64.b64encode(pcm).decode()}
+
+
+def test_a_turn_counts_its_own_response_only_and_sums_the_stalls_inside_it() -> None:
+    turn = {"question": "What do bees make?", "transcript": "", "answer": ""}
+    earlier = "resp_earlier"  # the previous turn's reply, still streaming when this turn began
+    assert not record(turn, audio(0.5, earlier), 1.0)
+    assert not record(turn, {"type": "response.done", "response": {"id": earlier}}, 1.1)
+    assert not record(turn, {"type": "response.created", "response": {"id": earlier}}, 1.2)  # before speech_stopped
+    assert "first_audio" not in turn and "response_id" not in turn
+    record(turn, {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 2000}, 2.0)
+    record(turn, {"type": "conversation.item.input_audio_transcription.completed", "transcript": "bees"}, 2.2)
+    record(turn, {"type": "response.created", "response": {"id": "resp_1"}}, 2.3)
+    record(turn, {"type": "response.output_audio_transcript.delta", "response_id": "resp_1", "delta": "Honey."}, 2.5)
+    record(turn, audio(0.2, "resp_1"), 2.5)  # plays until 2.7
+    record(turn, audio(0.2, "resp_1"), 2.6)  # in time: until 2.9
+    record(turn, audio(0.2, "resp_1"), 3.2)  # 0.3 s of silence before it
+    assert not record(turn, audio(1.0, earlier), 3.3)
+    assert record(turn, {"type": "response.done", "response": {"id": "resp_1"}}, 3.4)
+    row = turn_row(turn)
+    assert not row["lost"] and row["answer"] == "Honey." and row["total"] == pytest.approx(0.5)
+    assert row["stall"] == pytest.approx(0.3)
+    summary = report(1, [row])
+    assert summary["stall_p50_s"] == pytest.approx(0.3) and summary["turns_stalled"] == 1
