@@ -16,8 +16,9 @@ streaming silence, as a microphone does, and speaks its next question once the r
   its first tokens and the TTS head's first clause; the server sends a reply's transcript deltas with its
   audio, so a client cannot split the LLM from the TTS). Each holds the stage's queueing behind the other
   sessions as well as its own work;
-- a turn is lost when no reply audio came within ``--turn-timeout``; its transcript is right when it holds
-  every content word of the question;
+- a turn is lost when no reply audio came within ``--turn-timeout`` (its row says which of its events came:
+  `speech_stopped`, the transcript, `response.created`); its transcript is right when it holds every content
+  word of the question;
 - stalls: the silence a listener hears inside a reply, played from its first delta at real-time pace, while
   the next delta had not come yet (summed per turn; `stall_p50`/`stall_p90`, and the turns that stalled for
   100 ms or more). Only the turn's own response counts (its deltas carry the id of the response created
@@ -219,7 +220,8 @@ def turn_row(turn: dict[str, Any]) -> dict[str, Any]:
         "transcript_right": content_words(turn["question"]) <= content_words(turn["transcript"]),
         "early_deltas": turn.get("early_deltas", 0),
     }
-    if lost:
+    if lost:  # how far it got: which of the turn's events the client saw
+        row["seen"] = [name for name in ("stopped", "transcribed", "created", "first_audio") if name in turn]
         return row
     heard = max(stop, turn.get("transcribed", stop))
     created = max(heard, turn.get("created", heard))

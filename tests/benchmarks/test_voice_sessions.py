@@ -20,7 +20,9 @@ def test_a_transcript_is_right_when_it_holds_the_questions_content_words_digits_
 
 def test_turn_rows_split_the_latency_into_stages_and_count_lost_turns() -> None:
     turn = {"question": "What is two plus two?", "transcript": " what is 2 plus 2", "answer": "Four."}
-    assert turn_row(dict(turn))["lost"]  # no speech_stopped seen
+    assert turn_row(dict(turn))["lost"] and turn_row(dict(turn))["seen"] == []  # no speech_stopped seen
+    unanswered = turn_row(dict(turn, stopped=10.0, transcribed=10.3))
+    assert unanswered["lost"] and unanswered["seen"] == ["stopped", "transcribed"]
     row = turn_row(dict(turn, stopped=10.0, transcribed=10.3, created=10.2, first_audio=10.9, early_deltas=2))
     assert not row["lost"] and row["transcript_right"] and row["answer"] == "Four." and row["early_deltas"] == 2
     assert row["total"] == pytest.approx(0.9) and row["asr"] == pytest.approx(0.3)
