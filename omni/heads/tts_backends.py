@@ -182,20 +182,22 @@ class HfVitsSynthesizer:
             if speaker is not None:
                 conditioning = self.model.embed_speaker(torch.full((1,), speaker, device=self.device)).unsqueeze(-1)
             lengths = [int(n) for n in output.sequence_lengths.cpu()]
-            frames = output.sequence_lengths // self.upsampling
-        return VitsRender(self, texts, rows, output.spectrogram, lengths, frames, conditioning)
+            # rows padded to a power of two (rows of no frames) once, here: the vocoder then sees few shapes
+            spectrogram, frames = output.spectrogram, output.sequence_lengths // self.upsampling
+            padded = 1 << (len(rows) - 1).bit_length()
+            if padded > len(rows):
+                spectrogram = torch.cat(
+                    [spectrogram, spectrogram.new_zeros(padded - len(rows), *spectrogram.shape[1:])]
+                )
+                frames = torch.cat([frames, frames.new_zeros(padded - len(rows))])
+        return VitsRender(self, texts, rows, spectrogram, lengths, frames, conditioning)
 
-    def decode(self, spectrogram: Any, frames: Any, conditioning: Any | None, start: int, window: int) -> np.ndarray:
-        """Samples of frames ``start:start + window`` of a ``start_batch`` spectrogram, as float32
-        ``(rows, samples)``. The rows are padded to a power of two (rows of no frames) for the vocoder,
-        which then sees a few shapes only."""
-        torch = self._torch
-        rows = spectrogram.shape[0]
-        padded = 1 << (rows - 1).bit_length()
-        with self._lock, self._on_stream(), torch.inference_mode():
-            if padded > rows:
-                spectrogram = torch.cat([spectrogram, spectrogram.new_zeros(padded - rows, *spectrogram.shape[1:])])
-                frames = torch.cat([frames, frames.new_zeros(padded - rows)])
+    def decode(
+        self, spectrogram: Any, frames: Any, conditioning: Any | None, start: int, window: int, rows: int
+    ) -> np.ndarray:
+        """Samples of frames ``start:start + window`` of a ``start_batch`` spectrogram (whose rows are padded
+        to a power of two), as float32 ``(rows, samples)`` for its first ``rows`` rows."""
+        with self._lock, self._on_stream(), self._torch.inference_mode():
             wave = decode_window(self.vocoder, spectrogram, frames, conditioning, start, window, self.context)
             return wave[:rows].float().cpu().numpy()
 
@@ -215,7 +217,7 @@ class HfVitsSynthesizer:
                 with self._on_stream():  # made on the stream that decodes them
                     spectrogram = torch.zeros(rows, bins, window, device=self.device)
                     frames = torch.full((rows,), window, device=self.device)
-                self.decode(spectrogram, frames, None, 0, window)
+                self.decode(spectrogram, frames, None, 0, window, rows)
                 window *= 2
             rows *= 2
 
@@ -240,7 +242,8 @@ class VitsRender:
         frames: Any | None,
         conditioning: Any | None,
     ) -> None:
-        """``lengths``: each row's samples; ``frames``: the same in frames, on the model's device."""
+        """``lengths``: each row's samples; ``frames``: the same in frames, on the model's device (the
+        spectrogram's and the frames' rows may be padded past ``rows``)."""
         self._synthesizer, self._texts, self._rows = synthesizer, texts, rows
         self._spectrogram, self._conditioning = spectrogram, conditioning
         self._lengths, self._frames = lengths, frames
@@ -254,7 +257,9 @@ class VitsRender:
         if len(self._pieces) < len(self._starts):
             start = self._starts[len(self._pieces)]
             self._pieces.append(
-                self._synthesizer.decode(self._spectrogram, self._frames, self._conditioning, start, self._window)
+                self._synthesizer.decode(
+                    self._spectrogram, self._frames, self._conditioning, start, self._window, len(self._rows)
+                )
             )
         return len(self._pieces) == len(self._starts)
 
