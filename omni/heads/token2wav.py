@@ -8,7 +8,7 @@ Streaming runs both on windows of codes. The first chunk is small (``first_chunk
 knob), later ones larger (``chunk_codes``: fewer DiT passes per second of audio). The first chunk may also
 take fewer ODE steps (``first_chunk_steps``): eagerly its DiT call is bound by kernel launches, about
 4 DiT evaluations per step, so its time falls with the steps. On CUDA every chunk but a stream's last
-may replay its ODE and its vocoder call from CUDA graphs (``cuda_graphs``, off by default; ``token2wav_graphs``),
+may replay its ODE and its vocoder call from CUDA graphs (``cuda_graphs``, off by default; ``call_graphs``),
 captured for every regular window shape (``regular_shapes``), voice and batch bucket when the head is built. Each chunk
 is one call to one worker thread that batches the chunks of every stream (``token2wav_batcher``): the
 DiT, then the vocoder, with first chunks ahead of later ones. A chunk's DiT window
@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omni_gateway.omni.heads.call_graphs import BUCKETS, CallGraphs
 from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
 from omni_gateway.omni.heads.token2wav_dit import FastDiT
-from omni_gateway.omni.heads.token2wav_graphs import BUCKETS, CallGraphs
 from omni_gateway.omni.heads.token2wav_loader import Speaker, Token2WavModels, load_token2wav
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class Token2WavConfig:
     vocoder_context_frames: int = 16  # mel frames of vocoder context either side of a chunk
     num_steps: int = 10
     first_chunk_steps: int | None = None  # ODE steps of the first chunk; None: num_steps
-    # On CUDA, replay regular chunks' ODE and vocoder from graphs captured at build (token2wav_graphs): a first
+    # On CUDA, replay regular chunks' ODE and vocoder from graphs captured at build (call_graphs): a first
     # chunk's call takes 0.15 s instead of 0.7 s on an H200. Off by default: at 32 concurrent streams a vocoder
     # graph's replay crashed the process (a segfault inside the replay, cause not found); at 8 it ran clean.
     cuda_graphs: bool = False
@@ -146,7 +146,7 @@ class Token2Wav:
         times = [t for n in step_counts for _, _, four in rk4_intervals(n, config.sway_coefficient) for t in four]
         self._dit = FastDiT(dit, times)
         if config.cuda_graphs and models.device.type == "cuda":
-            self._graphs = (CallGraphs("ODE"), CallGraphs("vocoder"))
+            self._graphs = (CallGraphs("token2wav ODE"), CallGraphs("token2wav vocoder"))
             self._capture_graphs()
 
     @classmethod

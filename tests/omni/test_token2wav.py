@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 import torch
+from omni_gateway.omni.heads.call_graphs import CallGraphs
 from omni_gateway.omni.heads.token2wav import ChunkShape, Token2Wav, Token2WavConfig, UnknownVoice
 from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
 from omni_gateway.omni.heads.token2wav_dit import FastDiT
-from omni_gateway.omni.heads.token2wav_graphs import CallGraphs
 from omni_gateway.omni.heads.token2wav_loader import Token2WavLoadError
 
 from benchmarks.tiny_omni import CODEC_VOCAB, SPEAKERS, save_tiny_omni

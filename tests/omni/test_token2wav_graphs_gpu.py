@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from omni_gateway.omni.heads.call_graphs import BUCKETS
 from omni_gateway.omni.heads.token2wav import GRAPH_CODES, Token2Wav, Token2WavConfig
-from omni_gateway.omni.heads.token2wav_graphs import BUCKETS
 
 from benchmarks.tiny_omni import CODEC_VOCAB, save_tiny_omni
 

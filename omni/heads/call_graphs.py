@@ -1,17 +1,15 @@
-"""token2wav's calls replayed from CUDA graphs, one graph per batch-size bucket and shape.
+"""A speech head's calls replayed from CUDA graphs, one graph per batch-size bucket and shape.
 
-A small token2wav call is bound by the host, not the GPU: a window's ODE is up to 40 DiT evaluations of
-about 800 operations each (``token2wav_dit``), and BigVGAN a few hundred more, every one launched from
-Python (0.6-0.7 s for a first chunk's call on an H200, eagerly). A replayed graph launches them all at once
-(0.15 s). Large calls (many rows of long windows) are bound by the GPU's
-arithmetic instead and gain nothing, so ``Token2Wav`` captures graphs only up to ``GRAPH_CODES`` codes a
-call. Only the regular chunks are replayed: the first chunk's window has one length, and later windows
-(``chunk_codes`` plus the block-aligned context) take a few lengths only, so a few graphs per batch bucket
-and reference-mel length cover them; a stream's last chunk has whatever length the answer leaves and runs
-eagerly. Every graph is captured when the head is built, before it serves, and then ``frozen`` stops
-captures: a capture while other threads use the device (the engines' sampling, any work on the legacy
-stream) breaks their work and the capture. A batch is padded to its bucket with copies of its first row.
-Where a capture fails that set of graphs is switched off and its calls run eagerly from then on.
+A small call of a speech head is bound by the host, not the GPU: a token2wav window's ODE is up to 40 DiT
+evaluations of about 800 operations each, a VITS model pass a few thousand operations, every one launched
+from Python (0.6-0.7 s for token2wav's first chunk on an H200, eagerly; a replayed graph takes 0.15 s). On a
+busy server the host is shared too: the launches wait for the interpreter lock and for room in the
+driver's command queue. A replayed graph launches them all at once.
+
+The heads capture their graphs before they serve, and then ``frozen`` stops captures: a capture while other
+threads use the device (the engines' sampling, any work on the legacy stream) can break their work and the
+capture. A batch is padded to its bucket with copies of its first row. Where a capture fails that set of
+graphs is switched off and its calls run eagerly from then on.
 """
 
 from __future__ import annotations
@@ -23,18 +21,20 @@ import torch
 
 log = logging.getLogger(__name__)
 
-Fn = Callable[..., torch.Tensor]
+Output = torch.Tensor | tuple[torch.Tensor, ...]
+Fn = Callable[..., Output]
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 class CallGraphs:
-    """Graphs of one kind of call (``name``: the ODE, the vocoder), keyed by bucket, ``key`` and input shapes."""
+    """Graphs of one kind of call (``name``: "token2wav ODE", "VITS flow"), keyed by bucket, ``key`` and input
+    shapes. The call returns a tensor or a tuple of tensors, batch first like its inputs."""
 
     def __init__(self, name: str, buckets: tuple[int, ...] = BUCKETS, max_graphs: int = 128) -> None:
-        self._name = name
+        self.name = name
         self._buckets = buckets
         self._max_graphs = max_graphs
-        self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], torch.Tensor]] = {}
+        self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], Output]] = {}
         self._pool: object | None = None
         self.enabled = True
         self.replayed = 0  # calls served from a graph
@@ -43,7 +43,7 @@ class CallGraphs:
     def __len__(self) -> int:
         return len(self._graphs)
 
-    def __call__(self, fn: Fn, key: Hashable, *inputs: torch.Tensor) -> torch.Tensor | None:
+    def __call__(self, fn: Fn, key: Hashable, *inputs: torch.Tensor) -> Output | None:
         """``fn(*inputs)`` (batch first in every input and the output) from its graph, or None where no graph
         serves this call. ``key`` names what ``fn`` computes beyond the inputs' shapes (e.g. its ODE steps)."""
         batch = inputs[0].shape[0]
@@ -58,7 +58,7 @@ class CallGraphs:
             try:
                 captured = self._capture(fn, bucket, inputs)
             except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
-                log.warning("token2wav: CUDA graph capture of the %s failed (%s); it runs eagerly", self._name, exc)
+                log.warning("CUDA graph capture of the %s failed (%s); it runs eagerly", self.name, exc)
                 self.enabled = False
                 return None
             self._graphs[full_key] = captured
@@ -69,11 +69,13 @@ class CallGraphs:
                 static[batch:].copy_(value[:1].expand(bucket - batch, *value.shape[1:]))
         graph.replay()
         self.replayed += 1
+        if isinstance(output, tuple):
+            return tuple(o[:batch].clone() for o in output)
         return output[:batch].clone()
 
     def _capture(
         self, fn: Fn, bucket: int, inputs: tuple[torch.Tensor, ...]
-    ) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], torch.Tensor]:
+    ) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], Output]:
         static = tuple(v[:1].expand(bucket, *v.shape[1:]).clone() for v in inputs)
         device = inputs[0].device
         if self._pool is None:
@@ -87,5 +89,5 @@ class CallGraphs:
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             output = fn(*static)
         torch.cuda.current_stream(device).synchronize()
-        log.info("token2wav: captured the %s for %d rows of %s", self._name, bucket, tuple(static[0].shape[1:]))
+        log.debug("captured the %s for %d rows of %s", self.name, bucket, tuple(static[0].shape[1:]))
         return graph, static, output
