@@ -119,7 +119,11 @@ class FairQueue:
 
 
 class BatchedSynthesizer:
-    """A ``SpeechSynthesizer`` over a ``BatchSynthesizer``: ``submit`` from any thread, one worker renders."""
+    """A ``SpeechSynthesizer`` over a ``BatchSynthesizer``: ``submit`` from any thread, one worker renders.
+
+    The worker first prepares the model (``BatchSynthesizer.prepare``: CUDA graphs, cuDNN plans) and the
+    constructor returns only then: a CUDA graph capture fails, and breaks the other thread's work, when
+    another thread of the process uses the device meanwhile (a loader warming the next stage up)."""
 
     def __init__(
         self, synthesizer: BatchSynthesizer, *, max_batch: int = 64, max_later: int = 16, window_s: float = 0.005
@@ -140,8 +144,10 @@ class BatchedSynthesizer:
         self._queue = FairQueue()
         self._ready = threading.Condition()
         self._closed = False
+        self._prepared = threading.Event()
         self._worker = threading.Thread(target=self._run, name="tts-batcher", daemon=True)
         self._worker.start()
+        self._prepared.wait()
 
     def submit(
         self,
@@ -186,6 +192,8 @@ class BatchedSynthesizer:
             self.synthesizer.prepare()
         except Exception:  # only a first batch's speed is at stake: serve anyway
             log.exception("preparing the TTS model for batches failed")
+        finally:
+            self._prepared.set()
         while (batch := self._take()) is not None:
             self._render(batch)
 

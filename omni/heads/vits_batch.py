@@ -17,6 +17,7 @@ short batch 100-200 ms on an H200, so the shapes a vocoder sees should be few (`
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 
@@ -88,12 +89,20 @@ def window_frames(frames: int, rows: int, row_frames: int, smallest: int = 16) -
 
 
 def decode_window(
-    decoder: Any, spectrogram: Any, frames: Any, conditioning: Any | None, start: int, window: int, context: int
+    decoder: Any,
+    spectrogram: Any,
+    frames: Any,
+    conditioning: Any | None,
+    start: int,
+    window: int,
+    context: int,
+    run: Callable[[Any, Any, Any | None, int], Any] | None = None,
 ) -> Any:
     """The samples ``(batch, (stop - start) * upsampling)`` of frames ``start:stop`` of ``decode_masked``'s
     waveform, where ``stop`` is ``start + window`` or the spectrogram's end. They are decoded from
     ``window + 2 * context`` frames (masked zeros stand in past either end): with ``context`` at least
-    ``receptive_frames(decoder)`` they equal the whole decode's, up to float rounding."""
+    ``receptive_frames(decoder)`` they equal the whole decode's, up to float rounding. ``run`` decodes
+    the window's frames as ``decode_masked`` would (arguments after ``decoder``), e.g. from a CUDA graph."""
     import torch
     from torch.nn import functional
 
@@ -108,7 +117,11 @@ def decode_window(
     piece = functional.pad(piece, (max(-lo, 0), max(hi - total, 0)))
     upsampling = math.prod(int(u.stride[0]) for u in decoder.upsampler)
     inside = torch.clamp(frames - lo, 0, hi - lo)
-    wave = decode_masked(decoder, piece, inside, conditioning, first=max(-lo, 0))
+    first = max(-lo, 0)
+    if run is None:
+        wave = decode_masked(decoder, piece, inside, conditioning, first)
+    else:
+        wave = run(piece, inside, conditioning, first)
     stop = min(start + window, total)
     return wave[:, context * upsampling : (context + stop - start) * upsampling]
 

@@ -282,6 +282,31 @@ def test_hf_vits_on_gpu_is_reproducible(tiny_vits: Path) -> None:
 
 
 @pytest.mark.gpu
+def test_hf_vits_graphs_replay_what_runs_eagerly(tiny_vits: Path) -> None:
+    """After ``prepare`` the model pass (text stage, flow) and the vocoder windows replay from CUDA graphs,
+    with the audio of the eager run for the same seed; without it nothing is captured."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    texts = ["hello there, friend.", "hi.", "one two three four five six seven eight nine ten."]
+    graphed = HfVitsSynthesizer(tiny_vits, device="cuda", seed=5)
+    assert graphed._graphs is not None
+    graphed.synthesize_batch(texts)
+    assert [len(g) for g in graphed._graphs] == [0, 0, 0]  # not prepared: eager, nothing captured
+    graphed.prepare(max_rows=4)
+    captured = [len(g) for g in graphed._graphs]
+    assert all(n > 0 for n in captured), captured
+    got = graphed.synthesize_batch(texts)
+    assert all(g.replayed > 0 for g in graphed._graphs), [g.replayed for g in graphed._graphs]
+    assert [len(g) for g in graphed._graphs] == captured  # frozen: serving captures nothing
+    expected = HfVitsSynthesizer(tiny_vits, device="cuda", seed=5, cuda_graphs=False).synthesize_batch(texts)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape and len(g) > 0
+        np.testing.assert_allclose(g, e, atol=1e-4)
+
+
+@pytest.mark.gpu
 def test_hf_vits_batch_waits_on_the_gpu_only_for_its_lengths(tiny_vits: Path) -> None:
     """The model pass of a batch synchronizes with the GPU a handful of times (the upload of its tokens, the
     size of its output; 6 for 16 rows on an H200): with transformers' duration spline, whose range checks
@@ -294,6 +319,7 @@ def test_hf_vits_batch_waits_on_the_gpu_only_for_its_lengths(tiny_vits: Path) ->
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     synth = HfVitsSynthesizer(tiny_vits, device="cuda")
+    synth.prepare(max_rows=2)  # as served: from CUDA graphs
     texts = ["hello there, friend.", "hi."]
     synth.start_batch(texts)
     torch.cuda.set_sync_debug_mode("warn")

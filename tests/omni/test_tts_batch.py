@@ -201,11 +201,17 @@ def test_concurrent_callers_share_a_batch(quiet_vits: HfVitsSynthesizer) -> None
 
 def test_the_worker_prepares_the_model_in_its_own_thread_before_serving(quiet_vits: HfVitsSynthesizer) -> None:
     # cuDNN's plans are kept per thread: a warm-up anywhere else would not spare the worker's first batches
+    # and the constructor waits for it: a CUDA graph capture needs the device to itself
     prepared_in: list[str] = []
-    quiet_vits.prepare = lambda: prepared_in.append(threading.current_thread().name)  # type: ignore[method-assign]
+
+    def prepare() -> None:
+        time.sleep(0.2)
+        prepared_in.append(threading.current_thread().name)
+
+    quiet_vits.prepare = prepare  # type: ignore[method-assign]
     batcher = BatchedSynthesizer(quiet_vits, window_s=0)
-    assert len(batcher.synthesize("hello")) > 0
     assert prepared_in == ["tts-batcher"]
+    assert len(batcher.synthesize("hello")) > 0
     batcher.close()
 
 
