@@ -36,7 +36,11 @@ class _Request:
 
 
 class BatchedRecognizer:
-    """A ``SpeechRecognizer`` whose calls, from any number of threads, run in shared batches."""
+    """A ``SpeechRecognizer`` whose calls, from any number of threads, run in shared batches.
+
+    The worker first prepares the recognizer (``prepare_batches``: on a GPU, cuDNN's plans for every batch
+    size, which torch keeps per thread), and the constructor returns only then, so that the loader's next
+    stage does not use the device meanwhile (a CUDA graph capture there would fail)."""
 
     def __init__(self, recognizer: BatchRecognizer, *, max_batch: int = 32, window_s: float = 0.005) -> None:
         if max_batch < 1:
@@ -52,8 +56,10 @@ class BatchedRecognizer:
         self._queue: deque[_Request] = deque()
         self._ready = threading.Condition()
         self._closed = False
+        self._prepared = threading.Event()
         self._worker = threading.Thread(target=self._run, name="asr-batcher", daemon=True)
         self._worker.start()
+        self._prepared.wait()
 
     @property
     def multilingual(self) -> bool:
@@ -117,6 +123,12 @@ class BatchedRecognizer:
             return [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
 
     def _run(self) -> None:
+        try:
+            self.recognizer.prepare_batches(self.max_batch)
+        except Exception:  # only first batches' speed is at stake: serve anyway
+            log.exception("preparing the recognizer for batches failed")
+        finally:
+            self._prepared.set()
         while (batch := self._take()) is not None:
             live = [r for r in batch if r.future.set_running_or_notify_cancel()]
             if not live:

@@ -120,3 +120,44 @@ def test_the_pipeline_hands_concurrent_turns_to_the_batcher(tiny_en: Path) -> No
     assert list(batcher.batch_sizes) == [3]
     assert [r.text for r in results] == [recognizer.transcribe(p).text for p in pcm]
     batcher.close()
+
+
+def test_the_worker_prepares_the_recognizer_in_its_own_thread_before_the_constructor_returns(
+    tiny_en: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # cuDNN's plans are kept per thread, and the loader's next stage must not use the device meanwhile
+    recognizer = TorchWhisperRecognizer(tiny_en, device="cpu", max_new_tokens=4)
+    prepared: list[tuple[str, int]] = []
+
+    def prepare_batches(max_batch: int) -> None:
+        time.sleep(0.2)
+        prepared.append((threading.current_thread().name, max_batch))
+
+    monkeypatch.setattr(recognizer, "prepare_batches", prepare_batches)
+    batcher = BatchedRecognizer(recognizer, max_batch=3, window_s=0)
+    assert prepared == [("asr-batcher", 3)]
+    batcher.close()
+    monkeypatch.setattr(recognizer, "prepare_batches", lambda max_batch: 1 / 0)
+    batcher = BatchedRecognizer(recognizer, window_s=0)
+    assert "preparing the recognizer for batches failed" in caplog.text
+    assert batcher.transcribe(clips()[0]).usage.output_tokens > 0  # it serves anyway
+    batcher.close()
+
+
+@pytest.mark.gpu
+def test_the_torch_recognizer_encodes_every_batch_size_once_on_a_gpu(tiny_en: Path) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    recognizer = TorchWhisperRecognizer(tiny_en, device="cuda", max_new_tokens=4)
+    sizes: list[int] = []
+    encode = recognizer._encode
+    recognizer._encode = lambda features: sizes.append(features.shape[0]) or encode(features)  # type: ignore[method-assign]
+    recognizer.prepare_batches(5)
+    assert sizes == [1, 2, 3, 4, 5]
+    cpu = TorchWhisperRecognizer(tiny_en, device="cpu", max_new_tokens=4)
+    features = cpu._features([clips()[0]])
+    on_gpu = recognizer._features([clips()[0]])
+    assert on_gpu.device.type == "cuda"
+    torch.testing.assert_close(on_gpu.float().cpu(), features.float(), atol=2e-3, rtol=0)

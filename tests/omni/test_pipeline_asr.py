@@ -42,6 +42,9 @@ class GatedBatchRecognizer(GatedRecognizer):
     def transcribe_batch(self, jobs: list[AsrJob]) -> list[AsrResult]:
         return [self.transcribe(job.samples.astype(np.int16).tobytes()) for job in jobs]
 
+    def prepare_batches(self, max_batch: int) -> None:
+        pass
+
 
 @pytest.mark.parametrize("batched", [False, True], ids=["lock", "batcher"])
 def test_a_transcription_dropped_while_it_waits_for_the_recognizer_never_runs(batched: bool) -> None:
