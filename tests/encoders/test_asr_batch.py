@@ -155,7 +155,7 @@ def test_the_torch_recognizer_encodes_every_batch_size_once_on_a_gpu(tiny_en: Pa
     encode = recognizer._encode
     recognizer._encode = lambda features: sizes.append(features.shape[0]) or encode(features)  # type: ignore[method-assign]
     recognizer.prepare_batches(5)
-    assert sizes == [1, 2, 3, 4, 5]
+    assert sizes == [1, 2, 3, 4, 5]  # each size's spectrogram and encoder pass, once
     cpu = TorchWhisperRecognizer(tiny_en, device="cpu", max_new_tokens=4)
     features = cpu._features([clips()[0]])
     on_gpu = recognizer._features([clips()[0]])
