@@ -20,14 +20,12 @@ import random
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import ResultLog, add_out_argument
+from benchmarks.neighbours import busy_neighbour
 
 BATCHES = ((1, 4), (4, 8), (16, 8), (16, 25), (32, 12))  # (rows, words a row)
 
@@ -47,40 +45,6 @@ def timed_batch(synthesizer: Any, batch: list[str], sync: Any) -> tuple[float, f
     spectrogram = time.perf_counter() - began
     render.step()
     return spectrogram * 1000, (time.perf_counter() - began) * 1000
-
-
-@contextmanager
-def busy_neighbour(device: str) -> Iterator[None]:
-    """A thread running Python nonstop and, on CUDA, one running large matmuls."""
-    import torch
-
-    stop = threading.Event()
-
-    def python() -> None:
-        total = 0
-        while not stop.is_set():
-            for i in range(1000):
-                total += i
-
-    def matmuls() -> None:
-        m = torch.randn(8192, 8192, device=device, dtype=torch.half)
-        while not stop.is_set():
-            for _ in range(4):
-                m @ m
-            torch.cuda.synchronize()
-
-    threads = [threading.Thread(target=python, daemon=True)]
-    if device.startswith("cuda"):
-        threads.append(threading.Thread(target=matmuls, daemon=True))
-    for thread in threads:
-        thread.start()
-    time.sleep(0.5)
-    try:
-        yield
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join()
 
 
 def main() -> None:
@@ -126,7 +90,7 @@ def main() -> None:
         ) as log:
             log.write("check", max_difference=difference)
             for load in ("idle", "busy neighbour"):
-                with busy_neighbour(args.device) if load != "idle" else nullcontext():
+                with busy_neighbour(args.device, "thread" if load != "idle" else "none"):
                     for rows, words in BATCHES:
                         batches = [texts(rng, rows, words) for _ in range(args.reps)]
                         row: dict[str, Any] = {"load": load, "rows": rows, "words": words}
