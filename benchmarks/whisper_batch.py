@@ -95,7 +95,7 @@ def main() -> None:
         parser.error("--repeats and every --rows must be at least 1")
 
     import torch
-    from omni_gateway.encoders.asr import TorchWhisperRecognizer
+    from omni_gateway.encoders.asr_torch import TorchWhisperRecognizer
 
     from benchmarks.voice_gpu_stages import build_whisper_turbo, whisper_tokenizer_file
 

@@ -37,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from omni_gateway.encoders.asr import TorchWhisperRecognizer
+    from omni_gateway.encoders.asr_torch import TorchWhisperRecognizer
 
     from benchmarks.voice_gpu_stages import build_whisper_turbo, whisper_tokenizer_file
 

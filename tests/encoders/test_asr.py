@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from omni_gateway.encoders.asr import FasterWhisperRecognizer, TorchWhisperRecognizer, load_recognizer
+from omni_gateway.encoders.asr import FasterWhisperRecognizer, load_recognizer
 from omni_gateway.encoders.asr_batch import BatchedRecognizer
+from omni_gateway.encoders.asr_torch import TorchWhisperRecognizer
 from omni_gateway.encoders.audio import float_to_pcm16, resample
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from omni_gateway.encoders.asr import TorchWhisperRecognizer
 from omni_gateway.encoders.asr_batch import BatchedRecognizer
+from omni_gateway.encoders.asr_torch import TorchWhisperRecognizer
 from omni_gateway.encoders.audio import float_to_pcm16
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline

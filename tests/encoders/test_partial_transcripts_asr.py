@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from omni_gateway.encoders.asr import SpeechRecognizer, TorchWhisperRecognizer, load_recognizer
+from omni_gateway.encoders.asr import SpeechRecognizer, load_recognizer
+from omni_gateway.encoders.asr_torch import TorchWhisperRecognizer
 from omni_gateway.encoders.audio import float_to_pcm16, resample
 from omni_gateway.encoders.vad import load_session
 from omni_gateway.gateway.realtime.commands import Send, StartTask, Transcribe

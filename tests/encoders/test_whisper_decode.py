@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from omni_gateway.encoders.asr import TorchWhisperRecognizer
+from omni_gateway.encoders.asr_torch import TorchWhisperRecognizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 EOS = 50256
