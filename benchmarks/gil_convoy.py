@@ -78,7 +78,7 @@ def main() -> None:
         parser.error("switch intervals must be > 0 ms and --calls at least 1")
 
     import torch
-    from omni_gateway.omni.heads.tts_backends import HfVitsSynthesizer
+    from omni_gateway.omni.heads.tts_vits import HfVitsSynthesizer
 
     from benchmarks.voice_gpu_stages import build_vits
 

@@ -60,7 +60,7 @@ def main() -> None:
 
     import numpy as np
     import torch
-    from omni_gateway.omni.heads.tts_backends import HfVitsSynthesizer
+    from omni_gateway.omni.heads.tts_vits import HfVitsSynthesizer
     from omni_gateway.omni.loading import STAGE_SWITCH_INTERVAL_S
 
     from benchmarks.voice_gpu_stages import build_vits

@@ -10,12 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from omni_gateway.omni.heads.tts import TtsHead
-from omni_gateway.omni.heads.tts_backends import (
-    HfVitsSynthesizer,
-    PiperSynthesizer,
-    default_piper_voice,
-    load_synthesizer,
-)
+from omni_gateway.omni.heads.tts_backends import PiperSynthesizer, default_piper_voice, load_synthesizer
+from omni_gateway.omni.heads.tts_vits import HfVitsSynthesizer
 from omni_gateway.omni.protocol import AudioChunk, AudioOutputOptions
 
 from benchmarks.voice_gpu_stages import TINY_VITS

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from omni_gateway.omni.heads.tts import TtsHead
-from omni_gateway.omni.heads.tts_backends import HfVitsSynthesizer
 from omni_gateway.omni.heads.tts_batch import BatchedSynthesizer, Clause, FairQueue
+from omni_gateway.omni.heads.tts_vits import HfVitsSynthesizer
 
 from tests.omni.test_tts import collect, tiny_vits, words  # noqa: F401  (tiny_vits: a fixture)
 
