@@ -28,7 +28,9 @@ streaming silence, as a microphone does, and speaks its next question once the r
   `speech_stopped`, i.e. while the user spoke;
 - batches: with the ASR or TTS batcher (torch or CTranslate2 Whisper, HF VITS), the mean batch size of each
   how long their batches took (`*_batch_p50_ms`, `*_batch_p90_ms`: the stage's work; the rest of its time
-  is queueing) and the share of the run its worker spent in batches (`*_busy`: near 1, that worker is the queue).
+  is queueing) and the share of the run its worker spent in batches (`*_busy`: near 1, that worker is the queue);
+  for the TTS batcher also its model pass (`tts_pass_p50_ms`) and a first clause from its submit to its audio
+  (`tts_first_clause_p50_ms`), both from inside the server.
 
 ``--fake`` serves the test suite's fake backend instead (instant ASR, a fixed reply, silence for audio):
 the gateway's own cost of many sessions, without models. ``--asr``/``--tts``/``--model`` pick the stages
@@ -364,6 +366,11 @@ def batch_sizes(backend: Any, wall_s: float) -> dict[str, float]:
             for p in (50, 90):
                 out[f"{name}_batch_p{p}_ms"] = round(percentile(seconds, p / 100) * 1000, 1)
             stage.batch_seconds.clear()
+        for part in ("pass", "first_clause"):  # the TTS batcher's model pass and first clauses, submit -> audio
+            seconds = list(getattr(stage, f"{part}_seconds", None) or [])
+            if seconds:
+                out[f"{name}_{part}_p50_ms"] = round(percentile(seconds, 0.5) * 1000, 1)
+                getattr(stage, f"{part}_seconds").clear()
         if getattr(stage, "busy_s", 0.0):
             out[f"{name}_busy"] = round(stage.busy_s / wall_s, 3)
             stage.busy_s = 0.0

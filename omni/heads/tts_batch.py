@@ -61,6 +61,7 @@ class Clause:
     first: bool
     cancel: threading.Event | None = None
     future: Future[np.ndarray] = field(default_factory=Future)
+    submitted: float = field(default_factory=time.monotonic)
 
 
 class FairQueue:
@@ -141,6 +142,8 @@ class BatchedSynthesizer:
         self.batch_sizes: deque[int] = deque(maxlen=1024)  # the sizes of the latest batches, for benchmarks
         self.batch_seconds: deque[float] = deque(maxlen=1024)  # and how long each took: work, not queueing
         self.busy_s = 0.0  # seconds spent rendering batches, for benchmarks (is the worker the bottleneck?)
+        self.pass_seconds: deque[float] = deque(maxlen=1024)  # each batch's model pass (``start_batch``)
+        self.first_clause_seconds: deque[float] = deque(maxlen=1024)  # a first clause's submit -> its audio
         self._queue = FairQueue()
         self._ready = threading.Condition()
         self._closed = False
@@ -209,6 +212,7 @@ class BatchedSynthesizer:
         try:
             started = time.monotonic()
             render = self.synthesizer.start_batch([c.text for c in live], speed=live[0].speed, voice=live[0].voice)
+            self.pass_seconds.append(time.monotonic() - started)
             while not render.step():
                 spent += time.monotonic() - started
                 if all(c.cancel is not None and c.cancel.is_set() for c in live):
@@ -228,7 +232,10 @@ class BatchedSynthesizer:
         finally:
             self.batch_seconds.append(spent)
             self.busy_s += spent
+        done = time.monotonic()
         for clause, samples in zip(live, audio):
+            if clause.first:
+                self.first_clause_seconds.append(done - clause.submitted)
             clause.future.set_result(samples)
 
     def _take_firsts(self) -> list[Clause]:

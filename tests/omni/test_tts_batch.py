@@ -189,6 +189,10 @@ def test_concurrent_callers_share_a_batch(quiet_vits: HfVitsSynthesizer) -> None
     assert list(batcher.batch_sizes) == [4]
     assert 0 < batcher.busy_s <= time.monotonic() - started  # the one batch's time, for benchmarks
     assert list(batcher.batch_seconds) == [batcher.busy_s]
+    assert 0 < batcher.pass_seconds[0] <= batcher.busy_s and len(batcher.pass_seconds) == 1
+    # each caller's first clause, from its submit to its audio: at least the batch's rendering
+    assert len(batcher.first_clause_seconds) == 4
+    assert all(batcher.busy_s <= s <= time.monotonic() - started for s in batcher.first_clause_seconds)
     for got, expected in zip(results, alone):
         np.testing.assert_allclose(got, expected, atol=ATOL)
     cancelled = threading.Event()
