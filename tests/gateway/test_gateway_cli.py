@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 import pytest
-from omni_gateway.gateway import cli
+from omni_gateway.gateway import cli, cli_flags
 
 from benchmarks.fake_backend import FakeBackend
 
@@ -133,13 +133,13 @@ FLAGS_WITHOUT_FIELD = {"log_level"}  # process logging, not a setting of the ser
 
 
 def test_every_flag_sets_a_config_field_and_defaults_to_that_fields_default() -> None:
-    flags = {flag.dest: flag for flag in cli._flags()}
+    flags = {flag.dest: flag for flag in cli_flags.serve_flags()}
     for action in _serve_actions():
         if action.dest in FLAGS_WITHOUT_FIELD:
             continue
         assert action.dest in flags, f"{action.option_strings} sets no config field"
         flag = flags[action.dest]
-        default = cli.field_default(flag.owner, flag.field)
+        default = cli_flags.field_default(flag.owner, flag.field)
         parsed = tuple(action.default) if flag.listing else action.default
         assert flag.to_field(parsed) == default, (action.option_strings, action.default, default)
     assert {a.dest for a in _serve_actions()} - FLAGS_WITHOUT_FIELD == set(flags)
@@ -197,8 +197,8 @@ SAMPLES = {
 DERIVED = {"--device": {"engine.block_size"}}  # an explicit device resolves the default block size
 
 
-@pytest.mark.parametrize("flag", cli._flags(), ids=lambda flag: flag.name)
-def test_each_flag_changes_exactly_its_own_field(flag: cli.Flag) -> None:
+@pytest.mark.parametrize("flag", cli_flags.serve_flags(), ids=lambda flag: flag.name)
+def test_each_flag_changes_exactly_its_own_field(flag: cli_flags.Flag) -> None:
     import dataclasses
 
     assert flag.name in SAMPLES, f"add a sample value for {flag.name}"
