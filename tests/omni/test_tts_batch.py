@@ -197,7 +197,8 @@ def test_concurrent_callers_share_a_batch(quiet_vits: HfVitsSynthesizer) -> None
         np.testing.assert_allclose(got, expected, atol=ATOL)
     cancelled = threading.Event()
     cancelled.set()
-    assert len(batcher.submit("hello", cancel=cancelled).result()) == 0
+    # a full batch of them, so that it closes on max_batch rather than the 60 s window
+    assert [len(f.result()) for f in [batcher.submit("hello", cancel=cancelled) for _ in range(4)]] == [0] * 4
     batcher.close()
     with pytest.raises(RuntimeError, match="closed"):
         batcher.submit("hello")
