@@ -361,16 +361,13 @@ def batch_sizes(backend: Any, wall_s: float) -> dict[str, float]:
         if sizes:
             out[f"{name}_mean_batch"] = round(statistics.fmean(sizes), 2)
             stage.batch_sizes.clear()
-        seconds = list(getattr(stage, "batch_seconds", None) or [])
-        if seconds:
-            for p in (50, 90):
-                out[f"{name}_batch_p{p}_ms"] = round(percentile(seconds, p / 100) * 1000, 1)
-            stage.batch_seconds.clear()
-        for part in ("pass", "first_clause"):  # the TTS batcher's model pass and first clauses, submit -> audio
-            seconds = list(getattr(stage, f"{part}_seconds", None) or [])
-            if seconds:
-                out[f"{name}_{part}_p50_ms"] = round(percentile(seconds, 0.5) * 1000, 1)
-                getattr(stage, f"{part}_seconds").clear()
+        # whole batches; the TTS batcher's model passes and first clauses (submit -> audio)
+        for part, quantiles in (("batch", (50, 90)), ("pass", (50,)), ("first_clause", (50,))):
+            recorded = getattr(stage, f"{part}_seconds", None)
+            if recorded:
+                for p in quantiles:
+                    out[f"{name}_{part}_p{p}_ms"] = round(percentile(list(recorded), p / 100) * 1000, 1)
+                recorded.clear()
         if getattr(stage, "busy_s", 0.0):
             out[f"{name}_busy"] = round(stage.busy_s / wall_s, 3)
             stage.busy_s = 0.0
