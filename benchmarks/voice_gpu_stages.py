@@ -64,6 +64,15 @@ def whisper_tokenizer_file(root: Path) -> Path:
     )
 
 
+def random_whisper_turbo(root: Path, tokenizer: Path | None, device: str, tiny: bool) -> Path:
+    """``build_whisper_turbo`` under ``root`` with ``tokenizer`` (a benchmark's ``--tokenizer``: Whisper's
+    tokenizer.json), or the one ``whisper_tokenizer_file`` finds when it is None."""
+    tokenizer = tokenizer or whisper_tokenizer_file(root)
+    if not tokenizer.is_file():
+        raise SystemExit(f"--tokenizer {tokenizer}: no such file")
+    return build_whisper_turbo(root, tokenizer, device, tiny)
+
+
 def build_whisper_turbo(path: Path, tokenizer_file: Path, device: str = "cuda", tiny: bool = False) -> Path:
     import torch
     from transformers import (

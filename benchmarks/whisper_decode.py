@@ -39,17 +39,14 @@ def main() -> None:
     import torch
     from omni_gateway.encoders.asr_torch import TorchWhisperRecognizer
 
-    from benchmarks.voice_gpu_stages import build_whisper_turbo, whisper_tokenizer_file
+    from benchmarks.voice_gpu_stages import random_whisper_turbo
 
     def sync() -> None:
         if args.device == "cuda":
             torch.cuda.synchronize()
 
     with tempfile.TemporaryDirectory() as tmp, ResultLog(args.out, "whisper_decode", device=args.device) as log:
-        tokenizer = args.tokenizer or whisper_tokenizer_file(Path(tmp))
-        if not tokenizer.is_file():
-            raise SystemExit(f"--tokenizer {tokenizer}: no such file")
-        path = build_whisper_turbo(Path(tmp), tokenizer, args.device, args.tiny)
+        path = random_whisper_turbo(Path(tmp), args.tokenizer, args.device, args.tiny)
         recognizer = TorchWhisperRecognizer(path, device=args.device, max_new_tokens=args.tokens, static_cache=True)
         static_decoder = recognizer._static
         config = recognizer.model.config
