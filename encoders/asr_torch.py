@@ -1,9 +1,9 @@
 """The torch Whisper backend: any local Hugging Face Whisper checkpoint, on CPU or GPU.
 
-A batch's 30 s windows are encoded together; windows with the same decoder prompt decode greedily
-together, over Hugging Face's dynamic KV cache on a CPU or over fixed buffers replayed from CUDA graphs on a
-GPU (``whisper_decode``). torch is imported when a recognizer is built, so that importing this module
-costs nothing where only faster-whisper runs.
+A batch's 30 s windows are encoded together (on a GPU replayed from CUDA graphs: ``whisper_encode``);
+windows with the same decoder prompt decode greedily together, over Hugging Face's dynamic KV cache on a
+CPU or over fixed buffers replayed from CUDA graphs on a GPU (``whisper_decode``). torch is imported when a
+recognizer is built, so that importing this module costs nothing where only faster-whisper runs.
 """
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ class TorchWhisperRecognizer(OneAsABatch):
         max_new_tokens: int = 224,
         max_duration_s: float = 600.0,
         static_cache: bool | None = None,
+        encoder_graphs: bool | None = None,
         max_batch: int = 32,
     ) -> None:
         """``static_cache``: decode over fixed buffers (``whisper_decode``), each step a CUDA graph on CUDA;
         default on CUDA only (on a CPU the dynamic cache, which attends to written positions only, costs less).
+        ``encoder_graphs``: replay the encoder from CUDA graphs (``whisper_encode``); default on CUDA.
         ``max_batch``: the most windows decoded together (the static buffers' rows; larger batches run in parts)."""
         import torch
         from transformers import WhisperForConditionalGeneration, WhisperProcessor
@@ -69,6 +71,13 @@ class TorchWhisperRecognizer(OneAsABatch):
         # name stays until 5.40); use whichever this release's forward takes
         params = inspect.signature(self.model.forward).parameters
         self._cache_name = "cache" if "cache" in params else "past_key_values"
+        from omni_gateway.encoders.whisper_encode import GraphedWhisperEncoder
+
+        self._encoder = GraphedWhisperEncoder(
+            self.model.get_encoder(),
+            max_rows=max_batch,
+            graphs=encoder_graphs if encoder_graphs is not None else self.device.type == "cuda",
+        )
         self._static = None
         if static_cache if static_cache is not None else self.device.type == "cuda":
             from omni_gateway.encoders.whisper_decode import StaticWhisperDecoder
@@ -157,10 +166,11 @@ class TorchWhisperRecognizer(OneAsABatch):
         return prefix + [self._no_timestamps]
 
     def prepare_batches(self, max_batch: int) -> None:
-        """On CUDA, read a batch of every size up to ``max_batch`` once: cuDNN plans the encoder's attention
-        and convolutions again for every batch size it has not seen (a first call of a size took 0.05-0.12 s
-        longer than the next for Whisper large-v3-turbo on an H200), torch keeps those plans per thread, and
-        cuFFT plans the spectrogram's transform per batch size too (up to 1.5 s for a first batch)."""
+        """On CUDA, read a batch of every size up to ``max_batch`` once: cuFFT plans the spectrogram's
+        transform per batch size (up to 1.5 s for a first batch), and an encoder that runs eagerly (no graphs)
+        has cuDNN plan its attention and convolutions for every batch size it has not seen (a first call of a
+        size took 0.05-0.12 s longer than the next for Whisper large-v3-turbo on an H200), plans that torch
+        keeps per thread."""
         if self.device.type != "cuda":
             return
         torch = self._torch
@@ -179,7 +189,7 @@ class TorchWhisperRecognizer(OneAsABatch):
         return features.to(self.device, self.model.dtype)
 
     def _encode(self, features):
-        return self.model.get_encoder()(features).last_hidden_state
+        return self._encoder(features)
 
     def detect_language(self, features) -> str:
         with self._torch.inference_mode():

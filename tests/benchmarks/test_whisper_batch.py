@@ -27,14 +27,15 @@ def test_every_part_is_timed_per_variant_and_a_missing_backend_is_skipped(
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert lines[0]["kind"] == "run"
     assert [line["rows"] for line in lines if line["kind"] == "first_call"] == [1, 2]
-    # the CPU has no memory-efficient attention kernel: reported once, not timed
-    assert [line["sdpa"] for line in lines if line["kind"] == "unavailable"] == ["efficient"]
+    # the CPU has no memory-efficient attention kernel and no CUDA graphs: each reported once, not timed
+    unavailable = [(line["encoder"], line["sdpa"]) for line in lines if line["kind"] == "unavailable"]
+    assert unavailable == [("eager", "efficient"), ("graphs", "default"), ("graphs", "efficient")]
     batches = [line for line in lines if line["kind"] == "batch"]
-    assert [(b["sdpa"], b["neighbour"], b["rows"]) for b in batches] == [
-        ("default", "none", 1),
-        ("default", "none", 2),
-        ("default", "process", 1),
-        ("default", "process", 2),
+    assert [(b["encoder"], b["sdpa"], b["neighbour"], b["rows"]) for b in batches] == [
+        ("eager", "default", "none", 1),
+        ("eager", "default", "none", 2),
+        ("eager", "default", "process", 1),
+        ("eager", "default", "process", 2),
     ]
     for b in batches:
         assert all(b[part] > 0 for part in whisper_batch.PARTS)
