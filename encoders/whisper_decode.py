@@ -1,14 +1,23 @@
-"""Greedy Whisper decoding over a static KV cache, one fixed-shape step per token: CUDA-graph capturable.
+"""Greedy Whisper decoding over a static KV cache, a fixed number of fixed-shape steps per launch: CUDA-graph
+capturable.
 
 The Hugging Face decoder grows its cache a token at a time and drops finished rows, so every step is a new
 shape and several hundred kernel launches issued from Python: on a GPU the host is the bottleneck for a
-decoder this small (four layers in large-v3-turbo). Here a batch is padded to a bucket (1, 2, 4, ... rows)
-whose buffers live as long as the decoder: self-attention keys and values for every position, the
-cross-attention keys and values computed once per batch, the step's token ids and position. Every bucket
-is a view of the largest one's buffers (``max_rows``), so they cost the memory of one. One decode step
-reads and writes only those buffers, so on CUDA it is captured once per bucket in a CUDA graph and
-replayed (one launch per token); on CPU the same step runs eagerly. Finished rows stay in the batch
-(their tokens are ignored) so the shapes never change. The weights are the model's own modules.
+decoder this small (four layers in large-v3-turbo), and in a server whose interpreter also runs the event
+loop and the TTS worker every launch and every read of a token may wait for the interpreter lock (24 steps
+of a batch took 2.5 s beside a busy Python thread, against 17 ms alone). Here a batch is padded to a bucket
+(1, 2, 4, ... rows) whose buffers live as long as the decoder: self-attention keys and values for every
+position, the cross-attention keys and values, the encoder states they are computed from, the token ids
+of every position, and the position of the next step. Every bucket is a view of the largest one's
+buffers (``max_rows``), so they cost the memory of one.
+
+A step reads the token at its position, writes that position's keys and values, and writes the token of
+the next position: the prefix's own token while the prefix lasts (so the prefix is fed one step at a time
+and needs no pass of its own), else the greedy choice. It then advances the position, all on the device.
+``STEPS`` steps run per launch, and the host reads the new tokens once per launch to see which rows
+reached end-of-text. On CUDA the cross-attention projections and the ``STEPS`` steps are each captured
+once per bucket in a CUDA graph; on CPU the same code runs eagerly. Finished rows stay in the batch (their
+tokens are ignored) so the shapes never change, and the steps of a launch past the end are ignored too.
 
 Every graph is captured when the decoder is built, before it serves: a capture while other threads use
 the device (the TTS head's sampling, cuBLAS on the legacy stream) breaks their work and the capture, so
@@ -26,6 +35,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+STEPS = 8  # decode steps per launch: one read of the tokens per 8 steps; at most 7 steps wasted per batch
 
 
 @dataclass
@@ -35,11 +45,12 @@ class _Bucket:
     self_v: list[Any]
     cross_k: list[Any]  # per layer [rows, heads, source_positions, head_dim]
     cross_v: list[Any]
-    token: Any  # [rows, 1] the step's input token
-    position: Any  # [1] the step's position
-    first: Any  # [rows] bool: the step is the first decoded one (begin-suppressed tokens are barred)
-    next_token: Any = None  # [rows] the step's output, read after a replay
-    graph: Any = None
+    encoded: Any  # [rows, source_positions, d_model] the encoder states the cross keys and values come from
+    ids: Any  # [rows, max_positions] the prefix, then the decoded tokens
+    position: Any  # [1] the next step's input position
+    prefix: Any  # [1] the prefix's length: the first position the decoder chooses
+    cross_graph: Any = None
+    steps_graph: Any = None
 
 
 class StaticWhisperDecoder:
@@ -66,6 +77,7 @@ class StaticWhisperDecoder:
         config = model.config
         self.heads = config.decoder_attention_heads
         self.head_dim = config.d_model // self.heads
+        self.d_model = config.d_model
         self.max_positions = config.max_target_positions
         self.source_positions = config.max_source_positions
         self.eos = eos
@@ -78,59 +90,55 @@ class StaticWhisperDecoder:
         self._begin_barred = torch.zeros(vocab, dtype=torch.bool, device=self.device)
         self._begin_barred[[t for t in begin_suppress if t < vocab]] = True
         self.buckets = tuple(b for b in BUCKETS if b < max_rows) + (max_rows,)
+        self._positions = torch.arange(self.max_positions, device=self.device)
         self._buckets = self._make_buckets(max_rows)
         if self.graphs:
             self._capture_all()
 
     def decode(self, encoded: Any, prefix: list[int], budget: int) -> list[list[int]]:
         """Up to ``budget`` tokens per row of ``encoded`` after ``prefix``, end-of-text excluded."""
-        torch = self._torch
         rows = encoded.shape[0]
+        if not prefix:
+            raise ValueError("the decoder prompt is empty; expected at least the start-of-transcript token")
         if len(prefix) + budget > self.max_positions:
             raise ValueError(f"{len(prefix)} prefix tokens and {budget} new ones exceed {self.max_positions} positions")
         out: list[list[int]] = []
         most = self.buckets[-1]
         for start in range(0, rows, most):
-            out += self._decode_bucket(encoded[start : start + most], prefix, budget, torch)
+            out += self._decode_bucket(encoded[start : start + most], prefix, budget)
         return out
 
-    def _decode_bucket(self, encoded: Any, prefix: list[int], budget: int, torch: Any) -> list[list[int]]:
+    def _decode_bucket(self, encoded: Any, prefix: list[int], budget: int) -> list[list[int]]:
+        torch = self._torch
         rows = encoded.shape[0]
         bucket = self._buckets[next(b for b in self.buckets if b >= rows)]
-        padded = (
-            encoded if rows == bucket.rows else torch.cat([encoded, encoded[:1].expand(bucket.rows - rows, -1, -1)])
-        )
-        for layer, k, v in zip(self.decoder.layers, bucket.cross_k, bucket.cross_v):
-            k.copy_(self._split(layer.encoder_attn.k_proj(padded)))
-            v.copy_(self._split(layer.encoder_attn.v_proj(padded)))
-        # the prefix in one eager pass (its length varies), then one fixed-shape step per token
-        ids = torch.tensor([prefix] * bucket.rows, device=self.device)
-        positions = torch.arange(len(prefix), device=self.device)
-        bucket.first.fill_(True)
-        token = self._step(bucket, ids, positions)
-        generated: list[list[int]] = [[] for _ in range(rows)]
-        live = [True] * rows
-        for step in range(budget):
-            tokens = token.tolist()
-            for row in range(rows):
-                if live[row]:
-                    if tokens[row] == self.eos:
-                        live[row] = False
-                    else:
-                        generated[row].append(tokens[row])
-            if not any(live) or step == budget - 1:
+        # rows past ``rows`` keep an earlier batch's states: decoded, never read
+        bucket.encoded[:rows].copy_(encoded)
+        self._run(bucket.cross_graph, lambda: self._cross(bucket))
+        bucket.ids[:, : len(prefix)].copy_(torch.tensor(prefix, device=self.device))
+        bucket.prefix.fill_(len(prefix))
+        bucket.position.zero_()
+        # the step at position p chooses the token of p + 1: the first chosen one comes from the prefix's last
+        steps = len(prefix) - 1 + budget
+        done = 0
+        decoded: list[list[int]] = [[] for _ in range(rows)]
+        while done < steps:
+            self._run(bucket.steps_graph, lambda: self._steps(bucket))
+            done += STEPS
+            chosen = min(done - (len(prefix) - 1), budget)
+            if chosen <= 0:
+                continue
+            decoded = bucket.ids[:rows, len(prefix) : len(prefix) + chosen].tolist()
+            if all(self.eos in row for row in decoded):
                 break
-            bucket.token.copy_(token[:, None])
-            bucket.position.fill_(len(prefix) + step)
-            bucket.first.fill_(False)
-            token = self._replay(bucket)
-        return generated
+        return [row[: row.index(self.eos)] if self.eos in row else row for row in decoded]
 
-    def _replay(self, bucket: _Bucket) -> Any:
-        if bucket.graph is None:
-            return self._step(bucket, bucket.token, bucket.position)
-        bucket.graph.replay()
-        return bucket.next_token
+    @staticmethod
+    def _run(graph: Any, eager: Any) -> None:
+        if graph is None:
+            eager()
+        else:
+            graph.replay()
 
     def _capture_all(self) -> None:
         torch = self._torch
@@ -140,42 +148,50 @@ class StaticWhisperDecoder:
             log.warning("Whisper: CUDA graph capture of the decoder step failed (%s); it runs eagerly", exc)
             self.graphs = False
             for bucket in self._buckets.values():
-                bucket.graph = bucket.next_token = None
+                bucket.cross_graph = bucket.steps_graph = None
             return
-        log.info("Whisper: captured the decoder step for %s rows", ", ".join(map(str, self.buckets)))
+        log.info("Whisper: captured the decoder steps for %s rows", ", ".join(map(str, self.buckets)))
 
     def _capture_each(self, torch: Any) -> None:
-        # no autograd: the decoder is built outside inference mode, and the step writes its caches in place
+        # no autograd: the decoder is built outside inference mode, and the steps write their buffers in place
         with torch.no_grad():
+            for bucket in self._buckets.values():
+                bucket.prefix.fill_(1)
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):  # warm up outside the capture (allocator, cuBLAS workspaces)
                 for bucket in self._buckets.values():
                     for _ in range(2):
-                        self._step(bucket, bucket.token, bucket.position)
+                        bucket.position.zero_()
+                        self._cross(bucket)
+                        self._steps(bucket)
             torch.cuda.current_stream().wait_stream(stream)
             pool = torch.cuda.graph_pool_handle()
             for bucket in self._buckets.values():
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                    bucket.next_token = self._step(bucket, bucket.token, bucket.position)
-                bucket.graph = graph
+                bucket.position.zero_()
+                graphs = []
+                for work in (self._cross, self._steps):
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                        work(bucket)
+                    graphs.append(graph)
+                bucket.cross_graph, bucket.steps_graph = graphs
             torch.cuda.synchronize()
 
     def _make_buckets(self, max_rows: int) -> dict[int, _Bucket]:
         """One bucket per size in ``self.buckets``, each a view of the first rows of the largest's buffers."""
         torch = self._torch
 
-        def zeros(positions: int) -> Any:
-            shape = (max_rows, self.heads, positions, self.head_dim)
-            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+        def zeros(*shape: int, dtype: Any = None) -> Any:
+            return torch.zeros(shape, dtype=dtype or self.dtype, device=self.device)
 
         layers = range(len(self.decoder.layers))
-        self_k = [zeros(self.max_positions) for _ in layers]
-        self_v = [zeros(self.max_positions) for _ in layers]
-        cross_k = [zeros(self.source_positions) for _ in layers]
-        cross_v = [zeros(self.source_positions) for _ in layers]
-        token = torch.zeros((max_rows, 1), dtype=torch.long, device=self.device)
+        self_k = [zeros(max_rows, self.heads, self.max_positions, self.head_dim) for _ in layers]
+        self_v = [zeros(max_rows, self.heads, self.max_positions, self.head_dim) for _ in layers]
+        cross_k = [zeros(max_rows, self.heads, self.source_positions, self.head_dim) for _ in layers]
+        cross_v = [zeros(max_rows, self.heads, self.source_positions, self.head_dim) for _ in layers]
+        encoded = zeros(max_rows, self.source_positions, self.d_model)
+        ids = zeros(max_rows, self.max_positions, dtype=torch.long)
         return {
             rows: _Bucket(
                 rows=rows,
@@ -183,10 +199,11 @@ class StaticWhisperDecoder:
                 self_v=[t[:rows] for t in self_v],
                 cross_k=[t[:rows] for t in cross_k],
                 cross_v=[t[:rows] for t in cross_v],
-                token=token[:rows],
-                # per bucket: a graph reads its own position and first-step flag
-                position=torch.zeros(1, dtype=torch.long, device=self.device),
-                first=torch.zeros((), dtype=torch.bool, device=self.device),
+                encoded=encoded[:rows],
+                ids=ids[:rows],
+                # per bucket: a graph reads its own position and prefix length
+                position=zeros(1, dtype=torch.long),
+                prefix=zeros(1, dtype=torch.long),
             )
             for rows in self.buckets
         }
@@ -195,22 +212,36 @@ class StaticWhisperDecoder:
         """[rows, positions, d_model] -> [rows, heads, positions, head_dim]"""
         return x.view(x.shape[0], x.shape[1], self.heads, self.head_dim).transpose(1, 2)
 
-    def _step(self, bucket: _Bucket, ids: Any, positions: Any) -> Any:
-        """Tokens ``ids`` [rows, T] at ``positions`` [T] through the decoder, writing their keys and values
-        into the cache; returns the greedy next token of each row. Only tensor ops on fixed buffers."""
+    def _cross(self, bucket: _Bucket) -> None:
+        """Every layer's cross-attention keys and values of the bucket's encoder states."""
+        for layer, k, v in zip(self.decoder.layers, bucket.cross_k, bucket.cross_v):
+            k.copy_(self._split(layer.encoder_attn.k_proj(bucket.encoded)))
+            v.copy_(self._split(layer.encoder_attn.v_proj(bucket.encoded)))
+
+    def _steps(self, bucket: _Bucket) -> None:
+        for _ in range(STEPS):
+            self._step(bucket)
+
+    def _step(self, bucket: _Bucket) -> None:
+        """One token per row through the decoder at the bucket's position: its keys and values written into
+        the cache, the next position's token written into ``ids``, the position advanced. Only tensor ops on
+        fixed buffers."""
         torch = self._torch
         functional = torch.nn.functional
         decoder = self.decoder
-        x = decoder.embed_tokens(ids) + decoder.embed_positions.weight[positions]
-        # position p attends to cache positions <= p; positions not yet written are masked out
-        visible = torch.arange(self.max_positions, device=self.device)[None, :] <= positions[:, None]
+        position = bucket.position
+        # past the last position a launch's surplus steps repeat the last one: their output is never read
+        after = torch.clamp(position + 1, max=self.max_positions - 1)
+        x = decoder.embed_tokens(bucket.ids.index_select(1, position)) + decoder.embed_positions.weight[position]
+        # the position attends to cache positions up to itself; positions not yet written are masked out
+        visible = self._positions[None, :] <= position[:, None]
         for layer, k_cache, v_cache, cross_k, cross_v in zip(
             decoder.layers, bucket.self_k, bucket.self_v, bucket.cross_k, bucket.cross_v
         ):
             attn = layer.self_attn
             h = layer.self_attn_layer_norm(x)
-            k_cache.index_copy_(2, positions, self._split(attn.k_proj(h)))
-            v_cache.index_copy_(2, positions, self._split(attn.v_proj(h)))
+            k_cache.index_copy_(2, position, self._split(attn.k_proj(h)))
+            v_cache.index_copy_(2, position, self._split(attn.v_proj(h)))
             a = functional.scaled_dot_product_attention(
                 self._split(attn.q_proj(h)), k_cache, v_cache, attn_mask=visible
             )
@@ -221,5 +252,8 @@ class StaticWhisperDecoder:
             x = x + cross.out_proj(a.transpose(1, 2).reshape(x.shape))
             x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
         logits = self.model.proj_out(decoder.layer_norm(x[:, -1])).float()
-        barred = self._barred | (self._begin_barred & bucket.first)
-        return torch.argmax(logits.masked_fill(barred, -float("inf")), dim=-1)
+        barred = self._barred | (self._begin_barred & (after == bucket.prefix))
+        chosen = torch.argmax(logits.masked_fill(barred, -float("inf")), dim=-1)
+        forced = bucket.ids.index_select(1, after)[:, 0]
+        bucket.ids.index_copy_(1, after, torch.where(after < bucket.prefix, forced, chosen)[:, None])
+        position.copy_(torch.clamp(position + 1, max=self.max_positions - 2))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from omni_gateway.encoders.asr_torch import TorchWhisperRecognizer
+from omni_gateway.encoders.whisper_decode import STEPS
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 EOS = 50256
@@ -95,7 +96,8 @@ def test_cuda_graph_decode_matches_the_dynamic_cache(tiny_multi: Path) -> None:
         assert recognizer._decode(encoded[:2], prefix) == expected[:2]  # another bucket, its own graph
         assert recognizer._decode(encoded, prefix) == expected  # the captured graph replayed for a new batch
     static = recognizer._static
-    assert static.buckets == (1, 2, 4, 8, 16, 32) and all(b.graph is not None for b in static._buckets.values())
+    assert static.buckets == (1, 2, 4, 8, 16, 32)
+    assert all(b.cross_graph and b.steps_graph for b in static._buckets.values())
 
 
 def test_every_bucket_shares_the_largest_buckets_buffers(tiny_multi: Path) -> None:
@@ -107,3 +109,28 @@ def test_every_bucket_shares_the_largest_buckets_buffers(tiny_multi: Path) -> No
         assert bucket.cross_k[0].shape[0] == rows
         assert bucket.cross_k[0].data_ptr() == largest.cross_k[0].data_ptr()
         assert bucket.self_v[-1].data_ptr() == largest.self_v[-1].data_ptr()
+
+
+def test_a_prompt_longer_than_a_launch_is_fed_a_step_at_a_time(tiny_multi: Path) -> None:
+    import torch
+
+    recognizer = TorchWhisperRecognizer(tiny_multi, device="cpu", max_new_tokens=30, static_cache=True)
+    with torch.inference_mode():
+        encoded, prefix = rows_that_end_apart(recognizer, 3)
+        prompt = "a table for two people tonight, near the window, for the birthday of my oldest friend"
+        prompted = recognizer._prompt_ids(prompt) + prefix
+        assert len(prompted) > 2 * STEPS
+        assert recognizer._decode(encoded, prompted) == dynamic(recognizer, encoded, prompted)
+
+
+def test_rows_that_never_end_decode_up_to_the_last_position(tiny_multi: Path) -> None:
+    import torch
+
+    recognizer = TorchWhisperRecognizer(tiny_multi, device="cpu", max_new_tokens=10_000, static_cache=True)
+    torch.manual_seed(1)
+    with torch.inference_mode():
+        encoded = torch.randn(2, 1500, 32)
+        prefix = recognizer._prefix([], "en")
+        decoded = recognizer._decode(encoded, prefix)
+        assert decoded == dynamic(recognizer, encoded, prefix)
+        assert [len(row) for row in decoded] == [recognizer.model.config.max_target_positions - len(prefix)] * 2
