@@ -32,6 +32,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from omni_gateway.encoders.whisper_encode import capture_or_eager
+
 log = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -141,16 +143,13 @@ class StaticWhisperDecoder:
             graph.replay()
 
     def _capture_all(self) -> None:
-        torch = self._torch
-        try:
-            self._capture_each(torch)
-        except Exception as exc:  # noqa: BLE001 - any capture failure means: decode eagerly
-            log.warning("Whisper: CUDA graph capture of the decoder step failed (%s); it runs eagerly", exc)
-            self.graphs = False
-            for bucket in self._buckets.values():
-                bucket.cross_graph = bucket.steps_graph = None
-            return
-        log.info("Whisper: captured the decoder steps for %s rows", ", ".join(map(str, self.buckets)))
+        if capture_or_eager("the decoder steps", lambda: self._capture_each(self._torch), self._forget_graphs):
+            log.info("Whisper: captured the decoder steps for %s rows", ", ".join(map(str, self.buckets)))
+
+    def _forget_graphs(self) -> None:
+        self.graphs = False
+        for bucket in self._buckets.values():
+            bucket.cross_graph = bucket.steps_graph = None
 
     def _capture_each(self, torch: Any) -> None:
         # no autograd: the decoder is built outside inference mode, and the steps write their buffers in place

@@ -18,11 +18,23 @@ capture fails the encoder runs eagerly.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def capture_or_eager(what: str, capture: Callable[[], None], forget: Callable[[], None]) -> bool:
+    """Run ``capture``; where it fails, log why, ``forget`` what it left, and say so (``what`` runs eagerly)."""
+    try:
+        capture()
+    except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
+        log.warning("Whisper: CUDA graph capture of %s failed (%s); it runs eagerly", what, exc)
+        forget()
+        return False
+    return True
 
 
 class GraphedWhisperEncoder:
@@ -71,16 +83,13 @@ class GraphedWhisperEncoder:
         return self._outputs[bucket][:rows].clone()
 
     def _capture_all(self) -> None:
-        torch = self._torch
-        try:
-            self._capture_each(torch)
-        except Exception as exc:  # noqa: BLE001 - any capture failure means: encode eagerly
-            log.warning("Whisper: CUDA graph capture of the encoder failed (%s); it runs eagerly", exc)
-            self._graphs.clear()
-            self._outputs.clear()
-            self._input = None
-            return
-        log.info("Whisper: captured the encoder for %s rows", ", ".join(map(str, self.buckets)))
+        if capture_or_eager("the encoder", lambda: self._capture_each(self._torch), self._forget_graphs):
+            log.info("Whisper: captured the encoder for %s rows", ", ".join(map(str, self.buckets)))
+
+    def _forget_graphs(self) -> None:
+        self._graphs.clear()
+        self._outputs.clear()
+        self._input = None
 
     def _capture_each(self, torch: Any) -> None:
         shape = (self.buckets[-1], self.encoder.config.num_mel_bins, self.frames)

@@ -78,7 +78,7 @@ def test_a_failed_graph_capture_decodes_eagerly(tiny_multi: Path, caplog: pytest
         expected = dynamic(recognizer, encoded, prefix)
         assert recognizer._decode(encoded, prefix) == expected
     assert not recognizer._static.graphs
-    assert "CUDA graph capture of the decoder step failed" in caplog.text
+    assert "CUDA graph capture of the decoder steps failed" in caplog.text
 
 
 @pytest.mark.gpu
