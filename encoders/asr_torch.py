@@ -72,6 +72,9 @@ class TorchWhisperRecognizer(OneAsABatch):
         params = inspect.signature(self.model.forward).parameters
         self._cache_name = "cache" if "cache" in params else "past_key_values"
         from omni_gateway.encoders.whisper_encode import GraphedWhisperEncoder
+        from omni_gateway.encoders.whisper_features import WhisperLogMel
+
+        self._log_mel = WhisperLogMel(self.processor.feature_extractor, self.device)
 
         self._encoder = GraphedWhisperEncoder(
             self.model.get_encoder(),
@@ -181,12 +184,7 @@ class TorchWhisperRecognizer(OneAsABatch):
         torch.cuda.current_stream(self.device).synchronize()
 
     def _features(self, samples: np.ndarray | list[np.ndarray]):
-        # on a GPU the spectrogram is computed there too: on the host a batch of 30 s windows took 50-380 ms
-        # on a loaded server (every window is padded to 30 s before its STFT)
-        features = self.processor.feature_extractor(
-            samples, sampling_rate=SAMPLE_RATE, return_tensors="pt", device=str(self.device)
-        ).input_features
-        return features.to(self.device, self.model.dtype)
+        return self._log_mel(samples).to(self.model.dtype)
 
     def _encode(self, features):
         return self._encoder(features)
