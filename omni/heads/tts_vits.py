@@ -30,8 +30,10 @@ log = logging.getLogger(__name__)
 # On CUDA a VITS batch's tokens and frames are padded to powers of two from these (``HfVitsSynthesizer``)...
 MIN_TOKENS, MIN_FRAMES = 16, 32
 # ...and its model pass replays from CUDA graphs up to these sizes: larger batches are bound by the GPU's
-# arithmetic, not by launching its operations, and run eagerly.
-GRAPH_TOKENS, GRAPH_FRAMES, GRAPH_ROW_FRAMES = 256, 2048, 65536
+# arithmetic, not by launching its operations, and run eagerly. 512 tokens hold the TTS head's longest clause
+# (``ChunkerConfig.max_chars``, 250) with the blank MMS tokenizers put between characters: at 256, every long
+# later clause ran eagerly, a pass of about 1 s beside a busy thread instead of 0.1 s.
+GRAPH_TOKENS, GRAPH_FRAMES, GRAPH_ROW_FRAMES = 512, 2048, 65536
 
 
 class HfVitsSynthesizer:
