@@ -10,7 +10,9 @@ streaming silence, as a microphone does, and speaks its next question once the r
 
 - latency: `input_audio_buffer.speech_stopped` -> first `response.output_audio.delta`; and, since a busy
   server may send `speech_stopped` late, from the moment the client sent the audio that ended the turn (its
-  `audio_end_ms`: the speech and the VAD's silence after it) to the first audio delta (`audio_end_*`);
+  `audio_end_ms`: the speech and the VAD's silence after it) to the first audio delta (`audio_end_*`); the
+  p50 of the sessions' first turns and of their later ones apart (`first_turns_p50`, `later_turns_p50`):
+  sessions that start together end their first turns together;
 - stages, each measured from the stop or the end of the stage before, whichever is later: `asr` (-> the
   transcript), `start` (-> `response.created`) and `reply` (-> the first audio delta: the engine's queue,
   its first tokens and the TTS head's first clause; the server sends a reply's transcript deltas with its
@@ -277,7 +279,7 @@ def run_sessions(
             for g in groups
         ]
         results = [turns_of for future in futures for turns_of in future.result()]
-    return [dict(turn_row(t), session=s) for s, turns_of in enumerate(results) for t in turns_of]
+    return [dict(turn_row(t), session=s, turn=i) for s, turns_of in enumerate(results) for i, t in enumerate(turns_of)]
 
 
 def report(n: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -294,6 +296,14 @@ def report(n: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
         out.update(p50_s=statistics.median(totals), p90_s=percentile(totals, 0.9), p99_s=percentile(totals, 0.99))
         ends = [r["from_audio_end"] for r in kept]
         out.update(audio_end_p50_s=statistics.median(ends), audio_end_p99_s=percentile(ends, 0.99))
+        # sessions that start together end their first turns together, the worst case for the shared
+        # stages; their later turns drift apart
+        for name, chosen in (
+            ("first_turns", [r for r in kept if r.get("turn") == 0]),
+            ("later_turns", [r for r in kept if r.get("turn", 0) > 0]),
+        ):
+            if chosen:
+                out[f"{name}_p50_s"] = statistics.median(r["total"] for r in chosen)
         for stage in ("asr", "start", "reply"):
             out[f"{stage}_mean_s"] = statistics.fmean(r[stage] for r in kept)
         stalls = [r["stall"] for r in kept]

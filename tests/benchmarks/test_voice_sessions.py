@@ -95,3 +95,15 @@ def test_a_turn_counts_its_own_response_only_and_sums_the_stalls_inside_it() -> 
     assert row["stall"] == pytest.approx(0.3)
     summary = report(1, [row])
     assert summary["stall_p50_s"] == pytest.approx(0.3) and summary["turns_stalled"] == 1
+
+
+def test_first_turns_and_later_ones_are_summarized_apart() -> None:
+    turn = {"question": "What do bees make?", "transcript": "What do bees make?", "answer": ""}
+    rows = [
+        dict(turn_row(dict(turn, stopped=10.0, first_audio=10.0 + total)), session=session, turn=index)
+        for session, index, total in ((0, 0, 0.8), (1, 0, 0.6), (0, 1, 0.1), (1, 1, 0.3), (1, 2, 0.2))
+    ]
+    summary = report(2, rows)
+    assert summary["first_turns_p50_s"] == pytest.approx(0.7)
+    assert summary["later_turns_p50_s"] == pytest.approx(0.2)
+    assert summary["p50_s"] == pytest.approx(0.3)
