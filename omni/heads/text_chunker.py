@@ -5,7 +5,9 @@ generated: it ends at the first clause boundary once it holds ``first_min_words`
 ``first_max_words`` words when no boundary came sooner (each decoded token delays the first audio by
 a decode step). Later segments end at sentence boundaries, which sound more natural, or at a clause
 boundary once they hold ``clause_min_words`` words: a long sentence would otherwise keep the listener
-waiting for its last word to be decoded while the audio before it has run out. Any segment longer than
+waiting for its last word to be decoded while the audio before it has run out. A later segment that reaches
+``growth`` times the previous segment's words with no boundary ends there (text without punctuation: 2, 8,
+32 words, each segment's audio long enough to cover the wait for the next). Any segment longer than
 ``max_chars`` is cut at its last space.
 A boundary is confirmed only by the character after it, so "3.5" or "e.g. this" is not split, and a
 word only by the blank after it, so every cut is the same however the text arrives.
@@ -33,6 +35,7 @@ class ChunkerConfig:
     first_max_words: int | None = 2  # None: the first segment waits for a clause boundary
     min_words: int = 3
     clause_min_words: int | None = 6  # None: later segments end at sentence boundaries only
+    growth: int | None = 4  # None: a later segment with no boundary waits for max_chars
     first_max_chars: int = 120  # bounds the wait for the first audio when no punctuation comes
     max_chars: int = 250
 
@@ -43,6 +46,7 @@ class TextChunker:
         self._buffer = ""
         self._scan_from = 0
         self._emitted = 0
+        self._last_words = 0  # words in the segment emitted last
 
     def push(self, delta: str) -> list[str]:
         """Add text; return the segments it completes."""
@@ -56,6 +60,7 @@ class TextChunker:
             self._scan_from = 0
             segments.append(segment)
             self._emitted += 1
+            self._last_words = len(segment.split())
 
     def flush(self) -> list[str]:
         """End of text: return whatever is left as the final segments."""
@@ -77,7 +82,7 @@ class TextChunker:
         min_words = self.config.first_min_words if first else self.config.min_words
         clause_words = self.config.first_min_words if first else self.config.clause_min_words
         boundaries = _SENTENCE_END if clause_words is None else _SENTENCE_END + _CLAUSE_END
-        word_cut = None if self._emitted else self._word_cut()
+        word_cut = self._word_cut()
         # The last character cannot be confirmed yet: it needs the one after it.
         stop = min(len(text) - 1, self._max_chars(), len(text) if word_cut is None else word_cut + 1)
         for i in range(self._scan_from, stop):
@@ -104,9 +109,14 @@ class TextChunker:
         return None
 
     def _word_cut(self) -> int | None:
-        """Where the first segment ends by word count: at the blank after word ``first_max_words`` once
-        that blank has arrived, or after it when it is a newline (which ends a segment it follows)."""
-        limit = self.config.first_max_words
+        """Where the segment ends by word count (``first_max_words`` for the first, ``growth`` times the
+        previous segment's words for a later one): at the blank after that word once that blank has arrived,
+        or after it when it is a newline (which ends a segment it follows)."""
+        growth = self.config.growth
+        if not self._emitted:
+            limit = self.config.first_max_words
+        else:
+            limit = None if growth is None else max(growth * self._last_words, self.config.min_words)
         if limit is None:
             return None
         for count, match in enumerate(_WORD.finditer(self._buffer), 1):

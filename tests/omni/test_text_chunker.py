@@ -98,6 +98,16 @@ def test_unpunctuated_text_is_cut_at_spaces_within_the_limits() -> None:
     assert "".join(segments) == words
 
 
+def test_unpunctuated_later_segments_grow_by_words() -> None:
+    words = " ".join(f"w{i}" for i in range(60))
+    segments = chunk(words)
+    assert [len(s.split()) for s in segments] == [2, 8, 32, 18]  # each four times the one before, then the rest
+    assert "".join(segments) == words
+    assert [len(s.split()) for s in chunk(words, ChunkerConfig(growth=None))] == [2, 58]  # max_chars alone
+    # a boundary before the word limit still ends the segment there
+    assert chunk("one two three four five. six seven") == ["one two", " three four five.", " six seven"]
+
+
 def test_newline_ends_a_segment() -> None:
     assert chunk("Here are the steps to take\nfirst open the door", CLAUSES_ONLY) == [
         "Here are the steps to take\n",
