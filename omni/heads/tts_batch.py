@@ -1,6 +1,6 @@
 """Speech from many streams synthesized in shared batches, scheduled for first audio.
 
-Every spoken response is a stream of clauses, rendered one at a time. A worker thread forms each batch
+Every spoken response is a stream of clauses, queued as its text arrives. A worker thread forms each batch
 from what waits: first clauses before anything else, in arrival order (a session's first audio matters
 more than throughput); then the other streams' clauses round-robin, the stream served longest ago first,
 one clause per stream per round, so a long answer never holds up another session's audio. A batch shares
@@ -13,6 +13,9 @@ its operators), so the first clauses of many turns that end together share one c
 clauses, seconds of audio each, takes longer the more rows it has: it renders in steps (a window of the
 vocoder each), and first clauses that arrive meanwhile render, as a batch of their own, before its next step.
 So a first clause waits for one step of a long batch (or its model pass), not all of it.
+
+A clause's audio goes out step by step (``Clause.on_audio``), as each window of the vocoder is decoded: a
+listener hears the start of a long clause after the batch's first step, not after its last.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -38,7 +41,9 @@ class BatchRender(Protocol):
         """Render some more; True once done."""
         ...
 
-    def audio(self) -> list[np.ndarray]: ...
+    def take(self) -> list[tuple[np.ndarray, bool]]:
+        """Each text's samples rendered since the last call, and whether its audio is complete."""
+        ...
 
 
 class BatchSynthesizer(Protocol):
@@ -60,7 +65,8 @@ class Clause:
     stream: Hashable
     first: bool
     cancel: threading.Event | None = None
-    future: Future[np.ndarray] = field(default_factory=Future)
+    on_audio: Callable[[np.ndarray], None] | None = None  # called on the worker with each piece as it renders
+    future: Future[np.ndarray] = field(default_factory=Future)  # the whole audio, once complete
     submitted: float = field(default_factory=time.monotonic)
 
 
@@ -161,9 +167,12 @@ class BatchedSynthesizer:
         stream: Hashable | None = None,
         first: bool = True,
         cancel: threading.Event | None = None,
+        on_audio: Callable[[np.ndarray], None] | None = None,
     ) -> Future[np.ndarray]:
-        """Queue one clause of ``stream`` (None: a stream of its own); ``first`` marks a stream's first clause."""
-        clause = Clause(text, speed, voice, stream if stream is not None else object(), first, cancel)
+        """Queue one clause of ``stream`` (None: a stream of its own); ``first`` marks a stream's first clause.
+        ``on_audio`` gets the clause's samples piece by piece, on the worker thread, as they are rendered; the
+        future resolves with all of them once the clause is complete."""
+        clause = Clause(text, speed, voice, stream if stream is not None else object(), first, cancel, on_audio)
         with self._ready:
             if self._closed:
                 raise RuntimeError("the TTS batcher was closed")
@@ -201,42 +210,65 @@ class BatchedSynthesizer:
             self._render(batch)
 
     def _render(self, batch: list[Clause]) -> None:
-        """Render ``batch``; between the steps of a batch without first clauses, render the first clauses
-        that wait (whole: they are short)."""
+        """Render ``batch``, handing out each step's audio; between the steps of a batch without first
+        clauses, render the first clauses that wait (whole: they are short)."""
         live = self._live(batch)
         if not live:
             return
         self.batch_sizes.append(len(live))
         preemptible = not any(c.first for c in live)
+        parts: list[list[np.ndarray] | None] = [[] for _ in live]  # None once the clause is resolved
         spent = 0.0
+        started = time.monotonic()
         try:
-            started = time.monotonic()
             render = self.synthesizer.start_batch([c.text for c in live], speed=live[0].speed, voice=live[0].voice)
             self.pass_seconds.append(time.monotonic() - started)
-            while not render.step():
+            while True:
+                done = render.step()
+                self._deliver(live, parts, render.take())
+                if done:
+                    break
                 spent += time.monotonic() - started
-                if all(c.cancel is not None and c.cancel.is_set() for c in live):
-                    for clause in live:  # every listener is gone: the rest of the batch is not rendered
-                        clause.future.set_result(np.zeros(0, np.float32))
+                if all(c.cancel is not None and c.cancel.is_set() for c, p in zip(live, parts) if p is not None):
+                    for clause, part in zip(live, parts):  # every listener is gone: the rest is not rendered
+                        if part is not None:
+                            clause.future.set_result(np.zeros(0, np.float32))
                     return
                 while preemptible and (firsts := self._take_firsts()):
                     self._render(firsts)
                 started = time.monotonic()
             spent += time.monotonic() - started
-            audio = render.audio()
         except Exception as exc:  # each caller's failure; the worker keeps serving
+            spent += time.monotonic() - started
             log.exception("a TTS batch of %d failed", len(live))
-            for clause in live:
-                clause.future.set_exception(exc)
-            return
+            for clause, part in zip(live, parts):
+                if part is not None:
+                    clause.future.set_exception(exc)
         finally:
             self.batch_seconds.append(spent)
             self.busy_s += spent
-        done = time.monotonic()
-        for clause, samples in zip(live, audio):
-            if clause.first:
-                self.first_clause_seconds.append(done - clause.submitted)
-            clause.future.set_result(samples)
+
+    def _deliver(
+        self, live: list[Clause], parts: list[list[np.ndarray] | None], pieces: list[tuple[np.ndarray, bool]]
+    ) -> None:
+        """Hand each clause its new samples; resolve the clauses now complete."""
+        now = time.monotonic()
+        for i, (clause, (samples, complete)) in enumerate(zip(live, pieces)):
+            part = parts[i]
+            if part is None:
+                continue
+            if clause.first and not part and (len(samples) or complete):
+                self.first_clause_seconds.append(now - clause.submitted)
+            if len(samples):
+                part.append(samples)
+                if clause.on_audio is not None:
+                    try:
+                        clause.on_audio(samples)
+                    except Exception:  # the listener's fault; the batch's other clauses go on
+                        log.exception("a TTS audio callback failed")
+            if complete:
+                parts[i] = None
+                clause.future.set_result(np.concatenate(part) if part else np.zeros(0, np.float32))
 
     def _take_firsts(self) -> list[Clause]:
         with self._ready:

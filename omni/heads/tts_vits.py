@@ -1,7 +1,8 @@
 """Hugging Face ``VitsModel`` (VITS, MMS-TTS) as a batched speech synthesizer, on CPU or GPU.
 
 A batch renders in steps (``VitsRender``): the model pass to the spectrogram (``vits_pass``), then the
-vocoder one window of frames at a time (``vits_batch``), so that a batcher can put other work between them.
+vocoder one window of frames at a time (``vits_batch``), so that a batcher can put other work between them
+and hand each window's audio out as soon as it is decoded.
 On CUDA a batch takes a few shapes only and replays them from CUDA graphs (``call_graphs``).
 """
 
@@ -101,9 +102,13 @@ class HfVitsSynthesizer:
         reproducible as a single text, but a text's audio depends on the batch it ran in unless the
         model's noise scales are 0."""
         render = self.start_batch(texts, speed=speed, voice=voice)
-        while not render.step():
-            pass
-        return render.audio()
+        parts: list[list[np.ndarray]] = [[] for _ in texts]
+        done = False
+        while not done:
+            done = render.step()
+            for part, (samples, _) in zip(parts, render.take()):
+                part.append(samples)
+        return [np.concatenate(part) for part in parts]
 
     def start_batch(self, texts: list[str], *, speed: float = 1.0, voice: str | None = None) -> VitsRender:
         """``synthesize_batch`` in steps: this call runs the model up to the spectrogram, and each
@@ -272,7 +277,8 @@ class HfVitsSynthesizer:
 
 class VitsRender:
     """A batch of ``HfVitsSynthesizer`` in progress: ``step`` decodes the next vocoder window and says
-    whether the batch is done; ``audio`` then gives each text's samples (empty for a text without tokens)."""
+    whether the batch is done; ``take`` gives each text's samples decoded since the last ``take`` (empty for
+    a text without tokens), so a row's audio goes out window by window, not when the whole batch ends."""
 
     def __init__(
         self,
@@ -292,28 +298,37 @@ class VitsRender:
         total = 0 if spectrogram is None else spectrogram.shape[-1]
         self._window = window_frames(total, len(rows), synthesizer.window_row_frames)
         self._starts = list(range(0, total, self._window))
-        self._pieces: list[np.ndarray] = []
+        self._pieces: list[np.ndarray] = []  # decoded windows not taken yet
+        self._decoded = 0  # windows decoded
+        self._taken_samples = 0  # samples per row handed out by ``take``
 
     def step(self) -> bool:
         """Decode the next window, if any; True once every window is decoded."""
-        if len(self._pieces) < len(self._starts):
-            start = self._starts[len(self._pieces)]
+        if self._decoded < len(self._starts):
+            start = self._starts[self._decoded]
             self._pieces.append(
                 self._synthesizer.decode(
                     self._spectrogram, self._frames, self._conditioning, start, self._window, len(self._rows)
                 )
             )
-        return len(self._pieces) == len(self._starts)
+            self._decoded += 1
+        return self._decoded == len(self._starts)
 
-    def audio(self) -> list[np.ndarray]:
-        if len(self._pieces) < len(self._starts):
-            raise RuntimeError("VitsRender.audio: the batch is not rendered yet; call step until it returns True")
-        audio = [np.zeros(0, np.float32) for _ in self._texts]
-        if self._pieces:
-            waveform = np.concatenate(self._pieces, axis=1)
-            for row, i in enumerate(self._rows):
-                audio[i] = waveform[row, : self._lengths[row]].copy()
-        return audio
+    def take(self) -> list[tuple[np.ndarray, bool]]:
+        """Each text's samples decoded since the last call, and whether that text's audio is now complete."""
+        begin = self._taken_samples
+        waveform = np.concatenate(self._pieces, axis=1) if self._pieces else None
+        self._pieces = []
+        if waveform is not None:
+            self._taken_samples += waveform.shape[1]
+        empty = np.zeros(0, np.float32)
+        taken: list[tuple[np.ndarray, bool]] = [(empty, True) for _ in self._texts]
+        everything = self._decoded == len(self._starts)
+        for row, i in enumerate(self._rows):
+            length = self._lengths[row]
+            samples = empty if waveform is None else waveform[row, : max(0, length - begin)].copy()
+            taken[i] = (samples, everything or self._taken_samples >= length)
+        return taken
 
 
 def _bucket(n: int, smallest: int) -> int:

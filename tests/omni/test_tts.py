@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from omni_gateway.omni.heads.tts import TtsHead
+from omni_gateway.omni.heads.tts import BATCHED_LOOKAHEAD, TtsHead
 from omni_gateway.omni.heads.tts_backends import PiperSynthesizer, default_piper_voice, load_synthesizer
+from omni_gateway.omni.heads.tts_batch import BatchedSynthesizer
 from omni_gateway.omni.heads.tts_vits import HfVitsSynthesizer
 from omni_gateway.omni.protocol import AudioChunk, AudioOutputOptions
 
@@ -36,13 +37,16 @@ async def collect(stream: AsyncIterator[AudioChunk]) -> list[tuple[float, AudioC
 
 
 class SlowTone:
-    """A stand-in synthesizer: 50 ms of tone per character, taking ``seconds`` of compute per call."""
+    """A stand-in synthesizer: 50 ms of tone per character, taking ``seconds`` of compute per call. Batched
+    (``start_batch``, for ``BatchedSynthesizer``), each step renders ``step_chars`` characters of every text
+    and takes ``seconds``."""
 
     sample_rate = 16000
     voices = ("tone",)
 
-    def __init__(self, seconds: float = 0.0) -> None:
+    def __init__(self, seconds: float = 0.0, step_chars: int = 1000) -> None:
         self.seconds = seconds
+        self.step_chars = step_chars
         self.calls: list[str] = []
         self.cancels: list[threading.Event] = []
 
@@ -53,8 +57,34 @@ class SlowTone:
         if cancel is not None:
             self.cancels.append(cancel)
         time.sleep(self.seconds)
+        return self.tone(text, speed)
+
+    def tone(self, text: str, speed: float = 1.0) -> np.ndarray:
         n = int(len(text) * 0.05 * self.sample_rate / speed)
         return (0.5 * np.sin(np.arange(n) * 0.1)).astype(np.float32)
+
+    def prepare(self) -> None:
+        pass
+
+    def start_batch(self, texts: list[str], *, speed: float = 1.0, voice: str | None = None) -> ToneRender:
+        self.calls.extend(texts)
+        return ToneRender([self.tone(t, speed) for t in texts], int(self.step_chars * 0.05 * self.sample_rate), self)
+
+
+class ToneRender:
+    def __init__(self, audio: list[np.ndarray], step: int, synth: SlowTone) -> None:
+        self.audio, self.step_samples, self.synth = audio, step, synth
+        self.given = self.rendered = 0
+
+    def step(self) -> bool:
+        time.sleep(self.synth.seconds)
+        self.rendered += self.step_samples
+        return self.rendered >= max(len(a) for a in self.audio)
+
+    def take(self) -> list[tuple[np.ndarray, bool]]:
+        taken = [(a[self.given : self.rendered], self.rendered >= len(a)) for a in self.audio]
+        self.given = self.rendered
+        return taken
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +166,45 @@ def test_a_clause_of_many_chunks_lets_other_tasks_run_between_them() -> None:
     got = asyncio.run(scenario())
     within = [(earlier, later) for (earlier, _), (later, c) in zip(got, got[1:], strict=False) if not c.transcript]
     assert len(within) > 10 and all(later > earlier for earlier, later in within)
+
+
+def test_a_batched_stream_queues_its_next_clauses_while_the_first_plays() -> None:
+    synth = SlowTone(seconds=0.01)
+    batcher = BatchedSynthesizer(synth, window_s=0)
+    head = TtsHead(batcher)
+    assert head.lookahead == BATCHED_LOOKAHEAD and TtsHead(synth).lookahead == 0
+
+    async def scenario() -> list[AudioChunk]:
+        stream = head.stream(words(REPLY))
+        chunks = [await stream.__anext__()]
+        await asyncio.sleep(0.5)  # the listener plays the first chunk; the reply's text has all arrived
+        ahead = len(synth.calls)
+        assert 2 <= ahead <= BATCHED_LOOKAHEAD + 1  # queued ahead of the listener, but no further
+        chunks += [chunk async for chunk in stream]
+        return chunks
+
+    chunks = asyncio.run(scenario())
+    batcher.close()
+    assert "".join(c.transcript for c in chunks) == REPLY
+    segments = [c.transcript.strip() for c in chunks if c.transcript]
+    assert synth.calls == segments  # each segment once, in order
+    pcm = np.frombuffer(b"".join(c.pcm16 for c in chunks), "<i2")
+    assert abs(len(pcm) - sum(len(t) for t in segments) * 0.05 * 24000) < len(segments)
+
+
+def test_a_long_batched_clause_streams_out_before_it_is_rendered_whole() -> None:
+    synth = SlowTone(seconds=0.2, step_chars=10)  # a 60-character clause renders in 6 steps
+    batcher = BatchedSynthesizer(synth, window_s=0)
+    clause = "a clause of sixty characters that renders in several steps."
+
+    got = asyncio.run(collect(TtsHead(batcher).stream(words(clause))))
+    batcher.close()
+    assert "".join(c.transcript for _, c in got) == clause
+    starts = [i for i, (_, c) in enumerate(got) if c.transcript]
+    assert len(starts) == 2  # "a clause", then the rest
+    second = [t for t, _ in got[starts[1] :]]
+    assert second[-1] - second[0] > 0.5  # its chunks went out over its steps (0.2 s each), not all at the end
+    assert len(b"".join(c.pcm16 for _, c in got)) // 2 == pytest.approx((len(clause) - 1) * 0.05 * 24000, abs=4)
 
 
 def test_closing_the_stream_stops_synthesis() -> None:

@@ -96,18 +96,30 @@ def test_a_batch_renders_each_text_as_alone(quiet_vits: HfVitsSynthesizer) -> No
 
 
 @pytest.mark.slow
-def test_a_batch_in_windows_renders_as_in_one(quiet_vits: HfVitsSynthesizer) -> None:
+def test_a_batch_in_windows_hands_out_its_audio_window_by_window(quiet_vits: HfVitsSynthesizer) -> None:
     whole = quiet_vits.synthesize_batch(SENTENCES)
     quiet_vits.window_row_frames = 48  # windows of 16 frames for three rows: several vocoder steps
     render = quiet_vits.start_batch(SENTENCES)
-    with pytest.raises(RuntimeError, match="not rendered yet"):
-        render.audio()
-    steps = 1
-    while not render.step():
+    window = 16 * quiet_vits.upsampling
+    taken: list[list[np.ndarray]] = [[] for _ in SENTENCES]
+    completed_at: list[int | None] = [None] * len(SENTENCES)
+    steps, done = 0, False
+    while not done:
+        done = render.step()
         steps += 1
-    assert steps == -(-max(len(a) for a in whole) // quiet_vits.upsampling // 16) > 2
-    for got, expected in zip(render.audio(), whole):
-        np.testing.assert_allclose(got, expected, atol=ATOL)
+        for i, (samples, complete) in enumerate(render.take()):
+            expected = whole[i][(steps - 1) * window : steps * window]
+            np.testing.assert_allclose(samples, expected, atol=ATOL)  # this window's samples, as they come
+            taken[i].append(samples)
+            if complete and completed_at[i] is None:
+                completed_at[i] = steps
+    assert steps == -(-max(len(a) for a in whole) // window) > 2
+    assert all(len(samples) == 0 and complete for samples, complete in render.take())  # nothing twice
+    for got, expected in zip(taken, whole):
+        np.testing.assert_allclose(np.concatenate(got), expected, atol=ATOL)
+    # each text is complete at the step that decodes its last sample: the short one well before the batch ends
+    assert completed_at == [max(1, -(-len(a) // window)) for a in whole]
+    assert completed_at[0] < steps and completed_at[2] == 1
 
 
 LONG = "the quick brown fox jumps over the lazy dog, twice, and then once more for good measure."
@@ -190,9 +202,9 @@ def test_concurrent_callers_share_a_batch(quiet_vits: HfVitsSynthesizer) -> None
     assert 0 < batcher.busy_s <= time.monotonic() - started  # the one batch's time, for benchmarks
     assert list(batcher.batch_seconds) == [batcher.busy_s]
     assert 0 < batcher.pass_seconds[0] <= batcher.busy_s and len(batcher.pass_seconds) == 1
-    # each caller's first clause, from its submit to its audio: at least the batch's rendering
+    # each caller's first clause, from its submit to its first audio: at least the batch's model pass
     assert len(batcher.first_clause_seconds) == 4
-    assert all(batcher.busy_s <= s <= time.monotonic() - started for s in batcher.first_clause_seconds)
+    assert all(batcher.pass_seconds[0] < s <= time.monotonic() - started for s in batcher.first_clause_seconds)
     for got, expected in zip(results, alone):
         np.testing.assert_allclose(got, expected, atol=ATOL)
     cancelled = threading.Event()
