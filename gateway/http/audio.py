@@ -114,11 +114,14 @@ async def speech(request: Request, backend: OmniBackend, limits: HttpLimits) -> 
 
 
 async def _chunks(first: AudioChunk | None, stream: AsyncIterator[AudioChunk]) -> AsyncIterator[AudioChunk]:
+    """The chunks that carry audio (a transcript-only chunk has nothing for this endpoint)."""
     if first is None:
         return
-    yield first
+    if first.pcm16:
+        yield first
     async for chunk in stream:
-        yield chunk
+        if chunk.pcm16:
+            yield chunk
 
 
 async def _audio_bytes(

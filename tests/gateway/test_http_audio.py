@@ -125,3 +125,19 @@ def test_malformed_multipart_is_400_without_parser_details(fake):
         headers={"Content-Type": "multipart/form-data; boundary=xyz"},
     )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_multipart"
+
+
+def test_speech_bodies_skip_chunks_without_audio() -> None:
+    import asyncio
+
+    from omni_gateway.gateway.http.audio import _chunks
+    from omni_gateway.omni.protocol import AudioChunk
+
+    async def rest():  # type: ignore[no-untyped-def]
+        yield AudioChunk(b"\x01\x00", 24000, " b")
+        yield AudioChunk(b"", 24000, " c")  # text a TTS voice could not speak: its transcript only
+
+    async def collect() -> list[AudioChunk]:
+        return [c async for c in _chunks(AudioChunk(b"", 24000, "a"), rest())]
+
+    assert [c.transcript for c in asyncio.run(collect())] == [" b"]

@@ -207,6 +207,17 @@ def test_a_long_batched_clause_streams_out_before_it_is_rendered_whole() -> None
     assert len(b"".join(c.pcm16 for _, c in got)) // 2 == pytest.approx((len(clause) - 1) * 0.05 * 24000, abs=4)
 
 
+def test_text_that_makes_no_audio_still_reaches_the_transcript() -> None:
+    synth = SlowTone()
+    synth.tone = lambda text, speed=1.0: (  # type: ignore[method-assign]
+        SlowTone.tone(synth, text, speed) if any(c.isalnum() for c in text) else np.zeros(0, np.float32)
+    )
+    for text in ("Hello there ...", "... ...", "Hello there ... friend."):
+        chunks = [c for _, c in asyncio.run(collect(TtsHead(synth).stream(words(text))))]
+        assert "".join(c.transcript for c in chunks) == text
+        assert all(c.pcm16 for c in chunks[:-1])  # the silent text rides on the next audio, or comes last alone
+
+
 def test_closing_the_stream_stops_synthesis() -> None:
     synth = SlowTone(seconds=0.15)
     head = TtsHead(synth)
