@@ -207,6 +207,29 @@ def test_a_long_batched_clause_streams_out_before_it_is_rendered_whole() -> None
     assert len(b"".join(c.pcm16 for _, c in got)) // 2 == pytest.approx((len(clause) - 1) * 0.05 * 24000, abs=4)
 
 
+def test_closing_a_batched_stream_drops_the_clauses_queued_ahead() -> None:
+    synth = SlowTone(seconds=0.1, step_chars=10)
+    batcher = BatchedSynthesizer(synth, window_s=0)
+    text = " ".join(f"This is sentence number {i} of many." for i in range(30))
+
+    async def scenario() -> None:
+        stream = TtsHead(batcher).stream(words(text))
+        await stream.__anext__()
+        await asyncio.sleep(0.3)  # the next clauses are queued ahead by now, and rendering
+        await stream.aclose()
+        await asyncio.sleep(0.5)
+
+    asyncio.run(scenario())
+    batcher.close()
+    # the first clause, then the three queued ahead of the listener in one batch; nothing after the close
+    assert synth.calls == [
+        "This is",
+        "sentence number 0 of many.",
+        *(f"This is sentence number {i} of many." for i in (1, 2)),
+    ]
+    assert list(batcher.batch_sizes) == [1, 3] and len(batcher._queue) == 0
+
+
 def test_text_that_makes_no_audio_still_reaches_the_transcript() -> None:
     synth = SlowTone()
     synth.tone = lambda text, speed=1.0: (  # type: ignore[method-assign]
