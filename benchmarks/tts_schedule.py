@@ -18,6 +18,7 @@ its first two words the chunker cuts 250-character clauses). Two designs run in 
   out when the whole batch is rendered, and text without punctuation is cut at 250 characters;
 - ``current``: clauses are queued as the chunker cuts them (``TtsHead.lookahead``), each vocoder window's audio
   goes out as it is decoded, and unpunctuated later segments grow fourfold (``ChunkerConfig.growth``).
+Both run on today's batcher and its queue (later clauses by when their listeners need them).
 
 Reported per N and design: a reply's first audio from its first text delta (p50/p90), the silence a listener
 hears inside a reply when playing from its first chunk at real-time pace (p50/p90 per reply, and the replies

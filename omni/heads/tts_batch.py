@@ -2,8 +2,11 @@
 
 Every spoken response is a stream of clauses, queued as its text arrives. A worker thread forms each batch
 from what waits: first clauses before anything else, in arrival order (a session's first audio matters
-more than throughput); then the other streams' clauses round-robin, the stream served longest ago first,
-one clause per stream per round, so a long answer never holds up another session's audio. A batch shares
+more than throughput); then later clauses in the order their listeners will need them, earliest first. A
+stream's next clause is due when the audio already handed to its listener runs out, played at real-time pace
+from its first piece, plus the estimated audio of the stream's clauses ahead of it (before any audio, from
+the stream's first submit). So a listener about to run dry goes before one with seconds in hand, and a long
+answer never holds up another session's audio: its clauses come due one by one as it plays. A batch shares
 one speed and voice, and while it carries a first clause, a later clause joins only when it is no longer
 than the longest first clause in it (a padded batch lasts as long as its longest row).
 
@@ -20,7 +23,6 @@ listener hears the start of a long clause after the batch's first step, not afte
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -70,27 +72,41 @@ class Clause:
     submitted: float = field(default_factory=time.monotonic)
 
 
-class FairQueue:
-    """The scheduling rule above, as pure state (no threads, no clock)."""
+@dataclass(slots=True)
+class _Listener:
+    """What one stream's listener has been handed, and what of the stream is queued or rendering."""
 
-    def __init__(self) -> None:
+    origin: float  # the stream's first submit: when its audio is due before any came
+    until: float | None = None  # when the audio handed out so far ends, played at real-time pace from its first piece
+    queued: int = 0
+    rendering: dict[Clause, float] = field(default_factory=dict)  # clauses under way: their estimated seconds
+
+
+class DeadlineQueue:
+    """The scheduling rule above, as pure state (no threads; the caller passes the clock)."""
+
+    def __init__(self, seconds_per_char: float = 0.07) -> None:
+        self.seconds_per_char = seconds_per_char  # a clause's audio per character, learnt from the clauses done
         self._firsts: deque[Clause] = deque()
-        self._streams: dict[Hashable, deque[Clause]] = {}  # in round-robin order: served longest ago first
+        self._later: dict[Hashable, deque[Clause]] = {}
+        self._listeners: dict[Hashable, _Listener] = {}
 
     def __len__(self) -> int:
-        return len(self._firsts) + sum(len(q) for q in self._streams.values())
+        return len(self._firsts) + sum(len(q) for q in self._later.values())
 
     def push(self, clause: Clause) -> None:
+        listener = self._listeners.setdefault(clause.stream, _Listener(clause.submitted))
+        listener.queued += 1
         if clause.first:
             self._firsts.append(clause)
         else:
-            self._streams.setdefault(clause.stream, deque()).append(clause)
+            self._later.setdefault(clause.stream, deque()).append(clause)
 
     def take(self, max_batch: int, max_later: int | None = None) -> list[Clause]:
         """The next batch, at most ``max_later`` (default ``max_batch``) of it later clauses; empty when
         nothing waits."""
         later_left = max_batch if max_later is None else max_later
-        order = [*self._firsts, *self._round_robin()]
+        order = [*self._firsts, *self._by_due()]
         if not order:
             return []
         lead = order[0]
@@ -111,18 +127,53 @@ class FairQueue:
             self._remove(clause)
         return batch
 
-    def _round_robin(self) -> list[Clause]:
-        queues = [list(q) for q in self._streams.values()]
-        return [c for rank in itertools.zip_longest(*queues) for c in rank if c is not None]
+    def heard(self, clause: Clause, at: float, seconds: float) -> None:
+        """``seconds`` of ``clause``'s audio were handed to its listener at ``at``."""
+        listener = self._listeners.get(clause.stream)
+        if listener is not None and seconds > 0:
+            listener.until = max(at if listener.until is None else listener.until, at) + seconds
+
+    def done(self, clause: Clause, at: float, seconds: float) -> None:
+        """``clause`` is complete (or dropped) with ``seconds`` of audio; forget the listeners done with."""
+        listener = self._listeners.get(clause.stream)
+        if listener is not None:
+            listener.rendering.pop(clause, None)
+        if seconds > 0 and clause.text:
+            measured = seconds * clause.speed / len(clause.text)
+            self.seconds_per_char += 0.1 * (measured - self.seconds_per_char)
+        for stream, listener in list(self._listeners.items()):
+            if not listener.queued and not listener.rendering and (listener.until or 0.0) <= at:
+                del self._listeners[stream]
+
+    def _estimate(self, clause: Clause) -> float:
+        return len(clause.text) * self.seconds_per_char / clause.speed
+
+    def _by_due(self) -> list[Clause]:
+        """The later clauses, each stream's in order, by when their listener will need them."""
+        ahead: dict[Hashable, float] = {}  # a stream's first clause, queued, plays before its later ones
+        for clause in self._firsts:
+            ahead[clause.stream] = ahead.get(clause.stream, 0.0) + self._estimate(clause)
+        due: list[tuple[float, int, Clause]] = []
+        for stream, queue in self._later.items():
+            listener = self._listeners[stream]
+            at = listener.origin if listener.until is None else listener.until
+            at += sum(listener.rendering.values()) + ahead.get(stream, 0.0)
+            for clause in queue:
+                due.append((at, len(due), clause))
+                at += self._estimate(clause)
+        return [clause for _, _, clause in sorted(due)]
 
     def _remove(self, clause: Clause) -> None:
+        listener = self._listeners[clause.stream]
+        listener.queued -= 1
+        listener.rendering[clause] = self._estimate(clause)
         if clause.first:
             self._firsts.remove(clause)
             return
-        queue = self._streams.pop(clause.stream)
+        queue = self._later[clause.stream]
         queue.remove(clause)
-        if queue:
-            self._streams[clause.stream] = queue  # to the back of the rotation: it was just served
+        if not queue:
+            del self._later[clause.stream]
 
 
 class BatchedSynthesizer:
@@ -150,7 +201,7 @@ class BatchedSynthesizer:
         self.busy_s = 0.0  # seconds spent rendering batches, for benchmarks (is the worker the bottleneck?)
         self.pass_seconds: deque[float] = deque(maxlen=1024)  # each batch's model pass (``start_batch``)
         self.first_clause_seconds: deque[float] = deque(maxlen=1024)  # a first clause's submit -> its audio
-        self._queue = FairQueue()
+        self._queue = DeadlineQueue()
         self._ready = threading.Condition()
         self._closed = False
         self._prepared = threading.Event()
@@ -232,7 +283,7 @@ class BatchedSynthesizer:
                 if all(c.cancel is not None and c.cancel.is_set() for c, p in zip(live, parts) if p is not None):
                     for clause, part in zip(live, parts):  # every listener is gone: the rest is not rendered
                         if part is not None:
-                            clause.future.set_result(np.zeros(0, np.float32))
+                            self._resolve(clause, np.zeros(0, np.float32))
                     return
                 while preemptible and (firsts := self._take_firsts()):
                     self._render(firsts)
@@ -243,7 +294,7 @@ class BatchedSynthesizer:
             log.exception("a TTS batch of %d failed", len(live))
             for clause, part in zip(live, parts):
                 if part is not None:
-                    clause.future.set_exception(exc)
+                    self._resolve(clause, exc)
         finally:
             self.batch_seconds.append(spent)
             self.busy_s += spent
@@ -261,6 +312,8 @@ class BatchedSynthesizer:
                 self.first_clause_seconds.append(now - clause.submitted)
             if len(samples):
                 part.append(samples)
+                with self._ready:
+                    self._queue.heard(clause, now, len(samples) / self.sample_rate)
                 if clause.on_audio is not None:
                     try:
                         clause.on_audio(samples)
@@ -268,21 +321,32 @@ class BatchedSynthesizer:
                         log.exception("a TTS audio callback failed")
             if complete:
                 parts[i] = None
-                clause.future.set_result(np.concatenate(part) if part else np.zeros(0, np.float32))
+                self._resolve(clause, np.concatenate(part) if part else np.zeros(0, np.float32))
+
+    def _resolve(self, clause: Clause, outcome: np.ndarray | Exception) -> None:
+        """Settle ``clause``'s future, and tell the queue it is no longer under way."""
+        seconds = len(outcome) / self.sample_rate if isinstance(outcome, np.ndarray) else 0.0
+        with self._ready:
+            self._queue.done(clause, time.monotonic(), seconds)
+        if isinstance(outcome, Exception):
+            clause.future.set_exception(outcome)
+        else:
+            clause.future.set_result(outcome)
 
     def _take_firsts(self) -> list[Clause]:
         with self._ready:
             return self._queue.take(self.max_batch, max_later=0)
 
-    @staticmethod
-    def _live(batch: list[Clause]) -> list[Clause]:
+    def _live(self, batch: list[Clause]) -> list[Clause]:
         """The clauses of ``batch`` still wanted (a cancelled one resolves to no audio here)."""
         live = []
         for clause in batch:
             if not clause.future.set_running_or_notify_cancel():
+                with self._ready:
+                    self._queue.done(clause, time.monotonic(), 0.0)
                 continue
             if clause.cancel is not None and clause.cancel.is_set():
-                clause.future.set_result(np.zeros(0, np.float32))
+                self._resolve(clause, np.zeros(0, np.float32))
                 continue
             live.append(clause)
         return live

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from omni_gateway.omni.heads.tts import TtsHead
-from omni_gateway.omni.heads.tts_batch import BatchedSynthesizer, Clause, FairQueue
+from omni_gateway.omni.heads.tts_batch import BatchedSynthesizer, Clause, DeadlineQueue
 from omni_gateway.omni.heads.tts_vits import HfVitsSynthesizer
 
 from tests.omni.test_tts import collect, tiny_vits, words  # noqa: F401  (tiny_vits: a fixture)
@@ -20,32 +20,64 @@ from tests.omni.test_tts import collect, tiny_vits, words  # noqa: F401  (tiny_v
 ATOL = 1e-5
 
 
-def clause(text: str, stream: str, first: bool = False, speed: float = 1.0) -> Clause:
-    return Clause(text, speed, None, stream, first)
+def clause(text: str, stream: str, first: bool = False, speed: float = 1.0, submitted: float = 0.0) -> Clause:
+    return Clause(text, speed, None, stream, first, submitted=submitted)
 
 
 def texts(batch: list[Clause]) -> list[str]:
     return [c.text for c in batch]
 
 
-def test_first_clauses_go_first_then_streams_round_robin() -> None:
-    queue = FairQueue()
-    for i in range(3):
-        queue.push(clause(f"long answer {i}", "a"))
-    queue.push(clause("b later", "b"))
-    queue.push(clause("c first", "c", first=True))
-    queue.push(clause("d first", "d", first=True))
-    assert texts(queue.take(2)) == ["c first", "d first"]
-    # a's long answer takes one clause per round; b is not held behind it
-    assert texts(queue.take(2)) == ["long answer 0", "b later"]
-    queue.push(clause("b again", "b"))  # b comes back behind a, which was waiting
-    assert texts(queue.take(1)) == ["long answer 1"]
-    assert texts(queue.take(4)) == ["b again", "long answer 2"] and len(queue) == 0
+def test_first_clauses_go_first_then_later_ones_as_their_listeners_need_them() -> None:
+    queue = DeadlineQueue(seconds_per_char=0.1)
+    for i in range(3):  # a long answer, queued at once: its clauses come due one after another (1.1 s each)
+        queue.push(clause(f"answer {i}, a", "a", submitted=0.0))
+    queue.push(clause("b later", "b", submitted=0.5))
+    queue.push(clause("c first", "c", first=True, submitted=1.0))
+    queue.push(clause("d first", "d", first=True, submitted=0.8))
+    assert texts(queue.take(2)) == ["c first", "d first"]  # in arrival order, whatever their stamps
+    assert texts(queue.take(2)) == ["answer 0, a", "b later"]  # due at 0.0 and 0.5; a's next at 1.1
+    queue.push(clause("b again", "b", submitted=0.6))  # due after "b later"'s 0.7 s in flight: 1.2
+    assert texts(queue.take(1)) == ["answer 1, a"]  # 1.1, after "answer 0"'s 1.1 s in flight
+    assert texts(queue.take(4)) == ["b again", "answer 2, a"] and len(queue) == 0  # 1.2, then 2.2
     assert queue.take(4) == []
 
 
+def test_a_listener_with_seconds_in_hand_waits_for_one_about_to_run_dry() -> None:
+    queue = DeadlineQueue(seconds_per_char=0.1)
+    a, b = clause("a said", "a", first=True), clause("b said", "b", first=True)
+    queue.push(a)
+    queue.push(b)
+    assert texts(queue.take(2)) == ["a said", "b said"]
+    queue.heard(a, 1.0, 5.0)  # a's listener now has audio until 6.0
+    queue.heard(b, 1.0, 0.5)  # b's until 1.5
+    queue.done(a, 1.0, 5.0)
+    queue.done(b, 1.0, 0.5)
+    learnt = 0.1
+    for measured in (5 / 6, 0.5 / 6):  # seconds a character of each clause done, averaged in
+        learnt += 0.1 * (measured - learnt)
+    assert queue.seconds_per_char == pytest.approx(learnt)
+    queue.push(clause("a goes on", "a", submitted=1.1))
+    queue.push(clause("b goes on", "b", submitted=1.2))
+    assert texts(queue.take(1)) == ["b goes on"]  # due 1.5, against a's 6.0
+
+
+def test_a_stream_whose_audio_has_played_out_starts_afresh() -> None:
+    queue = DeadlineQueue()
+    a, other = clause("a said", "a", first=True), clause("x said", "x", first=True)
+    queue.push(a)
+    queue.push(other)
+    queue.take(2)
+    queue.heard(a, 1.0, 2.0)  # a's listener has audio until 3.0
+    queue.done(a, 1.0, 2.0)
+    queue.done(other, 4.0, 1.0)  # by 4.0 a's audio has played out, and nothing of a is queued or rendering
+    queue.push(clause("b later", "b", submitted=5.0))
+    queue.push(clause("a again", "a", submitted=6.0))
+    assert texts(queue.take(1)) == ["b later"]  # a is due from its new submit (6.0), not its old audio (3.0)
+
+
 def test_a_first_clause_does_not_wait_for_a_longer_clause_or_another_speed() -> None:
-    queue = FairQueue()
+    queue = DeadlineQueue()
     queue.push(clause("a very long sentence of a long answer that renders slowly", "a"))
     queue.push(clause("short one", "b"))
     queue.push(clause("hello there", "c", first=True))
@@ -56,7 +88,7 @@ def test_a_first_clause_does_not_wait_for_a_longer_clause_or_another_speed() -> 
 
 
 def test_a_batch_takes_many_first_clauses_but_few_later_ones() -> None:
-    queue = FairQueue()
+    queue = DeadlineQueue()
     for stream in "abcd":
         queue.push(clause(f"{stream} ok", stream))
     for stream in "efg":
@@ -66,7 +98,7 @@ def test_a_batch_takes_many_first_clauses_but_few_later_ones() -> None:
 
 
 def test_a_batch_of_first_clauses_only() -> None:
-    queue = FairQueue()
+    queue = DeadlineQueue()
     queue.push(clause("a ok", "a"))
     assert queue.take(8, max_later=0) == [] and len(queue) == 1
     queue.push(clause("b first", "b", first=True))
