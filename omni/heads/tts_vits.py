@@ -118,7 +118,12 @@ class HfVitsSynthesizer:
         rows = [i for i, row in enumerate(ids) if row]
         if not rows:
             return VitsRender(self, texts, rows, None, [], None, None)
-        inputs = self.tokenizer([texts[i] for i in rows], return_tensors="pt", padding=True)
+        # padded here from the ids above: a second, batched tokenizer call cost as much again (VITS's
+        # tokenizer is Python, about 1.3 ms per 250-character clause), time the worker holds the interpreter
+        pad = self.tokenizer.pad_token_id
+        input_ids, attention_mask = _padded(
+            [ids[i] for i in rows], self.model.config.pad_token_id if pad is None else pad
+        )
         speaker = self.voices.index(voice) if voice in self.voices and self.model.config.num_speakers > 1 else None
         with self._lock, self._on_stream(), torch.inference_mode(), torch.random.fork_rng(devices=self._rng_devices()):
             if self.seed is not None:
@@ -128,9 +133,7 @@ class HfVitsSynthesizer:
                 conditioning = self.model.embed_speaker(torch.full((1,), speaker, device=self.device)).unsqueeze(-1)
             # ``speed`` scales the voice's own rate (its config's speaking_rate, 1.0 in MMS checkpoints)
             rate = speed * float(self.model.config.speaking_rate)
-            spectrogram, frames = self._spectrogram(
-                inputs["input_ids"], inputs["attention_mask"], 1 / rate, conditioning
-            )
+            spectrogram, frames = self._spectrogram(input_ids, attention_mask, 1 / rate, conditioning)
             lengths = [n * self.upsampling for n in frames]
             row_frames = torch.tensor(frames, device=self.device)
             # rows padded to a power of two (rows of no frames) once, here: the vocoder then sees few shapes
@@ -329,6 +332,19 @@ class VitsRender:
             samples = empty if waveform is None else waveform[row, : max(0, length - begin)].copy()
             taken[i] = (samples, everything or self._taken_samples >= length)
         return taken
+
+
+def _padded(rows: list[list[int]], pad: int) -> tuple[Any, Any]:
+    """Token rows as a right-padded ``(rows, longest)`` id tensor and its attention mask."""
+    import torch
+
+    longest = max(len(row) for row in rows)
+    ids = np.full((len(rows), longest), pad, np.int64)
+    mask = np.zeros((len(rows), longest), np.int64)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 def _bucket(n: int, smallest: int) -> int:

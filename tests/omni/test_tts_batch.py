@@ -117,6 +117,16 @@ def quiet_vits(tiny_vits: Path) -> HfVitsSynthesizer:  # noqa: F811
 SENTENCES = ["hi.", "hello there, friend.", "", "the quick brown fox jumps over the lazy dog, twice."]
 
 
+def test_a_batch_is_padded_as_the_tokenizer_pads_it(quiet_vits: HfVitsSynthesizer) -> None:
+    from omni_gateway.omni.heads.tts_vits import _padded
+
+    texts = ["hi.", "hello there, friend.", "the quick brown fox"]
+    expected = quiet_vits.tokenizer(texts, return_tensors="pt", padding=True)
+    ids, mask = _padded([quiet_vits.tokenizer(t)["input_ids"] for t in texts], quiet_vits.tokenizer.pad_token_id)
+    assert ids.tolist() == expected["input_ids"].tolist() and mask.tolist() == expected["attention_mask"].tolist()
+    assert ids.dtype == expected["input_ids"].dtype
+
+
 @pytest.mark.slow
 def test_a_batch_renders_each_text_as_alone(quiet_vits: HfVitsSynthesizer) -> None:
     batched = quiet_vits.synthesize_batch(SENTENCES, speed=1.2)
