@@ -150,7 +150,11 @@ class TtsHead:
                 segments.put_nowait(item)
                 return
             await slots.acquire()
-            segments.put_nowait(self._render(item, options, cancel, first))
+            try:
+                segments.put_nowait(self._render(item, options, cancel, first))
+            except Exception as exc:  # the synthesizer refused it (closed): the consumer raises it
+                segments.put_nowait(_Failed(exc))
+                return
             first = first and not item.strip()
 
     def _render(self, text: str, options: AudioOutputOptions, cancel: threading.Event, first: bool) -> _Segment:

@@ -230,6 +230,13 @@ def test_closing_a_batched_stream_drops_the_clauses_queued_ahead() -> None:
     assert list(batcher.batch_sizes) == [1, 3] and len(batcher._queue) == 0
 
 
+def test_a_closed_batcher_fails_the_stream_instead_of_leaving_it_waiting() -> None:
+    batcher = BatchedSynthesizer(SlowTone(), window_s=0)
+    batcher.close()
+    with pytest.raises(RuntimeError, match="the TTS batcher was closed"):
+        asyncio.run(asyncio.wait_for(collect(TtsHead(batcher).stream(words("Hello there."))), timeout=10))
+
+
 def test_text_that_makes_no_audio_still_reaches_the_transcript() -> None:
     synth = SlowTone()
     synth.tone = lambda text, speed=1.0: (  # type: ignore[method-assign]
