@@ -169,18 +169,21 @@ class TorchWhisperRecognizer(OneAsABatch):
         return prefix + [self._no_timestamps]
 
     def prepare_batches(self, max_batch: int) -> None:
-        """On CUDA, read a batch of every size up to ``max_batch`` once: cuFFT plans the spectrogram's
-        transform per batch size (up to 1.5 s for a first batch), and an encoder that runs eagerly (no graphs)
-        has cuDNN plan its attention and convolutions for every batch size it has not seen (a first call of a
-        size took 0.05-0.12 s longer than the next for Whisper large-v3-turbo on an H200), plans that torch
-        keeps per thread."""
+        """On CUDA, compute the spectrogram of a batch of every size up to ``max_batch`` once: cuFFT plans the
+        transform per batch size (up to 1.5 s for a first batch). An encoder that runs eagerly (no graphs) also
+        encodes each: cuDNN plans its attention and convolutions for every batch size it has not seen (a first
+        call of a size took 0.05-0.12 s longer than the next for Whisper large-v3-turbo on an H200), plans
+        that torch keeps per thread. A replayed encoder has nothing left to plan (its graphs were captured
+        when the recognizer was built)."""
         if self.device.type != "cuda":
             return
         torch = self._torch
         silence = np.zeros(SAMPLE_RATE, np.float32)
         with torch.inference_mode():
             for rows in range(1, max_batch + 1):
-                self._encode(self._features([silence] * rows))
+                features = self._features([silence] * rows)
+                if not self._encoder.graphs:
+                    self._encode(features)
         torch.cuda.current_stream(self.device).synchronize()
 
     def _features(self, samples: np.ndarray | list[np.ndarray]):

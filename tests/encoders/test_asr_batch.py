@@ -145,19 +145,24 @@ def test_the_worker_prepares_the_recognizer_in_its_own_thread_before_the_constru
 
 
 @pytest.mark.gpu
-def test_the_torch_recognizer_encodes_every_batch_size_once_on_a_gpu(tiny_en: Path) -> None:
+@pytest.mark.parametrize("graphs", [False, True])
+def test_the_torch_recognizer_prepares_every_batch_size_once_on_a_gpu(tiny_en: Path, graphs: bool) -> None:
     import torch
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    recognizer = TorchWhisperRecognizer(tiny_en, device="cuda", max_new_tokens=4)
-    sizes: list[int] = []
-    encode = recognizer._encode
-    recognizer._encode = lambda features: sizes.append(features.shape[0]) or encode(features)  # type: ignore[method-assign]
+    recognizer = TorchWhisperRecognizer(tiny_en, device="cuda", max_new_tokens=4, encoder_graphs=graphs)
+    assert recognizer._encoder.graphs == graphs
+    spectrograms: list[int] = []
+    encoded: list[int] = []
+    log_mel, encode = recognizer._features, recognizer._encode
+    recognizer._features = lambda samples: spectrograms.append(len(samples)) or log_mel(samples)  # type: ignore[method-assign]
+    recognizer._encode = lambda f: encoded.append(f.shape[0]) or encode(f)  # type: ignore[method-assign]
     recognizer.prepare_batches(5)
-    assert sizes == [1, 2, 3, 4, 5]  # each size's spectrogram and encoder pass, once
+    # each size's spectrogram once (cuFFT's plans); the encoder too unless its graphs were captured already
+    assert spectrograms == [1, 2, 3, 4, 5] and encoded == ([] if graphs else [1, 2, 3, 4, 5])
     cpu = TorchWhisperRecognizer(tiny_en, device="cpu", max_new_tokens=4)
     features = cpu._features([clips()[0]])
-    on_gpu = recognizer._features([clips()[0]])
+    on_gpu = log_mel([clips()[0]])
     assert on_gpu.device.type == "cuda"
     torch.testing.assert_close(on_gpu.float().cpu(), features.float(), atol=2e-3, rtol=0)
