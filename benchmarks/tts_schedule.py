@@ -1,7 +1,7 @@
 """The TTS batcher's schedule under load: N spoken replies at once through ``TtsHead`` and ``BatchedSynthesizer``.
 
     python -m benchmarks.tts_schedule [--streams 8 32 64] [--words 48] [--tokens-per-s 40] [--spread-s 2]
-        [--pass-ms 40] [--pass-us-per-row-frame 2.5] [--step-ms 30] [--run-on] [--seed 0]
+        [--pass-ms 40] [--pass-us-per-row-frame 2.5] [--step-ms 30] [--run-on] [--seeds 5]
 
 The synthesizer is a stand-in for VITS in the MMS shape on a GPU: its audio is silence of MMS's length (16 kHz,
 256 samples a frame, about 4.5 frames a character), a batch's model pass takes ``--pass-ms`` plus
@@ -20,10 +20,12 @@ its first two words the chunker cuts 250-character clauses). Two designs run in 
   goes out as it is decoded, and unpunctuated later segments grow fourfold (``ChunkerConfig.growth``).
 Both run on today's batcher and its queue (later clauses by when their listeners need them).
 
-Reported per N and design: a reply's first audio from its first text delta (p50/p90), the silence a listener
-hears inside a reply when playing from its first chunk at real-time pace (p50/p90 per reply, and the replies
-with 100 ms or more), and the stand-in's busy share; then the previous design's figures over the current
-one's. Results go to ``benchmarks/results/tts_schedule.jsonl`` (``--out``).
+Reported per N and design, each the median of ``--seeds`` runs with different replies and start times (near
+saturation one run says little: the replies stalled at 64 streams ranged 14-41 between seeds): a reply's first
+audio from its first text delta (p50/p90), the silence a listener hears inside a reply when playing from its
+first chunk at real-time pace (p50/p90 per reply, and the replies with 100 ms or more), and the stand-in's busy
+share; then the previous design's figures over the current one's. Results go to
+``benchmarks/results/tts_schedule.jsonl`` (``--out``).
 """
 
 from __future__ import annotations
@@ -130,14 +132,14 @@ async def listen(head: TtsHead, text: str, delay_s: float, tokens_per_s: float) 
     return {"first_s": first if first is not None else math.nan, "stall_s": stall}
 
 
-async def run(streams: int, design: str, args: argparse.Namespace) -> dict[str, Any]:
+async def run(streams: int, design: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     vits = TimedVits(args.pass_ms / 1000, args.step_ms / 1000, design == "current", args.pass_us_per_row_frame / 1e6)
     batcher = BatchedSynthesizer(vits)
     if design == "previous":
         head = TtsHead(batcher, chunker=ChunkerConfig(growth=None), lookahead=0)
     else:
         head = TtsHead(batcher)
-    rng = random.Random(args.seed + streams)
+    rng = random.Random(seed * 1000 + streams)
     began = time.perf_counter()
     try:
         replies = await asyncio.gather(
@@ -154,6 +156,7 @@ async def run(streams: int, design: str, args: argparse.Namespace) -> dict[str, 
     return {
         "streams": streams,
         "design": design,
+        "seed": seed,
         "first_p50_ms": round(statistics.median(firsts) * 1000, 1),
         "first_p90_ms": round(percentile(firsts, 0.9) * 1000, 1),
         "stall_p50_ms": round(statistics.median(stalls) * 1000, 1),
@@ -162,6 +165,13 @@ async def run(streams: int, design: str, args: argparse.Namespace) -> dict[str, 
         "busy": round(batcher.busy_s / wall, 2),
         "batch_p50": statistics.median(batcher.batch_sizes),
     }
+
+
+METRICS = ("first_p50_ms", "first_p90_ms", "stall_p50_ms", "stall_p90_ms", "replies_stalled", "busy", "batch_p50")
+
+
+def median(runs: list[dict[str, Any]], key: str) -> float:
+    return round(statistics.median(r[key] for r in runs), 2)
 
 
 def main() -> None:
@@ -174,16 +184,21 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=30.0)
     parser.add_argument("--pass-us-per-row-frame", type=float, default=2.5, help="the pass's cost of padded rows")
     parser.add_argument("--run-on", action="store_true", help="replies without punctuation")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=5, help="runs per N and design, each its own replies")
     add_out_argument(parser, "tts_schedule")
     args = parser.parse_args()
     settings = {k: v for k, v in vars(args).items() if k not in ("streams", "out")}
     with ResultLog(args.out, "tts_schedule", **settings) as log:
         for streams in args.streams:
-            rows = {design: asyncio.run(run(streams, design, args)) for design in ("previous", "current")}
-            for row in rows.values():
-                print(row, flush=True)
-                log.write("run", **row)
+            rows = {}
+            for design in ("previous", "current"):
+                runs = [asyncio.run(run(streams, design, seed, args)) for seed in range(args.seeds)]
+                for row in runs:
+                    log.write("run", **row)
+                rows[design] = {"streams": streams, "design": design, **{k: median(runs, k) for k in METRICS}}
+                rows[design]["replies_stalled_each"] = [r["replies_stalled"] for r in runs]
+                print(rows[design], flush=True)
+                log.write("median", **rows[design])
             old, new = rows["previous"], rows["current"]
             ratios = {
                 key: round(old[key] / new[key], 2) if new[key] else None

@@ -45,14 +45,20 @@ def test_replies_are_the_words_asked_for_and_run_on_ones_lack_punctuation() -> N
 def test_both_designs_run_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "tts_schedule.jsonl"
     argv = ["tts_schedule", "--streams", "3", "--words", "12", "--tokens-per-s", "200", "--spread-s", "0.05"]
-    argv += ["--pass-ms", "2", "--step-ms", "2", "--out", str(out)]
+    argv += ["--pass-ms", "2", "--step-ms", "2", "--seeds", "2", "--out", str(out)]
     monkeypatch.setattr(sys, "argv", argv)
     tts_schedule.main()
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert lines[0]["kind"] == "run" and lines[0]["words"] == 12
-    rows = [line for line in lines[1:] if line["kind"] == "run"]
-    assert [(r["streams"], r["design"]) for r in rows] == [(3, "previous"), (3, "current")]
-    for row in rows:
+    runs = [line for line in lines[1:] if line["kind"] == "run"]
+    assert [(r["design"], r["seed"]) for r in runs] == [(d, seed) for d in ("previous", "current") for seed in (0, 1)]
+    for row in runs:
         assert 0 < row["first_p50_ms"] <= row["first_p90_ms"] < 5000  # every reply was heard
         assert 0 < row["busy"] <= 1 and row["batch_p50"] >= 1
+    medians = [line for line in lines if line["kind"] == "median"]
+    assert [m["design"] for m in medians] == ["previous", "current"]
+    for m in medians:
+        mine = [r for r in runs if r["design"] == m["design"]]
+        assert m["stall_p90_ms"] == round(sum(r["stall_p90_ms"] for r in mine) / 2, 2)  # the median of two
+        assert m["replies_stalled_each"] == [r["replies_stalled"] for r in mine]
     assert [line["streams"] for line in lines if line["kind"] == "ratio"] == [3]
