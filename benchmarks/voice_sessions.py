@@ -366,13 +366,21 @@ def batch_sizes(backend: Any, wall_s: float) -> dict[str, float]:
     for name, stage in (
         ("asr", getattr(backend, "asr", None)),
         ("tts", getattr(getattr(backend, "tts", None), "synthesizer", None)),
+        ("reply", getattr(backend, "tts", None)),
     ):
         sizes = list(getattr(stage, "batch_sizes", None) or [])
         if sizes:
             out[f"{name}_mean_batch"] = round(statistics.fmean(sizes), 2)
             stage.batch_sizes.clear()
-        # whole batches; the TTS batcher's model passes and first clauses (submit -> audio)
-        for part, quantiles in (("batch", (50, 90)), ("pass", (50,)), ("first_clause", (50,))):
+        # whole batches; the TTS batcher's model passes, first clauses (submit -> audio) and their wait for a
+        # batch; the reply's text up to its first spoken segment (the LLM's first tokens)
+        for part, quantiles in (
+            ("batch", (50, 90)),
+            ("pass", (50,)),
+            ("first_clause", (50, 90)),
+            ("first_wait", (50, 90)),
+            ("first_segment", (50, 90)),
+        ):
             recorded = getattr(stage, f"{part}_seconds", None)
             if recorded:
                 for p in quantiles:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
+from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -60,6 +62,9 @@ class TtsHead:
         self.chunker = chunker
         batching = hasattr(synthesizer, "submit")
         self.lookahead = lookahead if lookahead is not None else BATCHED_LOOKAHEAD if batching else 0
+        # a stream's start -> its first spoken segment handed to the synthesizer: the text source's share
+        # of first audio (an LLM's first tokens), for benchmarks
+        self.first_segment_seconds: deque[float] = deque(maxlen=1024)
 
     @classmethod
     def load(cls, spec: str, *, device: str = "auto", seed: int | None = None, threads: int = 0) -> TtsHead:
@@ -89,13 +94,14 @@ class TtsHead:
         self, text_deltas: AsyncIterator[str], options: AudioOutputOptions = AudioOutputOptions()
     ) -> AsyncIterator[AudioChunk]:
         _check(options)
+        began = time.monotonic()
         cancel = threading.Event()
         texts: asyncio.Queue[object] = asyncio.Queue()  # segments' texts, then _END or _Failed
         segments: asyncio.Queue[object] = asyncio.Queue()  # _Segments rendering, in the reply's order
         slots = asyncio.Semaphore(self.lookahead + 1)  # segments started and not yet streamed out
         tasks = [
             asyncio.create_task(self._read(text_deltas, texts)),
-            asyncio.create_task(self._start_renders(texts, segments, slots, options, cancel)),
+            asyncio.create_task(self._start_renders(texts, segments, slots, options, cancel, began)),
         ]
         carried = ""  # text of segments that produced no audio, passed on to the next chunk's transcript
         try:
@@ -141,6 +147,7 @@ class TtsHead:
         slots: asyncio.Semaphore,
         options: AudioOutputOptions,
         cancel: threading.Event,
+        began: float,
     ) -> None:
         """Start each segment's render once a slot is free, and queue it for the consumer in order."""
         first = True  # the stream's first spoken segment, served ahead of other streams' later ones
@@ -150,6 +157,8 @@ class TtsHead:
                 segments.put_nowait(item)
                 return
             await slots.acquire()
+            if first and item.strip():
+                self.first_segment_seconds.append(time.monotonic() - began)
             try:
                 segments.put_nowait(self._render(item, options, cancel, first))
             except Exception as exc:  # the synthesizer refused it (closed): the consumer raises it

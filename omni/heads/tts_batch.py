@@ -201,6 +201,7 @@ class BatchedSynthesizer:
         self.busy_s = 0.0  # seconds spent rendering batches, for benchmarks (is the worker the bottleneck?)
         self.pass_seconds: deque[float] = deque(maxlen=1024)  # each batch's model pass (``start_batch``)
         self.first_clause_seconds: deque[float] = deque(maxlen=1024)  # a first clause's submit -> its audio
+        self.first_wait_seconds: deque[float] = deque(maxlen=1024)  # a first clause's submit -> its batch's start
         self._queue = DeadlineQueue()
         self._ready = threading.Condition()
         self._closed = False
@@ -271,6 +272,7 @@ class BatchedSynthesizer:
         parts: list[list[np.ndarray] | None] = [[] for _ in live]  # None once the clause is resolved
         spent = 0.0
         started = time.monotonic()
+        self.first_wait_seconds.extend(started - c.submitted for c in live if c.first)
         try:
             render = self.synthesizer.start_batch([c.text for c in live], speed=live[0].speed, voice=live[0].voice)
             self.pass_seconds.append(time.monotonic() - started)

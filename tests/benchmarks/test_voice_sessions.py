@@ -34,9 +34,13 @@ def test_turn_rows_split_the_latency_into_stages_and_count_lost_turns() -> None:
 def test_batch_sizes_and_busy_shares_of_the_batching_stages_are_read_and_reset() -> None:
     asr = SimpleNamespace(batch_sizes=deque([1, 3]), batch_seconds=deque([0.5, 1.0, 0.25]), busy_s=1.5)
     tts = SimpleNamespace(
-        batch_sizes=deque([2]), busy_s=0.0, pass_seconds=deque([0.02, 0.03, 0.5]), first_clause_seconds=deque([0.25])
+        batch_sizes=deque([2]),
+        busy_s=0.0,
+        pass_seconds=deque([0.02, 0.03, 0.5]),
+        first_clause_seconds=deque([0.25]),
+        first_wait_seconds=deque([0.01, 0.03]),
     )
-    backend = SimpleNamespace(asr=asr, tts=SimpleNamespace(synthesizer=tts))
+    backend = SimpleNamespace(asr=asr, tts=SimpleNamespace(synthesizer=tts, first_segment_seconds=deque([0.125])))
     assert batch_sizes(backend, 3.0) == {
         "asr_mean_batch": 2.0,
         "asr_batch_p50_ms": 500.0,
@@ -45,6 +49,11 @@ def test_batch_sizes_and_busy_shares_of_the_batching_stages_are_read_and_reset()
         "tts_mean_batch": 2.0,
         "tts_pass_p50_ms": 30.0,
         "tts_first_clause_p50_ms": 250.0,
+        "tts_first_clause_p90_ms": 250.0,
+        "tts_first_wait_p50_ms": 10.0,
+        "tts_first_wait_p90_ms": 30.0,
+        "reply_first_segment_p50_ms": 125.0,
+        "reply_first_segment_p90_ms": 125.0,
     }
     assert batch_sizes(backend, 3.0) == {} and batch_sizes(SimpleNamespace(), 1.0) == {}
 
