@@ -175,7 +175,7 @@ def test_a_batched_stream_queues_its_next_clauses_while_the_first_plays() -> Non
     assert head.lookahead == BATCHED_LOOKAHEAD and TtsHead(synth).lookahead == 0
 
     async def scenario() -> list[AudioChunk]:
-        stream = head.stream(words(REPLY, delay_s=0.02))
+        stream = head.stream(words(REPLY, delay_s=0.01))  # all of it within the sleep below
         chunks = [await stream.__anext__()]
         await asyncio.sleep(0.5)  # the listener plays the first chunk; the reply's text has all arrived
         ahead = len(synth.calls)
@@ -186,10 +186,10 @@ def test_a_batched_stream_queues_its_next_clauses_while_the_first_plays() -> Non
     chunks = asyncio.run(scenario())
     batcher.close()
     assert "".join(c.transcript for c in chunks) == REPLY
-    # for benchmarks: the text's share of first audio (the first clause's words came 20 ms apart) and the
+    # for benchmarks: the text's share of first audio (the first clause's words came 10 ms apart) and the
     # first clause's wait for its batch, within its submit -> audio
     first_words = len(REPLY.split(",")[0].split(" "))
-    assert len(head.first_segment_seconds) == 1 and head.first_segment_seconds[0] >= 0.02 * first_words
+    assert len(head.first_segment_seconds) == 1 and head.first_segment_seconds[0] >= 0.01 * first_words
     assert len(batcher.first_wait_seconds) == 1 and 0 <= batcher.first_wait_seconds[0] < batcher.first_clause_seconds[0]
     segments = [c.transcript.strip() for c in chunks if c.transcript]
     assert synth.calls == segments  # each segment once, in order
