@@ -341,6 +341,7 @@ def load_stages(args: argparse.Namespace) -> Any:
         device=args.device,
         max_num_seqs=max(256, 2 * max(args.sessions)),
         engine_in_process=args.engine_in_process,
+        gpu_memory_utilization=args.gpu_memory_utilization,
     )
     backend = load_backend(
         OmniConfig(
@@ -372,10 +373,13 @@ def batch_sizes(backend: Any, wall_s: float) -> dict[str, float]:
         if sizes:
             out[f"{name}_mean_batch"] = round(statistics.fmean(sizes), 2)
             stage.batch_sizes.clear()
-        # whole batches; the TTS batcher's model passes, first clauses (submit -> audio) and their wait for a
-        # batch; the reply's text up to its first spoken segment (the LLM's first tokens)
+        # whole batches; the ASR batcher's requests, queue -> batch start and -> result; the TTS batcher's
+        # model passes, first clauses (submit -> audio) and their wait for a batch; the reply's text up to its
+        # first spoken segment (the LLM's first tokens)
         for part, quantiles in (
             ("batch", (50, 90)),
+            ("wait", (50, 90)),
+            ("job", (50, 90)),
             ("pass", (50,)),
             ("first_clause", (50, 90)),
             ("first_wait", (50, 90)),
@@ -407,6 +411,8 @@ def spoken_questions(path: str | None) -> dict[str, bytes]:
 
 
 def main() -> None:
+    from omni_gateway.engine.config import EngineConfig
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--turns", type=int, default=3)
@@ -429,6 +435,13 @@ def main() -> None:
         action="store_true",
         help="the engine core in a thread of the server's process (one CUDA context with the voice stages, one "
         "interpreter) instead of a process of its own",
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=EngineConfig.gpu_memory_utilization,
+        help="the engine's share of the GPU's memory; the voice stages need the room it leaves (lower it on an "
+        "80 GB card)",
     )
     parser.add_argument(
         "--per-process", type=int, default=32, help="client sessions per client process (each its own interpreter)"

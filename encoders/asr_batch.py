@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 class _Request:
     job: AsrJob
     future: Future[AsrResult]
+    queued_at: float
 
 
 class BatchedRecognizer:
@@ -53,6 +54,8 @@ class BatchedRecognizer:
         self.batch_sizes: deque[int] = deque(maxlen=1024)  # the sizes of the latest batches, for benchmarks
         self.batch_seconds: deque[float] = deque(maxlen=1024)  # and how long each took: work, not queueing
         self.busy_s = 0.0  # seconds spent reading batches, for benchmarks (is the worker the bottleneck?)
+        self.wait_seconds: deque[float] = deque(maxlen=4096)  # each request's queue -> its batch's start
+        self.job_seconds: deque[float] = deque(maxlen=4096)  # each request's queue -> its result
         self._queue: deque[_Request] = deque()
         self._ready = threading.Condition()
         self._closed = False
@@ -93,7 +96,7 @@ class BatchedRecognizer:
         with self._ready:
             if self._closed:
                 raise RuntimeError("the ASR batcher was closed")
-            self._queue.append(_Request(job, future))
+            self._queue.append(_Request(job, future, time.monotonic()))
             self._ready.notify()
         return future
 
@@ -135,6 +138,7 @@ class BatchedRecognizer:
                 continue
             self.batch_sizes.append(len(live))
             started = time.monotonic()
+            self.wait_seconds.extend(started - r.queued_at for r in live)
             try:
                 results = self.recognizer.transcribe_batch([r.job for r in live])
             except Exception as exc:  # the batch's failure is each caller's; the worker keeps serving
@@ -145,5 +149,7 @@ class BatchedRecognizer:
             finally:
                 self.batch_seconds.append(time.monotonic() - started)
                 self.busy_s += self.batch_seconds[-1]
+            done = time.monotonic()
+            self.job_seconds.extend(done - r.queued_at for r in live)
             for r, result in zip(live, results):
                 r.future.set_result(result)

@@ -32,7 +32,13 @@ def test_turn_rows_split_the_latency_into_stages_and_count_lost_turns() -> None:
 
 
 def test_batch_sizes_and_busy_shares_of_the_batching_stages_are_read_and_reset() -> None:
-    asr = SimpleNamespace(batch_sizes=deque([1, 3]), batch_seconds=deque([0.5, 1.0, 0.25]), busy_s=1.5)
+    asr = SimpleNamespace(
+        batch_sizes=deque([1, 3]),
+        batch_seconds=deque([0.5, 1.0, 0.25]),
+        busy_s=1.5,
+        wait_seconds=deque([0.0, 0.002, 0.004, 0.1]),
+        job_seconds=deque([0.2, 0.3]),
+    )
     tts = SimpleNamespace(
         batch_sizes=deque([2]),
         busy_s=0.0,
@@ -45,6 +51,10 @@ def test_batch_sizes_and_busy_shares_of_the_batching_stages_are_read_and_reset()
         "asr_mean_batch": 2.0,
         "asr_batch_p50_ms": 500.0,
         "asr_batch_p90_ms": 1000.0,
+        "asr_wait_p50_ms": 4.0,
+        "asr_wait_p90_ms": 100.0,
+        "asr_job_p50_ms": 200.0,
+        "asr_job_p90_ms": 300.0,
         "asr_busy": 0.5,
         "tts_mean_batch": 2.0,
         "tts_pass_p50_ms": 30.0,

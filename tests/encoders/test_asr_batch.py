@@ -80,6 +80,10 @@ def test_the_batcher_runs_concurrent_callers_in_one_batch(tiny_en: Path) -> None
     assert list(batcher.batch_sizes) == [4]
     assert 0 < batcher.busy_s <= time.monotonic() - started  # the one batch's time, for benchmarks
     assert list(batcher.batch_seconds) == [batcher.busy_s]
+    # each request waited for the other three, then for the batch: its job time is its wait plus the batch
+    assert len(batcher.wait_seconds) == len(batcher.job_seconds) == 4
+    for wait, job in zip(batcher.wait_seconds, batcher.job_seconds):
+        assert job == pytest.approx(wait + batcher.busy_s, abs=0.05) and wait >= 0
     assert results == [recognizer.transcribe(float_to_pcm16(c)) for c in audio]
     batcher.close()
     with pytest.raises(RuntimeError, match="closed"):
