@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +101,12 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
         if speech is not None:
             speech.shutdown()
         raise
+    advice = mps_advice(
+        engine_apart=not engine_config.engine_in_process and not _engine_on_cpu(config),
+        stages_on_cuda=_on_cuda(asr) or _on_cuda(tts),
+    )
+    if advice:
+        log.warning(advice)
     pipeline = OmniPipeline(
         config,
         engine=engine,
@@ -121,6 +128,35 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
             raise
     log.info("all stages ready in %.1f s", time.monotonic() - t0)
     return pipeline
+
+
+def mps_advice(*, engine_apart: bool, stages_on_cuda: bool, environ: Mapping[str, str] = os.environ) -> str | None:
+    """What to tell an operator whose voice stages share the GPU with an engine core in another process while
+    no CUDA MPS daemon runs (None when that is not the case). Without MPS the GPU time-slices the two
+    processes' kernels, and every voice stage waits for the LLM's slices."""
+    if not (engine_apart and stages_on_cuda):
+        return None
+    pipe = Path(environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))
+    if (pipe / "control").exists():
+        return None
+    return (
+        f"the voice stages run on the GPU beside an engine core in another process, and no CUDA MPS daemon "
+        f"answers at {pipe}: the GPU will time-slice the two processes (64 voice sessions on an H100: median "
+        "first audio 424 ms without MPS, 274 ms with it; docs/deployment.md). Start `nvidia-cuda-mps-control -d` "
+        "before `omni serve`"
+    )
+
+
+def _on_cuda(stage: object | None) -> bool:
+    """Whether a loaded stage, or the model it wraps, runs on a CUDA device."""
+    for _ in range(4):  # a batcher over a head over a model
+        if stage is None:
+            return False
+        device = getattr(stage, "device", None)
+        if device is not None:
+            return str(device).startswith("cuda")
+        stage = getattr(stage, "recognizer", None) or getattr(stage, "synthesizer", None)
+    return False
 
 
 def resolve_speech_model(config: OmniConfig) -> str | None:
