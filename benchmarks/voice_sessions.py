@@ -341,7 +341,7 @@ def load_stages(args: argparse.Namespace) -> Any:
         device=args.device,
         max_num_seqs=max(256, 2 * max(args.sessions)),
         engine_in_process=args.engine_in_process,
-        gpu_memory_utilization=args.gpu_memory_utilization,
+        **({} if args.gpu_memory_utilization is None else {"gpu_memory_utilization": args.gpu_memory_utilization}),
     )
     backend = load_backend(
         OmniConfig(
@@ -373,6 +373,8 @@ def batch_sizes(backend: Any, wall_s: float) -> dict[str, float]:
         if sizes:
             out[f"{name}_mean_batch"] = round(statistics.fmean(sizes), 2)
             stage.batch_sizes.clear()
+        if getattr(stage, "job_seconds", None):
+            out[f"{name}_requests"] = len(stage.job_seconds)  # per turn, partial and speculative ones included
         # whole batches; the ASR batcher's requests, queue -> batch start and -> result; the TTS batcher's
         # model passes, first clauses (submit -> audio) and their wait for a batch; the reply's text up to its
         # first spoken segment (the LLM's first tokens)
@@ -411,8 +413,6 @@ def spoken_questions(path: str | None) -> dict[str, bytes]:
 
 
 def main() -> None:
-    from omni_gateway.engine.config import EngineConfig
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--turns", type=int, default=3)
@@ -439,9 +439,8 @@ def main() -> None:
     parser.add_argument(
         "--gpu-memory-utilization",
         type=float,
-        default=EngineConfig.gpu_memory_utilization,
-        help="the engine's share of the GPU's memory; the voice stages need the room it leaves (lower it on an "
-        "80 GB card)",
+        help="the engine's share of the GPU's memory (default: the engine's); the voice stages need the room it "
+        "leaves (0.65 on an 80 GB card)",
     )
     parser.add_argument(
         "--per-process", type=int, default=32, help="client sessions per client process (each its own interpreter)"

@@ -51,6 +51,7 @@ def test_batch_sizes_and_busy_shares_of_the_batching_stages_are_read_and_reset()
         "asr_mean_batch": 2.0,
         "asr_batch_p50_ms": 500.0,
         "asr_batch_p90_ms": 1000.0,
+        "asr_requests": 2,
         "asr_wait_p50_ms": 4.0,
         "asr_wait_p90_ms": 100.0,
         "asr_job_p50_ms": 200.0,
