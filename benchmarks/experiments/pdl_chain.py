@@ -165,7 +165,7 @@ def main() -> None:
             act=torch.empty(INTER, device="cuda", dtype=torch.bfloat16),
         )
 
-    with ResultLog(args.out, "pdl_chain", layers=args.layers) as log:
+    with ResultLog(args.out, "experiments.pdl_chain", layers=args.layers) as log:
         for dtype in (torch.bfloat16, torch.float8_e4m3fn):
             torch.manual_seed(0)
             layers = make_layers(args.layers, dtype)
