@@ -374,7 +374,7 @@ def batch_sizes(backend: Any, wall_s: float) -> dict[str, float]:
             out[f"{name}_mean_batch"] = round(statistics.fmean(sizes), 2)
             stage.batch_sizes.clear()
         if getattr(stage, "job_seconds", None):
-            out[f"{name}_requests"] = len(stage.job_seconds)  # per turn, partial and speculative ones included
+            out[f"{name}_requests"] = len(stage.job_seconds)  # the transcriptions this N cost, partial ones included
         # whole batches; the ASR batcher's requests, queue -> batch start and -> result; the TTS batcher's
         # model passes, first clauses (submit -> audio) and their wait for a batch; the reply's text up to its
         # first spoken segment (the LLM's first tokens)
