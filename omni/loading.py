@@ -19,6 +19,7 @@ from omni_gateway.omni.protocol import Message, OmniRequest, TextPart
 if TYPE_CHECKING:
     from omni_gateway.encoders.audio_tower import AudioEncoder
     from omni_gateway.encoders.vision import VisionEncoder
+    from omni_gateway.omni.heads.tts import TtsHead
     from omni_gateway.omni.pipeline import OmniPipeline
 
 log = logging.getLogger(__name__)
@@ -54,12 +55,17 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
         # from a core process each step's would be copied to the host and sent over a socket first.
         engine_config = dataclasses.replace(engine_config, engine_in_process=True)
         log.info("engine in this process: the talker of %s reads its hidden states on the device", speech_model)
+    # The voice stages load first: the engine sizes its KV cache from the GPU memory still free
+    # (``gpu_memory_utilization`` is the share of the whole device), so on a shared GPU it leaves them
+    # their room instead of the stages running out of memory after it.
+    asr, tts = _load_voice(config, threads, speech_model)
     # Loaded and warmed before the server listens (and reports healthy); the engine core runs in its
     # own process(es) unless the config keeps it in this one.
+    t_engine = time.monotonic()
     engine = start_engine(engine_config, threads=threads if _engine_on_cpu(config) else None)
     model_name = engine.model_name
-    log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t0)
-    asr = tts = vad_session = image_head = vision = audio = speech = None
+    log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t_engine)
+    vad_session = image_head = vision = audio = speech = None
     try:
         from omni_gateway.encoders.audio_tower import checkpoint_family as audio_family
         from omni_gateway.encoders.vision import checkpoint_family
@@ -70,18 +76,6 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
         if audio_family(config.engine.model):
             audio = _load_audio(config, engine)
             log.info("audio tower of %s ready: the model hears audio itself", config.engine.model)
-        if config.asr is not None:
-            from omni_gateway.encoders.asr import load_recognizer
-
-            asr = load_recognizer(config.asr, device=config.engine.device)
-            log.info("ASR %s ready", config.asr)
-        if config.tts is not None and speech_model is not None:
-            log.info("no TTS voice loaded: %s speaks in its own voice", speech_model)
-        elif config.tts is not None:
-            from omni_gateway.omni.heads.tts import TtsHead
-
-            tts = TtsHead.load(config.tts, device=config.engine.device, threads=threads)
-            log.info("TTS %s ready", config.tts)
         if config.vad:
             from omni_gateway.encoders.vad import load_session
 
@@ -128,6 +122,24 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
             raise
     log.info("all stages ready in %.1f s", time.monotonic() - t0)
     return pipeline
+
+
+def _load_voice(config: OmniConfig, threads: int, speech_model: str | None) -> tuple[Any, TtsHead | None]:
+    """The speech recognizer and the TTS voice the config names (None for each one it does not)."""
+    asr = tts = None
+    if config.asr is not None:
+        from omni_gateway.encoders.asr import load_recognizer
+
+        asr = load_recognizer(config.asr, device=config.engine.device)
+        log.info("ASR %s ready", config.asr)
+    if config.tts is not None and speech_model is not None:
+        log.info("no TTS voice loaded: %s speaks in its own voice", speech_model)
+    elif config.tts is not None:
+        from omni_gateway.omni.heads.tts import TtsHead
+
+        tts = TtsHead.load(config.tts, device=config.engine.device, threads=threads)
+        log.info("TTS %s ready", config.tts)
+    return asr, tts
 
 
 def mps_advice(*, engine_apart: bool, stages_on_cuda: bool, environ: Mapping[str, str] = os.environ) -> str | None:

@@ -1,10 +1,11 @@
-"""The start-up advice to run CUDA MPS when voice stages share the GPU with an engine core in another process."""
+"""Loading the stages: the voice stages before the engine, and the start-up advice to run CUDA MPS."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from omni_gateway.omni.loading import _on_cuda, mps_advice
 
 
@@ -25,3 +26,29 @@ def test_a_stage_is_on_cuda_when_it_or_the_model_it_wraps_says_so() -> None:
     assert _on_cuda(SimpleNamespace(recognizer=SimpleNamespace(device="cuda")))
     assert not _on_cuda(SimpleNamespace(recognizer=SimpleNamespace(device="cpu")))
     assert not _on_cuda(SimpleNamespace(synthesizer=SimpleNamespace())) and not _on_cuda(None)
+
+
+def test_the_voice_stages_load_before_the_engine_sizes_its_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine takes its share of the memory still free: loaded first, the voice stages keep theirs."""
+    import omni_gateway.encoders.asr as asr_module
+    import omni_gateway.engine.launch as launch
+    from omni_gateway.omni.config import EngineConfig, OmniConfig
+    from omni_gateway.omni.heads.tts import TtsHead
+    from omni_gateway.omni.loading import load_pipeline
+
+    order: list[str] = []
+
+    class EngineDidNotStart(Exception):
+        pass
+
+    def start_engine(*args: object, **kwargs: object) -> None:
+        order.append("engine")
+        raise EngineDidNotStart
+
+    monkeypatch.setattr(launch, "start_engine", start_engine)
+    monkeypatch.setattr(asr_module, "load_recognizer", lambda *a, **k: order.append("asr"))
+    monkeypatch.setattr(TtsHead, "load", classmethod(lambda cls, *a, **k: order.append("tts")))
+    config = OmniConfig(engine=EngineConfig(device="cpu"), asr="asr-dir", tts="tts-dir", speech_model=None)
+    with pytest.raises(EngineDidNotStart):
+        load_pipeline(config)
+    assert order == ["asr", "tts", "engine"]
