@@ -147,9 +147,9 @@ class BatchedRecognizer:
                     r.future.set_exception(exc)
                 continue
             finally:
-                self.batch_seconds.append(time.monotonic() - started)
+                ended = time.monotonic()
+                self.batch_seconds.append(ended - started)
                 self.busy_s += self.batch_seconds[-1]
-            done = time.monotonic()
-            self.job_seconds.extend(done - r.queued_at for r in live)
+            self.job_seconds.extend(ended - r.queued_at for r in live)
             for r, result in zip(live, results):
                 r.future.set_result(result)
