@@ -62,7 +62,11 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
     # Loaded and warmed before the server listens (and reports healthy); the engine core runs in its
     # own process(es) unless the config keeps it in this one.
     t_engine = time.monotonic()
-    engine = start_engine(engine_config, threads=threads if _engine_on_cpu(config) else None)
+    try:
+        engine = start_engine(engine_config, threads=threads if _engine_on_cpu(config) else None)
+    except BaseException:
+        close_voice(asr, tts)
+        raise
     model_name = engine.model_name
     log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t_engine)
     vad_session = image_head = vision = audio = speech = None
@@ -94,6 +98,7 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
         engine.shutdown()
         if speech is not None:
             speech.shutdown()
+        close_voice(asr, tts)
         raise
     advice = mps_advice(
         engine_apart=not engine_config.engine_in_process and not _engine_on_cpu(config),
@@ -140,6 +145,14 @@ def _load_voice(config: OmniConfig, threads: int, speech_model: str | None) -> t
         tts = TtsHead.load(config.tts, device=config.engine.device, threads=threads)
         log.info("TTS %s ready", config.tts)
     return asr, tts
+
+
+def close_voice(asr: object | None, tts: object | None) -> None:
+    """Stop the speech recognizer's and the TTS voice's batch workers (each one that has any)."""
+    for stage in (asr, tts):
+        close = getattr(stage, "close", None)
+        if close is not None:
+            close()
 
 
 def mps_advice(*, engine_apart: bool, stages_on_cuda: bool, environ: Mapping[str, str] = os.environ) -> str | None:

@@ -31,7 +31,7 @@ from omni_gateway.omni.collaborators import (
     VadModel,
 )
 from omni_gateway.omni.config import OmniConfig
-from omni_gateway.omni.loading import load_pipeline, warm_up
+from omni_gateway.omni.loading import close_voice, load_pipeline, warm_up
 from omni_gateway.omni.media import server_budget
 from omni_gateway.omni.prompting import (
     SamplingDefaults,
@@ -294,6 +294,7 @@ class OmniPipeline:
             self.speech.shutdown()
         if self.image_head is not None:
             self.image_head.close()
+        close_voice(self.asr, self.tts)
         self.engine.shutdown()
 
     # ---- stages ----------------------------------------------------------------------------------

@@ -77,6 +77,12 @@ class TtsHead:
     def voices(self) -> tuple[str, ...]:
         return self.synthesizer.voices
 
+    def close(self) -> None:
+        """Stop the synthesizer's batch worker, if it has one, once its queued clauses are done."""
+        close = getattr(self.synthesizer, "close", None)
+        if close is not None:
+            close()
+
     def synthesize(self, text: str, options: AudioOutputOptions = AudioOutputOptions()) -> np.ndarray:
         """Whole text at once (``/v1/audio/speech``): float32 mono at ``options.sample_rate``.
 

@@ -29,7 +29,8 @@ def test_a_stage_is_on_cuda_when_it_or_the_model_it_wraps_says_so() -> None:
 
 
 def test_the_voice_stages_load_before_the_engine_sizes_its_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The engine takes its share of the memory still free: loaded first, the voice stages keep theirs."""
+    """The engine takes its share of the memory still free: loaded first, the voice stages keep theirs, and
+    an engine that fails to start leaves no voice stage's worker running."""
     import omni_gateway.encoders.asr as asr_module
     import omni_gateway.engine.launch as launch
     from omni_gateway.omni.config import EngineConfig, OmniConfig
@@ -46,9 +47,14 @@ def test_the_voice_stages_load_before_the_engine_sizes_its_kv_cache(monkeypatch:
         raise EngineDidNotStart
 
     monkeypatch.setattr(launch, "start_engine", start_engine)
-    monkeypatch.setattr(asr_module, "load_recognizer", lambda *a, **k: order.append("asr"))
-    monkeypatch.setattr(TtsHead, "load", classmethod(lambda cls, *a, **k: order.append("tts")))
+
+    def stage(name: str) -> SimpleNamespace:
+        order.append(name)
+        return SimpleNamespace(close=lambda: order.append(f"close {name}"))
+
+    monkeypatch.setattr(asr_module, "load_recognizer", lambda *a, **k: stage("asr"))
+    monkeypatch.setattr(TtsHead, "load", classmethod(lambda cls, *a, **k: stage("tts")))
     config = OmniConfig(engine=EngineConfig(device="cpu"), asr="asr-dir", tts="tts-dir", speech_model=None)
     with pytest.raises(EngineDidNotStart):
         load_pipeline(config)
-    assert order == ["asr", "tts", "engine"]
+    assert order == ["asr", "tts", "engine", "close asr", "close tts"]

@@ -97,3 +97,23 @@ def test_a_transcription_dropped_while_its_audio_is_converted_never_runs() -> No
     assert asyncio.run(go()) == "hi"
     assert [a[:1] for a in recognizer.heard] == [b"\x03"]
     batcher.close()
+
+
+def test_shutdown_stops_the_recognizer_and_voice_batch_workers() -> None:
+    from omni_gateway.omni.heads.tts import TtsHead
+    from omni_gateway.omni.heads.tts_batch import BatchedSynthesizer
+
+    from tests.omni.test_tts import SlowTone
+
+    recognizer = GatedBatchRecognizer()
+    recognizer.gate.set()
+    asr = BatchedRecognizer(recognizer, max_batch=4)
+    tts = TtsHead(BatchedSynthesizer(SlowTone(seconds=0.01), window_s=0))
+    engine = FakeEngine([])
+    engine.shutdown = lambda: None  # type: ignore[method-assign]
+    pipeline = OmniPipeline(OmniConfig(), engine=engine, model_name="fake", max_context_tokens=64, asr=asr, tts=tts)
+    assert asr._worker.is_alive() and tts.synthesizer._worker.is_alive()  # type: ignore[attr-defined]
+    pipeline.shutdown()
+    assert not asr._worker.is_alive() and not tts.synthesizer._worker.is_alive()  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="closed"):
+        asr.submit(b"\x01\x00" * 160)
