@@ -356,6 +356,10 @@ def load_stages(args: argparse.Namespace) -> Any:
     recognizer = getattr(backend.asr, "recognizer", None)
     if args.random_stages and recognizer is not None:
         recognizer.max_new_tokens = 24  # random weights never say end-of-text: decode a question's worth
+    if args.asr_max_batch is not None:
+        if backend.asr is None or not hasattr(backend.asr, "max_batch"):
+            raise SystemExit("--asr-max-batch needs a batching recognizer")
+        backend.asr.max_batch = args.asr_max_batch  # read at each batch: larger batches only queue longer
     return backend
 
 
@@ -386,6 +390,7 @@ def batch_sizes(backend: Any, wall_s: float) -> dict[str, float]:
             ("first_clause", (50, 90)),
             ("first_wait", (50, 90)),
             ("first_segment", (50, 90)),
+            ("first_text", (50, 90)),
         ):
             recorded = getattr(stage, f"{part}_seconds", None)
             if recorded:
@@ -456,6 +461,12 @@ def main() -> None:
         "ending together)",
     )
     parser.add_argument(
+        "--asr-max-batch",
+        type=int,
+        help="the most turns the ASR batcher reads at once (default: the recognizer's): smaller batches end a "
+        "burst's first turns sooner, at more decoder passes",
+    )
+    parser.add_argument(
         "--partial-transcripts-ms", type=int, default=1000, help="speech between partial transcripts (0: none)"
     )
     add_out_argument(parser, "voice_sessions")
@@ -483,6 +494,8 @@ def main() -> None:
         "partial_transcripts_ms": args.partial_transcripts_ms,
         "engine_in_process": args.engine_in_process,
         "stagger_s": args.stagger_s,
+        "asr_max_batch": getattr(backend.asr, "max_batch", None),
+        "gpu_memory_utilization": args.gpu_memory_utilization,
     }
     # Each N is written as soon as it ends, so a run cut short by a time limit keeps the Ns before.
     with (

@@ -63,8 +63,10 @@ class TtsHead:
         batching = hasattr(synthesizer, "submit")
         self.lookahead = lookahead if lookahead is not None else BATCHED_LOOKAHEAD if batching else 0
         # a stream's start -> its first spoken segment handed to the synthesizer: the text source's share
-        # of first audio (an LLM's first tokens), for benchmarks
+        # of first audio (an LLM's first tokens), for benchmarks; and -> the first text that came at all (the
+        # LLM's first token, so the rest is the tokens the segment waited for)
         self.first_segment_seconds: deque[float] = deque(maxlen=1024)
+        self.first_text_seconds: deque[float] = deque(maxlen=1024)
 
     @classmethod
     def load(cls, spec: str, *, device: str = "auto", seed: int | None = None, threads: int = 0) -> TtsHead:
@@ -106,7 +108,7 @@ class TtsHead:
         segments: asyncio.Queue[object] = asyncio.Queue()  # _Segments rendering, in the reply's order
         slots = asyncio.Semaphore(self.lookahead + 1)  # segments started and not yet streamed out
         tasks = [
-            asyncio.create_task(self._read(text_deltas, texts)),
+            asyncio.create_task(self._read(text_deltas, texts, began)),
             asyncio.create_task(self._start_renders(texts, segments, slots, options, cancel, began)),
         ]
         carried = ""  # text of segments that produced no audio, passed on to the next chunk's transcript
@@ -134,10 +136,14 @@ class TtsHead:
             for task in tasks:
                 task.cancel()
 
-    async def _read(self, text_deltas: AsyncIterator[str], texts: asyncio.Queue[object]) -> None:
+    async def _read(self, text_deltas: AsyncIterator[str], texts: asyncio.Queue[object], began: float) -> None:
         chunker = TextChunker(self.chunker)
+        first = True
         try:
             async for delta in text_deltas:
+                if first and delta:
+                    self.first_text_seconds.append(time.monotonic() - began)
+                    first = False
                 for segment in chunker.push(delta):
                     texts.put_nowait(segment)
             for segment in chunker.flush():

@@ -46,7 +46,10 @@ def test_batch_sizes_and_busy_shares_of_the_batching_stages_are_read_and_reset()
         first_clause_seconds=deque([0.25]),
         first_wait_seconds=deque([0.01, 0.03]),
     )
-    backend = SimpleNamespace(asr=asr, tts=SimpleNamespace(synthesizer=tts, first_segment_seconds=deque([0.125])))
+    backend = SimpleNamespace(
+        asr=asr,
+        tts=SimpleNamespace(synthesizer=tts, first_segment_seconds=deque([0.125]), first_text_seconds=deque([0.05])),
+    )
     assert batch_sizes(backend, 3.0) == {
         "asr_mean_batch": 2.0,
         "asr_batch_p50_ms": 500.0,
@@ -65,6 +68,8 @@ def test_batch_sizes_and_busy_shares_of_the_batching_stages_are_read_and_reset()
         "tts_first_wait_p90_ms": 30.0,
         "reply_first_segment_p50_ms": 125.0,
         "reply_first_segment_p90_ms": 125.0,
+        "reply_first_text_p50_ms": 50.0,
+        "reply_first_text_p90_ms": 50.0,
     }
     assert batch_sizes(backend, 3.0) == {} and batch_sizes(SimpleNamespace(), 1.0) == {}
 

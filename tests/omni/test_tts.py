@@ -190,6 +190,8 @@ def test_a_batched_stream_queues_its_next_clauses_while_the_first_plays() -> Non
     # first clause's wait for its batch, within its submit -> audio
     first_words = len(REPLY.split(",")[0].split(" "))
     assert len(head.first_segment_seconds) == 1 and head.first_segment_seconds[0] >= 0.01 * first_words
+    assert len(head.first_text_seconds) == 1  # the first word came one delay in: the rest is the segment's wait
+    assert 0.01 <= head.first_text_seconds[0] <= head.first_segment_seconds[0] - 0.01 * (first_words - 1)
     assert len(batcher.first_wait_seconds) == 1 and 0 <= batcher.first_wait_seconds[0] < batcher.first_clause_seconds[0]
     segments = [c.transcript.strip() for c in chunks if c.transcript]
     assert synth.calls == segments  # each segment once, in order
