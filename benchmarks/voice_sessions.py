@@ -336,10 +336,6 @@ def load_stages(args: argparse.Namespace) -> Any:
         device = "cpu" if args.device == "cpu" else "cuda"
         built = build_all(Path(args.random_stages), args.llm_shape, device, tiny=args.tiny_stages)
         model, asr, tts = str(built["llm"]), str(built["asr"]), str(built["tts"])
-    if args.tts_vocoder_dtype is not None:
-        from omni_gateway.omni.heads import tts_vits
-
-        tts_vits.CUDA_VOCODER_DTYPE = args.tts_vocoder_dtype  # the previous design: float32
     engine = EngineConfig(
         model=model,
         device=args.device,
@@ -471,11 +467,6 @@ def main() -> None:
         "burst's first turns sooner, at more decoder passes",
     )
     parser.add_argument(
-        "--tts-vocoder-dtype",
-        choices=("float32", "float16", "bfloat16"),
-        help="the HF VITS vocoder's precision on CUDA (default: the head's, float16)",
-    )
-    parser.add_argument(
         "--partial-transcripts-ms", type=int, default=1000, help="speech between partial transcripts (0: none)"
     )
     add_out_argument(parser, "voice_sessions")
@@ -504,9 +495,6 @@ def main() -> None:
         "engine_in_process": args.engine_in_process,
         "stagger_s": args.stagger_s,
         "asr_max_batch": getattr(backend.asr, "max_batch", None),
-        "tts_vocoder_dtype": str(
-            getattr(getattr(getattr(backend.tts, "synthesizer", None), "synthesizer", None), "vocoder_dtype", None)
-        ),
         "gpu_memory_utilization": args.gpu_memory_utilization,
     }
     # Each N is written as soon as it ends, so a run cut short by a time limit keeps the Ns before.

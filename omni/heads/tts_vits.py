@@ -35,11 +35,6 @@ MIN_TOKENS, MIN_FRAMES = 16, 32
 # (``ChunkerConfig.max_chars``, 250) with the blank MMS tokenizers put between characters: at 256, every long
 # later clause ran eagerly, a pass of about 1 s beside a busy thread instead of 0.1 s.
 GRAPH_TOKENS, GRAPH_FRAMES, GRAPH_ROW_FRAMES = 512, 2048, 65536
-# The vocoder's precision on CUDA. It is most of a batch's arithmetic (HiFi-GAN's convolutions over every
-# sample), and half precision halves its bytes and doubles its tensor-core rate; its 11-bit mantissa keeps the
-# rounding near -66 dB, under the voice's own noise floor. The text stage and the flow (its splines) stay
-# float32, as does every CPU model.
-CUDA_VOCODER_DTYPE = "float16"
 
 
 class HfVitsSynthesizer:
@@ -52,16 +47,8 @@ class HfVitsSynthesizer:
     """
 
     def __init__(
-        self,
-        path: str | Path,
-        *,
-        device: str = "auto",
-        seed: int | None = None,
-        cuda_graphs: bool = True,
-        vocoder_dtype: str | None = None,
+        self, path: str | Path, *, device: str = "auto", seed: int | None = None, cuda_graphs: bool = True
     ) -> None:
-        """``vocoder_dtype``: "float32", "float16" or "bfloat16" (default: ``CUDA_VOCODER_DTYPE`` on CUDA,
-        float32 on a CPU)."""
         import torch
         from transformers import AutoTokenizer, VitsModel
 
@@ -74,11 +61,6 @@ class HfVitsSynthesizer:
         # The model's forward stops at the spectrogram; the vocoder runs on it with each row's length
         # (``vits_batch``), so a padded batch renders every row as it would alone.
         self.vocoder = detach_vocoder(self.model)
-        dtype = vocoder_dtype or (CUDA_VOCODER_DTYPE if self.device.type == "cuda" else "float32")
-        if dtype not in ("float32", "float16", "bfloat16"):
-            raise ValueError(f"vocoder_dtype: expected float32, float16 or bfloat16; got {dtype!r}")
-        self.vocoder_dtype = getattr(torch, dtype)
-        self.vocoder.to(self.vocoder_dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.sample_rate = int(self.model.config.sampling_rate)
         self.voices = (
@@ -279,10 +261,7 @@ class HfVitsSynthesizer:
         def run(piece: Any, frames: Any, *voice: Any) -> Any:
             return decode_masked(self.vocoder, piece, frames, voice[0] if voice else None, first)
 
-        dtype = self.vocoder_dtype
-        if conditioning is not None:
-            conditioning = conditioning.to(dtype)
-        return self._replay(2, run, first, conditioning, piece.to(dtype), frames)
+        return self._replay(2, run, first, conditioning, piece, frames)
 
     def _replay(self, which: int, run: Any, key: Any, conditioning: Any | None, *inputs: Any) -> Any:
         """``run(*inputs)`` (plus the voice's conditioning, one row per input row) from the CUDA graph of
