@@ -398,9 +398,10 @@ def graph_replay_marks(
     return marks
 
 
-def trace_decode(llm: Any, prompt: list[int], steps: int) -> None:
-    """Where a batch-1 decode step's wall time goes: kernels, gaps between them inside the step, and
-    the idle time between steps (the host's share), from a torch.profiler trace of ``steps`` tokens."""
+def trace_decode(llm: Any, prompt: list[int], steps: int, top: int = 14) -> None:
+    """Where a batch-1 decode step's wall time goes: kernels (the ``top`` by time), gaps between them inside
+    the step, and the idle time between steps (the host's share), from a torch.profiler trace of ``steps``
+    tokens."""
     from omni_gateway.engine import SamplingParams
     from torch.profiler import ProfilerActivity, profile
 
@@ -434,7 +435,7 @@ def trace_decode(llm: Any, prompt: list[int], steps: int) -> None:
         f"median {statistics.median(long_gaps) if long_gaps else 0:.0f} us)",
         flush=True,
     )
-    for name, total in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:14]:
+    for name, total in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]:
         print(f"    {total / steps:8.1f} us/token  {name[:110]}", flush=True)
 
 

@@ -47,7 +47,14 @@ import torch
 from omni_gateway.kernels import quant_reference as qref
 
 from benchmarks.common import RESULTS_DIR, ResultLog, time_graph
-from benchmarks.engine_gpu import b1_decode_seconds, free_cuda, make_workload, shape_config, word_tokenizer
+from benchmarks.engine_gpu import (
+    b1_decode_seconds,
+    free_cuda,
+    make_workload,
+    shape_config,
+    trace_decode,
+    word_tokenizer,
+)
 
 VARIANTS = ("bf16", "fp8-channel", "fp8-block", "int4", "fp8-kv")
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
@@ -261,6 +268,9 @@ def run_variant(
         runs = [b1_decode_seconds(llm, b1_prompt, args.b1_new) for _ in range(args.b1_repeats)]
         report["b1_ms_per_token"] = statistics.median(runs) * 1e3
         report["b1_ms_runs"] = [r * 1e3 for r in runs]
+        if args.trace_b1:
+            print(f"[engine] {variant}:", flush=True)
+            trace_decode(llm, b1_prompt, args.trace_b1, top=40)
         if not args.skip_workload and variant in args.workload_variants:
             llm.generate(work.prompts[:8], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
             params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in work.output_lens]
@@ -335,6 +345,13 @@ def main() -> None:
         type=lambda s: s.split(","),
         default=list(VARIANTS),
         help="variants that run the workload",
+    )
+    parser.add_argument(
+        "--trace-b1",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="per variant, trace this many batch-1 tokens with torch.profiler: where a step's time goes by kernel",
     )
     parser.add_argument("--skip-kernels", action="store_true")
     parser.add_argument("--skip-engine", action="store_true")
