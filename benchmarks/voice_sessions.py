@@ -357,7 +357,7 @@ def load_stages(args: argparse.Namespace) -> Any:
     if args.random_stages and recognizer is not None:
         recognizer.max_new_tokens = 24  # random weights never say end-of-text: decode a question's worth
     if args.asr_max_batch is not None:
-        if backend.asr is None or not hasattr(backend.asr, "max_batch"):
+        if not hasattr(getattr(backend, "asr", None), "max_batch"):
             raise SystemExit("--asr-max-batch needs a batching recognizer")
         backend.asr.max_batch = args.asr_max_batch  # read at each batch: larger batches only queue longer
     return backend
@@ -417,6 +417,22 @@ def spoken_questions(path: str | None) -> dict[str, bytes]:
     return spoken
 
 
+def run_settings(args: argparse.Namespace, backend: Any) -> dict[str, Any]:
+    """What a run's header records of the stages it served, beside its command."""
+    return {
+        "model": args.model,
+        "asr": args.asr,
+        "tts": args.tts,
+        "random_stages": bool(args.random_stages),
+        "tiny_stages": args.tiny_stages,
+        "partial_transcripts_ms": args.partial_transcripts_ms,
+        "engine_in_process": args.engine_in_process,
+        "stagger_s": args.stagger_s,
+        "asr_max_batch": getattr(getattr(backend, "asr", None), "max_batch", None),  # the fake backend has none
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
@@ -473,6 +489,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.tiny_stages and not args.random_stages:
         parser.error("--tiny-stages shapes the --random-stages checkpoints: give --random-stages DIR too")
+    if args.fake and args.asr_max_batch is not None:
+        parser.error("--asr-max-batch sizes the recognizer's batches; --fake serves none")
     from omni_gateway.gateway.config import GatewayConfig
     from omni_gateway.gateway.realtime.commands import SessionLimits
 
@@ -485,18 +503,7 @@ def main() -> None:
     spoken = spoken_questions(args.spoken)
     backend = load_stages(args)
     partials = None if args.partial_transcripts_ms == 0 else args.partial_transcripts_ms
-    stages = {
-        "model": args.model,
-        "asr": args.asr,
-        "tts": args.tts,
-        "random_stages": bool(args.random_stages),
-        "tiny_stages": args.tiny_stages,
-        "partial_transcripts_ms": args.partial_transcripts_ms,
-        "engine_in_process": args.engine_in_process,
-        "stagger_s": args.stagger_s,
-        "asr_max_batch": getattr(backend.asr, "max_batch", None),
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-    }
+    stages = run_settings(args, backend)
     # Each N is written as soon as it ends, so a run cut short by a time limit keeps the Ns before.
     with (
         ResultLog(args.out, "voice_sessions", turns=args.turns, device=args.device, fake=args.fake, **stages) as log,

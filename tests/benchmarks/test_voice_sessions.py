@@ -10,7 +10,17 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from benchmarks.voice_sessions import RATE, batch_sizes, content_words, play, record, report, spoken_questions, turn_row
+from benchmarks.voice_sessions import (
+    RATE,
+    batch_sizes,
+    content_words,
+    play,
+    record,
+    report,
+    run_settings,
+    spoken_questions,
+    turn_row,
+)
 
 
 def test_a_transcript_is_right_when_it_holds_the_questions_content_words_digits_read_as_words() -> None:
@@ -132,3 +142,22 @@ def test_first_turns_and_later_ones_are_summarized_apart() -> None:
     assert summary["first_turns_p50_s"] == pytest.approx(0.7)
     assert summary["later_turns_p50_s"] == pytest.approx(0.2)
     assert summary["p50_s"] == pytest.approx(0.3)
+
+
+def test_a_runs_header_records_the_asr_batch_cap_of_a_batching_recognizer_and_none_for_the_fake_backend() -> None:
+    from benchmarks.fake_backend import FakeBackend
+
+    args = SimpleNamespace(
+        model="m",
+        asr="a",
+        tts="t",
+        random_stages=None,
+        tiny_stages=False,
+        partial_transcripts_ms=0,
+        engine_in_process=False,
+        stagger_s=0.0,
+        gpu_memory_utilization=None,
+    )
+    batching = SimpleNamespace(asr=SimpleNamespace(max_batch=8))
+    assert run_settings(args, batching)["asr_max_batch"] == 8  # type: ignore[arg-type]
+    assert run_settings(args, FakeBackend())["asr_max_batch"] is None  # type: ignore[arg-type]
