@@ -142,7 +142,11 @@ def _load_voice(config: OmniConfig, threads: int, speech_model: str | None) -> t
     elif config.tts is not None:
         from omni_gateway.omni.heads.tts import TtsHead
 
-        tts = TtsHead.load(config.tts, device=config.engine.device, threads=threads)
+        try:
+            tts = TtsHead.load(config.tts, device=config.engine.device, threads=threads)
+        except BaseException:
+            close_voice(asr, None)
+            raise
         log.info("TTS %s ready", config.tts)
     return asr, tts
 

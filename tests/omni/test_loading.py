@@ -58,3 +58,26 @@ def test_the_voice_stages_load_before_the_engine_sizes_its_kv_cache(monkeypatch:
     with pytest.raises(EngineDidNotStart):
         load_pipeline(config)
     assert order == ["asr", "tts", "engine", "close asr", "close tts"]
+
+
+def test_a_voice_that_fails_to_load_stops_the_recognizer_loaded_before_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import omni_gateway.encoders.asr as asr_module
+    import omni_gateway.engine.launch as launch
+    from omni_gateway.omni.config import EngineConfig, OmniConfig
+    from omni_gateway.omni.heads.tts import TtsHead
+    from omni_gateway.omni.loading import load_pipeline
+
+    order: list[str] = []
+
+    def no_voice(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError("TTS model 'tts-dir': no config.json")
+
+    monkeypatch.setattr(launch, "start_engine", lambda *a, **k: order.append("engine"))
+    monkeypatch.setattr(
+        asr_module, "load_recognizer", lambda *a, **k: SimpleNamespace(close=lambda: order.append("close asr"))
+    )
+    monkeypatch.setattr(TtsHead, "load", classmethod(no_voice))
+    config = OmniConfig(engine=EngineConfig(device="cpu"), asr="asr-dir", tts="tts-dir", speech_model=None)
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_pipeline(config)
+    assert order == ["close asr"]  # and the engine never started
