@@ -460,8 +460,8 @@ def main() -> None:
     parser.add_argument(
         "--gpu-memory-utilization",
         type=float,
-        help="the engine's share of the GPU's memory (default: the engine's); the voice stages need the room it "
-        "leaves (0.65 on an 80 GB card)",
+        help="the engine's share of the GPU's memory (default: the engine's, 0.85); the voice stages load first "
+        "and the engine sizes its KV cache from what they leave of it",
     )
     parser.add_argument(
         "--per-process", type=int, default=32, help="client sessions per client process (each its own interpreter)"
