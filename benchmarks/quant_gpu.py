@@ -57,6 +57,9 @@ from benchmarks.engine_gpu import (
 )
 
 VARIANTS = ("bf16", "fp8-channel", "fp8-block", "int4", "fp8-kv")
+# A variant name with this suffix runs that variant's engine with the batch-1 row fusion off
+# (``LlamaModel.ROW_FUSION``): the previous design, as a baseline in the same run.
+UNFUSED = "-unfused"
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 ROWS = (1, 2, 4, 8, 16, 64, 128, 256, 320)
 _LINEARS = [f"self_attn.{n}_proj" for n in "qkvo"] + [f"mlp.{n}_proj" for n in ("gate", "up", "down")]
@@ -248,18 +251,23 @@ def run_variant(
     variant: str, model_dir: str, args: argparse.Namespace, check: list[list[int]], work: Any
 ) -> dict[str, Any]:
     from omni_gateway.engine import LLM, SamplingParams
+    from omni_gateway.engine.models.llama import LlamaModel
 
     t0 = time.perf_counter()
-    llm = LLM(
-        model_dir,
-        device=args.device,
-        dtype="bfloat16",
-        max_num_seqs=args.seqs,
-        max_model_len=2048,
-        max_num_batched_tokens=args.batched_tokens,
-        gpu_memory_utilization=0.9,
-        **_engine_args(variant),
-    )
+    LlamaModel.ROW_FUSION = not variant.endswith(UNFUSED)
+    try:
+        llm = LLM(
+            model_dir,
+            device=args.device,
+            dtype="bfloat16",
+            max_num_seqs=args.seqs,
+            max_model_len=2048,
+            max_num_batched_tokens=args.batched_tokens,
+            gpu_memory_utilization=0.9,
+            **_engine_args(variant.removesuffix(UNFUSED)),
+        )
+    finally:
+        LlamaModel.ROW_FUSION = True
     report: dict[str, Any] = dict(variant=variant, load_s=time.perf_counter() - t0)
     report["accuracy_runs"] = accuracy(llm, check, args.check_tokens)
     if not args.quick:
@@ -290,7 +298,7 @@ def engine_bench(log: ResultLog, args: argparse.Namespace) -> bool:
     cfg = shape_config("llama-3.1-8b")
     if args.quick:
         cfg.num_hidden_layers = 2
-    variants = [v for v in args.variants if v in VARIANTS]
+    variants = [v for v in args.variants if v.removesuffix(UNFUSED) in VARIANTS]
     if variants[0] != "bf16":
         variants = ["bf16", *[v for v in variants if v != "bf16"]]
     work = make_workload(args.seqs, 100, 1024, args.seed)
@@ -298,15 +306,15 @@ def engine_bench(log: ResultLog, args: argparse.Namespace) -> bool:
     check = [[rng.randint(2, 10000) for _ in range(rng.randint(16, 200))] for _ in range(args.check_prompts)]
     ok = True
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        dirs = write_checkpoints(cfg, Path(tmp), set(variants), args.seed)
+        dirs = write_checkpoints(cfg, Path(tmp), {v.removesuffix(UNFUSED) for v in variants}, args.seed)
         reports: dict[str, dict[str, Any]] = {}
         for variant in variants:
-            report = run_variant(variant, dirs[variant], args, check, work)
+            report = run_variant(variant, dirs[variant.removesuffix(UNFUSED)], args, check, work)
             runs = report.pop("accuracy_runs")
             if variant == "bf16":
                 reference = runs
             report.update(compare(runs, reference))
-            base = reports.get("bf16", report)
+            base = reports.get("bf16-unfused" if variant.endswith(UNFUSED) else "bf16", report)
             for key, better in (("b1_ms_per_token", "lower"), ("workload_tok_s", "higher")):
                 if key in report and key in base:
                     report[key + "_vs_bf16"] = base[key] / report[key] if better == "lower" else report[key] / base[key]
@@ -339,7 +347,12 @@ def _summary(reports: dict[str, dict[str, Any]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="correctness only: kernels and a 2-layer engine")
-    parser.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS), help=",".join(VARIANTS))
+    parser.add_argument(
+        "--variants",
+        type=lambda s: s.split(","),
+        default=list(VARIANTS),
+        help=",".join(VARIANTS) + f"; a {UNFUSED} suffix runs one without the batch-1 row fusion",
+    )
     parser.add_argument(
         "--workload-variants",
         type=lambda s: s.split(","),

@@ -30,6 +30,9 @@ class KernelOps:
     silu_and_mul: Callable[..., torch.Tensor]
     greedy_argmax: Callable[..., torch.Tensor]
     linear: Callable[..., torch.Tensor]
+    # One row with the batch-1 decode fusions (kernels/row_fusion.py); None where the backend keeps
+    # the separate norm, residual-add and activation calls.
+    row_linear: Callable[..., torch.Tensor] | None
 
 
 # Where the Triton twin of each kernel lives.
@@ -42,6 +45,7 @@ _TRITON_MODULES = {
     "silu_and_mul": "omni_gateway.kernels.activation",
     "greedy_argmax": "omni_gateway.kernels.argmax",
     "linear": "omni_gateway.kernels.gemv",
+    "row_linear": "omni_gateway.kernels.gemv",
 }
 
 
@@ -57,6 +61,9 @@ def select_kernels(backend: str, device: torch.device) -> KernelOps:
         funcs = {name: getattr(importlib.import_module(module), name) for name, module in _TRITON_MODULES.items()}
     else:
         funcs = {name: getattr(reference, name) for name in _TRITON_MODULES}
+        # The torch backend runs each layer op by op, as HF does: its numerics stay HF's step for step,
+        # and on the CPU a fused row saves no launches.
+        funcs["row_linear"] = None
     return KernelOps(name=backend, **funcs)
 
 

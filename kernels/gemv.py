@@ -1,5 +1,6 @@
 """Triton linear layer for one row: ``x @ weight.T (+ bias)`` (same signature as
-``kernels.reference.linear``); more rows go to cuBLAS.
+``kernels.reference.linear``); more rows go to cuBLAS. ``row_linear`` is the same kernel with the
+batch-1 decode fusions of kernels/row_fusion.py.
 
 At batch 1 a linear layer streams its weight once and does two FLOPs per weight element, so all
 that matters is how many weight bytes are in flight. Each program owns ``block_n`` output features
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from omni_gateway.kernels.row_fusion import RowFusion, gated_block, row_columns, row_epilogue
 from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_same_dtype, check_tensor
 
 
@@ -53,37 +55,69 @@ def _gemv_kernel(
     x_ptr,
     w_ptr,
     bias_ptr,
+    norm_ptr,
+    res_ptr,
     out_ptr,
     N,
     K,
+    eps,
     HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    GATED: tl.constexpr,
     EVEN: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
 ):
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
+    pid = tl.program_id(0)
+    cols, col_ok = row_columns(pid, N, GATED, BLOCK_N)
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
     # Elementwise FMAs into a [block_n, block_k] accumulator, summed once at the end: the loop holds
     # loads and FMAs only, no cross-lane reduction.
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    squares = tl.zeros([BLOCK_K], tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         ks = k0 + tl.arange(0, BLOCK_K)
         if EVEN:
             w = tl.load(w_rows + ks[None, :], eviction_policy="evict_first")
-            x = tl.load(x_ptr + ks)
+            x = tl.load(x_ptr + ks).to(tl.float32)
+            if NORM:
+                gamma = tl.load(norm_ptr + ks).to(tl.float32)
         else:
             k_ok = ks < K
             w = tl.load(
                 w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0, eviction_policy="evict_first"
             )
-            x = tl.load(x_ptr + ks, mask=k_ok, other=0.0)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-    out = tl.sum(acc, 1)
-    if HAS_BIAS:
-        out += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + cols, out.to(out_ptr.dtype.element_ty), mask=col_ok)
+            x = tl.load(x_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+            if NORM:
+                gamma = tl.load(norm_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        if NORM:
+            squares += x * x
+            x *= gamma
+        acc += w.to(tl.float32) * x[None, :]
+    inv_rms = 1.0
+    if NORM:
+        inv_rms = tl.rsqrt(tl.sum(squares, 0) / K + eps)
+    row_epilogue(
+        tl.sum(acc, 1),
+        inv_rms,
+        pid,
+        cols,
+        col_ok,
+        N,
+        x_ptr,
+        bias_ptr,
+        bias_ptr,
+        res_ptr,
+        out_ptr,
+        HAS_SCALE=False,
+        HAS_BIAS=HAS_BIAS,
+        NORM=NORM,
+        RESIDUAL=RESIDUAL,
+        GATED=GATED,
+        BLOCK_N=BLOCK_N,
+    )
 
 
 def linear(
@@ -93,6 +127,23 @@ def linear(
     kernel, more rows ``F.linear`` (which checks its own arguments). Returns ``[M, N]`` in x's dtype."""
     if x.dim() == 2 and x.shape[0] != 1:
         return F.linear(x, weight, bias)
+    return row_linear(x, weight, bias, config=config)
+
+
+def row_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+    out_dtype: torch.dtype | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """One row of ``x @ weight.T (+ bias)`` with the fusions of kernels/row_fusion.py: x ``[1, K]``,
+    weight ``[N, K]``; returns ``[1, N]`` (``[1, N / 2]`` gated) in ``out_dtype`` (default x's)."""
     check_tensor("weight", weight, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES, device=weight.device, contiguous=False)
     check_same_dtype(weight.dtype, x=x)
@@ -101,21 +152,31 @@ def linear(
     if bias is not None:
         check_tensor("bias", bias, ndim=1, dtypes=FLOAT_DTYPES, device=x.device)
         check_dim("bias", bias.shape[0], n, "out_features (weight.shape[0])")
+    fusion = RowFusion.of(
+        x, n, k, norm_weight=norm_weight, eps=eps, residual=residual, gated=gated, out_dtype=out_dtype
+    )
     if x.stride(1) != 1:
         x = x.contiguous()
     config = config or default_gemv_config(n)
-    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    even = n % config.block_n == 0 and k % config.block_k == 0
-    _gemv_kernel[(triton.cdiv(n, config.block_n),)](
+    block_n = gated_block(config.block_n) if gated else config.block_n
+    out = torch.empty(1, fusion.features, dtype=fusion.out_dtype, device=x.device)
+    even = n % block_n == 0 and k % config.block_k == 0
+    _gemv_kernel[(triton.cdiv(fusion.features, block_n // 2 if gated else block_n),)](
         x,
         weight,
         weight if bias is None else bias,
+        x if norm_weight is None else norm_weight,
+        x if residual is None else residual,
         out,
         n,
         k,
+        eps,
         HAS_BIAS=bias is not None,
+        NORM=norm_weight is not None,
+        RESIDUAL=residual is not None,
+        GATED=gated,
         EVEN=even,
-        BLOCK_N=config.block_n,
+        BLOCK_N=block_n,
         BLOCK_K=config.block_k,
         STAGES=config.stages,
         num_warps=config.num_warps,

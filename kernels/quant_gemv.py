@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 from omni_gateway.kernels.quant_tuning import FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig
+from omni_gateway.kernels.row_fusion import RowFusion, gated_block, row_columns, row_epilogue
 
 # Split-K counters, one set per device (a launch needing more runs unsplit). Launches on one device take
 # them in stream order, so split launches must not overlap on two streams at once; the engine runs its
@@ -156,11 +157,14 @@ def _gemv_kernel(
     out_ptr,
     part_ptr,
     lock_ptr,
+    norm_ptr,
+    res_ptr,
     M,
     N,
     K,
     stride_xm,
     k_per_split,
+    eps,
     FORMAT: tl.constexpr,
     GROUP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -173,11 +177,14 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
+    ROW_FUSED: tl.constexpr,
+    NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    GATED: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
+    cols, col_ok = row_columns(pid_n, N, GATED, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     k_lo = pid_k * k_per_split
@@ -219,12 +226,15 @@ def _gemv_kernel(
             # block_n divides 128: every feature of the program shares this row of block scales.
             s_row = s_ptr + (pid_n * BLOCK_N // GROUP) * tl.cdiv(K, GROUP)
         acc2 = tl.zeros([BLOCK_N, SUB], tl.float32)
+        squares = tl.zeros([SUB], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
             for u in tl.static_range(BLOCK_K // SUB):
                 ks = k0 + u * SUB + tl.arange(0, SUB)
                 if EVEN:
                     w = tl.load(w_rows + ks[None, :], eviction_policy="evict_first")
                     x = tl.load(x_ptr + ks).to(tl.float32)
+                    if NORM:
+                        gamma = tl.load(norm_ptr + ks).to(tl.float32)
                 else:
                     w = tl.load(
                         w_rows + ks[None, :],
@@ -233,12 +243,40 @@ def _gemv_kernel(
                         eviction_policy="evict_first",
                     )
                     x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+                    if NORM:
+                        gamma = tl.load(norm_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+                if NORM:
+                    squares += x * x
+                    x *= gamma
                 if FORMAT == 1:
                     # One block scale for the whole sub-tile (clamped: a ragged tail's weights are masked).
                     x *= tl.load(s_row + tl.minimum((k0 + u * SUB) // GROUP, tl.cdiv(K, GROUP) - 1))
                 acc2 += w.to(tl.float32) * x[None, :]
         acc = tl.sum(acc2, 1)[None, :]
-    if SPLIT:
+    if ROW_FUSED:
+        inv_rms = 1.0
+        if NORM:
+            inv_rms = tl.rsqrt(tl.sum(squares, 0) / K + eps)
+        row_epilogue(
+            tl.sum(acc, 0),
+            inv_rms,
+            pid_n,
+            cols,
+            col_ok,
+            N,
+            x_ptr,
+            s_ptr,
+            bias_ptr,
+            res_ptr,
+            out_ptr,
+            HAS_SCALE=FORMAT == 0,
+            HAS_BIAS=HAS_BIAS,
+            NORM=NORM,
+            RESIDUAL=RESIDUAL,
+            GATED=GATED,
+            BLOCK_N=BLOCK_N,
+        )
+    elif SPLIT:
         mask = row_ok[:, None] & col_ok[None, :]
         parts = part_ptr + (rows.to(tl.int64)[:, None] * N + cols[None, :])
         tl.store(parts + pid_k * M * N, acc, mask=mask)
@@ -284,17 +322,26 @@ def launch_gemv(
     config: QuantLinearConfig,
     *,
     dot_fp32: bool,
+    fusion: RowFusion | None = None,
 ) -> torch.Tensor:
-    """``[M, N]`` output for 1..MAX_GEMV_ROWS rows of ``x`` (validated by the caller)."""
+    """``[M, N]`` output for 1..MAX_GEMV_ROWS rows of ``x`` (validated by the caller); with ``fusion``
+    one row of per-channel FP8 and the fused operands of kernels/row_fusion.py (validated too)."""
     block_n, block_k, split_k = config.block_n, config.block_k, config.split_k
     m = x.shape[0]
     use_dot = m > 1
     if use_dot and block_n < 16:
         raise ValueError(f"QuantLinearConfig.block_n: {m} rows run tl.dot, which needs >= 16, got {block_n}")
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    features, out_dtype = n, x.dtype
+    if fusion is not None:
+        assert fmt == FP8_CHANNEL and m == 1, "row fusion runs one row of per-channel FP8"
+        features, out_dtype = fusion.features, fusion.out_dtype
+        split_k = 1  # the norm and the epilogue need the whole reduction in one program
+        if fusion.gated:
+            block_n = gated_block(block_n)
+    out = torch.empty(m, features, dtype=out_dtype, device=x.device)
     # int4 and per-block FP8 walk sub-tiles that each lie inside one scale group.
     sub = block_k if fmt == FP8_CHANNEL else min(block_k, group)
-    grid_n = triton.cdiv(n, block_n)
+    grid_n = triton.cdiv(features, block_n // 2 if fusion is not None and fusion.gated else block_n)
     # Splits are whole steps (and whole groups for int4), so every split but the last is full.
     step = max(block_k, group) if fmt == INT4_GROUPED else block_k
     split_k = max(1, min(split_k, triton.cdiv(k, step)))
@@ -306,6 +353,8 @@ def launch_gemv(
     parts = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if split_k > 1 else out
     even = n % block_n == 0 and k % block_k == 0 and k_per_split % block_k == 0
     w = weight.view(torch.int32) if fmt == INT4_GROUPED and not use_dot else weight
+    norm_weight = None if fusion is None else fusion.norm_weight
+    residual = None if fusion is None else fusion.residual
     _gemv_kernel[(grid_n, split_k)](
         x,
         w,
@@ -315,11 +364,14 @@ def launch_gemv(
         out,
         parts,
         out if locks is None else locks,
+        x if norm_weight is None else norm_weight,
+        x if residual is None else residual,
         m,
         n,
         k,
         x.stride(0),
         k_per_split,
+        0.0 if fusion is None else fusion.eps,
         FORMAT=fmt,
         GROUP=group,
         HAS_BIAS=bias is not None,
@@ -332,6 +384,10 @@ def launch_gemv(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         STAGES=config.stages,
+        ROW_FUSED=fusion is not None,
+        NORM=norm_weight is not None,
+        RESIDUAL=residual is not None,
+        GATED=fusion is not None and fusion.gated,
         num_warps=config.num_warps,
     )
     return out

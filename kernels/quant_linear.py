@@ -23,13 +23,14 @@ from omni_gateway.kernels.quant_gemm import (
 from omni_gateway.kernels.quant_gemv import launch_gemv, prepare_device
 from omni_gateway.kernels.quant_reference import FP8_BLOCK, FP8_DTYPE
 from omni_gateway.kernels.quant_tuning import FP8_BLOCKWISE, FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig, tuned_config
+from omni_gateway.kernels.row_fusion import RowFusion
 from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_tensor, interpreting
 
 # Up to this many rows the Triton GEMM de-quantizes tiles in registers; above, one de-quantize pass and
 # cuBLAS win (kernels/quant_gemm.py).
 DEQUANT_GEMM_MAX_ROWS = 64
 
-__all__ = ["GemmConfig", "QuantLinearConfig", "fp8_linear", "int4_linear", "prepare_device"]
+__all__ = ["GemmConfig", "QuantLinearConfig", "fp8_linear", "fp8_row_linear", "int4_linear", "prepare_device"]
 
 
 def _check_x(x: torch.Tensor, weight: torch.Tensor, k: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:
@@ -97,6 +98,37 @@ def fp8_linear(
         fmt = FP8_BLOCKWISE
     x = _check_x(x, weight, k, n, bias)
     return _run(x, weight, scale, scale, bias, n, k, fmt, FP8_BLOCK, config, gemm_config)
+
+
+def fp8_row_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+    out_dtype: torch.dtype | None = None,
+    config: QuantLinearConfig | None = None,
+) -> torch.Tensor:
+    """One row of ``fp8_linear`` with per-channel scales and the batch-1 decode fusions of
+    kernels/row_fusion.py; returns ``[1, N]`` (``[1, N / 2]`` gated) in ``out_dtype`` (default x's)."""
+    check_tensor("weight", weight, ndim=2, dtypes=(FP8_DTYPE,))
+    n, k = weight.shape
+    if scale.dim() != 1:
+        raise ValueError(f"scale: row fusion takes per-channel scales [{n}], got shape {tuple(scale.shape)}")
+    check_tensor("scale", scale, ndim=1, dtypes=(torch.float32,), device=weight.device)
+    check_dim("scale", scale.shape[0], n, "out_features (per-channel scale)")
+    x = _check_x(x, weight, k, n, bias)
+    fusion = RowFusion.of(
+        x, n, k, norm_weight=norm_weight, eps=eps, residual=residual, gated=gated, out_dtype=out_dtype
+    )
+    config = config or tuned_config(FP8_CHANNEL, 1, n, k)
+    return launch_gemv(
+        x, weight, scale, scale, bias, n, k, FP8_CHANNEL, FP8_BLOCK, config, dot_fp32=False, fusion=fusion
+    )
 
 
 def int4_linear(

@@ -228,3 +228,30 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T (+ bias)``: x ``[M, K]``, weight ``[N, K]``, bias ``[N]``; ``[M, N]`` in x's dtype."""
     return F.linear(x, weight, bias)
+
+
+def row_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """A linear with the batch-1 decode fusions (kernels/row_fusion.py), in float32 where the kernels
+    accumulate: ``rms_norm(x) @ weight.T (+ bias)`` with the normalized input unrounded, then
+    ``+ residual`` or ``silu(gate) * up`` over the output's halves, each rounded to x's dtype."""
+    act = x.dtype
+    xf = x.float()
+    if norm_weight is not None:
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
+    out = F.linear(xf, weight.float(), None if bias is None else bias.float()).to(act)
+    if residual is not None:
+        out = (out.float() + residual.float()).to(act)
+    if gated:
+        gate, up = out.float().chunk(2, dim=-1)
+        out = (F.silu(gate) * up).to(act)
+    return out.to(out_dtype or act)

@@ -117,13 +117,15 @@ def onednn_prepacks(device: torch.device, dtype: torch.dtype) -> bool:
 @dataclass(frozen=True, slots=True)
 class Linear:
     """``x @ weight.T + bias`` through ``kernel`` (the backend's ``linear``); inputs of at least
-    ``packed_rows`` rows use ``packed``, the oneDNN copy, instead."""
+    ``packed_rows`` rows use ``packed``, the oneDNN copy, instead. ``row`` is the one-row kernel with
+    the batch-1 decode fusions (kernels/row_fusion.py), None where the weight's format has none."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
     kernel: Callable[..., torch.Tensor]
     packed: torch.Tensor | None = None
     packed_rows: int = 1
+    row: Callable[..., torch.Tensor] | None = None
 
     @classmethod
     def build(
@@ -134,16 +136,24 @@ class Linear:
         *,
         prepack: bool,
         packed_rows: int = 1,
+        row: Callable[..., torch.Tensor] | None = None,
     ) -> Linear:
-        if not isinstance(weight, torch.Tensor):  # a quantized weight (engine/quant) brings its own kernel
-            return cls(weight, bias, weight.kernel())
+        if not isinstance(weight, torch.Tensor):  # a quantized weight (engine/quant) brings its own kernels
+            row_kernel = getattr(weight, "row_kernel", None)
+            return cls(weight, bias, weight.kernel(), row=row_kernel() if row_kernel is not None else None)
         packed = torch.ops.mkldnn._reorder_linear_weight(weight) if prepack else None
-        return cls(weight, bias, kernel, packed, packed_rows)
+        return cls(weight, bias, kernel, packed, packed_rows, None if prepack else row)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.shape[0] >= self.packed_rows:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return self.kernel(x, self.weight, self.bias)
+
+    def fused(self, x: torch.Tensor, **fusion: Any) -> torch.Tensor:
+        """One row through ``row`` with ``fusion`` (``norm_weight``/``eps``, ``residual``, ``gated``,
+        ``out_dtype``)."""
+        assert self.row is not None, "this linear has no fused one-row kernel"
+        return self.row(x, self.weight, self.bias, **fusion)
 
 
 @dataclass(slots=True)
@@ -169,6 +179,9 @@ class LlamaModel:
     """
 
     uses_mrope = False  # positions are one index per token; M-RoPE models override this
+    # Batch-1 decode steps run their layers through the fused one-row kernels where every linear has
+    # one (``_decode_row``). Benchmarks clear this to time the unfused design.
+    ROW_FUSION = True
 
     def __init__(
         self,
@@ -220,13 +233,15 @@ class LlamaModel:
                 return parts
             return torch.cat([p.dequantize() if isinstance(p, QuantizedWeight) else p for p in parts]).contiguous()
 
-        prepack = onednn_prepacks(device, dtype)
+        # The Triton backend (CUDA, or its CPU interpreter in tests) lays weights out as CUDA does.
+        triton_ops = ops.name == "triton"
+        prepack = onednn_prepacks(device, dtype) and not triton_ops
 
         def linear(weight: Any, bias: torch.Tensor | None = None, packed_rows: int = 2) -> Linear | QuantizedLinear:
             assert weight is not None
             if isinstance(weight, (QuantizedWeight, list)):
                 return QuantizedLinear.build(weight if isinstance(weight, list) else [weight], bias)
-            return Linear.build(weight, bias, ops.linear, prepack=prepack, packed_rows=packed_rows)
+            return Linear.build(weight, bias, ops.linear, prepack=prepack, packed_rows=packed_rows, row=ops.row_linear)
 
         self.embed = w("model.embed_tokens.weight")
         self.lm_head = linear(self.embed if s.tie_embeddings else w("lm_head.weight"), None, packed_rows=1)
@@ -237,6 +252,7 @@ class LlamaModel:
         # instead of two); MLP biases take the merged path.
         merge_mlp = (
             device.type == "cuda"
+            or triton_ops
             or (quantized and isinstance(weights.get("model.layers.0.mlp.gate_proj.weight"), QuantizedWeight))
             or any(k.endswith("mlp.gate_proj.bias") for k in weights)
         )
@@ -266,6 +282,15 @@ class LlamaModel:
             device
         )
         self.fused_cpu_layers = cpu_layers.runs_fused(self)
+        self.row_fusion = self.ROW_FUSION and self._fuses_rows()
+
+    def _fuses_rows(self) -> bool:
+        if self.parallel.is_parallel or self.fused_cpu_layers:
+            return False  # sharded outputs are summed before the residual add; the CPU path fuses its own
+        linears: list[Any] = [self.lm_head]
+        for layer in self.layers:
+            linears += [layer.qkv, layer.o, layer.gate_up, layer.down]
+        return all(isinstance(lin, Linear) and lin.row is not None for lin in linears)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed, QuantizedWeight):
@@ -305,6 +330,8 @@ class LlamaModel:
         """The decoder layers over input embeddings ``[T, hidden]``; see ``forward``."""
         if self.fused_cpu_layers:
             return cpu_layers.decode_layers(self, hidden, positions, meta, kv_caches, rotary_table)
+        if self.row_fusion and hidden.shape[0] == 1:
+            return self._decode_row(hidden, positions, meta, kv_caches, rotary_table)
         ops, eps, all_reduce = self.ops, self.shape.rms_norm_eps, self.parallel.all_reduce
         residual: torch.Tensor | None = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
@@ -323,6 +350,28 @@ class LlamaModel:
             hidden = all_reduce(layer.down(act))
         assert residual is not None
         return hidden + residual
+
+    def _decode_row(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        rotary_table: torch.Tensor,
+    ) -> torch.Tensor:
+        """``decode_layers`` for one token: ``hidden`` is the residual stream throughout. Each norm runs
+        inside the linear that reads it, the o and down projections add the residual as they write, and
+        the gate/up projection writes the MLP's activation: four linears and the attention per layer."""
+        eps = self.shape.rms_norm_eps
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            assert isinstance(layer.qkv, Linear) and isinstance(layer.o, Linear)
+            assert isinstance(layer.gate_up, Linear) and isinstance(layer.down, Linear)
+            qkv = layer.qkv.fused(hidden, norm_weight=layer.input_norm, eps=eps)
+            attn = self._attention(layer, qkv, positions, meta, k_cache, v_cache, rotary_table)
+            hidden = layer.o.fused(attn, residual=hidden)
+            act = layer.gate_up.fused(hidden, norm_weight=layer.post_norm, eps=eps, gated=True)
+            hidden = layer.down.fused(act, residual=hidden)
+        return hidden
 
     def _attention(
         self,
@@ -350,6 +399,11 @@ class LlamaModel:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[N, vocab]`` for already-selected rows of ``forward``'s output (every
         rank gets them all under tensor parallel; rank 0 samples)."""
+        if self.row_fusion and hidden.shape[0] == 1:
+            assert isinstance(self.lm_head, Linear)
+            return self.lm_head.fused(
+                hidden, norm_weight=self.final_norm, eps=self.shape.rms_norm_eps, out_dtype=torch.float32
+            )
         normed = self.ops.rms_norm(hidden, self.final_norm, self.shape.rms_norm_eps)
         if not self.parallel.is_parallel:
             return self.lm_head(normed).float()

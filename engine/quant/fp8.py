@@ -77,6 +77,18 @@ class Fp8Weight:
 
         return run
 
+    def row_kernel(self) -> Callable[..., torch.Tensor] | None:
+        """``f(x, this weight, bias, **fusion)``: one row with the batch-1 decode fusions
+        (kernels/row_fusion.py); per-channel scales on CUDA only."""
+        if self.scale.dim() != 1 or self.weight.device.type != "cuda":
+            return None
+        fn = kernel_module(self.weight.device).fp8_row_linear
+
+        def run(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, **fusion: Any) -> torch.Tensor:
+            return fn(x, w.weight, w.scale, bias, **fusion)  # type: ignore[no-any-return]
+
+        return run
+
 
 @dataclass(frozen=True, slots=True)
 class Fp8Pending:

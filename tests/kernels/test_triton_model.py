@@ -3,6 +3,7 @@ next to decodes."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -15,18 +16,22 @@ from benchmarks.checkpoints import save_tiny_checkpoint
 from tests.engine.runner_driver import RunnerDriver, greedy_seq, hf_greedy
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
-def test_triton_runner_matches_hf(kind: str, device: torch.device, tmp_path: Path) -> None:
-    hf = save_tiny_checkpoint(kind, tmp_path)
+def _triton_runner(directory: Path, device: torch.device) -> ModelRunner:
     config = EngineConfig(
-        model=str(tmp_path),
+        model=str(directory),
         device=str(device),
         dtype="float32",
         attention_backend="triton",
         num_kv_blocks=32,
         enforce_eager=True,
     )
-    runner = ModelRunner(config, load_model(config))
+    return ModelRunner(config, load_model(config))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_triton_runner_matches_hf(kind: str, device: torch.device, tmp_path: Path) -> None:
+    hf = save_tiny_checkpoint(kind, tmp_path)
+    runner = _triton_runner(tmp_path, device)
     assert runner.ops.name == "triton"
     gen = torch.Generator().manual_seed(7)
     prompts = [torch.randint(2, 300, (n,), generator=gen).tolist() for n in (7, 30, 12)]
@@ -34,3 +39,44 @@ def test_triton_runner_matches_hf(kind: str, device: torch.device, tmp_path: Pat
     got = RunnerDriver(runner).generate([greedy_seq(p, str(i)) for i, p in enumerate(prompts)], 5, chunk=16)
     for prompt, tokens in zip(prompts, got):
         assert tokens == hf_greedy(hf, prompt, 5)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_one_row_decode_runs_fused_and_matches_hf(
+    kind: str, device: torch.device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone sequence decodes through the fused one-row kernels (the norms inside the linears, the
+    residual adds and the gated activation in their epilogues) and still follows HF greedily."""
+    hf = save_tiny_checkpoint(kind, tmp_path)
+    runner = _triton_runner(tmp_path, device)
+    model = runner.model
+    assert model.row_fusion
+    fused_rows: list[int] = []
+    row = model.lm_head.row
+    assert row is not None
+
+    def counting(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        fused_rows.append(x.shape[0])
+        return row(x, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(model, "lm_head", dataclasses.replace(model.lm_head, row=counting))
+    prompt = torch.randint(2, 300, (9,), generator=torch.Generator().manual_seed(5)).tolist()
+    assert RunnerDriver(runner).generate([greedy_seq(prompt)], 6) == [hf_greedy(hf, prompt, 6)]
+    assert fused_rows == [1] * 6  # the prompt's last row and every decode step's
+
+
+def test_fused_and_unfused_one_row_steps_agree(device: torch.device, tmp_path: Path) -> None:
+    save_tiny_checkpoint("llama", tmp_path)
+    model = _triton_runner(tmp_path, device).model
+    hidden = torch.randn(1, model.shape.hidden_size, generator=torch.Generator().manual_seed(2)).to(device)
+    fused = model.compute_logits(hidden)
+    model.row_fusion = False
+    unfused = model.compute_logits(hidden)
+    assert fused.dtype == unfused.dtype == torch.float32
+    torch.testing.assert_close(fused, unfused, rtol=1e-5, atol=1e-5)
+
+
+def test_torch_backend_and_tensor_parallel_layers_keep_the_unfused_path(tmp_path: Path) -> None:
+    save_tiny_checkpoint("llama", tmp_path)
+    config = EngineConfig(model=str(tmp_path), device="cpu", dtype="float32", attention_backend="torch")
+    assert not ModelRunner(config, load_model(config)).model.row_fusion

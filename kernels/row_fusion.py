@@ -1,0 +1,134 @@
+"""What a one-row linear does around its product at batch-1 decode, so a decoder layer needs no
+separate norm, residual-add or activation launch (each is a pass over one row that costs a launch
+and a gap, about 2.5 us on Hopper, 97 of them per token in an 8B model):
+
+- ``norm_weight``: the input is the un-normalized residual stream ``x``; the product runs over
+  ``norm_weight * x`` and is scaled by ``rsqrt(mean(x^2) + eps)`` at the end (RMSNorm is a per-row
+  scalar, so every program sums ``x^2`` over the reduction it walks anyway and needs no prologue);
+- ``residual``: the output, rounded to the activation dtype, adds the residual row (the layer's
+  o and down projections write the next residual stream directly);
+- ``gated``: the weight stacks gate and up rows (``[2I, K]``); each program owns matching gate and
+  up features and writes ``silu(gate) * up`` (``[1, I]``);
+- ``out_dtype``: float32 logits straight from the LM head (rounded to the activation dtype first,
+  as ``.float()`` of the unfused output would be).
+
+Rounding follows the unfused kernels except for the norm, whose normalized input is never rounded
+to the activation dtype: the fused product is the more precise one. ``kernels.reference.row_linear``
+is the twin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_tensor
+
+
+@triton.jit
+def row_columns(pid, N, GATED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The weight rows a program reads and which of them exist. Gated: the first half of the block
+    are gate rows ``f``, the second half the up rows ``I + f`` of the same features ``f``."""
+    if GATED:
+        r = tl.arange(0, BLOCK_N)
+        feats = pid * (BLOCK_N // 2) + r % (BLOCK_N // 2)
+        cols = feats + (r // (BLOCK_N // 2)) * (N // 2)
+        col_ok = feats < N // 2
+    else:
+        cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+    return cols, col_ok
+
+
+@triton.jit
+def row_epilogue(
+    acc,
+    inv_rms,
+    pid,
+    cols,
+    col_ok,
+    N,
+    x_ptr,
+    scale_ptr,
+    bias_ptr,
+    res_ptr,
+    out_ptr,
+    HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    GATED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Stores one program's outputs from ``acc`` (float32 ``[BLOCK_N]``, the product over its rows)."""
+    act = x_ptr.dtype.element_ty
+    out = acc
+    if NORM:
+        out *= inv_rms
+    if HAS_SCALE:
+        out *= tl.load(scale_ptr + cols, mask=col_ok, other=0.0)
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    out = out.to(act).to(tl.float32)
+    if RESIDUAL:
+        out = (out + tl.load(res_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)).to(act).to(tl.float32)
+    if GATED:
+        gate, up = tl.split(tl.trans(tl.reshape(out, (2, BLOCK_N // 2))))
+        feats = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        out = (gate / (1.0 + tl.exp(-gate)) * up).to(act)
+        tl.store(out_ptr + feats, out.to(out_ptr.dtype.element_ty), mask=feats < N // 2)
+    else:
+        tl.store(out_ptr + cols, out.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+@dataclass(frozen=True, slots=True)
+class RowFusion:
+    """The validated fused operands of one call: see the module docstring. ``features`` and
+    ``out_dtype`` describe the output row."""
+
+    norm_weight: torch.Tensor | None
+    eps: float
+    residual: torch.Tensor | None
+    gated: bool
+    features: int
+    out_dtype: torch.dtype
+
+    @classmethod
+    def of(
+        cls,
+        x: torch.Tensor,
+        n: int,
+        k: int,
+        *,
+        norm_weight: torch.Tensor | None,
+        eps: float,
+        residual: torch.Tensor | None,
+        gated: bool,
+        out_dtype: torch.dtype | None,
+    ) -> RowFusion:
+        """Checks the operands against ``x`` (``[1, k]``) and an ``[n, k]`` weight."""
+        if x.shape[0] != 1:
+            raise ValueError(f"x: a fused row linear takes one row, got shape {tuple(x.shape)}")
+        if norm_weight is not None:
+            check_tensor("norm_weight", norm_weight, ndim=1, dtypes=FLOAT_DTYPES, device=x.device)
+            check_dim("norm_weight", norm_weight.shape[0], k, "in_features")
+        if gated and n % 2:
+            raise ValueError(f"gated: expected stacked gate and up rows (an even out_features), got {n}")
+        if gated and residual is not None:
+            raise ValueError("a gated row linear takes no residual: its output is the MLP's activation")
+        features = n // 2 if gated else n
+        if residual is not None:
+            check_tensor("residual", residual, ndim=2, dtypes=(x.dtype,), device=x.device)
+            if tuple(residual.shape) != (1, features):
+                raise ValueError(f"residual: expected shape (1, {features}), got {tuple(residual.shape)}")
+        dtype = out_dtype or x.dtype
+        if dtype not in FLOAT_DTYPES:
+            raise ValueError(f"out_dtype: expected one of {FLOAT_DTYPES}, got {dtype}")
+        return cls(norm_weight, float(eps), residual, gated, features, dtype)
+
+
+def gated_block(block_n: int) -> int:
+    """A gated program holds matching gate and up rows: at least two, an even count."""
+    return max(2, block_n)
