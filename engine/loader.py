@@ -52,14 +52,14 @@ def load_model(config: EngineConfig) -> LoadedModel:
     source: WeightSource | None = None
     if path.is_dir():
         hf_config, weights, tokenizer, extra_eos, source = _load_hf_dir(
-            path, config.tokenizer, config.quantization, sharded=sharded
+            path, config.tokenizer, config.quantization, sharded=sharded, quantize_lm_head=config.quantize_lm_head
         )
         name = path.name
     elif path.suffix == ".gguf":
-        if config.quantization not in (None, "none"):
+        if config.quantization not in (None, "none") or config.quantize_lm_head:
             raise ModelLoadError(
-                f"quantization {config.quantization!r} applies to Hugging Face directories; a GGUF file "
-                "carries its own quantization"
+                f"quantization {config.quantization!r} (or quantize_lm_head) applies to Hugging Face "
+                "directories; a GGUF file carries its own quantization"
             )
         hf_config, weights, tokenizer = _load_gguf(path, config.tokenizer)
         extra_eos = set()
@@ -125,7 +125,12 @@ def _resolve_model_path(model: str) -> Path:
 
 
 def _load_hf_dir(
-    path: Path, tokenizer_path: str | None, quantization: str | None = None, *, sharded: bool = False
+    path: Path,
+    tokenizer_path: str | None,
+    quantization: str | None = None,
+    *,
+    sharded: bool = False,
+    quantize_lm_head: bool = False,
 ) -> tuple[Any, dict[str, torch.Tensor], Any, set[int], WeightSource | None]:
     """Config, weights (none when ``sharded``: the ranks read theirs from the source), tokenizer,
     extra EOS ids and, when ``sharded``, the slice reader of the safetensors files."""
@@ -151,9 +156,10 @@ def _load_hf_dir(
     multimodal = multimodal_architecture(hf_config) is not None
     weights: dict[str, torch.Tensor] = {}
     if sharded:
-        if method is not None:
+        if method is not None or quantize_lm_head:
             raise ModelLoadError(
-                f"tensor parallel runs unquantized weights only; this checkpoint or flag asks for {method!r}"
+                "tensor parallel runs unquantized weights only; this checkpoint or flag asks for "
+                f"{method or 'an FP8 LM head'!r}"
             )
         try:
             source = SafetensorsSource(files, language_model_weights if multimodal else None)
@@ -172,7 +178,9 @@ def _load_hf_dir(
     tokenizer = _load_tokenizer(tokenizer_path or str(path), None)
     if multimodal:  # the engine runs the language model only
         hf_config, weights = language_model_config(hf_config), language_model_weights(weights)
-    weights = quantize_weights(weights, method, quant_config, int(hf_config.num_hidden_layers))
+    weights = quantize_weights(
+        weights, method, quant_config, int(hf_config.num_hidden_layers), quantize_lm_head=quantize_lm_head
+    )
     return hf_config, weights, tokenizer, _generation_config_eos(path), None
 
 

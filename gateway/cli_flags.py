@@ -218,6 +218,15 @@ def serve_flags() -> tuple[Flag, ...]:
             choices=("fp8", "awq", "gptq", "compressed-tensors", "none"),
         ),
         Flag(
+            "--quantize-lm-head",
+            eng,
+            "quantize_lm_head",
+            "the LM head in FP8 per channel too, with FP8 weights (--quantization fp8 or an FP8 checkpoint); "
+            "by default it stays in the model dtype, as in vLLM",
+            "engine",
+            switch=True,
+        ),
+        Flag(
             "--kv-cache-dtype",
             eng,
             "kv_cache_dtype",

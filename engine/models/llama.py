@@ -244,7 +244,10 @@ class LlamaModel:
             return Linear.build(weight, bias, ops.linear, prepack=prepack, packed_rows=packed_rows, row=ops.row_linear)
 
         self.embed = w("model.embed_tokens.weight")
-        self.lm_head = linear(self.embed if s.tie_embeddings else w("lm_head.weight"), None, packed_rows=1)
+        # A tied head is the embedding, unless the loader quantized a copy of it (``quantize_lm_head``).
+        head = weights.get("lm_head.weight")
+        tied = s.tie_embeddings and (head is None or isinstance(head, (torch.Tensor, QuantizedWeight)))
+        self.lm_head = linear(self.embed if tied else w("lm_head.weight"), None, packed_rows=1)
         self.final_norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         # On the CPU the [2I, H] merged gate/up matmul was no faster than two [I, H] ones (MKL ran it

@@ -31,6 +31,7 @@ from omni_gateway.kernels import quant_reference as qref
 
 SUPPORTED_QUANTIZATION: tuple[str, ...] = tuple(q for q in QUANTIZATION_CHOICES if q != "none")
 
+_FP8_METHODS = ("fp8", "compressed-tensors")
 _LINEARS = tuple(f"self_attn.{n}_proj" for n in "qkvo") + tuple(f"mlp.{n}_proj" for n in ("gate", "up", "down"))
 _AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # nibble holding output 8j + i of an AWQ word
 
@@ -72,11 +73,23 @@ def resolve_quantization(requested: str | None, hf_config: Any) -> str | None:
 
 
 def quantize_weights(
-    weights: dict[str, Any], method: str | None, ckpt: dict[str, Any] | None, num_layers: int
+    weights: dict[str, Any],
+    method: str | None,
+    ckpt: dict[str, Any] | None,
+    num_layers: int,
+    *,
+    quantize_lm_head: bool = False,
 ) -> dict[str, Any]:
     """``weights`` with every decoder linear's tensors replaced by one weight object under its
     ``<prefix>.weight`` name (the other tensors of that linear removed). ``method`` comes from
-    ``resolve_quantization``, ``ckpt`` is the checkpoint's ``quantization_config`` (None: float)."""
+    ``resolve_quantization``, ``ckpt`` is the checkpoint's ``quantization_config`` (None: float).
+    The LM head stays in float unless ``quantize_lm_head`` (FP8 methods only): then an FP8 head in the
+    checkpoint stays FP8, and a float one (or the tied embedding, copied) is quantized per channel."""
+    if quantize_lm_head and method not in _FP8_METHODS:
+        raise ModelLoadError(
+            "quantize_lm_head needs FP8 weights (--quantization fp8 or an FP8 checkpoint); "
+            f"this load uses {method or 'float weights'!r}"
+        )
     if method is None:
         return weights
     if ckpt is None:  # a float checkpoint quantized here
@@ -84,13 +97,16 @@ def quantize_weights(
             name = prefix + ".weight"
             if name in weights:
                 weights[name] = Fp8Pending(weights[name])
-        return weights
-    convert = {"fp8": _fp8, "compressed-tensors": _compressed_tensors, "awq": _awq, "gptq": _gptq}[method]
-    convert(weights, ckpt, num_layers)
+    else:
+        convert = {"fp8": _fp8, "compressed-tensors": _compressed_tensors, "awq": _awq, "gptq": _gptq}[method]
+        convert(weights, ckpt, num_layers)
     head = weights.get("lm_head.weight")
-    if head is not None and head.dtype == qref.FP8_DTYPE:  # the head stays in float: de-quantize it
+    if isinstance(head, torch.Tensor) and head.dtype == qref.FP8_DTYPE:
         _fp8_linear(weights, "lm_head", "weight_scale_inv" if "lm_head.weight_scale_inv" in weights else "weight_scale")
-        weights["lm_head.weight"] = weights["lm_head.weight"].dequantize(torch.bfloat16)
+        if not quantize_lm_head:  # the head stays in float: de-quantize it
+            weights["lm_head.weight"] = weights["lm_head.weight"].dequantize(torch.bfloat16)
+    elif quantize_lm_head:
+        weights["lm_head.weight"] = Fp8Pending(head if head is not None else weights["model.embed_tokens.weight"])
     return weights
 
 

@@ -18,8 +18,9 @@ import torch
 from omni_gateway.engine import LLM, SamplingParams
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import ModelLoadError
+from omni_gateway.engine.quant.fp8 import Fp8Weight
 from omni_gateway.kernels import quant_reference as qref
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from benchmarks.checkpoints import VOCAB, byte_level_tokenizer
 
@@ -182,6 +183,41 @@ def test_quantize_fp8_at_load(tmp_path: Path) -> None:
     assert got != unquantized  # the weights really were rounded to FP8
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_quantize_lm_head_at_load(tmp_path: Path, tied: bool) -> None:
+    """``quantize_lm_head`` rounds the head (or, tied, a copy of the embedding) to FP8 per channel too: the
+    same tokens and logprobs as float32 weights holding those rounded values, and other ones than with
+    only the decoder linears in FP8."""
+    config, tensors = _float_model(seed=3)
+    if tied:
+        config["tie_word_embeddings"] = True
+        del tensors["lm_head.weight"]
+    plain = _save(tmp_path / "float", config, tensors)
+    reference = dict(tensors)
+    for name in [*_linear_names(tensors), "lm_head"]:
+        weight = tensors.get(name + ".weight", tensors["model.embed_tokens.weight"])
+        reference[name + ".weight"] = qref.dequantize_fp8(*qref.quantize_fp8_per_channel(weight))
+    dequantized = _save(tmp_path / "dequantized", {**config, "tie_word_embeddings": False}, reference)
+    got = _run(plain, quantization="fp8", quantize_lm_head=True)
+    expected, float_head = _run(dequantized), _run(plain, quantization="fp8")
+    for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(got, expected):
+        assert tokens == ref_tokens
+        assert torch.allclose(torch.tensor(logprobs), torch.tensor(ref_logprobs), atol=1e-4)
+    assert [lp for _, lp in got] != [lp for _, lp in float_head]
+
+
+def test_a_checkpoints_fp8_head_stays_fp8_only_when_asked(tmp_path: Path) -> None:
+    quantized, _ = _write_pair(tmp_path, "fp8-block")
+    head = Path(quantized) / "model.safetensors"
+    tensors = load_file(str(head))
+    q, scale = qref.quantize_fp8_per_block(tensors["lm_head.weight"])
+    tensors["lm_head.weight"], tensors["lm_head.weight_scale_inv"] = q, scale
+    save_file(tensors, str(head))
+    for asked, kind in ((False, torch.Tensor), (True, Fp8Weight)):
+        llm = LLM(model=quantized, device="cpu", dtype="float32", max_model_len=128, quantize_lm_head=asked)
+        assert isinstance(llm.engine.runner.model.lm_head.weight, kind)
+
+
 def test_quantization_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unsupported quantization 'int3'; supported: fp8, awq, gptq"):
         EngineConfig(quantization="int3")
@@ -191,10 +227,14 @@ def test_quantization_errors_name_the_problem(tmp_path: Path) -> None:
     plain = _save(tmp_path / "float", config, tensors)
     with pytest.raises(ModelLoadError, match="needs a checkpoint quantized with it"):
         LLM(model=plain, device="cpu", quantization="awq")
+    with pytest.raises(ModelLoadError, match="quantize_lm_head needs FP8 weights.*'float weights'"):
+        LLM(model=plain, device="cpu", quantize_lm_head=True)
     bnb = _save(tmp_path / "bnb", {**config, "quantization_config": {"quant_method": "bitsandbytes"}}, tensors)
     with pytest.raises(ModelLoadError, match="unsupported quantization 'bitsandbytes'.*supported: fp8, awq"):
         LLM(model=bnb, device="cpu")
     quantized, _ = _write_pair(tmp_path, "gptq")
+    with pytest.raises(ModelLoadError, match="quantize_lm_head needs FP8 weights.*'gptq'"):
+        LLM(model=quantized, device="cpu", quantize_lm_head=True)
     with pytest.raises(ModelLoadError, match="quantized with 'gptq'; --quantization 'awq'"):
         LLM(model=quantized, device="cpu", quantization="awq")
     config_file = Path(quantized) / "config.json"

@@ -175,6 +175,7 @@ SAMPLES = {
     "--device": "cpu",
     "--dtype": "float16",
     "--quantization": "fp8",
+    "--quantize-lm-head": None,
     "--kv-cache-dtype": "fp8",
     "--max-model-len": "1024",
     "--max-num-seqs": "8",
