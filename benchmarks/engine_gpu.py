@@ -236,9 +236,10 @@ def run_engine(
     """Our engine on the saved checkpoint: the workload (unless --b1-only), HF parity, batch-1 decode."""
     from omni_gateway.engine import LLM, SamplingParams
     from omni_gateway.engine.models.llama import LlamaModel
+    from omni_gateway.kernels import row_fusion
 
     t0 = time.perf_counter()
-    LlamaModel.ROW_FUSION = not args.no_row_fusion
+    LlamaModel.ROW_FUSION = row_fusion.DEPENDENT_LAUNCH = not args.no_row_fusion
     llm = LLM(
         tmp,
         device="cuda",
@@ -522,7 +523,7 @@ def main() -> None:
         "--no-row-fusion",
         action="store_true",
         help="batch-1 steps without the fused one-row linears (the norms, residual adds and SiLU-and-mul as "
-        "separate kernels): the previous design",
+        "separate kernels) and without programmatic dependent launch: the previous design",
     )
     parser.add_argument("--profile-b1", action="store_true", help="print a cProfile of the batch-1 run")
     parser.add_argument(

@@ -10,7 +10,8 @@
    128x128 block, int4 group 128, each with the shipped launch configs. The launch-config sweep
    that produced them is benchmarks/quant_sweep.py.
 2. Engine, 8B shape with random weights (checkpoints written to ``--tmp``, no download): bf16, FP8
-   per channel (``--quantization fp8`` on the bf16 checkpoint), FP8 per block (an ``fp8``
+   per channel (``--quantization fp8`` on the bf16 checkpoint; ``fp8-channel-head`` adds
+   ``--quantize-lm-head``), FP8 per block (an ``fp8``
    checkpoint with ``weight_scale_inv``), int4 (an AWQ checkpoint), and bf16 weights with the FP8 KV
    cache. Per variant: batch-1 decode ms/token (as benchmarks/engine_gpu.py measures it), the
    nano-vllm workload's output tok/s (``--seqs`` sequences, lengths uniform in [100, 1024]), and
@@ -56,10 +57,18 @@ from benchmarks.engine_gpu import (
     word_tokenizer,
 )
 
-VARIANTS = ("bf16", "fp8-channel", "fp8-block", "int4", "fp8-kv")
-# A variant name with this suffix runs that variant's engine with the batch-1 row fusion off
-# (``LlamaModel.ROW_FUSION``): the previous design, as a baseline in the same run.
+VARIANTS = ("bf16", "fp8-channel", "fp8-channel-head", "fp8-block", "int4", "fp8-kv")
+# Suffixes of a variant name that run its engine as an earlier design, a baseline in the same run:
+# without the batch-1 row fusion (``LlamaModel.ROW_FUSION``) and programmatic dependent launch, or
+# without the latter only (kernels/row_fusion.py).
 UNFUSED = "-unfused"
+NO_PDL = "-nopdl"
+
+
+def _base(variant: str) -> str:
+    return variant.removesuffix(UNFUSED).removesuffix(NO_PDL)
+
+
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 ROWS = (1, 2, 4, 8, 16, 64, 128, 256, 320)
 _LINEARS = [f"self_attn.{n}_proj" for n in "qkvo"] + [f"mlp.{n}_proj" for n in ("gate", "up", "down")]
@@ -218,7 +227,11 @@ def write_checkpoints(cfg: Any, root: Path, variants: set[str], seed: int) -> di
 
 
 def _engine_args(variant: str) -> dict[str, Any]:
-    return {"fp8-channel": {"quantization": "fp8"}, "fp8-kv": {"kv_cache_dtype": "fp8"}}.get(variant, {})
+    return {
+        "fp8-channel": {"quantization": "fp8"},
+        "fp8-channel-head": {"quantization": "fp8", "quantize_lm_head": True},
+        "fp8-kv": {"kv_cache_dtype": "fp8"},
+    }.get(variant, {})
 
 
 def accuracy(llm: Any, prompts: list[list[int]], tokens: int) -> list[tuple[list[int], list[float]]]:
@@ -250,24 +263,33 @@ def compare(got: list[tuple[list[int], list[float]]], ref: list[tuple[list[int],
 def run_variant(
     variant: str, model_dir: str, args: argparse.Namespace, check: list[list[int]], work: Any
 ) -> dict[str, Any]:
-    from omni_gateway.engine import LLM, SamplingParams
     from omni_gateway.engine.models.llama import LlamaModel
+    from omni_gateway.kernels import row_fusion
 
     t0 = time.perf_counter()
     LlamaModel.ROW_FUSION = not variant.endswith(UNFUSED)
+    row_fusion.DEPENDENT_LAUNCH = not variant.endswith((UNFUSED, NO_PDL))
     try:
-        llm = LLM(
-            model_dir,
-            device=args.device,
-            dtype="bfloat16",
-            max_num_seqs=args.seqs,
-            max_model_len=2048,
-            max_num_batched_tokens=args.batched_tokens,
-            gpu_memory_utilization=0.9,
-            **_engine_args(variant.removesuffix(UNFUSED)),
-        )
+        return _run_engine(variant, model_dir, args, check, work, t0)
     finally:
-        LlamaModel.ROW_FUSION = True
+        LlamaModel.ROW_FUSION = row_fusion.DEPENDENT_LAUNCH = True
+
+
+def _run_engine(
+    variant: str, model_dir: str, args: argparse.Namespace, check: list[list[int]], work: Any, t0: float
+) -> dict[str, Any]:
+    from omni_gateway.engine import LLM, SamplingParams
+
+    llm = LLM(
+        model_dir,
+        device=args.device,
+        dtype="bfloat16",
+        max_num_seqs=args.seqs,
+        max_model_len=2048,
+        max_num_batched_tokens=args.batched_tokens,
+        gpu_memory_utilization=0.9,
+        **_engine_args(_base(variant)),
+    )
     report: dict[str, Any] = dict(variant=variant, load_s=time.perf_counter() - t0)
     report["accuracy_runs"] = accuracy(llm, check, args.check_tokens)
     if not args.quick:
@@ -298,7 +320,7 @@ def engine_bench(log: ResultLog, args: argparse.Namespace) -> bool:
     cfg = shape_config("llama-3.1-8b")
     if args.quick:
         cfg.num_hidden_layers = 2
-    variants = [v for v in args.variants if v.removesuffix(UNFUSED) in VARIANTS]
+    variants = [v for v in args.variants if _base(v) in VARIANTS]
     if variants[0] != "bf16":
         variants = ["bf16", *[v for v in variants if v != "bf16"]]
     work = make_workload(args.seqs, 100, 1024, args.seed)
@@ -306,15 +328,16 @@ def engine_bench(log: ResultLog, args: argparse.Namespace) -> bool:
     check = [[rng.randint(2, 10000) for _ in range(rng.randint(16, 200))] for _ in range(args.check_prompts)]
     ok = True
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        dirs = write_checkpoints(cfg, Path(tmp), {v.removesuffix(UNFUSED) for v in variants}, args.seed)
+        dirs = write_checkpoints(cfg, Path(tmp), {_base(v) for v in variants}, args.seed)
         reports: dict[str, dict[str, Any]] = {}
         for variant in variants:
-            report = run_variant(variant, dirs[variant.removesuffix(UNFUSED)], args, check, work)
+            report = run_variant(variant, dirs[_base(variant)], args, check, work)
             runs = report.pop("accuracy_runs")
             if variant == "bf16":
                 reference = runs
             report.update(compare(runs, reference))
-            base = reports.get("bf16-unfused" if variant.endswith(UNFUSED) else "bf16", report)
+            suffix = variant.removeprefix(_base(variant))  # the same design's bf16 is the baseline
+            base = reports.get("bf16" + suffix, reports.get("bf16", report))
             for key, better in (("b1_ms_per_token", "lower"), ("workload_tok_s", "higher")):
                 if key in report and key in base:
                     report[key + "_vs_bf16"] = base[key] / report[key] if better == "lower" else report[key] / base[key]
@@ -332,7 +355,7 @@ def _fmt(value: Any) -> str:
 
 
 def _summary(reports: dict[str, dict[str, Any]]) -> None:
-    targets = {"fp8-channel": 1.7, "fp8-block": 1.7, "int4": 2.5}
+    targets = {"fp8-channel": 1.7, "fp8-channel-head": 1.7, "fp8-block": 1.7, "int4": 2.5}
     print("\nvariant        b1 ms/tok  vs bf16  workload tok/s  vs bf16  greedy match  max logprob err")
     for name, r in reports.items():
         target = f" (target {targets[name]}x)" if name in targets else ""
@@ -351,7 +374,8 @@ def main() -> None:
         "--variants",
         type=lambda s: s.split(","),
         default=list(VARIANTS),
-        help=",".join(VARIANTS) + f"; a {UNFUSED} suffix runs one without the batch-1 row fusion",
+        help=",".join(VARIANTS) + f"; suffix {UNFUSED}: without the batch-1 row fusion and dependent launch, "
+        f"{NO_PDL}: without dependent launch",
     )
     parser.add_argument(
         "--workload-variants",

@@ -18,7 +18,14 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from omni_gateway.kernels.row_fusion import RowFusion, gated_block, row_columns, row_epilogue
+from omni_gateway.kernels.row_fusion import (
+    RowFusion,
+    dependent_launch_start,
+    gated_block,
+    pdl,
+    row_columns,
+    row_epilogue,
+)
 from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_same_dtype, check_tensor
 
 
@@ -69,7 +76,9 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    dependent_launch_start(PDL)
     pid = tl.program_id(0)
     cols, col_ok = row_columns(pid, N, GATED, BLOCK_N)
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
@@ -179,6 +188,8 @@ def row_linear(
         BLOCK_N=block_n,
         BLOCK_K=config.block_k,
         STAGES=config.stages,
+        PDL=pdl(x.device),
         num_warps=config.num_warps,
+        launch_pdl=pdl(x.device),
     )
     return out

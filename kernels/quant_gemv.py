@@ -29,7 +29,14 @@ import torch
 import triton
 import triton.language as tl
 from omni_gateway.kernels.quant_tuning import FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig
-from omni_gateway.kernels.row_fusion import RowFusion, gated_block, row_columns, row_epilogue
+from omni_gateway.kernels.row_fusion import (
+    RowFusion,
+    dependent_launch_start,
+    gated_block,
+    pdl,
+    row_columns,
+    row_epilogue,
+)
 
 # Split-K counters, one set per device (a launch needing more runs unsplit). Launches on one device take
 # them in stream order, so split launches must not overlap on two streams at once; the engine runs its
@@ -181,7 +188,9 @@ def _gemv_kernel(
     NORM: tl.constexpr,
     RESIDUAL: tl.constexpr,
     GATED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    dependent_launch_start(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     cols, col_ok = row_columns(pid_n, N, GATED, BLOCK_N)
@@ -353,6 +362,7 @@ def launch_gemv(
     parts = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if split_k > 1 else out
     even = n % block_n == 0 and k % block_k == 0 and k_per_split % block_k == 0
     w = weight.view(torch.int32) if fmt == INT4_GROUPED and not use_dot else weight
+    one_row_pdl = m == 1 and pdl(x.device)  # the batch-1 decode chain (kernels/row_fusion.py)
     norm_weight = None if fusion is None else fusion.norm_weight
     residual = None if fusion is None else fusion.residual
     _gemv_kernel[(grid_n, split_k)](
@@ -388,6 +398,8 @@ def launch_gemv(
         NORM=norm_weight is not None,
         RESIDUAL=residual is not None,
         GATED=fusion is not None and fusion.gated,
+        PDL=one_row_pdl,
         num_warps=config.num_warps,
+        launch_pdl=one_row_pdl,
     )
     return out

@@ -12,6 +12,11 @@ and a gap, about 2.5 us on Hopper, 97 of them per token in an 8B model):
 - ``out_dtype``: float32 logits straight from the LM head (rounded to the activation dtype first,
   as ``.float()`` of the unfused output would be).
 
+On Hopper and later the one-row kernels launch with programmatic dependent launch (``pdl``): a kernel's
+programs may be scheduled while the kernel before it drains, and wait for it (``griddepcontrol.wait``)
+before they read or write anything; once past the wait each lets the next such kernel launch. At batch 1
+the decoder's linears run back to back, so each one's launch and ramp overlap the previous one's tail.
+
 Rounding follows the unfused kernels except for the norm, whose normalized input is never rounded
 to the activation dtype: the fused product is the more precise one. ``kernels.reference.row_linear``
 is the twin.
@@ -19,12 +24,37 @@ is the twin.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
-from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_tensor
+from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_tensor, interpreting
+
+
+@triton.jit
+def dependent_launch_start(PDL: tl.constexpr):
+    """First statement of a kernel launched with ``launch_pdl``: wait for the kernel before it to finish
+    (its writes visible, its reads done), then let the kernel after it launch."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+# Benchmarks clear this to time the kernels launched plainly.
+DEPENDENT_LAUNCH = True
+
+
+def pdl(device: torch.device) -> bool:
+    """Whether one-row kernels on ``device`` launch as programmatic dependents (CUDA, compute capability 9+,
+    not under the interpreter)."""
+    return DEPENDENT_LAUNCH and _dependent_launch_capable(device)
+
+
+@functools.cache
+def _dependent_launch_capable(device: torch.device) -> bool:
+    return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 @triton.jit
