@@ -238,10 +238,9 @@ def accuracy(llm: Any, prompts: list[list[int]], tokens: int) -> list[tuple[list
     from omni_gateway.engine import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, logprobs=0)
-    return [
-        (list(o.outputs[0].token_ids), [lp.logprob for lp in o.outputs[0].logprobs or []])
-        for o in llm.generate(prompts, params)
-    ]
+    # One prompt at a time: the batch-1 decode path, whose kernels differ from the batched one's.
+    outs = [llm.generate([prompt], params)[0] for prompt in prompts]
+    return [(list(o.outputs[0].token_ids), [lp.logprob for lp in o.outputs[0].logprobs or []]) for o in outs]
 
 
 def compare(got: list[tuple[list[int], list[float]]], ref: list[tuple[list[int], list[float]]]) -> dict[str, Any]:
