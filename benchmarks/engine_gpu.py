@@ -425,9 +425,13 @@ def trace_decode(llm: Any, prompt: list[int], steps: int, top: int = 14) -> None
     if not kernels:
         print("  trace: no device events recorded", flush=True)
         return
-    busy = sum(end - begin for begin, end, _ in kernels)  # us; kernels on one stream never overlap
+    busy = sum(end - begin for begin, end, _ in kernels)  # us
     span = kernels[-1][1] - kernels[0][0]
     gaps = sorted(kernels[i + 1][0] - kernels[i][1] for i in range(len(kernels) - 1))
+    if gaps and gaps[0] < 0:
+        # Kernels launched as programmatic dependents start while their predecessor drains and wait for
+        # it: each one's time below includes that wait, so per-kernel times overlap.
+        print("  trace: kernels overlap (dependent launch); their times include waiting for the previous one")
     long_gaps = [g for g in gaps if g > 20]  # between steps: the host prepares the next one
     per_kernel: dict[str, float] = {}
     for begin, end, name in kernels:
