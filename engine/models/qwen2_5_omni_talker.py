@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from omni_gateway.engine.attention import AttentionMetadata
 from omni_gateway.engine.errors import ModelLoadError
-from omni_gateway.engine.models.llama import Linear
+from omni_gateway.engine.models.linear import Linear
 from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel
 
 TALKER_ARCHITECTURE = "Qwen2_5OmniTalkerForConditionalGeneration"

@@ -11,7 +11,7 @@ import torch
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.loader import default_model_path, load_model
 from omni_gateway.engine.model_runner import ModelRunner
-from omni_gateway.engine.models.llama import Linear, onednn_prepacks
+from omni_gateway.engine.models.linear import Linear, onednn_prepacks
 from omni_gateway.engine.sampling_params import SamplingParams
 
 from benchmarks.checkpoints import save_tiny_checkpoint
