@@ -228,11 +228,14 @@ class LlamaModel:
         )
         self.fused_cpu_layers = cpu_layers.runs_fused(self)
         self.row_fusion = self.ROW_FUSION and self._fuses_rows()
+        # The LM head is checked apart: a head without the fused kernel (a per-block FP8 one) still takes
+        # the layers' fused residual stream, through the separate final norm.
+        self.head_fusion = self.row_fusion and isinstance(self.lm_head, Linear) and self.lm_head.row is not None
 
     def _fuses_rows(self) -> bool:
         if self.parallel.is_parallel or self.fused_cpu_layers:
             return False  # sharded outputs are summed before the residual add; the CPU path fuses its own
-        linears: list[Any] = [self.lm_head]
+        linears: list[Any] = []
         for layer in self.layers:
             linears += [layer.qkv, layer.o, layer.gate_up, layer.down]
         return all(isinstance(lin, Linear) and lin.row is not None for lin in linears)
@@ -344,7 +347,7 @@ class LlamaModel:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[N, vocab]`` for already-selected rows of ``forward``'s output (every
         rank gets them all under tensor parallel; rank 0 samples)."""
-        if self.row_fusion and hidden.shape[0] == 1:
+        if self.head_fusion and hidden.shape[0] == 1:
             assert isinstance(self.lm_head, Linear)
             return self.lm_head.fused(
                 hidden, norm_weight=self.final_norm, eps=self.shape.rms_norm_eps, out_dtype=torch.float32

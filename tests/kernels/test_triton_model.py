@@ -50,7 +50,7 @@ def test_one_row_decode_runs_fused_and_matches_hf(
     hf = save_tiny_checkpoint(kind, tmp_path)
     runner = _triton_runner(tmp_path, device)
     model = runner.model
-    assert model.row_fusion
+    assert model.row_fusion and model.head_fusion
     fused_rows: list[int] = []
     row = model.lm_head.row
     assert row is not None
@@ -70,7 +70,7 @@ def test_fused_and_unfused_one_row_steps_agree(device: torch.device, tmp_path: P
     model = _triton_runner(tmp_path, device).model
     hidden = torch.randn(1, model.shape.hidden_size, generator=torch.Generator().manual_seed(2)).to(device)
     fused = model.compute_logits(hidden)
-    model.row_fusion = False
+    model.head_fusion = False
     unfused = model.compute_logits(hidden)
     assert fused.dtype == unfused.dtype == torch.float32
     torch.testing.assert_close(fused, unfused, rtol=1e-5, atol=1e-5)
@@ -80,3 +80,14 @@ def test_torch_backend_and_tensor_parallel_layers_keep_the_unfused_path(tmp_path
     save_tiny_checkpoint("llama", tmp_path)
     config = EngineConfig(model=str(tmp_path), device="cpu", dtype="float32", attention_backend="torch")
     assert not ModelRunner(config, load_model(config)).model.row_fusion
+
+
+def test_fused_layers_feed_an_unfused_head(device: torch.device, tmp_path: Path) -> None:
+    """A head without the fused kernel (a per-block FP8 one) takes the fused layers' residual stream through
+    the separate final norm."""
+    hf = save_tiny_checkpoint("llama", tmp_path)
+    runner = _triton_runner(tmp_path, device)
+    runner.model.head_fusion = False
+    assert runner.model.row_fusion
+    prompt = torch.randint(2, 300, (7,), generator=torch.Generator().manual_seed(8)).tolist()
+    assert RunnerDriver(runner).generate([greedy_seq(prompt)], 5) == [hf_greedy(hf, prompt, 5)]
