@@ -170,6 +170,7 @@ def row_linear(
     block_n = gated_block(config.block_n) if gated else config.block_n
     out = torch.empty(1, fusion.features, dtype=fusion.out_dtype, device=x.device)
     even = n % block_n == 0 and k % config.block_k == 0
+    dependent = pdl(x.device)  # the batch-1 decode chain (kernels/row_fusion.py)
     _gemv_kernel[(triton.cdiv(fusion.features, block_n // 2 if gated else block_n),)](
         x,
         weight,
@@ -188,8 +189,8 @@ def row_linear(
         BLOCK_N=block_n,
         BLOCK_K=config.block_k,
         STAGES=config.stages,
-        PDL=pdl(x.device),
+        PDL=dependent,
         num_warps=config.num_warps,
-        launch_pdl=pdl(x.device),
+        launch_pdl=dependent,
     )
     return out
