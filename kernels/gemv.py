@@ -21,7 +21,7 @@ import triton.language as tl
 from omni_gateway.kernels.row_fusion import (
     RowFusion,
     dependent_launch_start,
-    gated_block,
+    norm_input,
     pdl,
     row_columns,
     row_epilogue,
@@ -88,29 +88,22 @@ def _gemv_kernel(
     squares = tl.zeros([BLOCK_K], tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
         if EVEN:
             w = tl.load(w_rows + ks[None, :], eviction_policy="evict_first")
             x = tl.load(x_ptr + ks).to(tl.float32)
-            if NORM:
-                gamma = tl.load(norm_ptr + ks).to(tl.float32)
         else:
-            k_ok = ks < K
             w = tl.load(
                 w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0, eviction_policy="evict_first"
             )
             x = tl.load(x_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-            if NORM:
-                gamma = tl.load(norm_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-        if NORM:
-            squares += x * x
-            x *= gamma
+        x, squares = norm_input(x, squares, norm_ptr, ks, k_ok, EVEN, NORM)
         acc += w.to(tl.float32) * x[None, :]
-    inv_rms = 1.0
-    if NORM:
-        inv_rms = tl.rsqrt(tl.sum(squares, 0) / K + eps)
     row_epilogue(
         tl.sum(acc, 1),
-        inv_rms,
+        squares,
+        K,
+        eps,
         pid,
         cols,
         col_ok,
@@ -167,11 +160,11 @@ def row_linear(
     if x.stride(1) != 1:
         x = x.contiguous()
     config = config or default_gemv_config(n)
-    block_n = gated_block(config.block_n) if gated else config.block_n
+    block_n, programs = fusion.launch(config.block_n)
     out = torch.empty(1, fusion.features, dtype=fusion.out_dtype, device=x.device)
     even = n % block_n == 0 and k % config.block_k == 0
     dependent = pdl(x.device)  # the batch-1 decode chain (kernels/row_fusion.py)
-    _gemv_kernel[(triton.cdiv(fusion.features, block_n // 2 if gated else block_n),)](
+    _gemv_kernel[(programs,)](
         x,
         weight,
         weight if bias is None else bias,

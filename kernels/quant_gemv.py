@@ -32,7 +32,7 @@ from omni_gateway.kernels.quant_tuning import FP8_CHANNEL, INT4_GROUPED, QuantLi
 from omni_gateway.kernels.row_fusion import (
     RowFusion,
     dependent_launch_start,
-    gated_block,
+    norm_input,
     pdl,
     row_columns,
     row_epilogue,
@@ -242,8 +242,6 @@ def _gemv_kernel(
                 if EVEN:
                     w = tl.load(w_rows + ks[None, :], eviction_policy="evict_first")
                     x = tl.load(x_ptr + ks).to(tl.float32)
-                    if NORM:
-                        gamma = tl.load(norm_ptr + ks).to(tl.float32)
                 else:
                     w = tl.load(
                         w_rows + ks[None, :],
@@ -252,23 +250,18 @@ def _gemv_kernel(
                         eviction_policy="evict_first",
                     )
                     x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-                    if NORM:
-                        gamma = tl.load(norm_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-                if NORM:
-                    squares += x * x
-                    x *= gamma
+                x, squares = norm_input(x, squares, norm_ptr, ks, ks < K, EVEN, NORM)
                 if FORMAT == 1:
                     # One block scale for the whole sub-tile (clamped: a ragged tail's weights are masked).
                     x *= tl.load(s_row + tl.minimum((k0 + u * SUB) // GROUP, tl.cdiv(K, GROUP) - 1))
                 acc2 += w.to(tl.float32) * x[None, :]
         acc = tl.sum(acc2, 1)[None, :]
     if ROW_FUSED:
-        inv_rms = 1.0
-        if NORM:
-            inv_rms = tl.rsqrt(tl.sum(squares, 0) / K + eps)
         row_epilogue(
             tl.sum(acc, 0),
-            inv_rms,
+            squares,
+            K,
+            eps,
             pid_n,
             cols,
             col_ok,
@@ -340,17 +333,15 @@ def launch_gemv(
     use_dot = m > 1
     if use_dot and block_n < 16:
         raise ValueError(f"QuantLinearConfig.block_n: {m} rows run tl.dot, which needs >= 16, got {block_n}")
-    features, out_dtype = n, x.dtype
+    features, out_dtype, grid_n = n, x.dtype, triton.cdiv(n, block_n)
     if fusion is not None:
         assert fmt == FP8_CHANNEL and m == 1, "row fusion runs one row of per-channel FP8"
         features, out_dtype = fusion.features, fusion.out_dtype
         split_k = 1  # the norm and the epilogue need the whole reduction in one program
-        if fusion.gated:
-            block_n = gated_block(block_n)
+        block_n, grid_n = fusion.launch(block_n)
     out = torch.empty(m, features, dtype=out_dtype, device=x.device)
     # int4 and per-block FP8 walk sub-tiles that each lie inside one scale group.
     sub = block_k if fmt == FP8_CHANNEL else min(block_k, group)
-    grid_n = triton.cdiv(features, block_n // 2 if fusion is not None and fusion.gated else block_n)
     # Splits are whole steps (and whole groups for int4), so every split but the last is full.
     step = max(block_k, group) if fmt == INT4_GROUPED else block_k
     split_k = max(1, min(split_k, triton.cdiv(k, step)))

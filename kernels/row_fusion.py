@@ -58,6 +58,20 @@ def _dependent_launch_capable(device: torch.device) -> bool:
 
 
 @triton.jit
+def norm_input(x, squares, norm_ptr, ks, k_ok, EVEN: tl.constexpr, NORM: tl.constexpr):
+    """One step of the reduction's input (float32) under the fused norm: ``x`` times the norm weight, and
+    ``squares`` gaining ``x^2`` for the row's scale (``row_epilogue``)."""
+    if NORM:
+        if EVEN:
+            gamma = tl.load(norm_ptr + ks).to(tl.float32)
+        else:
+            gamma = tl.load(norm_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        squares += x * x
+        x *= gamma
+    return x, squares
+
+
+@triton.jit
 def row_columns(pid, N, GATED: tl.constexpr, BLOCK_N: tl.constexpr):
     """The weight rows a program reads and which of them exist. Gated: the first half of the block
     are gate rows ``f``, the second half the up rows ``I + f`` of the same features ``f``."""
@@ -75,7 +89,9 @@ def row_columns(pid, N, GATED: tl.constexpr, BLOCK_N: tl.constexpr):
 @triton.jit
 def row_epilogue(
     acc,
-    inv_rms,
+    squares,
+    K,
+    eps,
     pid,
     cols,
     col_ok,
@@ -92,11 +108,12 @@ def row_epilogue(
     GATED: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Stores one program's outputs from ``acc`` (float32 ``[BLOCK_N]``, the product over its rows)."""
+    """Stores one program's outputs from ``acc`` (float32 ``[BLOCK_N]``, the product over its rows) and, under
+    the fused norm, ``squares`` (``norm_input``'s sums over the ``K`` input features)."""
     act = x_ptr.dtype.element_ty
     out = acc
     if NORM:
-        out *= inv_rms
+        out *= tl.rsqrt(tl.sum(squares, 0) / K + eps)
     if HAS_SCALE:
         out *= tl.load(scale_ptr + cols, mask=col_ok, other=0.0)
     if HAS_BIAS:
@@ -158,7 +175,10 @@ class RowFusion:
             raise ValueError(f"out_dtype: expected one of {FLOAT_DTYPES}, got {dtype}")
         return cls(norm_weight, float(eps), residual, gated, features, dtype)
 
-
-def gated_block(block_n: int) -> int:
-    """A gated program holds matching gate and up rows: at least two, an even count."""
-    return max(2, block_n)
+    def launch(self, block_n: int) -> tuple[int, int]:
+        """The weight rows per program and the number of programs for a config's ``block_n``: a gated
+        program holds matching gate and up rows (at least two) and writes half as many outputs."""
+        if not self.gated:
+            return block_n, triton.cdiv(self.features, block_n)
+        block_n = max(2, block_n)
+        return block_n, triton.cdiv(self.features, block_n // 2)
