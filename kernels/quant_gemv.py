@@ -10,12 +10,12 @@ Decode is memory-bound, so what matters is bytes in flight and few ALU operation
   features lie in one block row) into the activations, so the weight tile sees one convert and one
   FMA per element.
 - int4 reads 32-bit words (eight 4-bit weights, input features ``8j .. 8j + 7``). The reduction order
-  does not matter, so nibble ``i`` of every word forms a plane against activations ``x[8j + i]``: the
-  nibble is masked in place and ORed into the mantissa of 2^23 (exact float ``2^23 + q * 16^p``),
-  one subtraction makes it ``q * 16^p`` and the activation carries the ``16^-p``. The zero point comes
-  off per word through the activations' sum, the group scale multiplies once per word: about four
-  ALU operations per weight (no int-to-float convert). On the H200 that is still the limit: the
-  one-row int4 kernel streams about a third of the bytes per second the FP8 one does.
+  does not matter, so nibble ``i`` of every word forms a plane against activations ``x[8j + i]``. The
+  nibble at bits ``4p`` is masked in place and ORed under the exponent of ``2^(23 - 4p)``, where the
+  mantissa's step is 1, so the bits read as the exact float ``2^(23 - 4p) + q``; one subtraction of
+  ``2^(23 - 4p) + zero`` (per row and group) leaves ``q - zero``. Three ALU operations per weight
+  (mask-and-or, subtract, multiply-add; no int-to-float convert, no per-plane activation scaling) and
+  one multiply-add per word for the group scale.
 - 2+ rows: the de-quantized tile (raw FP8 value, or ``q - zero``: both exact in bf16) goes to
   ``tl.dot`` against a 16-row activation tile, and the group/block scale multiplies the partial sums.
 - split-K (``split_k`` > 1): when a layer has few output blocks, ``split_k`` programs share each one
@@ -36,6 +36,7 @@ from omni_gateway.kernels.row_fusion import (
     pdl,
     row_columns,
     row_epilogue,
+    row_squares,
 )
 
 # Split-K counters, one set per device (a launch needing more runs unsplit). Launches on one device take
@@ -60,10 +61,24 @@ def _epilogue(
 
 @triton.jit
 def _int4_row_step(
-    w_rows, x_ptr, s_ptr, z_ptr, cols, col_ok, kb, K, acc, EVEN: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr
+    w_rows,
+    x_ptr,
+    s_ptr,
+    z_ptr,
+    norm_ptr,
+    cols,
+    col_ok,
+    kb,
+    K,
+    acc,
+    squares,
+    EVEN: tl.constexpr,
+    GROUP: tl.constexpr,
+    SUB: tl.constexpr,
+    NORM: tl.constexpr,
 ):
     """One row against ``SUB`` input features of int4 words (inside one group): ``acc`` [block_n,
-    SUB / 8] += scale * (sum_i q_i x_i - zero * sum_i x_i) per word."""
+    SUB / 8] += scale * sum_i (q_i - zero) x_i per word; ``squares`` [1, SUB / 8] as ``norm_input``."""
     words_k = kb // 8 + tl.arange(0, SUB // 8)
     xk = kb + tl.arange(0, SUB // 8) * 8
     g = cols * (K // GROUP) + kb // GROUP
@@ -79,25 +94,29 @@ def _int4_row_step(
         ok = col_ok & ((cols * 0 + kb) < K)  # per feature: the interpreter rejects scalar masks
         zero = tl.load(z_ptr + g, mask=ok, other=0).to(tl.float32)
         scale = tl.load(s_ptr + g, mask=ok, other=0.0).to(tl.float32)
-    high = words >> 12  # nibbles 5..7 land on bits 8..19, still inside the 23-bit mantissa
+    high = words >> 12  # nibbles 5..7 land on bits 8..19, the positions of nibbles 2..4
     part = tl.zeros(words.shape, tl.float32)
-    x_sum = tl.zeros([1, SUB // 8], tl.float32)
-    x_ptrs = x_ptr + xk[None, :]  # [1, SUB / 8]: the words' layout, so the planes need no conversion
     for i in tl.static_range(8):
+        ks = xk[None, :] + i  # [1, SUB / 8]: the words' layout, so the planes need no conversion
         if EVEN:
-            x = tl.load(x_ptrs + i).to(tl.float32)
+            x = tl.load(x_ptr + ks).to(tl.float32)
         else:
-            x = tl.load(x_ptrs + i, mask=xk[None, :] + i < K, other=0.0).to(tl.float32)
-        x_sum += x
+            x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+        x, squares = norm_input(x, squares, norm_ptr, ks, ks < K, EVEN, NORM)
         if i < 5:
-            bits = (words & (15 << (4 * i))) | 0x4B000000
-            x = x * (1.0 / (1 << (4 * i)))
+            part += _int4_plane(words, zero, i) * x
         else:
-            bits = (high & (15 << (4 * (i - 3)))) | 0x4B000000
-            x = x * (1.0 / (1 << (4 * (i - 3))))
-        q = bits.to(tl.float32, bitcast=True) - 8388608.0  # q * 16^p, exact
-        part += q * x
-    return acc + (part - zero[:, None] * x_sum) * scale[:, None]
+            part += _int4_plane(high, zero, i - 3) * x
+    return acc + part * scale[:, None], squares
+
+
+@triton.jit
+def _int4_plane(words, zero, P: tl.constexpr):
+    """``q - zero`` (float32, exact) of the nibble at bits ``4P .. 4P + 3`` of each word: ORed under the
+    exponent of 2^(23 - 4P), whose mantissa step is 1 there, the bits read as ``2^(23 - 4P) + q``, and
+    one subtraction removes the power of two and the zero point together."""
+    bits = (words & (15 << (4 * P))) | ((150 - 4 * P) << 23)
+    return bits.to(tl.float32, bitcast=True) - (zero + (1 << (23 - 4 * P)))[:, None]
 
 
 @triton.jit
@@ -199,6 +218,7 @@ def _gemv_kernel(
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     if USE_DOT:
+        squares = tl.zeros([1], tl.float32)  # no fused norm with more than one row
         x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
@@ -223,12 +243,28 @@ def _gemv_kernel(
     elif FORMAT == 2:
         w_rows = w_ptr + cols.to(tl.int64)[:, None] * (K // 8)
         acc2 = tl.zeros([BLOCK_N, SUB // 8], tl.float32)
+        squares2 = tl.zeros([1, SUB // 8], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
             for u in tl.static_range(BLOCK_K // SUB):
-                acc2 = _int4_row_step(
-                    w_rows, x_ptr, s_ptr, z_ptr, cols, col_ok, k0 + u * SUB, K, acc2, EVEN, GROUP, SUB
+                acc2, squares2 = _int4_row_step(
+                    w_rows,
+                    x_ptr,
+                    s_ptr,
+                    z_ptr,
+                    norm_ptr,
+                    cols,
+                    col_ok,
+                    k0 + u * SUB,
+                    K,
+                    acc2,
+                    squares2,
+                    EVEN,
+                    GROUP,
+                    SUB,
+                    NORM,
                 )
         acc = tl.sum(acc2, 1)[None, :]
+        squares = tl.sum(squares2, 0)
     else:
         w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
         if FORMAT == 1:
@@ -256,6 +292,100 @@ def _gemv_kernel(
                     x *= tl.load(s_row + tl.minimum((k0 + u * SUB) // GROUP, tl.cdiv(K, GROUP) - 1))
                 acc2 += w.to(tl.float32) * x[None, :]
         acc = tl.sum(acc2, 1)[None, :]
+    if SPLIT:
+        mask = row_ok[:, None] & col_ok[None, :]
+        parts = part_ptr + (rows.to(tl.int64)[:, None] * N + cols[None, :])
+        tl.store(parts + pid_k * M * N, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial sums precede the counter's release
+        arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")
+        splits = tl.num_programs(1)
+        if arrived == splits - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in range(0, splits):
+                total += tl.load(parts + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(lock_ptr + pid_n, 0)  # ready for the next launch
+            if NORM:
+                row_sums = row_squares(x_ptr, K, 512)
+            else:
+                row_sums = squares
+            _finish(
+                total,
+                row_sums,
+                rows,
+                cols,
+                row_ok,
+                col_ok,
+                pid_n,
+                N,
+                K,
+                eps,
+                x_ptr,
+                s_ptr,
+                bias_ptr,
+                res_ptr,
+                out_ptr,
+                FORMAT,
+                HAS_BIAS,
+                ROW_FUSED,
+                NORM,
+                RESIDUAL,
+                GATED,
+                BLOCK_N,
+            )
+    else:
+        _finish(
+            acc,
+            squares,
+            rows,
+            cols,
+            row_ok,
+            col_ok,
+            pid_n,
+            N,
+            K,
+            eps,
+            x_ptr,
+            s_ptr,
+            bias_ptr,
+            res_ptr,
+            out_ptr,
+            FORMAT,
+            HAS_BIAS,
+            ROW_FUSED,
+            NORM,
+            RESIDUAL,
+            GATED,
+            BLOCK_N,
+        )
+
+
+@triton.jit
+def _finish(
+    acc,
+    squares,
+    rows,
+    cols,
+    row_ok,
+    col_ok,
+    pid_n,
+    N,
+    K,
+    eps,
+    x_ptr,
+    s_ptr,
+    bias_ptr,
+    res_ptr,
+    out_ptr,
+    FORMAT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROW_FUSED: tl.constexpr,
+    NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    GATED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Stores the whole reduction ``acc`` [BLOCK_M, BLOCK_N]: one fused row (kernels/row_fusion.py) or the
+    plain outputs."""
     if ROW_FUSED:
         row_epilogue(
             tl.sum(acc, 0),
@@ -278,19 +408,6 @@ def _gemv_kernel(
             GATED=GATED,
             BLOCK_N=BLOCK_N,
         )
-    elif SPLIT:
-        mask = row_ok[:, None] & col_ok[None, :]
-        parts = part_ptr + (rows.to(tl.int64)[:, None] * N + cols[None, :])
-        tl.store(parts + pid_k * M * N, acc, mask=mask)
-        tl.debug_barrier()  # every thread's partial sums precede the counter's release
-        arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")
-        splits = tl.num_programs(1)
-        if arrived == splits - 1:
-            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for s in range(0, splits):
-                total += tl.load(parts + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(lock_ptr + pid_n, 0)  # ready for the next launch
-            _epilogue(total, rows, cols, row_ok, col_ok, s_ptr, bias_ptr, out_ptr, N, FORMAT, HAS_BIAS)
     else:
         _epilogue(acc, rows, cols, row_ok, col_ok, s_ptr, bias_ptr, out_ptr, N, FORMAT, HAS_BIAS)
 
@@ -327,7 +444,9 @@ def launch_gemv(
     fusion: RowFusion | None = None,
 ) -> torch.Tensor:
     """``[M, N]`` output for 1..MAX_GEMV_ROWS rows of ``x`` (validated by the caller); with ``fusion``
-    one row of per-channel FP8 and the fused operands of kernels/row_fusion.py (validated too)."""
+    one row of per-channel FP8 or int4 and the fused operands of kernels/row_fusion.py (validated too).
+    A split reduction runs the fused epilogue in its last program, which sums the norm's squares over
+    the whole row again."""
     block_n, block_k, split_k = config.block_n, config.block_k, config.split_k
     m = x.shape[0]
     use_dot = m > 1
@@ -335,9 +454,8 @@ def launch_gemv(
         raise ValueError(f"QuantLinearConfig.block_n: {m} rows run tl.dot, which needs >= 16, got {block_n}")
     features, out_dtype, grid_n = n, x.dtype, triton.cdiv(n, block_n)
     if fusion is not None:
-        assert fmt == FP8_CHANNEL and m == 1, "row fusion runs one row of per-channel FP8"
+        assert fmt in (FP8_CHANNEL, INT4_GROUPED) and m == 1, "row fusion runs one row of per-channel FP8 or int4"
         features, out_dtype = fusion.features, fusion.out_dtype
-        split_k = 1  # the norm and the epilogue need the whole reduction in one program
         block_n, grid_n = fusion.launch(block_n)
     out = torch.empty(m, features, dtype=out_dtype, device=x.device)
     # int4 and per-block FP8 walk sub-tiles that each lie inside one scale group.
@@ -353,7 +471,11 @@ def launch_gemv(
     parts = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if split_k > 1 else out
     even = n % block_n == 0 and k % block_k == 0 and k_per_split % block_k == 0
     w = weight.view(torch.int32) if fmt == INT4_GROUPED and not use_dot else weight
-    one_row_pdl = m == 1 and pdl(x.device)  # the batch-1 decode chain (kernels/row_fusion.py)
+    # The batch-1 decode chain (kernels/row_fusion.py). int4 launches plainly: on an H100 its 8B batch-1 step
+    # took 4.51 ms as dependents and 3.94 ms without (benchmarks.quant_gpu, int4 against int4-nopdl); its
+    # many small programs (two warps, split reductions) run several waves, and dependents parked early on
+    # the SMs likely take their places.
+    one_row_pdl = m == 1 and fmt != INT4_GROUPED and pdl(x.device)
     norm_weight = None if fusion is None else fusion.norm_weight
     residual = None if fusion is None else fusion.residual
     _gemv_kernel[(grid_n, split_k)](

@@ -30,7 +30,15 @@ from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_tenso
 # cuBLAS win (kernels/quant_gemm.py).
 DEQUANT_GEMM_MAX_ROWS = 64
 
-__all__ = ["GemmConfig", "QuantLinearConfig", "fp8_linear", "fp8_row_linear", "int4_linear", "prepare_device"]
+__all__ = [
+    "GemmConfig",
+    "QuantLinearConfig",
+    "fp8_linear",
+    "fp8_row_linear",
+    "int4_linear",
+    "int4_row_linear",
+    "prepare_device",
+]
 
 
 def _check_x(x: torch.Tensor, weight: torch.Tensor, k: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:
@@ -131,6 +139,22 @@ def fp8_row_linear(
     )
 
 
+def _check_int4(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> tuple[int, int, int]:
+    """``(N, K, group)`` of a packed int4 weight, its scales and zero points."""
+    check_tensor("packed", packed, ndim=2, dtypes=(torch.uint8,))
+    n, k = packed.shape[0], packed.shape[1] * 2
+    check_tensor("scales", scales, ndim=2, dtypes=FLOAT_DTYPES, device=packed.device)
+    check_tensor("zeros", zeros, ndim=2, dtypes=(torch.uint8,), device=packed.device)
+    if scales.shape[0] != n or scales.shape[1] == 0 or k % scales.shape[1]:
+        raise ValueError(f"scales: expected [{n}, K / group] for K = {k}, got {tuple(scales.shape)}")
+    if zeros.shape != scales.shape:
+        raise ValueError(f"zeros: expected the shape of scales {tuple(scales.shape)}, got {tuple(zeros.shape)}")
+    group = k // scales.shape[1]
+    if group < 16 or group & (group - 1):
+        raise ValueError(f"int4_linear: group size must be a power of two >= 16, got {group}")
+    return n, k, group
+
+
 def int4_linear(
     x: torch.Tensor,
     packed: torch.Tensor,
@@ -144,16 +168,31 @@ def int4_linear(
     """``x @ dequantize_int4(packed, scales, zeros).T (+ bias)`` for x ``[M, K]``, packed uint8
     ``[N, K / 2]``, scales ``[N, K / G]`` (any float dtype) and zeros uint8 ``[N, K / G]``; G is a
     power of two of at least 16 (128 in AWQ/GPTQ checkpoints)."""
-    check_tensor("packed", packed, ndim=2, dtypes=(torch.uint8,))
-    n, k = packed.shape[0], packed.shape[1] * 2
-    check_tensor("scales", scales, ndim=2, dtypes=FLOAT_DTYPES, device=packed.device)
-    check_tensor("zeros", zeros, ndim=2, dtypes=(torch.uint8,), device=packed.device)
-    if scales.shape[0] != n or scales.shape[1] == 0 or k % scales.shape[1]:
-        raise ValueError(f"scales: expected [{n}, K / group] for K = {k}, got {tuple(scales.shape)}")
-    if zeros.shape != scales.shape:
-        raise ValueError(f"zeros: expected the shape of scales {tuple(scales.shape)}, got {tuple(zeros.shape)}")
-    group = k // scales.shape[1]
-    if group < 16 or group & (group - 1):
-        raise ValueError(f"int4_linear: group size must be a power of two >= 16, got {group}")
+    n, k, group = _check_int4(packed, scales, zeros)
     x = _check_x(x, packed, k, n, bias)
     return _run(x, packed, scales, zeros, bias, n, k, INT4_GROUPED, group, config, gemm_config)
+
+
+def int4_row_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+    out_dtype: torch.dtype | None = None,
+    config: QuantLinearConfig | None = None,
+) -> torch.Tensor:
+    """One row of ``int4_linear`` with the batch-1 decode fusions of kernels/row_fusion.py; returns
+    ``[1, N]`` (``[1, N / 2]`` gated) in ``out_dtype`` (default x's)."""
+    n, k, group = _check_int4(packed, scales, zeros)
+    x = _check_x(x, packed, k, n, bias)
+    fusion = RowFusion.of(
+        x, n, k, norm_weight=norm_weight, eps=eps, residual=residual, gated=gated, out_dtype=out_dtype
+    )
+    config = config or tuned_config(INT4_GROUPED, 1, n, k)
+    return launch_gemv(x, packed, scales, zeros, bias, n, k, INT4_GROUPED, group, config, dot_fp32=False, fusion=fusion)

@@ -72,6 +72,18 @@ def norm_input(x, squares, norm_ptr, ks, k_ok, EVEN: tl.constexpr, NORM: tl.cons
 
 
 @triton.jit
+def row_squares(x_ptr, K, BLOCK: tl.constexpr):
+    """``x^2`` summed over the whole row in ``BLOCK`` lanes: the norm's sums for the last program of a split
+    reduction, whose own steps saw only its share of the row."""
+    squares = tl.zeros([BLOCK], tl.float32)
+    for k0 in range(0, K, BLOCK):
+        ks = k0 + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+        squares += x * x
+    return squares
+
+
+@triton.jit
 def row_columns(pid, N, GATED: tl.constexpr, BLOCK_N: tl.constexpr):
     """The weight rows a program reads and which of them exist. Gated: the first half of the block
     are gate rows ``f``, the second half the up rows ``I + f`` of the same features ``f``."""

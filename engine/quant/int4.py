@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from omni_gateway.engine.quant.fp8 import kernel_module
@@ -71,5 +72,17 @@ class Int4Weight:
 
         def run(x: torch.Tensor, w: Int4Weight, bias: torch.Tensor | None) -> torch.Tensor:
             return fn(x, w.packed, w.scales, w.zeros, bias)  # type: ignore[no-any-return]
+
+        return run
+
+    def row_kernel(self) -> Callable[..., torch.Tensor] | None:
+        """``f(x, this weight, bias, **fusion)``: one row with the batch-1 decode fusions
+        (kernels/row_fusion.py); CUDA only."""
+        if self.packed.device.type != "cuda":
+            return None
+        fn = kernel_module(self.packed.device).int4_row_linear
+
+        def run(x: torch.Tensor, w: Int4Weight, bias: torch.Tensor | None, **fusion: Any) -> torch.Tensor:
+            return fn(x, w.packed, w.scales, w.zeros, bias, **fusion)  # type: ignore[no-any-return]
 
         return run

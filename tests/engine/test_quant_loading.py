@@ -169,6 +169,26 @@ def test_quantized_checkpoint_matches_its_dequantized_weights(tmp_path: Path, ki
         assert torch.allclose(torch.tensor(logprobs), torch.tensor(ref_logprobs), atol=atol)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["fp8-channel", "awq"])
+def test_batch_one_decode_runs_the_fused_quantized_rows(tmp_path: Path, kind: str) -> None:
+    """A lone sequence decodes through the fused one-row kernels of its format (norms inside the linears,
+    residual adds and the gated activation in their epilogues) and follows the de-quantized checkpoint."""
+    quantized, dequantized = _write_pair(tmp_path, kind)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    runs = []
+    for model in (quantized, dequantized):
+        llm = LLM(model=model, device="cuda", dtype="float32", max_model_len=128)
+        if model == quantized:
+            assert llm.engine.runner.model.row_fusion
+        outs = [llm.generate([prompt], params)[0].outputs[0] for prompt in PROMPTS]
+        runs.append([(o.token_ids, [lp.logprob for lp in o.logprobs or []]) for o in outs])
+    for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(*runs):
+        assert tokens == ref_tokens
+        assert torch.allclose(torch.tensor(logprobs), torch.tensor(ref_logprobs), atol=1e-3)
+
+
 def test_quantize_fp8_at_load(tmp_path: Path) -> None:
     config, tensors = _float_model(seed=1)
     plain = _save(tmp_path / "float", config, tensors)

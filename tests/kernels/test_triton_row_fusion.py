@@ -1,6 +1,6 @@
 """The batch-1 decode fusions (kernels/row_fusion.py) of the one-row linears, bf16/float32
-(kernels.gemv.row_linear) and per-channel FP8 (kernels.quant_linear.fp8_row_linear), against the
-twin kernels.reference.row_linear."""
+(kernels.gemv.row_linear), per-channel FP8 (kernels.quant_linear.fp8_row_linear) and int4
+(kernels.quant_linear.int4_row_linear), against the twin kernels.reference.row_linear."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from omni_gateway.kernels import quant_reference as qref
 from omni_gateway.kernels import reference as ref
 from omni_gateway.kernels.gemv import GemvConfig, linear, row_linear
-from omni_gateway.kernels.quant_linear import fp8_row_linear
+from omni_gateway.kernels.quant_linear import fp8_row_linear, int4_row_linear
 from omni_gateway.kernels.quant_tuning import QuantLinearConfig
 
 # (norm, residual, gated, float32 output)
@@ -78,7 +78,8 @@ def test_fusions_equal_the_unfused_layer(device, rel_err):
     "n,k,config",
     [
         (64, 256, QuantLinearConfig(block_n=8, block_k=64, stages=2)),
-        (40, 200, QuantLinearConfig(block_n=16, block_k=64, stages=1, split_k=4)),  # ragged; fusion never splits
+        # ragged; the reduction splits and the last program runs the epilogue
+        (40, 200, QuantLinearConfig(block_n=16, block_k=64, stages=1, split_k=4)),
     ],
 )
 def test_fp8_row_linear_matches_twin(device, norm, residual, gated, f32_out, n, k, config, rel_err):
@@ -91,6 +92,42 @@ def test_fp8_row_linear_matches_twin(device, norm, residual, gated, f32_out, n, 
     expected = ref.row_linear(x, qref.dequantize_fp8(q, scale, torch.float32).to(device), bias, **kwargs)
     assert out.shape == expected.shape and out.dtype == expected.dtype
     assert rel_err(out, expected) < 3e-2
+
+
+@pytest.mark.parametrize("norm,residual,gated,f32_out", FUSIONS)
+@pytest.mark.parametrize(
+    "n,k,group,config",
+    [
+        (32, 256, 64, QuantLinearConfig(block_n=8, block_k=128, stages=2)),
+        # ragged features and reduction, two sub-tiles a step, the reduction split
+        (40, 320, 32, QuantLinearConfig(block_n=16, block_k=64, stages=1, split_k=4)),
+    ],
+)
+def test_int4_row_linear_matches_twin(device, norm, residual, gated, f32_out, n, k, group, config, rel_err):
+    dtype = torch.bfloat16
+    gen, x, bias, gamma, res = _operands(n, k, dtype, device, norm, residual, gated)
+    packed, scales, zeros = (t.to(device) for t in qref.quantize_int4(torch.randn(n, k, generator=gen), group))
+    out_dtype = torch.float32 if f32_out else None
+    kwargs = dict(norm_weight=gamma, eps=1e-5, residual=res, gated=gated, out_dtype=out_dtype)
+    out = int4_row_linear(x, packed, scales, zeros, bias, config=config, **kwargs)
+    weight = qref.dequantize_int4(packed, scales, zeros, torch.float32)
+    expected = ref.row_linear(x, weight, bias, **kwargs)
+    assert out.shape == expected.shape and out.dtype == expected.dtype
+    assert rel_err(out, expected) < 3e-2
+
+
+def test_int4_row_planes_are_exact(device, rel_err):
+    """Every nibble value against every zero point, float32 throughout: the de-quantized plane products
+    are exact, so the kernel meets the float64 product to float32 rounding."""
+    k = 256
+    q = torch.arange(32 * k).reshape(32, k) % 16
+    zeros = (torch.arange(32 * (k // 32)).reshape(32, k // 32) * 7 % 16).to(torch.uint8)
+    scales = torch.rand(32, k // 32, generator=torch.Generator().manual_seed(1)) + 0.5
+    packed = qref.pack_int4(q.to(torch.uint8))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(2))
+    weight = qref.dequantize_int4(packed, scales, zeros, torch.float64)
+    out = int4_row_linear(x.to(device), packed.to(device), scales.to(device), zeros.to(device))
+    assert rel_err(out.cpu(), (x.double() @ weight.T).float()) < 1e-6
 
 
 def test_rejects_bad_fused_operands(device):
