@@ -40,6 +40,16 @@ DEVICE = "cuda"
 DECODE_ROWS = (1, 2, 4, 8, 16)
 PREFILL_ROWS = (64, 256, 1024, 4096)
 FORMATS = {"fp8-channel": 0, "fp8-block": 1, "int4": 2}
+# How the batch-1 decode calls each shape's one-row kernel (engine/models/llama.py, ``_decode_row``): FP8
+# per channel and int4 sweep their fused kernels with these operands.
+ROW_FUSIONS = {
+    "gate_up": dict(norm=True, gated=True),
+    "down": dict(residual=True),
+    "qkv": dict(norm=True),
+    "o": dict(residual=True),
+    "lm_head": dict(norm=True, logits=True),
+}
+ROW_FUSED_FORMATS = (0, 2)
 SPLITS_ONE_ROW = (1, 2, 4, 8)
 SPLITS_DOT = (1, 2, 4)
 # (block_n, block_k, num_warps, stages)
@@ -58,14 +68,19 @@ ONE_ROW_FP8 = [
 ONE_ROW_INT4 = [
     (16, 256, 2, 3),
     (16, 512, 4, 3),
+    (16, 1024, 4, 3),
+    (32, 256, 2, 3),
     (32, 256, 4, 3),
     (32, 512, 4, 3),
     (32, 512, 8, 3),
-    (64, 256, 4, 3),
-    (64, 512, 8, 3),
     (32, 1024, 4, 2),
-    (16, 1024, 4, 3),
+    (64, 128, 2, 4),
+    (64, 256, 4, 3),
     (64, 256, 8, 4),
+    (64, 512, 8, 3),
+    (128, 128, 4, 4),
+    (128, 256, 4, 3),
+    (128, 256, 8, 3),
 ]
 DOT = [
     (16, 256, 4, 3),
@@ -115,6 +130,37 @@ def _call(variant: str, x: torch.Tensor, s: dict[str, Any], config: Any = None, 
     return quant_linear.fp8_linear(x, *s[variant], config=config, gemm_config=gemm)
 
 
+def _row_operands(shape: str, n: int, k: int) -> dict[str, Any]:
+    fusion = ROW_FUSIONS[shape]
+    features = n // 2 if fusion.get("gated") else n
+    return dict(
+        norm_weight=torch.rand(k, device=DEVICE, dtype=torch.bfloat16) + 0.5 if fusion.get("norm") else None,
+        eps=1e-5,
+        residual=torch.randn(1, features, device=DEVICE, dtype=torch.bfloat16) if fusion.get("residual") else None,
+        gated=bool(fusion.get("gated")),
+        out_dtype=torch.float32 if fusion.get("logits") else None,
+    )
+
+
+def _row_call(variant: str, x: torch.Tensor, s: dict[str, Any], fusion: dict[str, Any], config: Any = None):
+    from omni_gateway.kernels import quant_linear
+
+    if variant == "int4":
+        return quant_linear.int4_row_linear(x, *s["int4"], config=config, **fusion)
+    return quant_linear.fp8_row_linear(x, *s[variant], config=config, **fusion)
+
+
+def _row_reference(variant: str, x: torch.Tensor, s: dict[str, Any], fusion: dict[str, Any]) -> torch.Tensor:
+    from omni_gateway.kernels import quant_reference as qref
+    from omni_gateway.kernels import reference as ref
+
+    if variant == "int4":
+        weight = qref.dequantize_int4(*s["int4"], torch.float32)
+    else:
+        weight = qref.dequantize_fp8(*s[variant], torch.float32)
+    return ref.row_linear(x, weight, **fusion).double()
+
+
 def _reference(variant: str, x: torch.Tensor, s: dict[str, Any], rows: int) -> torch.Tensor:
     from omni_gateway.kernels import quant_reference as qref
 
@@ -139,20 +185,28 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def _compile_jobs(jobs: list[tuple[int, int, Any]]) -> None:
     """Worker: launch each (format, rows, config) once on a small shape of the same specialization."""
     s = _weights(256, 4096)
-    for fmt, rows, config in jobs:
+    for fmt, rows, config, shape in jobs:
         x = torch.randn(rows, 4096, device=DEVICE, dtype=torch.bfloat16)
         variant = {0: "fp8-channel", 1: "fp8-block", 2: "int4"}[fmt]
         try:
-            _call(variant, x, s, config)
+            if shape is None:
+                _call(variant, x, s, config)
+            else:
+                _row_call(variant, x, s, _row_operands(shape, 256, 4096), config)
         except Exception as exc:  # reported again, with its shape, by the timed run
-            print(f"[compile] {variant} rows={rows} {config}: {exc!r}", flush=True)
+            print(f"[compile] {variant} rows={rows} {shape} {config}: {exc!r}", flush=True)
     torch.cuda.synchronize()
 
 
-def precompile(workers: int) -> None:
-    jobs = [(fmt, rows, c) for fmt in FORMATS.values() for rows in (1, 2) for c in candidates(fmt, rows)]
-    # One split > 1 per tile shape is enough: the split count is a runtime argument.
-    jobs = [j for j in jobs if j[2].split_k <= 2]
+def precompile(workers: int, formats: dict[str, int], rows_list: tuple[int, ...], shapes: list[str]) -> None:
+    jobs: list[tuple[int, int, Any, str | None]] = []
+    for fmt in formats.values():
+        for rows in sorted({min(r, 2) for r in rows_list}):
+            fused = rows == 1 and fmt in ROW_FUSED_FORMATS
+            # One split > 1 per tile shape is enough: the split count is a runtime argument.
+            for c in candidates(fmt, rows):
+                if c.split_k <= 2:
+                    jobs += [(fmt, rows, c, shape) for shape in (shapes if fused else [None])]
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")
     with ctx.Pool(workers) as pool:
@@ -160,28 +214,41 @@ def precompile(workers: int) -> None:
     print(f"[compile] {len(jobs)} variants in {time.perf_counter() - t0:.1f} s on {workers} workers", flush=True)
 
 
-def decode_sweep(log: ResultLog, deadline: float) -> dict[tuple[int, int, int, int], tuple[Any, float, float]]:
+def decode_sweep(
+    log: ResultLog, deadline: float, formats: dict[str, int], rows_list: tuple[int, ...], shapes: list[str]
+) -> dict[tuple[int, int, int, int], tuple[Any, float, float]]:
+    """One row of FP8 per channel and int4 runs the fused kernel the batch-1 decode runs at that shape;
+    bf16 stays unfused (its one-row kernel is timed against the model's fusions in benchmarks.quant_gpu)."""
     best: dict[tuple[int, int, int, int], tuple[Any, float, float]] = {}
-    for shape, (n, k) in SHAPES.items():
+    for shape in shapes:
+        n, k = SHAPES[shape]
         sets = max(1, -(-240_000_000 // (n * k // 2)))
         data = [_weights(n, k) for _ in range(sets)]
-        for rows in DECODE_ROWS:
+        for rows in rows_list:
             if time.perf_counter() > deadline:
                 print("[sweep] budget spent; stopping", flush=True)
                 return best
             x = torch.randn(rows, k, device=DEVICE, dtype=torch.bfloat16)
             base = time_graph(lambda i: _call("bf16", x, data[i]), sets, 20e-6, replays=5)
-            for variant, fmt in FORMATS.items():
-                ref = _reference(variant, x, data[0], rows)
+            fusion = _row_operands(shape, n, k)
+            for variant, fmt in formats.items():
+                fused = rows == 1 and fmt in ROW_FUSED_FORMATS
+
+                def call(i: int, c: Any = None, v: str = variant, f: bool = fused) -> torch.Tensor:
+                    return _row_call(v, x, data[i], fusion, c) if f else _call(v, x, data[i], c)
+
+                ref = _row_reference(variant, x, data[0], fusion) if fused else _reference(variant, x, data[0], rows)
+                # a gated output is rounded three times (gate, up, their product)
+                bound = 3e-2 if fused and fusion["gated"] else 1e-2
                 timings = []
                 for config in candidates(fmt, rows):
                     try:
-                        err = _rel_err(_call(variant, x, data[0], config), ref)
+                        err = _rel_err(call(0, config), ref)
                     except Exception as exc:
                         print(f"[sweep] {shape} {variant} rows={rows} {config}: {exc!r}", flush=True)
                         continue
-                    ok = err < 1e-2
-                    sec = time_graph(lambda i, c=config: _call(variant, x, data[i], c), sets, 10e-6, replays=5)
+                    ok = err < bound
+                    sec = time_graph(lambda i, c=config: call(i, c), sets, 10e-6, replays=5)
                     log.write(
                         "decode",
                         shape=shape,
@@ -189,6 +256,7 @@ def decode_sweep(log: ResultLog, deadline: float) -> dict[tuple[int, int, int, i
                         k=k,
                         rows=rows,
                         variant=variant,
+                        fused=fused,
                         config=repr(config),
                         rel_err=err,
                         ok=ok,
@@ -199,10 +267,10 @@ def decode_sweep(log: ResultLog, deadline: float) -> dict[tuple[int, int, int, i
                         timings.append((sec, config))
                     else:
                         print(f"[sweep] WRONG {shape} {variant} rows={rows} {config}: rel err {err:.2e}", flush=True)
-                default_err = _rel_err(_call(variant, x, data[0]), ref)
-                if not default_err < 1e-2:
+                default_err = _rel_err(call(0), ref)
+                if not default_err < bound:
                     print(f"[sweep] WRONG {shape} {variant} rows={rows} default: {default_err:.2e}", flush=True)
-                default = time_graph(lambda i: _call(variant, x, data[i]), sets, 10e-6, replays=5)
+                default = time_graph(call, sets, 10e-6, replays=5)
                 if timings:
                     sec, config = min(timings, key=lambda t: t[0])
                     best[(fmt, rows, n, k)] = (config, sec, base)
@@ -316,6 +384,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--skip-prefill", action="store_true")
     parser.add_argument("--final", action="store_true", help="only time the shipped dispatch (no sweep)")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, of " + ",".join(SHAPES))
+    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated, of " + ",".join(FORMATS))
+    parser.add_argument("--rows", default=",".join(map(str, DECODE_ROWS)), help="decode rows to sweep")
     default_out = (
         Path(os.environ["OUT"]) / "quant_sweep.jsonl" if os.environ.get("OUT") else RESULTS_DIR / "quant_sweep.jsonl"
     )
@@ -330,12 +401,18 @@ def main() -> None:
             log.write("verdict", ok=ok)
         print("all checks passed" if ok else "SOME CHECKS FAILED", flush=True)
         return
-    precompile(args.workers)
+    shapes = args.shapes.split(",")
+    formats = {name: FORMATS[name] for name in args.formats.split(",")}
+    rows_list = tuple(int(r) for r in args.rows.split(","))
+    unknown = [s for s in shapes if s not in SHAPES] + [r for r in rows_list if r not in DECODE_ROWS]
+    if unknown:
+        raise SystemExit(f"unknown shapes or rows {unknown}: shapes {list(SHAPES)}, rows {DECODE_ROWS}")
+    precompile(args.workers, formats, rows_list, shapes)
     with ResultLog(args.out, "quant_sweep") as log:
         ok = True
         if not args.skip_prefill:
             ok = prefill_bench(log, time.perf_counter() + args.prefill_budget_s)
-        best = decode_sweep(log, start + args.budget_s)
+        best = decode_sweep(log, start + args.budget_s, formats, rows_list, shapes)
         names = {0: "FP8_CHANNEL", 1: "FP8_BLOCKWISE", 2: "INT4_GROUPED"}
         print("\n_TUNED = {")
         for (fmt, rows, n, k), (c, sec, base) in sorted(best.items()):
