@@ -10,12 +10,14 @@ Decode is memory-bound, so what matters is bytes in flight and few ALU operation
   features lie in one block row) into the activations, so the weight tile sees one convert and one
   FMA per element.
 - int4 reads 32-bit words (eight 4-bit weights, input features ``8j .. 8j + 7``). The reduction order
-  does not matter, so nibble ``i`` of every word forms a plane against activations ``x[8j + i]``. The
-  nibble at bits ``4p`` is masked in place and ORed under the exponent of ``2^(23 - 4p)``, where the
-  mantissa's step is 1, so the bits read as the exact float ``2^(23 - 4p) + q``; one subtraction of
-  ``2^(23 - 4p) + zero`` (per row and group) leaves ``q - zero``. Three ALU operations per weight
-  (mask-and-or, subtract, multiply-add; no int-to-float convert, no per-plane activation scaling) and
-  one multiply-add per word for the group scale.
+  does not matter, so nibble ``i`` of every word forms a plane against activations ``x[8j + i]``: the
+  nibble is masked in place and ORed into the mantissa of 2^23 (exact float ``2^23 + q * 16^p``),
+  one subtraction makes it ``q * 16^p`` and the activation carries the ``16^-p``. The zero point comes
+  off per word through the activations' sum, the group scale multiplies once per word: three ALU
+  operations per weight (mask-and-or, subtract, multiply-add; no int-to-float convert). With 2^23's
+  bits in a register (``_MAGIC``) each plane's mask is the LOP3's immediate. Even so the one-row int4
+  kernel streams well under half the bytes per second the FP8 one does on Hopper: neither its issue
+  slots nor DRAM are saturated (ncu on an H100: 56% and 42%), so latency, not arithmetic, bounds it.
 - 2+ rows: the de-quantized tile (raw FP8 value, or ``q - zero``: both exact in bf16) goes to
   ``tl.dot`` against a 16-row activation tile, and the group/block scale multiplies the partial sums.
 - split-K (``split_k`` > 1): when a layer has few output blocks, ``split_k`` programs share each one
@@ -43,6 +45,10 @@ from omni_gateway.kernels.row_fusion import (
 # them in stream order, so split launches must not overlap on two streams at once; the engine runs its
 # forward passes one at a time per device.
 _LOCKS = 1 << 16
+# The exponent bits of 2^23, a run-time argument of the kernel: as a compile-time constant the compiler
+# re-materialized each nibble plane's mask with a MOV before its LOP3 (about one extra instruction per
+# int4 weight); held in a register it leaves the masks as the LOP3s' immediates.
+_MAGIC = 0x4B000000
 _locks: dict[torch.device, torch.Tensor] = {}
 
 
@@ -70,6 +76,7 @@ def _int4_row_step(
     col_ok,
     kb,
     K,
+    magic,
     acc,
     squares,
     EVEN: tl.constexpr,
@@ -78,7 +85,8 @@ def _int4_row_step(
     NORM: tl.constexpr,
 ):
     """One row against ``SUB`` input features of int4 words (inside one group): ``acc`` [block_n,
-    SUB / 8] += scale * sum_i (q_i - zero) x_i per word; ``squares`` [1, SUB / 8] as ``norm_input``."""
+    SUB / 8] += scale * (sum_i q_i x_i - zero * sum_i x_i) per word; ``squares`` [1, SUB / 8] as
+    ``norm_input``. ``magic`` holds the exponent bits of 2^23."""
     words_k = kb // 8 + tl.arange(0, SUB // 8)
     xk = kb + tl.arange(0, SUB // 8) * 8
     g = cols * (K // GROUP) + kb // GROUP
@@ -94,8 +102,9 @@ def _int4_row_step(
         ok = col_ok & ((cols * 0 + kb) < K)  # per feature: the interpreter rejects scalar masks
         zero = tl.load(z_ptr + g, mask=ok, other=0).to(tl.float32)
         scale = tl.load(s_ptr + g, mask=ok, other=0.0).to(tl.float32)
-    high = words >> 12  # nibbles 5..7 land on bits 8..19, the positions of nibbles 2..4
+    high = words >> 12  # nibbles 5..7 land on bits 8..19, still inside the 23-bit mantissa
     part = tl.zeros(words.shape, tl.float32)
+    x_sum = tl.zeros([1, SUB // 8], tl.float32)
     for i in tl.static_range(8):
         ks = xk[None, :] + i  # [1, SUB / 8]: the words' layout, so the planes need no conversion
         if EVEN:
@@ -103,20 +112,15 @@ def _int4_row_step(
         else:
             x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
         x, squares = norm_input(x, squares, norm_ptr, ks, ks < K, EVEN, NORM)
+        x_sum += x
         if i < 5:
-            part += _int4_plane(words, zero, i) * x
+            bits = (words & (15 << (4 * i))) | magic
+            x = x * (1.0 / (1 << (4 * i)))
         else:
-            part += _int4_plane(high, zero, i - 3) * x
-    return acc + part * scale[:, None], squares
-
-
-@triton.jit
-def _int4_plane(words, zero, P: tl.constexpr):
-    """``q - zero`` (float32, exact) of the nibble at bits ``4P .. 4P + 3`` of each word: ORed under the
-    exponent of 2^(23 - 4P), whose mantissa step is 1 there, the bits read as ``2^(23 - 4P) + q``, and
-    one subtraction removes the power of two and the zero point together."""
-    bits = (words & (15 << (4 * P))) | ((150 - 4 * P) << 23)
-    return bits.to(tl.float32, bitcast=True) - (zero + (1 << (23 - 4 * P)))[:, None]
+            bits = (high & (15 << (4 * (i - 3)))) | magic
+            x = x * (1.0 / (1 << (4 * (i - 3))))
+        part += (bits.to(tl.float32, bitcast=True) - 8388608.0) * x  # (2^23 + q * 16^p) - 2^23, exact
+    return acc + (part - zero[:, None] * x_sum) * scale[:, None], squares
 
 
 @triton.jit
@@ -191,6 +195,7 @@ def _gemv_kernel(
     stride_xm,
     k_per_split,
     eps,
+    magic,
     FORMAT: tl.constexpr,
     GROUP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -256,6 +261,7 @@ def _gemv_kernel(
                     col_ok,
                     k0 + u * SUB,
                     K,
+                    magic,
                     acc2,
                     squares2,
                     EVEN,
@@ -495,6 +501,7 @@ def launch_gemv(
         x.stride(0),
         k_per_split,
         0.0 if fusion is None else fusion.eps,
+        _MAGIC,
         FORMAT=fmt,
         GROUP=group,
         HAS_BIAS=bias is not None,

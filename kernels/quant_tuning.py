@@ -56,9 +56,10 @@ class QuantLinearConfig:
 
 # (format, rows bucket, N, K) -> (block_n, block_k, num_warps, stages, split_k): the fastest config that
 # matched the twins in ``python -m benchmarks.quant_sweep`` on the H200 (2026-12-04, bf16 activations;
-# the comment is its time and the speedup over bf16 at that shape). Entries marked H100 come from
-# ``python -m benchmarks.quant_sweep --skip-prefill --formats int4,fp8-channel --rows 1`` on an H100
-# (2026-12-05), which times one row through the fused kernel the batch-1 decode runs at that shape.
+# the comment is its time and the speedup over bf16 at that shape). Entries marked H100 and one-row int4
+# come from ``python -m benchmarks.quant_sweep --skip-prefill --formats int4,fp8-channel --rows 1`` on
+# an H100 (2026-12-05; int4 again after its last kernel change), which times one row through the fused
+# kernel the batch-1 decode runs at that shape.
 _TUNED: dict[tuple[int, int, int, int], tuple[int, int, int, int, int]] = {
     (FP8_CHANNEL, 1, 4096, 14336): (8, 1024, 4, 3, 1),  # 16.4 us, 1.76x bf16
     (FP8_CHANNEL, 1, 6144, 4096): (8, 512, 4, 4, 1),  # 8.7 us, 1.63x bf16
@@ -92,10 +93,10 @@ _TUNED: dict[tuple[int, int, int, int], tuple[int, int, int, int, int]] = {
     (FP8_BLOCKWISE, 16, 6144, 4096): (32, 256, 4, 3, 4),  # 14.5 us, 1.09x bf16
     (FP8_BLOCKWISE, 16, 28672, 4096): (32, 256, 4, 3, 1),  # 44.9 us, 1.40x bf16
     # One row of int4: the plane kernel with the fusions of the batch-1 decode, on the H100.
-    (INT4_GROUPED, 1, 4096, 4096): (64, 128, 2, 4, 8),  # 10.5 us, 1.52x bf16
-    (INT4_GROUPED, 1, 4096, 14336): (128, 256, 4, 3, 8),  # 26.3 us, 1.93x bf16
-    (INT4_GROUPED, 1, 6144, 4096): (32, 256, 2, 3, 4),  # 15.4 us, 1.24x bf16
-    (INT4_GROUPED, 1, 28672, 4096): (64, 128, 2, 4, 4),  # 45.4 us, 1.66x bf16
+    (INT4_GROUPED, 1, 4096, 4096): (128, 256, 8, 3, 8),  # 11.2 us, 1.43x bf16
+    (INT4_GROUPED, 1, 4096, 14336): (128, 256, 8, 3, 8),  # 26.0 us, 1.96x bf16
+    (INT4_GROUPED, 1, 6144, 4096): (128, 256, 4, 3, 8),  # 15.3 us, 1.26x bf16
+    (INT4_GROUPED, 1, 28672, 4096): (128, 256, 4, 3, 4),  # 44.9 us, 1.68x bf16
     (INT4_GROUPED, 2, 4096, 14336): (64, 256, 8, 3, 4),  # 31.7 us, 1.00x bf16
     (INT4_GROUPED, 2, 6144, 4096): (64, 128, 4, 4, 4),  # 16.4 us, 0.99x bf16
     (INT4_GROUPED, 2, 28672, 4096): (32, 256, 4, 3, 1),  # 53.1 us, 1.18x bf16
