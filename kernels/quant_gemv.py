@@ -9,15 +9,7 @@ Decode is memory-bound, so what matters is bytes in flight and few ALU operation
   FP8 per block walks 128-wide sub-tiles and folds each one's block scale (one per program: its
   features lie in one block row) into the activations, so the weight tile sees one convert and one
   FMA per element.
-- int4 reads 32-bit words (eight 4-bit weights, input features ``8j .. 8j + 7``). The reduction order
-  does not matter, so nibble ``i`` of every word forms a plane against activations ``x[8j + i]``: the
-  nibble is masked in place and ORed into the mantissa of 2^23 (exact float ``2^23 + q * 16^p``),
-  one subtraction makes it ``q * 16^p`` and the activation carries the ``16^-p``. The zero point comes
-  off per word through the activations' sum, the group scale multiplies once per word: three ALU
-  operations per weight (mask-and-or, subtract, multiply-add; no int-to-float convert). With 2^23's
-  bits in a register (``_MAGIC``) each plane's mask is the LOP3's immediate. Even so the one-row int4
-  kernel streams well under half the bytes per second the FP8 one does on Hopper: neither its issue
-  slots nor DRAM are saturated (ncu on an H100: 56% and 42%), so latency, not arithmetic, bounds it.
+- int4 reads 32-bit words, eight weights each, as nibble planes (kernels/quant_tiles.py).
 - 2+ rows: the de-quantized tile (raw FP8 value, or ``q - zero``: both exact in bf16) goes to
   ``tl.dot`` against a 16-row activation tile, and the group/block scale multiplies the partial sums.
 - split-K (``split_k`` > 1): when a layer has few output blocks, ``split_k`` programs share each one
@@ -30,6 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from omni_gateway.kernels.quant_tiles import dot_tile, int4_row_step
 from omni_gateway.kernels.quant_tuning import FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig
 from omni_gateway.kernels.row_fusion import (
     RowFusion,
@@ -63,118 +56,6 @@ def _epilogue(
         out += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
-
-
-@triton.jit
-def _int4_row_step(
-    w_rows,
-    x_ptr,
-    s_ptr,
-    z_ptr,
-    norm_ptr,
-    cols,
-    col_ok,
-    kb,
-    K,
-    magic,
-    acc,
-    squares,
-    EVEN: tl.constexpr,
-    GROUP: tl.constexpr,
-    SUB: tl.constexpr,
-    NORM: tl.constexpr,
-):
-    """One row against ``SUB`` input features of int4 words (inside one group): ``acc`` [block_n,
-    SUB / 8] += scale * (sum_i q_i x_i - zero * sum_i x_i) per word; ``squares`` [1, SUB / 8] as
-    ``norm_input``. ``magic`` holds the exponent bits of 2^23."""
-    words_k = kb // 8 + tl.arange(0, SUB // 8)
-    xk = kb + tl.arange(0, SUB // 8) * 8
-    g = cols * (K // GROUP) + kb // GROUP
-    if EVEN:
-        words = tl.load(w_rows + words_k[None, :], eviction_policy="evict_first")
-        zero = tl.load(z_ptr + g).to(tl.float32)
-        scale = tl.load(s_ptr + g).to(tl.float32)
-    else:
-        in_k = words_k < K // 8
-        words = tl.load(
-            w_rows + words_k[None, :], mask=col_ok[:, None] & in_k[None, :], other=0, eviction_policy="evict_first"
-        )
-        ok = col_ok & ((cols * 0 + kb) < K)  # per feature: the interpreter rejects scalar masks
-        zero = tl.load(z_ptr + g, mask=ok, other=0).to(tl.float32)
-        scale = tl.load(s_ptr + g, mask=ok, other=0.0).to(tl.float32)
-    high = words >> 12  # nibbles 5..7 land on bits 8..19, still inside the 23-bit mantissa
-    part = tl.zeros(words.shape, tl.float32)
-    x_sum = tl.zeros([1, SUB // 8], tl.float32)
-    for i in tl.static_range(8):
-        ks = xk[None, :] + i  # [1, SUB / 8]: the words' layout, so the planes need no conversion
-        if EVEN:
-            x = tl.load(x_ptr + ks).to(tl.float32)
-        else:
-            x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-        x, squares = norm_input(x, squares, norm_ptr, ks, ks < K, EVEN, NORM)
-        x_sum += x
-        if i < 5:
-            bits = (words & (15 << (4 * i))) | magic
-            x = x * (1.0 / (1 << (4 * i)))
-        else:
-            bits = (high & (15 << (4 * (i - 3)))) | magic
-            x = x * (1.0 / (1 << (4 * (i - 3))))
-        part += (bits.to(tl.float32, bitcast=True) - 8388608.0) * x  # (2^23 + q * 16^p) - 2^23, exact
-    return acc + (part - zero[:, None] * x_sum) * scale[:, None], squares
-
-
-@triton.jit
-def _dot_tile(
-    w_ptr,
-    s_ptr,
-    z_ptr,
-    cols,
-    col_ok,
-    kb,
-    K,
-    like,
-    EVEN: tl.constexpr,
-    FORMAT: tl.constexpr,
-    GROUP: tl.constexpr,
-    SUB: tl.constexpr,
-):
-    """The ``[block_n, SUB]`` tile at ``kb`` of unscaled weights in the dtype of ``like`` (raw FP8
-    value or ``q - zero``, exact in 16-bit floats) and the per-feature scale of its partial sums."""
-    if FORMAT == 2:
-        half = kb // 2 + tl.arange(0, SUB // 2)
-        ptrs = w_ptr + cols.to(tl.int64)[:, None] * (K // 2) + half[None, :]
-        g = cols * (K // GROUP) + kb // GROUP
-        if EVEN:
-            packed = tl.load(ptrs, eviction_policy="evict_first")
-            zero = tl.load(z_ptr + g).to(tl.float32)
-            scale = tl.load(s_ptr + g).to(tl.float32)
-        else:
-            ok = col_ok & ((cols * 0 + kb) < K)
-            packed = tl.load(
-                ptrs, mask=col_ok[:, None] & (half < K // 2)[None, :], other=0, eviction_policy="evict_first"
-            )
-            zero = tl.load(z_ptr + g, mask=ok, other=0).to(tl.float32)
-            scale = tl.load(s_ptr + g, mask=ok, other=0.0).to(tl.float32)
-        q = tl.interleave(packed & 0xF, packed >> 4).to(tl.int32) | 0x4B000000
-        w = (q.to(tl.float32, bitcast=True) - (8388608.0 + zero[:, None])).to(like.dtype)
-    else:
-        ks = kb + tl.arange(0, SUB)
-        ptrs = w_ptr + cols.to(tl.int64)[:, None] * K + ks[None, :]
-        if EVEN:
-            w = tl.load(ptrs, eviction_policy="evict_first")
-        else:
-            w = tl.load(ptrs, mask=col_ok[:, None] & (ks < K)[None, :], other=0.0, eviction_policy="evict_first")
-        w = w.to(like.dtype)
-        if FORMAT == 1:
-            # block_n divides 128, so the program's features share one block row of scales.
-            sp = s_ptr + (cols // GROUP) * tl.cdiv(K, GROUP) + kb // GROUP
-            if EVEN:
-                scale = tl.load(sp)
-            else:
-                scale = tl.load(sp, mask=col_ok & ((cols * 0 + kb) < K), other=0.0)
-        else:
-            scale = tl.full([cols.shape[0]], 1.0, tl.float32)
-    return w, scale
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -236,7 +117,7 @@ def _gemv_kernel(
                     x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
                 if DOT_FP32:
                     x = x.to(tl.float32)
-                w, scale = _dot_tile(w_ptr, s_ptr, z_ptr, cols, col_ok, kb, K, x, EVEN, FORMAT, GROUP, SUB)
+                w, scale = dot_tile(w_ptr, s_ptr, z_ptr, cols, col_ok, kb, K, x, EVEN, FORMAT, GROUP, SUB)
                 if DOT_FP32:
                     part = tl.dot(x, tl.trans(w), input_precision="ieee")
                 else:
@@ -251,7 +132,7 @@ def _gemv_kernel(
         squares2 = tl.zeros([1, SUB // 8], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
             for u in tl.static_range(BLOCK_K // SUB):
-                acc2, squares2 = _int4_row_step(
+                acc2, squares2 = int4_row_step(
                     w_rows,
                     x_ptr,
                     s_ptr,

@@ -23,6 +23,7 @@ _TRITON_MODULES = (
     "omni_gateway.kernels.argmax",
     "omni_gateway.kernels.row_fusion",  # before the kernels that call its helpers
     "omni_gateway.kernels.gemv",
+    "omni_gateway.kernels.quant_tiles",  # before the kernel that calls its helpers
     "omni_gateway.kernels.quant_gemv",
     "omni_gateway.kernels.quant_gemm",
     "omni_gateway.kernels.quant_linear",

@@ -1,0 +1,134 @@
+"""What one reduction step of the decode-sized quantized linear (kernels/quant_gemv.py) computes, per
+weight format:
+
+- ``int4_row_step``, one row: 32-bit words of eight 4-bit weights (input features ``8j .. 8j + 7``). The
+  reduction order does not matter, so nibble ``i`` of every word forms a plane against activations
+  ``x[8j + i]``: the nibble is masked in place and ORed into the mantissa of 2^23 (exact float
+  ``2^23 + q * 16^p``), one subtraction makes it ``q * 16^p`` and the activation carries the ``16^-p``.
+  The zero point comes off per word through the activations' sum, the group scale multiplies once per
+  word: three ALU operations per weight (mask-and-or, subtract, multiply-add; no int-to-float convert).
+  With 2^23's bits in a register (``quant_gemv._MAGIC``) each plane's mask is the LOP3's immediate. Even
+  so the one-row int4 kernel streams well under half the bytes per second the FP8 one does on Hopper:
+  neither its issue slots nor DRAM are saturated (ncu on an H100: 56% and 42%), so latency, not
+  arithmetic, bounds it.
+- ``dot_tile``, 2+ rows: the ``[block_n, SUB]`` tile of unscaled weights for ``tl.dot`` (the raw FP8 value
+  or ``q - zero``, both exact in 16-bit floats) and the scale of its partial sums.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from omni_gateway.kernels.row_fusion import norm_input
+
+
+@triton.jit
+def int4_row_step(
+    w_rows,
+    x_ptr,
+    s_ptr,
+    z_ptr,
+    norm_ptr,
+    cols,
+    col_ok,
+    kb,
+    K,
+    magic,
+    acc,
+    squares,
+    EVEN: tl.constexpr,
+    GROUP: tl.constexpr,
+    SUB: tl.constexpr,
+    NORM: tl.constexpr,
+):
+    """One row against ``SUB`` input features of int4 words (inside one group): ``acc`` [block_n,
+    SUB / 8] += scale * (sum_i q_i x_i - zero * sum_i x_i) per word; ``squares`` [1, SUB / 8] as
+    ``norm_input``. ``magic`` holds the exponent bits of 2^23."""
+    words_k = kb // 8 + tl.arange(0, SUB // 8)
+    xk = kb + tl.arange(0, SUB // 8) * 8
+    g = cols * (K // GROUP) + kb // GROUP
+    if EVEN:
+        words = tl.load(w_rows + words_k[None, :], eviction_policy="evict_first")
+        zero = tl.load(z_ptr + g).to(tl.float32)
+        scale = tl.load(s_ptr + g).to(tl.float32)
+    else:
+        in_k = words_k < K // 8
+        words = tl.load(
+            w_rows + words_k[None, :], mask=col_ok[:, None] & in_k[None, :], other=0, eviction_policy="evict_first"
+        )
+        ok = col_ok & ((cols * 0 + kb) < K)  # per feature: the interpreter rejects scalar masks
+        zero = tl.load(z_ptr + g, mask=ok, other=0).to(tl.float32)
+        scale = tl.load(s_ptr + g, mask=ok, other=0.0).to(tl.float32)
+    high = words >> 12  # nibbles 5..7 land on bits 8..19, still inside the 23-bit mantissa
+    part = tl.zeros(words.shape, tl.float32)
+    x_sum = tl.zeros([1, SUB // 8], tl.float32)
+    for i in tl.static_range(8):
+        ks = xk[None, :] + i  # [1, SUB / 8]: the words' layout, so the planes need no conversion
+        if EVEN:
+            x = tl.load(x_ptr + ks).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+        x, squares = norm_input(x, squares, norm_ptr, ks, ks < K, EVEN, NORM)
+        x_sum += x
+        if i < 5:
+            bits = (words & (15 << (4 * i))) | magic
+            x = x * (1.0 / (1 << (4 * i)))
+        else:
+            bits = (high & (15 << (4 * (i - 3)))) | magic
+            x = x * (1.0 / (1 << (4 * (i - 3))))
+        part += (bits.to(tl.float32, bitcast=True) - 8388608.0) * x  # (2^23 + q * 16^p) - 2^23, exact
+    return acc + (part - zero[:, None] * x_sum) * scale[:, None], squares
+
+
+@triton.jit
+def dot_tile(
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    cols,
+    col_ok,
+    kb,
+    K,
+    like,
+    EVEN: tl.constexpr,
+    FORMAT: tl.constexpr,
+    GROUP: tl.constexpr,
+    SUB: tl.constexpr,
+):
+    """The ``[block_n, SUB]`` tile at ``kb`` of unscaled weights in the dtype of ``like`` (raw FP8
+    value or ``q - zero``, exact in 16-bit floats) and the per-feature scale of its partial sums."""
+    if FORMAT == 2:
+        half = kb // 2 + tl.arange(0, SUB // 2)
+        ptrs = w_ptr + cols.to(tl.int64)[:, None] * (K // 2) + half[None, :]
+        g = cols * (K // GROUP) + kb // GROUP
+        if EVEN:
+            packed = tl.load(ptrs, eviction_policy="evict_first")
+            zero = tl.load(z_ptr + g).to(tl.float32)
+            scale = tl.load(s_ptr + g).to(tl.float32)
+        else:
+            ok = col_ok & ((cols * 0 + kb) < K)
+            packed = tl.load(
+                ptrs, mask=col_ok[:, None] & (half < K // 2)[None, :], other=0, eviction_policy="evict_first"
+            )
+            zero = tl.load(z_ptr + g, mask=ok, other=0).to(tl.float32)
+            scale = tl.load(s_ptr + g, mask=ok, other=0.0).to(tl.float32)
+        q = tl.interleave(packed & 0xF, packed >> 4).to(tl.int32) | 0x4B000000
+        w = (q.to(tl.float32, bitcast=True) - (8388608.0 + zero[:, None])).to(like.dtype)
+    else:
+        ks = kb + tl.arange(0, SUB)
+        ptrs = w_ptr + cols.to(tl.int64)[:, None] * K + ks[None, :]
+        if EVEN:
+            w = tl.load(ptrs, eviction_policy="evict_first")
+        else:
+            w = tl.load(ptrs, mask=col_ok[:, None] & (ks < K)[None, :], other=0.0, eviction_policy="evict_first")
+        w = w.to(like.dtype)
+        if FORMAT == 1:
+            # block_n divides 128, so the program's features share one block row of scales.
+            sp = s_ptr + (cols // GROUP) * tl.cdiv(K, GROUP) + kb // GROUP
+            if EVEN:
+                scale = tl.load(sp)
+            else:
+                scale = tl.load(sp, mask=col_ok & ((cols * 0 + kb) < K), other=0.0)
+        else:
+            scale = tl.full([cols.shape[0]], 1.0, tl.float32)
+    return w, scale
