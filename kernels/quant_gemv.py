@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from omni_gateway.kernels.quant_tiles import dot_tile, int4_row_step
+from omni_gateway.kernels.quant_tiles import INT4_MAGIC, dot_tile, int4_row_step
 from omni_gateway.kernels.quant_tuning import FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig
 from omni_gateway.kernels.row_fusion import (
     RowFusion,
@@ -38,10 +38,6 @@ from omni_gateway.kernels.row_fusion import (
 # them in stream order, so split launches must not overlap on two streams at once; the engine runs its
 # forward passes one at a time per device.
 _LOCKS = 1 << 16
-# The exponent bits of 2^23, a run-time argument of the kernel: as a compile-time constant the compiler
-# re-materialized each nibble plane's mask with a MOV before its LOP3 (about one extra instruction per
-# int4 weight); held in a register it leaves the masks as the LOP3s' immediates.
-_MAGIC = 0x4B000000
 _locks: dict[torch.device, torch.Tensor] = {}
 
 
@@ -382,7 +378,7 @@ def launch_gemv(
         x.stride(0),
         k_per_split,
         0.0 if fusion is None else fusion.eps,
-        _MAGIC,
+        INT4_MAGIC,
         FORMAT=fmt,
         GROUP=group,
         HAS_BIAS=bias is not None,

@@ -7,7 +7,7 @@ weight format:
   ``2^23 + q * 16^p``), one subtraction makes it ``q * 16^p`` and the activation carries the ``16^-p``.
   The zero point comes off per word through the activations' sum, the group scale multiplies once per
   word: three ALU operations per weight (mask-and-or, subtract, multiply-add; no int-to-float convert).
-  With 2^23's bits in a register (``quant_gemv._MAGIC``) each plane's mask is the LOP3's immediate. Even
+  With 2^23's bits in a register (``INT4_MAGIC``) each plane's mask is the LOP3's immediate. Even
   so the one-row int4 kernel streams well under half the bytes per second the FP8 one does on Hopper:
   neither its issue slots nor DRAM are saturated (ncu on an H100: 56% and 42%), so latency, not
   arithmetic, bounds it.
@@ -20,6 +20,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from omni_gateway.kernels.row_fusion import norm_input
+
+# The exponent bits of 2^23, passed to the kernel at run time as ``int4_row_step``'s ``magic``: as a
+# compile-time constant the compiler re-materialized each nibble plane's mask with a MOV before its LOP3
+# (about one extra instruction per int4 weight); held in a register it leaves the masks as the LOP3s'
+# immediates.
+INT4_MAGIC = 0x4B000000
 
 
 @triton.jit
