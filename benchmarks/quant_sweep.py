@@ -81,6 +81,12 @@ ONE_ROW_INT4 = [
     (128, 128, 4, 4),
     (128, 256, 4, 3),
     (128, 256, 8, 3),
+    # One stage: no cp.async pipeline through shared memory (and none of its block barriers per step); the
+    # words load straight into registers and the warps of several programs per SM keep the bytes in flight.
+    (64, 256, 4, 1),
+    (128, 256, 4, 1),
+    (128, 256, 8, 1),
+    (128, 512, 8, 1),
 ]
 DOT = [
     (16, 256, 4, 3),
