@@ -151,12 +151,32 @@ class AudioEncoder(abc.ABC):
             raise UnusableAudio("audio holds NaN or infinite samples")
         if sample_rate != self.sampling_rate:
             samples = resample(samples, sample_rate, self.sampling_rate)
+        if self.embeddings_for(samples.size) < 1:
+            raise UnusableAudio(
+                f"audio is {1000 * samples.size / self.sampling_rate:.1f} ms at this model's {self.sampling_rate} Hz; "
+                f"it hears clips of at least {1000 * self.shortest_samples() / self.sampling_rate:.1f} ms"
+            )
         if self.max_samples is not None and samples.size > self.max_samples:
             raise UnusableAudio(
                 f"audio is {samples.size / self.sampling_rate:.2f} s; this model hears at most "
                 f"{self.max_samples / self.sampling_rate:g} s per clip"
             )
         return np.ascontiguousarray(samples)
+
+    def embeddings_for(self, samples: int) -> int:
+        """How many embeddings the tower makes of a clip of ``samples`` samples at ``sampling_rate``: Whisper-style
+        towers halve the clip's mel frames twice (a strided convolution, then pooling)."""
+        frames = -(-samples // int(self.extractor.hop_length))  # the extractor's attention mask, one per hop
+        _, tokens = self.tower._get_feat_extract_output_lengths(torch.tensor([frames]))
+        return int(tokens[0])
+
+    def shortest_samples(self) -> int:
+        """The fewest samples that give at least one embedding."""
+        low, high = 1, self.window_samples
+        while low < high:
+            mid = (low + high) // 2
+            low, high = (low, mid) if self.embeddings_for(mid) >= 1 else (mid + 1, high)
+        return low
 
     @abc.abstractmethod
     def _encode(self, samples: np.ndarray, key: str) -> AudioFeatures:
@@ -240,6 +260,11 @@ class VoxtralTower(AudioEncoder):
         self.stack = int(hf_config.audio_config.intermediate_size)
         tokens = special_token_ids(model_dir)
         self.placeholders = AudioPlaceholders(audio=int(hf_config.audio_token_id), start=tokens.get("[BEGIN_AUDIO]"))
+
+    def embeddings_for(self, samples: int) -> int:
+        """Each started window is padded whole and gives a full window's embeddings."""
+        windows = -(-samples // self.window_samples)
+        return windows * (self.window_frames // 2) * int(self.hf_config.audio_config.hidden_size) // self.stack
 
     @torch.inference_mode()
     def _encode(self, samples: np.ndarray, key: str) -> AudioFeatures:

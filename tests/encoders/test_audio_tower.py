@@ -18,7 +18,13 @@ from omni_gateway.encoders.audio_tower import (
 )
 from omni_gateway.encoders.cache import EncoderCache
 
-from tests.encoders.audio_checkpoints import SAMPLE_RATE, save_tiny_qwen2_audio, tone
+from tests.encoders.audio_checkpoints import (
+    SAMPLE_RATE,
+    save_tiny_qwen2_5_omni,
+    save_tiny_qwen2_audio,
+    save_tiny_voxtral,
+    tone,
+)
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +90,9 @@ def test_any_rate_is_resampled_and_the_cache_is_keyed_by_content(encoder: AudioE
         (np.zeros((2, 100), np.float32), SAMPLE_RATE, "mono"),
         (np.zeros(100, np.float32), 0, "sample rate must be positive"),
         (np.zeros(SAMPLE_RATE + 1, np.float32), SAMPLE_RATE, "at most 1 s per clip"),
+        # nothing left once resampled, and too short for one audio token
+        (np.zeros(10, np.float32), 384_000, r"audio is 0\.0 ms at this model's 16000 Hz; .* at least 20\.1 ms"),
+        (np.zeros(300, np.float32), SAMPLE_RATE, r"audio is 18\.8 ms .* at least 20\.1 ms"),
     ],
 )
 def test_unusable_audio_is_refused_with_a_clear_error(
@@ -107,3 +116,18 @@ def test_directories_without_an_audio_tower_are_refused(tmp_path: Path, tiny: tu
         load_audio_encoder(broken)
     (broken / "config.json").write_text(json.dumps({"architectures": ["Qwen2AudioForConditionalGeneration"]}))
     assert checkpoint_family(broken) == "qwen2_audio"
+
+
+@pytest.mark.parametrize("save", [save_tiny_qwen2_audio, save_tiny_voxtral, save_tiny_qwen2_5_omni])
+def test_the_shortest_clip_heard_is_the_first_with_an_embedding(tmp_path: Path, save: Any) -> None:
+    """``embeddings_for`` counts what the tower makes, so the refusal of shorter clips is exact: the shortest
+    clip accepted gives an embedding, one sample less is refused with the shortest length named."""
+    save(tmp_path)
+    encoder = load_audio_encoder(tmp_path, cache=EncoderCache(1 << 20))
+    shortest = encoder.shortest_samples()
+    for samples in (shortest, shortest + 159, shortest + 1000):
+        clip = tone(samples, 1.0)[:samples]
+        assert encoder.encode(clip, SAMPLE_RATE).embeds.shape[0] == encoder.embeddings_for(samples) >= 1
+    if shortest > 1:
+        with pytest.raises(UnusableAudio, match=f"at least {1000 * shortest / SAMPLE_RATE:.1f} ms"):
+            encoder.encode(tone(0, 1.0)[: shortest - 1], SAMPLE_RATE)
