@@ -18,6 +18,7 @@ from omni_gateway.engine.chat_template import render_chat
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.detokenizer import IncrementalDetokenizer
 from omni_gateway.engine.errors import InvalidRequest
+from omni_gateway.engine.host_memory import return_free_heap
 from omni_gateway.engine.input_stream import InputStream
 from omni_gateway.engine.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
@@ -98,11 +99,16 @@ class LLMEngine:
         assert config.block_size is not None  # EngineConfig sets it for every named device
         block_size = config.block_size
         self.config = config
-        self.model = model
         self.tokenizer = model.tokenizer
         self.eos_token_ids: frozenset[int] = frozenset(model.eos_token_ids)
         self.vocab_size: int = model.vocab_size
         self.runner: Runner = runner_factory(config, model)
+        # The runner holds what it runs (merged q/k/v and gate/up rows are new tensors): a loaded model's
+        # own tensors go, so the weights are in memory once.
+        if getattr(model, "weights", None):
+            model = dataclasses.replace(model, weights={})
+            return_free_heap()
+        self.model = model
         num_blocks = self.runner.num_kv_blocks
         self.max_model_len = self._decide_max_model_len(config, model.max_model_len, num_blocks, block_size)
         kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=config.enable_prefix_caching)

@@ -245,13 +245,12 @@ _GGUF_GLOBAL_NAMES = {
 
 
 def _load_gguf(path: Path, tokenizer_path: str | None) -> tuple[Any, dict[str, torch.Tensor | QuantizedWeight], Any]:
-    stat = path.stat()
-    hf_config, weights = _read_gguf(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    hf_config, weights = _read_gguf(str(path.resolve()))
     if tokenizer_path is not None:
         tokenizer = _load_tokenizer(tokenizer_path, None)
     else:
         tokenizer = _load_tokenizer(str(path.parent), path.name)
-    return hf_config, dict(weights), tokenizer
+    return hf_config, weights, tokenizer
 
 
 def gguf_weights(path: str) -> dict[str, torch.Tensor]:
@@ -263,13 +262,13 @@ def gguf_weights(path: str) -> dict[str, torch.Tensor]:
 
 @functools.lru_cache(maxsize=1)
 def _dequantized_gguf(path: str, mtime_ns: int, size: int) -> dict[str, torch.Tensor]:
-    weights = _read_gguf(path, mtime_ns, size)[1]
+    weights = _read_gguf(path)[1]
     return {name: w.dequantize() if isinstance(w, QuantizedWeight) else w for name, w in weights.items()}
 
 
-@functools.lru_cache(maxsize=1)
-def _read_gguf(path: str, mtime_ns: int, size: int) -> tuple[Any, dict[str, torch.Tensor | QuantizedWeight]]:
-    """Parse and decode one GGUF file (cached: parsing takes seconds; mtime/size key the cache)."""
+def _read_gguf(path: str) -> tuple[Any, dict[str, torch.Tensor | QuantizedWeight]]:
+    """Parse and decode one GGUF file. Not cached: a cache would keep every decoded tensor alive beside the
+    merged q/k/v and gate/up copies the engine runs (50 MiB of the embedded model held twice)."""
     from gguf import GGUFReader
 
     try:

@@ -128,6 +128,11 @@ class ModelRunner:
         self.max_model_len = loaded.max_model_len
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         weights = loaded.weights
+        if not weights and loaded.source is None:
+            raise ValueError(
+                f"the loaded model {loaded.name!r} holds no weights: an engine built from it released them; "
+                "load it again (engine.loader.load_model) for another engine"
+            )
         if parallel.is_parallel or (not weights and loaded.source is not None):  # read here, this rank's slices
             layout = ShardLayout.of(loaded.hf_config, parallel.rank, parallel.world_size)
             weights = shard_weights(loaded.source, layout)

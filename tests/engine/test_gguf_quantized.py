@@ -4,7 +4,9 @@ product with the de-quantized weights, and greedy output identical to the float3
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib.util
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -105,7 +107,7 @@ def test_mixed_layouts_stack_by_rows() -> None:
 
 def _float_twin(llm: LLM) -> LLM:
     """The same model with every quantized weight de-quantized to float32 (the reference path)."""
-    model = llm.engine.model
+    model = load_model(llm.engine.config)  # the engine released the weights it loaded
     floats = {k: v.dequantize() if isinstance(v, QuantizedWeight) else v for k, v in model.weights.items()}
     return LLM.from_engine(LLMEngine(llm.engine.config, model=dataclasses.replace(model, weights=floats)))
 
@@ -164,3 +166,21 @@ def test_default_model_greedy_output_equals_float_path() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=48)
     for got, want in zip(llm.generate(prompts, params), reference.generate(prompts, params)):
         assert got.outputs[0].token_ids == want.outputs[0].token_ids
+
+
+def test_the_engine_keeps_one_copy_of_the_weights(tmp_path: Path, tokenizer_dir: Path) -> None:
+    """q/k/v and gate/up run as merged copies: once the engine is built, the loaded per-projection tensors are
+    freed (nothing caches them), and a released model cannot silently build a second, weightless engine."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", GGMLQuantizationType.Q4_1)
+    config = EngineConfig(model=str(path), tokenizer=str(tokenizer_dir), device="cpu", max_model_len=128)
+    loaded = load_model(config)
+    q_codes = weakref.ref(loaded.weights["model.layers.0.self_attn.q_proj.weight"].codes)
+    up_codes = weakref.ref(loaded.weights["model.layers.0.mlp.up_proj.weight"].codes)
+    llm = LLM.from_engine(LLMEngine(config, model=loaded))
+    del loaded
+    gc.collect()
+    assert q_codes() is None and up_codes() is None
+    [out] = llm.generate([[5, 17, 99]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    assert len(out.outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="holds no weights"):
+        LLMEngine(config, model=llm.engine.model)

@@ -32,7 +32,7 @@ def test_greedy_generation_prefix_reuse_and_no_leaked_blocks() -> None:
 
     # Same weights, new runner and KV cache, no prefix caching.
     no_cache = dataclasses.replace(llm.engine.config, enable_prefix_caching=False)
-    fresh = LLM.from_engine(LLMEngine(no_cache, model=llm.engine.model))
+    fresh = LLM.from_engine(LLMEngine(no_cache))
     [uncached] = fresh.generate(turn2, greedy)
     assert cached.outputs[0].token_ids == uncached.outputs[0].token_ids
     for engine in (llm.engine, fresh.engine):
