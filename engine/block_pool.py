@@ -2,6 +2,9 @@
 
 A block whose last user leaves keeps its hash and stays findable until the pool hands it out
 again; the free list is in eviction order, so the least recently freed block is reused first.
+A cached block may also keep ``rows``: the final hidden states of its positions, as a request that
+asks for them computed them (opaque here), so such requests can reuse it too. A bounded number of
+blocks keep rows, the least recently used losing them first.
 Pure Python: no torch, no I/O.
 """
 
@@ -12,6 +15,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
+from typing import Any
 
 BlockHash = bytes
 
@@ -32,12 +36,13 @@ def hash_block(parent: BlockHash | None, token_ids: Seq[int], extra_keys: tuple[
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "hash")
+    __slots__ = ("block_id", "ref_count", "hash", "rows")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_count = 0
         self.hash: BlockHash | None = None
+        self.rows: tuple[Any, ...] | None = None  # hidden states of its positions, in pieces
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref={self.ref_count}, cached={self.hash is not None})"
@@ -52,6 +57,7 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
         self._by_hash: dict[BlockHash, Block] = {}
+        self._with_rows: OrderedDict[int, Block] = OrderedDict()  # least recently used first
 
     @property
     def num_blocks(self) -> int:
@@ -93,6 +99,23 @@ class BlockPool:
             if block.ref_count == 0:
                 del self._free[block.block_id]
             block.ref_count += 1
+            if block.rows is not None:
+                self._with_rows.move_to_end(block.block_id)
+
+    def keep_rows(self, block: Block, rows: tuple[Any, ...], max_blocks: int) -> None:
+        """Keep ``rows`` with a cached block that has none; beyond ``max_blocks`` such blocks, the least
+        recently used one drops its rows (its KV stays cached)."""
+        if block.hash is None or block.rows is not None or max_blocks < 1:
+            return
+        block.rows = rows
+        self._with_rows[block.block_id] = block
+        while len(self._with_rows) > max_blocks:
+            _, oldest = self._with_rows.popitem(last=False)
+            oldest.rows = None
+
+    @property
+    def num_blocks_with_rows(self) -> int:
+        return len(self._with_rows)
 
     def release(self, blocks: Iterable[Block]) -> None:
         """Drop one reference each; blocks reaching zero join the tail of the free list in the given order."""
@@ -103,16 +126,20 @@ class BlockPool:
             if block.ref_count == 0:
                 self._free[block.block_id] = block
 
-    def register(self, block: Block, block_hash: BlockHash) -> None:
-        """Make a full block findable by its hash. An equal block already indexed wins; block tables
-        are append-only, so the duplicate simply stays private to its sequence."""
+    def register(self, block: Block, block_hash: BlockHash) -> Block:
+        """Make a full block findable by its hash; returns the block findable under it. An equal block
+        already indexed wins; block tables are append-only, so the duplicate simply stays private to its
+        sequence."""
         if block.hash is not None or block_hash in self._by_hash:
-            return
+            return self._by_hash.get(block_hash, block)
         block.hash = block_hash
         self._by_hash[block_hash] = block
+        return block
 
     def _evict_hash(self, block: Block) -> None:
         if block.hash is not None:
             if self._by_hash.get(block.hash) is block:
                 del self._by_hash[block.hash]
             block.hash = None
+        if self._with_rows.pop(block.block_id, None) is not None:
+            block.rows = None

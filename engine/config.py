@@ -46,6 +46,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
     max_waiting_requests: int = 4096  # bounded queue: beyond this, add_request raises EngineOverloaded
     enable_prefix_caching: bool = True
+    # Cached prefix blocks keep the final hidden states of requests that ask for them (a speaking model's
+    # thinker), so its next turn reuses the conversation too; positions kept, over all blocks (0: none).
+    hidden_state_cache_tokens: int = 16384
     attention_backend: str = "auto"  # "torch" | "triton" | "auto"
     enforce_eager: bool = False  # True disables CUDA graphs
     # Decode steps launch one step ahead: the device runs step N+1 while the host turns step N's
@@ -86,6 +89,8 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.hidden_state_cache_tokens < 0:
+            raise ValueError(f"hidden_state_cache_tokens must be >= 0, got {self.hidden_state_cache_tokens}")
         if self.max_waiting_requests < 1:
             raise ValueError(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:

@@ -6,6 +6,7 @@ Pure Python: no torch, no I/O. The scheduler is its only caller.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from omni_gateway.engine.block_pool import Block, BlockHash, BlockPool, hash_block
 from omni_gateway.engine.sequence import Sequence
@@ -39,9 +40,14 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True, max_row_blocks: int = 0
+    ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        # Blocks that may keep the hidden states of their positions (``BlockPool.keep_rows``); 0: none, and
+        # requests asking for hidden states compute every position.
+        self.max_row_blocks = max_row_blocks if enable_prefix_caching else 0
         self.pool = BlockPool(num_blocks)
         self._held: dict[int, list[Block]] = {}
         self._seqs: dict[int, Sequence] = {}
@@ -67,14 +73,16 @@ class KVCacheManager:
 
     def find_cached_prefix(self, seq: Sequence) -> CachedPrefix:
         """Longest run of cached full blocks at the start of ``seq``. It never covers the last token,
-        because that token's forward pass is what produces the next token's logits."""
-        if not self.enable_prefix_caching or seq.params.return_hidden_states:
-            return _NO_PREFIX  # a request that wants every position's hidden state computes every position
+        because that token's forward pass is what produces the next token's logits. A request that wants
+        every position's hidden state reuses only blocks that kept theirs."""
+        wants_rows = seq.params.return_hidden_states
+        if not self.enable_prefix_caching or (wants_rows and not self.max_row_blocks):
+            return _NO_PREFIX
         max_blocks = (len(seq) - 1) // self.block_size
         hits: list[Block] = []
         for block_hash in self._block_hashes(seq, max_blocks):
             block = self.pool.lookup(block_hash)
-            if block is None:
+            if block is None or (wants_rows and block.rows is None):
                 break
             hits.append(block)
         return CachedPrefix(tuple(hits), len(hits) * self.block_size) if hits else _NO_PREFIX
@@ -120,6 +128,8 @@ class KVCacheManager:
         if prefix is not None:
             self.prefix_query_tokens += len(seq)
             self.prefix_hit_tokens += prefix.num_tokens
+            if seq.params.return_hidden_states:
+                seq.prefix_rows = tuple(piece for b in hit_blocks for piece in b.rows or ())
         return True
 
     def cache_full_blocks(self, seq: Sequence) -> None:
@@ -132,8 +142,13 @@ class KVCacheManager:
             return
         held = self._held[seq.seq_id]
         hashes = self._block_hashes(seq, num_full)
+        bs = self.block_size
         for i in range(done, num_full):
-            self.pool.register(held[i], hashes[i])
+            cached = self.pool.register(held[i], hashes[i])
+            if seq.pending_rows:
+                rows = _take_rows(seq, i * bs, (i + 1) * bs)
+                if rows is not None:
+                    self.pool.keep_rows(cached, rows, self.max_row_blocks)
         self._num_registered[seq.seq_id] = num_full
 
     def free(self, seq: Sequence) -> None:
@@ -143,6 +158,8 @@ class KVCacheManager:
         self._seqs.pop(seq.seq_id, None)
         self._hashes.pop(seq.seq_id, None)
         self._num_registered.pop(seq.seq_id, None)
+        seq.pending_rows.clear()
+        seq.prefix_rows = ()
         seq.block_table.clear()
         seq.block_table_version += 1
         if blocks:
@@ -167,3 +184,20 @@ class KVCacheManager:
             parent = hashes[-1] if hashes else None
             hashes.append(hash_block(parent, seq.token_ids[start:end], seq.extra_keys_for(start, end)))
         return hashes[:num_blocks]
+
+
+def _take_rows(seq: Sequence, start: int, end: int) -> tuple[Any, ...] | None:
+    """The pieces of ``seq.pending_rows`` covering positions ``[start, end)``, or None where some are
+    missing; rows up to ``end`` leave the list."""
+    pieces: list[Any] = []
+    covered = start
+    for first, rows in seq.pending_rows:
+        last = first + len(rows)
+        if last <= covered or first >= end:
+            continue
+        if first > covered:
+            break  # a gap
+        pieces.append(rows[covered - first : min(end, last) - first])
+        covered = min(end, last)
+    seq.pending_rows = [(first, rows) for first, rows in seq.pending_rows if first + len(rows) > end]
+    return tuple(pieces) if covered == end else None

@@ -111,7 +111,12 @@ class LLMEngine:
         self.model = model
         num_blocks = self.runner.num_kv_blocks
         self.max_model_len = self._decide_max_model_len(config, model.max_model_len, num_blocks, block_size)
-        kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=config.enable_prefix_caching)
+        kv = KVCacheManager(
+            num_blocks,
+            block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            max_row_blocks=config.hidden_state_cache_tokens // block_size,
+        )
         self.scheduler = Scheduler(config, kv)
         self._requests: dict[str, _Request] = {}
         self._owner: dict[int, tuple[_Request, int]] = {}
@@ -397,10 +402,16 @@ class LLMEngine:
         if seq.hidden_rows:
             import torch  # only requests that asked for hidden states get here (the runner made tensors)
 
-            start = seq.hidden_rows[0][0]
-            hidden = torch.cat([h for _, h, _ in seq.hidden_rows])
-            embeds = torch.cat([e for _, _, e in seq.hidden_rows])
+            # After a preemption the positions are computed again: each one's rows go out once.
+            sent = seq.hidden_sent
+            rows = [(first, h, e) for first, h, e in seq.hidden_rows if first + len(h) > sent]
             seq.hidden_rows.clear()
+            if rows:
+                cut = max(sent - rows[0][0], 0)
+                start = rows[0][0] + cut
+                hidden = torch.cat([h for _, h, _ in rows])[cut:]
+                embeds = torch.cat([e for _, _, e in rows])[cut:]
+                seq.hidden_sent = start + len(hidden)
         return StreamDelta(
             request_id=req.request_id,
             text=text,

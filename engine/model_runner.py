@@ -166,6 +166,8 @@ class ModelRunner:
         # ``_graph_ready``). Rows streamed into a model that adds them (the talker) go in a static buffer,
         # which the tensor-parallel replay does not carry.
         self._graph_input_rows = bool(getattr(self.model, "adds_input_rows", False)) and broadcast is None
+        # Hidden rows computed for requests that ask for them are kept with their cached blocks (KVCacheManager).
+        self._keeps_rows = config.enable_prefix_caching and config.hidden_state_cache_tokens >= self.block_size
         if self.device.type == "cuda" and not config.enforce_eager and self.ops.name == "triton":
             self.graphs = GraphedDecode(
                 self.model,
@@ -308,9 +310,15 @@ class ModelRunner:
         core's messages move them to the host (``engine.ipc``)."""
         model = self.model
         for seq, lo, hi, first in spans:
-            rows = model.ops.rms_norm(hidden[lo:hi], model.final_norm, model.shape.rms_norm_eps).float()
-            embeds = model.embed_tokens(input_ids[lo:hi]).float()
-            seq.hidden_rows.append((first, rows, embeds))
+            if seq.prefix_rows:  # admitted over cached blocks that kept their rows: those go out first
+                ids = torch.tensor(seq.token_ids[:first], dtype=torch.long, device=input_ids.device)
+                cached = torch.cat(seq.prefix_rows).float()
+                seq.hidden_rows.append((0, cached, model.embed_tokens(ids).float()))
+                seq.prefix_rows = ()
+            normed = model.ops.rms_norm(hidden[lo:hi], model.final_norm, model.shape.rms_norm_eps)
+            seq.hidden_rows.append((first, normed.float(), model.embed_tokens(input_ids[lo:hi]).float()))
+            if self._keeps_rows:  # in the model's dtype, which holds them exactly (the norm's output)
+                seq.pending_rows.append((first, normed))
 
     def _plan(
         self, batch: ScheduledBatch, after: PendingDecode | None = None

@@ -86,6 +86,13 @@ class Sequence:
         # (first position, hidden rows, embedding rows) per step, with params.return_hidden_states;
         # the runner appends, the engine hands them out with the next delta.
         self.hidden_rows: list[tuple[int, Any, Any]] = []
+        # With params.return_hidden_states: positions whose rows were handed out (a recomputation after a
+        # preemption sends none twice); the rows (first position, rows) of computed positions whose block is
+        # not cached yet, which the KV cache keeps with the block once it fills; and the cached rows of the
+        # prefix this sequence was admitted with, which the runner hands out before its own.
+        self.hidden_sent = 0
+        self.pending_rows: list[tuple[int, Any]] = []
+        self.prefix_rows: tuple[Any, ...] = ()
 
     def __len__(self) -> int:
         return len(self.token_ids)

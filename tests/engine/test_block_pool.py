@@ -162,3 +162,66 @@ def test_disabled_prefix_caching_never_hits() -> None:
     admit(kv, seq_of(list(range(9))))
     assert kv.find_cached_prefix(seq_of(list(range(9)))).num_tokens == 0
     assert kv.pool.num_cached_blocks == 0
+
+
+def hidden_seq(tokens: list[int]) -> Sequence:
+    return Sequence("h", tokens, SamplingParams(return_hidden_states=True))
+
+
+def compute_with_rows(kv: KVCacheManager, seq: Sequence, steps: list[int]) -> int:
+    """Admit ``seq`` and compute it in steps of the given sizes, handing the KV cache each step's rows as the
+    runner does (position labels stand in for hidden states); returns the cached-prefix length."""
+    prefix = kv.find_cached_prefix(seq)
+    assert kv.allocate_slots(seq, len(seq) - prefix.num_tokens, prefix)
+    seq.num_computed_tokens = prefix.num_tokens
+    for n in steps:
+        first = seq.num_computed_tokens
+        seq.pending_rows.append((first, [f"row{p}" for p in range(first, first + n)]))
+        seq.num_computed_tokens += n
+        kv.cache_full_blocks(seq)
+    assert seq.num_computed_tokens == len(seq)
+    return prefix.num_tokens
+
+
+def test_hidden_state_requests_reuse_only_blocks_that_kept_their_rows() -> None:
+    kv = KVCacheManager(16, BS, max_row_blocks=8)
+    plain = seq_of(list(range(9)))
+    admit(kv, plain)  # its blocks are cached without rows
+    kv.free(plain)
+    wants = hidden_seq(list(range(9)))
+    assert kv.find_cached_prefix(wants).num_tokens == 0
+    assert compute_with_rows(kv, wants, [3, 1, 1, 4]) == 0  # a prefill chunk, decodes, another chunk
+    kv.free(wants)
+    again = hidden_seq(list(range(9)) + [40, 41])
+    assert compute_with_rows(kv, again, [3]) == 8
+    # The prefix's rows, in pieces, cover positions 0..7 in order whichever steps computed them.
+    assert [r for piece in again.prefix_rows for r in piece] == [f"row{p}" for p in range(8)]
+    assert kv.find_cached_prefix(seq_of(list(range(9)))).num_tokens == 8  # plain requests still hit
+
+
+def test_rows_are_kept_for_a_bounded_number_of_blocks_least_recently_used_first() -> None:
+    kv = KVCacheManager(16, BS, max_row_blocks=2)
+    a = hidden_seq(list(range(9)))
+    compute_with_rows(kv, a, [9])  # blocks 0 and 1 keep rows
+    kv.free(a)
+    assert kv.find_cached_prefix(hidden_seq(list(range(9)))).num_tokens == 8
+    b = hidden_seq([7] * 5)
+    compute_with_rows(kv, b, [5])  # one more block with rows: a's least recently used one loses its rows
+    kv.free(b)
+    assert kv.pool.num_blocks_with_rows == 2
+    assert kv.find_cached_prefix(hidden_seq(list(range(9)))).num_tokens == 0  # block 0's rows went first
+    assert kv.find_cached_prefix(seq_of(list(range(9)))).num_tokens == 8  # its KV stays cached
+    none = KVCacheManager(16, BS, max_row_blocks=0)
+    compute_with_rows(none, hidden_seq(list(range(9))), [9])
+    assert none.pool.num_blocks_with_rows == 0
+
+
+def test_a_reused_block_drops_the_rows_of_its_old_contents() -> None:
+    kv = KVCacheManager(3, BS, max_row_blocks=8)
+    a = hidden_seq(list(range(9)))
+    compute_with_rows(kv, a, [9])
+    kv.free(a)
+    b = seq_of([50 + i for i in range(9)])  # takes every block: the old hashes and rows are evicted
+    admit(kv, b)
+    assert kv.pool.num_blocks_with_rows == 0
+    assert all(block.rows is None for block in kv.pool.blocks)

@@ -21,12 +21,15 @@ NEW = 6
 def test_hidden_states_match_hf_generate(tmp_path: Path) -> None:
     hf = save_tiny_checkpoint("qwen2", tmp_path, seed=3)
     engine = LLMEngine(
-        EngineConfig(model=str(tmp_path), device="cpu", attention_backend="torch", max_num_batched_tokens=8)
+        EngineConfig(
+            model=str(tmp_path), device="cpu", attention_backend="torch", max_num_batched_tokens=8, block_size=8
+        )
     )
     prompt = [5, 17, 42, 9, 11, 3, 77, 21, 8, 30, 2]
     params = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, return_hidden_states=True)
-    # A first request leaves the prompt's blocks in the prefix cache; the second must recompute them anyway.
-    for rid in ("first", "second"):
+    # A first request leaves the prompt's blocks in the prefix cache with their hidden states; the second
+    # reuses them and still gets every position's rows.
+    for rid, cached in (("first", 0), ("second", 8)):
         engine.add_request(rid, prompt, params)
         deltas = []
         while engine.has_unfinished():
@@ -35,7 +38,7 @@ def test_hidden_states_match_hf_generate(tmp_path: Path) -> None:
         hidden = torch.cat([d.hidden_states for d in deltas if d.hidden_states is not None])
         embeds = torch.cat([d.input_embeds for d in deltas if d.input_embeds is not None])
         tokens = [t for d in deltas for t in d.token_ids]
-        assert starts[0] == 0 and deltas[-1].num_cached_tokens == 0
+        assert starts[0] == 0 and deltas[-1].num_cached_tokens == cached
 
         with torch.no_grad():
             out = hf.generate(
@@ -58,3 +61,61 @@ def test_hidden_states_match_hf_generate(tmp_path: Path) -> None:
 def test_return_hidden_states_must_be_a_bool() -> None:
     with pytest.raises(InvalidRequest, match="return_hidden_states"):
         SamplingParams(return_hidden_states="yes")  # type: ignore[arg-type]
+
+
+def _run(engine: LLMEngine, rid: str, prompt: list[int], new: int, preempt_after: int | None = None):
+    """Every delta's (hidden_start, hidden rows) and the tokens of one greedy request run alone."""
+    params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True, return_hidden_states=True)
+    engine.add_request(rid, prompt, params)
+    rows, tokens, cached, steps = [], [], 0, 0
+    while engine.has_unfinished():
+        if steps == preempt_after:
+            engine.scheduler._preempt(engine.scheduler.running[0])  # as when the KV cache runs out
+        for delta in engine.step():
+            if delta.hidden_states is not None:
+                rows.append((delta.hidden_start, delta.hidden_states))
+            tokens += delta.token_ids
+            cached = delta.num_cached_tokens
+        steps += 1
+    return rows, tokens, cached
+
+
+def _engine(path: Path, **config: object) -> LLMEngine:
+    return LLMEngine(
+        EngineConfig(model=str(path), device="cpu", attention_backend="torch", block_size=8, **config)  # type: ignore[arg-type]
+    )
+
+
+def _contiguous(rows: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    at = 0
+    for start, block in rows:
+        assert start == at, f"rows resume at {start}, expected {at}"
+        at += len(block)
+    return torch.cat([block for _, block in rows])
+
+
+def test_a_later_turn_reuses_the_conversations_hidden_states(tmp_path: Path) -> None:
+    """A spoken conversation's next turn extends the last: its prefix, the earlier reply included, comes from
+    the cache with the hidden states kept there, equal to computing the whole turn again."""
+    save_tiny_checkpoint("qwen2", tmp_path, seed=3)
+    engine, fresh = _engine(tmp_path), _engine(tmp_path, enable_prefix_caching=False)
+    turn1 = [5, 17, 42, 9, 11, 3, 77, 21, 8, 30, 2]
+    rows1, reply, cached1 = _run(engine, "turn1", turn1, NEW)
+    turn2 = turn1 + reply + [60, 61, 62, 63, 64]
+    rows2, tokens2, cached2 = _run(engine, "turn2", turn2, NEW)
+    want, want_tokens, _ = _run(fresh, "turn2", turn2, NEW)
+    assert cached1 == 0 and cached2 == 16  # the 16 positions turn 1 computed: 11 prompt, 5 fed-back tokens
+    hidden1, hidden2 = _contiguous(rows1), _contiguous(rows2)
+    assert torch.equal(hidden2[:16], hidden1[:16])  # the very rows turn 1 computed
+    assert tokens2 == want_tokens
+    torch.testing.assert_close(hidden2, _contiguous(want), rtol=1e-4, atol=1e-4)
+
+
+def test_a_preempted_request_sends_each_positions_rows_once(tmp_path: Path) -> None:
+    save_tiny_checkpoint("qwen2", tmp_path, seed=3)
+    prompt = [5, 17, 42, 9, 11, 3, 77, 21, 8, 30, 2, 14, 15]
+    for cache in (True, False):  # recomputed from cached blocks, or from scratch
+        rows, tokens, _ = _run(_engine(tmp_path, enable_prefix_caching=cache), "r", prompt, NEW, preempt_after=3)
+        want_rows, want_tokens, _ = _run(_engine(tmp_path), "r", prompt, NEW)
+        assert tokens == want_tokens
+        torch.testing.assert_close(_contiguous(rows), _contiguous(want_rows), rtol=1e-4, atol=1e-4)

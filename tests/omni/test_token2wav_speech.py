@@ -101,6 +101,29 @@ def test_unknown_voice_is_refused_with_the_voices(pipeline: OmniPipeline) -> Non
     assert all(name in chunks[0].message for name in SPEAKERS)
 
 
+def test_a_spoken_turn_reuses_the_conversation_before_it(pipeline: OmniPipeline) -> None:
+    """The thinker of a spoken turn asks for hidden states; the conversation's earlier turn still comes from
+    the prefix cache (with the hidden states kept there), and the talker is conditioned on all of it."""
+    first = (Message("user", (TextPart("a dog ran along the beach by the sea"),)),)
+
+    def spoken(rid: str, messages: tuple[Message, ...]) -> list[Any]:
+        request = OmniRequest(
+            request_id=rid,
+            messages=messages,
+            modalities=("text", "audio"),
+            sampling=SamplingOptions(temperature=0.0, max_tokens=10, seed=1),
+        )
+        return asyncio.run(_collect(pipeline, request))
+
+    turn1 = spoken("turn-1", first)
+    reply = "".join(c.transcript for c in turn1 if isinstance(c, AudioChunk))
+    turn2 = spoken("turn-2", (*first, Message("assistant", (TextPart(reply),)), Message("user", (TextPart("why"),))))
+    usage1, usage2 = turn1[-1], turn2[-1]
+    assert isinstance(usage1, Usage) and isinstance(usage2, Usage)
+    assert usage1.cached_tokens == 0 and usage2.cached_tokens >= 8
+    assert any(isinstance(c, AudioChunk) and c.pcm16 for c in turn2)
+
+
 def _kv_used(engine: AsyncEngine) -> int:
     return engine.engine.scheduler.kv.usage().num_used_blocks
 
