@@ -21,6 +21,7 @@ from omni_gateway.omni.audio_input import build_audio_prompt
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import (
+    AudioChunk,
     AudioPart,
     Error,
     Message,
@@ -34,6 +35,7 @@ from omni_gateway.omni.protocol import (
 
 from benchmarks.live_server import audio_turn, serve, served
 from tests.encoders.audio_checkpoints import save_tiny_qwen2_audio, tone
+from tests.omni.test_pipeline import FakeTTS
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 6
@@ -124,7 +126,9 @@ def test_realtime_audio_turn_is_answered_by_the_model_hearing_it(pipeline: OmniP
     assert text == expected and text
 
 
-def test_chat_completion_with_input_audio_goes_to_the_model(pipeline: OmniPipeline) -> None:
+def wav_content() -> tuple[list[dict[str, Any]], tuple[Message, ...]]:
+    """A chat message's content with the clip as an ``input_audio`` WAV part, and the conversation the
+    model hears from it."""
     import io
     import wave
 
@@ -137,6 +141,13 @@ def test_chat_completion_with_input_audio_goes_to_the_model(pipeline: OmniPipeli
         out.writeframes(pcm)
     audio = {"data": base64.b64encode(buffer.getvalue()).decode(), "format": "wav"}
     content = [{"type": "input_audio", "input_audio": audio}, {"type": "text", "text": "what is said"}]
+    samples = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
+    heard = AudioPart(float_to_pcm16(samples), RATE)
+    return content, (Message("user", (heard, TextPart("what is said"))),)
+
+
+def test_chat_completion_with_input_audio_goes_to_the_model(pipeline: OmniPipeline) -> None:
+    content, heard = wav_content()
     with served(pipeline) as (_, client):
         reply = client.chat.completions.create(
             model=pipeline.capabilities.model,
@@ -144,9 +155,43 @@ def test_chat_completion_with_input_audio_goes_to_the_model(pipeline: OmniPipeli
             max_tokens=MAX_TOKENS,
             temperature=0,
         )
-    samples = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
-    heard = AudioPart(float_to_pcm16(samples), RATE)
-    assert reply.choices[0].message.content == direct(pipeline, (Message("user", (heard, TextPart("what is said"))),))
+    assert reply.choices[0].message.content == direct(pipeline, heard)
+
+
+def test_a_model_that_hears_but_does_not_speak_answers_through_the_tts_head(pipeline: OmniPipeline) -> None:
+    """Audio in reaches the model; audio out is the TTS head speaking the model's text: over the pipeline and
+    over chat completions with ``modalities: ["text", "audio"]``."""
+    voiced = OmniPipeline(
+        pipeline.config,
+        engine=pipeline.engine,
+        model_name=pipeline.capabilities.model,
+        max_context_tokens=512,
+        audio=pipeline.audio,
+        tts=FakeTTS(),
+    )
+    assert voiced.capabilities.hears_audio and "audio" in voiced.capabilities.output_modalities
+    content, heard = wav_content()
+    want = direct(pipeline, heard)
+    request = OmniRequest(
+        "spoken", heard, modalities=("text", "audio"), sampling=SamplingOptions(max_tokens=MAX_TOKENS, temperature=0.0)
+    )
+
+    async def run() -> list[Any]:
+        return [c async for c in voiced.generate(request)]
+
+    audio = [c for c in asyncio.run(run()) if isinstance(c, AudioChunk)]
+    assert want and "".join(c.transcript for c in audio) == want and sum(len(c.pcm16) for c in audio) > 0
+    with served(voiced) as (_, client):
+        reply = client.chat.completions.create(
+            model=voiced.capabilities.model,
+            messages=[{"role": "user", "content": content}],
+            modalities=["text", "audio"],
+            audio={"voice": "joe", "format": "wav"},
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+        )
+    spoken = reply.choices[0].message.audio
+    assert spoken.transcript == want and len(base64.b64decode(spoken.data)) > 44  # a WAV header and samples
 
 
 class _Recognizer:
