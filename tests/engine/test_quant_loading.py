@@ -98,6 +98,39 @@ def _fp8_block(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tens
     return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 
 
+def _fp8_tensor(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """One scale per weight, as ``fp8`` checkpoints without ``weight_block_size`` carry it."""
+    for name in _linear_names(tensors):
+        weight = tensors[name + ".weight"]
+        scale = weight.abs().max() / torch.finfo(torch.float8_e4m3fn).max
+        q = (weight / scale).to(torch.float8_e4m3fn)
+        tensors[name + ".weight"], tensors[name + ".weight_scale"] = q, scale.reshape(())
+        reference[name + ".weight"] = q.float() * scale
+    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
+
+
+def _compressed(strategy: str) -> Any:
+    """compressed-tensors FP8 with ``weight_scale`` per tensor or per 128 x 128 block (llm-compressor's)."""
+
+    def quantize(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, Any]:
+        spec: dict[str, Any] = {"num_bits": 8, "type": "float", "strategy": strategy}
+        if strategy == "block":
+            _fp8_block(tensors, reference)
+            for name in _linear_names(tensors):
+                tensors[name + ".weight_scale"] = tensors.pop(name + ".weight_scale_inv")
+            spec["block_structure"] = [128, 128]
+        else:
+            _fp8_tensor(tensors, reference)
+        return {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "config_groups": {"group_0": {"weights": spec, "targets": ["Linear"]}},
+            "ignore": ["lm_head"],
+        }
+
+    return quantize
+
+
 def _int4(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], name: str, **kw: Any) -> torch.Tensor:
     packed, scales, zeros = qref.quantize_int4(tensors.pop(name + ".weight").half(), GROUP, **kw)
     scales = scales.half()
@@ -133,7 +166,15 @@ def _write_pair(tmp: Path, kind: str) -> tuple[str, str]:
     if kind in ("awq", "gptq"):  # float16 checkpoints: the reference holds the same float16 values
         tensors = {k: v.half().float() for k, v in tensors.items()}
     reference = dict(tensors)
-    quant = {"fp8-channel": _fp8_channel, "fp8-block": _fp8_block, "awq": _awq, "gptq": _gptq}[kind]
+    quant = {
+        "fp8-channel": _fp8_channel,
+        "fp8-block": _fp8_block,
+        "fp8-tensor": _fp8_tensor,
+        "ct-block": _compressed("block"),
+        "ct-tensor": _compressed("tensor"),
+        "awq": _awq,
+        "gptq": _gptq,
+    }[kind]
     quant_config = quant(tensors, reference)
     if kind in ("awq", "gptq"):  # these checkpoints are float16
         tensors = {k: v.half() if v.is_floating_point() else v for k, v in tensors.items()}
@@ -158,7 +199,7 @@ def _run(model: str, device: str = "cpu", **engine_args: Any) -> list[tuple[list
         ),
     ],
 )
-@pytest.mark.parametrize("kind", ["fp8-channel", "fp8-block", "awq", "gptq"])
+@pytest.mark.parametrize("kind", ["fp8-channel", "fp8-block", "fp8-tensor", "ct-block", "ct-tensor", "awq", "gptq"])
 def test_quantized_checkpoint_matches_its_dequantized_weights(tmp_path: Path, kind: str, device: str) -> None:
     """On CUDA the Triton kernels sum in another order than cuBLAS: float32 rounding, 1e-3 in logprobs."""
     quantized, dequantized = _write_pair(tmp_path, kind)
