@@ -210,6 +210,13 @@ class LLMEngine:
                 f"an input stream needs n=1 and must start at or after the prompt's {len(token_ids)} tokens; "
                 f"got n={params.n}, start={input_stream.start}"
             )
+        if params.return_hidden_states and self.config.tensor_parallel_size > 1:
+            # Only rank 0 copies hidden states out, and the input embeddings it pairs them with are a
+            # vocab-parallel lookup (an all-reduce the other ranks would never join).
+            raise InvalidRequest(
+                "return_hidden_states needs tensor_parallel_size 1 (a speaking model's thinker runs on one GPU); "
+                f"this engine has tensor_parallel_size {self.config.tensor_parallel_size}"
+            )
         spec = params.structured_outputs
         if spec is not None:
             self.grammars.compile(spec)  # a cache hit when the caller compiled it already

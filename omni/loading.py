@@ -50,6 +50,12 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
         )
     speech_model = resolve_speech_model(config)
     engine_config = config.engine
+    if speech_model is not None and engine_config.tensor_parallel_size > 1:
+        raise ValueError(
+            f"{speech_model} speaks in its own voice: its talker reads the thinker's hidden states, which needs "
+            f"tensor_parallel_size 1, got {engine_config.tensor_parallel_size}; serve it on one GPU, or pass "
+            "--speech-model none to answer through a TTS voice"
+        )
     if speech_model is not None and not engine_config.engine_in_process and engine_config.data_parallel_size == 1:
         # The talker reads the thinker's hidden states every step: in this process they stay on the device,
         # from a core process each step's would be copied to the host and sent over a socket first.

@@ -13,6 +13,7 @@ from omni_gateway.engine.llm_engine import LLMEngine
 from omni_gateway.engine.sampling_params import SamplingParams
 
 from benchmarks.checkpoints import save_tiny_checkpoint
+from tests.engine.engine_fakes import make_engine
 
 NEW = 6
 
@@ -119,3 +120,13 @@ def test_a_preempted_request_sends_each_positions_rows_once(tmp_path: Path) -> N
         want_rows, want_tokens, _ = _run(_engine(tmp_path), "r", prompt, NEW)
         assert tokens == want_tokens
         torch.testing.assert_close(_contiguous(rows), _contiguous(want_rows), rtol=1e-4, atol=1e-4)
+
+
+def test_hidden_states_under_tensor_parallel_are_refused() -> None:
+    """Only rank 0 hands rows out, and its input embeddings would wait on an all-reduce the other ranks never
+    join: the request is refused instead of hanging the engine."""
+    engine = make_engine(tensor_parallel_size=2)
+    params = SamplingParams(max_tokens=2, return_hidden_states=True)
+    with pytest.raises(InvalidRequest, match="return_hidden_states needs tensor_parallel_size 1"):
+        engine.add_request("r", [5, 6, 7], params)
+    engine.add_request("plain", [5, 6, 7], SamplingParams(max_tokens=2))  # other requests are served

@@ -81,3 +81,21 @@ def test_a_voice_that_fails_to_load_stops_the_recognizer_loaded_before_it(monkey
     with pytest.raises(FileNotFoundError, match="no config.json"):
         load_pipeline(config)
     assert order == ["close asr"]  # and the engine never started
+
+
+def test_a_speaking_model_under_tensor_parallel_is_refused_before_anything_loads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its talker reads the thinker's hidden states, which one rank alone hands out: refused up front, not a
+    hang at the first spoken turn."""
+    import omni_gateway.engine.launch as launch
+    from omni_gateway.engine.config import EngineConfig
+    from omni_gateway.omni.config import OmniConfig
+    from omni_gateway.omni.loading import load_pipeline
+
+    monkeypatch.setattr(launch, "start_engine", lambda *a, **k: pytest.fail("the engine must not start"))
+    config = OmniConfig(
+        engine=EngineConfig(device="cpu", tensor_parallel_size=2), asr=None, tts=None, speech_model="/models/omni"
+    )
+    with pytest.raises(ValueError, match="tensor_parallel_size 1, got 2.*--speech-model none"):
+        load_pipeline(config)
