@@ -230,12 +230,16 @@ def test_batch_one_decode_runs_the_fused_quantized_rows(tmp_path: Path, kind: st
         assert torch.allclose(torch.tensor(logprobs), torch.tensor(ref_logprobs), atol=1e-3)
 
 
-def test_quantize_fp8_at_load(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_fp8_at_load(tmp_path: Path, dtype: torch.dtype) -> None:
+    """A float checkpoint, bf16 as most are published or float32, quantized per channel as it loads."""
     config, tensors = _float_model(seed=1)
-    plain = _save(tmp_path / "float", config, tensors)
-    reference = dict(tensors)
+    tensors = {k: v.to(dtype) for k, v in tensors.items()}
+    plain = _save(tmp_path / "float", {**config, "torch_dtype": str(dtype).removeprefix("torch.")}, tensors)
+    reference = {k: v.float() for k, v in tensors.items()}
     for name in _linear_names(tensors):
-        reference[name + ".weight"] = qref.dequantize_fp8(*qref.quantize_fp8_per_channel(tensors[name + ".weight"]))
+        weight = tensors[name + ".weight"].float()
+        reference[name + ".weight"] = qref.dequantize_fp8(*qref.quantize_fp8_per_channel(weight))
     dequantized = _save(tmp_path / "dequantized", config, reference)
     got, expected, unquantized = _run(plain, quantization="fp8"), _run(dequantized), _run(plain)
     for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(got, expected):
