@@ -5,10 +5,12 @@ evaluations, things that depend on the chunk only (the speaker encoder over the 
 embeddings, their share of the input projection, the rotary positions and the block masks) or on the time
 only (the time embedding and every layer's adaptive-norm modulation). That is about 1,000 kernels an
 evaluation, and on a GPU a small chunk's call is bound by launching them. Here ``prepare`` computes the
-chunk's part once per call; ``velocity`` runs only the layers over ``x``, about 19 kernels a layer, with
+chunk's part once per call; ``velocity`` runs only the layers over ``x``, 14 kernels a layer, with
 each layer's modulation looked up by time (computed when the head is built, for the ODE's own times, or on
-the spot for any other time). Head 0's rotary rotation is one small matrix per position. The weights are
-the model's own modules; the result equals ``forward`` up to float rounding (``tests/omni/test_token2wav.py``).
+the spot for any other time). q, k and v are one projection, whose weight the model's three modules now
+view; head 0's rotary rotation is one small matrix per position, applied to q's and k's head 0 together, in
+place. The weights are the model's own; the result equals ``forward`` up to float rounding
+(``tests/omni/test_token2wav.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class FastDiT:
         proj = dit.input_embed.proj.weight
         self._x_weight = proj[:, : self.mel_dim].t()  # the input projection's columns that see ``x``
         self._fixed_weight = proj[:, self.mel_dim :]  # ... and those that see the chunk's conditions
+        self._qkv = [_merge_qkv(layer.attn) for layer in dit.transformer_blocks]
         self._modulations: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
         with torch.inference_mode():
             for t in times:
@@ -86,18 +89,17 @@ class FastDiT:
             chunk.fixed_input.reshape(-1, chunk.fixed_input.shape[-1]), x.reshape(-1, self.mel_dim), self._x_weight
         ).view(chunk.fixed_input.shape)
         rows, frames, width = h.shape
-        for layer, mod, mask in zip(dit.transformer_blocks, layers, chunk.masks):
+        for layer, mod, mask, (qkv_weight, qkv_bias) in zip(dit.transformer_blocks, layers, chunk.masks, self._qkv):
             shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod  # scales hold 1 + scale
             attn = layer.attn
             n = torch.addcmul(shift_msa, F.layer_norm(h, (width,), eps=1e-6), scale_msa)
-            q = attn.to_q(n).view(rows, frames, self.heads, self.head_dim)
-            k = attn.to_k(n).view(rows, frames, self.heads, self.head_dim)
-            v = attn.to_v(n).view(rows, frames, self.heads, self.head_dim)
-            # head 0 carries the rotary positions (as the checkpoint was trained), the other heads none
-            head0 = torch.matmul(torch.stack((q[:, :, 0], k[:, :, 0])).unsqueeze(3), chunk.rotation)
-            q[:, :, 0] = head0[0, :, :, 0]
-            k[:, :, 0] = head0[1, :, :, 0]
-            a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+            qkv = F.linear(n, qkv_weight, qkv_bias).view(rows, frames, 3, self.heads, self.head_dim)
+            # head 0 of q and k carries the rotary positions (as the checkpoint was trained), the other heads
+            # none: rotated together, in place
+            head0 = qkv[:, :, :2, 0]
+            head0.copy_(torch.matmul(head0, chunk.rotation))
+            q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             h = torch.addcmul(h, gate_msa, attn.to_out[0](a.transpose(1, 2).reshape(rows, frames, width)))
             n = torch.addcmul(shift_mlp, F.layer_norm(h, (width,), eps=1e-6), scale_mlp)
             ff = layer.ff.ff
@@ -117,3 +119,18 @@ class FastDiT:
             layers.append(torch.stack((shift_msa, 1 + scale_msa, gate_msa, shift_mlp, 1 + scale_mlp, gate_mlp)))
         scale, shift = dit.norm_out.linear(dit.norm_out.silu(emb))[0].chunk(2)
         return layers, (1 + scale, shift)
+
+
+def _merge_qkv(attn: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One ``[3 * inner, hidden]`` projection for q, k and v (one matmul instead of three). The modules'
+    own weights become views of it, so the model is held once and its forward is unchanged."""
+    linears = (attn.to_q, attn.to_k, attn.to_v)
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    has_bias = all(lin.bias is not None for lin in linears)
+    bias = torch.cat([lin.bias.detach() for lin in linears]) if has_bias else None
+    rows = linears[0].weight.shape[0]
+    for i, lin in enumerate(linears):
+        lin.weight.data = weight[i * rows : (i + 1) * rows]
+        if bias is not None:
+            lin.bias.data = bias[i * rows : (i + 1) * rows]
+    return weight, bias
