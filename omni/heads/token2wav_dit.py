@@ -5,12 +5,12 @@ evaluations, things that depend on the chunk only (the speaker encoder over the 
 embeddings, their share of the input projection, the rotary positions and the block masks) or on the time
 only (the time embedding and every layer's adaptive-norm modulation). That is about 1,000 kernels an
 evaluation, and on a GPU a small chunk's call is bound by launching them. Here ``prepare`` computes the
-chunk's part once per call; ``velocity`` runs only the layers over ``x``, 14 kernels a layer, with
+chunk's part once per call; ``velocity`` runs only the layers over ``x``, 12 kernels a layer, with
 each layer's modulation looked up by time (computed when the head is built, for the ODE's own times, or on
-the spot for any other time). q, k and v are one projection, whose weight the model's three modules now
-view; head 0's rotary rotation is one small matrix per position, applied to q's and k's head 0 together, in
-place. The weights are the model's own; the result equals ``forward`` up to float rounding
-(``tests/omni/test_token2wav.py``).
+the spot for any other time) and applied as its norm's affine. q, k and v are one projection, whose weight
+the model's three modules now view; head 0's rotary rotation is one small matrix per position, applied to
+q's and k's head 0 together, in place. The weights are the model's own; the result equals ``forward`` up to
+float rounding (``tests/omni/test_token2wav.py``).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class FastDiT:
         for layer, mod, mask, (qkv_weight, qkv_bias) in zip(dit.transformer_blocks, layers, chunk.masks, self._qkv):
             shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod  # scales hold 1 + scale
             attn = layer.attn
-            n = torch.addcmul(shift_msa, F.layer_norm(h, (width,), eps=1e-6), scale_msa)
+            n = F.layer_norm(h, (width,), scale_msa, shift_msa, eps=1e-6)  # the modulation as the norm's affine
             qkv = F.linear(n, qkv_weight, qkv_bias).view(rows, frames, 3, self.heads, self.head_dim)
             # head 0 of q and k carries the rotary positions (as the checkpoint was trained), the other heads
             # none: rotated together, in place
@@ -101,11 +101,11 @@ class FastDiT:
             q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             h = torch.addcmul(h, gate_msa, attn.to_out[0](a.transpose(1, 2).reshape(rows, frames, width)))
-            n = torch.addcmul(shift_mlp, F.layer_norm(h, (width,), eps=1e-6), scale_mlp)
+            n = F.layer_norm(h, (width,), scale_mlp, shift_mlp, eps=1e-6)
             ff = layer.ff.ff
             h = torch.addcmul(h, gate_mlp, ff[3](ff[1](ff[0](n))))
         scale, shift = final
-        return dit.proj_out(torch.addcmul(shift, F.layer_norm(h, (width,), eps=1e-6), scale))
+        return dit.proj_out(F.layer_norm(h, (width,), scale, shift, eps=1e-6))
 
     def _modulation(self, t: float) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's six modulation vectors at time ``t`` (scales as 1 + scale) and the final norm's two."""
