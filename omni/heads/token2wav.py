@@ -24,7 +24,8 @@ the whole utterance's frame depends on codes beyond any finite window; and the v
 field at a chunk edge sees the neighbouring mel of a different window (the lookahead mel is itself a
 window-edge estimate). The models are ``transformers``' own modules, loaded from the checkpoint's
 ``token2wav.`` weights; the DiT is evaluated through ``token2wav_dit.FastDiT``, which computes a chunk's
-step-invariant parts once per call.
+step-invariant parts once per call, the vocoder through ``token2wav_vocoder.FastVocoder``, which computes
+its activations' constants once.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from omni_gateway.omni.heads.call_graphs import BUCKETS, CallGraphs
 from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
 from omni_gateway.omni.heads.token2wav_dit import FastDiT
 from omni_gateway.omni.heads.token2wav_loader import Speaker, Token2WavModels, load_token2wav
+from omni_gateway.omni.heads.token2wav_vocoder import FastVocoder
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,6 @@ log = logging.getLogger(__name__)
 GRAPH_CODES = 256
 
 OUTPUT_SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN: 100 mel frames/s, 240 samples each
-_MIN_AMPLITUDE = math.exp(-115 / 20 * math.log(10))  # BigVGAN's mel floor (-115 dB), as a host number
 
 
 class UnknownVoice(ValueError):
@@ -145,6 +146,7 @@ class Token2Wav:
         step_counts = {config.num_steps, config.first_chunk_steps or config.num_steps}
         times = [t for n in step_counts for _, _, four in rk4_intervals(n, config.sway_coefficient) for t in four]
         self._dit = FastDiT(dit, times)
+        self._vocoder = FastVocoder(models.vocoder)
         if config.cuda_graphs and models.device.type == "cuda":
             self._graphs = (CallGraphs("token2wav ODE"), CallGraphs("token2wav vocoder"))
             self._capture_graphs()
@@ -332,18 +334,8 @@ class Token2Wav:
         return x.permute(0, 2, 1)
 
     def _wave(self, mel: torch.Tensor) -> torch.Tensor:
-        """``[B, samples]`` waveform of ``mel`` ``[B, mel_dim, frames]`` on the device: transformers'
-        ``Qwen2_5OmniToken2WavBigVGANModel.forward`` without its copy to the host, and with its mel floor as a
-        host number, so the call captures into a CUDA graph."""
-        v = self.models.vocoder
-        db = 20 * torch.log10(torch.clamp(torch.exp(mel), min=_MIN_AMPLITUDE)) - 20
-        x = v.conv_pre(v.normalize_spectrogram(db, 1, -115))
-        for i in range(v.num_upsample_layers):
-            x = v.ups[i][0](x)
-            blocks = v.resblocks[i * v.num_residual_blocks : (i + 1) * v.num_residual_blocks]
-            x = sum(block(x) for block in blocks) / v.num_residual_blocks
-        x = v.conv_post(v.activation_post(x))
-        return torch.clamp(x, min=-1.0, max=1.0)[:, 0]
+        """``[B, samples]`` waveform of ``mel`` ``[B, mel_dim, frames]`` on the device (``FastVocoder``)."""
+        return self._vocoder(mel)
 
 
 class Token2WavStream:

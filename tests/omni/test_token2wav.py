@@ -15,6 +15,7 @@ from omni_gateway.omni.heads.token2wav import ChunkShape, Token2Wav, Token2WavCo
 from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
 from omni_gateway.omni.heads.token2wav_dit import FastDiT
 from omni_gateway.omni.heads.token2wav_loader import Token2WavLoadError
+from omni_gateway.omni.heads.token2wav_vocoder import FastVocoder
 
 from benchmarks.tiny_omni import CODEC_VOCAB, SPEAKERS, save_tiny_omni
 
@@ -68,6 +69,25 @@ def test_fast_dit_evaluation_matches_the_dits_forward(t2w: Token2Wav, guided: bo
             )
             assert want.shape == (rows * (2 if guided else 1), frames, dit.mel_dim)
             torch.testing.assert_close(fast.velocity(chunk, x, t), want, rtol=1e-4, atol=1e-4)
+
+
+def test_fast_vocoder_matches_the_vocoders_forward(t2w: Token2Wav) -> None:
+    """The vocoder with its activations' constants computed once, against transformers' forward; snake
+    parameters drawn away from their zero initialisation, so exp(alpha) and 1 / exp(beta) matter."""
+    import copy
+
+    vocoder = copy.deepcopy(t2w.models.vocoder)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, param in vocoder.named_parameters():
+            if name.endswith(("alpha", "beta")):
+                param.copy_(torch.randn(param.shape, generator=g) * 0.5)
+    mel = torch.randn(2, vocoder.config.mel_dim, 24, generator=g)
+    with torch.inference_mode():
+        got = FastVocoder(vocoder)(mel)
+        want = vocoder(mel)
+    assert got.shape == want.shape == (2, 24 * t2w.hop)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
