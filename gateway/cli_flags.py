@@ -28,6 +28,13 @@ def _same(value: Any) -> Any:
     return value
 
 
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(f"expected a positive integer, got {value}")
+    return number
+
+
 @dataclass(frozen=True)
 class Flag:
     """One ``omni serve`` flag and the config field it sets; its default is read from that field."""
@@ -192,6 +199,49 @@ def serve_flags() -> tuple[Flag, ...]:
             "(default %(default)s)",
             "models",
             to_field=_stage,
+        ),
+        Flag(
+            "--speech-first-chunk-codes",
+            om,
+            "speech_first_chunk_codes",
+            "codes (20 ms of audio each) before a speaking model's first audio: the latency knob "
+            "(default: the speech head's)",
+            "models",
+            type=_positive,
+        ),
+        Flag(
+            "--speech-chunk-codes",
+            om,
+            "speech_chunk_codes",
+            "codes in each later audio chunk (default: the speech head's)",
+            "models",
+            type=_positive,
+        ),
+        Flag(
+            "--speech-ode-steps",
+            om,
+            "speech_ode_steps",
+            "flow-matching steps of each audio chunk (default: the speech head's, Qwen's)",
+            "models",
+            type=_positive,
+        ),
+        Flag(
+            "--speech-first-chunk-steps",
+            om,
+            "speech_first_chunk_steps",
+            "flow-matching steps of the first audio chunk alone: fewer start the audio sooner, coarser "
+            "(default: as --speech-ode-steps)",
+            "models",
+            type=_positive,
+        ),
+        Flag(
+            "--speech-cuda-graphs",
+            om,
+            "speech_cuda_graphs",
+            "replay the speech head's regular chunk calls from CUDA graphs captured at load (CUDA only)",
+            "models",
+            switch=True,
+            to_field=lambda v: True if v else None,
         ),
         Flag(
             "--device",

@@ -25,6 +25,15 @@ class OmniConfig:
     # then comes from the model's own voice instead of the TTS head. "auto": the LLM's own checkpoint when
     # it has them (a Qwen2.5-Omni directory with audio output and a speaker map); None: never.
     speech_model: str | None = "auto"
+    # How the speaking model's token2wav cuts its audio (``omni.heads.token2wav.Token2WavConfig``); None keeps
+    # the head's own setting. The first chunk, in codes (50 a second), is the latency knob; later chunks are
+    # larger for throughput; fewer ODE steps for the first chunk trade its quality for time; CUDA graphs
+    # replay the regular chunks' calls.
+    speech_first_chunk_codes: int | None = None
+    speech_chunk_codes: int | None = None
+    speech_ode_steps: int | None = None
+    speech_first_chunk_steps: int | None = None
+    speech_cuda_graphs: bool | None = None
     served_model_name: str | None = None
     # Defaults for knobs a client leaves unset (the realtime API has no temperature at all).
     temperature: float = 0.7

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from omni_gateway.encoders.vision import VisionEncoder
     from omni_gateway.omni.heads.tts import TtsHead
     from omni_gateway.omni.pipeline import OmniPipeline
+    from omni_gateway.omni.speech import SpeechConfig
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
             f"tensor_parallel_size 1, got {engine_config.tensor_parallel_size}; serve it on one GPU, or pass "
             "--speech-model none to answer through a TTS voice"
         )
+    spoken = speech_config(config) if speech_model is not None else None
     if speech_model is not None and not engine_config.engine_in_process and engine_config.data_parallel_size == 1:
         # The talker reads the thinker's hidden states every step: in this process they stay on the device,
         # from a core process each step's would be copied to the host and sent over a socket first.
@@ -93,7 +95,7 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
         if speech_model is not None:
             from omni_gateway.omni.speech import SpokenModel
 
-            speech = SpokenModel.load(speech_model, device=str(engine.device_and_dtype[0]))
+            speech = SpokenModel.load(speech_model, device=str(engine.device_and_dtype[0]), config=spoken)
             log.info("talker and token2wav of %s ready: the model speaks in its own voice", speech_model)
         if config.image_model is not None:
             from omni_gateway.omni.heads.dit import load_image_head
@@ -192,6 +194,23 @@ def _on_cuda(stage: object | None) -> bool:
             return str(device).startswith("cuda")
         stage = getattr(stage, "recognizer", None) or getattr(stage, "synthesizer", None)
     return False
+
+
+def speech_config(config: OmniConfig) -> SpeechConfig:
+    """The speaking model's settings: the head's own, with what ``config`` sets over them (checked here, before
+    anything loads)."""
+    from omni_gateway.omni.heads.token2wav import Token2WavConfig
+    from omni_gateway.omni.speech import SpeechConfig
+
+    chosen = {
+        "first_chunk_codes": config.speech_first_chunk_codes,
+        "chunk_codes": config.speech_chunk_codes,
+        "num_steps": config.speech_ode_steps,
+        "first_chunk_steps": config.speech_first_chunk_steps,
+        "cuda_graphs": config.speech_cuda_graphs,
+    }
+    token2wav = dataclasses.replace(Token2WavConfig(), **{k: v for k, v in chosen.items() if v is not None})
+    return SpeechConfig(token2wav=token2wav)
 
 
 def resolve_speech_model(config: OmniConfig) -> str | None:

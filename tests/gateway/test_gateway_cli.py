@@ -172,6 +172,11 @@ SAMPLES = {
     "--no-vision": None,
     "--image-model": "/dit",
     "--speech-model": "/omni",
+    "--speech-first-chunk-codes": "6",
+    "--speech-chunk-codes": "24",
+    "--speech-ode-steps": "6",
+    "--speech-first-chunk-steps": "4",
+    "--speech-cuda-graphs": None,
     "--device": "cpu",
     "--dtype": "float16",
     "--quantization": "fp8",
@@ -278,3 +283,12 @@ def test_speech_model_flag_takes_auto_a_path_or_none() -> None:
     assert speech() == "auto"  # an Omni checkpoint given as --model speaks in its own voice
     assert speech("--speech-model", "/omni") == "/omni"
     assert speech("--speech-model", "none") is None
+
+
+def test_speech_chunking_flags_take_positive_counts() -> None:
+    parser = cli.build_parser()
+    _, omni_config = cli.configs(parser.parse_args(["serve", "--speech-first-chunk-codes", "2"]))
+    assert omni_config.speech_first_chunk_codes == 2 and omni_config.speech_chunk_codes is None
+    for bad in ("0", "-3", "four"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--speech-first-chunk-codes", bad])

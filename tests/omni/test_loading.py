@@ -99,3 +99,29 @@ def test_a_speaking_model_under_tensor_parallel_is_refused_before_anything_loads
     )
     with pytest.raises(ValueError, match="tensor_parallel_size 1, got 2.*--speech-model none"):
         load_pipeline(config)
+
+
+def test_the_speech_flags_set_the_heads_chunking_over_its_defaults() -> None:
+    from omni_gateway.omni.config import OmniConfig
+    from omni_gateway.omni.heads.token2wav import Token2WavConfig
+    from omni_gateway.omni.loading import speech_config
+
+    assert speech_config(OmniConfig()).token2wav == Token2WavConfig()  # nothing set: the head's own
+    chosen = speech_config(OmniConfig(speech_first_chunk_codes=2, speech_first_chunk_steps=4, speech_cuda_graphs=True))
+    default = Token2WavConfig()
+    assert (chosen.token2wav.first_chunk_codes, chosen.token2wav.first_chunk_steps) == (2, 4)
+    assert chosen.token2wav.cuda_graphs and chosen.token2wav.chunk_codes == default.chunk_codes
+
+
+def test_an_impossible_speech_setting_is_refused_before_anything_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    import omni_gateway.engine.launch as launch
+    from omni_gateway.engine.config import EngineConfig
+    from omni_gateway.omni.config import OmniConfig
+    from omni_gateway.omni.loading import load_pipeline
+
+    monkeypatch.setattr(launch, "start_engine", lambda *a, **k: pytest.fail("the engine must not start"))
+    config = OmniConfig(
+        engine=EngineConfig(device="cpu"), asr=None, tts=None, speech_model="/models/omni", speech_first_chunk_steps=1
+    )
+    with pytest.raises(ValueError, match="first_chunk_steps must be None or an integer >= 2, got 1"):
+        load_pipeline(config)
