@@ -225,3 +225,21 @@ def test_a_reused_block_drops_the_rows_of_its_old_contents() -> None:
     admit(kv, b)
     assert kv.pool.num_blocks_with_rows == 0
     assert all(block.rows is None for block in kv.pool.blocks)
+
+
+def test_a_prefix_hit_keeps_its_rows_longest() -> None:
+    kv = KVCacheManager(16, BS, max_row_blocks=2)
+    a = hidden_seq(list(range(5)))
+    compute_with_rows(kv, a, [5])  # block 0 of a keeps rows
+    kv.free(a)
+    b = hidden_seq([9] * 5)
+    compute_with_rows(kv, b, [5])  # block 0 of b keeps rows: two blocks, a's the older
+    kv.free(b)
+    again = hidden_seq(list(range(5)) + [6])
+    assert compute_with_rows(kv, again, [2]) == 4  # a hit on a's block makes it the most recently used
+    kv.free(again)
+    c = hidden_seq([3] * 5)
+    compute_with_rows(kv, c, [5])  # a third block with rows: b's, now the least recently used, loses them
+    kv.free(c)
+    assert kv.find_cached_prefix(hidden_seq(list(range(5)))).num_tokens == 4
+    assert kv.find_cached_prefix(hidden_seq([9] * 5)).num_tokens == 0
