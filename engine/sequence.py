@@ -33,6 +33,9 @@ class EmbedSpan:
     ``embeds`` is a ``[length, hidden]`` tensor (kept as ``Any`` so this module stays torch-free).
     ``positions`` is only for models with multimodal rotary positions (M-RoPE, see engine/mrope.py):
     an int ``[3, length]`` tensor of per-axis position offsets relative to the span's first token.
+    ``position_keys`` (one int per position) key each block by the slice it overlaps instead of by the
+    whole span: for rows that are a function of a prompt up to each position (a thinker's hidden states
+    conditioning a talker), so two prompts that agree up to a block share it although their spans end apart.
     """
 
     offset: int
@@ -40,6 +43,7 @@ class EmbedSpan:
     key: str
     embeds: Any
     positions: Any = None
+    position_keys: tuple[int, ...] = ()
 
 
 _ids = itertools.count()
@@ -131,8 +135,16 @@ class Sequence:
         return self.block_table[pos // block_size] * block_size + pos % block_size
 
     def extra_keys_for(self, start: int, end: int) -> tuple[str, ...]:
-        """Content hashes of media spans overlapping token positions [start, end), for the block hash."""
-        return tuple(s.key for s in self.embed_spans if s.offset < end and start < s.offset + s.length)
+        """Content keys of the spans overlapping token positions [start, end), for the block hash."""
+        keys = []
+        for s in self.embed_spans:
+            if s.offset < end and start < s.offset + s.length:
+                if s.position_keys:
+                    lo, hi = max(start, s.offset) - s.offset, min(end, s.offset + s.length) - s.offset
+                    keys.append(f"{s.key}:{','.join(map(str, s.position_keys[lo:hi]))}")
+                else:
+                    keys.append(s.key)
+        return tuple(keys)
 
     def __repr__(self) -> str:
         return (

@@ -169,13 +169,14 @@ class SpokenModel:
             )
             return
         rate = request.audio.sample_rate
+        voice_bos = self.token2wav.text_bos_token(voice)
         try:
-            bos, eos, pad = await self._rows(thinker, (self.token2wav.text_bos_token(voice), *self._text_tail))
+            bos, eos, pad = await self._rows(thinker, (voice_bos, *self._text_tail))
         except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
             yield refusal(exc)
             return
         turn = _Turn()
-        thinking = asyncio.create_task(self._think(thinker, request, prompt, params, turn, (bos, eos, pad)))
+        thinking = asyncio.create_task(self._think(thinker, request, prompt, params, turn, (bos, eos, pad), voice_bos))
         samples = 0
         try:
             start = await turn.started
@@ -222,14 +223,17 @@ class SpokenModel:
         params: SamplingParams,
         turn: _Turn,
         text_rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        voice_bos: int,
     ) -> None:
-        """Run the thinker: its text into ``turn.text``, its rows into the talker's prompt and input stream."""
+        """Run the thinker: its text into ``turn.text``, its rows into the talker's prompt and input stream.
+        ``text_rows`` are the rows of the voice's text start token ``voice_bos``, the text end and the pad."""
         import torch
 
         bos, eos, pad = text_rows
         n = len(prompt.token_ids)
         media = [(s.offset, s.offset + s.length) for s in prompt.embed_spans]
         rows: list[torch.Tensor] = []  # conditioning row of every position so far
+        reply: list[int] = []  # the thinker's tokens so far
         stream: InputStream | None = None
         kwargs = {"embed_spans": prompt.embed_spans} if prompt.embed_spans else {}
         thinker_params = dataclasses.replace(params, n=1, return_hidden_states=True)
@@ -241,6 +245,7 @@ class SpokenModel:
                     turn.failure = Error("engine_error", delta.error, status=500)
                     break
                 turn.text += delta.text
+                reply += delta.token_ids
                 if delta.hidden_states is not None:
                     embeds = delta.input_embeds.clone()
                     for lo, hi in media:  # the talker hears media through the thinker's states only
@@ -257,7 +262,7 @@ class SpokenModel:
                     ids = [self.tokens.codec_mask] * n + [self.tokens.codec_pad, self.tokens.codec_bos]
                     stream = InputStream(start=n + 2)
                     stream.append(rows[n + 1 :])
-                    spans = talker_spans(cond, prompt.embed_spans, f"{request.request_id}-thinker")
+                    spans = talker_spans(cond, prompt.embed_spans, [*prompt.token_ids, voice_bos, reply[0]])
                     turn.started.set_result((ids, spans, stream))
                 if delta.finished:
                     turn.finals.append(delta)
@@ -313,22 +318,27 @@ class SpokenModel:
                     yield wave.cpu().numpy()
 
 
-def talker_spans(cond: torch.Tensor, media: tuple[EmbedSpan, ...], key: str) -> tuple[EmbedSpan, ...]:
+def talker_spans(cond: torch.Tensor, media: tuple[EmbedSpan, ...], ids: list[int]) -> tuple[EmbedSpan, ...]:
     """The talker prompt's conditioning rows ``cond`` as spans covering it: the thinker's media spans keep
-    their multimodal rotary positions (the talker's positions are the thinker's), the text between and
-    after them goes in plain spans."""
+    their multimodal rotary positions (the talker's positions are the thinker's) and content keys, the text
+    between and after them goes in plain spans. ``ids`` name what each row is made of (the thinker's token
+    there, then the voice's text start and the first reply token): a row is the thinker's state after the
+    prompt up to it, so the KV blocks of a talker prompt are keyed by ``ids`` block by block, and a
+    conversation's next spoken turn reuses the talker's blocks of the one before."""
     spans: list[EmbedSpan] = []
     at = 0
     for span in sorted(media, key=lambda s: s.offset):
         if span.offset > at:
-            spans.append(EmbedSpan(at, span.offset - at, f"{key}@{at}", cond[at : span.offset]))
+            spans.append(_rows_span(cond, ids, at, span.offset))
         end = span.offset + span.length
-        spans.append(
-            EmbedSpan(span.offset, span.length, f"{key}@{span.offset}", cond[span.offset : end], span.positions)
-        )
+        spans.append(EmbedSpan(span.offset, span.length, span.key, cond[span.offset : end], span.positions))
         at = end
-    spans.append(EmbedSpan(at, len(cond) - at, f"{key}@{at}", cond[at:]))
+    spans.append(_rows_span(cond, ids, at, len(cond)))
     return tuple(spans)
+
+
+def _rows_span(cond: torch.Tensor, ids: list[int], start: int, end: int) -> EmbedSpan:
+    return EmbedSpan(start, end - start, "thinker-rows", cond[start:end], position_keys=tuple(ids[start:end]))
 
 
 def _talker_id(request_id: str) -> str:

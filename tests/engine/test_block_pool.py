@@ -243,3 +243,22 @@ def test_a_prefix_hit_keeps_its_rows_longest() -> None:
     kv.free(c)
     assert kv.find_cached_prefix(hidden_seq(list(range(5)))).num_tokens == 4
     assert kv.find_cached_prefix(hidden_seq([9] * 5)).num_tokens == 0
+
+
+def test_position_keyed_spans_key_each_block_by_its_own_slice() -> None:
+    """Rows keyed position by position (a talker's thinker states): two prompts whose spans end apart still
+    share the blocks where their keys agree, and part where they differ."""
+
+    def talker(keys: list[int]) -> Sequence:
+        span = EmbedSpan(0, len(keys), "rows", None, position_keys=tuple(keys))
+        return seq_of([0] * len(keys), (span,))
+
+    kv = KVCacheManager(16, BS)
+    first = talker([5, 6, 7, 8, 9, 10, 11, 12, 13])
+    admit(kv, first)
+    kv.free(first)
+    assert kv.find_cached_prefix(talker([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])).num_tokens == 8  # a longer span
+    assert kv.find_cached_prefix(talker([5, 6, 7, 8, 9, 10, 99, 12, 13])).num_tokens == 4  # differs in block 1
+    assert kv.find_cached_prefix(talker([4, 6, 7, 8, 9, 10, 11, 12, 13])).num_tokens == 0
+    whole = EmbedSpan(0, 9, "rows", None)  # one key over the span: only equal spans share
+    assert kv.find_cached_prefix(seq_of([0] * 9, (whole,))).num_tokens == 0

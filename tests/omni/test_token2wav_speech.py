@@ -115,12 +115,18 @@ def test_a_spoken_turn_reuses_the_conversation_before_it(pipeline: OmniPipeline)
         )
         return asyncio.run(_collect(pipeline, request))
 
+    speech = pipeline.speech
+    assert speech is not None
+    talker_kv = speech.talker.engine.scheduler.kv
     turn1 = spoken("turn-1", first)
     reply = "".join(c.transcript for c in turn1 if isinstance(c, AudioChunk))
+    talker_hits = talker_kv.prefix_hit_tokens
     turn2 = spoken("turn-2", (*first, Message("assistant", (TextPart(reply),)), Message("user", (TextPart("why"),))))
     usage1, usage2 = turn1[-1], turn2[-1]
     assert isinstance(usage1, Usage) and isinstance(usage2, Usage)
     assert usage1.cached_tokens == 0 and usage2.cached_tokens >= 8
+    # The talker's prompt is keyed by what its rows are made of: its blocks of turn 1's prompt are reused too.
+    assert talker_kv.prefix_hit_tokens - talker_hits >= 8
     assert any(isinstance(c, AudioChunk) and c.pcm16 for c in turn2)
 
 
@@ -265,8 +271,11 @@ def test_talker_spans_keep_the_thinkers_media_positions() -> None:
     grid = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1], [0, 1, 0, 1]])
     image = EmbedSpan(offset=3, length=4, key="img", embeds=torch.zeros(4, 32), positions=grid)
     cond = torch.randn(12, 32)
-    spans = talker_spans(cond, (image,), "t")
+    spans = talker_spans(cond, (image,), list(range(100, 112)))
     assert [(s.offset, s.length) for s in spans] == [(0, 3), (3, 4), (7, 5)]
+    # The media span keeps the thinker's content key; the rows around it are keyed position by position.
+    assert spans[1].key == "img" and spans[0].position_keys == (100, 101, 102)
+    assert spans[2].position_keys == (107, 108, 109, 110, 111)
     torch.testing.assert_close(torch.cat([s.embeds for s in spans]), cond)
     # The talker's positions are the thinker's, continued over its two extra tokens.
     thinker = mrope_positions((image,), 0, 10)
