@@ -311,7 +311,10 @@ class SpokenModel:
                 # Stop codes end the utterance; other special codes have no sound (token2wav has no row for them).
                 codes = [c for c in delta.token_ids if c not in stop and c < t2w.num_codes]
                 loop = asyncio.get_running_loop()
-                waves = await loop.run_in_executor(self._chunk_threads, speech.push, codes) if codes else []
+                if codes and speech.completes_chunk(len(codes)):  # a token2wav call: off the event loop
+                    waves = await loop.run_in_executor(self._chunk_threads, speech.push, codes)
+                else:  # most codes only join the next chunk: no thread hop for them
+                    waves = speech.push(codes) if codes else []
                 if delta.finished and not cancel.is_set():
                     waves += await loop.run_in_executor(self._chunk_threads, speech.finish)
                 for wave in waves:

@@ -356,6 +356,10 @@ class Token2WavStream:
         cfg = self.t2w.config
         return cfg.first_chunk_codes if self.done_codes == 0 else self.done_codes + cfg.chunk_codes
 
+    def completes_chunk(self, more: int) -> bool:
+        """Whether ``push`` of ``more`` codes runs a chunk (a token2wav call) rather than only keeping them."""
+        return len(self.codes) + more >= self.next_chunk_end + self.t2w.config.lookahead_codes
+
     def push(self, codes: list[int]) -> list[torch.Tensor]:
         if self.finished:
             raise RuntimeError("token2wav stream already finished")

@@ -131,7 +131,9 @@ def test_chunked_stream_against_whole_utterance(t2w: Token2Wav) -> None:
     pieces: list[torch.Tensor] = []
     first_ready = None
     for i in range(0, len(codes), 3):  # codes arrive three at a time, as a talker makes them
+        due = stream.completes_chunk(3)
         got = stream.push(codes[i : i + 3])
+        assert due == bool(got)  # the pipeline hands only these pushes to a worker thread
         if got and first_ready is None:
             first_ready = i + 3
         pieces += got
