@@ -36,6 +36,7 @@ class CallGraphs:
         self._max_graphs = max_graphs
         self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], Output]] = {}
         self._pool: object | None = None
+        self._capture_stream: torch.cuda.Stream | None = None
         self.enabled = True
         self.replayed = 0  # calls served from a graph
         self.frozen = False  # set once the head is built: from then on a call without a graph runs eagerly
@@ -80,13 +81,17 @@ class CallGraphs:
         device = inputs[0].device
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
+            # Its own capture stream, not torch's shared default one: a kernel captured on a stream keeps
+            # the cuBLAS workspace of that stream, so graphs captured on one stream (the engines' decode
+            # graphs too) would all write one workspace when they replay at once from different threads.
+            self._capture_stream = torch.cuda.Stream(device=inputs[0].device)
         side = torch.cuda.Stream(device=device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # first-call work (kernel selection, lazy init) stays out of the capture
             fn(*static)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self._pool, stream=self._capture_stream, capture_error_mode="thread_local"):
             output = fn(*static)
         torch.cuda.current_stream(device).synchronize()
         log.debug("captured the %s for %d rows of %s", self.name, bucket, tuple(static[0].shape[1:]))
