@@ -8,9 +8,10 @@ weight format:
   The zero point comes off per word through the activations' sum, the group scale multiplies once per
   word: three ALU operations per weight (mask-and-or, subtract, multiply-add; no int-to-float convert).
   With 2^23's bits in a register (``INT4_MAGIC``) each plane's mask is the LOP3's immediate. Even
-  so the one-row int4 kernel streams well under half the bytes per second the FP8 one does on Hopper:
-  neither its issue slots nor DRAM are saturated (ncu on an H100: 56% and 42%), so latency, not
-  arithmetic, bounds it.
+  so, staged through a three-stage ``cp.async`` pipeline, the one-row int4 kernel saturated neither its
+  issue slots nor DRAM (ncu on an H100: 56% and 42%): latency, not arithmetic, bound it. Its tuned
+  launches now load the words straight into registers (one stage, no block barrier per step), 15% faster
+  over the 8B shapes (kernels/quant_tuning.py).
 - ``dot_tile``, 2+ rows: the ``[block_n, SUB]`` tile of unscaled weights for ``tl.dot`` (the raw FP8 value
   or ``q - zero``, both exact in 16-bit floats) and the scale of its partial sums.
 """
