@@ -70,8 +70,9 @@ class Token2WavConfig:
     num_steps: int = 10
     first_chunk_steps: int | None = None  # ODE steps of the first chunk; None: num_steps
     # On CUDA, replay regular chunks' ODE and vocoder from graphs captured at build (call_graphs): a first
-    # chunk's call takes 0.15 s instead of 0.7 s on an H200. Off by default: at 32 concurrent streams a vocoder
-    # graph's replay crashed the process (a segfault inside the replay, cause not found); at 8 it ran clean.
+    # chunk's call takes 126 ms instead of 259 ms on an H100 (10 steps, one row). Off by default: runs at 32
+    # concurrent streams failed (a segfault in a replay, an illegal memory access), 2 of 6 on an H100, before
+    # the graphs had a capture stream of their own; at 8 they ran clean.
     cuda_graphs: bool = False
     guidance_scale: float = 0.5
     sway_coefficient: float = -1.0
