@@ -126,3 +126,11 @@ class EngineConfig:
             )
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
+
+    @property
+    def hidden_state_cache_blocks(self) -> int:
+        """Cached KV blocks that may keep their positions' hidden states (``hidden_state_cache_tokens`` in whole
+        blocks); 0 without prefix caching or before the block size is known."""
+        if not self.enable_prefix_caching or self.block_size is None:
+            return 0
+        return self.hidden_state_cache_tokens // self.block_size

@@ -47,7 +47,7 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         # Blocks that may keep the hidden states of their positions (``BlockPool.keep_rows``); 0: none, and
         # requests asking for hidden states compute every position.
-        self.max_row_blocks = max_row_blocks if enable_prefix_caching else 0
+        self.max_row_blocks = max_row_blocks
         self.pool = BlockPool(num_blocks)
         self._held: dict[int, list[Block]] = {}
         self._seqs: dict[int, Sequence] = {}

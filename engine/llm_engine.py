@@ -115,7 +115,7 @@ class LLMEngine:
             num_blocks,
             block_size,
             enable_prefix_caching=config.enable_prefix_caching,
-            max_row_blocks=config.hidden_state_cache_tokens // block_size,
+            max_row_blocks=config.hidden_state_cache_blocks,
         )
         self.scheduler = Scheduler(config, kv)
         self._requests: dict[str, _Request] = {}

@@ -167,7 +167,7 @@ class ModelRunner:
         # which the tensor-parallel replay does not carry.
         self._graph_input_rows = bool(getattr(self.model, "adds_input_rows", False)) and broadcast is None
         # Hidden rows computed for requests that ask for them are kept with their cached blocks (KVCacheManager).
-        self._keeps_rows = config.enable_prefix_caching and config.hidden_state_cache_tokens >= self.block_size
+        self._keeps_rows = config.hidden_state_cache_blocks > 0
         if self.device.type == "cuda" and not config.enforce_eager and self.ops.name == "triton":
             self.graphs = GraphedDecode(
                 self.model,
