@@ -346,6 +346,7 @@ def main() -> None:
         default=None,
         help="replay token2wav's regular chunks (ODE and vocoder) from CUDA graphs (default: off)",
     )
+    parser.add_argument("--dit-dtype", choices=("float32", "bfloat16"), default=None, help="token2wav DiT precision")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true", help="thinker and talker without CUDA graphs")
     parser.add_argument("--stages", action="store_true", help="time each request's stages (adds device syncs)")
@@ -361,6 +362,7 @@ def main() -> None:
             ("num_steps", args.steps),
             ("first_chunk_steps", args.first_steps),
             ("cuda_graphs", args.t2w_graphs),
+            ("dit_dtype", args.dit_dtype),
         )
         if value is not None
     }

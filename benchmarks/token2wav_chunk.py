@@ -1,12 +1,13 @@
-"""token2wav's first audio chunk: ours against transformers, in the same command.
+"""token2wav's first audio chunk (or a later one): ours against transformers, in the same command.
 
 A speaking model's first audio waits for the first chunk's token2wav call: the flow-matching ODE over the
-chunk's window of codes (40 DiT evaluations at 10 steps) and the vocoder. Ours is
+chunk's window of codes (40 DiT evaluations at 10 steps) and the vocoder. Later chunks are larger
+(``--chunk later``): many streams' later chunks are what keeps the GPU's arithmetic busy. Ours is
 ``Token2Wav._chunk_group`` (``token2wav_dit.FastDiT`` and ``token2wav_vocoder.FastVocoder``, every row of a
 batch in one call; with ``--graphs`` replayed from CUDA graphs); the baseline is transformers' own
 ``Qwen2_5OmniToken2WavDiTModel.sample`` and BigVGAN forward over the same window, once per row. Random
 weights in Qwen2.5-Omni-7B's token2wav shapes (``--shapes 7b``) or the tiny test checkpoint's (``tiny``),
-float32 as the checkpoint's authors run it.
+float32 as the checkpoint's authors run it (ours with ``--dit-dtype bfloat16``: the DiT on tensor cores).
 
     python -m benchmarks.token2wav_chunk                              # CUDA: 7B shapes, 1 and 8 rows, 10 and 4 steps
     python -m benchmarks.token2wav_chunk --shapes tiny --device cpu --rows 1 --steps 4
@@ -77,6 +78,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8], help="streams whose first chunks share a call")
     parser.add_argument("--steps", type=int, nargs="+", default=[10, 4], help="ODE steps of the first chunk")
     parser.add_argument("--graphs", action="store_true", help="ours replayed from CUDA graphs (CUDA only)")
+    parser.add_argument("--dit-dtype", choices=("float32", "bfloat16"), default="float32", help="our DiT's precision")
+    parser.add_argument(
+        "--chunk", choices=("first", "later"), default="first", help="a stream's first chunk or a later, larger one"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     add_out_argument(parser, "token2wav_chunk")
     args = parser.parse_args()
@@ -84,12 +89,20 @@ def main() -> None:
     model, voice = build(args.shapes, device)
     models = Token2WavModels(model.code2wav_dit_model, model.code2wav_bigvgan_model, {"voice": voice}, device)
     gen = torch.Generator().manual_seed(1)
-    print(f"token2wav first chunk, {args.shapes} shapes, {device}: ours vs transformers (sample + BigVGAN per row)")
-    with ResultLog(args.out, "token2wav_chunk", shapes=args.shapes, graphs=args.graphs) as log:
+    print(
+        f"token2wav {args.chunk} chunk, {args.shapes} shapes, {device}, our DiT in {args.dit_dtype}: ours vs "
+        "transformers (sample + BigVGAN per row)"
+    )
+    log_fields = {"shapes": args.shapes, "graphs": args.graphs, "dit_dtype": args.dit_dtype, "chunk": args.chunk}
+    with ResultLog(args.out, "token2wav_chunk", **log_fields) as log:
         for steps in args.steps:
-            config = Token2WavConfig(first_chunk_steps=steps, cuda_graphs=args.graphs and device.type == "cuda")
+            graphs = args.graphs and device.type == "cuda"
+            if args.chunk == "first":
+                config = Token2WavConfig(first_chunk_steps=steps, cuda_graphs=graphs, dit_dtype=args.dit_dtype)
+            else:
+                config = Token2WavConfig(num_steps=steps, cuda_graphs=graphs, dit_dtype=args.dit_dtype)
             t2w = Token2Wav(models, config)
-            window, left, chunk = t2w.regular_shapes()[0]
+            window, left, chunk = t2w.regular_shapes()[0 if args.chunk == "first" else 1]
             code = torch.randint(0, t2w.num_codes, (1, window), generator=gen)
             noise = torch.randn(1, window * t2w.repeats, t2w.mel_dim, generator=gen)
             edge = torch.zeros(1, t2w.mel_dim, left, device=device)

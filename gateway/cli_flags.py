@@ -244,6 +244,16 @@ def serve_flags() -> tuple[Flag, ...]:
             to_field=lambda v: True if v else None,
         ),
         Flag(
+            "--speech-dit-dtype",
+            om,
+            "speech_dit_dtype",
+            "precision of the speech head's DiT: float32 as the checkpoint's authors run it, or bfloat16 "
+            "(tensor cores: keeps up with many more streams; the vocoder stays float32) "
+            "(default: the speech head's, float32)",
+            "models",
+            choices=("float32", "bfloat16"),
+        ),
+        Flag(
             "--device",
             eng,
             "device",

@@ -28,12 +28,13 @@ class OmniConfig:
     # How the speaking model's token2wav cuts its audio (``omni.heads.token2wav.Token2WavConfig``); None keeps
     # the head's own setting. The first chunk, in codes (50 a second), is the latency knob; later chunks are
     # larger for throughput; fewer ODE steps for the first chunk trade its quality for time; CUDA graphs
-    # replay the regular chunks' calls.
+    # replay the regular chunks' calls; a bfloat16 DiT puts its matrix products on tensor cores.
     speech_first_chunk_codes: int | None = None
     speech_chunk_codes: int | None = None
     speech_ode_steps: int | None = None
     speech_first_chunk_steps: int | None = None
     speech_cuda_graphs: bool | None = None
+    speech_dit_dtype: str | None = None
     served_model_name: str | None = None
     # Defaults for knobs a client leaves unset (the realtime API has no temperature at all).
     temperature: float = 0.7

@@ -30,6 +30,7 @@ its activations' constants once.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import threading
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 # window took 99 s at load.
 GRAPH_CODES = 256
 
+DIT_DTYPES = ("float32", "bfloat16")
+
 OUTPUT_SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN: 100 mel frames/s, 240 samples each
 
 
@@ -74,6 +77,9 @@ class Token2WavConfig:
     # concurrent streams failed (a segfault in a replay, an illegal memory access), 2 of 6 on an H100, before
     # the graphs had a capture stream of their own; at 8 they ran clean.
     cuda_graphs: bool = False
+    # The DiT's weights and activations (the ODE's state stays float32): "float32" as transformers runs it,
+    # or "bfloat16", which puts its matrix products on tensor cores (the vocoder stays float32).
+    dit_dtype: str = "float32"
     guidance_scale: float = 0.5
     sway_coefficient: float = -1.0
 
@@ -85,6 +91,8 @@ class Token2WavConfig:
             not isinstance(self.first_chunk_steps, int) or self.first_chunk_steps < 2
         ):
             raise ValueError(f"first_chunk_steps must be None or an integer >= 2, got {self.first_chunk_steps!r}")
+        if self.dit_dtype not in DIT_DTYPES:
+            raise ValueError(f"dit_dtype must be one of {', '.join(DIT_DTYPES)}, got {self.dit_dtype!r}")
         for name in ("past_codes", "lookahead_codes", "vocoder_context_frames"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
@@ -146,6 +154,9 @@ class Token2Wav:
         self._stream: torch.cuda.Stream | None = None  # made by the worker's first call, on CUDA
         step_counts = {config.num_steps, config.first_chunk_steps or config.num_steps}
         times = [t for n in step_counts for _, _, four in rk4_intervals(n, config.sway_coefficient) for t in four]
+        dtype = getattr(torch, config.dit_dtype)
+        if dit.dtype != dtype:  # models loaded for another precision (the server loads them in this one)
+            dit = copy.deepcopy(dit).to(dtype)
         self._dit = FastDiT(dit, times)
         self._vocoder = FastVocoder(models.vocoder)
         if config.cuda_graphs and models.device.type == "cuda":
@@ -156,7 +167,7 @@ class Token2Wav:
     def from_pretrained(
         cls, path: str | Path, config: Token2WavConfig = Token2WavConfig(), *, device: str = "auto"
     ) -> Token2Wav:
-        return cls(load_token2wav(Path(path), device=device), config)
+        return cls(load_token2wav(Path(path), device=device, dit_dtype=config.dit_dtype), config)
 
     @property
     def voices(self) -> tuple[str, ...]:

@@ -10,7 +10,8 @@ each layer's modulation looked up by time (computed when the head is built, for 
 the spot for any other time) and applied as its norm's affine. q, k and v are one projection, whose weight
 the model's three modules now view; head 0's rotary rotation is one small matrix per position, applied to
 q's and k's head 0 together, in place. The weights are the model's own; the result equals ``forward`` up to
-float rounding (``tests/omni/test_token2wav.py``).
+float rounding (``tests/omni/test_token2wav.py``). A model in bfloat16 computes in bfloat16 from inputs given
+in float32, and returns float32.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class FastDiT:
         self._apply_rotary = hf.apply_rotary_pos_emb
         self._deinterleave = getattr(hf, "deinterleave_head_dim", lambda x: x)
         proj = dit.input_embed.proj.weight
+        self.dtype = proj.dtype
         self._x_weight = proj[:, : self.mel_dim].t()  # the input projection's columns that see ``x``
         self._fixed_weight = proj[:, self.mel_dim :]  # ... and those that see the chunk's conditions
         self._qkv = [_merge_qkv(layer.attn) for layer in dit.transformer_blocks]
@@ -59,6 +61,7 @@ class FastDiT:
         """``code`` [B, n], ``speaker`` [B, frames, enc_emb_dim], ``ref_mel`` [B, ref_frames, mel_dim]."""
         dit = self.dit
         embed = dit.input_embed
+        speaker, ref_mel = speaker.to(self.dtype), ref_mel.to(self.dtype)
         code_embed = dit.text_embed(code, drop_code=False)
         if guided:  # the second half: no speaker, no reference audio, no codes
             code_embed = torch.cat((code_embed, dit.text_embed(code, drop_code=True)))
@@ -83,6 +86,8 @@ class FastDiT:
         """The DiT's output for ``x`` [B, frames, mel_dim] at time ``t`` ([2B, ...] when guided)."""
         dit = self.dit
         layers, final = self._modulations.get(t) or self._modulation(t)
+        given = x.dtype
+        x = x.to(self.dtype)
         if chunk.guided:
             x = torch.cat((x, x))
         h = torch.addmm(
@@ -105,7 +110,7 @@ class FastDiT:
             ff = layer.ff.ff
             h = torch.addcmul(h, gate_mlp, ff[3](ff[1](ff[0](n))))
         scale, shift = final
-        return dit.proj_out(F.layer_norm(h, (width,), scale, shift, eps=1e-6))
+        return dit.proj_out(F.layer_norm(h, (width,), scale, shift, eps=1e-6)).to(given)
 
     def _modulation(self, t: float) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's six modulation vectors at time ``t`` (scales as 1 + scale) and the final norm's two."""

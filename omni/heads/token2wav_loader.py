@@ -2,7 +2,8 @@
 
 Only the ``token2wav.`` tensors are read from the safetensors shards; the speaker map is ``spk_dict.pt``
 (per voice: the speaker embedding ``cond``, a reference mel ``ref_mel`` and the talker's text start
-token ``bos_token``). token2wav runs in float32, as the checkpoint's authors require.
+token ``bos_token``). token2wav runs in float32, as the checkpoint's authors require; the DiT may be loaded
+in bfloat16 instead (``dit_dtype``).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def load_speakers(path: Path, device: torch.device) -> dict[str, Speaker]:
     return speakers
 
 
-def load_token2wav(path: Path, *, device: str = "auto") -> Token2WavModels:
+def load_token2wav(path: Path, *, device: str = "auto", dit_dtype: str = "float32") -> Token2WavModels:
     from transformers import AutoConfig
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 
@@ -99,6 +100,7 @@ def load_token2wav(path: Path, *, device: str = "auto") -> Token2WavModels:
     if unexpected:
         raise Token2WavLoadError(f"{path} has unknown token2wav weights: {unexpected[:4]}")
     model = model.float().eval().to(dev)
+    model.code2wav_dit_model.to(getattr(torch, dit_dtype))
     return Token2WavModels(
         dit=model.code2wav_dit_model,
         vocoder=model.code2wav_bigvgan_model,

@@ -177,6 +177,7 @@ SAMPLES = {
     "--speech-ode-steps": "6",
     "--speech-first-chunk-steps": "4",
     "--speech-cuda-graphs": None,
+    "--speech-dit-dtype": "bfloat16",
     "--device": "cpu",
     "--dtype": "float16",
     "--quantization": "fp8",

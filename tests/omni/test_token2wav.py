@@ -90,6 +90,27 @@ def test_fast_vocoder_matches_the_vocoders_forward(t2w: Token2Wav) -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_bfloat16_dit_computes_in_bfloat16_close_to_float32(tiny_dir: Path, t2w: Token2Wav) -> None:
+    """``dit_dtype="bfloat16"``: loaded so, the DiT is held once in bfloat16 (the vocoder stays float32); over
+    models loaded in float32 the head takes a converted copy and leaves them as they were. The ODE's state and
+    the waveform stay float32, within bfloat16's rounding of the float32 head's but not equal to it."""
+    config = Token2WavConfig(dit_dtype="bfloat16")
+    loaded = Token2Wav.from_pretrained(tiny_dir, config, device="cpu")
+    assert loaded.models.dit.dtype == torch.bfloat16 and loaded.models.vocoder.dtype == torch.float32
+    assert loaded._dit.dit is loaded.models.dit
+    shared = Token2Wav(t2w.models, config)
+    assert t2w.models.dit.dtype == torch.float32 and shared._dit.dtype == torch.bfloat16
+    codes = _codes(29)
+    want = t2w.synthesize(codes, "Ethan", seed=4)
+    for head in (loaded, shared):
+        got = head.synthesize(codes, "Ethan", seed=4)
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        error = float((got - want).norm() / want.norm())
+        assert 0 < error < 1e-2, error
+    # The float32 head over the same models still computes as before.
+    torch.testing.assert_close(t2w.synthesize(codes, "Ethan", seed=4), want, rtol=0, atol=0)
+
+
 @pytest.mark.slow
 def test_whole_utterance_matches_hf(tiny_dir: Path, t2w: Token2Wav) -> None:
     from transformers import Qwen2_5OmniForConditionalGeneration
@@ -174,6 +195,8 @@ def test_bad_codes_and_configs(t2w: Token2Wav, tmp_path: Path) -> None:
         Token2WavConfig(first_chunk_codes=0)
     with pytest.raises(ValueError, match="first_chunk_steps"):
         Token2WavConfig(first_chunk_steps=1)
+    with pytest.raises(ValueError, match="dit_dtype must be one of float32, bfloat16, got 'float16'"):
+        Token2WavConfig(dit_dtype="float16")
     with pytest.raises(Token2WavLoadError):
         Token2Wav.from_pretrained(tmp_path, device="cpu")
 
