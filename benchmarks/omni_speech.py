@@ -22,6 +22,7 @@ import asyncio
 import contextvars
 import dataclasses
 import statistics
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -350,8 +351,18 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true", help="thinker and talker without CUDA graphs")
     parser.add_argument("--stages", action="store_true", help="time each request's stages (adds device syncs)")
+    parser.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="the interpreter's thread switch interval (default: what omni serve sets for its stage threads)",
+    )
     add_out_argument(parser, "omni_speech")
     args = parser.parse_args()
+    from omni_gateway.omni.loading import STAGE_SWITCH_INTERVAL_S
+
+    # The engines, the token2wav worker and the event loop are threads of one process, as in omni serve.
+    sys.setswitchinterval(STAGE_SWITCH_INTERVAL_S if args.switch_interval_ms is None else args.switch_interval_ms / 1e3)
     device = torch.device(args.device)
     hf, thinker, speech = build(args.shapes, device, max(args.concurrency), args.enforce_eager)
     changes = {
@@ -391,6 +402,8 @@ def main() -> None:
         num_steps=t2w.num_steps,
         first_chunk_steps=t2w.first_chunk_steps,
         token2wav_graphs=t2w.cuda_graphs and device.type == "cuda",
+        dit_dtype=t2w.dit_dtype,
+        switch_interval_ms=sys.getswitchinterval() * 1e3,
         cuda_graphs=not args.enforce_eager,
         text_tokens=args.text_tokens,
         codes=args.codes,
