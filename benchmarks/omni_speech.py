@@ -135,10 +135,10 @@ def instrument(thinker: Any, speech: Any) -> None:
 
     group = t2w._chunk_group
 
-    def counted(calls: list[tuple[Any, ...]]) -> Any:
+    def counted(calls: list[tuple[Any, ...]], lane: int = 0) -> Any:
         shape = calls[0][4]
         _BATCHES.append(("first" if shape.first else "later" if shape.regular else "last", len(calls)))
-        return group(calls)
+        return group(calls, lane)
 
     t2w._chunk_group = counted  # before the first stream starts the worker that calls it
 

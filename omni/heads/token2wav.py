@@ -9,9 +9,11 @@ knob), later ones larger (``chunk_codes``: fewer DiT passes per second of audio)
 take fewer ODE steps (``first_chunk_steps``): eagerly its DiT call is bound by kernel launches, about
 4 DiT evaluations per step, so its time falls with the steps. On CUDA every chunk but a stream's last
 may replay its ODE and its vocoder call from CUDA graphs (``cuda_graphs``, off by default; ``call_graphs``),
-captured for every regular window shape (``regular_shapes``), voice and batch bucket when the head is built. Each chunk
-is one call to one worker thread that batches the chunks of every stream (``token2wav_batcher``): the
-DiT, then the vocoder, with first chunks ahead of later ones. A chunk's DiT window
+captured for every regular window shape (``regular_shapes``), voice and batch bucket when the head is built.
+Each chunk is one call to worker threads ("lanes", ``token2wav_batcher``) that batch the chunks of every
+stream: the DiT, then the vocoder, with first chunks ahead of later ones; with two lanes (the default on
+CUDA) one runs first chunks only, on a high-priority CUDA stream, so a first chunk never waits behind a
+later one. The settings and each chunk's window are ``token2wav_chunking``'s. A chunk's DiT window
 reaches ``past_codes`` back and ``lookahead_codes`` ahead, starting on a DiT attention block boundary so
 the block masks line up with the whole utterance's; the chunk keeps the mel of its own frames only. The
 vocoder sees ``vocoder_context_frames`` of mel either side and keeps the samples of the chunk's frames.
@@ -35,13 +37,18 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from omni_gateway.omni.heads.call_graphs import BUCKETS, CallGraphs
 from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
+from omni_gateway.omni.heads.token2wav_chunking import (
+    ChunkShape,
+    Token2WavConfig,
+    chunk_window,
+    rk4_intervals,
+)
 from omni_gateway.omni.heads.token2wav_dit import FastDiT
 from omni_gateway.omni.heads.token2wav_loader import Speaker, Token2WavModels, load_token2wav
 from omni_gateway.omni.heads.token2wav_vocoder import FastVocoder
@@ -54,61 +61,11 @@ log = logging.getLogger(__name__)
 # window took 99 s at load.
 GRAPH_CODES = 256
 
-DIT_DTYPES = ("float32", "bfloat16")
-
 OUTPUT_SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN: 100 mel frames/s, 240 samples each
 
 
 class UnknownVoice(ValueError):
     """A voice the checkpoint's speaker map does not have."""
-
-
-@dataclass(frozen=True, slots=True)
-class Token2WavConfig:
-    first_chunk_codes: int = 4  # 80 ms of audio at 50 codes/s: audio starts after this many codes
-    chunk_codes: int = 48  # later chunks
-    past_codes: int = 24  # DiT context before a chunk
-    lookahead_codes: int = 2  # DiT context after a chunk (a chunk waits for these codes)
-    vocoder_context_frames: int = 16  # mel frames of vocoder context either side of a chunk
-    num_steps: int = 10
-    first_chunk_steps: int | None = None  # ODE steps of the first chunk; None: num_steps
-    # On CUDA, replay regular chunks' ODE and vocoder from graphs captured at build (call_graphs): a first
-    # chunk's call takes 126 ms instead of 259 ms on an H100 (10 steps, one row). Off by default: runs at 32
-    # concurrent streams failed (a segfault in a replay, an illegal memory access), 2 of 6 on an H100, before
-    # the graphs had a capture stream of their own; at 8 they ran clean.
-    cuda_graphs: bool = False
-    # The DiT's weights and activations (the ODE's state stays float32): "float32" as transformers runs it,
-    # or "bfloat16", which puts its matrix products on tensor cores (the vocoder stays float32).
-    dit_dtype: str = "float32"
-    guidance_scale: float = 0.5
-    sway_coefficient: float = -1.0
-
-    def __post_init__(self) -> None:
-        for name in ("first_chunk_codes", "chunk_codes", "num_steps"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.first_chunk_steps is not None and (
-            not isinstance(self.first_chunk_steps, int) or self.first_chunk_steps < 2
-        ):
-            raise ValueError(f"first_chunk_steps must be None or an integer >= 2, got {self.first_chunk_steps!r}")
-        if self.dit_dtype not in DIT_DTYPES:
-            raise ValueError(f"dit_dtype must be one of {', '.join(DIT_DTYPES)}, got {self.dit_dtype!r}")
-        for name in ("past_codes", "lookahead_codes", "vocoder_context_frames"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkShape:
-    """What a chunk's call computes beyond its inputs' shapes: its mel frames ``[lo, hi)`` of the window,
-    its ODE steps, whether it is a stream's first chunk (batched first), and whether its window has one of the
-    stream's steady shapes (its calls may replay from CUDA graphs; a stream's last window has a one-off one)."""
-
-    lo: int
-    hi: int
-    steps: int
-    first: bool
-    regular: bool
 
 
 class _Noise:
@@ -148,10 +105,12 @@ class Token2Wav:
         self.hop: int = math.prod(int(r) for r in models.vocoder.config.upsample_rates)
         self.max_frames: int = int(dit.config.max_position_embeddings)
         self.num_codes: int = int(dit.config.num_embeds)  # the DiT's table has one more row, for "no code"
+        self.lanes: int = config.lanes or (2 if models.device.type == "cuda" else 1)
         # Regular chunks' windows take a few shapes: their ODE and vocoder calls replay from CUDA graphs, one
         # per batch bucket and shape (config.cuda_graphs, CUDA only); the two kinds fall back to eager apart.
-        self._graphs: tuple[CallGraphs, CallGraphs] | None = None
-        self._stream: torch.cuda.Stream | None = None  # made by the worker's first call, on CUDA
+        # Each lane has its own graphs (a graph replays on one stream at a time) and CUDA stream.
+        self._graphs: list[tuple[CallGraphs, CallGraphs]] | None = None
+        self._streams: list[torch.cuda.Stream | None] = [None] * self.lanes  # made by each lane's first call
         step_counts = {config.num_steps, config.first_chunk_steps or config.num_steps}
         times = [t for n in step_counts for _, _, four in rk4_intervals(n, config.sway_coefficient) for t in four]
         dtype = getattr(torch, config.dit_dtype)
@@ -160,7 +119,7 @@ class Token2Wav:
         self._dit = FastDiT(dit, times)
         self._vocoder = FastVocoder(models.vocoder)
         if config.cuda_graphs and models.device.type == "cuda":
-            self._graphs = (CallGraphs("token2wav ODE"), CallGraphs("token2wav vocoder"))
+            self._graphs = [(CallGraphs("token2wav ODE"), CallGraphs("token2wav vocoder")) for _ in range(self.lanes)]
             self._capture_graphs()
 
     @classmethod
@@ -218,30 +177,39 @@ class Token2Wav:
             start = end
 
     def _capture_graphs(self) -> None:
-        """Capture every regular chunk's ODE and vocoder graphs, for each batch bucket and reference-mel
-        length, by running the calls on zeros; then freeze the graphs (nothing is captured while serving)."""
+        """Capture every regular chunk's ODE and vocoder graphs (on the first-chunk lane, the first chunk's
+        only), for each lane, batch bucket and reference-mel length, by running the calls on zeros; then
+        freeze the graphs (nothing is captured while serving)."""
         assert self._graphs is not None
         began = time.perf_counter()
         voices = {s.ref_mel.shape[1]: s for s in self.models.speakers.values()}
         shapes = self.regular_shapes()
-        for window, left, shape in shapes:
-            code = torch.zeros(1, window, dtype=torch.long)
-            noise = torch.zeros(1, window * self.repeats, self.mel_dim)
-            edge = torch.zeros(1, self.mel_dim, left)
-            for speaker in voices.values():
-                for rows in BUCKETS:
-                    if rows * window <= GRAPH_CODES:
-                        self._chunk_group([(code, noise, speaker, edge, shape)] * rows)
-        for graphs in self._graphs:
-            graphs.frozen = True
+        for lane in range(self.lanes):
+            for window, left, shape in shapes:
+                if self._first_chunks_only(lane) and not shape.first:
+                    continue
+                code = torch.zeros(1, window, dtype=torch.long)
+                noise = torch.zeros(1, window * self.repeats, self.mel_dim)
+                edge = torch.zeros(1, self.mel_dim, left)
+                for speaker in voices.values():
+                    for rows in BUCKETS:
+                        if rows * window <= GRAPH_CODES:
+                            self._chunk_group([(code, noise, speaker, edge, shape)] * rows, lane)
+        for pair in self._graphs:
+            for graphs in pair:
+                graphs.frozen = True
         log.info(
-            "token2wav: captured %d ODE and %d vocoder CUDA graphs (%d window shapes, %d voices) in %.1f s",
-            len(self._graphs[0]),
-            len(self._graphs[1]),
+            "token2wav: captured %d ODE and %d vocoder CUDA graphs (%d window shapes, %d voices, %d lanes) in %.1f s",
+            sum(len(ode) for ode, _ in self._graphs),
+            sum(len(vocoder) for _, vocoder in self._graphs),
             len(shapes),
             len(voices),
+            self.lanes,
             time.perf_counter() - began,
         )
+
+    def _first_chunks_only(self, lane: int) -> bool:
+        return lane == 0 and self.lanes > 1
 
     def close(self) -> None:
         """Stop the batching worker (streams started later start it again)."""
@@ -263,22 +231,25 @@ class Token2Wav:
             raise ValueError(f"{frames} mel frames exceed the DiT's {self.max_frames} positions; use shorter chunks")
         with self._batched_lock:
             if self._batched is None:
-                self._batched = BatchedCalls(self._chunk_group, "token2wav")
+                self._batched = BatchedCalls(self._chunk_group, "token2wav", lanes=self.lanes)
             batched = self._batched
         key = (chunk, code.shape[1], speaker.ref_mel.shape[1], left.shape[2])
         return batched(key, code, noise, speaker, left, chunk, urgent=chunk.first)
 
-    def _chunk_group(self, calls: list[tuple[Any, ...]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _chunk_group(self, calls: list[tuple[Any, ...]], lane: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
         if self.device.type != "cuda":
-            return self._run_group(calls)
-        if self._stream is None:  # the worker's own CUDA stream: the engines' steps and token2wav's interleave
-            self._stream = torch.cuda.Stream(self.device)
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the weights, loaded on this one
-        with torch.cuda.stream(self._stream):
-            return self._run_group(calls)
+            return self._run_group(calls, lane)
+        stream = self._streams[lane]
+        if stream is None:  # the lane's own CUDA stream: the engines' steps and token2wav's interleave
+            # The first-chunk lane's kernels go ahead of the engines' and the other lanes' pending ones.
+            priority = -1 if self._first_chunks_only(lane) else 0  # lower is sooner
+            stream = self._streams[lane] = torch.cuda.Stream(self.device, priority=priority)
+            stream.wait_stream(torch.cuda.current_stream(self.device))  # the weights, loaded on this one
+        with torch.cuda.stream(stream):
+            return self._run_group(calls, lane)
 
     @torch.inference_mode()
-    def _run_group(self, calls: list[tuple[Any, ...]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _run_group(self, calls: list[tuple[Any, ...]], lane: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         # Every device tensor made here is made on the worker's stream; what a caller passes is on the host,
         # or made here by an earlier call (``left``), or the voice's, made at load.
         chunk: ChunkShape = calls[0][4]
@@ -288,7 +259,7 @@ class Token2Wav:
         cond = torch.cat([c[2].cond for c in calls])
         left = torch.cat([c[3] for c in calls]).to(device=self.device, dtype=ref_mel.dtype)
         # A one-off window (a stream's last) would capture a graph for one use: it runs eagerly.
-        ode_graphs, vocoder_graphs = self._graphs if self._graphs is not None and chunk.regular else (None, None)
+        ode_graphs, vocoder_graphs = self._graphs[lane] if self._graphs is not None and chunk.regular else (None, None)
         steps = chunk.steps
 
         def ode(c: torch.Tensor, x: torch.Tensor, s: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
@@ -404,34 +375,6 @@ class Token2WavStream:
         if final:
             self.finished = True
         return chunk
-
-
-def chunk_window(
-    cfg: Token2WavConfig, block_codes: int, repeats: int, start: int, end: int, available: int, *, final: bool
-) -> tuple[int, int, ChunkShape]:
-    """The DiT window ``[win_start, win_end)`` (in codes) of the chunk of codes ``[start, end)``, with
-    ``available`` codes known, and the chunk's shape in it. The window starts on a DiT block boundary, so its
-    block masks match the whole utterance's, and reaches ``lookahead_codes`` past the chunk unless ``final``."""
-    win_start = max(0, start - cfg.past_codes) // block_codes * block_codes
-    win_end = available if final else min(available, end + cfg.lookahead_codes)
-    steps = cfg.first_chunk_steps if start == 0 and cfg.first_chunk_steps is not None else cfg.num_steps
-    regular = not final and win_end == end + cfg.lookahead_codes
-    lo, hi = (start - win_start) * repeats, (end - win_start) * repeats
-    return win_start, win_end, ChunkShape(lo, hi, steps, first=start == 0, regular=regular)
-
-
-def rk4_intervals(steps: int, sway: float | None) -> list[tuple[float, float, tuple[float, float, float, float]]]:
-    """Each ODE interval's ends and the four times its RK4 (3/8 rule) step evaluates the DiT at."""
-    times = ode_times(steps, sway)
-    return [(t0, t1, (t0, t0 + (t1 - t0) / 3, t0 + (t1 - t0) * 2 / 3, t1)) for t0, t1 in zip(times[:-1], times[1:])]
-
-
-def ode_times(steps: int, sway: float | None) -> list[float]:
-    """The ODE's time points as transformers computes them (float32 linspace, then the sway warp)."""
-    t = torch.linspace(0, 1, steps, dtype=torch.float32)
-    if sway is not None:
-        t += sway * (torch.cos(torch.pi / 2 * t) - 1 + t)
-    return [float(v) for v in t]
 
 
 def _as_codes(codes: list[int] | torch.Tensor, device: torch.device, num_codes: int) -> torch.Tensor:

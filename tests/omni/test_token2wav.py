@@ -197,15 +197,19 @@ def test_bad_codes_and_configs(t2w: Token2Wav, tmp_path: Path) -> None:
         Token2WavConfig(first_chunk_steps=1)
     with pytest.raises(ValueError, match="dit_dtype must be one of float32, bfloat16, got 'float16'"):
         Token2WavConfig(dit_dtype="float16")
+    with pytest.raises(ValueError, match="lanes must be None or a positive integer, got 0"):
+        Token2WavConfig(lanes=0)
+    assert t2w.lanes == 1  # on the CPU a second lane would only share the cores
     with pytest.raises(Token2WavLoadError):
         Token2Wav.from_pretrained(tmp_path, device="cpu")
 
 
 @pytest.mark.slow
-def test_concurrent_streams_batch_and_match_solo_streams(t2w: Token2Wav) -> None:
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_concurrent_streams_batch_and_match_solo_streams(t2w: Token2Wav, lanes: int) -> None:
     import threading
 
-    cfg = Token2WavConfig(first_chunk_codes=4, chunk_codes=8, past_codes=4, lookahead_codes=2)
+    cfg = Token2WavConfig(first_chunk_codes=4, chunk_codes=8, past_codes=4, lookahead_codes=2, lanes=lanes)
     chunked = Token2Wav(t2w.models, cfg)
     jobs = [(_codes(20, seed=s), voice, s) for s, voice in ((11, "Ethan"), (12, "Chelsie"), (13, "Ethan"))]
 
@@ -258,7 +262,7 @@ def _held_batcher(
     gate, busy = threading.Event(), threading.Event()
     batches: list[list[Any]] = []
 
-    def fn(calls: list[tuple[Any]]) -> list[Any]:
+    def fn(calls: list[tuple[Any]], lane: int) -> list[Any]:
         busy.set()
         gate.wait(5)
         batches.append([x for (x,) in calls])
@@ -280,7 +284,7 @@ def test_batched_calls_group_what_queued_while_busy() -> None:
     rest = [threading.Thread(target=call, args=(x, "a" if x < 3 else "b")) for x in (1, 2, 3)]
     for thread in rest:
         thread.start()
-    while calls._jobs.qsize() < 3:  # all three queued behind it
+    while calls.queued < 3:  # all three queued behind it
         time.sleep(0.001)
     gate.set()
     for thread in [first, *rest]:
@@ -304,7 +308,7 @@ def test_first_chunks_go_before_later_chunks_queued_earlier() -> None:
     for n, args in enumerate(queued, start=1):
         threads.append(threading.Thread(target=call, args=args))
         threads[-1].start()
-        while calls._jobs.qsize() < n:  # queued in this order
+        while calls.queued < n:  # queued in this order
             time.sleep(0.001)
     gate.set()
     for thread in threads:
@@ -312,6 +316,51 @@ def test_first_chunks_go_before_later_chunks_queued_earlier() -> None:
     calls.close()
     assert results == {x: x.upper() for x in ("busy", "l1", "l2", "l3", "f1")}
     assert batches == [["busy"], ["f1"], ["l1", "l2"], ["l3"]]  # urgent first; at most max_batch a call
+
+
+def _wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 5
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def test_a_first_chunk_lane_runs_first_chunks_while_the_other_lane_is_busy() -> None:
+    """Two lanes: lane 0 takes urgent groups only, so a first chunk that arrives while a later chunk's call
+    holds lane 1 runs at once, and a later chunk that arrives while lane 1 is busy waits for lane 1."""
+    gate = threading.Event()
+    ran: list[tuple[str, int]] = []
+
+    def fn(calls: list[tuple[Any]], lane: int) -> list[Any]:
+        ran.append((calls[0][0], lane))
+        if calls[0][0] == "busy":
+            gate.wait(5)
+        return [x.upper() for (x,) in calls]
+
+    calls = BatchedCalls(fn, "test-lanes", lanes=2)
+    results: dict[str, str] = {}
+
+    def call(x: str, urgent: bool) -> None:
+        results[x] = calls(x, x, urgent=urgent)
+
+    busy = threading.Thread(target=call, args=("busy", False))
+    busy.start()
+    _wait_until(lambda: bool(ran))
+    later = threading.Thread(target=call, args=("later", False))
+    later.start()
+    _wait_until(lambda: calls.queued == 1)  # queued, not taken by the idle lane 0
+    assert call("first", True) is None and results["first"] == "FIRST"  # returned while "busy" still runs
+    assert calls.queued == 1 and "later" not in results  # lane 0 never takes it
+    gate.set()
+    for thread in (busy, later):
+        thread.join()
+    calls.close()
+    assert ran == [("busy", 1), ("first", 0), ("later", 1)]
+    assert results == {"busy": "BUSY", "first": "FIRST", "later": "LATER"}
+    with pytest.raises(RuntimeError, match="stopped"):
+        calls("late", "late")
+    with pytest.raises(ValueError, match="lanes must be at least 1"):
+        BatchedCalls(fn, "test-lanes", lanes=0)
 
 
 def test_batched_vocoder_rows_match_single_calls(t2w: Token2Wav) -> None:

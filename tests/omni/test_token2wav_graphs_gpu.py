@@ -20,9 +20,9 @@ def test_graphed_chunks_match_eager(tmp_path: Path) -> None:
     chunks = dict(first_chunk_codes=4, chunk_codes=8, past_codes=4, lookahead_codes=2, num_steps=4)
     eager = Token2Wav.from_pretrained(directory, Token2WavConfig(**chunks, cuda_graphs=False), device="cuda")
     graphed = Token2Wav(eager.models, Token2WavConfig(**chunks, cuda_graphs=True))
-    assert graphed._graphs is not None
-    ode, vocoder = graphed._graphs
-    replays_at_build = ode.replayed
+    assert graphed._graphs is not None and graphed.lanes == 2  # a first-chunk lane and a general one
+    (first_ode, first_vocoder), (ode, vocoder) = graphed._graphs
+    replays_at_build = first_ode.replayed + ode.replayed
     g = torch.Generator().manual_seed(0)
     jobs = [(torch.randint(0, CODEC_VOCAB - 4, (20,), generator=g).tolist(), voice) for voice in ("Ethan", "Chelsie")]
 
@@ -51,15 +51,22 @@ def test_graphed_chunks_match_eager(tmp_path: Path) -> None:
             for a, b in zip(alone, replayed):
                 torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
     assert eager._graphs is None
-    assert ode.enabled and vocoder.enabled and ode.frozen and vocoder.frozen
-    # captured when the head was built: every regular window (first 6 codes, then the block-aligned ones),
-    # each batch bucket; serving captured nothing more, and the streams' regular chunks replayed
+    assert all(graphs.enabled and graphs.frozen for pair in graphed._graphs for graphs in pair)
+    # captured when the head was built: on the general lane every regular window (first 6 codes, then the
+    # block-aligned ones), on the first-chunk lane the first chunk's alone, each batch bucket; serving
+    # captured nothing more, and the streams' regular chunks replayed
     windows = {window for window, _, _ in graphed.regular_shapes()}
     assert 6 in windows and {key[2][0][0] for key in ode._graphs} == windows
-    ode_calls = {(window, shape.steps) for window, _, shape in graphed.regular_shapes()}
+    assert {key[2][0][0] for key in first_ode._graphs} == {6}
     ref_lengths = {speaker.ref_mel.shape[1] for speaker in graphed.models.speakers.values()}
-    per_voice = sum(1 for window, _ in ode_calls for rows in BUCKETS if rows * window <= GRAPH_CODES)
-    assert len(ode) == per_voice * len(ref_lengths)
-    assert ode.replayed - replays_at_build >= 2 * 2 and vocoder.replayed == ode.replayed
+
+    def per_voice(ode_calls: set[tuple[int, int]]) -> int:
+        return sum(1 for window, _ in ode_calls for rows in BUCKETS if rows * window <= GRAPH_CODES)
+
+    shapes = graphed.regular_shapes()
+    assert len(ode) == per_voice({(w, shape.steps) for w, _, shape in shapes}) * len(ref_lengths)
+    assert len(first_ode) == per_voice({(w, shape.steps) for w, _, shape in shapes if shape.first}) * len(ref_lengths)
+    assert first_ode.replayed + ode.replayed - replays_at_build >= 2 * 2
+    assert (first_vocoder.replayed, vocoder.replayed) == (first_ode.replayed, ode.replayed)
     eager.close()
     graphed.close()
