@@ -348,6 +348,7 @@ def main() -> None:
         help="replay token2wav's regular chunks (ODE and vocoder) from CUDA graphs (default: off)",
     )
     parser.add_argument("--dit-dtype", choices=("float32", "bfloat16"), default=None, help="token2wav DiT precision")
+    parser.add_argument("--t2w-lanes", type=int, default=None, help="token2wav worker lanes (default: 2 on CUDA)")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true", help="thinker and talker without CUDA graphs")
     parser.add_argument("--stages", action="store_true", help="time each request's stages (adds device syncs)")
@@ -374,6 +375,7 @@ def main() -> None:
             ("first_chunk_steps", args.first_steps),
             ("cuda_graphs", args.t2w_graphs),
             ("dit_dtype", args.dit_dtype),
+            ("lanes", args.t2w_lanes),
         )
         if value is not None
     }
@@ -403,6 +405,7 @@ def main() -> None:
         first_chunk_steps=t2w.first_chunk_steps,
         token2wav_graphs=t2w.cuda_graphs and device.type == "cuda",
         dit_dtype=t2w.dit_dtype,
+        token2wav_lanes=speech.token2wav.lanes,
         switch_interval_ms=sys.getswitchinterval() * 1e3,
         cuda_graphs=not args.enforce_eager,
         text_tokens=args.text_tokens,
