@@ -343,7 +343,7 @@ def main() -> None:
         help="replay token2wav's regular chunks (ODE and vocoder) from CUDA graphs (default: off)",
     )
     parser.add_argument("--dit-dtype", choices=("float32", "bfloat16"), default=None, help="token2wav DiT precision")
-    parser.add_argument("--t2w-lanes", type=int, default=None, help="token2wav worker lanes (default: 2 on CUDA)")
+    parser.add_argument("--t2w-lanes", type=int, default=None, help="token2wav worker lanes (default: 1)")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true", help="thinker and talker without CUDA graphs")
     parser.add_argument("--stages", action="store_true", help="time each request's stages")

@@ -254,6 +254,15 @@ def serve_flags() -> tuple[Flag, ...]:
             choices=("float32", "bfloat16"),
         ),
         Flag(
+            "--speech-lanes",
+            om,
+            "speech_lanes",
+            "the speech head's worker threads, each on its own CUDA stream; with 2 one runs first audio chunks "
+            "alone, so they never wait behind another session's later chunk (default: the speech head's, 1)",
+            "models",
+            type=_positive,
+        ),
+        Flag(
             "--device",
             eng,
             "device",

@@ -35,6 +35,7 @@ class OmniConfig:
     speech_first_chunk_steps: int | None = None
     speech_cuda_graphs: bool | None = None
     speech_dit_dtype: str | None = None
+    speech_lanes: int | None = None  # token2wav worker threads; 2 give first chunks a lane of their own
     served_model_name: str | None = None
     # Defaults for knobs a client leaves unset (the realtime API has no temperature at all).
     temperature: float = 0.7

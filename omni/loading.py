@@ -209,6 +209,7 @@ def speech_config(config: OmniConfig) -> SpeechConfig:
         "first_chunk_steps": config.speech_first_chunk_steps,
         "cuda_graphs": config.speech_cuda_graphs,
         "dit_dtype": config.speech_dit_dtype,
+        "lanes": config.speech_lanes,
     }
     token2wav = dataclasses.replace(Token2WavConfig(), **{k: v for k, v in chosen.items() if v is not None})
     return SpeechConfig(token2wav=token2wav)

@@ -11,9 +11,9 @@ take fewer ODE steps (``first_chunk_steps``): eagerly its DiT call is bound by k
 may replay its ODE and its vocoder call from CUDA graphs (``cuda_graphs``, off by default; ``call_graphs``),
 captured for every regular window shape (``regular_shapes``), voice and batch bucket when the head is built.
 Each chunk is one call to worker threads ("lanes", ``token2wav_batcher``) that batch the chunks of every
-stream: the DiT, then the vocoder, with first chunks ahead of later ones; with two lanes (the default on
-CUDA) one runs first chunks only, on a high-priority CUDA stream, so a first chunk never waits behind a
-later one. The settings and each chunk's window are ``token2wav_chunking``'s. A chunk's DiT window
+stream: the DiT, then the vocoder, with first chunks ahead of later ones; with two lanes (``lanes``) one
+runs first chunks only, on a high-priority CUDA stream, so a first chunk never waits behind a later one.
+The settings and each chunk's window are ``token2wav_chunking``'s. A chunk's DiT window
 reaches ``past_codes`` back and ``lookahead_codes`` ahead, starting on a DiT attention block boundary so
 the block masks line up with the whole utterance's; the chunk keeps the mel of its own frames only. The
 vocoder sees ``vocoder_context_frames`` of mel either side and keeps the samples of the chunk's frames.
@@ -105,7 +105,7 @@ class Token2Wav:
         self.hop: int = math.prod(int(r) for r in models.vocoder.config.upsample_rates)
         self.max_frames: int = int(dit.config.max_position_embeddings)
         self.num_codes: int = int(dit.config.num_embeds)  # the DiT's table has one more row, for "no code"
-        self.lanes: int = config.lanes or (2 if models.device.type == "cuda" else 1)
+        self.lanes = config.lanes
         # Regular chunks' windows take a few shapes: their ODE and vocoder calls replay from CUDA graphs, one
         # per batch bucket and shape (config.cuda_graphs, CUDA only); the two kinds fall back to eager apart.
         # Each lane has its own graphs (a graph replays on one stream at a time) and CUDA stream.

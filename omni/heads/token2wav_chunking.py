@@ -30,9 +30,9 @@ class Token2WavConfig:
     # The DiT's weights and activations (the ODE's state stays float32): "float32" as transformers runs it,
     # or "bfloat16", which puts its matrix products on tensor cores (the vocoder stays float32).
     dit_dtype: str = "float32"
-    # Worker threads, each with its own CUDA stream (and graphs); None: 2 on CUDA (one for first chunks
-    # alone), 1 elsewhere, where a second thread would only share the same cores.
-    lanes: int | None = None
+    # Worker threads, each with its own CUDA stream (and graphs). With 2, one runs first chunks alone, so a
+    # first chunk never waits behind another session's later chunk; not yet timed on a GPU, so 1 by default.
+    lanes: int = 1
     guidance_scale: float = 0.5
     sway_coefficient: float = -1.0
 
@@ -44,8 +44,8 @@ class Token2WavConfig:
             not isinstance(self.first_chunk_steps, int) or self.first_chunk_steps < 2
         ):
             raise ValueError(f"first_chunk_steps must be None or an integer >= 2, got {self.first_chunk_steps!r}")
-        if self.lanes is not None and (not isinstance(self.lanes, int) or self.lanes < 1):
-            raise ValueError(f"lanes must be None or a positive integer, got {self.lanes!r}")
+        if not isinstance(self.lanes, int) or self.lanes < 1:
+            raise ValueError(f"lanes must be a positive integer, got {self.lanes!r}")
         if self.dit_dtype not in DIT_DTYPES:
             raise ValueError(f"dit_dtype must be one of {', '.join(DIT_DTYPES)}, got {self.dit_dtype!r}")
         for name in ("past_codes", "lookahead_codes", "vocoder_context_frames"):

@@ -178,6 +178,7 @@ SAMPLES = {
     "--speech-first-chunk-steps": "4",
     "--speech-cuda-graphs": None,
     "--speech-dit-dtype": "bfloat16",
+    "--speech-lanes": "2",
     "--device": "cpu",
     "--dtype": "float16",
     "--quantization": "fp8",

@@ -197,9 +197,8 @@ def test_bad_codes_and_configs(t2w: Token2Wav, tmp_path: Path) -> None:
         Token2WavConfig(first_chunk_steps=1)
     with pytest.raises(ValueError, match="dit_dtype must be one of float32, bfloat16, got 'float16'"):
         Token2WavConfig(dit_dtype="float16")
-    with pytest.raises(ValueError, match="lanes must be None or a positive integer, got 0"):
+    with pytest.raises(ValueError, match="lanes must be a positive integer, got 0"):
         Token2WavConfig(lanes=0)
-    assert t2w.lanes == 1  # on the CPU a second lane would only share the cores
     with pytest.raises(Token2WavLoadError):
         Token2Wav.from_pretrained(tmp_path, device="cpu")
 

@@ -19,7 +19,7 @@ def test_graphed_chunks_match_eager(tmp_path: Path) -> None:
     directory = save_tiny_omni(tmp_path)
     chunks = dict(first_chunk_codes=4, chunk_codes=8, past_codes=4, lookahead_codes=2, num_steps=4)
     eager = Token2Wav.from_pretrained(directory, Token2WavConfig(**chunks, cuda_graphs=False), device="cuda")
-    graphed = Token2Wav(eager.models, Token2WavConfig(**chunks, cuda_graphs=True))
+    graphed = Token2Wav(eager.models, Token2WavConfig(**chunks, cuda_graphs=True, lanes=2))
     assert graphed._graphs is not None and graphed.lanes == 2  # a first-chunk lane and a general one
     (first_ode, first_vocoder), (ode, vocoder) = graphed._graphs
     replays_at_build = first_ode.replayed + ode.replayed
