@@ -325,6 +325,8 @@ async def ours(
 
 
 def main() -> None:
+    from omni_gateway.omni.heads.token2wav_chunking import DIT_DTYPES
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", choices=("7b", "tiny"), default="7b")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -342,7 +344,7 @@ def main() -> None:
         default=None,
         help="replay token2wav's regular chunks (ODE and vocoder) from CUDA graphs (default: off)",
     )
-    parser.add_argument("--dit-dtype", choices=("float32", "bfloat16"), default=None, help="token2wav DiT precision")
+    parser.add_argument("--dit-dtype", choices=DIT_DTYPES, default=None, help="token2wav DiT precision")
     parser.add_argument("--t2w-lanes", type=int, default=None, help="token2wav worker lanes (default: 1)")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true", help="thinker and talker without CUDA graphs")
@@ -400,7 +402,7 @@ def main() -> None:
         first_chunk_steps=t2w.first_chunk_steps,
         token2wav_graphs=t2w.cuda_graphs and device.type == "cuda",
         dit_dtype=t2w.dit_dtype,
-        token2wav_lanes=speech.token2wav.lanes,
+        token2wav_lanes=t2w.lanes,
         switch_interval_ms=sys.getswitchinterval() * 1e3,
         cuda_graphs=not args.enforce_eager,
         text_tokens=args.text_tokens,

@@ -70,6 +70,7 @@ def timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
 
 def main() -> None:
     from omni_gateway.omni.heads.token2wav import Token2Wav, Token2WavConfig
+    from omni_gateway.omni.heads.token2wav_chunking import DIT_DTYPES
     from omni_gateway.omni.heads.token2wav_loader import Token2WavModels
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -78,7 +79,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8], help="streams whose first chunks share a call")
     parser.add_argument("--steps", type=int, nargs="+", default=[10, 4], help="ODE steps of the first chunk")
     parser.add_argument("--graphs", action="store_true", help="ours replayed from CUDA graphs (CUDA only)")
-    parser.add_argument("--dit-dtype", choices=("float32", "bfloat16"), default="float32", help="our DiT's precision")
+    parser.add_argument("--dit-dtype", choices=DIT_DTYPES, default="float32", help="our DiT's precision")
     parser.add_argument(
         "--chunk", choices=("first", "later"), default="first", help="a stream's first chunk or a later, larger one"
     )
@@ -103,7 +104,7 @@ def main() -> None:
                 config = Token2WavConfig(num_steps=steps, cuda_graphs=graphs, dit_dtype=args.dit_dtype)
             t2w = Token2Wav(models, config)
             window, left, chunk = t2w.regular_shapes()[0 if args.chunk == "first" else 1]
-            lane = 0 if args.chunk == "first" else t2w.lanes - 1  # the lane that runs such chunks
+            lane = 0 if args.chunk == "first" else config.lanes - 1  # the lane that runs such chunks
             code = torch.randint(0, t2w.num_codes, (1, window), generator=gen)
             noise = torch.randn(1, window * t2w.repeats, t2w.mel_dim, generator=gen)
             edge = torch.zeros(1, t2w.mel_dim, left, device=device)

@@ -105,12 +105,11 @@ class Token2Wav:
         self.hop: int = math.prod(int(r) for r in models.vocoder.config.upsample_rates)
         self.max_frames: int = int(dit.config.max_position_embeddings)
         self.num_codes: int = int(dit.config.num_embeds)  # the DiT's table has one more row, for "no code"
-        self.lanes = config.lanes
         # Regular chunks' windows take a few shapes: their ODE and vocoder calls replay from CUDA graphs, one
         # per batch bucket and shape (config.cuda_graphs, CUDA only); the two kinds fall back to eager apart.
         # Each lane has its own graphs (a graph replays on one stream at a time) and CUDA stream.
         self._graphs: list[tuple[CallGraphs, CallGraphs]] | None = None
-        self._streams: list[torch.cuda.Stream | None] = [None] * self.lanes  # made by each lane's first call
+        self._streams: list[torch.cuda.Stream | None] = [None] * config.lanes  # made by each lane's first call
         step_counts = {config.num_steps, config.first_chunk_steps or config.num_steps}
         times = [t for n in step_counts for _, _, four in rk4_intervals(n, config.sway_coefficient) for t in four]
         dtype = getattr(torch, config.dit_dtype)
@@ -119,7 +118,7 @@ class Token2Wav:
         self._dit = FastDiT(dit, times)
         self._vocoder = FastVocoder(models.vocoder)
         if config.cuda_graphs and models.device.type == "cuda":
-            self._graphs = [(CallGraphs("token2wav ODE"), CallGraphs("token2wav vocoder")) for _ in range(self.lanes)]
+            self._graphs = [(CallGraphs("token2wav ODE"), CallGraphs("token2wav vocoder")) for _ in range(config.lanes)]
             self._capture_graphs()
 
     @classmethod
@@ -184,7 +183,7 @@ class Token2Wav:
         began = time.perf_counter()
         voices = {s.ref_mel.shape[1]: s for s in self.models.speakers.values()}
         shapes = self.regular_shapes()
-        for lane in range(self.lanes):
+        for lane in range(self.config.lanes):
             for window, left, shape in shapes:
                 if self._first_chunks_only(lane) and not shape.first:
                     continue
@@ -204,12 +203,12 @@ class Token2Wav:
             sum(len(vocoder) for _, vocoder in self._graphs),
             len(shapes),
             len(voices),
-            self.lanes,
+            self.config.lanes,
             time.perf_counter() - began,
         )
 
     def _first_chunks_only(self, lane: int) -> bool:
-        return lane == 0 and self.lanes > 1
+        return lane == 0 and self.config.lanes > 1
 
     def close(self) -> None:
         """Stop the batching worker (streams started later start it again)."""
@@ -231,7 +230,7 @@ class Token2Wav:
             raise ValueError(f"{frames} mel frames exceed the DiT's {self.max_frames} positions; use shorter chunks")
         with self._batched_lock:
             if self._batched is None:
-                self._batched = BatchedCalls(self._chunk_group, "token2wav", lanes=self.lanes)
+                self._batched = BatchedCalls(self._chunk_group, "token2wav", lanes=self.config.lanes)
             batched = self._batched
         key = (chunk, code.shape[1], speaker.ref_mel.shape[1], left.shape[2])
         return batched(key, code, noise, speaker, left, chunk, urgent=chunk.first)

@@ -99,8 +99,9 @@ def load_token2wav(path: Path, *, device: str = "auto", dit_dtype: str = "float3
         raise Token2WavLoadError(f"{path} lacks token2wav weights: {missing[:4]} ({len(missing)} in all)")
     if unexpected:
         raise Token2WavLoadError(f"{path} has unknown token2wav weights: {unexpected[:4]}")
-    model = model.float().eval().to(dev)
-    model.code2wav_dit_model.to(getattr(torch, dit_dtype))
+    model.float().eval()
+    model.code2wav_dit_model.to(getattr(torch, dit_dtype))  # before the move: no float32 copy on the device
+    model.to(dev)
     return Token2WavModels(
         dit=model.code2wav_dit_model,
         vocoder=model.code2wav_bigvgan_model,

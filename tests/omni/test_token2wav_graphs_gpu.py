@@ -20,7 +20,7 @@ def test_graphed_chunks_match_eager(tmp_path: Path) -> None:
     chunks = dict(first_chunk_codes=4, chunk_codes=8, past_codes=4, lookahead_codes=2, num_steps=4)
     eager = Token2Wav.from_pretrained(directory, Token2WavConfig(**chunks, cuda_graphs=False), device="cuda")
     graphed = Token2Wav(eager.models, Token2WavConfig(**chunks, cuda_graphs=True, lanes=2))
-    assert graphed._graphs is not None and graphed.lanes == 2  # a first-chunk lane and a general one
+    assert graphed._graphs is not None and graphed.config.lanes == 2  # a first-chunk lane and a general one
     (first_ode, first_vocoder), (ode, vocoder) = graphed._graphs
     replays_at_build = first_ode.replayed + ode.replayed
     g = torch.Generator().manual_seed(0)
