@@ -33,8 +33,14 @@ log = logging.getLogger(__name__)
 
 # stats() walks every held block; a busy loop refreshes the snapshot at this period, an idle one at once.
 _STATS_PERIOD_S = 0.25
-# How often a loop whose every request waits for input rows (engine.input_stream) looks for them.
-_INPUT_POLL_S = 0.001
+# A loop whose every request waits for input rows (engine.input_stream) sleeps until one arrives (the
+# stream wakes it); it looks again after this long whatever happens.
+_INPUT_POLL_S = 0.05
+# A step that some requests could take while others wait for rows that are arriving: a producer's step
+# reaches its streams one at a time from another thread, so the loop waits for the rest, until no row has
+# arrived for _ROWS_QUIET_S or _GATHER_MAX_S has passed, and one step carries them all.
+_ROWS_QUIET_S = 0.0015
+_GATHER_MAX_S = 0.005
 
 
 @dataclass(slots=True)
@@ -67,10 +73,18 @@ class _Stop:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class _Wake:
+    """An input row arrived."""
+
+
+_WAKE = _Wake()
+
+
 class AsyncEngine(ChatStreaming):
     def __init__(self, config: EngineConfig | None = None, *, engine: LLMEngine | None = None) -> None:
         self.engine = engine if engine is not None else LLMEngine(config or EngineConfig())
-        self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Stop | _Wake] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
         self._dead: str | None = None  # why the loop stopped; set once
@@ -184,7 +198,7 @@ class AsyncEngine(ChatStreaming):
             while True:
                 if not engine.has_unfinished():
                     command = self._commands.get()
-                elif engine.waits_for_input():  # input rows arrive outside the queue: look again soon
+                elif engine.waits_for_input():  # an arriving row wakes it (_row_arrived)
                     command = self._next_command(_INPUT_POLL_S)
                 else:
                     command = self._next_command()
@@ -195,6 +209,7 @@ class AsyncEngine(ChatStreaming):
                     self._apply(command)
                     command = self._next_command()
                 if engine.has_unfinished():
+                    self._gather_rows()
                     deltas = engine.step()
                     engine.pop_finished()
                     for delta in deltas:
@@ -206,13 +221,31 @@ class AsyncEngine(ChatStreaming):
             log.exception("engine loop failed")
             self._die(f"{type(exc).__name__}: {exc}")
 
-    def _next_command(self, wait_s: float = 0.0) -> _Add | _Abort | _Stop | None:
+    def _next_command(self, wait_s: float = 0.0) -> _Add | _Abort | _Stop | _Wake | None:
         try:
             return self._commands.get(timeout=wait_s) if wait_s else self._commands.get_nowait()
         except queue.Empty:
             return None
 
-    def _apply(self, command: _Add | _Abort) -> None:
+    def _gather_rows(self) -> None:
+        """While some requests could step and others wait for input rows that keep arriving, wait for
+        them (see _ROWS_QUIET_S): one step for all, not one per part that happened to have arrived."""
+        deadline = time.monotonic() + _GATHER_MAX_S
+        while self.engine.partly_waits_for_input():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            command = self._next_command(min(_ROWS_QUIET_S, left))
+            if command is None:
+                return  # quiet: the rest is not on its way now
+            if isinstance(command, _Stop):
+                self._commands.put(command)  # the loop stops after this step
+                return
+            self._apply(command)
+
+    def _apply(self, command: _Add | _Abort | _Wake) -> None:
+        if isinstance(command, _Wake):
+            return  # the loop looks at the streams again
         if isinstance(command, _Abort):
             for delta in self.engine.abort(command.request_id):
                 self._deliver(delta)
@@ -233,7 +266,12 @@ class AsyncEngine(ChatStreaming):
         except Exception as exc:  # noqa: BLE001 - validation errors belong to the caller
             command.done.set_exception(exc)
         else:
+            if command.input_stream is not None:
+                command.input_stream.listen(self._row_arrived)
             command.done.set_result(None)
+
+    def _row_arrived(self) -> None:
+        self._commands.put(_WAKE)
 
     def _deliver(self, delta: StreamDelta) -> None:
         stream = self._streams.get(delta.request_id)

@@ -2,14 +2,15 @@
 
 Row ``i`` belongs to token position ``start + i``. The producer appends rows from any thread; once it
 closes the stream, every later position takes the ``fill`` row. A sequence whose next position has no
-row yet is not scheduled (it waits, keeping its KV blocks). Rows are opaque here (torch tensors in
-practice): the runner stacks them and the model decides how they combine with the token embeddings.
-No torch in this module.
+row yet is not scheduled (it waits, keeping its KV blocks); the engine loop that runs it ``listen``s, so
+an arrival wakes it rather than a poll. Rows are opaque here (torch tensors in practice): the runner
+stacks them and the model decides how they combine with the token embeddings. No torch in this module.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 
@@ -22,12 +23,21 @@ class InputStream:
         self._fill: Any = None
         self._closed = False
         self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+
+    def listen(self, arrived: Callable[[], None]) -> None:
+        """Call ``arrived()`` (from the producer's thread) after every later ``append`` and ``close``."""
+        with self._lock:
+            self._listeners.append(arrived)
 
     def append(self, rows: list[Any]) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError("input stream is closed")
             self._rows.extend(rows)
+            listeners = tuple(self._listeners)
+        for arrived in listeners:
+            arrived()
 
     def close(self, tail: list[Any], fill: Any) -> None:
         """Append the last rows ``tail``; every position after them takes ``fill``."""
@@ -37,6 +47,9 @@ class InputStream:
             self._rows.extend(tail)
             self._fill = fill
             self._closed = True
+            listeners = tuple(self._listeners)
+        for arrived in listeners:
+            arrived()
 
     @property
     def closed(self) -> bool:

@@ -305,6 +305,10 @@ class LLMEngine:
         """Whether every unfinished request waits for input rows (``step`` would do nothing)."""
         return bool(self._requests) and self.scheduler.all_wait_for_input() and self._in_flight is None
 
+    def partly_waits_for_input(self) -> bool:
+        """Whether ``step`` would run some requests while others wait for their input rows."""
+        return self._in_flight is None and self.scheduler.some_wait_for_input()
+
     def pop_finished(self) -> list[RequestOutput]:
         """RequestOutputs of requests that finished since the last call (the caller must drain this)."""
         out, self._finished = self._finished, []
@@ -416,8 +420,9 @@ class LLMEngine:
             if rows:
                 cut = max(sent - rows[0][0], 0)
                 start = rows[0][0] + cut
-                hidden = torch.cat([h for _, h, _ in rows])[cut:]
-                embeds = torch.cat([e for _, _, e in rows])[cut:]
+                # one step's rows (the usual case) go out as they are, without a copy
+                hidden = (rows[0][1] if len(rows) == 1 else torch.cat([h for _, h, _ in rows]))[cut:]
+                embeds = (rows[0][2] if len(rows) == 1 else torch.cat([e for _, _, e in rows]))[cut:]
                 seq.hidden_sent = start + len(hidden)
         return StreamDelta(
             request_id=req.request_id,

@@ -62,6 +62,11 @@ class Scheduler:
         """Whether nothing waits for admission and every running sequence waits for its input rows."""
         return not self.waiting and all(seq.waits_for_input(1) for seq in self.running)
 
+    def some_wait_for_input(self) -> bool:
+        """Whether some running sequence waits for its input rows while others could step."""
+        waiting = sum(seq.waits_for_input(1) for seq in self.running)
+        return 0 < waiting and (waiting < len(self.running) or bool(self.waiting))
+
     def add(self, seq: Sequence, *, enforce_limit: bool = True) -> None:
         """Queue a new sequence. ``enforce_limit=False`` is for siblings of an admitted request (n > 1)."""
         limit = self.config.max_waiting_requests

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from typing import Any
+
 import pytest
+from omni_gateway.engine import async_engine as async_engine_module
+from omni_gateway.engine.async_engine import AsyncEngine
 from omni_gateway.engine.input_stream import InputStream
 from omni_gateway.engine.sampling_params import SamplingParams
 
@@ -24,6 +30,101 @@ def test_rows_then_fill_after_close() -> None:
         stream.close([], "pad")
     with pytest.raises(ValueError, match=">= 0"):
         InputStream(start=-1)
+
+
+def test_listeners_hear_every_later_arrival() -> None:
+    stream = InputStream(start=0)
+    stream.append(["before"])
+    heard: list[int] = []
+    stream.listen(lambda: heard.append(len(heard)))
+    stream.append(["a"])
+    stream.append(["b", "c"])
+    stream.close([], "pad")
+    assert heard == [0, 1, 2]
+
+
+Steps = list[tuple[float, tuple[str, ...]]]
+
+
+def _two_talkers(rows: Any, monkeypatch: pytest.MonkeyPatch, *, quiet_s: float, gather_s: float) -> dict[str, int]:
+    """Two requests that wait for input rows after their prefill; ``rows(streams, steps)`` (a coroutine)
+    feeds them, with ``steps`` growing by (time.monotonic(), request ids) at each decode step. Returns the
+    tokens each request got."""
+    # No poll would find the rows in time: only an arriving row wakes the loop.
+    monkeypatch.setattr(async_engine_module, "_INPUT_POLL_S", 60.0)
+    monkeypatch.setattr(async_engine_module, "_ROWS_QUIET_S", quiet_s)
+    monkeypatch.setattr(async_engine_module, "_GATHER_MAX_S", gather_s)
+    engine = AsyncEngine(engine=make_engine())
+    runner = engine.engine.runner
+    execute = runner.execute
+    steps: Steps = []
+
+    def traced(batch: Any, after: Any = None) -> Any:
+        if all(n == 1 for n in batch.num_new_tokens):
+            steps.append((time.monotonic(), tuple(sorted(seq.request_id for seq in batch.seqs))))
+        return execute(batch, after)
+
+    runner.execute = traced
+    prompt = [5, 6, 7, 8]
+    streams = {rid: InputStream(start=len(prompt)) for rid in ("a", "b")}
+    got = {rid: 0 for rid in streams}
+    first = {rid: asyncio.Event() for rid in streams}
+
+    async def talk(rid: str) -> None:
+        params = SamplingParams(max_tokens=3, ignore_eos=True)
+        async for delta in engine.generate(prompt, params, request_id=rid, input_stream=streams[rid]):
+            got[rid] += len(delta.token_ids)
+            first[rid].set()
+
+    async def main() -> None:
+        talkers = [asyncio.create_task(talk(rid)) for rid in streams]
+        await asyncio.gather(*(event.wait() for event in first.values()))
+        assert not steps  # both wait for their first row
+        await rows(streams, steps)
+        for stream in streams.values():
+            stream.close([], "pad")
+        await asyncio.gather(*talkers)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 20))
+    finally:
+        engine.shutdown()
+    return got
+
+
+def test_one_step_carries_rows_that_arrive_one_stream_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A producer's rows reach its streams one by one; the loop gathers them into one step rather than
+    stepping each request as its row lands. Only the arrivals wake the loop (its poll is a minute)."""
+    seen: Steps = []
+
+    async def rows(streams: dict[str, InputStream], steps: Steps) -> None:
+        streams["a"].append(["row"])
+        await asyncio.sleep(0.05)  # long enough for the loop to see "a" ready and "b" still waiting
+        streams["b"].append(["row"])
+        while not steps:
+            await asyncio.sleep(0.005)
+        seen.extend(steps)
+
+    got = _two_talkers(rows, monkeypatch, quiet_s=2.0, gather_s=5.0)
+    assert seen[0][1] == ("a", "b")
+    assert got == {"a": 3, "b": 3}
+
+
+def test_a_ready_request_steps_once_no_more_rows_arrive(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: Steps = []
+
+    async def rows(streams: dict[str, InputStream], steps: Steps) -> None:
+        sent = time.monotonic()
+        streams["a"].append(["row"])
+        while not steps:
+            await asyncio.sleep(0.005)
+        seen.extend((at - sent, ids) for at, ids in steps)
+
+    got = _two_talkers(rows, monkeypatch, quiet_s=0.2, gather_s=10.0)
+    waited, ids = seen[0]
+    assert ids == ("a",)  # "b" had no row coming
+    assert 0.2 <= waited < 5.0  # "a" waited for the quiet spell, not for the cap
+    assert got == {"a": 3, "b": 3}
 
 
 def test_a_request_waits_for_its_rows_and_others_run_meanwhile() -> None:
