@@ -307,18 +307,30 @@ class ModelRunner:
         """The final-normed hidden states and input embeddings of the sequences that asked, float32 on
         the device (new tensors: ``hidden`` may be a graph's output, overwritten by its next replay). They
         stay there: a consumer in this process (the talker) uses them where they are, and the engine
-        core's messages move them to the host (``engine.ipc``)."""
+        core's messages move them to the host (``engine.ipc``). One normalization, cast and embedding
+        lookup covers every sequence's rows (a decode step's are one per sequence); each sequence gets
+        views of those."""
         model = self.model
-        for seq, lo, hi, first in spans:
+        for seq, _, _, first in spans:
             if seq.prefix_rows:  # admitted over cached blocks that kept their rows: those go out first
                 ids = torch.tensor(seq.token_ids[:first], dtype=torch.long, device=input_ids.device)
                 cached = torch.cat(seq.prefix_rows).float()
                 seq.hidden_rows.append((0, cached, model.embed_tokens(ids).float()))
                 seq.prefix_rows = ()
-            normed = model.ops.rms_norm(hidden[lo:hi], model.final_norm, model.shape.rms_norm_eps)
-            seq.hidden_rows.append((first, normed.float(), model.embed_tokens(input_ids[lo:hi]).float()))
-            if self._keeps_rows:  # in the model's dtype, which holds them exactly (the norm's output)
-                seq.pending_rows.append((first, normed))
+        lo, hi = spans[0][1], spans[-1][2]
+        if all(a[2] == b[1] for a, b in zip(spans, spans[1:])):
+            rows, row_ids = hidden[lo:hi], input_ids[lo:hi]
+        else:
+            index = to_device([i for _, a, b, _ in spans for i in range(a, b)], torch.int64, hidden.device)
+            rows, row_ids = hidden.index_select(0, index), input_ids.index_select(0, index)
+        normed = model.ops.rms_norm(rows, model.final_norm, model.shape.rms_norm_eps)
+        sizes = [b - a for _, a, b, _ in spans]
+        pieces = zip(normed.split(sizes), normed.float().split(sizes), model.embed_tokens(row_ids).float().split(sizes))
+        for (seq, _, _, first), (kept, states, embeds) in zip(spans, pieces):
+            seq.hidden_rows.append((first, states, embeds))
+            if self._keeps_rows:  # in the model's dtype, which holds them exactly (the norm's output); a
+                # copy of its own, so a cached block does not hold a whole step's rows alive
+                seq.pending_rows.append((first, kept.clone()))
 
     def _plan(
         self, batch: ScheduledBatch, after: PendingDecode | None = None

@@ -247,10 +247,11 @@ class SpokenModel:
                 turn.text += delta.text
                 reply += delta.token_ids
                 if delta.hidden_states is not None:
-                    embeds = delta.input_embeds.clone()
+                    embeds = delta.input_embeds
                     for lo, hi in media:  # the talker hears media through the thinker's states only
                         a, b = max(lo - delta.hidden_start, 0), min(hi - delta.hidden_start, len(embeds))
                         if a < b:
+                            embeds = embeds.clone() if embeds is delta.input_embeds else embeds
                             embeds[a:b] = 0
                     new = list(delta.hidden_states + embeds)
                     if stream is not None:

@@ -122,6 +122,34 @@ def test_a_preempted_request_sends_each_positions_rows_once(tmp_path: Path) -> N
         torch.testing.assert_close(_contiguous(rows), _contiguous(want_rows), rtol=1e-4, atol=1e-4)
 
 
+def test_rows_of_a_batch_with_requests_that_did_not_ask(tmp_path: Path) -> None:
+    """A step whose sequences ask for rows around one that does not (their rows are not side by side in
+    the step) gives each the rows it gets alone, with the input embeddings of its own tokens."""
+    save_tiny_checkpoint("qwen2", tmp_path, seed=3)
+    prompts = {"a": [5, 17, 42, 9, 11, 3, 77], "plain": [8, 30, 2, 14], "c": [21, 60, 61, 62, 63]}
+    engine = _engine(tmp_path, enable_prefix_caching=False)
+    for rid, prompt in prompts.items():
+        engine.add_request(
+            rid,
+            prompt,
+            SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, return_hidden_states=rid != "plain"),
+        )
+    rows: dict[str, list[tuple[int, torch.Tensor]]] = {rid: [] for rid in prompts}
+    embeds: dict[str, list[torch.Tensor]] = {rid: [] for rid in prompts}
+    while engine.has_unfinished():
+        for delta in engine.step():
+            if delta.hidden_states is not None:
+                rows[delta.request_id].append((delta.hidden_start, delta.hidden_states))
+                embeds[delta.request_id].append(delta.input_embeds)
+    assert not rows["plain"]
+    embed = engine.runner.model.embed_tokens
+    for rid in ("a", "c"):
+        alone, tokens, _ = _run(_engine(tmp_path, enable_prefix_caching=False), rid, prompts[rid], NEW)
+        torch.testing.assert_close(_contiguous(rows[rid]), _contiguous(alone), rtol=1e-5, atol=1e-5)
+        fed = prompts[rid] + tokens[:-1]  # every computed position's token: the prompt, then each fed back
+        torch.testing.assert_close(torch.cat(embeds[rid]), embed(torch.tensor(fed)).float())
+
+
 def test_hidden_states_under_tensor_parallel_are_refused() -> None:
     """Only rank 0 hands rows out, and its input embeddings would wait on an all-reduce the other ranks never
     join: the request is refused instead of hanging the engine."""
