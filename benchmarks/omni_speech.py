@@ -25,11 +25,13 @@ import statistics
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from benchmarks.common import ResultLog, add_out_argument, summary
+from benchmarks.step_timeline import Timeline
 
 SPEAKER = "Chelsie"
 
@@ -350,6 +352,9 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true", help="thinker and talker without CUDA graphs")
     parser.add_argument("--stages", action="store_true", help="time each request's stages")
     parser.add_argument(
+        "--timeline", type=Path, default=None, metavar="FILE", help="append each engine step and token2wav call"
+    )
+    parser.add_argument(
         "--switch-interval-ms",
         type=float,
         default=None,
@@ -383,6 +388,11 @@ def main() -> None:
     speech.config = dataclasses.replace(speech.config, max_codes=args.codes)
     if args.stages:
         instrument(thinker, speech)
+    timeline = Timeline()
+    if args.timeline is not None:
+        timeline.watch_engine("thinker", thinker.engine)
+        timeline.watch_engine("talker", speech.talker.engine)
+        timeline.watch_token2wav(speech.token2wav)
     vocab = min(1000, hf.config.thinker_config.text_config.vocab_size)  # ordinary ids, clear of the special ones
     g = torch.Generator().manual_seed(1)
 
@@ -414,7 +424,9 @@ def main() -> None:
             # first calls at a batch size (kernel selection, allocator growth) stay out of the timed run.
             asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes))
             _BATCHES.clear()
+            timeline.begin(c)
             runs = asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes, args.stages))
+            timeline.end()
             ttfa = summary([r["first_audio_s"] for r in runs])
             rtf = statistics.mean(r["rtf"] for r in runs)
             audio = statistics.mean(r["audio_s"] for r in runs)
@@ -444,6 +456,8 @@ def main() -> None:
             base = hf_baseline(hf, prompts(1)[0], args.text_tokens, args.codes, device)
             log.write("result", system="transformers", concurrency=1, **base)
             print(f"transformers c=1: first audio {base['first_audio_s'] * 1000:.0f} ms, RTF {base['rtf']:.3f}")
+    if args.timeline is not None:
+        timeline.write(args.timeline)
     thinker.shutdown()
     speech.shutdown()
 

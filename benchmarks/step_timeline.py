@@ -1,0 +1,126 @@
+"""When each engine step and token2wav call of a speaking run started and ended, and what it carried.
+
+``omni_speech --timeline FILE`` wraps the thinker's and the talker's ``LLMEngine.step`` (with the batch
+their runner was handed) and token2wav's batched call, and writes one JSON line per event of the timed
+runs: ``{"c", "what", "t0", "t1", ...}`` in seconds since the run began. It answers what stage medians
+cannot: whether the talker stepped once per thinker step or in pieces, and what ran beside a first chunk.
+
+    python -m benchmarks.step_timeline FILE      # per concurrency: steps, rows per step, busy time
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+
+class Timeline:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.concurrency = 0
+        self.t0 = time.perf_counter()
+        self._lock = threading.Lock()
+
+    def begin(self, concurrency: int) -> None:
+        """A timed run starts: events count from now."""
+        self.concurrency, self.t0 = concurrency, time.perf_counter()
+
+    def end(self) -> None:
+        """The timed run is over: the next warm-up records nothing."""
+        self.concurrency = 0
+
+    def record(self, what: str, t0: float, t1: float, **fields: Any) -> None:
+        if not self.concurrency:
+            return  # warm-up
+        with self._lock:
+            self.events.append({"c": self.concurrency, "what": what, "t0": t0 - self.t0, "t1": t1 - self.t0, **fields})
+
+    def watch_engine(self, name: str, engine: Any) -> None:
+        """Time ``engine.step`` (an ``LLMEngine``), with the batch its runner was handed in that step."""
+        runner, step = engine.runner, engine.step
+        execute = runner.execute
+        launched: list[dict[str, Any]] = []
+
+        def traced_execute(batch: Any, after: Any = None) -> Any:
+            counts = list(batch.num_new_tokens)
+            launched.append({"seqs": len(counts), "tokens": sum(counts), "prefills": sum(n > 1 for n in counts)})
+            return execute(batch, after)
+
+        def traced_step() -> Any:
+            launched.clear()
+            t0 = time.perf_counter()
+            deltas = step()
+            t1 = time.perf_counter()
+            if launched:
+                self.record(name, t0, t1, batches=list(launched), deltas=len(deltas))
+            return deltas
+
+        runner.execute = traced_execute
+        engine.step = traced_step
+
+    def watch_token2wav(self, t2w: Any) -> None:
+        """Time token2wav's batched calls (before its worker starts: it binds ``_chunk_group`` then)."""
+        group = t2w._chunk_group
+
+        def traced(calls: list[tuple[Any, ...]], lane: int = 0) -> Any:
+            shape = calls[0][4]
+            t0 = time.perf_counter()
+            out = group(calls, lane)
+            kind = "first" if shape.first else "later" if shape.regular else "last"
+            self.record("token2wav", t0, time.perf_counter(), rows=len(calls), kind=kind, lane=lane)
+            return out
+
+        t2w._chunk_group = traced
+
+    def write(self, path: Path) -> None:
+        with path.open("a") as f:
+            for event in self.events:
+                f.write(json.dumps(event) + "\n")
+
+
+def summarize(path: Path) -> None:
+    by_c: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for line in path.read_text().splitlines():
+        event = json.loads(line)
+        by_c[event["c"]].append(event)
+    for c, events in sorted(by_c.items()):
+        print(f"c={c}")
+        for what in ("thinker", "talker", "token2wav"):
+            mine = [e for e in events if e["what"] == what]
+            if not mine:
+                continue
+            ms = [(e["t1"] - e["t0"]) * 1e3 for e in mine]
+            first = min(e["t0"] for e in mine) * 1e3
+            if what == "token2wav":
+                rows = [e["rows"] for e in mine]
+            else:
+                rows = [sum(b["seqs"] for b in e["batches"]) for e in mine]
+            print(
+                f"  {what}: {len(mine)} calls from {first:.0f} ms, median {statistics.median(ms):.1f} ms "
+                f"(max {max(ms):.1f}), rows median {statistics.median(rows)} (min {min(rows)}, max {max(rows)})"
+            )
+        first_300 = sorted((e for e in events if e["t0"] < 0.3), key=lambda e: e["t0"])
+        print("  first 300 ms:")
+        for e in first_300:
+            detail = (
+                f"{e['rows']} rows {e['kind']} lane {e['lane']}"
+                if e["what"] == "token2wav"
+                else " + ".join(f"{b['seqs']}s/{b['tokens']}t" for b in e["batches"])
+            )
+            print(f"    {e['t0'] * 1e3:7.1f} -> {e['t1'] * 1e3:7.1f} ms  {e['what']:<9} {detail}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("file", type=Path)
+    summarize(parser.parse_args().file)
+
+
+if __name__ == "__main__":
+    main()
