@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from omni_gateway.omni.heads import token2wav_batcher as batcher_module
 from omni_gateway.omni.heads.call_graphs import CallGraphs
 from omni_gateway.omni.heads.token2wav import ChunkShape, Token2Wav, Token2WavConfig, UnknownVoice
 from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
@@ -315,6 +316,39 @@ def test_first_chunks_go_before_later_chunks_queued_earlier() -> None:
     calls.close()
     assert results == {x: x.upper() for x in ("busy", "l1", "l2", "l3", "f1")}
     assert batches == [["busy"], ["f1"], ["l1", "l2"], ["l3"]]  # urgent first; at most max_batch a call
+
+
+def test_jobs_that_arrive_one_at_a_time_gather_into_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sessions reach their chunks in the same talker step, but each hands its job over from its own thread:
+    the lane waits while a key's jobs keep arriving, and runs them as one call."""
+    monkeypatch.setattr(batcher_module, "QUIET_S", 1.0)
+    monkeypatch.setattr(batcher_module, "GATHER_S", 5.0)
+    batches: list[list[str]] = []
+
+    def fn(calls: list[tuple[Any]], lane: int) -> list[Any]:
+        batches.append([x for (x,) in calls])
+        return [x.upper() for (x,) in calls]
+
+    calls = BatchedCalls(fn, "test-gather")
+    threads = []
+    for x in ("a", "b", "c"):
+        threads.append(threading.Thread(target=calls, args=("first", x), kwargs={"urgent": True}))
+        threads[-1].start()
+        time.sleep(0.05)  # far apart for a thread, well within the quiet spell
+    for thread in threads:
+        thread.join()
+    calls.close()
+    assert batches == [["a", "b", "c"]]
+
+
+def test_a_lone_job_waits_for_the_quiet_spell_not_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batcher_module, "QUIET_S", 0.2)
+    monkeypatch.setattr(batcher_module, "GATHER_S", 30.0)
+    calls = BatchedCalls(lambda jobs, lane: [x for (x,) in jobs], "test-gather")
+    start = time.monotonic()
+    assert calls("key", "alone") == "alone"
+    assert 0.2 <= time.monotonic() - start < 5
+    calls.close()
 
 
 def _wait_until(condition: Callable[[], bool]) -> None:
