@@ -60,11 +60,11 @@ def test_talker_on_its_own_stream_speaks_what_one_stream_speaks(tmp_path: Path) 
         chunks = [c async for c in speech.speak(thinker, request, Prompt(prompt), params, asyncio.Event())]
         return sum(len(c.pcm16) for c in chunks if isinstance(c, AudioChunk))
 
-    async def together() -> list[int]:
-        return list(await asyncio.gather(*(speak(i, p) for i, p in enumerate(prompts))))
-
     try:
-        assert all(asyncio.run(together()))
+        # One turn at a time: the reference below then runs the talker at the batch size it ran at (a GPU's
+        # kernels at another batch size may round differently, and greedy codes from random weights part
+        # on a rounding). The thinker's steps, the hand-off and the talker's still overlap.
+        assert all(asyncio.run(speak(i, p)) for i, p in enumerate(prompts))
         # The same rows, through a talker on the default stream, one request at a time, every row there.
         plain = LLMEngine(EngineConfig(**gpu, enforce_eager=True), model=load_talker(omni))
         for rid, seen in asked.items():
