@@ -344,10 +344,10 @@ def main() -> None:
         "--t2w-graphs",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="replay token2wav's regular chunks (ODE and vocoder) from CUDA graphs (default: off)",
+        help="replay token2wav's regular chunks (ODE and vocoder) from CUDA graphs (default: on)",
     )
     parser.add_argument("--dit-dtype", choices=DIT_DTYPES, default=None, help="token2wav DiT precision")
-    parser.add_argument("--t2w-lanes", type=int, default=None, help="token2wav worker lanes (default: 1)")
+    parser.add_argument("--t2w-lanes", type=int, default=None, help="token2wav worker lanes (default: 2)")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true", help="thinker and talker without CUDA graphs")
     parser.add_argument("--stages", action="store_true", help="time each request's stages")

@@ -235,13 +235,13 @@ def serve_flags() -> tuple[Flag, ...]:
             type=_positive,
         ),
         Flag(
-            "--speech-cuda-graphs",
+            "--no-speech-cuda-graphs",
             om,
             "speech_cuda_graphs",
-            "replay the speech head's regular chunk calls from CUDA graphs captured at load (CUDA only)",
+            "run the speech head's chunk calls eagerly, not from CUDA graphs captured at load (CUDA only)",
             "models",
             switch=True,
-            to_field=lambda v: True if v else None,
+            to_field=lambda v: False if v else None,
         ),
         Flag(
             "--speech-dit-dtype",
@@ -258,7 +258,7 @@ def serve_flags() -> tuple[Flag, ...]:
             om,
             "speech_lanes",
             "the speech head's worker threads, each on its own CUDA stream; with 2 one runs first audio chunks "
-            "alone, so they never wait behind another session's later chunk (default: the speech head's, 1)",
+            "alone, so they never wait behind another session's later chunk (default: the speech head's, 2)",
             "models",
             type=_positive,
         ),

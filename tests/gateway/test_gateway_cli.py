@@ -176,7 +176,7 @@ SAMPLES = {
     "--speech-chunk-codes": "24",
     "--speech-ode-steps": "6",
     "--speech-first-chunk-steps": "4",
-    "--speech-cuda-graphs": None,
+    "--no-speech-cuda-graphs": None,
     "--speech-dit-dtype": "bfloat16",
     "--speech-lanes": "2",
     "--device": "cpu",

@@ -111,16 +111,17 @@ def test_the_speech_flags_set_the_heads_chunking_over_its_defaults() -> None:
         OmniConfig(
             speech_first_chunk_codes=2,
             speech_first_chunk_steps=4,
-            speech_cuda_graphs=True,
+            speech_cuda_graphs=False,
             speech_dit_dtype="bfloat16",
-            speech_lanes=2,
+            speech_lanes=1,
         )
     )
     default = Token2WavConfig()
     assert (chosen.token2wav.first_chunk_codes, chosen.token2wav.first_chunk_steps) == (2, 4)
     assert chosen.token2wav.dit_dtype == "bfloat16" and default.dit_dtype == "float32"
-    assert (chosen.token2wav.lanes, default.lanes) == (2, 1)
-    assert chosen.token2wav.cuda_graphs and chosen.token2wav.chunk_codes == default.chunk_codes
+    assert (chosen.token2wav.lanes, default.lanes) == (1, 2)
+    assert (chosen.token2wav.cuda_graphs, default.cuda_graphs) == (False, True)
+    assert chosen.token2wav.chunk_codes == default.chunk_codes
 
 
 def test_an_impossible_speech_setting_is_refused_before_anything_loads(monkeypatch: pytest.MonkeyPatch) -> None:
