@@ -37,8 +37,9 @@ _STATS_PERIOD_S = 0.25
 # stream wakes it); it looks again after this long whatever happens.
 _INPUT_POLL_S = 0.05
 # A step that some requests could take while others wait for rows that are arriving: a producer's step
-# reaches its streams one at a time from another thread, so the loop waits for the rest, until no row has
-# arrived for _ROWS_QUIET_S or _GATHER_MAX_S has passed, and one step carries them all.
+# reaches its streams one at a time from another thread, so while rows keep arriving the loop waits for the
+# rest, until none has arrived for _ROWS_QUIET_S or _GATHER_MAX_S has passed, and one step carries them all.
+# When no row arrived within _ROWS_QUIET_S, nothing is on its way and the step goes at once.
 _ROWS_QUIET_S = 0.0015
 _GATHER_MAX_S = 0.005
 
@@ -87,6 +88,7 @@ class AsyncEngine(ChatStreaming):
         self._commands: queue.SimpleQueue[_Add | _Abort | _Stop | _Wake] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
+        self._row_arrived_at = 0.0  # time.monotonic() of the latest input row (written by producers)
         self._dead: str | None = None  # why the loop stopped; set once
         self._stats: dict[str, float] = self.engine.stats()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -232,12 +234,13 @@ class AsyncEngine(ChatStreaming):
         them (see _ROWS_QUIET_S): one step for all, not one per part that happened to have arrived."""
         deadline = time.monotonic() + _GATHER_MAX_S
         while self.engine.partly_waits_for_input():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            command = self._next_command(min(_ROWS_QUIET_S, left))
-            if command is None:
+            now = time.monotonic()
+            wait = min(self._row_arrived_at + _ROWS_QUIET_S, deadline) - now
+            if wait <= 0:
                 return  # quiet: the rest is not on its way now
+            command = self._next_command(wait)
+            if command is None:
+                return
             if isinstance(command, _Stop):
                 self._commands.put(command)  # the loop stops after this step
                 return
@@ -271,6 +274,7 @@ class AsyncEngine(ChatStreaming):
             command.done.set_result(None)
 
     def _row_arrived(self) -> None:
+        self._row_arrived_at = time.monotonic()
         self._commands.put(_WAKE)
 
     def _deliver(self, delta: StreamDelta) -> None:

@@ -127,6 +127,24 @@ def test_a_ready_request_steps_once_no_more_rows_arrive(monkeypatch: pytest.Monk
     assert got == {"a": 3, "b": 3}
 
 
+def test_no_wait_once_rows_stopped_arriving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gathering waits only while rows are arriving: with no row for a quiet spell, a ready request steps at
+    once, however long the others' rows take."""
+    seen: Steps = []
+
+    async def rows(streams: dict[str, InputStream], steps: Steps) -> None:
+        streams["a"].append(["row", "row"])  # "a" can run to its end; "b" gets nothing
+        while len(steps) < 2:
+            await asyncio.sleep(0.005)
+        seen.extend(steps)
+
+    got = _two_talkers(rows, monkeypatch, quiet_s=0.3, gather_s=10.0)
+    (first, ids1), (second, ids2) = seen[:2]
+    assert ids1 == ids2 == ("a",)
+    assert second - first < 0.2  # the second step did not wait out another quiet spell
+    assert got == {"a": 3, "b": 3}
+
+
 def test_a_request_waits_for_its_rows_and_others_run_meanwhile() -> None:
     engine = make_engine()
     prompt = [5, 6, 7, 8]
