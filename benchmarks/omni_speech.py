@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import ResultLog, add_out_argument, summary
-from benchmarks.step_timeline import Timeline
+from benchmarks.step_timeline import Timeline, chunk_kind
 
 SPEAKER = "Chelsie"
 
@@ -133,8 +133,7 @@ def instrument(thinker: Any, speech: Any) -> None:
     group = t2w._chunk_group
 
     def counted(calls: list[tuple[Any, ...]], lane: int = 0) -> Any:
-        shape = calls[0][4]
-        _BATCHES.append(("first" if shape.first else "later" if shape.regular else "last", len(calls)))
+        _BATCHES.append((chunk_kind(calls[0][4]), len(calls)))
         return group(calls, lane)
 
     t2w._chunk_group = counted  # before the first stream starts the worker that calls it

@@ -20,6 +20,11 @@ from pathlib import Path
 from typing import Any
 
 
+def chunk_kind(shape: Any) -> str:
+    """A token2wav call's ``ChunkShape`` as a word: a stream's first chunk, a later regular one, or its last."""
+    return "first" if shape.first else "later" if shape.regular else "last"
+
+
 class Timeline:
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
@@ -72,8 +77,7 @@ class Timeline:
             shape = calls[0][4]
             t0 = time.perf_counter()
             out = group(calls, lane)
-            kind = "first" if shape.first else "later" if shape.regular else "last"
-            self.record("token2wav", t0, time.perf_counter(), rows=len(calls), kind=kind, lane=lane)
+            self.record("token2wav", t0, time.perf_counter(), rows=len(calls), kind=chunk_kind(shape), lane=lane)
             return out
 
         t2w._chunk_group = traced

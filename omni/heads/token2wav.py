@@ -8,7 +8,7 @@ Streaming runs both on windows of codes. The first chunk is small (``first_chunk
 knob), later ones larger (``chunk_codes``: fewer DiT passes per second of audio). The first chunk may also
 take fewer ODE steps (``first_chunk_steps``): eagerly its DiT call is bound by kernel launches, about
 4 DiT evaluations per step, so its time falls with the steps. On CUDA every chunk but a stream's last
-may replay its ODE and its vocoder call from CUDA graphs (``cuda_graphs``, off by default; ``call_graphs``),
+may replay its ODE and its vocoder call from CUDA graphs (``cuda_graphs``, on by default; ``call_graphs``),
 captured for every regular window shape (``regular_shapes``), voice and batch bucket when the head is built.
 Each chunk is one call to worker threads ("lanes", ``token2wav_batcher``) that batch the chunks of every
 stream: the DiT, then the vocoder, with first chunks ahead of later ones; with two lanes (``lanes``) one
