@@ -92,6 +92,10 @@ class DecodeGraphs:
         """Capture every bucket, largest first, sharing one memory pool."""
         device = next(iter(self._inputs.values())).device
         self._pool = torch.cuda.graph_pool_handle()
+        # A stream of this engine's own to capture on: a captured GEMM keeps its capture stream's cuBLAS
+        # workspace, so engines whose graphs replay at once on their own streams (thinker and talker)
+        # must not share the default capture stream.
+        capture = torch.cuda.Stream(device=device)
         for bucket in reversed(self._buckets):
             args = {name: buf[:bucket] for name, buf in self._inputs.items()}
             # Warm-up runs on a side stream compile kernels and settle lazy initialisation, which
@@ -103,7 +107,7 @@ class DecodeGraphs:
                     self._step(**args)
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with torch.cuda.graph(graph, pool=self._pool, stream=capture):
                 outputs = self._step(**args)
             self._graphs[bucket] = _Captured(graph, outputs)
         torch.cuda.synchronize(device)
