@@ -300,7 +300,10 @@ class ModelRunner:
     @torch.inference_mode()
     def _choose(self, logits: torch.Tensor, seqs: list[Sequence], chosen: torch.Tensor | None) -> torch.Tensor:
         with self._on_stream():
-            return self.sampler.choose(logits, seqs, chosen)
+            tokens = self.sampler.choose(logits, seqs, chosen)
+        if self.stream is not None:  # the caller copies the tokens to the host on its own stream
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        return tokens
 
     @torch.inference_mode()
     def run_plan(
