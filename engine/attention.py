@@ -82,6 +82,19 @@ class AttentionMetadata:
     num_tokens: int
     # torch backend only: the decode gather/mask shared by all layers, built once per step.
     decode_plan: Any = None
+    # Triton only: the launching engine's own split-merge counters (kernels.paged_attention.split_counters),
+    # so that two engines stepping at once on one device (a thinker and its talker) never share them.
+    split_counters: torch.Tensor | None = None
+
+
+def own_split_counters(ops: KernelOps, device: torch.device) -> torch.Tensor | None:
+    """An engine's own split-merge counters for the Triton decode attention (None on the torch path):
+    every step's metadata carries them (``AttentionMetadata.split_counters``)."""
+    if ops.name != "triton":
+        return None
+    from omni_gateway.kernels.paged_attention import split_counters
+
+    return split_counters(device)
 
 
 def plan_step(ops: KernelOps, meta: AttentionMetadata, block_size: int) -> None:
@@ -114,4 +127,6 @@ def _decode(
 ) -> torch.Tensor:
     if meta.decode_plan is not None:
         return reference.decode_with_plan(q, k_cache, v_cache, meta.decode_plan, scale)
-    return ops.paged_decode_attention(q, k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables, scale)
+    return ops.paged_decode_attention(
+        q, k_cache, v_cache, meta.decode_seq_lens, meta.decode_block_tables, scale, counters=meta.split_counters
+    )

@@ -78,8 +78,10 @@ class GraphedDecode:
         block_size: int,
         device: torch.device,
         input_rows: bool = False,
+        split_counters: torch.Tensor | None = None,
     ) -> None:
         self._model = model
+        self._split_counters = split_counters  # the engine's own (AttentionMetadata.split_counters)
         # Rows added to the token embeddings (``adds_input_rows`` models): one per sequence, staged per step.
         self.input_rows = input_rows
         self._kv_caches = kv_caches
@@ -143,6 +145,7 @@ class GraphedDecode:
             prefill_seq_lens=prefill_lens,
             prefill_block_tables=prefill_tables,
             num_tokens=batch,
+            split_counters=self._split_counters,
         )
         if embeds is not None:  # zero rows (padding, no stream) add nothing
             every = torch.arange(batch, device=ids.device)

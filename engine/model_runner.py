@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from omni_gateway.engine.attention import AttentionMetadata, plan_step, select_kernels
+from omni_gateway.engine.attention import AttentionMetadata, own_split_counters, plan_step, select_kernels
 from omni_gateway.engine.compile_cache import use_compile_cache
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.graphed_decode import GraphedDecode, Staging, decode_position
@@ -172,6 +172,8 @@ class ModelRunner:
         # None: steps run on the calling thread's current stream (see run_on_own_stream).
         self.stream: torch.cuda.Stream | None = None
         self._inputs_from: torch.cuda.Stream | None = None
+        # This engine's own split-merge counters: another engine may step beside it on another stream.
+        self._split_counters = own_split_counters(self.ops, self.device)
         if self.device.type == "cuda" and not config.enforce_eager and self.ops.name == "triton":
             self.graphs = GraphedDecode(
                 self.model,
@@ -181,6 +183,7 @@ class ModelRunner:
                 block_size=self.block_size,
                 device=self.device,
                 input_rows=self._graph_input_rows,
+                split_counters=self._split_counters,
             )
             if broadcast is not None:
                 self.graphs.on_replay = lambda inputs: broadcast(
@@ -464,6 +467,7 @@ class ModelRunner:
             prefill_seq_lens=to_device(plan.prefill_lens, torch.int32, dev),
             prefill_block_tables=self._block_tables(plan.prefill_tables),
             num_tokens=plan.num_tokens,
+            split_counters=self._split_counters,
         )
         plan_step(self.ops, meta, self.block_size)
         positions = plan.positions

@@ -59,8 +59,9 @@ class DecodeConfig:
     # rounded up to whole block_n tiles, so min_split_tokens == block_n gives one tile per split.
     min_split_tokens: int = 256
     # Merge splits in the last program of each (sequence, KV head) to finish, found through an
-    # atomic counter, instead of in a second kernel: one launch fewer per call. The counters are
-    # per device, so concurrent decode launches on one device must share a stream.
+    # atomic counter, instead of in a second kernel: one launch fewer per call. Launches that may
+    # run at once (on two streams) must not share counters: each caller passes its own
+    # (``split_counters``), or they share the device's and one stream.
     fused_reduce: bool = True
     # Merge in-kernel only up to this many splits; a launch with more splits runs the second
     # kernel. The merging program loads every partial of its query-head group at once, so its cost
@@ -475,7 +476,14 @@ _RETIRED: list[torch.Tensor] = []  # outgrown counters, kept alive for graphs ca
 _MIN_COUNTERS = 1 << 16
 
 
-def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
+def split_counters(device: torch.device, size: int = _MIN_COUNTERS) -> torch.Tensor:
+    """Zeroed split-merge counters of a caller's own, for ``size`` (sequence, KV head) pairs per launch:
+    what an engine stepping beside another on the same device passes to ``paged_decode_attention``.
+    Allocate them before any CUDA-graph capture that uses them, and keep them while its graphs live."""
+    return torch.zeros(size, dtype=torch.int32, device=device)
+
+
+def _device_counters(device: torch.device, needed: int) -> torch.Tensor:
     counters = _COUNTERS.get(device)
     if counters is None or counters.numel() < needed:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -507,11 +515,16 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     scale: float,
     config: DecodeConfig | None = None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One query per sequence over its ``seq_lens[b]`` cached positions -> ``[B, Hq, D]``."""
+    """One query per sequence over its ``seq_lens[b]`` cached positions -> ``[B, Hq, D]``. ``counters``
+    (``split_counters``): the caller's own for the in-kernel merge; None: the device's, shared by
+    every launch without its own, which must then run on one stream."""
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     _check_cache(q, k_cache, v_cache, block_tables)
     check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,), device=q.device)
+    if counters is not None:
+        check_tensor("counters", counters, ndim=1, dtypes=(torch.int32,), device=q.device)
     batch, num_q_heads, head_dim = q.shape
     check_dim("seq_lens", seq_lens.shape[0], batch, "batch size (q.shape[0])")
     check_dim("block_tables", block_tables.shape[0], batch, "batch size (q.shape[0])")
@@ -529,7 +542,15 @@ def paged_decode_attention(
     else:
         part_out = part_lse = out  # unused by the single-split specialization
     fused = config.merges_in_kernel(num_splits)
-    counters = _split_counters(q.device, batch * num_kv_heads) if fused else seq_lens
+    if not fused:
+        counters = seq_lens  # unused
+    elif counters is None:
+        counters = _device_counters(q.device, batch * num_kv_heads)
+    elif counters.numel() < batch * num_kv_heads:
+        raise ValueError(
+            f"counters: expected at least {batch * num_kv_heads} for {batch} sequences x {num_kv_heads} KV heads, "
+            f"got {counters.numel()}"
+        )
     block_d = max(16, next_pow2(head_dim))
     block_s = max(2, next_pow2(num_splits))
     merge_g = max(2, next_pow2(group))

@@ -123,8 +123,10 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One query per sequence over all of its ``seq_lens[b]`` cached positions.
+    """One query per sequence over all of its ``seq_lens[b]`` cached positions (``counters``: the Triton
+    kernel's split-merge counters, which this path has no use for).
 
     Sequences are padded to the longest context and batched into one attention call; padded
     positions are masked out.

@@ -13,6 +13,7 @@ from omni_gateway.kernels.paged_attention import (
     num_decode_splits,
     paged_decode_attention,
     paged_prefill_attention,
+    split_counters,
 )
 
 PAGE = 16
@@ -200,6 +201,35 @@ def test_decode_zero_length_sequence_gives_zeros(device, rel_err):
         assert torch.equal(out[1], torch.zeros_like(out[1]))
         expected = ref.paged_decode_attention(q[:1], k_cache, v_cache, seq_lens[:1], tables[:1], 0.125)
         assert rel_err(out[:1], expected) < 1e-5
+
+
+def test_decode_merges_through_the_callers_own_counters(device, rel_err):
+    """Two engines stepping at once on one device each pass counters of their own: the merge counts on
+    them (a poisoned counter parts the output), and each launch leaves them zeroed for the next."""
+    gen = torch.Generator().manual_seed(5)
+    lens = [200, 90, 130]
+    k_cache, v_cache, tables = _paged_cache(lens, 2, 64, torch.float32, device, gen)
+    q = torch.randn(3, 4, 64, generator=gen).to(device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    splits, _ = num_decode_splits(3, 2, tables.shape[1] * PAGE, SPLIT_FUSED)
+    assert SPLIT_FUSED.merges_in_kernel(splits)
+    expected = ref.paged_decode_attention(q, k_cache, v_cache, seq_lens, tables, 0.125)
+    own = split_counters(q.device, 3 * 2)
+    outs = []  # kept: a later output must not land in an earlier one's memory
+    for _ in range(2):
+        outs.append(
+            paged_decode_attention(q, k_cache, v_cache, seq_lens, tables, 0.125, config=SPLIT_FUSED, counters=own)
+        )
+        assert rel_err(outs[-1], expected) < 1e-5
+        assert not own.any()
+    # As if another launch were counting the first (sequence, KV head) pair: its splits are never merged.
+    own[0] = 1 << 20
+    outs.append(paged_decode_attention(q, k_cache, v_cache, seq_lens, tables, 0.125, config=SPLIT_FUSED, counters=own))
+    assert own.tolist() == [(1 << 20) + splits, 0, 0, 0, 0, 0]
+    assert not torch.allclose(outs[-1][0, :2], expected[0, :2])
+    assert rel_err(outs[-1][1:], expected[1:]) < 1e-5
+    with pytest.raises(ValueError, match="counters: expected at least 6 for 3 sequences x 2 KV heads, got 5"):
+        paged_decode_attention(q, k_cache, v_cache, seq_lens, tables, 0.125, config=SPLIT_FUSED, counters=own[:5])
 
 
 def _prefill_case(q_lens, ctx_lens, hq, hkv, d, dtype, device, seed, poison, config=None):
