@@ -95,12 +95,15 @@ class DecodeGraphs:
         # A stream of this engine's own to capture on: a captured GEMM keeps its capture stream's cuBLAS
         # workspace, so engines whose graphs replay at once on their own streams (thinker and talker)
         # must not share the default capture stream.
+        # Both come from torch's pool of 32 streams a priority, handed out in turn: a stream asked for per
+        # bucket would cycle the pool, and another engine's capture stream or a stream it steps on would
+        # then be this one's, its cuBLAS workspace shared with graphs replayed at once.
         capture = torch.cuda.Stream(device=device)
+        # Warm-up runs on a side stream compile kernels and settle lazy initialisation, which must not
+        # happen inside a capture.
+        side = torch.cuda.Stream(device=device)
         for bucket in reversed(self._buckets):
             args = {name: buf[:bucket] for name, buf in self._inputs.items()}
-            # Warm-up runs on a side stream compile kernels and settle lazy initialisation, which
-            # must not happen inside a capture.
-            side = torch.cuda.Stream(device=device)
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
                 for _ in range(self._warmup_iters):

@@ -37,6 +37,7 @@ class CallGraphs:
         self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], Output]] = {}
         self._pool: object | None = None
         self._capture_stream: torch.cuda.Stream | None = None
+        self._side_stream: torch.cuda.Stream | None = None
         self.enabled = True
         self.replayed = 0  # calls served from a graph
         self.frozen = False  # set once the head is built: from then on a call without a graph runs eagerly
@@ -85,7 +86,11 @@ class CallGraphs:
             # the cuBLAS workspace of that stream, so graphs captured on one stream (the engines' decode
             # graphs too) would all write one workspace when they replay at once from different threads.
             self._capture_stream = torch.cuda.Stream(device=inputs[0].device)
-        side = torch.cuda.Stream(device=device)
+            # One for every capture: torch's pool hands out 32 streams a priority in turn, and a stream per
+            # capture would cycle it until another graph set's capture stream, or an engine's, is this one's.
+            self._side_stream = torch.cuda.Stream(device=device)
+        side = self._side_stream
+        assert side is not None
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # first-call work (kernel selection, lazy init) stays out of the capture
             fn(*static)
