@@ -39,7 +39,9 @@ _INPUT_POLL_S = 0.05
 # A step that some requests could take while others wait for rows that are arriving: a producer's step
 # reaches its streams one at a time from another thread, so while rows keep arriving the loop waits for the
 # rest, until none has arrived for _ROWS_QUIET_S or _GATHER_MAX_S has passed, and one step carries them all.
-# When no row arrived within _ROWS_QUIET_S, nothing is on its way and the step goes at once.
+# When no row arrived within _ROWS_QUIET_S, nothing is on its way and the step goes at once. Requests that
+# bring an input stream are a producer's too (a thinker step starts several sessions' talkers, one at a
+# time): the step that would admit them waits for the rest the same way, and one prefill takes them all.
 _ROWS_QUIET_S = 0.0015
 _GATHER_MAX_S = 0.005
 
@@ -89,6 +91,7 @@ class AsyncEngine(ChatStreaming):
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
         self._row_arrived_at = 0.0  # time.monotonic() of the latest input row (written by producers)
+        self._streamed_added = False  # a request with an input stream was added since the last step
         self._dead: str | None = None  # why the loop stopped; set once
         self._stats: dict[str, float] = self.engine.stats()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -212,6 +215,7 @@ class AsyncEngine(ChatStreaming):
                     command = self._next_command()
                 if engine.has_unfinished():
                     self._gather_rows()
+                    self._streamed_added = False
                     deltas = engine.step()
                     engine.pop_finished()
                     for delta in deltas:
@@ -230,10 +234,12 @@ class AsyncEngine(ChatStreaming):
             return None
 
     def _gather_rows(self) -> None:
-        """While some requests could step and others wait for input rows that keep arriving, wait for
-        them (see _ROWS_QUIET_S): one step for all, not one per part that happened to have arrived."""
+        """While some requests could step and others wait for input rows that keep arriving, or the
+        step would admit requests with input streams while more keep arriving, wait for them (see
+        _ROWS_QUIET_S): one step for all, not one per part that happened to have arrived."""
         deadline = time.monotonic() + _GATHER_MAX_S
-        while self.engine.partly_waits_for_input():
+        engine = self.engine
+        while engine.partly_waits_for_input() or (self._streamed_added and engine.admits_waiting()):
             now = time.monotonic()
             wait = min(self._row_arrived_at + _ROWS_QUIET_S, deadline) - now
             if wait <= 0:
@@ -271,6 +277,7 @@ class AsyncEngine(ChatStreaming):
         else:
             if command.input_stream is not None:
                 command.input_stream.listen(self._row_arrived)
+                self._row_arrived_at, self._streamed_added = time.monotonic(), True
             command.done.set_result(None)
 
     def _row_arrived(self) -> None:

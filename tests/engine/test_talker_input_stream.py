@@ -190,3 +190,51 @@ def test_decoded_text_after_mrope_spans_shifts_like_mrope_positions() -> None:
         want = mrope_positions(spans, index, index + 1)[:, 0]
         assert want.tolist() == [index + text_shift(spans)] * 3
     assert text_shift(spans) == 2 * (2 - 6)
+
+
+def _prefills_of_talkers_added_apart(apart_s: float, monkeypatch: pytest.MonkeyPatch, *, quiet_s: float) -> Steps:
+    """Two requests with input streams added ``apart_s`` apart; the prefill steps as (time, request ids)."""
+    monkeypatch.setattr(async_engine_module, "_ROWS_QUIET_S", quiet_s)
+    monkeypatch.setattr(async_engine_module, "_GATHER_MAX_S", 10.0)
+    engine = AsyncEngine(engine=make_engine())
+    runner = engine.engine.runner
+    execute = runner.execute
+    prefills: Steps = []
+
+    def traced(batch: Any, after: Any = None) -> Any:
+        if any(n > 1 for n in batch.num_new_tokens):
+            prefills.append((time.monotonic(), tuple(sorted(seq.request_id for seq in batch.seqs))))
+        return execute(batch, after)
+
+    runner.execute = traced
+    prompt = [5, 6, 7, 8]
+
+    async def talk(rid: str) -> None:
+        stream = InputStream(start=len(prompt))
+        stream.close([], "pad")
+        params = SamplingParams(max_tokens=2, ignore_eos=True)
+        async for _ in engine.generate(prompt, params, request_id=rid, input_stream=stream):
+            pass
+
+    async def main() -> None:
+        first = asyncio.create_task(talk("a"))
+        await asyncio.sleep(apart_s)
+        await asyncio.gather(first, talk("b"))
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 20))
+    finally:
+        engine.shutdown()
+    return prefills
+
+
+def test_one_prefill_admits_talkers_that_arrive_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A producer starts several sessions' talkers one at a time: the first waits while the others keep
+    arriving, and one prefill takes them all instead of the first prefilling alone."""
+    prefills = _prefills_of_talkers_added_apart(0.05, monkeypatch, quiet_s=1.0)
+    assert [ids for _, ids in prefills] == [("a", "b")]
+
+
+def test_a_talker_prefills_once_no_other_arrives(monkeypatch: pytest.MonkeyPatch) -> None:
+    prefills = _prefills_of_talkers_added_apart(0.6, monkeypatch, quiet_s=0.1)
+    assert [ids for _, ids in prefills] == [("a",), ("b",)]
