@@ -83,7 +83,7 @@ class AttentionMetadata:
     # torch backend only: the decode gather/mask shared by all layers, built once per step.
     decode_plan: Any = None
     # Triton only: the launching engine's own split-merge counters (kernels.paged_attention.split_counters),
-    # so that two engines stepping at once on one device (a thinker and its talker) never share them.
+    # so that no launch of another engine on the same device, on another stream, can count on them.
     split_counters: torch.Tensor | None = None
 
 

@@ -93,11 +93,9 @@ class DecodeGraphs:
         device = next(iter(self._inputs.values())).device
         self._pool = torch.cuda.graph_pool_handle()
         # A stream of this engine's own to capture on: a captured GEMM keeps its capture stream's cuBLAS
-        # workspace, so engines whose graphs replay at once on their own streams (thinker and talker)
-        # must not share the default capture stream.
-        # Both come from torch's pool of 32 streams a priority, handed out in turn: a stream asked for per
-        # bucket would cycle the pool, and another engine's capture stream or a stream it steps on would
-        # then be this one's, its cuBLAS workspace shared with graphs replayed at once.
+        # workspace, which graphs replayed at once on other streams (token2wav's lanes) must not share.
+        # Both streams come from torch's pool of 32 a priority, handed out in turn: a stream asked for per
+        # bucket would cycle the pool until another graph set's capture stream was this one's.
         capture = torch.cuda.Stream(device=device)
         # Warm-up runs on a side stream compile kernels and settle lazy initialisation, which must not
         # happen inside a capture.

@@ -412,29 +412,21 @@ class LLMEngine:
         self, req: _Request, index: int, text: str, token_ids: tuple[int, ...], logprobs: tuple[Logprob, ...] = ()
     ) -> StreamDelta:
         seq = req.seqs[index]
-        hidden = embeds = written = None
+        hidden = embeds = None
         start = 0
         if seq.hidden_rows:
             import torch  # only requests that asked for hidden states get here (the runner made tensors)
 
             # After a preemption the positions are computed again: each one's rows go out once.
             sent = seq.hidden_sent
-            rows = [row for row in seq.hidden_rows if row[0] + len(row[1]) > sent]
+            rows = [(first, h, e) for first, h, e in seq.hidden_rows if first + len(h) > sent]
             seq.hidden_rows.clear()
             if rows:
                 cut = max(sent - rows[0][0], 0)
                 start = rows[0][0] + cut
-                written = rows[-1][3]
-                if len(rows) == 1:  # one step's rows (the usual case) go out as they are, without a copy
-                    hidden, embeds = rows[0][1][cut:], rows[0][2][cut:]
-                else:
-                    for event in {id(r[3]): r[3] for r in rows if r[3] is not None}.values():
-                        torch.cuda.current_stream(rows[0][1].device).wait_event(event)
-                    hidden = torch.cat([r[1] for r in rows])[cut:]
-                    embeds = torch.cat([r[2] for r in rows])[cut:]
-                    if written is not None:
-                        written = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                        written.record()
+                # one step's rows (the usual case) go out as they are, without a copy
+                hidden = (rows[0][1] if len(rows) == 1 else torch.cat([h for _, h, _ in rows]))[cut:]
+                embeds = (rows[0][2] if len(rows) == 1 else torch.cat([e for _, _, e in rows]))[cut:]
                 seq.hidden_sent = start + len(hidden)
         return StreamDelta(
             request_id=req.request_id,
@@ -451,7 +443,6 @@ class LLMEngine:
             hidden_states=hidden,
             input_embeds=embeds,
             hidden_start=start,
-            hidden_written=written,
         )
 
     def _output(self, req: _Request) -> RequestOutput:

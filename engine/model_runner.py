@@ -3,10 +3,9 @@ cache and samples. Sequence state is read only; the scheduler advances it from t
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import mmap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -169,10 +168,8 @@ class ModelRunner:
         self._graph_input_rows = bool(getattr(self.model, "adds_input_rows", False)) and broadcast is None
         # Hidden rows computed for requests that ask for them are kept with their cached blocks (KVCacheManager).
         self._keeps_rows = config.hidden_state_cache_blocks > 0
-        # None: steps run on the calling thread's current stream (see run_on_own_stream).
-        self.stream: torch.cuda.Stream | None = None
-        self._inputs_from: torch.cuda.Stream | None = None
-        # This engine's own split-merge counters: another engine may step beside it on another stream.
+        # This engine's own split-merge counters for the decode attention: no launch of another engine in the
+        # process (on another stream) can count on them.
         self._split_counters = own_split_counters(self.ops, self.device)
         if self.device.type == "cuda" and not config.enforce_eager and self.ops.name == "triton":
             self.graphs = GraphedDecode(
@@ -227,37 +224,12 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.release(seq_ids)
 
-    def run_on_own_stream(self, inputs_from: torch.cuda.Stream | None = None) -> None:
-        """Run every step on a CUDA stream of this runner's own (on the CPU: nothing changes). Another
-        engine in this process then computes beside it instead of queuing with it on one stream: a talker's
-        step need not wait for the thinker step queued ahead of it. ``inputs_from`` is the stream that
-        makes the embedding spans and input rows its requests bring; each step waits for what it queued."""
-        if self.device.type != "cuda":
-            return
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))  # the weights and the cache
-        self.stream, self._inputs_from = stream, inputs_from
-
-    @contextlib.contextmanager
-    def _on_stream(self) -> Iterator[None]:
-        if self.stream is None:
-            yield
-            return
-        if self._inputs_from is not None:
-            self.stream.wait_stream(self._inputs_from)
-        with torch.cuda.stream(self.stream):
-            yield
-
+    @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> PendingDecode:
         """Run one step and return it without waiting for its tokens where nothing needs them on the
         host first (no logprobs asked; otherwise it comes back resolved). With ``after``, the step in
         flight whose tokens the host has not read (see ``engine.pipelining``), every sequence decodes
         the position after its last known token, with the token ``after`` samples for it."""
-        with self._on_stream():
-            return self._execute(batch, after)
-
-    @torch.inference_mode()
-    def _execute(self, batch: ScheduledBatch, after: PendingDecode | None) -> PendingDecode:
         seqs = batch.seqs
         if not seqs:
             return PendingDecode.resolved_with(batch, [])
@@ -302,11 +274,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _choose(self, logits: torch.Tensor, seqs: list[Sequence], chosen: torch.Tensor | None) -> torch.Tensor:
-        with self._on_stream():
-            tokens = self.sampler.choose(logits, seqs, chosen)
-        if self.stream is not None:  # the caller copies the tokens to the host on its own stream
-            torch.cuda.current_stream(self.device).wait_stream(self.stream)
-        return tokens
+        return self.sampler.choose(logits, seqs, chosen)
 
     @torch.inference_mode()
     def run_plan(
@@ -351,7 +319,7 @@ class ModelRunner:
             if seq.prefix_rows:  # admitted over cached blocks that kept their rows: those go out first
                 ids = torch.tensor(seq.token_ids[:first], dtype=torch.long, device=input_ids.device)
                 cached = torch.cat(seq.prefix_rows).float()
-                seq.hidden_rows.append((0, cached, model.embed_tokens(ids).float(), None))  # event: the batch's
+                seq.hidden_rows.append((0, cached, model.embed_tokens(ids).float()))
                 seq.prefix_rows = ()
         lo, hi = spans[0][1], spans[-1][2]
         if all(a[2] == b[1] for a, b in zip(spans, spans[1:])):
@@ -362,9 +330,8 @@ class ModelRunner:
         normed = model.ops.rms_norm(rows, model.final_norm, model.shape.rms_norm_eps)
         sizes = [b - a for _, a, b, _ in spans]
         pieces = zip(normed.split(sizes), normed.float().split(sizes), model.embed_tokens(row_ids).float().split(sizes))
-        written = _recorded_event() if hidden.is_cuda else None  # a consumer on another stream waits for it
         for (seq, _, _, first), (kept, states, embeds) in zip(spans, pieces):
-            seq.hidden_rows.append((first, states, embeds, written))
+            seq.hidden_rows.append((first, states, embeds))
             if self._keeps_rows:  # in the model's dtype, which holds them exactly (the norm's output); a
                 # copy of its own, so a cached block does not hold a whole step's rows alive
                 seq.pending_rows.append((first, kept.clone()))

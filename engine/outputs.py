@@ -59,6 +59,3 @@ class StreamDelta:
     hidden_states: Any = None
     input_embeds: Any = None
     hidden_start: int = 0
-    # On a GPU: a CUDA event that completes once both are written (their step may still be running when
-    # the delta arrives); a consumer on another stream waits for it first. None on the host.
-    hidden_written: Any = None

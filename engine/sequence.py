@@ -87,9 +87,9 @@ class Sequence:
         self.grammar: Any = None
         # Rows that arrive while it runs, one per generated position (engine.input_stream.InputStream).
         self.input_stream: Any = None
-        # (first position, hidden rows, embedding rows, the CUDA event after their writes or None) per step,
-        # with params.return_hidden_states; the runner appends, the engine hands them out with the next delta.
-        self.hidden_rows: list[tuple[int, Any, Any, Any]] = []
+        # (first position, hidden rows, embedding rows) per step, with params.return_hidden_states;
+        # the runner appends, the engine hands them out with the next delta.
+        self.hidden_rows: list[tuple[int, Any, Any]] = []
         # With params.return_hidden_states: positions whose rows were handed out (a recomputation after a
         # preemption sends none twice); the rows (first position, rows) of computed positions whose block is
         # not cached yet, which the KV cache keeps with the block once it fills; and the cached rows of the

@@ -35,9 +35,9 @@ from omni_gateway.kernels.row_fusion import (
 )
 
 # Split-K counters, one set per device (a launch needing more runs unsplit). Launches on one device take
-# them in stream order, so split launches must not overlap on two streams at once: of two engines that
-# step at once on one device (a thinker and its talker, each on its own stream), only one may run
-# quantized linears (the talker never does).
+# them in stream order, so split launches must not overlap on two streams at once: engines in one
+# process step on one stream (a speaking model's thinker and talker), and the talker never runs
+# quantized linears.
 _LOCKS = 1 << 16
 _locks: dict[torch.device, torch.Tensor] = {}
 

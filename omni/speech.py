@@ -23,7 +23,7 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidRequest
@@ -37,7 +37,6 @@ from omni_gateway.omni.streams import Prompt, refusal, usage
 if TYPE_CHECKING:
     import torch
     from omni_gateway.engine.async_engine import AsyncEngine
-    from omni_gateway.engine.model_runner import ModelRunner
     from omni_gateway.engine.outputs import StreamDelta
     from omni_gateway.omni.collaborators import Engine
 
@@ -85,12 +84,6 @@ class SpokenModel:
         self.token2wav = token2wav
         self.config = config
         self.tokens = TalkerTokens.from_hf(talker.engine.model.hf_config)
-        # On a GPU the talker steps on a stream of its own, beside the thinker's, and what the thinker's rows
-        # become on their way to it (the prompt's conditioning, each reply row) is made on a hand-off stream:
-        # on the thinker's stream it would queue behind the thinker step launched ahead, and the talker wait.
-        runner = cast("ModelRunner", talker.engine.runner)
-        self._handoff = _handoff_stream(runner.device)
-        runner.run_on_own_stream(inputs_from=self._handoff)
         self.default_voice = config.default_voice or token2wav.voices[0]
         self.token2wav.speaker(self.default_voice)  # an unknown default fails at load, not at the first turn
         self._text_rows: dict[int, torch.Tensor] = {}  # thinker embedding rows of the talker's text tokens
@@ -218,8 +211,6 @@ class SpokenModel:
             params = SamplingParams(max_tokens=1, temperature=0.0, return_hidden_states=True)
             async for delta in thinker.generate(missing, params):
                 if delta.input_embeds is not None:
-                    if delta.hidden_written is not None:
-                        delta.hidden_written.synchronize()  # once per voice: kept for every later turn
                     for i, row in enumerate(delta.input_embeds):
                         self._text_rows[missing[delta.hidden_start + i]] = row
         return [self._text_rows[t] for t in token_ids]
@@ -255,27 +246,25 @@ class SpokenModel:
                     break
                 turn.text += delta.text
                 reply += delta.token_ids
-                with self._handing_off(delta):
-                    if delta.hidden_states is not None:
-                        embeds = delta.input_embeds
-                        for lo, hi in media:  # the talker hears media through the thinker's states only
-                            a, b = max(lo - delta.hidden_start, 0), min(hi - delta.hidden_start, len(embeds))
-                            if a < b:
-                                embeds = embeds.clone() if embeds is delta.input_embeds else embeds
-                                embeds[a:b] = 0
-                        new = list(delta.hidden_states + embeds)
-                        if stream is not None:
-                            stream.append(new)
-                        rows += new
-                    if stream is None and len(rows) > n:
-                        # The prompt's rows, the voice's text start and the first reply token's row: the talker
-                        # starts.
-                        cond = torch.cat((torch.stack(rows[:n]), bos[None], rows[n][None]))
-                        ids = [self.tokens.codec_mask] * n + [self.tokens.codec_pad, self.tokens.codec_bos]
-                        stream = InputStream(start=n + 2)
-                        stream.append(rows[n + 1 :])
-                        spans = talker_spans(cond, prompt.embed_spans, [*prompt.token_ids, voice_bos, reply[0]])
-                        turn.started.set_result((ids, spans, stream))
+                if delta.hidden_states is not None:
+                    embeds = delta.input_embeds
+                    for lo, hi in media:  # the talker hears media through the thinker's states only
+                        a, b = max(lo - delta.hidden_start, 0), min(hi - delta.hidden_start, len(embeds))
+                        if a < b:
+                            embeds = embeds.clone() if embeds is delta.input_embeds else embeds
+                            embeds[a:b] = 0
+                    new = list(delta.hidden_states + embeds)
+                    if stream is not None:
+                        stream.append(new)
+                    rows += new
+                if stream is None and len(rows) > n:
+                    # The prompt's rows, the voice's text start and the first reply token's row: the talker starts.
+                    cond = torch.cat((torch.stack(rows[:n]), bos[None], rows[n][None]))
+                    ids = [self.tokens.codec_mask] * n + [self.tokens.codec_pad, self.tokens.codec_bos]
+                    stream = InputStream(start=n + 2)
+                    stream.append(rows[n + 1 :])
+                    spans = talker_spans(cond, prompt.embed_spans, [*prompt.token_ids, voice_bos, reply[0]])
+                    turn.started.set_result((ids, spans, stream))
                 if delta.finished:
                     turn.finals.append(delta)
                     break
@@ -286,22 +275,6 @@ class SpokenModel:
                 stream.close([eos], pad)  # after the text: its end, then padding for as long as the talker speaks
             if not turn.started.done():
                 turn.started.set_result(None)
-
-    @contextlib.contextmanager
-    def _handing_off(self, delta: StreamDelta) -> Iterator[None]:
-        """Make what the talker gets of ``delta``'s rows on the hand-off stream, after the thinker wrote them."""
-        if self._handoff is None:
-            yield
-            return
-        import torch
-
-        if delta.hidden_written is not None:
-            self._handoff.wait_event(delta.hidden_written)
-        for made in (delta.hidden_states, delta.input_embeds):
-            if made is not None and made.is_cuda:  # (a thinker in another process sends them on the host)
-                made.record_stream(self._handoff)  # their memory is not reused before the hand-off read them
-        with torch.cuda.stream(self._handoff):
-            yield
 
     async def _audio(
         self,
@@ -370,16 +343,6 @@ def talker_spans(cond: torch.Tensor, media: tuple[EmbedSpan, ...], ids: list[int
 
 def _rows_span(cond: torch.Tensor, ids: list[int], start: int, end: int) -> EmbedSpan:
     return EmbedSpan(start, end - start, "thinker-rows", cond[start:end], position_keys=tuple(ids[start:end]))
-
-
-def _handoff_stream(device: torch.device) -> torch.cuda.Stream | None:
-    if device.type != "cuda":
-        return None
-    import torch
-
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    return stream
 
 
 def _talker_id(request_id: str) -> str:
