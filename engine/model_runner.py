@@ -317,7 +317,7 @@ class ModelRunner:
         model = self.model
         for seq, _, _, first in spans:
             if seq.prefix_rows:  # admitted over cached blocks that kept their rows: those go out first
-                ids = torch.tensor(seq.token_ids[:first], dtype=torch.long, device=input_ids.device)
+                ids = to_device(seq.token_ids[:first], torch.int64, input_ids.device)
                 cached = torch.cat(seq.prefix_rows).float()
                 seq.hidden_rows.append((0, cached, model.embed_tokens(ids).float()))
                 seq.prefix_rows = ()
@@ -440,9 +440,7 @@ class ModelRunner:
         positions = plan.positions
         return _StepInputs(
             input_ids=device_ids if device_ids is not None else to_device(plan.ids, torch.int64, dev),
-            positions=(
-                positions.to(dev) if isinstance(positions, torch.Tensor) else to_device(positions, torch.int64, dev)
-            ),
+            positions=to_device(positions, torch.int64, dev),  # M-RoPE's [3, T] tensor or a list
             meta=meta,
             sample_rows=to_device(plan.sample_rows, torch.int64, dev),
             embed_rows=to_device(plan.embed_rows, torch.int64, dev) if plan.embed_rows else None,

@@ -209,9 +209,13 @@ def apply_min_p(logits: torch.Tensor, min_p: list[float]) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def to_device(values: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list on ``device`` without waiting for the device (pinned, asynchronous copy on CUDA)."""
-    return _upload(torch.tensor(values, dtype=dtype), device)
+def to_device(values: list[Any] | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list or tensor on ``device`` without waiting for the device (pinned, asynchronous copy on
+    CUDA: a copy from pageable memory first waits for every kernel queued on the stream)."""
+    if isinstance(values, torch.Tensor) and values.device == device:
+        return values.to(dtype)
+    host = values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    return _upload(host, device)
 
 
 def _upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from omni_gateway.engine.sampler import Sampler, apply_min_p, apply_penalties, apply_top_k_top_p
+from omni_gateway.engine.sampler import Sampler, apply_min_p, apply_penalties, apply_top_k_top_p, to_device
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.sequence import Sequence
 
@@ -144,3 +144,16 @@ def test_precomputed_argmax_stands_in_only_for_unmodified_greedy_logits() -> Non
     # Sampled rows draw from the distribution, whatever the argmax says.
     hot = sampler(logits.repeat(200, 1), [_seq(SamplingParams(temperature=1.0))] * 200, given.repeat(200))
     assert {r.token_id for r in hot} <= {0, 9} and len({r.token_id for r in hot}) == 2
+
+
+def test_to_device_takes_host_lists_and_tensors() -> None:
+    cpu = torch.device("cpu")
+    positions = torch.arange(6, dtype=torch.int32).view(3, 2)  # an M-RoPE step's [3, T] positions
+    moved = to_device(positions, torch.int64, cpu)
+    assert moved.dtype == torch.int64 and torch.equal(moved, positions.long())
+    assert to_device([1, 2], torch.int32, cpu).tolist() == [1, 2]
+    if torch.cuda.is_available():
+        cuda = torch.device("cuda")
+        on_gpu = to_device(positions, torch.int64, cuda)
+        assert on_gpu.is_cuda and torch.equal(on_gpu.cpu(), positions.long())
+        assert to_device(on_gpu, torch.int32, cuda).dtype == torch.int32  # already there: cast only
