@@ -91,7 +91,6 @@ class AsyncEngine(ChatStreaming):
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
         self._row_arrived_at = 0.0  # time.monotonic() of the latest input row (written by producers)
-        self._streamed_added = False  # a request with an input stream was added since the last step
         self._dead: str | None = None  # why the loop stopped; set once
         self._stats: dict[str, float] = self.engine.stats()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -215,7 +214,6 @@ class AsyncEngine(ChatStreaming):
                     command = self._next_command()
                 if engine.has_unfinished():
                     self._gather_rows()
-                    self._streamed_added = False
                     deltas = engine.step()
                     engine.pop_finished()
                     for delta in deltas:
@@ -239,7 +237,7 @@ class AsyncEngine(ChatStreaming):
         _ROWS_QUIET_S): one step for all, not one per part that happened to have arrived."""
         deadline = time.monotonic() + _GATHER_MAX_S
         engine = self.engine
-        while engine.partly_waits_for_input() or (self._streamed_added and engine.admits_waiting()):
+        while engine.partly_waits_for_input() or engine.admits_streamed():
             now = time.monotonic()
             wait = min(self._row_arrived_at + _ROWS_QUIET_S, deadline) - now
             if wait <= 0:
@@ -277,7 +275,7 @@ class AsyncEngine(ChatStreaming):
         else:
             if command.input_stream is not None:
                 command.input_stream.listen(self._row_arrived)
-                self._row_arrived_at, self._streamed_added = time.monotonic(), True
+                self._row_arrived_at = time.monotonic()  # an arrival too: see _gather_rows
             command.done.set_result(None)
 
     def _row_arrived(self) -> None:

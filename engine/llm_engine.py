@@ -309,9 +309,10 @@ class LLMEngine:
         """Whether ``step`` would run some requests while others wait for their input rows."""
         return self._in_flight is None and self.scheduler.some_wait_for_input()
 
-    def admits_waiting(self) -> bool:
-        """Whether ``step`` would schedule afresh with requests waiting to be admitted (no step in flight)."""
-        return self._in_flight is None and self.scheduler.num_waiting > 0
+    def admits_streamed(self) -> bool:
+        """Whether ``step`` would schedule afresh (no step in flight) with requests that bring input streams
+        waiting to be admitted."""
+        return self._in_flight is None and self.scheduler.streamed_waiting()
 
     def pop_finished(self) -> list[RequestOutput]:
         """RequestOutputs of requests that finished since the last call (the caller must drain this)."""

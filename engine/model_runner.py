@@ -437,10 +437,9 @@ class ModelRunner:
             split_counters=self._split_counters,
         )
         plan_step(self.ops, meta, self.block_size)
-        positions = plan.positions
         return _StepInputs(
             input_ids=device_ids if device_ids is not None else to_device(plan.ids, torch.int64, dev),
-            positions=to_device(positions, torch.int64, dev),  # M-RoPE's [3, T] tensor or a list
+            positions=to_device(plan.positions, torch.int64, dev),  # M-RoPE's [3, T] tensor or a list
             meta=meta,
             sample_rows=to_device(plan.sample_rows, torch.int64, dev),
             embed_rows=to_device(plan.embed_rows, torch.int64, dev) if plan.embed_rows else None,

@@ -212,10 +212,9 @@ def apply_min_p(logits: torch.Tensor, min_p: list[float]) -> torch.Tensor:
 def to_device(values: list[Any] | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A host list or tensor on ``device`` without waiting for the device (pinned, asynchronous copy on
     CUDA: a copy from pageable memory first waits for every kernel queued on the stream)."""
-    if isinstance(values, torch.Tensor) and values.device == device:
-        return values.to(dtype)
-    host = values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
-    return _upload(host, device)
+    if not isinstance(values, torch.Tensor):
+        return _upload(torch.tensor(values, dtype=dtype), device)
+    return values.to(dtype) if values.device == device else _upload(values.to(dtype), device)
 
 
 def _upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:

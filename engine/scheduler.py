@@ -62,6 +62,10 @@ class Scheduler:
         """Whether nothing waits for admission and every running sequence waits for its input rows."""
         return not self.waiting and all(seq.waits_for_input(1) for seq in self.running)
 
+    def streamed_waiting(self) -> bool:
+        """Whether a sequence that brings an input stream waits for admission."""
+        return any(seq.input_stream is not None for seq in self.waiting)
+
     def some_wait_for_input(self) -> bool:
         """Whether some running sequence waits for its input rows while others could step."""
         waiting = sum(seq.waits_for_input(1) for seq in self.running)

@@ -491,7 +491,7 @@ def _device_counters(device: torch.device, needed: int) -> torch.Tensor:
                 f"paged_decode_attention: split counters for {needed} (sequence, KV head) pairs must be "
                 "allocated before CUDA-graph capture; run the largest batch once eagerly first"
             )
-        counters = torch.zeros(max(needed, _MIN_COUNTERS), dtype=torch.int32, device=device)
+        counters = split_counters(device, max(needed, _MIN_COUNTERS))
         if device in _COUNTERS:
             _RETIRED.append(_COUNTERS[device])
         _COUNTERS[device] = counters

@@ -46,12 +46,11 @@ def test_listeners_hear_every_later_arrival() -> None:
 Steps = list[tuple[float, tuple[str, ...]]]
 
 
-def _two_talkers(rows: Any, monkeypatch: pytest.MonkeyPatch, *, quiet_s: float, gather_s: float) -> dict[str, int]:
-    """Two requests that wait for input rows after their prefill; ``rows(streams, steps)`` (a coroutine)
-    feeds them, with ``steps`` growing by (time.monotonic(), request ids) at each decode step. Returns the
-    tokens each request got."""
-    # No poll would find the rows in time: only an arriving row wakes the loop.
-    monkeypatch.setattr(async_engine_module, "_INPUT_POLL_S", 60.0)
+def _traced_engine(
+    monkeypatch: pytest.MonkeyPatch, quiet_s: float, gather_s: float, *, prefill: bool
+) -> tuple[AsyncEngine, Steps]:
+    """An engine loop gathering with these spells, and the (time.monotonic(), request ids) of each step it
+    runs that has a prefill chunk (``prefill``) or that only decodes (not ``prefill``)."""
     monkeypatch.setattr(async_engine_module, "_ROWS_QUIET_S", quiet_s)
     monkeypatch.setattr(async_engine_module, "_GATHER_MAX_S", gather_s)
     engine = AsyncEngine(engine=make_engine())
@@ -60,11 +59,21 @@ def _two_talkers(rows: Any, monkeypatch: pytest.MonkeyPatch, *, quiet_s: float, 
     steps: Steps = []
 
     def traced(batch: Any, after: Any = None) -> Any:
-        if all(n == 1 for n in batch.num_new_tokens):
+        if any(n > 1 for n in batch.num_new_tokens) == prefill:
             steps.append((time.monotonic(), tuple(sorted(seq.request_id for seq in batch.seqs))))
         return execute(batch, after)
 
     runner.execute = traced
+    return engine, steps
+
+
+def _two_talkers(rows: Any, monkeypatch: pytest.MonkeyPatch, *, quiet_s: float, gather_s: float) -> dict[str, int]:
+    """Two requests that wait for input rows after their prefill; ``rows(streams, steps)`` (a coroutine)
+    feeds them, with ``steps`` growing by (time.monotonic(), request ids) at each decode step. Returns the
+    tokens each request got."""
+    # No poll would find the rows in time: only an arriving row wakes the loop.
+    monkeypatch.setattr(async_engine_module, "_INPUT_POLL_S", 60.0)
+    engine, steps = _traced_engine(monkeypatch, quiet_s, gather_s, prefill=False)
     prompt = [5, 6, 7, 8]
     streams = {rid: InputStream(start=len(prompt)) for rid in ("a", "b")}
     got = {rid: 0 for rid in streams}
@@ -194,19 +203,7 @@ def test_decoded_text_after_mrope_spans_shifts_like_mrope_positions() -> None:
 
 def _prefills_of_talkers_added_apart(apart_s: float, monkeypatch: pytest.MonkeyPatch, *, quiet_s: float) -> Steps:
     """Two requests with input streams added ``apart_s`` apart; the prefill steps as (time, request ids)."""
-    monkeypatch.setattr(async_engine_module, "_ROWS_QUIET_S", quiet_s)
-    monkeypatch.setattr(async_engine_module, "_GATHER_MAX_S", 10.0)
-    engine = AsyncEngine(engine=make_engine())
-    runner = engine.engine.runner
-    execute = runner.execute
-    prefills: Steps = []
-
-    def traced(batch: Any, after: Any = None) -> Any:
-        if any(n > 1 for n in batch.num_new_tokens):
-            prefills.append((time.monotonic(), tuple(sorted(seq.request_id for seq in batch.seqs))))
-        return execute(batch, after)
-
-    runner.execute = traced
+    engine, prefills = _traced_engine(monkeypatch, quiet_s, 10.0, prefill=True)
     prompt = [5, 6, 7, 8]
 
     async def talk(rid: str) -> None:
