@@ -12,9 +12,11 @@
 2. Engine, 8B shape with random weights (checkpoints written to ``--tmp``, no download): bf16, FP8
    per channel (``--quantization fp8`` on the bf16 checkpoint; ``fp8-channel-head`` adds
    ``--quantize-lm-head``), FP8 per block (an ``fp8``
-   checkpoint with ``weight_scale_inv``), int4 (an AWQ checkpoint), and bf16 weights with the FP8 KV
-   cache. Per variant: batch-1 decode ms/token (as benchmarks/engine_gpu.py measures it), the
-   nano-vllm workload's output tok/s (``--seqs`` sequences, lengths uniform in [100, 1024]), and
+   checkpoint with ``weight_scale_inv``), int4 (an AWQ checkpoint), bf16 weights with the FP8 KV
+   cache (``fp8-kv``), and FP8 per channel with the FP8 KV cache (``fp8-channel-kv``, vLLM's
+   ``--quantization fp8 --kv-cache-dtype fp8``). Per variant: batch-1 decode ms/token (as
+   benchmarks/engine_gpu.py measures it), the nano-vllm workload's output tok/s (``--seqs``
+   sequences, lengths uniform in [100, 1024]), and
    accuracy against bf16: greedy agreement over ``--check-tokens`` tokens of ``--check-prompts``
    prompts and the largest logprob difference of the tokens both chose while their histories agree.
    Random weights make near-uniform logits, so greedy paths part sooner than on a trained model.
@@ -57,7 +59,7 @@ from benchmarks.engine_gpu import (
     word_tokenizer,
 )
 
-VARIANTS = ("bf16", "fp8-channel", "fp8-channel-head", "fp8-block", "int4", "fp8-kv")
+VARIANTS = ("bf16", "fp8-channel", "fp8-channel-head", "fp8-block", "int4", "fp8-kv", "fp8-channel-kv")
 # Suffixes of a variant name that run its engine as an earlier design, a baseline in the same run:
 # without the batch-1 row fusion (``LlamaModel.ROW_FUSION``) and programmatic dependent launch, or
 # without the latter only (kernels/row_fusion.py).
@@ -231,6 +233,7 @@ def _engine_args(variant: str) -> dict[str, Any]:
         "fp8-channel": {"quantization": "fp8"},
         "fp8-channel-head": {"quantization": "fp8", "quantize_lm_head": True},
         "fp8-kv": {"kv_cache_dtype": "fp8"},
+        "fp8-channel-kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
     }.get(variant, {})
 
 
@@ -354,7 +357,7 @@ def _fmt(value: Any) -> str:
 
 
 def _summary(reports: dict[str, dict[str, Any]]) -> None:
-    targets = {"fp8-channel": 1.7, "fp8-channel-head": 1.7, "fp8-block": 1.7, "int4": 2.5}
+    targets = {"fp8-channel": 1.7, "fp8-channel-head": 1.7, "fp8-channel-kv": 1.7, "fp8-block": 1.7, "int4": 2.5}
     print("\nvariant        b1 ms/tok  vs bf16  workload tok/s  vs bf16  greedy match  max logprob err")
     for name, r in reports.items():
         target = f" (target {targets[name]}x)" if name in targets else ""

@@ -54,8 +54,13 @@ class Timeline:
 
         def traced_execute(batch: Any, after: Any = None) -> Any:
             counts = list(batch.num_new_tokens)
-            launched.append({"seqs": len(counts), "tokens": sum(counts), "prefills": sum(n > 1 for n in counts)})
-            return execute(batch, after)
+            t0 = time.perf_counter()
+            pending = execute(batch, after)
+            # The host's share of the step: preparing inputs and launching kernels (or replaying a graph).
+            launch_ms = (time.perf_counter() - t0) * 1e3
+            prefills = sum(n > 1 for n in counts)
+            launched.append({"seqs": len(counts), "tokens": sum(counts), "prefills": prefills, "launch_ms": launch_ms})
+            return pending
 
         def traced_step() -> Any:
             launched.clear()
@@ -115,7 +120,10 @@ def summarize(path: Path) -> None:
             detail = (
                 f"{e['rows']} rows {e['kind']} lane {e['lane']}"
                 if e["what"] == "token2wav"
-                else " + ".join(f"{b['seqs']}s/{b['tokens']}t" for b in e["batches"])
+                else " + ".join(
+                    f"{b['seqs']}s/{b['tokens']}t" + (f" (launch {b['launch_ms']:.1f} ms)" if "launch_ms" in b else "")
+                    for b in e["batches"]
+                )
             )
             print(f"    {e['t0'] * 1e3:7.1f} -> {e['t1'] * 1e3:7.1f} ms  {e['what']:<9} {detail}")
 
