@@ -28,6 +28,7 @@ from omni_gateway.engine.llm_engine import LLMEngine
 from omni_gateway.engine.outputs import StreamDelta
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.sequence import EmbedSpan
+from omni_gateway.engine.step_priority import StepPriority
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,8 @@ class AsyncEngine(ChatStreaming):
         self._row_arrived_at = 0.0  # time.monotonic() of the latest input row (written by producers)
         self._dead: str | None = None  # why the loop stopped; set once
         self._stats: dict[str, float] = self.engine.stats()
+        self._prefers: StepPriority | None = None  # shared with the engine this one's admissions go ahead of
+        self._yields: StepPriority | None = None  # shared with the engine whose admissions this one waits for
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -177,6 +180,19 @@ class AsyncEngine(ChatStreaming):
             if not complete and not rejected:
                 self.abort(rid)
 
+    def prefer_over(self, other: object) -> None:
+        """Let this engine's steps that admit requests with input streams go ahead of ``other``'s steps
+        (see ``engine.step_priority``), where ``other`` is another engine loop of this process; anything
+        else (an engine in another process) is left alone. Idempotent."""
+        if (
+            not isinstance(other, AsyncEngine)
+            or other is self
+            or (other._yields is not None and other._yields is self._prefers)
+        ):
+            return
+        priority = StepPriority()
+        self._prefers, other._yields = priority, priority
+
     def abort(self, request_id: str) -> None:
         """Stop a request; its stream ends with finish_reason "abort". Safe from any thread."""
         self._commands.put(_Abort(request_id))
@@ -214,7 +230,7 @@ class AsyncEngine(ChatStreaming):
                     command = self._next_command()
                 if engine.has_unfinished():
                     self._gather_rows()
-                    deltas = engine.step()
+                    deltas = self._step()
                     engine.pop_finished()
                     for delta in deltas:
                         self._deliver(delta)
@@ -224,6 +240,15 @@ class AsyncEngine(ChatStreaming):
         except BaseException as exc:  # noqa: BLE001 - the loop must report any failure to its streams
             log.exception("engine loop failed")
             self._die(f"{type(exc).__name__}: {exc}")
+
+    def _step(self) -> list[StreamDelta]:
+        engine = self.engine
+        if self._yields is not None:
+            self._yields.wait_turn()
+        if self._prefers is not None and engine.admits_streamed():
+            with self._prefers.admitting():
+                return engine.step()
+        return engine.step()
 
     def _next_command(self, wait_s: float = 0.0) -> _Add | _Abort | _Stop | _Wake | None:
         try:
