@@ -27,6 +27,8 @@ import omni_gateway.engine.detokenizer as detokenizer
 from omni_gateway.engine.block_table_rows import BlockTableRows
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.engine.pending_decode import PendingDecode
+from omni_gateway.engine.sampler import SampleResult
 from omni_gateway.engine.sampling_params import SamplingParams
 
 from benchmarks.checkpoints import byte_level_tokenizer
@@ -37,17 +39,18 @@ class InstantRunner:
     """Samples a fixed cycle of ordinary tokens without touching a model."""
 
     num_kv_blocks = 1 << 16
+    device = SimpleNamespace(type="cpu")  # the engine reads only the type: no pipelined steps on the CPU
 
     def __init__(self, config: EngineConfig, model: Any) -> None:
         self._cycle = [t for t in range(2, model.vocab_size)]
         self._i = 0
 
-    def execute(self, batch: Any) -> list[Any]:
+    def execute(self, batch: Any, after: Any = None) -> PendingDecode:
         out = []
         for _ in batch.seqs:
             self._i = (self._i + 1) % len(self._cycle)
-            out.append(SimpleNamespace(token_id=self._cycle[self._i], logprob=None))
-        return out
+            out.append(SampleResult(self._cycle[self._i], None))
+        return PendingDecode.resolved_with(batch, out)
 
     def release(self, seq_ids: list[int]) -> None:
         pass
