@@ -2,8 +2,12 @@
 
 ``omni_speech --timeline FILE`` wraps the thinker's and the talker's ``LLMEngine.step`` (with the batch
 their runner was handed) and token2wav's batched call, and writes one JSON line per event of the timed
-runs: ``{"c", "what", "t0", "t1", ...}`` in seconds since the run began. It answers what stage medians
-cannot: whether the talker stepped once per thinker step or in pieces, and what ran beside a first chunk.
+runs: ``{"c", "what", "t0", "t1", ...}`` in seconds since the run began. Each engine step's batches carry
+``launch_ms`` (the host's time in ``runner.execute``: preparing inputs, launching kernels) and, on a GPU,
+``device_s``: when the stream reached the step and when it had run what the step launched, on the device's
+clock from an event recorded at the run's start. It answers what stage medians cannot: whether the talker
+stepped once per thinker step or in pieces, what ran beside a first chunk, and whether a long launch waited
+for the host (its device work ends with it) or ran ahead of a busy device.
 
     python -m benchmarks.step_timeline FILE      # per concurrency: steps, rows per step, busy time
 """
@@ -31,10 +35,28 @@ class Timeline:
         self.concurrency = 0
         self.t0 = time.perf_counter()
         self._lock = threading.Lock()
+        self._device_ref: Any = None  # a CUDA event recorded on an idle device when the timed run began
 
     def begin(self, concurrency: int) -> None:
-        """A timed run starts: events count from now."""
+        """A timed run starts: events count from now. On a GPU, device marks count from a reference event
+        recorded while the device is idle, so they share the host clock's zero (to within a launch)."""
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+            self._device_ref = torch.cuda.Event(enable_timing=True)
+            self._device_ref.record()
         self.concurrency, self.t0 = concurrency, time.perf_counter()
+
+    def _device_mark(self) -> Any:
+        """A timing event on the calling thread's current stream, or None off the GPU and in warm-ups."""
+        if self._device_ref is None or not self.concurrency:
+            return None
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def end(self) -> None:
         """The timed run is over: the next warm-up records nothing."""
@@ -55,11 +77,17 @@ class Timeline:
         def traced_execute(batch: Any, after: Any = None) -> Any:
             counts = list(batch.num_new_tokens)
             t0 = time.perf_counter()
+            before = self._device_mark()
             pending = execute(batch, after)
             # The host's share of the step: preparing inputs and launching kernels (or replaying a graph).
             launch_ms = (time.perf_counter() - t0) * 1e3
             prefills = sum(n > 1 for n in counts)
-            launched.append({"seqs": len(counts), "tokens": sum(counts), "prefills": prefills, "launch_ms": launch_ms})
+            entry = {"seqs": len(counts), "tokens": sum(counts), "prefills": prefills, "launch_ms": launch_ms}
+            if before is not None:
+                # When the stream reached the step, and when it had run what the step launched (on the
+                # device clock): a launch that ends long before its device work was ahead of the device.
+                entry["_marks"] = (self._device_ref, before, self._device_mark())
+            launched.append(entry)
             return pending
 
         def traced_step() -> Any:
@@ -88,8 +116,17 @@ class Timeline:
         t2w._chunk_group = traced
 
     def write(self, path: Path) -> None:
+        if self._device_ref is not None:
+            import torch
+
+            torch.cuda.synchronize()  # every mark has completed
         with path.open("a") as f:
             for event in self.events:
+                for batch in event.get("batches", ()):
+                    marks = batch.pop("_marks", None)
+                    if marks is not None:  # the run's reference event, then the step's two marks
+                        ref, *pair = marks
+                        batch["device_s"] = [ref.elapsed_time(m) / 1e3 for m in pair]
                 f.write(json.dumps(event) + "\n")
 
 
@@ -120,12 +157,20 @@ def summarize(path: Path) -> None:
             detail = (
                 f"{e['rows']} rows {e['kind']} lane {e['lane']}"
                 if e["what"] == "token2wav"
-                else " + ".join(
-                    f"{b['seqs']}s/{b['tokens']}t" + (f" (launch {b['launch_ms']:.1f} ms)" if "launch_ms" in b else "")
-                    for b in e["batches"]
-                )
+                else " + ".join(_step_detail(b) for b in e["batches"])
             )
             print(f"    {e['t0'] * 1e3:7.1f} -> {e['t1'] * 1e3:7.1f} ms  {e['what']:<9} {detail}")
+
+
+def _step_detail(batch: dict[str, Any]) -> str:
+    detail = f"{batch['seqs']}s/{batch['tokens']}t"
+    if "launch_ms" in batch:
+        detail += f" (launch {batch['launch_ms']:.1f} ms"
+        if "device_s" in batch:
+            a, b = batch["device_s"]
+            detail += f"; device {a * 1e3:.1f} -> {b * 1e3:.1f} ms"
+        detail += ")"
+    return detail
 
 
 def main() -> None:

@@ -1,0 +1,76 @@
+"""The speaking benchmark's step timeline: host launch time per step, and device marks on a GPU."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from benchmarks.step_timeline import Timeline
+
+
+class _FakeEvent:
+    """A CUDA timing event that completes when recorded, on the host clock."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.at = 0.0
+
+    def record(self) -> None:
+        self.at = time.perf_counter()
+
+    def elapsed_time(self, other: _FakeEvent) -> float:
+        return (other.at - self.at) * 1e3
+
+
+def _engine(launch_s: float) -> Any:
+    """An engine whose runner takes ``launch_s`` to launch each step of two sequences, one of them prefilling."""
+
+    def execute(batch: Any, after: Any = None) -> Any:
+        time.sleep(launch_s)
+        return batch
+
+    runner = SimpleNamespace(execute=execute)
+    engine = SimpleNamespace(runner=runner)
+    engine.step = lambda: [runner.execute(SimpleNamespace(num_new_tokens=[1, 5]))]
+    return engine
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_steps_carry_their_launch_time_and_on_a_gpu_device_marks(
+    gpu: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    if gpu:
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+        monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    timeline = Timeline()
+    engine = _engine(0.02)
+    timeline.watch_engine("talker", engine)
+    engine.step()  # a warm-up step: not recorded
+    for concurrency in (2, 4):  # each run has its own zero
+        timeline.begin(concurrency)
+        time.sleep(0.01)
+        engine.step()
+        timeline.end()
+    path = tmp_path / "timeline.jsonl"
+    timeline.write(path)
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [e["c"] for e in events] == [2, 4]
+    for event in events:
+        (batch,) = event["batches"]
+        assert (batch["seqs"], batch["tokens"], batch["prefills"]) == (2, 6, 1)
+        assert 15 <= batch["launch_ms"] <= event["t1"] * 1e3 - event["t0"] * 1e3 + 1
+        if gpu:
+            start, end = batch["device_s"]
+            # On the run's clock: the step began after the 10 ms pause, its marks bracket its launch.
+            assert 0.009 <= start < end and end - start >= 0.015
+            assert event["t0"] - 0.002 <= start <= event["t0"] + 0.01
+        else:
+            assert "device_s" not in batch
