@@ -1,12 +1,14 @@
-"""CUDA-graph capture and replay of a decode step, one graph per batch-size bucket.
+"""CUDA-graph capture and replay of a model step, one graph per bucket of rows (sequences of a decode
+step, tokens of a prefill step).
 
-A decode step launches hundreds of small kernels; replaying a captured graph removes their
-per-launch host cost. A graph replays fixed addresses, so every input lives in a static buffer
-sized for the largest bucket: ``replay`` copies the live batch into the leading rows, fills the
-padding rows with a per-input pad value (for example slot -1, which the KV write skips, and
-sequence length 0, which decode attention answers with zeros), replays the smallest bucket that
-holds the batch, and returns the outputs' leading rows. A source may live on the host or on the
-device, and an input left out of a replay keeps what it holds.
+A step launches hundreds of small kernels; replaying a captured graph removes their per-launch host
+cost. A graph replays fixed addresses, so every input lives in a static buffer sized for the largest
+bucket: ``replay`` copies the live rows into the leading rows, fills the padding rows with a
+per-input pad value (for example slot -1, which the KV write skips, and sequence length 0, which
+decode attention answers with zeros), replays the smallest bucket that holds the rows, and returns
+the outputs' leading rows. A source may live on the host or on the device, and an input left out of
+a replay keeps what it holds. A ``whole`` input (per-sequence metadata of a prefill step, whose size
+does not follow the token count) is handed to every bucket's step in full.
 
 The step callable is opaque: it receives the static buffers sliced to the bucket's batch size as
 keyword arguments and returns a tensor, a tuple of tensors or a dict of tensors. It must not
@@ -15,7 +17,7 @@ synchronize with the host, allocate outside the graph's memory pool or branch on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +46,7 @@ class _Captured:
     outputs: StepOutput
 
 
-class DecodeGraphs:
+class StepGraphs:
     """Capture ``step`` once per bucket over static input buffers, then replay by batch size."""
 
     def __init__(
@@ -54,6 +56,7 @@ class DecodeGraphs:
         buckets: Sequence[int],
         pad_values: Mapping[str, float | int | None] | None = None,
         warmup_iters: int = 2,
+        whole: Collection[str] = (),
     ) -> None:
         if not static_inputs:
             raise ValueError("static_inputs: expected at least one buffer, got none")
@@ -64,7 +67,12 @@ class DecodeGraphs:
             raise ValueError(
                 f"static_inputs: expected buffers on one CUDA device, got devices {sorted(map(str, devices))}"
             )
-        capacity = min(t.shape[0] for t in static_inputs.values())
+        unknown_whole = set(whole) - set(static_inputs)
+        if unknown_whole:
+            raise ValueError(f"whole: names {sorted(unknown_whole)} are not static inputs {sorted(static_inputs)}")
+        if not set(static_inputs) - set(whole):
+            raise ValueError("static_inputs: expected at least one buffer sliced per bucket, got only whole ones")
+        capacity = min(t.shape[0] for name, t in static_inputs.items() if name not in whole)
         if max(buckets) > capacity or min(buckets) < 1:
             raise ValueError(
                 f"buckets: expected sizes in [1, {capacity}] (the static buffers' rows), got {sorted(buckets)}"
@@ -74,6 +82,7 @@ class DecodeGraphs:
             raise ValueError(f"pad_values: names {sorted(unknown)} are not static inputs {sorted(static_inputs)}")
         self._step = step
         self._inputs = dict(static_inputs)
+        self._whole = frozenset(whole)
         self._pad = {name: (pad_values or {}).get(name, 0) for name in static_inputs}
         self._buckets = sorted(set(buckets))
         self._warmup_iters = warmup_iters
@@ -101,7 +110,7 @@ class DecodeGraphs:
         # happen inside a capture.
         side = torch.cuda.Stream(device=device)
         for bucket in reversed(self._buckets):
-            args = {name: buf[:bucket] for name, buf in self._inputs.items()}
+            args = {name: self._bucket_view(name, bucket) for name in self._inputs}
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
                 for _ in range(self._warmup_iters):
@@ -121,11 +130,14 @@ class DecodeGraphs:
         run the step eagerly.
         """
         if not self.captured:
-            raise RuntimeError("DecodeGraphs.replay: call capture() first")
+            raise RuntimeError("StepGraphs.replay: call capture() first")
         if not inputs or not set(inputs) <= set(self._inputs):
             raise ValueError(f"replay: expected inputs among {sorted(self._inputs)}, got {sorted(inputs)}")
-        # The batch is the longest input; a shorter one fills its leading rows (its pad the rest).
-        batch = max(t.shape[0] for t in inputs.values())
+        # The batch is the longest sliced input; a shorter one fills its leading rows (its pad the rest).
+        sliced = [t.shape[0] for name, t in inputs.items() if name not in self._whole]
+        if not sliced:
+            raise ValueError(f"replay: expected at least one input among {sorted(set(self._inputs) - self._whole)}")
+        batch = max(sliced)
         bucket = pick_bucket(self._buckets, batch)
         if bucket is None:
             return None
@@ -135,15 +147,18 @@ class DecodeGraphs:
         captured.graph.replay()
         return _leading_rows(captured.outputs, batch)
 
+    def _bucket_view(self, name: str, bucket: int) -> torch.Tensor:
+        buf = self._inputs[name]
+        return buf if name in self._whole else buf[:bucket]
+
     def _stage(self, name: str, src: torch.Tensor, bucket: int) -> None:
-        dst = self._inputs[name][:bucket]
-        if src.dim() != dst.dim() or any(s > d for s, d in zip(src.shape[1:], dst.shape[1:])):
+        dst = self._bucket_view(name, bucket)
+        if src.dim() != dst.dim() or any(s > d for s, d in zip(src.shape, dst.shape)):
             raise ValueError(
                 f"replay: input {name!r} of shape {tuple(src.shape)} does not fit its static buffer "
                 f"{tuple(self._inputs[name].shape)}"
             )
-        full_rows = src.shape[1:] == dst.shape[1:]
-        if (not full_rows or src.shape[0] < bucket) and self._pad[name] is not None:
+        if src.shape != dst.shape and self._pad[name] is not None:
             # Padding rows and columns past the live batch must hold harmless values (pad None: the
             # step never reads them).
             dst.fill_(self._pad[name])

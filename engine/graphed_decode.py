@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from omni_gateway.engine.attention import AttentionMetadata
 from omni_gateway.engine.block_table_rows import BlockTableRows
-from omni_gateway.engine.cuda_graphs import DecodeGraphs, default_buckets, pick_bucket
+from omni_gateway.engine.cuda_graphs import StepGraphs, default_buckets, pick_bucket
 from omni_gateway.engine.mrope import text_shift
 from omni_gateway.engine.pending_decode import PendingDecode
 from omni_gateway.engine.sequence import Sequence
@@ -106,7 +106,7 @@ class GraphedDecode:
             torch.zeros(0, max_blocks_per_seq, dtype=torch.int32, device=device),
         )
         # prev_ids is read only where a row's id is _FROM_DEVICE: padding rows past a batch are never read.
-        self._graphs = DecodeGraphs(self._step, static, default_buckets(max_batch), pad_values={"prev_ids": None})
+        self._graphs = StepGraphs(self._step, static, default_buckets(max_batch), pad_values={"prev_ids": None})
         # Tensor parallel: rank 0 hands each replay's inputs to the other ranks, which ``replay`` them.
         self.on_replay: Callable[[dict[str, torch.Tensor]], None] | None = None
 

@@ -14,6 +14,7 @@ from omni_gateway.engine.attention import AttentionMetadata, own_split_counters,
 from omni_gateway.engine.compile_cache import use_compile_cache
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.graphed_decode import GraphedDecode, Staging, decode_position
+from omni_gateway.engine.graphed_prefill import GraphedPrefill
 from omni_gateway.engine.loader import LoadedModel
 from omni_gateway.engine.models import build_model
 from omni_gateway.engine.mrope import mrope_positions
@@ -23,6 +24,7 @@ from omni_gateway.engine.parallel.weights import shard_weights
 from omni_gateway.engine.pending_decode import PendingDecode
 from omni_gateway.engine.sampler import Sampler, SampleResult, to_device
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
+from omni_gateway.engine.step_plan import StepPlan
 
 log = logging.getLogger(__name__)
 
@@ -53,29 +55,6 @@ def _zeroed(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) ->
     for size in shape:
         numel *= size
     return torch.frombuffer(mmap.mmap(-1, numel * dtype.itemsize), dtype=dtype).view(shape)
-
-
-@dataclass(slots=True)
-class StepPlan:
-    """One step's flattened inputs as host values: what every tensor-parallel rank builds its step from.
-
-    ``ids`` is empty when the step was launched ahead: its token ids are then on the device (the
-    tokens the step in flight samples), ``num_tokens`` of them.
-    """
-
-    ids: list[int]
-    num_tokens: int
-    positions: list[int] | torch.Tensor  # [3, T] for M-RoPE
-    slots: list[int]
-    num_decode: int
-    decode_lens: list[int]
-    decode_tables: np.ndarray  # int32 [num_decode, blocks]: arrays pickle as one copy of their bytes
-    cu_q: list[int]
-    prefill_lens: list[int]
-    prefill_tables: np.ndarray
-    sample_rows: list[int]  # flat token index of each sampling sequence's last token
-    embed_rows: list[int]
-    embeds: torch.Tensor | None
 
 
 @dataclass(slots=True)
@@ -189,14 +168,30 @@ class ModelRunner:
                     inputs.get("prev_ids"),
                 )
             self.graphs.capture()
+        self.prefill_graphs: GraphedPrefill | None = None
+        # Prefill and mixed steps replay graphs too where one process runs the whole model (a rank's
+        # all-reduce is not captured); each rank of a tensor-parallel group runs them eagerly.
+        if self.graphs is not None and broadcast is None and not parallel.is_parallel:
+            self.prefill_graphs = GraphedPrefill(
+                self.model,
+                self.kv_caches,
+                max_tokens=config.max_num_batched_tokens,
+                max_seqs=config.max_num_seqs,
+                max_blocks_per_seq=self.max_blocks_per_seq,
+                device=self.device,
+                input_rows=bool(getattr(self.model, "adds_input_rows", False)),
+                split_counters=self._split_counters,
+            )
+            self.prefill_graphs.capture()
         log.info(
-            "model runner: %s %s, backend %s, %d KV blocks of %d tokens, decode graphs %s",
+            "model runner: %s %s, backend %s, %d KV blocks of %d tokens, decode graphs %s, prefill graphs %s",
             self.device,
             self.dtype,
             self.ops.name,
             self.num_kv_blocks,
             self.block_size,
             self.graphs.buckets if self.graphs else "off",
+            self.prefill_graphs.buckets if self.prefill_graphs else "off",
         )
 
     def _decide_num_blocks(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
@@ -282,15 +277,21 @@ class ModelRunner:
     ) -> torch.Tensor | None:
         """The model forward of one step: float32 logits of its sampling rows (None where none samples).
         ``hidden_spans`` (rank 0's): the sequences whose hidden states are copied out."""
-        step = self._upload(plan, device_ids)
-        hidden = self.model.forward(
-            step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds
-        )
+        replayed = self.prefill_graphs.forward(plan) if self.prefill_graphs is not None else None
+        if replayed is not None:
+            hidden, input_ids = replayed
+            sample_rows = to_device(plan.sample_rows, torch.int64, self.device)
+        else:
+            step = self._upload(plan, device_ids)
+            hidden = self.model.forward(
+                step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds
+            )
+            input_ids, sample_rows = step.input_ids, step.sample_rows
         if hidden_spans:
-            self._keep_hidden(hidden_spans, step.input_ids, hidden)
+            self._keep_hidden(hidden_spans, input_ids, hidden)
         if not plan.sample_rows:
             return None
-        logits: torch.Tensor = self.model.compute_logits(hidden[step.sample_rows])
+        logits: torch.Tensor = self.model.compute_logits(hidden[sample_rows])
         return logits
 
     # ---- input preparation ----------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omni_gateway.engine.cuda_graphs import DecodeGraphs, default_buckets, pick_bucket
+from omni_gateway.engine.cuda_graphs import StepGraphs, default_buckets, pick_bucket
 
 
 def test_pick_bucket_takes_smallest_fitting():
@@ -25,7 +25,7 @@ def test_default_buckets_cover_every_batch_size():
 
 def test_rejects_cpu_buffers():
     with pytest.raises(ValueError, match="CUDA device"):
-        DecodeGraphs(lambda x: x, {"x": torch.zeros(4, 2)}, buckets=[1, 2])
+        StepGraphs(lambda x: x, {"x": torch.zeros(4, 2)}, buckets=[1, 2])
 
 
 @pytest.mark.gpu
@@ -50,7 +50,7 @@ def test_replay_matches_eager_decode_step_with_padding():
         "seq_lens": torch.zeros(max_batch, dtype=torch.int32, device=dev),
         "block_tables": torch.zeros(max_batch, width, dtype=torch.int32, device=dev),
     }
-    graphs = DecodeGraphs(step, static, buckets=[1, 2, 4, 8], pad_values={"seq_lens": 0})
+    graphs = StepGraphs(step, static, buckets=[1, 2, 4, 8], pad_values={"seq_lens": 0})
     graphs.capture()
     for batch in (1, 3, 8, 5, 3):  # 3 and 5 run padded buckets; repeats prove inputs are re-staged
         q = torch.randn(batch, hq, d, device=dev, dtype=torch.bfloat16)

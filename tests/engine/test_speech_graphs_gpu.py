@@ -24,8 +24,9 @@ def _config(eager: bool, model: str | None = None) -> EngineConfig:
     return EngineConfig(device="cuda", dtype="float32", attention_backend="triton", enforce_eager=eager, **kw)
 
 
-def _count_replays(engine: LLMEngine) -> list[int]:
-    graphs = engine.runner.graphs
+def _count_replays(engine: LLMEngine, prefill: bool = False) -> list[int]:
+    """Counts the steps that replay a graph: the decode graphs', or with ``prefill`` the prefill graphs'."""
+    graphs = engine.runner.prefill_graphs if prefill else engine.runner.graphs
     assert graphs is not None
     replays = [0]
     forward = graphs.forward
@@ -44,11 +45,13 @@ def test_talker_codes_from_graphs_match_eager(tmp_path: Path) -> None:
     eager = LLMEngine(_config(True), model=load_talker(directory))
     graphed = LLMEngine(_config(False), model=load_talker(directory))
     replays = _count_replays(graphed)
+    prefills = _count_replays(graphed, prefill=True)
     for seed in range(2):
         rows = {k: v.cuda() for k, v in thinker_outputs(num_reply=6, seed=seed).items()}
         want = engine_codes(eager, rows, f"eager-{seed}", trickle=True)
         assert engine_codes(graphed, rows, f"graphed-{seed}", trickle=True) == want
     assert replays[0] > 10
+    assert prefills[0] >= 2  # each prompt of rows streamed in from the thinker
     assert graphed.scheduler.kv.usage().num_used_blocks == 0
 
 
@@ -59,6 +62,7 @@ def test_thinker_hidden_states_from_graphs_match_eager(tmp_path: Path) -> None:
     for eager in (True, False):
         engine = LLMEngine(_config(eager, str(tmp_path)))
         replays = None if eager else _count_replays(engine)
+        prefills = None if eager else _count_replays(engine, prefill=True)
         engine.add_request("r", [5, 17, 42, 9, 11, 3], params)
         deltas = []
         while engine.has_unfinished():
@@ -67,8 +71,9 @@ def test_thinker_hidden_states_from_graphs_match_eager(tmp_path: Path) -> None:
         embeds = torch.cat([d.input_embeds for d in deltas if d.input_embeds is not None])
         assert hidden.device.type == "cuda"  # kept on the device for a talker in this process
         out[eager] = ([t for d in deltas for t in d.token_ids], hidden, embeds)
-        if replays is not None:
+        if replays is not None and prefills is not None:
             assert replays[0] >= 6
+            assert prefills[0] == 1  # the prompt's hidden states come from the prefill graph
     assert out[True][0] == out[False][0]
     torch.testing.assert_close(out[False][1], out[True][1], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out[False][2], out[True][2])

@@ -334,3 +334,38 @@ def test_gpu_fused_reduce_is_stable_across_calls(config, poison, rel_err):
     for seed in range(6):
         out, expected = _decode_case(lens, 32, 4, 128, torch.bfloat16, torch.device("cuda"), 100 + seed, config, poison)
         assert rel_err(out, expected) < 1e-2
+
+
+def test_prefill_padded_to_a_graph_capacity_leaves_live_rows_unchanged(device, poison):
+    # A prefill graph pads a step to its token bucket and its sequence capacity: tokens past the last
+    # query offset and sequences with no query and no context. The live rows must come out bit for bit.
+    gen = torch.Generator().manual_seed(11)
+    q_lens, ctx_lens = [9, 1, 21], [9, 40, 30]
+    k_cache, v_cache, tables = _paged_cache(ctx_lens, 2, 64, F32, device, gen)
+    total = sum(q_lens)
+    cu = [0] + torch.tensor(q_lens).cumsum(0).tolist()
+    q = torch.randn(total, 4, 64, generator=gen).to(device)
+    poison(q)
+    live = paged_prefill_attention(
+        q,
+        k_cache,
+        v_cache,
+        torch.tensor(cu, dtype=torch.int32, device=device),
+        torch.tensor(ctx_lens, dtype=torch.int32, device=device),
+        tables,
+        0.125,
+    )
+    pad_seqs, bucket = 5, 48
+    padded_q = torch.cat((q, torch.randn(bucket - total, 4, 64, generator=gen).to(device)))
+    padded_tables = torch.cat((tables, torch.zeros(pad_seqs, tables.shape[1], dtype=torch.int32, device=device)))
+    out = paged_prefill_attention(
+        padded_q,
+        k_cache,
+        v_cache,
+        torch.tensor(cu + [total] * pad_seqs, dtype=torch.int32, device=device),
+        torch.tensor(ctx_lens + [0] * pad_seqs, dtype=torch.int32, device=device),
+        padded_tables,
+        0.125,
+    )
+    assert out.shape == padded_q.shape
+    assert torch.equal(out[:total], live)
