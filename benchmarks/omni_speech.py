@@ -351,7 +351,11 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true", help="thinker and talker without CUDA graphs")
     parser.add_argument("--stages", action="store_true", help="time each request's stages")
     parser.add_argument(
-        "--timeline", type=Path, default=None, metavar="FILE", help="append each engine step and token2wav call"
+        "--timeline",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="append each engine step and token2wav call, and the stacks of engine launches stalled past 20 ms",
     )
     parser.add_argument(
         "--switch-interval-ms",
@@ -392,6 +396,7 @@ def main() -> None:
         timeline.watch_engine("thinker", thinker.engine)
         timeline.watch_engine("talker", speech.talker.engine)
         timeline.watch_token2wav(speech.token2wav)
+        timeline.watch_stalls()
     vocab = min(1000, hf.config.thinker_config.text_config.vocab_size)  # ordinary ids, clear of the special ones
     g = torch.Generator().manual_seed(1)
 
@@ -456,6 +461,7 @@ def main() -> None:
             log.write("result", system="transformers", concurrency=1, **base)
             print(f"transformers c=1: first audio {base['first_audio_s'] * 1000:.0f} ms, RTF {base['rtf']:.3f}")
     if args.timeline is not None:
+        timeline.stop_stalls()
         timeline.write(args.timeline)
     thinker.shutdown()
     speech.shutdown()

@@ -9,7 +9,12 @@ clock from an event recorded at the run's start. It answers what stage medians c
 stepped once per thinker step or in pieces, what ran beside a first chunk, and whether a long launch waited
 for the host (its device work ends with it) or ran ahead of a busy device.
 
-    python -m benchmarks.step_timeline FILE      # per concurrency: steps, rows per step, busy time
+``watch_stalls`` also samples, every few ms, the Python stack of each engine thread that has been inside
+``runner.execute`` for longer than a threshold, and writes one ``"what": "stall"`` line per distinct stack
+with its number of samples: where a long launch spends its time (a wait for the interpreter lock shows as
+the line that gave it up, a blocking CUDA call as the torch call that made it).
+
+    python -m benchmarks.step_timeline FILE      # per concurrency: steps, rows per step, busy time, stalls
 """
 
 from __future__ import annotations
@@ -17,11 +22,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
+from types import FrameType
 from typing import Any
+
+# Innermost Python frames kept of a stalled engine thread's stack.
+_STACK_DEPTH = 6
 
 
 def chunk_kind(shape: Any) -> str:
@@ -36,6 +46,9 @@ class Timeline:
         self.t0 = time.perf_counter()
         self._lock = threading.Lock()
         self._device_ref: Any = None  # a CUDA event recorded on an idle device when the timed run began
+        self._inside: dict[int, tuple[str, float]] = {}  # thread id -> (engine, when its execute began)
+        self._stalls: Counter[tuple[int, str, tuple[str, ...]]] = Counter()
+        self._sampling = False
 
     def begin(self, concurrency: int) -> None:
         """A timed run starts: events count from now. On a GPU, device marks count from a reference event
@@ -78,7 +91,12 @@ class Timeline:
             counts = list(batch.num_new_tokens)
             t0 = time.perf_counter()
             before = self._device_mark()
-            pending = execute(batch, after)
+            me = threading.get_ident()
+            self._inside[me] = (name, t0)
+            try:
+                pending = execute(batch, after)
+            finally:
+                del self._inside[me]
             # The host's share of the step: preparing inputs and launching kernels (or replaying a graph).
             launch_ms = (time.perf_counter() - t0) * 1e3
             prefills = sum(n > 1 for n in counts)
@@ -101,6 +119,28 @@ class Timeline:
 
         runner.execute = traced_execute
         engine.step = traced_step
+
+    def watch_stalls(self, after_ms: float = 20.0, every_ms: float = 2.0) -> None:
+        """Sample, every ``every_ms``, the stack of each engine thread inside ``runner.execute`` for more than
+        ``after_ms`` of a timed run (``watch_engine`` first); ``stop_stalls`` ends it."""
+        self._sampling = True
+
+        def sample() -> None:
+            while self._sampling:
+                time.sleep(every_ms / 1e3)
+                now, concurrency = time.perf_counter(), self.concurrency
+                if not concurrency:
+                    continue
+                frames = sys._current_frames()
+                for tid, (name, began) in list(self._inside.items()):
+                    frame = frames.get(tid)
+                    if frame is not None and (now - began) * 1e3 > after_ms:
+                        self._stalls[(concurrency, name, _stack(frame))] += 1
+
+        threading.Thread(target=sample, name="stall-sampler", daemon=True).start()
+
+    def stop_stalls(self) -> None:
+        self._sampling = False
 
     def watch_token2wav(self, t2w: Any) -> None:
         """Time token2wav's batched calls (before its worker starts: it binds ``_chunk_group`` then)."""
@@ -128,6 +168,19 @@ class Timeline:
                         ref, *pair = marks
                         batch["device_s"] = [ref.elapsed_time(m) / 1e3 for m in pair]
                 f.write(json.dumps(event) + "\n")
+            for (concurrency, name, stack), samples in self._stalls.most_common():
+                line = {"c": concurrency, "what": "stall", "engine": name, "stack": list(stack), "samples": samples}
+                f.write(json.dumps(line) + "\n")
+
+
+def _stack(frame: FrameType | None) -> tuple[str, ...]:
+    """The innermost frames of a stack as ``file:line function``, innermost first."""
+    out = []
+    while frame is not None and len(out) < _STACK_DEPTH:
+        code = frame.f_code
+        out.append(f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_name}")
+        frame = frame.f_back
+    return tuple(out)
 
 
 def summarize(path: Path) -> None:
@@ -151,7 +204,12 @@ def summarize(path: Path) -> None:
                 f"  {what}: {len(mine)} calls from {first:.0f} ms, median {statistics.median(ms):.1f} ms "
                 f"(max {max(ms):.1f}), rows median {statistics.median(rows)} (min {min(rows)}, max {max(rows)})"
             )
-        first_300 = sorted((e for e in events if e["t0"] < 0.3), key=lambda e: e["t0"])
+        stalls = [e for e in events if e["what"] == "stall"]
+        if stalls:
+            print(f"  stalled launches, {sum(e['samples'] for e in stalls)} samples; most sampled stacks:")
+            for e in sorted(stalls, key=lambda e: -e["samples"])[:6]:
+                print(f"    {e['samples']:5d}  {e['engine']:<8} {' < '.join(e['stack'][:4])}")
+        first_300 = sorted((e for e in events if e["what"] != "stall" and e["t0"] < 0.3), key=lambda e: e["t0"])
         print("  first 300 ms:")
         for e in first_300:
             detail = (

@@ -74,3 +74,32 @@ def test_steps_carry_their_launch_time_and_on_a_gpu_device_marks(
             assert event["t0"] - 0.002 <= start <= event["t0"] + 0.01
         else:
             assert "device_s" not in batch
+
+
+def test_stalled_launches_are_sampled_with_the_line_they_wait_on(tmp_path: Path) -> None:
+    def slow_upload() -> None:
+        time.sleep(0.06)
+
+    def execute(batch: Any, after: Any = None) -> Any:
+        time.sleep(0.005)  # quick: under the threshold on its own
+        if batch.num_new_tokens[0] > 1:
+            slow_upload()
+        return batch
+
+    runner = SimpleNamespace(execute=execute)
+    engine = SimpleNamespace(runner=runner, step=lambda: [])
+    timeline = Timeline()
+    timeline.watch_engine("thinker", engine)
+    timeline.watch_stalls(after_ms=20, every_ms=2)
+    timeline.begin(4)
+    for n in (1, 7, 1):
+        runner.execute(SimpleNamespace(num_new_tokens=[n]))
+    timeline.end()
+    timeline.stop_stalls()
+    path = tmp_path / "timeline.jsonl"
+    timeline.write(path)
+    stalls = [e for e in map(json.loads, path.read_text().splitlines()) if e["what"] == "stall"]
+    assert stalls and all(e["c"] == 4 and e["engine"] == "thinker" for e in stalls)
+    # Sampled only past 20 ms of the 65 ms launch: about 20 samples, all inside the slow upload.
+    assert 5 <= sum(e["samples"] for e in stalls) <= 30
+    assert all(e["stack"][0].endswith("slow_upload") for e in stalls)
