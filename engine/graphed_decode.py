@@ -196,7 +196,11 @@ class GraphedDecode:
         for seq in seqs:
             stream, pos = seq.input_stream, decode_position(seq, self.block_size, ahead)
             row = zero if stream is None or pos < stream.start else torch.as_tensor(stream.rows(pos, pos + 1)[0])
-            rows.append(row.to(device=zero.device, dtype=zero.dtype))  # the thinker's rows are float32 already
+            # The thinker's rows are float32 on this device already: a call that changes nothing would still
+            # give up the interpreter lock and wait to take it back, once per sequence.
+            if row.device != zero.device or row.dtype != zero.dtype:
+                row = row.to(device=zero.device, dtype=zero.dtype)
+            rows.append(row)
         return torch.stack(rows)
 
     def replay(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:

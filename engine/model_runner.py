@@ -331,11 +331,14 @@ class ModelRunner:
         normed = model.ops.rms_norm(rows, model.final_norm, model.shape.rms_norm_eps)
         sizes = [b - a for _, a, b, _ in spans]
         pieces = zip(normed.split(sizes), normed.float().split(sizes), model.embed_tokens(row_ids).float().split(sizes))
+        # Kept rows are in the model's dtype, which holds them exactly (the norm's output). A prefill span
+        # gets a copy of its own, so a cached block does not hold a whole step's rows alive; a decode step's
+        # rows are one per sequence, and a copy each would cost a call per sequence for nothing.
+        copy = any(n > 1 for n in sizes)
         for (seq, _, _, first), (kept, states, embeds) in zip(spans, pieces):
             seq.hidden_rows.append((first, states, embeds))
-            if self._keeps_rows:  # in the model's dtype, which holds them exactly (the norm's output); a
-                # copy of its own, so a cached block does not hold a whole step's rows alive
-                seq.pending_rows.append((first, kept.clone()))
+            if self._keeps_rows:
+                seq.pending_rows.append((first, kept.clone() if copy else kept))
 
     def _plan(
         self, batch: ScheduledBatch, after: PendingDecode | None = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from omni_gateway.engine.outputs import Logprob
 from omni_gateway.engine.sampling_params import SamplingParams
@@ -63,8 +64,11 @@ class Sampler:
         params = [s.params for s in seqs]
         raw = logits
         logits = self._mask_min_tokens(logits, seqs)
-        if any(p.penalized for p in params):
-            logits = apply_penalties(logits, seqs)
+        penalized, sampled = any(p.penalized for p in params), not all(p.greedy for p in params)
+        rows = RowParams.upload(params, logits.shape[1], logits.device) if penalized or sampled else None
+        if penalized:
+            assert rows is not None
+            logits = _penalize(logits, seqs, rows)
         if any(s.grammar is not None for s in seqs):
             from omni_gateway.engine.structured_output import HostBitmask, apply_masks  # xgrammar loads on first use
 
@@ -73,9 +77,9 @@ class Sampler:
         # The given argmax is that of the raw logits: stale once a mask (min_tokens, a grammar) or a
         # penalty changed them.
         best = argmax if argmax is not None and logits is raw else logits.argmax(dim=-1)
-        if all(p.greedy for p in params):
+        if rows is None or not sampled:
             return best
-        return self._sample(logits, seqs, best)
+        return self._sample(logits, seqs, best, rows)
 
     # ---- steps ------------------------------------------------------------------------------------
 
@@ -97,21 +101,18 @@ class Sampler:
         logits[to_device(rows, torch.int64, logits.device), to_device(cols, torch.int64, logits.device)] = float("-inf")
         return logits
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], best: torch.Tensor) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], best: torch.Tensor, rows: RowParams) -> torch.Tensor:
         """Draws for the sampled rows; ``best`` (``logits``' argmax) for the greedy ones."""
         params = [s.params for s in seqs]
-        device = logits.device
-        greedy = to_device([p.greedy for p in params], torch.bool, device)
-        temperature = to_device([p.temperature if not p.greedy else 1.0 for p in params], torch.float32, device)
-        scaled = logits / temperature.unsqueeze(1)
+        scaled = logits / rows.temperature
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-            scaled = apply_top_k_top_p(scaled, [p.top_k for p in params], [p.top_p for p in params])
+            scaled = _top_k_top_p(scaled, rows.top_k, rows.top_p)
         if any(p.min_p > 0.0 for p in params):
-            scaled = apply_min_p(scaled, [p.min_p for p in params])
+            scaled = _min_p(scaled, rows.min_p)
         probs = torch.softmax(scaled, dim=-1)
         noise = self._exponential_noise(probs.shape, seqs)
         sampled = (probs / noise).argmax(dim=-1)
-        return torch.where(greedy, best, sampled)
+        return torch.where(rows.greedy, best, sampled)
 
     def _exponential_noise(self, shape: torch.Size, seqs: list[Sequence]) -> torch.Tensor:
         noise = torch.empty(shape, device=self.device)
@@ -152,50 +153,94 @@ class Sampler:
         return results
 
 
+@dataclass(frozen=True, slots=True)
+class RowParams:
+    """Each row's sampling parameters as device columns ``[rows, 1]``, uploaded in one copy: a step's
+    host work is a few calls, each of which waits its turn for the interpreter lock on a busy server."""
+
+    temperature: torch.Tensor  # 1.0 on greedy rows
+    top_k: torch.Tensor  # int64; the vocabulary size where off
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    repetition: torch.Tensor
+    presence: torch.Tensor
+    frequency: torch.Tensor
+    greedy: torch.Tensor  # bool [rows]
+
+    @classmethod
+    def upload(cls, params: list[SamplingParams], vocab: int, device: torch.device) -> RowParams:
+        table = to_device(
+            [
+                (
+                    1.0 if p.greedy else p.temperature,
+                    min(p.top_k, vocab) if p.top_k > 0 else vocab,  # exact in float32 below 2**24
+                    p.top_p,
+                    p.min_p,
+                    p.repetition_penalty,
+                    p.presence_penalty,
+                    p.frequency_penalty,
+                    float(p.greedy),
+                )
+                for p in params
+            ],
+            torch.float32,
+            device,
+        )
+        temperature, top_k, top_p, min_p, repetition, presence, frequency, greedy = table.split(1, dim=1)
+        return cls(temperature, top_k.long(), top_p, min_p, repetition, presence, frequency, greedy.squeeze(1) > 0)
+
+
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Repetition penalty over prompt+output tokens (divide positive logits, multiply negative ones);
     presence/frequency penalties subtract ``presence * [count > 0] + frequency * count`` over outputs."""
-    num_rows, vocab = logits.shape
-    device = logits.device
-    out_counts = _token_counts([s.output_token_ids for s in seqs], num_rows, vocab, device)
-    logits = logits.clone()
-    if any(s.params.repetition_penalty != 1.0 for s in seqs):
-        rep = to_device([s.params.repetition_penalty for s in seqs], torch.float32, device).unsqueeze(1)
-        prompt_seen = _token_counts([s.prompt_token_ids for s in seqs], num_rows, vocab, device) > 0
-        seen = prompt_seen | (out_counts > 0)
-        penalized = torch.where(logits > 0, logits / rep, logits * rep)
-        logits = torch.where(seen, penalized, logits)
-    presence = to_device([s.params.presence_penalty for s in seqs], torch.float32, device).unsqueeze(1)
-    frequency = to_device([s.params.frequency_penalty for s in seqs], torch.float32, device).unsqueeze(1)
-    return logits - presence * (out_counts > 0) - frequency * out_counts
+    return _penalize(logits, seqs, RowParams.upload([s.params for s in seqs], logits.shape[1], logits.device))
 
 
-def _token_counts(token_lists: list[list[int]], num_rows: int, vocab: int, device: torch.device) -> torch.Tensor:
-    counts = torch.zeros(num_rows, vocab, device=device)
+def _penalize(logits: torch.Tensor, seqs: list[Sequence], rows: RowParams) -> torch.Tensor:
+    params = [s.params for s in seqs]
+    vocab, device = logits.shape[1], logits.device
+    if any(p.repetition_penalty != 1.0 for p in params):
+        seen = _token_matrix([s.prompt_token_ids + s.output_token_ids for s in seqs], vocab, device, count=False)
+        penalized = torch.where(logits > 0, logits / rows.repetition, logits * rows.repetition)
+        logits = torch.where(seen > 0, penalized, logits)
+    if any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params):
+        counts = _token_matrix([s.output_token_ids for s in seqs], vocab, device, count=True)
+        logits = logits - rows.presence * (counts > 0) - rows.frequency * counts
+    return logits
+
+
+def _token_matrix(token_lists: list[list[int]], vocab: int, device: torch.device, *, count: bool) -> torch.Tensor:
+    """float32 ``[rows, vocab]``: how often each row's list holds each token (``count``), or 1 where it does."""
+    num_rows = len(token_lists)
     longest = max((len(t) for t in token_lists), default=0)
     if longest == 0:
-        return counts
-    # Pad with an extra column that is dropped afterwards, so ragged lists scatter in one call.
-    padded = torch.full((num_rows, longest), vocab, dtype=torch.long)
+        return torch.zeros(num_rows, vocab, device=device)
+    # Padded with an extra column that is dropped afterwards, so ragged lists scatter in one call.
+    padded = np.full((num_rows, longest), vocab, dtype=np.int64)
     for i, tokens in enumerate(token_lists):
-        if tokens:
-            padded[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        padded[i, : len(tokens)] = tokens
+    index = _upload(torch.from_numpy(padded), device)
     wide = torch.zeros(num_rows, vocab + 1, device=device)
-    wide.scatter_add_(1, _upload(padded, device), torch.ones(num_rows, longest, device=device))
+    if count:
+        wide.scatter_add_(1, index, torch.ones(num_rows, longest, device=device))
+    else:
+        wide.scatter_(1, index, 1.0)
     return wide[:, :vocab]
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
     """Set to -inf every logit outside the row's top-k, then outside the smallest set whose
     probability reaches top-p (the most likely token always stays). k=0 / p=1 disable."""
-    vocab = logits.shape[1]
-    device = logits.device
+    vocab, device = logits.shape[1], logits.device
+    k = to_device([min(t, vocab) if t > 0 else vocab for t in top_k], torch.int64, device).unsqueeze(1)
+    return _top_k_top_p(logits, k, to_device(top_p, torch.float32, device).unsqueeze(1))
+
+
+def _top_k_top_p(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``apply_top_k_top_p`` with each row's k (in ``[1, vocab]``) and p as device columns ``[rows, 1]``."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    k = to_device([t if t > 0 else vocab for t in top_k], torch.int64, device).clamp(max=vocab)
-    ranks = torch.arange(vocab, device=device).unsqueeze(0)
-    masked = ranks >= k.unsqueeze(1)
-    sorted_logits = sorted_logits.masked_fill(masked, float("-inf"))
-    p = to_device(top_p, torch.float32, device).unsqueeze(1)
+    ranks = torch.arange(logits.shape[1], device=logits.device).unsqueeze(0)
+    sorted_logits = sorted_logits.masked_fill(ranks >= k, float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     sorted_logits = sorted_logits.masked_fill((mass_before >= p) & (ranks > 0), float("-inf"))
@@ -204,9 +249,12 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]
 
 def apply_min_p(logits: torch.Tensor, min_p: list[float]) -> torch.Tensor:
     """Drop tokens whose probability is below ``min_p`` times the row's most likely token's."""
+    return _min_p(logits, to_device(min_p, torch.float32, logits.device).unsqueeze(1))
+
+
+def _min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     probs = logits.softmax(dim=-1)
-    threshold = to_device(min_p, torch.float32, logits.device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
-    return logits.masked_fill(probs < threshold, float("-inf"))
+    return logits.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
 
 
 def to_device(values: list[Any] | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
