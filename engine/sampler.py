@@ -6,8 +6,8 @@ top-p -> min-p -> a draw. Repetition penalty looks at prompt + output tokens; pr
 frequency penalties at output tokens only. Logprobs are those of the raw model distribution.
 
 A draw is ``argmax(probs / E)`` with ``E ~ Exp(1)`` (equivalent to sampling from ``probs``). A
-request with a seed draws its noise from its own generator, so its tokens do not depend on what
-else shares the batch; the others share one generator.
+request with a seed draws its noise from a hash of its seed and draw number (``engine.seeded_noise``),
+so its tokens do not depend on what else shares the batch; the others share one generator.
 
 On a GPU the step waits for the device once, when the chosen tokens (and logprobs) come back:
 per-row parameters go up with asynchronous copies from pinned memory and every branch is decided
@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from omni_gateway.engine.outputs import Logprob
 from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.seeded_noise import exponential_rows, row_key
 from omni_gateway.engine.sequence import Sequence
 
 
@@ -37,12 +38,12 @@ class Sampler:
         self.device = device
         self._shared = torch.Generator(device=device)
         self._shared.manual_seed(seed)
-        self._seeded: dict[int, torch.Generator] = {}
+        self._draws: dict[int, int] = {}  # seeded sequences' draws so far
         self._bitmask: Any = None  # engine.structured_output.HostBitmask, made on the first constrained step
 
     def release(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:
-            self._seeded.pop(seq_id, None)
+            self._draws.pop(seq_id, None)
 
     def __call__(
         self, logits: torch.Tensor, seqs: list[Sequence], argmax: torch.Tensor | None = None
@@ -117,16 +118,19 @@ class Sampler:
     def _exponential_noise(self, shape: torch.Size, seqs: list[Sequence]) -> torch.Tensor:
         noise = torch.empty(shape, device=self.device)
         noise.exponential_(generator=self._shared)
-        for i, seq in enumerate(seqs):
-            seed = seq.params.seed
-            if seed is None or seq.params.greedy:
-                continue
-            gen = self._seeded.get(seq.seq_id)
-            if gen is None:
-                gen = torch.Generator(device=self.device)
-                gen.manual_seed(seed)
-                self._seeded[seq.seq_id] = gen
-            noise[i].exponential_(generator=gen)
+        seeded = [i for i, seq in enumerate(seqs) if seq.params.seed is not None and not seq.params.greedy]
+        if not seeded:
+            return noise
+        # Each seeded request's k-th draw is a function of its seed and k alone (engine.seeded_noise).
+        keys = []
+        for i in seeded:
+            seq, seed = seqs[i], seqs[i].params.seed
+            assert seed is not None
+            draw = self._draws.get(seq.seq_id, 0)
+            self._draws[seq.seq_id] = draw + 1
+            keys.append((i, row_key(seed, draw)))
+        rows, row_keys = to_device(keys, torch.int64, self.device).split(1, dim=1)
+        noise.index_copy_(0, rows.squeeze(1), exponential_rows(row_keys, shape[1]))
         return noise
 
     def _with_logprobs(

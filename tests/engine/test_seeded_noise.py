@@ -1,0 +1,45 @@
+"""Counter-based Exp(1) noise of seeded requests: its distribution and its independence from the batch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from omni_gateway.engine.sampler import Sampler
+from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.seeded_noise import exponential_rows, row_key
+from omni_gateway.engine.sequence import Sequence
+
+
+def test_noise_is_exp1_and_columns_and_draws_look_independent() -> None:
+    keys = torch.tensor([[row_key(seed, draw)] for seed in range(8) for draw in range(8)])
+    noise = exponential_rows(keys, 4096).double()  # 262,144 values
+    assert noise.min() > 0 and torch.isfinite(noise).all()
+    # Exp(1): mean 1, variance 1, P(E > 1) = 1/e; the standard errors here are about 0.002-0.004.
+    assert abs(noise.mean().item() - 1) < 0.01
+    assert abs(noise.var().item() - 1) < 0.03
+    assert abs((noise > 1).double().mean().item() - math.exp(-1)) < 0.005
+    centered = noise - 1
+    neighbours = (centered[:, 1:] * centered[:, :-1]).mean().item()
+    next_draw = (centered[1:] * centered[:-1]).mean().item()  # draw k and k+1 of one seed, mostly
+    assert abs(neighbours) < 0.01 and abs(next_draw) < 0.01
+
+
+def test_rows_depend_on_their_key_only() -> None:
+    keys = torch.tensor([[row_key(7, 0)], [row_key(7, 1)], [row_key(8, 0)], [row_key(2**40 + 7, 0)]])
+    rows = exponential_rows(keys, 300)
+    assert torch.equal(exponential_rows(keys[2:3], 300)[0], rows[2])  # alone or in a batch alike
+    assert len({tuple(r.tolist()) for r in rows}) == 4  # another draw, seed or high word: another row
+    assert row_key(7, 0) == row_key(7, 0) and 0 <= row_key(-3, 5) < 2**32
+
+
+def test_seeded_rows_sample_the_distribution() -> None:
+    sampler = Sampler(torch.device("cpu"), seed=0)
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1] + [1e-9] * 7]))
+    seqs = [Sequence(str(i), [1, 2], SamplingParams(temperature=1.0, seed=1000 + i)) for i in range(3000)]
+    tokens = torch.tensor([r.token_id for r in sampler(logits.repeat(len(seqs), 1), seqs)])
+    freq = torch.bincount(tokens, minlength=3)[:3].float() / len(seqs)
+    assert torch.allclose(freq, torch.tensor([0.6, 0.3, 0.1]), atol=0.03)
+    # The next step draws afresh for every sequence: about 1 - (0.36 + 0.09 + 0.01) of the tokens change.
+    again = torch.tensor([r.token_id for r in sampler(logits.repeat(len(seqs), 1), seqs)])
+    assert 0.45 < (again != tokens).float().mean().item() < 0.63
