@@ -13,18 +13,17 @@ import torch
 from omni_gateway.engine.attention import AttentionMetadata, own_split_counters, plan_step, select_kernels
 from omni_gateway.engine.compile_cache import use_compile_cache
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.graphed_decode import GraphedDecode, Staging, decode_position
+from omni_gateway.engine.graphed_decode import GraphedDecode, Staging
 from omni_gateway.engine.graphed_prefill import GraphedPrefill
 from omni_gateway.engine.loader import LoadedModel
 from omni_gateway.engine.models import build_model
-from omni_gateway.engine.mrope import mrope_positions
 from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
 from omni_gateway.engine.parallel.weights import shard_weights
 from omni_gateway.engine.pending_decode import PendingDecode
 from omni_gateway.engine.sampler import Sampler, SampleResult, to_device
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
-from omni_gateway.engine.step_plan import StepPlan
+from omni_gateway.engine.step_plan import HiddenSpan, StepPlan, build_step_plan
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +69,6 @@ class _StepInputs:
 # Rank 0's hook that sends a step to the other tensor-parallel ranks before running it itself:
 # an eager step (its plan, and the device token ids of a step launched ahead), or a graph replay
 # (the graph's staged inputs).
-# (sequence, flat start, flat end, first position) of a sequence whose hidden states are copied out.
-HiddenSpan = tuple[Sequence, int, int, int]
 StepBroadcast = Callable[[str, object, "torch.Tensor | None"], None]
 
 
@@ -343,87 +340,7 @@ class ModelRunner:
     def _plan(
         self, batch: ScheduledBatch, after: PendingDecode | None = None
     ) -> tuple[StepPlan, list[Sequence], list[int], list[HiddenSpan]]:
-        """The flattened inputs of ``batch`` (decodes first, then prefill chunks), the decoding
-        sequences, the index into ``batch.seqs`` of each sampling sequence, and the spans of the
-        sequences that asked for hidden states. With ``after``, every sequence decodes the position
-        after its last known token, whose id is on the device."""
-        bs = self.block_size
-        ahead = after is not None
-        if ahead and any(n != 1 for n in batch.num_new_tokens):
-            raise ValueError(f"a step launched ahead decodes one token per sequence, got {batch.num_new_tokens}")
-        decode = [i for i, n in enumerate(batch.num_new_tokens) if n == 1]
-        prefill = [i for i, n in enumerate(batch.num_new_tokens) if n > 1]
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        sample_rows: list[int] = []
-        sample_slots: list[int] = []
-        embed_rows: list[int] = []
-        embed_parts: list[torch.Tensor] = []
-        mrope_parts: list[torch.Tensor] = []
-        hidden_spans: list[HiddenSpan] = []
-        cu_q = [0]
-        decode_lens: list[int] = []
-        prefill_lens: list[int] = []
-        num_tokens = 0
-        for i in decode + prefill:
-            seq = batch.seqs[i]
-            start = decode_position(seq, bs, ahead=True) if ahead else seq.num_computed_tokens
-            end = start + batch.num_new_tokens[i]
-            if end > len(seq) + ahead:
-                raise ValueError(f"sequence {seq.request_id!r} scheduled to compute up to {end} tokens, has {len(seq)}")
-            if len(seq.block_table) * bs < end:
-                raise ValueError(
-                    f"sequence {seq.request_id!r} needs {-(-end // bs)} KV blocks for {end} tokens, "
-                    f"block table has {len(seq.block_table)}"
-                )
-            flat_start = num_tokens
-            num_tokens += end - start
-            if seq.params.return_hidden_states:
-                hidden_spans.append((seq, flat_start, num_tokens, start))
-            if not ahead:  # ahead: the id comes from the device
-                ids.extend(seq.token_ids[start:end])
-            slots.extend(seq.slot(pos, bs) for pos in range(start, end))
-            if self.uses_mrope:
-                mrope_parts.append(mrope_positions(seq.embed_spans, start, end))
-            else:
-                positions.extend(range(start, end))
-            if end - start == 1:
-                decode_lens.append(end)
-            else:
-                prefill_lens.append(end)
-                cu_q.append(cu_q[-1] + end - start)
-            if end == len(seq) + ahead:
-                sample_rows.append(num_tokens - 1)
-                sample_slots.append(i)
-            for span in seq.embed_spans:
-                lo, hi = max(span.offset, start), min(span.offset + span.length, end)
-                if lo < hi:
-                    embed_rows.extend(range(flat_start + lo - start, flat_start + hi - start))
-                    embed_parts.append(span.embeds[lo - span.offset : hi - span.offset])
-            stream = seq.input_stream
-            if stream is not None and end > stream.start:
-                lo = max(start, stream.start)
-                embed_rows.extend(range(flat_start + lo - start, flat_start + end - start))
-                embed_parts.append(torch.stack([torch.as_tensor(row) for row in stream.rows(lo, end)]))
-        decode_seqs = [batch.seqs[i] for i in decode]
-        prefill_seqs = [batch.seqs[i] for i in prefill]
-        plan = StepPlan(
-            ids=ids,
-            num_tokens=num_tokens,
-            positions=torch.cat(mrope_parts, dim=1) if self.uses_mrope else positions,
-            slots=slots,
-            num_decode=len(decode),
-            decode_lens=decode_lens,
-            decode_tables=self._table_rows(decode_seqs, decode_lens),
-            cu_q=cu_q,
-            prefill_lens=prefill_lens,
-            prefill_tables=self._table_rows(prefill_seqs, prefill_lens),
-            sample_rows=sample_rows,
-            embed_rows=embed_rows,
-            embeds=torch.cat([p.to(self.dtype) for p in embed_parts], dim=0) if embed_parts else None,
-        )
-        return plan, decode_seqs, sample_slots, hidden_spans
+        return build_step_plan(batch, after is not None, self.block_size, self.uses_mrope, self.dtype)
 
     def _upload(self, plan: StepPlan, device_ids: torch.Tensor | None) -> _StepInputs:
         """The device tensors of a plan. Every upload is asynchronous (pinned memory): a step launched
@@ -449,16 +366,6 @@ class ModelRunner:
             embed_rows=to_device(plan.embed_rows, torch.int64, dev) if plan.embed_rows else None,
             embeds=plan.embeds.to(dev) if plan.embeds is not None else None,
         )
-
-    def _table_rows(self, seqs: list[Sequence], lengths: list[int]) -> np.ndarray:
-        """int32 ``[len(seqs), max blocks in use]``: each sequence's block table cut or zero-padded to
-        the blocks covering the longest context."""
-        width = max((-(-n // self.block_size) for n in lengths), default=0)
-        rows = np.zeros((len(seqs), width), dtype=np.int32)
-        for i, seq in enumerate(seqs):
-            used = min(width, len(seq.block_table))
-            rows[i, :used] = seq.block_table[:used]
-        return rows
 
     def _block_tables(self, rows: np.ndarray) -> torch.Tensor:
         """``rows`` on the device. Through pinned memory: a plain copy to CUDA would wait for the device,
