@@ -11,14 +11,14 @@ prefill chunks) replays the graph of the smallest token bucket that holds it ins
   one copy; padding tokens write no KV (slot -1) and belong to no sequence;
 - per-sequence inputs are one int32 buffer of ``max_seqs`` query offsets and context lengths (padding
   sequences have no query and no context) and the block tables of the live sequences;
-- a model that adds input rows to its token embeddings (the talker) gets them in a static buffer with
-  their token indices; padding entries add zeros to token 0.
+- embeddings go in a static buffer with their token indices, whatever the model does with them: replace
+  the token embeddings (media in a prompt) or add to them (the talker's rows from the thinker). Each graph
+  runs one padding token past its bucket, a scratch row that unused index entries point at.
 
 The graph hands back the bucket's hidden states (before the final norm) and token ids, views valid
 until the next replay; the runner samples and keeps hidden states from them as it does after an eager
 forward. Padding tokens' rows hold values no live row reads. A step no graph holds runs eagerly:
-launched ahead (its ids on the device), more tokens or sequences than the graphs hold, or embeddings
-that replace token embeddings (media in a prompt).
+launched ahead (its ids on the device), or more tokens or sequences than the graphs hold.
 """
 
 from __future__ import annotations
@@ -82,13 +82,16 @@ def pack_prefill_inputs(
     """Write ``plan`` as prefill chunks: ``rows[:bucket]`` (id, KV slot, positions; padding tokens from
     ``num_tokens`` on), ``seq_meta`` (``max_seqs + 1`` query offsets, then ``max_seqs`` context lengths;
     padding sequences empty), the leading ``n * width`` entries of the flat ``tables`` as ``[n, width]``
-    block tables, and the input rows' token indices into ``embed_rows``. Returns ``(n, width)``: the
-    step's sequences and its block tables' width."""
+    block tables, and ``embed_rows[:bucket]``: the embeddings' token indices, then the last padding
+    token's (``bucket - 1``). Returns ``(n, width)``: the step's sequences and its block tables' width."""
     total, nd = plan.num_tokens, plan.num_decode
     max_seqs = (seq_meta.shape[0] - 1) // 2
     n = nd + len(plan.prefill_lens)
-    if n > max_seqs or bucket < total or bucket > rows.shape[0]:
-        raise ValueError(f"a step of {n} sequences and {total} tokens does not fit {max_seqs} sequences, {bucket} rows")
+    if n > max_seqs or bucket <= total or bucket > rows.shape[0]:
+        raise ValueError(
+            f"a step of {n} sequences and {total} tokens does not fit {max_seqs} sequences and {bucket} rows "
+            "(one past its tokens)"
+        )
     rows[:total, _ID] = plan.ids
     rows[:total, _SLOT] = plan.slots
     if isinstance(plan.positions, torch.Tensor):  # M-RoPE: [3, T]
@@ -110,7 +113,9 @@ def pack_prefill_inputs(
     view[:nd, wd:] = 0
     view[nd:, :wp] = plan.prefill_tables
     view[nd:, wp:] = 0
-    embed_rows[: len(plan.embed_rows)] = plan.embed_rows
+    k = len(plan.embed_rows)
+    embed_rows[:k] = plan.embed_rows
+    embed_rows[k:bucket] = bucket - 1
     return n, width
 
 
@@ -126,7 +131,6 @@ class GraphedPrefill:
         max_seqs: int,
         max_blocks_per_seq: int,
         device: torch.device,
-        input_rows: bool = False,
         split_counters: torch.Tensor | None = None,
     ) -> None:
         self._model = model
@@ -134,9 +138,11 @@ class GraphedPrefill:
         self._mrope = bool(model.uses_mrope)
         self._max_seqs = max_seqs
         self._split_counters = split_counters
-        self.input_rows = input_rows
-        buckets = prefill_buckets(min(max_tokens, MAX_GRAPH_TOKENS))
-        capacity = buckets[-1]
+        self._token_buckets = prefill_buckets(min(max_tokens, MAX_GRAPH_TOKENS))
+        capacity = self._token_buckets[-1] + 1  # the scratch row
+        # Rows the model adds to its token embeddings (the talker's) are as wide as its input; embeddings
+        # that replace token embeddings as wide as its hidden states.
+        width = int(getattr(model, "embedding_size", model.shape.hidden_size))
         self._staging = [PrefillStaging(capacity, max_seqs, max_blocks_per_seq) for _ in range(2)]
         self._turn = 0
         capture_rows = torch.tensor([_PAD_TOKEN], dtype=torch.int64).repeat(capacity, 1)
@@ -144,28 +150,28 @@ class GraphedPrefill:
             "rows": capture_rows.to(device),  # all padding at capture: no KV write, no sequence
             "seq_meta": torch.zeros(2 * max_seqs + 1, dtype=torch.int32, device=device),
             "tables": torch.zeros(max_seqs, max_blocks_per_seq, dtype=torch.int32, device=device),
+            "embed_rows": torch.full((capacity,), capacity - 1, dtype=torch.int64, device=device),
+            "embeds": torch.zeros(capacity, width, dtype=model.dtype, device=device),
         }
-        if input_rows:
-            static["embed_rows"] = torch.zeros(capacity, dtype=torch.int64, device=device)
-            static["embeds"] = torch.zeros(capacity, model.embedding_size, dtype=model.dtype, device=device)
-            self._no_embeds = static["embeds"][:0]
+        self._no_embeds = static["embeds"][:0]
         self._no_decode = (
             torch.zeros(0, dtype=torch.int32, device=device),
             torch.zeros(0, max_blocks_per_seq, dtype=torch.int32, device=device),
         )
-        # rows and seq_meta are staged whole for the bucket; block-table entries past a sequence's
-        # context are never read.
+        # Every input is staged in full for its bucket, or never read past what is staged: block-table
+        # entries past a sequence's context, embedding rows that only the scratch row's index points at.
         self._graphs = StepGraphs(
             self._step,
             static,
-            buckets,
-            pad_values={"rows": None, "seq_meta": None, "tables": None},
+            [b + 1 for b in self._token_buckets],
+            pad_values={name: None for name in static},
             whole=("seq_meta", "tables"),
         )
 
     @property
     def buckets(self) -> list[int]:
-        return self._graphs.buckets
+        """The token counts the graphs hold (each runs one scratch row past its count)."""
+        return list(self._token_buckets)
 
     def capture(self) -> None:
         start = time.perf_counter()
@@ -182,8 +188,8 @@ class GraphedPrefill:
         rows: torch.Tensor,
         seq_meta: torch.Tensor,
         tables: torch.Tensor,
-        embed_rows: torch.Tensor | None = None,
-        embeds: torch.Tensor | None = None,
+        embed_rows: torch.Tensor,
+        embeds: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cols = rows.t().contiguous()
         seqs = self._max_seqs
@@ -200,20 +206,15 @@ class GraphedPrefill:
         )
         ids = cols[_ID]
         positions = cols[_POS:_COLS] if self._mrope else cols[_POS]
-        if embeds is not None:
-            hidden = self._model.forward(ids, positions, meta, self._kv_caches, embed_rows, embeds)
-        else:
-            hidden = self._model.forward(ids, positions, meta, self._kv_caches)
+        hidden = self._model.forward(ids, positions, meta, self._kv_caches, embed_rows, embeds)
         return hidden, ids
 
     def fits(self, plan: StepPlan) -> bool:
-        """Whether a graph can run ``plan``: its ids on the host, within the token and sequence
-        capacity, and embeddings only where they add to the token embeddings."""
+        """Whether a graph can run ``plan``: its ids on the host, within the token and sequence capacity."""
         return (
             len(plan.ids) == plan.num_tokens > 0
-            and plan.num_tokens <= self.buckets[-1]
+            and plan.num_tokens <= self._token_buckets[-1]
             and plan.num_decode + len(plan.prefill_lens) <= self._max_seqs
-            and (plan.embeds is None or self.input_rows)
         )
 
     def forward(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -221,8 +222,9 @@ class GraphedPrefill:
         graph's outputs valid until the next replay; None where no graph fits (see ``fits``)."""
         if not self.fits(plan):
             return None
-        bucket = pick_bucket(self.buckets, plan.num_tokens)
-        assert bucket is not None
+        tokens = pick_bucket(self._token_buckets, plan.num_tokens)
+        assert tokens is not None
+        bucket = tokens + 1  # the graph's rows: the scratch row last
         self._turn ^= 1
         staging = self._staging[self._turn].claim()
         n, width = pack_prefill_inputs(
@@ -237,12 +239,9 @@ class GraphedPrefill:
             "rows": staging.rows[:bucket],
             "seq_meta": staging.seq_meta,
             "tables": staging.tables[: n * width].view(n, width),
+            "embed_rows": staging.embed_rows[:bucket],
+            "embeds": plan.embeds if plan.embeds is not None else self._no_embeds,
         }
-        if self.input_rows:
-            # Every replay stages both, so no input rows of an earlier step linger (pads add zeros).
-            k = len(plan.embed_rows)
-            inputs["embed_rows"] = staging.embed_rows[:k]
-            inputs["embeds"] = plan.embeds if plan.embeds is not None else self._no_embeds
         out = self._graphs.replay(**inputs)
         staging.copied = torch.cuda.Event()
         staging.copied.record()

@@ -176,7 +176,6 @@ class ModelRunner:
                 max_seqs=config.max_num_seqs,
                 max_blocks_per_seq=self.max_blocks_per_seq,
                 device=self.device,
-                input_rows=bool(getattr(self.model, "adds_input_rows", False)),
                 split_counters=self._split_counters,
             )
             self.prefill_graphs.capture()

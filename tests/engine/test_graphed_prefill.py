@@ -39,7 +39,7 @@ def _buffers() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     rows = np.full((CAPACITY, 5), 99, dtype=np.int64)  # stale values a pack must overwrite
     seq_meta = np.full(2 * MAX_SEQS + 1, 99, dtype=np.int32)
     tables = np.full(MAX_SEQS * MAX_BLOCKS, 99, dtype=np.int32)
-    embed_rows = np.zeros(CAPACITY, dtype=np.int64)
+    embed_rows = np.full(CAPACITY, 99, dtype=np.int64)
     return rows, seq_meta, tables, embed_rows
 
 
@@ -56,19 +56,20 @@ def test_buckets_double_to_256_then_step_by_256_up_to_the_cap():
 
 def test_pack_lays_out_decodes_as_one_token_chunks_and_pads_the_rest():
     rows, seq_meta, tables, embed_rows = _buffers()
-    n, width = pack_prefill_inputs(_plan(list(range(9))), rows, seq_meta, tables, embed_rows, bucket=16)
+    n, width = pack_prefill_inputs(_plan(list(range(9))), rows, seq_meta, tables, embed_rows, bucket=17)
     assert (n, width) == (4, 2)
     assert rows[:9, 0].tolist() == [11, 12, 21, 22, 23, 31, 32, 33, 34]
     assert rows[:9, 1].tolist() == [100, 200, 300, 301, 302, 416, 417, 418, 419]
     assert rows[:9, 2].tolist() == list(range(9))
-    # Padding tokens up to the bucket write no KV; rows past the bucket are left alone.
-    assert rows[9:16].tolist() == [[0, -1, 0, 0, 0]] * 7
-    assert (rows[16:] == 99).all()
+    # Padding tokens up to the bucket (the last one the scratch row) write no KV; rows past it are left alone.
+    assert rows[9:17].tolist() == [[0, -1, 0, 0, 0]] * 8
+    assert (rows[17:] == 99).all()
     cu, lens = seq_meta[: MAX_SEQS + 1], seq_meta[MAX_SEQS + 1 :]
     assert cu.tolist() == [0, 1, 2, 5, 9, 9, 9]  # padding sequences: empty queries at the end
     assert lens.tolist() == [5, 17, 3, 20, 0, 0]
     assert tables[: n * width].reshape(n, width).tolist() == [[7, 0], [8, 9], [4, 0], [5, 6]]
-    assert embed_rows[:3].tolist() == [2, 3, 4]
+    # Index entries past the step's embeddings point at the scratch row, whatever they held before.
+    assert embed_rows[:17].tolist() == [2, 3, 4] + [16] * 14
 
 
 def test_pack_writes_mrope_positions_per_axis_and_zero_fills_narrower_tables():
@@ -76,15 +77,15 @@ def test_pack_writes_mrope_positions_per_axis_and_zero_fills_narrower_tables():
     plan = _plan(positions)
     plan.decode_tables = np.array([[7], [8]], dtype=np.int32)  # one block each: narrower than the prefill's
     rows, seq_meta, tables, embed_rows = _buffers()
-    n, width = pack_prefill_inputs(plan, rows, seq_meta, tables, embed_rows, bucket=9)
+    n, width = pack_prefill_inputs(plan, rows, seq_meta, tables, embed_rows, bucket=10)
     assert rows[:9, 2:5].T.tolist() == positions.tolist()
     assert tables[: n * width].reshape(n, width).tolist() == [[7, 0], [8, 0], [4, 0], [5, 6]]
 
 
 def test_pack_refuses_a_step_past_the_capacity():
     rows, seq_meta, tables, embed_rows = _buffers()
-    with pytest.raises(ValueError, match="does not fit"):
-        pack_prefill_inputs(_plan(list(range(9))), rows, seq_meta, tables, embed_rows, bucket=8)
+    with pytest.raises(ValueError, match="does not fit"):  # no room for the scratch row past 9 tokens
+        pack_prefill_inputs(_plan(list(range(9))), rows, seq_meta, tables, embed_rows, bucket=9)
     small_meta = np.zeros(2 * 3 + 1, dtype=np.int32)  # room for 3 sequences, the step has 4
     with pytest.raises(ValueError, match="4 sequences"):
         pack_prefill_inputs(_plan(list(range(9))), rows, small_meta, tables, embed_rows, bucket=16)
