@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import torch
 
@@ -38,6 +39,31 @@ def default_buckets(max_batch: int) -> list[int]:
     if max_batch < 1:
         raise ValueError(f"max_batch: expected at least 1, got {max_batch}")
     return sorted({b for b in (1, 2, 4) if b <= max_batch} | set(range(8, max_batch + 1, 8)) | {max_batch})
+
+
+class _Staged(Protocol):
+    copied: torch.cuda.Event | None  # recorded once the copies out of these buffers are queued
+
+
+_S = TypeVar("_S", bound=_Staged)
+
+
+class StagingPair(Generic[_S]):
+    """Two sets of pinned host buffers for a step's inputs, used in turn: one is packed while the copies out
+    of the other, made for the step before, may still be queued. ``claim`` hands out the next set once the
+    event its last user recorded in ``copied`` has completed."""
+
+    def __init__(self, make: Callable[[], _S]) -> None:
+        self._sets = (make(), make())
+        self._turn = 0
+
+    def claim(self) -> _S:
+        self._turn ^= 1
+        staging = self._sets[self._turn]
+        if staging.copied is not None:
+            staging.copied.synchronize()
+            staging.copied = None
+        return staging
 
 
 @dataclass

@@ -33,10 +33,11 @@ import numpy as np
 import torch
 from omni_gateway.engine.attention import AttentionMetadata
 from omni_gateway.engine.block_table_rows import BlockTableRows
-from omni_gateway.engine.cuda_graphs import StepGraphs, default_buckets, pick_bucket
+from omni_gateway.engine.cuda_graphs import StagingPair, StepGraphs, default_buckets, pick_bucket
 from omni_gateway.engine.mrope import text_shift
 from omni_gateway.engine.pending_decode import PendingDecode
 from omni_gateway.engine.sequence import Sequence
+from omni_gateway.engine.step_plan import decode_position
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,7 @@ _FROM_DEVICE = -1  # token id column: take the id from the device buffer ``prev_
 
 
 class Staging:
-    """Pinned host buffers of one step. Two alternate, so a step can be packed while the copies of
-    the one launched before it may still be in flight; ``copied`` marks the end of their use."""
+    """Pinned host buffers of one step (used in turn with a twin, ``cuda_graphs.StagingPair``)."""
 
     def __init__(self, max_batch: int, max_blocks_per_seq: int) -> None:
         self.rows = torch.zeros(max_batch, 4, dtype=torch.int64, pin_memory=True)
@@ -57,12 +57,6 @@ class Staging:
         self.rows_np = self.rows.numpy()
         self.tables_np = self.tables.numpy()
         self.copied: torch.cuda.Event | None = None
-
-    def claim(self) -> Staging:
-        if self.copied is not None:
-            self.copied.synchronize()
-            self.copied = None
-        return self
 
 
 class GraphedDecode:
@@ -86,8 +80,7 @@ class GraphedDecode:
         self.input_rows = input_rows
         self._kv_caches = kv_caches
         self.block_size = block_size
-        self._staging = [Staging(max_batch, max_blocks_per_seq) for _ in range(2)]
-        self._turn = 0
+        self._staging = StagingPair(lambda: Staging(max_batch, max_blocks_per_seq))
         self._table_rows = BlockTableRows()
         capture_rows = torch.zeros(max_batch, 4, dtype=torch.int64)
         capture_rows[:, _SLOT] = -1
@@ -167,8 +160,7 @@ class GraphedDecode:
         bucket = pick_bucket(self.buckets, len(seqs))
         if bucket is None:
             return None
-        self._turn ^= 1
-        staging = self._staging[self._turn].claim()
+        staging = self._staging.claim()
         pack_decode_inputs(
             seqs,
             staging.rows_np,
@@ -218,20 +210,6 @@ class GraphedStep:
     staging: Staging
     hidden: torch.Tensor  # before the final norm
     ids: torch.Tensor
-
-
-def decode_position(seq: Sequence, block_size: int, ahead: bool) -> int:
-    """The position ``seq`` decodes: ``num_computed_tokens``, or with ``ahead`` the one after it, whose
-    token is still on the device. Raises ValueError where that position has no token or no KV slot."""
-    pos = seq.num_computed_tokens + (1 if ahead else 0)
-    # Ahead, the position is the one whose token is in flight; otherwise any not computed yet
-    # (a one-token prefill chunk decodes a position before the last).
-    if (pos != len(seq) if ahead else pos >= len(seq)) or len(seq.block_table) * block_size <= pos:
-        raise ValueError(
-            f"sequence {seq.request_id!r} cannot decode position {pos}{' ahead' if ahead else ''}: "
-            f"{len(seq)} tokens, {len(seq.block_table)} KV blocks"
-        )
-    return pos
 
 
 def pack_decode_inputs(

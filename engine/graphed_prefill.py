@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 from omni_gateway.engine.attention import AttentionMetadata
-from omni_gateway.engine.cuda_graphs import StepGraphs, pick_bucket
+from omni_gateway.engine.cuda_graphs import StagingPair, StepGraphs, pick_bucket
 from omni_gateway.engine.step_plan import StepPlan
 
 log = logging.getLogger(__name__)
@@ -55,21 +55,16 @@ def prefill_buckets(max_tokens: int) -> list[int]:
 
 
 class PrefillStaging:
-    """Pinned host buffers of one replay's inputs. Two alternate: one can be packed while the other's
-    copies may still be queued; ``copied`` marks the end of their use."""
+    """Pinned host buffers of one replay's inputs (used in turn with a twin, ``cuda_graphs.StagingPair``),
+    with numpy views of them to pack into."""
 
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int) -> None:
         self.rows = torch.zeros(max_tokens, _COLS, dtype=torch.int64, pin_memory=True)
         self.seq_meta = torch.zeros(2 * max_seqs + 1, dtype=torch.int32, pin_memory=True)
         self.tables = torch.zeros(max_seqs * max_blocks_per_seq, dtype=torch.int32, pin_memory=True)
         self.embed_rows = torch.zeros(max_tokens, dtype=torch.int64, pin_memory=True)
+        self.arrays = (self.rows.numpy(), self.seq_meta.numpy(), self.tables.numpy(), self.embed_rows.numpy())
         self.copied: torch.cuda.Event | None = None
-
-    def claim(self) -> PrefillStaging:
-        if self.copied is not None:
-            self.copied.synchronize()
-            self.copied = None
-        return self
 
 
 def pack_prefill_inputs(
@@ -144,8 +139,7 @@ class GraphedPrefill:
         # Rows the model adds to its token embeddings (the talker's) are as wide as its input; embeddings
         # that replace token embeddings as wide as its hidden states.
         width = int(getattr(model, "embedding_size", model.shape.hidden_size))
-        self._staging = [PrefillStaging(capacity, max_seqs, max_blocks_per_seq) for _ in range(2)]
-        self._turn = 0
+        self._staging = StagingPair(lambda: PrefillStaging(capacity, max_seqs, max_blocks_per_seq))
         capture_rows = torch.tensor([_PAD_TOKEN], dtype=torch.int64).repeat(capacity, 1)
         static = {
             "rows": capture_rows.to(device),  # all padding at capture: no KV write, no sequence
@@ -226,16 +220,8 @@ class GraphedPrefill:
         tokens = pick_bucket(self._token_buckets, plan.num_tokens)
         assert tokens is not None
         bucket = tokens + 1  # the graph's rows: the scratch row last
-        self._turn ^= 1
-        staging = self._staging[self._turn].claim()
-        n, width = pack_prefill_inputs(
-            plan,
-            staging.rows.numpy(),
-            staging.seq_meta.numpy(),
-            staging.tables.numpy(),
-            staging.embed_rows.numpy(),
-            bucket,
-        )
+        staging = self._staging.claim()
+        n, width = pack_prefill_inputs(plan, *staging.arrays, bucket)
         inputs = {
             "rows": staging.rows[:bucket],
             "seq_meta": staging.seq_meta,

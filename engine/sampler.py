@@ -177,7 +177,7 @@ class RowParams:
             [
                 (
                     1.0 if p.greedy else p.temperature,
-                    min(p.top_k, vocab) if p.top_k > 0 else vocab,  # exact in float32 below 2**24
+                    _top_k_or_vocab(p.top_k, vocab),  # exact in float32 below 2**24
                     p.top_p,
                     p.min_p,
                     p.repetition_penalty,
@@ -236,8 +236,13 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]
     """Set to -inf every logit outside the row's top-k, then outside the smallest set whose
     probability reaches top-p (the most likely token always stays). k=0 / p=1 disable."""
     vocab, device = logits.shape[1], logits.device
-    k = to_device([min(t, vocab) if t > 0 else vocab for t in top_k], torch.int64, device).unsqueeze(1)
+    k = to_device([_top_k_or_vocab(t, vocab) for t in top_k], torch.int64, device).unsqueeze(1)
     return _top_k_top_p(logits, k, to_device(top_p, torch.float32, device).unsqueeze(1))
+
+
+def _top_k_or_vocab(top_k: int, vocab: int) -> int:
+    """A row's k in ``[1, vocab]``: 0 (off) and anything past the vocabulary keep every token."""
+    return min(top_k, vocab) if top_k > 0 else vocab
 
 
 def _top_k_top_p(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:

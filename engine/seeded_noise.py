@@ -11,7 +11,11 @@ arithmetic is exact on every device.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
+
+_T = TypeVar("_T", int, torch.Tensor)
 
 _MASK = 0xFFFFFFFF
 # Odd multipliers below 2**31 (a product with a 32-bit value never leaves int64's range), with
@@ -21,10 +25,11 @@ _COLUMN_STEP = 0x61C88647  # spreads neighbouring columns apart before mixing
 _UNIFORM_BITS = 24  # float32 holds every 24-bit integer: uniforms strictly inside (0, 1)
 
 
-def _mix(x: int) -> int:
-    x ^= x >> 16
+def _mix(x: _T) -> _T:
+    """The 32-bit finalizer, on a Python int or elementwise on an int64 tensor of 32-bit values alike."""
+    x = x ^ (x >> 16)
     x = (x * _MUL_A) & _MASK
-    x ^= x >> 15
+    x = x ^ (x >> 15)
     x = (x * _MUL_B) & _MASK
     return x ^ (x >> 16)
 
@@ -38,11 +43,6 @@ def row_key(seed: int, draw: int) -> int:
 def exponential_rows(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     """float32 ``[len(keys), vocab]`` Exp(1) noise, row i a function of ``keys[i]`` (int64 ``[n, 1]``) alone."""
     columns = torch.arange(vocab, device=keys.device, dtype=torch.int64) * _COLUMN_STEP
-    x = (keys + columns) & _MASK
-    x = x ^ (x >> 16)
-    x = (x * _MUL_A) & _MASK
-    x = x ^ (x >> 15)
-    x = (x * _MUL_B) & _MASK
-    x = x ^ (x >> 16)
+    x = _mix((keys + columns) & _MASK)
     uniform = ((x >> (32 - _UNIFORM_BITS)).float() + 0.5) * 2.0**-_UNIFORM_BITS
     return -torch.log(uniform)

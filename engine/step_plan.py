@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from omni_gateway.engine.graphed_decode import decode_position
 from omni_gateway.engine.mrope import mrope_positions
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
 
@@ -34,6 +33,20 @@ class StepPlan:
     sample_rows: list[int]  # flat token index of each sampling sequence's last token
     embed_rows: list[int]
     embeds: torch.Tensor | None
+
+
+def decode_position(seq: Sequence, block_size: int, ahead: bool) -> int:
+    """The position ``seq`` decodes: ``num_computed_tokens``, or with ``ahead`` the one after it, whose
+    token is still on the device. Raises ValueError where that position has no token or no KV slot."""
+    pos = seq.num_computed_tokens + (1 if ahead else 0)
+    # Ahead, the position is the one whose token is in flight; otherwise any not computed yet
+    # (a one-token prefill chunk decodes a position before the last).
+    if (pos != len(seq) if ahead else pos >= len(seq)) or len(seq.block_table) * block_size <= pos:
+        raise ValueError(
+            f"sequence {seq.request_id!r} cannot decode position {pos}{' ahead' if ahead else ''}: "
+            f"{len(seq)} tokens, {len(seq.block_table)} KV blocks"
+        )
+    return pos
 
 
 def build_step_plan(
