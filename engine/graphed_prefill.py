@@ -145,7 +145,8 @@ class GraphedPrefill:
             "rows": capture_rows.to(device),  # all padding at capture: no KV write, no sequence
             "seq_meta": torch.zeros(2 * max_seqs + 1, dtype=torch.int32, device=device),
             "tables": torch.zeros(max_seqs, max_blocks_per_seq, dtype=torch.int32, device=device),
-            "embed_rows": torch.full((capacity,), capacity - 1, dtype=torch.int64, device=device),
+            # Capture runs every bucket on a slice of this buffer: index 0 is inside each of them.
+            "embed_rows": torch.zeros(capacity, dtype=torch.int64, device=device),
             "embeds": torch.zeros(capacity, width, dtype=model.dtype, device=device),
         }
         self._no_embeds = static["embeds"][:0]
