@@ -325,6 +325,19 @@ async def ours(
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
 
+def allocator_counters() -> dict[str, float]:
+    """The CUDA caching allocators' calls so far: device allocations and frees, failed allocations that
+    flushed the cache (each waits for the whole device), pinned host blocks created and the ms that took."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    device, host = torch.cuda.memory_stats(), torch.cuda.host_memory_stats()
+    names = ("num_alloc_retries", "num_sync_all_streams", "num_device_alloc", "num_device_free")
+    counters = {name: float(device.get(name, 0)) for name in names}
+    counters["num_host_alloc"] = float(host.get("num_host_alloc", 0))
+    counters["host_alloc_ms"] = float(host.get("host_alloc_time.total", 0)) / 1e3  # reported in us
+    return counters
+
+
 def main() -> None:
     from omni_gateway.omni.heads.token2wav_chunking import DIT_DTYPES
 
@@ -428,15 +441,25 @@ def main() -> None:
             # first calls at a batch size (kernel selection, allocator growth) stay out of the timed run.
             asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes))
             _BATCHES.clear()
+            before = allocator_counters()
             timeline.begin(c)
             runs = asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes, args.stages))
             timeline.end()
+            allocator = {k: v - before.get(k, 0) for k, v in allocator_counters().items()}
             ttfa = summary([r["first_audio_s"] for r in runs])
             rtf = statistics.mean(r["rtf"] for r in runs)
             audio = statistics.mean(r["audio_s"] for r in runs)
             log.write(
-                "result", system="omni-gateway", concurrency=c, first_audio=ttfa, rtf_mean=rtf, audio_s_mean=audio
+                "result",
+                system="omni-gateway",
+                concurrency=c,
+                first_audio=ttfa,
+                rtf_mean=rtf,
+                audio_s_mean=audio,
+                allocator=allocator,
             )
+            if allocator:
+                print(f"c={c} allocator calls during the timed run: {allocator}")
             print(
                 f"omni-gateway c={c}: first audio median {ttfa['median'] * 1000:.0f} ms "
                 f"p90 {ttfa['p90'] * 1000:.0f} ms, RTF {rtf:.3f}, {audio:.1f} s audio each"

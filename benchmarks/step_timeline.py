@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -49,6 +50,8 @@ class Timeline:
         self._inside: dict[int, tuple[str, float]] = {}  # thread id -> (engine, when its execute began)
         self._stalls: Counter[tuple[int, str, tuple[str, ...]]] = Counter()
         self._sampling = False
+        # (seconds since the run began, concurrency, an engine stalled, wake-up lateness ms, driver ms)
+        self._probes: list[tuple[float, int, bool, float, float | None]] = []
 
     def begin(self, concurrency: int) -> None:
         """A timed run starts: events count from now. On a GPU, device marks count from a reference event
@@ -125,12 +128,21 @@ class Timeline:
         ``after_ms`` of a timed run (``watch_engine`` first); ``stop_stalls`` ends it."""
         self._sampling = True
 
+        record_event = _driver_probe()
+
         def sample() -> None:
             while self._sampling:
+                asleep = time.perf_counter()
                 time.sleep(every_ms / 1e3)
                 now, concurrency = time.perf_counter(), self.concurrency
                 if not concurrency:
                     continue
+                # How late this thread woke (the wait for the interpreter lock, mostly), and how long one
+                # command takes the driver to queue while this thread holds the lock (a driver-side wait).
+                late_ms = (now - asleep) * 1e3 - every_ms
+                driver_ms = record_event() if record_event is not None else None
+                stalled = any((now - began) * 1e3 > after_ms for _, began in list(self._inside.values()))
+                self._probes.append((now - self.t0, concurrency, stalled, late_ms, driver_ms))
                 frames = sys._current_frames()
                 for tid, (name, began) in list(self._inside.items()):
                     frame = frames.get(tid)
@@ -168,9 +180,34 @@ class Timeline:
                         ref, *pair = marks
                         batch["device_s"] = [ref.elapsed_time(m) / 1e3 for m in pair]
                 f.write(json.dumps(event) + "\n")
+            for t, concurrency, stalled, late_ms, driver_ms in self._probes:
+                line = {"c": concurrency, "what": "probe", "t": t, "stalled": stalled, "late_ms": late_ms}
+                f.write(json.dumps(line | {"driver_ms": driver_ms}) + "\n")
             for (concurrency, name, stack), samples in self._stalls.most_common():
                 line = {"c": concurrency, "what": "stall", "engine": name, "stack": list(stack), "samples": samples}
                 f.write(json.dumps(line) + "\n")
+
+
+def _driver_probe() -> Callable[[], float] | None:
+    """A function timing one ``cuEventRecord`` on a stream of its own, called with the interpreter lock
+    held (``ctypes.PyDLL``), so its time is the driver's alone; None off the GPU."""
+    import ctypes
+
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    driver = ctypes.PyDLL("libcuda.so.1")
+    stream, event = torch.cuda.Stream(), torch.cuda.Event()
+    event.record(stream)  # creates the event
+    handles = ctypes.c_void_p(event.cuda_event), ctypes.c_void_p(stream.cuda_stream)
+
+    def record() -> float:
+        t0 = time.perf_counter()
+        driver.cuEventRecord(*handles)
+        return (time.perf_counter() - t0) * 1e3
+
+    return record
 
 
 def _stack(frame: FrameType | None) -> tuple[str, ...]:
@@ -183,7 +220,7 @@ def _stack(frame: FrameType | None) -> tuple[str, ...]:
     return tuple(out)
 
 
-def summarize(path: Path) -> None:
+def summarize(path: Path, window_ms: float = 300.0) -> None:
     by_c: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for line in path.read_text().splitlines():
         event = json.loads(line)
@@ -204,20 +241,39 @@ def summarize(path: Path) -> None:
                 f"  {what}: {len(mine)} calls from {first:.0f} ms, median {statistics.median(ms):.1f} ms "
                 f"(max {max(ms):.1f}), rows median {statistics.median(rows)} (min {min(rows)}, max {max(rows)})"
             )
+        probes = [e for e in events if e["what"] == "probe"]
+        for stalled in (False, True):
+            mine = [e for e in probes if e["stalled"] == stalled]
+            if mine:
+                late = _percentiles([e["late_ms"] for e in mine])
+                driver = _percentiles([e["driver_ms"] for e in mine if e["driver_ms"] is not None])
+                print(
+                    f"  probes {'during stalls' if stalled else 'otherwise'} ({len(mine)}): wake-up late {late} ms; "
+                    f"driver call {driver} ms"
+                )
         stalls = [e for e in events if e["what"] == "stall"]
         if stalls:
             print(f"  stalled launches, {sum(e['samples'] for e in stalls)} samples; most sampled stacks:")
             for e in sorted(stalls, key=lambda e: -e["samples"])[:6]:
                 print(f"    {e['samples']:5d}  {e['engine']:<8} {' < '.join(e['stack'][:4])}")
-        first_300 = sorted((e for e in events if e["what"] != "stall" and e["t0"] < 0.3), key=lambda e: e["t0"])
-        print("  first 300 ms:")
-        for e in first_300:
+        steps = (e for e in events if e["what"] not in ("stall", "probe") and e["t0"] * 1e3 < window_ms)
+        print(f"  first {window_ms:.0f} ms:")
+        for e in sorted(steps, key=lambda e: e["t0"]):
             detail = (
                 f"{e['rows']} rows {e['kind']} lane {e['lane']}"
                 if e["what"] == "token2wav"
                 else " + ".join(_step_detail(b) for b in e["batches"])
             )
             print(f"    {e['t0'] * 1e3:7.1f} -> {e['t1'] * 1e3:7.1f} ms  {e['what']:<9} {detail}")
+
+
+def _percentiles(values: list[float]) -> str:
+    """Median / p90 / max, or a dash for none."""
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return f"{statistics.median(ordered):.2f} / {p90:.2f} / {ordered[-1]:.2f}"
 
 
 def _step_detail(batch: dict[str, Any]) -> str:
@@ -234,7 +290,9 @@ def _step_detail(batch: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file", type=Path)
-    summarize(parser.parse_args().file)
+    parser.add_argument("--window-ms", type=float, default=300.0, help="list every step that began this early")
+    args = parser.parse_args()
+    summarize(args.file, args.window_ms)
 
 
 if __name__ == "__main__":
