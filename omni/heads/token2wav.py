@@ -55,10 +55,10 @@ from omni_gateway.omni.heads.token2wav_vocoder import FastVocoder
 
 log = logging.getLogger(__name__)
 
-# A call's codes (rows x window) up to which its ODE and vocoder are replayed from graphs. Past it the DiT
-# is bound by the GPU's arithmetic, not by launches (H200, 7B shapes: a 54-code window at 8 rows takes
-# 0.95 s eagerly and 0.89 s replayed, at 1 row 1.03 s and 0.31 s), and capturing every bucket of every
-# window took 99 s at load.
+# A graphed call's codes (rows x window): its ODE and vocoder are captured up to this size, and a call of
+# more rows runs as graphed slices (``Token2Wav.graph_rows``). Past it the float32 DiT is bound by the GPU's
+# arithmetic, not by launches (H200, 7B shapes: a 54-code window at 8 rows takes 0.95 s eagerly and 0.89 s
+# replayed, at 1 row 1.03 s and 0.31 s), and capturing every bucket of every window took 99 s at load.
 GRAPH_CODES = 256
 
 OUTPUT_SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN: 100 mel frames/s, 240 samples each
@@ -247,11 +247,21 @@ class Token2Wav:
         with torch.cuda.stream(stream):
             return self._run_group(calls, lane)
 
+    def graph_rows(self, window: int) -> int:
+        """The most rows of a ``window``-code chunk one graphed call holds (0: none)."""
+        return max((rows for rows in BUCKETS if rows * window <= GRAPH_CODES), default=0)
+
     @torch.inference_mode()
     def _run_group(self, calls: list[tuple[Any, ...]], lane: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         # Every device tensor made here is made on the worker's stream; what a caller passes is on the host,
         # or made here by an earlier call (``left``), or the voice's, made at load.
         chunk: ChunkShape = calls[0][4]
+        rows = self.graph_rows(calls[0][0].shape[1]) if self._graphs is not None and chunk.regular else 0
+        if 0 < rows < len(calls):
+            # More rows than a graph holds: graphed slices. Eagerly, a call's thousands of launches each
+            # take the interpreter lock, which the engines' steps wait for meanwhile (32 sessions' later
+            # chunks, 26 rows: 0.95 s on an H100, every engine launch slowed beside it).
+            return [out for i in range(0, len(calls), rows) for out in self._run_group(calls[i : i + rows], lane)]
         code = torch.cat([c[0] for c in calls]).to(self.device)
         ref_mel = torch.cat([c[2].ref_mel for c in calls])
         x0 = torch.cat([c[1] for c in calls]).to(device=self.device, dtype=ref_mel.dtype)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -449,3 +450,52 @@ def test_frozen_graphs_run_an_unseen_shape_eagerly_and_capture_nothing() -> None
     assert graphs(fn, 10, torch.zeros(3, 4)) is None
     # no capture was tried (on this CPU one would fail and switch the graphs off)
     assert graphs.enabled and calls == [] and len(graphs) == 0 and graphs.replayed == 0
+
+
+class _EagerGraphs:
+    """Stands for a lane's CallGraphs on the CPU: serves calls of up to ``rows`` rows (eagerly), else None."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.served: list[int] = []
+
+    def __call__(self, fn: Callable[..., Any], key: object, *inputs: torch.Tensor) -> Any:
+        if inputs[0].shape[0] > self.rows:
+            return None
+        self.served.append(inputs[0].shape[0])
+        return fn(*inputs)
+
+
+def test_a_group_larger_than_a_graph_runs_as_graphed_slices(t2w: Token2Wav, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Five rows of a regular later chunk, where a graph holds two: slices of 2, 2 and 1 rows, each served by
+    the graphs, and the same audio as one eager call of five rows."""
+    from omni_gateway.omni.heads import token2wav as token2wav_module
+
+    cfg = Token2WavConfig(first_chunk_codes=4, chunk_codes=8, past_codes=4, lookahead_codes=2, num_steps=2)
+    head = Token2Wav(t2w.models, cfg)
+    window, left, shape = next(entry for entry in head.regular_shapes() if not entry[2].first)
+    monkeypatch.setattr(token2wav_module, "GRAPH_CODES", 2 * window + 1)
+    assert head.graph_rows(window) == 2 and head.graph_rows(300) == 0
+    g = torch.Generator().manual_seed(5)
+    calls = [
+        (
+            torch.tensor([_codes(window, seed=20 + i)]),
+            torch.randn(1, window * head.repeats, head.mel_dim, generator=g),
+            head.speaker(voice),
+            torch.randn(1, head.mel_dim, left, generator=g) - 3,
+            shape,
+        )
+        for i, voice in enumerate(("Ethan", "Chelsie", "Ethan", "Ethan", "Chelsie"))
+    ]
+    eager = head._run_group(calls, 0)
+    ode, vocoder = _EagerGraphs(2), _EagerGraphs(2)
+    head._graphs = [(ode, vocoder)]  # type: ignore[list-item]
+    sliced = head._run_group(calls, 0)
+    assert ode.served == vocoder.served == [2, 2, 1]
+    for (tail, wav), (tail_eager, wav_eager) in zip(sliced, eager, strict=True):
+        torch.testing.assert_close(wav, wav_eager, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(tail, tail_eager, rtol=1e-4, atol=1e-5)
+    # a stream's last chunk (not regular) never goes to the graphs, however many rows
+    last = [(*call[:4], dataclasses.replace(shape, regular=False)) for call in calls]
+    head._run_group(last, 0)
+    assert ode.served == [2, 2, 1]
