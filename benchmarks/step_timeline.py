@@ -62,7 +62,8 @@ class Timeline:
             torch.cuda.synchronize()
             self._device_ref = torch.cuda.Event(enable_timing=True)
             self._device_ref.record()
-        self.concurrency, self.t0 = concurrency, time.perf_counter()
+        self.concurrency, self.t0, self.wall0 = concurrency, time.perf_counter(), time.time()
+        self._segments_from = len(self._segments())
 
     def _device_mark(self) -> Any:
         """A timing event on the calling thread's current stream, or None off the GPU and in warm-ups."""
@@ -76,7 +77,30 @@ class Timeline:
 
     def end(self) -> None:
         """The timed run is over: the next warm-up records nothing."""
+        if self.concurrency:
+            for entry in self._segments()[self._segments_from :]:
+                t = entry["time_us"] / 1e6 - self.wall0
+                fields = {"action": entry["action"], "mb": entry["size"] / 2**20, "stream": entry["stream"]}
+                self.events.append({"c": self.concurrency, "what": "segment", "t0": t, "t1": t, **fields})
         self.concurrency = 0
+
+    def watch_allocator(self) -> None:
+        """Record when the CUDA caching allocator maps or frees device memory (cudaMalloc / cudaFree calls),
+        and for which stream: ``"what": "segment"`` lines of the timed runs."""
+        import torch
+
+        if torch.cuda.is_available():
+            skip = ["alloc", "free_requested", "free_completed"]
+            torch.cuda.memory._record_memory_history("all", context=None, max_entries=200_000, skip_actions=skip)
+            self._allocator = True
+
+    def _segments(self) -> list[dict[str, Any]]:
+        if not getattr(self, "_allocator", False):
+            return []
+        import torch
+
+        traces = torch.cuda.memory._snapshot()["device_traces"]
+        return [e for trace in traces for e in trace if e["action"].startswith("segment")]
 
     def record(self, what: str, t0: float, t1: float, **fields: Any) -> None:
         if not self.concurrency:
@@ -227,6 +251,9 @@ def summarize(path: Path, window_ms: float = 300.0) -> None:
         by_c[event["c"]].append(event)
     for c, events in sorted(by_c.items()):
         print(f"c={c}")
+        segments = [e for e in events if e["what"] == "segment"]
+        if segments:
+            print(f"  allocator: {Counter(e['action'] for e in segments)}")
         for what in ("thinker", "talker", "token2wav"):
             mine = [e for e in events if e["what"] == what]
             if not mine:
@@ -262,6 +289,8 @@ def summarize(path: Path, window_ms: float = 300.0) -> None:
             detail = (
                 f"{e['rows']} rows {e['kind']} lane {e['lane']}"
                 if e["what"] == "token2wav"
+                else f"{e['action']} {e['mb']:.1f} MB stream {e['stream']:#x}"
+                if e["what"] == "segment"
                 else " + ".join(_step_detail(b) for b in e["batches"])
             )
             print(f"    {e['t0'] * 1e3:7.1f} -> {e['t1'] * 1e3:7.1f} ms  {e['what']:<9} {detail}")

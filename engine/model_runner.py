@@ -24,6 +24,7 @@ from omni_gateway.engine.pending_decode import PendingDecode
 from omni_gateway.engine.sampler import Sampler, SampleResult, to_device
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
 from omni_gateway.engine.step_plan import HiddenSpan, StepPlan, build_step_plan
+from omni_gateway.engine.step_stream import on_step_stream, step_stream
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,8 @@ class ModelRunner:
             self.device = parallel.device
         # fp8: K/V stored as float8_e4m3fn with scale 1.0 (vLLM's default); attention widens them again.
         self.kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype in ("fp8", "fp8_e4m3") else self.dtype
+        priority, cuda = config.step_stream_priority, self.device.type == "cuda"
+        self.step_stream = step_stream(self.device, priority) if cuda and priority is not None else None
         self.ops = select_kernels(config.attention_backend, self.device)
         if config.block_size is None:
             raise ValueError(
@@ -221,6 +224,10 @@ class ModelRunner:
         host first (no logprobs asked; otherwise it comes back resolved). With ``after``, the step in
         flight whose tokens the host has not read (see ``engine.pipelining``), every sequence decodes
         the position after its last known token, with the token ``after`` samples for it."""
+        with on_step_stream(self.step_stream):
+            return self._execute(batch, after)
+
+    def _execute(self, batch: ScheduledBatch, after: PendingDecode | None) -> PendingDecode:
         seqs = batch.seqs
         if not seqs:
             return PendingDecode.resolved_with(batch, [])
