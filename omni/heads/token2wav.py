@@ -7,9 +7,11 @@ vocoder from mel to 24 kHz audio. Each code becomes ``repeats`` mel frames; each
 Streaming runs both on windows of codes. The first chunk is small (``first_chunk_codes``: the latency
 knob), later ones larger (``chunk_codes``: fewer DiT passes per second of audio). The first chunk may also
 take fewer ODE steps (``first_chunk_steps``): eagerly its DiT call is bound by kernel launches, about
-4 DiT evaluations per step, so its time falls with the steps. On CUDA every chunk but a stream's last
-may replay its ODE and its vocoder call from CUDA graphs (``cuda_graphs``, on by default; ``call_graphs``),
-captured for every regular window shape (``regular_shapes``), voice and batch bucket when the head is built.
+4 DiT evaluations per step, so its time falls with the steps. On CUDA every chunk may replay its ODE
+from CUDA graphs (``cuda_graphs``, on by default; ``call_graphs``), captured for every regular window shape
+(``regular_shapes``), voice and batch bucket when the head is built (a stream's last window is padded to the
+next regular one, its padding masked), and every chunk but a stream's last its vocoder call. The stream's
+state is ``token2wav_stream``'s.
 Each chunk is one call to worker threads ("lanes", ``token2wav_batcher``) that batch the chunks of every
 stream: the DiT, then the vocoder, with first chunks ahead of later ones; with two lanes (``lanes``) one
 runs first chunks only, on a high-priority CUDA stream, so a first chunk never waits behind a later one.
@@ -41,16 +43,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from omni_gateway.omni.heads.call_graphs import BUCKETS, CallGraphs
 from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
 from omni_gateway.omni.heads.token2wav_chunking import (
     ChunkShape,
     Token2WavConfig,
     chunk_window,
+    padded_window,
     rk4_intervals,
 )
 from omni_gateway.omni.heads.token2wav_dit import FastDiT
 from omni_gateway.omni.heads.token2wav_loader import Speaker, Token2WavModels, load_token2wav
+from omni_gateway.omni.heads.token2wav_stream import Noise, Token2WavStream, as_codes
 from omni_gateway.omni.heads.token2wav_vocoder import FastVocoder
 
 log = logging.getLogger(__name__)
@@ -66,28 +71,6 @@ OUTPUT_SAMPLE_RATE = 24000  # Qwen2.5-Omni's BigVGAN: 100 mel frames/s, 240 samp
 
 class UnknownVoice(ValueError):
     """A voice the checkpoint's speaker map does not have."""
-
-
-class _Noise:
-    """The ODE's starting noise, ``[1, frames, mel_dim]``, drawn in order from one seeded CPU generator.
-
-    Prefixes agree with a single draw of the whole length (CPU normal sampling fills in order), so a
-    stream and a whole-utterance synthesis with the same seed start from the same noise."""
-
-    def __init__(self, seed: int | None, mel_dim: int) -> None:
-        self.generator = torch.Generator()
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
-        self.mel_dim = mel_dim
-        self.frames = torch.empty(1, 0, mel_dim)
-
-    def upto(self, end: int) -> torch.Tensor:
-        if end > self.frames.shape[1]:
-            more = torch.randn(1, end - self.frames.shape[1], self.mel_dim, generator=self.generator)
-            self.frames = torch.cat((self.frames, more), dim=1)
-        return self.frames[:, :end]
 
 
 class Token2Wav:
@@ -117,6 +100,7 @@ class Token2Wav:
             dit = copy.deepcopy(dit).to(dtype)
         self._dit = FastDiT(dit, times)
         self._vocoder = FastVocoder(models.vocoder)
+        self._graph_windows = sorted({window for window, _, _ in self.regular_shapes()})
         if config.cuda_graphs and models.device.type == "cuda":
             self._graphs = [(CallGraphs("token2wav ODE"), CallGraphs("token2wav vocoder")) for _ in range(config.lanes)]
             self._capture_graphs()
@@ -148,8 +132,8 @@ class Token2Wav:
     @torch.inference_mode()
     def synthesize(self, codes: list[int] | torch.Tensor, voice: str, *, seed: int | None = None) -> torch.Tensor:
         """float32 ``[samples]`` waveform of a whole utterance (HF's ``Qwen2_5OmniToken2WavModel.forward``)."""
-        code = _as_codes(codes, self.device, self.num_codes)
-        noise = _Noise(seed, self.mel_dim).upto(code.shape[1] * self.repeats)
+        code = as_codes(codes, self.device, self.num_codes)
+        noise = Noise(seed, self.mel_dim).upto(code.shape[1] * self.repeats)
         mel = self._mel(code, noise, self.speaker(voice), self.config.num_steps)
         return self._wave(mel).reshape(-1).float().cpu()
 
@@ -256,30 +240,43 @@ class Token2Wav:
         # Every device tensor made here is made on the worker's stream; what a caller passes is on the host,
         # or made here by an earlier call (``left``), or the voice's, made at load.
         chunk: ChunkShape = calls[0][4]
-        rows = self.graph_rows(calls[0][0].shape[1]) if self._graphs is not None and chunk.regular else 0
+        window = calls[0][0].shape[1]
+        # A stream's last window has a one-off length: its ODE runs in the graphs of the next regular window
+        # up, padded with frames no real frame attends to (its vocoder runs eagerly: a convolution's edge
+        # would see the padding).
+        ode_window = window if chunk.regular else padded_window(window, self._graph_windows)
+        rows = self.graph_rows(ode_window) if self._graphs is not None and ode_window else 0
         if 0 < rows < len(calls):
             # More rows than a graph holds: graphed slices. Eagerly, a call's thousands of launches each
             # take the interpreter lock, which the engines' steps wait for meanwhile (32 sessions' later
             # chunks, 26 rows: 0.95 s on an H100, every engine launch slowed beside it).
             return [out for i in range(0, len(calls), rows) for out in self._run_group(calls[i : i + rows], lane)]
-        code = torch.cat([c[0] for c in calls]).to(self.device)
+        ode_graphs, vocoder_graphs = self._graphs[lane] if self._graphs is not None else (None, None)
+        if not ode_window:
+            ode_graphs, ode_window = None, window
+        code = torch.cat([c[0] for c in calls])
         ref_mel = torch.cat([c[2].ref_mel for c in calls])
-        x0 = torch.cat([c[1] for c in calls]).to(device=self.device, dtype=ref_mel.dtype)
+        x0 = torch.cat([c[1] for c in calls])
+        frames = window * self.repeats
+        if ode_window > window and ode_graphs is not None:
+            code = F.pad(code, (0, ode_window - window))
+            x0 = F.pad(x0, (0, 0, 0, (ode_window - window) * self.repeats))
+        code, x0 = code.to(self.device), x0.to(device=self.device, dtype=ref_mel.dtype)
+        valid = torch.full((len(calls),), frames, dtype=torch.long, device=self.device)
         cond = torch.cat([c[2].cond for c in calls])
         left = torch.cat([c[3] for c in calls]).to(device=self.device, dtype=ref_mel.dtype)
-        # A one-off window (a stream's last) would capture a graph for one use: it runs eagerly.
-        ode_graphs, vocoder_graphs = self._graphs[lane] if self._graphs is not None and chunk.regular else (None, None)
         steps = chunk.steps
 
-        def ode(c: torch.Tensor, x: torch.Tensor, s: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-            return self._ode(c, x, s, r, steps)
+        def ode(c: torch.Tensor, x: torch.Tensor, s: torch.Tensor, r: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return self._ode(c, x, s, r, steps, v)
 
-        mel = ode_graphs(ode, steps, code, x0, cond, ref_mel) if ode_graphs is not None else None
+        mel = ode_graphs(ode, steps, code, x0, cond, ref_mel, valid) if ode_graphs is not None else None
         if mel is None:
-            mel = ode(code, x0, cond, ref_mel)
+            mel = ode(code, x0, cond, ref_mel, valid)
+        mel = mel[:, :, :frames]
         kept = mel[:, :, chunk.lo : chunk.hi]
         vocoder_in = torch.cat((left, kept, mel[:, :, chunk.hi : chunk.hi + self.config.vocoder_context_frames]), 2)
-        wav = vocoder_graphs(self._wave, None, vocoder_in) if vocoder_graphs is not None else None
+        wav = vocoder_graphs(self._wave, None, vocoder_in) if vocoder_graphs is not None and chunk.regular else None
         if wav is None:
             wav = self._wave(vocoder_in)
         a = left.shape[2] * self.hop
@@ -299,14 +296,20 @@ class Token2Wav:
         return self._ode(code, x0, speaker.cond, speaker.ref_mel, steps)
 
     def _ode(
-        self, code: torch.Tensor, x0: torch.Tensor, cond: torch.Tensor, ref_mel: torch.Tensor, steps: int
+        self,
+        code: torch.Tensor,
+        x0: torch.Tensor,
+        cond: torch.Tensor,
+        ref_mel: torch.Tensor,
+        steps: int,
+        valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """transformers' flow-matching ODE (``Qwen2_5OmniToken2WavDiTModel.sample``: RK4 in its 3/8 form over
         sway-warped times), with the times as host numbers: no step waits for the device, so it also
-        captures into a CUDA graph."""
+        captures into a CUDA graph. ``valid`` (``[B]``): each row's real frames, the rest padding."""
         cfg = self.config
         guided = cfg.guidance_scale >= 1e-5
-        chunk = self._dit.prepare(code, cond.unsqueeze(1).repeat(1, x0.shape[1], 1), ref_mel, guided)
+        chunk = self._dit.prepare(code, cond.unsqueeze(1).repeat(1, x0.shape[1], 1), ref_mel, guided, valid)
 
         def velocity(t: float, x: torch.Tensor) -> torch.Tensor:
             out = self._dit.velocity(chunk, x, t)
@@ -328,69 +331,3 @@ class Token2Wav:
     def _wave(self, mel: torch.Tensor) -> torch.Tensor:
         """``[B, samples]`` waveform of ``mel`` ``[B, mel_dim, frames]`` on the device (``FastVocoder``)."""
         return self._vocoder(mel)
-
-
-class Token2WavStream:
-    """One utterance: ``push`` codes as the talker makes them and get the chunks now complete; ``finish``
-    returns the rest. Each call returns float32 ``[samples]`` waveforms, in order, never overlapping."""
-
-    def __init__(self, t2w: Token2Wav, speaker: Speaker, seed: int | None) -> None:
-        self.t2w = t2w
-        self.speaker = speaker
-        self.noise = _Noise(seed, t2w.mel_dim)
-        self.codes: list[int] = []
-        self.done_codes = 0  # codes whose audio was returned
-        self.mel: torch.Tensor | None = None  # [1, mel_dim, <= context] of the returned codes' last frames
-        self.finished = False
-
-    @property
-    def next_chunk_end(self) -> int:
-        cfg = self.t2w.config
-        return cfg.first_chunk_codes if self.done_codes == 0 else self.done_codes + cfg.chunk_codes
-
-    def completes_chunk(self, more: int) -> bool:
-        """Whether ``push`` of ``more`` codes runs a chunk (a token2wav call) rather than only keeping them."""
-        return len(self.codes) + more >= self.next_chunk_end + self.t2w.config.lookahead_codes
-
-    def push(self, codes: list[int]) -> list[torch.Tensor]:
-        if self.finished:
-            raise RuntimeError("token2wav stream already finished")
-        self.codes.extend(int(c) for c in codes)
-        out: list[torch.Tensor] = []
-        while len(self.codes) >= self.next_chunk_end + self.t2w.config.lookahead_codes:
-            out.append(self._chunk(self.next_chunk_end, final=False))
-        return out
-
-    def finish(self) -> list[torch.Tensor]:
-        """Audio of every code not yet returned (the last chunk needs no lookahead)."""
-        out: list[torch.Tensor] = []
-        while not self.finished and self.done_codes < len(self.codes):
-            end = min(self.next_chunk_end, len(self.codes))
-            out.append(self._chunk(end, final=end == len(self.codes)))
-        self.finished = True
-        return out
-
-    @torch.inference_mode()
-    def _chunk(self, end: int, *, final: bool) -> torch.Tensor:
-        t2w, cfg, r = self.t2w, self.t2w.config, self.t2w.repeats
-        start = self.done_codes
-        win_start, win_end, shape = chunk_window(cfg, t2w.block_codes, r, start, end, len(self.codes), final=final)
-        code = _as_codes(self.codes[win_start:win_end], torch.device("cpu"), t2w.num_codes)
-        noise = self.noise.upto(win_end * r)[:, win_start * r :]
-        ctx = cfg.vocoder_context_frames
-        left = self.mel if self.mel is not None and ctx else torch.zeros(1, t2w.mel_dim, 0)
-        self.mel, chunk = t2w.chunk_batched(code, noise, self.speaker, left, shape)
-        self.done_codes = end
-        if final:
-            self.finished = True
-        return chunk
-
-
-def _as_codes(codes: list[int] | torch.Tensor, device: torch.device, num_codes: int) -> torch.Tensor:
-    code = torch.as_tensor(codes, dtype=torch.long).reshape(1, -1)
-    if code.shape[1] == 0:
-        raise ValueError("token2wav needs at least one codec code")
-    bad = code[(code < 0) | (code >= num_codes)]
-    if bad.numel():
-        raise ValueError(f"codec codes must be in [0, {num_codes}); got {bad[:4].tolist()}")
-    return code.to(device)

@@ -81,6 +81,11 @@ def chunk_window(
     return win_start, win_end, ChunkShape(lo, hi, steps, first=start == 0, regular=regular)
 
 
+def padded_window(window: int, graph_windows: list[int]) -> int | None:
+    """The smallest of ``graph_windows`` (sorted) that holds ``window`` codes, or None."""
+    return next((w for w in graph_windows if w >= window), None)
+
+
 def rk4_intervals(steps: int, sway: float | None) -> list[tuple[float, float, tuple[float, float, float, float]]]:
     """Each ODE interval's ends and the four times its RK4 (3/8 rule) step evaluates the DiT at."""
     times = ode_times(steps, sway)

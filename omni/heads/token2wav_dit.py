@@ -31,7 +31,7 @@ class PreparedChunk:
     rows: int
     fixed_input: torch.Tensor  # [rows, frames, hidden]: the input projection of everything but ``x``, bias included
     rotation: torch.Tensor  # [frames, head_dim, head_dim]: head 0's rotary map at each position
-    masks: tuple[torch.Tensor, ...]  # per layer [frames, frames] bool: which frames a frame attends to
+    masks: tuple[torch.Tensor, ...]  # per layer [frames, frames] (or [rows, 1, frames, frames]) bool: what a frame sees
     guided: bool
 
 
@@ -57,8 +57,16 @@ class FastDiT:
             for t in times:
                 self._modulations[t] = self._modulation(t)
 
-    def prepare(self, code: torch.Tensor, speaker: torch.Tensor, ref_mel: torch.Tensor, guided: bool) -> PreparedChunk:
-        """``code`` [B, n], ``speaker`` [B, frames, enc_emb_dim], ``ref_mel`` [B, ref_frames, mel_dim]."""
+    def prepare(
+        self,
+        code: torch.Tensor,
+        speaker: torch.Tensor,
+        ref_mel: torch.Tensor,
+        guided: bool,
+        valid: torch.Tensor | None = None,
+    ) -> PreparedChunk:
+        """``code`` [B, n], ``speaker`` [B, frames, enc_emb_dim], ``ref_mel`` [B, ref_frames, mel_dim];
+        ``valid`` [B]: each row's real frames, the rest padding that no real frame attends to (None: all)."""
         dit = self.dit
         embed = dit.input_embed
         speaker, ref_mel = speaker.to(self.dtype), ref_mel.to(self.dtype)
@@ -80,6 +88,12 @@ class FastDiT:
         diff = block[None, :] - block[:, None]
         spans = [(layer.look_backward_block, layer.look_ahead_block) for layer in dit.transformer_blocks]
         masks = {span: (diff >= -float(span[0])) & (diff <= float(span[1])) for span in set(spans)}
+        if valid is not None:
+            real = positions[None, :] < (torch.cat((valid, valid)) if guided else valid)[:, None]  # [rows, T]
+            # A padding frame still attends to itself, so none of its rows is all masked (a NaN there would
+            # reach real frames through their zero weights on it).
+            own = torch.eye(frames, dtype=torch.bool, device=code.device)
+            masks = {span: (mask & real[:, None, None, :]) | own for span, mask in masks.items()}
         return PreparedChunk(rows, fixed, rotation.contiguous(), tuple(masks[span] for span in spans), guided)
 
     def velocity(self, chunk: PreparedChunk, x: torch.Tensor, t: float) -> torch.Tensor:

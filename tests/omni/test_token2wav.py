@@ -458,11 +458,13 @@ class _EagerGraphs:
     def __init__(self, rows: int) -> None:
         self.rows = rows
         self.served: list[int] = []
+        self.windows: list[int] = []  # each served call's second dimension (codes, or mel channels)
 
     def __call__(self, fn: Callable[..., Any], key: object, *inputs: torch.Tensor) -> Any:
         if inputs[0].shape[0] > self.rows:
             return None
         self.served.append(inputs[0].shape[0])
+        self.windows.append(inputs[0].shape[1])
         return fn(*inputs)
 
 
@@ -495,7 +497,43 @@ def test_a_group_larger_than_a_graph_runs_as_graphed_slices(t2w: Token2Wav, monk
     for (tail, wav), (tail_eager, wav_eager) in zip(sliced, eager, strict=True):
         torch.testing.assert_close(wav, wav_eager, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(tail, tail_eager, rtol=1e-4, atol=1e-5)
-    # a stream's last chunk (not regular) never goes to the graphs, however many rows
-    last = [(*call[:4], dataclasses.replace(shape, regular=False)) for call in calls]
-    head._run_group(last, 0)
-    assert ode.served == [2, 2, 1]
+
+
+def test_a_last_chunk_runs_its_ode_in_the_next_regular_windows_graphs(t2w: Token2Wav) -> None:
+    """A stream's last window, shorter than the regular ones, is padded to the next regular window for its
+    ODE's graph (its padding masked away), and gives what its unpadded eager call gives; its vocoder call,
+    whose convolutions would see the padding, is never a graph's."""
+    cfg = Token2WavConfig(first_chunk_codes=4, chunk_codes=8, past_codes=4, lookahead_codes=2, num_steps=2)
+    head = Token2Wav(t2w.models, cfg)
+    windows = sorted({window for window, _, _ in head.regular_shapes()})
+    window = windows[-1] - 3  # a last window: no lookahead, fewer codes
+    frames = window * head.repeats
+    shape = ChunkShape(lo=4 * head.repeats, hi=frames, steps=2, first=False, regular=False)
+    g = torch.Generator().manual_seed(9)
+    calls = [
+        (
+            torch.tensor([_codes(window, seed=40 + i)]),
+            torch.randn(1, frames, head.mel_dim, generator=g),
+            head.speaker(voice),
+            torch.randn(1, head.mel_dim, 3, generator=g) - 3,
+            shape,
+        )
+        for i, voice in enumerate(("Ethan", "Chelsie"))
+    ]
+    eager = head._run_group(calls, 0)
+    ode, vocoder = _EagerGraphs(8), _EagerGraphs(8)
+    head._graphs = [(ode, vocoder)]  # type: ignore[list-item]
+    padded = head._run_group(calls, 0)
+    want_window = min(w for w in windows if w >= window)
+    assert ode.windows == [want_window] and want_window > window and vocoder.served == []
+    for (tail, wav), (tail_eager, wav_eager) in zip(padded, eager, strict=True):
+        assert torch.isfinite(wav).all()
+        torch.testing.assert_close(wav, wav_eager, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(tail, tail_eager, rtol=1e-4, atol=1e-5)
+    # a window longer than every regular one has no graph: eager, unpadded
+    long_window = windows[-1] + 1
+    code = torch.tensor([_codes(long_window, seed=50)])
+    noise = torch.randn(1, long_window * head.repeats, head.mel_dim, generator=g)
+    long_shape = dataclasses.replace(shape, hi=long_window * head.repeats)
+    head._run_group([(code, noise, head.speaker("Ethan"), calls[0][3], long_shape)], 0)
+    assert ode.windows == [want_window]

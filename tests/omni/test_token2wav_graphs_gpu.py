@@ -67,6 +67,9 @@ def test_graphed_chunks_match_eager(tmp_path: Path) -> None:
     assert len(ode) == per_voice({(w, shape.steps) for w, _, shape in shapes}) * len(ref_lengths)
     assert len(first_ode) == per_voice({(w, shape.steps) for w, _, shape in shapes if shape.first}) * len(ref_lengths)
     assert first_ode.replayed + ode.replayed - replays_at_build >= 2 * 2
-    assert (first_vocoder.replayed, vocoder.replayed) == (first_ode.replayed, ode.replayed)
+    assert first_vocoder.replayed == first_ode.replayed
+    # each stream's last chunk (codes 12-20, no lookahead) ran its ODE in a regular window's graph, padded,
+    # and its vocoder eagerly: at least one such call per round
+    assert ode.replayed - vocoder.replayed >= 2
     eager.close()
     graphed.close()
