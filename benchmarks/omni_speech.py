@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
+import gzip
+import shutil
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,7 @@ import torch
 
 from benchmarks.common import ResultLog, add_out_argument, summary
 from benchmarks.step_timeline import Timeline, chunk_kind
+from benchmarks.trace_streams import TIMED_RUN
 
 SPEAKER = "Chelsie"
 
@@ -331,6 +335,27 @@ async def ours(
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
 
+@contextlib.contextmanager
+def device_trace(path: Path | None) -> Iterator[None]:
+    """Profile the body's host calls and every stream's kernels into ``path`` (gzipped Chrome trace JSON),
+    marking the body as ``TIMED_RUN`` so the trace's clock can be read from its start; None: no trace."""
+    if path is None:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        with record_function(TIMED_RUN):
+            yield
+    raw = path.with_suffix(".json")
+    prof.export_chrome_trace(str(raw))
+    with raw.open("rb") as src, gzip.open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    print(f"trace of the timed run: {path}")
+
+
 def allocator_counters() -> dict[str, float]:
     """The CUDA caching allocators' calls so far: device allocations and frees, failed allocations that
     flushed the cache (each waits for the whole device), pinned host blocks created and the ms that took."""
@@ -382,6 +407,14 @@ def main() -> None:
         default=None,
         metavar="FILE",
         help="append each engine step and token2wav call, and the stacks of engine launches stalled past 20 ms",
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a torch.profiler trace (gzipped Chrome JSON, kernels on every stream) of the largest concurrency's "
+        "timed run; python -m benchmarks.trace_streams FILE summarizes it",
     )
     parser.add_argument(
         "--switch-interval-ms",
@@ -459,9 +492,11 @@ def main() -> None:
             asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes))
             _BATCHES.clear()
             before = allocator_counters()
-            timeline.begin(c)
-            runs = asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes, args.stages))
-            timeline.end()
+            traced = args.trace is not None and c == max(args.concurrency)
+            with device_trace(args.trace if traced else None):
+                timeline.begin(c)
+                runs = asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes, args.stages))
+                timeline.end()
             allocator = {k: v - before.get(k, 0) for k, v in allocator_counters().items()}
             ttfa = summary([r["first_audio_s"] for r in runs])
             rtf = statistics.mean(r["rtf"] for r in runs)
