@@ -22,11 +22,16 @@ from collections.abc import Iterator
 import torch
 
 
-@functools.cache
 def step_stream(device: torch.device, priority: int) -> torch.cuda.Stream:
     """The process's step stream of ``priority`` on ``device`` (lower is sooner; torch maps values past
-    the device's range to its nearest end)."""
-    return torch.cuda.Stream(device=device, priority=priority)
+    the device's range to its nearest end). "cuda" and "cuda:N" of the current device get the same one."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _stream(index, priority)
+
+
+@functools.cache
+def _stream(index: int, priority: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device=torch.device("cuda", index), priority=priority)
 
 
 @contextlib.contextmanager

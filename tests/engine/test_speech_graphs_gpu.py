@@ -11,6 +11,7 @@ from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.llm_engine import LLMEngine
 from omni_gateway.engine.models.qwen2_5_omni_talker import load_talker
 from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.step_stream import step_stream
 
 from benchmarks.checkpoints import save_tiny_checkpoint
 from benchmarks.tiny_omni import save_tiny_omni
@@ -108,6 +109,8 @@ def test_steps_on_a_priority_stream_match_the_default_stream(tmp_path: Path) -> 
     save_tiny_checkpoint("qwen2", tmp_path / "qwen2", seed=3)
     thinker = LLMEngine(_config(False, str(tmp_path / "qwen2"), priority=-2))
     assert talker.runner.step_stream is not None and talker.runner.step_stream is thinker.runner.step_stream
+    here = torch.device("cuda", torch.cuda.current_device())
+    assert step_stream(torch.device("cuda"), -2) is step_stream(here, -2) is talker.runner.step_stream
     stream = talker.runner.step_stream.cuda_stream
     seen = _streams_used(talker)
     for seed in range(2):
