@@ -59,7 +59,7 @@ from benchmarks.engine_gpu import (
     word_tokenizer,
 )
 
-VARIANTS = ("bf16", "fp8-channel", "fp8-channel-head", "fp8-block", "int4", "fp8-kv", "fp8-channel-kv")
+VARIANTS = ("bf16", "fp8-channel", "fp8-channel-head", "fp8-block", "int4", "int4-head", "fp8-kv", "fp8-channel-kv")
 # Suffixes of a variant name that run its engine as an earlier design, a baseline in the same run:
 # without the batch-1 row fusion (``LlamaModel.ROW_FUSION``) and programmatic dependent launch, or
 # without the latter only (kernels/row_fusion.py).
@@ -183,7 +183,7 @@ def write_checkpoints(cfg: Any, root: Path, variants: set[str], seed: int) -> di
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    dirs = {"bf16": root / "bf16", "fp8-block": root / "fp8-block", "int4": root / "awq"}
+    dirs = {"bf16": root / "bf16", "fp8-block": root / "fp8-block", "int4": root / "awq", "int4-head": root / "awq"}
     torch.manual_seed(seed)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
@@ -199,7 +199,8 @@ def write_checkpoints(cfg: Any, root: Path, variants: set[str], seed: int) -> di
         },
         "int4": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"},
     }
-    wanted = ["bf16"] + [v for v in ("fp8-block", "int4") if v in variants]
+    needed = variants | ({"int4"} if "int4-head" in variants else set())  # the AWQ checkpoint serves both
+    wanted = ["bf16"] + [v for v in ("fp8-block", "int4") if v in needed]
     for variant in wanted:
         t0 = time.perf_counter()
         out: dict[str, torch.Tensor] = {}
@@ -232,6 +233,7 @@ def _engine_args(variant: str) -> dict[str, Any]:
     return {
         "fp8-channel": {"quantization": "fp8"},
         "fp8-channel-head": {"quantization": "fp8", "quantize_lm_head": True},
+        "int4-head": {"quantize_lm_head": True},
         "fp8-kv": {"kv_cache_dtype": "fp8"},
         "fp8-channel-kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
     }.get(variant, {})
@@ -357,7 +359,9 @@ def _fmt(value: Any) -> str:
 
 
 def _summary(reports: dict[str, dict[str, Any]]) -> None:
-    targets = {"fp8-channel": 1.7, "fp8-channel-head": 1.7, "fp8-channel-kv": 1.7, "fp8-block": 1.7, "int4": 2.5}
+    fp8, int4 = 1.7, 2.5
+    targets = {"fp8-channel": fp8, "fp8-channel-head": fp8, "fp8-channel-kv": fp8, "fp8-block": fp8}
+    targets |= {"int4": int4, "int4-head": int4}
     print("\nvariant        b1 ms/tok  vs bf16  workload tok/s  vs bf16  greedy match  max logprob err")
     for name, r in reports.items():
         target = f" (target {targets[name]}x)" if name in targets else ""

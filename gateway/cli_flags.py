@@ -290,8 +290,9 @@ def serve_flags() -> tuple[Flag, ...]:
             "--quantize-lm-head",
             eng,
             "quantize_lm_head",
-            "the LM head in FP8 per channel too, with FP8 weights (--quantization fp8 or an FP8 checkpoint); "
-            "by default it stays in the model dtype, as in vLLM",
+            "the LM head quantized too: FP8 per channel with FP8 weights (--quantization fp8 or an FP8 "
+            "checkpoint), int4 in the checkpoint's groups with an AWQ or GPTQ one; by default it stays in the "
+            "model dtype, as in vLLM",
             "engine",
             switch=True,
         ),

@@ -32,6 +32,7 @@ from omni_gateway.kernels import quant_reference as qref
 SUPPORTED_QUANTIZATION: tuple[str, ...] = tuple(q for q in QUANTIZATION_CHOICES if q != "none")
 
 _FP8_METHODS = ("fp8", "compressed-tensors")
+_INT4_METHODS = ("awq", "gptq")
 _LINEARS = tuple(f"self_attn.{n}_proj" for n in "qkvo") + tuple(f"mlp.{n}_proj" for n in ("gate", "up", "down"))
 _AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # nibble holding output 8j + i of an AWQ word
 
@@ -83,11 +84,13 @@ def quantize_weights(
     """``weights`` with every decoder linear's tensors replaced by one weight object under its
     ``<prefix>.weight`` name (the other tensors of that linear removed). ``method`` comes from
     ``resolve_quantization``, ``ckpt`` is the checkpoint's ``quantization_config`` (None: float).
-    The LM head stays in float unless ``quantize_lm_head`` (FP8 methods only): then an FP8 head in the
-    checkpoint stays FP8, and a float one (or the tied embedding, copied) is quantized per channel."""
-    if quantize_lm_head and method not in _FP8_METHODS:
+    The LM head stays in float unless ``quantize_lm_head``: then an FP8 head in the checkpoint stays FP8,
+    and a float one (or the tied embedding, copied) is quantized like the checkpoint's linears: FP8 per
+    channel, or for AWQ and GPTQ int4 in their groups, rounded to nearest (the checkpoints' own linears
+    were calibrated; the head gets no calibration data here)."""
+    if quantize_lm_head and method not in _FP8_METHODS + _INT4_METHODS:
         raise ModelLoadError(
-            "quantize_lm_head needs FP8 weights (--quantization fp8 or an FP8 checkpoint); "
+            "quantize_lm_head needs FP8 or int4 weights (--quantization fp8, or an FP8, AWQ or GPTQ checkpoint); "
             f"this load uses {method or 'float weights'!r}"
         )
     if method is None:
@@ -106,7 +109,12 @@ def quantize_weights(
         if not quantize_lm_head:  # the head stays in float: de-quantize it
             weights["lm_head.weight"] = weights["lm_head.weight"].dequantize(torch.bfloat16)
     elif quantize_lm_head:
-        weights["lm_head.weight"] = Fp8Pending(head if head is not None else weights["model.embed_tokens.weight"])
+        source = head if head is not None else weights["model.embed_tokens.weight"]
+        if method in _INT4_METHODS:
+            assert ckpt is not None  # int4 comes from a quantized checkpoint only
+            weights["lm_head.weight"] = Int4Weight(*qref.quantize_int4(source, _int4_settings(ckpt, method)))
+        else:
+            weights["lm_head.weight"] = Fp8Pending(source)
     return weights
 
 

@@ -19,6 +19,7 @@ from omni_gateway.engine import LLM, SamplingParams
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.quant.fp8 import Fp8Weight
+from omni_gateway.engine.quant.int4 import Int4Weight
 from omni_gateway.kernels import quant_reference as qref
 from safetensors.torch import load_file, save_file
 
@@ -30,6 +31,12 @@ _LINEARS = [f"self_attn.{n}_proj" for n in "qkvo"] + [f"mlp.{n}_proj" for n in (
 _AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # output of each nibble of an AWQ word (AutoAWQ's packer)
 GROUP = 64
 PROMPTS = [[3, 17, 44, 101, 7], [250, 9, 9, 12, 33, 80, 120, 5, 66]]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+    ),
+]
 NEW_TOKENS = 8
 
 
@@ -189,16 +196,7 @@ def _run(model: str, device: str = "cpu", **engine_args: Any) -> list[tuple[list
     return [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs or []]) for o in outs]
 
 
-@pytest.mark.parametrize(
-    "device",
-    [
-        "cpu",
-        pytest.param(
-            "cuda",
-            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")],
-        ),
-    ],
-)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["fp8-channel", "fp8-block", "fp8-tensor", "ct-block", "ct-tensor", "awq", "gptq"])
 def test_quantized_checkpoint_matches_its_dequantized_weights(tmp_path: Path, kind: str, device: str) -> None:
     """On CUDA the Triton kernels sum in another order than cuBLAS: float32 rounding, 1e-3 in logprobs."""
@@ -271,6 +269,27 @@ def test_quantize_lm_head_at_load(tmp_path: Path, tied: bool) -> None:
     assert [lp for _, lp in got] != [lp for _, lp in float_head]
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["awq", "gptq"])
+def test_quantize_lm_head_with_an_int4_checkpoint(tmp_path: Path, kind: str, device: str) -> None:
+    """With an AWQ or GPTQ checkpoint ``quantize_lm_head`` rounds the float head to int4 in the checkpoint's
+    groups (nearest, min/max): the same tokens and logprobs as float32 weights holding those values."""
+    quantized, dequantized = _write_pair(tmp_path, kind)
+    reference = load_file(str(Path(dequantized) / "model.safetensors"))
+    head = reference["lm_head.weight"].half()  # the checkpoint's float16 head
+    reference["lm_head.weight"] = qref.dequantize_int4(*qref.quantize_int4(head, GROUP))
+    config = json.loads((Path(dequantized) / "config.json").read_text())
+    expected = _run(_save(tmp_path / "int4-head", config, reference), device)
+    llm = LLM(model=quantized, device=device, dtype="float32", max_model_len=128, quantize_lm_head=True)
+    assert isinstance(llm.engine.runner.model.lm_head.weight, Int4Weight)
+    del llm
+    got = _run(quantized, device, quantize_lm_head=True)
+    for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(got, expected):
+        assert tokens == ref_tokens
+        assert torch.allclose(torch.tensor(logprobs), torch.tensor(ref_logprobs), atol=1e-4)
+    assert [lp for _, lp in got] != [lp for _, lp in _run(quantized, device)]
+
+
 def test_a_checkpoints_fp8_head_stays_fp8_only_when_asked(tmp_path: Path) -> None:
     quantized, _ = _write_pair(tmp_path, "fp8-block")
     head = Path(quantized) / "model.safetensors"
@@ -292,14 +311,12 @@ def test_quantization_errors_name_the_problem(tmp_path: Path) -> None:
     plain = _save(tmp_path / "float", config, tensors)
     with pytest.raises(ModelLoadError, match="needs a checkpoint quantized with it"):
         LLM(model=plain, device="cpu", quantization="awq")
-    with pytest.raises(ModelLoadError, match="quantize_lm_head needs FP8 weights.*'float weights'"):
+    with pytest.raises(ModelLoadError, match="quantize_lm_head needs FP8 or int4 weights.*'float weights'"):
         LLM(model=plain, device="cpu", quantize_lm_head=True)
     bnb = _save(tmp_path / "bnb", {**config, "quantization_config": {"quant_method": "bitsandbytes"}}, tensors)
     with pytest.raises(ModelLoadError, match="unsupported quantization 'bitsandbytes'.*supported: fp8, awq"):
         LLM(model=bnb, device="cpu")
     quantized, _ = _write_pair(tmp_path, "gptq")
-    with pytest.raises(ModelLoadError, match="quantize_lm_head needs FP8 weights.*'gptq'"):
-        LLM(model=quantized, device="cpu", quantize_lm_head=True)
     with pytest.raises(ModelLoadError, match="quantized with 'gptq'; --quantization 'awq'"):
         LLM(model=quantized, device="cpu", quantization="awq")
     config_file = Path(quantized) / "config.json"
