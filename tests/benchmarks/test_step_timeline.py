@@ -103,3 +103,9 @@ def test_stalled_launches_are_sampled_with_the_line_they_wait_on(tmp_path: Path)
     # Sampled only past 20 ms of the 65 ms launch: about 20 samples, all inside the slow upload.
     assert 5 <= sum(e["samples"] for e in stalls) <= 30
     assert all(e["stack"][0].endswith("slow_upload") for e in stalls)
+    # The sampler's own probes, every 2 ms of the run: some taken during the stall, some outside it; off the
+    # GPU no driver call is timed. Its wake-up lateness is a sleep's overshoot here: never negative.
+    probes = [e for e in map(json.loads, path.read_text().splitlines()) if e["what"] == "probe"]
+    assert {e["stalled"] for e in probes} == {True, False}
+    assert 5 <= sum(e["stalled"] for e in probes) <= 30
+    assert all(e["late_ms"] >= 0 and e["driver_ms"] is None and e["c"] == 4 for e in probes)
