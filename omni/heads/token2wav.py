@@ -241,24 +241,26 @@ class Token2Wav:
         # or made here by an earlier call (``left``), or the voice's, made at load.
         chunk: ChunkShape = calls[0][4]
         window = calls[0][0].shape[1]
+        ode_graphs, vocoder_graphs = self._graphs[lane] if self._graphs is not None else (None, None)
         # A stream's last window has a one-off length: its ODE runs in the graphs of the next regular window
-        # up, padded with frames no real frame attends to (its vocoder runs eagerly: a convolution's edge
-        # would see the padding).
+        # up, padded with frames no real frame attends to, and its vocoder eagerly (a convolution's edge
+        # would see the padding). Without such a window, or without graphs, the ODE runs eagerly, unpadded.
         ode_window = window if chunk.regular else padded_window(window, self._graph_windows)
-        rows = self.graph_rows(ode_window) if self._graphs is not None and ode_window else 0
+        if ode_window is None or ode_graphs is None:
+            ode_graphs, ode_window = None, window
+        if not chunk.regular:
+            vocoder_graphs = None
+        rows = self.graph_rows(ode_window) if ode_graphs is not None else 0
         if 0 < rows < len(calls):
             # More rows than a graph holds: graphed slices. Eagerly, a call's thousands of launches each
             # take the interpreter lock, which the engines' steps wait for meanwhile (32 sessions' later
             # chunks, 26 rows: 0.95 s on an H100, every engine launch slowed beside it).
             return [out for i in range(0, len(calls), rows) for out in self._run_group(calls[i : i + rows], lane)]
-        ode_graphs, vocoder_graphs = self._graphs[lane] if self._graphs is not None else (None, None)
-        if not ode_window:
-            ode_graphs, ode_window = None, window
         code = torch.cat([c[0] for c in calls])
         ref_mel = torch.cat([c[2].ref_mel for c in calls])
         x0 = torch.cat([c[1] for c in calls])
         frames = window * self.repeats
-        if ode_window > window and ode_graphs is not None:
+        if ode_window > window:
             code = F.pad(code, (0, ode_window - window))
             x0 = F.pad(x0, (0, 0, 0, (ode_window - window) * self.repeats))
         code, x0 = code.to(self.device), x0.to(device=self.device, dtype=ref_mel.dtype)
@@ -276,7 +278,7 @@ class Token2Wav:
         mel = mel[:, :, :frames]
         kept = mel[:, :, chunk.lo : chunk.hi]
         vocoder_in = torch.cat((left, kept, mel[:, :, chunk.hi : chunk.hi + self.config.vocoder_context_frames]), 2)
-        wav = vocoder_graphs(self._wave, None, vocoder_in) if vocoder_graphs is not None and chunk.regular else None
+        wav = vocoder_graphs(self._wave, None, vocoder_in) if vocoder_graphs is not None else None
         if wav is None:
             wav = self._wave(vocoder_in)
         a = left.shape[2] * self.hop
