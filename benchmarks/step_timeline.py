@@ -31,6 +31,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from benchmarks.common import summary
+
 # Innermost Python frames kept of a stalled engine thread's stack.
 _STACK_DEPTH = 6
 
@@ -52,6 +54,8 @@ class Timeline:
         self._sampling = False
         # (seconds since the run began, concurrency, an engine stalled, wake-up lateness ms, driver ms)
         self._probes: list[tuple[float, int, bool, float, float | None]] = []
+        self._allocator = False  # watch_allocator turned the allocator's history on
+        self._segments_from = 0  # allocator trace entries before the timed run
 
     def begin(self, concurrency: int) -> None:
         """A timed run starts: events count from now. On a GPU, device marks count from a reference event
@@ -97,7 +101,7 @@ class Timeline:
             self._allocator = True
 
     def _segments(self) -> list[dict[str, Any]]:
-        if not getattr(self, "_allocator", False):
+        if not self._allocator:
             return []
         import torch
 
@@ -167,12 +171,13 @@ class Timeline:
                 # command takes the driver to queue while this thread holds the lock (a driver-side wait).
                 late_ms = (now - asleep) * 1e3 - every_ms
                 driver_ms = record_event() if record_event is not None else None
-                stalled = any((now - began) * 1e3 > after_ms for _, began in list(self._inside.values()))
-                self._probes.append((now - self.t0, concurrency, stalled, late_ms, driver_ms))
+                inside = list(self._inside.items())
+                stalled = [(tid, name) for tid, (name, began) in inside if (now - began) * 1e3 > after_ms]
+                self._probes.append((now - self.t0, concurrency, bool(stalled), late_ms, driver_ms))
                 frames = sys._current_frames()
-                for tid, (name, began) in list(self._inside.items()):
+                for tid, name in stalled:
                     frame = frames.get(tid)
-                    if frame is not None and (now - began) * 1e3 > after_ms:
+                    if frame is not None:
                         self._stalls[(concurrency, name, _stack(frame))] += 1
 
         threading.Thread(target=sample, name="stall-sampler", daemon=True).start()
@@ -302,9 +307,8 @@ def _percentiles(values: list[float]) -> str:
     """Median / p90 / max, or a dash for none."""
     if not values:
         return "-"
-    ordered = sorted(values)
-    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
-    return f"{statistics.median(ordered):.2f} / {p90:.2f} / {ordered[-1]:.2f}"
+    s = summary(values)
+    return f"{s['median']:.2f} / {s['p90']:.2f} / {s['max']:.2f}"
 
 
 def _step_detail(batch: dict[str, Any]) -> str:
