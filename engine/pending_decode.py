@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omni_gateway.engine.sampler import SampleResult, to_device
+from omni_gateway.engine.host_copies import to_device
+from omni_gateway.engine.sampler import SampleResult
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from omni_gateway.engine.host_copies import to_device, to_host
 from omni_gateway.engine.outputs import Logprob
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.seeded_noise import exponential_rows, row_key
@@ -223,7 +224,7 @@ def _token_matrix(token_lists: list[list[int]], vocab: int, device: torch.device
     padded = np.full((num_rows, longest), vocab, dtype=np.int64)
     for i, tokens in enumerate(token_lists):
         padded[i, : len(tokens)] = tokens
-    index = _upload(torch.from_numpy(padded), device)
+    index = to_device(torch.from_numpy(padded), torch.int64, device)
     wide = torch.zeros(num_rows, vocab + 1, device=device)
     if count:
         wide.scatter_add_(1, index, torch.ones(num_rows, longest, device=device))
@@ -264,26 +265,3 @@ def apply_min_p(logits: torch.Tensor, min_p: list[float]) -> torch.Tensor:
 def _min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     probs = logits.softmax(dim=-1)
     return logits.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
-
-
-def to_device(values: list[Any] | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list or tensor on ``device`` without waiting for the device (pinned, asynchronous copy on
-    CUDA: a copy from pageable memory first waits for every kernel queued on the stream)."""
-    if not isinstance(values, torch.Tensor):
-        return _upload(torch.tensor(values, dtype=dtype), device)
-    return values.to(dtype) if values.device == device else _upload(values.to(dtype), device)
-
-
-def _upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
-def to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """Copy results to the host with one wait for the device, however many tensors there are."""
-    if not tensors or tensors[0].device.type != "cuda":
-        return [t.cpu() for t in tensors]
-    copies = [t.to("cpu", non_blocking=True) for t in tensors]
-    torch.cuda.current_stream(tensors[0].device).synchronize()
-    return copies

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 from omni_gateway.engine.errors import InvalidConstraint
-from omni_gateway.engine.sampler import to_device
+from omni_gateway.engine.host_copies import to_device
 from omni_gateway.engine.sampling_params import StructuredOutputs
 from omni_gateway.engine.sequence import Sequence
 

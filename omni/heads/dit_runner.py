@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 import torch.nn.functional as F
+from omni_gateway.engine.host_copies import to_host
 from omni_gateway.omni.heads.dit_options import ImageJobSpec
 from omni_gateway.omni.protocol import ImageFinal, ImagePartial
 from PIL import Image
@@ -196,7 +197,7 @@ class DiffusersRunner:
             )
         x = x.to(vae.dtype) / vae.config.scaling_factor + (getattr(vae.config, "shift_factor", None) or 0.0)
         image = vae.decode(x, return_dict=False)[0]
-        image = (image.float() / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).cpu().numpy()
+        image = to_host((image.float() / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1))[0].numpy()
         return _to_uint8(image)
 
 

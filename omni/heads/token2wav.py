@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from omni_gateway.engine.host_copies import to_host
 from omni_gateway.omni.heads.call_graphs import BUCKETS, CallGraphs
 from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
 from omni_gateway.omni.heads.token2wav_chunking import (
@@ -135,7 +136,7 @@ class Token2Wav:
         code = as_codes(codes, self.device, self.num_codes)
         noise = Noise(seed, self.mel_dim).upto(code.shape[1] * self.repeats)
         mel = self._mel(code, noise, self.speaker(voice), self.config.num_steps)
-        return self._wave(mel).reshape(-1).float().cpu()
+        return to_host(self._wave(mel).reshape(-1).float())[0]
 
     def stream(self, voice: str, *, seed: int | None = None) -> Token2WavStream:
         return Token2WavStream(self, self.speaker(voice), seed)
@@ -283,7 +284,7 @@ class Token2Wav:
             wav = self._wave(vocoder_in)
         a = left.shape[2] * self.hop
         tail = torch.cat((left, kept), 2)[:, :, -max(self.config.vocoder_context_frames, 1) :]
-        wav = wav[:, a : a + kept.shape[2] * self.hop].float().cpu()  # also waits for ``tail``
+        (wav,) = to_host(wav[:, a : a + kept.shape[2] * self.hop].float())  # also waits for ``tail``
         return [(tail[i : i + 1], wav[i]) for i in range(len(calls))]
 
     # ---- the two models ---------------------------------------------------------------------------

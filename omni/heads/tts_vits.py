@@ -50,9 +50,11 @@ class HfVitsSynthesizer:
         self, path: str | Path, *, device: str = "auto", seed: int | None = None, cuda_graphs: bool = True
     ) -> None:
         import torch
+        from omni_gateway.engine.host_copies import to_host
         from transformers import AutoTokenizer, VitsModel
 
         self._torch = torch
+        self._to_host = to_host
         self.device = torch.device(
             "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
         )
@@ -154,7 +156,7 @@ class HfVitsSynthesizer:
             wave = decode_window(
                 self.vocoder, spectrogram, frames, conditioning, start, window, self.context, run=self._vocode
             )
-            return wave[:rows].float().cpu().numpy()
+            return self._to_host(wave[:rows].float())[0].numpy()
 
     def prepare(self, max_rows: int = 64) -> None:
         """On CUDA, capture the CUDA graphs of the model pass and the vocoder (``cuda_graphs``), or else decode
@@ -234,7 +236,7 @@ class HfVitsSynthesizer:
             input_ids = torch.nn.functional.pad(input_ids, (0, pad), value=self.model.config.pad_token_id)
             attention_mask = torch.nn.functional.pad(attention_mask, (0, pad))
         duration, means, log_variances = self._text(input_ids, attention_mask, length_scale, conditioning)
-        frames = frame_lengths(duration).tolist()
+        frames = self._to_host(frame_lengths(duration))[0].tolist()
         longest = max(frames)
         width = _bucket(longest, MIN_FRAMES) if self.device.type == "cuda" else longest
         latents, frame_mask = expand_priors(self.model, duration, means, log_variances, attention_mask, width)
