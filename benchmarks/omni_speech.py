@@ -391,6 +391,12 @@ def main() -> None:
     )
     parser.add_argument("--dit-dtype", choices=DIT_DTYPES, default=None, help="token2wav DiT precision")
     parser.add_argument("--t2w-lanes", type=int, default=None, help="token2wav worker lanes (default: 2)")
+    parser.add_argument(
+        "--first-chunks-alone",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="engines launch no step while a first chunk's token2wav call runs (default: on)",
+    )
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true", help="thinker and talker without CUDA graphs")
     parser.add_argument(
@@ -442,6 +448,7 @@ def main() -> None:
             ("cuda_graphs", args.t2w_graphs),
             ("dit_dtype", args.dit_dtype),
             ("lanes", args.t2w_lanes),
+            ("first_chunks_alone", args.first_chunks_alone),
         )
         if value is not None
     }

@@ -24,6 +24,7 @@ from omni_gateway.engine.parallel.weights import shard_weights
 from omni_gateway.engine.pending_decode import PendingDecode
 from omni_gateway.engine.sampler import Sampler, SampleResult
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
+from omni_gateway.engine.step_gate import wait_for_urgent
 from omni_gateway.engine.step_plan import HiddenSpan, StepPlan, build_step_plan
 from omni_gateway.engine.step_stream import on_step_stream, step_stream
 
@@ -224,7 +225,10 @@ class ModelRunner:
         """Run one step and return it without waiting for its tokens where nothing needs them on the
         host first (no logprobs asked; otherwise it comes back resolved). With ``after``, the step in
         flight whose tokens the host has not read (see ``engine.pipelining``), every sequence decodes
-        the position after its last known token, with the token ``after`` samples for it."""
+        the position after its last known token, with the token ``after`` samples for it. On CUDA the
+        step first waits while an urgent call of the process runs (``engine.step_gate``)."""
+        if self.device.type == "cuda":
+            wait_for_urgent()
         with on_step_stream(self.step_stream):
             return self._execute(batch, after)
 

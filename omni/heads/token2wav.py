@@ -15,6 +15,8 @@ state is ``token2wav_stream``'s.
 Each chunk is one call to worker threads ("lanes", ``token2wav_batcher``) that batch the chunks of every
 stream: the DiT, then the vocoder, with first chunks ahead of later ones; with two lanes (``lanes``) one
 runs first chunks only, on a high-priority CUDA stream, so a first chunk never waits behind a later one.
+While a first chunk's call runs, the process's engines launch no step (``first_chunks_alone``,
+``engine.step_gate``): it has the GPU to itself.
 The settings and each chunk's window are ``token2wav_chunking``'s. A chunk's DiT window
 reaches ``past_codes`` back and ``lookahead_codes`` ahead, starting on a DiT attention block boundary so
 the block masks line up with the whole utterance's; the chunk keeps the mel of its own frames only. The
@@ -34,6 +36,7 @@ its activations' constants once.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -45,6 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from omni_gateway.engine.host_copies import to_host
+from omni_gateway.engine.step_gate import urgent
 from omni_gateway.omni.heads.call_graphs import BUCKETS, CallGraphs
 from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
 from omni_gateway.omni.heads.token2wav_chunking import (
@@ -221,8 +225,14 @@ class Token2Wav:
         return batched(key, code, noise, speaker, left, chunk, urgent=chunk.first)
 
     def _chunk_group(self, calls: list[tuple[Any, ...]], lane: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        if self.device.type != "cuda":
-            return self._run_group(calls, lane)
+        # First audio waits on a first chunk's call: the process's engines launch no step meanwhile.
+        alone = self.config.first_chunks_alone and calls[0][4].first
+        with urgent() if alone else contextlib.nullcontext():
+            if self.device.type != "cuda":
+                return self._run_group(calls, lane)
+            return self._run_on_lane(calls, lane)
+
+    def _run_on_lane(self, calls: list[tuple[Any, ...]], lane: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         stream = self._streams[lane]
         if stream is None:  # the lane's own CUDA stream: the engines' steps and token2wav's interleave
             # The first-chunk lane's kernels go ahead of the engines' and the other lanes' pending ones.
