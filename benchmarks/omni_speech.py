@@ -178,9 +178,7 @@ class _WordTokenizer:
         return "".join(" w" for _ in ids)
 
 
-def build(
-    shapes: str, device: torch.device, max_seqs: int, eager: bool = False, stream_priority: int | None = None
-) -> tuple[Any, Any, Any]:
+def build(shapes: str, device: torch.device, max_seqs: int, eager: bool = False) -> tuple[Any, Any, Any]:
     """The HF model, our thinker engine and our SpokenModel, sharing the weights."""
     from omni_gateway.engine.async_engine import AsyncEngine
     from omni_gateway.engine.config import EngineConfig
@@ -223,7 +221,6 @@ def build(
         max_num_seqs=max_seqs,
         max_model_len=max_len,
         enforce_eager=eager,
-        step_stream_priority=stream_priority,
     )
     if device.type == "cpu":
         engine_kw["attention_backend"] = "torch"
@@ -399,13 +396,6 @@ def main() -> None:
     )
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true", help="thinker and talker without CUDA graphs")
-    parser.add_argument(
-        "--step-stream-priority",
-        type=int,
-        default=None,
-        help="thinker and talker step on a CUDA stream of this priority (lower is sooner; token2wav's "
-        "first-chunk lane runs at -1)",
-    )
     parser.add_argument("--stages", action="store_true", help="time each request's stages")
     parser.add_argument(
         "--timeline",
@@ -435,9 +425,7 @@ def main() -> None:
     # The engines, the token2wav worker and the event loop are threads of one process, as in omni serve.
     sys.setswitchinterval(STAGE_SWITCH_INTERVAL_S if args.switch_interval_ms is None else args.switch_interval_ms / 1e3)
     device = torch.device(args.device)
-    hf, thinker, speech = build(
-        args.shapes, device, max(args.concurrency), args.enforce_eager, args.step_stream_priority
-    )
+    hf, thinker, speech = build(args.shapes, device, max(args.concurrency), args.enforce_eager)
     changes = {
         name: value
         for name, value in (
@@ -488,7 +476,6 @@ def main() -> None:
         token2wav_lanes=t2w.lanes,
         switch_interval_ms=sys.getswitchinterval() * 1e3,
         cuda_graphs=not args.enforce_eager,
-        step_stream_priority=args.step_stream_priority,
         text_tokens=args.text_tokens,
         codes=args.codes,
     ) as log:

@@ -51,9 +51,6 @@ class EngineConfig:
     hidden_state_cache_tokens: int = 16384
     attention_backend: str = "auto"  # "torch" | "triton" | "auto"
     enforce_eager: bool = False  # True disables CUDA graphs
-    # CUDA: steps run on a stream of this priority (lower is sooner), shared by the process's engines on
-    # the device, ahead of other heads' kernels (engine.step_stream); None: on the default stream.
-    step_stream_priority: int | None = None
     # Decode steps launch one step ahead: the device runs step N+1 while the host turns step N's
     # tokens into text and checks stops. "auto": on CUDA (where launches are asynchronous), off on the CPU.
     pipeline_decode: str = "auto"  # "auto" | "on" | "off"
@@ -126,10 +123,6 @@ class EngineConfig:
             raise ValueError(
                 "engine_in_process runs one engine in this process: data_parallel_size must be 1 and "
                 "distributed_executor_backend 'mp'"
-            )
-        if self.step_stream_priority is not None and self.step_stream_priority > 0:
-            raise ValueError(
-                f"step_stream_priority must be 0 or negative (lower runs sooner), got {self.step_stream_priority}"
             )
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")

@@ -26,7 +26,6 @@ from omni_gateway.engine.sampler import Sampler, SampleResult
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
 from omni_gateway.engine.step_gate import wait_for_urgent
 from omni_gateway.engine.step_plan import HiddenSpan, StepPlan, build_step_plan
-from omni_gateway.engine.step_stream import on_step_stream, step_stream
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +96,6 @@ class ModelRunner:
             self.device = parallel.device
         # fp8: K/V stored as float8_e4m3fn with scale 1.0 (vLLM's default); attention widens them again.
         self.kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype in ("fp8", "fp8_e4m3") else self.dtype
-        priority, cuda = config.step_stream_priority, self.device.type == "cuda"
-        self.step_stream = step_stream(self.device, priority) if cuda and priority is not None else None
         self.ops = select_kernels(config.attention_backend, self.device)
         if config.block_size is None:
             raise ValueError(
@@ -229,8 +226,7 @@ class ModelRunner:
         step first waits while an urgent call of the process runs (``engine.step_gate``)."""
         if self.device.type == "cuda":
             wait_for_urgent()
-        with on_step_stream(self.step_stream):
-            return self._execute(batch, after)
+        return self._execute(batch, after)
 
     def _execute(self, batch: ScheduledBatch, after: PendingDecode | None) -> PendingDecode:
         seqs = batch.seqs

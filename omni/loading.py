@@ -95,12 +95,7 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
         if speech_model is not None:
             from omni_gateway.omni.speech import SpokenModel
 
-            speech = SpokenModel.load(
-                speech_model,
-                device=str(engine.device_and_dtype[0]),
-                config=spoken,
-                step_stream_priority=engine_config.step_stream_priority,
-            )
+            speech = SpokenModel.load(speech_model, device=str(engine.device_and_dtype[0]), config=spoken)
             log.info("talker and token2wav of %s ready: the model speaks in its own voice", speech_model)
         if config.image_model is not None:
             from omni_gateway.omni.heads.dit import load_image_head

@@ -92,23 +92,13 @@ class SpokenModel:
         self._chunk_threads = concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="token2wav")
 
     @classmethod
-    def load(
-        cls,
-        path: str | Path,
-        *,
-        device: str = "auto",
-        config: SpeechConfig = SpeechConfig(),
-        step_stream_priority: int | None = None,
-    ) -> SpokenModel:
-        """The talker steps on the thinker's step stream where the thinker has one (``step_stream_priority``
-        as in its ``EngineConfig``): both engines' kernels then go ahead of token2wav's."""
+    def load(cls, path: str | Path, *, device: str = "auto", config: SpeechConfig = SpeechConfig()) -> SpokenModel:
         from omni_gateway.engine.async_engine import AsyncEngine
         from omni_gateway.engine.config import EngineConfig
         from omni_gateway.engine.llm_engine import LLMEngine
         from omni_gateway.engine.models.qwen2_5_omni_talker import load_talker
 
-        talker_config = EngineConfig(model=str(path), device=device, step_stream_priority=step_stream_priority)
-        engine = LLMEngine(talker_config, model=load_talker(path))
+        engine = LLMEngine(EngineConfig(model=str(path), device=device), model=load_talker(path))
         talker = AsyncEngine(engine=engine)
         try:
             t2w = Token2Wav.from_pretrained(path, config.token2wav, device=str(engine.runner.device))

@@ -11,7 +11,6 @@ from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.llm_engine import LLMEngine
 from omni_gateway.engine.models.qwen2_5_omni_talker import load_talker
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.engine.step_stream import step_stream
 
 from benchmarks.checkpoints import save_tiny_checkpoint
 from benchmarks.tiny_omni import save_tiny_omni
@@ -20,29 +19,15 @@ from tests.engine.test_talker import engine_codes, thinker_outputs
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-def _config(eager: bool, model: str | None = None, priority: int | None = None) -> EngineConfig:
+def _config(eager: bool, model: str | None = None) -> EngineConfig:
     kw = {"model": model} if model else {}
     return EngineConfig(
         device="cuda",
         dtype="float32",
         attention_backend="triton",
         enforce_eager=eager,
-        step_stream_priority=priority,
         **kw,
     )
-
-
-def _streams_used(engine: LLMEngine) -> set[int]:
-    """Records the stream current inside each of the runner's steps."""
-    seen: set[int] = set()
-    execute = engine.runner._execute
-
-    def recorded(*args, **kwargs):
-        seen.add(torch.cuda.current_stream().cuda_stream)
-        return execute(*args, **kwargs)
-
-    engine.runner._execute = recorded
-    return seen
 
 
 def _count_replays(engine: LLMEngine, prefill: bool = False) -> list[int]:
@@ -98,38 +83,3 @@ def test_thinker_hidden_states_from_graphs_match_eager(tmp_path: Path) -> None:
     assert out[True][0] == out[False][0]
     torch.testing.assert_close(out[False][1], out[True][1], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out[False][2], out[True][2])
-
-
-def test_steps_on_a_priority_stream_match_the_default_stream(tmp_path: Path) -> None:
-    """With ``step_stream_priority`` both engines step on one stream of their own; what other threads hand
-    them (the talker's rows) and take from them (hidden states, read on the default stream) stays ordered."""
-    directory = save_tiny_omni(tmp_path / "omni")
-    plain = LLMEngine(_config(False), model=load_talker(directory))
-    talker = LLMEngine(_config(False, priority=-2), model=load_talker(directory))
-    save_tiny_checkpoint("qwen2", tmp_path / "qwen2", seed=3)
-    thinker = LLMEngine(_config(False, str(tmp_path / "qwen2"), priority=-2))
-    assert talker.runner.step_stream is not None and talker.runner.step_stream is thinker.runner.step_stream
-    here = torch.device("cuda", torch.cuda.current_device())
-    assert step_stream(torch.device("cuda"), -2) is step_stream(here, -2) is talker.runner.step_stream
-    stream = talker.runner.step_stream.cuda_stream
-    seen = _streams_used(talker)
-    for seed in range(2):
-        rows = {k: v.cuda() for k, v in thinker_outputs(num_reply=6, seed=seed).items()}
-        want = engine_codes(plain, rows, f"plain-{seed}", trickle=True)
-        assert engine_codes(talker, rows, f"stream-{seed}", trickle=True) == want
-    assert seen == {stream}
-    assert talker.scheduler.kv.usage().num_used_blocks == 0
-
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, return_hidden_states=True)
-    reference = LLMEngine(_config(False, str(tmp_path / "qwen2")))
-    got = {}
-    for name, engine in (("default", reference), ("stream", thinker)):
-        engine.add_request("r", [5, 17, 42, 9, 11, 3], params)
-        deltas = []
-        while engine.has_unfinished():
-            deltas += engine.step()
-        # read on this thread's default stream, as the speech hand-off does
-        hidden = torch.cat([d.hidden_states for d in deltas if d.hidden_states is not None]) * 2
-        got[name] = ([t for d in deltas for t in d.token_ids], hidden.cpu())
-    assert got["stream"][0] == got["default"][0]
-    torch.testing.assert_close(got["stream"][1], got["default"][1], rtol=1e-4, atol=1e-4)
