@@ -6,7 +6,7 @@ A "heavy" thread replays a CUDA graph of large matrix products (a token2wav call
 of its own and then copies a result to the host; a "light" thread on another stream launches 20 small
 kernels and records an event every millisecond, timing each launch on the host. The heavy thread's copy
 is made three ways: into pageable memory (``tensor.cpu()``), into pinned memory through
-``engine.host_copies.to_host``, and not at all (a stream synchronization only, the floor). Printed: the
+``kernels.host_copies.to_host``, and not at all (a stream synchronization only, the floor). Printed: the
 light thread's launch time (median, p99) per way and each against the floor; a pageable copy holds every
 other thread's launches until the heavy stream's work is done.
 """
@@ -25,7 +25,7 @@ WAYS = ("pageable", "pinned", "none")
 
 def measure(way: str, seconds: float) -> dict[str, float]:
     import torch
-    from omni_gateway.engine.host_copies import to_host
+    from omni_gateway.kernels.host_copies import to_host
 
     device = torch.device("cuda")
     a = torch.randn(4096, 4096, device=device)

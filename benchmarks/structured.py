@@ -154,9 +154,9 @@ def step_time(engine: Any, batch: int, fraction: float, steps: int, log: ResultL
 def sampler_time(engine: Any, batch: int, fraction: float, log: ResultLog, repeats: int = 20) -> None:
     """``Sampler.choose`` plus the matchers' advance, on random logits: the constraint's own cost."""
     from omni_gateway.engine import SamplingParams, StructuredOutputs
-    from omni_gateway.engine.host_copies import to_host
     from omni_gateway.engine.sampler import Sampler
     from omni_gateway.engine.sequence import Sequence
+    from omni_gateway.kernels.host_copies import to_host
 
     spec = StructuredOutputs(json={"type": "array", "items": TOOL["function"]["parameters"], "minItems": 1000})
     device = getattr(engine.runner, "device", torch.device("cpu"))

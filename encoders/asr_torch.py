@@ -44,9 +44,11 @@ class TorchWhisperRecognizer(OneAsABatch):
         ``encoder_graphs``: replay the encoder from CUDA graphs (``whisper_encode``); default on CUDA.
         ``max_batch``: the most windows decoded together (the static buffers' rows; larger batches run in parts)."""
         import torch
+        from omni_gateway.kernels.host_copies import to_host
         from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
         self._torch = torch
+        self._to_host = to_host
         self.device = torch.device(
             "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
         )
@@ -201,7 +203,7 @@ class TorchWhisperRecognizer(OneAsABatch):
         start = torch.full((encoded.shape[0], 1), self._sot, device=self.device)
         logits = self.model(encoder_outputs=(encoded,), decoder_input_ids=start).logits[:, -1]
         names = list(self._languages)
-        best = torch.argmax(logits[:, [self._languages[n] for n in names]], dim=-1).tolist()
+        best = self._to_host(torch.argmax(logits[:, [self._languages[n] for n in names]], dim=-1))[0].tolist()
         return [names[b][2:-2] for b in best]
 
     def greedy_decode(self, features, prefix: list[int]) -> list[int]:
@@ -237,7 +239,7 @@ class TorchWhisperRecognizer(OneAsABatch):
                 logits[:, suppress] = -float("inf")
             if step == 0 and len(begin_suppress):
                 logits[:, begin_suppress] = -float("inf")
-            tokens = torch.argmax(logits, dim=-1).tolist()
+            tokens = self._to_host(torch.argmax(logits, dim=-1))[0].tolist()
             keep = [row for row, token in enumerate(tokens) if token != self._eos]
             for row in keep:
                 generated[live[row]].append(tokens[row])

@@ -69,11 +69,13 @@ class StaticWhisperDecoder:
         max_rows: int = BUCKETS[-1],
     ) -> None:
         import torch
+        from omni_gateway.kernels.host_copies import to_host
 
         if max_rows < 1:
             raise ValueError(f"max_rows must be at least 1; got {max_rows}")
 
         self._torch = torch
+        self._to_host = to_host
         self.model = model
         self.decoder = model.model.decoder
         config = model.config
@@ -130,7 +132,7 @@ class StaticWhisperDecoder:
             chosen = min(done - (len(prefix) - 1), budget)
             if chosen <= 0:
                 continue
-            decoded = bucket.ids[:rows, len(prefix) : len(prefix) + chosen].tolist()
+            decoded = self._to_host(bucket.ids[:rows, len(prefix) : len(prefix) + chosen])[0].tolist()
             if all(self.eos in row for row in decoded):
                 break
         return [row[: row.index(self.eos)] if self.eos in row else row for row in decoded]

@@ -15,7 +15,6 @@ from omni_gateway.engine.compile_cache import use_compile_cache
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.graphed_decode import GraphedDecode, Staging
 from omni_gateway.engine.graphed_prefill import GraphedPrefill
-from omni_gateway.engine.host_copies import to_device
 from omni_gateway.engine.loader import LoadedModel
 from omni_gateway.engine.models import build_model
 from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
@@ -26,6 +25,7 @@ from omni_gateway.engine.sampler import Sampler, SampleResult
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
 from omni_gateway.engine.step_gate import wait_for_urgent
 from omni_gateway.engine.step_plan import HiddenSpan, StepPlan, build_step_plan
+from omni_gateway.kernels.host_copies import to_device
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omni_gateway.engine.host_copies import to_device
 from omni_gateway.engine.sampler import SampleResult
 from omni_gateway.engine.sequence import ScheduledBatch, Sequence
+from omni_gateway.kernels.host_copies import to_device
 
 
 @dataclass(slots=True)

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from omni_gateway.engine.host_copies import to_device, to_host
 from omni_gateway.engine.outputs import Logprob
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.seeded_noise import exponential_rows, row_key
 from omni_gateway.engine.sequence import Sequence
+from omni_gateway.kernels.host_copies import to_device, to_host
 
 
 @dataclass(frozen=True, slots=True)

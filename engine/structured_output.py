@@ -24,9 +24,9 @@ from typing import Any
 import torch
 import xgrammar as xgr
 from omni_gateway.engine.errors import InvalidConstraint
-from omni_gateway.engine.host_copies import to_device
 from omni_gateway.engine.sampling_params import StructuredOutputs
 from omni_gateway.engine.sequence import Sequence
+from omni_gateway.kernels.host_copies import to_device
 
 # A run of whitespace between JSON tokens is capped: a small model sampling at temperature 1 otherwise
 # tends to spend its whole token budget on blank lines inside an unfinished object.

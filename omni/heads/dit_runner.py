@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omni_gateway.engine.host_copies import to_host
+from omni_gateway.kernels.host_copies import to_host
 from omni_gateway.omni.heads.dit_options import ImageJobSpec
 from omni_gateway.omni.protocol import ImageFinal, ImagePartial
 from PIL import Image

@@ -47,8 +47,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omni_gateway.engine.host_copies import to_host
 from omni_gateway.engine.step_gate import urgent
+from omni_gateway.kernels.host_copies import to_host
 from omni_gateway.omni.heads.call_graphs import BUCKETS, CallGraphs
 from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
 from omni_gateway.omni.heads.token2wav_chunking import (

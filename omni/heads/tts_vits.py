@@ -50,7 +50,7 @@ class HfVitsSynthesizer:
         self, path: str | Path, *, device: str = "auto", seed: int | None = None, cuda_graphs: bool = True
     ) -> None:
         import torch
-        from omni_gateway.engine.host_copies import to_host
+        from omni_gateway.kernels.host_copies import to_host
         from transformers import AutoTokenizer, VitsModel
 
         self._torch = torch
