@@ -1,10 +1,11 @@
-"""Copies between the host and a CUDA device that never make another thread's launches wait.
+"""Copies between the host and a CUDA device that make no other thread's launches wait.
 
-A copy between pageable host memory and the device is synchronous in the driver: a device-to-host copy
-waits for everything queued on its stream, and while it waits the launches of other threads on other
-streams wait too (an engine step launched beside a 60 ms token2wav call started on the device only when
-that call's copy returned). Through pinned memory the copy is queued like a kernel and the wait is a
-stream synchronization, which holds nothing up.
+A copy from the device into pageable host memory is synchronous in the driver: it waits for everything
+queued on its stream, and meanwhile the launches of other threads, on other streams, wait too (an engine
+step launched beside a 60 ms token2wav call started on the device only when that call's copy returned;
+``benchmarks/host_copy_stall.py``). Into pinned memory the copy is queued like a kernel, and the wait is a
+stream synchronization, which holds no one else up. The other way, a copy from pageable memory first waits
+for the kernels queued on its stream; from pinned memory it does not.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 
 
 def to_device(values: list[Any] | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list or tensor on ``device`` as ``dtype``, queued without waiting for the device."""
+    """A host list or tensor on ``device`` as ``dtype``, queued without waiting for the device (through
+    pinned memory on CUDA)."""
     if not isinstance(values, torch.Tensor):
         return _upload(torch.tensor(values, dtype=dtype), device)
     return values.to(dtype) if values.device == device else _upload(values.to(dtype), device)
