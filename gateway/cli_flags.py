@@ -244,6 +244,16 @@ def serve_flags() -> tuple[Flag, ...]:
             to_field=lambda v: False if v else None,
         ),
         Flag(
+            "--no-speech-first-chunks-alone",
+            om,
+            "speech_first_chunks_alone",
+            "let the engines keep stepping while a first audio chunk's call runs (by default they wait: first "
+            "audio sooner, the other sessions' steps later)",
+            "models",
+            switch=True,
+            to_field=lambda v: False if v else None,
+        ),
+        Flag(
             "--speech-dit-dtype",
             om,
             "speech_dit_dtype",

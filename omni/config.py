@@ -34,6 +34,7 @@ class OmniConfig:
     speech_ode_steps: int | None = None
     speech_first_chunk_steps: int | None = None
     speech_cuda_graphs: bool | None = None
+    speech_first_chunks_alone: bool | None = None  # the engines wait while a first chunk's call runs
     speech_dit_dtype: str | None = None
     speech_lanes: int | None = None  # token2wav worker threads; 2 give first chunks a lane of their own
     served_model_name: str | None = None

@@ -208,6 +208,7 @@ def speech_config(config: OmniConfig) -> SpeechConfig:
         "num_steps": config.speech_ode_steps,
         "first_chunk_steps": config.speech_first_chunk_steps,
         "cuda_graphs": config.speech_cuda_graphs,
+        "first_chunks_alone": config.speech_first_chunks_alone,
         "dit_dtype": config.speech_dit_dtype,
         "lanes": config.speech_lanes,
     }

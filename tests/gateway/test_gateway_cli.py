@@ -177,6 +177,7 @@ SAMPLES = {
     "--speech-ode-steps": "6",
     "--speech-first-chunk-steps": "4",
     "--no-speech-cuda-graphs": None,
+    "--no-speech-first-chunks-alone": None,
     "--speech-dit-dtype": "bfloat16",
     "--speech-lanes": "2",
     "--device": "cpu",

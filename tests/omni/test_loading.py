@@ -112,6 +112,7 @@ def test_the_speech_flags_set_the_heads_chunking_over_its_defaults() -> None:
             speech_first_chunk_codes=2,
             speech_first_chunk_steps=4,
             speech_cuda_graphs=False,
+            speech_first_chunks_alone=False,
             speech_dit_dtype="bfloat16",
             speech_lanes=1,
         )
@@ -121,6 +122,7 @@ def test_the_speech_flags_set_the_heads_chunking_over_its_defaults() -> None:
     assert chosen.token2wav.dit_dtype == "bfloat16" and default.dit_dtype == "float32"
     assert (chosen.token2wav.lanes, default.lanes) == (1, 2)
     assert (chosen.token2wav.cuda_graphs, default.cuda_graphs) == (False, True)
+    assert (chosen.token2wav.first_chunks_alone, default.first_chunks_alone) == (False, True)
     assert chosen.token2wav.chunk_codes == default.chunk_codes
 
 
