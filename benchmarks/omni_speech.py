@@ -19,23 +19,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import contextvars
 import dataclasses
-import gzip
-import shutil
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from benchmarks.common import ResultLog, add_out_argument, summary
-from benchmarks.step_timeline import Timeline, chunk_kind
-from benchmarks.trace_streams import TIMED_RUN
+from benchmarks.speech_stages import BATCHES, CLOCK, STAGES, instrument, mark
+from benchmarks.step_timeline import Timeline
+from benchmarks.trace_streams import device_trace
 
 SPEAKER = "Chelsie"
 
@@ -78,95 +74,6 @@ def omni_config(shapes: str) -> Any:
             rope_parameters=mrope,
         ),
     )  # token2wav: the config's defaults are the 7B's
-
-
-# Per-request stage clock (``--stages``): seconds since the request was handed to the pipeline.
-_CLOCK: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("clock", default=None)
-_BATCHES: list[tuple[str, int]] = []  # (first / later / last chunk, rows) of each batched token2wav call
-STAGES = (
-    "thinker_first_token",  # the thinker's prefill and its first token reached the pipeline
-    "talker_start",  # the talker's request was added (the thinker had its first reply row)
-    "talker_first_code",
-    "chunk_codes_ready",  # the talker made the codes the first token2wav chunk waits for
-    "chunk_token2wav_s",  # the first chunk's token2wav call (waiting for its batch, DiT, vocoder), synchronized
-    "first_audio",
-)
-
-
-def _mark(clock: dict[str, float] | None, name: str, value: float | None = None) -> None:
-    if clock is not None and name not in clock:
-        clock[name] = value if value is not None else time.perf_counter() - clock["t0"]
-
-
-def instrument(thinker: Any, speech: Any) -> None:
-    """Wrap the pipeline's stages so each request's ``_CLOCK`` records when it passed them, and count the rows
-    of token2wav's batched calls in ``_BATCHES``. A token2wav call returns its waveform on the host, so its
-    wall time holds its device work without a synchronization of the device (which would also wait for
-    the engines' steps and the other lanes' calls)."""
-
-    def wrap_generate(engine: Any, first: str, start: str | None) -> None:
-        inner = engine.generate
-
-        async def generate(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-            clock = _CLOCK.get() if kwargs.get("request_id") else None
-            if start is not None:
-                _mark(clock, start)
-            async for delta in inner(*args, **kwargs):
-                if delta.token_ids:
-                    _mark(clock, first)
-                yield delta
-
-        engine.generate = generate
-
-    wrap_generate(thinker, "thinker_first_token", None)
-    wrap_generate(speech.talker, "talker_first_code", "talker_start")
-    t2w = speech.token2wav
-    stream = t2w.stream
-
-    def timed(name: str, fn: Callable[..., Any], clock: dict[str, float] | None) -> Callable[..., Any]:
-        def call(*args: Any) -> Any:
-            if clock is None or name in clock:
-                return fn(*args)
-            t = time.perf_counter()
-            out = fn(*args)  # returns the waveform on the host: the call's device work is done
-            clock[name] = time.perf_counter() - t
-            return out
-
-        return call
-
-    group = t2w._chunk_group
-
-    def counted(calls: list[tuple[Any, ...]], lane: int = 0) -> Any:
-        _BATCHES.append((chunk_kind(calls[0][4]), len(calls)))
-        return group(calls, lane)
-
-    t2w._chunk_group = counted  # before the first stream starts the worker that calls it
-
-    def started(voice: str, *, seed: int | None = None) -> Any:
-        s = stream(voice, seed=seed)
-        clock = _CLOCK.get()
-        push = s.push
-
-        def timed_push(codes: list[int]) -> Any:
-            if len(s.codes) + len(codes) >= s.next_chunk_end + t2w.config.lookahead_codes:
-                _mark(clock, "chunk_codes_ready")
-            return push(codes)
-
-        s.push = timed_push
-        s.t2w = _Timed(t2w, timed("chunk_token2wav_s", t2w.chunk_batched, clock))
-        return s
-
-    t2w.stream = started
-
-
-class _Timed:
-    """A Token2Wav seen by one stream, whose batched calls are timed."""
-
-    def __init__(self, t2w: Any, chunk: Callable[..., Any]) -> None:
-        self._t2w, self.chunk_batched = t2w, chunk
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._t2w, name)
 
 
 class _WordTokenizer:
@@ -309,13 +216,13 @@ async def ours(
         )
         start = time.perf_counter()
         clock = {"t0": start} if stages else None
-        _CLOCK.set(clock)
+        CLOCK.set(clock)
         first = None
         samples = 0
         async for chunk in speech.speak(thinker, request, Prompt(prompt), params, asyncio.Event()):
             if isinstance(chunk, AudioChunk) and chunk.pcm16:
                 first = first if first is not None else time.perf_counter() - start
-                _mark(clock, "first_audio")
+                mark(clock, "first_audio")
                 samples += len(chunk.pcm16) // 2
         wall = time.perf_counter() - start
         audio_s = samples / 24000
@@ -330,27 +237,6 @@ async def ours(
         return out
 
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
-
-
-@contextlib.contextmanager
-def device_trace(path: Path | None) -> Iterator[None]:
-    """Profile the body's host calls and every stream's kernels into ``path`` (gzipped Chrome trace JSON),
-    marking the body as ``TIMED_RUN`` so the trace's clock can be read from its start; None: no trace."""
-    if path is None:
-        yield
-        return
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
-        with record_function(TIMED_RUN):
-            yield
-    raw = path.with_suffix(".json")
-    prof.export_chrome_trace(str(raw))
-    with raw.open("rb") as src, gzip.open(path, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    raw.unlink()
-    print(f"trace of the timed run: {path}")
 
 
 def allocator_counters() -> dict[str, float]:
@@ -484,7 +370,7 @@ def main() -> None:
             # Warm-up at this batch size, untimed, as long as the timed run: the engines' and token2wav's
             # first calls at a batch size (kernel selection, allocator growth) stay out of the timed run.
             asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes))
-            _BATCHES.clear()
+            BATCHES.clear()
             before = allocator_counters()
             traced = args.trace is not None and c == max(args.concurrency)
             with device_trace(args.trace if traced else None):
@@ -517,9 +403,9 @@ def main() -> None:
                     if any(name in r["stages"] for r in runs)
                 }
                 rows = {
-                    f"{kind}_chunk_rows_mean": statistics.mean(n for k, n in _BATCHES if k == kind)
+                    f"{kind}_chunk_rows_mean": statistics.mean(n for k, n in BATCHES if k == kind)
                     for kind in ("first", "later", "last")
-                    if any(k == kind for k, _ in _BATCHES)
+                    if any(k == kind for k, _ in BATCHES)
                 }
                 log.write("stages", concurrency=c, **medians, **rows)
                 print("  stages (median ms): " + ", ".join(f"{k} {v * 1000:.0f}" for k, v in medians.items()))

@@ -1,4 +1,4 @@
-"""Which CUDA streams ran kernels when, from a torch.profiler trace (``omni_speech --trace FILE``).
+"""Which CUDA streams ran kernels when, from a torch.profiler trace (``device_trace``, ``omni_speech --trace FILE``).
 
 The step timeline says when each engine step was launched and when the device reached it; this says what
 else the device ran meanwhile. Per stream: its kernels' busy time in each bin of a window, and the kernels
@@ -10,13 +10,38 @@ that took most of it, so a stall of the engines' stream can be laid beside token
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
+import shutil
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 TIMED_RUN = "omni_speech timed run"  # the host range omni_speech marks its traced run with
+
+
+@contextlib.contextmanager
+def device_trace(path: Path | None) -> Iterator[None]:
+    """Profile the body's host calls and every stream's kernels into ``path`` (gzipped Chrome trace JSON),
+    marking the body as ``TIMED_RUN`` so the trace's clock can be read from its start; None: no trace."""
+    if path is None:
+        yield
+        return
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        with record_function(TIMED_RUN):
+            yield
+    raw = path.with_suffix(".json")
+    prof.export_chrome_trace(str(raw))
+    with raw.open("rb") as src, gzip.open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    print(f"trace of the timed run: {path}")
 
 
 def kernels(trace: dict[str, Any]) -> tuple[float, list[tuple[int, float, float, str]]]:
