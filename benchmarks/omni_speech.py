@@ -198,8 +198,16 @@ def hf_baseline(hf: Any, prompt: list[int], text_tokens: int, codes: int, device
 
 
 async def ours(
-    thinker: Any, speech: Any, prompts: list[list[int]], text_tokens: int, codes: int, stages: bool = False
+    thinker: Any,
+    speech: Any,
+    prompts: list[list[int]],
+    text_tokens: int,
+    codes: int,
+    stages: bool = False,
+    arrival_s: float = 0.0,
 ) -> list[dict]:
+    """Each prompt's answer spoken, the i-th request sent ``i * arrival_s`` after the first; each request's
+    times run from its own sending."""
     from omni_gateway.engine.sampling_params import SamplingParams
     from omni_gateway.omni.protocol import AudioChunk, AudioOutputOptions, OmniRequest, SamplingOptions
     from omni_gateway.omni.streams import Prompt
@@ -207,6 +215,7 @@ async def ours(
     params = SamplingParams(max_tokens=text_tokens, ignore_eos=True, temperature=0.7)
 
     async def one(i: int, prompt: list[int]) -> dict[str, float]:
+        await asyncio.sleep(i * arrival_s)
         request = OmniRequest(
             request_id=f"bench-{time.monotonic_ns()}-{i}",
             messages=(),
@@ -261,6 +270,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--text-tokens", type=int, default=48, help="thinker tokens per answer")
+    parser.add_argument(
+        "--arrival-ms",
+        type=float,
+        default=0.0,
+        help="send a run's requests this far apart, not all at once (each one's times run from its sending)",
+    )
     parser.add_argument("--codes", type=int, default=400, help="talker codes per answer in the baseline (8 s)")
     parser.add_argument("--first-chunk", type=int, default=None, help="token2wav first chunk, in codes")
     parser.add_argument("--lookahead", type=int, default=None, help="token2wav lookahead, in codes")
@@ -306,6 +321,9 @@ def main() -> None:
     )
     add_out_argument(parser, "omni_speech")
     args = parser.parse_args()
+    if args.arrival_ms < 0:
+        parser.error(f"--arrival-ms must be 0 or more, got {args.arrival_ms}")
+    arrival_s = args.arrival_ms / 1e3
     from omni_gateway.omni.loading import STAGE_SWITCH_INTERVAL_S
 
     # The engines, the token2wav worker and the event loop are threads of one process, as in omni serve.
@@ -364,18 +382,21 @@ def main() -> None:
         cuda_graphs=not args.enforce_eager,
         text_tokens=args.text_tokens,
         codes=args.codes,
+        arrival_ms=args.arrival_ms,
     ) as log:
         asyncio.run(ours(thinker, speech, prompts(1), 4, 16))  # warm-up: first-call costs out of the way
         for c in args.concurrency:
             # Warm-up at this batch size, untimed, as long as the timed run: the engines' and token2wav's
             # first calls at a batch size (kernel selection, allocator growth) stay out of the timed run.
-            asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes))
+            asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes, arrival_s=arrival_s))
             BATCHES.clear()
             before = allocator_counters()
             traced = args.trace is not None and c == max(args.concurrency)
             with device_trace(args.trace if traced else None):
                 timeline.begin(c)
-                runs = asyncio.run(ours(thinker, speech, prompts(c), args.text_tokens, args.codes, args.stages))
+                runs = asyncio.run(
+                    ours(thinker, speech, prompts(c), args.text_tokens, args.codes, args.stages, arrival_s)
+                )
                 timeline.end()
             allocator = {k: v - before.get(k, 0) for k, v in allocator_counters().items()}
             ttfa = summary([r["first_audio_s"] for r in runs])
