@@ -124,10 +124,7 @@ def build(shapes: str, device: torch.device, max_seqs: int, eager: bool = False)
     thinker_weights = thinker_weights_as_qwen2(state)
     max_len = 4096
     engine_kw: dict[str, Any] = dict(
-        device=device.type,
-        max_num_seqs=max_seqs,
-        max_model_len=max_len,
-        enforce_eager=eager,
+        device=device.type, max_num_seqs=max_seqs, max_model_len=max_len, enforce_eager=eager
     )
     if device.type == "cpu":
         engine_kw["attention_backend"] = "torch"

@@ -226,9 +226,6 @@ class ModelRunner:
         step first waits while an urgent call of the process runs (``engine.step_gate``)."""
         if self.device.type == "cuda":
             wait_for_urgent()
-        return self._execute(batch, after)
-
-    def _execute(self, batch: ScheduledBatch, after: PendingDecode | None) -> PendingDecode:
         seqs = batch.seqs
         if not seqs:
             return PendingDecode.resolved_with(batch, [])
