@@ -2,9 +2,9 @@
 
 A speaking model's first audio waits on a token2wav call of a few dozen graphed milliseconds. The engines
 stepping beside it (7B-class matrix products, one after another) take half the GPU from it: on an H100 at
-8 sessions the call took 87 ms beside them instead of 40 ms alone. Stream priorities do not help: a chain
-of small kernels, each waiting for the one before it, finds the multiprocessors full of the engines'
-blocks at every link. So the call holds ``urgent()`` and every engine of the process waits in
+8 sessions the call took 87 ms beside them instead of 40 ms alone, though its stream has the higher
+priority (most likely each of its small dependent kernels finds the multiprocessors full of the engines'
+blocks). So the call holds ``urgent()`` and every engine of the process waits in
 ``wait_for_urgent()`` before launching its next step; steps already launched finish. A wait is capped, so
 back-to-back urgent calls cannot starve the engines.
 

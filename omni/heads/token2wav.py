@@ -263,9 +263,8 @@ class Token2Wav:
             vocoder_graphs = None
         rows = self.graph_rows(ode_window) if ode_graphs is not None else 0
         if 0 < rows < len(calls):
-            # More rows than a graph holds: graphed slices. Eagerly, a call's thousands of launches each
-            # take the interpreter lock, which the engines' steps wait for meanwhile (32 sessions' later
-            # chunks, 26 rows: 0.95 s on an H100, every engine launch slowed beside it).
+            # More rows than a graph holds: graphed slices, not thousands of eager launches (32 sessions'
+            # later chunks, 26 rows: 0.95 s eagerly on an H100).
             return [out for i in range(0, len(calls), rows) for out in self._run_group(calls[i : i + rows], lane)]
         code = torch.cat([c[0] for c in calls])
         ref_mel = torch.cat([c[2].ref_mel for c in calls])
