@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from omni_gateway.engine.step_gate import wait_for_urgent
 from omni_gateway.omni.heads import token2wav_batcher as batcher_module
 from omni_gateway.omni.heads.call_graphs import CallGraphs
 from omni_gateway.omni.heads.token2wav import ChunkShape, Token2Wav, Token2WavConfig, UnknownVoice
@@ -537,3 +538,25 @@ def test_a_last_chunk_runs_its_ode_in_the_next_regular_windows_graphs(t2w: Token
     long_shape = dataclasses.replace(shape, hi=long_window * head.repeats)
     head._run_group([(code, noise, head.speaker("Ethan"), calls[0][3], long_shape)], 0)
     assert ode.windows == [want_window]
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_first_chunk_calls_hold_engine_steps(t2w: Token2Wav, alone: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first chunk's call holds the process's engine steps back (``first_chunks_alone``); later chunks'
+    calls do not, and with the setting off none does."""
+    head = Token2Wav(t2w.models, Token2WavConfig(first_chunk_codes=4, chunk_codes=8, first_chunks_alone=alone))
+    seen: list[tuple[bool, bool]] = []  # (first chunk, engines held) of each call
+    run = head._run_group
+
+    def recorded(calls: list[tuple[Any, ...]], lane: int) -> Any:
+        seen.append((calls[0][4].first, not wait_for_urgent(0.0)))
+        return run(calls, lane)
+
+    monkeypatch.setattr(head, "_run_group", recorded)
+    stream = head.stream("Chelsie", seed=1)
+    waves = stream.push(_codes(30, seed=2)) + stream.finish()
+    head.close()
+    assert len(waves) >= 3 and all(len(w) > 0 for w in waves)
+    assert seen[0] == (True, alone)
+    assert len(seen) > 1 and all(not first and not held for first, held in seen[1:])
+    assert wait_for_urgent(0.0)  # released once the calls are done
