@@ -8,8 +8,10 @@ recognizer is built, so that importing this module costs nothing where only fast
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from omni_gateway.encoders.asr import (
@@ -95,6 +97,11 @@ class TorchWhisperRecognizer(OneAsABatch):
                 graphs=True,
                 max_rows=max_batch,
             )
+        # Its own CUDA stream: on the thread's default stream, which the engines step on in the server's
+        # process, a synchronization here would wait for their queued steps and theirs for a batch's encoder.
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the weights, loaded on that one
 
     def prepare(
         self,
@@ -127,7 +134,7 @@ class TorchWhisperRecognizer(OneAsABatch):
         pieces = [(j, start) for j, job in enumerate(jobs) for start in range(0, len(job.samples), window)]
         if not pieces:
             return [self._result(job, [], job.language) for job in jobs]
-        with torch.inference_mode():
+        with self._on_stream(), torch.inference_mode():
             encoded = self._encode(self._features([jobs[j].samples[s : s + window] for j, s in pieces]))
             # a multilingual job without a language reads its first window to find one
             languages = [job.language for job in jobs]
@@ -181,12 +188,20 @@ class TorchWhisperRecognizer(OneAsABatch):
             return
         torch = self._torch
         silence = np.zeros(SAMPLE_RATE, np.float32)
-        with torch.inference_mode():
+        with self._on_stream(), torch.inference_mode():
             for rows in range(1, max_batch + 1):
                 features = self._features([silence] * rows)
                 if not self._encoder.graphs:
                     self._encode(features)
-        torch.cuda.current_stream(self.device).synchronize()
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def _on_stream(self, after_caller: bool = False) -> Any:
+        """On the recognizer's stream; ``after_caller``: behind the caller's queued work too (device inputs)."""
+        if self._stream is None:
+            return contextlib.nullcontext()
+        if after_caller:
+            self._stream.wait_stream(self._torch.cuda.current_stream(self.device))
+        return self._torch.cuda.stream(self._stream)
 
     def _features(self, samples: np.ndarray | list[np.ndarray]):
         return self._log_mel(samples).to(self.model.dtype)
@@ -195,7 +210,7 @@ class TorchWhisperRecognizer(OneAsABatch):
         return self._encoder(features)
 
     def detect_language(self, features) -> str:
-        with self._torch.inference_mode():
+        with self._on_stream(after_caller=True), self._torch.inference_mode():
             return self._detect_languages(self._encode(features))[0]
 
     def _detect_languages(self, encoded) -> list[str]:
@@ -208,7 +223,7 @@ class TorchWhisperRecognizer(OneAsABatch):
 
     def greedy_decode(self, features, prefix: list[int]) -> list[int]:
         """Generated token ids after ``prefix``, end-of-text excluded."""
-        with self._torch.inference_mode():
+        with self._on_stream(after_caller=True), self._torch.inference_mode():
             return self._decode(self._encode(features), prefix)[0]
 
     def _decode(self, encoded, prefix: list[int]) -> list[list[int]]:

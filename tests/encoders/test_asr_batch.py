@@ -170,3 +170,25 @@ def test_the_torch_recognizer_prepares_every_batch_size_once_on_a_gpu(tiny_en: P
     on_gpu = log_mel([clips()[0]])
     assert on_gpu.device.type == "cuda"
     torch.testing.assert_close(on_gpu.float().cpu(), features.float(), atol=2e-3, rtol=0)
+
+
+@pytest.mark.gpu
+def test_a_gpu_batch_neither_waits_for_nor_stalls_the_default_stream(tiny_en: Path) -> None:
+    """In the server the engines step on the default stream: a batch runs on the recognizer's own stream,
+    returning while work queued there before it still runs, with the transcripts it gives alone."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    recognizer = TorchWhisperRecognizer(tiny_en, device="cuda", max_new_tokens=8)
+    jobs = [recognizer.prepare(clip) for clip in clips()[:3]]
+    alone = recognizer.transcribe_batch(jobs)
+    x = torch.randn(4096, 4096, device="cuda")
+    for _ in range(400):  # about a second of products queued on the default stream
+        x = (x @ x) * 1e-3
+    busy = torch.cuda.Event()
+    busy.record()
+    beside = recognizer.transcribe_batch(jobs)
+    assert not busy.query(), "the batch waited for the default stream's work"
+    torch.cuda.synchronize()
+    assert beside == alone
