@@ -350,6 +350,7 @@ def load_stages(args: argparse.Namespace) -> Any:
             tts=tts,
             temperature=0.0,
             max_tokens=48,
+            asr_batches_alone=args.asr_batches_alone,
             system_prompt="You are a helpful voice assistant. Answer in one short sentence.",
         )
     )
@@ -427,6 +428,7 @@ def run_settings(args: argparse.Namespace, backend: Any) -> dict[str, Any]:
         "tiny_stages": args.tiny_stages,
         "partial_transcripts_ms": args.partial_transcripts_ms,
         "engine_in_process": args.engine_in_process,
+        "asr_batches_alone": args.asr_batches_alone,
         "stagger_s": args.stagger_s,
         "asr_max_batch": getattr(getattr(backend, "asr", None), "max_batch", None),  # the fake backend has none
         "gpu_memory_utilization": args.gpu_memory_utilization,
@@ -456,6 +458,12 @@ def main() -> None:
         action="store_true",
         help="the engine core in a thread of the server's process (one CUDA context with the voice stages, one "
         "interpreter) instead of a process of its own",
+    )
+    parser.add_argument(
+        "--no-asr-batches-alone",
+        dest="asr_batches_alone",
+        action="store_false",
+        help="with --engine-in-process: let the engine keep stepping while an ASR batch runs (by default it waits)",
     )
     parser.add_argument(
         "--gpu-memory-utilization",

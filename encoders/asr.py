@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -255,10 +257,12 @@ class FasterWhisperRecognizer(OneAsABatch):
         return out
 
 
-def load_recognizer(spec: str, *, device: str = "auto") -> SpeechRecognizer:
+def load_recognizer(
+    spec: str, *, device: str = "auto", hold: Callable[[], AbstractContextManager[object]] = nullcontext
+) -> SpeechRecognizer:
     """``"default"``: packaged Whisper tiny.en (faster-whisper); a CTranslate2 directory (``model.bin``);
     or a Hugging Face Whisper directory (``config.json`` with model_type whisper). Either way calls from
-    concurrent sessions share batches (``asr_batch``)."""
+    concurrent sessions share batches (``asr_batch``), each batch read inside ``hold()``."""
     from omni_gateway.encoders.asr_batch import BatchedRecognizer
 
     path = default_model_path() if spec == "default" else Path(spec)
@@ -267,7 +271,7 @@ def load_recognizer(spec: str, *, device: str = "auto") -> SpeechRecognizer:
         # On a CPU the encoder, most of a short turn's reading, costs as much in a batch as one by one (the
         # batch saves about 30% of the decoder, under a tenth of the whole): a batch would only make its
         # first turns wait for its last. There the batcher reads one turn at a time, in arrival order.
-        return BatchedRecognizer(recognizer, max_batch=1 if recognizer.device == "cpu" else 32)
+        return BatchedRecognizer(recognizer, max_batch=1 if recognizer.device == "cpu" else 32, hold=hold)
     config = path / "config.json"
     if not config.is_file():
         raise FileNotFoundError(
@@ -280,4 +284,4 @@ def load_recognizer(spec: str, *, device: str = "auto") -> SpeechRecognizer:
     from omni_gateway.encoders.asr_torch import TorchWhisperRecognizer
 
     torch_recognizer = TorchWhisperRecognizer(path, device=device)
-    return BatchedRecognizer(torch_recognizer, max_batch=torch_recognizer.max_batch)
+    return BatchedRecognizer(torch_recognizer, max_batch=torch_recognizer.max_batch, hold=hold)

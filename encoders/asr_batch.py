@@ -19,7 +19,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,9 +43,19 @@ class BatchedRecognizer:
 
     The worker first prepares the recognizer (``prepare_batches``: on a GPU, cuDNN's plans for every batch
     size, which torch keeps per thread), and the constructor returns only then, so that the loader's next
-    stage does not use the device meanwhile (a CUDA graph capture there would fail)."""
+    stage does not use the device meanwhile (a CUDA graph capture there would fail).
 
-    def __init__(self, recognizer: BatchRecognizer, *, max_batch: int = 32, window_s: float = 0.005) -> None:
+    ``hold`` wraps each batch's reading: the loader passes ``engine.step_gate.urgent`` so that the engines of
+    the process launch no step while a batch runs (a turn's transcript is on its reply's critical path)."""
+
+    def __init__(
+        self,
+        recognizer: BatchRecognizer,
+        *,
+        max_batch: int = 32,
+        window_s: float = 0.005,
+        hold: Callable[[], AbstractContextManager[object]] = nullcontext,
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1; got {max_batch}")
         if window_s < 0:
@@ -51,6 +63,7 @@ class BatchedRecognizer:
         self.recognizer = recognizer
         self.max_batch = max_batch
         self.window_s = window_s
+        self._hold = hold
         self.batch_sizes: deque[int] = deque(maxlen=1024)  # the sizes of the latest batches, for benchmarks
         self.batch_seconds: deque[float] = deque(maxlen=1024)  # and how long each took: work, not queueing
         self.busy_s = 0.0  # seconds spent reading batches, for benchmarks (is the worker the bottleneck?)
@@ -140,7 +153,8 @@ class BatchedRecognizer:
             started = time.monotonic()
             self.wait_seconds.extend(started - r.queued_at for r in live)
             try:
-                results = self.recognizer.transcribe_batch([r.job for r in live])
+                with self._hold():
+                    results = self.recognizer.transcribe_batch([r.job for r in live])
             except Exception as exc:  # the batch's failure is each caller's; the worker keeps serving
                 log.exception("an ASR batch of %d failed", len(live))
                 for r in live:

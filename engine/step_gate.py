@@ -6,7 +6,8 @@ stepping beside it (7B-class matrix products, one after another) take half the G
 priority (most likely each of its small dependent kernels finds the multiprocessors full of the engines'
 blocks). So the call holds ``urgent()`` and every engine of the process waits in
 ``wait_for_urgent()`` before launching its next step; steps already launched finish. A wait is capped, so
-back-to-back urgent calls cannot starve the engines.
+back-to-back urgent calls cannot starve the engines. The ASR batcher holds it too, where the loader asks
+(``OmniConfig.asr_batches_alone``): a voice turn's reply waits on its transcript.
 
 This is process-wide, as the device is: engines in other processes are not held.
 """

@@ -172,6 +172,16 @@ def serve_flags() -> tuple[Flag, ...]:
         Flag("--asr", om, "asr", "speech recognition: 'default', a path, or 'none'", "models", to_field=_stage),
         Flag("--tts", om, "tts", "speech synthesis: 'default', a path, or 'none'", "models", to_field=_stage),
         Flag(
+            "--no-asr-batches-alone",
+            om,
+            "asr_batches_alone",
+            "let an engine in the server's process keep stepping while a speech recognition batch runs (by "
+            "default it waits: transcripts sooner, the other sessions' steps later)",
+            "models",
+            switch=True,
+            to_field=lambda v: not v,
+        ),
+        Flag(
             "--no-vad",
             om,
             "vad",

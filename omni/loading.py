@@ -66,7 +66,10 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
     # The voice stages load first: the engine sizes its KV cache from the GPU memory still free
     # (``gpu_memory_utilization`` is the share of the whole device), so on a shared GPU it leaves them
     # their room instead of the stages running out of memory after it.
-    asr, tts = _load_voice(config, threads, speech_model)
+    from omni_gateway.encoders.audio_tower import checkpoint_family as audio_family
+
+    hears = audio_family(config.engine.model) is not None
+    asr, tts = _load_voice(config, threads, speech_model, hears=hears)
     # Loaded and warmed before the server listens (and reports healthy); the engine core runs in its
     # own process(es) unless the config keeps it in this one.
     t_engine = time.monotonic()
@@ -79,13 +82,12 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
     log.info("LLM %s ready in %.1f s", model_name, time.monotonic() - t_engine)
     vad_session = image_head = vision = audio = speech = None
     try:
-        from omni_gateway.encoders.audio_tower import checkpoint_family as audio_family
         from omni_gateway.encoders.vision import checkpoint_family
 
         if config.vision and checkpoint_family(config.engine.model):
             vision = _load_vision(config, engine)
             log.info("vision tower of %s ready", config.engine.model)
-        if audio_family(config.engine.model):
+        if hears:
             audio = _load_audio(config, engine)
             log.info("audio tower of %s ready: the model hears audio itself", config.engine.model)
         if config.vad:
@@ -137,13 +139,20 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
     return pipeline
 
 
-def _load_voice(config: OmniConfig, threads: int, speech_model: str | None) -> tuple[Any, TtsHead | None]:
-    """The speech recognizer and the TTS voice the config names (None for each one it does not)."""
+def _load_voice(
+    config: OmniConfig, threads: int, speech_model: str | None, *, hears: bool
+) -> tuple[Any, TtsHead | None]:
+    """The speech recognizer and the TTS voice the config names (None for each one it does not). ``hears``: the
+    LLM takes audio itself, so a transcript is a side output its answer never waits for."""
     asr = tts = None
     if config.asr is not None:
-        from omni_gateway.encoders.asr import load_recognizer
+        from contextlib import nullcontext
 
-        asr = load_recognizer(config.asr, device=config.engine.device)
+        from omni_gateway.encoders.asr import load_recognizer
+        from omni_gateway.engine.step_gate import urgent
+
+        hold = urgent if config.asr_batches_alone and not hears else nullcontext
+        asr = load_recognizer(config.asr, device=config.engine.device, hold=hold)
         log.info("ASR %s ready", config.asr)
     if config.tts is not None and speech_model is not None:
         log.info("no TTS voice loaded: %s speaks in its own voice", speech_model)

@@ -155,6 +155,7 @@ def test_a_runs_header_records_the_asr_batch_cap_of_a_batching_recognizer_and_no
         tiny_stages=False,
         partial_transcripts_ms=0,
         engine_in_process=False,
+        asr_batches_alone=True,
         stagger_s=0.0,
         gpu_memory_utilization=None,
     )

@@ -169,6 +169,7 @@ SAMPLES = {
     "--asr": "none",
     "--tts": "/v.onnx",
     "--no-vad": None,
+    "--no-asr-batches-alone": None,
     "--no-vision": None,
     "--image-model": "/dit",
     "--speech-model": "/omni",

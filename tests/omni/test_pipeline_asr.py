@@ -117,3 +117,31 @@ def test_shutdown_stops_the_recognizer_and_voice_batch_workers() -> None:
     assert not asr._worker.is_alive() and not tts.synthesizer._worker.is_alive()  # type: ignore[attr-defined]
     with pytest.raises(RuntimeError, match="closed"):
         asr.submit(b"\x01\x00" * 160)
+
+
+@pytest.mark.parametrize(("alone", "hears"), [(True, False), (False, False), (True, True)])
+def test_the_loader_makes_each_asr_batch_hold_the_engine_steps_back(
+    alone: bool, hears: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``asr_batches_alone`` the engines of the process wait while a batch runs and step once it
+    returns; without it they never wait, nor when the LLM hears the audio itself (the transcript is then a
+    side output)."""
+    import omni_gateway.encoders.asr as asr_module
+    from omni_gateway.engine.config import EngineConfig
+    from omni_gateway.engine.step_gate import wait_for_urgent
+    from omni_gateway.omni.loading import _load_voice
+
+    recognizer = GatedBatchRecognizer()
+    monkeypatch.setattr(
+        asr_module, "load_recognizer", lambda spec, *, device, hold: BatchedRecognizer(recognizer, hold=hold)
+    )
+    config = OmniConfig(engine=EngineConfig(device="cpu"), tts=None, asr="asr-dir", asr_batches_alone=alone)
+    asr, _ = _load_voice(config, 1, None, hears=hears)
+    future = asr.submit(b"\x01\x00" * 160)
+    assert recognizer.started.wait(10)
+    held = alone and not hears
+    assert wait_for_urgent(timeout_s=0.05) is not held  # the batch runs
+    recognizer.gate.set()
+    assert future.result(10).text == "hi"
+    assert wait_for_urgent(timeout_s=0.05)  # returned: nothing holds the engines
+    asr.close()
