@@ -1,0 +1,317 @@
+"""Instructions per weight of the batch-1 decode linears, compiled for Hopper (sm_90) on any machine, a
+GPU or not: what the instruction issue alone allows of the HBM bandwidth roofline on an H100 and an H200.
+
+    python -m benchmarks.kernel_sass                 # bf16, FP8 per channel and int4 on the 8B shapes
+    python -m benchmarks.kernel_sass --shapes o      # one shape
+
+A one-row linear streams its weight once, so its floor is the weight's bytes over the HBM bandwidth. Its
+main loop also issues instructions, at most four warp instructions per clock per SM: a loop that issues
+``i`` instructions per weight byte runs at no more than ``issue rate / (i x bandwidth)`` of the roofline,
+however well its loads overlap. Each case goes through the public row-linear function with the batch-1
+fusions of that shape (``benchmarks.quant_sweep.ROW_FUSIONS``) and its shipped config; the launch is
+caught before it runs and the same kernel is compiled by Triton for sm_90 and disassembled with the
+``cuobjdump`` that Triton ships. The loop is the body of the widest backward branch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from benchmarks.common import ResultLog, add_out_argument
+
+SHAPES = {"gate_up": (28672, 4096), "down": (4096, 14336), "qkv": (6144, 4096), "o": (4096, 4096)}
+FUSIONS = {  # how the batch-1 decode calls each shape (benchmarks/quant_sweep.py, ROW_FUSIONS)
+    "gate_up": dict(norm=True, gated=True),
+    "down": dict(residual=True),
+    "qkv": dict(norm=True),
+    "o": dict(residual=True),
+}
+FORMATS = ("bf16", "fp8-channel", "int4")
+GROUP = 128
+LAYERS = 32  # Llama-3.1-8B
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    sms: int
+    clock_hz: float  # boost clock
+    hbm_bytes_s: float
+
+    def issue_rate(self) -> float:
+        """Thread instructions a second the SMs can issue: 4 warp instructions a clock each."""
+        return self.sms * 4 * 32 * self.clock_hz
+
+    def issue_per_byte(self) -> float:
+        """Thread instructions the SMs can issue per byte the HBM delivers."""
+        return self.issue_rate() / self.hbm_bytes_s
+
+
+MACHINES = (Machine("H100 SXM", 132, 1.98e9, 3.35e12), Machine("H200", 132, 1.98e9, 4.8e12))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A kernel launch caught before it runs: the kernel, its positional arguments and keywords."""
+
+    fn: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+class LaunchCatcher:
+    """Stands in for a Triton kernel: ``catcher[grid](*args, **kwargs)`` records the launch and runs nothing."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.launches: list[Launch] = []
+
+    def __getitem__(self, grid: object) -> Callable[..., None]:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            self.launches.append(Launch(self.fn, args, kwargs))
+
+        return launch
+
+
+def _type(value: Any) -> str:
+    import torch
+
+    names = {
+        torch.bfloat16: "bf16",
+        torch.float16: "fp16",
+        torch.float32: "fp32",
+        torch.int32: "i32",
+        torch.uint8: "u8",
+        torch.float8_e4m3fn: "fp8e4nv",
+    }
+    if isinstance(value, torch.Tensor):
+        return "*" + names[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    return "i32" if isinstance(value, int) else "fp32"
+
+
+def compile_sm90(launch: Launch) -> bytes:
+    """The cubin Triton builds for ``launch`` on sm_90, specialized as its launcher would on a GPU: pointers
+    and integers that are multiples of 16 marked so, integers equal to 1 made constants."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = launch.fn
+    skip = set(getattr(fn, "do_not_specialize", ()))
+    skip |= {fn.arg_names[i] for i in skip if isinstance(i, int)}
+    names = [p.name for p in fn.params if not p.is_constexpr]
+    if len(names) != len(launch.args):
+        raise ValueError(f"{fn.__name__}: expected {len(names)} positional arguments, got {len(launch.args)}")
+    signature: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for name, value in zip(names, launch.args, strict=True):
+        if isinstance(value, int) and not isinstance(value, bool) and value == 1 and name not in skip:
+            signature[name], constants[name] = "constexpr", 1
+            continue
+        signature[name] = _type(value)
+        aligned = value.data_ptr() % 16 == 0 if isinstance(value, torch.Tensor) else isinstance(value, int)
+        if name not in skip and aligned and (not isinstance(value, int) or value % 16 == 0):
+            attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
+    options = {k: launch.kwargs[k] for k in ("num_warps", "num_stages") if k in launch.kwargs}
+    for name, value in launch.kwargs.items():
+        if name not in ("num_warps", "num_stages", "launch_pdl"):
+            signature[name], constants[name] = "constexpr", value
+    signature = {name: signature[name] for name in fn.arg_names}  # the kernel's order
+    source = ASTSource(fn, signature, constants, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["cubin"]
+
+
+def _cuobjdump() -> str:
+    import triton
+
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    found = str(bundled) if bundled.is_file() else shutil.which("cuobjdump")
+    if found is None:
+        raise SystemExit(f"benchmarks.kernel_sass needs cuobjdump: neither {bundled} nor one on PATH")
+    return found
+
+
+def disassemble(cubin: bytes) -> list[tuple[int, str]]:
+    """``(address, instruction)`` of each SASS instruction in ``cubin``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        Path(path).write_bytes(cubin)
+        listing = subprocess.run([_cuobjdump(), "-sass", path], capture_output=True, text=True, check=True).stdout
+    return parse_sass(listing)
+
+
+_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+
+
+def parse_sass(listing: str) -> list[tuple[int, str]]:
+    return [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, listing.splitlines()) if m]
+
+
+def main_loop(instructions: list[tuple[int, str]]) -> list[str]:
+    """The instructions of the widest loop: from a backward branch's target to the branch."""
+    spans = []
+    for address, text in instructions:
+        target = re.search(r"\bBRA\s+(0x[0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address:
+            spans.append((address - int(target.group(1), 16), int(target.group(1), 16), address))
+    if not spans:
+        raise ValueError("no loop: the kernel has no backward branch")
+    _, start, end = max(spans)
+    return [text for address, text in instructions if start <= address <= end]
+
+
+def opcode(instruction: str) -> str:
+    """``LDG.E.128`` of ``@!P0 LDG.E.128 R4, desc[UR4][R2.64]``."""
+    return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0]
+
+
+def loop_weights(launch: Launch) -> int:
+    """Weights one thread reads in one pass of the loop: a ``BLOCK_N x BLOCK_K`` tile over the program's
+    threads."""
+    kw = launch.kwargs
+    return kw["BLOCK_N"] * kw["BLOCK_K"] // (32 * kw["num_warps"])
+
+
+def row_launch(fmt: str, shape: str, rows: int = 1) -> Launch:
+    """The launch a decode step of ``rows`` sequences makes for ``shape`` in ``fmt``, caught on the CPU: at
+    one row the fused row linear (the batch-1 decode's), at 2 to 16 the quantized linear's ``tl.dot`` path."""
+    import torch
+    from omni_gateway.kernels import gemv, quant_gemv, quant_linear, validation
+
+    if rows > 1 and fmt == "bf16":
+        raise ValueError("bf16 runs cuBLAS above one row: nothing of ours to compile")
+    n, k = SHAPES[shape]
+    fusion = FUSIONS[shape]
+    features = n // 2 if fusion.get("gated") else n
+    x = torch.empty(rows, k, dtype=torch.bfloat16)
+    operands: dict[str, Any] = dict(
+        norm_weight=torch.empty(k, dtype=torch.bfloat16) if fusion.get("norm") else None,
+        eps=1e-5,
+        residual=torch.empty(1, features, dtype=torch.bfloat16) if fusion.get("residual") else None,
+        gated=bool(fusion.get("gated")),
+    )
+    module = gemv if fmt == "bf16" else quant_gemv
+    catcher = LaunchCatcher(module._gemv_kernel)
+    with (
+        mock.patch.object(module, "_gemv_kernel", catcher),
+        # what pdl() says on sm_90; the argument checks take CPU tensors as under the interpreter, while the
+        # dispatch decides as on a GPU
+        mock.patch.object(module, "pdl", lambda device: True),
+        mock.patch.object(validation, "interpreting", lambda: True),
+        mock.patch.object(quant_linear, "interpreting", lambda: False),
+    ):
+        if fmt == "bf16":
+            gemv.row_linear(x, torch.empty(n, k, dtype=torch.bfloat16), **operands)
+        elif fmt == "int4":
+            packed = torch.empty(n, k // 2, dtype=torch.uint8)
+            scales = torch.empty(n, k // GROUP, dtype=torch.bfloat16)
+            zeros = torch.empty(n, k // GROUP, dtype=torch.uint8)
+            if rows == 1:
+                quant_linear.int4_row_linear(x, packed, scales, zeros, **operands)
+            else:
+                quant_linear.int4_linear(x, packed, scales, zeros)
+        else:
+            weight, scale = torch.empty(n, k, dtype=torch.float8_e4m3fn), torch.empty(n, dtype=torch.float32)
+            if rows == 1:
+                quant_linear.fp8_row_linear(x, weight, scale, **operands)
+            else:
+                quant_linear.fp8_linear(x, weight, scale)
+    (launch,) = catcher.launches
+    return launch
+
+
+def bytes_per_weight(fmt: str, k: int) -> float:
+    """HBM bytes per weight: the weight and its scales (per group, or per channel over ``k``)."""
+    return {"bf16": 2.0, "fp8-channel": 1.0 + 4 / k, "int4": 0.5 + 3 / GROUP}[fmt]
+
+
+def token_floors(fmt: str, per_weight: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Per machine, the milliseconds a token's pass over these shapes in ``LAYERS`` layers takes at least: to
+    issue the loops' instructions, and to read the weights' bytes."""
+    weights = {shape: SHAPES[shape][0] * SHAPES[shape][1] * LAYERS for shape in per_weight}
+    instructions = sum(weights[s] * per_weight[s] for s in per_weight)
+    data = sum(weights[s] * bytes_per_weight(fmt, SHAPES[s][1]) for s in per_weight)
+    return {
+        m.name: {"issue": 1e3 * instructions / m.issue_rate(), "bandwidth": 1e3 * data / m.hbm_bytes_s}
+        for m in MACHINES
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, of " + ",".join(SHAPES))
+    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated, of " + ",".join(FORMATS))
+    parser.add_argument(
+        "--rows", type=int, default=1, help="sequences in the decode step, 1 to 16 (bf16 only at 1; default 1)"
+    )
+    add_out_argument(parser, "kernel_sass")
+    args = parser.parse_args()
+    shapes, formats = args.shapes.split(","), args.formats.split(",")
+    unknown = [s for s in shapes if s not in SHAPES] + [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise SystemExit(f"unknown {unknown}: shapes {list(SHAPES)}, formats {list(FORMATS)}")
+    if not 1 <= args.rows <= 16 or (args.rows > 1 and "bf16" in formats):
+        raise SystemExit(f"--rows: expected 1 to 16, and bf16 (cuBLAS above one row) only at 1; got {args.rows}")
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise SystemExit("benchmarks.kernel_sass compiles for sm_90: unset TRITON_INTERPRET (it compiles nothing)")
+    import triton
+
+    header = "".join(f"{m.name + ' ceiling':>18}" for m in MACHINES)
+    print(f"{'shape':8} {'format':12} {'loop':>6} {'per weight':>11} {'per byte':>9}{header}  top opcodes")
+    per_weight_of: dict[tuple[str, str], float] = {}
+    with ResultLog(args.out, "kernel_sass", triton=triton.__version__, target="sm_90", rows=args.rows) as log:
+        for shape in shapes:
+            for fmt in formats:
+                launch = row_launch(fmt, shape, args.rows)
+                loop = main_loop(disassemble(compile_sm90(launch)))
+                per_weight = per_weight_of[shape, fmt] = len(loop) / loop_weights(launch)
+                per_byte = per_weight / bytes_per_weight(fmt, SHAPES[shape][1])
+                ceilings = {m.name: min(1.0, m.issue_per_byte() / per_byte) for m in MACHINES}
+                counts = collections.Counter(map(opcode, loop))
+                config = {key: launch.kwargs[key] for key in ("BLOCK_N", "BLOCK_K", "num_warps")}
+                log.write(
+                    "loop",
+                    shape=shape,
+                    format=fmt,
+                    config=config,
+                    loop_instructions=len(loop),
+                    weights_per_pass=loop_weights(launch),
+                    per_weight=round(per_weight, 3),
+                    per_byte=round(per_byte, 3),
+                    roofline_ceiling=ceilings,
+                    opcodes=dict(counts.most_common()),
+                )
+                cells = "".join(f"{ceilings[m.name]:>17.0%} " for m in MACHINES)
+                top = ", ".join(f"{op} {n}" for op, n in counts.most_common(4))
+                print(f"{shape:8} {fmt:12} {len(loop):6d} {per_weight:11.2f} {per_byte:9.2f}{cells} {top}", flush=True)
+        step = f"one decode step of {args.rows} rows" if args.rows > 1 else "one token"
+        print(f"\nthese linears of {LAYERS} layers, {step}: the loops' issue floor against the bandwidth floor")
+        for fmt in formats:
+            floors = token_floors(fmt, {shape: per_weight_of[shape, fmt] for shape in shapes})
+            log.write("token", format=fmt, shapes=shapes, layers=LAYERS, floors_ms=floors)
+            print(
+                f"{fmt:12}"
+                + "".join(
+                    f"  {name}: issue {f['issue']:.3f} ms, bandwidth {f['bandwidth']:.3f} ms"
+                    for name, f in floors.items()
+                )
+            )
+
+
+if __name__ == "__main__":
+    main()
