@@ -10,8 +10,13 @@ Decode is memory-bound, so what matters is bytes in flight and few ALU operation
   features lie in one block row) into the activations, so the weight tile sees one convert and one
   FMA per element.
 - int4 reads 32-bit words, eight weights each, as nibble planes (kernels/quant_tiles.py).
-- 2+ rows: the de-quantized tile (raw FP8 value, or ``q - zero``: both exact in bf16) goes to
-  ``tl.dot`` against a 16-row activation tile, and the group/block scale multiplies the partial sums.
+- 2+ rows, and int4's one row where its config asks (``row_dot``): the de-quantized tile (raw FP8 value,
+  or int4's ``1 + q / 16``: both exact in bf16) goes to ``tl.dot`` against a 16-row activation tile, and
+  the group/block scale multiplies the partial sums. int4 first takes ``1 + zero / 16`` times the
+  activations' sums off them, sums that a second ``tl.dot``, against ones, gives in the accumulator's own
+  layout (a reduction across threads cost more). One int4 row there issues fewer instructions a weight than
+  the planes (``python -m benchmarks.kernel_sass``), which matters where issue, not memory, binds int4: the
+  H200. Which of the two is faster per shape is for the sweep to say (``benchmarks.quant_sweep``).
 - split-K (``split_k`` > 1): when a layer has few output blocks, ``split_k`` programs share each one
   and write float32 partial sums; the last to finish (an atomic counter per output block, reset by
   that program) adds them up and runs the epilogue. One launch, no memset, no reduce kernel.
@@ -22,7 +27,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from omni_gateway.kernels.quant_tiles import INT4_MAGIC, dot_tile, int4_row_step
+from omni_gateway.kernels.quant_tiles import INT4_MAGIC, dot_tile, int4_dot_features, int4_row_step
 from omni_gateway.kernels.quant_tuning import FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig
 from omni_gateway.kernels.row_fusion import (
     RowFusion,
@@ -101,26 +106,39 @@ def _gemv_kernel(
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     if USE_DOT:
-        squares = tl.zeros([1], tl.float32)  # no fused norm with more than one row
+        squares = tl.zeros([SUB], tl.float32)  # the fused norm's, of its one row (more rows fuse nothing)
         x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
             for u in tl.static_range(BLOCK_K // SUB):
                 kb = k0 + u * SUB
-                ks = kb + tl.arange(0, SUB)
+                if FORMAT == 2:
+                    ks = int4_dot_features(kb, SUB)  # the weight tile's column order
+                else:
+                    ks = kb + tl.arange(0, SUB)
                 if EVEN:
                     x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None], other=0.0)
                 else:
                     x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
+                if NORM:  # one row: the tile's column sums are its values
+                    xf, squares = norm_input(tl.sum(x.to(tl.float32), 0), squares, norm_ptr, ks, ks < K, EVEN, NORM)
+                    x = tl.where(row_ok[:, None], xf[None, :], 0.0).to(x.dtype)
                 if DOT_FP32:
                     x = x.to(tl.float32)
-                w, scale = dot_tile(w_ptr, s_ptr, z_ptr, cols, col_ok, kb, K, x, EVEN, FORMAT, GROUP, SUB)
+                w, scale, offset = dot_tile(w_ptr, s_ptr, z_ptr, cols, col_ok, kb, K, x, EVEN, FORMAT, GROUP, SUB)
                 if DOT_FP32:
                     part = tl.dot(x, tl.trans(w), input_precision="ieee")
                 else:
                     part = tl.dot(x, tl.trans(w))
                 if FORMAT == 0:
                     acc += part
+                elif FORMAT == 2:
+                    ones = tl.full([SUB, BLOCK_N], 1.0, x.dtype)
+                    if DOT_FP32:
+                        x_sum = tl.dot(x, ones, input_precision="ieee")
+                    else:
+                        x_sum = tl.dot(x, ones)
+                    acc += (part - x_sum * offset[None, :]) * scale[None, :]
                 else:
                     acc += part * scale[None, :]
     elif FORMAT == 2:
@@ -333,7 +351,7 @@ def launch_gemv(
     the whole row again."""
     block_n, block_k, split_k = config.block_n, config.block_k, config.split_k
     m = x.shape[0]
-    use_dot = m > 1
+    use_dot = m > 1 or (fmt == INT4_GROUPED and config.row_dot)
     if use_dot and block_n < 16:
         raise ValueError(f"QuantLinearConfig.block_n: {m} rows run tl.dot, which needs >= 16, got {block_n}")
     features, out_dtype, grid_n = n, x.dtype, triton.cdiv(n, block_n)
@@ -354,7 +372,7 @@ def launch_gemv(
         split_k, k_per_split = 1, triton.cdiv(k, block_k) * block_k
     parts = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if split_k > 1 else out
     even = n % block_n == 0 and k % block_k == 0 and k_per_split % block_k == 0
-    w = weight.view(torch.int32) if fmt == INT4_GROUPED and not use_dot else weight
+    w = weight.view(torch.int32) if fmt == INT4_GROUPED else weight
     # The batch-1 decode chain (kernels/row_fusion.py). int4 launches plainly: on an H100 its 8B batch-1 step
     # took 4.51 ms as dependents and 3.94 ms without (benchmarks.quant_gpu, int4 against int4-nopdl); its
     # many small programs (two warps, split reductions) run several waves, and dependents parked early on

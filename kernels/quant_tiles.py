@@ -12,8 +12,10 @@ weight format:
   issue slots nor DRAM (ncu on an H100: 56% and 42%): latency, not arithmetic, bound it. Its tuned
   launches now load the words straight into registers (one stage, no block barrier per step), 15% faster
   over the 8B shapes (kernels/quant_tuning.py).
-- ``dot_tile``, 2+ rows: the ``[block_n, SUB]`` tile of unscaled weights for ``tl.dot`` (the raw FP8 value
-  or ``q - zero``, both exact in 16-bit floats) and the scale of its partial sums.
+- ``dot_tile``, 2+ rows (and one row of int4 where its config asks, ``QuantLinearConfig.row_dot``): the
+  ``[block_n, SUB]`` tile of unscaled weights for ``tl.dot`` (the raw FP8 value, or int4's ``1 + q / 16``,
+  both exact in 16-bit floats), the scale of its partial sums and int4's offset, ``1 + zero / 16`` times the
+  activations' sum.
 """
 
 from __future__ import annotations
@@ -88,6 +90,20 @@ def int4_row_step(
 
 
 @triton.jit
+def int4_dot_features(kb, SUB: tl.constexpr):
+    """The input features, in order, of the ``SUB`` columns of ``dot_tile``'s int4 tile at ``kb``: within
+    each word's eight, column ``4a + 2b + c`` holds feature ``a + 2b + 4c``."""
+    kk = tl.arange(0, SUB)
+    return kb + (kk & ~7) + ((kk >> 2) & 1) + (kk & 2) + ((kk & 1) << 2)
+
+
+@triton.jit
+def _bf16_halves(pair):
+    """The low and high 16 bits of each int32 of ``pair``, as bfloat16."""
+    return pair.to(tl.int16).to(tl.bfloat16, bitcast=True), (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def dot_tile(
     w_ptr,
     s_ptr,
@@ -102,25 +118,44 @@ def dot_tile(
     GROUP: tl.constexpr,
     SUB: tl.constexpr,
 ):
-    """The ``[block_n, SUB]`` tile at ``kb`` of unscaled weights in the dtype of ``like`` (raw FP8
-    value or ``q - zero``, exact in 16-bit floats) and the per-feature scale of its partial sums."""
+    """The ``[block_n, SUB]`` tile at ``kb`` of unscaled weights in the dtype of ``like``, the per-feature
+    scale of its partial sums, and (int4) the offset to take off them per unit of the activations' sum:
+
+    - FP8: the raw value, exact in 16-bit floats; offset 0.
+    - int4: ``1 + q / 16`` (exact in bfloat16) with offset ``1 + zero / 16`` and the scale times 16, its
+      columns in the order of ``int4_dot_features``. Each 32-bit word of eight weights becomes four
+      bfloat16 pairs, one shift and one mask-and-or each: nibbles ``j`` and ``j + 4`` land on the top four
+      mantissa bits of a pair of 1.0s. The pair stays whole into the tensor-core operand, which the column
+      order arranges: about one ALU instruction a weight, where the plane kernel of one row
+      (``int4_row_step``) spends three. The offset adds to the float32 sums' rounding: in float32
+      throughout the result is within about 1e-6 of the exact product against 1e-7 for the planes (the
+      nibble at the bottom of the mantissa of 128.0 gave 8 times that).
+    """
     if FORMAT == 2:
-        half = kb // 2 + tl.arange(0, SUB // 2)
-        ptrs = w_ptr + cols.to(tl.int64)[:, None] * (K // 2) + half[None, :]
+        words_k = kb // 8 + tl.arange(0, SUB // 8)
+        ptrs = w_ptr + cols.to(tl.int64)[:, None] * (K // 8) + words_k[None, :]
         g = cols * (K // GROUP) + kb // GROUP
         if EVEN:
-            packed = tl.load(ptrs, eviction_policy="evict_first")
+            words = tl.load(ptrs, eviction_policy="evict_first")
             zero = tl.load(z_ptr + g).to(tl.float32)
             scale = tl.load(s_ptr + g).to(tl.float32)
         else:
             ok = col_ok & ((cols * 0 + kb) < K)
-            packed = tl.load(
-                ptrs, mask=col_ok[:, None] & (half < K // 2)[None, :], other=0, eviction_policy="evict_first"
+            words = tl.load(
+                ptrs, mask=col_ok[:, None] & (words_k < K // 8)[None, :], other=0, eviction_policy="evict_first"
             )
             zero = tl.load(z_ptr + g, mask=ok, other=0).to(tl.float32)
             scale = tl.load(s_ptr + g, mask=ok, other=0.0).to(tl.float32)
-        q = tl.interleave(packed & 0xF, packed >> 4).to(tl.int32) | 0x4B000000
-        w = (q.to(tl.float32, bitcast=True) - (8388608.0 + zero[:, None])).to(like.dtype)
+        l0, h0 = _bf16_halves(((words << 3) & 0x00780078) | 0x3F803F80)
+        l1, h1 = _bf16_halves(((words >> 1) & 0x00780078) | 0x3F803F80)
+        l2, h2 = _bf16_halves(((words >> 5) & 0x00780078) | 0x3F803F80)
+        l3, h3 = _bf16_halves(((words >> 9) & 0x00780078) | 0x3F803F80)
+        # [.., a, b, c] holds nibble a + 2b + 4c: the last axis pairs each mask's two halves
+        low = tl.join(tl.join(l0, l1), tl.join(l2, l3))
+        high = tl.join(tl.join(h0, h1), tl.join(h2, h3))
+        w = tl.reshape(tl.join(low, high), [cols.shape[0], SUB]).to(like.dtype)
+        offset = 1.0 + zero * 0.0625
+        scale *= 16.0
     else:
         ks = kb + tl.arange(0, SUB)
         ptrs = w_ptr + cols.to(tl.int64)[:, None] * K + ks[None, :]
@@ -138,4 +173,5 @@ def dot_tile(
                 scale = tl.load(sp, mask=col_ok & ((cols * 0 + kb) < K), other=0.0)
         else:
             scale = tl.full([cols.shape[0]], 1.0, tl.float32)
-    return w, scale
+        offset = tl.zeros([cols.shape[0]], tl.float32)
+    return w, scale, offset
