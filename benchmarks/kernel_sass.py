@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -37,7 +37,7 @@ FUSIONS = {  # how the batch-1 decode calls each shape (benchmarks/quant_sweep.p
     "qkv": dict(norm=True),
     "o": dict(residual=True),
 }
-FORMATS = ("bf16", "fp8-channel", "int4")
+FORMATS = ("bf16", "fp8-channel", "int4", "int4-dot")  # int4-dot: int4's one row on the tensor cores
 GROUP = 128
 LAYERS = 32  # Llama-3.1-8B
 
@@ -192,9 +192,10 @@ def row_launch(fmt: str, shape: str, rows: int = 1) -> Launch:
     one row the fused row linear (the batch-1 decode's), at 2 to 16 the quantized linear's ``tl.dot`` path."""
     import torch
     from omni_gateway.kernels import gemv, quant_gemv, quant_linear, validation
+    from omni_gateway.kernels.quant_tuning import INT4_GROUPED, tuned_config
 
-    if rows > 1 and fmt == "bf16":
-        raise ValueError("bf16 runs cuBLAS above one row: nothing of ours to compile")
+    if rows > 1 and fmt in ("bf16", "int4-dot"):
+        raise ValueError(f"{fmt} is a one-row kernel: above one row bf16 runs cuBLAS and int4 the tl.dot path")
     n, k = SHAPES[shape]
     fusion = FUSIONS[shape]
     features = n // 2 if fusion.get("gated") else n
@@ -217,12 +218,13 @@ def row_launch(fmt: str, shape: str, rows: int = 1) -> Launch:
     ):
         if fmt == "bf16":
             gemv.row_linear(x, torch.empty(n, k, dtype=torch.bfloat16), **operands)
-        elif fmt == "int4":
+        elif fmt.startswith("int4"):
             packed = torch.empty(n, k // 2, dtype=torch.uint8)
             scales = torch.empty(n, k // GROUP, dtype=torch.bfloat16)
             zeros = torch.empty(n, k // GROUP, dtype=torch.uint8)
             if rows == 1:
-                quant_linear.int4_row_linear(x, packed, scales, zeros, **operands)
+                config = replace(tuned_config(INT4_GROUPED, 1, n, k), row_dot=fmt == "int4-dot")
+                quant_linear.int4_row_linear(x, packed, scales, zeros, config=config, **operands)
             else:
                 quant_linear.int4_linear(x, packed, scales, zeros)
         else:
@@ -237,7 +239,7 @@ def row_launch(fmt: str, shape: str, rows: int = 1) -> Launch:
 
 def bytes_per_weight(fmt: str, k: int) -> float:
     """HBM bytes per weight: the weight and its scales (per group, or per channel over ``k``)."""
-    return {"bf16": 2.0, "fp8-channel": 1.0 + 4 / k, "int4": 0.5 + 3 / GROUP}[fmt]
+    return {"bf16": 2.0, "fp8-channel": 1.0 + 4 / k, "int4": 0.5 + 3 / GROUP, "int4-dot": 0.5 + 3 / GROUP}[fmt]
 
 
 def token_floors(fmt: str, per_weight: dict[str, float]) -> dict[str, dict[str, float]]:
@@ -265,8 +267,9 @@ def main() -> None:
     unknown = [s for s in shapes if s not in SHAPES] + [f for f in formats if f not in FORMATS]
     if unknown:
         raise SystemExit(f"unknown {unknown}: shapes {list(SHAPES)}, formats {list(FORMATS)}")
-    if not 1 <= args.rows <= 16 or (args.rows > 1 and "bf16" in formats):
-        raise SystemExit(f"--rows: expected 1 to 16, and bf16 (cuBLAS above one row) only at 1; got {args.rows}")
+    one_row = [f for f in formats if f in ("bf16", "int4-dot")]
+    if not 1 <= args.rows <= 16 or (args.rows > 1 and one_row):
+        raise SystemExit(f"--rows: expected 1 to 16, and {one_row} (one-row kernels) only at 1; got {args.rows}")
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("benchmarks.kernel_sass compiles for sm_90: unset TRITON_INTERPRET (it compiles nothing)")
     import triton
