@@ -237,6 +237,62 @@ def row_launch(fmt: str, shape: str, rows: int = 1) -> Launch:
     return launch
 
 
+def attention_launch(cache: str, batch: int, context: int = 2048) -> Launch:
+    """The decode attention launch of ``batch`` sequences of the 8B shape (32 query heads over 8 KV heads of
+    128) with ``context`` cached tokens each, over a bf16 or an FP8 cache, as an H200 (132 SMs) would make it,
+    caught on the CPU."""
+    import torch
+    from omni_gateway.kernels import paged_attention, validation
+
+    heads, kv_heads, dim, page = 32, 8, 128, 16
+    dtype = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}[cache]
+    blocks = batch * context // page
+    k_cache, v_cache = (torch.empty(blocks, page, kv_heads, dim, dtype=dtype) for _ in range(2))
+    config = paged_attention.gpu_decode_config(132, batch, kv_heads, context, head_dim=dim, element_size=2)
+    catcher = LaunchCatcher(paged_attention._decode_split_kernel)
+    with (
+        mock.patch.object(paged_attention, "_decode_split_kernel", catcher),
+        mock.patch.object(validation, "interpreting", lambda: True),
+    ):
+        paged_attention.paged_decode_attention(
+            torch.empty(batch, heads, dim, dtype=torch.bfloat16),
+            k_cache,
+            v_cache,
+            torch.empty(batch, dtype=torch.int32),
+            torch.empty(batch, context // page, dtype=torch.int32),
+            0.1,
+            config=config,
+        )
+    return catcher.launches[0]
+
+
+def attention_table(log: ResultLog, batch: int) -> None:
+    """Decode attention's main loop per byte of K and V it reads, over a bf16 and an FP8 cache."""
+    print(f"decode attention, {batch} sequences x 2,048 tokens: loop instructions per K/V byte")
+    for cache in ("bf16", "fp8"):
+        launch = attention_launch(cache, batch)
+        loop = main_loop(disassemble(compile_sm90(launch)))
+        kw = launch.kwargs
+        kv_bytes = kw["BLOCK_N"] * kw["HEAD_DIM"] * 2 * (2 if cache == "bf16" else 1) / (32 * kw["num_warps"])
+        per_byte = len(loop) / kv_bytes
+        ceilings = {m.name: min(1.0, m.issue_per_byte() / per_byte) for m in MACHINES}
+        counts = collections.Counter(map(opcode, loop))
+        config = {key: kw[key] for key in ("BLOCK_N", "num_warps", "num_stages")}
+        log.write(
+            "attention",
+            cache=cache,
+            batch=batch,
+            config=config,
+            loop_instructions=len(loop),
+            per_byte=round(per_byte, 3),
+            roofline_ceiling=ceilings,
+            opcodes=dict(counts.most_common()),
+        )
+        cells = "".join(f"  {name} ceiling {c:.0%}" for name, c in ceilings.items())
+        top = ", ".join(f"{op} {n}" for op, n in counts.most_common(4))
+        print(f"{cache:5} {len(loop):5d} instructions, {per_byte:.2f} a byte{cells}  {top}", flush=True)
+
+
 def bytes_per_weight(fmt: str, k: int) -> float:
     """HBM bytes per weight: the weight and its scales (per group, or per channel over ``k``)."""
     return {"bf16": 2.0, "fp8-channel": 1.0 + 4 / k, "int4": 0.5 + 3 / GROUP, "int4-dot": 0.5 + 3 / GROUP}[fmt]
@@ -261,6 +317,12 @@ def main() -> None:
     parser.add_argument(
         "--rows", type=int, default=1, help="sequences in the decode step, 1 to 16 (bf16 only at 1; default 1)"
     )
+    parser.add_argument(
+        "--attention",
+        type=int,
+        metavar="BATCH",
+        help="count decode attention over a bf16 and an FP8 cache for BATCH sequences instead of the linears",
+    )
     add_out_argument(parser, "kernel_sass")
     args = parser.parse_args()
     shapes, formats = args.shapes.split(","), args.formats.split(",")
@@ -274,6 +336,10 @@ def main() -> None:
         raise SystemExit("benchmarks.kernel_sass compiles for sm_90: unset TRITON_INTERPRET (it compiles nothing)")
     import triton
 
+    if args.attention is not None:
+        with ResultLog(args.out, "kernel_sass", triton=triton.__version__, target="sm_90") as log:
+            attention_table(log, args.attention)
+        return
     header = "".join(f"{m.name + ' ceiling':>18}" for m in MACHINES)
     print(f"{'shape':8} {'format':12} {'loop':>6} {'per weight':>11} {'per byte':>9}{header}  top opcodes")
     per_weight_of: dict[tuple[str, str], float] = {}

@@ -219,7 +219,10 @@ def _paged_scores(
     kv_ptrs = kv_off[:, None] + dims[None, :]
     kv_mask = tok_ok[:, None] & dim_ok[None, :]
     # An fp8 cache (scale 1: the caller folds per-tensor scales into the softmax scale and output)
-    # widens to the query dtype here; for a cache in that dtype the casts are no-ops.
+    # widens to float16, exactly and in one conversion per pair (to bfloat16 each value took a second one),
+    # and the query meets it there, clamped to float16's range; a cache in the query's dtype is read as it is.
+    if k_cache_ptr.dtype.element_ty.is_fp8() and not DOT_FP32:
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     k = tl.load(k_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0).to(q.dtype)
     v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0).to(q.dtype)
     if DOT_FP32:

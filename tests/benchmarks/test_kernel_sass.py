@@ -95,3 +95,18 @@ def test_bf16_above_one_row_is_refused() -> None:
         env=env,
     )
     assert run.returncode == 1 and "(one-row kernels) only at 1; got 4" in run.stderr
+
+
+def test_decode_attention_widens_an_fp8_cache_in_one_conversion(tmp_path: Path) -> None:
+    """Over an FP8 cache the decode loop turns each pair of bytes into float16 at once
+    (``F2FP.F16.E4M3.UNPACK_B``) and never converts float16 to bfloat16 on top, which cost one more
+    instruction per value; the bf16 cache's loop has neither."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "sass.jsonl"
+    cmd = [sys.executable, "-m", "benchmarks.kernel_sass", "--attention", "256", "--out", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr
+    bf16, fp8 = [r for r in map(json.loads, out.read_text().splitlines()) if r["kind"] == "attention"]
+    assert (bf16["cache"], fp8["cache"]) == ("bf16", "fp8")
+    assert fp8["opcodes"].get("F2FP.F16.E4M3.UNPACK_B", 0) > 0 and "F2F.BF16.F16" not in fp8["opcodes"]
+    assert "F2FP.F16.E4M3.UNPACK_B" not in bf16["opcodes"]
