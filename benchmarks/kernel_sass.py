@@ -1,16 +1,19 @@
-"""Instructions per weight of the batch-1 decode linears, compiled for Hopper (sm_90) on any machine, a
-GPU or not: what the instruction issue alone allows of the HBM bandwidth roofline on an H100 and an H200.
+"""Instructions per weight of the decode linears, compiled for Hopper (sm_90) on any machine, a GPU or
+not: what instruction issue alone allows of the HBM bandwidth roofline on an H100 and an H200.
 
-    python -m benchmarks.kernel_sass                 # bf16, FP8 per channel and int4 on the 8B shapes
-    python -m benchmarks.kernel_sass --shapes o      # one shape
+    python -m benchmarks.kernel_sass                    # bf16, FP8 per channel and int4 on the 8B shapes
+    python -m benchmarks.kernel_sass --shapes o         # one shape
+    python -m benchmarks.kernel_sass --rows 4 --formats fp8-channel,int4   # a decode step of 4 sequences
+    python -m benchmarks.kernel_sass --attention 256    # decode attention over a bf16 and an FP8 KV cache
 
-A one-row linear streams its weight once, so its floor is the weight's bytes over the HBM bandwidth. Its
+A decode linear streams its weight once, so its floor is the weight's bytes over the HBM bandwidth. Its
 main loop also issues instructions, at most four warp instructions per clock per SM: a loop that issues
 ``i`` instructions per weight byte runs at no more than ``issue rate / (i x bandwidth)`` of the roofline,
-however well its loads overlap. Each case goes through the public row-linear function with the batch-1
-fusions of that shape (``benchmarks.quant_sweep.ROW_FUSIONS``) and its shipped config; the launch is
-caught before it runs and the same kernel is compiled by Triton for sm_90 and disassembled with the
-``cuobjdump`` that Triton ships. The loop is the body of the widest backward branch.
+however well its loads overlap. Each case goes through the public linear function with the batch-1
+fusions of that shape (``benchmarks.quant_sweep.ROW_FUSIONS``) and its shipped config (``int4-dot``: one
+int4 row with ``row_dot``); the launch is caught before it runs and the same kernel is compiled by Triton
+for sm_90 and disassembled with the ``cuobjdump`` that Triton ships. The loop is the body of the widest
+backward branch.
 """
 
 from __future__ import annotations
@@ -29,14 +32,10 @@ from typing import Any
 from unittest import mock
 
 from benchmarks.common import ResultLog, add_out_argument
+from benchmarks.quant_sweep import ROW_FUSIONS
+from benchmarks.quant_sweep import SHAPES as SWEEP_SHAPES
 
-SHAPES = {"gate_up": (28672, 4096), "down": (4096, 14336), "qkv": (6144, 4096), "o": (4096, 4096)}
-FUSIONS = {  # how the batch-1 decode calls each shape (benchmarks/quant_sweep.py, ROW_FUSIONS)
-    "gate_up": dict(norm=True, gated=True),
-    "down": dict(residual=True),
-    "qkv": dict(norm=True),
-    "o": dict(residual=True),
-}
+SHAPES = {name: shape for name, shape in SWEEP_SHAPES.items() if name != "lm_head"}  # a layer's linears
 FORMATS = ("bf16", "fp8-channel", "int4", "int4-dot")  # int4-dot: int4's one row on the tensor cores
 GROUP = 128
 LAYERS = 32  # Llama-3.1-8B
@@ -197,7 +196,7 @@ def row_launch(fmt: str, shape: str, rows: int = 1) -> Launch:
     if rows > 1 and fmt in ("bf16", "int4-dot"):
         raise ValueError(f"{fmt} is a one-row kernel: above one row bf16 runs cuBLAS and int4 the tl.dot path")
     n, k = SHAPES[shape]
-    fusion = FUSIONS[shape]
+    fusion = ROW_FUSIONS[shape]
     features = n // 2 if fusion.get("gated") else n
     x = torch.empty(rows, k, dtype=torch.bfloat16)
     operands: dict[str, Any] = dict(
