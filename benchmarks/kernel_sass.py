@@ -186,6 +186,29 @@ def loop_weights(launch: Launch) -> int:
     return kw["BLOCK_N"] * kw["BLOCK_K"] // (32 * kw["num_warps"])
 
 
+@dataclass(frozen=True)
+class LoopCount:
+    """A launch's main loop compiled for sm_90: its instructions, by opcode."""
+
+    opcodes: collections.Counter[str]
+
+    @classmethod
+    def of(cls, launch: Launch) -> LoopCount:
+        return cls(collections.Counter(map(opcode, main_loop(disassemble(compile_sm90(launch))))))
+
+    @property
+    def instructions(self) -> int:
+        return self.opcodes.total()
+
+    def top(self, n: int = 4) -> str:
+        return ", ".join(f"{op} {count}" for op, count in self.opcodes.most_common(n))
+
+
+def roofline_ceilings(per_byte: float) -> dict[str, float]:
+    """Per machine, the share of its HBM roofline a loop issuing ``per_byte`` instructions a byte can reach."""
+    return {m.name: min(1.0, m.issue_per_byte() / per_byte) for m in MACHINES}
+
+
 def row_launch(fmt: str, shape: str, rows: int = 1) -> Launch:
     """The launch a decode step of ``rows`` sequences makes for ``shape`` in ``fmt``, caught on the CPU: at
     one row the fused row linear (the batch-1 decode's), at 2 to 16 the quantized linear's ``tl.dot`` path."""
@@ -270,31 +293,75 @@ def attention_table(log: ResultLog, batch: int) -> None:
     print(f"decode attention, {batch} sequences x 2,048 tokens: loop instructions per K/V byte")
     for cache in ("bf16", "fp8"):
         launch = attention_launch(cache, batch)
-        loop = main_loop(disassemble(compile_sm90(launch)))
-        kw = launch.kwargs
-        kv_bytes = kw["BLOCK_N"] * kw["HEAD_DIM"] * 2 * (2 if cache == "bf16" else 1) / (32 * kw["num_warps"])
-        per_byte = len(loop) / kv_bytes
-        ceilings = {m.name: min(1.0, m.issue_per_byte() / per_byte) for m in MACHINES}
-        counts = collections.Counter(map(opcode, loop))
-        config = {key: kw[key] for key in ("BLOCK_N", "num_warps", "num_stages")}
+        count = LoopCount.of(launch)
+        kw, k_cache = launch.kwargs, launch.args[1]
+        kv_bytes = kw["BLOCK_N"] * kw["HEAD_DIM"] * 2 * k_cache.element_size() / (32 * kw["num_warps"])
+        per_byte = count.instructions / kv_bytes
+        ceilings = roofline_ceilings(per_byte)
         log.write(
             "attention",
             cache=cache,
             batch=batch,
-            config=config,
-            loop_instructions=len(loop),
+            config={key: kw[key] for key in ("BLOCK_N", "num_warps", "num_stages")},
+            loop_instructions=count.instructions,
             per_byte=round(per_byte, 3),
             roofline_ceiling=ceilings,
-            opcodes=dict(counts.most_common()),
+            opcodes=dict(count.opcodes.most_common()),
         )
         cells = "".join(f"  {name} ceiling {c:.0%}" for name, c in ceilings.items())
-        top = ", ".join(f"{op} {n}" for op, n in counts.most_common(4))
-        print(f"{cache:5} {len(loop):5d} instructions, {per_byte:.2f} a byte{cells}  {top}", flush=True)
+        print(
+            f"{cache:5} {count.instructions:5d} instructions, {per_byte:.2f} a byte{cells}  {count.top()}", flush=True
+        )
+
+
+def linear_table(log: ResultLog, shapes: list[str], formats: list[str], rows: int) -> None:
+    """Each shape's decode linear in each format: its main loop per weight and per byte, then what a token's
+    pass over these shapes takes at least, to issue and to read."""
+    header = "".join(f"{m.name + ' ceiling':>18}" for m in MACHINES)
+    print(f"{'shape':8} {'format':12} {'loop':>6} {'per weight':>11} {'per byte':>9}{header}  top opcodes")
+    per_weight_of: dict[tuple[str, str], float] = {}
+    for shape in shapes:
+        for fmt in formats:
+            launch = row_launch(fmt, shape, rows)
+            count = LoopCount.of(launch)
+            per_weight = per_weight_of[shape, fmt] = count.instructions / loop_weights(launch)
+            per_byte = per_weight / bytes_per_weight(fmt, SHAPES[shape][1])
+            ceilings = roofline_ceilings(per_byte)
+            log.write(
+                "loop",
+                shape=shape,
+                format=fmt,
+                config={key: launch.kwargs[key] for key in ("BLOCK_N", "BLOCK_K", "num_warps")},
+                loop_instructions=count.instructions,
+                weights_per_pass=loop_weights(launch),
+                per_weight=round(per_weight, 3),
+                per_byte=round(per_byte, 3),
+                roofline_ceiling=ceilings,
+                opcodes=dict(count.opcodes.most_common()),
+            )
+            cells = "".join(f"{ceilings[m.name]:>17.0%} " for m in MACHINES)
+            print(
+                f"{shape:8} {fmt:12} {count.instructions:6d} {per_weight:11.2f} {per_byte:9.2f}{cells} {count.top()}",
+                flush=True,
+            )
+    step = f"one decode step of {rows} rows" if rows > 1 else "one token"
+    print(f"\nthese linears of {LAYERS} layers, {step}: the loops' issue floor against the bandwidth floor")
+    for fmt in formats:
+        floors = token_floors(fmt, {shape: per_weight_of[shape, fmt] for shape in shapes})
+        log.write("token", format=fmt, shapes=shapes, layers=LAYERS, floors_ms=floors)
+        print(
+            f"{fmt:12}"
+            + "".join(
+                f"  {name}: issue {f['issue']:.3f} ms, bandwidth {f['bandwidth']:.3f} ms" for name, f in floors.items()
+            )
+        )
 
 
 def bytes_per_weight(fmt: str, k: int) -> float:
     """HBM bytes per weight: the weight and its scales (per group, or per channel over ``k``)."""
-    return {"bf16": 2.0, "fp8-channel": 1.0 + 4 / k, "int4": 0.5 + 3 / GROUP, "int4-dot": 0.5 + 3 / GROUP}[fmt]
+    if fmt.startswith("int4"):  # int4 and int4-dot: one weight layout
+        return 0.5 + 3 / GROUP
+    return {"bf16": 2.0, "fp8-channel": 1.0 + 4 / k}[fmt]
 
 
 def token_floors(fmt: str, per_weight: dict[str, float]) -> dict[str, dict[str, float]]:
@@ -335,50 +402,12 @@ def main() -> None:
         raise SystemExit("benchmarks.kernel_sass compiles for sm_90: unset TRITON_INTERPRET (it compiles nothing)")
     import triton
 
-    if args.attention is not None:
-        with ResultLog(args.out, "kernel_sass", triton=triton.__version__, target="sm_90") as log:
+    fields: dict[str, Any] = {"attention_batch": args.attention} if args.attention is not None else {"rows": args.rows}
+    with ResultLog(args.out, "kernel_sass", triton=triton.__version__, target="sm_90", **fields) as log:
+        if args.attention is not None:
             attention_table(log, args.attention)
-        return
-    header = "".join(f"{m.name + ' ceiling':>18}" for m in MACHINES)
-    print(f"{'shape':8} {'format':12} {'loop':>6} {'per weight':>11} {'per byte':>9}{header}  top opcodes")
-    per_weight_of: dict[tuple[str, str], float] = {}
-    with ResultLog(args.out, "kernel_sass", triton=triton.__version__, target="sm_90", rows=args.rows) as log:
-        for shape in shapes:
-            for fmt in formats:
-                launch = row_launch(fmt, shape, args.rows)
-                loop = main_loop(disassemble(compile_sm90(launch)))
-                per_weight = per_weight_of[shape, fmt] = len(loop) / loop_weights(launch)
-                per_byte = per_weight / bytes_per_weight(fmt, SHAPES[shape][1])
-                ceilings = {m.name: min(1.0, m.issue_per_byte() / per_byte) for m in MACHINES}
-                counts = collections.Counter(map(opcode, loop))
-                config = {key: launch.kwargs[key] for key in ("BLOCK_N", "BLOCK_K", "num_warps")}
-                log.write(
-                    "loop",
-                    shape=shape,
-                    format=fmt,
-                    config=config,
-                    loop_instructions=len(loop),
-                    weights_per_pass=loop_weights(launch),
-                    per_weight=round(per_weight, 3),
-                    per_byte=round(per_byte, 3),
-                    roofline_ceiling=ceilings,
-                    opcodes=dict(counts.most_common()),
-                )
-                cells = "".join(f"{ceilings[m.name]:>17.0%} " for m in MACHINES)
-                top = ", ".join(f"{op} {n}" for op, n in counts.most_common(4))
-                print(f"{shape:8} {fmt:12} {len(loop):6d} {per_weight:11.2f} {per_byte:9.2f}{cells} {top}", flush=True)
-        step = f"one decode step of {args.rows} rows" if args.rows > 1 else "one token"
-        print(f"\nthese linears of {LAYERS} layers, {step}: the loops' issue floor against the bandwidth floor")
-        for fmt in formats:
-            floors = token_floors(fmt, {shape: per_weight_of[shape, fmt] for shape in shapes})
-            log.write("token", format=fmt, shapes=shapes, layers=LAYERS, floors_ms=floors)
-            print(
-                f"{fmt:12}"
-                + "".join(
-                    f"  {name}: issue {f['issue']:.3f} ms, bandwidth {f['bandwidth']:.3f} ms"
-                    for name, f in floors.items()
-                )
-            )
+        else:
+            linear_table(log, shapes, formats, args.rows)
 
 
 if __name__ == "__main__":
