@@ -191,15 +191,26 @@ def _random_tables(batch: int, blocks_per_seq: int, num_blocks: int, n_sets: int
     return [perm[i * per_set : (i + 1) * per_set].view(batch, blocks_per_seq).contiguous() for i in range(n_sets)]
 
 
-def check_decode_configs(configs: list[DecodeConfig], report: Report) -> list[DecodeConfig]:
+# --kv-cache-dtype: the decode cases' cache element type (vLLM's names). An fp8 cache holds values at
+# scale 1, as the engine's does once its per-tensor scales are folded into the softmax scale.
+KV_DTYPES = {"bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+
+
+def _random_cache(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(shape, device="cuda", dtype=torch.bfloat16).to(dtype)
+
+
+def check_decode_configs(
+    configs: list[DecodeConfig], report: Report, kv_dtype: torch.dtype = torch.bfloat16
+) -> list[DecodeConfig]:
     """Keep the configs that compile and match the reference on a ragged GQA batch."""
     torch.manual_seed(0)
     lens = [1, 15, 17, 300, 1000, 2100]
     hq, hkv, d = 32, 4, 128
     blocks = max(math.ceil(n / PAGE) for n in lens) + 1
     num_blocks = len(lens) * blocks
-    k_cache = torch.randn(num_blocks, PAGE, hkv, d, device="cuda", dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
+    k_cache = _random_cache((num_blocks, PAGE, hkv, d), kv_dtype)
+    v_cache = _random_cache((num_blocks, PAGE, hkv, d), kv_dtype)
     tables = _random_tables(len(lens), blocks, num_blocks, 1)[0]
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(len(lens), hq, d, device="cuda", dtype=torch.bfloat16)
@@ -246,19 +257,26 @@ def _case_reference(
 
 
 def _decode_case(
-    copy_bw: float, hq: int, hkv: int, batch: int, ctx: int, sweep: list[DecodeConfig], report: Report
+    copy_bw: float,
+    hq: int,
+    hkv: int,
+    batch: int,
+    ctx: int,
+    sweep: list[DecodeConfig],
+    report: Report,
+    kv_dtype: torch.dtype = torch.bfloat16,
 ) -> list[object]:
     """Time one decode case with its default config and every sweep config; the table row. Its tensors are
     freed on return."""
     d = 128
     dtype = torch.bfloat16
     blocks_per_seq = ctx // PAGE
-    kv_bytes = batch * ctx * hkv * d * 2 * 2
+    kv_bytes = batch * ctx * hkv * d * 2 * kv_dtype.itemsize
     io_bytes = kv_bytes + 2 * batch * hq * d * 2 + batch * blocks_per_seq * 4
     n_sets = max(1, min(64, math.ceil(L2_ROTATION_BYTES / kv_bytes)))
     num_blocks = n_sets * batch * blocks_per_seq
-    k_cache = torch.randn(num_blocks, PAGE, hkv, d, device="cuda", dtype=dtype)
-    v_cache = torch.randn_like(k_cache)
+    k_cache = _random_cache((num_blocks, PAGE, hkv, d), kv_dtype)
+    v_cache = _random_cache((num_blocks, PAGE, hkv, d), kv_dtype)
     tables = _random_tables(batch, blocks_per_seq, num_blocks, n_sets)
     qs = [torch.randn(batch, hq, d, device="cuda", dtype=dtype) for _ in range(n_sets)]
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
@@ -281,6 +299,7 @@ def _decode_case(
                 if not err < 1e-2:  # NaN fails too
                     report.record(
                         "decode_case_check_failed",
+                        kv_dtype=str(kv_dtype),
                         hq=hq,
                         hkv=hkv,
                         batch=batch,
@@ -301,6 +320,7 @@ def _decode_case(
         t = results[cfg] = timed[key]
         report.record(
             "decode",
+            kv_dtype=str(kv_dtype),
             hq=hq,
             hkv=hkv,
             batch=batch,
@@ -341,16 +361,18 @@ def bench_decode(
     contexts: list[int],
     sweep: list[DecodeConfig],
     report: Report,
+    kv_dtype: torch.dtype = torch.bfloat16,
 ) -> None:
     rows = []
     for (hq, hkv), batch, ctx in itertools.product(heads, batches, contexts):
         if ctx % PAGE:
             raise ValueError(f"--contexts: expected multiples of the block size {PAGE}, got {ctx}")
-        rows.append(_decode_case(copy_bw, hq, hkv, batch, ctx, sweep, report))
+        rows.append(_decode_case(copy_bw, hq, hkv, batch, ctx, sweep, report, kv_dtype))
         print(rows[-1], flush=True)
         torch.cuda.empty_cache()
     report.table(
-        f"Paged decode attention, bf16, head_dim 128, block 16, CUDA-graph replay (copy BW {copy_bw / 1e9:.0f} GB/s)",
+        f"Paged decode attention, {kv_dtype} cache, bf16 queries, head_dim 128, block 16, CUDA-graph replay "
+        f"(copy BW {copy_bw / 1e9:.0f} GB/s)",
         [
             "Hq/Hkv",
             "batch",
@@ -673,6 +695,9 @@ def main() -> int:
     parser.add_argument("--batches", type=parse_ints, default="1,16,64,256")
     parser.add_argument("--contexts", type=parse_ints, default="1024,4096,16384")
     parser.add_argument(
+        "--kv-cache-dtype", choices=list(KV_DTYPES), default="bfloat16", help="the decode cases' cache elements"
+    )
+    parser.add_argument(
         "--skip", default="", help="comma list of sections to skip: decode,floor,prefill,elementwise,argmax"
     )
     parser.add_argument(
@@ -707,8 +732,9 @@ def main() -> int:
                 args.heads,
                 args.batches,
                 args.contexts,
-                check_decode_configs(sweep_configs(args, base), report),
+                check_decode_configs(sweep_configs(args, base), report, KV_DTYPES[args.kv_cache_dtype]),
                 report,
+                KV_DTYPES[args.kv_cache_dtype],
             ),
         ),
         ("floor", lambda: decode_latency_floor(report)),

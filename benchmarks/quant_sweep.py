@@ -107,13 +107,21 @@ DOT = [
     (64, 128, 4, 4),
     (16, 1024, 8, 2),
 ]
+# 2-16 rows of int4: wide one-stage tiles share each activation load among more features, which
+# python -m benchmarks.kernel_sass counts at about 3.3 instructions a weight against 5.5-8 for the above.
+DOT_INT4 = [
+    (64, 256, 4, 1),
+    (128, 128, 4, 1),
+    (128, 256, 4, 1),
+    (128, 256, 8, 1),
+]
 GEMMS = [(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 128, 8, 3)]
 
 
 def candidates(fmt: int, rows: int) -> list[Any]:
     from omni_gateway.kernels.quant_tuning import QuantLinearConfig
 
-    grid = (ONE_ROW_INT4 if fmt == 2 else ONE_ROW_FP8) if rows == 1 else DOT
+    grid = (ONE_ROW_INT4 if fmt == 2 else ONE_ROW_FP8) if rows == 1 else DOT + (DOT_INT4 if fmt == 2 else [])
     splits = SPLITS_ONE_ROW if rows == 1 else SPLITS_DOT
     configs = [
         QuantLinearConfig(block_n=bn, block_k=bk, num_warps=w, stages=st, split_k=sp)
