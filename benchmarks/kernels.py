@@ -281,7 +281,7 @@ def _decode_case(
     qs = [torch.randn(batch, hq, d, device="cuda", dtype=dtype) for _ in range(n_sets)]
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     est = io_bytes / (0.8 * copy_bw) + 4e-6
-    default = default_decode_config(qs[0], hkv, ctx)
+    default = default_decode_config(qs[0], hkv, ctx, kv_dtype.itemsize)
     expected = _case_reference(qs[0], k_cache, v_cache, seq_lens, tables[0], d**-0.5)
     torch.cuda.empty_cache()  # the reference's temporaries
     results: dict[DecodeConfig, float] = {}

@@ -294,7 +294,7 @@ def _decode_launch_key(engine: LLMEngine) -> Callable[[int, int], Hashable] | No
     from omni_gateway.kernels.paged_attention import decode_launch_key
 
     sm_count = torch.cuda.get_device_properties(runner.device).multi_processor_count
-    shape, element_size = runner.model.shape, runner.dtype.itemsize
+    shape, element_size = runner.model.shape, runner.kv_dtype.itemsize
     return lambda batch, context: decode_launch_key(
         sm_count, batch, shape.num_kv_heads, context, head_dim=shape.head_dim, element_size=element_size
     )

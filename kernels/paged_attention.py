@@ -114,10 +114,13 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def default_decode_config(q: torch.Tensor, num_kv_heads: int = 1, max_context: int = 0) -> DecodeConfig:
+def default_decode_config(
+    q: torch.Tensor, num_kv_heads: int = 1, max_context: int = 0, kv_element_size: int | None = None
+) -> DecodeConfig:
     """Decode launch parameters for ``q``'s device and a launch of ``q.shape[0]`` sequences over
     ``num_kv_heads`` KV heads and block tables covering ``max_context`` tokens (shapes only, so the
-    choice is CUDA-graph capturable). The CPU interpreter gets small tiles."""
+    choice is CUDA-graph capturable) of a cache of ``kv_element_size``-byte elements (None: ``q``'s).
+    The CPU interpreter gets small tiles."""
     if q.device.type != "cuda":
         return DecodeConfig(block_n=32, num_warps=4, num_stages=1, target_programs=16, min_split_tokens=32)
     return gpu_decode_config(
@@ -126,7 +129,7 @@ def default_decode_config(q: torch.Tensor, num_kv_heads: int = 1, max_context: i
         num_kv_heads,
         max_context,
         head_dim=q.shape[-1],
-        element_size=q.element_size(),
+        element_size=kv_element_size or q.element_size(),
     )
 
 
@@ -150,7 +153,8 @@ def gpu_decode_config(
     element_size: int = 2,
 ) -> DecodeConfig:
     """The decode launch parameters of a GPU with ``sm_count`` SMs for a launch of ``batch`` x
-    ``num_kv_heads`` (sequence, KV head) pairs over ``max_context`` tokens.
+    ``num_kv_heads`` (sequence, KV head) pairs over ``max_context`` tokens of a cache of
+    ``element_size``-byte elements.
 
     Decode streams K/V, so what counts is the bytes in flight across the GPU while every program
     fits in one wave. Swept on an H200 (docs/benchmarks.md, "Paged decode attention"):
@@ -164,10 +168,15 @@ def gpu_decode_config(
       only view of the context, while a batch-1 decode mostly reads far fewer tokens; many
       one-tile splits then keep its latency low (on the H200 the 128-token splits made the 8B
       model's batch-1 decode graph 4.33 ms against 4.17-4.28).
+    With two or more pairs per SM an fp8 cache takes 128-token tiles, the bytes of bf16's 64: on an
+    H100 they ran 8-26% faster than 64-token ones at 64-256 sequences of 512-2,048 tokens (64-token
+    fp8 tiles reached 47-73% of the copy bandwidth, bf16's 89-100%).
     Tiles hold at most 128 tokens of bf16 head_dim 128; wider rows get proportionally fewer tokens.
     """
     pairs = max(1, batch * num_kv_heads)
-    if sm_count <= pairs < 2 * sm_count:
+    if pairs >= 2 * sm_count and element_size < 2:
+        config = replace(_MANY_PAIRS, block_n=128, min_split_tokens=128, target_programs=3 * sm_count)
+    elif sm_count <= pairs < 2 * sm_count:
         config = replace(_SOME_PAIRS, target_programs=3 * sm_count)
     elif sm_count // 4 <= pairs < sm_count and pairs * (max_context // _FEW_PAIRS.block_n) >= sm_count // 2:
         config = replace(_FEW_PAIRS, target_programs=sm_count)
@@ -535,7 +544,7 @@ def paged_decode_attention(
     if batch == 0:
         return out
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    config = config or default_decode_config(q, num_kv_heads, block_tables.shape[1] * page)
+    config = config or default_decode_config(q, num_kv_heads, block_tables.shape[1] * page, k_cache.element_size())
     group = num_q_heads // num_kv_heads
     max_blocks = block_tables.shape[1]
     num_splits, per_split = num_decode_splits(batch, num_kv_heads, max_blocks * page, config)

@@ -104,18 +104,19 @@ _TUNED: dict[tuple[int, int, int, int], tuple[int, int, int, int, int]] = {
     (INT4_GROUPED, 1, 4096, 14336): (128, 256, 8, 1, 8),  # 23.0 us, 2.21x bf16
     (INT4_GROUPED, 1, 6144, 4096): (128, 256, 4, 1, 8),  # 12.7 us, 1.50x bf16
     (INT4_GROUPED, 1, 28672, 4096): (128, 256, 4, 1, 8),  # 37.0 us, 2.04x bf16
-    (INT4_GROUPED, 2, 4096, 14336): (64, 256, 8, 3, 4),  # 31.7 us, 1.00x bf16
-    (INT4_GROUPED, 2, 6144, 4096): (64, 128, 4, 4, 4),  # 16.4 us, 0.99x bf16
-    (INT4_GROUPED, 2, 28672, 4096): (32, 256, 4, 3, 1),  # 53.1 us, 1.18x bf16
-    (INT4_GROUPED, 4, 4096, 14336): (64, 256, 8, 3, 4),  # 31.7 us, 0.99x bf16
-    (INT4_GROUPED, 4, 6144, 4096): (64, 128, 4, 4, 4),  # 16.4 us, 0.95x bf16
-    (INT4_GROUPED, 4, 28672, 4096): (32, 256, 4, 3, 1),  # 53.1 us, 1.17x bf16
-    (INT4_GROUPED, 8, 4096, 14336): (64, 256, 8, 3, 4),  # 31.7 us, 1.01x bf16
-    (INT4_GROUPED, 8, 6144, 4096): (64, 128, 4, 4, 4),  # 16.3 us, 0.96x bf16
-    (INT4_GROUPED, 8, 28672, 4096): (32, 256, 4, 3, 1),  # 53.3 us, 1.18x bf16
-    (INT4_GROUPED, 16, 4096, 14336): (64, 256, 8, 3, 4),  # 31.9 us, 1.01x bf16
-    (INT4_GROUPED, 16, 6144, 4096): (64, 256, 8, 3, 4),  # 16.4 us, 0.96x bf16
-    (INT4_GROUPED, 16, 28672, 4096): (32, 256, 4, 3, 1),  # 53.0 us, 1.19x bf16
+    (INT4_GROUPED, 1, 128256, 4096): (128, 256, 4, 1, 4),  # H100 2026-12-06: 145.1 us, 2.31x bf16 (fallback 195.5)
+}
+
+# 2-16 rows of int4, (N, K) -> the same tuple: the tensor-core tile of kernels/quant_tiles.py, swept at 4 rows
+# on an H100 (2026-12-06). Its activation tile is 16 rows whatever the step's count, so one entry serves
+# every bucket. Wide one-stage tiles won where the activations' loads weigh most (gate_up took 150.3 us with
+# the 32-feature, three-stage config before).
+_TUNED_INT4_DOT: dict[tuple[int, int], tuple[int, int, int, int, int]] = {
+    (4096, 4096): (64, 256, 4, 1, 4),  # 18.1 us, 0.85x bf16
+    (4096, 14336): (64, 128, 4, 4, 4),  # 52.1 us, 0.83x bf16
+    (6144, 4096): (64, 256, 4, 1, 4),  # 21.9 us, 0.95x bf16
+    (28672, 4096): (128, 128, 4, 1, 4),  # 65.1 us, 1.30x bf16
+    (128256, 4096): (128, 128, 4, 1, 4),  # 268.2 us, 1.39x bf16
 }
 
 
@@ -150,7 +151,10 @@ INT4_ROW_DOT = False
 
 
 def tuned_config(fmt: int, rows: int, n: int, k: int) -> QuantLinearConfig:
-    hit = _TUNED.get((fmt, rows_bucket(rows), n, k))
+    if fmt == INT4_GROUPED and rows > 1:
+        hit = _TUNED_INT4_DOT.get((n, k))
+    else:
+        hit = _TUNED.get((fmt, rows_bucket(rows), n, k))
     if hit is None:
         config = fallback_config(fmt, rows, n, k)
     else:

@@ -115,6 +115,24 @@ def test_gpu_default_config_fills_one_wave(batch, hkv, ctx, block_n, splits):
         assert batch * hkv * got_splits <= 132
 
 
+@pytest.mark.parametrize(
+    "batch,ctx,block_n,splits",
+    [
+        (256, 2048, 128, 1),  # many pairs: fp8 tiles of 128 tokens, the bytes of bf16's 64
+        (64, 2048, 128, 1),  # 512 pairs, still two or more per SM
+        (32, 4096, 64, 1),  # 256 pairs, between one and two per SM: as for bf16
+        (1, 16384, 64, 43),  # too few pairs: bf16's fine splits
+    ],
+)
+def test_an_fp8_cache_takes_wider_tiles_only_with_many_pairs(batch, ctx, block_n, splits):
+    from omni_gateway.kernels.paged_attention import gpu_decode_config
+
+    config = gpu_decode_config(132, batch, 8, ctx, element_size=1)
+    assert (config.block_n, num_decode_splits(batch, 8, ctx, config)[0]) == (block_n, splits)
+    if block_n == 64:
+        assert config == gpu_decode_config(132, batch, 8, ctx, element_size=2)
+
+
 def test_fused_reduce_leaves_counters_zeroed_for_the_next_call(device, rel_err):
     from omni_gateway.kernels import paged_attention
 

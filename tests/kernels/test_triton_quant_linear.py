@@ -150,6 +150,12 @@ def test_tuned_table_and_fallback():
         config = quant_tuning.tuned_config(fmt, rows, n, k)
         assert (config.block_n, config.block_k, config.num_warps, config.stages, config.split_k) == values
         assert rows == 1 or config.block_n >= 16  # tl.dot's minimum
+    for (n, k), values in quant_tuning._TUNED_INT4_DOT.items():
+        for rows in (2, 3, 9, 16):  # one entry for every 2-16-row bucket
+            config = quant_tuning.tuned_config(quant_tuning.INT4_GROUPED, rows, n, k)
+            assert (config.block_n, config.block_k, config.num_warps, config.stages, config.split_k) == values
+            assert config.block_n >= 16
+        assert quant_tuning.tuned_config(quant_tuning.INT4_GROUPED, 1, n, k) != config
     # An untuned shape with few output blocks splits the reduction to fill the SMs; a wide one does not.
     assert quant_tuning.tuned_config(0, 1, 1000, 8192).split_k > 1
     assert quant_tuning.tuned_config(0, 1, 100_000, 1024).split_k == 1

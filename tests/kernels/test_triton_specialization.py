@@ -74,8 +74,9 @@ def test_tokens_per_split_stays_in_one_specialization_class() -> None:
     """Left specialized, tokens_per_split must never change class (== 1, divisible by 16) between steps."""
     attention = importlib.import_module("omni_gateway.kernels.paged_attention")
     configs = [
-        attention.gpu_decode_config(132, batch, 8, context, head_dim=head_dim, element_size=2)
+        attention.gpu_decode_config(132, batch, 8, context, head_dim=head_dim, element_size=element_size)
         for batch in (1, 3, 16, 64, 256)
+        for element_size in (1, 2)
         for context in (16, 1000, 8192, 131072)
         for head_dim in (64, 128, 256)
     ]
