@@ -10,10 +10,9 @@ A decode linear streams its weight once, so its floor is the weight's bytes over
 main loop also issues instructions, at most four warp instructions per clock per SM: a loop that issues
 ``i`` instructions per weight byte runs at no more than ``issue rate / (i x bandwidth)`` of the roofline,
 however well its loads overlap. Each case goes through the public linear function with the batch-1
-fusions of that shape (``benchmarks.quant_sweep.ROW_FUSIONS``) and its shipped config (``int4-dot``: one
-int4 row with ``row_dot``); the launch is caught before it runs and the same kernel is compiled by Triton
-for sm_90 and disassembled with the ``cuobjdump`` that Triton ships. The loop is the body of the widest
-backward branch.
+fusions of that shape (``benchmarks.quant_sweep.ROW_FUSIONS``) and its shipped config; the launch is
+caught before it runs and the same kernel is compiled by Triton for sm_90 and disassembled with the
+``cuobjdump`` that Triton ships. The loop is the body of the widest backward branch.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -36,7 +35,7 @@ from benchmarks.quant_sweep import ROW_FUSIONS
 from benchmarks.quant_sweep import SHAPES as SWEEP_SHAPES
 
 SHAPES = {name: shape for name, shape in SWEEP_SHAPES.items() if name != "lm_head"}  # a layer's linears
-FORMATS = ("bf16", "fp8-channel", "int4", "int4-dot")  # int4-dot: int4's one row on the tensor cores
+FORMATS = ("bf16", "fp8-channel", "int4")
 GROUP = 128
 LAYERS = 32  # Llama-3.1-8B
 
@@ -214,10 +213,9 @@ def row_launch(fmt: str, shape: str, rows: int = 1) -> Launch:
     one row the fused row linear (the batch-1 decode's), at 2 to 16 the quantized linear's ``tl.dot`` path."""
     import torch
     from omni_gateway.kernels import gemv, quant_gemv, quant_linear, validation
-    from omni_gateway.kernels.quant_tuning import INT4_GROUPED, tuned_config
 
-    if rows > 1 and fmt in ("bf16", "int4-dot"):
-        raise ValueError(f"{fmt} is a one-row kernel: above one row bf16 runs cuBLAS and int4 the tl.dot path")
+    if rows > 1 and fmt == "bf16":
+        raise ValueError("bf16 is a one-row kernel here: above one row it runs cuBLAS")
     n, k = SHAPES[shape]
     fusion = ROW_FUSIONS[shape]
     features = n // 2 if fusion.get("gated") else n
@@ -240,13 +238,12 @@ def row_launch(fmt: str, shape: str, rows: int = 1) -> Launch:
     ):
         if fmt == "bf16":
             gemv.row_linear(x, torch.empty(n, k, dtype=torch.bfloat16), **operands)
-        elif fmt.startswith("int4"):
+        elif fmt == "int4":
             packed = torch.empty(n, k // 2, dtype=torch.uint8)
             scales = torch.empty(n, k // GROUP, dtype=torch.bfloat16)
             zeros = torch.empty(n, k // GROUP, dtype=torch.uint8)
             if rows == 1:
-                config = replace(tuned_config(INT4_GROUPED, 1, n, k), row_dot=fmt == "int4-dot")
-                quant_linear.int4_row_linear(x, packed, scales, zeros, config=config, **operands)
+                quant_linear.int4_row_linear(x, packed, scales, zeros, **operands)
             else:
                 quant_linear.int4_linear(x, packed, scales, zeros)
         else:
@@ -359,7 +356,7 @@ def linear_table(log: ResultLog, shapes: list[str], formats: list[str], rows: in
 
 def bytes_per_weight(fmt: str, k: int) -> float:
     """HBM bytes per weight: the weight and its scales (per group, or per channel over ``k``)."""
-    if fmt.startswith("int4"):  # int4 and int4-dot: one weight layout
+    if fmt == "int4":
         return 0.5 + 3 / GROUP
     return {"bf16": 2.0, "fp8-channel": 1.0 + 4 / k}[fmt]
 
@@ -395,9 +392,8 @@ def main() -> None:
     unknown = [s for s in shapes if s not in SHAPES] + [f for f in formats if f not in FORMATS]
     if unknown:
         raise SystemExit(f"unknown {unknown}: shapes {list(SHAPES)}, formats {list(FORMATS)}")
-    one_row = [f for f in formats if f in ("bf16", "int4-dot")]
-    if not 1 <= args.rows <= 16 or (args.rows > 1 and one_row):
-        raise SystemExit(f"--rows: expected 1 to 16, and {one_row} (one-row kernels) only at 1; got {args.rows}")
+    if not 1 <= args.rows <= 16 or (args.rows > 1 and "bf16" in formats):
+        raise SystemExit(f"--rows: expected 1 to 16, and bf16 (a one-row kernel here) only at 1; got {args.rows}")
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("benchmarks.kernel_sass compiles for sm_90: unset TRITON_INTERPRET (it compiles nothing)")
     import triton

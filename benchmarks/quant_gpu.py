@@ -65,12 +65,10 @@ VARIANTS = ("bf16", "fp8-channel", "fp8-channel-head", "fp8-block", "int4", "int
 # without the latter only (kernels/row_fusion.py).
 UNFUSED = "-unfused"
 NO_PDL = "-nopdl"
-# A suffix of an int4 variant that runs its one-row linears on the tensor cores (``QuantLinearConfig.row_dot``).
-ROW_DOT = "-rowdot"
 
 
 def _base(variant: str) -> str:
-    return variant.removesuffix(UNFUSED).removesuffix(NO_PDL).removesuffix(ROW_DOT)
+    return variant.removesuffix(UNFUSED).removesuffix(NO_PDL)
 
 
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
@@ -270,17 +268,15 @@ def run_variant(
     variant: str, model_dir: str, args: argparse.Namespace, check: list[list[int]], work: Any
 ) -> dict[str, Any]:
     from omni_gateway.engine.models.llama import LlamaModel
-    from omni_gateway.kernels import quant_tuning, row_fusion
+    from omni_gateway.kernels import row_fusion
 
     t0 = time.perf_counter()
     LlamaModel.ROW_FUSION = not variant.endswith(UNFUSED)
     row_fusion.DEPENDENT_LAUNCH = not variant.endswith((UNFUSED, NO_PDL))
-    quant_tuning.INT4_ROW_DOT = variant.endswith(ROW_DOT)
     try:
         return _run_engine(variant, model_dir, args, check, work, t0)
     finally:
         LlamaModel.ROW_FUSION = row_fusion.DEPENDENT_LAUNCH = True
-        quant_tuning.INT4_ROW_DOT = False
 
 
 def _run_engine(
@@ -385,7 +381,7 @@ def main() -> None:
         type=lambda s: s.split(","),
         default=list(VARIANTS),
         help=",".join(VARIANTS) + f"; suffix {UNFUSED}: without the batch-1 row fusion and dependent launch, "
-        f"{NO_PDL}: without dependent launch, {ROW_DOT} (int4): one row on the tensor cores",
+        f"{NO_PDL}: without dependent launch",
     )
     parser.add_argument(
         "--workload-variants",

@@ -88,16 +88,6 @@ ONE_ROW_INT4 = [
     (128, 256, 8, 1),
     (128, 512, 8, 1),
 ]
-# One row of int4 on the tensor cores (``QuantLinearConfig.row_dot``): its instruction count is lowest at
-# 128 features and one stage (python -m benchmarks.kernel_sass).
-ONE_ROW_INT4_DOT = [
-    (64, 256, 4, 1),
-    (128, 128, 4, 1),
-    (128, 256, 4, 1),
-    (128, 256, 8, 1),
-    (128, 256, 4, 2),
-    (128, 512, 8, 1),
-]
 DOT = [
     (16, 256, 4, 3),
     (16, 512, 4, 3),
@@ -123,18 +113,11 @@ def candidates(fmt: int, rows: int) -> list[Any]:
 
     grid = (ONE_ROW_INT4 if fmt == 2 else ONE_ROW_FP8) if rows == 1 else DOT + (DOT_INT4 if fmt == 2 else [])
     splits = SPLITS_ONE_ROW if rows == 1 else SPLITS_DOT
-    configs = [
+    return [
         QuantLinearConfig(block_n=bn, block_k=bk, num_warps=w, stages=st, split_k=sp)
         for bn, bk, w, st in grid
         for sp in splits
     ]
-    if fmt == 2 and rows == 1:
-        configs += [
-            QuantLinearConfig(block_n=bn, block_k=bk, num_warps=w, stages=st, split_k=sp, row_dot=True)
-            for bn, bk, w, st in ONE_ROW_INT4_DOT
-            for sp in splits
-        ]
-    return configs
 
 
 def _weights(n: int, k: int) -> dict[str, Any]:
@@ -447,10 +430,9 @@ def main() -> None:
         names = {0: "FP8_CHANNEL", 1: "FP8_BLOCKWISE", 2: "INT4_GROUPED"}
         print("\n_TUNED = {")
         for (fmt, rows, n, k), (c, sec, base) in sorted(best.items()):
-            dot = ", row_dot (INT4_ROW_DOT)" if c.row_dot else ""
             print(
                 f"    ({names[fmt]}, {rows}, {n}, {k}): ({c.block_n}, {c.block_k}, {c.num_warps}, {c.stages}, "
-                f"{c.split_k}),  # {sec * 1e6:.1f} us, {base / sec:.2f}x bf16{dot}"
+                f"{c.split_k}),  # {sec * 1e6:.1f} us, {base / sec:.2f}x bf16"
             )
         print("}")
         log.write("verdict", ok=ok)

@@ -10,13 +10,12 @@ Decode is memory-bound, so what matters is bytes in flight and few ALU operation
   features lie in one block row) into the activations, so the weight tile sees one convert and one
   FMA per element.
 - int4 reads 32-bit words, eight weights each, as nibble planes (kernels/quant_tiles.py).
-- 2+ rows, and int4's one row where its config asks (``row_dot``): the de-quantized tile (raw FP8 value,
-  or int4's ``1 + q / 16``: both exact in bf16) goes to ``tl.dot`` against a 16-row activation tile, and
-  the group/block scale multiplies the partial sums. int4 first takes ``1 + zero / 16`` times the
-  activations' sums off them, sums that a second ``tl.dot``, against ones, gives in the accumulator's own
-  layout (a reduction across threads cost more). One int4 row there issues fewer instructions a weight than
-  the planes (``python -m benchmarks.kernel_sass``), which matters where issue, not memory, binds int4: the
-  H200. Which of the two is faster per shape is for the sweep to say (``benchmarks.quant_sweep``).
+- 2+ rows: the de-quantized tile (raw FP8 value, or int4's ``1 + q / 16``: both exact in bf16) goes to
+  ``tl.dot`` against a 16-row activation tile, and the group/block scale multiplies the partial sums.
+  int4 first takes ``1 + zero / 16`` times the activations' sums off them, sums that a second ``tl.dot``,
+  against ones, gives in the accumulator's own layout (a reduction across threads cost more). One int4
+  row padded to 16 this way issues fewer instructions a weight than the planes, yet ran 1.6-2.0x slower
+  on an H100 at every 8B shape (``benchmarks.quant_sweep``, 2026-12-06), so one row stays on the planes.
 - split-K (``split_k`` > 1): when a layer has few output blocks, ``split_k`` programs share each one
   and write float32 partial sums; the last to finish (an atomic counter per output block, reset by
   that program) adds them up and runs the epilogue. One launch, no memset, no reduce kernel.
@@ -106,7 +105,7 @@ def _gemv_kernel(
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     if USE_DOT:
-        squares = tl.zeros([SUB], tl.float32)  # the fused norm's, of its one row (more rows fuse nothing)
+        squares = tl.zeros([SUB], tl.float32)  # no norm is fused into 2+ rows
         x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
@@ -120,9 +119,6 @@ def _gemv_kernel(
                     x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None], other=0.0)
                 else:
                     x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
-                if NORM:  # one row: the tile's column sums are its values
-                    xf, squares = norm_input(tl.sum(x.to(tl.float32), 0), squares, norm_ptr, ks, ks < K, EVEN, NORM)
-                    x = tl.where(row_ok[:, None], xf[None, :], 0.0).to(x.dtype)
                 if DOT_FP32:
                     x = x.to(tl.float32)
                 w, scale, offset = dot_tile(w_ptr, s_ptr, z_ptr, cols, col_ok, kb, K, x, EVEN, FORMAT, GROUP, SUB)
@@ -351,7 +347,7 @@ def launch_gemv(
     the whole row again."""
     block_n, block_k, split_k = config.block_n, config.block_k, config.split_k
     m = x.shape[0]
-    use_dot = m > 1 or (fmt == INT4_GROUPED and config.row_dot)
+    use_dot = m > 1
     if use_dot and block_n < 16:
         raise ValueError(f"QuantLinearConfig.block_n: {m} rows run tl.dot, which needs >= 16, got {block_n}")
     features, out_dtype, grid_n = n, x.dtype, triton.cdiv(n, block_n)

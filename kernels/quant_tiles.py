@@ -12,10 +12,9 @@ weight format:
   issue slots nor DRAM (ncu on an H100: 56% and 42%): latency, not arithmetic, bound it. Its tuned
   launches now load the words straight into registers (one stage, no block barrier per step), 15% faster
   over the 8B shapes (kernels/quant_tuning.py).
-- ``dot_tile``, 2+ rows (and one row of int4 where its config asks, ``QuantLinearConfig.row_dot``): the
-  ``[block_n, SUB]`` tile of unscaled weights for ``tl.dot`` (the raw FP8 value, or int4's ``1 + q / 16``,
-  both exact in 16-bit floats), the scale of its partial sums and int4's offset, ``1 + zero / 16`` times the
-  activations' sum.
+- ``dot_tile``, 2+ rows: the ``[block_n, SUB]`` tile of unscaled weights for ``tl.dot`` (the raw FP8 value,
+  or int4's ``1 + q / 16``, both exact in 16-bit floats), the scale of its partial sums and int4's offset,
+  ``1 + zero / 16`` times the activations' sum.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ comes from ``python -m benchmarks.quant_sweep`` (docs/benchmarks.md, "Quantized 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import triton
 
@@ -25,9 +25,7 @@ class QuantLinearConfig:
     per loop step (int4 and per-block FP8 split a step into sub-tiles inside one scale group),
     ``stages`` steps in flight, ``split_k`` programs sharing each output block. Above
     ``max_dot_rows`` rows the GEMM path runs (kernels/quant_gemm.py), where FP8 per channel uses the
-    FP8 tensor cores (W8A8, ``torch._scaled_mm``) unless ``scaled_mm`` is False. ``row_dot``: one row of
-    int4 runs the ``tl.dot`` path of 2+ rows (its row padded to 16 on the tensor cores) instead of the
-    plane kernel."""
+    FP8 tensor cores (W8A8, ``torch._scaled_mm``) unless ``scaled_mm`` is False."""
 
     block_n: int = 8
     block_k: int = 512
@@ -36,7 +34,6 @@ class QuantLinearConfig:
     split_k: int = 1
     max_dot_rows: int = MAX_GEMV_ROWS
     scaled_mm: bool = True
-    row_dot: bool = False
 
     def __post_init__(self) -> None:
         for name, low, high in (
@@ -48,8 +45,6 @@ class QuantLinearConfig:
             value = getattr(self, name)
             if value < low or value > high or value & (value - 1):
                 raise ValueError(f"QuantLinearConfig.{name}: expected a power of two in [{low}, {high}], got {value}")
-        if self.row_dot and self.block_n < 16:
-            raise ValueError(f"QuantLinearConfig.block_n: row_dot runs tl.dot, which needs >= 16, got {self.block_n}")
         if self.stages < 1:
             raise ValueError(f"QuantLinearConfig.stages: expected at least 1, got {self.stages}")
         if not 0 <= self.max_dot_rows <= MAX_GEMV_ROWS:
@@ -145,23 +140,12 @@ def fallback_config(fmt: int, rows: int, n: int, k: int) -> QuantLinearConfig:
     return QuantLinearConfig(block_n=block_n, block_k=block_k, split_k=split)
 
 
-# Benchmarks set this to run one row of int4 through the ``tl.dot`` path (``row_dot``) with the block sizes
-# the table gives its plane kernel.
-INT4_ROW_DOT = False
-
-
 def tuned_config(fmt: int, rows: int, n: int, k: int) -> QuantLinearConfig:
     if fmt == INT4_GROUPED and rows > 1:
         hit = _TUNED_INT4_DOT.get((n, k))
     else:
         hit = _TUNED.get((fmt, rows_bucket(rows), n, k))
     if hit is None:
-        config = fallback_config(fmt, rows, n, k)
-    else:
-        block_n, block_k, num_warps, stages, split_k = hit
-        config = QuantLinearConfig(
-            block_n=block_n, block_k=block_k, num_warps=num_warps, stages=stages, split_k=split_k
-        )
-    if INT4_ROW_DOT and fmt == INT4_GROUPED and rows <= 1 and config.block_n >= 16:
-        config = replace(config, row_dot=True)
-    return config
+        return fallback_config(fmt, rows, n, k)
+    block_n, block_k, num_warps, stages, split_k = hit
+    return QuantLinearConfig(block_n=block_n, block_k=block_k, num_warps=num_warps, stages=stages, split_k=split_k)

@@ -162,18 +162,6 @@ def test_tuned_table_and_fallback():
     assert quant_tuning.tuned_config(2, 8, 999, 512).block_n >= 16
 
 
-def test_benchmarks_can_run_one_int4_row_on_the_tensor_cores(monkeypatch):
-    """``INT4_ROW_DOT`` turns ``row_dot`` on for one row of int4 only, keeping the table's block sizes."""
-    plain = quant_tuning.tuned_config(quant_tuning.INT4_GROUPED, 1, 4096, 4096)
-    assert not plain.row_dot
-    monkeypatch.setattr(quant_tuning, "INT4_ROW_DOT", True)
-    dot = quant_tuning.tuned_config(quant_tuning.INT4_GROUPED, 1, 4096, 4096)
-    assert dot.row_dot and (dot.block_n, dot.block_k, dot.split_k) == (plain.block_n, plain.block_k, plain.split_k)
-    assert not quant_tuning.tuned_config(quant_tuning.FP8_CHANNEL, 1, 4096, 4096).row_dot
-    with pytest.raises(ValueError, match="row_dot runs tl.dot, which needs >= 16, got 8"):
-        QuantLinearConfig(block_n=8, row_dot=True)
-
-
 def test_quantizers_round_trip():
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(130, 260, generator=gen)

@@ -9,7 +9,7 @@ import torch
 from omni_gateway.kernels import quant_reference as qref
 from omni_gateway.kernels import reference as ref
 from omni_gateway.kernels.gemv import GemvConfig, linear, row_linear
-from omni_gateway.kernels.quant_linear import fp8_row_linear, int4_row_linear
+from omni_gateway.kernels.quant_linear import fp8_row_linear, int4_linear, int4_row_linear
 from omni_gateway.kernels.quant_tuning import QuantLinearConfig
 
 # (norm, residual, gated, float32 output)
@@ -101,9 +101,6 @@ def test_fp8_row_linear_matches_twin(device, norm, residual, gated, f32_out, n, 
         (32, 256, 64, QuantLinearConfig(block_n=8, block_k=128, stages=2)),
         # ragged features and reduction, two sub-tiles a step, the reduction split
         (40, 320, 32, QuantLinearConfig(block_n=16, block_k=64, stages=1, split_k=4)),
-        # the row on the tensor cores, whole and split
-        (32, 256, 64, QuantLinearConfig(block_n=16, block_k=128, stages=2, row_dot=True)),
-        (40, 320, 32, QuantLinearConfig(block_n=16, block_k=64, stages=1, split_k=4, row_dot=True)),
     ],
 )
 def test_int4_row_linear_matches_twin(device, norm, residual, gated, f32_out, n, k, group, config, rel_err):
@@ -119,21 +116,22 @@ def test_int4_row_linear_matches_twin(device, norm, residual, gated, f32_out, n,
     assert rel_err(out, expected) < 3e-2
 
 
-@pytest.mark.parametrize("row_dot", [False, True], ids=["planes", "tensor-cores"])
-def test_int4_row_planes_are_exact(device, rel_err, row_dot):
+@pytest.mark.parametrize("rows", [1, 2], ids=["planes", "tensor-cores"])
+def test_int4_products_are_exact(device, rel_err, rows):
     """Every nibble value against every zero point, float32 throughout: the de-quantized products are
-    exact, so the kernel meets the float64 product to float32 rounding (on the tensor cores, plus the
-    rounding of the ``1 + zero / 16`` offset's share of the sums)."""
+    exact, so the kernel meets the float64 product to float32 rounding (on the tensor cores of 2+ rows,
+    plus the rounding of the ``1 + zero / 16`` offset's share of the sums)."""
     k = 256
     q = torch.arange(32 * k).reshape(32, k) % 16
     zeros = (torch.arange(32 * (k // 32)).reshape(32, k // 32) * 7 % 16).to(torch.uint8)
     scales = torch.rand(32, k // 32, generator=torch.Generator().manual_seed(1)) + 0.5
     packed = qref.pack_int4(q.to(torch.uint8))
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(2))
     weight = qref.dequantize_int4(packed, scales, zeros, torch.float64)
-    config = QuantLinearConfig(block_n=16, block_k=128, row_dot=row_dot)
-    out = int4_row_linear(x.to(device), packed.to(device), scales.to(device), zeros.to(device), config=config)
-    assert rel_err(out.cpu(), (x.double() @ weight.T).float()) < (4e-6 if row_dot else 1e-6)
+    config = QuantLinearConfig(block_n=16, block_k=128)
+    operands = (x.to(device), packed.to(device), scales.to(device), zeros.to(device))
+    out = int4_row_linear(*operands, config=config) if rows == 1 else int4_linear(*operands, config=config)
+    assert rel_err(out.cpu(), (x.double() @ weight.T).float()) < (1e-6 if rows == 1 else 4e-6)
 
 
 def test_rejects_bad_fused_operands(device):
