@@ -169,7 +169,7 @@ def gpu_decode_config(
       one-tile splits then keep its latency low (on the H200 the 128-token splits made the 8B
       model's batch-1 decode graph 4.33 ms against 4.17-4.28).
     With two or more pairs per SM an fp8 cache takes 128-token tiles, the bytes of bf16's 64: on an
-    H100 they ran 8-26% faster than 64-token ones at 64-256 sequences of 512-2,048 tokens (64-token
+    H100 they took 6-26% less time than 64-token ones at 64-256 sequences of 512-2,048 tokens (64-token
     fp8 tiles reached 47-73% of the copy bandwidth, bf16's 89-100%).
     Tiles hold at most 128 tokens of bf16 head_dim 128; wider rows get proportionally fewer tokens.
     """
