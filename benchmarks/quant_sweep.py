@@ -7,8 +7,9 @@ the torch twins (kernels/quant_reference.py) before it is timed.
 
 1. Decode (1, 2, 4, 8, 16 rows): FP8 per channel, FP8 per block and int4 (group 128) through a grid
    of ``QuantLinearConfig`` candidates times split-K 1..8, against bf16 (kernels/gemv.py at one row,
-   cuBLAS above). Prints the best config per (format, rows, shape) as the literal of
-   ``kernels/quant_tuning._TUNED``.
+   cuBLAS above). Prints the best config per (format, rows, shape) as the literals of
+   ``kernels/quant_tuning._TUNED`` and, for int4 at 2-16 rows (one entry per shape serves every bucket),
+   ``_TUNED_INT4_DOT``.
 2. Prefill (64 to 4096 rows): bf16 cuBLAS, FP8 per channel through ``torch._scaled_mm`` (W8A8) and
    through the weight-only Triton GEMM, FP8 per block and int4 through the Triton GEMM.
 
@@ -391,6 +392,22 @@ def final_table(log: ResultLog, deadline: float) -> bool:
     return ok
 
 
+def print_tables(best: dict[tuple[int, int, int, int], tuple[Any, float, float]]) -> None:
+    """The sweep's winners as the literals of ``quant_tuning._TUNED`` and ``_TUNED_INT4_DOT``."""
+    names = {0: "FP8_CHANNEL", 1: "FP8_BLOCKWISE", 2: "INT4_GROUPED"}
+    tables: dict[str, list[str]] = {"_TUNED": [], "_TUNED_INT4_DOT": []}
+    for (fmt, rows, n, k), (c, sec, base) in sorted(best.items()):
+        values = f"({c.block_n}, {c.block_k}, {c.num_warps}, {c.stages}, {c.split_k})"
+        note = f"  # {sec * 1e6:.1f} us, {base / sec:.2f}x bf16"
+        if fmt == 2 and rows > 1:
+            tables["_TUNED_INT4_DOT"].append(f"    ({n}, {k}): {values},{note} (rows={rows})")
+        else:
+            tables["_TUNED"].append(f"    ({names[fmt]}, {rows}, {n}, {k}): {values},{note}")
+    for name, lines in tables.items():
+        if lines:
+            print("\n" + name + " = {\n" + "\n".join(lines) + "\n}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop the decode sweep after this long")
@@ -427,14 +444,7 @@ def main() -> None:
         if not args.skip_prefill:
             ok = prefill_bench(log, time.perf_counter() + args.prefill_budget_s)
         best = decode_sweep(log, start + args.budget_s, formats, rows_list, shapes)
-        names = {0: "FP8_CHANNEL", 1: "FP8_BLOCKWISE", 2: "INT4_GROUPED"}
-        print("\n_TUNED = {")
-        for (fmt, rows, n, k), (c, sec, base) in sorted(best.items()):
-            print(
-                f"    ({names[fmt]}, {rows}, {n}, {k}): ({c.block_n}, {c.block_k}, {c.num_warps}, {c.stages}, "
-                f"{c.split_k}),  # {sec * 1e6:.1f} us, {base / sec:.2f}x bf16"
-            )
-        print("}")
+        print_tables(best)
         log.write("verdict", ok=ok)
     print("prefill checks passed" if ok else "SOME PREFILL CHECKS FAILED", flush=True)
 
