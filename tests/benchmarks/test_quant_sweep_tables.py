@@ -1,13 +1,13 @@
-"""The sweep prints its winners as the tuning tables' literals: int4 at 2-16 rows into the per-shape table."""
+"""The sweep prints its winners as the tuning tables' literals: int4 at 2-16 rows into the per-shape table.
+
+The sweep and the tuning module import Triton, so they are imported inside the test: tests/kernels/conftest.py
+must set TRITON_INTERPRET before Triton's first import, and it runs after this module is collected."""
 
 from __future__ import annotations
 
 import ast
 
 import pytest
-from omni_gateway.kernels.quant_tuning import QuantLinearConfig
-
-from benchmarks.quant_sweep import print_tables
 
 
 def _tables(text: str) -> dict[str, dict[object, tuple[int, ...]]]:
@@ -22,6 +22,10 @@ def _tables(text: str) -> dict[str, dict[object, tuple[int, ...]]]:
 
 
 def test_int4_above_one_row_goes_to_the_per_shape_table(capsys: pytest.CaptureFixture[str]) -> None:
+    from omni_gateway.kernels.quant_tuning import QuantLinearConfig
+
+    from benchmarks.quant_sweep import print_tables
+
     one_row = QuantLinearConfig(block_n=128, block_k=256, num_warps=8, stages=1, split_k=8)
     four_rows = QuantLinearConfig(block_n=128, block_k=128, stages=1, split_k=4)
     fp8 = QuantLinearConfig(block_n=32, block_k=256)
