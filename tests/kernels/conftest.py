@@ -1,39 +1,31 @@
 """Triton kernels are tested on the CPU through Triton's interpreter when no GPU is present.
 
 The interpreter is chosen when ``@triton.jit`` decorates a function, so TRITON_INTERPRET must be
-set before the kernel modules are imported; modules an earlier test already imported compiled
-are reloaded. Only Triton reads the variable, so torch-only tests are unaffected.
+set before Triton is first imported: a test module collected before this directory must import
+Triton, and the kernel modules, inside its tests. Only Triton reads the variable, so torch-only
+tests are unaffected.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 
 import pytest
 import torch
 
-_TRITON_MODULES = (
-    "omni_gateway.kernels.paged_attention",
-    "omni_gateway.kernels.kv_cache",
-    "omni_gateway.kernels.norm",
-    "omni_gateway.kernels.rotary",
-    "omni_gateway.kernels.activation",
-    "omni_gateway.kernels.argmax",
-    "omni_gateway.kernels.row_fusion",  # before the kernels that call its helpers
-    "omni_gateway.kernels.gemv",
-    "omni_gateway.kernels.quant_tiles",  # before the kernel that calls its helpers
-    "omni_gateway.kernels.quant_gemv",
-    "omni_gateway.kernels.quant_gemm",
-    "omni_gateway.kernels.quant_linear",
-)
-
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
-    for _name in _TRITON_MODULES:
-        if _name in sys.modules:
-            importlib.reload(sys.modules[_name])
+    # Triton's own library (tl.zeros, tl.max, ...) is built when Triton is first imported: imported before
+    # this point, it stays compiled and every interpreted kernel fails on its first call into it with
+    # "Cannot call @triton.jit'd outside of the scope of a kernel". Say so once, here.
+    import triton.language.standard as _standard
+
+    if type(_standard.zeros).__name__ != "InterpretedFunction":
+        raise pytest.UsageError(
+            "Triton was imported before tests/kernels/conftest.py set TRITON_INTERPRET=1, so its library is "
+            "compiled and the interpreted kernels cannot call it: a test module collected earlier imports "
+            "Triton (or a kernels module) at module level; import it inside the test instead"
+        )
 
 # Relative error bounds against a float64 reference (METHOD: fp32 far under 1e-3; 16-bit
 # operands between 1e-3 and 1e-2).
