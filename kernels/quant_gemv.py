@@ -105,7 +105,7 @@ def _gemv_kernel(
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     if USE_DOT:
-        squares = tl.zeros([SUB], tl.float32)  # no norm is fused into 2+ rows
+        squares = tl.zeros([1], tl.float32)  # no fused norm with more than one row
         x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):

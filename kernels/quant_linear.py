@@ -50,12 +50,6 @@ def _check_x(x: torch.Tensor, weight: torch.Tensor, k: int, n: int, bias: torch.
     return x if x.stride(1) == 1 else x.contiguous()
 
 
-def _dot_fp32(x: torch.Tensor) -> bool:
-    """Whether ``tl.dot`` runs in float32: for float32 activations (full precision), and under the
-    interpreter, whose bf16 dot is wrong."""
-    return x.dtype == torch.float32 or interpreting()
-
-
 def _run(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -72,7 +66,8 @@ def _run(
     m = x.shape[0]
     if m == 0:
         return torch.empty(0, n, dtype=x.dtype, device=x.device)
-    dot_fp32 = _dot_fp32(x)
+    # float32 activations multiply in full precision; the interpreter's bf16 dot is wrong.
+    dot_fp32 = x.dtype == torch.float32 or interpreting()
     config = config or tuned_config(fmt, m, n, k)
     if m <= config.max_dot_rows:
         return launch_gemv(x, weight, scale, zeros, bias, n, k, fmt, group, config, dot_fp32=dot_fp32)
@@ -140,7 +135,7 @@ def fp8_row_linear(
     )
     config = config or tuned_config(FP8_CHANNEL, 1, n, k)
     return launch_gemv(
-        x, weight, scale, scale, bias, n, k, FP8_CHANNEL, FP8_BLOCK, config, dot_fp32=_dot_fp32(x), fusion=fusion
+        x, weight, scale, scale, bias, n, k, FP8_CHANNEL, FP8_BLOCK, config, dot_fp32=False, fusion=fusion
     )
 
 
@@ -200,6 +195,4 @@ def int4_row_linear(
         x, n, k, norm_weight=norm_weight, eps=eps, residual=residual, gated=gated, out_dtype=out_dtype
     )
     config = config or tuned_config(INT4_GROUPED, 1, n, k)
-    return launch_gemv(
-        x, packed, scales, zeros, bias, n, k, INT4_GROUPED, group, config, dot_fp32=_dot_fp32(x), fusion=fusion
-    )
+    return launch_gemv(x, packed, scales, zeros, bias, n, k, INT4_GROUPED, group, config, dot_fp32=False, fusion=fusion)
