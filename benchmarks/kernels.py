@@ -724,6 +724,7 @@ def main() -> int:
     copy_bw = copy_bandwidth(report)
     skip = set(args.skip.split(","))
     base = gpu_decode_config(props.multi_processor_count)
+    kv_dtype = KV_DTYPES[args.kv_cache_dtype]
     sections = [
         (
             "decode",
@@ -732,9 +733,9 @@ def main() -> int:
                 args.heads,
                 args.batches,
                 args.contexts,
-                check_decode_configs(sweep_configs(args, base), report, KV_DTYPES[args.kv_cache_dtype]),
+                check_decode_configs(sweep_configs(args, base), report, kv_dtype),
                 report,
-                KV_DTYPES[args.kv_cache_dtype],
+                kv_dtype,
             ),
         ),
         ("floor", lambda: decode_latency_floor(report)),

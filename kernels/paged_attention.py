@@ -138,6 +138,7 @@ def default_decode_config(
 # shared memory (four programs per SM by registers), 5 stages two tiles in 72 KB (three per SM),
 # 128-token tiles at 6 stages two tiles in 140 KB (one program per SM).
 _MANY_PAIRS = DecodeConfig(block_n=64, num_stages=3, min_split_tokens=64, fused_max_splits=32)
+_MANY_PAIRS_FP8 = replace(_MANY_PAIRS, block_n=128, min_split_tokens=128)  # the bytes of bf16's 64 tokens
 _SOME_PAIRS = DecodeConfig(block_n=64, num_stages=5, min_split_tokens=64, fused_max_splits=32)
 _FEW_PAIRS = DecodeConfig(block_n=128, num_stages=6, min_split_tokens=128, fused_max_splits=32)
 _TILE_BYTES = 128 * 128 * 2  # the largest K tile above; wider heads or elements get fewer tokens
@@ -175,7 +176,7 @@ def gpu_decode_config(
     """
     pairs = max(1, batch * num_kv_heads)
     if pairs >= 2 * sm_count and element_size < 2:
-        config = replace(_MANY_PAIRS, block_n=128, min_split_tokens=128, target_programs=3 * sm_count)
+        config = replace(_MANY_PAIRS_FP8, target_programs=3 * sm_count)
     elif sm_count <= pairs < 2 * sm_count:
         config = replace(_SOME_PAIRS, target_programs=3 * sm_count)
     elif sm_count // 4 <= pairs < sm_count and pairs * (max_context // _FEW_PAIRS.block_n) >= sm_count // 2:
