@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from omni_gateway.kernels.quant_tiles import INT4_MAGIC, dot_tile, int4_dot_features, int4_row_step
+from omni_gateway.kernels.quant_tiles import dot_tile, int4_dot_features, int4_row_step, int4_row_total
 from omni_gateway.kernels.quant_tuning import FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig
 from omni_gateway.kernels.row_fusion import (
     RowFusion,
@@ -77,7 +77,6 @@ def _gemv_kernel(
     stride_xm,
     k_per_split,
     eps,
-    magic,
     FORMAT: tl.constexpr,
     GROUP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -153,7 +152,6 @@ def _gemv_kernel(
                     col_ok,
                     k0 + u * SUB,
                     K,
-                    magic,
                     acc2,
                     squares2,
                     EVEN,
@@ -161,7 +159,7 @@ def _gemv_kernel(
                     SUB,
                     NORM,
                 )
-        acc = tl.sum(acc2, 1)[None, :]
+        acc = int4_row_total(acc2)
         squares = tl.sum(squares2, 0)
     else:
         w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
@@ -393,7 +391,6 @@ def launch_gemv(
         x.stride(0),
         k_per_split,
         0.0 if fusion is None else fusion.eps,
-        INT4_MAGIC,
         FORMAT=fmt,
         GROUP=group,
         HAS_BIAS=bias is not None,

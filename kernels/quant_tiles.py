@@ -3,15 +3,18 @@ weight format:
 
 - ``int4_row_step``, one row: 32-bit words of eight 4-bit weights (input features ``8j .. 8j + 7``). The
   reduction order does not matter, so nibble ``i`` of every word forms a plane against activations
-  ``x[8j + i]``: the nibble is masked in place and ORed into the mantissa of 2^23 (exact float
-  ``2^23 + q * 16^p``), one subtraction makes it ``q * 16^p`` and the activation carries the ``16^-p``.
-  The zero point comes off per word through the activations' sum, the group scale multiplies once per
-  word: three ALU operations per weight (mask-and-or, subtract, multiply-add; no int-to-float convert).
-  With 2^23's bits in a register (``INT4_MAGIC``) each plane's mask is the LOP3's immediate. Even
-  so, staged through a three-stage ``cp.async`` pipeline, the one-row int4 kernel saturated neither its
-  issue slots nor DRAM (ncu on an H100: 56% and 42%): latency, not arithmetic, bound it. Its tuned
-  launches now load the words straight into registers (one stage, no block barrier per step), 15% faster
-  over the 8B shapes (kernels/quant_tuning.py).
+  ``x[8j + i]``: the nibble masked in place, read as a float32, is the subnormal ``q * 16^p * 2^-149``
+  (exact), and the activation carries ``2^(64 - 4p)``, so one multiply-add adds ``q * x * 2^-85`` exactly:
+  two ALU operations per weight (mask, multiply-add; no convert, no subtraction). The sums stay in units
+  of 2^-85 until ``int4_row_total``; the zero point comes off per word through the activations' sum in
+  the same units, the group scale multiplies once per word. GPUs multiply-add subnormal float32 at full
+  rate, and Triton emits ``fma.rn.f32`` without ``.ftz``. The scaled activations overflow only past
+  2^64, and products stay normal down to ``|q * x|`` of 2^-41. The zero points and scales load in the
+  words' own layout (each thread reads its features' values again for each of its words): a few
+  redundant loads from L1, where a per-feature load went through shared memory with two block barriers
+  per group. Staged through a three-stage ``cp.async`` pipeline, an earlier form of this kernel
+  saturated neither its issue slots nor DRAM (ncu on an H100: 56% and 42%): its tuned launches load the
+  words straight into registers (one stage, no block barrier per step; kernels/quant_tuning.py).
 - ``dot_tile``, 2+ rows: the ``[block_n, SUB]`` tile of unscaled weights for ``tl.dot`` (the raw FP8 value,
   or int4's ``1 + q / 16``, both exact in 16-bit floats), the scale of its partial sums and int4's offset,
   ``1 + zero / 16`` times the activations' sum.
@@ -22,12 +25,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from omni_gateway.kernels.row_fusion import norm_input
-
-# The exponent bits of 2^23, passed to the kernel at run time as ``int4_row_step``'s ``magic``: as a
-# compile-time constant the compiler re-materialized each nibble plane's mask with a MOV before its LOP3
-# (about one extra instruction per int4 weight); held in a register it leaves the masks as the LOP3s'
-# immediates.
-INT4_MAGIC = 0x4B000000
 
 
 @triton.jit
@@ -41,7 +38,6 @@ def int4_row_step(
     col_ok,
     kb,
     K,
-    magic,
     acc,
     squares,
     EVEN: tl.constexpr,
@@ -50,11 +46,11 @@ def int4_row_step(
     NORM: tl.constexpr,
 ):
     """One row against ``SUB`` input features of int4 words (inside one group): ``acc`` [block_n,
-    SUB / 8] += scale * (sum_i q_i x_i - zero * sum_i x_i) per word; ``squares`` [1, SUB / 8] as
-    ``norm_input``. ``magic`` holds the exponent bits of 2^23."""
+    SUB / 8] += scale * (sum_i q_i x_i - zero * sum_i x_i) * 2^-85 per word (``int4_row_total`` sums
+    it); ``squares`` [1, SUB / 8] as ``norm_input``."""
     words_k = kb // 8 + tl.arange(0, SUB // 8)
     xk = kb + tl.arange(0, SUB // 8) * 8
-    g = cols * (K // GROUP) + kb // GROUP
+    g = cols[:, None] * (K // GROUP) + kb // GROUP + words_k[None, :] * 0  # the words' layout
     if EVEN:
         words = tl.load(w_rows + words_k[None, :], eviction_policy="evict_first")
         zero = tl.load(z_ptr + g).to(tl.float32)
@@ -64,28 +60,36 @@ def int4_row_step(
         words = tl.load(
             w_rows + words_k[None, :], mask=col_ok[:, None] & in_k[None, :], other=0, eviction_policy="evict_first"
         )
-        ok = col_ok & ((cols * 0 + kb) < K)  # per feature: the interpreter rejects scalar masks
+        ok = (col_ok & ((cols * 0 + kb) < K))[:, None] & (words_k >= 0)[None, :]
         zero = tl.load(z_ptr + g, mask=ok, other=0).to(tl.float32)
         scale = tl.load(s_ptr + g, mask=ok, other=0.0).to(tl.float32)
-    high = words >> 12  # nibbles 5..7 land on bits 8..19, still inside the 23-bit mantissa
+    high = words >> 12  # nibbles 5..7 land on bits 8..19, below the exponent like the first five
     part = tl.zeros(words.shape, tl.float32)
     x_sum = tl.zeros([1, SUB // 8], tl.float32)
+    x_row = x_ptr + xk[None, :]  # [1, SUB / 8]: the words' layout, so the planes need no conversion
+    norm_row = norm_ptr + xk[None, :]
     for i in tl.static_range(8):
-        ks = xk[None, :] + i  # [1, SUB / 8]: the words' layout, so the planes need no conversion
+        ks = xk[None, :] + i
         if EVEN:
-            x = tl.load(x_ptr + ks).to(tl.float32)
+            x = tl.load(x_row + i).to(tl.float32)
         else:
-            x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-        x, squares = norm_input(x, squares, norm_ptr, ks, ks < K, EVEN, NORM)
+            x = tl.load(x_row + i, mask=ks < K, other=0.0).to(tl.float32)
+        x, squares = norm_input(x, squares, norm_row, i, ks < K, EVEN, NORM)
         x_sum += x
         if i < 5:
-            bits = (words & (15 << (4 * i))) | magic
-            x = x * (1.0 / (1 << (4 * i)))
+            bits = words & (15 << (4 * i))
+            x = x * (2.0 ** (64 - 4 * i))
         else:
-            bits = (high & (15 << (4 * (i - 3)))) | magic
-            x = x * (1.0 / (1 << (4 * (i - 3))))
-        part += (bits.to(tl.float32, bitcast=True) - 8388608.0) * x  # (2^23 + q * 16^p) - 2^23, exact
-    return acc + (part - zero[:, None] * x_sum) * scale[:, None], squares
+            bits = high & (15 << (4 * (i - 3)))
+            x = x * (2.0 ** (64 - 4 * (i - 3)))
+        part += bits.to(tl.float32, bitcast=True) * x  # (q * 16^p * 2^-149) * (x * 2^(64 - 4p)), exact
+    return acc + (part - zero * (x_sum * 2.0**-85)) * scale, squares
+
+
+@triton.jit
+def int4_row_total(acc):
+    """The features' sums [1, block_n] of ``int4_row_step``'s accumulator, back from units of 2^-85."""
+    return tl.sum(acc, 1)[None, :] * 2.0**85
 
 
 @triton.jit

@@ -116,17 +116,19 @@ def test_int4_row_linear_matches_twin(device, norm, residual, gated, f32_out, n,
     assert rel_err(out, expected) < 3e-2
 
 
+@pytest.mark.parametrize("magnitude", [1.0, 2.0**-30, 2.0**30])
 @pytest.mark.parametrize("rows", [1, 2], ids=["planes", "tensor-cores"])
-def test_int4_products_are_exact(device, rel_err, rows):
+def test_int4_products_are_exact(device, rel_err, rows, magnitude):
     """Every nibble value against every zero point, float32 throughout: the de-quantized products are
     exact, so the kernel meets the float64 product to float32 rounding (on the tensor cores of 2+ rows,
-    plus the rounding of the ``1 + zero / 16`` offset's share of the sums)."""
+    plus the rounding of the ``1 + zero / 16`` offset's share of the sums). The planes scale the
+    activations by up to 2^64 and keep their sums in units of 2^-85: tiny and huge rows stay exact too."""
     k = 256
     q = torch.arange(32 * k).reshape(32, k) % 16
     zeros = (torch.arange(32 * (k // 32)).reshape(32, k // 32) * 7 % 16).to(torch.uint8)
     scales = torch.rand(32, k // 32, generator=torch.Generator().manual_seed(1)) + 0.5
     packed = qref.pack_int4(q.to(torch.uint8))
-    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(2)) * magnitude
     weight = qref.dequantize_int4(packed, scales, zeros, torch.float64)
     config = QuantLinearConfig(block_n=16, block_k=128)
     operands = (x.to(device), packed.to(device), scales.to(device), zeros.to(device))

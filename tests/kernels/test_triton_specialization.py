@@ -24,7 +24,7 @@ _SPECIALIZED = {
         "_prefill_kernel": {"qk_scale", "stride_cache_block", "stride_cache_tok"},
     },
     "omni_gateway.kernels.gemv": {"_gemv_kernel": {"N", "K", "eps"}},
-    "omni_gateway.kernels.quant_gemv": {"_gemv_kernel": {"N", "K", "stride_xm", "k_per_split", "eps", "magic"}},
+    "omni_gateway.kernels.quant_gemv": {"_gemv_kernel": {"N", "K", "stride_xm", "k_per_split", "eps"}},
     "omni_gateway.kernels.quant_gemm": {
         "_dequant_gemm_kernel": {"N", "K", "stride_xm"},
         "_quant_rows_kernel": {"K", "stride_xm"},
