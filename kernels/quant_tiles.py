@@ -9,12 +9,13 @@ weight format:
   of 2^-85 until ``int4_row_total``; the zero point comes off per word through the activations' sum in
   the same units, the group scale multiplies once per word. GPUs multiply-add subnormal float32 at full
   rate, and Triton emits ``fma.rn.f32`` without ``.ftz``. The scaled activations overflow only past
-  2^64, and products stay normal down to ``|q * x|`` of 2^-41. The zero points and scales load in the
-  words' own layout (each thread reads its features' values again for each of its words): a few
-  redundant loads from L1, where a per-feature load went through shared memory with two block barriers
-  per group. Staged through a three-stage ``cp.async`` pipeline, an earlier form of this kernel
-  saturated neither its issue slots nor DRAM (ncu on an H100: 56% and 42%): its tuned launches load the
-  words straight into registers (one stage, no block barrier per step; kernels/quant_tuning.py).
+  2^64, and products stay normal down to ``|q * x|`` of 2^-41. Compiled for sm_90 the loop issues 3.7-4.4
+  instructions a weight against 5.1-5.9 for the 2^23 form (``python -m benchmarks.kernel_sass``). Loading the
+  zero points and scales in the words' own layout instead of per feature (which passes them through shared
+  memory, two block barriers per group) made Triton 3.6 lay the activations out per element: 9.4 a weight,
+  and twice the time on an H100. Staged through a three-stage ``cp.async`` pipeline, an earlier form of this
+  kernel saturated neither its issue slots nor DRAM (ncu on an H100: 56% and 42%): its tuned launches load
+  the words straight into registers (one stage, no block barrier per step; kernels/quant_tuning.py).
 - ``dot_tile``, 2+ rows: the ``[block_n, SUB]`` tile of unscaled weights for ``tl.dot`` (the raw FP8 value,
   or int4's ``1 + q / 16``, both exact in 16-bit floats), the scale of its partial sums and int4's offset,
   ``1 + zero / 16`` times the activations' sum.
@@ -50,7 +51,7 @@ def int4_row_step(
     it); ``squares`` [1, SUB / 8] as ``norm_input``."""
     words_k = kb // 8 + tl.arange(0, SUB // 8)
     xk = kb + tl.arange(0, SUB // 8) * 8
-    g = cols[:, None] * (K // GROUP) + kb // GROUP + words_k[None, :] * 0  # the words' layout
+    g = cols * (K // GROUP) + kb // GROUP
     if EVEN:
         words = tl.load(w_rows + words_k[None, :], eviction_policy="evict_first")
         zero = tl.load(z_ptr + g).to(tl.float32)
@@ -60,7 +61,7 @@ def int4_row_step(
         words = tl.load(
             w_rows + words_k[None, :], mask=col_ok[:, None] & in_k[None, :], other=0, eviction_policy="evict_first"
         )
-        ok = (col_ok & ((cols * 0 + kb) < K))[:, None] & (words_k >= 0)[None, :]
+        ok = col_ok & ((cols * 0 + kb) < K)  # per feature: the interpreter rejects scalar masks
         zero = tl.load(z_ptr + g, mask=ok, other=0).to(tl.float32)
         scale = tl.load(s_ptr + g, mask=ok, other=0.0).to(tl.float32)
     high = words >> 12  # nibbles 5..7 land on bits 8..19, below the exponent like the first five
@@ -83,7 +84,7 @@ def int4_row_step(
             bits = high & (15 << (4 * (i - 3)))
             x = x * (2.0 ** (64 - 4 * (i - 3)))
         part += bits.to(tl.float32, bitcast=True) * x  # (q * 16^p * 2^-149) * (x * 2^(64 - 4p)), exact
-    return acc + (part - zero * (x_sum * 2.0**-85)) * scale, squares
+    return acc + (part - zero[:, None] * (x_sum * 2.0**-85)) * scale[:, None], squares
 
 
 @triton.jit
