@@ -93,14 +93,14 @@ _TUNED: dict[tuple[int, int, int, int], tuple[int, int, int, int, int]] = {
     (FP8_BLOCKWISE, 16, 4096, 14336): (32, 256, 4, 3, 4),  # 26.5 us, 1.22x bf16
     (FP8_BLOCKWISE, 16, 6144, 4096): (32, 256, 4, 3, 4),  # 14.5 us, 1.09x bf16
     (FP8_BLOCKWISE, 16, 28672, 4096): (32, 256, 4, 3, 1),  # 44.9 us, 1.40x bf16
-    # One row of int4: the plane kernel with the fusions of the batch-1 decode, on the H100. One stage: the
-    # words load straight into registers, with no cp.async pipeline and none of its block barriers per step
-    # (the three-stage configs were 15% slower summed over the four shapes, 96.8 against 82.1 us).
-    (INT4_GROUPED, 1, 4096, 4096): (128, 256, 8, 1, 8),  # 9.4 us, 1.69x bf16
-    (INT4_GROUPED, 1, 4096, 14336): (128, 256, 8, 1, 8),  # 23.0 us, 2.21x bf16
-    (INT4_GROUPED, 1, 6144, 4096): (128, 256, 4, 1, 8),  # 12.7 us, 1.50x bf16
-    (INT4_GROUPED, 1, 28672, 4096): (128, 256, 4, 1, 8),  # 37.0 us, 2.04x bf16
-    (INT4_GROUPED, 1, 128256, 4096): (128, 256, 4, 1, 4),  # H100 2026-12-06: 145.1 us, 2.31x bf16 (fallback 195.5)
+    # One row of int4: the subnormal plane kernel with the fusions of the batch-1 decode, on an H100
+    # (2026-12-06 18:35 UTC, ``--formats int4 --rows 1``). One stage: the words load straight into registers,
+    # with no cp.async pipeline and none of its block barriers per step (three stages were 15% slower).
+    (INT4_GROUPED, 1, 4096, 4096): (128, 256, 8, 1, 8),  # 8.5 us, 1.88x bf16
+    (INT4_GROUPED, 1, 4096, 14336): (128, 256, 8, 1, 8),  # 20.1 us, 2.53x bf16
+    (INT4_GROUPED, 1, 6144, 4096): (128, 256, 4, 1, 8),  # 10.7 us, 1.80x bf16
+    (INT4_GROUPED, 1, 28672, 4096): (128, 256, 4, 1, 2),  # 33.5 us, 2.25x bf16 (split 8: 34.7)
+    (INT4_GROUPED, 1, 128256, 4096): (128, 256, 4, 1, 1),  # 131.5 us, 2.49x bf16 (split 4: 135.9)
 }
 
 # 2-16 rows of int4, (N, K) -> the same tuple: the tensor-core tile of kernels/quant_tiles.py, swept at 4 rows
