@@ -27,6 +27,11 @@ import triton
 import triton.language as tl
 from omni_gateway.kernels.row_fusion import norm_input
 
+# ``int4_row_step``'s plane p meets activations scaled by 2^(PLANE_SHIFT - 4p), so its products and sums are
+# in units of 2^(PLANE_SHIFT - 149): 64 keeps both the scaled activations and the products far from float32's
+# ends (overflow past 2^64, subnormal products below 2^-41).
+PLANE_SHIFT = tl.constexpr(64)
+
 
 @triton.jit
 def int4_row_step(
@@ -47,8 +52,8 @@ def int4_row_step(
     NORM: tl.constexpr,
 ):
     """One row against ``SUB`` input features of int4 words (inside one group): ``acc`` [block_n,
-    SUB / 8] += scale * (sum_i q_i x_i - zero * sum_i x_i) * 2^-85 per word (``int4_row_total`` sums
-    it); ``squares`` [1, SUB / 8] as ``norm_input``."""
+    SUB / 8] += scale * (sum_i q_i x_i - zero * sum_i x_i) per word, in units of 2^(PLANE_SHIFT - 149)
+    (``int4_row_total`` sums it); ``squares`` [1, SUB / 8] as ``norm_input``."""
     words_k = kb // 8 + tl.arange(0, SUB // 8)
     xk = kb + tl.arange(0, SUB // 8) * 8
     g = cols * (K // GROUP) + kb // GROUP
@@ -79,18 +84,18 @@ def int4_row_step(
         x_sum += x
         if i < 5:
             bits = words & (15 << (4 * i))
-            x = x * (2.0 ** (64 - 4 * i))
+            x = x * (2.0 ** (PLANE_SHIFT - 4 * i))
         else:
             bits = high & (15 << (4 * (i - 3)))
-            x = x * (2.0 ** (64 - 4 * (i - 3)))
-        part += bits.to(tl.float32, bitcast=True) * x  # (q * 16^p * 2^-149) * (x * 2^(64 - 4p)), exact
-    return acc + (part - zero[:, None] * (x_sum * 2.0**-85)) * scale[:, None], squares
+            x = x * (2.0 ** (PLANE_SHIFT - 4 * (i - 3)))
+        part += bits.to(tl.float32, bitcast=True) * x  # (q * 16^p * 2^-149) * (x * 2^(PLANE_SHIFT - 4p)), exact
+    return acc + (part - zero[:, None] * (x_sum * 2.0 ** (PLANE_SHIFT - 149))) * scale[:, None], squares
 
 
 @triton.jit
 def int4_row_total(acc):
-    """The features' sums [1, block_n] of ``int4_row_step``'s accumulator, back from units of 2^-85."""
-    return tl.sum(acc, 1)[None, :] * 2.0**85
+    """The features' sums [1, block_n] of ``int4_row_step``'s accumulator, back from its units."""
+    return tl.sum(acc, 1)[None, :] * 2.0 ** (149 - PLANE_SHIFT)
 
 
 @triton.jit
