@@ -264,19 +264,19 @@ def attention_launch(cache: str, batch: int, context: int = 2048) -> Launch:
     128) with ``context`` cached tokens each, over a bf16 or an FP8 cache, as an H200 (132 SMs) would make it,
     caught on the CPU."""
     import torch
-    from omni_gateway.kernels import paged_attention, validation
+    from omni_gateway.kernels import attention_config, paged_decode, validation
 
     heads, kv_heads, dim, page = 32, 8, 128, 16
     dtype = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}[cache]
     blocks = batch * context // page
     k_cache, v_cache = (torch.empty(blocks, page, kv_heads, dim, dtype=dtype) for _ in range(2))
-    config = paged_attention.gpu_decode_config(132, batch, kv_heads, context, head_dim=dim, element_size=2)
-    catcher = LaunchCatcher(paged_attention._decode_split_kernel)
+    config = attention_config.gpu_decode_config(132, batch, kv_heads, context, head_dim=dim, element_size=2)
+    catcher = LaunchCatcher(paged_decode._decode_split_kernel)
     with (
-        mock.patch.object(paged_attention, "_decode_split_kernel", catcher),
+        mock.patch.object(paged_decode, "_decode_split_kernel", catcher),
         mock.patch.object(validation, "interpreting", lambda: True),
     ):
-        paged_attention.paged_decode_attention(
+        paged_decode.paged_decode_attention(
             torch.empty(batch, heads, dim, dtype=torch.bfloat16),
             k_cache,
             v_cache,

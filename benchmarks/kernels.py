@@ -40,17 +40,16 @@ import triton.testing
 from omni_gateway.kernels import reference as ref
 from omni_gateway.kernels.activation import silu_and_mul
 from omni_gateway.kernels.argmax import greedy_argmax
-from omni_gateway.kernels.norm import fused_add_rms_norm, rms_norm
-from omni_gateway.kernels.paged_attention import (
+from omni_gateway.kernels.attention_config import (
     DecodeConfig,
     PrefillConfig,
-    _decode_split_kernel,
     default_decode_config,
     gpu_decode_config,
     num_decode_splits,
-    paged_decode_attention,
-    paged_prefill_attention,
 )
+from omni_gateway.kernels.norm import fused_add_rms_norm, rms_norm
+from omni_gateway.kernels.paged_decode import _decode_split_kernel, paged_decode_attention
+from omni_gateway.kernels.paged_prefill import paged_prefill_attention
 from omni_gateway.kernels.rotary import apply_rotary
 
 from benchmarks.common import ResultLog, add_out_argument, time_graph

@@ -38,8 +38,8 @@ class KernelOps:
 # Where the Triton twin of each kernel lives.
 _TRITON_MODULES = {
     "rotary_write_kv": "omni_gateway.kernels.rotary",
-    "paged_prefill_attention": "omni_gateway.kernels.paged_attention",
-    "paged_decode_attention": "omni_gateway.kernels.paged_attention",
+    "paged_prefill_attention": "omni_gateway.kernels.paged_prefill",
+    "paged_decode_attention": "omni_gateway.kernels.paged_decode",
     "rms_norm": "omni_gateway.kernels.norm",
     "fused_add_rms_norm": "omni_gateway.kernels.norm",
     "silu_and_mul": "omni_gateway.kernels.activation",
@@ -82,7 +82,7 @@ class AttentionMetadata:
     num_tokens: int
     # torch backend only: the decode gather/mask shared by all layers, built once per step.
     decode_plan: Any = None
-    # Triton only: the launching engine's own split-merge counters (kernels.paged_attention.split_counters),
+    # Triton only: the launching engine's own split-merge counters (kernels.paged_decode.split_counters),
     # so that no launch of another engine on the same device, on another stream, can count on them.
     split_counters: torch.Tensor | None = None
 
@@ -92,7 +92,7 @@ def own_split_counters(ops: KernelOps, device: torch.device) -> torch.Tensor | N
     every step's metadata carries them (``AttentionMetadata.split_counters``)."""
     if ops.name != "triton":
         return None
-    from omni_gateway.kernels.paged_attention import split_counters
+    from omni_gateway.kernels.paged_decode import split_counters
 
     return split_counters(device)
 

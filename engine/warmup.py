@@ -149,7 +149,7 @@ def plan(
     """The phases of a warm-up: a function of the engine's limits only, so it is testable without a model.
 
     Kernel choices depend on the batch size and the longest context of a step (decode splits and
-    tiles; see ``kernels.paged_attention.gpu_decode_config``), both bucketed by powers of two, so the
+    tiles; see ``kernels.attention_config.gpu_decode_config``), both bucketed by powers of two, so the
     warm-up walks a grid of those: for each context length one prompt of that length (uncached
     prefill, chunked past the token budget), then for each batch size that many sequences decoding
     over it (their prompts add a few tokens to its cached prefix) while a late prompt prefills in the
@@ -291,7 +291,7 @@ def _decode_launch_key(engine: LLMEngine) -> Callable[[int, int], Hashable] | No
     if runner.device.type != "cuda" or getattr(getattr(runner, "ops", None), "name", None) != "triton":
         return None
     import torch
-    from omni_gateway.kernels.paged_attention import decode_launch_key
+    from omni_gateway.kernels.attention_config import decode_launch_key
 
     sm_count = torch.cuda.get_device_properties(runner.device).multi_processor_count
     shape, element_size = runner.model.shape, runner.kv_dtype.itemsize

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from omni_gateway.kernels.activation import silu_and_mul
 from omni_gateway.kernels.norm import fused_add_rms_norm, rms_norm
-from omni_gateway.kernels.paged_attention import paged_decode_attention
+from omni_gateway.kernels.paged_decode import paged_decode_attention
 from omni_gateway.kernels.rotary import rotary_write_kv
 
 from benchmarks.common import time_graph

@@ -28,7 +28,7 @@ def test_grid_parses_integer_and_flag_fields():
 
 
 def test_sweep_is_the_product_around_the_base():
-    from omni_gateway.kernels.paged_attention import DecodeConfig
+    from omni_gateway.kernels.attention_config import DecodeConfig
 
     from benchmarks.kernels import decode_sweep
 

@@ -32,7 +32,7 @@ def test_rejects_cpu_buffers():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_replay_matches_eager_decode_step_with_padding():
     from omni_gateway.kernels.norm import rms_norm
-    from omni_gateway.kernels.paged_attention import paged_decode_attention
+    from omni_gateway.kernels.paged_decode import paged_decode_attention
 
     torch.manual_seed(0)
     dev = torch.device("cuda")

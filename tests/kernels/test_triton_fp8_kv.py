@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 from omni_gateway.kernels import reference as ref
-from omni_gateway.kernels.paged_attention import DecodeConfig, paged_decode_attention, paged_prefill_attention
+from omni_gateway.kernels.attention_config import DecodeConfig
+from omni_gateway.kernels.paged_decode import paged_decode_attention
+from omni_gateway.kernels.paged_prefill import paged_prefill_attention
 from omni_gateway.kernels.rotary import rotary_write_kv
 
 FP8 = torch.float8_e4m3fn

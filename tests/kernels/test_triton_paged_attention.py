@@ -7,14 +7,9 @@ import math
 import pytest
 import torch
 from omni_gateway.kernels import reference as ref
-from omni_gateway.kernels.paged_attention import (
-    DecodeConfig,
-    PrefillConfig,
-    num_decode_splits,
-    paged_decode_attention,
-    paged_prefill_attention,
-    split_counters,
-)
+from omni_gateway.kernels.attention_config import DecodeConfig, PrefillConfig, num_decode_splits
+from omni_gateway.kernels.paged_decode import paged_decode_attention, split_counters
+from omni_gateway.kernels.paged_prefill import paged_prefill_attention
 
 PAGE = 16
 # Small enough for the interpreter, yet every case has several splits and a partial last tile.
@@ -104,7 +99,7 @@ def test_decode_split_count_depends_on_shapes_only():
     ],
 )
 def test_gpu_default_config_fills_one_wave(batch, hkv, ctx, block_n, splits):
-    from omni_gateway.kernels.paged_attention import gpu_decode_config
+    from omni_gateway.kernels.attention_config import gpu_decode_config
 
     config = gpu_decode_config(132, batch, hkv, ctx)
     got_splits, per_split = num_decode_splits(batch, hkv, ctx, config)
@@ -125,7 +120,7 @@ def test_gpu_default_config_fills_one_wave(batch, hkv, ctx, block_n, splits):
     ],
 )
 def test_an_fp8_cache_takes_wider_tiles_only_with_many_pairs(batch, ctx, block_n, splits):
-    from omni_gateway.kernels.paged_attention import gpu_decode_config
+    from omni_gateway.kernels.attention_config import gpu_decode_config
 
     config = gpu_decode_config(132, batch, 8, ctx, element_size=1)
     assert (config.block_n, num_decode_splits(batch, 8, ctx, config)[0]) == (block_n, splits)
@@ -134,12 +129,12 @@ def test_an_fp8_cache_takes_wider_tiles_only_with_many_pairs(batch, ctx, block_n
 
 
 def test_fused_reduce_leaves_counters_zeroed_for_the_next_call(device, rel_err):
-    from omni_gateway.kernels import paged_attention
+    from omni_gateway.kernels import paged_decode
 
     for seed in (1, 2):  # the second call relies on the first having reset its counters
         out, expected = _decode_case([5, 64, 90], 2, 2, 64, torch.float32, device, seed, SPLIT_FUSED, lambda _: None)
         assert rel_err(out, expected) < 1e-5
-        assert int(paged_attention._COUNTERS[out.device].abs().sum()) == 0
+        assert int(paged_decode._COUNTERS[out.device].abs().sum()) == 0
 
 
 def _many_splits(num_warps: int = 4) -> DecodeConfig:
@@ -166,7 +161,7 @@ def _many_splits(num_warps: int = 4) -> DecodeConfig:
 def test_fused_merge_of_many_splits_matches_reference(
     device, lens, splits, dtype, hq, hkv, d, warps, poison, rel_err, tolerance
 ):
-    from omni_gateway.kernels import paged_attention
+    from omni_gateway.kernels import paged_decode
 
     config = _many_splits(warps)
     width = math.ceil(max(lens) / PAGE) + 1
@@ -176,11 +171,11 @@ def test_fused_merge_of_many_splits_matches_reference(
     assert rel_err(out, expected) < tolerance[dtype]
     zero = lens.index(0)
     assert torch.equal(out[zero], torch.zeros_like(out[zero]))
-    assert int(paged_attention._COUNTERS[out.device].abs().sum()) == 0
+    assert int(paged_decode._COUNTERS[out.device].abs().sum()) == 0
 
 
 def test_merge_chunk_fits_register_budget():
-    from omni_gateway.kernels.paged_attention import _merge_chunk_splits
+    from omni_gateway.kernels.paged_decode import _merge_chunk_splits
 
     assert _merge_chunk_splits(merge_g=4, block_s=32, block_d=128, num_warps=4) == 32  # Llama-3 8B, 32 splits
     assert _merge_chunk_splits(merge_g=8, block_s=64, block_d=128, num_warps=4) == 16

@@ -18,11 +18,11 @@ from triton.runtime.jit import JITFunction
 # matrix sizes), values always in one class (tokens_per_split: a multiple of the 16+ token tile) and
 # floats (Triton never specializes floats by value).
 _SPECIALIZED = {
-    "omni_gateway.kernels.paged_attention": {
+    "omni_gateway.kernels.paged_decode": {
         "_decode_split_kernel": {"qk_scale", "tokens_per_split", "stride_cache_block", "stride_cache_tok"},
         "_decode_reduce_kernel": set(),
-        "_prefill_kernel": {"qk_scale", "stride_cache_block", "stride_cache_tok"},
     },
+    "omni_gateway.kernels.paged_prefill": {"_prefill_kernel": {"qk_scale", "stride_cache_block", "stride_cache_tok"}},
     "omni_gateway.kernels.gemv": {"_gemv_kernel": {"N", "K", "eps"}},
     "omni_gateway.kernels.quant_gemv": {"_gemv_kernel": {"N", "K", "stride_xm", "k_per_split", "eps"}},
     "omni_gateway.kernels.quant_gemm": {
@@ -64,15 +64,16 @@ def test_only_per_model_ints_are_specialized(module: str, name: str) -> None:
 
 
 def test_per_step_counts_are_unspecialized() -> None:
-    attention = importlib.import_module("omni_gateway.kernels.paged_attention")
-    unspecialized = {p.name for p in _jit(attention._decode_split_kernel).params if p.do_not_specialize}
+    decode = importlib.import_module("omni_gateway.kernels.paged_decode")
+    prefill = importlib.import_module("omni_gateway.kernels.paged_prefill")
+    unspecialized = {p.name for p in _jit(decode._decode_split_kernel).params if p.do_not_specialize}
     assert unspecialized == {"max_blocks", "num_splits"}
-    assert {p.name for p in _jit(attention._prefill_kernel).params if p.do_not_specialize} == {"num_seqs", "max_blocks"}
+    assert {p.name for p in _jit(prefill._prefill_kernel).params if p.do_not_specialize} == {"num_seqs", "max_blocks"}
 
 
 def test_tokens_per_split_stays_in_one_specialization_class() -> None:
     """Left specialized, tokens_per_split must never change class (== 1, divisible by 16) between steps."""
-    attention = importlib.import_module("omni_gateway.kernels.paged_attention")
+    attention = importlib.import_module("omni_gateway.kernels.attention_config")
     configs = [
         attention.gpu_decode_config(132, batch, 8, context, head_dim=head_dim, element_size=element_size)
         for batch in (1, 3, 16, 64, 256)
