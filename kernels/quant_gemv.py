@@ -26,7 +26,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from omni_gateway.kernels.quant_tiles import dot_tile, int4_dot_features, int4_row_step, int4_row_total
+from omni_gateway.kernels.quant_tiles import (
+    dot_tile,
+    int4_dot_features,
+    int4_row_step,
+    int4_row_total,
+    int4_row_words,
+)
 from omni_gateway.kernels.quant_tuning import FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig
 from omni_gateway.kernels.row_fusion import (
     RowFusion,
@@ -142,15 +148,16 @@ def _gemv_kernel(
         squares2 = tl.zeros([1, SUB // 8], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
             for u in tl.static_range(BLOCK_K // SUB):
+                kb = k0 + u * SUB
                 acc2, squares2 = int4_row_step(
-                    w_rows,
+                    int4_row_words(w_rows, col_ok, kb, K, EVEN, SUB),
                     x_ptr,
                     s_ptr,
                     z_ptr,
                     norm_ptr,
                     cols,
                     col_ok,
-                    k0 + u * SUB,
+                    kb,
                     K,
                     acc2,
                     squares2,

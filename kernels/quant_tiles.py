@@ -34,8 +34,21 @@ PLANE_SHIFT = tl.constexpr(64)
 
 
 @triton.jit
+def int4_row_words(w_rows, col_ok, kb, K, EVEN: tl.constexpr, SUB: tl.constexpr):
+    """The [block_n, SUB / 8] int4 words at input feature ``kb`` of the weight rows ``w_rows``, read once
+    (evict first); rows outside ``col_ok`` and words past ``K`` read as zeros."""
+    words_k = kb // 8 + tl.arange(0, SUB // 8)
+    if EVEN:
+        words = tl.load(w_rows + words_k[None, :], eviction_policy="evict_first")
+    else:
+        ok = col_ok[:, None] & (words_k < K // 8)[None, :]
+        words = tl.load(w_rows + words_k[None, :], mask=ok, other=0, eviction_policy="evict_first")
+    return words
+
+
+@triton.jit
 def int4_row_step(
-    w_rows,
+    words,
     x_ptr,
     s_ptr,
     z_ptr,
@@ -51,21 +64,16 @@ def int4_row_step(
     SUB: tl.constexpr,
     NORM: tl.constexpr,
 ):
-    """One row against ``SUB`` input features of int4 words (inside one group): ``acc`` [block_n,
-    SUB / 8] += scale * (sum_i q_i x_i - zero * sum_i x_i) per word, in units of 2^(PLANE_SHIFT - 149)
-    (``int4_row_total`` sums it); ``squares`` [1, SUB / 8] as ``norm_input``."""
-    words_k = kb // 8 + tl.arange(0, SUB // 8)
+    """One row against the ``SUB`` input features at ``kb`` (inside one group) of its int4 ``words``
+    (``int4_row_words``): ``acc`` [block_n, SUB / 8] += scale * (sum_i q_i x_i - zero * sum_i x_i) per
+    word, in units of 2^(PLANE_SHIFT - 149) (``int4_row_total`` sums it); ``squares`` [1, SUB / 8] as
+    ``norm_input``."""
     xk = kb + tl.arange(0, SUB // 8) * 8
     g = cols * (K // GROUP) + kb // GROUP
     if EVEN:
-        words = tl.load(w_rows + words_k[None, :], eviction_policy="evict_first")
         zero = tl.load(z_ptr + g).to(tl.float32)
         scale = tl.load(s_ptr + g).to(tl.float32)
     else:
-        in_k = words_k < K // 8
-        words = tl.load(
-            w_rows + words_k[None, :], mask=col_ok[:, None] & in_k[None, :], other=0, eviction_policy="evict_first"
-        )
         ok = col_ok & ((cols * 0 + kb) < K)  # per feature: the interpreter rejects scalar masks
         zero = tl.load(z_ptr + g, mask=ok, other=0).to(tl.float32)
         scale = tl.load(s_ptr + g, mask=ok, other=0.0).to(tl.float32)
