@@ -1,0 +1,199 @@
+"""Does one row of int4 run faster when its words reach the registers through a pipeline, cp.async stages
+or Hopper's TMA, instead of straight from global memory as the shipped kernel loads them? And how does
+torch's own int4 kernel (tinygemm, ``aten._weight_int4pack_mm``, groups of 128) compare at one row?
+
+    python -m benchmarks.experiments.int4_row_pipelines [--shapes gate_up,down] [--configs 128,256,4,1,2 ...]
+    TRITON_INTERPRET=1 python -m benchmarks.experiments.int4_row_pipelines   # no GPU: checks, no timing
+
+Why it might: the one-row kernel (kernels/quant_gemv.py, ``int4_row_step``) at gate_up runs 3.4
+programs of 4 warps per SM, all in one wave, and each loop step loads 128 bytes a thread and then
+issues about 970 instructions a warp. Loads and arithmetic take about 2 us each per step per SM at
+the H100's bytes and issue rate, and a step took 4.2 us (33.7 us over 8 steps): the programs move in
+lockstep, so the memory idles while they compute. A pipeline would keep the next step's words in
+flight during this step's arithmetic. The register prefetch tried before did not (ptxas issued it late,
+docs/benchmarks.md); here the stages live in shared memory.
+
+Each variant runs the shipped plane arithmetic (``quant_tiles.int4_row_step``) without fusions, each
+split writing its own partial sums, which a torch sum adds: ``registers`` (one stage, as shipped),
+``cp.async`` (the same loads with ``STAGES`` > 1, which Triton pipelines through shared memory) and
+``tma`` (the words as TMA tiles of a host tensor descriptor). Every output is checked against the
+float64 twin first. Compiled for sm_90 under Triton 3.6 at block_n 128, block_k 256, 4 warps, the
+loops issue 3.4 (registers), 3.5 (cp.async, 3 stages) and 4.2 (TMA, 3 stages) instructions a weight.
+
+Answer: not yet measured on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from omni_gateway.kernels import quant_reference as qref
+from omni_gateway.kernels.quant_tiles import int4_row_step, int4_row_total, int4_row_words
+
+from benchmarks.common import ResultLog, add_out_argument, time_graph
+from benchmarks.quant_sweep import SHAPES
+
+GROUP = 128
+SUB = 128  # input features per TMA tile and plane step: one group
+LOADS = ("registers", "cp.async", "tma")
+# (block_n, block_k, warps, stages, split): the shipped gate_up launch first, then deeper pipelines.
+CONFIGS = ((128, 256, 4, 1, 2), (128, 256, 4, 3, 2), (128, 256, 4, 4, 1), (128, 256, 8, 3, 2), (128, 512, 4, 3, 2))
+# Relative error against the float64 twin: our kernels sum exact products in float32; tinygemm
+# multiplies bf16 de-quantized weights and returns bf16.
+TOLERANCE = 1e-5
+TINYGEMM_TOLERANCE = 1e-2
+_ROTATION_BYTES = 240e6  # weight sets per shape: enough that one replay's reads miss L2
+
+
+@triton.jit
+def _row_kernel(
+    w_ptr,
+    w_desc,
+    x_ptr,
+    s_ptr,
+    z_ptr,
+    out_ptr,
+    N,
+    K,
+    k_per_split,
+    GROUP: tl.constexpr,
+    SUB: tl.constexpr,
+    TMA: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * (K // 8)
+    acc = tl.zeros([BLOCK_N, SUB // 8], tl.float32)
+    squares = tl.zeros([1, SUB // 8], tl.float32)
+    k_lo = pid_k * k_per_split
+    for k0 in tl.range(k_lo, k_lo + k_per_split, BLOCK_K, num_stages=STAGES):
+        for u in tl.static_range(BLOCK_K // SUB):
+            kb = k0 + u * SUB
+            if TMA:
+                words = w_desc.load([pid_n * BLOCK_N, kb // 8])
+            else:
+                words = int4_row_words(w_rows, col_ok, kb, K, True, SUB)
+            acc, squares = int4_row_step(
+                words, x_ptr, s_ptr, z_ptr, x_ptr, cols, col_ok, kb, K, acc, squares, True, GROUP, SUB, False
+            )
+    tl.store(out_ptr + pid_k * N + cols[None, :], int4_row_total(acc))
+
+
+def _row_call(load: str, config: tuple[int, ...], x: torch.Tensor, weight: tuple[Any, ...]) -> torch.Tensor:
+    """One row through ``_row_kernel``; ``weight`` is ``(packed, scales, zeros, descriptor)``."""
+    block_n, block_k, warps, stages, split = config
+    packed, scales, zeros, desc = weight
+    n, k = packed.shape[0], packed.shape[1] * 2
+    parts = torch.empty(split, n, device=x.device, dtype=torch.float32)
+    _row_kernel[(n // block_n, split)](
+        packed.view(torch.int32),
+        desc,
+        x,
+        scales,
+        zeros,
+        parts,
+        n,
+        k,
+        k // split,
+        GROUP=GROUP,
+        SUB=SUB,
+        TMA=load == "tma",
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        STAGES=1 if load == "registers" else stages,
+        num_warps=warps,
+    )
+    return parts.sum(0, keepdim=True)
+
+
+def _tinygemm_weight(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Our int4 weight in tinygemm's form: nibbles repacked (the even feature high), and ``w = (q - 8) * s +
+    z'`` with the float zero ``z' = (8 - zero) * s``, scales and zeros as ``[K / G, N, 2]`` bf16."""
+    q = qref.unpack_int4(packed).to(torch.int32)
+    pairs = ((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8)
+    weight = torch.ops.aten._convert_weight_to_int4pack(pairs, 8)
+    s = scales.float()
+    scale_zero = torch.stack([s, (8 - zeros.float()) * s], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    return weight, scale_zero
+
+
+def _weights(n: int, k: int, device: str, config: tuple[int, ...], tinygemm: bool) -> list[tuple[Any, ...]]:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    sets = max(1, round(_ROTATION_BYTES / (n * k / 2))) if device == "cuda" else 1
+    out = []
+    for _ in range(sets):
+        packed, scales, zeros = qref.quantize_int4(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02)
+        desc = TensorDescriptor.from_tensor(packed.view(torch.int32), [config[0], SUB // 8])
+        extra = _tinygemm_weight(packed, scales, zeros) if tinygemm else ()
+        out.append((packed, scales, zeros, desc, *extra))
+    return out
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def _measure(log: ResultLog, shape: str, n: int, k: int, config: tuple[int, ...], device: str, tinygemm: bool) -> None:
+    """Checks each variant against the float64 twin, then times it (on a GPU) against ``registers``."""
+    data = _weights(n, k, device, config, tinygemm)
+    x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
+    ref = x.double() @ qref.dequantize_int4(*data[0][:3], dtype=torch.float64).T
+    calls: dict[str, Callable[[int], torch.Tensor]] = {
+        load: lambda i, ld=load: _row_call(ld, config, x, data[i][:4]) for load in LOADS
+    }
+    if tinygemm:
+        calls["tinygemm"] = lambda i: torch.ops.aten._weight_int4pack_mm(x, data[i][4], GROUP, data[i][5])
+    base = float("nan")
+    for variant, call in calls.items():
+        err = _rel_err(call(0), ref)
+        if err > (TINYGEMM_TOLERANCE if variant == "tinygemm" else TOLERANCE):
+            print(f"{shape:8s} {str(config):22s} {variant:10s} WRONG: rel err {err:.1e}, not timed", flush=True)
+            log.write("variant", shape=shape, config=list(config), variant=variant, us=None, rel_err=err)
+            continue
+        us = time_graph(call, len(data), 10e-6, replays=5) * 1e6 if device == "cuda" else float("nan")
+        base = us if variant == "registers" else base
+        print(
+            f"{shape:8s} {str(config):22s} {variant:10s} {us:7.1f} us ({base / us:.2f}x registers)  rel err {err:.1e}",
+            flush=True,
+        )
+        log.write("variant", shape=shape, config=list(config), variant=variant, us=us, rel_err=err)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, from " + ", ".join(SHAPES))
+    parser.add_argument("--configs", nargs="+", default=[",".join(map(str, c)) for c in CONFIGS])
+    add_out_argument(parser, "int4_row_pipelines")
+    args = parser.parse_args()
+    configs = [tuple(int(v) for v in c.split(",")) for c in args.configs]
+    check_only = not torch.cuda.is_available()
+    if check_only:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise SystemExit("int4_row_pipelines: no CUDA GPU; set TRITON_INTERPRET=1 to check the kernels on the CPU")
+        shapes, device = {"small": (256, 1024)}, "cpu"
+        configs = [(64, 256, 4, s, p) for _, _, _, s, p in configs]
+    else:
+        shapes = {name: SHAPES[name] for name in args.shapes.split(",")}
+        device = "cuda"
+        triton.set_allocator(lambda size, _align, _stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    with ResultLog(args.out, "experiments.int4_row_pipelines", check_only=check_only) as log:
+        for shape, (n, k) in shapes.items():
+            for config in configs:
+                if n % config[0] == 0 and k % (config[1] * config[4]) == 0:
+                    _measure(log, shape, n, k, config, device, tinygemm=not check_only and config == configs[0])
+
+
+if __name__ == "__main__":
+    main()
