@@ -124,6 +124,16 @@ def ratio(value: float, baseline: float) -> str:
     return f"{value / baseline:.2f}x" if baseline else "n/a"
 
 
+def rel_err(out: Any, ref: Any) -> float:
+    """``|out - ref| / |ref|`` (Frobenius norms, in float64) of two tensors; NaN when ``out`` holds a NaN."""
+    import torch
+
+    if torch.isnan(out).any():
+        return float("nan")
+    ref = ref.double()
+    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
 def time_graph(fn: Callable[[int], object], n_sets: int, est_s: float, replays: int = 10) -> float:
     """Median seconds per call of ``fn(i % n_sets)``, captured back to back in one CUDA graph.
 

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from omni_gateway.kernels import quant_reference as qref
 
-from benchmarks.common import RESULTS_DIR, ResultLog, time_graph
+from benchmarks.common import RESULTS_DIR, ResultLog, rel_err, time_graph
 from benchmarks.engine_gpu import (
     b1_decode_seconds,
     free_cuda,
@@ -116,10 +116,6 @@ def _twins() -> dict[str, Callable[[torch.Tensor, dict[str, Any]], torch.Tensor]
     }
 
 
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
-
-
 def kernel_bench(log: ResultLog, quick: bool) -> bool:
     """Check (and unless ``quick`` time) every kernel on every 8B shape; returns whether all passed."""
     ok = True
@@ -135,7 +131,7 @@ def kernel_bench(log: ResultLog, quick: bool) -> bool:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             line = []
             for name, fn in fns.items():
-                err = _rel_err(fn(x, data[0]), twins[name](x, data[0]))
+                err = rel_err(fn(x, data[0]), twins[name](x, data[0]))
                 passed = err < 1e-2
                 ok &= passed
                 record: dict[str, Any] = dict(shape=shape, n=n, k=k, rows=rows, variant=name, rel_err=err, ok=passed)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import RESULTS_DIR, ResultLog, time_graph
+from benchmarks.common import RESULTS_DIR, ResultLog, rel_err, time_graph
 
 SHAPES = {  # the largest share of a decode step first, in case the budget runs out
     "gate_up": (28672, 4096),
@@ -195,12 +195,6 @@ def _reference(variant: str, x: torch.Tensor, s: dict[str, Any], rows: int) -> t
     return x.double() @ qref.dequantize_fp8(*s[key], torch.float64).T
 
 
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    if torch.isnan(out).any():
-        return float("nan")
-    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
-
-
 def _compile_jobs(jobs: list[tuple[int, int, Any]]) -> None:
     """Worker: launch each (format, rows, config) once on a small shape of the same specialization."""
     s = _weights(256, 4096)
@@ -262,7 +256,7 @@ def decode_sweep(
                 timings = []
                 for config in candidates(fmt, rows):
                     try:
-                        err = _rel_err(call(0, config), ref)
+                        err = rel_err(call(0, config), ref)
                     except Exception as exc:
                         print(f"[sweep] {shape} {variant} rows={rows} {config}: {exc!r}", flush=True)
                         continue
@@ -286,7 +280,7 @@ def decode_sweep(
                         timings.append((sec, config))
                     else:
                         print(f"[sweep] WRONG {shape} {variant} rows={rows} {config}: rel err {err:.2e}", flush=True)
-                default_err = _rel_err(call(0), ref)
+                default_err = rel_err(call(0), ref)
                 if not default_err < bound:
                     print(f"[sweep] WRONG {shape} {variant} rows={rows} default: {default_err:.2e}", flush=True)
                 default = time_graph(call, sets, 10e-6, replays=5)
@@ -330,7 +324,7 @@ def prefill_bench(log: ResultLog, deadline: float) -> bool:
 
                     no_scaled_mm = QuantLinearConfig(scaled_mm=False)
                 for gemm in gemms if variant != "fp8-channel" else [None]:
-                    err = _rel_err(_call(variant, x, s, no_scaled_mm, gemm), ref)
+                    err = rel_err(_call(variant, x, s, no_scaled_mm, gemm), ref)
                     passed = err < 1e-2
                     ok &= passed
                     sec = time_graph(lambda i, g=gemm: _call(variant, x, s, no_scaled_mm, g), 1, est, replays=5)
@@ -373,7 +367,7 @@ def final_table(log: ResultLog, deadline: float) -> bool:
             base = time_graph(lambda i: _call("bf16", x, data[i]), nsets, est, replays=5)
             line = [f"bf16 {base * 1e6:.1f} us"]
             for variant in FORMATS:
-                err = _rel_err(_call(variant, x, data[0]), _reference(variant, x, data[0], rows))
+                err = rel_err(_call(variant, x, data[0]), _reference(variant, x, data[0], rows))
                 passed = err < 1e-2
                 ok &= passed
                 sec = time_graph(lambda i, v=variant: _call(v, x, data[i]), nsets, est, replays=5)

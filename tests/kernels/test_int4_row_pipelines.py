@@ -10,12 +10,13 @@ from benchmarks.experiments import int4_row_pipelines as pipelines
 
 @pytest.mark.parametrize("load", pipelines.LOADS)
 @pytest.mark.parametrize("config", [(64, 256, 4, 1, 2), (64, 256, 4, 3, 1)], ids=["split2", "stages3"])
-def test_row_matches_twin(load: str, config: tuple[int, ...]) -> None:
+def test_row_matches_twin(load: str, config: tuple[int, ...], rel_err) -> None:
     torch.manual_seed(0)
     n, k = 128, 1024
-    (weight,) = pipelines._weights(n, k, "cpu", config, tinygemm=False)
+    weights = pipelines._weights(n, k, "cpu", tinygemm=False)
+    (desc,) = pipelines._descriptors(weights, config[0])
     x = torch.randn(1, k, dtype=torch.bfloat16)
-    out = pipelines._row_call(load, config, x, weight)
-    ref = x.double() @ qref.dequantize_int4(*weight[:3], dtype=torch.float64).T
+    out = pipelines._row_call(load, config, x, weights[0], desc)
+    ref = x.double() @ qref.dequantize_int4(*weights[0], dtype=torch.float64).T
     assert out.shape == (1, n)
-    assert pipelines._rel_err(out, ref) < pipelines.TOLERANCE
+    assert rel_err(out, ref) < pipelines.TOLERANCE
