@@ -1,6 +1,7 @@
 """Does one row of int4 run faster when its words reach the registers through a pipeline, cp.async stages
-or Hopper's TMA, instead of straight from global memory as the shipped kernel loads them? And how does
-torch's own int4 kernel (tinygemm, ``aten._weight_int4pack_mm``, groups of 128) compare at one row?
+or Hopper's TMA, instead of straight from global memory as the shipped kernel loads them, or when half of
+its programs run half a step behind the others? And how does torch's own int4 kernel (tinygemm,
+``aten._weight_int4pack_mm``, groups of 128) compare at one row?
 
     python -m benchmarks.experiments.int4_row_pipelines [--shapes gate_up,down] [--configs 128,256,4,1,2 ...]
     TRITON_INTERPRET=1 python -m benchmarks.experiments.int4_row_pipelines   # no GPU: checks, no timing
@@ -14,11 +15,17 @@ flight during this step's arithmetic. The register prefetch tried before did not
 docs/benchmarks.md); here the stages live in shared memory.
 
 Each variant runs the shipped plane arithmetic (``quant_tiles.int4_row_step``) without fusions, each
-split writing its own partial sums, which a torch sum adds: ``registers`` (one stage, as shipped),
-``cp.async`` (the same loads with ``STAGES`` > 1, which Triton pipelines through shared memory) and
-``tma`` (the words as TMA tiles of a host tensor descriptor). Every output is checked against the
-float64 twin first. Compiled for sm_90 under Triton 3.6 at block_n 128, block_k 256, 4 warps, the
-loops issue 3.4 (registers), 3.5 (cp.async, 3 stages) and 4.2 (TMA, 3 stages) instructions a weight.
+split writing its own partial sums, which a torch sum adds:
+
+- ``registers``: one stage, the words loaded straight into registers, as shipped;
+- ``staggered``: the same, but the odd programs run one sub-tile alone first, so their steps lag the even
+  programs' by half a step, and half of the programs load while the others compute;
+- ``cp.async``: the same loads with ``STAGES`` > 1, which Triton pipelines through shared memory;
+- ``tma``: the words as TMA tiles of a host tensor descriptor.
+
+Every output is checked against the float64 twin first. Compiled for sm_90 under Triton 3.6 at block_n
+128, block_k 256, 4 warps, the loops issue 3.4 (registers and staggered), 3.5 (cp.async, 3 stages) and
+4.2 (TMA, 3 stages) instructions a weight.
 
 Answer: not yet measured on a GPU.
 """
@@ -41,7 +48,7 @@ from benchmarks.quant_sweep import SHAPES
 
 GROUP = 128
 SUB = 128  # input features per TMA tile and plane step: one group
-LOADS = ("registers", "cp.async", "tma")
+LOADS = ("registers", "staggered", "cp.async", "tma")
 # (block_n, block_k, warps, stages, split): the shipped gate_up launch first, then deeper pipelines.
 CONFIGS = ((128, 256, 4, 1, 2), (128, 256, 4, 3, 2), (128, 256, 4, 4, 1), (128, 256, 8, 3, 2), (128, 512, 4, 3, 2))
 # Relative error against the float64 twin: our kernels sum exact products in float32; tinygemm
@@ -68,6 +75,7 @@ def _row_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
+    STAGGER: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -77,17 +85,85 @@ def _row_kernel(
     acc = tl.zeros([BLOCK_N, SUB // 8], tl.float32)
     squares = tl.zeros([1, SUB // 8], tl.float32)
     k_lo = pid_k * k_per_split
-    for k0 in tl.range(k_lo, k_lo + k_per_split, BLOCK_K, num_stages=STAGES):
+    k_hi = k_lo + k_per_split
+    if STAGGER:
+        # Odd programs run one sub-tile alone first: their steps then lag the even programs' by one
+        # sub-tile, so half of them load while the other half compute.
+        lag = (pid_n % 2) * SUB
+        if lag > 0:
+            acc, squares = _row_sub(
+                w_rows,
+                w_desc,
+                x_ptr,
+                s_ptr,
+                z_ptr,
+                cols,
+                col_ok,
+                pid_n,
+                k_lo,
+                K,
+                acc,
+                squares,
+                GROUP,
+                SUB,
+                TMA,
+                BLOCK_N,
+            )
+        k_lo += lag
+        k_hi -= (BLOCK_K - SUB) * (lag // SUB)
+    for k0 in tl.range(k_lo, k_hi - BLOCK_K + 1, BLOCK_K, num_stages=STAGES):
         for u in tl.static_range(BLOCK_K // SUB):
-            kb = k0 + u * SUB
-            if TMA:
-                words = w_desc.load([pid_n * BLOCK_N, kb // 8])
-            else:
-                words = int4_row_words(w_rows, col_ok, kb, K, True, SUB)
-            acc, squares = int4_row_step(
-                words, x_ptr, s_ptr, z_ptr, x_ptr, cols, col_ok, kb, K, acc, squares, True, GROUP, SUB, False
+            acc, squares = _row_sub(
+                w_rows,
+                w_desc,
+                x_ptr,
+                s_ptr,
+                z_ptr,
+                cols,
+                col_ok,
+                pid_n,
+                k0 + u * SUB,
+                K,
+                acc,
+                squares,
+                GROUP,
+                SUB,
+                TMA,
+                BLOCK_N,
+            )
+    if STAGGER:
+        for kb in range(k_hi, k_lo - lag + k_per_split, SUB):  # the lagging programs' last sub-tiles
+            acc, squares = _row_sub(
+                w_rows, w_desc, x_ptr, s_ptr, z_ptr, cols, col_ok, pid_n, kb, K, acc, squares, GROUP, SUB, TMA, BLOCK_N
             )
     tl.store(out_ptr + pid_k * N + cols[None, :], int4_row_total(acc))
+
+
+@triton.jit
+def _row_sub(
+    w_rows,
+    w_desc,
+    x_ptr,
+    s_ptr,
+    z_ptr,
+    cols,
+    col_ok,
+    pid_n,
+    kb,
+    K,
+    acc,
+    squares,
+    GROUP: tl.constexpr,
+    SUB: tl.constexpr,
+    TMA: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One sub-tile of the plane arithmetic at input feature ``kb``, its words loaded plainly or by TMA."""
+    if TMA:
+        words = w_desc.load([pid_n * BLOCK_N, kb // 8])
+    else:
+        words = int4_row_words(w_rows, col_ok, kb, K, True, SUB)
+    return int4_row_step(words, x_ptr, s_ptr, z_ptr, x_ptr, cols, col_ok, kb, K, acc, squares, True, GROUP, SUB, False)
 
 
 def _row_call(load: str, config: tuple[int, ...], x: torch.Tensor, weight: tuple[Any, ...], desc: Any) -> torch.Tensor:
@@ -112,7 +188,8 @@ def _row_call(load: str, config: tuple[int, ...], x: torch.Tensor, weight: tuple
         TMA=load == "tma",
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        STAGES=1 if load == "registers" else stages,
+        STAGES=1 if load in ("registers", "staggered") else stages,
+        STAGGER=load == "staggered",
         num_warps=warps,
     )
     return parts.sum(0, keepdim=True)
