@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from omni_gateway.engine.chat_template import render_chat
@@ -21,8 +20,9 @@ from omni_gateway.engine.errors import InvalidRequest
 from omni_gateway.engine.host_memory import return_free_heap
 from omni_gateway.engine.input_stream import InputStream
 from omni_gateway.engine.kv_cache_manager import KVCacheManager
-from omni_gateway.engine.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
+from omni_gateway.engine.outputs import Logprob, RequestOutput, StreamDelta
 from omni_gateway.engine.pipelining import launchable
+from omni_gateway.engine.request_state import EngineRequest, request_output, stream_delta
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.scheduler import Scheduler
 from omni_gateway.engine.sequence import EmbedSpan, FinishReason, ScheduledBatch, Sequence
@@ -56,18 +56,6 @@ class Runner(Protocol):
 
 
 RunnerFactory = Callable[[EngineConfig, Any], Runner]
-
-
-@dataclass(slots=True)
-class _Request:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    seqs: list[Sequence]
-    detoks: list[IncrementalDetokenizer]
-    arrival: float = field(default_factory=time.monotonic)
-    first_token: float | None = None
 
 
 class LLMEngine:
@@ -118,8 +106,8 @@ class LLMEngine:
             max_row_blocks=config.hidden_state_cache_blocks,
         )
         self.scheduler = Scheduler(config, kv)
-        self._requests: dict[str, _Request] = {}
-        self._owner: dict[int, tuple[_Request, int]] = {}
+        self._requests: dict[str, EngineRequest] = {}
+        self._owner: dict[int, tuple[EngineRequest, int]] = {}
         self._finished: list[RequestOutput] = []
         self._in_flight: Step | None = None  # a pipelined step whose tokens the host has not read
         self._pipelined = False
@@ -245,7 +233,7 @@ class LLMEngine:
             # The queue bound counts requests; the scheduler makes siblings reuse the first one's prompt KV.
             self.scheduler.add(sibling, enforce_limit=False)
         detoks = [IncrementalDetokenizer(self.tokenizer, token_ids, s.params) for s in seqs]
-        req = _Request(request_id, prompt_text, token_ids, params, seqs, detoks)
+        req = EngineRequest(request_id, prompt_text, token_ids, params, seqs, detoks)
         self._requests[request_id] = req
         for i, seq in enumerate(seqs):
             self._owner[seq.seq_id] = (req, i)
@@ -291,7 +279,7 @@ class LLMEngine:
             return []
         aborted = self.scheduler.abort(request_id)
         self.runner.release([s.seq_id for s in aborted])
-        deltas = [self._delta(req, i, "", ()) for i, s in enumerate(req.seqs) if s.finish_reason is FinishReason.ABORT]
+        deltas = [stream_delta(req, i, "", ()) for i, s in enumerate(req.seqs) if s.finish_reason is FinishReason.ABORT]
         self._retire(req)
         return deltas
 
@@ -361,7 +349,7 @@ class LLMEngine:
 
         deltas: list[StreamDelta] = []
         done: list[Sequence] = []
-        touched: dict[str, _Request] = {}
+        touched: dict[str, EngineRequest] = {}
         now = time.monotonic()
         for seq in grown:
             req, index = self._owner[seq.seq_id]
@@ -377,13 +365,13 @@ class LLMEngine:
             text = self._detokenize(seq, req.detoks[index], result.token_id)
             if seq.is_finished:
                 done.append(seq)
-            deltas.append(self._delta(req, index, text, (result.token_id,), lp))
+            deltas.append(stream_delta(req, index, text, (result.token_id,), lp))
         for seq in rejected:  # the grammar cannot continue (every token was masked): end it, token unkept
             req, index = self._owner[seq.seq_id]
             touched[req.request_id] = req
             self.scheduler.finish(seq, FinishReason.ERROR)
             done.append(seq)
-            deltas.append(self._delta(req, index, req.detoks[index].flush(), ()))
+            deltas.append(stream_delta(req, index, req.detoks[index].flush(), ()))
         if done:
             self.runner.release([s.seq_id for s in done])
         for req in touched.values():
@@ -402,77 +390,12 @@ class LLMEngine:
             text += detok.flush()
         return text
 
-    def _retire(self, req: _Request) -> None:
+    def _retire(self, req: EngineRequest) -> None:
         for seq in req.seqs:
             self._owner.pop(seq.seq_id, None)
             seq.grammar = None
         del self._requests[req.request_id]
-        self._finished.append(self._output(req))
-
-    def _delta(
-        self, req: _Request, index: int, text: str, token_ids: tuple[int, ...], logprobs: tuple[Logprob, ...] = ()
-    ) -> StreamDelta:
-        seq = req.seqs[index]
-        hidden = embeds = None
-        start = 0
-        if seq.hidden_rows:
-            import torch  # only requests that asked for hidden states get here (the runner made tensors)
-
-            # After a preemption the positions are computed again: each one's rows go out once.
-            sent = seq.hidden_sent
-            rows = [(first, h, e) for first, h, e in seq.hidden_rows if first + len(h) > sent]
-            seq.hidden_rows.clear()
-            if rows:
-                cut = max(sent - rows[0][0], 0)
-                start = rows[0][0] + cut
-                # one step's rows (the usual case) go out as they are, without a copy
-                hidden = (rows[0][1] if len(rows) == 1 else torch.cat([h for _, h, _ in rows]))[cut:]
-                embeds = (rows[0][2] if len(rows) == 1 else torch.cat([e for _, _, e in rows]))[cut:]
-                seq.hidden_sent = start + len(hidden)
-        return StreamDelta(
-            request_id=req.request_id,
-            text=text,
-            token_ids=token_ids,
-            finished=seq.is_finished,
-            finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-            stop_reason=seq.stop_reason,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
-            num_output_tokens=seq.num_output_tokens,
-            logprobs=logprobs,
-            index=index,
-            hidden_states=hidden,
-            input_embeds=embeds,
-            hidden_start=start,
-        )
-
-    def _output(self, req: _Request) -> RequestOutput:
-        outputs = [
-            CompletionOutput(
-                index=i,
-                text=req.detoks[i].output_text,
-                token_ids=seq.output_token_ids,
-                finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-                stop_reason=seq.stop_reason,
-                logprobs=list(seq.output_logprobs) if req.params.logprobs is not None else None,
-            )
-            for i, seq in enumerate(req.seqs)
-        ]
-        finished = all(s.is_finished for s in req.seqs)
-        metrics = {"arrival_time": req.arrival}
-        if req.first_token is not None:
-            metrics["time_to_first_token"] = req.first_token - req.arrival
-        if finished:
-            metrics["e2e_latency"] = time.monotonic() - req.arrival
-        return RequestOutput(
-            request_id=req.request_id,
-            prompt=req.prompt,
-            prompt_token_ids=req.prompt_token_ids,
-            outputs=outputs,
-            finished=finished,
-            num_cached_tokens=req.seqs[0].num_cached_tokens,
-            metrics=metrics,
-        )
+        self._finished.append(request_output(req))
 
     def shutdown(self) -> None:
         """Release what the runner holds beyond this process (tensor-parallel worker processes)."""
