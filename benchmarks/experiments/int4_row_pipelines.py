@@ -18,8 +18,9 @@ Each variant runs the shipped plane arithmetic (``quant_tiles.int4_row_step``) w
 split writing its own partial sums, which a torch sum adds:
 
 - ``registers``: one stage, the words loaded straight into registers, as shipped;
-- ``staggered``: the same, but the odd programs run one sub-tile alone first, so their steps lag the even
-  programs' by half a step, and half of the programs load while the others compute;
+- ``staggered``: the same, but every other wave of programs (one per SM) runs one sub-tile alone first, so
+  their steps lag the others' by half a step, and on each SM half of the programs load while the others
+  compute;
 - ``cp.async``: the same loads with ``STAGES`` > 1, which Triton pipelines through shared memory;
 - ``tma``: the words as TMA tiles of a host tensor descriptor.
 
@@ -69,6 +70,7 @@ def _row_kernel(
     N,
     K,
     k_per_split,
+    sms,
     GROUP: tl.constexpr,
     SUB: tl.constexpr,
     TMA: tl.constexpr,
@@ -87,9 +89,10 @@ def _row_kernel(
     k_lo = pid_k * k_per_split
     k_hi = k_lo + k_per_split
     if STAGGER:
-        # Odd programs run one sub-tile alone first: their steps then lag the even programs' by one
-        # sub-tile, so half of them load while the other half compute.
-        lag = (pid_n % 2) * SUB
+        # Every other wave of ``sms`` programs in launch order (one program per SM each, where the
+        # scheduler deals them out in turn) runs one sub-tile alone first: its steps then lag the others' by
+        # a sub-tile, on every SM, so half of the programs load while the others compute.
+        lag = (((pid_n + pid_k * tl.num_programs(0)) // sms) % 2) * SUB
         if lag > 0:
             acc, squares = _row_sub(
                 w_rows,
@@ -183,6 +186,7 @@ def _row_call(load: str, config: tuple[int, ...], x: torch.Tensor, weight: tuple
         n,
         k,
         k // split,
+        torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1,
         GROUP=GROUP,
         SUB=SUB,
         TMA=load == "tma",

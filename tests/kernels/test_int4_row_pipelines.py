@@ -1,5 +1,5 @@
 """The int4 row-pipeline experiment's kernels (benchmarks/experiments/int4_row_pipelines.py) under the
-interpreter: the words loaded straight, with half of the programs a sub-tile behind, through pipeline
+interpreter: the words loaded straight, with every other wave of programs a sub-tile behind, through pipeline
 stages or as TMA tiles give the twin's sums."""
 
 import pytest
