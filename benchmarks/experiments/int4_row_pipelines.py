@@ -32,8 +32,8 @@ Answer: no. On one H100 (2026-12-07 01:39 UTC, run 20261207T013939Z-725, ``--sha
 128,256,4,1,2 128,256,4,3,2 256,256,4,1,4``), gate_up took 33.7 us with the words in registers, 33.5
 staggered, 39.5 through three cp.async stages and 37.0-39.9 as TMA tiles; 256 features a program were
 slower under every load (38.7-43.7), and tinygemm took 33.3. The same call timed the shipped fused kernel
-with these loads swapped in, at every layer shape (docs/benchmarks.md): none was faster. The programs do
-not wait on each other's loads, so overlapping them changes nothing.
+with these loads swapped in, at every layer shape (docs/benchmarks.md): none was faster. Keeping the
+next words in flight did not shorten a step, so the lockstep picture above was wrong.
 """
 
 from __future__ import annotations
