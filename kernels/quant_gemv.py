@@ -31,7 +31,7 @@ from omni_gateway.kernels.quant_tiles import (
     int4_dot_features,
     int4_row_step,
     int4_row_total,
-    int4_row_words,
+    int4_words,
 )
 from omni_gateway.kernels.quant_tuning import FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig
 from omni_gateway.kernels.row_fusion import (
@@ -150,7 +150,7 @@ def _gemv_kernel(
             for u in tl.static_range(BLOCK_K // SUB):
                 kb = k0 + u * SUB
                 acc2, squares2 = int4_row_step(
-                    int4_row_words(w_rows, col_ok, kb, K, EVEN, SUB),
+                    int4_words(w_rows, col_ok, kb, K, EVEN, SUB),
                     x_ptr,
                     s_ptr,
                     z_ptr,

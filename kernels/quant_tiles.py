@@ -34,9 +34,10 @@ PLANE_SHIFT = tl.constexpr(64)
 
 
 @triton.jit
-def int4_row_words(w_rows, col_ok, kb, K, EVEN: tl.constexpr, SUB: tl.constexpr):
-    """The [block_n, SUB / 8] int4 words at input feature ``kb`` of the weight rows ``w_rows``, read once
-    (evict first); rows outside ``col_ok`` and words past ``K`` read as zeros."""
+def int4_words(w_rows, col_ok, kb, K, EVEN: tl.constexpr, SUB: tl.constexpr):
+    """The [block_n, SUB / 8] int4 words at input feature ``kb`` of the weight rows ``w_rows`` (the one-row
+    planes' and ``dot_tile``'s), read once (evict first); rows outside ``col_ok`` and words past ``K`` read
+    as zeros."""
     words_k = kb // 8 + tl.arange(0, SUB // 8)
     if EVEN:
         words = tl.load(w_rows + words_k[None, :], eviction_policy="evict_first")
@@ -65,7 +66,7 @@ def int4_row_step(
     NORM: tl.constexpr,
 ):
     """One row against the ``SUB`` input features at ``kb`` (inside one group) of its int4 ``words``
-    (``int4_row_words``): ``acc`` [block_n, SUB / 8] += scale * (sum_i q_i x_i - zero * sum_i x_i) per
+    (``int4_words``): ``acc`` [block_n, SUB / 8] += scale * (sum_i q_i x_i - zero * sum_i x_i) per
     word, in units of 2^(PLANE_SHIFT - 149) (``int4_row_total`` sums it); ``squares`` [1, SUB / 8] as
     ``norm_input``."""
     xk = kb + tl.arange(0, SUB // 8) * 8
@@ -149,18 +150,13 @@ def dot_tile(
       nibble at the bottom of the mantissa of 128.0 gave 8 times that).
     """
     if FORMAT == 2:
-        words_k = kb // 8 + tl.arange(0, SUB // 8)
-        ptrs = w_ptr + cols.to(tl.int64)[:, None] * (K // 8) + words_k[None, :]
+        words = int4_words(w_ptr + cols.to(tl.int64)[:, None] * (K // 8), col_ok, kb, K, EVEN, SUB)
         g = cols * (K // GROUP) + kb // GROUP
         if EVEN:
-            words = tl.load(ptrs, eviction_policy="evict_first")
             zero = tl.load(z_ptr + g).to(tl.float32)
             scale = tl.load(s_ptr + g).to(tl.float32)
         else:
             ok = col_ok & ((cols * 0 + kb) < K)
-            words = tl.load(
-                ptrs, mask=col_ok[:, None] & (words_k < K // 8)[None, :], other=0, eviction_policy="evict_first"
-            )
             zero = tl.load(z_ptr + g, mask=ok, other=0).to(tl.float32)
             scale = tl.load(s_ptr + g, mask=ok, other=0.0).to(tl.float32)
         l0, h0 = _bf16_halves(((words << 3) & 0x00780078) | 0x3F803F80)

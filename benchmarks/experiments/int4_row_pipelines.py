@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 from omni_gateway.kernels import quant_reference as qref
-from omni_gateway.kernels.quant_tiles import int4_row_step, int4_row_total, int4_row_words
+from omni_gateway.kernels.quant_tiles import int4_row_step, int4_row_total, int4_words
 
 from benchmarks.common import ResultLog, add_out_argument, rel_err, time_graph
 from benchmarks.quant_sweep import SHAPES
@@ -170,7 +170,7 @@ def _row_sub(
     if TMA:
         words = w_desc.load([pid_n * BLOCK_N, kb // 8])
     else:
-        words = int4_row_words(w_rows, col_ok, kb, K, True, SUB)
+        words = int4_words(w_rows, col_ok, kb, K, True, SUB)
     return int4_row_step(words, x_ptr, s_ptr, z_ptr, x_ptr, cols, col_ok, kb, K, acc, squares, True, GROUP, SUB, False)
 
 
