@@ -27,14 +27,11 @@ from omni_gateway.kernels import quant_reference as qref
 from omni_gateway.kernels.quant_tiles import int4_row_step, int4_row_total
 
 from benchmarks.common import ResultLog, add_out_argument, rel_err, time_graph
+from benchmarks.experiments.int4_row_pipelines import GROUP, SUB, TOLERANCE, weight_sets
 from benchmarks.quant_sweep import SHAPES
 
-GROUP = 128
-SUB = 128  # input features per sub-tile: one group
 # (shape, block_n, block_k, warps, split): the shipped one-row launches (kernels/quant_tuning.py).
 CONFIGS = {"gate_up": (128, 256, 4, 2), "down": (128, 256, 8, 8), "qkv": (128, 256, 4, 8), "o": (128, 256, 8, 8)}
-TOLERANCE = 1e-5
-_ROTATION_BYTES = 240e6  # weight sets per shape: enough that one replay's reads miss L2
 
 
 @triton.jit
@@ -49,6 +46,7 @@ def _layout_kernel(
     k_per_split,
     TILED: tl.constexpr,
     LOAD_ONLY: tl.constexpr,
+    GROUP: tl.constexpr,
     SUB: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -76,7 +74,7 @@ def _layout_kernel(
                 bits ^= words  # keeps every load live
             else:
                 acc, squares = int4_row_step(
-                    words, x_ptr, s_ptr, z_ptr, x_ptr, cols, col_ok, kb, K, acc, squares, True, 128, SUB, False
+                    words, x_ptr, s_ptr, z_ptr, x_ptr, cols, col_ok, kb, K, acc, squares, True, GROUP, SUB, False
                 )
     if LOAD_ONLY:
         tl.store(out_ptr + pid_k * N + cols[None, :], tl.sum(bits.to(tl.float32), 1)[None, :])
@@ -111,6 +109,7 @@ def _call(
         k // split,
         TILED=tile,
         LOAD_ONLY=load_only,
+        GROUP=GROUP,
         SUB=SUB,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
@@ -120,10 +119,9 @@ def _call(
 
 
 def _weights(n: int, k: int, block_n: int, device: str) -> list[tuple[torch.Tensor, ...]]:
-    sets = max(1, round(_ROTATION_BYTES / (n * k / 2))) if device == "cuda" else 1
+    """The row-pipeline experiment's weight sets as ``(words, tiled words, scales, zeros)``."""
     out = []
-    for _ in range(sets):
-        packed, scales, zeros = qref.quantize_int4(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02)
+    for packed, scales, zeros in weight_sets(n, k, device, tinygemm=False):
         words = packed.view(torch.int32)
         out.append((words, tiled(words, block_n), scales, zeros))
     return out

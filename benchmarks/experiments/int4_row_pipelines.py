@@ -92,7 +92,8 @@ def _row_kernel(
     acc = tl.zeros([BLOCK_N, SUB // 8], tl.float32)
     squares = tl.zeros([1, SUB // 8], tl.float32)
     k_lo = pid_k * k_per_split
-    k_hi = k_lo + k_per_split
+    k_end = k_lo + k_per_split
+    k_hi = k_end
     if STAGGER:
         # Every other wave of ``sms`` programs in launch order (one program per SM each, where the
         # scheduler deals them out in turn) runs one sub-tile alone first: its steps then lag the others' by
@@ -119,7 +120,7 @@ def _row_kernel(
             )
         k_lo += lag
         k_hi -= (BLOCK_K - SUB) * (lag // SUB)
-    for k0 in tl.range(k_lo, k_hi - BLOCK_K + 1, BLOCK_K, num_stages=STAGES):
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         for u in tl.static_range(BLOCK_K // SUB):
             acc, squares = _row_sub(
                 w_rows,
@@ -140,7 +141,7 @@ def _row_kernel(
                 BLOCK_N,
             )
     if STAGGER:
-        for kb in range(k_hi, k_lo - lag + k_per_split, SUB):  # the lagging programs' last sub-tiles
+        for kb in range(k_hi, k_end, SUB):  # the lagging programs' last sub-tiles
             acc, squares = _row_sub(
                 w_rows, w_desc, x_ptr, s_ptr, z_ptr, cols, col_ok, pid_n, kb, K, acc, squares, GROUP, SUB, TMA, BLOCK_N
             )
@@ -215,7 +216,7 @@ def _tinygemm_weight(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Te
     return weight, scale_zero
 
 
-def _weights(n: int, k: int, device: str, tinygemm: bool) -> list[tuple[torch.Tensor, ...]]:
+def weight_sets(n: int, k: int, device: str, tinygemm: bool) -> list[tuple[torch.Tensor, ...]]:
     """Sets of ``(packed, scales, zeros)``, with tinygemm's form of each appended when ``tinygemm``."""
     sets = max(1, round(_ROTATION_BYTES / (n * k / 2))) if device == "cuda" else 1
     out = []
@@ -258,7 +259,7 @@ def _report(
 
 def _measure_shape(log: ResultLog, shape: str, n: int, k: int, configs: list[tuple[int, ...]], device: str) -> None:
     """Every load at every config that divides the shape, then (on a GPU) tinygemm, all on one weight set."""
-    data = _weights(n, k, device, tinygemm=device == "cuda")
+    data = weight_sets(n, k, device, tinygemm=device == "cuda")
     x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
     ref = x.double() @ qref.dequantize_int4(*data[0][:3], dtype=torch.float64).T
     shipped = None  # the first config's (the shipped launch's) registers time: tinygemm's baseline

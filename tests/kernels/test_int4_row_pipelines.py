@@ -14,7 +14,7 @@ from benchmarks.experiments import int4_row_pipelines as pipelines
 def test_row_matches_twin(load: str, config: tuple[int, ...], rel_err) -> None:
     torch.manual_seed(0)
     n, k = 128, 1024
-    weights = pipelines._weights(n, k, "cpu", tinygemm=False)
+    weights = pipelines.weight_sets(n, k, "cpu", tinygemm=False)
     (desc,) = pipelines._descriptors(weights, config[0])
     x = torch.randn(1, k, dtype=torch.bfloat16)
     out = pipelines._row_call(load, config, x, weights[0], desc)
