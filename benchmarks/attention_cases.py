@@ -177,6 +177,7 @@ def _decode_case(
     default = default_decode_config(qs[0], hkv, ctx, kv_dtype.itemsize)
     expected = _case_reference(qs[0], k_cache, v_cache, seq_lens, tables[0], d**-0.5)
     torch.cuda.empty_cache()  # the reference's temporaries
+    case = dict(kv_dtype=str(kv_dtype), hq=hq, hkv=hkv, batch=batch, ctx=ctx)  # every record of this case
     results: dict[DecodeConfig, float] = {}
     timed: dict[tuple[object, ...], float] = {}  # launch_key -> seconds, so equal launches run once
     for cfg in [default] + [c for c in sweep if c != default]:
@@ -190,17 +191,7 @@ def _decode_case(
             try:
                 err = rel_err(fn(0)[:_CHECK_SEQS], expected)
                 if not err < 1e-2:  # NaN fails too
-                    report.record(
-                        "decode_case_check_failed",
-                        kv_dtype=str(kv_dtype),
-                        hq=hq,
-                        hkv=hkv,
-                        batch=batch,
-                        ctx=ctx,
-                        config=asdict(cfg),
-                        splits=splits,
-                        rel_err=err,
-                    )
+                    report.record("decode_case_check_failed", **case, config=asdict(cfg), splits=splits, rel_err=err)
                     print(f"config {cfg} on batch {batch} ctx {ctx}: rel_err {err}", flush=True)
                     continue
                 timed[key] = time_graph(fn, n_sets, est)
@@ -213,11 +204,7 @@ def _decode_case(
         t = results[cfg] = timed[key]
         report.record(
             "decode",
-            kv_dtype=str(kv_dtype),
-            hq=hq,
-            hkv=hkv,
-            batch=batch,
-            ctx=ctx,
+            **case,
             config=asdict(cfg),
             splits=splits,
             tokens_per_split=per_split,
