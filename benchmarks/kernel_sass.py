@@ -133,7 +133,9 @@ def compile_sm90(launch: Launch) -> bytes:
         if name not in ("num_warps", "num_stages", "launch_pdl"):
             signature[name], constants[name] = "constexpr", value
     signature = {name: signature[name] for name in fn.arg_names}  # the kernel's order
-    source = ASTSource(fn, signature, constants, attrs)
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+
+    source = (GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource)(fn, signature, constants, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["cubin"]
 
 
