@@ -84,9 +84,10 @@ def layouts(block_n: int, warps: int) -> Layouts:
 
 
 @gluon.jit
-def _group(w_ptrs, x_ptrs, z_ptrs, s_ptrs, kb, K, GROUP: gl.constexpr):
+def _group(w_ptrs, x_ptrs, z_ptrs, s_ptrs, kb, K, GROUP: gl.constexpr, TILE_N: gl.constexpr):
     """One group's words, activations, zero points and scales at feature ``kb``."""
-    words = gl.load(w_ptrs + gl.multiple_of(kb // 8, 16), eviction_policy="evict_first")
+    step = 16 * TILE_N if TILE_N else 16  # words from one group to the next along a row
+    words = gl.load(w_ptrs + gl.multiple_of((kb // GROUP) * step, 16), eviction_policy="evict_first")
     return words, gl.load(x_ptrs + kb), gl.load(z_ptrs + kb // GROUP), gl.load(s_ptrs + kb // GROUP)
 
 
@@ -111,12 +112,17 @@ def _fragments_kernel(
     BLOCK_N: gl.constexpr,
     GROUP: gl.constexpr,
     PREFETCH: gl.constexpr,
+    TILE_N: gl.constexpr,
 ):
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     rows_w = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS))
     word = gl.arange(0, 16, layout=gl.SliceLayout(0, WORDS))
-    w_ptrs = w_ptr + rows_w.to(gl.int64)[:, None] * stride_w + word[None, :]
+    if TILE_N:  # tiles of TILE_N rows by one group, contiguous (``int4_row_layout.tiled``)
+        tile = (rows_w // TILE_N).to(gl.int64) * (K // GROUP) * TILE_N + rows_w % TILE_N
+        w_ptrs = w_ptr + tile[:, None] * 16 + word[None, :]
+    else:
+        w_ptrs = w_ptr + rows_w.to(gl.int64)[:, None] * stride_w + word[None, :]
     x_ptrs = x_ptr + gl.arange(0, GROUP, layout=X)
     rows_z = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, TILE)))
     z_ptrs = z_ptr + rows_z * (K // GROUP)
@@ -127,14 +133,14 @@ def _fragments_kernel(
     total = gl.zeros([BLOCK_N, 8], gl.float32, MMA)
     k_lo = pid_k * k_per_split
     k_last = k_lo + k_per_split - GROUP
-    nxt = _group(w_ptrs, x_ptrs, z_ptrs, s_ptrs, k_lo, K, GROUP)
+    nxt = _group(w_ptrs, x_ptrs, z_ptrs, s_ptrs, k_lo, K, GROUP, TILE_N)
     for kb in range(k_lo, k_lo + k_per_split, GROUP):
         if PREFETCH:
             # the next group's loads go out before this group's arithmetic (the last reloads itself)
             words, xv, zero, scale = nxt
-            nxt = _group(w_ptrs, x_ptrs, z_ptrs, s_ptrs, gl.minimum(kb + GROUP, k_last), K, GROUP)
+            nxt = _group(w_ptrs, x_ptrs, z_ptrs, s_ptrs, gl.minimum(kb + GROUP, k_last), K, GROUP, TILE_N)
         else:
-            words, xv, zero, scale = _group(w_ptrs, x_ptrs, z_ptrs, s_ptrs, kb, K, GROUP)
+            words, xv, zero, scale = _group(w_ptrs, x_ptrs, z_ptrs, s_ptrs, kb, K, GROUP, TILE_N)
         words = gl.convert_layout(words, gl.SliceLayout(2, TILE))
         offset = gl.expand_dims(gl.expand_dims((zero.to(gl.float32) + 128.0).to(gl.bfloat16), 1), 2)
         w3, s3 = gl.broadcast(gl.expand_dims(words, 2), shift)
@@ -162,13 +168,14 @@ def _arguments(
     warps: int,
     split: int,
     prefetch: bool,
+    tile_n: int,
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The kernel's positional arguments and keywords."""
-    n, k = words.shape[0], words.shape[1] * 8
+    n, k = scales.shape[0], scales.shape[1] * GROUP
     if n % block_n or k % (GROUP * split):
         raise ValueError(f"{n} x {k} does not divide into blocks of {block_n} rows and {split} splits of groups")
     lay = layouts(block_n, warps)
-    args = (words, x, scales, zeros, parts, n, k, words.stride(0), k // split)
+    args = (words, x, scales, zeros, parts, n, k, k // 8, k // split)
     kwargs = dict(
         MMA=lay.mma,
         A=lay.a,
@@ -180,6 +187,7 @@ def _arguments(
         BLOCK_N=block_n,
         GROUP=GROUP,
         PREFETCH=prefetch,
+        TILE_N=tile_n,
         num_warps=warps,
     )
     return args, kwargs
@@ -194,12 +202,14 @@ def launch(
     warps: int,
     split: int,
     prefetch: bool,
+    tile_n: int = 0,
 ) -> torch.Tensor:
     """``[split, N]`` float32 partial sums of one bfloat16 row ``x`` [1, K] against int32 ``words`` [N, K / 8]
-    (nibble i of word j is feature 8j + i) with per-group ``scales`` and uint8 ``zeros`` [N, K / GROUP]."""
-    parts = torch.empty(split, words.shape[0], device=x.device, dtype=torch.float32)
-    args, kwargs = _arguments(x, words, scales, zeros, parts, block_n, warps, split, prefetch)
-    _fragments_kernel[(words.shape[0] // block_n, split)](*args, **kwargs)
+    (nibble i of word j is feature 8j + i) with per-group ``scales`` and uint8 ``zeros`` [N, K / GROUP].
+    With ``tile_n`` the words come as ``int4_row_layout.tiled(words, tile_n)``."""
+    parts = torch.empty(split, scales.shape[0], device=x.device, dtype=torch.float32)
+    args, kwargs = _arguments(x, words, scales, zeros, parts, block_n, warps, split, prefetch, tile_n)
+    _fragments_kernel[(scales.shape[0] // block_n, split)](*args, **kwargs)
     return parts
 
 
@@ -212,7 +222,7 @@ def sm90_launch(n: int, k: int, *, block_n: int, warps: int, split: int, prefetc
     zeros = torch.zeros(n, k // GROUP, dtype=torch.uint8)
     x = torch.zeros(1, k, dtype=torch.bfloat16)
     parts = torch.zeros(split, n, dtype=torch.float32)
-    args, kwargs = _arguments(x, words, scales, zeros, parts, block_n, warps, split, prefetch)
+    args, kwargs = _arguments(x, words, scales, zeros, parts, block_n, warps, split, prefetch, 0)
     return Launch(_fragments_kernel, args, kwargs)
 
 

@@ -22,7 +22,10 @@ the group scale multiplies each group's float32 sums. The baselines run in the s
 
 Configs are ``variant,block_n,warps,split``; the interpreter runs the Triton variants only.
 
-Answer: not yet measured on a GPU.
+Answer (one H100, 2026-12-07, run 20261207T034116Z-557): the ``tl.dot`` forms took 2-5x the planes' time;
+the best fragment config (``fragments-prefetch,64,2,4``) 0.80-1.03x their speed (gate_up 31.9 against 32.7 us,
+down 26.3 against 21.1): halving the instructions a weight did not pay on the H100, whose one-row kernels sit
+near 20% achieved occupancy (``int4_row_layout``). Not run on an H200.
 """
 
 from __future__ import annotations
@@ -43,14 +46,15 @@ from benchmarks.experiments.int4_row_pipelines import GROUP, SUB, TOLERANCE
 from benchmarks.quant_sweep import SHAPES
 
 TRITON_VARIANTS = ("joined", "planes")
-VARIANTS = (*TRITON_VARIANTS, "fragments", "fragments-prefetch")
+VARIANTS = (*TRITON_VARIANTS, "fragments", "fragments-prefetch", "fragments-tiled", "fragments-prefetch-tiled")
+TILE_N = 64  # rows a tile of the tiled words holds (``int4_row_layout.tiled``)
 XN = 16  # columns of the activations' operand: the smallest ``tl.dot`` takes
 CONFIGS = (
     *((variant, 128, 4, 2) for variant in TRITON_VARIANTS),
     *(
         (variant, block_n, warps, split)
         for variant in VARIANTS[2:]
-        for block_n, warps, split in ((128, 4, 1), (128, 4, 2), (64, 4, 2), (128, 4, 4), (64, 2, 4), (256, 8, 2))
+        for block_n, warps, split in ((128, 4, 2), (128, 4, 4), (64, 2, 4), (64, 2, 8), (32, 2, 8))
     ),
 )
 
@@ -126,7 +130,10 @@ def _call(config: tuple[Any, ...], x: torch.Tensor, weight: tuple[torch.Tensor, 
     if variant.startswith("fragments"):
         from benchmarks.experiments import int4_row_fragments
 
-        parts = int4_row_fragments.launch(x, words, scales, zeros, block_n, warps, split, variant.endswith("prefetch"))
+        tiled = variant.endswith("tiled")
+        prefetch = "prefetch" in variant
+        w = weight[1] if tiled else words
+        parts = int4_row_fragments.launch(x, w, scales, zeros, block_n, warps, split, prefetch, TILE_N if tiled else 0)
         return parts.sum(0, keepdim=True)
     n, k = words.shape[0], words.shape[1] * 8
     parts = torch.empty(split, n, device=x.device, dtype=torch.float32)
@@ -162,7 +169,7 @@ def parse_config(text: str) -> tuple[Any, ...]:
 
 def _measure(log: ResultLog, shape: str, n: int, k: int, configs: list[tuple[Any, ...]], device: str) -> None:
     """bf16 and the shipped plane loop as baselines, then each config, checked against the float64 twin."""
-    data = layout._weights(n, k, 128, device)
+    data = layout._weights(n, k, TILE_N, device)
     x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
     words, _, scales, zeros = data[0]
     dense = qref.dequantize_int4(words.view(torch.uint8), scales, zeros, dtype=torch.float64)
