@@ -11,7 +11,8 @@ memory as the second operand, and ran 1.6-2.0x slower. Here the weights are the 
   values to the operand's layout, but stores each plane's activations for its dot (4.5-5.8 a weight).
 - ``fragments`` (Gluon, ``int4_row_fragments``): each thread's words de-quantize straight into its own
   ``mma.m16n8k16`` fragment, no shared memory (2.2 a weight); ``fragments-prefetch`` loads the next group
-  before the current one's arithmetic (2.5 a weight, more registers).
+  before the current one's arithmetic (2.5 a weight, more registers); ``-tiled`` reads the words as
+  ``int4_row_layout.tiled`` stores them, ``TILE_N`` rows by one group contiguous.
 
 The zero point comes off through the activations' sum (Triton variants) or inside the operand (fragments),
 the group scale multiplies each group's float32 sums. The baselines run in the same command: bf16
@@ -22,10 +23,10 @@ the group scale multiplies each group's float32 sums. The baselines run in the s
 
 Configs are ``variant,block_n,warps,split``; the interpreter runs the Triton variants only.
 
-Answer (one H100, 2026-12-07, run 20261207T034116Z-557): the ``tl.dot`` forms took 2-5x the planes' time;
-the best fragment config (``fragments-prefetch,64,2,4``) 0.80-1.03x their speed (gate_up 31.9 against 32.7 us,
-down 26.3 against 21.1): halving the instructions a weight did not pay on the H100, whose one-row kernels sit
-near 20% achieved occupancy (``int4_row_layout``). Not run on an H200.
+Answer (one H100, 2026-12-07, runs 20261207T034116Z-557 and -040737Z-561): the ``tl.dot`` forms took 2-5x
+the planes' time. The fragments with the row words: 0.80-1.03x the planes' speed at their first configs,
+1.06-1.14x with 32-64 rows and 8 splits. With the tiled words (``fragments-tiled``, 32 rows, 2 warps, 8 splits) a
+layer's four linears took 59.3 us against the planes' 73.1 (gate_up 24.9 against 32.8). Not run on an H200.
 """
 
 from __future__ import annotations
