@@ -133,7 +133,8 @@ def _fragments_kernel(
     total = gl.zeros([BLOCK_N, 8], gl.float32, MMA)
     k_lo = pid_k * k_per_split
     k_last = k_lo + k_per_split - GROUP
-    nxt = _group(w_ptrs, x_ptrs, z_ptrs, s_ptrs, k_lo, K, GROUP, TILE_N)
+    if PREFETCH:
+        nxt = _group(w_ptrs, x_ptrs, z_ptrs, s_ptrs, k_lo, K, GROUP, TILE_N)
     for kb in range(k_lo, k_lo + k_per_split, GROUP):
         if PREFETCH:
             # the next group's loads go out before this group's arithmetic (the last reloads itself)
