@@ -176,6 +176,7 @@ def _arguments(
     if n % block_n or k % (GROUP * split):
         raise ValueError(f"{n} x {k} does not divide into blocks of {block_n} rows and {split} splits of groups")
     lay = layouts(block_n, warps)
+    # The row stride in words goes apart from K so the launcher marks it a multiple of 16: 128-bit word loads.
     args = (words, x, scales, zeros, parts, n, k, k // 8, k // split)
     kwargs = dict(
         MMA=lay.mma,

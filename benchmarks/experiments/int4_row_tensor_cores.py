@@ -98,8 +98,8 @@ def _dot_kernel(
     j = tl.arange(0, SUB // 8)
     k_lo = pid_k * k_per_split
     for kb in range(k_lo, k_lo + k_per_split, SUB):
-        g = cols * (K // GROUP) + kb // GROUP
         if PLANES:
+            g = cols * (K // GROUP) + kb // GROUP
             words = tl.load(w_rows + kb // 8 + j[None, :], eviction_policy="evict_first")
             part = tl.zeros([BLOCK_N, XN], tl.float32)
             x_sum = 0.0
@@ -128,13 +128,13 @@ def _dot_kernel(
 def _call(config: tuple[Any, ...], x: torch.Tensor, weight: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """``weight`` is ``(words, tiled words, scales, zeros)``; the partial sums of every split, added."""
     variant, block_n, warps, split = config
-    words, _, scales, zeros = weight
+    words, tiled_words, scales, zeros = weight
     if variant.startswith("fragments"):
         from benchmarks.experiments import int4_row_fragments
 
         tiled = variant.endswith("tiled")
         prefetch = "prefetch" in variant
-        w = weight[1] if tiled else words
+        w = tiled_words if tiled else words
         parts = int4_row_fragments.launch(x, w, scales, zeros, block_n, warps, split, prefetch, TILE_N if tiled else 0)
         return parts.sum(0, keepdim=True)
     n, k = words.shape[0], words.shape[1] * 8
