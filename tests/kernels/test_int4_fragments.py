@@ -1,0 +1,140 @@
+"""The one-row int4 tensor-core kernel (kernels/int4_fragments.py): its reduction order pairs each weight with
+its own activation (the torch twin, on the CPU); compiled for sm_90 without a GPU, every fusion keeps the
+weights in registers; on a GPU, ``int4_row_linear`` takes it for tiled bfloat16 rows and meets the twin of
+the unfused layer with every fusion, split or not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from omni_gateway.kernels import quant_reference as qref
+from omni_gateway.kernels import reference as ref
+
+
+def _case(n: int, k: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, k, generator=gen).to(torch.bfloat16)
+    packed, scales, zeros = qref.quantize_int4(torch.randn(n, k, generator=gen), 128)
+    return gen, x, packed, scales.to(torch.bfloat16), zeros
+
+
+def test_order_pairs_each_weight_with_its_activation(rel_err) -> None:
+    from omni_gateway.kernels import int4_fragments as fragments
+
+    _, x, packed, scales, zeros = _case(64, 512)
+    expected = x.double() @ qref.dequantize_int4(packed, scales, zeros, torch.float64).T
+    words = packed.view(torch.int32)
+    assert rel_err(fragments.twin(x, words, scales, zeros), expected) < 1e-12
+    natural = fragments.X_ORDER  # the activations in the weights' natural order: the sums no longer match
+    try:
+        fragments.X_ORDER = tuple(range(7))
+        assert rel_err(fragments.twin(x, words, scales, zeros), expected) > 0.1
+    finally:
+        fragments.X_ORDER = natural
+
+
+def test_layouts_refuse_rows_the_warps_cannot_share() -> None:
+    from omni_gateway.kernels import int4_fragments as fragments
+
+    with pytest.raises(ValueError, match="multiple of 16 x warps"):
+        fragments.layouts(32, 4)
+
+
+def test_split_divides_the_groups() -> None:
+    from omni_gateway.kernels.int4_fragments import split_for
+
+    assert [split_for(g) for g in (1, 7, 9, 11, 32, 112)] == [1, 7, 3, 1, 8, 8]
+
+
+SASS = """
+import collections, json, torch
+from benchmarks import kernel_sass as ks
+from omni_gateway.kernels import int4_fragments as fr
+catcher = ks.LaunchCatcher(fr._fragments_kernel)
+fr._fragments_kernel = catcher
+n, k = 256, 2048
+cases = [(False, False, False, False), (True, True, False, True), (False, True, True, False)]
+for gated, norm, residual, bias in cases:
+    out = torch.zeros(1, n // 2 if gated else n, dtype=torch.bfloat16)
+    fr.launch(torch.zeros(1, k, dtype=torch.bfloat16), torch.zeros(n // 64, k // 128, 64, 64, dtype=torch.uint8),
+              torch.zeros(n, k // 128, dtype=torch.bfloat16), torch.zeros(n, k // 128, dtype=torch.uint8),
+              torch.zeros(n, dtype=torch.bfloat16) if bias else None, out, torch.zeros(64, dtype=torch.int32),
+              norm_weight=torch.zeros(k, dtype=torch.bfloat16) if norm else None, eps=1e-5,
+              residual=torch.zeros(1, n, dtype=torch.bfloat16) if residual else None, gated=gated)
+for launch in catcher.launches:
+    loop = ks.main_loop(ks.disassemble(ks.compile_sm90(launch)))
+    print(json.dumps(collections.Counter(map(ks.opcode, loop))))
+"""
+
+
+def test_kernel_keeps_weights_in_registers() -> None:
+    """Compiled for sm_90 with each fusion: per group, one tensor-core product per 16 x 8 x 16 and one packed
+    subtraction per pair of weights, and nothing through shared memory (the operand's layout is asserted
+    trivial too)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", SASS], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.strip().splitlines()[-3:]
+    for line in lines:
+        opcodes = json.loads(line)
+        weights = 32 * 128 // 64  # a group of the program's 32 rows over its 64 threads
+        assert opcodes["HMMA.16816.F32.BF16"] == weights // 8
+        assert weights // 2 <= opcodes["HADD2.BF16_V2"] <= weights // 2 + 2  # + the zero points, per row
+        assert not [op for op in opcodes if op.startswith(("LDS", "STS", "SHFL", "BAR"))]
+
+
+# (norm, residual, gated, float32 output, bias)
+FUSIONS = [
+    pytest.param(False, False, False, False, False, id="plain"),
+    pytest.param(False, False, False, False, True, id="bias"),
+    pytest.param(True, False, False, False, False, id="norm"),
+    pytest.param(False, True, False, False, False, id="residual"),
+    pytest.param(True, False, True, False, False, id="norm+gated"),
+    pytest.param(True, False, False, True, True, id="norm+float32-out+bias"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("norm,residual,gated,f32_out,bias", FUSIONS)
+@pytest.mark.parametrize("split", [True, False])
+def test_fused_row_matches_twin(norm, residual, gated, f32_out, bias, split, rel_err) -> None:
+    from omni_gateway.kernels import int4_fragments as fragments
+    from omni_gateway.kernels import quant_gemv
+    from omni_gateway.kernels.quant_linear import int4_row_linear
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the fragment kernel needs sm_90")
+    n, k = 192, 1024  # three tiles, eight groups: eight splits
+    gen, x, packed, scales, zeros = _case(n, k, seed=n + k)
+    features = n // 2 if gated else n
+    dev = torch.device("cuda")
+    operands = dict(
+        norm_weight=(1 + torch.rand(k, generator=gen)).to(torch.bfloat16).to(dev) if norm else None,
+        eps=1e-5,
+        residual=torch.randn(1, features, generator=gen).to(torch.bfloat16).to(dev) if residual else None,
+        gated=gated,
+    )
+    b = torch.randn(n, generator=gen).to(torch.bfloat16).to(dev) if bias else None
+    tiled = qref.tile_int4(packed, 128).to(dev)
+    x, scales, zeros = x.to(dev), scales.to(dev), zeros.to(dev)
+    assert fragments.supported(x, tiled, 128, gated) and not fragments.supported(x, packed.to(dev), 128, gated)
+    out_dtype = torch.float32 if f32_out else None
+    weight = qref.dequantize_int4(packed, scales.cpu(), zeros.cpu(), torch.float32).to(dev)
+    expected = ref.row_linear(x, weight, b, out_dtype=out_dtype, **operands)
+    if split:
+        out = int4_row_linear(x, tiled, scales, zeros, b, out_dtype=out_dtype, **operands)
+    else:
+        out = torch.empty_like(expected)
+        fragments.launch(x, tiled, scales, zeros, b, out, None, **operands)
+    assert out.shape == expected.shape == (1, features) and out.dtype == expected.dtype
+    assert rel_err(out, expected) < (3e-2 if gated else 1e-2)
+    # the planes on the row layout agree too, and the counters are left zeroed for the next launch
+    planes = int4_row_linear(x, packed.to(dev), scales, zeros, b, out_dtype=out_dtype, **operands)
+    assert rel_err(out, planes) < (3e-2 if gated else 1e-2)
+    assert not quant_gemv._locks[x.device][:8].any()
