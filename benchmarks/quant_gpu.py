@@ -62,13 +62,15 @@ from benchmarks.engine_gpu import (
 VARIANTS = ("bf16", "fp8-channel", "fp8-channel-head", "fp8-block", "int4", "int4-head", "fp8-kv", "fp8-channel-kv")
 # Suffixes of a variant name that run its engine as an earlier design, a baseline in the same run:
 # without the batch-1 row fusion (``LlamaModel.ROW_FUSION``) and programmatic dependent launch, or
-# without the latter only (kernels/row_fusion.py).
+# without the latter only (kernels/row_fusion.py); int4's one row on the CUDA-core planes
+# (kernels/quant_tiles.py) instead of the tensor cores (kernels/int4_fragments.py).
 UNFUSED = "-unfused"
 NO_PDL = "-nopdl"
+PLANES = "-planes"
 
 
 def _base(variant: str) -> str:
-    return variant.removesuffix(UNFUSED).removesuffix(NO_PDL)
+    return variant.removesuffix(UNFUSED).removesuffix(NO_PDL).removesuffix(PLANES)
 
 
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
@@ -87,7 +89,8 @@ def _quant_sets(n: int, k: int, sets: int) -> list[dict[str, Any]]:
         fp8c, sc = qref.quantize_fp8_per_channel(w)
         fp8b, sb = qref.quantize_fp8_per_block(w)
         packed, scales, zeros = qref.quantize_int4(w)
-        out.append(dict(w=w, fp8c=(fp8c, sc), fp8b=(fp8b, sb), int4=(packed, scales, zeros)))
+        int4 = (qref.tile_int4(packed, 128), scales, zeros)  # as Int4Weight lays it out on CUDA
+        out.append(dict(w=w, fp8c=(fp8c, sc), fp8b=(fp8b, sb), int4=int4))
     return out
 
 
@@ -264,15 +267,16 @@ def run_variant(
     variant: str, model_dir: str, args: argparse.Namespace, check: list[list[int]], work: Any
 ) -> dict[str, Any]:
     from omni_gateway.engine.models.llama import LlamaModel
-    from omni_gateway.kernels import row_fusion
+    from omni_gateway.kernels import int4_fragments, row_fusion
 
     t0 = time.perf_counter()
     LlamaModel.ROW_FUSION = not variant.endswith(UNFUSED)
     row_fusion.DEPENDENT_LAUNCH = not variant.endswith((UNFUSED, NO_PDL))
+    int4_fragments.ENABLED = not variant.endswith(PLANES)
     try:
         return _run_engine(variant, model_dir, args, check, work, t0)
     finally:
-        LlamaModel.ROW_FUSION = row_fusion.DEPENDENT_LAUNCH = True
+        LlamaModel.ROW_FUSION = row_fusion.DEPENDENT_LAUNCH = int4_fragments.ENABLED = True
 
 
 def _run_engine(
@@ -377,7 +381,7 @@ def main() -> None:
         type=lambda s: s.split(","),
         default=list(VARIANTS),
         help=",".join(VARIANTS) + f"; suffix {UNFUSED}: without the batch-1 row fusion and dependent launch, "
-        f"{NO_PDL}: without dependent launch",
+        f"{NO_PDL}: without dependent launch, {PLANES}: int4's one row on the CUDA cores",
     )
     parser.add_argument(
         "--workload-variants",

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from omni_gateway.kernels.quant_reference import FP8_DTYPE, FP8_MAX
+from omni_gateway.kernels.quant_tiles import int4_k_offset, int4_row_start
 
 GROUP_M = tl.constexpr(8)  # row blocks walked together, so weight tiles are reused from L2
 
@@ -59,6 +60,7 @@ def _dequant_gemm_kernel(
     stride_xm,
     FORMAT: tl.constexpr,
     GROUP: tl.constexpr,
+    ROW_TILE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     DOT_FP32: tl.constexpr,
     EVEN_K: tl.constexpr,
@@ -80,6 +82,8 @@ def _dequant_gemm_kernel(
     row_ok = rows < M
     col_ok = cols < N
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    if FORMAT == 2:
+        w_rows = w_ptr + int4_row_start(cols, K, GROUP, ROW_TILE, 2)[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -92,9 +96,10 @@ def _dequant_gemm_kernel(
             x = x.to(tl.float32)
         in_k = (cols * 0 + k0) < K  # per feature: the interpreter rejects scalar masks
         if FORMAT == 2:
+            # BLOCK_K divides the group (both powers of two), so the tile's bytes lie in one group.
             half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
             packed = tl.load(
-                w_ptr + cols.to(tl.int64)[:, None] * (K // 2) + half[None, :],
+                w_rows + (int4_k_offset(k0, GROUP, ROW_TILE, 2) + tl.arange(0, BLOCK_K // 2))[None, :],
                 mask=col_ok[:, None] & (half < K // 2)[None, :],
                 other=0,
             )
@@ -138,9 +143,11 @@ def dequant_gemm(
     *,
     config: GemmConfig | None = None,
     dot_fp32: bool,
+    row_tile: int = 1,
 ) -> torch.Tensor:
-    """``[M, N]`` for any number of rows (arguments validated by the caller). Per-block FP8 and int4
-    need ``block_k`` and ``block_n`` to divide the group (both powers of two); the tile shrinks to fit."""
+    """``[M, N]`` for any number of rows (arguments validated by the caller; int4 ``weight`` in tiles of
+    ``row_tile`` rows, 1 for the row layout). Per-block FP8 and int4 need ``block_k`` (and per-block FP8
+    ``block_n``) to divide the group (all powers of two); the tile shrinks to fit."""
     m = x.shape[0]
     config = config or default_gemm_config(m)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -165,6 +172,7 @@ def dequant_gemm(
         x.stride(0),
         FORMAT=fmt,
         GROUP=group,
+        ROW_TILE=row_tile,
         HAS_BIAS=bias is not None,
         DOT_FP32=dot_fp32,
         EVEN_K=k % block_k == 0,
@@ -187,10 +195,12 @@ def _dequant_kernel(
     K,
     FORMAT: tl.constexpr,
     GROUP: tl.constexpr,
+    ROW_TILE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """One ``[BLOCK_N, BLOCK_K]`` tile of the de-quantized weight; the tile lies in one scale group."""
+    """One ``[BLOCK_N, BLOCK_K]`` tile of the de-quantized weight, written row-major whatever the int4
+    layout; the tile lies in one scale group."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     ks = k0 + tl.arange(0, BLOCK_K)
@@ -198,8 +208,9 @@ def _dequant_kernel(
     ok = row_ok[:, None] & (ks < K)[None, :]
     if FORMAT == 2:
         half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        k_part = int4_k_offset(k0, GROUP, ROW_TILE, 2) + tl.arange(0, BLOCK_K // 2)
         packed = tl.load(
-            w_ptr + rows.to(tl.int64)[:, None] * (K // 2) + half[None, :],
+            w_ptr + int4_row_start(rows, K, GROUP, ROW_TILE, 2)[:, None] + k_part[None, :],
             mask=row_ok[:, None] & (half < K // 2)[None, :],
             other=0,
         )
@@ -227,12 +238,26 @@ def dequant_linear(
     k: int,
     fmt: int,
     group: int,
+    *,
+    row_tile: int = 1,
 ) -> torch.Tensor:
-    """De-quantize into a scratch ``[N, K]`` weight in x's dtype (one pass), then ``F.linear``."""
+    """De-quantize into a scratch row-major ``[N, K]`` weight in x's dtype (one pass; int4 ``weight`` in
+    tiles of ``row_tile`` rows, 1 for the row layout), then ``F.linear``."""
     full = torch.empty(n, k, dtype=x.dtype, device=x.device)
-    block_n, block_k = 32, min(128, group)
+    block_n, block_k = 32, min(128, group)  # powers of two: block_k divides the group
     _dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
-        weight, scale, zeros, full, n, k, FORMAT=fmt, GROUP=group, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4
+        weight,
+        scale,
+        zeros,
+        full,
+        n,
+        k,
+        FORMAT=fmt,
+        GROUP=group,
+        ROW_TILE=row_tile,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=4,
     )
     return F.linear(x, full, bias)
 

@@ -29,6 +29,7 @@ import triton.language as tl
 from omni_gateway.kernels.quant_tiles import (
     dot_tile,
     int4_dot_features,
+    int4_row_start,
     int4_row_step,
     int4_row_total,
     int4_words,
@@ -85,6 +86,7 @@ def _gemv_kernel(
     eps,
     FORMAT: tl.constexpr,
     GROUP: tl.constexpr,
+    ROW_TILE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     USE_DOT: tl.constexpr,
     DOT_FP32: tl.constexpr,
@@ -126,7 +128,9 @@ def _gemv_kernel(
                     x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
                 if DOT_FP32:
                     x = x.to(tl.float32)
-                w, scale, offset = dot_tile(w_ptr, s_ptr, z_ptr, cols, col_ok, kb, K, x, EVEN, FORMAT, GROUP, SUB)
+                w, scale, offset = dot_tile(
+                    w_ptr, s_ptr, z_ptr, cols, col_ok, kb, K, x, EVEN, FORMAT, GROUP, SUB, ROW_TILE
+                )
                 if DOT_FP32:
                     part = tl.dot(x, tl.trans(w), input_precision="ieee")
                 else:
@@ -143,14 +147,14 @@ def _gemv_kernel(
                 else:
                     acc += part * scale[None, :]
     elif FORMAT == 2:
-        w_rows = w_ptr + cols.to(tl.int64)[:, None] * (K // 8)
+        w_rows = w_ptr + int4_row_start(cols, K, GROUP, ROW_TILE, 8)[:, None]
         acc2 = tl.zeros([BLOCK_N, SUB // 8], tl.float32)
         squares2 = tl.zeros([1, SUB // 8], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
             for u in tl.static_range(BLOCK_K // SUB):
                 kb = k0 + u * SUB
                 acc2, squares2 = int4_row_step(
-                    int4_words(w_rows, col_ok, kb, K, EVEN, SUB),
+                    int4_words(w_rows, col_ok, kb, K, EVEN, SUB, GROUP, ROW_TILE),
                     x_ptr,
                     s_ptr,
                     z_ptr,
@@ -321,7 +325,7 @@ def prepare_device(device: torch.device) -> None:
         _locks[device] = torch.zeros(_LOCKS, dtype=torch.int32, device=device)
 
 
-def _split_locks(device: torch.device, blocks: int) -> torch.Tensor | None:
+def split_locks(device: torch.device, blocks: int) -> torch.Tensor | None:
     """The zeroed split-K counters of ``device``, or None when there are too few or none exist yet
     inside a CUDA graph capture (allocating them there would tie them to the graph's memory pool)."""
     if device not in _locks:
@@ -345,8 +349,10 @@ def launch_gemv(
     *,
     dot_fp32: bool,
     fusion: RowFusion | None = None,
+    row_tile: int = 1,
 ) -> torch.Tensor:
-    """``[M, N]`` output for 1..MAX_GEMV_ROWS rows of ``x`` (validated by the caller); with ``fusion``
+    """``[M, N]`` output for 1..MAX_GEMV_ROWS rows of ``x`` (validated by the caller; int4 ``weight`` in
+    tiles of ``row_tile`` rows, 1 for the row layout: kernels/quant_reference.py); with ``fusion``
     one row of per-channel FP8 or int4 and the fused operands of kernels/row_fusion.py (validated too).
     A split reduction runs the fused epilogue in its last program, which sums the norm's squares over
     the whole row again."""
@@ -368,7 +374,7 @@ def launch_gemv(
     split_k = max(1, min(split_k, triton.cdiv(k, step)))
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), step) * step
     split_k = triton.cdiv(k, k_per_split)
-    locks = _split_locks(x.device, grid_n) if split_k > 1 else None
+    locks = split_locks(x.device, grid_n) if split_k > 1 else None
     if locks is None:
         split_k, k_per_split = 1, triton.cdiv(k, block_k) * block_k
     parts = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if split_k > 1 else out
@@ -400,6 +406,7 @@ def launch_gemv(
         0.0 if fusion is None else fusion.eps,
         FORMAT=fmt,
         GROUP=group,
+        ROW_TILE=row_tile,
         HAS_BIAS=bias is not None,
         USE_DOT=use_dot,
         DOT_FP32=dot_fp32,

@@ -3,7 +3,8 @@ output channel or per 128x128 block) or int4 (groups along K, AWQ/GPTQ) weights 
 activations. Formats and their pure-torch twins: kernels/quant_reference.py.
 
 Up to ``QuantLinearConfig.max_dot_rows`` rows (decode) run the memory-bound kernel of
-kernels/quant_gemv.py with a launch config from kernels/quant_tuning.py; more rows (prefill) run
+kernels/quant_gemv.py with a launch config from kernels/quant_tuning.py (one bfloat16 row of tiled int4
+in groups of 128: the tensor-core kernel of kernels/int4_fragments.py); more rows (prefill) run
 kernels/quant_gemm.py: FP8 per channel with bf16 activations on the FP8 tensor cores
 (``torch._scaled_mm``, activations quantized per token); everything else through the Triton GEMM that
 de-quantizes weight tiles in registers up to ``DEQUANT_GEMM_MAX_ROWS`` rows (or whenever a
@@ -13,6 +14,7 @@ de-quantizes weight tiles in registers up to ``DEQUANT_GEMM_MAX_ROWS`` rows (or 
 from __future__ import annotations
 
 import torch
+from omni_gateway.kernels import int4_fragments
 from omni_gateway.kernels.quant_gemm import (
     GemmConfig,
     dequant_gemm,
@@ -20,7 +22,7 @@ from omni_gateway.kernels.quant_gemm import (
     fp8_scaled_mm,
     scaled_mm_supported,
 )
-from omni_gateway.kernels.quant_gemv import launch_gemv, prepare_device
+from omni_gateway.kernels.quant_gemv import launch_gemv, prepare_device, split_locks
 from omni_gateway.kernels.quant_reference import FP8_BLOCK, FP8_DTYPE
 from omni_gateway.kernels.quant_tuning import FP8_BLOCKWISE, FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig, tuned_config
 from omni_gateway.kernels.row_fusion import RowFusion
@@ -62,6 +64,7 @@ def _run(
     group: int,
     config: QuantLinearConfig | None,
     gemm_config: GemmConfig | None,
+    row_tile: int = 1,
 ) -> torch.Tensor:
     m = x.shape[0]
     if m == 0:
@@ -70,12 +73,16 @@ def _run(
     dot_fp32 = x.dtype == torch.float32 or interpreting()
     config = config or tuned_config(fmt, m, n, k)
     if m <= config.max_dot_rows:
-        return launch_gemv(x, weight, scale, zeros, bias, n, k, fmt, group, config, dot_fp32=dot_fp32)
+        return launch_gemv(
+            x, weight, scale, zeros, bias, n, k, fmt, group, config, dot_fp32=dot_fp32, row_tile=row_tile
+        )
     if fmt == FP8_CHANNEL and config.scaled_mm and not interpreting() and scaled_mm_supported(x, n, k):
         return fp8_scaled_mm(x, weight, scale, bias)
     if gemm_config is None and m > DEQUANT_GEMM_MAX_ROWS:
-        return dequant_linear(x, weight, scale, zeros, bias, n, k, fmt, group)
-    return dequant_gemm(x, weight, scale, zeros, bias, n, k, fmt, group, config=gemm_config, dot_fp32=dot_fp32)
+        return dequant_linear(x, weight, scale, zeros, bias, n, k, fmt, group, row_tile=row_tile)
+    return dequant_gemm(
+        x, weight, scale, zeros, bias, n, k, fmt, group, config=gemm_config, dot_fp32=dot_fp32, row_tile=row_tile
+    )
 
 
 def fp8_linear(
@@ -139,10 +146,20 @@ def fp8_row_linear(
     )
 
 
-def _check_int4(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> tuple[int, int, int]:
-    """``(N, K, group)`` of a packed int4 weight, its scales and zero points."""
-    check_tensor("packed", packed, ndim=2, dtypes=(torch.uint8,))
-    n, k = packed.shape[0], packed.shape[1] * 2
+def _check_int4(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> tuple[int, int, int, int]:
+    """``(N, K, group, row tile)`` of a packed int4 weight in either layout (kernels/quant_reference.py;
+    the row tile of the row layout is 1), its scales and zero points."""
+    ndim = packed.dim() if isinstance(packed, torch.Tensor) else 2  # check_tensor names what a non-tensor is
+    if ndim not in (2, 4):
+        raise ValueError(
+            f"packed: expected rows [N, K / 2] or row tiles [N / T, K / G, T, G / 2], got shape {tuple(packed.shape)}"
+        )
+    check_tensor("packed", packed, ndim=ndim, dtypes=(torch.uint8,))
+    tiled = ndim == 4
+    if tiled:
+        n, k, row_tile = packed.shape[0] * packed.shape[2], packed.shape[1] * packed.shape[3] * 2, packed.shape[2]
+    else:
+        n, k, row_tile = packed.shape[0], packed.shape[1] * 2, 1
     check_tensor("scales", scales, ndim=2, dtypes=FLOAT_DTYPES, device=packed.device)
     check_tensor("zeros", zeros, ndim=2, dtypes=(torch.uint8,), device=packed.device)
     if scales.shape[0] != n or scales.shape[1] == 0 or k % scales.shape[1]:
@@ -152,7 +169,12 @@ def _check_int4(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor)
     group = k // scales.shape[1]
     if group < 16 or group & (group - 1):
         raise ValueError(f"int4_linear: group size must be a power of two >= 16, got {group}")
-    return n, k, group
+    if tiled and packed.shape[3] * 2 != group:
+        raise ValueError(
+            f"packed: expected row tiles of {group // 2} bytes a row (the scales' group of {group}), got shape "
+            f"{tuple(packed.shape)}"
+        )
+    return n, k, group, row_tile
 
 
 def int4_linear(
@@ -166,11 +188,18 @@ def int4_linear(
     gemm_config: GemmConfig | None = None,
 ) -> torch.Tensor:
     """``x @ dequantize_int4(packed, scales, zeros).T (+ bias)`` for x ``[M, K]``, packed uint8
-    ``[N, K / 2]``, scales ``[N, K / G]`` (any float dtype) and zeros uint8 ``[N, K / G]``; G is a
-    power of two of at least 16 (128 in AWQ/GPTQ checkpoints)."""
-    n, k, group = _check_int4(packed, scales, zeros)
+    ``[N, K / 2]`` (rows) or ``[N / T, K / G, T, G / 2]`` (row tiles), scales ``[N, K / G]`` (any float
+    dtype) and zeros uint8 ``[N, K / G]``; G is a power of two of at least 16 (128 in AWQ/GPTQ
+    checkpoints)."""
+    n, k, group, row_tile = _check_int4(packed, scales, zeros)
     x = _check_x(x, packed, k, n, bias)
-    return _run(x, packed, scales, zeros, bias, n, k, INT4_GROUPED, group, config, gemm_config)
+    if x.shape[0] == 1 and config is None and int4_fragments.supported(x, packed, group, gated=False):
+        out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+        locks = split_locks(x.device, n // int4_fragments.BLOCK_N)
+        return int4_fragments.launch(
+            x, packed, scales, zeros, bias, out, locks, norm_weight=None, eps=0.0, residual=None, gated=False
+        )
+    return _run(x, packed, scales, zeros, bias, n, k, INT4_GROUPED, group, config, gemm_config, row_tile)
 
 
 def int4_row_linear(
@@ -188,11 +217,32 @@ def int4_row_linear(
     config: QuantLinearConfig | None = None,
 ) -> torch.Tensor:
     """One row of ``int4_linear`` with the batch-1 decode fusions of kernels/row_fusion.py; returns
-    ``[1, N]`` (``[1, N / 2]`` gated) in ``out_dtype`` (default x's)."""
-    n, k, group = _check_int4(packed, scales, zeros)
+    ``[1, N]`` (``[1, N / 2]`` gated) in ``out_dtype`` (default x's). Tiled bfloat16 rows in groups of 128
+    run on the tensor cores (kernels/int4_fragments.py) unless a ``config`` asks for the CUDA-core planes."""
+    n, k, group, row_tile = _check_int4(packed, scales, zeros)
     x = _check_x(x, packed, k, n, bias)
     fusion = RowFusion.of(
         x, n, k, norm_weight=norm_weight, eps=eps, residual=residual, gated=gated, out_dtype=out_dtype
     )
+    if config is None and int4_fragments.supported(x, packed, group, gated):
+        out = torch.empty(1, fusion.features, dtype=fusion.out_dtype, device=x.device)
+        locks = split_locks(x.device, n // int4_fragments.BLOCK_N)
+        return int4_fragments.launch(
+            x, packed, scales, zeros, bias, out, locks, norm_weight=norm_weight, eps=eps, residual=residual, gated=gated
+        )
     config = config or tuned_config(INT4_GROUPED, 1, n, k)
-    return launch_gemv(x, packed, scales, zeros, bias, n, k, INT4_GROUPED, group, config, dot_fp32=False, fusion=fusion)
+    return launch_gemv(
+        x,
+        packed,
+        scales,
+        zeros,
+        bias,
+        n,
+        k,
+        INT4_GROUPED,
+        group,
+        config,
+        dot_fp32=False,
+        fusion=fusion,
+        row_tile=row_tile,
+    )

@@ -11,7 +11,14 @@ Formats (weights are ``[N, K]``, output features by input features, like ``F.lin
   low nibble of byte ``j`` and ``2j + 1`` in the high one; ``scales`` ``[N, K / group_size]`` in the
   activation dtype; ``zeros`` uint8 ``[N, K / group_size]`` (0..15);
   ``w[n, k] = (q[n, k] - zeros[n, g]) * scales[n, g]`` with ``g = k // group_size``.
-  AWQ and GPTQ checkpoints are repacked into this one layout at load.
+  AWQ and GPTQ checkpoints are repacked into this layout at load.
+- int4 in row tiles: the same bytes as uint8 ``[N / T, K / G, T, G / 2]`` (G the group size), element
+  ``[i, g, r, b]`` being the row layout's ``packed[i * T + r, g * G / 2 + b]``: one group's bytes of T
+  consecutive rows lie in one run of memory, which a block of rows read a group at a time streams.
+  ``tile_int4`` and ``untile_int4`` convert; scales and zeros keep their ``[N, K / G]`` layout. The
+  layout describes itself: a 2-D ``packed`` holds rows (T = 1), a 4-D one tiles of ``T = shape[2]``
+  rows and groups of ``G = 2 * shape[3]``. ``dequantize_int4`` and ``int4_linear`` take either;
+  ``pack_int4`` and ``unpack_int4`` speak the row layout.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import torch.nn.functional as F
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP8_BLOCK = 128  # the block edge of per-block FP8 scales (DeepSeek/vLLM's [128, 128])
+# Rows of an int4 tile on the GPU: 64 rows of a 128-wide group are 4 KB in one run.
+INT4_ROW_TILE = 64
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -116,11 +125,44 @@ def quantize_int4(
     return pack_int4(q), scales.to(weight.dtype), zeros.to(torch.uint8)
 
 
+def tile_int4(packed: torch.Tensor, group_size: int, rows: int = INT4_ROW_TILE) -> torch.Tensor:
+    """Row layout ``[N, K / 2]`` -> row tiles ``[N / rows, K / group_size, rows, group_size / 2]``."""
+    if packed.dim() != 2:
+        raise ValueError(f"tile_int4: expected the row layout [N, K / 2], got shape {tuple(packed.shape)}")
+    n, k = packed.shape[0], packed.shape[1] * 2
+    if rows < 1 or group_size < 2 or group_size % 2:
+        raise ValueError(f"tile_int4: expected rows >= 1 and an even group_size, got {rows} and {group_size}")
+    if n % rows or k % group_size:
+        raise ValueError(
+            f"tile_int4: expected out_features a multiple of {rows} rows and in_features a multiple of "
+            f"group_size {group_size}, got [N, K] = [{n}, {k}]"
+        )
+    return packed.view(n // rows, rows, k // group_size, group_size // 2).transpose(1, 2).contiguous()
+
+
+def untile_int4(packed: torch.Tensor) -> torch.Tensor:
+    """Row tiles -> the row layout ``[N, K / 2]``; a 2-D (row layout) ``packed`` is returned as is."""
+    if packed.dim() == 2:
+        return packed
+    if packed.dim() != 4:
+        raise ValueError(
+            f"untile_int4: expected [N / T, K / G, T, G / 2] or [N, K / 2], got shape {tuple(packed.shape)}"
+        )
+    tiles, groups, rows, group_bytes = packed.shape
+    return packed.transpose(1, 2).reshape(tiles * rows, groups * group_bytes)
+
+
 def dequantize_int4(
     packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    q = unpack_int4(packed).float()
+    """The ``[N, K]`` weight in ``dtype``, from either int4 layout."""
+    q = unpack_int4(untile_int4(packed)).float()
     group_size = q.shape[1] // scales.shape[1]
+    if packed.dim() == 4 and packed.shape[3] * 2 != group_size:
+        raise ValueError(
+            f"dequantize_int4: row tiles of {packed.shape[3] * 2} weights a row (shape {tuple(packed.shape)}) "
+            f"do not match the scales' group of {group_size}"
+        )
     z = zeros.float().repeat_interleave(group_size, dim=1)
     s = scales.float().repeat_interleave(group_size, dim=1)
     return ((q - z) * s).to(dtype)
@@ -133,5 +175,5 @@ def int4_linear(
     zeros: torch.Tensor,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x @ dequantize_int4(packed, scales, zeros).T (+ bias)`` in x's dtype."""
+    """``x @ dequantize_int4(packed, scales, zeros).T (+ bias)`` in x's dtype, ``packed`` in either layout."""
     return F.linear(x, dequantize_int4(packed, scales, zeros, x.dtype), bias)

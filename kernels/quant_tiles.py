@@ -19,6 +19,10 @@ weight format:
 - ``dot_tile``, 2+ rows: the ``[block_n, SUB]`` tile of unscaled weights for ``tl.dot`` (the raw FP8 value,
   or int4's ``1 + q / 16``, both exact in 16-bit floats), the scale of its partial sums and int4's offset,
   ``1 + zero / 16`` times the activations' sum.
+
+Both int4 layouts (rows, and tiles of ``ROW_TILE`` rows: kernels/quant_reference.py) are read through one
+address formula that splits into a part per output feature (``int4_row_start``) and a part per input
+feature (``int4_k_offset``); the second holds within one scale group, which every read lies inside.
 """
 
 from __future__ import annotations
@@ -34,16 +38,45 @@ PLANE_SHIFT = tl.constexpr(64)
 
 
 @triton.jit
-def int4_words(w_rows, col_ok, kb, K, EVEN: tl.constexpr, SUB: tl.constexpr):
-    """The [block_n, SUB / 8] int4 words at input feature ``kb`` of the weight rows ``w_rows`` (the one-row
-    planes' and ``dot_tile``'s), read once (evict first); rows outside ``col_ok`` and words past ``K`` read
-    as zeros."""
+def int4_row_start(cols, K, GROUP: tl.constexpr, ROW_TILE: tl.constexpr, PER: tl.constexpr):
+    """The int64 offsets [block_n] of output features ``cols``' first weights, in units of ``PER`` weights
+    (8: int32 words, 2: bytes), in the int4 layout of ``ROW_TILE`` rows a tile (1: the row layout). With
+    ``T = ROW_TILE`` and ``GU = GROUP / PER`` units a group, row n starts at ``(n // T) * T * K / PER +
+    (n % T) * GU``, to which ``int4_k_offset`` adds the input features' part."""
+    if ROW_TILE == 1:
+        start = cols.to(tl.int64) * (K // PER)
+    else:
+        start = (cols // ROW_TILE).to(tl.int64) * (ROW_TILE * (K // PER)) + (cols % ROW_TILE) * (GROUP // PER)
+    return start
+
+
+@triton.jit
+def int4_k_offset(kb, GROUP: tl.constexpr, ROW_TILE: tl.constexpr, PER: tl.constexpr):
+    """The part of the int4 address that input feature ``kb`` (a multiple of ``PER``) adds to
+    ``int4_row_start``'s, in units of ``PER`` weights: ``(kb // GROUP) * T * GU + (kb % GROUP) / PER``.
+    The units after it are contiguous only up to the end of kb's group: a read must not cross one."""
+    if ROW_TILE == 1:
+        offset = kb // PER
+    else:
+        offset = (kb // GROUP) * (ROW_TILE * (GROUP // PER)) + (kb % GROUP) // PER
+    return offset
+
+
+@triton.jit
+def int4_words(
+    w_rows, col_ok, kb, K, EVEN: tl.constexpr, SUB: tl.constexpr, GROUP: tl.constexpr = 0, ROW_TILE: tl.constexpr = 1
+):
+    """The [block_n, SUB / 8] int4 words at input feature ``kb`` (``SUB`` features inside one group) of
+    the weight rows ``w_rows`` (the words' pointer plus ``int4_row_start``; ``GROUP`` matters only to
+    tiles), the one-row planes' and ``dot_tile``'s, read once (evict first); rows outside ``col_ok`` and
+    words past ``K`` read as zeros."""
     words_k = kb // 8 + tl.arange(0, SUB // 8)
+    ptrs = w_rows + (int4_k_offset(kb, GROUP, ROW_TILE, 8) + tl.arange(0, SUB // 8))[None, :]
     if EVEN:
-        words = tl.load(w_rows + words_k[None, :], eviction_policy="evict_first")
+        words = tl.load(ptrs, eviction_policy="evict_first")
     else:
         ok = col_ok[:, None] & (words_k < K // 8)[None, :]
-        words = tl.load(w_rows + words_k[None, :], mask=ok, other=0, eviction_policy="evict_first")
+        words = tl.load(ptrs, mask=ok, other=0, eviction_policy="evict_first")
     return words
 
 
@@ -135,9 +168,11 @@ def dot_tile(
     FORMAT: tl.constexpr,
     GROUP: tl.constexpr,
     SUB: tl.constexpr,
+    ROW_TILE: tl.constexpr = 1,
 ):
     """The ``[block_n, SUB]`` tile at ``kb`` of unscaled weights in the dtype of ``like``, the per-feature
-    scale of its partial sums, and (int4) the offset to take off them per unit of the activations' sum:
+    scale of its partial sums, and (int4) the offset to take off them per unit of the activations' sum
+    (int4 weights in tiles of ``ROW_TILE`` rows, 1 for the row layout):
 
     - FP8: the raw value, exact in 16-bit floats; offset 0.
     - int4: ``1 + q / 16`` (exact in bfloat16) with offset ``1 + zero / 16`` and the scale times 16, its
@@ -150,7 +185,8 @@ def dot_tile(
       nibble at the bottom of the mantissa of 128.0 gave 8 times that).
     """
     if FORMAT == 2:
-        words = int4_words(w_ptr + cols.to(tl.int64)[:, None] * (K // 8), col_ok, kb, K, EVEN, SUB)
+        w_rows = w_ptr + int4_row_start(cols, K, GROUP, ROW_TILE, 8)[:, None]
+        words = int4_words(w_rows, col_ok, kb, K, EVEN, SUB, GROUP, ROW_TILE)
         g = cols * (K // GROUP) + kb // GROUP
         if EVEN:
             zero = tl.load(z_ptr + g).to(tl.float32)

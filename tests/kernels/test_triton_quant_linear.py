@@ -25,6 +25,11 @@ def _expected(x: torch.Tensor, dequantized: torch.Tensor, bias: torch.Tensor | N
     return out if bias is None else out + bias.double()
 
 
+def _laid_out(packed: torch.Tensor, group: int, tile: int) -> torch.Tensor:
+    """``packed`` in row tiles of ``tile`` rows, or as rows for a tile of 1."""
+    return packed if tile == 1 else qref.tile_int4(packed, group, tile)
+
+
 _SMALL = QuantLinearConfig(block_n=16, block_k=32, stages=1)
 # Four programs share each output block; the last to finish adds the partial sums.
 _SPLIT = QuantLinearConfig(block_n=16, block_k=32, stages=1, split_k=4)
@@ -59,11 +64,21 @@ def test_fp8_matches_reference(device, dtype, rows, n, k, config, blockwise, rel
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2, 8])
-@pytest.mark.parametrize("n,k,group", [(32, 256, 128), (40, 192, 64), (64, 512, 128)])
-def test_int4_matches_reference(device, dtype, rows, n, k, group, rel_err, tolerance):
+@pytest.mark.parametrize(
+    "n,k,group,tile",
+    [
+        (32, 256, 128, 1),
+        (40, 192, 64, 1),
+        (64, 512, 128, 1),
+        (40, 128, 64, 8),  # row tiles: two in a block of 16 features, the last block ragged
+        (64, 128, 32, 64),  # one tile over several blocks of features
+    ],
+)
+def test_int4_matches_reference(device, dtype, rows, n, k, group, tile, rel_err, tolerance):
     w, x, bias = _data(n, k, rows, dtype, device, n + k + rows)
     packed, scales, zeros = (t.to(device) for t in qref.quantize_int4(w.to(dtype), group))
-    deq = qref.dequantize_int4(packed, scales, zeros)
+    deq = qref.dequantize_int4(packed, scales, zeros)  # from the row layout
+    packed = _laid_out(packed, group, tile)
     for b, config in ((None, _SMALL), (bias, None), (bias, _SPLIT)):
         out = int4_linear(x, packed, scales, zeros, b, config=config)
         assert out.shape == (rows, n) and out.dtype == dtype
@@ -90,7 +105,10 @@ def test_many_rows_run_the_dequantizing_gemm(device, rows, dtype, rel_err, toler
     x = x[:, :128]
     packed, scales, zeros = (t.to(device) for t in qref.quantize_int4(w.to(dtype), 64))
     expected = _expected(x, qref.dequantize_int4(packed, scales, zeros), bias)
-    assert rel_err(int4_linear(x, packed, scales, zeros, bias, gemm_config=_SMALL_GEMM), expected) < tolerance[dtype]
+    # row tiles of 24 rows: not a power of two, and straddling the GEMM's blocks of 32 features
+    for tile in (1, 24):
+        out = int4_linear(x, _laid_out(packed, 64, tile), scales, zeros, bias, gemm_config=_SMALL_GEMM)
+        assert rel_err(out, expected) < tolerance[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -103,7 +121,8 @@ def test_prefill_rows_dequantize_once_then_matmul(device, dtype, rel_err, tolera
         assert rel_err(out, _expected(x, qref.dequantize_fp8(q, scale), bias)) < tolerance[dtype]
     packed, scales, zeros = (t.to(device) for t in qref.quantize_int4(w.to(dtype), 64))
     expected = _expected(x, qref.dequantize_int4(packed, scales, zeros), bias)
-    assert rel_err(int4_linear(x, packed, scales, zeros, bias), expected) < tolerance[dtype]
+    for tile in (1, 8):  # the scratch weight is row-major whatever the layout
+        assert rel_err(int4_linear(x, _laid_out(packed, 64, tile), scales, zeros, bias), expected) < tolerance[dtype]
 
 
 def test_max_dot_rows_moves_the_switch_to_the_gemm(device, rel_err):
@@ -182,6 +201,31 @@ def test_quantizers_round_trip():
     assert (sym_zeros == 8).all()
 
 
+def test_int4_row_tiles_hold_each_groups_rows_together():
+    gen = torch.Generator().manual_seed(4)
+    packed = torch.randint(0, 256, (128, 256), dtype=torch.uint8, generator=gen)  # N = 128, K = 512
+    tiles = qref.tile_int4(packed, 128)
+    assert tiles.shape == (2, 4, qref.INT4_ROW_TILE, 64) and tiles.is_contiguous()
+    # [i, g, r, b] is row i * T + r, byte g * G / 2 + b of the row layout
+    i, g, r, b = torch.meshgrid(*(torch.arange(d) for d in tiles.shape), indexing="ij")
+    assert torch.equal(tiles, packed[i * 64 + r, g * 64 + b])
+    # tile (1, 2), rows 64-127 of group 2, is one run of 4 KB
+    assert torch.equal(tiles.flatten()[6 * 4096 : 7 * 4096].view(64, 64), packed[64:, 128:192])
+    assert torch.equal(qref.untile_int4(tiles), packed) and qref.untile_int4(packed) is packed
+    assert torch.equal(qref.untile_int4(qref.tile_int4(packed, 16, 8)), packed)
+    scales = torch.rand(128, 4, generator=gen) + 0.5
+    zeros = torch.randint(0, 16, (128, 4), dtype=torch.uint8, generator=gen)
+    assert torch.equal(qref.dequantize_int4(tiles, scales, zeros), qref.dequantize_int4(packed, scales, zeros))
+    with pytest.raises(ValueError, match=r"multiple of 64 rows and .* got \[N, K\] = \[40, 512\]"):
+        qref.tile_int4(packed[:40], 128)
+    with pytest.raises(ValueError, match=r"multiple of group_size 96, got \[N, K\] = \[128, 512\]"):
+        qref.tile_int4(packed, 96)
+    with pytest.raises(ValueError, match=r"expected the row layout \[N, K / 2\], got shape \(2, 4, 64, 64\)"):
+        qref.tile_int4(tiles, 128)
+    with pytest.raises(ValueError, match="row tiles of 64 weights a row .* do not match the scales' group of 128"):
+        qref.dequantize_int4(qref.tile_int4(packed, 64), scales, zeros)
+
+
 def test_rejects_bad_inputs(device):
     q = torch.zeros(32, 128, device=device).to(qref.FP8_DTYPE)
     x = torch.zeros(1, 128, device=device)
@@ -200,6 +244,14 @@ def test_rejects_bad_inputs(device):
         int4_linear(x, packed, torch.ones(32, 3, device=device), torch.zeros(32, 3, dtype=torch.uint8, device=device))
     with pytest.raises(ValueError, match="group size"):  # 128 / 16 = 8 elements per group
         int4_linear(x, packed, torch.ones(32, 16, device=device), torch.zeros(32, 16, dtype=torch.uint8, device=device))
+    scales, zeros = torch.ones(32, 2, device=device), torch.zeros(32, 2, dtype=torch.uint8, device=device)
+    with pytest.raises(ValueError, match=r"packed: expected rows \[N, K / 2\] or row tiles .* got shape \(2, 16, 64\)"):
+        int4_linear(x, packed.view(2, 16, 64), scales, zeros)
+    tiles = qref.tile_int4(packed, 32, 16)  # [2, 4, 16, 16]: groups of 32, where the scales say 64
+    with pytest.raises(ValueError, match=r"row tiles of 32 bytes a row \(the scales' group of 64\), got shape"):
+        int4_linear(x, tiles, scales, zeros)
+    with pytest.raises(ValueError, match=r"scales: expected \[32, K / group\]"):  # 2 tiles of 16 rows
+        int4_linear(x, tiles, torch.ones(64, 4, device=device), torch.zeros(64, 4, dtype=torch.uint8, device=device))
     with pytest.raises(ValueError, match=">= 16"):
         fp8_linear(
             torch.zeros(2, 128, device=device), q, torch.ones(32, device=device), config=QuantLinearConfig(block_n=8)

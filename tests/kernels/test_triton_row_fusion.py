@@ -96,40 +96,50 @@ def test_fp8_row_linear_matches_twin(device, norm, residual, gated, f32_out, n, 
 
 @pytest.mark.parametrize("norm,residual,gated,f32_out", FUSIONS)
 @pytest.mark.parametrize(
-    "n,k,group,config",
+    "n,k,group,tile,config",
     [
-        (32, 256, 64, QuantLinearConfig(block_n=8, block_k=128, stages=2)),
+        (32, 256, 64, 1, QuantLinearConfig(block_n=8, block_k=128, stages=2)),
         # ragged features and reduction, two sub-tiles a step, the reduction split
-        (40, 320, 32, QuantLinearConfig(block_n=16, block_k=64, stages=1, split_k=4)),
+        (40, 320, 32, 1, QuantLinearConfig(block_n=16, block_k=64, stages=1, split_k=4)),
+        # row tiles of 16 rows, two blocks of features each (a gated block spans two tiles)
+        (32, 128, 32, 16, QuantLinearConfig(block_n=8, block_k=64, stages=1)),
     ],
 )
-def test_int4_row_linear_matches_twin(device, norm, residual, gated, f32_out, n, k, group, config, rel_err):
+def test_int4_row_linear_matches_twin(device, norm, residual, gated, f32_out, n, k, group, tile, config, rel_err):
     dtype = torch.bfloat16
     gen, x, bias, gamma, res = _operands(n, k, dtype, device, norm, residual, gated)
     packed, scales, zeros = (t.to(device) for t in qref.quantize_int4(torch.randn(n, k, generator=gen), group))
+    weight = qref.dequantize_int4(packed, scales, zeros, torch.float32)  # from the row layout
+    if tile > 1:
+        packed = qref.tile_int4(packed, group, tile)
     out_dtype = torch.float32 if f32_out else None
     kwargs = dict(norm_weight=gamma, eps=1e-5, residual=res, gated=gated, out_dtype=out_dtype)
     out = int4_row_linear(x, packed, scales, zeros, bias, config=config, **kwargs)
-    weight = qref.dequantize_int4(packed, scales, zeros, torch.float32)
     expected = ref.row_linear(x, weight, bias, **kwargs)
     assert out.shape == expected.shape and out.dtype == expected.dtype
     assert rel_err(out, expected) < 3e-2
 
 
+@pytest.mark.parametrize("tile", [1, 8], ids=["rows", "tiles"])
 @pytest.mark.parametrize("magnitude", [1.0, 2.0**-30, 2.0**30])
 @pytest.mark.parametrize("rows", [1, 2], ids=["planes", "tensor-cores"])
-def test_int4_products_are_exact(device, rel_err, rows, magnitude):
+def test_int4_products_are_exact(device, rel_err, rows, magnitude, tile):
     """Every nibble value against every zero point, float32 throughout: the de-quantized products are
     exact, so the kernel meets the float64 product to float32 rounding (on the tensor cores of 2+ rows,
     plus the rounding of the ``1 + zero / 16`` offset's share of the sums). The planes scale the
     activations by up to 2^64 and keep their sums in units of 2^-85: tiny and huge rows stay exact too."""
     k = 256
-    q = torch.arange(32 * k).reshape(32, k) % 16
+    # each aligned run of 16 features holds every nibble, shifted per run and per row so that reading
+    # another row's or another run's words gives other weights
+    feature, row = torch.arange(k)[None, :], torch.arange(32)[:, None]
+    q = (feature + 7 * (feature // 16) + 3 * row) % 16
     zeros = (torch.arange(32 * (k // 32)).reshape(32, k // 32) * 7 % 16).to(torch.uint8)
     scales = torch.rand(32, k // 32, generator=torch.Generator().manual_seed(1)) + 0.5
     packed = qref.pack_int4(q.to(torch.uint8))
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(2)) * magnitude
     weight = qref.dequantize_int4(packed, scales, zeros, torch.float64)
+    if tile > 1:  # tiles of 8 rows: two in each block of 16 features
+        packed = qref.tile_int4(packed, 32, tile)
     config = QuantLinearConfig(block_n=16, block_k=128)
     operands = (x.to(device), packed.to(device), scales.to(device), zeros.to(device))
     out = int4_row_linear(*operands, config=config) if rows == 1 else int4_linear(*operands, config=config)
