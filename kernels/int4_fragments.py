@@ -63,7 +63,6 @@ class Layouts(NamedTuple):
     tile: Any  # [block_n, 16 words, 8 nibbles], each element where its operand slot lives
     words: Any  # [block_n, 16 words]: lane c holds words 4c .. 4c + 3 of its rows
     flat: Any  # one value a thread, for the epilogue
-    wide: Any  # eight contiguous values a thread, for the norm's pass over the row
 
     def loop_kwargs(self) -> dict[str, Any]:
         """The layouts a kernel's group loop takes (``group_product``), by their constexpr names."""
@@ -108,7 +107,6 @@ def layouts(block_n: int, warps: int) -> Layouts:
         tile,
         words,
         gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[warps], order=[0]),
-        gl.BlockedLayout(size_per_thread=[8], threads_per_warp=[32], warps_per_cta=[warps], order=[0]),
     )
 
 
@@ -173,14 +171,12 @@ def _epilogue(
 
 
 @gluon.jit
-def _row_norm(x_ptr, K, eps, WIDE: gl.constexpr, NORM: gl.constexpr):
-    """RMSNorm's ``rsqrt(mean(x^2) + eps)`` over the whole row (1.0 without the norm). It runs in the last
-    program, on the kernel's critical path: wide steps keep the L2 round trips few (4 at K = 4096)."""
+def _row_norm(x_ptr, K, eps, FLAT: gl.constexpr, NORM: gl.constexpr):
+    """RMSNorm's ``rsqrt(mean(x^2) + eps)`` over the whole row (1.0 without the norm)."""
     if NORM:
-        squares = gl.zeros([1024], gl.float32, WIDE)
-        for k0 in range(0, K, 1024):
-            ks = k0 + gl.arange(0, 1024, layout=WIDE)
-            x = gl.load(x_ptr + ks, mask=ks < K, other=0.0).to(gl.float32)
+        squares = gl.zeros([_GROUP], gl.float32, FLAT)
+        for k0 in range(0, K, _GROUP):
+            x = gl.load(x_ptr + k0 + gl.arange(0, _GROUP, layout=FLAT)).to(gl.float32)
             squares += x * x
         return gl.rsqrt(gl.sum(squares, 0) / K + eps)
     return 1.0
@@ -241,7 +237,6 @@ def _fragments_kernel(
     TILE: gl.constexpr,
     WORDS: gl.constexpr,
     FLAT: gl.constexpr,
-    WIDE: gl.constexpr,
     DEQUANT_ASM: gl.constexpr,
     BLOCK_N: gl.constexpr,
     SPLIT: gl.constexpr,
@@ -282,7 +277,7 @@ def _fragments_kernel(
     if last:
         if SPLIT > 1:
             gl.atomic_xchg(lock_ptr + pid_n, 0)  # ready for the next launch
-        norm_scale = _row_norm(x_ptr, K, eps, WIDE, NORM)
+        norm_scale = _row_norm(x_ptr, K, eps, FLAT, NORM)
         _epilogue(
             x_ptr, bias_ptr, out_ptr, part_ptr, norm_scale, res_ptr, pid_n, N, FLAT, BLOCK_N, SPLIT, HAS_BIAS,
             RESIDUAL, GATED,
@@ -350,7 +345,6 @@ def launch(
         eps,
         **lay.loop_kwargs(),
         FLAT=lay.flat,
-        WIDE=lay.wide,
         DEQUANT_ASM=DEQUANT,
         BLOCK_N=BLOCK_N,
         SPLIT=split,
