@@ -284,16 +284,13 @@ def _fragments_kernel(
         )  # fmt: skip
 
 
-def supported(x: torch.Tensor, packed: torch.Tensor, group: int, gated: bool) -> bool:
+def supported(x: torch.Tensor, packed: torch.Tensor, group: int) -> bool:
     """Whether ``launch`` takes this one-row int4 product: bfloat16 activations on sm_90+, groups of 128,
-    words in ``ROW_TILE``-row tiles, whole programs (``BLOCK_N`` rows; gated, half of them per half)."""
+    words in ``ROW_TILE``-row tiles. Whole tiles make whole programs: ``BLOCK_N`` divides ``ROW_TILE``, and
+    gated, ``BLOCK_N / 2`` divides ``N / 2``."""
     if not ENABLED or x.device.type != "cuda" or x.dtype != torch.bfloat16 or group != GROUP:
         return False
-    if packed.dim() != 4 or packed.shape[2] != ROW_TILE:
-        return False
-    n = packed.shape[0] * ROW_TILE
-    whole = (n // 2) % (BLOCK_N // 2) == 0 if gated else n % BLOCK_N == 0
-    return whole and _sm90(x.device)
+    return packed.dim() == 4 and packed.shape[2] == ROW_TILE and _sm90(x.device)
 
 
 @functools.cache

@@ -23,7 +23,7 @@ from omni_gateway.kernels.quant_gemm import (
     scaled_mm_supported,
 )
 from omni_gateway.kernels.quant_gemv import launch_gemv, prepare_device, split_locks
-from omni_gateway.kernels.quant_reference import FP8_BLOCK, FP8_DTYPE
+from omni_gateway.kernels.quant_reference import FP8_BLOCK, FP8_DTYPE, int4_layout
 from omni_gateway.kernels.quant_tuning import FP8_BLOCKWISE, FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig, tuned_config
 from omni_gateway.kernels.row_fusion import RowFusion
 from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_tensor, interpreting
@@ -155,11 +155,7 @@ def _check_int4(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor)
             f"packed: expected rows [N, K / 2] or row tiles [N / T, K / G, T, G / 2], got shape {tuple(packed.shape)}"
         )
     check_tensor("packed", packed, ndim=ndim, dtypes=(torch.uint8,))
-    tiled = ndim == 4
-    if tiled:
-        n, k, row_tile = packed.shape[0] * packed.shape[2], packed.shape[1] * packed.shape[3] * 2, packed.shape[2]
-    else:
-        n, k, row_tile = packed.shape[0], packed.shape[1] * 2, 1
+    n, k, row_tile = int4_layout(packed)
     check_tensor("scales", scales, ndim=2, dtypes=FLOAT_DTYPES, device=packed.device)
     check_tensor("zeros", zeros, ndim=2, dtypes=(torch.uint8,), device=packed.device)
     if scales.shape[0] != n or scales.shape[1] == 0 or k % scales.shape[1]:
@@ -169,12 +165,34 @@ def _check_int4(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor)
     group = k // scales.shape[1]
     if group < 16 or group & (group - 1):
         raise ValueError(f"int4_linear: group size must be a power of two >= 16, got {group}")
-    if tiled and packed.shape[3] * 2 != group:
+    if ndim == 4 and packed.shape[3] * 2 != group:
         raise ValueError(
             f"packed: expected row tiles of {group // 2} bytes a row (the scales' group of {group}), got shape "
             f"{tuple(packed.shape)}"
         )
     return n, k, group, row_tile
+
+
+def _int4_fragments(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bias: torch.Tensor | None,
+    features: int,
+    out_dtype: torch.dtype,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+) -> torch.Tensor:
+    """One row on the tensor cores (``int4_fragments.supported``), split over the groups where the device's
+    split-K counters allow."""
+    out = torch.empty(1, features, dtype=out_dtype, device=x.device)
+    locks = split_locks(x.device, scales.shape[0] // int4_fragments.BLOCK_N)
+    return int4_fragments.launch(
+        x, packed, scales, zeros, bias, out, locks, norm_weight=norm_weight, eps=eps, residual=residual, gated=gated
+    )
 
 
 def int4_linear(
@@ -193,12 +211,8 @@ def int4_linear(
     checkpoints)."""
     n, k, group, row_tile = _check_int4(packed, scales, zeros)
     x = _check_x(x, packed, k, n, bias)
-    if x.shape[0] == 1 and config is None and int4_fragments.supported(x, packed, group, gated=False):
-        out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-        locks = split_locks(x.device, n // int4_fragments.BLOCK_N)
-        return int4_fragments.launch(
-            x, packed, scales, zeros, bias, out, locks, norm_weight=None, eps=0.0, residual=None, gated=False
-        )
+    if x.shape[0] == 1 and config is None and int4_fragments.supported(x, packed, group):
+        return _int4_fragments(x, packed, scales, zeros, bias, n, x.dtype)
     return _run(x, packed, scales, zeros, bias, n, k, INT4_GROUPED, group, config, gemm_config, row_tile)
 
 
@@ -224,11 +238,9 @@ def int4_row_linear(
     fusion = RowFusion.of(
         x, n, k, norm_weight=norm_weight, eps=eps, residual=residual, gated=gated, out_dtype=out_dtype
     )
-    if config is None and int4_fragments.supported(x, packed, group, gated):
-        out = torch.empty(1, fusion.features, dtype=fusion.out_dtype, device=x.device)
-        locks = split_locks(x.device, n // int4_fragments.BLOCK_N)
-        return int4_fragments.launch(
-            x, packed, scales, zeros, bias, out, locks, norm_weight=norm_weight, eps=eps, residual=residual, gated=gated
+    if config is None and int4_fragments.supported(x, packed, group):
+        return _int4_fragments(
+            x, packed, scales, zeros, bias, fusion.features, fusion.out_dtype, norm_weight, eps, residual, gated
         )
     config = config or tuned_config(INT4_GROUPED, 1, n, k)
     return launch_gemv(

@@ -140,6 +140,18 @@ def tile_int4(packed: torch.Tensor, group_size: int, rows: int = INT4_ROW_TILE) 
     return packed.view(n // rows, rows, k // group_size, group_size // 2).transpose(1, 2).contiguous()
 
 
+def int4_layout(packed: torch.Tensor) -> tuple[int, int, int]:
+    """``(N, K, T)`` of ``packed`` in either int4 layout: T rows a tile, 1 for the row layout."""
+    if packed.dim() == 4:
+        tiles, groups, rows, group_bytes = packed.shape
+        return tiles * rows, groups * group_bytes * 2, rows
+    if packed.dim() == 2:
+        return packed.shape[0], packed.shape[1] * 2, 1
+    raise ValueError(
+        f"int4 weights: expected rows [N, K / 2] or row tiles [N / T, K / G, T, G / 2], got shape {tuple(packed.shape)}"
+    )
+
+
 def untile_int4(packed: torch.Tensor) -> torch.Tensor:
     """Row tiles -> the row layout ``[N, K / 2]``; a 2-D (row layout) ``packed`` is returned as is."""
     if packed.dim() == 2:

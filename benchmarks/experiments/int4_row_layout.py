@@ -86,11 +86,10 @@ def _layout_kernel(
 
 
 def tiled(words: torch.Tensor, block_n: int) -> torch.Tensor:
-    """``[N, K / 8]`` int4 words reordered so that each ``[block_n, SUB / 8]`` sub-tile is contiguous: the
-    sub-tiles of one block of rows first, in the order of their input features."""
-    n, kw = words.shape
-    blocks = words.view(n // block_n, block_n, kw // (SUB // 8), SUB // 8)
-    return blocks.permute(0, 2, 1, 3).contiguous().view(-1)
+    """``[N, K / 8]`` int4 words in ``quant_reference.tile_int4``'s row tiles of ``block_n`` rows (SUB is one
+    group), flat: each ``[block_n, SUB / 8]`` sub-tile contiguous, the sub-tiles of one block of rows first,
+    in the order of their input features."""
+    return qref.tile_int4(words.view(torch.uint8), SUB, block_n).view(torch.int32).view(-1)
 
 
 def _call(

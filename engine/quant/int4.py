@@ -53,15 +53,12 @@ class Int4Weight:
     @property
     def shape(self) -> torch.Size:
         """``[N, K]``, whatever the layout."""
-        if self.packed.dim() == 4:
-            tiles, groups, rows, group_bytes = self.packed.shape
-            return torch.Size((tiles * rows, groups * group_bytes * 2))
-        return torch.Size((self.packed.shape[0], self.packed.shape[1] * 2))
+        return torch.Size(qref.int4_layout(self.packed)[:2])
 
     @property
     def row_tile(self) -> int:
         """Rows a tile of ``packed``; 1 for the row layout."""
-        return self.packed.shape[2] if self.packed.dim() == 4 else 1
+        return qref.int4_layout(self.packed)[2]
 
     @property
     def group_size(self) -> int:

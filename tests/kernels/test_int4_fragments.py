@@ -123,7 +123,7 @@ def test_fused_row_matches_twin(norm, residual, gated, f32_out, bias, split, rel
     b = torch.randn(n, generator=gen).to(torch.bfloat16).to(dev) if bias else None
     tiled = qref.tile_int4(packed, 128).to(dev)
     x, scales, zeros = x.to(dev), scales.to(dev), zeros.to(dev)
-    assert fragments.supported(x, tiled, 128, gated) and not fragments.supported(x, packed.to(dev), 128, gated)
+    assert fragments.supported(x, tiled, 128) and not fragments.supported(x, packed.to(dev), 128)
     out_dtype = torch.float32 if f32_out else None
     weight = qref.dequantize_int4(packed, scales.cpu(), zeros.cpu(), torch.float32).to(dev)
     expected = ref.row_linear(x, weight, b, out_dtype=out_dtype, **operands)
