@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 from omni_gateway.kernels import int4_fragments
+from omni_gateway.kernels.int4_fragments import NormedRow
 from omni_gateway.kernels.quant_gemm import (
     GemmConfig,
     dequant_gemm,
@@ -185,13 +186,27 @@ def _int4_fragments(
     eps: float = 0.0,
     residual: torch.Tensor | None = None,
     gated: bool = False,
-) -> torch.Tensor:
+    squares: torch.Tensor | None = None,
+    next_norm: torch.Tensor | None = None,
+) -> torch.Tensor | NormedRow:
     """One row on the tensor cores (``int4_fragments.supported``), split over the groups where the device's
     split-K counters allow."""
     out = torch.empty(1, features, dtype=out_dtype, device=x.device)
     locks = split_locks(x.device, scales.shape[0] // int4_fragments.BLOCK_N)
     return int4_fragments.launch(
-        x, packed, scales, zeros, bias, out, locks, norm_weight=norm_weight, eps=eps, residual=residual, gated=gated
+        x,
+        packed,
+        scales,
+        zeros,
+        bias,
+        out,
+        locks,
+        norm_weight=norm_weight,
+        eps=eps,
+        residual=residual,
+        gated=gated,
+        squares=squares,
+        next_norm=next_norm,
     )
 
 
@@ -217,7 +232,7 @@ def int4_linear(
 
 
 def int4_row_linear(
-    x: torch.Tensor,
+    x: torch.Tensor | NormedRow,
     packed: torch.Tensor,
     scales: torch.Tensor,
     zeros: torch.Tensor,
@@ -229,21 +244,36 @@ def int4_row_linear(
     gated: bool = False,
     out_dtype: torch.dtype | None = None,
     config: QuantLinearConfig | None = None,
-) -> torch.Tensor:
+    next_norm: torch.Tensor | None = None,
+) -> torch.Tensor | NormedRow:
     """One row of ``int4_linear`` with the batch-1 decode fusions of kernels/row_fusion.py; returns
     ``[1, N]`` (``[1, N / 2]`` gated) in ``out_dtype`` (default x's). Tiled bfloat16 rows in groups of 128
-    run on the tensor cores (kernels/int4_fragments.py) unless a ``config`` asks for the CUDA-core planes."""
+    run on the tensor cores (kernels/int4_fragments.py) unless a ``config`` asks for the CUDA-core planes.
+
+    With ``next_norm`` it returns an ``int4_fragments.NormedRow``: the output, and (on the tensor cores) the
+    output times ``next_norm`` with its block sums of squares, which the linear normed by ``next_norm``
+    takes as its ``x`` instead of normalizing the row in its loop."""
+    normed = x if isinstance(x, NormedRow) else None
+    if normed is not None:
+        x = normed.hidden
     n, k, group, row_tile = _check_int4(packed, scales, zeros)
     x = _check_x(x, packed, k, n, bias)
     fusion = RowFusion.of(
         x, n, k, norm_weight=norm_weight, eps=eps, residual=residual, gated=gated, out_dtype=out_dtype
     )
+    if next_norm is not None:
+        check_tensor("next_norm", next_norm, ndim=1, dtypes=FLOAT_DTYPES, device=x.device)
+        check_dim("next_norm", next_norm.shape[0], fusion.features, "out_features")
     if config is None and int4_fragments.supported(x, packed, group):
+        squares = None
+        if normed is not None and normed.given_to(norm_weight):
+            x, squares = normed.scaled, normed.squares
         return _int4_fragments(
-            x, packed, scales, zeros, bias, fusion.features, fusion.out_dtype, norm_weight, eps, residual, gated
-        )
+            x, packed, scales, zeros, bias, fusion.features, fusion.out_dtype, norm_weight, eps, residual, gated,
+            squares, next_norm,
+        )  # fmt: skip
     config = config or tuned_config(INT4_GROUPED, 1, n, k)
-    return launch_gemv(
+    out = launch_gemv(
         x,
         packed,
         scales,
@@ -258,3 +288,4 @@ def int4_row_linear(
         fusion=fusion,
         row_tile=row_tile,
     )
+    return out if next_norm is None else NormedRow(out, None, None, next_norm)

@@ -38,7 +38,9 @@ class Linear:
     kernel: Callable[..., torch.Tensor]
     packed: torch.Tensor | None = None
     packed_rows: int = 1
-    row: Callable[..., torch.Tensor] | None = None
+    row: Callable[..., Any] | None = None
+    # ``row`` takes and, given ``next_norm``, returns an ``int4_fragments.NormedRow`` (LlamaModel.NORM_FOLD)
+    folds_norm: bool = False
 
     @classmethod
     def build(
@@ -53,7 +55,9 @@ class Linear:
     ) -> Linear:
         if not isinstance(weight, torch.Tensor):  # a quantized weight (engine/quant) brings its own kernels
             row_kernel = getattr(weight, "row_kernel", None)
-            return cls(weight, bias, weight.kernel(), row=row_kernel() if row_kernel is not None else None)
+            row = row_kernel() if row_kernel is not None else None
+            folds = row is not None and getattr(weight, "folds_norm", False)
+            return cls(weight, bias, weight.kernel(), row=row, folds_norm=folds)
         packed = torch.ops.mkldnn._reorder_linear_weight(weight) if prepack else None
         return cls(weight, bias, kernel, packed, packed_rows, None if prepack else row)
 
@@ -62,8 +66,8 @@ class Linear:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return self.kernel(x, self.weight, self.bias)
 
-    def fused(self, x: torch.Tensor, **fusion: Any) -> torch.Tensor:
+    def fused(self, x: Any, **fusion: Any) -> Any:
         """One row through ``row`` with ``fusion`` (``norm_weight``/``eps``, ``residual``, ``gated``,
-        ``out_dtype``)."""
+        ``out_dtype``, and where ``folds_norm`` ``next_norm``): a ``[1, N]`` tensor, or a ``NormedRow``."""
         assert self.row is not None, "this linear has no fused one-row kernel"
         return self.row(x, self.weight, self.bias, **fusion)

@@ -124,6 +124,11 @@ class LlamaModel:
     # Batch-1 decode steps run their layers through the fused one-row kernels where every linear has
     # one (``_decode_row``). Benchmarks clear this to time the unfused design.
     ROW_FUSION = True
+    # There, where every layer linear's row kernel can (int4 on CUDA), the o and down projections also
+    # write the next RMSNorm's scaled input and sums of squares, so that the normed linears after them
+    # (gate/up, the next layer's qkv) skip that work in their loops (``_decode_row``). Benchmarks clear
+    # this to time the design without it.
+    NORM_FOLD = True
 
     def __init__(
         self,
@@ -231,14 +236,15 @@ class LlamaModel:
         # The LM head is checked apart: a head without the fused kernel (a per-block FP8 one) still takes
         # the layers' fused residual stream, through the separate final norm.
         self.head_fusion = self.row_fusion and isinstance(self.lm_head, Linear) and self.lm_head.row is not None
+        self.norm_fold = self.NORM_FOLD and self.row_fusion and all(lin.folds_norm for lin in self._layer_linears())
 
     def _fuses_rows(self) -> bool:
         if self.parallel.is_parallel or self.fused_cpu_layers:
             return False  # sharded outputs are summed before the residual add; the CPU path fuses its own
-        linears: list[Any] = []
-        for layer in self.layers:
-            linears += [layer.qkv, layer.o, layer.gate_up, layer.down]
-        return all(isinstance(lin, Linear) and lin.row is not None for lin in linears)
+        return all(isinstance(lin, Linear) and lin.row is not None for lin in self._layer_linears())
+
+    def _layer_linears(self) -> list[Any]:
+        return [lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed, QuantizedWeight):
@@ -311,15 +317,23 @@ class LlamaModel:
         inside the linear that reads it, the o and down projections add the residual as they write, and
         the gate/up projection writes the MLP's activation: four linears and the attention per layer."""
         eps = self.shape.rms_norm_eps
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        row: Any = hidden  # the residual stream, or with norm_fold a NormedRow (kernels/int4_fragments.py) of it
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             assert isinstance(layer.qkv, Linear) and isinstance(layer.o, Linear)
             assert isinstance(layer.gate_up, Linear) and isinstance(layer.down, Linear)
-            qkv = layer.qkv.fused(hidden, norm_weight=layer.input_norm, eps=eps)
+            following = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else None
+            qkv = layer.qkv.fused(row, norm_weight=layer.input_norm, eps=eps)
             attn = self._attention(layer, qkv, positions, meta, k_cache, v_cache, rotary_table)
-            hidden = layer.o.fused(attn, residual=hidden)
-            act = layer.gate_up.fused(hidden, norm_weight=layer.post_norm, eps=eps, gated=True)
-            hidden = layer.down.fused(act, residual=hidden)
+            row = layer.o.fused(attn, residual=hidden, **self._folded(layer.post_norm))
+            hidden = getattr(row, "hidden", row)
+            act = layer.gate_up.fused(row, norm_weight=layer.post_norm, eps=eps, gated=True)
+            row = layer.down.fused(act, residual=hidden, **self._folded(following))
+            hidden = getattr(row, "hidden", row)
         return hidden
+
+    def _folded(self, next_norm: torch.Tensor | None) -> dict[str, Any]:
+        """The ``next_norm`` fusion of a residual-adding linear, where the norm fold runs and a norm follows."""
+        return {"next_norm": next_norm} if self.norm_fold and next_norm is not None else {}
 
     def _attention(
         self,

@@ -103,14 +103,20 @@ class Int4Weight:
 
         return run
 
-    def row_kernel(self) -> Callable[..., torch.Tensor] | None:
+    @property
+    def folds_norm(self) -> bool:
+        """Whether ``row_kernel`` takes ``next_norm`` and a ``NormedRow`` (kernels/quant_linear.py
+        ``int4_row_linear``): on CUDA."""
+        return self.packed.device.type == "cuda"
+
+    def row_kernel(self) -> Callable[..., Any] | None:
         """``f(x, this weight, bias, **fusion)``: one row with the batch-1 decode fusions
         (kernels/row_fusion.py); CUDA only."""
         if self.packed.device.type != "cuda":
             return None
         fn = kernel_module(self.packed.device).int4_row_linear
 
-        def run(x: torch.Tensor, w: Int4Weight, bias: torch.Tensor | None, **fusion: Any) -> torch.Tensor:
-            return fn(x, w.packed, w.scales, w.zeros, bias, **fusion)  # type: ignore[no-any-return]
+        def run(x: Any, w: Int4Weight, bias: torch.Tensor | None, **fusion: Any) -> Any:
+            return fn(x, w.packed, w.scales, w.zeros, bias, **fusion)
 
         return run

@@ -138,23 +138,25 @@ def _compressed(strategy: str) -> Any:
     return quantize
 
 
-def _int4(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], name: str, **kw: Any) -> torch.Tensor:
-    packed, scales, zeros = qref.quantize_int4(tensors.pop(name + ".weight").half(), GROUP, **kw)
+def _int4(
+    tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], name: str, group: int = GROUP, **kw: Any
+) -> torch.Tensor:
+    packed, scales, zeros = qref.quantize_int4(tensors.pop(name + ".weight").half(), group, **kw)
     scales = scales.half()
     reference[name + ".weight"] = qref.dequantize_int4(packed, scales, zeros)
     tensors[name + ".scales"] = scales.t().contiguous()
     return packed, zeros
 
 
-def _awq(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, Any]:
+def _awq(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], group: int = GROUP) -> dict[str, Any]:
     for name in _linear_names(tensors):
-        packed, zeros = _int4(tensors, reference, name)
+        packed, zeros = _int4(tensors, reference, name, group)
         order = torch.tensor(_AWQ_ORDER)
         q = qref.unpack_int4(packed).t()  # [K, N]
         tensors[name + ".qweight"] = _pack_words(q.reshape(q.shape[0], -1, 8)[:, :, order].flatten(1))
         z = zeros.t()  # [K / G, N]
         tensors[name + ".qzeros"] = _pack_words(z.reshape(z.shape[0], -1, 8)[:, :, order].flatten(1))
-    return {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True, "version": "gemm"}
+    return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"}
 
 
 def _gptq(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -170,7 +172,7 @@ def _gptq(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) 
 def _write_pair(tmp: Path, kind: str) -> tuple[str, str]:
     """(quantized checkpoint, float32 checkpoint of its de-quantized weights)."""
     config, tensors = _float_model()
-    if kind in ("awq", "gptq"):  # float16 checkpoints: the reference holds the same float16 values
+    if kind in ("awq", "awq-128", "gptq"):  # float16 checkpoints: the reference holds the same float16 values
         tensors = {k: v.half().float() for k, v in tensors.items()}
     reference = dict(tensors)
     quant = {
@@ -180,10 +182,11 @@ def _write_pair(tmp: Path, kind: str) -> tuple[str, str]:
         "ct-block": _compressed("block"),
         "ct-tensor": _compressed("tensor"),
         "awq": _awq,
+        "awq-128": lambda tensors, reference: _awq(tensors, reference, 128),
         "gptq": _gptq,
     }[kind]
     quant_config = quant(tensors, reference)
-    if kind in ("awq", "gptq"):  # these checkpoints are float16
+    if kind in ("awq", "awq-128", "gptq"):  # these checkpoints are float16
         tensors = {k: v.half() if v.is_floating_point() else v for k, v in tensors.items()}
     quantized = _save(tmp / kind, {**config, "quantization_config": quant_config}, tensors)
     return quantized, _save(tmp / f"{kind}-dequantized", config, reference)
@@ -226,6 +229,32 @@ def test_batch_one_decode_runs_the_fused_quantized_rows(tmp_path: Path, kind: st
     for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(*runs):
         assert tokens == ref_tokens
         assert torch.allclose(torch.tensor(logprobs), torch.tensor(ref_logprobs), atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_norm_fold_keeps_the_batch_one_decode(tmp_path: Path) -> None:
+    """bfloat16 int4 in groups of 128: the o and down projections hand the next normed linear its scaled
+    input (``LlamaModel.NORM_FOLD``), and a lone sequence decodes as with every norm inside its reader."""
+    from omni_gateway.engine.models.llama import LlamaModel
+
+    quantized, _ = _write_pair(tmp_path, "awq-128")
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    runs = []
+    for fold in (True, False):
+        LlamaModel.NORM_FOLD = fold
+        try:
+            llm = LLM(model=quantized, device="cuda", dtype="bfloat16", max_model_len=128)
+        finally:
+            LlamaModel.NORM_FOLD = True
+        model = llm.engine.runner.model
+        assert model.row_fusion and model.norm_fold == fold
+        outs = [llm.generate([prompt], params)[0].outputs[0] for prompt in PROMPTS]
+        runs.append([(o.token_ids, [lp.logprob for lp in o.logprobs or []]) for o in outs])
+        del llm
+    for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(*runs):
+        assert tokens == ref_tokens
+        assert torch.allclose(torch.tensor(logprobs), torch.tensor(ref_logprobs), atol=0.05)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -48,7 +48,8 @@ def test_layouts_refuse_rows_the_warps_cannot_share() -> None:
 def test_split_divides_the_groups() -> None:
     from omni_gateway.kernels.int4_fragments import split_for
 
-    assert [split_for(g) for g in (1, 7, 9, 11, 32, 112)] == [1, 7, 3, 1, 8, 8]
+    assert [split_for(g, 128) for g in (1, 7, 9, 11, 32, 48, 64, 112)] == [1, 7, 3, 1, 8, 12, 16, 16]
+    assert split_for(32, 4008) == 1  # the row blocks alone fill the GPU
 
 
 SASS = """
@@ -58,14 +59,18 @@ from omni_gateway.kernels import int4_fragments as fr
 catcher = ks.LaunchCatcher(fr._fragments_kernel)
 fr._fragments_kernel = catcher
 n, k = 256, 2048
-cases = [(False, False, False, False), (True, True, False, True), (False, True, True, False)]
-for gated, norm, residual, bias in cases:
+# (gated, norm, residual, bias, folded): plain; the norm in the loop; the norm folded in, and writing the next
+cases = [(False, False, False, False, False), (True, True, False, True, False), (False, True, True, False, False),
+         (True, True, False, False, True), (False, False, True, False, True)]
+for gated, norm, residual, bias, folded in cases:
     out = torch.zeros(1, n // 2 if gated else n, dtype=torch.bfloat16)
     fr.launch(torch.zeros(1, k, dtype=torch.bfloat16), torch.zeros(n // 64, k // 128, 64, 64, dtype=torch.uint8),
               torch.zeros(n, k // 128, dtype=torch.bfloat16), torch.zeros(n, k // 128, dtype=torch.uint8),
               torch.zeros(n, dtype=torch.bfloat16) if bias else None, out, torch.zeros(64, dtype=torch.int32),
               norm_weight=torch.zeros(k, dtype=torch.bfloat16) if norm else None, eps=1e-5,
-              residual=torch.zeros(1, n, dtype=torch.bfloat16) if residual else None, gated=gated)
+              residual=torch.zeros(1, n, dtype=torch.bfloat16) if residual else None, gated=gated,
+              squares=torch.zeros(k // 32) if folded and norm else None,
+              next_norm=torch.zeros(n, dtype=torch.bfloat16) if folded and residual else None)
 for launch in catcher.launches:
     loop = ks.main_loop(ks.disassemble(ks.compile_sm90(launch)))
     print(json.dumps(collections.Counter(map(ks.opcode, loop))))
@@ -75,13 +80,14 @@ for launch in catcher.launches:
 def test_kernel_keeps_weights_in_registers() -> None:
     """Compiled for sm_90 with each fusion: per group, one tensor-core product per 16 x 8 x 16 and one packed
     subtraction per pair of weights, and nothing through shared memory (the operand's layout is asserted
-    trivial too)."""
+    trivial too). A norm folded into the linear before leaves the loop as lean as no norm at all."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", SASS], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
-    lines = run.stdout.strip().splitlines()[-3:]
-    for line in lines:
-        opcodes = json.loads(line)
+    loops = [json.loads(line) for line in run.stdout.strip().splitlines()[-5:]]
+    plain, in_loop, _, folded, writing = (sum(c.values()) for c in loops)
+    assert folded == writing == plain < in_loop
+    for opcodes in loops:
         weights = 32 * 128 // 64  # a group of the program's 32 rows over its 64 threads
         assert opcodes["HMMA.16816.F32.BF16"] == weights // 8
         assert weights // 2 <= opcodes["HADD2.BF16_V2"] <= weights // 2 + 2  # + the zero points, per row
@@ -104,13 +110,27 @@ FUSIONS = [
 @pytest.mark.parametrize("norm,residual,gated,f32_out,bias", FUSIONS)
 @pytest.mark.parametrize("split", [True, False])
 def test_fused_row_matches_twin(norm, residual, gated, f32_out, bias, split, rel_err) -> None:
+    _check_fused_row(192, 1024, norm, residual, gated, f32_out, bias, split, rel_err)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("norm,residual", [(True, False), (False, True)])
+def test_long_row_splits_sixteen_ways(norm, residual, rel_err) -> None:
+    """64 groups split 16 ways: the norm's sums of squares come from every split."""
+    from omni_gateway.kernels.int4_fragments import split_for
+
+    assert split_for(64, 4) == 16
+    _check_fused_row(128, 8192, norm, residual, False, False, False, True, rel_err)
+
+
+def _check_fused_row(n, k, norm, residual, gated, f32_out, bias, split, rel_err) -> None:
     from omni_gateway.kernels import int4_fragments as fragments
     from omni_gateway.kernels import quant_gemv
     from omni_gateway.kernels.quant_linear import int4_row_linear
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the fragment kernel needs sm_90")
-    n, k = 192, 1024  # three tiles, eight groups: eight splits
     gen, x, packed, scales, zeros = _case(n, k, seed=n + k)
     features = n // 2 if gated else n
     dev = torch.device("cuda")
@@ -138,3 +158,46 @@ def test_fused_row_matches_twin(norm, residual, gated, f32_out, bias, split, rel
     planes = int4_row_linear(x, packed.to(dev), scales, zeros, b, out_dtype=out_dtype, **operands)
     assert rel_err(out, planes) < (3e-2 if gated else 1e-2)
     assert not quant_gemv._locks[x.device][:8].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("gated", [False, True])
+def test_norm_folds_into_the_linear_before(gated, rel_err) -> None:
+    """A residual-adding linear given ``next_norm`` hands the next normed linear its scaled input and squares:
+    exactly the rounding that linear's own loop does, and the same output as normalizing in its loop. Where
+    the writer runs the planes, the row carries no fold and the reader normalizes itself."""
+    from omni_gateway.kernels.int4_fragments import NormedRow
+    from omni_gateway.kernels.quant_linear import int4_row_linear
+    from omni_gateway.kernels.quant_tuning import INT4_GROUPED, tuned_config
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the fragment kernel needs sm_90")
+    dev = torch.device("cuda")
+    k, n = 512, 256  # the writer: k -> n features, split 4 ways; the reader: n -> 384
+    gen, x, packed, scales, zeros = _case(n, k, seed=7)
+    _, _, packed2, scales2, zeros2 = _case(384, n, seed=8)
+    writer = (qref.tile_int4(packed, 128).to(dev), scales.to(dev), zeros.to(dev))
+    reader = (qref.tile_int4(packed2, 128).to(dev), scales2.to(dev), zeros2.to(dev))
+    residual = torch.randn(1, n, generator=gen).to(torch.bfloat16).to(dev)
+    norm = (1 + torch.rand(n, generator=gen)).to(torch.bfloat16).to(dev)
+    x = x.to(dev)
+
+    row = int4_row_linear(x, *writer, residual=residual, next_norm=norm)
+    plain = int4_row_linear(x, *writer, residual=residual)
+    assert isinstance(row, NormedRow) and row.given_to(norm) and not row.given_to(norm.clone())
+    assert torch.equal(row.hidden, plain)
+    assert torch.equal(row.scaled, (plain.float() * norm.float()).to(torch.bfloat16))
+    assert row.squares.shape == (n // 32,)
+    assert rel_err(row.squares.sum(), plain.double().square().sum()) < 1e-5
+
+    folded = int4_row_linear(row, *reader, norm_weight=norm, eps=1e-5, gated=gated)
+    in_loop = int4_row_linear(plain, *reader, norm_weight=norm, eps=1e-5, gated=gated)
+    assert folded.shape == in_loop.shape == (1, 192 if gated else 384)
+    assert rel_err(folded, in_loop) < 1e-2  # one row-scale rounding apart, at most one bf16 ulp
+    assert (folded.float() - in_loop.float()).abs().max() <= in_loop.float().abs().max() * 2**-7
+
+    planes = int4_row_linear(x, *writer, residual=residual, next_norm=norm, config=tuned_config(INT4_GROUPED, 1, n, k))
+    assert isinstance(planes, NormedRow) and planes.scaled is None and not planes.given_to(norm)
+    from_planes = int4_row_linear(planes, *reader, norm_weight=norm, eps=1e-5, gated=gated)
+    assert rel_err(from_planes, in_loop) < 1e-2
