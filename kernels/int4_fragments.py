@@ -35,6 +35,16 @@ import functools
 from typing import Any, NamedTuple
 
 import torch
+from omni_gateway.kernels.int4_row_epilogue import (
+    NORM_GIVEN,
+    NORM_IN_LOOP,
+    NORM_NONE,
+    NormedRow,
+    RotaryWrite,
+    epilogue,
+    rotary_epilogue,
+    row_norm,
+)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -56,9 +66,6 @@ _A_ORDER = gl.constexpr(A_ORDER)
 _X_ORDER = gl.constexpr(X_ORDER)
 _GROUP = gl.constexpr(GROUP)
 _ROW_TILE = gl.constexpr(ROW_TILE)
-# How the kernel meets an RMSNorm before it: none; the norm weight applied to each group's activations and
-# the row's squares summed in the loop; or both done by the linear that wrote the row (``NormedRow``).
-NORM_NONE, NORM_IN_LOOP, NORM_GIVEN = gl.constexpr(0), gl.constexpr(1), gl.constexpr(2)
 DEQUANT = "{ .reg .b32 t; shr.u32 t, $1, $3; lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA; sub.rn.bf16x2 $0, t, $5; }"
 # Every thread's partial sums must be stored before its program's counter moves; the barrier's name
 # changed between Triton releases.
@@ -124,101 +131,26 @@ def layouts(block_n: int, warps: int) -> Layouts:
 
 
 @gluon.jit
-def _rows(pid, N, layout: gl.constexpr, BLOCK_N: gl.constexpr, GATED: gl.constexpr):
-    """The weight rows a program reads; gated, its first half are gate rows ``f``, the second the up rows
-    ``N / 2 + f`` of the same features (kernels/row_fusion.py ``row_columns``)."""
-    r = gl.arange(0, BLOCK_N, layout=layout)
-    if GATED:
-        return pid * (BLOCK_N // 2) + r % (BLOCK_N // 2) + (r // (BLOCK_N // 2)) * (N // 2)
-    return pid * BLOCK_N + r
-
-
-@gluon.jit
-def _finish(total, rows, scale, bias_ptr, act: gl.constexpr, HAS_BIAS: gl.constexpr):
-    """One output's sums, the norm's scale and bias applied, rounded as the unfused layer would."""
-    out = total * scale
-    if HAS_BIAS:
-        out += gl.load(bias_ptr + rows).to(gl.float32)
-    return out.to(act).to(gl.float32)
-
-
-@gluon.jit
-def _sum_parts(part_ptr, rows, N, SPLIT: gl.constexpr):
-    total = gl.load(part_ptr + rows, cache_modifier=".cg")
-    for s in gl.static_range(1, SPLIT):
-        total += gl.load(part_ptr + s * N + rows, cache_modifier=".cg")
-    return total
-
-
-@gluon.jit
-def _epilogue(
-    x_ptr,
-    bias_ptr,
-    out_ptr,
-    part_ptr,
-    norm_scale,
-    res_ptr,
-    next_ptr,
-    scaled_ptr,
-    sq_out_ptr,
+def _rows(
     pid,
     N,
-    FLAT: gl.constexpr,
+    layout: gl.constexpr,
     BLOCK_N: gl.constexpr,
-    SPLIT: gl.constexpr,
-    HAS_BIAS: gl.constexpr,
-    RESIDUAL: gl.constexpr,
     GATED: gl.constexpr,
-    NEXT_NORM: gl.constexpr,
+    ROTARY: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
 ):
-    act: gl.constexpr = x_ptr.dtype.element_ty
+    """The weight rows a program reads; gated, its first half are gate rows ``f``, the second the up rows
+    ``N / 2 + f`` of the same features (kernels/row_fusion.py ``row_columns``); rotary, features ``d`` and
+    ``d + HEAD_DIM / 2`` of one head, the pairs that rotate together."""
+    r = gl.arange(0, BLOCK_N, layout=layout)
+    half: gl.constexpr = BLOCK_N // 2
     if GATED:
-        feats = pid * (BLOCK_N // 2) + gl.arange(0, BLOCK_N // 2, layout=FLAT)
-        gate = _finish(_sum_parts(part_ptr, feats, N, SPLIT), feats, norm_scale, bias_ptr, act, HAS_BIAS)
-        up_rows = feats + N // 2
-        up = _finish(_sum_parts(part_ptr, up_rows, N, SPLIT), up_rows, norm_scale, bias_ptr, act, HAS_BIAS)
-        out = (gate / (1.0 + gl.exp(-gate)) * up).to(act)
-        gl.store(out_ptr + feats, out.to(out_ptr.dtype.element_ty))
-    else:
-        cols = pid * BLOCK_N + gl.arange(0, BLOCK_N, layout=FLAT)
-        out = _finish(_sum_parts(part_ptr, cols, N, SPLIT), cols, norm_scale, bias_ptr, act, HAS_BIAS)
-        if RESIDUAL:
-            out = (out + gl.load(res_ptr + cols).to(gl.float32)).to(act).to(gl.float32)
-        gl.store(out_ptr + cols, out.to(out_ptr.dtype.element_ty))
-        if NEXT_NORM:  # the next linear's activations (rounded as its own loop would) and this block's squares
-            gl.store(scaled_ptr + cols, (out * gl.load(next_ptr + cols).to(gl.float32)).to(act))
-            gl.store(sq_out_ptr + pid, gl.sum(out * out, 0))
-
-
-@gluon.jit
-def _row_norm(
-    sq_ptr,
-    squares,
-    sq_in_ptr,
-    n_sq,
-    pid_n,
-    n_blocks,
-    K,
-    eps,
-    FLAT: gl.constexpr,
-    SPLIT: gl.constexpr,
-    NORM: gl.constexpr,
-    SQ_BLOCKS: gl.constexpr,
-):
-    """RMSNorm's ``rsqrt(mean(x^2) + eps)`` over the whole row (1.0 without the norm): from each split's sum
-    of squares (``squares`` is this program's own), or, pre-normed, from the ``n_sq`` block sums the linear
-    that wrote the row left at ``sq_in_ptr``."""
-    if NORM == NORM_IN_LOOP:
-        if SPLIT > 1:
-            squares = gl.load(sq_ptr + pid_n, cache_modifier=".cg")
-            for s in gl.static_range(1, SPLIT):
-                squares += gl.load(sq_ptr + s * n_blocks + pid_n, cache_modifier=".cg")
-        return gl.rsqrt(squares / K + eps)
-    if NORM == NORM_GIVEN:
-        blocks = gl.arange(0, SQ_BLOCKS, layout=FLAT)
-        squares = gl.sum(gl.load(sq_in_ptr + blocks, mask=blocks < n_sq, other=0.0), 0)
-        return gl.rsqrt(squares / K + eps)
-    return 1.0
+        return pid * half + r % half + (r // half) * (N // 2)
+    if ROTARY:
+        per_head: gl.constexpr = HEAD_DIM // BLOCK_N
+        return (pid // per_head) * HEAD_DIM + (pid % per_head) * half + r % half + (r // half) * (HEAD_DIM // 2)
+    return pid * BLOCK_N + r
 
 
 @gluon.jit
@@ -270,6 +202,11 @@ def _fragments_kernel(
     next_ptr,
     scaled_ptr,
     sq_out_ptr,
+    pos_ptr,
+    table_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
     N,
     K,
     eps,
@@ -290,18 +227,23 @@ def _fragments_kernel(
     GATED: gl.constexpr,
     NEXT_NORM: gl.constexpr,
     SQ_BLOCKS: gl.constexpr,
+    ROTARY: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    NUM_Q_HEADS: gl.constexpr,
+    NUM_KV_HEADS: gl.constexpr,
 ):
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     groups = K // _GROUP
-    rows_w = _rows(pid_n, N, gl.SliceLayout(1, WORDS), BLOCK_N, GATED)
+    rows_w = _rows(pid_n, N, gl.SliceLayout(1, WORDS), BLOCK_N, GATED, ROTARY, HEAD_DIM)
     word = gl.arange(0, 16, layout=gl.SliceLayout(0, WORDS))
     tile = (rows_w // _ROW_TILE).to(gl.int64) * groups * _ROW_TILE + rows_w % _ROW_TILE
     w_ptrs = w_ptr + tile[:, None] * 16 + word[None, :]
     x_ptrs = x_ptr + gl.arange(0, _GROUP, layout=X)
     g_ptrs = norm_ptr + gl.arange(0, _GROUP, layout=X)
-    z_ptrs = z_ptr + _rows(pid_n, N, gl.SliceLayout(1, gl.SliceLayout(2, TILE)), BLOCK_N, GATED) * groups
-    rows = _rows(pid_n, N, gl.SliceLayout(1, MMA), BLOCK_N, GATED)
+    rows_z = _rows(pid_n, N, gl.SliceLayout(1, gl.SliceLayout(2, TILE)), BLOCK_N, GATED, ROTARY, HEAD_DIM)
+    z_ptrs = z_ptr + rows_z * groups
+    rows = _rows(pid_n, N, gl.SliceLayout(1, MMA), BLOCK_N, GATED, ROTARY, HEAD_DIM)
     s_ptrs = s_ptr + rows * groups
     total = gl.zeros([BLOCK_N, 8], gl.float32, MMA)
     squares = gl.zeros([_GROUP], gl.float32, FLAT)  # of the split's activations, for the norm
@@ -336,13 +278,20 @@ def _fragments_kernel(
     if last:
         if SPLIT > 1:
             gl.atomic_xchg(lock_ptr + pid_n, 0)  # ready for the next launch
-        norm_scale = _row_norm(
+        norm_scale = row_norm(
             sq_ptr, square_sum, sq_in_ptr, n_sq, pid_n, n_blocks, K, eps, FLAT, SPLIT, NORM, SQ_BLOCKS
         )
-        _epilogue(
-            x_ptr, bias_ptr, out_ptr, part_ptr, norm_scale, res_ptr, next_ptr, scaled_ptr, sq_out_ptr, pid_n, N,
-            FLAT, BLOCK_N, SPLIT, HAS_BIAS, RESIDUAL, GATED, NEXT_NORM,
-        )  # fmt: skip
+        if ROTARY:
+            rotary_epilogue(
+                bias_ptr, out_ptr, part_ptr, norm_scale, pos_ptr, table_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+                pid_n, N, x_ptr.dtype.element_ty, FLAT, BLOCK_N, SPLIT, HAS_BIAS, HEAD_DIM, NUM_Q_HEADS,
+                NUM_KV_HEADS,
+            )  # fmt: skip
+        else:
+            epilogue(
+                x_ptr, bias_ptr, out_ptr, part_ptr, norm_scale, res_ptr, next_ptr, scaled_ptr, sq_out_ptr, pid_n,
+                N, FLAT, BLOCK_N, SPLIT, HAS_BIAS, RESIDUAL, GATED, NEXT_NORM,
+            )  # fmt: skip
 
 
 def supported(x: torch.Tensor, packed: torch.Tensor, group: int) -> bool:
@@ -371,23 +320,6 @@ def split_for(groups: int, blocks: int) -> int:
     return max(long) if long else max(s for s in range(1, MAX_SPLIT + 1) if groups % s == 0)
 
 
-class NormedRow(NamedTuple):
-    """A row of the residual stream as a linear wrote it for the normed linear after it (``launch`` with
-    ``next_norm``): ``hidden`` [1, K]; ``scaled``, hidden times the next norm's weight, rounded to hidden's
-    dtype as that linear's own loop would; ``squares``, the float32 sums of hidden^2 over each block of the
-    writer's output features. ``scaled`` and ``squares`` are None where the writer could not fold the norm;
-    the next linear then normalizes ``hidden`` itself."""
-
-    hidden: torch.Tensor
-    scaled: torch.Tensor | None
-    squares: torch.Tensor | None
-    norm_weight: torch.Tensor
-
-    def given_to(self, norm_weight: torch.Tensor | None) -> bool:
-        """Whether this row already carries ``norm_weight``'s scaling and squares."""
-        return self.scaled is not None and norm_weight is self.norm_weight
-
-
 def launch(
     x: torch.Tensor,
     packed: torch.Tensor,
@@ -403,6 +335,7 @@ def launch(
     gated: bool,
     squares: torch.Tensor | None = None,
     next_norm: torch.Tensor | None = None,
+    rotary: RotaryWrite | None = None,
 ) -> torch.Tensor | NormedRow:
     """Writes ``out`` ([1, N], or [1, N / 2] gated) for one bfloat16 row ``x`` [1, K] against the tiled int4
     weight ``packed`` ([N / 64, K / 128, 64, 64] uint8, ``supported``) with its ``scales`` and ``zeros``
@@ -411,7 +344,9 @@ def launch(
 
     With ``squares`` (a ``NormedRow``'s), ``x`` is already times ``norm_weight`` and only the row's RMS scale
     is applied. With ``next_norm`` (not gated, ``out`` in x's dtype) it returns ``NormedRow(out, ...)`` for
-    the linear normed by ``next_norm`` that reads ``out`` next."""
+    the linear normed by ``next_norm`` that reads ``out`` next. With ``rotary`` (``RotaryWrite.fits``, not
+    gated, no residual) ``out``'s first ``num_q_heads`` heads hold the rotated q, and the token's k and v go
+    to the caches only."""
     n, k = scales.shape[0], scales.shape[1] * GROUP
     split = split_for(k // GROUP, n // BLOCK_N) if locks is not None else 1
     lay = layouts(BLOCK_N, WARPS)
@@ -419,6 +354,14 @@ def launch(
         raise ValueError(
             f"int4 fragments: next_norm needs an ungated output in the activations' dtype ({x.dtype}) and "
             f"N a multiple of {BLOCK_N}, got gated={gated}, {out.dtype}, N={n}"
+        )
+    if rotary is not None and (
+        gated or residual is not None or next_norm is not None or not rotary.fits(x, n, BLOCK_N)
+    ):
+        raise ValueError(
+            f"int4 fragments: rotary needs an ungated qkv projection of whole {BLOCK_N}-multiple heads "
+            f"({rotary.num_q_heads} q + 2 x {rotary.num_kv_heads} kv heads of {rotary.head_dim}) with caches in "
+            f"{x.dtype}, got N={n}, gated={gated}, caches {rotary.k_cache.dtype}"
         )
     normed = None
     if next_norm is not None:
@@ -442,6 +385,11 @@ def launch(
         x if next_norm is None else next_norm,
         x if normed is None else normed.scaled,
         parts if normed is None else normed.squares,
+        *(
+            (parts, parts, parts, parts, parts)
+            if rotary is None
+            else (rotary.positions, rotary.cos_sin_cache, rotary.k_cache, rotary.v_cache, rotary.slot_mapping)
+        ),
         n,
         k,
         eps,
@@ -457,6 +405,10 @@ def launch(
         GATED=gated,
         NEXT_NORM=next_norm is not None,
         SQ_BLOCKS=1 if squares is None else max(2, 1 << (squares.numel() - 1).bit_length()),
+        ROTARY=rotary is not None,
+        HEAD_DIM=1 if rotary is None else rotary.head_dim,
+        NUM_Q_HEADS=1 if rotary is None else rotary.num_q_heads,
+        NUM_KV_HEADS=1 if rotary is None else rotary.num_kv_heads,
         num_warps=WARPS,
     )
     return out if normed is None else normed

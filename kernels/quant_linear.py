@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 from omni_gateway.kernels import int4_fragments
-from omni_gateway.kernels.int4_fragments import NormedRow
+from omni_gateway.kernels.int4_row_epilogue import NormedRow, RotaryWrite
 from omni_gateway.kernels.quant_gemm import (
     GemmConfig,
     dequant_gemm,
@@ -26,6 +26,7 @@ from omni_gateway.kernels.quant_gemm import (
 from omni_gateway.kernels.quant_gemv import launch_gemv, prepare_device, split_locks
 from omni_gateway.kernels.quant_reference import FP8_BLOCK, FP8_DTYPE, int4_layout
 from omni_gateway.kernels.quant_tuning import FP8_BLOCKWISE, FP8_CHANNEL, INT4_GROUPED, QuantLinearConfig, tuned_config
+from omni_gateway.kernels.rotary import rotary_write_kv
 from omni_gateway.kernels.row_fusion import RowFusion
 from omni_gateway.kernels.validation import FLOAT_DTYPES, check_dim, check_tensor, interpreting
 
@@ -188,6 +189,7 @@ def _int4_fragments(
     gated: bool = False,
     squares: torch.Tensor | None = None,
     next_norm: torch.Tensor | None = None,
+    rotary: RotaryWrite | None = None,
 ) -> torch.Tensor | NormedRow:
     """One row on the tensor cores (``int4_fragments.supported``), split over the groups where the device's
     split-K counters allow."""
@@ -207,6 +209,7 @@ def _int4_fragments(
         gated=gated,
         squares=squares,
         next_norm=next_norm,
+        rotary=rotary,
     )
 
 
@@ -245,14 +248,17 @@ def int4_row_linear(
     out_dtype: torch.dtype | None = None,
     config: QuantLinearConfig | None = None,
     next_norm: torch.Tensor | None = None,
+    rotary: RotaryWrite | None = None,
 ) -> torch.Tensor | NormedRow:
     """One row of ``int4_linear`` with the batch-1 decode fusions of kernels/row_fusion.py; returns
     ``[1, N]`` (``[1, N / 2]`` gated) in ``out_dtype`` (default x's). Tiled bfloat16 rows in groups of 128
     run on the tensor cores (kernels/int4_fragments.py) unless a ``config`` asks for the CUDA-core planes.
 
-    With ``next_norm`` it returns an ``int4_fragments.NormedRow``: the output, and (on the tensor cores) the
+    With ``next_norm`` it returns an ``int4_row_epilogue.NormedRow``: the output, and (on the tensor cores) the
     output times ``next_norm`` with its block sums of squares, which the linear normed by ``next_norm``
-    takes as its ``x`` instead of normalizing the row in its loop."""
+    takes as its ``x`` instead of normalizing the row in its loop. With ``rotary`` (a qkv projection) the
+    output's q heads come rotated and the token's k and v go to the caches (kernels/rotary.py
+    ``rotary_write_kv``), in the epilogue where ``RotaryWrite.fits``."""
     normed = x if isinstance(x, NormedRow) else None
     if normed is not None:
         x = normed.hidden
@@ -264,13 +270,17 @@ def int4_row_linear(
     if next_norm is not None:
         check_tensor("next_norm", next_norm, ndim=1, dtypes=FLOAT_DTYPES, device=x.device)
         check_dim("next_norm", next_norm.shape[0], fusion.features, "out_features")
-    if config is None and int4_fragments.supported(x, packed, group):
+    if (
+        config is None
+        and int4_fragments.supported(x, packed, group)
+        and (rotary is None or rotary.fits(x, n, int4_fragments.BLOCK_N))
+    ):
         squares = None
         if normed is not None and normed.given_to(norm_weight):
             x, squares = normed.scaled, normed.squares
         return _int4_fragments(
             x, packed, scales, zeros, bias, fusion.features, fusion.out_dtype, norm_weight, eps, residual, gated,
-            squares, next_norm,
+            squares, next_norm, rotary,
         )  # fmt: skip
     config = config or tuned_config(INT4_GROUPED, 1, n, k)
     out = launch_gemv(
@@ -288,4 +298,16 @@ def int4_row_linear(
         fusion=fusion,
         row_tile=row_tile,
     )
+    if rotary is not None:
+        _rotate_and_write(out, rotary)
     return out if next_norm is None else NormedRow(out, None, None, next_norm)
+
+
+def _rotate_and_write(qkv: torch.Tensor, rotary: RotaryWrite) -> None:
+    """``rotary_write_kv`` on a qkv row the epilogue could not finish; the rotated q back into its columns."""
+    d, hq, hkv = rotary.head_dim, rotary.num_q_heads, rotary.num_kv_heads
+    q, k, v = (t.view(1, -1, d) for t in qkv.split((hq * d, hkv * d, hkv * d), dim=-1))
+    q_rotated = rotary_write_kv(
+        q, k, v, rotary.positions, rotary.cos_sin_cache, rotary.k_cache, rotary.v_cache, rotary.slot_mapping
+    )
+    qkv[:, : hq * d] = q_rotated.view(1, -1)

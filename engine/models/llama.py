@@ -127,7 +127,9 @@ class LlamaModel:
     # There, where every layer linear's row kernel can (int4 on CUDA), the o and down projections also
     # write the next RMSNorm's scaled input and sums of squares, so that the normed linears after them
     # (gate/up, the next layer's qkv) skip that work in their loops (``_decode_row``). Benchmarks clear
-    # this to time the design without it.
+    # this to time the design without it. With it, the qkv projection's epilogue also rotates q and k and
+    # writes k and v to the cache (no rotary launch), where the model's rotary is the plain one (no M-RoPE,
+    # no q/k norms).
     NORM_FOLD = True
 
     def __init__(
@@ -236,7 +238,8 @@ class LlamaModel:
         # The LM head is checked apart: a head without the fused kernel (a per-block FP8 one) still takes
         # the layers' fused residual stream, through the separate final norm.
         self.head_fusion = self.row_fusion and isinstance(self.lm_head, Linear) and self.lm_head.row is not None
-        self.norm_fold = self.NORM_FOLD and self.row_fusion and all(lin.folds_norm for lin in self._layer_linears())
+        self.norm_fold = self.NORM_FOLD and self.row_fusion and all(lin.row_folds for lin in self._layer_linears())
+        self.rotary_fold = self.norm_fold and not self.uses_mrope and not s.qk_norm
 
     def _fuses_rows(self) -> bool:
         if self.parallel.is_parallel or self.fused_cpu_layers:
@@ -317,19 +320,32 @@ class LlamaModel:
         inside the linear that reads it, the o and down projections add the residual as they write, and
         the gate/up projection writes the MLP's activation: four linears and the attention per layer."""
         eps = self.shape.rms_norm_eps
-        row: Any = hidden  # the residual stream, or with norm_fold a NormedRow (kernels/int4_fragments.py) of it
+        row: Any = hidden  # the residual stream, or with norm_fold a NormedRow of it (kernels/int4_row_epilogue.py)
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             assert isinstance(layer.qkv, Linear) and isinstance(layer.o, Linear)
             assert isinstance(layer.gate_up, Linear) and isinstance(layer.down, Linear)
             following = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else None
-            qkv = layer.qkv.fused(row, norm_weight=layer.input_norm, eps=eps)
-            attn = self._attention(layer, qkv, positions, meta, k_cache, v_cache, rotary_table)
+            if self.rotary_fold:
+                rotary = self._rotary_write(positions, rotary_table, k_cache, v_cache, meta.slot_mapping)
+                q = layer.qkv.fused(row, norm_weight=layer.input_norm, eps=eps, rotary=rotary)[:, : self.q_size]
+                q = q.view(1, self.num_heads, self.shape.head_dim)
+                attn = paged_attention(self.ops, q, k_cache, v_cache, meta, self.scale).view(1, self.q_size)
+            else:
+                qkv = layer.qkv.fused(row, norm_weight=layer.input_norm, eps=eps)
+                attn = self._attention(layer, qkv, positions, meta, k_cache, v_cache, rotary_table)
             row = layer.o.fused(attn, residual=hidden, **self._folded(layer.post_norm))
             hidden = getattr(row, "hidden", row)
             act = layer.gate_up.fused(row, norm_weight=layer.post_norm, eps=eps, gated=True)
             row = layer.down.fused(act, residual=hidden, **self._folded(following))
             hidden = getattr(row, "hidden", row)
         return hidden
+
+    def _rotary_write(self, *operands: torch.Tensor) -> Any:
+        """What the qkv projection's epilogue needs to rotate q and k and cache k and v
+        (kernels/int4_row_epilogue.py ``RotaryWrite``, imported here: only CUDA int4 models reach it)."""
+        from omni_gateway.kernels.int4_row_epilogue import RotaryWrite
+
+        return RotaryWrite(*operands, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
 
     def _folded(self, next_norm: torch.Tensor | None) -> dict[str, Any]:
         """The ``next_norm`` fusion of a residual-adding linear, where the norm fold runs and a norm follows."""

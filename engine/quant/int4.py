@@ -104,8 +104,8 @@ class Int4Weight:
         return run
 
     @property
-    def folds_norm(self) -> bool:
-        """Whether ``row_kernel`` takes ``next_norm`` and a ``NormedRow`` (kernels/quant_linear.py
+    def row_folds(self) -> bool:
+        """Whether ``row_kernel`` takes ``next_norm``, a ``NormedRow`` and ``rotary`` (kernels/quant_linear.py
         ``int4_row_linear``): on CUDA."""
         return self.packed.device.type == "cuda"
 

@@ -235,7 +235,8 @@ def test_batch_one_decode_runs_the_fused_quantized_rows(tmp_path: Path, kind: st
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_norm_fold_keeps_the_batch_one_decode(tmp_path: Path) -> None:
     """bfloat16 int4 in groups of 128: the o and down projections hand the next normed linear its scaled
-    input (``LlamaModel.NORM_FOLD``), and a lone sequence decodes as with every norm inside its reader."""
+    input and the qkv projection rotates q and k and writes the cache (``LlamaModel.NORM_FOLD``), and a lone
+    sequence decodes as with every norm inside its reader and the rotary kernel after the qkv projection."""
     from omni_gateway.engine.models.llama import LlamaModel
 
     quantized, _ = _write_pair(tmp_path, "awq-128")
@@ -248,7 +249,7 @@ def test_norm_fold_keeps_the_batch_one_decode(tmp_path: Path) -> None:
         finally:
             LlamaModel.NORM_FOLD = True
         model = llm.engine.runner.model
-        assert model.row_fusion and model.norm_fold == fold
+        assert model.row_fusion and model.norm_fold == model.rotary_fold == fold
         outs = [llm.generate([prompt], params)[0].outputs[0] for prompt in PROMPTS]
         runs.append([(o.token_ids, [lp.logprob for lp in o.logprobs or []]) for o in outs])
         del llm

@@ -56,6 +56,7 @@ SASS = """
 import collections, json, torch
 from benchmarks import kernel_sass as ks
 from omni_gateway.kernels import int4_fragments as fr
+from omni_gateway.kernels.int4_row_epilogue import RotaryWrite
 catcher = ks.LaunchCatcher(fr._fragments_kernel)
 fr._fragments_kernel = catcher
 n, k = 256, 2048
@@ -71,6 +72,17 @@ for gated, norm, residual, bias, folded in cases:
               residual=torch.zeros(1, n, dtype=torch.bfloat16) if residual else None, gated=gated,
               squares=torch.zeros(k // 32) if folded and norm else None,
               next_norm=torch.zeros(n, dtype=torch.bfloat16) if folded and residual else None)
+# a qkv projection of 4 q and 2 x 2 kv heads that rotates q and k and writes the cache in its epilogue
+d, hq, hkv = 128, 4, 2
+cache = torch.zeros(8, 16, hkv, d, dtype=torch.bfloat16)
+rotary = RotaryWrite(torch.zeros(1, dtype=torch.int64), torch.zeros(64, d), cache, cache.clone(),
+                        torch.zeros(1, dtype=torch.int64), hq, hkv)
+qkv = (hq + 2 * hkv) * d
+fr.launch(torch.zeros(1, k, dtype=torch.bfloat16), torch.zeros(qkv // 64, k // 128, 64, 64, dtype=torch.uint8),
+          torch.zeros(qkv, k // 128, dtype=torch.bfloat16), torch.zeros(qkv, k // 128, dtype=torch.uint8), None,
+          torch.zeros(1, qkv, dtype=torch.bfloat16), torch.zeros(64, dtype=torch.int32),
+          norm_weight=torch.zeros(k, dtype=torch.bfloat16), eps=1e-5, residual=None, gated=False,
+          squares=torch.zeros(k // 32), rotary=rotary)
 for launch in catcher.launches:
     loop = ks.main_loop(ks.disassemble(ks.compile_sm90(launch)))
     print(json.dumps(collections.Counter(map(ks.opcode, loop))))
@@ -80,13 +92,14 @@ for launch in catcher.launches:
 def test_kernel_keeps_weights_in_registers() -> None:
     """Compiled for sm_90 with each fusion: per group, one tensor-core product per 16 x 8 x 16 and one packed
     subtraction per pair of weights, and nothing through shared memory (the operand's layout is asserted
-    trivial too). A norm folded into the linear before leaves the loop as lean as no norm at all."""
+    trivial too). A norm folded into the linear before leaves the loop as lean as no norm at all, and so does
+    the rotary epilogue of a qkv projection."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", SASS], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
-    loops = [json.loads(line) for line in run.stdout.strip().splitlines()[-5:]]
-    plain, in_loop, _, folded, writing = (sum(c.values()) for c in loops)
-    assert folded == writing == plain < in_loop
+    loops = [json.loads(line) for line in run.stdout.strip().splitlines()[-6:]]
+    plain, in_loop, _, folded, writing, rotating = (sum(c.values()) for c in loops)
+    assert folded == writing == rotating == plain < in_loop
     for opcodes in loops:
         weights = 32 * 128 // 64  # a group of the program's 32 rows over its 64 threads
         assert opcodes["HMMA.16816.F32.BF16"] == weights // 8
@@ -167,7 +180,7 @@ def test_norm_folds_into_the_linear_before(gated, rel_err) -> None:
     """A residual-adding linear given ``next_norm`` hands the next normed linear its scaled input and squares:
     exactly the rounding that linear's own loop does, and the same output as normalizing in its loop. Where
     the writer runs the planes, the row carries no fold and the reader normalizes itself."""
-    from omni_gateway.kernels.int4_fragments import NormedRow
+    from omni_gateway.kernels.int4_row_epilogue import NormedRow
     from omni_gateway.kernels.quant_linear import int4_row_linear
     from omni_gateway.kernels.quant_tuning import INT4_GROUPED, tuned_config
 
@@ -201,3 +214,45 @@ def test_norm_folds_into_the_linear_before(gated, rel_err) -> None:
     assert isinstance(planes, NormedRow) and planes.scaled is None and not planes.given_to(norm)
     from_planes = int4_row_linear(planes, *reader, norm_weight=norm, eps=1e-5, gated=gated)
     assert rel_err(from_planes, in_loop) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("slot", [37, -1])
+def test_rotary_epilogue_matches_rotary_write_kv(slot, rel_err) -> None:
+    """A qkv projection given ``rotary`` returns q rotated and puts the token's rotated k and its v in the
+    caches' slot, as the unfused projection followed by ``rotary_write_kv`` does; a padding token (slot -1)
+    writes nothing. Where the planes run the projection, the rotary kernel finishes it the same way."""
+    from omni_gateway.kernels.int4_row_epilogue import RotaryWrite
+    from omni_gateway.kernels.quant_linear import int4_row_linear
+    from omni_gateway.kernels.quant_tuning import INT4_GROUPED, tuned_config
+    from omni_gateway.kernels.rotary import rotary_write_kv
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the fragment kernel needs sm_90")
+    dev = torch.device("cuda")
+    d, hq, hkv, k = 128, 4, 2, 512
+    n = (hq + 2 * hkv) * d
+    gen, x, packed, scales, zeros = _case(n, k, seed=11)
+    weight = (qref.tile_int4(packed, 128).to(dev), scales.to(dev), zeros.to(dev))
+    x, norm = x.to(dev), (1 + torch.rand(k, generator=gen)).to(torch.bfloat16).to(dev)
+    table = torch.randn(64, d, generator=gen).to(dev)
+    positions, slots = torch.tensor([29], device=dev), torch.tensor([slot], device=dev)
+
+    def caches():
+        return tuple(torch.zeros(4, 16, hkv, d, dtype=torch.bfloat16, device=dev) for _ in range(2))
+
+    qkv = int4_row_linear(x, *weight, norm_weight=norm, eps=1e-5)
+    q, kk, v = (t.view(1, -1, d) for t in qkv.split((hq * d, hkv * d, hkv * d), dim=-1))
+    ref_k, ref_v = caches()
+    ref_q = rotary_write_kv(q, kk, v, positions, table, ref_k, ref_v, slots).view(1, -1)
+    for config in (None, tuned_config(INT4_GROUPED, 1, n, k)):
+        k_cache, v_cache = caches()
+        rotary = RotaryWrite(positions, table, k_cache, v_cache, slots, hq, hkv)
+        out = int4_row_linear(x, *weight, norm_weight=norm, eps=1e-5, rotary=rotary, config=config)
+        assert rel_err(out[:, : hq * d], ref_q) < 1e-2
+        assert (out[:, : hq * d] - ref_q).abs().max() <= ref_q.abs().max() * 2**-7
+        for got, expected in ((k_cache, ref_k), (v_cache, ref_v)):
+            assert rel_err(got, expected) < 1e-2 if slot >= 0 else not got.any()
+    if slot >= 0:
+        assert ref_k.view(-1, hkv, d)[slot].any() and ref_v.view(-1, hkv, d)[slot].any()
