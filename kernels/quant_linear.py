@@ -270,18 +270,19 @@ def int4_row_linear(
     if next_norm is not None:
         check_tensor("next_norm", next_norm, ndim=1, dtypes=FLOAT_DTYPES, device=x.device)
         check_dim("next_norm", next_norm.shape[0], fusion.features, "out_features")
-    if (
-        config is None
-        and int4_fragments.supported(x, packed, group)
-        and (rotary is None or rotary.fits(x, n, int4_fragments.BLOCK_N))
-    ):
+    if config is None and int4_fragments.supported(x, packed, group):
         squares = None
         if normed is not None and normed.given_to(norm_weight):
             x, squares = normed.scaled, normed.squares
-        return _int4_fragments(
+        folds_rotary = rotary is not None and rotary.fits(x, n, int4_fragments.BLOCK_N)
+        row = _int4_fragments(
             x, packed, scales, zeros, bias, fusion.features, fusion.out_dtype, norm_weight, eps, residual, gated,
-            squares, next_norm, rotary,
+            squares, next_norm, rotary if folds_rotary else None,
         )  # fmt: skip
+        if rotary is not None and not folds_rotary:
+            assert isinstance(row, torch.Tensor)
+            _rotate_and_write(row, rotary)
+        return row
     config = config or tuned_config(INT4_GROUPED, 1, n, k)
     out = launch_gemv(
         x,

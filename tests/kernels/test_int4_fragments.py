@@ -219,10 +219,12 @@ def test_norm_folds_into_the_linear_before(gated, rel_err) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("slot", [37, -1])
-def test_rotary_epilogue_matches_rotary_write_kv(slot, rel_err) -> None:
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_rotary_epilogue_matches_rotary_write_kv(slot, cache_dtype, rel_err) -> None:
     """A qkv projection given ``rotary`` returns q rotated and puts the token's rotated k and its v in the
     caches' slot, as the unfused projection followed by ``rotary_write_kv`` does; a padding token (slot -1)
-    writes nothing. Where the planes run the projection, the rotary kernel finishes it the same way."""
+    writes nothing. Where the epilogue cannot (the planes run the projection, an fp8 cache), the rotary kernel
+    finishes it the same way."""
     from omni_gateway.kernels.int4_row_epilogue import RotaryWrite
     from omni_gateway.kernels.quant_linear import int4_row_linear
     from omni_gateway.kernels.quant_tuning import INT4_GROUPED, tuned_config
@@ -240,7 +242,7 @@ def test_rotary_epilogue_matches_rotary_write_kv(slot, rel_err) -> None:
     positions, slots = torch.tensor([29], device=dev), torch.tensor([slot], device=dev)
 
     def caches():
-        return tuple(torch.zeros(4, 16, hkv, d, dtype=torch.bfloat16, device=dev) for _ in range(2))
+        return tuple(torch.zeros(4, 16, hkv, d, device=dev).to(cache_dtype) for _ in range(2))
 
     qkv = int4_row_linear(x, *weight, norm_weight=norm, eps=1e-5)
     q, kk, v = (t.view(1, -1, d) for t in qkv.split((hq * d, hkv * d, hkv * d), dim=-1))
@@ -252,7 +254,9 @@ def test_rotary_epilogue_matches_rotary_write_kv(slot, rel_err) -> None:
         out = int4_row_linear(x, *weight, norm_weight=norm, eps=1e-5, rotary=rotary, config=config)
         assert rel_err(out[:, : hq * d], ref_q) < 1e-2
         assert (out[:, : hq * d] - ref_q).abs().max() <= ref_q.abs().max() * 2**-7
-        for got, expected in ((k_cache, ref_k), (v_cache, ref_v)):
-            assert rel_err(got, expected) < 1e-2 if slot >= 0 else not got.any()
+        # the planes sum in another order: a bf16 ulp apart, which an fp8 cache can round a step (2^-3) apart
+        tol = 1e-2 if cache_dtype == torch.bfloat16 or config is None else 6e-2
+        for got, expected in ((k_cache.float(), ref_k.float()), (v_cache.float(), ref_v.float())):
+            assert rel_err(got, expected) < tol if slot >= 0 else not got.any()
     if slot >= 0:
-        assert ref_k.view(-1, hkv, d)[slot].any() and ref_v.view(-1, hkv, d)[slot].any()
+        assert ref_k.float().view(-1, hkv, d)[slot].any() and ref_v.float().view(-1, hkv, d)[slot].any()
