@@ -1,7 +1,7 @@
 """What the last program of a row block of kernels/int4_fragments.py runs once every split has written its
 float32 partial sums: their total, the RMSNorm's row scale, bias, and the fusion that writes the output (a
-residual add, the gate, the next norm's input, or q rotated and k and v cached). Gluon, one value a thread
-in ``FLAT``."""
+residual add, the gate, the next norm's input, or q rotated and k and v cached), in Gluon with one value a
+thread in ``FLAT``; and, as ``NormedRow`` and ``RotaryWrite``, what the callers hand it for the folds."""
 
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ class RotaryWrite(NamedTuple):
             and self.k_cache.is_contiguous()
             and self.v_cache.is_contiguous()
             and self.cos_sin_cache.shape[1] == d
+            and self.cos_sin_cache.is_contiguous()
         )
 
 
