@@ -45,6 +45,7 @@ from omni_gateway.kernels.int4_row_epilogue import (
     rotary_epilogue,
     row_norm,
 )
+from omni_gateway.kernels.validation import next_pow2
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -404,7 +405,7 @@ def launch(
         RESIDUAL=residual is not None,
         GATED=gated,
         NEXT_NORM=next_norm is not None,
-        SQ_BLOCKS=1 if squares is None else max(2, 1 << (squares.numel() - 1).bit_length()),
+        SQ_BLOCKS=1 if squares is None else max(2, next_pow2(squares.numel())),
         ROTARY=rotary is not None,
         HEAD_DIM=1 if rotary is None else rotary.head_dim,
         NUM_Q_HEADS=1 if rotary is None else rotary.num_q_heads,

@@ -76,6 +76,7 @@ def _finish(total, rows, scale, bias_ptr, act: gl.constexpr, HAS_BIAS: gl.conste
 
 @gluon.jit
 def _sum_parts(part_ptr, rows, N, SPLIT: gl.constexpr):
+    """The splits' float32 partials at ``rows`` (each split's ``N`` apart), written by other programs."""
     total = gl.load(part_ptr + rows, cache_modifier=".cg")
     for s in gl.static_range(1, SPLIT):
         total += gl.load(part_ptr + s * N + rows, cache_modifier=".cg")
@@ -194,9 +195,7 @@ def row_norm(
     that wrote the row left at ``sq_in_ptr``."""
     if NORM == NORM_IN_LOOP:
         if SPLIT > 1:
-            squares = gl.load(sq_ptr + pid_n, cache_modifier=".cg")
-            for s in gl.static_range(1, SPLIT):
-                squares += gl.load(sq_ptr + s * n_blocks + pid_n, cache_modifier=".cg")
+            squares = _sum_parts(sq_ptr, pid_n, n_blocks, SPLIT)
         return gl.rsqrt(squares / K + eps)
     if NORM == NORM_GIVEN:
         blocks = gl.arange(0, SQ_BLOCKS, layout=FLAT)

@@ -71,9 +71,7 @@ def _case(n: int, k: int, f: dict[str, Any], x: torch.Tensor, g: torch.Tensor, o
         res = fr.launch(src, *w, None, out, locks, **kw)
         row = res if isinstance(res, torch.Tensor) else res.hidden
         if f.get("rope_after"):
-            q, kk, v = (t.view(1, -1, D) for t in row.split((HQ * D, HKV * D, HKV * D), dim=-1))
-            q = rotary_write_kv(q, kk, v, operands["pos"], operands["table"], *caches, operands["slot"])
-            return q.view(1, -1)
+            return _rope(row, operands, caches)
         return row[:, : HQ * D] if f.get("rotary") else row
 
     return call
@@ -90,10 +88,14 @@ def _expected(n: int, w: torch.Tensor, f: dict[str, Any], x: torch.Tensor, g: to
         gated=bool(f.get("gated")),
     )
     if f.get("rope_after") or f.get("rotary"):
-        q, kk, v = (t.view(1, -1, D) for t in out.split((HQ * D, HKV * D, HKV * D), dim=-1))
-        k_cache, v_cache = torch.zeros_like(ops["k_cache"]), torch.zeros_like(ops["v_cache"])
-        out = rotary_write_kv(q, kk, v, ops["pos"], ops["table"], k_cache, v_cache, ops["slot"]).view(1, -1)
+        out = _rope(out, ops, (torch.zeros_like(ops["k_cache"]), torch.zeros_like(ops["v_cache"])))
     return out.double()
+
+
+def _rope(qkv: torch.Tensor, ops: dict[str, Any], caches: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The rotary kernel after a qkv row, as the unfused layer runs it: the rotated q ``[1, HQ * D]``."""
+    q, k, v = (t.view(1, -1, D) for t in qkv.split((HQ * D, HKV * D, HKV * D), dim=-1))
+    return rotary_write_kv(q, k, v, ops["pos"], ops["table"], *caches, ops["slot"]).view(1, -1)
 
 
 def main() -> None:
