@@ -129,7 +129,8 @@ class LlamaModel:
     # (gate/up, the next layer's qkv) skip that work in their loops (``_decode_row``). Benchmarks clear
     # this to time the design without it. With it, the qkv projection's epilogue also rotates q and k and
     # writes k and v to the cache (no rotary launch), where the model's rotary is the plain one (no M-RoPE,
-    # no q/k norms).
+    # no q/k norms), and the last down projection does the same for the final norm where the LM head's row
+    # kernel folds too (``compute_logits``).
     NORM_FOLD = True
 
     def __init__(
@@ -240,6 +241,10 @@ class LlamaModel:
         self.head_fusion = self.row_fusion and isinstance(self.lm_head, Linear) and self.lm_head.row is not None
         self.norm_fold = self.NORM_FOLD and self.row_fusion and all(lin.row_folds for lin in self._layer_linears())
         self.rotary_fold = self.norm_fold and not self.uses_mrope and not s.qk_norm
+        self.head_fold = self.norm_fold and self.head_fusion and self.lm_head.row_folds
+        # The last layer's row for the head (``head_fold``): a NormedRow of the hidden state _decode_row
+        # returned last, which compute_logits takes when it is handed that very tensor.
+        self._head_row: Any = None
 
     def _fuses_rows(self) -> bool:
         if self.parallel.is_parallel or self.fused_cpu_layers:
@@ -324,7 +329,7 @@ class LlamaModel:
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             assert isinstance(layer.qkv, Linear) and isinstance(layer.o, Linear)
             assert isinstance(layer.gate_up, Linear) and isinstance(layer.down, Linear)
-            following = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else None
+            following = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self._head_norm()
             if self.rotary_fold:
                 rotary = self._rotary_write(positions, rotary_table, k_cache, v_cache, meta.slot_mapping)
                 q = layer.qkv.fused(row, norm_weight=layer.input_norm, eps=eps, rotary=rotary)[:, : self.q_size]
@@ -338,7 +343,12 @@ class LlamaModel:
             act = layer.gate_up.fused(row, norm_weight=layer.post_norm, eps=eps, gated=True)
             row = layer.down.fused(act, residual=hidden, **self._folded(following))
             hidden = getattr(row, "hidden", row)
+        self._head_row = row if self.head_fold else None
         return hidden
+
+    def _head_norm(self) -> torch.Tensor | None:
+        """The norm after the last layer where the head folds it, else None (no fold to write)."""
+        return self.final_norm if self.head_fold else None
 
     def _rotary_write(self, *operands: torch.Tensor) -> Any:
         """What the qkv projection's epilogue needs to rotate q and k and cache k and v
@@ -379,8 +389,9 @@ class LlamaModel:
         rank gets them all under tensor parallel; rank 0 samples)."""
         if self.head_fusion and hidden.shape[0] == 1:
             assert isinstance(self.lm_head, Linear)
+            row = self._head_row if self._head_row is not None and self._head_row.hidden is hidden else hidden
             return self.lm_head.fused(
-                hidden, norm_weight=self.final_norm, eps=self.shape.rms_norm_eps, out_dtype=torch.float32
+                row, norm_weight=self.final_norm, eps=self.shape.rms_norm_eps, out_dtype=torch.float32
             )
         normed = self.ops.rms_norm(hidden, self.final_norm, self.shape.rms_norm_eps)
         if not self.parallel.is_parallel:

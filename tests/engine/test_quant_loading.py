@@ -233,10 +233,12 @@ def test_batch_one_decode_runs_the_fused_quantized_rows(tmp_path: Path, kind: st
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_norm_fold_keeps_the_batch_one_decode(tmp_path: Path) -> None:
+@pytest.mark.parametrize("int4_head", [False, True])
+def test_norm_fold_keeps_the_batch_one_decode(tmp_path: Path, int4_head: bool) -> None:
     """bfloat16 int4 in groups of 128: the o and down projections hand the next normed linear its scaled
-    input and the qkv projection rotates q and k and writes the cache (``LlamaModel.NORM_FOLD``), and a lone
-    sequence decodes as with every norm inside its reader and the rotary kernel after the qkv projection."""
+    input, the last one to an int4 head too, and the qkv projection rotates q and k and writes the cache
+    (``LlamaModel.NORM_FOLD``), and a lone sequence decodes as with every norm inside its reader and the
+    rotary kernel after the qkv projection."""
     from omni_gateway.engine.models.llama import LlamaModel
 
     quantized, _ = _write_pair(tmp_path, "awq-128")
@@ -245,11 +247,12 @@ def test_norm_fold_keeps_the_batch_one_decode(tmp_path: Path) -> None:
     for fold in (True, False):
         LlamaModel.NORM_FOLD = fold
         try:
-            llm = LLM(model=quantized, device="cuda", dtype="bfloat16", max_model_len=128)
+            llm = LLM(model=quantized, device="cuda", dtype="bfloat16", max_model_len=128, quantize_lm_head=int4_head)
         finally:
             LlamaModel.NORM_FOLD = True
         model = llm.engine.runner.model
         assert model.row_fusion and model.norm_fold == model.rotary_fold == fold
+        assert model.head_fold == (fold and int4_head)
         outs = [llm.generate([prompt], params)[0].outputs[0] for prompt in PROMPTS]
         runs.append([(o.token_ids, [lp.logprob for lp in o.logprobs or []]) for o in outs])
         del llm
