@@ -77,6 +77,22 @@ def _case(n: int, k: int, f: dict[str, Any], x: torch.Tensor, g: torch.Tensor, o
     return call
 
 
+def operands(n: int, x: torch.Tensor, g: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the fusions read beside the row ``x`` and the norm weight ``g``: a residual, the next norm's
+    weight, the folded norm's operands and a token's rotary position, cache slot and caches."""
+    return dict(
+        residual=torch.randn(1, n, device=DEV, dtype=torch.bfloat16),
+        next=torch.rand(n, device=DEV, dtype=torch.bfloat16) + 0.5,
+        scaled=(x.float() * g.float()).to(torch.bfloat16),
+        squares=x.float().square().view(-1, fr.BLOCK_N).sum(1),
+        pos=torch.tensor([700], device=DEV),
+        slot=torch.tensor([1234], device=DEV),
+        table=torch.randn(2048, D, device=DEV),
+        k_cache=torch.zeros(256, 16, HKV, D, device=DEV, dtype=torch.bfloat16),
+        v_cache=torch.zeros(256, 16, HKV, D, device=DEV, dtype=torch.bfloat16),
+    )
+
+
 def _expected(n: int, w: torch.Tensor, f: dict[str, Any], x: torch.Tensor, g: torch.Tensor, ops: dict[str, Any]):
     feats = n // 2 if f.get("gated") else n
     out = ref.row_linear(
@@ -110,17 +126,7 @@ def main() -> None:
             sets, w0 = _sets(n, k)
             x = torch.randn(1, k, device=DEV, dtype=torch.bfloat16)
             g = torch.rand(k, device=DEV, dtype=torch.bfloat16) + 0.5
-            ops = dict(
-                residual=torch.randn(1, n, device=DEV, dtype=torch.bfloat16),
-                next=torch.rand(n, device=DEV, dtype=torch.bfloat16) + 0.5,
-                scaled=(x.float() * g.float()).to(torch.bfloat16),
-                squares=x.float().square().view(-1, fr.BLOCK_N).sum(1),
-                pos=torch.tensor([700], device=DEV),
-                slot=torch.tensor([1234], device=DEV),
-                table=torch.randn(2048, D, device=DEV),
-                k_cache=torch.zeros(256, 16, HKV, D, device=DEV, dtype=torch.bfloat16),
-                v_cache=torch.zeros(256, 16, HKV, D, device=DEV, dtype=torch.bfloat16),
-            )
+            ops = operands(n, x, g)
             line = []
             for design, f in (("in the loop", before), ("folded", after)):
                 call: Callable[[tuple[torch.Tensor, ...]], torch.Tensor] = _case(n, k, f, x, g, ops)
