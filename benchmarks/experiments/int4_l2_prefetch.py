@@ -36,28 +36,21 @@ from omni_gateway.kernels.paged_decode import paged_decode_attention
 from omni_gateway.kernels.quant_linear import int4_row_linear
 
 from benchmarks.common import RESULTS_DIR, ResultLog, time_graph
-from benchmarks.experiments.l2_prefetch import _bulk_prefetch, _line_prefetch
+from benchmarks.experiments.l2_prefetch import prefetch
 
 H, I, HQ, HKV, D = 4096, 14336, 32, 8, 128
 NL, CTX, MB = 8, 1100, 1 << 20
 DEV = torch.device("cuda")
 
 
-def prefetch(kind: str, tensors: tuple[torch.Tensor, ...], budget: int) -> None:
+def prefetch_all(kind: str, tensors: tuple[torch.Tensor, ...], budget: int) -> None:
     """Prefetch up to ``budget`` bytes of ``tensors`` (in order) into L2 with ``kind``."""
     for t in tensors:
-        words = t.reshape(-1).view(torch.int32)
-        n = min(budget, words.numel() * 4) // 4
-        budget -= n * 4
-        if n <= 0:
+        size = t.numel() * t.element_size()
+        if budget <= 0:
             break
-        if kind == "line":
-            lines = n // 32
-            _line_prefetch[(math.ceil(lines / 1024),)](words, lines, BLOCK=128, ITERS=8, num_warps=4)
-        else:
-            chunk_words = int(kind.removeprefix("bulk")) * 1024 // 4
-            chunks = max(1, n // chunk_words)
-            _bulk_prefetch[(math.ceil(chunks / 32),)](words, chunks, CHUNK_WORDS=chunk_words, num_warps=1)
+        prefetch(kind, t, budget)
+        budget -= size
 
 
 def _int4(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -102,7 +95,7 @@ def main() -> None:
                 forked = True
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
-                    prefetch(str(kind), weights, budget)
+                    prefetch_all(str(kind), weights, budget)
 
         hidden, row = hidden0, hidden0
         for _rep in range(2):

@@ -94,8 +94,9 @@ SINK = None
 
 
 def prefetch(kind: str, w: torch.Tensor, nbytes: int) -> None:
+    """Prefetch the first ``nbytes`` of ``w`` (any dtype, a whole number of 32-bit words) into L2 with ``kind``."""
     words = w.view(-1).view(torch.int32)
-    n = min(nbytes, w.numel() * 2) // 4
+    n = min(nbytes, w.numel() * w.element_size()) // 4
     if n <= 0:
         return
     if kind == "load":
