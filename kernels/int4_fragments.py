@@ -17,14 +17,12 @@ kernels/quant_tiles.py.
 The words come in 64-row tiles (``quant_reference.tile_int4``): a program's rows of one group are one
 contiguous run. Programs own 32 rows (16 gate and 16 up rows, gated) and split the groups (``split_for``);
 each writes float32 partial sums, and the last to finish (an atomic counter per row block, shared with
-kernels/quant_gemv.py's) adds them and runs the epilogue.
+kernels/quant_gemv.py's) adds them and runs the epilogue (kernels/int4_row_epilogue.py), or each adds its
+sums into a float32 row (kernels/int4_row_stream.py).
 
-An RMSNorm before the linear runs one of two ways. In the loop: each group's activations times the norm
-weight, each split's sum of squares written beside its partial sums, and the last program adding those up
-for the row's scale. Or folded into the linear that wrote the row (``NormedRow``): that linear's epilogue
-(``next_norm``, the o and down projections of a decode layer) also writes the row times the next norm's
-weight and each block's sum of squares, so the reading loop runs as if there were no norm. On an H100 the
-fold took the 8B gate/up projection from 32.3 to 26.6 us and the qkv projection from 9.8 to 8.9.
+An RMSNorm before the linear runs in the loop, each group's activations times the norm weight, each split's
+sum of squares written beside its partial sums and the last program adding those up for the row's scale; or,
+reading the float32 stream, in the staging before the loop.
 ``A_ORDER`` and ``X_ORDER`` are that reduction order, applied to the ``[rows, word, nibble]`` tile and to the
 group's activations; ``twin`` runs them in torch, which is what the CPU can check.
 """
@@ -35,15 +33,15 @@ import functools
 from typing import Any, NamedTuple
 
 import torch
-from omni_gateway.kernels.int4_row_epilogue import (
-    NORM_GIVEN,
-    NORM_IN_LOOP,
-    NORM_NONE,
-    NormedRow,
-    RotaryWrite,
-    epilogue,
-    rotary_epilogue,
-    row_norm,
+from omni_gateway.kernels.int4_row_epilogue import RotaryWrite, split_tail
+from omni_gateway.kernels.int4_row_stream import (
+    SOURCE_GATE,
+    SOURCE_ROW,
+    SOURCE_STREAM,
+    GateSums,
+    StreamRow,
+    add_into,
+    stage,
 )
 from omni_gateway.kernels.validation import next_pow2
 from triton.experimental import gluon
@@ -58,6 +56,8 @@ MAX_SPLIT = 8
 MAX_LONG_SPLIT = 16
 MIN_LONG_GROUPS = 4
 UNSPLIT_BLOCKS = 2048
+ADD_PROGRAMS = 4096
+MIN_ADD_GROUPS = 2
 # Reduction slot k of a group = 64 t1 + 32 t0 + 16 i1 + 8 i0 + 4 c1 + 2 c0 + h holds word 4c + t, nibble
 # i + 4h (i = 2 i1 + i0): feature 32c + 8t + 4h + 2 i1 + i0. The tile [rows, c1 c0 t1 t0, h i1 i0] and the
 # activations [c1 c0 t1 t0 h i1 i0], split into bits, permuted to the slots' order:
@@ -68,9 +68,6 @@ _X_ORDER = gl.constexpr(X_ORDER)
 _GROUP = gl.constexpr(GROUP)
 _ROW_TILE = gl.constexpr(ROW_TILE)
 DEQUANT = "{ .reg .b32 t; shr.u32 t, $1, $3; lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA; sub.rn.bf16x2 $0, t, $5; }"
-# Every thread's partial sums must be stored before its program's counter moves; the barrier's name
-# changed between Triton releases.
-_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 # Benchmarks clear this to time the CUDA-core planes in its place.
 ENABLED = True
@@ -199,10 +196,7 @@ def _fragments_kernel(
     lock_ptr,
     norm_ptr,
     res_ptr,
-    sq_in_ptr,
-    next_ptr,
-    scaled_ptr,
-    sq_out_ptr,
+    sq_ptr,
     pos_ptr,
     table_ptr,
     k_cache_ptr,
@@ -211,7 +205,7 @@ def _fragments_kernel(
     N,
     K,
     eps,
-    n_sq,
+    width,
     MMA: gl.constexpr,
     A: gl.constexpr,
     B: gl.constexpr,
@@ -226,12 +220,14 @@ def _fragments_kernel(
     NORM: gl.constexpr,
     RESIDUAL: gl.constexpr,
     GATED: gl.constexpr,
-    NEXT_NORM: gl.constexpr,
-    SQ_BLOCKS: gl.constexpr,
     ROTARY: gl.constexpr,
     HEAD_DIM: gl.constexpr,
     NUM_Q_HEADS: gl.constexpr,
     NUM_KV_HEADS: gl.constexpr,
+    SOURCE: gl.constexpr,
+    STAGE_GROUPS: gl.constexpr,
+    ACCUMULATE: gl.constexpr,
+    WARPS: gl.constexpr,
 ):
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
@@ -250,58 +246,54 @@ def _fragments_kernel(
     squares = gl.zeros([_GROUP], gl.float32, FLAT)  # of the split's activations, for the norm
     sq_ptrs = x_ptr + gl.arange(0, _GROUP, layout=FLAT)
     per_split = groups // SPLIT
-    for g in range(pid_k * per_split, (pid_k + 1) * per_split):
+    first = pid_k * per_split
+    square_sum = 0.0
+    if SOURCE != SOURCE_ROW:
+        staged, square_sum = stage(
+            x_ptr, norm_ptr, sq_ptr, first, per_split, K, eps, width, SOURCE, STAGE_GROUPS, WARPS
+        )
+    for g in range(first, first + per_split):
         words = gl.load(w_ptrs + gl.multiple_of(g * (16 * _ROW_TILE), 16), eviction_policy="evict_first")
-        xv = gl.load(x_ptrs + g * _GROUP)
-        if NORM == NORM_IN_LOOP:  # the norm weight here, its per-row scale in the epilogue
-            xv = (xv.to(gl.float32) * gl.load(g_ptrs + g * _GROUP).to(gl.float32)).to(gl.bfloat16)
-            xs = gl.load(sq_ptrs + g * _GROUP).to(gl.float32)
-            squares += xs * xs
+        if SOURCE == SOURCE_ROW:
+            xv = gl.load(x_ptrs + g * _GROUP)
+            if NORM:  # the norm weight here, its per-row scale in the epilogue
+                xv = (xv.to(gl.float32) * gl.load(g_ptrs + g * _GROUP).to(gl.float32)).to(gl.bfloat16)
+                xs = gl.load(sq_ptrs + g * _GROUP).to(gl.float32)
+                squares += xs * xs
+        else:
+            xv = staged.index(g - first).load(X)
         zero = gl.load(z_ptrs + g)
         scale = gl.load(s_ptrs + g)
         total = group_product(words, xv, zero, scale, total, MMA, A, B, TILE, DEQUANT_ASM, BLOCK_N)
+    if SOURCE == SOURCE_ROW and NORM:
+        square_sum = gl.sum(squares, 0)
     # the eight columns are equal: column 0 holds the row's sums
     column = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
-    gl.store(part_ptr + pid_k * N + rows[:, None] + column[None, :] * 0, total, mask=column[None, :] == 0)
-    # Each split's sum of squares goes beside its partial sums, so that the last program's norm is SPLIT
-    # loads, not a second pass over the row.
-    n_blocks = gl.num_programs(0)
-    sq_ptr = part_ptr + SPLIT * N
-    square_sum = 0.0
-    if NORM == NORM_IN_LOOP:
-        square_sum = gl.sum(squares, 0)
-        if SPLIT > 1:
-            gl.store(sq_ptr + pid_k * n_blocks + pid_n, square_sum)
-    _barrier()  # every thread's partial sums precede the counter's release (or, unsplit, the epilogue's reads)
-    last = True
-    if SPLIT > 1:
-        last = gl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel") == SPLIT - 1
-    if last:
-        if SPLIT > 1:
-            gl.atomic_xchg(lock_ptr + pid_n, 0)  # ready for the next launch
-        norm_scale = row_norm(
-            sq_ptr, square_sum, sq_in_ptr, n_sq, pid_n, n_blocks, K, eps, FLAT, SPLIT, NORM, SQ_BLOCKS
-        )
-        if ROTARY:
-            rotary_epilogue(
-                bias_ptr, out_ptr, part_ptr, norm_scale, pos_ptr, table_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-                pid_n, N, x_ptr.dtype.element_ty, FLAT, BLOCK_N, SPLIT, HAS_BIAS, HEAD_DIM, NUM_Q_HEADS,
-                NUM_KV_HEADS,
-            )  # fmt: skip
-        else:
-            epilogue(
-                x_ptr, bias_ptr, out_ptr, part_ptr, norm_scale, res_ptr, next_ptr, scaled_ptr, sq_out_ptr, pid_n,
-                N, FLAT, BLOCK_N, SPLIT, HAS_BIAS, RESIDUAL, GATED, NEXT_NORM,
-            )  # fmt: skip
+    if ACCUMULATE:
+        add_into(out_ptr, sq_ptr, total, square_sum, rows, column, pid_n, NORM)
+    else:
+        split_tail(
+            bias_ptr, out_ptr, part_ptr, lock_ptr, res_ptr, pos_ptr, table_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+            total, square_sum, rows, column, pid_n, pid_k, N, K, eps, FLAT, SPLIT, NORM, HAS_BIAS, RESIDUAL,
+            GATED, ROTARY, HEAD_DIM, NUM_Q_HEADS, NUM_KV_HEADS, BLOCK_N,
+        )  # fmt: skip
 
 
-def supported(x: torch.Tensor, packed: torch.Tensor, group: int) -> bool:
-    """Whether ``launch`` takes this one-row int4 product: bfloat16 activations on sm_90+, groups of 128,
-    words in ``ROW_TILE``-row tiles. Whole tiles make whole programs: ``BLOCK_N`` divides ``ROW_TILE``, and
-    gated, ``BLOCK_N / 2`` divides ``N / 2``."""
-    if not ENABLED or x.device.type != "cuda" or x.dtype != torch.bfloat16 or group != GROUP:
+def takes(packed: torch.Tensor, group: int) -> bool:
+    """Whether ``launch`` reads this int4 weight: on sm_90+, groups of 128, words in ``ROW_TILE``-row tiles.
+    Whole tiles make whole programs: ``BLOCK_N`` divides ``ROW_TILE``, and gated, ``BLOCK_N / 2`` divides
+    ``N / 2``."""
+    if not ENABLED or packed.device.type != "cuda" or group != GROUP:
         return False
-    return packed.dim() == 4 and packed.shape[2] == ROW_TILE and _sm90(x.device)
+    return packed.dim() == 4 and packed.shape[2] == ROW_TILE and _sm90(packed.device)
+
+
+def supported(x: torch.Tensor | StreamRow | GateSums, packed: torch.Tensor, group: int) -> bool:
+    """Whether ``launch`` takes this one-row product (``takes``): bfloat16 activations, as a bfloat16 row on
+    the weight's device or a float32 row of kernels/int4_row_stream.py."""
+    if isinstance(x, torch.Tensor) and (x.dtype != torch.bfloat16 or x.device != packed.device):
+        return False
+    return takes(packed, group)
 
 
 @functools.cache
@@ -321,71 +313,66 @@ def split_for(groups: int, blocks: int) -> int:
     return max(long) if long else max(s for s in range(1, MAX_SPLIT + 1) if groups % s == 0)
 
 
+def add_split_for(groups: int, blocks: int) -> int:
+    """How many ways a launch that adds into a float32 row (kernels/int4_row_stream.py) splits its ``groups``:
+    with no split tail to pay, finer than ``split_for``: the most that divide them evenly, keep
+    ``MIN_ADD_GROUPS`` each and ``ADD_PROGRAMS`` programs in all, and at least ``MAX_SPLIT`` where the groups
+    allow. On an H100 at the 8B shapes: o (128 blocks, 32 groups) 4.9 us at 16 splits against 5.6 at 8; down
+    (128 blocks, 112 groups) 14.0 at 28 against 14.9 at 16; gate/up (896 blocks) 23.2 at 8 against 23.5 at 4."""
+    most = max(MAX_SPLIT, ADD_PROGRAMS // max(1, blocks))
+    fits = [s for s in range(1, most + 1) if groups % s == 0 and groups // s >= MIN_ADD_GROUPS]
+    return max(fits) if fits else 1
+
+
 def launch(
-    x: torch.Tensor,
+    x: torch.Tensor | StreamRow | GateSums,
     packed: torch.Tensor,
     scales: torch.Tensor,
     zeros: torch.Tensor,
     bias: torch.Tensor | None,
-    out: torch.Tensor,
+    out: torch.Tensor | StreamRow | GateSums,
     locks: torch.Tensor | None,
     *,
     norm_weight: torch.Tensor | None,
     eps: float,
     residual: torch.Tensor | None,
     gated: bool,
-    squares: torch.Tensor | None = None,
-    next_norm: torch.Tensor | None = None,
     rotary: RotaryWrite | None = None,
-) -> torch.Tensor | NormedRow:
-    """Writes ``out`` ([1, N], or [1, N / 2] gated) for one bfloat16 row ``x`` [1, K] against the tiled int4
-    weight ``packed`` ([N / 64, K / 128, 64, 64] uint8, ``supported``) with its ``scales`` and ``zeros``
-    [N, K / 128]; operands validated by the caller (kernels/quant_linear.py). Without ``locks`` (split-K
-    counters, kernels/quant_gemv.py) the reduction runs unsplit.
+) -> None:
+    """Writes ``out`` ([1, N], or [1, N / 2] gated) for one row ``x`` against the tiled int4 weight ``packed``
+    ([N / 64, K / 128, 64, 64] uint8, ``supported``) with its ``scales`` and ``zeros`` [N, K / 128]; operands
+    validated by the caller (kernels/quant_linear.py). Without ``locks`` (split-K counters,
+    kernels/quant_gemv.py) the reduction runs unsplit.
 
-    With ``squares`` (a ``NormedRow``'s), ``x`` is already times ``norm_weight`` and only the row's RMS scale
-    is applied. With ``next_norm`` (not gated, ``out`` in x's dtype) it returns ``NormedRow(out, ...)`` for
-    the linear normed by ``next_norm`` that reads ``out`` next. With ``rotary`` (``RotaryWrite.fits``, not
-    gated, no residual) ``out``'s first ``num_q_heads`` heads hold the rotated q, and the token's k and v go
-    to the caches only."""
+    ``x`` is a bfloat16 row [1, K], or from kernels/int4_row_stream.py the float32 residual stream
+    (``StreamRow``, read through the norm ``norm_weight``) or ``GateSums`` (finished into the MLP's activation).
+    With ``rotary`` (``RotaryWrite.fits``, not gated, no residual) ``out``'s first ``num_q_heads`` heads hold
+    the rotated q, and the token's k and v go to the caches only. An ``out`` of that module adds each split's
+    sums into it instead: the stream (no norm, bias, residual or rotary), or gated and normed, zeroed
+    ``GateSums`` (the norm's scale left to their reader)."""
     n, k = scales.shape[0], scales.shape[1] * GROUP
-    split = split_for(k // GROUP, n // BLOCK_N) if locks is not None else 1
+    accumulate = not isinstance(out, torch.Tensor)
+    split = (add_split_for if accumulate else split_for)(k // GROUP, n // BLOCK_N) if locks is not None else 1
     lay = layouts(BLOCK_N, WARPS)
-    if next_norm is not None and (gated or out.dtype != x.dtype or n % BLOCK_N):
-        raise ValueError(
-            f"int4 fragments: next_norm needs an ungated output in the activations' dtype ({x.dtype}) and "
-            f"N a multiple of {BLOCK_N}, got gated={gated}, {out.dtype}, N={n}"
-        )
-    if rotary is not None and (
-        gated or residual is not None or next_norm is not None or not rotary.fits(x, n, BLOCK_N)
-    ):
-        raise ValueError(
-            f"int4 fragments: rotary needs an ungated qkv projection of whole {BLOCK_N}-multiple heads "
-            f"({rotary.num_q_heads} q + 2 x {rotary.num_kv_heads} kv heads of {rotary.head_dim}) with caches in "
-            f"{x.dtype}, got N={n}, gated={gated}, caches {rotary.k_cache.dtype}"
-        )
-    normed = None
-    if next_norm is not None:
-        normed = NormedRow(out, torch.empty_like(out), torch.empty(n // BLOCK_N, device=x.device), next_norm)
-    norm = NORM_NONE if norm_weight is None else NORM_GIVEN if squares is not None else NORM_IN_LOOP
+    source = SOURCE_GATE if isinstance(x, GateSums) else SOURCE_STREAM if isinstance(x, StreamRow) else SOURCE_ROW
+    _check_modes(source, out, n, norm_weight, bias, residual, gated, rotary)
     # each split's partial sums [N], then each split's sums of squares [N / BLOCK_N]
-    parts = torch.empty(split * (n + n // BLOCK_N), device=x.device, dtype=torch.float32)
+    parts = torch.empty(split * (n + n // BLOCK_N), device=packed.device, dtype=torch.float32)
+    squares = x.squares if isinstance(x, GateSums) else out.squares if isinstance(out, GateSums) else parts
+    row = x if isinstance(x, torch.Tensor) else x[0]  # the tensor of a StreamRow or GateSums
     # gated, a program's rows are half gate and half up: N / BLOCK_N programs either way
     _fragments_kernel[(n // BLOCK_N, split)](
         packed.view(torch.int32),
-        x,
+        row,
         scales,
         zeros,
-        x if bias is None else bias,
-        out,
+        row if bias is None else bias,
+        out if isinstance(out, torch.Tensor) else out[0],
         parts,
         parts if locks is None else locks,
-        x if norm_weight is None else norm_weight,
-        x if residual is None else residual,
-        parts if squares is None else squares,
-        x if next_norm is None else next_norm,
-        x if normed is None else normed.scaled,
-        parts if normed is None else normed.squares,
+        row if norm_weight is None else norm_weight,
+        row if residual is None else residual,
+        squares,
         *(
             (parts, parts, parts, parts, parts)
             if rotary is None
@@ -393,26 +380,63 @@ def launch(
         ),
         n,
         k,
-        eps,
-        1 if squares is None else squares.numel(),
+        x.eps if isinstance(x, GateSums) else eps,
+        x.width if isinstance(x, GateSums) else 1,
         **lay.loop_kwargs(),
         FLAT=lay.flat,
         DEQUANT_ASM=DEQUANT,
         BLOCK_N=BLOCK_N,
         SPLIT=split,
         HAS_BIAS=bias is not None,
-        NORM=norm.value,
+        NORM=norm_weight is not None,
         RESIDUAL=residual is not None,
-        GATED=gated,
-        NEXT_NORM=next_norm is not None,
-        SQ_BLOCKS=1 if squares is None else max(2, next_pow2(squares.numel())),
+        GATED=gated and not accumulate,  # accumulating, the gate and up sums land in their own rows
         ROTARY=rotary is not None,
         HEAD_DIM=1 if rotary is None else rotary.head_dim,
         NUM_Q_HEADS=1 if rotary is None else rotary.num_q_heads,
         NUM_KV_HEADS=1 if rotary is None else rotary.num_kv_heads,
+        SOURCE=source,
+        STAGE_GROUPS=max(2, next_pow2(k // GROUP // split)),
+        ACCUMULATE=accumulate,
+        WARPS=WARPS,
         num_warps=WARPS,
     )
-    return out if normed is None else normed
+
+
+def _check_modes(
+    source: int,
+    out: torch.Tensor | StreamRow | GateSums,
+    n: int,
+    norm_weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    gated: bool,
+    rotary: RotaryWrite | None,
+) -> None:
+    """Refuse the combinations ``launch`` has no kernel for, naming what each needs."""
+    normed = norm_weight is not None
+    if source == SOURCE_STREAM and not normed:
+        raise ValueError("int4 fragments: the float32 stream is read through its norm; got no norm_weight")
+    if source == SOURCE_GATE and normed:
+        raise ValueError("int4 fragments: GateSums carry their own norm's scale; got a norm_weight too")
+    if isinstance(out, torch.Tensor):
+        if rotary is not None and (gated or residual is not None or not rotary.fits(out.dtype, n, BLOCK_N)):
+            raise ValueError(
+                f"int4 fragments: rotary needs an ungated qkv projection of whole {BLOCK_N}-multiple heads "
+                f"({rotary.num_q_heads} q + 2 x {rotary.num_kv_heads} kv heads of {rotary.head_dim}) with caches "
+                f"in the output's dtype, got N={n}, gated={gated}, caches {rotary.k_cache.dtype}"
+            )
+        return
+    if bias is not None or residual is not None or rotary is not None:
+        raise ValueError(
+            "int4 fragments: adding into a float32 row takes no bias, residual or rotary; got "
+            f"bias={bias is not None}, residual={residual is not None}, rotary={rotary is not None}"
+        )
+    if isinstance(out, GateSums) != gated or normed != gated:
+        raise ValueError(
+            "int4 fragments: a gated, normed projection adds into GateSums and an ungated one without a norm into "
+            f"the stream; got {type(out).__name__} with gated={gated}, norm={normed}"
+        )
 
 
 def twin(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
-"""What the last program of a row block of kernels/int4_fragments.py runs once every split has written its
-float32 partial sums: their total, the RMSNorm's row scale, bias, and the fusion that writes the output (a
-residual add, the gate, the next norm's input, or q rotated and k and v cached), in Gluon with one value a
-thread in ``FLAT``; and, as ``NormedRow`` and ``RotaryWrite``, what the callers hand it for the folds."""
+"""How a program of kernels/int4_fragments.py ends once it has its float32 sums: either every split writes
+its partial sums and the last to finish (an atomic counter per row block) adds them up and writes the output
+(the RMSNorm's row scale, bias, and a residual add, the gate, or q rotated and k and v cached), or
+(kernels/int4_row_stream.py) each split adds its sums straight into a float32 row. In Gluon, with one value a
+thread in ``FLAT``; and, as ``RotaryWrite``, what a qkv projection hands its epilogue."""
 
 from __future__ import annotations
 
@@ -11,26 +12,9 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-# How the kernel meets an RMSNorm before it: none; the norm weight applied to each group's activations and
-# the row's squares summed in the loop; or both done by the linear that wrote the row (``NormedRow``).
-NORM_NONE, NORM_IN_LOOP, NORM_GIVEN = gl.constexpr(0), gl.constexpr(1), gl.constexpr(2)
-
-
-class NormedRow(NamedTuple):
-    """A row of the residual stream as a linear wrote it for the normed linear after it (``launch`` with
-    ``next_norm``): ``hidden`` [1, K]; ``scaled``, hidden times the next norm's weight, rounded to hidden's
-    dtype as that linear's own loop would; ``squares``, the float32 sums of hidden^2 over each block of the
-    writer's output features. ``scaled`` and ``squares`` are None where the writer could not fold the norm;
-    the next linear then normalizes ``hidden`` itself."""
-
-    hidden: torch.Tensor
-    scaled: torch.Tensor | None
-    squares: torch.Tensor | None
-    norm_weight: torch.Tensor
-
-    def given_to(self, norm_weight: torch.Tensor | None) -> bool:
-        """Whether this row already carries ``norm_weight``'s scaling and squares."""
-        return self.scaled is not None and norm_weight is self.norm_weight
+# Every thread's partial sums must be stored before its program's counter moves; the barrier's name
+# changed between Triton releases.
+barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 class RotaryWrite(NamedTuple):
@@ -50,14 +34,14 @@ class RotaryWrite(NamedTuple):
     def head_dim(self) -> int:
         return int(self.k_cache.shape[3])
 
-    def fits(self, x: torch.Tensor, n: int, block_n: int) -> bool:
-        """Whether the epilogue can run it for activations ``x`` and an ``n``-row qkv weight in programs of
-        ``block_n`` rows: whole heads of a multiple of ``block_n`` features, caches in the activations' dtype."""
+    def fits(self, dtype: torch.dtype, n: int, block_n: int) -> bool:
+        """Whether the epilogue can run it for an ``n``-row qkv weight in programs of ``block_n`` rows writing
+        ``dtype``: whole heads of a multiple of ``block_n`` features, caches in that dtype."""
         d = self.head_dim
         return (
             d % block_n == 0
             and n == (self.num_q_heads + 2 * self.num_kv_heads) * d
-            and self.k_cache.dtype == self.v_cache.dtype == x.dtype
+            and self.k_cache.dtype == self.v_cache.dtype == dtype
             and self.k_cache.is_contiguous()
             and self.v_cache.is_contiguous()
             and self.cos_sin_cache.shape[1] == d
@@ -84,16 +68,53 @@ def _sum_parts(part_ptr, rows, N, SPLIT: gl.constexpr):
 
 
 @gluon.jit
+def split_tail(
+    bias_ptr, out_ptr, part_ptr, lock_ptr, res_ptr, pos_ptr, table_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    total, square_sum, rows, column, pid_n, pid_k, N, K, eps, FLAT: gl.constexpr, SPLIT: gl.constexpr,
+    NORM: gl.constexpr, HAS_BIAS: gl.constexpr, RESIDUAL: gl.constexpr, GATED: gl.constexpr,
+    ROTARY: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_Q_HEADS: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+):  # fmt: skip
+    """Store this split's sums ``total`` [BLOCK_N, 8] (column 0 holds them) and its sum of squares; the last
+    split of the row block to finish adds them all up and writes the output."""
+    gl.store(part_ptr + pid_k * N + rows[:, None] + column[None, :] * 0, total, mask=column[None, :] == 0)
+    # Each split's sum of squares goes beside its partial sums, so that the last program's norm is SPLIT
+    # loads, not a second pass over the row.
+    n_blocks = gl.num_programs(0)
+    sq_ptr = part_ptr + SPLIT * N
+    if NORM and SPLIT > 1:
+        gl.store(sq_ptr + pid_k * n_blocks + pid_n, square_sum)
+    barrier()  # every thread's partial sums precede the counter's release (or, unsplit, the epilogue's reads)
+    last = True
+    if SPLIT > 1:
+        last = gl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel") == SPLIT - 1
+    if last:
+        if SPLIT > 1:
+            gl.atomic_xchg(lock_ptr + pid_n, 0)  # ready for the next launch
+        norm_scale = 1.0
+        if NORM:  # RMSNorm's rsqrt(mean(x^2) + eps) over the whole row, from each split's sum of squares
+            if SPLIT > 1:
+                square_sum = _sum_parts(sq_ptr, pid_n, n_blocks, SPLIT)
+            norm_scale = gl.rsqrt(square_sum / K + eps)
+        if ROTARY:
+            rotary_epilogue(
+                bias_ptr, out_ptr, part_ptr, norm_scale, pos_ptr, table_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+                pid_n, N, FLAT, BLOCK_N, SPLIT, HAS_BIAS, HEAD_DIM, NUM_Q_HEADS, NUM_KV_HEADS,
+            )  # fmt: skip
+        else:
+            epilogue(
+                bias_ptr, out_ptr, part_ptr, norm_scale, res_ptr, pid_n, N, FLAT, BLOCK_N, SPLIT, HAS_BIAS, RESIDUAL,
+                GATED,
+            )  # fmt: skip
+
+
+@gluon.jit
 def epilogue(
-    x_ptr,
     bias_ptr,
     out_ptr,
     part_ptr,
     norm_scale,
     res_ptr,
-    next_ptr,
-    scaled_ptr,
-    sq_out_ptr,
     pid,
     N,
     FLAT: gl.constexpr,
@@ -102,9 +123,8 @@ def epilogue(
     HAS_BIAS: gl.constexpr,
     RESIDUAL: gl.constexpr,
     GATED: gl.constexpr,
-    NEXT_NORM: gl.constexpr,
 ):
-    act: gl.constexpr = x_ptr.dtype.element_ty
+    act: gl.constexpr = gl.bfloat16  # the kernel's activations, whatever the output's dtype
     if GATED:
         feats = pid * (BLOCK_N // 2) + gl.arange(0, BLOCK_N // 2, layout=FLAT)
         gate = _finish(_sum_parts(part_ptr, feats, N, SPLIT), feats, norm_scale, bias_ptr, act, HAS_BIAS)
@@ -118,9 +138,6 @@ def epilogue(
         if RESIDUAL:
             out = (out + gl.load(res_ptr + cols).to(gl.float32)).to(act).to(gl.float32)
         gl.store(out_ptr + cols, out.to(out_ptr.dtype.element_ty))
-        if NEXT_NORM:  # the next linear's activations (rounded as its own loop would) and this block's squares
-            gl.store(scaled_ptr + cols, (out * gl.load(next_ptr + cols).to(gl.float32)).to(act))
-            gl.store(sq_out_ptr + pid, gl.sum(out * out, 0))
 
 
 @gluon.jit
@@ -136,7 +153,6 @@ def rotary_epilogue(
     slot_ptr,
     pid,
     N,
-    act: gl.constexpr,
     FLAT: gl.constexpr,
     BLOCK_N: gl.constexpr,
     SPLIT: gl.constexpr,
@@ -148,6 +164,7 @@ def rotary_epilogue(
     """The qkv projection's outputs, rounded as the unfused layer would, then (kernels/rotary.py
     ``rotary_write_kv``) q rotated into ``out``, k rotated and v as is into the caches' slot (none for a
     padding token's slot -1)."""
+    act: gl.constexpr = gl.bfloat16
     half: gl.constexpr = HEAD_DIM // 2
     head = pid // (HEAD_DIM // BLOCK_N)
     d = (pid % (HEAD_DIM // BLOCK_N)) * (BLOCK_N // 2) + gl.arange(0, BLOCK_N // 2, layout=FLAT)
@@ -173,32 +190,3 @@ def rotary_epilogue(
             else:
                 gl.store(v_cache_ptr + at, x1.to(v_cache_ptr.dtype.element_ty))
                 gl.store(v_cache_ptr + at + half, x2.to(v_cache_ptr.dtype.element_ty))
-
-
-@gluon.jit
-def row_norm(
-    sq_ptr,
-    squares,
-    sq_in_ptr,
-    n_sq,
-    pid_n,
-    n_blocks,
-    K,
-    eps,
-    FLAT: gl.constexpr,
-    SPLIT: gl.constexpr,
-    NORM: gl.constexpr,
-    SQ_BLOCKS: gl.constexpr,
-):
-    """RMSNorm's ``rsqrt(mean(x^2) + eps)`` over the whole row (1.0 without the norm): from each split's sum
-    of squares (``squares`` is this program's own), or, pre-normed, from the ``n_sq`` block sums the linear
-    that wrote the row left at ``sq_in_ptr``."""
-    if NORM == NORM_IN_LOOP:
-        if SPLIT > 1:
-            squares = _sum_parts(sq_ptr, pid_n, n_blocks, SPLIT)
-        return gl.rsqrt(squares / K + eps)
-    if NORM == NORM_GIVEN:
-        blocks = gl.arange(0, SQ_BLOCKS, layout=FLAT)
-        squares = gl.sum(gl.load(sq_in_ptr + blocks, mask=blocks < n_sq, other=0.0), 0)
-        return gl.rsqrt(squares / K + eps)
-    return 1.0

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 from omni_gateway.kernels import int4_fragments
-from omni_gateway.kernels.int4_row_epilogue import NormedRow, RotaryWrite
+from omni_gateway.kernels.int4_row_epilogue import RotaryWrite
+from omni_gateway.kernels.int4_row_stream import GateSums, StreamRow
 from omni_gateway.kernels.quant_gemm import (
     GemmConfig,
     dequant_gemm,
@@ -176,26 +177,22 @@ def _check_int4(packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor)
 
 
 def _int4_fragments(
-    x: torch.Tensor,
+    x: torch.Tensor | StreamRow | GateSums,
     packed: torch.Tensor,
     scales: torch.Tensor,
     zeros: torch.Tensor,
     bias: torch.Tensor | None,
-    features: int,
-    out_dtype: torch.dtype,
+    out: torch.Tensor | StreamRow | GateSums,
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
     residual: torch.Tensor | None = None,
     gated: bool = False,
-    squares: torch.Tensor | None = None,
-    next_norm: torch.Tensor | None = None,
     rotary: RotaryWrite | None = None,
-) -> torch.Tensor | NormedRow:
+) -> None:
     """One row on the tensor cores (``int4_fragments.supported``), split over the groups where the device's
     split-K counters allow."""
-    out = torch.empty(1, features, dtype=out_dtype, device=x.device)
-    locks = split_locks(x.device, scales.shape[0] // int4_fragments.BLOCK_N)
-    return int4_fragments.launch(
+    locks = split_locks(packed.device, scales.shape[0] // int4_fragments.BLOCK_N)
+    int4_fragments.launch(
         x,
         packed,
         scales,
@@ -207,8 +204,6 @@ def _int4_fragments(
         eps=eps,
         residual=residual,
         gated=gated,
-        squares=squares,
-        next_norm=next_norm,
         rotary=rotary,
     )
 
@@ -230,12 +225,14 @@ def int4_linear(
     n, k, group, row_tile = _check_int4(packed, scales, zeros)
     x = _check_x(x, packed, k, n, bias)
     if x.shape[0] == 1 and config is None and int4_fragments.supported(x, packed, group):
-        return _int4_fragments(x, packed, scales, zeros, bias, n, x.dtype)
+        out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+        _int4_fragments(x, packed, scales, zeros, bias, out)
+        return out
     return _run(x, packed, scales, zeros, bias, n, k, INT4_GROUPED, group, config, gemm_config, row_tile)
 
 
 def int4_row_linear(
-    x: torch.Tensor | NormedRow,
+    x: torch.Tensor | StreamRow | GateSums,
     packed: torch.Tensor,
     scales: torch.Tensor,
     zeros: torch.Tensor,
@@ -247,42 +244,36 @@ def int4_row_linear(
     gated: bool = False,
     out_dtype: torch.dtype | None = None,
     config: QuantLinearConfig | None = None,
-    next_norm: torch.Tensor | None = None,
     rotary: RotaryWrite | None = None,
-) -> torch.Tensor | NormedRow:
+    into: StreamRow | GateSums | None = None,
+) -> torch.Tensor | StreamRow | GateSums:
     """One row of ``int4_linear`` with the batch-1 decode fusions of kernels/row_fusion.py; returns
     ``[1, N]`` (``[1, N / 2]`` gated) in ``out_dtype`` (default x's). Tiled bfloat16 rows in groups of 128
     run on the tensor cores (kernels/int4_fragments.py) unless a ``config`` asks for the CUDA-core planes.
+    With ``rotary`` (a qkv projection) the output's q heads come rotated and the token's k and v go to the
+    caches (kernels/rotary.py ``rotary_write_kv``), in the epilogue where ``RotaryWrite.fits``.
 
-    With ``next_norm`` it returns an ``int4_row_epilogue.NormedRow``: the output, and (on the tensor cores) the
-    output times ``next_norm`` with its block sums of squares, which the linear normed by ``next_norm``
-    takes as its ``x`` instead of normalizing the row in its loop. With ``rotary`` (a qkv projection) the
-    output's q heads come rotated and the token's k and v go to the caches (kernels/rotary.py
-    ``rotary_write_kv``), in the epilogue where ``RotaryWrite.fits``."""
-    normed = x if isinstance(x, NormedRow) else None
-    if normed is not None:
-        x = normed.hidden
+    The float32 rows of kernels/int4_row_stream.py run on the tensor cores only: ``x`` the residual stream
+    (``StreamRow``, normed by ``norm_weight``) or a gate/up projection's ``GateSums``, and ``into`` the stream
+    (ungated, no norm) or zeroed ``GateSums`` (gated, normed) that the product is added into and which is
+    returned, instead of a new row."""
     n, k, group, row_tile = _check_int4(packed, scales, zeros)
+    if not isinstance(x, torch.Tensor) or into is not None:
+        return _int4_stream(x, packed, scales, zeros, bias, n, k, group, norm_weight, eps, gated, out_dtype,
+                            config, rotary, into)  # fmt: skip
     x = _check_x(x, packed, k, n, bias)
     fusion = RowFusion.of(
         x, n, k, norm_weight=norm_weight, eps=eps, residual=residual, gated=gated, out_dtype=out_dtype
     )
-    if next_norm is not None:
-        check_tensor("next_norm", next_norm, ndim=1, dtypes=FLOAT_DTYPES, device=x.device)
-        check_dim("next_norm", next_norm.shape[0], fusion.features, "out_features")
     if config is None and int4_fragments.supported(x, packed, group):
-        squares = None
-        if normed is not None and normed.given_to(norm_weight):
-            x, squares = normed.scaled, normed.squares
-        folds_rotary = rotary is not None and rotary.fits(x, n, int4_fragments.BLOCK_N)
-        row = _int4_fragments(
-            x, packed, scales, zeros, bias, fusion.features, fusion.out_dtype, norm_weight, eps, residual, gated,
-            squares, next_norm, rotary if folds_rotary else None,
-        )  # fmt: skip
+        out = torch.empty(1, fusion.features, dtype=fusion.out_dtype, device=x.device)
+        folds_rotary = rotary is not None and rotary.fits(out.dtype, n, int4_fragments.BLOCK_N)
+        _int4_fragments(
+            x, packed, scales, zeros, bias, out, norm_weight, eps, residual, gated, rotary if folds_rotary else None
+        )
         if rotary is not None and not folds_rotary:
-            assert isinstance(row, torch.Tensor)
-            _rotate_and_write(row, rotary)
-        return row
+            _rotate_and_write(out, rotary)
+        return out
     config = config or tuned_config(INT4_GROUPED, 1, n, k)
     out = launch_gemv(
         x,
@@ -301,7 +292,65 @@ def int4_row_linear(
     )
     if rotary is not None:
         _rotate_and_write(out, rotary)
-    return out if next_norm is None else NormedRow(out, None, None, next_norm)
+    return out
+
+
+def _int4_stream(
+    x: torch.Tensor | StreamRow | GateSums,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bias: torch.Tensor | None,
+    n: int,
+    k: int,
+    group: int,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    gated: bool,
+    out_dtype: torch.dtype | None,
+    config: QuantLinearConfig | None,
+    rotary: RotaryWrite | None,
+    into: StreamRow | GateSums | None,
+) -> torch.Tensor | StreamRow | GateSums:
+    """``int4_row_linear`` reading or adding into the float32 rows of kernels/int4_row_stream.py."""
+    if config is not None or not int4_fragments.supported(x, packed, group):
+        raise ValueError(
+            "int4_row_linear: the float32 stream rows need the tensor-core kernel (kernels/int4_fragments.py): "
+            f"sm_90+, groups of {int4_fragments.GROUP}, words in {int4_fragments.ROW_TILE}-row tiles and no "
+            f"launch config; got groups of {group}, packed {tuple(packed.shape)}, config {config}"
+        )
+    f32 = (torch.float32,)
+    if isinstance(x, GateSums):
+        check_tensor("x.sums", x.sums, ndim=2, dtypes=f32, device=packed.device)
+        check_dim("x.sums", x.sums.shape[1], 2 * k, "twice in_features (gate then up)")
+        check_tensor("x.squares", x.squares, ndim=1, dtypes=f32, device=packed.device)
+        row = x.sums[:, :k]
+    else:
+        row = x.row if isinstance(x, StreamRow) else x
+        check_tensor(
+            "x", row, ndim=2, dtypes=f32 if isinstance(x, StreamRow) else (torch.bfloat16,), device=packed.device
+        )
+        check_dim("x", row.shape[1], k, "in_features")
+    fusion = RowFusion.of(
+        row, n, k, norm_weight=norm_weight, eps=eps, residual=None, gated=gated, out_dtype=out_dtype or torch.bfloat16
+    )
+    if into is None:
+        out: torch.Tensor | StreamRow | GateSums = torch.empty(
+            1, fusion.features, dtype=fusion.out_dtype, device=packed.device
+        )
+    else:
+        target = into.row if isinstance(into, StreamRow) else into.sums
+        check_tensor("into", target, ndim=2, dtypes=f32, device=packed.device)
+        check_dim("into", target.shape[1], n, "out_features")
+        out = into
+    folds_rotary = rotary is not None and rotary.fits(fusion.out_dtype, n, int4_fragments.BLOCK_N)
+    _int4_fragments(
+        x, packed, scales, zeros, bias, out, norm_weight, eps, None, gated, rotary if folds_rotary else None
+    )
+    if rotary is not None and not folds_rotary:
+        assert isinstance(out, torch.Tensor)
+        _rotate_and_write(out, rotary)
+    return out
 
 
 def _rotate_and_write(qkv: torch.Tensor, rotary: RotaryWrite) -> None:

@@ -39,9 +39,9 @@ class Linear:
     packed: torch.Tensor | None = None
     packed_rows: int = 1
     row: Callable[..., Any] | None = None
-    # ``row`` takes and, given ``next_norm``, returns an ``int4_row_epilogue.NormedRow``, and takes ``rotary`` (a
-    # qkv projection that finishes the attention's input: LlamaModel.NORM_FOLD, ROTARY_FOLD)
-    row_folds: bool = False
+    # ``row`` reads and adds into the float32 rows of kernels/int4_row_stream.py (``into``) and takes ``rotary``
+    # (a qkv projection that finishes the attention's input): LlamaModel.ROW_STREAM
+    row_streams: bool = False
 
     @classmethod
     def build(
@@ -57,8 +57,8 @@ class Linear:
         if not isinstance(weight, torch.Tensor):  # a quantized weight (engine/quant) brings its own kernels
             row_kernel = getattr(weight, "row_kernel", None)
             row = row_kernel() if row_kernel is not None else None
-            folds = row is not None and getattr(weight, "row_folds", False)
-            return cls(weight, bias, weight.kernel(), row=row, row_folds=folds)
+            streams = row is not None and getattr(weight, "row_streams", False)
+            return cls(weight, bias, weight.kernel(), row=row, row_streams=streams)
         packed = torch.ops.mkldnn._reorder_linear_weight(weight) if prepack else None
         return cls(weight, bias, kernel, packed, packed_rows, None if prepack else row)
 
@@ -69,7 +69,7 @@ class Linear:
 
     def fused(self, x: Any, **fusion: Any) -> Any:
         """One row through ``row`` with ``fusion`` (``norm_weight``/``eps``, ``residual``, ``gated``,
-        ``out_dtype``, and where ``row_folds`` ``next_norm`` and ``rotary``): a ``[1, N]`` tensor, or a
-        ``NormedRow``."""
+        ``out_dtype``, and where ``row_streams`` ``into`` and ``rotary``): a ``[1, N]`` tensor, or the row added
+        into."""
         assert self.row is not None, "this linear has no fused one-row kernel"
         return self.row(x, self.weight, self.bias, **fusion)

@@ -124,14 +124,14 @@ class LlamaModel:
     # Batch-1 decode steps run their layers through the fused one-row kernels where every linear has
     # one (``_decode_row``). Benchmarks clear this to time the unfused design.
     ROW_FUSION = True
-    # There, where every layer linear's row kernel can (int4 on CUDA), the o and down projections also
-    # write the next RMSNorm's scaled input and sums of squares, so that the normed linears after them
-    # (gate/up, the next layer's qkv) skip that work in their loops (``_decode_row``). Benchmarks clear
-    # this to time the design without it. With it, the qkv projection's epilogue also rotates q and k and
-    # writes k and v to the cache (no rotary launch), where the model's rotary is the plain one (no M-RoPE,
-    # no q/k norms), and the last down projection does the same for the final norm where the LM head's row
-    # kernel folds too (``compute_logits``).
-    NORM_FOLD = True
+    # There, where every layer linear reads and adds into the float32 rows of kernels/int4_row_stream.py
+    # (int4 on the tensor cores, bfloat16, no bias past the qkv projection), the residual stream is a float32
+    # row that the o and down projections add their sums into split by split, and the gate/up projection's
+    # sums meet in GateSums that the down projection finishes: no split tails (``_decode_stream``). The qkv
+    # projection's epilogue then also rotates q and k and writes k and v to the cache (no rotary launch)
+    # where the model's rotary is the plain one (no M-RoPE, no q/k norms), and the LM head reads the stream
+    # where its row kernel can (``compute_logits``). Benchmarks clear this to time the design without it.
+    ROW_STREAM = True
 
     def __init__(
         self,
@@ -239,17 +239,22 @@ class LlamaModel:
         # The LM head is checked apart: a head without the fused kernel (a per-block FP8 one) still takes
         # the layers' fused residual stream, through the separate final norm.
         self.head_fusion = self.row_fusion and isinstance(self.lm_head, Linear) and self.lm_head.row is not None
-        self.norm_fold = self.NORM_FOLD and self.row_fusion and all(lin.row_folds for lin in self._layer_linears())
-        self.rotary_fold = self.norm_fold and not self.uses_mrope and not s.qk_norm
-        self.head_fold = self.norm_fold and self.head_fusion and self.lm_head.row_folds
-        # The last layer's row for the head (``head_fold``): a NormedRow of the hidden state _decode_row
-        # returned last, which compute_logits takes when it is handed that very tensor.
-        self._head_row: Any = None
+        self.row_stream = self.ROW_STREAM and self.row_fusion and self._streams_rows()
+        self.rotary_fold = self.row_stream and not self.uses_mrope and not s.qk_norm
+        self.head_stream = self.row_stream and self.head_fusion and self.lm_head.row_streams
+        # (hidden state, stream) of the last ``_decode_stream``: compute_logits reads the float32 stream when
+        # it is handed that very hidden state and the head can (``head_stream``).
+        self._last_stream: tuple[torch.Tensor, Any] | None = None
 
     def _fuses_rows(self) -> bool:
         if self.parallel.is_parallel or self.fused_cpu_layers:
             return False  # sharded outputs are summed before the residual add; the CPU path fuses its own
         return all(isinstance(lin, Linear) and lin.row is not None for lin in self._layer_linears())
+
+    def _streams_rows(self) -> bool:
+        if self.dtype != torch.bfloat16 or not all(lin.row_streams for lin in self._layer_linears()):
+            return False
+        return all(lin.bias is None for layer in self.layers for lin in (layer.o, layer.gate_up, layer.down))
 
     def _layer_linears(self) -> list[Any]:
         return [lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
@@ -324,31 +329,54 @@ class LlamaModel:
         """``decode_layers`` for one token: ``hidden`` is the residual stream throughout. Each norm runs
         inside the linear that reads it, the o and down projections add the residual as they write, and
         the gate/up projection writes the MLP's activation: four linears and the attention per layer."""
+        if self.row_stream:
+            return self._decode_stream(hidden, positions, meta, kv_caches, rotary_table)
         eps = self.shape.rms_norm_eps
-        row: Any = hidden  # the residual stream, or with norm_fold a NormedRow of it (kernels/int4_row_epilogue.py)
-        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             assert isinstance(layer.qkv, Linear) and isinstance(layer.o, Linear)
             assert isinstance(layer.gate_up, Linear) and isinstance(layer.down, Linear)
-            following = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self._head_norm()
+            qkv = layer.qkv.fused(hidden, norm_weight=layer.input_norm, eps=eps)
+            attn = self._attention(layer, qkv, positions, meta, k_cache, v_cache, rotary_table)
+            hidden = layer.o.fused(attn, residual=hidden)
+            act = layer.gate_up.fused(hidden, norm_weight=layer.post_norm, eps=eps, gated=True)
+            hidden = layer.down.fused(act, residual=hidden)
+        return hidden
+
+    def _decode_stream(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        rotary_table: torch.Tensor,
+    ) -> torch.Tensor:
+        """``_decode_row`` with the residual stream a float32 row (``ROW_STREAM``, kernels/int4_row_stream.py):
+        the o and down projections add into it, the gate/up projection into its layer's zeroed GateSums."""
+        from omni_gateway.kernels.int4_row_stream import GateSums, StreamRow
+
+        eps = self.shape.rms_norm_eps
+        stream = StreamRow(hidden.float())
+        assert isinstance(self.layers[0].down, Linear)
+        sums = GateSums.zeros(
+            len(self.layers), self.layers[0].down.weight.shape[1], hidden.shape[1], eps, hidden.device
+        )
+        for layer, gate_sums, (k_cache, v_cache) in zip(self.layers, sums, kv_caches):
+            assert isinstance(layer.qkv, Linear) and isinstance(layer.o, Linear)
+            assert isinstance(layer.gate_up, Linear) and isinstance(layer.down, Linear)
             if self.rotary_fold:
                 rotary = self._rotary_write(positions, rotary_table, k_cache, v_cache, meta.slot_mapping)
-                q = layer.qkv.fused(row, norm_weight=layer.input_norm, eps=eps, rotary=rotary)[:, : self.q_size]
+                q = layer.qkv.fused(stream, norm_weight=layer.input_norm, eps=eps, rotary=rotary)[:, : self.q_size]
                 q = q.view(1, self.num_heads, self.shape.head_dim)
                 attn = paged_attention(self.ops, q, k_cache, v_cache, meta, self.scale).view(1, self.q_size)
             else:
-                qkv = layer.qkv.fused(row, norm_weight=layer.input_norm, eps=eps)
+                qkv = layer.qkv.fused(stream, norm_weight=layer.input_norm, eps=eps)
                 attn = self._attention(layer, qkv, positions, meta, k_cache, v_cache, rotary_table)
-            row = layer.o.fused(attn, residual=hidden, **self._folded(layer.post_norm))
-            hidden = getattr(row, "hidden", row)
-            act = layer.gate_up.fused(row, norm_weight=layer.post_norm, eps=eps, gated=True)
-            row = layer.down.fused(act, residual=hidden, **self._folded(following))
-            hidden = getattr(row, "hidden", row)
-        self._head_row = row if self.head_fold else None
+            layer.o.fused(attn, into=stream)
+            layer.gate_up.fused(stream, norm_weight=layer.post_norm, eps=eps, gated=True, into=gate_sums)
+            layer.down.fused(gate_sums, into=stream)
+        hidden = stream.row.to(hidden.dtype)
+        self._last_stream = (hidden, stream) if self.head_stream else None
         return hidden
-
-    def _head_norm(self) -> torch.Tensor | None:
-        """The norm after the last layer where the head folds it, else None (no fold to write)."""
-        return self.final_norm if self.head_fold else None
 
     def _rotary_write(self, *operands: torch.Tensor) -> Any:
         """What the qkv projection's epilogue needs to rotate q and k and cache k and v
@@ -356,10 +384,6 @@ class LlamaModel:
         from omni_gateway.kernels.int4_row_epilogue import RotaryWrite
 
         return RotaryWrite(*operands, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
-
-    def _folded(self, next_norm: torch.Tensor | None) -> dict[str, Any]:
-        """The ``next_norm`` fusion of a residual-adding linear, where the norm fold runs and a norm follows."""
-        return {"next_norm": next_norm} if self.norm_fold and next_norm is not None else {}
 
     def _attention(
         self,
@@ -389,7 +413,8 @@ class LlamaModel:
         rank gets them all under tensor parallel; rank 0 samples)."""
         if self.head_fusion and hidden.shape[0] == 1:
             assert isinstance(self.lm_head, Linear)
-            row = self._head_row if self._head_row is not None and self._head_row.hidden is hidden else hidden
+            last = self._last_stream
+            row = last[1] if last is not None and last[0] is hidden else hidden
             return self.lm_head.fused(
                 row, norm_weight=self.final_norm, eps=self.shape.rms_norm_eps, out_dtype=torch.float32
             )

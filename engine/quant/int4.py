@@ -104,10 +104,14 @@ class Int4Weight:
         return run
 
     @property
-    def row_folds(self) -> bool:
-        """Whether ``row_kernel`` takes ``next_norm``, a ``NormedRow`` and ``rotary`` (kernels/quant_linear.py
-        ``int4_row_linear``): on CUDA."""
-        return self.packed.device.type == "cuda"
+    def row_streams(self) -> bool:
+        """Whether ``row_kernel`` takes the float32 rows of kernels/int4_row_stream.py and ``rotary``
+        (kernels/quant_linear.py ``int4_row_linear``): on the tensor-core kernel, for bfloat16 activations."""
+        if self.packed.device.type != "cuda":
+            return False
+        from omni_gateway.kernels import int4_fragments
+
+        return int4_fragments.takes(self.packed, self.group_size)
 
     def row_kernel(self) -> Callable[..., Any] | None:
         """``f(x, this weight, bias, **fusion)``: one row with the batch-1 decode fusions

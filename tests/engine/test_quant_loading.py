@@ -234,25 +234,25 @@ def test_batch_one_decode_runs_the_fused_quantized_rows(tmp_path: Path, kind: st
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("int4_head", [False, True])
-def test_norm_fold_keeps_the_batch_one_decode(tmp_path: Path, int4_head: bool) -> None:
-    """bfloat16 int4 in groups of 128: the o and down projections hand the next normed linear its scaled
-    input, the last one to an int4 head too, and the qkv projection rotates q and k and writes the cache
-    (``LlamaModel.NORM_FOLD``), and a lone sequence decodes as with every norm inside its reader and the
-    rotary kernel after the qkv projection."""
+def test_row_stream_keeps_the_batch_one_decode(tmp_path: Path, int4_head: bool) -> None:
+    """bfloat16 int4 in groups of 128: the residual stream a float32 row the o and down projections add into,
+    the gate/up projection's sums finished by the down projection, the qkv projection rotating q and k and
+    writing the cache, and an int4 head reading the stream (``LlamaModel.ROW_STREAM``): a lone sequence
+    decodes as with bfloat16 rows, every norm inside its reader and the rotary kernel after the qkv projection."""
     from omni_gateway.engine.models.llama import LlamaModel
 
     quantized, _ = _write_pair(tmp_path, "awq-128")
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
     runs = []
-    for fold in (True, False):
-        LlamaModel.NORM_FOLD = fold
+    for stream in (True, False):
+        LlamaModel.ROW_STREAM = stream
         try:
             llm = LLM(model=quantized, device="cuda", dtype="bfloat16", max_model_len=128, quantize_lm_head=int4_head)
         finally:
-            LlamaModel.NORM_FOLD = True
+            LlamaModel.ROW_STREAM = True
         model = llm.engine.runner.model
-        assert model.row_fusion and model.norm_fold == model.rotary_fold == fold
-        assert model.head_fold == (fold and int4_head)
+        assert model.row_fusion and model.row_stream == model.rotary_fold == stream
+        assert model.head_stream == (stream and int4_head)
         outs = [llm.generate([prompt], params)[0].outputs[0] for prompt in PROMPTS]
         runs.append([(o.token_ids, [lp.logprob for lp in o.logprobs or []]) for o in outs])
         del llm

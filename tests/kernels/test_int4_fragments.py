@@ -52,59 +52,84 @@ def test_split_divides_the_groups() -> None:
     assert split_for(32, 4008) == 1  # the row blocks alone fill the GPU
 
 
+def test_adding_launches_split_finer() -> None:
+    """With no split tail, up to 4,096 programs of at least two groups each, and eight splits where the groups
+    allow however many row blocks there are."""
+    from omni_gateway.kernels.int4_fragments import add_split_for
+
+    assert [add_split_for(g, 128) for g in (1, 3, 4, 7, 32, 112)] == [1, 1, 2, 1, 16, 28]
+    assert add_split_for(32, 896) == 8 and add_split_for(32, 4008) == 8 and add_split_for(112, 4096) == 8
+
+
 SASS = """
 import collections, json, torch
 from benchmarks import kernel_sass as ks
 from omni_gateway.kernels import int4_fragments as fr
 from omni_gateway.kernels.int4_row_epilogue import RotaryWrite
+from omni_gateway.kernels.int4_row_stream import GateSums, StreamRow
 catcher = ks.LaunchCatcher(fr._fragments_kernel)
 fr._fragments_kernel = catcher
 n, k = 256, 2048
-# (gated, norm, residual, bias, folded): plain; the norm in the loop; the norm folded in, and writing the next
-cases = [(False, False, False, False, False), (True, True, False, True, False), (False, True, True, False, False),
-         (True, True, False, False, True), (False, False, True, False, True)]
-for gated, norm, residual, bias, folded in cases:
-    out = torch.zeros(1, n // 2 if gated else n, dtype=torch.bfloat16)
-    fr.launch(torch.zeros(1, k, dtype=torch.bfloat16), torch.zeros(n // 64, k // 128, 64, 64, dtype=torch.uint8),
-              torch.zeros(n, k // 128, dtype=torch.bfloat16), torch.zeros(n, k // 128, dtype=torch.uint8),
-              torch.zeros(n, dtype=torch.bfloat16) if bias else None, out, torch.zeros(64, dtype=torch.int32),
-              norm_weight=torch.zeros(k, dtype=torch.bfloat16) if norm else None, eps=1e-5,
-              residual=torch.zeros(1, n, dtype=torch.bfloat16) if residual else None, gated=gated,
-              squares=torch.zeros(k // 32) if folded and norm else None,
-              next_norm=torch.zeros(n, dtype=torch.bfloat16) if folded and residual else None)
-# a qkv projection of 4 q and 2 x 2 kv heads that rotates q and k and writes the cache in its epilogue
+bf16, f32 = torch.bfloat16, torch.float32
+def weights(n, k):
+    return (torch.zeros(n // 64, k // 128, 64, 64, dtype=torch.uint8), torch.zeros(n, k // 128, dtype=bf16),
+            torch.zeros(n, k // 128, dtype=torch.uint8))
+def run(x, out, n=n, k=k, norm=False, **kw):
+    kw.setdefault("residual", None)
+    kw.setdefault("gated", False)
+    fr.launch(x, *weights(n, k), kw.pop("bias", None), out, torch.zeros(64, dtype=torch.int32),
+              norm_weight=torch.zeros(k, dtype=bf16) if norm else None, eps=1e-5, **kw)
+# the bfloat16 row: plain; gated with the norm in the loop and a bias; with a residual
+run(torch.zeros(1, k, dtype=bf16), torch.zeros(1, n, dtype=bf16))
+run(torch.zeros(1, k, dtype=bf16), torch.zeros(1, n // 2, dtype=bf16), norm=True, gated=True,
+    bias=torch.zeros(n, dtype=bf16))
+run(torch.zeros(1, k, dtype=bf16), torch.zeros(1, n, dtype=bf16), residual=torch.zeros(1, n, dtype=bf16))
+# the float32 stream: the o projection adding into it, the gate/up projection reading it into GateSums, the down
+# projection finishing them into it
+run(torch.zeros(1, k, dtype=bf16), StreamRow(torch.zeros(1, n, dtype=f32)))
+run(StreamRow(torch.zeros(1, k, dtype=f32)), GateSums(torch.zeros(1, n), torch.zeros(1), k, 1e-5), norm=True,
+    gated=True)
+run(GateSums(torch.zeros(1, 2 * k), torch.zeros(1), n, 1e-5), StreamRow(torch.zeros(1, n, dtype=f32)))
+# a qkv projection of 4 q and 2 x 2 kv heads reading the stream, rotating q and k and writing the cache
 d, hq, hkv = 128, 4, 2
-cache = torch.zeros(8, 16, hkv, d, dtype=torch.bfloat16)
+cache = torch.zeros(8, 16, hkv, d, dtype=bf16)
 rotary = RotaryWrite(torch.zeros(1, dtype=torch.int64), torch.zeros(64, d), cache, cache.clone(),
-                        torch.zeros(1, dtype=torch.int64), hq, hkv)
+                     torch.zeros(1, dtype=torch.int64), hq, hkv)
 qkv = (hq + 2 * hkv) * d
-fr.launch(torch.zeros(1, k, dtype=torch.bfloat16), torch.zeros(qkv // 64, k // 128, 64, 64, dtype=torch.uint8),
-          torch.zeros(qkv, k // 128, dtype=torch.bfloat16), torch.zeros(qkv, k // 128, dtype=torch.uint8), None,
-          torch.zeros(1, qkv, dtype=torch.bfloat16), torch.zeros(64, dtype=torch.int32),
-          norm_weight=torch.zeros(k, dtype=torch.bfloat16), eps=1e-5, residual=None, gated=False,
-          squares=torch.zeros(k // 32), rotary=rotary)
+run(StreamRow(torch.zeros(1, k, dtype=f32)), torch.zeros(1, qkv, dtype=bf16), n=qkv, norm=True, rotary=rotary)
 for launch in catcher.launches:
-    loop = ks.main_loop(ks.disassemble(ks.compile_sm90(launch)))
-    print(json.dumps(collections.Counter(map(ks.opcode, loop))))
+    sass = ks.disassemble(ks.compile_sm90(launch))
+    print(json.dumps([collections.Counter(map(ks.opcode, ks.main_loop(sass))),
+                      collections.Counter(ks.opcode(i) for _, i in sass)]))
 """
 
 
 def test_kernel_keeps_weights_in_registers() -> None:
     """Compiled for sm_90 with each fusion: per group, one tensor-core product per 16 x 8 x 16 and one packed
-    subtraction per pair of weights, and nothing through shared memory (the operand's layout is asserted
-    trivial too). A norm folded into the linear before leaves the loop as lean as no norm at all, and so does
-    the rotary epilogue of a qkv projection."""
+    subtraction per pair of weights. A bfloat16 row's loop touches no shared memory (the operand's layout is
+    asserted trivial too); a loop over float32 stream rows loads its group's activations from shared memory,
+    staged before the loop, and is as lean as the plain row's otherwise. The launches that add into a float32
+    row end in reductions (``red``): no fence and no split counter."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", SASS], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
-    loops = [json.loads(line) for line in run.stdout.strip().splitlines()[-6:]]
-    plain, in_loop, _, folded, writing, rotating = (sum(c.values()) for c in loops)
-    assert folded == writing == rotating == plain < in_loop
-    for opcodes in loops:
+    launches = [json.loads(line) for line in run.stdout.strip().splitlines()[-7:]]
+    loops = [loop for loop, _ in launches]
+    plain, in_loop, residual, adding, gate_up, down, qkv = (sum(c.values()) for c in loops)
+    assert plain == residual == adding < in_loop
+    # a staged loop reads its activations with four 16-byte shared loads instead of four global ones
+    assert all(count <= plain + 6 for count in (gate_up, down, qkv)), (plain, gate_up, down, qkv)
+    assert all(loops[i].get("LDG.E.128", 0) == loops[0]["LDG.E.128"] - 4 for i in (4, 5, 6))
+    for i, opcodes in enumerate(loops):
         weights = 32 * 128 // 64  # a group of the program's 32 rows over its 64 threads
         assert opcodes["HMMA.16816.F32.BF16"] == weights // 8
         assert weights // 2 <= opcodes["HADD2.BF16_V2"] <= weights // 2 + 2  # + the zero points, per row
-        assert not [op for op in opcodes if op.startswith(("LDS", "STS", "SHFL", "BAR"))]
+        shared = [op for op in opcodes if op.startswith(("LDS", "STS", "SHFL", "BAR"))]
+        assert shared == (["LDS.128"] if i in (4, 5, 6) else []), (i, shared)
+    for i, (_, kernel) in enumerate(launches):
+        fenced = kernel.get("MEMBAR.ALL.GPU", 0) > 0 and kernel.get("ATOMG.E.ADD.STRONG.GPU", 0) == 1
+        reduced = kernel.get("REDG.E.ADD.F32.FTZ.RN.STRONG.GPU", 0) > 0
+        assert (fenced, reduced) == ((False, True) if i in (3, 4, 5) else (True, False)), (i, kernel)
 
 
 # (norm, residual, gated, float32 output, bias)
@@ -175,45 +200,57 @@ def _check_fused_row(n, k, norm, residual, gated, f32_out, bias, split, rel_err)
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("gated", [False, True])
-def test_norm_folds_into_the_linear_before(gated, rel_err) -> None:
-    """A residual-adding linear given ``next_norm`` hands the next normed linear its scaled input and squares:
-    exactly the rounding that linear's own loop does, and the same output as normalizing in its loop. Where
-    the writer runs the planes, the row carries no fold and the reader normalizes itself."""
-    from omni_gateway.kernels.int4_row_epilogue import NormedRow
+def test_stream_rows_follow_the_unfused_layer(rel_err) -> None:
+    """A decode layer's linears over the float32 residual stream (kernels/int4_row_stream.py): the normed
+    reads, the o and down projections adding into the stream and the gate/up projection's GateSums, which
+    the down projection finishes, give what the bfloat16 rows give with their norms, residual adds and gate
+    in the kernel; and the combinations without a kernel name themselves."""
+    from omni_gateway.kernels.int4_row_stream import GateSums, StreamRow
     from omni_gateway.kernels.quant_linear import int4_row_linear
     from omni_gateway.kernels.quant_tuning import INT4_GROUPED, tuned_config
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the fragment kernel needs sm_90")
     dev = torch.device("cuda")
-    k, n = 512, 256  # the writer: k -> n features, split 4 ways; the reader: n -> 384
-    gen, x, packed, scales, zeros = _case(n, k, seed=7)
-    _, _, packed2, scales2, zeros2 = _case(384, n, seed=8)
-    writer = (qref.tile_int4(packed, 128).to(dev), scales.to(dev), zeros.to(dev))
-    reader = (qref.tile_int4(packed2, 128).to(dev), scales2.to(dev), zeros2.to(dev))
-    residual = torch.randn(1, n, generator=gen).to(torch.bfloat16).to(dev)
-    norm = (1 + torch.rand(n, generator=gen)).to(torch.bfloat16).to(dev)
-    x = x.to(dev)
+    hidden, inter = 512, 384  # gate/up: 768 x 512, split 2 ways; down: 512 x 384, 3 groups unsplit
+    gen, h, packed, scales, zeros = _case(2 * inter, hidden, seed=5)
+    _, a, packed2, scales2, zeros2 = _case(hidden, inter, seed=6)
+    gate_up = (qref.tile_int4(packed, 128).to(dev), scales.to(dev), zeros.to(dev))
+    down = (qref.tile_int4(packed2, 128).to(dev), scales2.to(dev), zeros2.to(dev))
+    norm = (1 + torch.rand(hidden, generator=gen)).to(torch.bfloat16).to(dev)
+    h, a = h.to(dev), a[:, :inter].to(dev)
 
-    row = int4_row_linear(x, *writer, residual=residual, next_norm=norm)
-    plain = int4_row_linear(x, *writer, residual=residual)
-    assert isinstance(row, NormedRow) and row.given_to(norm) and not row.given_to(norm.clone())
-    assert torch.equal(row.hidden, plain)
-    assert torch.equal(row.scaled, (plain.float() * norm.float()).to(torch.bfloat16))
-    assert row.squares.shape == (n // 32,)
-    assert rel_err(row.squares.sum(), plain.double().square().sum()) < 1e-5
+    # a normed read: the qkv projection or the LM head
+    normed = int4_row_linear(StreamRow(h.float()), *gate_up, norm_weight=norm, eps=1e-5)
+    assert rel_err(normed, int4_row_linear(h, *gate_up, norm_weight=norm, eps=1e-5)) < 1e-2
+    # the MLP: gate/up into GateSums, down finishing them into the stream
+    sums = GateSums.zeros(2, inter, hidden, 1e-5, dev)
+    assert len(sums) == 2 and all(s.sums.data_ptr() % 128 == 0 for s in sums)
+    stream = StreamRow(h.float())
+    assert int4_row_linear(stream, *gate_up, norm_weight=norm, eps=1e-5, gated=True, into=sums[1]) is sums[1]
+    assert not sums[0].sums.any() and not sums[0].squares.any()
+    assert rel_err(sums[1].squares, h.double().square().sum()) < 1e-5
+    act = int4_row_linear(h, *gate_up, norm_weight=norm, eps=1e-5, gated=True)
+    assert int4_row_linear(sums[1], *down, into=stream) is stream
+    expected = int4_row_linear(act, *down, residual=h)
+    assert rel_err(stream.row, expected) < 3e-2
+    # the o projection: a bfloat16 row added into the stream, split by split
+    before = stream.row.clone()
+    int4_row_linear(a, *down, into=stream)
+    assert rel_err(stream.row - before, int4_row_linear(a, *down).float()) < 1e-2
 
-    folded = int4_row_linear(row, *reader, norm_weight=norm, eps=1e-5, gated=gated)
-    in_loop = int4_row_linear(plain, *reader, norm_weight=norm, eps=1e-5, gated=gated)
-    assert folded.shape == in_loop.shape == (1, 192 if gated else 384)
-    assert rel_err(folded, in_loop) < 1e-2  # one row-scale rounding apart, at most one bf16 ulp
-    assert (folded.float() - in_loop.float()).abs().max() <= in_loop.float().abs().max() * 2**-7
-
-    planes = int4_row_linear(x, *writer, residual=residual, next_norm=norm, config=tuned_config(INT4_GROUPED, 1, n, k))
-    assert isinstance(planes, NormedRow) and planes.scaled is None and not planes.given_to(norm)
-    from_planes = int4_row_linear(planes, *reader, norm_weight=norm, eps=1e-5, gated=gated)
-    assert rel_err(from_planes, in_loop) < 1e-2
+    bad = [
+        dict(x=StreamRow(h.float()), w=gate_up),  # a stream read without its norm
+        dict(x=sums[1], w=down, norm_weight=norm[:inter], eps=1e-5),  # GateSums with a norm of their own
+        dict(x=a, w=down, into=sums[0]),  # ungated into GateSums
+        dict(x=StreamRow(h.float()), w=gate_up, norm_weight=norm, eps=1e-5, gated=True, into=stream),
+        dict(x=StreamRow(h.float()), w=gate_up, norm_weight=norm, config=tuned_config(INT4_GROUPED, 1, 768, 512)),
+        dict(x=StreamRow(h), w=gate_up, norm_weight=norm),  # a bfloat16 tensor as the stream
+    ]
+    for case in bad:
+        x, w = case.pop("x"), case.pop("w")
+        with pytest.raises(ValueError):
+            int4_row_linear(x, *w, **case)
 
 
 @pytest.mark.gpu
