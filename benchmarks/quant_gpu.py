@@ -63,16 +63,17 @@ VARIANTS = ("bf16", "fp8-channel", "fp8-channel-head", "fp8-block", "int4", "int
 # Suffixes of a variant name that run its engine as an earlier design, a baseline in the same run:
 # without the batch-1 row fusion (``LlamaModel.ROW_FUSION``) and programmatic dependent launch, or
 # without the latter only (kernels/row_fusion.py); int4's one row on the CUDA-core planes
-# (kernels/quant_tiles.py) instead of the tensor cores (kernels/int4_fragments.py); each norm inside the
-# linear that reads it, not folded into the linear before (``LlamaModel.NORM_FOLD``).
+# (kernels/quant_tiles.py) instead of the tensor cores (kernels/int4_fragments.py); bfloat16 rows between
+# the linears, each norm inside the linear that reads it and each split reduction ending in the last
+# program, instead of the float32 residual stream (``LlamaModel.ROW_STREAM``).
 UNFUSED = "-unfused"
 NO_PDL = "-nopdl"
 PLANES = "-planes"
-NO_FOLD = "-nofold"
+NO_STREAM = "-nostream"
 
 
 def _base(variant: str) -> str:
-    return variant.removesuffix(UNFUSED).removesuffix(NO_PDL).removesuffix(PLANES).removesuffix(NO_FOLD)
+    return variant.removesuffix(UNFUSED).removesuffix(NO_PDL).removesuffix(PLANES).removesuffix(NO_STREAM)
 
 
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
@@ -275,11 +276,11 @@ def run_variant(
     LlamaModel.ROW_FUSION = not variant.endswith(UNFUSED)
     row_fusion.DEPENDENT_LAUNCH = not variant.endswith((UNFUSED, NO_PDL))
     int4_fragments.ENABLED = not variant.endswith(PLANES)
-    LlamaModel.NORM_FOLD = not variant.endswith(NO_FOLD)
+    LlamaModel.ROW_STREAM = not variant.endswith(NO_STREAM)
     try:
         return _run_engine(variant, model_dir, args, check, work, t0)
     finally:
-        LlamaModel.ROW_FUSION = row_fusion.DEPENDENT_LAUNCH = int4_fragments.ENABLED = LlamaModel.NORM_FOLD = True
+        LlamaModel.ROW_FUSION = row_fusion.DEPENDENT_LAUNCH = int4_fragments.ENABLED = LlamaModel.ROW_STREAM = True
 
 
 def _run_engine(
@@ -385,7 +386,7 @@ def main() -> None:
         default=list(VARIANTS),
         help=",".join(VARIANTS) + f"; suffix {UNFUSED}: without the batch-1 row fusion and dependent launch, "
         f"{NO_PDL}: without dependent launch, {PLANES}: int4's one row on the CUDA cores, "
-        f"{NO_FOLD}: each norm inside the linear that reads it",
+        f"{NO_STREAM}: bfloat16 rows between the linears, not the float32 residual stream",
     )
     parser.add_argument(
         "--workload-variants",
