@@ -41,6 +41,7 @@ from omni_gateway.kernels.int4_row_stream import (
     GateSums,
     StreamRow,
     add_into,
+    check_launch,
     stage,
 )
 from omni_gateway.kernels.validation import next_pow2
@@ -355,7 +356,7 @@ def launch(
     split = (add_split_for if accumulate else split_for)(k // GROUP, n // BLOCK_N) if locks is not None else 1
     lay = layouts(BLOCK_N, WARPS)
     source = SOURCE_GATE if isinstance(x, GateSums) else SOURCE_STREAM if isinstance(x, StreamRow) else SOURCE_ROW
-    _check_modes(source, out, n, norm_weight, bias, residual, gated, rotary)
+    check_launch(source, out, n, BLOCK_N, norm_weight, bias, residual, gated, rotary)
     # each split's partial sums [N], then each split's sums of squares [N / BLOCK_N]
     parts = torch.empty(split * (n + n // BLOCK_N), device=packed.device, dtype=torch.float32)
     squares = x.squares if isinstance(x, GateSums) else out.squares if isinstance(out, GateSums) else parts
@@ -401,42 +402,6 @@ def launch(
         WARPS=WARPS,
         num_warps=WARPS,
     )
-
-
-def _check_modes(
-    source: int,
-    out: torch.Tensor | StreamRow | GateSums,
-    n: int,
-    norm_weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    gated: bool,
-    rotary: RotaryWrite | None,
-) -> None:
-    """Refuse the combinations ``launch`` has no kernel for, naming what each needs."""
-    normed = norm_weight is not None
-    if source == SOURCE_STREAM and not normed:
-        raise ValueError("int4 fragments: the float32 stream is read through its norm; got no norm_weight")
-    if source == SOURCE_GATE and normed:
-        raise ValueError("int4 fragments: GateSums carry their own norm's scale; got a norm_weight too")
-    if isinstance(out, torch.Tensor):
-        if rotary is not None and (gated or residual is not None or not rotary.fits(out.dtype, n, BLOCK_N)):
-            raise ValueError(
-                f"int4 fragments: rotary needs an ungated qkv projection of whole {BLOCK_N}-multiple heads "
-                f"({rotary.num_q_heads} q + 2 x {rotary.num_kv_heads} kv heads of {rotary.head_dim}) with caches "
-                f"in the output's dtype, got N={n}, gated={gated}, caches {rotary.k_cache.dtype}"
-            )
-        return
-    if bias is not None or residual is not None or rotary is not None:
-        raise ValueError(
-            "int4 fragments: adding into a float32 row takes no bias, residual or rotary; got "
-            f"bias={bias is not None}, residual={residual is not None}, rotary={rotary is not None}"
-        )
-    if isinstance(out, GateSums) != gated or normed != gated:
-        raise ValueError(
-            "int4 fragments: a gated, normed projection adds into GateSums and an ungated one without a norm into "
-            f"the stream; got {type(out).__name__} with gated={gated}, norm={normed}"
-        )
 
 
 def twin(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from omni_gateway.kernels.int4_row_epilogue import barrier
+from omni_gateway.kernels.int4_row_epilogue import RotaryWrite, barrier
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -53,6 +53,44 @@ class GateSums(NamedTuple):
         # each layer's sums start on a 128-byte line, as the kernel's vector loads assume
         space = torch.zeros(count, 2 * features + 32, dtype=torch.float32, device=device)
         return [cls(row[None, : 2 * features], row[2 * features : 2 * features + 1], width, eps) for row in space]
+
+
+def check_launch(
+    source: int,
+    out: torch.Tensor | StreamRow | GateSums,
+    n: int,
+    block_n: int,
+    norm_weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    gated: bool,
+    rotary: RotaryWrite | None,
+) -> None:
+    """Refuse the combinations kernels/int4_fragments.py ``launch`` has no kernel for (``source`` one of the
+    ``SOURCE_*``, programs of ``block_n`` rows), naming what each needs."""
+    normed = norm_weight is not None
+    if source == SOURCE_STREAM and not normed:
+        raise ValueError("int4 fragments: the float32 stream is read through its norm; got no norm_weight")
+    if source == SOURCE_GATE and normed:
+        raise ValueError("int4 fragments: GateSums carry their own norm's scale; got a norm_weight too")
+    if isinstance(out, torch.Tensor):
+        if rotary is not None and (gated or residual is not None or not rotary.fits(out.dtype, n, block_n)):
+            raise ValueError(
+                f"int4 fragments: rotary needs an ungated qkv projection of whole {block_n}-multiple heads "
+                f"({rotary.num_q_heads} q + 2 x {rotary.num_kv_heads} kv heads of {rotary.head_dim}) with caches "
+                f"in the output's dtype, got N={n}, gated={gated}, caches {rotary.k_cache.dtype}"
+            )
+        return
+    if bias is not None or residual is not None or rotary is not None:
+        raise ValueError(
+            "int4 fragments: adding into a float32 row takes no bias, residual or rotary; got "
+            f"bias={bias is not None}, residual={residual is not None}, rotary={rotary is not None}"
+        )
+    if isinstance(out, GateSums) != gated or normed != gated:
+        raise ValueError(
+            "int4 fragments: a gated, normed projection adds into GateSums and an ungated one without a norm into "
+            f"the stream; got {type(out).__name__} with gated={gated}, norm={normed}"
+        )
 
 
 @gluon.jit
