@@ -10,7 +10,8 @@ computes its activations once, into shared memory, before its loop (``stage``):
   before them (from ``GateSums.squares``, which the gate/up projection summed), rounded as the unfused layer
   rounds: ``silu(bf16(s g)) bf16(s u)``.
 
-On one H100 the four linears of an 8B layer took 51.7 us a token this way against 57.9 with split tails.
+On one H100 the four linears of an 8B layer took 51.7 us a token this way, against 64.1 as bfloat16 rows with
+split tails (benchmarks/experiments/int4_row_stream.py).
 """
 
 from __future__ import annotations
