@@ -190,8 +190,10 @@ def _int4_fragments(
     rotary: RotaryWrite | None = None,
 ) -> None:
     """One row on the tensor cores (``int4_fragments.supported``), split over the groups where the device's
-    split-K counters allow."""
-    locks = split_locks(packed.device, scales.shape[0] // int4_fragments.BLOCK_N)
+    split-K counters allow. A ``rotary`` the epilogue cannot run (``RotaryWrite.fits``) runs after it."""
+    n, block_n = scales.shape[0], int4_fragments.BLOCK_N
+    after = rotary is not None and isinstance(out, torch.Tensor) and not rotary.fits(out.dtype, n, block_n)
+    locks = split_locks(packed.device, n // block_n)
     int4_fragments.launch(
         x,
         packed,
@@ -204,8 +206,11 @@ def _int4_fragments(
         eps=eps,
         residual=residual,
         gated=gated,
-        rotary=rotary,
+        rotary=None if after else rotary,
     )
+    if after:
+        assert isinstance(out, torch.Tensor) and rotary is not None
+        _rotate_and_write(out, rotary)
 
 
 def int4_linear(
@@ -267,12 +272,7 @@ def int4_row_linear(
     )
     if config is None and int4_fragments.supported(x, packed, group):
         out = torch.empty(1, fusion.features, dtype=fusion.out_dtype, device=x.device)
-        folds_rotary = rotary is not None and rotary.fits(out.dtype, n, int4_fragments.BLOCK_N)
-        _int4_fragments(
-            x, packed, scales, zeros, bias, out, norm_weight, eps, residual, gated, rotary if folds_rotary else None
-        )
-        if rotary is not None and not folds_rotary:
-            _rotate_and_write(out, rotary)
+        _int4_fragments(x, packed, scales, zeros, bias, out, norm_weight, eps, residual, gated, rotary)
         return out
     config = config or tuned_config(INT4_GROUPED, 1, n, k)
     out = launch_gemv(
@@ -343,13 +343,7 @@ def _int4_stream(
         check_tensor("into", target, ndim=2, dtypes=f32, device=packed.device)
         check_dim("into", target.shape[1], n, "out_features")
         out = into
-    folds_rotary = rotary is not None and rotary.fits(fusion.out_dtype, n, int4_fragments.BLOCK_N)
-    _int4_fragments(
-        x, packed, scales, zeros, bias, out, norm_weight, eps, None, gated, rotary if folds_rotary else None
-    )
-    if rotary is not None and not folds_rotary:
-        assert isinstance(out, torch.Tensor)
-        _rotate_and_write(out, rotary)
+    _int4_fragments(x, packed, scales, zeros, bias, out, norm_weight, eps, None, gated, rotary)
     return out
 
 
