@@ -114,6 +114,8 @@ def stage(
     staged = gl.allocate_shared_memory(gl.bfloat16, [GROUPS, _GROUP], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     feature = gl.arange(0, _GROUP, layout=lay)
     squares = gl.zeros([_GROUP], gl.float32, lay)
+    if SOURCE == SOURCE_GATE:
+        scale = gl.rsqrt(gl.load(sq_ptr) / width + eps)  # the norm's, before the gate/up projection
     for i in gl.static_range(GROUPS):  # every group's loads issued at once
         feats = (first + i) * _GROUP + feature
         ok = (feature < _GROUP) & (i < count)
@@ -122,7 +124,6 @@ def stage(
             act = (row * gl.load(norm_ptr + feats, mask=ok, other=0.0).to(gl.float32)).to(gl.bfloat16)
             squares += row * row
         else:
-            scale = gl.rsqrt(gl.load(sq_ptr) / width + eps)
             gate = (gl.load(x_ptr + feats, mask=ok, other=0.0) * scale).to(gl.bfloat16).to(gl.float32)
             up = (gl.load(x_ptr + K + feats, mask=ok, other=0.0) * scale).to(gl.bfloat16).to(gl.float32)
             act = (gate / (1.0 + gl.exp(-gate)) * up).to(gl.bfloat16)
