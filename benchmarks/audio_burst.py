@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import ResultLog, add_out_argument, percentile
+from benchmarks.lib.common import ResultLog, add_out_argument, percentile
 
 PROBE_EVERY_S = 0.02
 
@@ -60,10 +60,10 @@ def burst_backend(
 ) -> tuple[Any, LandingSynthesizer]:
     """The test suite's fake backend, its spoken replies rendered by a TtsHead over ``LandingSynthesizer``;
     the first reply starts a timer task on the server's loop that appends (time, lag, loop CPU) to ``lags``."""
-    from omni_gateway.omni.heads.tts import TtsHead
+    from omni_gateway.omni.heads.tts.head import TtsHead
     from omni_gateway.omni.protocol import Done, OmniRequest, OutputChunk
 
-    from benchmarks.fake_backend import FakeBackend
+    from tests.harness.fake_backend import FakeBackend
 
     synthesizer = LandingSynthesizer(audio, rate)
     head = TtsHead(synthesizer)
@@ -151,7 +151,7 @@ def run_clients(url: str, n: int) -> tuple[list[int], list[float]]:
 def one_run(audio: np.ndarray, rate: int, sessions: int, compression: bool) -> dict[str, Any]:
     from omni_gateway.gateway.config import GatewayConfig
 
-    from benchmarks.live_server import serve
+    from tests.harness.live_server import serve
 
     lags: list[tuple[float, float, float]] = []
     backend, synthesizer = burst_backend(audio, rate, sessions, lags)
@@ -175,7 +175,7 @@ def one_run(audio: np.ndarray, rate: int, sessions: int, compression: bool) -> d
 
 def speech(seconds: float) -> tuple[np.ndarray, int]:
     """``seconds`` of the embedded Piper voice, one sentence looped: deflate costs on speech what it costs."""
-    from omni_gateway.omni.heads.tts_backends import load_synthesizer
+    from omni_gateway.omni.heads.tts.backends import load_synthesizer
 
     voice = load_synthesizer("default")
     said = voice.synthesize("The quick brown fox jumps over the lazy dog, and then it runs far away.")

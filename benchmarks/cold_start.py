@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ResultLog, add_out_argument, percentile
+from benchmarks.lib.common import ResultLog, add_out_argument, percentile
 
 _START = time.perf_counter()  # the child's own start, before torch is imported
 SHAPES = ("qwen2.5-0.5b", "llama-3.1-8b")
@@ -110,10 +110,10 @@ def _child(spec: dict[str, Any]) -> None:
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     import torch  # noqa: F401 - imported here so its import time is counted apart from the load
-    from omni_gateway.engine.async_engine import AsyncEngine
     from omni_gateway.engine.config import EngineConfig
-    from omni_gateway.engine.llm_engine import LLMEngine
-    from omni_gateway.engine.warmup import warm_up_engine
+    from omni_gateway.engine.core.llm_engine import LLMEngine
+    from omni_gateway.engine.frontend.async_engine import AsyncEngine
+    from omni_gateway.engine.runner.warmup import warm_up_engine
 
     imported = time.perf_counter()
     config = EngineConfig(**spec["engine"])
@@ -189,7 +189,7 @@ def _build_checkpoint(name: str, directory: Path, seed: int, device: str) -> Non
     from transformers import AutoModelForCausalLM
 
     if name == "tiny":
-        from benchmarks.checkpoints import save_tiny_checkpoint
+        from tests.harness.checkpoints import save_tiny_checkpoint
 
         save_tiny_checkpoint("llama", directory, seed=seed)
         return

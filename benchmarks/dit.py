@@ -27,11 +27,11 @@ import time
 from typing import Any
 
 import torch
-from omni_gateway.omni.heads.dit import ImageHead
-from omni_gateway.omni.heads.dit_loader import ImageHeadConfig, select_device
+from omni_gateway.omni.heads.dit.head import ImageHead
+from omni_gateway.omni.heads.dit.loader import ImageHeadConfig, select_device
 from omni_gateway.omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
 
-from benchmarks.common import ResultLog, add_out_argument
+from benchmarks.lib.common import ResultLog, add_out_argument
 
 PROMPTS = [
     "a red cat on a mat",

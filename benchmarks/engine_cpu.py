@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import ResultLog, add_out_argument
+from benchmarks.lib.common import ResultLog, add_out_argument
 
 QUESTIONS = [
     "Explain how a refrigerator keeps food cold.",
@@ -124,7 +124,7 @@ def main() -> None:
     n, new = args.requests, args.new_tokens
 
     from omni_gateway.engine import LLM, SamplingParams
-    from omni_gateway.engine.loader import default_model_path
+    from omni_gateway.engine.runner.loader import default_model_path
     from transformers import AutoModelForCausalLM
 
     llm = LLM(

@@ -20,7 +20,7 @@ temp dir (no download), with a word-level tokenizer that covers the whole vocabu
    context) over the HBM bandwidth (``--hbm-gbps``, the H200's 4800 GB/s by default); the
    measured device copy bandwidth is printed too.
    ``--compare-unpipelined`` also times the workload and batch 1 with pipelined decode off (see
-   engine/pipelining.py), in the same process on the same engine.
+   engine/core/pipelining.py), in the same process on the same engine.
 5. A parity spot check: the first ``--check-tokens`` greedy tokens of a few prompts from HF (batch 1,
    no padding) against ours.
 
@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import ResultLog, add_out_argument
+from benchmarks.lib.common import ResultLog, add_out_argument
 
 
 def shape_config(name: str) -> Any:

@@ -21,18 +21,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omni_gateway.engine import ipc
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.launch import start_engine
+from omni_gateway.engine.frontend import ipc
+from omni_gateway.engine.frontend.launch import start_engine
 from omni_gateway.engine.outputs import StreamDelta
 from omni_gateway.engine.sampling_params import SamplingParams
 
-from benchmarks.common import ResultLog, add_out_argument, machine_info
+from benchmarks.lib.common import ResultLog, add_out_argument, machine_info
 
 
 def engine_config(model: str, directory: Path, *, in_process: bool) -> EngineConfig:
     if model == "tiny":
-        from benchmarks.checkpoints import save_tiny_checkpoint
+        from tests.harness.checkpoints import save_tiny_checkpoint
 
         save_tiny_checkpoint("llama", directory)
         model = str(directory)

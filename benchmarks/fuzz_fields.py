@@ -31,7 +31,7 @@ from omni_gateway.gateway.realtime import schema as rt_schema
 from omni_gateway.gateway.realtime.commands import Close, Send
 from omni_gateway.gateway.realtime.frames import serialize
 
-from benchmarks.common import ResultLog, add_out_argument
+from benchmarks.lib.common import ResultLog, add_out_argument
 
 MAX_ERROR_BYTES = 2048
 JSON_DEPTH = 1000  # one level past what Python's JSON decoder takes: the document is refused as a whole
@@ -325,7 +325,7 @@ def realtime_fields() -> list[tuple[str, str, FieldSpec]]:
 
 
 def _run_realtime(event: str, dialect: str, document: Any, setup: list[dict[str, Any]]) -> tuple[list[Any], Any]:
-    from benchmarks.session_driver import Driver
+    from tests.harness.session_driver import Driver
 
     driver = Driver(dialect)
     for step in setup:
@@ -432,7 +432,7 @@ def http_parse(route: str, body: Any) -> Any:
     from omni_gateway.gateway.http.image_request import parse_image_generation
     from omni_gateway.gateway.http.limits import HttpLimits
 
-    from benchmarks.fake_backend import FakeBackend
+    from tests.harness.fake_backend import FakeBackend
 
     caps, limits = FakeBackend().capabilities, HttpLimits()
     if route == http_schema.CHAT:
@@ -537,7 +537,7 @@ def app_client() -> Any:
     from omni_gateway.gateway.app import create_app
     from starlette.testclient import TestClient
 
-    from benchmarks.fake_backend import FakeBackend
+    from tests.harness.fake_backend import FakeBackend
 
     return TestClient(create_app(FakeBackend()), base_url="http://localhost")
 

@@ -2,7 +2,7 @@
 its default config, against cuBLAS (``F.linear``), on the decode shapes of Llama-3.1-8B and
 Qwen2.5-0.5B, in bf16 on one GPU.
 
-Each variant is timed as a CUDA graph of consecutive calls (``benchmarks.common.time_graph``) cycling
+Each variant is timed as a CUDA graph of consecutive calls (``benchmarks.lib.common.time_graph``) cycling
 through copies of the weight (together well past the L2 cache), so every call streams its weight
 from HBM and launch gaps are those of a graph. Prints µs per call, TB/s of weight read, and the best
 and the default config's ratio to cuBLAS; appends the raw results to ``benchmarks/results/gemv.jsonl``.
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from omni_gateway.kernels.gemv import GemvConfig, default_gemv_config, linear
 
-from benchmarks.common import ResultLog, add_out_argument, time_graph
+from benchmarks.lib.common import ResultLog, add_out_argument, time_graph
 
 SHAPES = {  # name: (out_features, in_features)
     "8b.qkv": (6144, 4096),

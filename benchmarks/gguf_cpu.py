@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ResultLog, add_out_argument, ratio
+from benchmarks.lib.common import ResultLog, add_out_argument, ratio
 
 PROMPT = "Tell me a long story about a lighthouse keeper and the ships that pass by."
 FILLER = "The quick brown fox jumps over the lazy dog while the river runs past the old mill. "
@@ -186,7 +186,7 @@ def main() -> int:
     add_out_argument(parser, "gguf_cpu")
     args = parser.parse_args()
     if args.model is None:
-        from omni_gateway.engine.loader import default_model_path
+        from omni_gateway.engine.runner.loader import default_model_path
 
         args.model = default_model_path()
     if args.side is not None:  # a child: one side, one JSON line

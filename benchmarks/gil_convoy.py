@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ResultLog, add_out_argument
+from benchmarks.lib.common import ResultLog, add_out_argument
 
 TEXTS = ["hello there, friend.", "one two three.", "yes, of course.", "the sky is blue."]
 
@@ -78,9 +78,9 @@ def main() -> None:
         parser.error("switch intervals must be > 0 ms and --calls at least 1")
 
     import torch
-    from omni_gateway.omni.heads.tts_vits import HfVitsSynthesizer
+    from omni_gateway.omni.heads.vits.synthesizer import HfVitsSynthesizer
 
-    from benchmarks.voice_gpu_stages import build_vits
+    from tests.harness.shape_checkpoints import build_vits
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as root:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from benchmarks.common import ResultLog, add_out_argument, percentile, ratio
+from benchmarks.lib.common import ResultLog, add_out_argument, percentile, ratio
 
 WAYS = ("pageable", "pinned", "none")
 

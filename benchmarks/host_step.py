@@ -7,7 +7,7 @@ between two decode steps at batch 1 (and what a batch adds per sequence).
 The same run times streaming detokenization through the transformers tokenizer wrapper (the
 baseline) and through the Rust tokenizer directly (the engine's path), and prints the ratio.
 The tokenizer is a byte-level BPE trained on a small corpus (the tests' tokenizer), so token ids
-map to real text of a few bytes each (``benchmarks.checkpoints.byte_level_tokenizer``).
+map to real text of a few bytes each (``tests.harness.checkpoints.byte_level_tokenizer``).
 
 Then the block-table packing of a graphed decode step (``GraphedDecode.run``, minus the device
 copy): every sequence's table into one int32 host buffer, converted from its Python list on every
@@ -23,16 +23,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import omni_gateway.engine.detokenizer as detokenizer
-from omni_gateway.engine.block_table_rows import BlockTableRows
+import omni_gateway.engine.core.detokenizer as detokenizer
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.llm_engine import LLMEngine
-from omni_gateway.engine.pending_decode import PendingDecode
-from omni_gateway.engine.sampler import SampleResult
+from omni_gateway.engine.core.llm_engine import LLMEngine
+from omni_gateway.engine.runner.block_table_rows import BlockTableRows
+from omni_gateway.engine.runner.pending_decode import PendingDecode
+from omni_gateway.engine.runner.sampler import SampleResult
 from omni_gateway.engine.sampling_params import SamplingParams
 
-from benchmarks.checkpoints import byte_level_tokenizer
-from benchmarks.common import ResultLog, add_out_argument
+from benchmarks.lib.common import ResultLog, add_out_argument
+from tests.harness.checkpoints import byte_level_tokenizer
 
 
 class InstantRunner:

@@ -66,7 +66,7 @@ base = rss()
 detail = {}
 t0 = time.monotonic()
 if stage == "llm":
-    from omni_gateway.engine.async_engine import AsyncEngine
+    from omni_gateway.engine.frontend.async_engine import AsyncEngine
     from omni_gateway.engine.config import EngineConfig
     engine = AsyncEngine(EngineConfig(model="default"))
     runner = engine.engine.runner
@@ -84,7 +84,7 @@ elif stage == "asr":
     asr = load_recognizer("default")
     asr.transcribe(bytes(16000), sample_rate=16000)
 elif stage == "tts":
-    from omni_gateway.omni.heads.tts import TtsHead
+    from omni_gateway.omni.heads.tts.head import TtsHead
     tts = TtsHead.load("default", threads=stage_threads(OmniConfig()))
     tts.synthesize("Hello, this sentence only warms up the voice before anyone hears it.")
 elif stage == "server":

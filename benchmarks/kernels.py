@@ -43,7 +43,7 @@ from omni_gateway.kernels.attention_config import DecodeConfig, gpu_decode_confi
 from omni_gateway.kernels.norm import fused_add_rms_norm, rms_norm
 from omni_gateway.kernels.rotary import apply_rotary
 
-from benchmarks.attention_cases import (
+from benchmarks.lib.attention_cases import (
     KV_DTYPES,
     SWEEP,
     bench_decode,
@@ -54,8 +54,8 @@ from benchmarks.attention_cases import (
     decode_sweep,
     launch_key,
 )
-from benchmarks.common import ResultLog, add_out_argument, rel_err, time_graph
-from benchmarks.kernel_report import Report, copy_bandwidth
+from benchmarks.lib.common import ResultLog, add_out_argument, rel_err, time_graph
+from benchmarks.lib.kernel_report import Report, copy_bandwidth
 
 
 def parse_ints(text: str) -> list[int]:

@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import ResultLog, add_out_argument, summary
-from benchmarks.speech_stages import BATCHES, CLOCK, STAGES, instrument, mark
-from benchmarks.step_timeline import Timeline
-from benchmarks.trace_streams import device_trace
+from benchmarks.analysis.speech_stages import BATCHES, CLOCK, STAGES, instrument, mark
+from benchmarks.analysis.step_timeline import Timeline
+from benchmarks.analysis.trace_streams import device_trace
+from benchmarks.lib.common import ResultLog, add_out_argument, summary
 
 SPEAKER = "Chelsie"
 
@@ -40,7 +40,7 @@ def omni_config(shapes: str) -> Any:
     from transformers import Qwen2_5OmniConfig
 
     if shapes == "tiny":
-        from benchmarks.tiny_omni import tiny_omni_config
+        from tests.harness.tiny_omni import tiny_omni_config
 
         return tiny_omni_config()
     mrope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}
@@ -87,22 +87,22 @@ class _WordTokenizer:
 
 def build(shapes: str, device: torch.device, max_seqs: int, eager: bool = False) -> tuple[Any, Any, Any]:
     """The HF model, our thinker engine and our SpokenModel, sharing the weights."""
-    from omni_gateway.engine.async_engine import AsyncEngine
     from omni_gateway.engine.config import EngineConfig
-    from omni_gateway.engine.llm_engine import LLMEngine
-    from omni_gateway.engine.loader import LoadedModel
+    from omni_gateway.engine.core.llm_engine import LLMEngine
+    from omni_gateway.engine.frontend.async_engine import AsyncEngine
     from omni_gateway.engine.models.qwen2_5_omni_talker import (
         CodecTokenizer,
         TalkerTokens,
         talker_config,
         talker_weights,
     )
-    from omni_gateway.omni.heads.token2wav import Token2Wav
-    from omni_gateway.omni.heads.token2wav_loader import Speaker, Token2WavModels
+    from omni_gateway.engine.runner.loader import LoadedModel
+    from omni_gateway.omni.heads.token2wav.head import Token2Wav
+    from omni_gateway.omni.heads.token2wav.loader import Speaker, Token2WavModels
     from omni_gateway.omni.speech import SpokenModel
     from transformers import Qwen2_5OmniForConditionalGeneration
 
-    from benchmarks.tiny_omni import thinker_as_qwen2, thinker_weights_as_qwen2
+    from tests.harness.tiny_omni import thinker_as_qwen2, thinker_weights_as_qwen2
 
     config = omni_config(shapes)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -259,7 +259,7 @@ def allocator_counters() -> dict[str, float]:
 
 
 def main() -> None:
-    from omni_gateway.omni.heads.token2wav_chunking import DIT_DTYPES
+    from omni_gateway.omni.heads.token2wav.chunking import DIT_DTYPES
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", choices=("7b", "tiny"), default="7b")
@@ -308,7 +308,7 @@ def main() -> None:
         default=None,
         metavar="FILE",
         help="a torch.profiler trace (gzipped Chrome JSON, kernels on every stream) of the largest concurrency's "
-        "timed run; python -m benchmarks.trace_streams FILE summarizes it",
+        "timed run; python -m benchmarks.analysis.trace_streams FILE summarizes it",
     )
     parser.add_argument(
         "--switch-interval-ms",
@@ -342,7 +342,7 @@ def main() -> None:
         if value is not None
     }
     if changes:
-        from omni_gateway.omni.heads.token2wav import Token2Wav
+        from omni_gateway.omni.heads.token2wav.head import Token2Wav
 
         speech.token2wav = Token2Wav(speech.token2wav.models, dataclasses.replace(speech.token2wav.config, **changes))
     speech.config = dataclasses.replace(speech.config, max_codes=args.codes)

@@ -16,7 +16,7 @@ import time
 
 from omni_gateway.omni.protocol import Message, TextPart
 
-from benchmarks.common import ResultLog, add_out_argument
+from benchmarks.lib.common import ResultLog, add_out_argument
 
 _USER = "Could you remind me what we said about the train times to the coast on Saturday morning?"
 _ASSISTANT = "Sure: the first train leaves at seven forty, and there is another one every half hour after that."

@@ -49,7 +49,6 @@ from typing import Any
 import torch
 from omni_gateway.kernels import quant_reference as qref
 
-from benchmarks.common import RESULTS_DIR, ResultLog, rel_err, time_graph
 from benchmarks.engine_gpu import (
     b1_decode_seconds,
     free_cuda,
@@ -58,6 +57,7 @@ from benchmarks.engine_gpu import (
     trace_decode,
     word_tokenizer,
 )
+from benchmarks.lib.common import RESULTS_DIR, ResultLog, rel_err, time_graph
 
 VARIANTS = ("bf16", "fp8-channel", "fp8-channel-head", "fp8-block", "int4", "int4-head", "fp8-kv", "fp8-channel-kv")
 # Suffixes of a variant name that run its engine as an earlier design, a baseline in the same run:

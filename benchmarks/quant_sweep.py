@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import RESULTS_DIR, ResultLog, rel_err, time_graph
+from benchmarks.lib.common import RESULTS_DIR, ResultLog, rel_err, time_graph
 
 SHAPES = {  # the largest share of a decode step first, in case the budget runs out
     "gate_up": (28672, 4096),
@@ -89,7 +89,8 @@ ONE_ROW_INT4 = [
     (128, 256, 8, 1),
     (128, 512, 8, 1),
     # Two warps for 128 features: each thread's activation loads serve twice the features
-    # (python -m benchmarks.kernel_sass, Triton 3.6: 3.24 instructions a weight at gate_up against 3.79 with four).
+    # (python -m benchmarks.analysis.kernel_sass, Triton 3.6: 3.24 instructions a weight at gate_up against 3.79
+    # with four).
     (128, 256, 2, 1),
     (128, 512, 2, 1),
 ]
@@ -103,7 +104,7 @@ DOT = [
     (16, 1024, 8, 2),
 ]
 # 2-16 rows of int4: wide one-stage tiles share each activation load among more features, which
-# python -m benchmarks.kernel_sass counts at about 3.3 instructions a weight against 5.5-8 for the above.
+# python -m benchmarks.analysis.kernel_sass counts at about 3.3 instructions a weight against 5.5-8 for the above.
 DOT_INT4 = [
     (64, 256, 4, 1),
     (128, 128, 4, 1),

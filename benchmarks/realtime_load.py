@@ -31,14 +31,14 @@ from typing import Any
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from benchmarks.common import ResultLog, add_out_argument, percentile
+from benchmarks.lib.common import ResultLog, add_out_argument, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 # The tiny server: a random 2-layer Llama with the test tokenizer, built in a temporary directory.
 TINY_SERVER = """
 import uvicorn
-from benchmarks.checkpoints import save_tiny_checkpoint
-from omni_gateway.engine.async_engine import AsyncEngine
+from tests.harness.checkpoints import save_tiny_checkpoint
+from omni_gateway.engine.frontend.async_engine import AsyncEngine
 from omni_gateway.omni.config import EngineConfig, OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.gateway.app import create_app

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import ResultLog, add_out_argument
+from benchmarks.lib.common import ResultLog, add_out_argument
 
 TOOL = {
     "type": "function",
@@ -154,8 +154,8 @@ def step_time(engine: Any, batch: int, fraction: float, steps: int, log: ResultL
 def sampler_time(engine: Any, batch: int, fraction: float, log: ResultLog, repeats: int = 20) -> None:
     """``Sampler.choose`` plus the matchers' advance, on random logits: the constraint's own cost."""
     from omni_gateway.engine import SamplingParams, StructuredOutputs
-    from omni_gateway.engine.sampler import Sampler
-    from omni_gateway.engine.sequence import Sequence
+    from omni_gateway.engine.core.sequence import Sequence
+    from omni_gateway.engine.runner.sampler import Sampler
     from omni_gateway.kernels.host_copies import to_host
 
     spec = StructuredOutputs(json={"type": "array", "items": TOOL["function"]["parameters"], "minItems": 1000})

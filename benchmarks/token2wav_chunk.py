@@ -22,17 +22,17 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import ResultLog, add_out_argument
+from benchmarks.lib.common import ResultLog, add_out_argument
 
 
 def build(shapes: str, device: torch.device) -> tuple[Any, Any]:
     """transformers' token2wav model with random weights (snake parameters drawn away from zero) and a voice."""
-    from omni_gateway.omni.heads.token2wav_loader import Speaker
+    from omni_gateway.omni.heads.token2wav.loader import Speaker
     from transformers import Qwen2_5OmniConfig
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 
     if shapes == "tiny":
-        from benchmarks.tiny_omni import tiny_omni_config
+        from tests.harness.tiny_omni import tiny_omni_config
 
         config = tiny_omni_config().token2wav_config
     else:
@@ -69,9 +69,9 @@ def timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
 
 
 def main() -> None:
-    from omni_gateway.omni.heads.token2wav import Token2Wav, Token2WavConfig
-    from omni_gateway.omni.heads.token2wav_chunking import DIT_DTYPES
-    from omni_gateway.omni.heads.token2wav_loader import Token2WavModels
+    from omni_gateway.omni.heads.token2wav.chunking import DIT_DTYPES
+    from omni_gateway.omni.heads.token2wav.head import Token2Wav, Token2WavConfig
+    from omni_gateway.omni.heads.token2wav.loader import Token2WavModels
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", choices=("7b", "tiny"), default="7b")

@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import ResultLog, add_out_argument
 from benchmarks.engine_gpu import b1_decode_seconds, make_workload, shape_config, word_tokenizer
+from benchmarks.lib.common import ResultLog, add_out_argument
 
 _STD = 0.02  # weight scale of the random init (Llama's initializer_range)
 
@@ -88,8 +88,8 @@ class RandomSource:
 def build_llm(name: str, tp: int, args: argparse.Namespace) -> Any:
     from omni_gateway.engine import LLM
     from omni_gateway.engine.config import EngineConfig
-    from omni_gateway.engine.llm_engine import LLMEngine
-    from omni_gateway.engine.loader import LoadedModel
+    from omni_gateway.engine.core.llm_engine import LLMEngine
+    from omni_gateway.engine.runner.loader import LoadedModel
 
     cfg = model_config(name)
     source = RandomSource(cfg)

@@ -40,12 +40,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
-from omni_gateway.omni.heads.text_chunker import ChunkerConfig
-from omni_gateway.omni.heads.tts import TtsHead
-from omni_gateway.omni.heads.tts_batch import BatchedSynthesizer
-from omni_gateway.omni.heads.vits_batch import window_frames
+from omni_gateway.omni.heads.tts.batch import BatchedSynthesizer
+from omni_gateway.omni.heads.tts.head import TtsHead
+from omni_gateway.omni.heads.tts.text_chunker import ChunkerConfig
+from omni_gateway.omni.heads.vits.vocoder_batch import window_frames
 
-from benchmarks.common import ResultLog, add_out_argument, percentile
+from benchmarks.lib.common import ResultLog, add_out_argument, percentile
 from benchmarks.voice_sessions import play
 
 SAMPLE_RATE, FRAME_SAMPLES, FRAMES_PER_CHAR, WINDOW_ROW_FRAMES = 16000, 256, 4.5, 2048

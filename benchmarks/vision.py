@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from benchmarks.common import ResultLog, add_out_argument
+from benchmarks.lib.common import ResultLog, add_out_argument
 
 SPECIALS = ["<eos>", "<bos>", "<image>", "<|vision_start|>", "<|image_pad|>", "<|video_pad|>", "<|vision_end|>"]
 
@@ -165,7 +165,7 @@ def main() -> None:
     from omni_gateway.encoders.image import decode_image
     from omni_gateway.encoders.vision import load_vision_encoder
     from omni_gateway.engine.config import EngineConfig
-    from omni_gateway.engine.llm_engine import LLMEngine
+    from omni_gateway.engine.core.llm_engine import LLMEngine
     from omni_gateway.engine.sampling_params import SamplingParams
     from omni_gateway.omni.protocol import ImagePart, Message, OmniRequest, TextPart
     from omni_gateway.omni.vision import build_vision_prompt

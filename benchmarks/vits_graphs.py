@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ResultLog, add_out_argument
-from benchmarks.neighbours import busy_neighbour
+from benchmarks.lib.common import ResultLog, add_out_argument
+from benchmarks.lib.neighbours import busy_neighbour
 
 BATCHES = ((1, 4), (4, 8), (16, 8), (16, 25), (32, 12))  # (rows, words a row)
 
@@ -60,10 +60,10 @@ def main() -> None:
 
     import numpy as np
     import torch
-    from omni_gateway.omni.heads.tts_vits import HfVitsSynthesizer
+    from omni_gateway.omni.heads.vits.synthesizer import HfVitsSynthesizer
     from omni_gateway.omni.loading import STAGE_SWITCH_INTERVAL_S
 
-    from benchmarks.voice_gpu_stages import build_vits
+    from tests.harness.shape_checkpoints import build_vits
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("this benchmark compares CUDA graphs with eager launches: it needs a CUDA GPU")

@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 
-from benchmarks.common import ResultLog, add_out_argument, percentile
+from benchmarks.lib.common import ResultLog, add_out_argument, percentile
 
 RATE = 24000
 CHUNK = RATE * 2 * 40 // 1000  # 40 ms of pcm16
@@ -88,7 +88,7 @@ def serve_child(profile: str | None, vad: str) -> None:
     from omni_gateway.gateway.app import create_app
     from omni_gateway.gateway.config import GatewayConfig
 
-    from benchmarks.fake_backend import FakeBackend
+    from tests.harness.fake_backend import FakeBackend
 
     batcher = VadBatcher() if vad == "batched" else None
 

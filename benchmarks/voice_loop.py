@@ -32,11 +32,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
-from omni_gateway.omni.heads.text_chunker import TextChunker
+from omni_gateway.omni.heads.tts.text_chunker import TextChunker
 
-from benchmarks.common import ResultLog, add_out_argument, percentile
-from benchmarks.live_server import serve
+from benchmarks.lib.common import ResultLog, add_out_argument, percentile
 from demos.voice_assistant import Progress, converse
+from tests.harness.live_server import serve
 
 QUESTIONS = [
     "What is the capital of France?",

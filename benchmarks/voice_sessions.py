@@ -71,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import ResultLog, add_out_argument, percentile
+from benchmarks.lib.common import ResultLog, add_out_argument, percentile
 
 RATE = 24000
 CHUNK = RATE * 2 * 40 // 1000  # 40 ms of pcm16
@@ -322,7 +322,7 @@ def report(n: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
 def load_stages(args: argparse.Namespace) -> Any:
     """The backend the server runs: the fake one, or the omni pipeline over the chosen stages."""
     if args.fake:
-        from benchmarks.fake_backend import FakeBackend
+        from tests.harness.fake_backend import FakeBackend
 
         return FakeBackend()
     from omni_gateway.engine.config import EngineConfig
@@ -331,7 +331,7 @@ def load_stages(args: argparse.Namespace) -> Any:
 
     model, asr, tts = args.model, args.asr, args.tts
     if args.random_stages:
-        from benchmarks.voice_gpu_stages import build_all
+        from tests.harness.shape_checkpoints import build_all
 
         device = "cpu" if args.device == "cpu" else "cuda"
         built = build_all(Path(args.random_stages), args.llm_shape, device, tiny=args.tiny_stages)
@@ -503,7 +503,7 @@ def main() -> None:
     from omni_gateway.gateway.realtime.commands import SessionLimits
 
     try:
-        from benchmarks.live_server import serve
+        from tests.harness.live_server import serve
     except ImportError as exc:
         raise SystemExit(f"this benchmark drives the live server and needs the web stack: {exc}") from None
 

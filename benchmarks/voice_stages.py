@@ -16,9 +16,9 @@ import time
 from omni_gateway.encoders.asr import load_recognizer
 from omni_gateway.encoders.audio import float_to_pcm16
 from omni_gateway.encoders.vad import SileroVad
-from omni_gateway.omni.heads.tts import TtsHead
+from omni_gateway.omni.heads.tts.head import TtsHead
 
-from benchmarks.common import ResultLog, add_out_argument
+from benchmarks.lib.common import ResultLog, add_out_argument
 
 REPLY = "The weather today is sunny and warm, with a light breeze from the west."
 UTTERANCE = "Please turn on the kitchen lights now."

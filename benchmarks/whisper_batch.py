@@ -10,7 +10,7 @@ about four times what the same work should take alone. This splits ``TorchWhispe
 into its parts and times each: first at each batch size's first call (what ``prepare_batches`` now pays
 before serving), then, per encoder (``--encoder``: run eagerly, or replayed from CUDA graphs captured
 under the backend), per encoder attention backend (``--sdpa``: ``default`` is torch's choice) and per
-neighbour (``benchmarks/neighbours.py``: none; a thread of this process; another process, whose CUDA
+neighbour (``benchmarks/lib/neighbours.py``: none; a thread of this process; another process, whose CUDA
 context the GPU time-slices with this one), the median of ``--repeats`` calls. Each batch is ``rows``
 random utterances of 2-4 s; random weights never say end-of-text, so every row decodes ``--tokens``
 tokens (24, as in the voice-sessions run). Printed per variant and batch size: the parts in ms and the
@@ -30,8 +30,8 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ResultLog, add_out_argument
-from benchmarks.neighbours import KINDS, busy_neighbour
+from benchmarks.lib.common import ResultLog, add_out_argument
+from benchmarks.lib.neighbours import KINDS, busy_neighbour
 
 PARTS = ("features", "encode", "decode")
 SDPA = ("default", "flash", "efficient", "cudnn", "math")
@@ -103,7 +103,7 @@ def main() -> None:
     import torch
     from omni_gateway.encoders.asr_torch import TorchWhisperRecognizer
 
-    from benchmarks.voice_gpu_stages import random_whisper_turbo
+    from tests.harness.shape_checkpoints import random_whisper_turbo
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda needs a CUDA GPU (--device cpu --tiny checks the command)")

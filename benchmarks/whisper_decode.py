@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import ResultLog, add_out_argument
+from benchmarks.lib.common import ResultLog, add_out_argument
 
 
 def main() -> None:
@@ -39,7 +39,7 @@ def main() -> None:
     import torch
     from omni_gateway.encoders.asr_torch import TorchWhisperRecognizer
 
-    from benchmarks.voice_gpu_stages import random_whisper_turbo
+    from tests.harness.shape_checkpoints import random_whisper_turbo
 
     def sync() -> None:
         if args.device == "cuda":

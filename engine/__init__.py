@@ -14,13 +14,13 @@ from omni_gateway.engine.errors import EngineDead, EngineError, EngineOverloaded
 from omni_gateway.engine.sampling_params import SamplingParams, StructuredOutputs
 
 _LAZY = {
-    "LLM": "omni_gateway.engine.llm",
-    "AsyncEngine": "omni_gateway.engine.async_engine",
-    "LLMEngine": "omni_gateway.engine.llm_engine",
+    "LLM": "omni_gateway.engine.frontend.llm",
+    "AsyncEngine": "omni_gateway.engine.frontend.async_engine",
+    "LLMEngine": "omni_gateway.engine.core.llm_engine",
     "RequestOutput": "omni_gateway.engine.outputs",
     "CompletionOutput": "omni_gateway.engine.outputs",
     "StreamDelta": "omni_gateway.engine.outputs",
-    "EmbedSpan": "omni_gateway.engine.sequence",
+    "EmbedSpan": "omni_gateway.engine.core.sequence",
 }
 
 __all__ = [

@@ -10,7 +10,7 @@ weight format:
   the same units, the group scale multiplies once per word. GPUs multiply-add subnormal float32 at full
   rate, and Triton emits ``fma.rn.f32`` without ``.ftz``. The scaled activations overflow only past
   2^64, and products stay normal down to ``|q * x|`` of 2^-41. Compiled for sm_90 the loop issues 3.8-4.4
-  instructions a weight against 5.1-5.9 for the 2^23 form (``python -m benchmarks.kernel_sass``). Loading the
+  instructions a weight against 5.1-5.9 for the 2^23 form (``python -m benchmarks.analysis.kernel_sass``). Loading the
   zero points and scales in the words' own layout instead of per feature (which passes them through shared
   memory, two block barriers per group) made Triton 3.6 lay the activations out per element: 9.4 a weight,
   and twice the time on an H100. Staged through a three-stage ``cp.async`` pipeline, an earlier form of this

@@ -177,7 +177,7 @@ def _assemble(
     system_prompt: str | None,
     render: ChatRenderer | None,
 ) -> VisionPrompt:
-    from omni_gateway.engine.chat_template import render_chat
+    from omni_gateway.engine.frontend.chat_template import render_chat
     from omni_gateway.omni.vision import _placeholder_text
 
     texts = []

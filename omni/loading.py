@@ -19,7 +19,7 @@ from omni_gateway.omni.protocol import Message, OmniRequest, TextPart
 if TYPE_CHECKING:
     from omni_gateway.encoders.audio_tower import AudioEncoder
     from omni_gateway.encoders.vision import VisionEncoder
-    from omni_gateway.omni.heads.tts import TtsHead
+    from omni_gateway.omni.heads.tts.head import TtsHead
     from omni_gateway.omni.pipeline import OmniPipeline
     from omni_gateway.omni.speech import SpeechConfig
 
@@ -38,7 +38,7 @@ STAGE_SWITCH_INTERVAL_S = 0.0005
 
 def load_pipeline(config: OmniConfig) -> OmniPipeline:
     """Load every configured stage; the slow ones report progress on the log."""
-    from omni_gateway.engine.launch import start_engine
+    from omni_gateway.engine.frontend.launch import start_engine
     from omni_gateway.omni.pipeline import OmniPipeline
 
     t0 = time.monotonic()
@@ -100,7 +100,7 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
             speech = SpokenModel.load(speech_model, device=str(engine.device_and_dtype[0]), config=spoken)
             log.info("talker and token2wav of %s ready: the model speaks in its own voice", speech_model)
         if config.image_model is not None:
-            from omni_gateway.omni.heads.dit import load_image_head
+            from omni_gateway.omni.heads.dit.head import load_image_head
 
             image_head = load_image_head(config.image_model, device=config.engine.device)
             log.info("image model %s ready", config.image_model)
@@ -149,7 +149,7 @@ def _load_voice(
         from contextlib import nullcontext
 
         from omni_gateway.encoders.asr import load_recognizer
-        from omni_gateway.engine.step_gate import urgent
+        from omni_gateway.engine.runner.step_gate import urgent
 
         hold = urgent if config.asr_batches_alone and not hears else nullcontext
         asr = load_recognizer(config.asr, device=config.engine.device, hold=hold)
@@ -157,7 +157,7 @@ def _load_voice(
     if config.tts is not None and speech_model is not None:
         log.info("no TTS voice loaded: %s speaks in its own voice", speech_model)
     elif config.tts is not None:
-        from omni_gateway.omni.heads.tts import TtsHead
+        from omni_gateway.omni.heads.tts.head import TtsHead
 
         try:
             tts = TtsHead.load(config.tts, device=config.engine.device, threads=threads)
@@ -208,7 +208,7 @@ def _on_cuda(stage: object | None) -> bool:
 def speech_config(config: OmniConfig) -> SpeechConfig:
     """The speaking model's settings: the head's own, with what ``config`` sets over them (checked here, before
     anything loads)."""
-    from omni_gateway.omni.heads.token2wav import Token2WavConfig
+    from omni_gateway.omni.heads.token2wav.head import Token2WavConfig
     from omni_gateway.omni.speech import SpeechConfig
 
     chosen = {

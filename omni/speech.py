@@ -26,17 +26,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from omni_gateway.engine.core.sequence import EmbedSpan
 from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidRequest
-from omni_gateway.engine.input_stream import InputStream
+from omni_gateway.engine.runner.input_stream import InputStream
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.engine.sequence import EmbedSpan
-from omni_gateway.omni.heads.token2wav import OUTPUT_SAMPLE_RATE, Token2Wav, Token2WavConfig
+from omni_gateway.omni.heads.token2wav.head import OUTPUT_SAMPLE_RATE, Token2Wav, Token2WavConfig
 from omni_gateway.omni.protocol import AudioChunk, Done, Error, OmniRequest, OutputChunk
 from omni_gateway.omni.streams import Prompt, refusal, usage
 
 if TYPE_CHECKING:
     import torch
-    from omni_gateway.engine.async_engine import AsyncEngine
+    from omni_gateway.engine.frontend.async_engine import AsyncEngine
     from omni_gateway.engine.outputs import StreamDelta
     from omni_gateway.omni.collaborators import Engine
 
@@ -93,9 +93,9 @@ class SpokenModel:
 
     @classmethod
     def load(cls, path: str | Path, *, device: str = "auto", config: SpeechConfig = SpeechConfig()) -> SpokenModel:
-        from omni_gateway.engine.async_engine import AsyncEngine
         from omni_gateway.engine.config import EngineConfig
-        from omni_gateway.engine.llm_engine import LLMEngine
+        from omni_gateway.engine.core.llm_engine import LLMEngine
+        from omni_gateway.engine.frontend.async_engine import AsyncEngine
         from omni_gateway.engine.models.qwen2_5_omni_talker import load_talker
 
         engine = LLMEngine(EngineConfig(model=str(path), device=device), model=load_talker(path))

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidConstraint, InvalidRequest
-from omni_gateway.omni.heads.dit_errors import ImageGenerationError
+from omni_gateway.omni.heads.dit.errors import ImageGenerationError
 from omni_gateway.omni.prompting import constraint_param
 from omni_gateway.omni.protocol import (
     Done,

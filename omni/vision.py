@@ -32,7 +32,7 @@ from omni_gateway.encoders.video import (
     video_pixels,
 )
 from omni_gateway.encoders.vision import UnusableImage, VisionEncoder, VisualFeatures
-from omni_gateway.engine.sequence import EmbedSpan
+from omni_gateway.engine.core.sequence import EmbedSpan
 from omni_gateway.omni.media import MediaBusy, MediaError, MediaTooLarge
 from omni_gateway.omni.prompting import ChatRenderer, Tokenizer, UnsupportedInput, prompt_ids
 from omni_gateway.omni.protocol import ImagePart, Message, OmniRequest, TextPart, VideoPart
@@ -149,7 +149,7 @@ def _assemble(
     system_prompt: str | None,
     render: ChatRenderer | None,
 ) -> VisionPrompt:
-    from omni_gateway.engine.chat_template import render_chat
+    from omni_gateway.engine.frontend.chat_template import render_chat
 
     items = [item for found in per_part for item in found]  # (placeholder id, features) in prompt order
     texts = iter([_placeholder_text(tokenizer, encoder, found) for found in per_part])

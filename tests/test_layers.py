@@ -1,4 +1,4 @@
-"""The import rules of DESIGN.md, checked on the source (AST) and by importing in a clean interpreter."""
+"""The import rules of docs/architecture.md, checked on the source (AST) and by importing in a clean interpreter."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ FORBIDDEN = {
 GATEWAY_OMNI_ANYWHERE = ("omni.protocol", "omni.config")
 GATEWAY_OMNI_IN_FUNCTIONS = ("omni", "omni.load_backend")
 TORCH_FREE_ENGINE_MODULES = (
-    "sequence",
+    "core.sequence",
     "sampling_params",
     "config",
     "errors",
-    "block_pool",
-    "kv_cache_manager",
-    "scheduler",
+    "core.block_pool",
+    "core.kv_cache_manager",
+    "core.scheduler",
 )
 
 
@@ -43,7 +43,7 @@ class Import:
 
 
 def module_name(path: Path) -> str:
-    """The installed name of a source file: ``engine/scheduler.py`` is ``omni_gateway.engine.scheduler``."""
+    """The installed name of a source file: ``engine/core/scheduler.py`` is ``omni_gateway.engine.core.scheduler``."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -98,7 +98,10 @@ def violations(package: str, module: str, imports: list[Import]) -> list[str]:
             allowed = _under(name, GATEWAY_OMNI_ANYWHERE) or (imp.in_function and name in GATEWAY_OMNI_IN_FUNCTIONS)
             if not allowed:
                 out.append(f"{where} (gateway may use omni.protocol, omni.config, and omni.load_backend lazily)")
-    if module.startswith(f"{NAMESPACE}.engine.") and module.rsplit(".", 1)[1] in TORCH_FREE_ENGINE_MODULES:
+    if (
+        module.startswith(f"{NAMESPACE}.engine.")
+        and module.removeprefix(f"{NAMESPACE}.engine.") in TORCH_FREE_ENGINE_MODULES
+    ):
         out.extend(
             f"{module}:{imp.line} imports {imp.module} (pure module: no torch)"
             for imp in imports
@@ -135,7 +138,7 @@ def test_layer_rules_hold_for_every_source_file() -> None:
         (
             "encoders",
             "omni_gateway.encoders.x",
-            "from omni_gateway.engine.sequence import EmbedSpan",
+            "from omni_gateway.engine.core.sequence import EmbedSpan",
             "must not import engine",
         ),
         ("encoders", "omni_gateway.encoders.x", "from omni_gateway.omni.pipeline import run", "must not import omni"),
@@ -146,7 +149,7 @@ def test_layer_rules_hold_for_every_source_file() -> None:
             "must not import engine",
         ),
         ("kernels", "omni_gateway.kernels.sub.x", "from ...engine import config", "must not import engine"),
-        ("engine", "omni_gateway.engine.scheduler", "def f():\n    import torch", "pure module"),
+        ("engine", "omni_gateway.engine.core.scheduler", "def f():\n    import torch", "pure module"),
         ("engine", "omni_gateway.engine.x", "from engine.config import EngineConfig", "bare name"),
         ("omni", "omni_gateway.omni.x", "import kernels.reference", "bare name"),
     ],
@@ -196,13 +199,15 @@ def test_pure_engine_modules_do_not_load_torch() -> None:
     assert _loads_torch([f"{NAMESPACE}.engine.{m}" for m in TORCH_FREE_ENGINE_MODULES]) == []
 
 
-def test_benchmarks_and_demos_never_import_test_code() -> None:
-    """Shared harness (fake backend, session driver, live server, checkpoints) lives in ``benchmarks/``."""
+def test_only_the_harness_is_shared_with_tests() -> None:
+    """Benchmarks and the harness import test code only from ``tests/harness``; demos import none."""
+    allowed = {"benchmarks": ("tests.harness",), "tests/harness": ("tests.harness",), "demos": ()}
     problems = [
         f"{path.relative_to(ROOT)}:{imp.line} imports {imp.module}"
-        for folder in ("benchmarks", "demos")
+        for folder, shared in allowed.items()
         for path in sorted((ROOT / folder).rglob("*.py"))
-        for imp in imports_of(path.read_text(), folder)
-        if imp.module == "tests" or imp.module.startswith("tests.")
+        for imp in imports_of(path.read_text(), folder.replace("/", "."))
+        if (imp.module == "tests" or imp.module.startswith("tests."))
+        and not any(imp.module == s or imp.module.startswith(s + ".") for s in shared)
     ]
     assert not problems, "\n".join(problems)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from benchmarks.live_server import serve
 from demos.voice_assistant import Progress, converse
+from tests.harness.live_server import serve
 
 pytestmark = pytest.mark.slow
 

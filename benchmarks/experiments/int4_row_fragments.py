@@ -131,8 +131,8 @@ def launch(
 
 
 def sm90_launch(n: int, k: int, *, block_n: int, warps: int, split: int, prefetch: bool) -> Any:
-    """The launch at ``n`` x ``k``, on CPU tensors, for ``benchmarks.kernel_sass`` to compile."""
-    from benchmarks.kernel_sass import Launch
+    """The launch at ``n`` x ``k``, on CPU tensors, for ``benchmarks.analysis.kernel_sass`` to compile."""
+    from benchmarks.analysis.kernel_sass import Launch
 
     words = torch.zeros(n, k // 8, dtype=torch.int32)
     scales = torch.zeros(n, k // GROUP, dtype=torch.bfloat16)

@@ -29,8 +29,8 @@ import triton.language as tl
 from omni_gateway.kernels import quant_reference as qref
 from omni_gateway.kernels.quant_tiles import int4_row_step, int4_row_total
 
-from benchmarks.common import ResultLog, add_out_argument, rel_err, time_graph
 from benchmarks.experiments.int4_row_pipelines import GROUP, SUB, TOLERANCE, weight_sets
+from benchmarks.lib.common import ResultLog, add_out_argument, rel_err, time_graph
 from benchmarks.quant_sweep import SHAPES
 
 # (shape, block_n, block_k, warps, split): the shipped one-row launches (kernels/quant_tuning.py).

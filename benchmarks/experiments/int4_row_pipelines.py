@@ -49,7 +49,7 @@ import triton.language as tl
 from omni_gateway.kernels import quant_reference as qref
 from omni_gateway.kernels.quant_tiles import int4_row_step, int4_row_total, int4_words
 
-from benchmarks.common import ResultLog, add_out_argument, rel_err, time_graph
+from benchmarks.lib.common import ResultLog, add_out_argument, rel_err, time_graph
 from benchmarks.quant_sweep import SHAPES
 
 GROUP = 128

@@ -34,7 +34,7 @@ from omni_gateway.kernels.int4_row_stream import GateSums, StreamRow
 from omni_gateway.kernels.quant_linear import int4_row_linear
 from omni_gateway.kernels.rotary import rotary_write_kv
 
-from benchmarks.common import RESULTS_DIR, ResultLog, rel_err, time_graph
+from benchmarks.lib.common import RESULTS_DIR, ResultLog, rel_err, time_graph
 
 DEV = torch.device("cuda")
 HQ, HKV, D, H, I = 32, 8, 128, 4096, 14336

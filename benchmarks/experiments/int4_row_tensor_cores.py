@@ -42,9 +42,9 @@ import triton.language as tl
 from omni_gateway.kernels import quant_reference as qref
 from omni_gateway.kernels.quant_tiles import dot_tile, int4_dot_features
 
-from benchmarks.common import ResultLog, add_out_argument, rel_err, time_graph
 from benchmarks.experiments import int4_row_layout as layout
 from benchmarks.experiments.int4_row_pipelines import GROUP, SUB, TOLERANCE
+from benchmarks.lib.common import ResultLog, add_out_argument, rel_err, time_graph
 from benchmarks.quant_sweep import SHAPES
 
 TRITON_VARIANTS = ("joined", "planes")

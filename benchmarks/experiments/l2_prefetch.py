@@ -35,7 +35,7 @@ from omni_gateway.kernels.norm import fused_add_rms_norm, rms_norm
 from omni_gateway.kernels.paged_decode import paged_decode_attention
 from omni_gateway.kernels.rotary import rotary_write_kv
 
-from benchmarks.common import time_graph
+from benchmarks.lib.common import time_graph
 
 H, I, HQ, HKV, D = 4096, 14336, 32, 8, 128
 NL = 8  # distinct weight sets (L2 cannot hold them across layers)

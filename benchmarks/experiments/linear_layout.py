@@ -7,7 +7,7 @@ times, against ``F.linear(x, W)`` on the ``[out, in]`` weight the engine keeps:
 ``x @ Wt`` on a contiguous ``[in, out]`` copy, ``torch.mv`` (one row only), and both of the first
 two with cuBLASLt preferred (up to 4 rows). All are replayed from a CUDA graph of at least 200
 calls that rotate over enough weight copies to touch 400 MB, so the 50-60 MB L2 cannot hold them.
-The figure is the median of 10 replays per call (``benchmarks.common.time_graph`` with a 10 us
+The figure is the median of 10 replays per call (``benchmarks.lib.common.time_graph`` with a 10 us
 estimate, which captures 200 calls); GB/s counts the weight bytes.
 
 Answer (one H200, 2026-12-03 07:25 UTC, the script's first draft with the same shapes, call forms and
@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import time_graph
+from benchmarks.lib.common import time_graph
 
 SHAPES = {  # name: (out features, in features)
     "8b q/k/v": (6144, 4096),

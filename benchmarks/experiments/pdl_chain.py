@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from benchmarks.common import ResultLog, add_out_argument, time_graph
+from benchmarks.lib.common import ResultLog, add_out_argument, time_graph
 
 HIDDEN, QKV, INTER = 4096, 6144, 14336
 BLOCK_N = 8

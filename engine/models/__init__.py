@@ -25,7 +25,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "Qwen2_5OmniTalkerForConditionalGeneration",
 )
 
-# Architectures whose language model takes multimodal rotary positions (engine/mrope.py).
+# Architectures whose language model takes multimodal rotary positions (engine/runner/mrope.py).
 MROPE_ARCHITECTURES: frozenset[str] = frozenset(
     {"Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5OmniForConditionalGeneration"}
 )

@@ -2,7 +2,7 @@
 
 One forward runs a flattened varlen batch: the tokens of every sequence concatenated, prefill
 chunks and decodes together. q/k/v projections are merged into one matmul (gate/up too, on CUDA).
-Weights arrive under Hugging Face names (see engine/loader.py).
+Weights arrive under Hugging Face names (see engine/runner/loader.py).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omni_gateway.engine.attention import AttentionMetadata, KernelOps, paged_attention
 from omni_gateway.engine.models.linear import Linear, onednn_prepacks
 from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
 from omni_gateway.engine.quant import cpu_layers
 from omni_gateway.engine.quant.cpu_linear import QuantizedLinear, QuantizedWeight, keeps_quantized
+from omni_gateway.engine.runner.attention import AttentionMetadata, KernelOps, paged_attention
 
 # Text model types of the Qwen2 family (plain, VL, 2.5-VL, 2.5-Omni thinker): q/k/v projections carry a bias.
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text"})

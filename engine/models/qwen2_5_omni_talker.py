@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omni_gateway.engine.attention import AttentionMetadata
 from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.models.linear import Linear
 from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel
+from omni_gateway.engine.runner.attention import AttentionMetadata
 
 TALKER_ARCHITECTURE = "Qwen2_5OmniTalkerForConditionalGeneration"
 _PREFIX = "talker."
@@ -135,8 +135,8 @@ def talker_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def load_talker(path: str | Path, max_model_len: int | None = None) -> Any:
     """A ``LoadedModel`` of the talker in a Qwen2.5-Omni checkpoint directory (for ``LLMEngine(model=...)``)."""
-    from omni_gateway.engine.loader import LoadedModel
     from omni_gateway.engine.models.llama import missing_weights
+    from omni_gateway.engine.runner.loader import LoadedModel
     from safetensors import safe_open
     from transformers import AutoConfig
 

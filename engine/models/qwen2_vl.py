@@ -1,7 +1,7 @@
 """Qwen2-VL's language model: the Qwen2 decoder with multimodal rotary positions (M-RoPE).
 
 The rotary frequencies are split into three sections (``mrope_section``: time, height, width); each
-section rotates by the position on its own axis. Positions arrive as ``[3, T]`` (engine/mrope.py);
+section rotates by the position on its own axis. Positions arrive as ``[3, T]`` (engine/runner/mrope.py);
 one ``[T, head_dim]`` cos/sin table per step then feeds the ordinary rotary kernel, indexed by row.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from omni_gateway.engine.attention import AttentionMetadata
 from omni_gateway.engine.models.llama import LlamaModel
+from omni_gateway.engine.runner.attention import AttentionMetadata
 
 
 def _rope_parameters(hf_config: Any) -> dict[str, Any]:

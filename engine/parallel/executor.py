@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.loader import LoadedModel
-from omni_gateway.engine.model_runner import ModelRunner, pick_device_dtype
+from omni_gateway.engine.core.sequence import ScheduledBatch
 from omni_gateway.engine.parallel.context import ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
 from omni_gateway.engine.parallel.worker import STOP, join_group, worker_main
-from omni_gateway.engine.pending_decode import PendingDecode
-from omni_gateway.engine.sequence import ScheduledBatch
-from omni_gateway.engine.step_plan import StepPlan
+from omni_gateway.engine.runner.loader import LoadedModel
+from omni_gateway.engine.runner.model_runner import ModelRunner, pick_device_dtype
+from omni_gateway.engine.runner.pending_decode import PendingDecode
+from omni_gateway.engine.runner.step_plan import StepPlan
 
 log = logging.getLogger(__name__)
 

@@ -63,7 +63,7 @@ def worker_main(
 ) -> None:
     """Entry point of a spawned rank: report ``ready`` (or the error) on ``conn``, then serve steps."""
     import torch.distributed as dist
-    from omni_gateway.engine.model_runner import ModelRunner
+    from omni_gateway.engine.runner.model_runner import ModelRunner
 
     # Ctrl-C reaches the whole process group: rank 0 decides when the ranks stop (STOP, or EOF on the pipe).
     signal.signal(signal.SIGINT, signal.SIG_IGN)

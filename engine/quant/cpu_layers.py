@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from omni_gateway.engine.attention import AttentionMetadata
 from omni_gateway.engine.quant.cpu_linear import QuantizedLinear
+from omni_gateway.engine.runner.attention import AttentionMetadata
 
 if TYPE_CHECKING:
     from omni_gateway.engine.models.llama import LlamaModel, _Layer

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common import ResultLog, percentile, summary
+from benchmarks.lib.common import ResultLog, percentile, summary
 
 
 def test_result_log_appends_one_run_record_then_the_measurements(tmp_path: Path) -> None:

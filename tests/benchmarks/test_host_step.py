@@ -8,7 +8,7 @@ from benchmarks.host_step import pack_ms, us_per_step
 
 
 def test_steps_are_timed_through_the_engine_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    from omni_gateway.engine.llm_engine import LLMEngine
+    from omni_gateway.engine.core.llm_engine import LLMEngine
 
     steps: list[int] = []
     step = LLMEngine.step

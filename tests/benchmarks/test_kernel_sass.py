@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.kernel_sass import Machine, main_loop, opcode, parse_sass
+from benchmarks.analysis.kernel_sass import Machine, main_loop, opcode, parse_sass
 
 LISTING = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;                /* 0x00000a0000017a02 */
@@ -49,7 +49,17 @@ def test_the_int4_decode_loop_masks_each_weight_once(tmp_path: Path) -> None:
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "sass.jsonl"
-    cmd = [sys.executable, "-m", "benchmarks.kernel_sass", "--shapes", "o", "--formats", "int4", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.analysis.kernel_sass",
+        "--shapes",
+        "o",
+        "--formats",
+        "int4",
+        "--out",
+        str(out),
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
     (record,) = [r for r in map(json.loads, out.read_text().splitlines()) if r["kind"] == "loop"]
@@ -66,7 +76,17 @@ def test_int4_rows_on_the_tensor_cores_mask_two_weights_at_once(tmp_path: Path) 
     one tensor-core product per 16 x 8 x 16 (the activations' sums take some more)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "sass.jsonl"
-    cmd = [sys.executable, "-m", "benchmarks.kernel_sass", "--shapes", "gate_up", "--formats", "int4", "--rows", "4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.analysis.kernel_sass",
+        "--shapes",
+        "gate_up",
+        "--formats",
+        "int4",
+        "--rows",
+        "4",
+    ]
     run = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
     (dot,) = [r for r in map(json.loads, out.read_text().splitlines()) if r["kind"] == "loop"]
@@ -78,7 +98,7 @@ def test_int4_rows_on_the_tensor_cores_mask_two_weights_at_once(tmp_path: Path) 
 def test_under_the_interpreter_it_says_why_it_cannot_run() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.kernel_sass"], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-m", "benchmarks.analysis.kernel_sass"], capture_output=True, text=True, timeout=120, env=env
     )
     assert run.returncode == 1 and "unset TRITON_INTERPRET" in run.stderr
 
@@ -87,7 +107,7 @@ def test_bf16_above_one_row_is_refused() -> None:
     """bf16 runs cuBLAS above one row: there is no kernel of ours to count."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.kernel_sass", "--rows", "4"],
+        [sys.executable, "-m", "benchmarks.analysis.kernel_sass", "--rows", "4"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -102,7 +122,7 @@ def test_decode_attention_widens_an_fp8_cache_in_one_conversion(tmp_path: Path) 
     instruction per value; the bf16 cache's loop has neither."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "sass.jsonl"
-    cmd = [sys.executable, "-m", "benchmarks.kernel_sass", "--attention", "256", "--out", str(out)]
+    cmd = [sys.executable, "-m", "benchmarks.analysis.kernel_sass", "--attention", "256", "--out", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
     bf16, fp8 = [r for r in map(json.loads, out.read_text().splitlines()) if r["kind"] == "attention"]

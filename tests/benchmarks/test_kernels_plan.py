@@ -30,7 +30,7 @@ def test_grid_parses_integer_and_flag_fields():
 def test_sweep_is_the_product_around_the_base():
     from omni_gateway.kernels.attention_config import DecodeConfig
 
-    from benchmarks.attention_cases import decode_sweep
+    from benchmarks.lib.attention_cases import decode_sweep
 
     base = DecodeConfig(min_split_tokens=64)
     configs = decode_sweep(base, {"block_n": [64, 128], "num_stages": [3, 5, 6]})

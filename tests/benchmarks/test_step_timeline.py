@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks.step_timeline import Timeline
+from benchmarks.analysis.step_timeline import Timeline
 
 
 class _FakeEvent:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.trace_streams import TIMED_RUN, busy, kernels, summarize
+from benchmarks.analysis.trace_streams import TIMED_RUN, busy, kernels, summarize
 
 
 def _trace() -> dict[str, object]:
@@ -50,7 +50,7 @@ def test_summary_lists_the_busiest_stream_first(tmp_path: Path, capsys: pytest.C
 def test_the_benchmarks_trace_marks_its_timed_run(tmp_path: Path) -> None:
     import torch
 
-    from benchmarks.trace_streams import device_trace
+    from benchmarks.analysis.trace_streams import device_trace
 
     path = tmp_path / "run.json.gz"
     with device_trace(path):

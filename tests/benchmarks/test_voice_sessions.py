@@ -145,7 +145,7 @@ def test_first_turns_and_later_ones_are_summarized_apart() -> None:
 
 
 def test_a_runs_header_records_the_asr_batch_cap_of_a_batching_recognizer_and_none_for_the_fake_backend() -> None:
-    from benchmarks.fake_backend import FakeBackend
+    from tests.harness.fake_backend import FakeBackend
 
     args = SimpleNamespace(
         model="m",

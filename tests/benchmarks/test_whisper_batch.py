@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.neighbours import busy_neighbour
+from benchmarks.lib.neighbours import busy_neighbour
 
 pytest.importorskip("torch")
 

@@ -17,8 +17,8 @@ import soundfile as sf
 import soxr
 from playwright.sync_api import Page
 
-from benchmarks.live_server import serve
 from tests.demos.chromium_page import connect, demo_page
+from tests.harness.live_server import serve
 
 ROOT = Path(__file__).resolve().parents[2]
 

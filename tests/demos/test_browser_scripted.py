@@ -14,9 +14,9 @@ from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.omni.protocol import ImagePart, OmniRequest
 from playwright.sync_api import Page
 
-from benchmarks.fake_backend import FakeBackend
-from benchmarks.live_server import serve
 from tests.demos.chromium_page import connect, demo_page
+from tests.harness.fake_backend import FakeBackend
+from tests.harness.live_server import serve
 
 pytestmark = pytest.mark.slow
 

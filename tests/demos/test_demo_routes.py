@@ -10,7 +10,7 @@ from omni_gateway.gateway.demo import DEMO_DIR, demo_routes
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from benchmarks.fake_backend import FakeBackend
+from tests.harness.fake_backend import FakeBackend
 
 
 def keyed_client() -> TestClient:

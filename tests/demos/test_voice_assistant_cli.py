@@ -12,9 +12,9 @@ import soundfile as sf
 import websockets
 from omni_gateway.gateway.config import GatewayConfig
 
-from benchmarks.fake_backend import RATE, FakeBackend, tone
-from benchmarks.live_server import serve
 from demos.voice_assistant import Progress, converse, main
+from tests.harness.fake_backend import RATE, FakeBackend, tone
+from tests.harness.live_server import serve
 
 REPLY = "Paris is the capital."
 HEARD = "what is the capital of france"

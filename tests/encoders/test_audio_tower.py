@@ -18,7 +18,7 @@ from omni_gateway.encoders.audio_tower import (
 )
 from omni_gateway.encoders.cache import EncoderCache
 
-from tests.encoders.audio_checkpoints import (
+from tests.harness.audio_checkpoints import (
     SAMPLE_RATE,
     save_tiny_qwen2_5_omni,
     save_tiny_qwen2_audio,
@@ -103,7 +103,7 @@ def test_unusable_audio_is_refused_with_a_clear_error(
 
 
 def test_directories_without_an_audio_tower_are_refused(tmp_path: Path, tiny: tuple[Path, Any]) -> None:
-    from benchmarks.checkpoints import save_tiny_checkpoint
+    from tests.harness.checkpoints import save_tiny_checkpoint
 
     save_tiny_checkpoint("qwen2", tmp_path / "text")
     assert checkpoint_family(tmp_path / "text") is None

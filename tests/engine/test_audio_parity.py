@@ -17,7 +17,7 @@ import torch
 from omni_gateway.encoders.audio_tower import AudioEncoder, load_audio_encoder
 from omni_gateway.encoders.vision import VisionEncoder
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.engine.core.llm_engine import LLMEngine
 from omni_gateway.engine.outputs import RequestOutput
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.omni.audio_input import build_audio_prompt
@@ -25,7 +25,7 @@ from omni_gateway.omni.media import MediaError
 from omni_gateway.omni.protocol import AudioPart, Message, OmniRequest, TextPart
 from omni_gateway.omni.vision import VisionPrompt
 
-from tests.encoders.audio_checkpoints import (
+from tests.harness.audio_checkpoints import (
     SAMPLE_RATE,
     audio_tokenizer,
     save_tiny_qwen2_audio,

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 import pytest
-from omni_gateway.engine.block_pool import BlockPool, hash_block
-from omni_gateway.engine.kv_cache_manager import KVCacheManager
+from omni_gateway.engine.core.block_pool import BlockPool, hash_block
+from omni_gateway.engine.core.kv_cache_manager import KVCacheManager
+from omni_gateway.engine.core.sequence import EmbedSpan, Sequence
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.engine.sequence import EmbedSpan, Sequence
 
 BS = 4
 

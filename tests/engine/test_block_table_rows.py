@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 
 import numpy as np
-from omni_gateway.engine.block_table_rows import BlockTableRows
-from omni_gateway.engine.kv_cache_manager import KVCacheManager
+from omni_gateway.engine.core.kv_cache_manager import KVCacheManager
+from omni_gateway.engine.core.sequence import Sequence
+from omni_gateway.engine.runner.block_table_rows import BlockTableRows
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.engine.sequence import Sequence
 
 BS = 4
 
@@ -59,7 +59,7 @@ def test_an_emptied_table_that_regrows_to_the_same_length_is_read_again() -> Non
 
 def test_decode_inputs_are_packed_per_sequence_with_padding_rows() -> None:
     import pytest
-    from omni_gateway.engine.graphed_decode import pack_decode_inputs
+    from omni_gateway.engine.runner.graphed_decode import pack_decode_inputs
 
     kv = KVCacheManager(64, BS, enable_prefix_caching=False)
     seqs = [Sequence(f"r{i}", list(range(10 + i, 10 + i + n)), SamplingParams()) for i, n in enumerate((5, 9, 2))]
@@ -82,7 +82,7 @@ def test_decode_inputs_are_packed_per_sequence_with_padding_rows() -> None:
 
 def test_a_step_ahead_packs_the_position_after_the_one_in_flight_with_its_id_on_the_device() -> None:
     import pytest
-    from omni_gateway.engine.graphed_decode import pack_decode_inputs
+    from omni_gateway.engine.runner.graphed_decode import pack_decode_inputs
 
     kv = KVCacheManager(64, BS, enable_prefix_caching=False)
     seqs = [Sequence(f"r{i}", list(range(10 + i, 10 + i + n)), SamplingParams()) for i, n in enumerate((4, 6))]

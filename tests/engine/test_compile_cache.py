@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-from omni_gateway.engine.compile_cache import configuration_key, is_warmed, mark_warmed, use_compile_cache
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.warmup import resolve_mode
+from omni_gateway.engine.runner.compile_cache import configuration_key, is_warmed, mark_warmed, use_compile_cache
+from omni_gateway.engine.runner.warmup import resolve_mode
 
 
 def test_the_cache_directory_is_created_and_both_compilers_point_into_it(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omni_gateway.engine.cuda_graphs import StepGraphs, default_buckets, pick_bucket
+from omni_gateway.engine.runner.cuda_graphs import StepGraphs, default_buckets, pick_bucket
 
 
 def test_pick_bucket_takes_smallest_fitting():

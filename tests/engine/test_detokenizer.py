@@ -4,10 +4,10 @@ import copy
 from typing import Any
 
 import pytest
-from omni_gateway.engine.detokenizer import IncrementalDetokenizer, direct_decoder
+from omni_gateway.engine.core.detokenizer import IncrementalDetokenizer, direct_decoder
 from omni_gateway.engine.sampling_params import SamplingParams
 
-from tests.engine.engine_fakes import byte_level_tokenizer, sentencepiece_style_tokenizer
+from tests.harness.engine_fakes import byte_level_tokenizer, sentencepiece_style_tokenizer
 
 TEXT = "Hello world! 日本語 🐍🎉 naïve café, Grüße — the end."
 

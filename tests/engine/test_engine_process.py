@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.core_client import EngineCoreClient
-from omni_gateway.engine.core_process import ProcessLauncher
 from omni_gateway.engine.errors import EngineDead, InvalidRequest, ModelLoadError
-from omni_gateway.engine.launch import start_engine
+from omni_gateway.engine.frontend.core_client import EngineCoreClient
+from omni_gateway.engine.frontend.core_process import ProcessLauncher
+from omni_gateway.engine.frontend.launch import start_engine
 from omni_gateway.engine.outputs import StreamDelta
 from omni_gateway.engine.sampling_params import SamplingParams, StructuredOutputs
 
-from tests.engine.engine_fakes import make_engine, oracle
+from tests.harness.engine_fakes import make_engine, oracle
 
 pytest.importorskip("zmq")
 pytestmark = pytest.mark.slow  # each core process imports the engine afresh: seconds on a busy CPU
@@ -170,7 +170,7 @@ def test_behind_the_server_a_dead_core_turns_health_red_errors_sessions_then_rec
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
-    from benchmarks.live_server import serve
+    from tests.harness.live_server import serve
 
     engine = client(slow_fake_engine)
     config = OmniConfig(asr=None, tts=None, vad=False, vision=False)

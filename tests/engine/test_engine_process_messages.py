@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from omni_gateway.engine import ipc
 from omni_gateway.engine.errors import EngineOverloaded
+from omni_gateway.engine.frontend import ipc
 from omni_gateway.engine.outputs import Logprob, StreamDelta
 from omni_gateway.engine.sampling_params import SamplingParams, StructuredOutputs
 

@@ -9,10 +9,10 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import ModelLoadError
-from omni_gateway.engine.loader import load_model
 from omni_gateway.engine.quant.gguf_blocks import SUPPORTED
+from omni_gateway.engine.runner.loader import load_model
 
-from tests.engine.gguf_files import write_tiny_gguf
+from tests.harness.gguf_files import write_tiny_gguf
 
 
 def _load(path: Path) -> None:

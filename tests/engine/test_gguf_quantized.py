@@ -16,14 +16,14 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from omni_gateway.engine import LLM, SamplingParams
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.llm_engine import LLMEngine
-from omni_gateway.engine.loader import load_model
+from omni_gateway.engine.core.llm_engine import LLMEngine
 from omni_gateway.engine.quant.cpu_ext import load_kernels
 from omni_gateway.engine.quant.cpu_linear import QuantizedLinear, QuantizedWeight
 from omni_gateway.engine.quant.gguf_blocks import KEPT_QUANTIZED, decode_quantized
+from omni_gateway.engine.runner.loader import load_model
 
-from benchmarks.checkpoints import byte_level_tokenizer
-from tests.engine.gguf_files import quantized_blocks, write_tiny_gguf
+from tests.harness.checkpoints import byte_level_tokenizer
+from tests.harness.gguf_files import quantized_blocks, write_tiny_gguf
 
 pytestmark = pytest.mark.skipif(load_kernels() is None, reason="the quantized CPU matmuls need AVX2 and a C compiler")
 
@@ -195,7 +195,7 @@ def test_types_without_a_kernel_are_de_quantized_with_a_warning(
         path = write_tiny_gguf(tmp_path / f"{linear_type.name}.gguf", linear_type)
         config = EngineConfig(model=str(path), tokenizer=str(tokenizer_dir), device="cpu", max_model_len=128)
         caplog.clear()
-        with caplog.at_level("WARNING", logger="omni_gateway.engine.loader"):
+        with caplog.at_level("WARNING", logger="omni_gateway.engine.runner.loader"):
             loaded = load_model(config)
         up = loaded.weights["model.layers.0.mlp.up_proj.weight"]
         assert isinstance(up, torch.Tensor) == warned

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.graphed_prefill import MAX_GRAPH_TOKENS, pack_prefill_inputs, prefill_buckets
-from omni_gateway.engine.step_plan import StepPlan
+from omni_gateway.engine.runner.graphed_prefill import MAX_GRAPH_TOKENS, pack_prefill_inputs, prefill_buckets
+from omni_gateway.engine.runner.step_plan import StepPlan
 
 MAX_SEQS, MAX_BLOCKS, CAPACITY = 6, 8, 64
 
@@ -95,12 +95,12 @@ def test_pack_refuses_a_step_past_the_capacity():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_prefill_graphs_match_the_eager_forward(arch: str, tmp_path: Path) -> None:
-    from omni_gateway.engine.loader import load_model
-    from omni_gateway.engine.model_runner import ModelRunner
-    from omni_gateway.engine.sequence import ScheduledBatch
+    from omni_gateway.engine.core.sequence import ScheduledBatch
+    from omni_gateway.engine.runner.loader import load_model
+    from omni_gateway.engine.runner.model_runner import ModelRunner
 
-    from benchmarks.checkpoints import save_tiny_checkpoint
-    from tests.engine.runner_driver import RunnerDriver, greedy_seq
+    from tests.harness.checkpoints import save_tiny_checkpoint
+    from tests.harness.runner_driver import RunnerDriver, greedy_seq
 
     save_tiny_checkpoint(arch, tmp_path)
     config = EngineConfig(

@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 from omni_gateway.engine import LLM, SamplingParams
-from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.engine.core.llm_engine import LLMEngine
 
 pytestmark = [
     pytest.mark.slow,

@@ -13,16 +13,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from omni_gateway.engine.async_engine import AsyncEngine
 from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.core.llm_engine import LLMEngine
+from omni_gateway.engine.core.sequence import Sequence
 from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidRequest
-from omni_gateway.engine.llm import LLM
-from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.engine.frontend.async_engine import AsyncEngine
+from omni_gateway.engine.frontend.llm import LLM
 from omni_gateway.engine.outputs import RequestOutput, StreamDelta
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.engine.sequence import Sequence
 
-from tests.engine.engine_fakes import (
+from tests.harness.engine_fakes import (
     FakeRunner,
     byte_level_tokenizer,
     fake_model,

@@ -10,8 +10,8 @@ import pytest
 import torch
 from omni_gateway.engine import LLM, SamplingParams
 
-from benchmarks.checkpoints import save_tiny_checkpoint
-from tests.engine.runner_driver import hf_greedy
+from tests.harness.checkpoints import save_tiny_checkpoint
+from tests.harness.runner_driver import hf_greedy
 
 DEVICES = [
     "cpu",

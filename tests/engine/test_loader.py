@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import ModelLoadError
-from omni_gateway.engine.loader import default_model_path, load_model
+from omni_gateway.engine.runner.loader import default_model_path, load_model
 from safetensors.torch import load_file, save_file
 
-from benchmarks.checkpoints import save_tiny_checkpoint
+from tests.harness.checkpoints import save_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 import torch
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.loader import default_model_path, load_model
-from omni_gateway.engine.model_runner import ModelRunner
 from omni_gateway.engine.models.linear import Linear, onednn_prepacks
+from omni_gateway.engine.runner.loader import default_model_path, load_model
+from omni_gateway.engine.runner.model_runner import ModelRunner
 from omni_gateway.engine.sampling_params import SamplingParams
 
-from benchmarks.checkpoints import save_tiny_checkpoint
-from tests.engine.runner_driver import RunnerDriver, greedy_seq, hf_greedy
+from tests.harness.checkpoints import save_tiny_checkpoint
+from tests.harness.runner_driver import RunnerDriver, greedy_seq, hf_greedy
 
 NEW_TOKENS = 12
 
@@ -74,7 +74,7 @@ def test_cached_prefix_is_reused_not_recomputed(tiny: tuple[Any, ModelRunner]) -
 
 
 def test_embed_span_replaces_token_embeddings(tiny: tuple[Any, ModelRunner]) -> None:
-    from omni_gateway.engine.sequence import EmbedSpan
+    from omni_gateway.engine.core.sequence import EmbedSpan
 
     hf, runner = tiny
     prompt = _prompts(300, [20], seed=3)[0]
@@ -108,7 +108,7 @@ def test_smollm2_gguf_matches_hf() -> None:
 
 
 def test_llm_generate_matches_hf(tmp_path: Path) -> None:
-    from omni_gateway.engine.llm import LLM
+    from omni_gateway.engine.frontend.llm import LLM
 
     hf = save_tiny_checkpoint("qwen2", tmp_path, seed=5)
     prompts = _prompts(300, [9, 30, 17, 3], seed=6)

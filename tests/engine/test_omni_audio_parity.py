@@ -13,19 +13,19 @@ import numpy as np
 import pytest
 import torch
 from omni_gateway.encoders.vision import load_vision_encoder
-from omni_gateway.engine.mrope import mrope_positions
+from omni_gateway.engine.runner.mrope import mrope_positions
 from omni_gateway.omni.protocol import AudioPart, ImagePart, TextPart, VideoPart
 from omni_gateway.omni.vision import VisionPrompt, build_vision_prompt
 
-from benchmarks.checkpoints import picture, png_bytes
-from tests.encoders.audio_checkpoints import (
+from tests.engine.test_audio_parity import Stack, heard, hf_generate, pcm16
+from tests.harness.audio_checkpoints import (
     SAMPLE_RATE,
     save_tiny_qwen2_5_omni,
     save_tiny_qwen2_5_vl,
     tone,
     video_with_sound,
 )
-from tests.engine.test_audio_parity import Stack, heard, hf_generate, pcm16
+from tests.harness.checkpoints import picture, png_bytes
 
 pytestmark = pytest.mark.slow
 FPS = 1.0  # frames given as a list are taken at the limits' sampling rate (1 fps)
@@ -161,7 +161,7 @@ def test_omni_video_heard_with_its_sound_matches_hf(omni: Stack) -> None:
 
 def test_qwen2_5_vl_images_and_video_match_hf(tmp_path_factory: pytest.TempPathFactory) -> None:
     from omni_gateway.engine.config import EngineConfig
-    from omni_gateway.engine.llm_engine import LLMEngine
+    from omni_gateway.engine.core.llm_engine import LLMEngine
     from omni_gateway.engine.sampling_params import SamplingParams
     from omni_gateway.omni.protocol import Message, OmniRequest
 

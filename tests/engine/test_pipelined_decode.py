@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 from omni_gateway.engine import LLM, SamplingParams
-from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.engine.core.llm_engine import LLMEngine
 
-from benchmarks.checkpoints import save_tiny_checkpoint
+from tests.harness.checkpoints import save_tiny_checkpoint
 
 DEVICES = [
     "cpu",
@@ -205,7 +205,7 @@ def test_pipelining_switches_only_between_requests(directory: Path) -> None:
 def test_pipelining_defaults_on_for_cuda_runners_and_runs_ahead_on_any_runner() -> None:
     from omni_gateway.engine.config import EngineConfig
 
-    from tests.engine.engine_fakes import FakeRunner, fake_model, make_engine
+    from tests.harness.engine_fakes import FakeRunner, fake_model, make_engine
 
     class CudaFakeRunner(FakeRunner):
         device = torch.device("cuda")

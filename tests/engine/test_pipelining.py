@@ -6,11 +6,11 @@ import itertools
 from typing import Any
 
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.kv_cache_manager import KVCacheManager
-from omni_gateway.engine.pipelining import launchable
+from omni_gateway.engine.core.kv_cache_manager import KVCacheManager
+from omni_gateway.engine.core.pipelining import launchable
+from omni_gateway.engine.core.scheduler import Scheduler
+from omni_gateway.engine.core.sequence import FinishReason, ScheduledBatch, Sequence
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.engine.scheduler import Scheduler
-from omni_gateway.engine.sequence import FinishReason, ScheduledBatch, Sequence
 
 BS = 4
 _tokens = itertools.count(1000)

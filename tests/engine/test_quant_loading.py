@@ -23,7 +23,7 @@ from omni_gateway.engine.quant.int4 import Int4Weight
 from omni_gateway.kernels import quant_reference as qref
 from safetensors.torch import load_file, save_file
 
-from benchmarks.checkpoints import VOCAB, byte_level_tokenizer
+from tests.harness.checkpoints import VOCAB, byte_level_tokenizer
 
 pytestmark = pytest.mark.slow
 

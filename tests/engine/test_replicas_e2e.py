@@ -13,14 +13,14 @@ from typing import Any
 import httpx
 import pytest
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.launch import start_engine
+from omni_gateway.engine.frontend.launch import start_engine
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 from websockets.asyncio.client import ClientConnection, connect
 
-from benchmarks.checkpoints import save_tiny_checkpoint
-from benchmarks.live_server import serve
+from tests.harness.checkpoints import save_tiny_checkpoint
+from tests.harness.live_server import serve
 
 pytest.importorskip("zmq")
 pytestmark = pytest.mark.slow  # two engine processes load a model each

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import EngineDead
+from omni_gateway.engine.frontend.replicas import ReplicatedEngine
+from omni_gateway.engine.frontend.router import NoLiveReplica, Router
 from omni_gateway.engine.outputs import StreamDelta
-from omni_gateway.engine.replicas import ReplicatedEngine
-from omni_gateway.engine.router import NoLiveReplica, Router
 
 UP2 = [True, True]
 

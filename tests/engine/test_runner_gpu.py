@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 import torch
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.loader import load_model
-from omni_gateway.engine.model_runner import ModelRunner
-from omni_gateway.engine.sequence import ScheduledBatch
+from omni_gateway.engine.core.sequence import ScheduledBatch
+from omni_gateway.engine.runner.loader import load_model
+from omni_gateway.engine.runner.model_runner import ModelRunner
 
-from benchmarks.checkpoints import save_tiny_checkpoint
-from tests.engine.runner_driver import RunnerDriver, greedy_seq, hf_greedy
+from tests.harness.checkpoints import save_tiny_checkpoint
+from tests.harness.runner_driver import RunnerDriver, greedy_seq, hf_greedy
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

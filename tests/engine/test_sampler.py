@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from omni_gateway.engine.sampler import Sampler, apply_min_p, apply_penalties, apply_top_k_top_p
+from omni_gateway.engine.core.sequence import Sequence
+from omni_gateway.engine.runner.sampler import Sampler, apply_min_p, apply_penalties, apply_top_k_top_p
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.engine.sequence import Sequence
 from omni_gateway.kernels.host_copies import to_device
 
 VOCAB = 50

@@ -5,11 +5,11 @@ from typing import Any
 
 import pytest
 from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.core.kv_cache_manager import KVCacheManager
+from omni_gateway.engine.core.scheduler import Scheduler, token_stop
+from omni_gateway.engine.core.sequence import FinishReason, ScheduledBatch, Sequence, SequenceStatus
 from omni_gateway.engine.errors import EngineOverloaded
-from omni_gateway.engine.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.engine.scheduler import Scheduler, token_stop
-from omni_gateway.engine.sequence import FinishReason, ScheduledBatch, Sequence, SequenceStatus
 
 BS = 4
 _next_token = itertools.count(100_000)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import torch
-from omni_gateway.engine.sampler import Sampler
+from omni_gateway.engine.core.sequence import Sequence
+from omni_gateway.engine.runner.sampler import Sampler
+from omni_gateway.engine.runner.seeded_noise import exponential_rows, row_key
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.engine.seeded_noise import exponential_rows, row_key
-from omni_gateway.engine.sequence import Sequence
 
 
 def test_noise_is_exp1_and_columns_and_draws_look_independent() -> None:

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.engine.core.llm_engine import LLMEngine
 from omni_gateway.engine.models.qwen2_5_omni_talker import load_talker
 from omni_gateway.engine.sampling_params import SamplingParams
 
-from benchmarks.checkpoints import save_tiny_checkpoint
-from benchmarks.tiny_omni import save_tiny_omni
 from tests.engine.test_talker import engine_codes, thinker_outputs
+from tests.harness.checkpoints import save_tiny_checkpoint
+from tests.harness.tiny_omni import save_tiny_omni
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from omni_gateway.engine.step_gate import urgent, wait_for_urgent
+from omni_gateway.engine.runner.step_gate import urgent, wait_for_urgent
 
 
 def test_a_step_waits_until_every_urgent_call_ends() -> None:

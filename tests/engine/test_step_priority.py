@@ -7,12 +7,12 @@ import threading
 import time
 from typing import Any
 
-from omni_gateway.engine.async_engine import AsyncEngine
-from omni_gateway.engine.input_stream import InputStream
+from omni_gateway.engine.frontend.async_engine import AsyncEngine
+from omni_gateway.engine.runner.input_stream import InputStream
+from omni_gateway.engine.runner.step_priority import StepPriority
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.engine.step_priority import StepPriority
 
-from tests.engine.engine_fakes import make_engine
+from tests.harness.engine_fakes import make_engine
 
 
 def test_wait_turn_holds_while_a_step_admits_and_gives_up_after_its_timeout() -> None:

@@ -13,13 +13,13 @@ import jsonschema
 import pytest
 import torch
 from omni_gateway.engine import LLM, InvalidRequest, SamplingParams, StructuredOutputs
-from omni_gateway.engine.pipelining import may_run_ahead
-from omni_gateway.engine.sampler import Sampler
-from omni_gateway.engine.sequence import Sequence
-from omni_gateway.engine.structured_output import GrammarCache
+from omni_gateway.engine.core.pipelining import may_run_ahead
+from omni_gateway.engine.core.sequence import Sequence
+from omni_gateway.engine.core.structured_output import GrammarCache
+from omni_gateway.engine.runner.sampler import Sampler
 from omni_gateway.omni.tool_calls import tool_call_tag
 
-from benchmarks.checkpoints import VOCAB, byte_level_tokenizer, save_tiny_checkpoint
+from tests.harness.checkpoints import VOCAB, byte_level_tokenizer, save_tiny_checkpoint
 
 SCHEMA = {
     "type": "object",

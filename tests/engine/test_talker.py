@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 import torch
 from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.core.llm_engine import LLMEngine
+from omni_gateway.engine.core.sequence import EmbedSpan
 from omni_gateway.engine.errors import InvalidRequest
-from omni_gateway.engine.input_stream import InputStream
-from omni_gateway.engine.llm_engine import LLMEngine
 from omni_gateway.engine.models.qwen2_5_omni_talker import TalkerTokens, load_talker
+from omni_gateway.engine.runner.input_stream import InputStream
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.engine.sequence import EmbedSpan
 
-from benchmarks.tiny_omni import save_tiny_omni
+from tests.harness.tiny_omni import save_tiny_omni
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

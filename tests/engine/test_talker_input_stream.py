@@ -7,12 +7,12 @@ import time
 from typing import Any
 
 import pytest
-from omni_gateway.engine import async_engine as async_engine_module
-from omni_gateway.engine.async_engine import AsyncEngine
-from omni_gateway.engine.input_stream import InputStream
+from omni_gateway.engine.frontend import async_engine as async_engine_module
+from omni_gateway.engine.frontend.async_engine import AsyncEngine
+from omni_gateway.engine.runner.input_stream import InputStream
 from omni_gateway.engine.sampling_params import SamplingParams
 
-from tests.engine.engine_fakes import make_engine
+from tests.harness.engine_fakes import make_engine
 
 
 def test_rows_then_fill_after_close() -> None:
@@ -186,8 +186,8 @@ def test_a_request_waits_for_its_rows_and_others_run_meanwhile() -> None:
 def test_decoded_text_after_mrope_spans_shifts_like_mrope_positions() -> None:
     """A graph decodes text past M-RoPE media at index + text_shift, which all three axes agree on."""
     import torch
-    from omni_gateway.engine.mrope import mrope_positions, text_shift
-    from omni_gateway.engine.sequence import EmbedSpan
+    from omni_gateway.engine.core.sequence import EmbedSpan
+    from omni_gateway.engine.runner.mrope import mrope_positions, text_shift
 
     grid = torch.tensor([[0, 0, 0, 0, 1, 1], [0, 0, 1, 1, 0, 0], [0, 1, 0, 1, 0, 1]])  # t, h, w of 6 patches
     spans = (

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.core.llm_engine import LLMEngine
 from omni_gateway.engine.errors import InvalidRequest
-from omni_gateway.engine.llm_engine import LLMEngine
 from omni_gateway.engine.sampling_params import SamplingParams
 
-from benchmarks.checkpoints import save_tiny_checkpoint
-from tests.engine.engine_fakes import make_engine
+from tests.harness.checkpoints import save_tiny_checkpoint
+from tests.harness.engine_fakes import make_engine
 
 NEW = 6
 

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 import torch
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.llm_engine import LLMEngine
-from omni_gateway.engine.loader import load_model
+from omni_gateway.engine.core.llm_engine import LLMEngine
 from omni_gateway.engine.parallel.layout import ShardLayout
 from omni_gateway.engine.parallel.weights import SafetensorsSource, shard_weights
 from omni_gateway.engine.quant.cpu_linear import QuantizedWeight
+from omni_gateway.engine.runner.loader import load_model
 from omni_gateway.engine.sampling_params import SamplingParams
 
-from benchmarks.checkpoints import save_tiny_checkpoint
+from tests.harness.checkpoints import save_tiny_checkpoint
 
 LOGPROB_ATOL = 1e-4  # float32 reduction order; measured differences stay below 2e-5
 
@@ -295,8 +295,8 @@ class UnreadablePastRank0(SafetensorsSource):
 def test_a_rank_that_cannot_load_its_shard_fails_the_engine_with_its_error(checkpoints: dict[str, Path]) -> None:
     import dataclasses
 
-    from omni_gateway.engine.loader import load_model
     from omni_gateway.engine.parallel.executor import TensorParallelError
+    from omni_gateway.engine.runner.loader import load_model
 
     directory = checkpoints["llama"]
     config = EngineConfig(model=str(directory), device="cpu", tensor_parallel_size=2, num_kv_blocks=32)

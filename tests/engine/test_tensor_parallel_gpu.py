@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.engine.core.llm_engine import LLMEngine
 from omni_gateway.engine.sampling_params import SamplingParams
 
-from benchmarks.checkpoints import save_tiny_checkpoint
 from tests.engine.test_tensor_parallel import assert_same, generate
+from tests.harness.checkpoints import save_tiny_checkpoint
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS < 2, reason="needs at least 2 CUDA GPUs")]

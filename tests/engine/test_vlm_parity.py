@@ -14,15 +14,15 @@ import pytest
 import torch
 from omni_gateway.encoders.vision import VisionEncoder, load_vision_encoder
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.llm_engine import LLMEngine
-from omni_gateway.engine.mrope import mrope_positions
+from omni_gateway.engine.core.llm_engine import LLMEngine
 from omni_gateway.engine.outputs import RequestOutput
+from omni_gateway.engine.runner.mrope import mrope_positions
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.omni.prompting import UnsupportedInput
 from omni_gateway.omni.protocol import ImagePart, Message, OmniRequest, TextPart, VideoPart
 from omni_gateway.omni.vision import VisionPrompt, build_vision_prompt
 
-from benchmarks.checkpoints import (
+from tests.harness.checkpoints import (
     picture,
     png_bytes,
     save_tiny_llava,

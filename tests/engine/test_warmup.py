@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 from omni_gateway.engine import LLM, SamplingParams
-from omni_gateway.engine.warmup import plan, sampler_variants, warm_up_engine
+from omni_gateway.engine.runner.warmup import plan, sampler_variants, warm_up_engine
 
-from benchmarks.checkpoints import save_tiny_checkpoint
-from tests.engine.engine_fakes import make_engine
+from tests.harness.checkpoints import save_tiny_checkpoint
+from tests.harness.engine_fakes import make_engine
 
 LIMITS = {
     "vocab_size": 500,

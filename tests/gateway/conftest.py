@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.fake_backend import FakeBackend
-from benchmarks.live_server import served
+from tests.harness.fake_backend import FakeBackend
+from tests.harness.live_server import served
 
 
 @pytest.fixture(scope="module")

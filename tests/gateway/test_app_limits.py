@@ -18,8 +18,8 @@ from omni_gateway.omni.protocol import AudioChunk, Capabilities, Done
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from benchmarks.fake_backend import FakeBackend, tone
-from benchmarks.live_server import serve
+from tests.harness.fake_backend import FakeBackend, tone
+from tests.harness.live_server import serve
 
 TIMEOUT = 20
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
-from benchmarks.fake_backend import FakeBackend, silence, tone
-from benchmarks.live_server import serve
+from tests.harness.fake_backend import FakeBackend, silence, tone
+from tests.harness.live_server import serve
 
 TIMEOUT = 20
 

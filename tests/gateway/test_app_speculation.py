@@ -11,8 +11,8 @@ from typing import Any
 from omni_gateway.omni.protocol import Transcription
 from websockets.asyncio.client import connect
 
-from benchmarks.fake_backend import FakeBackend, silence, tone
-from benchmarks.live_server import serve, until
+from tests.harness.fake_backend import FakeBackend, silence, tone
+from tests.harness.live_server import serve, until
 
 TIMEOUT = 15
 BYTES_PER_MS = 48

@@ -17,8 +17,8 @@ from omni_gateway.omni.protocol import TextDelta
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from benchmarks.fake_backend import FakeBackend, tone
-from benchmarks.live_server import recv, serve, until
+from tests.harness.fake_backend import FakeBackend, tone
+from tests.harness.live_server import recv, serve, until
 
 TIMEOUT = 15
 KEY = "sk-test-key"

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from omni_gateway.gateway.client_text import invalid_text_path, shown
 
-from benchmarks.session_driver import Driver, error, only, started, types
+from tests.harness.session_driver import Driver, error, only, started, types
 
 LONE = json.loads('"a\\ud800b"')
 

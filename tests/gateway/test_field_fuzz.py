@@ -18,7 +18,7 @@ from omni_gateway.gateway.http.errors import ApiError
 from omni_gateway.gateway.realtime import schema as rt_schema
 
 from benchmarks import fuzz_fields as fuzz
-from benchmarks.session_driver import Driver
+from tests.harness.session_driver import Driver
 
 
 class Recording(dict[str, Any]):

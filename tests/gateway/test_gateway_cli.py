@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from omni_gateway.gateway import cli, cli_flags
 
-from benchmarks.fake_backend import FakeBackend
+from tests.harness.fake_backend import FakeBackend
 
 
 def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,8 +17,8 @@ from starlette.routing import Route, WebSocketRoute
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from benchmarks.fake_backend import FakeBackend
-from benchmarks.live_server import serve
+from tests.harness.fake_backend import FakeBackend
+from tests.harness.live_server import serve
 
 KEY = "sk-guard-key"
 TIMEOUT = 15

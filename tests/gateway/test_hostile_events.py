@@ -10,8 +10,8 @@ from typing import Any
 from omni_gateway.gateway.config import GatewayConfig
 from websockets.asyncio.client import connect
 
-from benchmarks.fake_backend import FakeBackend, silence
-from benchmarks.live_server import serve
+from tests.harness.fake_backend import FakeBackend, silence
+from tests.harness.live_server import serve
 
 MIB = 1024 * 1024
 JUNK: list[Any] = [None, True, -1, 2**70, 1e308, "", "x" * 10_000, [], [[[]]], {}, {"a": {"b": {"c": [1, {}]}}}]

@@ -11,7 +11,7 @@ from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.http.sampling import check_model
 from omni_gateway.omni.protocol import Capabilities
 
-from benchmarks.session_driver import Driver, error
+from tests.harness.session_driver import Driver, error
 
 BIG = "x" * (1 << 20)
 CAPS = Capabilities(model="m", input_modalities=frozenset({"text"}), output_modalities=frozenset({"text", "image"}))

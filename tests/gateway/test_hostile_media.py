@@ -32,8 +32,8 @@ from omni_gateway.omni.protocol import (
 from PIL import Image
 from websockets.asyncio.client import connect
 
-from benchmarks.fake_backend import FakeBackend
-from benchmarks.live_server import serve
+from tests.harness.fake_backend import FakeBackend
+from tests.harness.live_server import serve
 
 # A memory address as Python prints it in a repr ("at 0x7f3a..."); random event/item ids, whose letters and
 # digits may happen to spell "0x", are not addresses.

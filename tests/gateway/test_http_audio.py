@@ -13,9 +13,9 @@ import pytest
 import soundfile
 from omni_gateway.omni.protocol import Capabilities
 
-from benchmarks.fake_backend import FakeBackend, tone
-from benchmarks.live_server import served
 from tests.gateway.test_http_parsing import wav_bytes
+from tests.harness.fake_backend import FakeBackend, tone
+from tests.harness.live_server import served
 
 WORD = tone(100)  # what the fake voice says for each word
 

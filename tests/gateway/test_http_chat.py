@@ -13,9 +13,9 @@ import openai
 import pytest
 from omni_gateway.omni.protocol import AudioPart, Done, Error, ImagePart, TextDelta
 
-from benchmarks.fake_backend import FakeBackend, overloaded, tone, tool_call_script
-from benchmarks.live_server import served
 from tests.gateway.test_http_parsing import wav_bytes
+from tests.harness.fake_backend import FakeBackend, overloaded, tone, tool_call_script
+from tests.harness.live_server import served
 
 USER = [{"role": "user", "content": "hi there"}]
 

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from benchmarks.fake_backend import overloaded
+from tests.harness.fake_backend import overloaded
 
 
 def test_prompt_list_with_n_numbers_choices_by_prompt(fake):

@@ -8,8 +8,8 @@ import openai
 import pytest
 from omni_gateway.omni.protocol import Capabilities
 
-from benchmarks.fake_backend import FakeBackend, overloaded, png
-from benchmarks.live_server import served
+from tests.harness.fake_backend import FakeBackend, overloaded, png
+from tests.harness.live_server import served
 
 IMAGE_CAPS = Capabilities(
     model="omni-test", input_modalities=frozenset({"text"}), output_modalities=frozenset({"text", "image"})

@@ -8,8 +8,8 @@ import pytest
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.http import routes
 
-from benchmarks.fake_backend import FakeBackend
-from benchmarks.live_server import served
+from tests.harness.fake_backend import FakeBackend
+from tests.harness.live_server import served
 
 KEY = "sk-test-123"
 

@@ -13,8 +13,8 @@ import openai
 import pytest
 from omni_gateway.omni.protocol import Done, OutputConstraint, ToolCallArguments, ToolCallDelta, Usage
 
-from benchmarks.live_server import serve
-from tests.gateway.real_engine import tiny_pipeline
+from tests.harness.live_server import serve
+from tests.harness.real_engine import tiny_pipeline
 
 USER = [{"role": "user", "content": "hi there"}]
 SCHEMA = {

@@ -14,8 +14,8 @@ from omni_gateway.gateway.realtime.commands import SessionLimits
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from benchmarks.fake_backend import FakeBackend
-from benchmarks.live_server import serve
+from tests.harness.fake_backend import FakeBackend
+from tests.harness.live_server import serve
 
 KIB = 1024
 CONFIG = GatewayConfig(

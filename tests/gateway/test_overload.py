@@ -13,8 +13,8 @@ from omni_gateway.gateway.realtime.commands import SessionLimits
 from omni_gateway.omni.protocol import Done, Error
 from websockets.asyncio.client import connect
 
-from benchmarks.fake_backend import FakeBackend
-from benchmarks.live_server import serve
+from tests.harness.fake_backend import FakeBackend
+from tests.harness.live_server import serve
 
 TIMEOUT = 20
 

@@ -10,8 +10,8 @@ from omni_gateway.omni.protocol import Transcription
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
-from benchmarks.fake_backend import FakeBackend, silence, tone
-from benchmarks.session_driver import b64, events, transcribes, types
+from tests.harness.fake_backend import FakeBackend, silence, tone
+from tests.harness.session_driver import b64, events, transcribes, types
 
 DELTA = "conversation.item.input_audio_transcription.delta"
 COMPLETED = "conversation.item.input_audio_transcription.completed"

@@ -18,8 +18,8 @@ from omni_gateway.gateway.config import GatewayConfig
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from benchmarks.live_server import serve
-from tests.gateway.real_engine import tiny_pipeline
+from tests.harness.live_server import serve
+from tests.harness.real_engine import tiny_pipeline
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 60
@@ -123,7 +123,7 @@ def test_clients_killed_mid_stream_leak_no_kv_blocks(pipeline: Any) -> None:
 
 
 def test_an_engine_thread_failure_is_reported_everywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from omni_gateway.engine.model_runner import ModelRunner
+    from omni_gateway.engine.runner.model_runner import ModelRunner
 
     pipe = tiny_pipeline(tmp_path)
     real_execute = ModelRunner.execute

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 import pytest
 
-from benchmarks.live_server import serve
-from tests.gateway.real_engine import tiny_pipeline
+from tests.harness.live_server import serve
+from tests.harness.real_engine import tiny_pipeline
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 120

@@ -11,7 +11,7 @@ from omni_gateway.gateway.realtime.connection import RealtimeConnection
 from omni_gateway.omni.protocol import AudioChunk, Done
 from starlette.websockets import WebSocketState
 
-from benchmarks.fake_backend import FakeBackend, tone
+from tests.harness.fake_backend import FakeBackend, tone
 
 
 class StandInSocket:

@@ -12,8 +12,8 @@ from omni_gateway.omni.protocol import ImagePart
 from PIL import Image
 from websockets.asyncio.client import connect
 
-from benchmarks.fake_backend import FakeBackend, png
-from benchmarks.live_server import serve, until
+from tests.harness.fake_backend import FakeBackend, png
+from tests.harness.live_server import serve, until
 
 TIMEOUT = 15
 

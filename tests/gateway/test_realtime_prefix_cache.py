@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from websockets.sync.client import connect
 
-from benchmarks.live_server import serve
-from tests.gateway.real_engine import tiny_pipeline
+from tests.harness.live_server import serve
+from tests.harness.real_engine import tiny_pipeline
 
 BLOCK = 16
 

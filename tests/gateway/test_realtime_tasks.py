@@ -8,8 +8,8 @@ from omni_gateway.gateway.realtime.commands import Output
 from omni_gateway.gateway.realtime.tasks import run_task
 from omni_gateway.omni.protocol import AudioChunk, Done
 
-from benchmarks.fake_backend import FakeBackend, tone
-from benchmarks.session_driver import Driver, events, generations
+from tests.harness.fake_backend import FakeBackend, tone
+from tests.harness.session_driver import Driver, events, generations
 
 
 def test_a_burst_of_ready_chunks_lets_other_tasks_run_between_them() -> None:

@@ -22,8 +22,8 @@ from omni_gateway.gateway.realtime.truncation import (
 from omni_gateway.omni.protocol import Message, OmniRequest, TextPart, ToolCall
 from websockets.asyncio.client import connect
 
-from benchmarks.fake_backend import FakeBackend
-from benchmarks.live_server import serve, until
+from tests.harness.fake_backend import FakeBackend
+from tests.harness.live_server import serve, until
 
 TIMEOUT = 15
 
@@ -209,7 +209,7 @@ def real_session(tmp_path: Any, **session: Any) -> Iterator[tuple[Any, Any]]:
     """(pipeline, socket) of a text-only realtime session over the tiny real engine (256-token window)."""
     from websockets.sync.client import connect as sync_connect
 
-    from tests.gateway.real_engine import tiny_pipeline
+    from tests.harness.real_engine import tiny_pipeline
 
     pipeline = tiny_pipeline(tmp_path, max_tokens=4)
     try:
@@ -254,7 +254,7 @@ def add_user_text(ws: Any, text: str) -> None:
 
 
 def test_over_the_real_engine_a_conversation_past_the_window_still_gets_answers(tmp_path: Any) -> None:
-    from tests.gateway.real_engine import MAX_MODEL_LEN
+    from tests.harness.real_engine import MAX_MODEL_LEN
 
     with real_session(tmp_path) as (pipeline, ws):
         text = "tell me about the quick brown fox that jumps over the lazy dog again and again"

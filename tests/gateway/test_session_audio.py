@@ -9,8 +9,8 @@ import pytest
 from omni_gateway.gateway.realtime import g711
 from omni_gateway.omni.protocol import AudioChunk, Done, Transcription
 
-from benchmarks.fake_backend import silence, tone
-from benchmarks.session_driver import (
+from tests.harness.fake_backend import silence, tone
+from tests.harness.session_driver import (
     Driver,
     b64,
     cancelled,
@@ -327,7 +327,7 @@ def test_old_audio_is_dropped_past_the_budget_but_transcripts_and_lengths_stay()
     from omni_gateway.gateway.realtime.commands import SessionLimits
     from omni_gateway.gateway.realtime.session import RealtimeSession
 
-    from benchmarks.fake_backend import FakeBackend
+    from tests.harness.fake_backend import FakeBackend
 
     backend = FakeBackend()
     d = Driver(backend=backend)
@@ -358,7 +358,7 @@ def test_idle_timeout_prompts_a_reply_after_the_previous_one_played_out() -> Non
     from omni_gateway.gateway.realtime.session import RealtimeSession
     from openai.types.realtime import InputAudioBufferTimeoutTriggered
 
-    from benchmarks.fake_backend import FakeBackend
+    from tests.harness.fake_backend import FakeBackend
 
     clock = [1000.0]
     backend = FakeBackend()
@@ -451,7 +451,7 @@ def test_idle_timeout_within_bounds_is_taken_and_null_clears_it(value: int) -> N
 def test_idle_timeout_fires_once_until_the_client_sends_audio_again() -> None:
     from omni_gateway.gateway.realtime.session import RealtimeSession
 
-    from benchmarks.fake_backend import FakeBackend
+    from tests.harness.fake_backend import FakeBackend
 
     clock = [1000.0]
     backend = FakeBackend()

@@ -9,8 +9,8 @@ import string
 import pytest
 from omni_gateway.gateway.realtime.commands import new_id
 
-from benchmarks.fake_backend import tone
-from benchmarks.session_driver import Driver, b64, error, events, only, started, types
+from tests.harness.fake_backend import tone
+from tests.harness.session_driver import Driver, b64, error, events, only, started, types
 
 
 def test_open_sends_session_created_then_conversation_created() -> None:

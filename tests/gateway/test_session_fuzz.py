@@ -7,8 +7,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.fake_backend import silence, tone
-from benchmarks.session_driver import Driver, b64, events, responses_started
+from tests.harness.fake_backend import silence, tone
+from tests.harness.session_driver import Driver, b64, events, responses_started
 
 ITEM_IDS = st.sampled_from(["a", "b", "root", "missing"])
 JSONISH = st.recursive(

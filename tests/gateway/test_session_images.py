@@ -13,8 +13,8 @@ from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.omni.protocol import Done, Error, ImageFinal, ImagePart, ImagePartial, TextDelta
 from PIL import Image
 
-from benchmarks.fake_backend import FakeBackend, png
-from benchmarks.session_driver import Driver, b64, error, events, generations, only, started, types
+from tests.harness.fake_backend import FakeBackend, png
+from tests.harness.session_driver import Driver, b64, error, events, generations, only, started, types
 
 
 def encoded(fmt: str) -> bytes:

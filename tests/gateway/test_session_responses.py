@@ -6,8 +6,8 @@ import base64
 
 from omni_gateway.omni.protocol import AudioChunk, Done, Error, TextDelta, ToolCallDelta, Usage
 
-from benchmarks.fake_backend import tone
-from benchmarks.session_driver import Driver, cancelled, error, events, only, started, types
+from tests.harness.fake_backend import tone
+from tests.harness.session_driver import Driver, cancelled, error, events, only, started, types
 
 TEXT_ORDER = [
     "response.output_item.added",
@@ -300,7 +300,7 @@ def test_tool_call_lifecycle_and_round_trip() -> None:
 
 
 def test_audio_output_refused_when_the_backend_cannot_speak() -> None:
-    from benchmarks.fake_backend import FakeBackend
+    from tests.harness.fake_backend import FakeBackend
 
     d = Driver(backend=FakeBackend(audio_out=False))
     assert events(d.opened)[0]["session"]["output_modalities"] == ["text"]

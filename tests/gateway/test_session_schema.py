@@ -20,8 +20,8 @@ from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
 from openai.types.realtime import RealtimeServerEvent as GaServerEvent
 from pydantic import TypeAdapter
 
-from benchmarks.fake_backend import FakeBackend, png, silence, tone
-from benchmarks.session_driver import Driver, b64, committed_jobs, events, started
+from tests.harness.fake_backend import FakeBackend, png, silence, tone
+from tests.harness.session_driver import Driver, b64, committed_jobs, events, started
 
 ADAPTERS = {"ga": TypeAdapter(GaServerEvent), "beta": TypeAdapter(BetaServerEvent)}
 # The SDK's beta union lacks these (the beta API did send conversation.item.retrieved).

@@ -10,8 +10,8 @@ from __future__ import annotations
 from omni_gateway.gateway.realtime.commands import Generate, Output, Transcribe
 from omni_gateway.omni.protocol import Done, TextDelta, Transcription
 
-from benchmarks.fake_backend import silence, tone
-from benchmarks.session_driver import Driver, b64, cancelled, events, generations, only, started, transcribes, types
+from tests.harness.fake_backend import silence, tone
+from tests.harness.session_driver import Driver, b64, cancelled, events, generations, only, started, transcribes, types
 
 
 def vad(d: Driver, **input_audio: object) -> None:

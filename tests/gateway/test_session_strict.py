@@ -9,7 +9,7 @@ from omni_gateway.gateway.realtime.schema import RC, SU, field_spec
 from openai.types.realtime.realtime_response_create_params_param import RealtimeResponseCreateParamsParam
 from openai.types.realtime.realtime_session_create_request_param import RealtimeSessionCreateRequestParam
 
-from benchmarks.session_driver import Driver, error, only, types
+from tests.harness.session_driver import Driver, error, only, types
 
 
 def ga_update(session: dict[str, Any]) -> dict[str, Any]:

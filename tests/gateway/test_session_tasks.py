@@ -12,8 +12,8 @@ from omni_gateway.gateway.realtime.commands import AsrDeadline, Close, Output, S
 from omni_gateway.gateway.realtime.truncation import Truncation
 from omni_gateway.omni.protocol import Error, Message, TextDelta, TextPart, Transcription
 
-from benchmarks.fake_backend import tone
-from benchmarks.session_driver import (
+from tests.harness.fake_backend import tone
+from tests.harness.session_driver import (
     Driver,
     b64,
     cancelled,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from omni_gateway.omni.protocol import Done, TextDelta, ToolCallArguments, ToolCallDelta
 
-from benchmarks.session_driver import Driver, events, only, started, types
+from tests.harness.session_driver import Driver, events, only, started, types
 
 TOOLS = [
     {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}},

@@ -8,8 +8,8 @@ from omni_gateway.omni.protocol import Transcription
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
-from benchmarks.fake_backend import FakeBackend, silence, tone
-from benchmarks.session_driver import Driver, b64, committed_jobs, error, events, only, transcribes, types
+from tests.harness.fake_backend import FakeBackend, silence, tone
+from tests.harness.session_driver import Driver, b64, committed_jobs, error, events, only, transcribes, types
 
 VAD = {"type": "server_vad", "silence_duration_ms": 200}
 

@@ -14,9 +14,9 @@ from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.omni.protocol import VadEvent, VadSettings
 from websockets.asyncio.client import connect
 
-from benchmarks.fake_backend import AmplitudeVad, FakeBackend, silence, tone
-from benchmarks.live_server import serve, until
-from benchmarks.session_driver import Driver, b64, events, types
+from tests.harness.fake_backend import AmplitudeVad, FakeBackend, silence, tone
+from tests.harness.live_server import serve, until
+from tests.harness.session_driver import Driver, b64, events, types
 
 SERVER_VAD = {
     "type": "session.update",

@@ -63,7 +63,7 @@ def test_adding_launches_split_finer() -> None:
 
 SASS = """
 import collections, json, torch
-from benchmarks import kernel_sass as ks
+from benchmarks.analysis import kernel_sass as ks
 from omni_gateway.kernels import int4_fragments as fr
 from omni_gateway.kernels.int4_row_epilogue import RotaryWrite
 from omni_gateway.kernels.int4_row_stream import GateSums, StreamRow

@@ -106,11 +106,11 @@ def test_triton_runner_with_an_fp8_cache_matches_the_torch_one(device: torch.dev
     """The whole model over an fp8 cache: the Triton kernels (write, prefill chunks, decodes) and the
     torch twins store and read the same e4m3 values, so greedy tokens agree."""
     from omni_gateway.engine.config import EngineConfig
-    from omni_gateway.engine.loader import load_model
-    from omni_gateway.engine.model_runner import ModelRunner
+    from omni_gateway.engine.runner.loader import load_model
+    from omni_gateway.engine.runner.model_runner import ModelRunner
 
-    from benchmarks.checkpoints import save_tiny_checkpoint
-    from tests.engine.runner_driver import RunnerDriver, greedy_seq
+    from tests.harness.checkpoints import save_tiny_checkpoint
+    from tests.harness.runner_driver import RunnerDriver, greedy_seq
 
     save_tiny_checkpoint("llama", tmp_path)
     gen = torch.Generator().manual_seed(8)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.loader import load_model
-from omni_gateway.engine.model_runner import ModelRunner
+from omni_gateway.engine.runner.loader import load_model
+from omni_gateway.engine.runner.model_runner import ModelRunner
 
-from benchmarks.checkpoints import save_tiny_checkpoint
-from tests.engine.runner_driver import RunnerDriver, greedy_seq, hf_greedy
+from tests.harness.checkpoints import save_tiny_checkpoint
+from tests.harness.runner_driver import RunnerDriver, greedy_seq, hf_greedy
 
 
 def _triton_runner(directory: Path, device: torch.device) -> ModelRunner:

@@ -10,20 +10,20 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from omni_gateway.engine import graphed_prefill
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.cuda_graphs import pick_bucket
-from omni_gateway.engine.input_stream import InputStream
-from omni_gateway.engine.loader import load_model
-from omni_gateway.engine.model_runner import ModelRunner
+from omni_gateway.engine.core.sequence import EmbedSpan, ScheduledBatch, Sequence
 from omni_gateway.engine.models.qwen2_5_omni_talker import TalkerTokens, load_talker
+from omni_gateway.engine.runner import graphed_prefill
+from omni_gateway.engine.runner.cuda_graphs import pick_bucket
+from omni_gateway.engine.runner.input_stream import InputStream
+from omni_gateway.engine.runner.loader import load_model
+from omni_gateway.engine.runner.model_runner import ModelRunner
+from omni_gateway.engine.runner.step_plan import StepPlan
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.engine.sequence import EmbedSpan, ScheduledBatch, Sequence
-from omni_gateway.engine.step_plan import StepPlan
 
-from benchmarks.checkpoints import save_tiny_checkpoint
-from benchmarks.tiny_omni import save_tiny_omni
-from tests.engine.runner_driver import RunnerDriver, greedy_seq
+from tests.harness.checkpoints import save_tiny_checkpoint
+from tests.harness.runner_driver import RunnerDriver, greedy_seq
+from tests.harness.tiny_omni import save_tiny_omni
 
 MAX_SEQS = 8
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from omni_gateway.omni.heads.dit import ImageHead, load_image_head
-from omni_gateway.omni.heads.dit_errors import ImageModelLoadError, ImageRequestError
-from omni_gateway.omni.heads.dit_loader import ImageHeadConfig, select_device
+from omni_gateway.omni.heads.dit.errors import ImageModelLoadError, ImageRequestError
+from omni_gateway.omni.heads.dit.head import ImageHead, load_image_head
+from omni_gateway.omni.heads.dit.loader import ImageHeadConfig, select_device
 from omni_gateway.omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
 from PIL import Image
 
-from tests.omni.tiny_dit import save_tiny_pixart, save_tiny_sd3
+from tests.harness.tiny_dit import save_tiny_pixart, save_tiny_sd3
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

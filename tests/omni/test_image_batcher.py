@@ -7,9 +7,9 @@ import time
 from collections.abc import Hashable
 
 import pytest
-from omni_gateway.omni.heads.dit_errors import ImageRequestError
-from omni_gateway.omni.heads.dit_options import ImageLimits, resolve_job
-from omni_gateway.omni.heads.image_batcher import BatcherClosed, ImageBatcher
+from omni_gateway.omni.heads.dit.batcher import BatcherClosed, ImageBatcher
+from omni_gateway.omni.heads.dit.errors import ImageRequestError
+from omni_gateway.omni.heads.dit.options import ImageLimits, resolve_job
 from omni_gateway.omni.protocol import ImageOutputOptions
 
 

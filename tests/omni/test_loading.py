@@ -32,9 +32,9 @@ def test_the_voice_stages_load_before_the_engine_sizes_its_kv_cache(monkeypatch:
     """The engine takes its share of the memory still free: loaded first, the voice stages keep theirs, and
     an engine that fails to start leaves no voice stage's worker running."""
     import omni_gateway.encoders.asr as asr_module
-    import omni_gateway.engine.launch as launch
+    import omni_gateway.engine.frontend.launch as launch
     from omni_gateway.omni.config import EngineConfig, OmniConfig
-    from omni_gateway.omni.heads.tts import TtsHead
+    from omni_gateway.omni.heads.tts.head import TtsHead
     from omni_gateway.omni.loading import load_pipeline
 
     order: list[str] = []
@@ -62,9 +62,9 @@ def test_the_voice_stages_load_before_the_engine_sizes_its_kv_cache(monkeypatch:
 
 def test_a_voice_that_fails_to_load_stops_the_recognizer_loaded_before_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import omni_gateway.encoders.asr as asr_module
-    import omni_gateway.engine.launch as launch
+    import omni_gateway.engine.frontend.launch as launch
     from omni_gateway.omni.config import EngineConfig, OmniConfig
-    from omni_gateway.omni.heads.tts import TtsHead
+    from omni_gateway.omni.heads.tts.head import TtsHead
     from omni_gateway.omni.loading import load_pipeline
 
     order: list[str] = []
@@ -88,7 +88,7 @@ def test_a_speaking_model_under_tensor_parallel_is_refused_before_anything_loads
 ) -> None:
     """Its talker reads the thinker's hidden states, which one rank alone hands out: refused up front, not a
     hang at the first spoken turn."""
-    import omni_gateway.engine.launch as launch
+    import omni_gateway.engine.frontend.launch as launch
     from omni_gateway.engine.config import EngineConfig
     from omni_gateway.omni.config import OmniConfig
     from omni_gateway.omni.loading import load_pipeline
@@ -103,7 +103,7 @@ def test_a_speaking_model_under_tensor_parallel_is_refused_before_anything_loads
 
 def test_the_speech_flags_set_the_heads_chunking_over_its_defaults() -> None:
     from omni_gateway.omni.config import OmniConfig
-    from omni_gateway.omni.heads.token2wav import Token2WavConfig
+    from omni_gateway.omni.heads.token2wav.head import Token2WavConfig
     from omni_gateway.omni.loading import speech_config
 
     assert speech_config(OmniConfig()).token2wav == Token2WavConfig()  # nothing set: the head's own
@@ -127,7 +127,7 @@ def test_the_speech_flags_set_the_heads_chunking_over_its_defaults() -> None:
 
 
 def test_an_impossible_speech_setting_is_refused_before_anything_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    import omni_gateway.engine.launch as launch
+    import omni_gateway.engine.frontend.launch as launch
     from omni_gateway.engine.config import EngineConfig
     from omni_gateway.omni.config import OmniConfig
     from omni_gateway.omni.loading import load_pipeline

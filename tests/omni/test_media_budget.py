@@ -23,8 +23,8 @@ from omni_gateway.omni.protocol import Done, Error, ImagePart, Message, OmniRequ
 from PIL import Image
 from websockets.asyncio.client import connect
 
-from benchmarks.checkpoints import picture, png_bytes, save_tiny_llava
-from benchmarks.live_server import serve, until
+from tests.harness.checkpoints import picture, png_bytes, save_tiny_llava
+from tests.harness.live_server import serve, until
 
 SIDE = 64  # test pictures are SIDE x SIDE
 PIXELS = SIDE * SIDE

@@ -299,7 +299,7 @@ def test_image_output_streams_previews_then_the_final_image() -> None:
 
 
 def test_image_generation_failure_is_a_server_error_and_cancel_is_an_abort() -> None:
-    from omni_gateway.omni.heads.dit_errors import ImageGenerationError
+    from omni_gateway.omni.heads.dit.errors import ImageGenerationError
 
     failing = _image_pipeline(FakeImageHead(fail=ImageGenerationError("VAE decode ran out of memory")))
     chunks = asyncio.run(_collect(failing, OmniRequest("r1", _user("a cat"), modalities=("image",))))

@@ -100,8 +100,8 @@ def test_a_transcription_dropped_while_its_audio_is_converted_never_runs() -> No
 
 
 def test_shutdown_stops_the_recognizer_and_voice_batch_workers() -> None:
-    from omni_gateway.omni.heads.tts import TtsHead
-    from omni_gateway.omni.heads.tts_batch import BatchedSynthesizer
+    from omni_gateway.omni.heads.tts.batch import BatchedSynthesizer
+    from omni_gateway.omni.heads.tts.head import TtsHead
 
     from tests.omni.test_tts import SlowTone
 
@@ -128,7 +128,7 @@ def test_the_loader_makes_each_asr_batch_hold_the_engine_steps_back(
     side output)."""
     import omni_gateway.encoders.asr as asr_module
     from omni_gateway.engine.config import EngineConfig
-    from omni_gateway.engine.step_gate import wait_for_urgent
+    from omni_gateway.engine.runner.step_gate import wait_for_urgent
     from omni_gateway.omni.loading import _load_voice
 
     recognizer = GatedBatchRecognizer()

@@ -33,8 +33,8 @@ from omni_gateway.omni.protocol import (
     Usage,
 )
 
-from benchmarks.live_server import audio_turn, serve, served
-from tests.encoders.audio_checkpoints import save_tiny_qwen2_audio, tone
+from tests.harness.audio_checkpoints import save_tiny_qwen2_audio, tone
+from tests.harness.live_server import audio_turn, serve, served
 from tests.omni.test_pipeline import FakeTTS
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ from omni_gateway.omni.protocol import (
 )
 from omni_gateway.omni.vision import build_vision_prompt
 
-from benchmarks.checkpoints import picture, png_bytes, save_tiny_llava
+from tests.harness.checkpoints import picture, png_bytes, save_tiny_llava
 
 
 @pytest.fixture(scope="module")

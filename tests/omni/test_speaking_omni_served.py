@@ -15,13 +15,13 @@ from collections.abc import Iterator
 
 import pytest
 from omni_gateway.encoders.audio import float_to_pcm16, resample
-from omni_gateway.engine.async_engine import AsyncEngine
 from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.frontend.async_engine import AsyncEngine
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 
-from benchmarks.live_server import audio_turn, serve
-from tests.encoders.audio_checkpoints import save_tiny_qwen2_5_omni, tone
+from tests.harness.audio_checkpoints import save_tiny_qwen2_5_omni, tone
+from tests.harness.live_server import audio_turn, serve
 
 pytestmark = pytest.mark.slow
 RATE = 24000  # the realtime API's pcm16 rate

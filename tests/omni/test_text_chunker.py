@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from omni_gateway.omni.heads.text_chunker import ChunkerConfig, TextChunker
+from omni_gateway.omni.heads.tts.text_chunker import ChunkerConfig, TextChunker
 
 
 def chunk(text: str, config: ChunkerConfig = ChunkerConfig(), step: int = 1) -> list[str]:

@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 import torch
-from omni_gateway.engine.step_gate import wait_for_urgent
-from omni_gateway.omni.heads import token2wav_batcher as batcher_module
+from omni_gateway.engine.runner.step_gate import wait_for_urgent
 from omni_gateway.omni.heads.call_graphs import CallGraphs
-from omni_gateway.omni.heads.token2wav import ChunkShape, Token2Wav, Token2WavConfig, UnknownVoice
-from omni_gateway.omni.heads.token2wav_batcher import BatchedCalls
-from omni_gateway.omni.heads.token2wav_dit import FastDiT
-from omni_gateway.omni.heads.token2wav_loader import Token2WavLoadError
-from omni_gateway.omni.heads.token2wav_vocoder import FastVocoder
+from omni_gateway.omni.heads.token2wav import batcher as batcher_module
+from omni_gateway.omni.heads.token2wav.batcher import BatchedCalls
+from omni_gateway.omni.heads.token2wav.dit import FastDiT
+from omni_gateway.omni.heads.token2wav.head import ChunkShape, Token2Wav, Token2WavConfig, UnknownVoice
+from omni_gateway.omni.heads.token2wav.loader import Token2WavLoadError
+from omni_gateway.omni.heads.token2wav.vocoder import FastVocoder
 
-from benchmarks.tiny_omni import CODEC_VOCAB, SPEAKERS, save_tiny_omni
+from tests.harness.tiny_omni import CODEC_VOCAB, SPEAKERS, save_tiny_omni
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -472,7 +472,7 @@ class _EagerGraphs:
 def test_a_group_larger_than_a_graph_runs_as_graphed_slices(t2w: Token2Wav, monkeypatch: pytest.MonkeyPatch) -> None:
     """Five rows of a regular later chunk, where a graph holds two: slices of 2, 2 and 1 rows, each served by
     the graphs, and the same audio as one eager call of five rows."""
-    from omni_gateway.omni.heads import token2wav as token2wav_module
+    from omni_gateway.omni.heads.token2wav import head as token2wav_module
 
     cfg = Token2WavConfig(first_chunk_codes=4, chunk_codes=8, past_codes=4, lookahead_codes=2, num_steps=2)
     head = Token2Wav(t2w.models, cfg)

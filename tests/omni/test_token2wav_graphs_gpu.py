@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 from omni_gateway.omni.heads.call_graphs import BUCKETS
-from omni_gateway.omni.heads.token2wav import GRAPH_CODES, Token2Wav, Token2WavConfig
+from omni_gateway.omni.heads.token2wav.head import GRAPH_CODES, Token2Wav, Token2WavConfig
 
-from benchmarks.tiny_omni import CODEC_VOCAB, save_tiny_omni
+from tests.harness.tiny_omni import CODEC_VOCAB, save_tiny_omni
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

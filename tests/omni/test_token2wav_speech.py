@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 import torch
-from omni_gateway.engine.async_engine import AsyncEngine
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.llm_engine import LLMEngine
+from omni_gateway.engine.core.llm_engine import LLMEngine
+from omni_gateway.engine.frontend.async_engine import AsyncEngine
 from omni_gateway.omni.config import OmniConfig
-from omni_gateway.omni.heads.token2wav import Token2WavConfig
+from omni_gateway.omni.heads.token2wav.head import Token2WavConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import (
     AudioChunk,
@@ -32,7 +32,7 @@ from omni_gateway.omni.protocol import (
 )
 from omni_gateway.omni.speech import SpeechConfig, SpokenModel
 
-from benchmarks.tiny_omni import SPEAKERS, save_tiny_omni, save_tiny_thinker_text
+from tests.harness.tiny_omni import SPEAKERS, save_tiny_omni, save_tiny_thinker_text
 
 pytestmark = pytest.mark.slow
 
@@ -213,7 +213,7 @@ def test_realtime_turn_returns_the_models_own_audio(pipeline: OmniPipeline) -> N
 
     from websockets.asyncio.client import connect
 
-    from benchmarks.live_server import serve
+    from tests.harness.live_server import serve
 
     assert pipeline.asr is None and pipeline.tts is None
 
@@ -263,8 +263,8 @@ def test_realtime_turn_returns_the_models_own_audio(pipeline: OmniPipeline) -> N
 
 
 def test_talker_spans_keep_the_thinkers_media_positions() -> None:
-    from omni_gateway.engine.mrope import mrope_positions
-    from omni_gateway.engine.sequence import EmbedSpan
+    from omni_gateway.engine.core.sequence import EmbedSpan
+    from omni_gateway.engine.runner.mrope import mrope_positions
     from omni_gateway.omni.speech import talker_spans
 
     # Thinker prompt of 10 tokens with a 4-token image at 3 (2x2 grid); the talker prompt adds two tokens.

@@ -84,7 +84,7 @@ def test_a_call_cut_off_streams_its_pieces_but_never_ends() -> None:
 @pytest.mark.parametrize(("required", "parallel"), [(True, True), (True, False), (False, True), (False, False)])
 def test_tool_call_tag_compiles_and_follows_the_parameters(required: bool, parallel: bool) -> None:
     xgr = pytest.importorskip("xgrammar")
-    from benchmarks.checkpoints import VOCAB, byte_level_tokenizer
+    from tests.harness.checkpoints import VOCAB, byte_level_tokenizer
 
     tools = [
         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from omni_gateway.omni.heads.tts import BATCHED_LOOKAHEAD, TtsHead
-from omni_gateway.omni.heads.tts_backends import PiperSynthesizer, default_piper_voice, load_synthesizer
-from omni_gateway.omni.heads.tts_batch import BatchedSynthesizer
-from omni_gateway.omni.heads.tts_vits import HfVitsSynthesizer
+from omni_gateway.omni.heads.tts.backends import PiperSynthesizer, default_piper_voice, load_synthesizer
+from omni_gateway.omni.heads.tts.batch import BatchedSynthesizer
+from omni_gateway.omni.heads.tts.head import BATCHED_LOOKAHEAD, TtsHead
+from omni_gateway.omni.heads.vits.synthesizer import HfVitsSynthesizer
 from omni_gateway.omni.protocol import AudioChunk, AudioOutputOptions
 
-from benchmarks.voice_gpu_stages import TINY_VITS
+from tests.harness.shape_checkpoints import TINY_VITS
 
 REPLY = (
     "Sure, I can help with that. The weather today is sunny with a high of twenty degrees. "

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from omni_gateway.omni.heads.tts import TtsHead
-from omni_gateway.omni.heads.tts_batch import BatchedSynthesizer, Clause, DeadlineQueue
-from omni_gateway.omni.heads.tts_vits import HfVitsSynthesizer
+from omni_gateway.omni.heads.tts.batch import BatchedSynthesizer, Clause, DeadlineQueue
+from omni_gateway.omni.heads.tts.head import TtsHead
+from omni_gateway.omni.heads.vits.synthesizer import HfVitsSynthesizer
 
 from tests.omni.test_tts import collect, tiny_vits, words  # noqa: F401  (tiny_vits: a fixture)
 
@@ -118,7 +118,7 @@ SENTENCES = ["hi.", "hello there, friend.", "", "the quick brown fox jumps over 
 
 
 def test_a_batch_is_padded_as_the_tokenizer_pads_it(quiet_vits: HfVitsSynthesizer) -> None:
-    from omni_gateway.omni.heads.tts_vits import _padded
+    from omni_gateway.omni.heads.vits.synthesizer import _padded
 
     texts = ["hi.", "hello there, friend.", "the quick brown fox"]
     expected = quiet_vits.tokenizer(texts, return_tensors="pt", padding=True)

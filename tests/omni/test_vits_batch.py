@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from omni_gateway.omni.heads.vits_batch import decode_masked, decode_window, receptive_frames, window_frames
+from omni_gateway.omni.heads.vits.vocoder_batch import decode_masked, decode_window, receptive_frames, window_frames
 
 torch = pytest.importorskip("torch")
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from omni_gateway.omni.heads.vits_pass import duration_noise, expand_priors, flow_stage, frame_lengths, text_stage
+from omni_gateway.omni.heads.vits.model_pass import duration_noise, expand_priors, flow_stage, frame_lengths, text_stage
 
-from benchmarks.voice_gpu_stages import TINY_VITS
+from tests.harness.shape_checkpoints import TINY_VITS
 
 torch = pytest.importorskip("torch")
 

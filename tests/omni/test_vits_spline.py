@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from omni_gateway.omni.heads.vits_spline import rational_quadratic_spline
+from omni_gateway.omni.heads.vits.spline import rational_quadratic_spline
 
 torch = pytest.importorskip("torch")
 

@@ -1,0 +1,1 @@
+"""What the benchmarks share: result records, timing, kernel tables and reports, busy neighbours."""

@@ -1,0 +1,386 @@
+"""Runs one scheduled step: builds the flattened varlen batch, runs the model over the paged KV
+cache and samples. Sequence state is read only; the scheduler advances it from the results."""
+
+from __future__ import annotations
+
+import logging
+import mmap
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.core.sequence import ScheduledBatch, Sequence
+from omni_gateway.engine.models import build_model
+from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
+from omni_gateway.engine.parallel.layout import ShardLayout
+from omni_gateway.engine.parallel.weights import shard_weights
+from omni_gateway.engine.runner.attention import AttentionMetadata, own_split_counters, plan_step, select_kernels
+from omni_gateway.engine.runner.compile_cache import use_compile_cache
+from omni_gateway.engine.runner.graphed_decode import GraphedDecode, Staging
+from omni_gateway.engine.runner.graphed_prefill import GraphedPrefill
+from omni_gateway.engine.runner.loader import LoadedModel
+from omni_gateway.engine.runner.pending_decode import PendingDecode
+from omni_gateway.engine.runner.sampler import Sampler, SampleResult
+from omni_gateway.engine.runner.step_gate import wait_for_urgent
+from omni_gateway.engine.runner.step_plan import HiddenSpan, StepPlan, build_step_plan
+from omni_gateway.kernels.host_copies import to_device
+
+log = logging.getLogger(__name__)
+
+_CPU_DEFAULT_KV_BYTES = 1 << 30
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    if config.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(config.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {config.device!r} requested but CUDA is not available")
+    if config.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = _DTYPES[config.dtype]
+    return device, dtype
+
+
+def _zeroed(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.zeros``; on the CPU over an anonymous mapping, whose pages read as zeros and become
+    resident only once written, so an idle server does not hold its whole KV cache in RSS."""
+    if device.type != "cpu":
+        return torch.zeros(shape, device=device, dtype=dtype)
+    numel = 1
+    for size in shape:
+        numel *= size
+    return torch.frombuffer(mmap.mmap(-1, numel * dtype.itemsize), dtype=dtype).view(shape)
+
+
+@dataclass(slots=True)
+class _StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_rows: torch.Tensor
+    embed_rows: torch.Tensor | None
+    embeds: torch.Tensor | None
+
+
+# Rank 0's hook that sends a step to the other tensor-parallel ranks before running it itself:
+# an eager step (its plan, and the device token ids of a step launched ahead), or a graph replay
+# (the graph's staged inputs).
+StepBroadcast = Callable[[str, object, "torch.Tensor | None"], None]
+
+
+class ModelRunner:
+    """Runs steps on one device. Under tensor parallel every rank has one, holding its shard of the
+    model and of the KV cache (its KV heads); rank 0 schedules and samples, and ``broadcast`` sends
+    each step to the other ranks, which run it through ``run_plan`` / ``replay`` in the same order."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        loaded: LoadedModel,
+        parallel: ParallelContext = SINGLE,
+        broadcast: StepBroadcast | None = None,
+    ) -> None:
+        self.config = config
+        self.parallel = parallel
+        self.broadcast = broadcast
+        if config.compile_cache_dir is not None:  # before the first kernel compiles
+            use_compile_cache(config.compile_cache_dir)
+        self.device, self.dtype = pick_device_dtype(config)
+        if parallel.device is not None:
+            self.device = parallel.device
+        # fp8: K/V stored as float8_e4m3fn with scale 1.0 (vLLM's default); attention widens them again.
+        self.kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype in ("fp8", "fp8_e4m3") else self.dtype
+        self.ops = select_kernels(config.attention_backend, self.device)
+        if config.block_size is None:
+            raise ValueError(
+                "ModelRunner needs a config with a named device (LLMEngine resolves 'auto'); "
+                "got device 'auto' and no block_size"
+            )
+        self.block_size = config.block_size
+        self.max_model_len = loaded.max_model_len
+        self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
+        weights = loaded.weights
+        if not weights and loaded.source is None:
+            raise ValueError(
+                f"the loaded model {loaded.name!r} holds no weights: an engine built from it released them; "
+                "load it again (engine.loader.load_model) for another engine"
+            )
+        if parallel.is_parallel or (not weights and loaded.source is not None):  # read here, this rank's slices
+            layout = ShardLayout.of(loaded.hf_config, parallel.rank, parallel.world_size)
+            weights = shard_weights(loaded.source, layout)
+        self.model = build_model(
+            loaded.hf_config,
+            weights,
+            ops=self.ops,
+            device=self.device,
+            dtype=self.dtype,
+            max_positions=self.max_model_len,
+            parallel=parallel,
+        )
+        del weights
+        shape = self.model.shape
+        num_kv_heads = self.model.num_kv_heads  # this rank's
+        self.uses_mrope: bool = self.model.uses_mrope
+        # Every rank's cache must hold the same blocks: the scheduler on rank 0 hands out block ids for all.
+        self.num_kv_blocks = parallel.min_int(self._decide_num_blocks(shape.num_layers, num_kv_heads, shape.head_dim))
+        # Zeroed, not empty: padded decode positions are masked, but NaN garbage would still leak
+        # through the masked softmax weights (0 * NaN).
+        self.kv_cache = _zeroed(
+            (shape.num_layers, 2, self.num_kv_blocks, self.block_size, num_kv_heads, shape.head_dim),
+            self.device,
+            self.kv_dtype,
+        )
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(shape.num_layers)]
+        self.sampler = Sampler(self.device, config.seed)
+        self.graphs: GraphedDecode | None = None
+        # Graphs need kernels free of host syncs (the Triton ones) and a per-step input layout they can
+        # hold fixed: decoded text only (M-RoPE positions past the media agree on all axes, see
+        # ``_graph_ready``). Rows streamed into a model that adds them (the talker) go in a static buffer,
+        # which the tensor-parallel replay does not carry.
+        self._graph_input_rows = bool(getattr(self.model, "adds_input_rows", False)) and broadcast is None
+        # Hidden rows computed for requests that ask for them are kept with their cached blocks (KVCacheManager).
+        self._keeps_rows = config.hidden_state_cache_blocks > 0
+        # This engine's own split-merge counters for the decode attention: no launch of another engine in the
+        # process (on another stream) can count on them.
+        self._split_counters = own_split_counters(self.ops, self.device)
+        if self.device.type == "cuda" and not config.enforce_eager and self.ops.name == "triton":
+            self.graphs = GraphedDecode(
+                self.model,
+                self.kv_caches,
+                max_batch=min(config.max_num_seqs, 256),
+                max_blocks_per_seq=self.max_blocks_per_seq,
+                block_size=self.block_size,
+                device=self.device,
+                input_rows=self._graph_input_rows,
+                split_counters=self._split_counters,
+            )
+            if broadcast is not None:
+                self.graphs.on_replay = lambda inputs: broadcast(
+                    "graph",
+                    {name: inputs[name].numpy().copy() for name in ("rows", "block_tables")},  # pinned host buffers
+                    inputs.get("prev_ids"),
+                )
+            self.graphs.capture()
+        self.prefill_graphs: GraphedPrefill | None = None
+        # Prefill and mixed steps replay graphs too where one process runs the whole model (a rank's
+        # all-reduce is not captured); each rank of a tensor-parallel group runs them eagerly.
+        if self.graphs is not None and broadcast is None and not parallel.is_parallel:
+            self.prefill_graphs = GraphedPrefill(
+                self.model,
+                self.kv_caches,
+                max_tokens=config.max_num_batched_tokens,
+                max_seqs=config.max_num_seqs,
+                max_blocks_per_seq=self.max_blocks_per_seq,
+                device=self.device,
+                split_counters=self._split_counters,
+            )
+            self.prefill_graphs.capture()
+        log.info(
+            "model runner: %s %s, backend %s, %d KV blocks of %d tokens, decode graphs %s, prefill graphs %s",
+            self.device,
+            self.dtype,
+            self.ops.name,
+            self.num_kv_blocks,
+            self.block_size,
+            self.graphs.buckets if self.graphs else "off",
+            self.prefill_graphs.buckets if self.prefill_graphs else "off",
+        )
+
+    def _decide_num_blocks(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        block_bytes = 2 * num_layers * self.block_size * num_kv_heads * head_dim * self.kv_dtype.itemsize
+        needed = self.config.max_num_seqs * self.max_blocks_per_seq + 1
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            # Room for activations: the step's hidden states several times over, plus sampling buffers.
+            reserve = (512 << 20) + self.config.max_num_seqs * self.model.shape.vocab_size * 4 * 4
+            budget = int(total * self.config.gpu_memory_utilization) - (total - free) - reserve
+        else:
+            budget = self.config.kv_cache_bytes or _CPU_DEFAULT_KV_BYTES
+        blocks = min(budget // block_bytes, needed)
+        if blocks < 2:
+            raise ValueError(
+                f"KV cache budget of {budget} bytes holds {blocks} blocks of {block_bytes} bytes; "
+                "need at least 2 (raise kv_cache_bytes or gpu_memory_utilization)"
+            )
+        return int(blocks)
+
+    def release(self, seq_ids: list[int]) -> None:
+        self.sampler.release(seq_ids)
+        if self.graphs is not None:
+            self.graphs.release(seq_ids)
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> PendingDecode:
+        """Run one step and return it without waiting for its tokens where nothing needs them on the
+        host first (no logprobs asked; otherwise it comes back resolved). With ``after``, the step in
+        flight whose tokens the host has not read (see ``engine.pipelining``), every sequence decodes
+        the position after its last known token, with the token ``after`` samples for it. On CUDA the
+        step first waits while an urgent call of the process runs (``engine.step_gate``)."""
+        if self.device.type == "cuda":
+            wait_for_urgent()
+        seqs = batch.seqs
+        if not seqs:
+            return PendingDecode.resolved_with(batch, [])
+        staging: Staging | None = None
+        graphed = self.graphs.forward(seqs, after) if self.graphs is not None and self._graph_ready(batch) else None
+        if graphed is not None:
+            logits, argmax, staging = graphed.logits, graphed.argmax, graphed.staging
+            spans = [
+                (seq, i, i + 1, seq.num_computed_tokens)
+                for i, seq in enumerate(seqs)
+                if seq.params.return_hidden_states
+            ]
+            if spans:  # never launched ahead (engine.pipelining): num_computed_tokens is the decoded position
+                self._keep_hidden(spans, graphed.ids, graphed.hidden)
+            rows = [i for i, seq in enumerate(seqs) if after is not None or seq.num_computed_tokens + 1 == len(seq)]
+            if len(rows) < len(seqs):  # one-token prefill chunks sample nothing
+                picked = to_device(rows, torch.int64, self.device)
+                logits, argmax = logits[picked], argmax[picked]
+            chosen: torch.Tensor | None = argmax
+        else:
+            plan, decode_seqs, rows, hidden_spans = self._plan(batch, after)
+            device_ids = after.tokens_for(decode_seqs) if after is not None else None
+            if self.broadcast is not None:
+                self.broadcast("eager", plan, device_ids)
+            logits = self.run_plan(plan, device_ids, hidden_spans)
+            if logits is None:
+                return PendingDecode.resolved_with(batch, [None] * len(seqs))
+            chosen = None
+        sampling = [seqs[i] for i in rows]
+        if any(seq.params.logprobs is not None for seq in sampling):
+            results: list[SampleResult | None] = [None] * len(seqs)
+            for row, sample in zip(rows, self.sampler(logits, sampling, chosen)):
+                results[row] = sample
+            return PendingDecode.resolved_with(batch, results)  # the sampler waited for the device
+        if after is not None and any(seq.grammar is not None for seq in sampling):
+            # The masks follow the tokens of ``after``, which the host absorbs while the device runs this
+            # forward; the engine calls finish() then.
+            if staging is not None:
+                staging.copied = _recorded_event()  # the forward's uploads, until the tokens' copy replaces it
+            return PendingDecode.deferred(batch, rows, lambda: self._choose(logits, sampling, chosen), staging)
+        return PendingDecode.start(batch, rows, self.sampler.choose(logits, sampling, chosen), staging)
+
+    @torch.inference_mode()
+    def _choose(self, logits: torch.Tensor, seqs: list[Sequence], chosen: torch.Tensor | None) -> torch.Tensor:
+        return self.sampler.choose(logits, seqs, chosen)
+
+    @torch.inference_mode()
+    def run_plan(
+        self, plan: StepPlan, device_ids: torch.Tensor | None = None, hidden_spans: list[HiddenSpan] | None = None
+    ) -> torch.Tensor | None:
+        """The model forward of one step: float32 logits of its sampling rows (None where none samples).
+        ``hidden_spans`` (rank 0's): the sequences whose hidden states are copied out."""
+        replayed = self.prefill_graphs.forward(plan) if self.prefill_graphs is not None else None
+        if replayed is not None:
+            hidden, input_ids = replayed
+            sample_rows = to_device(plan.sample_rows, torch.int64, self.device)
+        else:
+            step = self._upload(plan, device_ids)
+            hidden = self.model.forward(
+                step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds
+            )
+            input_ids, sample_rows = step.input_ids, step.sample_rows
+        if hidden_spans:
+            self._keep_hidden(hidden_spans, input_ids, hidden)
+        if not plan.sample_rows:
+            return None
+        logits: torch.Tensor = self.model.compute_logits(hidden[sample_rows])
+        return logits
+
+    # ---- input preparation ----------------------------------------------------------------------
+
+    def _graph_ready(self, batch: ScheduledBatch) -> bool:
+        """A step the decode graphs can run: one token per sequence, each past its media (whose
+        embeddings and M-RoPE positions are the prompt's), input rows only where the graphs carry them."""
+        if not all(n == 1 for n in batch.num_new_tokens):
+            return False
+        for seq in batch.seqs:
+            if seq.input_stream is not None and not self._graph_input_rows:
+                return False
+            if any(seq.num_computed_tokens < s.offset + s.length for s in seq.embed_spans):
+                return False
+        return True
+
+    def _keep_hidden(self, spans: list[HiddenSpan], input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        """The final-normed hidden states and input embeddings of the sequences that asked, float32 on
+        the device (new tensors: ``hidden`` may be a graph's output, overwritten by its next replay). They
+        stay there: a consumer in this process (the talker) uses them where they are, and the engine
+        core's messages move them to the host (``engine.ipc``). One normalization, cast and embedding
+        lookup covers every sequence's rows (a decode step's are one per sequence); each sequence gets
+        views of those."""
+        model = self.model
+        for seq, _, _, first in spans:
+            if seq.prefix_rows:  # admitted over cached blocks that kept their rows: those go out first
+                ids = to_device(seq.token_ids[:first], torch.int64, input_ids.device)
+                cached = torch.cat(seq.prefix_rows).float()
+                seq.hidden_rows.append((0, cached, model.embed_tokens(ids).float()))
+                seq.prefix_rows = ()
+        lo, hi = spans[0][1], spans[-1][2]
+        if all(a[2] == b[1] for a, b in zip(spans, spans[1:])):
+            rows, row_ids = hidden[lo:hi], input_ids[lo:hi]
+        else:
+            index = to_device([i for _, a, b, _ in spans for i in range(a, b)], torch.int64, hidden.device)
+            rows, row_ids = hidden.index_select(0, index), input_ids.index_select(0, index)
+        normed = model.ops.rms_norm(rows, model.final_norm, model.shape.rms_norm_eps)
+        sizes = [b - a for _, a, b, _ in spans]
+        pieces = zip(normed.split(sizes), normed.float().split(sizes), model.embed_tokens(row_ids).float().split(sizes))
+        # Kept rows are in the model's dtype, which holds them exactly (the norm's output). A prefill span
+        # gets a copy of its own, so a cached block does not hold a whole step's rows alive; a decode step's
+        # rows are one per sequence, and a copy each would cost a call per sequence for nothing.
+        copy = any(n > 1 for n in sizes)
+        for (seq, _, _, first), (kept, states, embeds) in zip(spans, pieces):
+            seq.hidden_rows.append((first, states, embeds))
+            if self._keeps_rows:
+                seq.pending_rows.append((first, kept.clone() if copy else kept))
+
+    def _plan(
+        self, batch: ScheduledBatch, after: PendingDecode | None = None
+    ) -> tuple[StepPlan, list[Sequence], list[int], list[HiddenSpan]]:
+        return build_step_plan(batch, after is not None, self.block_size, self.uses_mrope, self.dtype)
+
+    def _upload(self, plan: StepPlan, device_ids: torch.Tensor | None) -> _StepInputs:
+        """The device tensors of a plan. Every upload is asynchronous (pinned memory): a step launched
+        while another is in flight must not wait for the device."""
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=to_device(plan.slots, torch.int64, dev),
+            num_decode=plan.num_decode,
+            decode_seq_lens=to_device(plan.decode_lens, torch.int32, dev),
+            decode_block_tables=self._block_tables(plan.decode_tables),
+            prefill_cu_seqlens_q=to_device(plan.cu_q, torch.int32, dev),
+            prefill_seq_lens=to_device(plan.prefill_lens, torch.int32, dev),
+            prefill_block_tables=self._block_tables(plan.prefill_tables),
+            num_tokens=plan.num_tokens,
+            split_counters=self._split_counters,
+        )
+        plan_step(self.ops, meta, self.block_size)
+        return _StepInputs(
+            input_ids=device_ids if device_ids is not None else to_device(plan.ids, torch.int64, dev),
+            positions=to_device(plan.positions, torch.int64, dev),  # M-RoPE's [3, T] tensor or a list
+            meta=meta,
+            sample_rows=to_device(plan.sample_rows, torch.int64, dev),
+            embed_rows=to_device(plan.embed_rows, torch.int64, dev) if plan.embed_rows else None,
+            embeds=plan.embeds.to(dev) if plan.embeds is not None else None,
+        )
+
+    def _block_tables(self, rows: np.ndarray) -> torch.Tensor:
+        """``rows`` on the device. Through pinned memory: a plain copy to CUDA would wait for the device,
+        which a step launched while another is in flight must not do."""
+        if rows.size == 0:
+            return torch.zeros(rows.shape, dtype=torch.int32, device=self.device)
+        table = torch.from_numpy(rows)
+        return table.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else table
+
+
+def _recorded_event() -> torch.cuda.Event:
+    event = torch.cuda.Event()
+    event.record()
+    return event

@@ -1,0 +1,1 @@
+"""The image head: a diffusers transformer pipeline streaming progressive previews."""

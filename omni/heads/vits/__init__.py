@@ -1,0 +1,1 @@
+"""Hugging Face ``VitsModel`` as a batched synthesizer for the TTS head."""

@@ -1,0 +1,27 @@
+"""The real model side for socket-level tests: AsyncEngine over a tiny random Llama, wrapped by OmniPipeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+MAX_MODEL_LEN = 256  # the tiny config's max_position_embeddings
+
+
+def tiny_pipeline(directory: Path, max_tokens: int = 200, **engine_args: Any) -> Any:
+    """An ``OmniPipeline`` (no ASR, TTS, VAD or vision) over a random 2-layer Llama saved into ``directory``."""
+    from omni_gateway.engine.frontend.async_engine import AsyncEngine
+    from omni_gateway.omni.config import EngineConfig, OmniConfig
+    from omni_gateway.omni.pipeline import OmniPipeline
+
+    from tests.harness.checkpoints import save_tiny_checkpoint
+
+    save_tiny_checkpoint("llama", directory)
+    engine_config = EngineConfig(
+        model=str(directory), device="cpu", dtype="float32", max_model_len=MAX_MODEL_LEN, **engine_args
+    )
+    config = OmniConfig(
+        engine=engine_config, asr=None, tts=None, vad=False, vision=False, temperature=1.0, max_tokens=max_tokens
+    )
+    engine = AsyncEngine(engine_config)
+    return OmniPipeline(config, engine=engine, model_name="tiny-llama", max_context_tokens=MAX_MODEL_LEN)
