@@ -32,6 +32,7 @@ from omni_gateway.omni.heads.dit.loader import ImageHeadConfig, select_device
 from omni_gateway.omni.protocol import ImageFinal, ImageOutputOptions, ImagePartial
 
 from benchmarks.lib.common import ResultLog, add_out_argument
+from tests.harness.tiny_dit import TINY_PIXART, pixart_pipeline
 
 PROMPTS = [
     "a red cat on a mat",
@@ -77,64 +78,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         vocab=4096,
         max_length=120,
     ),
-    "tiny": dict(
-        transformer=dict(
-            sample_size=8,
-            num_layers=2,
-            attention_head_dim=8,
-            num_attention_heads=2,
-            in_channels=4,
-            out_channels=8,
-            caption_channels=32,
-            cross_attention_dim=16,
-            norm_type="ada_norm_single",
-            patch_size=2,
-            num_embeds_ada_norm=1000,
-        ),
-        vae=dict(
-            block_out_channels=(8, 16),
-            layers_per_block=1,
-            latent_channels=4,
-            down_block_types=("DownEncoderBlock2D",) * 2,
-            up_block_types=("UpDecoderBlock2D",) * 2,
-            norm_num_groups=4,
-            sample_size=32,
-        ),
-        t5=dict(d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4),
-        vocab=64,
-        max_length=16,
-    ),
+    "tiny": dict(TINY_PIXART, vocab=64, max_length=16),
 }
 
 
 def build_pipeline(preset: dict[str, Any], device: torch.device, dtype: torch.dtype) -> Any:
-    from diffusers import AutoencoderKL, DPMSolverMultistepScheduler, PixArtAlphaPipeline, PixArtTransformer2DModel
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
-
     words = ["<pad>", "</s>", "<unk>"] + sorted({w for p in PROMPTS for w in p.split()})
     words += [f"w{i}" for i in range(preset["vocab"] - len(words))]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        model_max_length=preset["max_length"],
-    )
-    torch.manual_seed(0)
-    with torch.device(device):  # random init on the device: seconds instead of minutes for 600M parameters
-        transformer = PixArtTransformer2DModel(**preset["transformer"])
-        vae = AutoencoderKL(in_channels=3, out_channels=3, **preset["vae"])
-        text_encoder = T5EncoderModel(T5Config(vocab_size=len(words), pad_token_id=0, eos_token_id=1, **preset["t5"]))
-    pipe = PixArtAlphaPipeline(
-        tokenizer=tokenizer,
-        text_encoder=text_encoder,
-        vae=vae,
-        transformer=transformer,
-        scheduler=DPMSolverMultistepScheduler(),
-    )
+    pipe = pixart_pipeline(preset, words, preset["max_length"], str(device))
     pipe.to(device=device, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
-_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_out_argument(parser: argparse.ArgumentParser, name: str) -> None:

@@ -26,7 +26,7 @@ def use_compile_cache(directory: str) -> Path:
 def configuration_key(parts: dict[str, Any]) -> str:
     """A stable digest of ``parts`` (JSON-serializable values): what decides which kernels an engine
     compiles, together with the sources of those kernels."""
-    kernels = Path(__file__).resolve().parent.parent / "kernels"
+    kernels = Path(__file__).resolve().parents[2] / "kernels"
     sources = hashlib.sha256()
     for source in sorted(kernels.glob("*.py")):
         sources.update(source.name.encode() + b"\0" + source.read_bytes())
