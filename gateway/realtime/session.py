@@ -12,14 +12,18 @@ response created when the turn ends takes it over if its request is exactly the 
 (``speculation.TurnSpeculation``).
 
 This module builds the session from its parts, turns each client event into one handler call (a bad event
-into one ``error`` and no change) and each task outcome or connection condition into one call of the part it
-concerns, and hands back what they produced. The parts are objects; each holds the ``SessionCore`` (the
-shared state and the output) and only the parts before it in this order, so calls run one way:
+into one ``error`` and no change) and each task outcome or condition of the connection into one call of the
+part it concerns, and hands back what they produced. The parts are objects built in this order; each holds
+the ``SessionCore`` and the parts before it, never a part after it nor the session, so calls run one way
+(``tests/gateway/test_session_parts.py`` keeps it so):
 
-``session_core`` <- ``session_responses`` (response.create/cancel, the generation, how a response finishes)
-<- ``session_items`` (conversation.item.*) <- ``session_audio`` (the input audio buffer, the voice activity
-detector and the turns it finds, the idle timeout) <- ``session_config`` (session.update) <- ``session_tasks``
-(transcripts, the connection's conditions) <- ``session``.
+1. ``session_core``: the state the parts share (settings, conversation, input audio buffer, speculation, idle
+   timeout) and the output, in order;
+2. ``session_responses``: response.create/cancel, the generation and the backend's output, how a response ends;
+3. ``session_items``: conversation.item.*, and adding any item to the conversation;
+4. ``session_audio``: input_audio_buffer.*, the voice activity detector and the turns it finds, the idle timeout;
+5. ``session_config``: session.update;
+6. ``session_tasks``: transcripts and the connection's conditions.
 """
 
 from __future__ import annotations

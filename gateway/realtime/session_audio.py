@@ -138,9 +138,9 @@ class InputTurns:
                 "item_id": self._pending_turn_id,
             }
         )
-        turn = self._core.settings.turn_detection
-        if turn is not None and turn.interrupt_response and self._responses.active is not None:
-            self._responses.cancel(self._responses.active, "turn_detected")
+        turn, active = self._core.settings.turn_detection, self._responses.active
+        if turn is not None and turn.interrupt_response and active is not None:
+            self._responses.cancel(active, "turn_detected")
 
     def _speech_stopped(self, signal: SpeechStopped) -> None:
         item_id = self._pending_turn_id or self._core.new_item_id()

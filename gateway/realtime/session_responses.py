@@ -1,8 +1,7 @@
-"""The responses of a ``RealtimeSession``, from creation to their end: ``response.create`` (validated, refused,
-or started: at once, or once the transcripts of its turns are in, taking over a reply prepared for its turn),
-``response.cancel``, the generation (its request, the prompt window, the backend's chunks and the end of its
-stream) and how every response finishes (cancelled, failed, done), which also arms the idle timeout. Uses the
-core only."""
+"""The responses of a ``RealtimeSession`` from creation to their end: ``response.create`` (refused, or started at
+once or once its turns' transcripts are in, taking over a reply prepared for its turn), ``response.cancel``, the
+generation (request, prompt window, the backend's chunks, the stream's end) and how each response finishes
+(cancelled, failed, done), which arms the idle timeout. Uses the core only."""
 
 from __future__ import annotations
 
