@@ -1,85 +1,86 @@
-"""The ``conversation.item.*`` client events of a ``RealtimeSession``: create, retrieve, delete, truncate."""
+"""The ``conversation.item.*`` client events of a ``RealtimeSession`` (create, retrieve, delete, truncate) and
+how any part adds an item to the conversation. Uses the core and the responses (truncating what the active
+response is writing cancels it)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omni_gateway.gateway.client_text import shown
 from omni_gateway.gateway.realtime import audio as audio_fmt
-from omni_gateway.gateway.realtime.commands import SessionLimits
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_type, invalid_value, missing
-from omni_gateway.gateway.realtime.items import Item, ItemStore, audio_bytes, parse_client_item, truncate
-from omni_gateway.gateway.realtime.response import Event, ResponseRun
-from omni_gateway.gateway.realtime.settings import Dialect, SessionSettings
+from omni_gateway.gateway.realtime.items import Item, audio_bytes, parse_client_item, truncate
+from omni_gateway.gateway.realtime.session_core import SessionCore
+from omni_gateway.gateway.realtime.session_responses import Responses
 
 
 class ConversationItems:
-    """Part of ``RealtimeSession``, which holds the state named below."""
+    """The conversation's items as the client and the input turns change them."""
 
-    items: ItemStore
-    limits: SessionLimits
-    settings: SessionSettings
-    dialect: Dialect
-    _active: str | None
-    _responses: dict[str, ResponseRun]
+    def __init__(self, core: SessionCore, responses: Responses) -> None:
+        self._core = core
+        self._responses = responses
 
-    if TYPE_CHECKING:
-
-        def _emit(self, event: Event) -> None: ...
-        def _new_item_id(self) -> str: ...
-        def _cancel(self, response_id: str, reason: str) -> None: ...
-
-    def _insert(self, item: Item, previous_item_id: str | None) -> str | None:
-        if len(self.items) >= self.limits.max_items:
+    def insert(self, item: Item, previous_item_id: str | None) -> str | None:
+        """Add ``item`` after ``previous_item_id`` ("root": first; None: last) unless the conversation is full;
+        returns the id of the item before it."""
+        if len(self._core.items) >= self._core.limits.max_items:
             raise RealtimeError(
                 "conversation_too_long",
-                f"The conversation already holds {self.limits.max_items} items; delete some before adding more.",
+                f"The conversation already holds {self._core.limits.max_items} items; delete some before adding more.",
             )
-        return self.items.insert(item, previous_item_id)
+        return self._core.items.insert(item, previous_item_id)
 
-    def _announce(self, item: Item, previous: str | None) -> None:
-        self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.render(self.dialect)})
-        self._emit({"type": "conversation.item.done", "previous_item_id": previous, "item": item.render(self.dialect)})
+    def announce(self, item: Item, previous: str | None) -> None:
+        """Tell the client ``item`` joined the conversation after ``previous``."""
+        core = self._core
+        core.emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.render(core.dialect)})
+        core.emit({"type": "conversation.item.done", "previous_item_id": previous, "item": item.render(core.dialect)})
 
-    def _item_create(self, event: dict[str, Any]) -> None:
+    def item_create(self, event: dict[str, Any]) -> None:
+        core = self._core
         if "item" not in event:
             raise missing("item")
         previous_id = event.get("previous_item_id")
         if previous_id is not None and not isinstance(previous_id, str):
             raise invalid_type("previous_item_id", "a string", previous_id)
         item = parse_client_item(
-            event["item"], self._new_item_id(), self.settings.input_format, max_image_bytes=self.limits.max_image_bytes
+            event["item"],
+            core.new_item_id(),
+            core.settings.input_format,
+            max_image_bytes=core.limits.max_image_bytes,
         )
         if item.type == "function_call_output" and not any(
-            it.type == "function_call" and it.call_id == item.call_id for it in self.items
+            it.type == "function_call" and it.call_id == item.call_id for it in core.items
         ):
             raise RealtimeError(
                 "invalid_tool_call_id", f"Tool call ID '{item.call_id}' not found in conversation.", "item.call_id"
             )
-        previous = self._insert(item, previous_id)
-        self._announce(item, previous)
-        self.items.drop_oldest_media("image", self.limits.max_conversation_image_bytes)
+        previous = self.insert(item, previous_id)
+        self.announce(item, previous)
+        core.items.drop_oldest_media("image", core.limits.max_conversation_image_bytes)
 
     def _lookup(self, event: dict[str, Any], code: str) -> Item:
         item_id = event.get("item_id")
         if not isinstance(item_id, str):
             raise missing("item_id")
-        item = self.items.get(item_id)
+        item = self._core.items.get(item_id)
         if item is None:
             raise RealtimeError(code, f"Item with item_id {shown(item_id)} not found.", "item_id")
         return item
 
-    def _item_retrieve(self, event: dict[str, Any]) -> None:
+    def item_retrieve(self, event: dict[str, Any]) -> None:
+        core = self._core
         item = self._lookup(event, "item_retrieve_invalid_item_id")
-        audio_format = self.settings.output_format if item.role == "assistant" else self.settings.input_format
-        self._emit({"type": "conversation.item.retrieved", "item": item.render(self.dialect, audio_format)})
+        audio_format = core.settings.output_format if item.role == "assistant" else core.settings.input_format
+        core.emit({"type": "conversation.item.retrieved", "item": item.render(core.dialect, audio_format)})
 
-    def _item_delete(self, event: dict[str, Any]) -> None:
+    def item_delete(self, event: dict[str, Any]) -> None:
         item = self._lookup(event, "item_delete_invalid_item_id")
-        self.items.delete(item.id)
-        self._emit({"type": "conversation.item.deleted", "item_id": item.id})
+        self._core.items.delete(item.id)
+        self._core.emit({"type": "conversation.item.deleted", "item_id": item.id})
 
-    def _item_truncate(self, event: dict[str, Any]) -> None:
+    def item_truncate(self, event: dict[str, Any]) -> None:
         item = self._lookup(event, "item_truncate_invalid_item_id")
         index = event.get("content_index", 0)
         end_ms = event.get("audio_end_ms")
@@ -99,9 +100,10 @@ class ConversationItems:
             raise RealtimeError(
                 "invalid_value", f"Audio content of {length_ms}ms is already shorter than {end_ms}ms", "audio_end_ms"
             )
-        if self._active is not None and any(it is item for it in self._responses[self._active].output):
-            self._cancel(self._active, "client_cancelled")
+        writer = self._responses.writer_of(item)
+        if writer is not None:
+            self._responses.cancel(writer, "client_cancelled")
         truncate(content, end_ms * audio_fmt.BYTES_PER_MS)
-        self._emit(
+        self._core.emit(
             {"type": "conversation.item.truncated", "item_id": item.id, "content_index": index, "audio_end_ms": end_ms}
         )

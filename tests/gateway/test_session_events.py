@@ -9,7 +9,7 @@ import string
 import pytest
 from omni_gateway.gateway.realtime.commands import new_id
 
-from tests.harness.fake_backend import tone
+from tests.harness.fake_backend import FakeBackend, tone
 from tests.harness.session_driver import Driver, b64, error, events, only, started, types
 
 
@@ -150,15 +150,16 @@ def test_semantic_vad_is_accepted_and_eagerness_caps_the_wait() -> None:
 def test_semantic_vad_on_a_server_without_its_model_is_a_clear_error() -> None:
     from omni_gateway.omni.prompting import UnsupportedInput
 
-    d = Driver()
-    real = d.backend.new_vad
+    backend = FakeBackend()
+    real = backend.new_vad
 
     def no_semantic(settings):  # type: ignore[no-untyped-def]
         if settings.max_silence_ms is not None:
             raise UnsupportedInput("semantic_vad needs the pipecat-ai package")
         return real(settings)
 
-    d.session._vad_factory = no_semantic
+    backend.new_vad = no_semantic  # type: ignore[method-assign]
+    d = Driver(backend=backend)
     out = d.send(
         {
             "type": "session.update",
