@@ -186,7 +186,6 @@ def run_model(name: str, args: argparse.Namespace, copy_gbps: float) -> dict[str
     work = make_workload(args.seqs, 100, 1024, args.seed)
     report: dict[str, Any] = {
         "model": name,
-        "row_fusion": not args.no_row_fusion,
         "seqs": args.seqs,
         "prompt_tokens": sum(map(len, work.prompts)),
         "output_tokens": sum(work.output_lens),
@@ -235,11 +234,8 @@ def run_engine(
 ) -> None:
     """Our engine on the saved checkpoint: the workload (unless --b1-only), HF parity, batch-1 decode."""
     from omni_gateway.engine import LLM, SamplingParams
-    from omni_gateway.engine.models.llama import LlamaModel
-    from omni_gateway.kernels import row_fusion
 
     t0 = time.perf_counter()
-    LlamaModel.ROW_FUSION = row_fusion.DEPENDENT_LAUNCH = not args.no_row_fusion
     llm = LLM(
         tmp,
         device="cuda",
@@ -522,12 +518,6 @@ def main() -> None:
         "--compare-unpipelined",
         action="store_true",
         help="also time the workload and batch 1 with pipelined decode off",
-    )
-    parser.add_argument(
-        "--no-row-fusion",
-        action="store_true",
-        help="batch-1 steps without the fused one-row linears (the norms, residual adds and SiLU-and-mul as "
-        "separate kernels) and without programmatic dependent launch: the previous design",
     )
     parser.add_argument("--profile-b1", action="store_true", help="print a cProfile of the batch-1 run")
     parser.add_argument(

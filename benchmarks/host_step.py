@@ -23,7 +23,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import omni_gateway.engine.core.detokenizer as detokenizer
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.llm_engine import LLMEngine
 from omni_gateway.engine.runner.block_table_rows import BlockTableRows
@@ -56,8 +55,23 @@ class InstantRunner:
         pass
 
 
-def us_per_step(batch: int, tokens: int) -> float:
+def overriding_decode(tok: Any) -> Any:
+    """``tok`` as a tokenizer that overrides decoding (here only forwarding it, one Python call more): the
+    engine decodes it through the transformers wrapper, as every tokenizer was before the direct Rust decode
+    (``detokenizer.direct_decoder`` bypasses the wrapper only where it adds nothing)."""
+    from transformers import PreTrainedTokenizerFast
+
+    class OverridingDecode(PreTrainedTokenizerFast):
+        def decode(self, *args: Any, **kwargs: Any) -> Any:
+            return super().decode(*args, **kwargs)
+
+    return OverridingDecode(tokenizer_object=tok.backend_tokenizer, eos_token=tok.eos_token, bos_token=tok.bos_token)
+
+
+def us_per_step(batch: int, tokens: int, *, through_wrapper: bool = False) -> float:
     tok = byte_level_tokenizer()
+    if through_wrapper:
+        tok = overriding_decode(tok)
     model = SimpleNamespace(tokenizer=tok, eos_token_ids=[tok.eos_token_id], vocab_size=len(tok), max_model_len=8192)
     engine = LLMEngine(
         EngineConfig(device="cpu", block_size=16, max_num_seqs=max(batch, 1)), model=model, runner_factory=InstantRunner
@@ -112,14 +126,9 @@ def main() -> None:
     add_out_argument(parser, "host_step")
     args = parser.parse_args()
     log = ResultLog(args.out, "host_step", tokens=args.tokens)
-    direct = detokenizer.direct_decoder
     for batch in [int(b) for b in args.batch.split(",")]:
         ours = us_per_step(batch, args.tokens)
-        detokenizer.direct_decoder = lambda tokenizer: None  # the wrapper's decode, as before
-        try:
-            wrapper = us_per_step(batch, args.tokens)
-        finally:
-            detokenizer.direct_decoder = direct
+        wrapper = us_per_step(batch, args.tokens, through_wrapper=True)
         print(
             f"batch {batch:>3}: {ours:7.1f} us per step ({ours / batch:5.1f} per sequence); "
             f"through the tokenizer wrapper {wrapper:7.1f} us -> {wrapper / ours:.2f}x",

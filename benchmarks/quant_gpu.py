@@ -60,21 +60,6 @@ from benchmarks.engine_gpu import (
 from benchmarks.lib.common import RESULTS_DIR, ResultLog, rel_err, time_graph
 
 VARIANTS = ("bf16", "fp8-channel", "fp8-channel-head", "fp8-block", "int4", "int4-head", "fp8-kv", "fp8-channel-kv")
-# Suffixes of a variant name that run its engine as an earlier design, a baseline in the same run:
-# without the batch-1 row fusion (``LlamaModel.ROW_FUSION``) and programmatic dependent launch, or
-# without the latter only (kernels/row_fusion.py); int4's one row on the CUDA-core planes
-# (kernels/quant_tiles.py) instead of the tensor cores (kernels/int4_fragments.py); bfloat16 rows between
-# the linears, each norm inside the linear that reads it and each split reduction ending in the last
-# program, instead of the float32 residual stream (``LlamaModel.ROW_STREAM``).
-UNFUSED = "-unfused"
-NO_PDL = "-nopdl"
-PLANES = "-planes"
-NO_STREAM = "-nostream"
-
-
-def _base(variant: str) -> str:
-    return variant.removesuffix(UNFUSED).removesuffix(NO_PDL).removesuffix(PLANES).removesuffix(NO_STREAM)
-
 
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 ROWS = (1, 2, 4, 8, 16, 64, 128, 256, 320)
@@ -269,25 +254,9 @@ def compare(got: list[tuple[list[int], list[float]]], ref: list[tuple[list[int],
 def run_variant(
     variant: str, model_dir: str, args: argparse.Namespace, check: list[list[int]], work: Any
 ) -> dict[str, Any]:
-    from omni_gateway.engine.models.llama import LlamaModel
-    from omni_gateway.kernels import int4_fragments, row_fusion
-
-    t0 = time.perf_counter()
-    LlamaModel.ROW_FUSION = not variant.endswith(UNFUSED)
-    row_fusion.DEPENDENT_LAUNCH = not variant.endswith((UNFUSED, NO_PDL))
-    int4_fragments.ENABLED = not variant.endswith(PLANES)
-    LlamaModel.ROW_STREAM = not variant.endswith(NO_STREAM)
-    try:
-        return _run_engine(variant, model_dir, args, check, work, t0)
-    finally:
-        LlamaModel.ROW_FUSION = row_fusion.DEPENDENT_LAUNCH = int4_fragments.ENABLED = LlamaModel.ROW_STREAM = True
-
-
-def _run_engine(
-    variant: str, model_dir: str, args: argparse.Namespace, check: list[list[int]], work: Any, t0: float
-) -> dict[str, Any]:
     from omni_gateway.engine import LLM, SamplingParams
 
+    t0 = time.perf_counter()
     llm = LLM(
         model_dir,
         device=args.device,
@@ -296,7 +265,7 @@ def _run_engine(
         max_model_len=2048,
         max_num_batched_tokens=args.batched_tokens,
         gpu_memory_utilization=0.9,
-        **_engine_args(_base(variant)),
+        **_engine_args(variant),
     )
     report: dict[str, Any] = dict(variant=variant, load_s=time.perf_counter() - t0)
     report["accuracy_runs"] = accuracy(llm, check, args.check_tokens)
@@ -328,24 +297,21 @@ def engine_bench(log: ResultLog, args: argparse.Namespace) -> bool:
     cfg = shape_config("llama-3.1-8b")
     if args.quick:
         cfg.num_hidden_layers = 2
-    variants = [v for v in args.variants if _base(v) in VARIANTS]
-    if variants[0] != "bf16":
-        variants = ["bf16", *[v for v in variants if v != "bf16"]]
+    variants = ["bf16", *[v for v in args.variants if v != "bf16"]]  # bf16 first: the baseline of the ratios
     work = make_workload(args.seqs, 100, 1024, args.seed)
     rng = random.Random(args.seed + 2)
     check = [[rng.randint(2, 10000) for _ in range(rng.randint(16, 200))] for _ in range(args.check_prompts)]
     ok = True
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        dirs = write_checkpoints(cfg, Path(tmp), {_base(v) for v in variants}, args.seed)
+        dirs = write_checkpoints(cfg, Path(tmp), set(variants), args.seed)
         reports: dict[str, dict[str, Any]] = {}
         for variant in variants:
-            report = run_variant(variant, dirs[_base(variant)], args, check, work)
+            report = run_variant(variant, dirs[variant], args, check, work)
             runs = report.pop("accuracy_runs")
             if variant == "bf16":
                 reference = runs
             report.update(compare(runs, reference))
-            suffix = variant.removeprefix(_base(variant))  # the same design's bf16 is the baseline
-            base = reports.get("bf16" + suffix, reports.get("bf16", report))
+            base = reports.get("bf16", report)
             for key, better in (("b1_ms_per_token", "lower"), ("workload_tok_s", "higher")):
                 if key in report and key in base:
                     report[key + "_vs_bf16"] = base[key] / report[key] if better == "lower" else report[key] / base[key]
@@ -384,9 +350,7 @@ def main() -> None:
         "--variants",
         type=lambda s: s.split(","),
         default=list(VARIANTS),
-        help=",".join(VARIANTS) + f"; suffix {UNFUSED}: without the batch-1 row fusion and dependent launch, "
-        f"{NO_PDL}: without dependent launch, {PLANES}: int4's one row on the CUDA cores, "
-        f"{NO_STREAM}: bfloat16 rows between the linears, not the float32 residual stream",
+        help="comma-separated, of " + ",".join(VARIANTS),
     )
     parser.add_argument(
         "--workload-variants",
@@ -419,6 +383,11 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=default_out, metavar="FILE")
     args = parser.parse_args()
+    unknown = [v for v in args.variants + args.workload_variants if v not in VARIANTS]
+    if unknown:
+        parser.error(
+            f"--variants/--workload-variants: unknown {', '.join(unknown)}; expected names among {', '.join(VARIANTS)}"
+        )
     if args.quick:
         args.check_tokens = min(args.check_tokens, 16)
     if not torch.cuda.is_available():

@@ -70,9 +70,6 @@ _GROUP = gl.constexpr(GROUP)
 _ROW_TILE = gl.constexpr(ROW_TILE)
 DEQUANT = "{ .reg .b32 t; shr.u32 t, $1, $3; lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA; sub.rn.bf16x2 $0, t, $5; }"
 
-# Benchmarks clear this to time the CUDA-core planes in its place.
-ENABLED = True
-
 
 class Layouts(NamedTuple):
     mma: Any
@@ -284,7 +281,7 @@ def takes(packed: torch.Tensor, group: int) -> bool:
     """Whether ``launch`` reads this int4 weight: on sm_90+, groups of 128, words in ``ROW_TILE``-row tiles.
     Whole tiles make whole programs: ``BLOCK_N`` divides ``ROW_TILE``, and gated, ``BLOCK_N / 2`` divides
     ``N / 2``."""
-    if not ENABLED or packed.device.type != "cuda" or group != GROUP:
+    if packed.device.type != "cuda" or group != GROUP:
         return False
     return packed.dim() == 4 and packed.shape[2] == ROW_TILE and _sm90(packed.device)
 

@@ -11,7 +11,7 @@ computes its activations once, into shared memory, before its loop (``stage``):
   rounds: ``silu(bf16(s g)) bf16(s u)``.
 
 On one H100 the four linears of an 8B layer took 51.7 us a token this way, against 64.1 as bfloat16 rows with
-split tails (benchmarks/experiments/int4_row_stream.py).
+split tails (docs/kernels.md, "What the experiments measured").
 """
 
 from __future__ import annotations

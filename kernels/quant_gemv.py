@@ -381,7 +381,7 @@ def launch_gemv(
     even = n % block_n == 0 and k % block_k == 0 and k_per_split % block_k == 0
     w = weight.view(torch.int32) if fmt == INT4_GROUPED else weight
     # The batch-1 decode chain (kernels/row_fusion.py). int4 launches plainly: on an H100 its 8B batch-1 step
-    # took 4.51 ms as dependents and 3.94 ms without (benchmarks.quant_gpu, int4 against int4-nopdl); its
+    # took 4.51 ms as dependents and 3.94 ms without (benchmarks.quant_gpu, 2026-12-05; docs/kernels.md); its
     # many small programs (two warps, split reductions) run several waves, and dependents parked early on
     # the SMs likely take their places.
     one_row_pdl = m == 1 and fmt != INT4_GROUPED and pdl(x.device)

@@ -42,18 +42,10 @@ def dependent_launch_start(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# Benchmarks clear this to time the kernels launched plainly.
-DEPENDENT_LAUNCH = True
-
-
+@functools.cache
 def pdl(device: torch.device) -> bool:
     """Whether one-row kernels on ``device`` launch as programmatic dependents (CUDA, compute capability 9+,
     not under the interpreter)."""
-    return DEPENDENT_LAUNCH and _dependent_launch_capable(device)
-
-
-@functools.cache
-def _dependent_launch_capable(device: torch.device) -> bool:
     return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
 
 

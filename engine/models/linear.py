@@ -40,7 +40,7 @@ class Linear:
     packed_rows: int = 1
     row: Callable[..., Any] | None = None
     # ``row`` reads and adds into the float32 rows of kernels/int4_row_stream.py (``into``) and takes ``rotary``
-    # (a qkv projection that finishes the attention's input): LlamaModel.ROW_STREAM
+    # (a qkv projection that finishes the attention's input): LlamaModel.row_stream
     row_streams: bool = False
 
     @classmethod

@@ -121,17 +121,6 @@ class LlamaModel:
     """
 
     uses_mrope = False  # positions are one index per token; M-RoPE models override this
-    # Batch-1 decode steps run their layers through the fused one-row kernels where every linear has
-    # one (``_decode_row``). Benchmarks clear this to time the unfused design.
-    ROW_FUSION = True
-    # There, where every layer linear reads and adds into the float32 rows of kernels/int4_row_stream.py
-    # (int4 on the tensor cores, bfloat16, no bias past the qkv projection), the residual stream is a float32
-    # row that the o and down projections add their sums into split by split, and the gate/up projection's
-    # sums meet in GateSums that the down projection finishes: no split tails (``_decode_stream``). The qkv
-    # projection's epilogue then also rotates q and k and writes k and v to the cache (no rotary launch)
-    # where the model's rotary is the plain one (no M-RoPE, no q/k norms), and the LM head reads the stream
-    # where its row kernel can (``compute_logits``). Benchmarks clear this to time the design without it.
-    ROW_STREAM = True
 
     def __init__(
         self,
@@ -235,11 +224,20 @@ class LlamaModel:
             device
         )
         self.fused_cpu_layers = cpu_layers.runs_fused(self)
-        self.row_fusion = self.ROW_FUSION and self._fuses_rows()
+        # Batch-1 decode steps run their layers through the fused one-row kernels where every linear has
+        # one (``_decode_row``).
+        self.row_fusion = self._fuses_rows()
         # The LM head is checked apart: a head without the fused kernel (a per-block FP8 one) still takes
         # the layers' fused residual stream, through the separate final norm.
         self.head_fusion = self.row_fusion and isinstance(self.lm_head, Linear) and self.lm_head.row is not None
-        self.row_stream = self.ROW_STREAM and self.row_fusion and self._streams_rows()
+        # In those steps, where every layer linear reads and adds into the float32 rows of kernels/int4_row_stream.py
+        # (int4 on the tensor cores, bfloat16, no bias past the qkv projection), the residual stream is a float32 row
+        # that the o and down projections add their sums into split by split, and the gate/up projection's sums meet in
+        # GateSums that the down projection finishes: no split tails (``_decode_stream``). The qkv projection's epilogue
+        # then also rotates q and k and writes k and v to the cache (no rotary launch) where the model's rotary is the
+        # plain one (no M-RoPE, no q/k norms), and the LM head reads the stream where its row kernel can
+        # (``compute_logits``).
+        self.row_stream = self.row_fusion and self._streams_rows()
         self.rotary_fold = self.row_stream and not self.uses_mrope and not s.qk_norm
         self.head_stream = self.row_stream and self.head_fusion and self.lm_head.row_streams
         # (hidden state, stream) of the last ``_decode_stream``: compute_logits reads the float32 stream when
@@ -350,7 +348,7 @@ class LlamaModel:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         rotary_table: torch.Tensor,
     ) -> torch.Tensor:
-        """``_decode_row`` with the residual stream a float32 row (``ROW_STREAM``, kernels/int4_row_stream.py):
+        """``_decode_row`` with the residual stream a float32 row (``row_stream``, kernels/int4_row_stream.py):
         the o and down projections add into it, the gate/up projection into its layer's zeroed GateSums."""
         from omni_gateway.kernels.int4_row_stream import GateSums, StreamRow
 

@@ -235,29 +235,22 @@ def test_batch_one_decode_runs_the_fused_quantized_rows(tmp_path: Path, kind: st
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("int4_head", [False, True])
 def test_row_stream_keeps_the_batch_one_decode(tmp_path: Path, int4_head: bool) -> None:
-    """bfloat16 int4 in groups of 128: the residual stream a float32 row the o and down projections add into,
-    the gate/up projection's sums finished by the down projection, the qkv projection rotating q and k and
-    writing the cache, and an int4 head reading the stream (``LlamaModel.ROW_STREAM``): a lone sequence
-    decodes as with bfloat16 rows, every norm inside its reader and the rotary kernel after the qkv projection."""
-    from omni_gateway.engine.models.llama import LlamaModel
-
+    """bfloat16 int4 in groups of 128: a lone sequence decodes over the float32 residual stream (the o and down
+    projections adding into it, the gate/up projection's sums finished by the down projection, the qkv
+    projection rotating q and k and writing the cache, an int4 head reading the stream). Two sequences decoding
+    together cannot stream: they take the unfused layers (separate norms, residual adds, activation and rotary
+    over bfloat16 rows), and their tokens and logprobs are the lone sequences'."""
     quantized, _ = _write_pair(tmp_path, "awq-128")
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
-    runs = []
-    for stream in (True, False):
-        LlamaModel.ROW_STREAM = stream
-        try:
-            llm = LLM(model=quantized, device="cuda", dtype="bfloat16", max_model_len=128, quantize_lm_head=int4_head)
-        finally:
-            LlamaModel.ROW_STREAM = True
-        model = llm.engine.runner.model
-        assert model.row_fusion and model.row_stream == model.rotary_fold == stream
-        assert model.head_stream == (stream and int4_head)
-        outs = [llm.generate([prompt], params)[0].outputs[0] for prompt in PROMPTS]
-        runs.append([(o.token_ids, [lp.logprob for lp in o.logprobs or []]) for o in outs])
-        del llm
-    for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(*runs):
-        assert tokens == ref_tokens
+    llm = LLM(model=quantized, device="cuda", dtype="bfloat16", max_model_len=128, quantize_lm_head=int4_head)
+    model = llm.engine.runner.model
+    assert model.row_fusion and model.row_stream and model.rotary_fold
+    assert model.head_stream == int4_head
+    alone = [llm.generate([prompt], params)[0].outputs[0] for prompt in PROMPTS]
+    together = [o.outputs[0] for o in llm.generate(PROMPTS, params)]
+    for streamed, unfused in zip(alone, together):
+        assert streamed.token_ids == unfused.token_ids and len(streamed.token_ids) == NEW_TOKENS
+        logprobs, ref_logprobs = ([lp.logprob for lp in o.logprobs or []] for o in (streamed, unfused))
         assert torch.allclose(torch.tensor(logprobs), torch.tensor(ref_logprobs), atol=0.05)
 
 

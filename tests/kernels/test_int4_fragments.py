@@ -23,19 +23,16 @@ def _case(n: int, k: int, seed: int = 0):
     return gen, x, packed, scales.to(torch.bfloat16), zeros
 
 
-def test_order_pairs_each_weight_with_its_activation(rel_err) -> None:
+def test_order_pairs_each_weight_with_its_activation(rel_err, monkeypatch) -> None:
     from omni_gateway.kernels import int4_fragments as fragments
 
     _, x, packed, scales, zeros = _case(64, 512)
     expected = x.double() @ qref.dequantize_int4(packed, scales, zeros, torch.float64).T
     words = packed.view(torch.int32)
     assert rel_err(fragments.twin(x, words, scales, zeros), expected) < 1e-12
-    natural = fragments.X_ORDER  # the activations in the weights' natural order: the sums no longer match
-    try:
-        fragments.X_ORDER = tuple(range(7))
-        assert rel_err(fragments.twin(x, words, scales, zeros), expected) > 0.1
-    finally:
-        fragments.X_ORDER = natural
+    # the activations in the weights' natural order: the sums no longer match
+    monkeypatch.setattr(fragments, "X_ORDER", tuple(range(7)))
+    assert rel_err(fragments.twin(x, words, scales, zeros), expected) > 0.1
 
 
 def test_layouts_refuse_rows_the_warps_cannot_share() -> None:
