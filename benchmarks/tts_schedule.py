@@ -7,9 +7,10 @@ The synthesizer is a stand-in for VITS in the MMS shape on a GPU: its audio is s
 256 samples a frame, about 4.5 frames a character), a batch's model pass takes ``--pass-ms`` plus
 ``--pass-us-per-row-frame`` for each frame of its padded rows, and each vocoder window ``--step-ms`` (with CUDA
 graphs a VITS call is bound by launching it more than by its rows: 40 and 30 ms are about what the H200 gave
-beside a busy server, and 2.5 us a row-frame its idle passes' growth, docs/benchmarks.md), and its windows are
-those ``HfVitsSynthesizer`` takes. Everything else is the product's own code: the text chunker, the head,
-the batcher's queue and worker. So this measures the schedule alone, in seconds, on any machine.
+beside a busy server, and 2.5 us a row-frame its idle passes' growth: the VITS call parts in
+benchmarks/results/history.jsonl), and its windows are those ``HfVitsSynthesizer`` takes. Everything else is
+the product's own code: the text chunker, the head, the batcher's queue and worker. So this measures the
+schedule alone, in seconds, on any machine.
 
 Each stream gets a reply of ``--words`` words at ``--tokens-per-s`` (a word a token), starting at a random
 moment within ``--spread-s`` (``--run-on``: without punctuation, as a random-weight LLM answers, so that after

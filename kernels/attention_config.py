@@ -106,9 +106,10 @@ def default_decode_config(
 
 
 # What the pipeliner makes of each tile on sm_90 for bf16 and head_dim 128 (Triton 3.6; compiled
-# sizes in docs/benchmarks.md): 64-token tiles at 3 stages keep one K/V tile in flight in 39 KB of
-# shared memory (four programs per SM by registers), 5 stages two tiles in 72 KB (three per SM),
-# 128-token tiles at 6 stages two tiles in 140 KB (one program per SM).
+# sizes as `python -m benchmarks.kernels` records them, decode_kernel_resources): 64-token tiles at
+# 3 stages keep one K/V tile in flight in 39 KB of shared memory (four programs per SM by registers),
+# 5 stages two tiles in 72 KB (three per SM), 128-token tiles at 6 stages two tiles in 140 KB (one
+# program per SM).
 _MANY_PAIRS = DecodeConfig(block_n=64, num_stages=3, min_split_tokens=64, fused_max_splits=32)
 _MANY_PAIRS_FP8 = replace(_MANY_PAIRS, block_n=128, min_split_tokens=128)  # the bytes of bf16's 64 tokens
 _SOME_PAIRS = DecodeConfig(block_n=64, num_stages=5, min_split_tokens=64, fused_max_splits=32)

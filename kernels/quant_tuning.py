@@ -4,7 +4,7 @@ H200 and the H100 for the Llama-3.1-8B linear shapes, and a fallback for every o
 ``_TUNED`` keys are ``(format, rows bucket, out_features, in_features)`` with the buckets 1, 2, 4, 8, 16
 (rows rounded up to a power of two); ``_TUNED_INT4_DOT`` holds int4 at 2-16 rows by shape alone. Values
 are ``(block_n, block_k, num_warps, stages, split_k)``. The tables come from ``python -m
-benchmarks.quant_sweep`` (docs/benchmarks.md, "Quantized weights on the H200").
+benchmarks.quant_sweep`` (docs/benchmarks.md, "Quantized one-row linears").
 """
 
 from __future__ import annotations

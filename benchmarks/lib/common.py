@@ -4,12 +4,16 @@ machine a run was on, timing statistics, and CUDA-graph timing of a kernel call.
 Each benchmark appends to ``benchmarks/results/<name>.jsonl`` unless ``--out`` names another file: one
 ``run`` record (date, command, machine, software) and then the run's measurements, each a record with
 its ``kind``, all carrying the run's ``run_id`` so the lines of one run can be picked out of a file that
-holds many.
+holds many. Records of the kinds in ``DETAIL_KINDS`` (one per turn, per request, per swept config: hundreds a
+run) go to the gzipped sibling ``<name>.jsonl.gz`` instead, which keeps every file of ``benchmarks/results/``
+under 1 MB; ``read_results`` reads a file and its sibling as one. A run copied from another machine brings both.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import itertools
 import json
 import math
 import os
@@ -18,12 +22,23 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
-_ROOT = Path(__file__).resolve().parents[2]
+_BENCHMARKS = Path(__file__).resolve().parent.parent
+RESULTS_DIR = _BENCHMARKS / "results"
+
+# Per benchmark, the record kinds written to the gzipped sibling: raw per-turn, per-request and per-config records,
+# which the results page summarises from the per-run records beside them.
+DETAIL_KINDS: dict[str, frozenset[str]] = {
+    "cold_start": frozenset({"request"}),
+    "quant_sweep": frozenset({"decode", "prefill"}),
+    "voice_sessions": frozenset({"turn"}),
+}
+_LOGS_OPENED = itertools.count()
+# Detail records held in memory before they are appended as one gzip member (members concatenate).
+_DETAIL_FLUSH = 1000
 
 
 def add_out_argument(parser: argparse.ArgumentParser, name: str) -> None:
@@ -40,7 +55,7 @@ def add_out_argument(parser: argparse.ArgumentParser, name: str) -> None:
 def _commit() -> str | None:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, capture_output=True, text=True, timeout=5
+            ["git", "rev-parse", "--short", "HEAD"], cwd=_BENCHMARKS, capture_output=True, text=True, timeout=5
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -66,14 +81,44 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def detail_path(path: Path) -> Path:
+    """The gzipped sibling of a results file, ``NAME.jsonl.gz`` beside ``NAME.jsonl``."""
+    return path.with_name(path.name + ".gz")
+
+
+def read_results(path: Path) -> list[dict[str, Any]]:
+    """The records of a results file and of its gzipped sibling, the plain file's first, each in written order."""
+    return [*_read_lines(path), *_read_lines(detail_path(path))]
+
+
+def _read_lines(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.exists():
+        return
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{number}: expected a JSON record, got {line[:80]!r}") from exc
+
+
 class ResultLog:
-    """Appends a run's records to a JSON-lines file; the first line of the run describes it."""
+    """Appends a run's records to a JSON-lines file; the first line of the run describes it.
+
+    Records of the benchmark's ``DETAIL_KINDS`` go to the gzipped sibling, appended a gzip member at a time
+    (every ``_DETAIL_FLUSH`` records and on ``close``)."""
 
     def __init__(self, path: Path, benchmark: str, **run_fields: Any) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.benchmark = benchmark
         self.run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
+        if (n := next(_LOGS_OPENED)) > 0:  # a second run of one process within a second stays apart
+            self.run_id += f".{n}"
+        self._detail_kinds = DETAIL_KINDS.get(benchmark, frozenset())
+        self._detail: list[str] = []
         self._file: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
         self.write(
             "run",
@@ -86,10 +131,23 @@ class ResultLog:
 
     def write(self, kind: str, **fields: Any) -> None:
         record = {"benchmark": self.benchmark, "run_id": self.run_id, "kind": kind, **fields}
-        self._file.write(json.dumps(record, default=str) + "\n")
+        line = json.dumps(record, default=str) + "\n"
+        if kind in self._detail_kinds:
+            self._detail.append(line)
+            if len(self._detail) >= _DETAIL_FLUSH:
+                self._flush_detail()
+            return
+        self._file.write(line)
         self._file.flush()
 
+    def _flush_detail(self) -> None:
+        if self._detail:
+            with gzip.open(detail_path(self.path), "at", encoding="utf-8") as f:
+                f.writelines(self._detail)
+            self._detail = []
+
     def close(self) -> None:
+        self._flush_detail()
         self._file.close()
         print(f"raw results appended to {self.path}", flush=True)
 

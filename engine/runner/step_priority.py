@@ -7,8 +7,8 @@ between the thinker's steps, and each launch, which lets go of the interpreter l
 back while the thinker's loop (and the event loop its deltas feed) ran Python. While the preferred
 engine runs a step that admits requests with input streams (the talker's prefill of the sessions a
 thinker step started), the other holds its next step, at most ``HOLD_MAX_S``: the step it launched
-ahead still runs, then the prefill, back to back (docs/benchmarks.md, "The talker's prefill goes
-first"). No torch here.
+ahead still runs, then the prefill, back to back (docs/benchmarks.md, "Speech from Qwen2.5-Omni-7B
+shapes"; the A/B runs are in benchmarks/results/omni_speech.jsonl). No torch here.
 """
 
 from __future__ import annotations

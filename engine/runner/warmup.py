@@ -250,7 +250,7 @@ def resolve_mode(mode: str, *, on_cuda: bool, cache_warmed: bool) -> str:
     first-call costs per shape, but its full grid is slow to run there (a 256-sequence decode over 8k
     tokens), so it is asked for by name. A persisted cache that a full warm-up of the same configuration
     filled holds every kernel: on the H200 a minimal warm-up over one gave first requests the TTFT of
-    warm ones (docs/benchmarks.md, cold start)."""
+    warm ones (docs/benchmarks.md, "Cold start")."""
     if mode != "auto":
         return mode
     return "full" if on_cuda and not cache_warmed else "minimal"
