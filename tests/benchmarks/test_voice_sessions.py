@@ -1,8 +1,7 @@
-"""The voice-sessions benchmark's bookkeeping: which turns count as lost or heard right, and its stages."""
+"""The voice-sessions benchmark's bookkeeping: its summary per N, the batching stages' figures, its header."""
 
 from __future__ import annotations
 
-import base64
 from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
@@ -10,17 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from benchmarks.voice_sessions import (
-    RATE,
-    batch_sizes,
-    content_words,
-    play,
-    record,
-    report,
-    run_settings,
-    spoken_questions,
-    turn_row,
-)
+from benchmarks.lib.voice_client import content_words, turn_row
+from benchmarks.voice_sessions import batch_sizes, report, run_settings, spoken_questions
 
 
 def test_a_transcript_is_right_when_it_holds_the_questions_content_words_digits_read_as_words() -> None:
@@ -28,17 +18,12 @@ def test_a_transcript_is_right_when_it_holds_the_questions_content_words_digits_
     assert not content_words("Which animal says moo?") <= content_words("which animal says mood?")
 
 
-def test_turn_rows_split_the_latency_into_stages_and_count_lost_turns() -> None:
-    turn = {"question": "What is two plus two?", "transcript": " what is 2 plus 2", "answer": "Four."}
-    assert turn_row(dict(turn))["lost"] and turn_row(dict(turn))["seen"] == []  # no speech_stopped seen
-    unanswered = turn_row(dict(turn, stopped=10.0, transcribed=10.3))
-    assert unanswered["lost"] and unanswered["seen"] == ["stopped", "transcribed"]
-    row = turn_row(dict(turn, stopped=10.0, transcribed=10.3, created=10.2, first_audio=10.9, early_deltas=2))
-    assert not row["lost"] and row["transcript_right"] and row["answer"] == "Four." and row["early_deltas"] == 2
-    assert row["total"] == pytest.approx(0.9) and row["asr"] == pytest.approx(0.3)
-    assert row["start"] == 0 and row["reply"] == pytest.approx(0.6)
-    summary = report(1, [row, turn_row(dict(turn))])
-    assert summary["lost"] == 1 and summary["turns_with_early_deltas"] == 1 and summary["p50_s"] == row["total"]
+def answered(wait: float, **fields: object) -> dict:
+    """A turn whose speech ended at 10.0 and whose first audio came ``wait`` later."""
+    turn = {"question": "What is two plus two?", "transcript": " what is 2 plus 2", "answer": "Four.", "speech_s": 1.0}
+    return dict(
+        turn, speech_end_sent=10.0, stopped=10.5, first_audio=10.0 + wait, arrivals=[(10 + wait, 1.0)], **fields
+    )
 
 
 def test_batch_sizes_and_busy_shares_of_the_batching_stages_are_read_and_reset() -> None:
@@ -84,12 +69,15 @@ def test_batch_sizes_and_busy_shares_of_the_batching_stages_are_read_and_reset()
     assert batch_sizes(backend, 3.0) == {} and batch_sizes(SimpleNamespace(), 1.0) == {}
 
 
-def test_the_latency_from_the_audio_that_ended_the_turn_counts_a_late_speech_stopped() -> None:
-    turn = {"question": "What do bees make?", "transcript": "What do bees make?", "answer": ""}
-    row = turn_row(dict(turn, stopped=10.0, first_audio=10.5, audio_end_sent=9.8))
-    assert row["total"] == pytest.approx(0.5) and row["from_audio_end"] == pytest.approx(0.7)
-    summary = report(1, [row])
-    assert summary["audio_end_p50_s"] == summary["audio_end_p99_s"] == row["from_audio_end"]
+def test_the_summary_counts_lost_turns_and_partial_transcripts_and_prints_the_latency_from_the_end_of_speech(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lost = turn_row({"question": "What do bees make?", "transcript": "", "answer": "", "arrivals": []})
+    row = turn_row(answered(0.9, early_deltas=2))
+    summary = report("server_vad N=1", [row, lost])
+    assert summary["lost"] == 1 and summary["turns_with_early_deltas"] == 1 and summary["transcripts_right"] == 1
+    assert summary["latency_p50_s"] == pytest.approx(0.9) and summary["decision_p50_s"] == pytest.approx(0.5)
+    assert "server_vad N=1: 2 turns, 1 lost" in capsys.readouterr().out
 
 
 def test_spoken_questions_are_read_back_from_the_file_a_piper_host_saved(tmp_path: Path) -> None:
@@ -98,50 +86,15 @@ def test_spoken_questions_are_read_back_from_the_file_a_piper_host_saved(tmp_pat
     assert spoken_questions(str(tmp_path / "spoken.npz")) == {q: a.tobytes() for q, a in pcm.items()}
 
 
-def test_a_listener_hears_silence_only_when_the_next_delta_is_late() -> None:
-    assert play(10.0, 9.5, 0.1) == (0.0, 10.1)  # came while the audio before it still played
-    stall, until = play(10.0, 10.25, 0.1)
-    assert stall == pytest.approx(0.25) and until == pytest.approx(10.35)
-
-
-def audio(seconds: float, response_id: str) -> dict:
-    pcm = bytes(int(seconds * RATE) * 2)
-    return {"type": "response.output_audio.delta", "response_id": response_id, "delta": base64.b64encode(pcm).decode()}
-
-
-def test_a_turn_counts_its_own_response_only_and_sums_the_stalls_inside_it() -> None:
-    turn = {"question": "What do bees make?", "transcript": "", "answer": ""}
-    earlier = "resp_earlier"  # the previous turn's reply, still streaming when this turn began
-    assert not record(turn, audio(0.5, earlier), 1.0)
-    assert not record(turn, {"type": "response.done", "response": {"id": earlier}}, 1.1)
-    assert not record(turn, {"type": "response.created", "response": {"id": earlier}}, 1.2)  # before speech_stopped
-    assert "first_audio" not in turn and "response_id" not in turn
-    record(turn, {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 2000}, 2.0)
-    record(turn, {"type": "conversation.item.input_audio_transcription.completed", "transcript": "bees"}, 2.2)
-    record(turn, {"type": "response.created", "response": {"id": "resp_1"}}, 2.3)
-    record(turn, {"type": "response.output_audio_transcript.delta", "response_id": "resp_1", "delta": "Honey."}, 2.5)
-    record(turn, audio(0.2, "resp_1"), 2.5)  # plays until 2.7
-    record(turn, audio(0.2, "resp_1"), 2.6)  # in time: until 2.9
-    record(turn, audio(0.2, "resp_1"), 3.2)  # 0.3 s of silence before it
-    assert not record(turn, audio(1.0, earlier), 3.3)
-    assert record(turn, {"type": "response.done", "response": {"id": "resp_1"}}, 3.4)
-    row = turn_row(turn)
-    assert not row["lost"] and row["answer"] == "Honey." and row["total"] == pytest.approx(0.5)
-    assert row["stall"] == pytest.approx(0.3)
-    summary = report(1, [row])
-    assert summary["stall_p50_s"] == pytest.approx(0.3) and summary["turns_stalled"] == 1
-
-
 def test_first_turns_and_later_ones_are_summarized_apart() -> None:
-    turn = {"question": "What do bees make?", "transcript": "What do bees make?", "answer": ""}
     rows = [
-        dict(turn_row(dict(turn, stopped=10.0, first_audio=10.0 + total)), session=session, turn=index)
-        for session, index, total in ((0, 0, 0.8), (1, 0, 0.6), (0, 1, 0.1), (1, 1, 0.3), (1, 2, 0.2))
+        dict(turn_row(answered(wait)), session=session, turn=index)
+        for session, index, wait in ((0, 0, 0.8), (1, 0, 0.6), (2, 0, 0.7), (0, 1, 0.1), (1, 1, 0.3), (1, 2, 0.2))
     ]
-    summary = report(2, rows)
+    summary = report("N=3", rows)
     assert summary["first_turns_p50_s"] == pytest.approx(0.7)
     assert summary["later_turns_p50_s"] == pytest.approx(0.2)
-    assert summary["p50_s"] == pytest.approx(0.3)
+    assert summary["latency_p50_s"] == pytest.approx(0.3)
 
 
 def test_a_runs_header_records_the_asr_batch_cap_of_a_batching_recognizer_and_none_for_the_fake_backend() -> None:
