@@ -1,10 +1,18 @@
-"""Semantic end-of-turn detection (``semantic_vad``) with the Smart Turn v3 model that ships in ``pipecat-ai``.
+"""Semantic end-of-turn detection (``semantic_vad``): the words heard so far and the Smart Turn v3 model that
+ships in ``pipecat-ai``.
 
-Silero VAD finds the pauses; once a pause has lasted 200 ms the turn so far (its last 8 s at 16 kHz,
-zero-padded at the front, Whisper log-mel features normalized over the whole window, as pipecat's own analyzer
-feeds it) is scored by Smart Turn. A turn that sounds finished ends when the pause reaches the detector's
-``silence_duration_ms``; one that sounds unfinished keeps waiting, up to ``max_silence_ms`` of silence, for the
-speaker to go on.
+Silero VAD finds the pauses. Once a pause has lasted the policy's ``scored_silence_ms``, the turn so far (its
+last 8 s at 16 kHz, zero-padded at the front, Whisper log-mel features normalized over the whole window, as
+pipecat's own analyzer feeds it) is scored by Smart Turn. The turn ends as soon as that verdict is in, when it
+sounds finished and its words do not end on a word a sentence rarely ends with ("... a table for two people
+and"); otherwise it waits, up to ``max_silence_ms`` of silence, for the speaker to go on.
+
+The words come from whoever transcribes the pause (the realtime session starts a transcription of the turn at
+every pause): ``expect_words`` says one is under way and ``hear`` hands its text over. While words are
+expected the verdict waits for them, at most ``WORDS_WAIT_MS``; a turn nobody transcribes (a model that hears
+audio itself) is judged by its sound alone. On the packaged Piper voice, whose unfinished phrases keep a
+sentence's falling pitch, the sound alone ended 15 of 25 unfinished phrases early and the words bring that to
+3 (``python -m benchmarks.turn_decisions``).
 
 Scoring runs on a small shared thread pool so the event loop that feeds the detector never waits on it while
 audio arrives at real-time pace. A client that sends audio faster than that (a file, a test) makes ``feed``
@@ -17,9 +25,11 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +40,53 @@ log = logging.getLogger(__name__)
 
 MODEL_RATE = 16000
 WINDOW_S = 8  # the model reads the last 8 s of the turn
-COMPLETE = 0.5  # the model's probability of a finished turn at and above which the turn ends
-# The silence after the speech that the model hears, as pipecat's analyzer (after its VAD's 0.2 s stop) feeds
-# it: with more, it hears unfinished phrases as finished ("... for two people and": 0.03 at 0.2 s, 0.55 at 0.3 s).
-SCORED_SILENCE_MS = 200
 MAX_LAG_MS = 1000  # how far ahead of real time a client's audio may run before ``feed`` waits for a verdict
+WORDS_WAIT_MS = 400  # how long past the model's verdict a turn waits for the transcript it expects
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPolicy:
+    """When a pause ends a turn: once it has lasted ``scored_silence_ms``, if the model's probability of a
+    finished turn reaches ``complete`` (and the words agree); after ``max_silence_ms`` of silence at the latest."""
+
+    scored_silence_ms: int
+    complete: float
+    max_silence_ms: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.scored_silence_ms <= self.max_silence_ms:
+            raise ValueError(
+                f"scored_silence_ms must lie in (0, max_silence_ms]; got {self.scored_silence_ms} and "
+                f"{self.max_silence_ms}"
+            )
+        if not 0.0 < self.complete < 1.0:
+            raise ValueError(f"complete must lie in (0, 1); got {self.complete}")
+
+
+# OpenAI's eagerness: high answers soonest, low lets the user take their time; the caps are OpenAI's (8 / 4 / 2 s),
+# auto is medium. On the Piper voice's finished questions, 100 ms of silence scored as reliably as 200 or 300
+# (18, 19 and 19 of 20 heard as finished) for 100 to 200 ms less wait (``benchmarks.turn_decisions``).
+EAGERNESS: dict[str, TurnPolicy] = {
+    "low": TurnPolicy(scored_silence_ms=300, complete=0.7, max_silence_ms=8000),
+    "medium": TurnPolicy(scored_silence_ms=100, complete=0.5, max_silence_ms=4000),
+    "auto": TurnPolicy(scored_silence_ms=100, complete=0.5, max_silence_ms=4000),
+    "high": TurnPolicy(scored_silence_ms=50, complete=0.5, max_silence_ms=2000),
+}
+
+# Words an English sentence rarely ends with: articles, conjunctions, most prepositions, possessives, the copula
+# and a trailing "I". Left out are those that often end one in speech ("turn it on", "where are you from",
+# "yes I can", "I'd like", "I know her").
+UNFINISHED_LAST_WORDS = frozenset(
+    "a an the and or but because to for of at by with into between my your our their its is are was were i".split()
+)
+
+
+def sounds_unfinished(words: str) -> bool:
+    """Whether a transcript stops on a word that leaves its sentence open ("... for two people and")."""
+    tail = re.findall(r"[a-z']+", words.lower())
+    return bool(tail) and tail[-1] in UNFINISHED_LAST_WORDS
+
+
 MODEL_FILE = "smart-turn-v3.2-cpu.onnx"
 PACKAGE = "pipecat-ai==1.14.0"
 
@@ -92,28 +144,29 @@ def scoring_pool() -> ThreadPoolExecutor:
 
 
 class SemanticTurn:
-    """Streaming turn detector over ``vad`` (whose ``silence_duration_ms`` is the pause that gets scored).
+    """Streaming turn detector over ``vad``, whose ``silence_duration_ms`` is the policy's cap.
 
     Emits the same events as ``SileroVad``: ``speech_paused`` at the start of a pause, then either
-    ``speech_resumed`` (the speaker went on) or ``speech_stopped`` (at pause + ``vad.silence_duration_ms``
-    for a turn that sounds finished, at pause + ``max_silence_ms`` at the latest otherwise).
+    ``speech_resumed`` (the speaker went on) or ``speech_stopped``: as soon as the verdict says finished, at
+    pause + ``max_silence_ms`` otherwise. An early stop ends silero's turn too, so its own stop never follows.
     """
 
     def __init__(
         self,
         vad: SileroVad,
+        policy: TurnPolicy,
         *,
-        max_silence_ms: int,
         input_rate: int = 24000,
         score: Callable[[np.ndarray], float] | None = None,
         executor: Executor | None = None,
     ) -> None:
-        if max_silence_ms < vad.silence_duration_ms:
+        if vad.silence_duration_ms != policy.max_silence_ms:
             raise ValueError(
-                f"max_silence_ms ({max_silence_ms}) must be at least the scored pause ({vad.silence_duration_ms})"
+                f"the VAD's silence_duration_ms ({vad.silence_duration_ms}) must be the policy's max_silence_ms "
+                f"({policy.max_silence_ms}): its stop is the turn's cap"
             )
         self._vad = vad
-        self.max_silence_ms = max_silence_ms
+        self.policy = policy
         self._rate = input_rate
         self._score = score if score is not None else lambda x: load_smart_turn().probability(x)
         self._executor = executor if executor is not None else scoring_pool()
@@ -131,16 +184,30 @@ class SemanticTurn:
         self._pcm_start_ms = 0.0  # stream time of self._pcm[0]
         self._turn_start_ms = 0
         self._pause_ms: int | None = None  # where the current pause began (None: speaking or idle)
-        self._scored = False  # the current pause has been sent to the model
-        self._stop_ms = 0
-        self._stop_wall = 0.0  # time.monotonic() at the stop
-        self._waiting = False  # silero ended its turn; this one is still open
+        self._new_pause()
+
+    def _new_pause(self) -> None:
         self._cancel()
+        self._scored = False  # the current pause has been sent to the model
+        self._scored_wall = 0.0  # time.monotonic() when it was
+        self._verdict_ms: float | None = None  # stream time the model's verdict was taken
+        self._words_expected = False
+        self._words: str | None = None
 
     def _cancel(self) -> None:
         if self._pending is not None:
             self._pending.cancel()
         self._pending = None
+
+    def expect_words(self) -> None:
+        """A transcript of the turn up to the current pause is under way: the verdict waits for it."""
+        if self._pause_ms is not None:
+            self._words_expected = True
+
+    def hear(self, words: str | None) -> None:
+        """The transcript of the turn up to the current pause (None: it failed; the sound alone decides)."""
+        if self._pause_ms is not None:
+            self._words, self._words_expected = words, False
 
     def feed(self, pcm16: bytes) -> list[SpeechEvent]:
         self._pcm += pcm16
@@ -152,68 +219,50 @@ class SemanticTurn:
         events: list[SpeechEvent] = []
         for event in self._vad.feed(pcm16):
             if event.kind == "speech_started":
-                if self._waiting:  # the speaker went on within the wait: the same turn
-                    self._waiting = False
-                    self._pause_ms = None
-                    self._cancel()
-                    events.append(SpeechEvent("speech_resumed", event.audio_ms))
-                else:
-                    self._turn_start_ms = event.audio_ms
-                    events.append(event)
+                self._turn_start_ms = event.audio_ms
             elif event.kind == "speech_paused":
-                self._pause_ms, self._scored = event.audio_ms, False
-                events.append(event)
-            elif event.kind == "speech_resumed":
+                self._pause_ms = event.audio_ms
+                self._new_pause()
+            else:  # resumed, or silero's stop at the cap
                 self._pause_ms = None
-                self._cancel()
-                events.append(event)
-            else:  # silero's stop: the pause has lasted the short wait; the verdict decides
-                self._waiting = True
-                self._stop_ms, self._stop_wall = event.audio_ms, time.monotonic()
-                self._submit()
-        self._submit_when_due()
-        if self._waiting:
+                self._new_pause()
+            events.append(event)
+        if self._pause_ms is not None:
             events += self._decide()
         return events
 
-    def _scored_until(self) -> int:
-        assert self._pause_ms is not None
-        return self._pause_ms + min(SCORED_SILENCE_MS, self._vad.silence_duration_ms)
-
-    def _submit_when_due(self) -> None:
-        """Score a pause once it has lasted ``SCORED_SILENCE_MS``: the verdict is ready by the short stop."""
-        if self._pause_ms is not None and self._vad.audio_ms >= self._scored_until():
-            self._submit()
-
-    def _submit(self) -> None:
-        if not self._scored and self._pause_ms is not None:
-            self._scored = True
-            audio = self._turn_audio(self._scored_until())
-            self._pending = self._executor.submit(self._score_safely, audio)
-
     def _decide(self) -> list[SpeechEvent]:
-        now_ms = self._vad.audio_ms
         assert self._pause_ms is not None
-        deadline = self._pause_ms + self.max_silence_ms
+        now_ms = self._vad.audio_ms
+        if not self._scored:
+            if now_ms < self._pause_ms + self.policy.scored_silence_ms:
+                return []
+            self._scored, self._scored_wall = True, time.monotonic()
+            audio = self._turn_audio(self._pause_ms + self.policy.scored_silence_ms)
+            self._pending = self._executor.submit(self._score_safely, audio)
         if self._pending is not None:
             if not self._pending.done():
-                # audio fed since the stop beyond the time that passed: a client ahead of real time
-                ahead_ms = now_ms - self._stop_ms - (time.monotonic() - self._stop_wall) * 1000
+                # audio fed since the scoring began beyond the time that passed: a client ahead of real time
+                ahead_ms = now_ms - self._pause_ms - self.policy.scored_silence_ms
+                ahead_ms -= (time.monotonic() - self._scored_wall) * 1000
                 if ahead_ms < MAX_LAG_MS:
-                    if now_ms < deadline:
-                        return []
-                    self._cancel()  # a real-time client waited the whole cap: the verdict comes too late
-                    return self._end(deadline)
+                    return []
             self.last_probability = self._pending.result()
             self._pending = None
-            if self.last_probability >= COMPLETE:
-                return self._end(self._stop_ms)
-        return self._end(deadline) if now_ms >= deadline else []
+            self._verdict_ms = now_ms
+        if self.last_probability is None or self._verdict_ms is None or self.last_probability < self.policy.complete:
+            return []  # sounds unfinished: silero's stop at the cap ends it, unless the speaker goes on
+        if self._words_expected and now_ms < self._verdict_ms + WORDS_WAIT_MS:
+            return []
+        if self._words is not None and sounds_unfinished(self._words):
+            return []
+        return self._end(now_ms)
 
-    def _end(self, at_ms: int) -> list[SpeechEvent]:
-        self._waiting = False
+    def _end(self, at_ms: float) -> list[SpeechEvent]:
+        self._vad.end_turn()
         self._pause_ms = None
-        return [SpeechEvent("speech_stopped", at_ms)]
+        self._new_pause()
+        return [SpeechEvent("speech_stopped", round(at_ms))]
 
     def _turn_audio(self, end_ms: int) -> np.ndarray:
         """The turn from its start to ``end_ms`` (at most the model's window), resampled to 16 kHz."""
@@ -223,7 +272,7 @@ class SemanticTurn:
         return resample(pcm16_to_float(bytes(self._pcm[lo:hi])), self._rate, MODEL_RATE)
 
     def _score_safely(self, samples: np.ndarray) -> float:
-        """A failed score ends the turn at the short pause, as plain server VAD would."""
+        """A failed score ends the turn at the scored pause, as plain server VAD would."""
         try:
             return float(self._score(samples))
         except Exception:

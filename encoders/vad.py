@@ -128,6 +128,13 @@ class SileroVad:
             self._ready.clear()
             self._generation += 1
 
+    def end_turn(self) -> None:
+        """End the turn being spoken (a detector above decided it is over): the silence after it brings no
+        stop, and the next speech starts a new turn."""
+        with self._lock:
+            self._speaking = False
+            self._silence_since_ms = None
+
     @property
     def judging(self) -> bool:
         """Whether windows fed so far still wait for the batcher's verdict."""

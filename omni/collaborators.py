@@ -123,6 +123,14 @@ class SpeechDetector(Protocol):
     def listen(self, notify: Callable[[], None]) -> None: ...
 
 
+class TurnDetector(SpeechDetector, Protocol):
+    """``encoders.turn.SemanticTurn``: a speech detector that also weighs the turn's words."""
+
+    def expect_words(self) -> None: ...
+
+    def hear(self, words: str | None) -> None: ...
+
+
 class VadModel(Protocol):
     """The loaded silero-vad model (``encoders.vad.load_session``), shared by every session's detector."""
 

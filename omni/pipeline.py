@@ -28,6 +28,7 @@ from omni_gateway.omni.collaborators import (
     SpeechDetector,
     SpeechHead,
     Transcript,
+    TurnDetector,
     VadModel,
 )
 from omni_gateway.omni.config import OmniConfig
@@ -227,7 +228,7 @@ class OmniPipeline:
             raise UnsupportedInput("voice activity detection is disabled on this server")
         from omni_gateway.encoders.vad import SileroVad, VadBatcher
 
-        if settings.max_silence_ms is None:
+        if settings.eagerness is None:
             # server_vad: every session's windows judged together, off the event loop
             if self._vad_batcher is None:
                 self._vad_batcher = VadBatcher(self._vad_session)
@@ -238,14 +239,24 @@ class OmniPipeline:
                 batcher=self._vad_batcher,
             )
             return _SileroDetector(batched)
-        # semantic_vad reads the detector's clock as it feeds it, so its silero judges inline
+        from omni_gateway.encoders.turn import (
+            EAGERNESS,
+            PACKAGE,
+            SemanticTurn,
+            default_model_path,
+            load_smart_turn,
+            scoring_pool,
+        )
+
+        policy = EAGERNESS[settings.eagerness]
+        # semantic_vad reads the detector's clock as it feeds it, so its silero judges inline; silero's own stop
+        # is the cap of a turn that sounds unfinished
         vad = SileroVad(
             threshold=settings.threshold,
             prefix_padding_ms=settings.prefix_padding_ms,
-            silence_duration_ms=settings.silence_duration_ms,
+            silence_duration_ms=policy.max_silence_ms,
             session=self._vad_session,
         )
-        from omni_gateway.encoders.turn import PACKAGE, SemanticTurn, default_model_path, load_smart_turn, scoring_pool
 
         try:
             default_model_path()
@@ -256,7 +267,7 @@ class OmniPipeline:
                 f"(pip install --no-deps {PACKAGE}); use server_vad"
             ) from None
         scoring_pool().submit(load_smart_turn)  # loaded by the first pause, off the event loop
-        return _SileroDetector(SemanticTurn(vad, max_silence_ms=settings.max_silence_ms))
+        return _SemanticDetector(SemanticTurn(vad, policy))
 
     def count_tokens(self, messages: tuple[Message, ...]) -> int:
         """Prompt tokens of a conversation. Audio not yet transcribed counts by its duration, at a rate
@@ -379,6 +390,26 @@ class _SileroDetector:
 
     def listen(self, notify: Callable[[], None]) -> None:
         self._detector.listen(notify)
+
+    def expect_words(self) -> None:
+        """Server VAD judges sound alone."""
+
+    def hear(self, words: str | None) -> None:
+        """Server VAD judges sound alone."""
+
+
+class _SemanticDetector(_SileroDetector):
+    """Semantic turn detection: the session's transcripts reach the detector."""
+
+    def __init__(self, detector: TurnDetector) -> None:
+        super().__init__(detector)
+        self._turns = detector
+
+    def expect_words(self) -> None:
+        self._turns.expect_words()
+
+    def hear(self, words: str | None) -> None:
+        self._turns.hear(words)
 
 
 def _has_media(request: OmniRequest) -> bool:

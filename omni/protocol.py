@@ -264,14 +264,15 @@ class VadEvent:
 
 @dataclass(frozen=True, slots=True)
 class VadSettings:
-    """``max_silence_ms`` set asks for semantic turn detection: a pause of ``silence_duration_ms`` ends a
-    turn that an end-of-turn model judges finished, one that sounds unfinished ends after ``max_silence_ms``
-    of silence at the latest. Unset, every pause of ``silence_duration_ms`` ends the turn."""
+    """``eagerness`` set asks for semantic turn detection: a pause ends a turn as soon as an end-of-turn model
+    and the turn's words say it is finished, and a turn that sounds unfinished waits for more, up to the
+    eagerness's cap (8 / 4 / 2 s for low / medium and auto / high). Unset, every pause of
+    ``silence_duration_ms`` ends the turn."""
 
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
-    max_silence_ms: int | None = None
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
 
 
 class VoiceActivityDetector(Protocol):
@@ -280,6 +281,10 @@ class VoiceActivityDetector(Protocol):
     ``feed`` returns the events judged so far that it has not returned before. A detector that judges off
     the caller's thread (batched across sessions) returns them later: it calls the ``listen`` callback,
     from any thread, when events are ready, and ``feed(b"")`` then returns them.
+
+    A detector that weighs the turn's words (semantic turn detection) learns them from its session:
+    ``expect_words`` when a transcript of the turn up to the current pause is under way, ``hear`` once it is
+    in (None if it failed). Detectors that judge sound alone ignore both.
     """
 
     def feed(self, pcm16: bytes) -> list[VadEvent]: ...
@@ -287,6 +292,10 @@ class VoiceActivityDetector(Protocol):
     def reset(self) -> None: ...
 
     def listen(self, notify: Callable[[], None]) -> None: ...
+
+    def expect_words(self) -> None: ...
+
+    def hear(self, words: str | None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

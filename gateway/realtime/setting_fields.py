@@ -14,10 +14,10 @@ from omni_gateway.gateway.realtime.errors import invalid_type, invalid_value
 from omni_gateway.gateway.realtime.schema import MAX_OUTPUT_TOKENS_CAP
 from omni_gateway.omni.protocol import VadSettings
 
-# semantic_vad: a pause this long ends a turn that the end-of-turn model hears as finished; eagerness caps how
-# long a turn that sounds unfinished waits for more (OpenAI documents at most 8 s / 4 s / 2 s; auto is medium).
-SEMANTIC_PAUSE_MS = 300
-EAGERNESS_MAX_SILENCE_MS = {"low": 8000, "medium": 4000, "auto": 4000, "high": 2000}
+# semantic_vad's eagerness: how soon a pause that sounds finished ends the turn, and how long one that sounds
+# unfinished waits for more (OpenAI documents at most 8 s / 4 s / 2 s; auto is medium). The encoders tune each.
+EAGERNESS = ("low", "medium", "high", "auto")
+Eagerness = Literal["low", "medium", "high", "auto"]
 MAX_TURN_MS = 10_000  # prefix_padding_ms and silence_duration_ms: beyond it a turn would never end in practice
 TEMPERATURE = (0.6, 1.2)  # beta temperature, inclusive
 IDLE_TIMEOUT_MS = (5000, 30000)  # server_vad idle_timeout_ms, inclusive
@@ -35,16 +35,11 @@ class TurnDetection:
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: int | None = None
-    eagerness: str = "auto"
+    eagerness: Eagerness = "auto"
 
     def vad_settings(self) -> VadSettings:
         if self.type == "semantic_vad":
-            return VadSettings(
-                threshold=0.5,
-                prefix_padding_ms=300,
-                silence_duration_ms=SEMANTIC_PAUSE_MS,
-                max_silence_ms=EAGERNESS_MAX_SILENCE_MS[self.eagerness],
-            )
+            return VadSettings(threshold=0.5, prefix_padding_ms=300, eagerness=self.eagerness)
         return VadSettings(self.threshold, self.prefix_padding_ms, self.silence_duration_ms)
 
     def render(self) -> dict[str, Any]:
@@ -185,7 +180,7 @@ def parse_turn_detection(value: Any, param: str, current: TurnDetection | None) 
     if "idle_timeout_ms" in value:
         changes["idle_timeout_ms"] = parse_idle_timeout(value["idle_timeout_ms"], f"{param}.idle_timeout_ms")
     if "eagerness" in value:
-        if not isinstance(value["eagerness"], str) or value["eagerness"] not in EAGERNESS_MAX_SILENCE_MS:
+        if not isinstance(value["eagerness"], str) or value["eagerness"] not in EAGERNESS:
             raise invalid_value(f"{param}.eagerness", "'low', 'medium', 'high' or 'auto'", value["eagerness"])
         changes["eagerness"] = value["eagerness"]
     return replace(base, **changes)

@@ -7,11 +7,20 @@ import numpy as np
 import pytest
 from omni_gateway.encoders import turn
 from omni_gateway.encoders.audio import float_to_pcm16, resample
-from omni_gateway.encoders.turn import MODEL_RATE, SemanticTurn, default_model_path, load_smart_turn
+from omni_gateway.encoders.turn import (
+    EAGERNESS,
+    MODEL_RATE,
+    WORDS_WAIT_MS,
+    SemanticTurn,
+    TurnPolicy,
+    default_model_path,
+    load_smart_turn,
+    sounds_unfinished,
+)
 from omni_gateway.encoders.vad import SileroVad, SpeechEvent
 
 RATE = 24000
-PAUSE_MS = 300
+SCORED_MS = 100
 
 
 class Inline:
@@ -36,15 +45,21 @@ def run(detector: SemanticTurn, x: np.ndarray, chunk_ms: int = 40) -> list[Speec
     return events
 
 
-def detector(score, max_silence_ms: int = 4000) -> SemanticTurn:  # type: ignore[no-untyped-def]
-    vad = SileroVad(silence_duration_ms=PAUSE_MS)
-    return SemanticTurn(vad, max_silence_ms=max_silence_ms, score=score, executor=Inline())  # type: ignore[arg-type]
+def detector(score, max_silence_ms: int = 4000, executor=None) -> SemanticTurn:  # type: ignore[no-untyped-def]
+    vad = SileroVad(silence_duration_ms=max_silence_ms)
+    policy = TurnPolicy(scored_silence_ms=SCORED_MS, complete=0.5, max_silence_ms=max_silence_ms)
+    return SemanticTurn(vad, policy, score=score, executor=executor or Inline())  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
 def sentence(speak) -> np.ndarray:
     audio, rate = speak("Please turn on the kitchen lights.")
     return resample(audio, rate, RATE) * 0.6
+
+
+def voiced(x: np.ndarray) -> np.ndarray:
+    """``x`` up to its last loud sample: the pause starts with whatever is fed next."""
+    return x[: np.nonzero(np.abs(x) > 0.02)[0][-1] + 1]
 
 
 def stop_after_speech_ms(events: list[SpeechEvent], x: np.ndarray) -> float:
@@ -54,11 +69,82 @@ def stop_after_speech_ms(events: list[SpeechEvent], x: np.ndarray) -> float:
     return stops[0] - loud[-1] * 1000 / RATE
 
 
-def test_a_finished_turn_ends_at_the_short_pause(sentence: np.ndarray) -> None:
+def test_a_finished_turn_ends_as_soon_as_the_verdict_is_in(sentence: np.ndarray) -> None:
     x = np.concatenate([silence(500), sentence, silence(5000)])
     events = run(detector(lambda samples: 0.9), x)
     assert [e.kind for e in events][0] == "speech_started" and events[-1].kind == "speech_stopped"
-    assert stop_after_speech_ms(events, x) < PAUSE_MS + 300
+    paused = [e for e in events if e.kind == "speech_paused"]
+    # the scored silence, then the 40 ms chunk that carried the verdict: no further fixed wait
+    assert SCORED_MS <= events[-1].audio_ms - paused[-1].audio_ms <= SCORED_MS + 40
+    assert stop_after_speech_ms(events, x) < SCORED_MS + 200
+    assert [e.kind for e in events].count("speech_stopped") == 1  # silero's own stop at the cap never follows
+
+
+def pause_with_words(d: SemanticTurn, sentence: np.ndarray, words: str | None, words_after_ms: int | None) -> int:
+    """Feeds ``sentence`` and then silence; at the pause's start the session would start transcribing
+    (``expect_words``), and the words come ``words_after_ms`` later (never, if None). Returns how long after
+    the pause's start the turn ended."""
+    pcm, step = float_to_pcm16(np.concatenate([silence(500), voiced(sentence), silence(5000)])), RATE * 2 * 40 // 1000
+    paused_at: int | None = None
+    fed_since_pause = 0
+    for at in range(0, len(pcm), step):
+        for event in d.feed(pcm[at : at + step]):
+            if event.kind == "speech_paused":
+                paused_at, fed_since_pause = event.audio_ms, 0
+                d.expect_words()
+            elif event.kind == "speech_stopped":
+                assert paused_at is not None
+                return event.audio_ms - paused_at
+        if paused_at is not None:
+            fed_since_pause += 40
+            if words_after_ms is not None and fed_since_pause == words_after_ms:
+                d.hear(words)
+    raise AssertionError("the turn never ended")
+
+
+def test_words_that_leave_the_sentence_open_hold_a_turn_that_sounds_finished(sentence: np.ndarray) -> None:
+    d = detector(lambda samples: 0.9, max_silence_ms=2000)
+    assert 2000 <= pause_with_words(d, sentence, "I would like to book a table for two people and", 80) < 2000 + 32
+
+
+def test_a_finished_turn_waits_for_the_words_it_expects_then_ends(sentence: np.ndarray) -> None:
+    waited = pause_with_words(detector(lambda samples: 0.9), sentence, "Please turn on the kitchen lights.", 320)
+    assert 320 <= waited <= 400, waited
+
+
+def test_words_that_come_before_the_verdict_cost_no_wait(sentence: np.ndarray) -> None:
+    waited = pause_with_words(detector(lambda samples: 0.9), sentence, "Please turn on the kitchen lights.", 40)
+    assert SCORED_MS <= waited <= SCORED_MS + 40, waited
+
+
+def test_words_that_never_come_leave_the_sound_to_decide(sentence: np.ndarray) -> None:
+    waited = pause_with_words(detector(lambda samples: 0.9), sentence, None, None)
+    assert SCORED_MS + WORDS_WAIT_MS <= waited <= SCORED_MS + WORDS_WAIT_MS + 80, waited
+
+
+@pytest.mark.parametrize(
+    ("words", "unfinished"),
+    [
+        ("I would like to book a table for two people and", True),
+        ("Tell me a story about a...", True),
+        ("My name is John and I", True),
+        ("So what I really want to know is", True),
+        ("What is the capital of France?", False),
+        ("Turn the lights on.", False),
+        ("Where are you from?", False),
+        ("", False),
+    ],
+)
+def test_sounds_unfinished_reads_the_last_word(words: str, unfinished: bool) -> None:
+    assert sounds_unfinished(words) is unfinished
+
+
+def test_eagerness_orders_the_waits() -> None:
+    low, medium, high = EAGERNESS["low"], EAGERNESS["medium"], EAGERNESS["high"]
+    assert EAGERNESS["auto"] == medium
+    assert (low.max_silence_ms, medium.max_silence_ms, high.max_silence_ms) == (8000, 4000, 2000)
+    assert low.scored_silence_ms >= medium.scored_silence_ms >= high.scored_silence_ms
+    assert low.complete >= medium.complete >= high.complete
 
 
 @pytest.mark.parametrize("cap_ms", [2000, 4000])
@@ -67,7 +153,7 @@ def test_an_unfinished_turn_waits_for_the_eagerness_cap(sentence: np.ndarray, ca
     events = run(detector(lambda samples: 0.1, max_silence_ms=cap_ms), x)
     assert cap_ms - 300 < stop_after_speech_ms(events, x) < cap_ms + 300
     paused = [e for e in events if e.kind == "speech_paused"]
-    assert events[-1].audio_ms - paused[-1].audio_ms == cap_ms
+    assert cap_ms <= events[-1].audio_ms - paused[-1].audio_ms < cap_ms + 32
 
 
 def test_speech_within_the_wait_resumes_the_same_turn(sentence: np.ndarray) -> None:
@@ -92,8 +178,8 @@ def test_the_scored_audio_is_the_turn_at_16_khz(sentence: np.ndarray) -> None:
     run(detector(lambda samples: seen.append(samples) or 1.0), x)
     assert len(seen) == 1
     duration_s = len(seen[0]) / MODEL_RATE
-    # the prefix padding and the 200 ms of the pause the model hears
-    assert len(sentence) / RATE + 0.2 < duration_s < len(sentence) / RATE + 0.2 + 0.5
+    # the prefix padding and the pause the model hears
+    assert len(sentence) / RATE + SCORED_MS / 1000 < duration_s < len(sentence) / RATE + SCORED_MS / 1000 + 0.5
 
 
 def test_a_failing_model_ends_the_turn_at_the_pause(sentence: np.ndarray) -> None:
@@ -101,12 +187,14 @@ def test_a_failing_model_ends_the_turn_at_the_pause(sentence: np.ndarray) -> Non
         raise RuntimeError("no model")
 
     x = np.concatenate([silence(500), sentence, silence(3000)])
-    assert stop_after_speech_ms(run(detector(broken), x), x) < PAUSE_MS + 300
+    assert stop_after_speech_ms(run(detector(broken), x), x) < SCORED_MS + 200
 
 
-def test_cap_below_the_pause_is_refused() -> None:
+def test_a_vad_whose_stop_is_not_the_cap_is_refused() -> None:
     with pytest.raises(ValueError, match="max_silence_ms"):
-        SemanticTurn(SileroVad(silence_duration_ms=500), max_silence_ms=400)
+        SemanticTurn(SileroVad(silence_duration_ms=500), EAGERNESS["auto"])
+    with pytest.raises(ValueError, match="scored_silence_ms"):
+        TurnPolicy(scored_silence_ms=500, complete=0.5, max_silence_ms=400)
 
 
 def test_missing_package_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,8 +223,8 @@ def test_an_unfinished_sentence_waits_longer_than_a_finished_one(speak) -> None:
         audio, rate = speak(text)
         speech = resample(audio, rate, RATE) * 0.6
         x = np.concatenate([silence(500), speech, silence(5000)])
-        vad = SileroVad(silence_duration_ms=PAUSE_MS)
-        events = run(SemanticTurn(vad, max_silence_ms=4000, executor=Inline()), x)  # type: ignore[arg-type]
+        vad = SileroVad(silence_duration_ms=4000)
+        events = run(SemanticTurn(vad, EAGERNESS["auto"], executor=Inline()), x)  # type: ignore[arg-type]
         return stop_after_speech_ms(events, x)
 
     finished = stop_delay("I would like to book a table for two people tonight.")
@@ -166,8 +254,8 @@ def test_a_real_time_client_never_waits_for_a_late_verdict(
         return events
 
     monkeypatch.setattr(turn, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
-    d = SemanticTurn(SileroVad(silence_duration_ms=PAUSE_MS), max_silence_ms=2000, executor=Never())  # type: ignore[arg-type]
+    d = detector(lambda samples: 1.0, max_silence_ms=2000, executor=Never())
     x = np.concatenate([silence(500), sentence, silence(3000)])
     events = real_time_feed(d, x)
     paused = [e for e in events if e.kind == "speech_paused"]
-    assert events[-1].kind == "speech_stopped" and events[-1].audio_ms - paused[-1].audio_ms == 2000
+    assert events[-1].kind == "speech_stopped" and 2000 <= events[-1].audio_ms - paused[-1].audio_ms < 2000 + 32

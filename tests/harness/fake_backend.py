@@ -75,6 +75,7 @@ class AmplitudeVad:
 
     def __init__(self, settings: VadSettings) -> None:
         self.settings = settings
+        self.words: list[str | None] = []
         self.reset()
 
     def reset(self) -> None:
@@ -85,6 +86,13 @@ class AmplitudeVad:
 
     def listen(self, notify: Callable[[], None]) -> None:
         """Every event comes from ``feed``: nothing to announce later."""
+
+    def expect_words(self) -> None:
+        self.words.append("<expected>")
+
+    def hear(self, words: str | None) -> None:
+        """Judges by amplitude alone, but keeps what it was told (``words``), for tests of the session."""
+        self.words.append(words)
 
     def feed(self, pcm16: bytes) -> list[VadEvent]:
         data = self._rest + pcm16

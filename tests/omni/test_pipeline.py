@@ -399,8 +399,9 @@ def test_semantic_settings_get_the_end_of_turn_detector(monkeypatch: pytest.Monk
         turn, "scoring_pool", lambda: type("Pool", (), {"submit": lambda self, fn: warmed.append(fn)})()
     )
     pipeline = _vad_pipeline()
-    semantic = pipeline.new_vad(VadSettings(silence_duration_ms=300, max_silence_ms=2000))
-    assert isinstance(semantic._detector, SemanticTurn) and semantic._detector.max_silence_ms == 2000  # type: ignore[attr-defined]
+    semantic = pipeline.new_vad(VadSettings(eagerness="high"))
+    assert isinstance(semantic._detector, SemanticTurn)  # type: ignore[attr-defined]
+    assert semantic._detector.policy == turn.EAGERNESS["high"]  # type: ignore[attr-defined]
     assert warmed == [turn.load_smart_turn]  # the model loads off the event loop before the first pause
     plain = pipeline.new_vad(VadSettings())
     assert not isinstance(plain._detector, SemanticTurn)  # type: ignore[attr-defined]
@@ -413,5 +414,5 @@ def test_semantic_vad_without_pipecat_names_the_package(monkeypatch: pytest.Monk
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pipecat" else real(name, *a))
     pipeline = _vad_pipeline()
     with pytest.raises(UnsupportedInput, match="pip install --no-deps pipecat-ai"):
-        pipeline.new_vad(VadSettings(max_silence_ms=4000))
+        pipeline.new_vad(VadSettings(eagerness="auto"))
     pipeline.new_vad(VadSettings())  # server VAD needs no end-of-turn model
