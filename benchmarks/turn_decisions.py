@@ -98,27 +98,30 @@ class Variant:
 
 class StreamClockExecutor:
     """Scores at once but hands the verdict over only once the stream has advanced by the scoring's measured
-    wall time, as a live server's pool would."""
+    wall time, as a live server's pool would; ``clock`` is the detector's clock, the stream's time."""
 
     def __init__(self) -> None:
         self.now_ms = 0.0
-        self.waiting: list[tuple[float, Future[float], float]] = []
+        self.waiting: list[tuple[float, Future[tuple[float, float]], float]] = []
         self.score_ms: list[float] = []
 
-    def submit(self, fn: Any, *args: Any) -> Future[float]:
+    def clock(self) -> float:
+        return self.now_ms / 1000
+
+    def submit(self, fn: Any, *args: Any) -> Future[tuple[float, float]]:
         started = time.perf_counter()
-        value = fn(*args)
+        probability, _ = fn(*args)
         spent = (time.perf_counter() - started) * 1000
         self.score_ms.append(spent)
-        future: Future[float] = Future()
-        self.waiting.append((self.now_ms + spent, future, value))
+        future: Future[tuple[float, float]] = Future()
+        self.waiting.append((self.now_ms + spent, future, probability))
         return future
 
     def advance(self, now_ms: float) -> None:
         self.now_ms = now_ms
-        for _, future, value in [w for w in self.waiting if w[0] <= now_ms]:
+        for due, future, probability in [w for w in self.waiting if w[0] <= now_ms]:
             if not future.cancelled():
-                future.set_result(value)
+                future.set_result((probability, due / 1000))
         self.waiting = [w for w in self.waiting if w[0] > now_ms]
 
 
@@ -148,19 +151,21 @@ def decide(variant: Variant, speech: np.ndarray, recognizer: Any) -> dict[str, A
 
     policy = EAGERNESS[variant.eagerness]
     if variant.scored_ms is not None:
-        policy = replace(policy, scored_silence_ms=variant.scored_ms)
+        policy = replace(policy, scored_silence_ms=variant.scored_ms, rescored_silence_ms=variant.scored_ms)
     x = np.concatenate(
         [np.zeros(RATE // 2, np.float32), speech, np.zeros(RATE * (policy.max_silence_ms + 1500) // 1000, np.float32)]
     )
     end_ms = np.nonzero(np.abs(x) > VOICED)[0][-1] * 1000 / RATE
     pool = StreamClockExecutor()
-    detector = SemanticTurn(SileroVad(silence_duration_ms=policy.max_silence_ms), policy, executor=pool)  # type: ignore[arg-type]
+    vad = SileroVad(silence_duration_ms=policy.max_silence_ms)
+    detector = SemanticTurn(vad, policy, executor=pool, clock=pool.clock)  # type: ignore[arg-type]
     pcm = float_to_pcm16(x)
     step = RATE * 2 * CHUNK_MS // 1000
     words_due: tuple[float, str] | None = None
     asr_ms = paused_ms = None
+    heard = None
     for at in range(0, len(pcm), step):
-        now_ms = (at + step) * 1000 / (2 * RATE)
+        now_ms = (at + step) * 1000 / (2 * RATE)  # the chunk is fed once all of it has been spoken
         pool.advance(now_ms)
         if words_due is not None and now_ms >= words_due[0]:
             detector.hear(words_due[1])
@@ -185,6 +190,7 @@ def decide(variant: Variant, speech: np.ndarray, recognizer: Any) -> dict[str, A
                     "probability": detector.last_probability,
                     "score_ms": round(statistics.median(pool.score_ms), 1) if pool.score_ms else None,
                     "asr_ms": round(asr_ms, 1) if asr_ms is not None else None,
+                    "heard": heard,
                 }
     raise RuntimeError("the turn never ended")
 
@@ -226,11 +232,9 @@ def main() -> None:
         base = summaries[0]["finished_p50_ms"]
         print(f"{'variant':36} {'finished p50/p90/max ms':>24} {'early':>7} {'false early':>12} {'p50 vs before':>14}")
         for s in summaries:
-            print(
-                f"{s['variant']:36} {s['finished_p50_ms']:>8.0f} {s['finished_p90_ms']:>6.0f} {s['finished_max_ms']:>7.0f}"
-                f" {s['finished_early']:>4}/{s['finished']:<2} {s['false_early_commits']:>8}/{s['unfinished']:<3}"
-                f" {base / s['finished_p50_ms']:>13.2f}x"
-            )
+            delays = f"{s['finished_p50_ms']:>8.0f} {s['finished_p90_ms']:>6.0f} {s['finished_max_ms']:>7.0f}"
+            counts = f"{s['finished_early']:>4}/{s['finished']:<2} {s['false_early_commits']:>8}/{s['unfinished']:<3}"
+            print(f"{s['variant']:36} {delays} {counts} {base / s['finished_p50_ms']:>13.2f}x")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import functools
 import importlib.util
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -47,30 +48,39 @@ WORDS_WAIT_MS = 400  # how long past the model's verdict a turn waits for the tr
 @dataclass(frozen=True, slots=True)
 class TurnPolicy:
     """When a pause ends a turn: once it has lasted ``scored_silence_ms``, if the model's probability of a
-    finished turn reaches ``complete`` (and the words agree); after ``max_silence_ms`` of silence at the latest."""
+    finished turn reaches ``complete`` (and the words agree); if it does not, the model hears the turn once more
+    at ``rescored_silence_ms`` (a question's last syllable can sound open until a longer silence follows it);
+    after ``max_silence_ms`` of silence at the latest."""
 
     scored_silence_ms: int
+    rescored_silence_ms: int
     complete: float
     max_silence_ms: int
 
     def __post_init__(self) -> None:
-        if not 0 < self.scored_silence_ms <= self.max_silence_ms:
+        if not 0 < self.scored_silence_ms <= self.rescored_silence_ms <= self.max_silence_ms:
             raise ValueError(
-                f"scored_silence_ms must lie in (0, max_silence_ms]; got {self.scored_silence_ms} and "
-                f"{self.max_silence_ms}"
+                "expected 0 < scored_silence_ms <= rescored_silence_ms <= max_silence_ms; got "
+                f"{self.scored_silence_ms}, {self.rescored_silence_ms} and {self.max_silence_ms}"
             )
         if not 0.0 < self.complete < 1.0:
             raise ValueError(f"complete must lie in (0, 1); got {self.complete}")
 
+    @property
+    def score_points_ms(self) -> tuple[int, ...]:
+        """How long into a pause the model hears the turn, while it keeps sounding unfinished."""
+        return tuple(sorted({self.scored_silence_ms, self.rescored_silence_ms}))
+
 
 # OpenAI's eagerness: high answers soonest, low lets the user take their time; the caps are OpenAI's (8 / 4 / 2 s),
-# auto is medium. On the Piper voice's finished questions, 100 ms of silence scored as reliably as 200 or 300
-# (18, 19 and 19 of 20 heard as finished) for 100 to 200 ms less wait (``benchmarks.turn_decisions``).
+# auto is medium. On the Piper voice, 100 ms of silence scored most finished questions as finished (17 of 20)
+# and a second hearing at 300 ms takes two of the other three, 200 to 300 ms sooner than a first hearing there
+# would take them all (``benchmarks.turn_decisions``).
 EAGERNESS: dict[str, TurnPolicy] = {
-    "low": TurnPolicy(scored_silence_ms=300, complete=0.7, max_silence_ms=8000),
-    "medium": TurnPolicy(scored_silence_ms=100, complete=0.5, max_silence_ms=4000),
-    "auto": TurnPolicy(scored_silence_ms=100, complete=0.5, max_silence_ms=4000),
-    "high": TurnPolicy(scored_silence_ms=50, complete=0.5, max_silence_ms=2000),
+    "low": TurnPolicy(scored_silence_ms=300, rescored_silence_ms=800, complete=0.7, max_silence_ms=8000),
+    "medium": TurnPolicy(scored_silence_ms=100, rescored_silence_ms=300, complete=0.5, max_silence_ms=4000),
+    "auto": TurnPolicy(scored_silence_ms=100, rescored_silence_ms=300, complete=0.5, max_silence_ms=4000),
+    "high": TurnPolicy(scored_silence_ms=50, rescored_silence_ms=200, complete=0.5, max_silence_ms=2000),
 }
 
 # Words an English sentence rarely ends with: articles, conjunctions, most prepositions, possessives, the copula
@@ -132,9 +142,19 @@ class SmartTurn:
         return float(logits[0, 0])  # the exported graph ends in a sigmoid
 
 
+_LOADING = threading.Lock()
+
+
 @functools.lru_cache(maxsize=2)
-def load_smart_turn(path: str | None = None) -> SmartTurn:
+def _load(path: str | None) -> SmartTurn:
     return SmartTurn(Path(path) if path else None)
+
+
+def load_smart_turn(path: str | None = None) -> SmartTurn:
+    """The loaded model, once per process: the first pause's scoring and the warm-up may ask at the same time
+    (two threads importing transformers' lazy modules at once fail)."""
+    with _LOADING:
+        return _load(path)
 
 
 @functools.lru_cache(maxsize=1)
@@ -159,6 +179,7 @@ class SemanticTurn:
         input_rate: int = 24000,
         score: Callable[[np.ndarray], float] | None = None,
         executor: Executor | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if vad.silence_duration_ms != policy.max_silence_ms:
             raise ValueError(
@@ -170,9 +191,10 @@ class SemanticTurn:
         self._rate = input_rate
         self._score = score if score is not None else lambda x: load_smart_turn().probability(x)
         self._executor = executor if executor is not None else scoring_pool()
+        self._clock = clock  # seconds, monotonic: the pace audio would come at from a live speaker
         self._keep_bytes = (WINDOW_S + 2) * input_rate * 2
         self.last_probability: float | None = None
-        self._pending: Future[float] | None = None
+        self._pending: Future[tuple[float, float]] | None = None
         self.reset()
 
     def listen(self, notify: Callable[[], None]) -> None:
@@ -188,11 +210,13 @@ class SemanticTurn:
 
     def _new_pause(self) -> None:
         self._cancel()
-        self._scored = False  # the current pause has been sent to the model
-        self._scored_wall = 0.0  # time.monotonic() when it was
-        self._verdict_ms: float | None = None  # stream time the model's verdict was taken
+        self._scores = 0  # how often the current pause has been sent to the model
+        self._scored_ms = 0.0  # the stream time it was scored at
+        self._scored_wall = 0.0  # self._clock() when it was
+        self._verdict_ms: float | None = None  # stream time the verdict would have landed at real-time pace
         self._words_expected = False
         self._words: str | None = None
+        self._words_ms = 0.0  # stream time they came at
 
     def _cancel(self) -> None:
         if self._pending is not None:
@@ -208,6 +232,13 @@ class SemanticTurn:
         """The transcript of the turn up to the current pause (None: it failed; the sound alone decides)."""
         if self._pause_ms is not None:
             self._words, self._words_expected = words, False
+            self._words_ms = self._real_time_ms(self._clock())
+
+    def _real_time_ms(self, wall: float) -> float:
+        """The stream time at ``wall`` had the audio come at real-time pace since the scoring; at most the stream's
+        end. A client ahead of real time (a file, a test) so gets the decisions a live speaker would."""
+        now_ms = self._vad.audio_ms
+        return min(now_ms, self._scored_ms + (wall - self._scored_wall) * 1000) if self._scores else now_ms
 
     def feed(self, pcm16: bytes) -> list[SpeechEvent]:
         self._pcm += pcm16
@@ -234,29 +265,29 @@ class SemanticTurn:
     def _decide(self) -> list[SpeechEvent]:
         assert self._pause_ms is not None
         now_ms = self._vad.audio_ms
-        if not self._scored:
-            if now_ms < self._pause_ms + self.policy.scored_silence_ms:
-                return []
-            self._scored, self._scored_wall = True, time.monotonic()
-            audio = self._turn_audio(self._pause_ms + self.policy.scored_silence_ms)
-            self._pending = self._executor.submit(self._score_safely, audio)
+        points = self.policy.score_points_ms
+        unfinished = self._verdict_ms is not None and (self.last_probability or 0.0) < self.policy.complete
+        if self._pending is None and self._scores < len(points) and (self._scores == 0 or unfinished):
+            at_ms = self._pause_ms + points[self._scores]
+            if now_ms >= at_ms:
+                self._scores += 1
+                self._scored_ms, self._scored_wall = at_ms, self._clock()
+                self._pending = self._executor.submit(self._score_safely, self._turn_audio(at_ms))
         if self._pending is not None:
-            if not self._pending.done():
-                # audio fed since the scoring began beyond the time that passed: a client ahead of real time
-                ahead_ms = now_ms - self._pause_ms - self.policy.scored_silence_ms
-                ahead_ms -= (time.monotonic() - self._scored_wall) * 1000
-                if ahead_ms < MAX_LAG_MS:
-                    return []
-            self.last_probability = self._pending.result()
+            if not self._pending.done() and now_ms - self._real_time_ms(self._clock()) < MAX_LAG_MS:
+                return []
+            self.last_probability, done_wall = self._pending.result()
             self._pending = None
-            self._verdict_ms = now_ms
+            self._verdict_ms = max(self._scored_ms, self._real_time_ms(done_wall))
         if self.last_probability is None or self._verdict_ms is None or self.last_probability < self.policy.complete:
             return []  # sounds unfinished: silero's stop at the cap ends it, unless the speaker goes on
-        if self._words_expected and now_ms < self._verdict_ms + WORDS_WAIT_MS:
-            return []
+        if self._words_expected:
+            if now_ms < self._verdict_ms + WORDS_WAIT_MS:
+                return []
+            return self._end(self._verdict_ms + WORDS_WAIT_MS)  # the words are late: the sound decides
         if self._words is not None and sounds_unfinished(self._words):
             return []
-        return self._end(now_ms)
+        return self._end(max(self._verdict_ms, self._words_ms if self._words is not None else 0.0))
 
     def _end(self, at_ms: float) -> list[SpeechEvent]:
         self._vad.end_turn()
@@ -271,10 +302,12 @@ class SemanticTurn:
         hi = max(lo, int((end_ms - self._pcm_start_ms) * self._rate / 1000) * 2)
         return resample(pcm16_to_float(bytes(self._pcm[lo:hi])), self._rate, MODEL_RATE)
 
-    def _score_safely(self, samples: np.ndarray) -> float:
-        """A failed score ends the turn at the scored pause, as plain server VAD would."""
+    def _score_safely(self, samples: np.ndarray) -> tuple[float, float]:
+        """The probability and when it was known; a failed score ends the turn at the scored pause, as plain
+        server VAD would."""
         try:
-            return float(self._score(samples))
+            probability = float(self._score(samples))
         except Exception:
             log.exception("end-of-turn scoring failed; ending the turn at the pause")
-            return 1.0
+            probability = 1.0
+        return probability, self._clock()

@@ -82,6 +82,16 @@ class InputAudioBuffer:
         self._prefix_ms = prefix_padding_ms
         self._speech_start = self._pause_at = None
 
+    def expect_words(self) -> None:
+        """A transcript of the turn up to the pause under way is coming: a detector that weighs words waits."""
+        if self._vad is not None and self._pause_at is not None:
+            self._vad.expect_words()
+
+    def hear(self, words: str | None) -> None:
+        """The transcript of the turn up to the pause under way (None: it failed), for the detector."""
+        if self._vad is not None and self._pause_at is not None:
+            self._vad.hear(words)
+
     def append(self, pcm16: bytes) -> list[Signal]:
         self._pcm += pcm16
         if self._vad is None:

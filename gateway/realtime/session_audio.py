@@ -126,6 +126,13 @@ class InputTurns:
             return  # no transcript to get ahead of: the model hears the turn itself
         job = self._transcribe_job(self._pending_turn_id, signal.pcm16)
         self._core.issue(*self._core.speculation.begin(signal.pause_at, job))
+        self._core.audio.expect_words()
+
+    def heard(self, words: str | None) -> None:
+        """The pause's speculative transcript is in (None: it failed). semantic_vad weighs the words, and may
+        end the turn on them now rather than with the next audio."""
+        self._core.audio.hear(words)
+        self.vad_events()
 
     def _speech_started(self, signal: SpeechStarted) -> None:
         self._core.drop_speculation()

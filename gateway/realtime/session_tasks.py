@@ -77,8 +77,10 @@ class TaskOutcomes:
         job = self._core.speculation.hold(item_id, result)
         if job is None:
             self.apply_transcript(item_id, result)
-        elif result.text.strip() and self._turns.answers_turns() and not self._responses.client_stalled:
+            return
+        if result.text.strip() and self._turns.answers_turns() and not self._responses.client_stalled:
             self._prepare_reply(job, result)
+        self._turns.heard(result.text)
 
     def partial_transcription(self, task_id: str, result: Transcription | None) -> None:
         """A partial transcription of the turn being spoken finished (None: it did not run, or failed)."""
@@ -147,6 +149,8 @@ class TaskOutcomes:
         retry = self._core.speculation.failed(item_id)
         if retry is not None:  # a speculation's: the committed audio is transcribed afresh when it counts
             self._core.issue(*retry)
+            if not retry:  # the pause's own: its turn is judged by sound alone
+                self._turns.heard(None)
             return
         if self._core.transcribing:
             self._core.emit(

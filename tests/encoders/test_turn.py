@@ -45,10 +45,11 @@ def run(detector: SemanticTurn, x: np.ndarray, chunk_ms: int = 40) -> list[Speec
     return events
 
 
-def detector(score, max_silence_ms: int = 4000, executor=None) -> SemanticTurn:  # type: ignore[no-untyped-def]
+def detector(score, max_silence_ms: int = 4000, executor=None, clock=None) -> SemanticTurn:  # type: ignore[no-untyped-def]
     vad = SileroVad(silence_duration_ms=max_silence_ms)
-    policy = TurnPolicy(scored_silence_ms=SCORED_MS, complete=0.5, max_silence_ms=max_silence_ms)
-    return SemanticTurn(vad, policy, score=score, executor=executor or Inline())  # type: ignore[arg-type]
+    policy = TurnPolicy(SCORED_MS, rescored_silence_ms=SCORED_MS, complete=0.5, max_silence_ms=max_silence_ms)
+    timing = {"clock": (lambda: clock[0])} if clock is not None else {}
+    return SemanticTurn(vad, policy, score=score, executor=executor or Inline(), **timing)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -80,14 +81,23 @@ def test_a_finished_turn_ends_as_soon_as_the_verdict_is_in(sentence: np.ndarray)
     assert [e.kind for e in events].count("speech_stopped") == 1  # silero's own stop at the cap never follows
 
 
-def pause_with_words(d: SemanticTurn, sentence: np.ndarray, words: str | None, words_after_ms: int | None) -> int:
-    """Feeds ``sentence`` and then silence; at the pause's start the session would start transcribing
-    (``expect_words``), and the words come ``words_after_ms`` later (never, if None). Returns how long after
-    the pause's start the turn ended."""
+@pytest.fixture
+def clock() -> list[float]:
+    """The detector's clock (seconds), advanced by the test as audio comes at real-time pace."""
+    return [0.0]
+
+
+def pause_with_words(
+    d: SemanticTurn, sentence: np.ndarray, words: str | None, words_after_ms: int | None, clock: list[float]
+) -> int:
+    """Feeds ``sentence`` and then silence at real-time pace; at the pause's start the session would start
+    transcribing (``expect_words``), and the words come ``words_after_ms`` later (never, if None). Returns how
+    long after the pause's start the turn ended."""
     pcm, step = float_to_pcm16(np.concatenate([silence(500), voiced(sentence), silence(5000)])), RATE * 2 * 40 // 1000
     paused_at: int | None = None
     fed_since_pause = 0
     for at in range(0, len(pcm), step):
+        clock[0] += 0.04
         for event in d.feed(pcm[at : at + step]):
             if event.kind == "speech_paused":
                 paused_at, fed_since_pause = event.audio_ms, 0
@@ -102,24 +112,41 @@ def pause_with_words(d: SemanticTurn, sentence: np.ndarray, words: str | None, w
     raise AssertionError("the turn never ended")
 
 
-def test_words_that_leave_the_sentence_open_hold_a_turn_that_sounds_finished(sentence: np.ndarray) -> None:
-    d = detector(lambda samples: 0.9, max_silence_ms=2000)
-    assert 2000 <= pause_with_words(d, sentence, "I would like to book a table for two people and", 80) < 2000 + 32
+def test_words_that_leave_the_sentence_open_hold_a_turn_that_sounds_finished(
+    sentence: np.ndarray, clock: list[float]
+) -> None:
+    d = detector(lambda samples: 0.9, max_silence_ms=2000, clock=clock)
+    words = "I would like to book a table for two people and"
+    assert 2000 <= pause_with_words(d, sentence, words, 80, clock) < 2000 + 32
 
 
-def test_a_finished_turn_waits_for_the_words_it_expects_then_ends(sentence: np.ndarray) -> None:
-    waited = pause_with_words(detector(lambda samples: 0.9), sentence, "Please turn on the kitchen lights.", 320)
-    assert 320 <= waited <= 400, waited
+def test_a_finished_turn_waits_for_the_words_it_expects_then_ends(sentence: np.ndarray, clock: list[float]) -> None:
+    d = detector(lambda samples: 0.9, clock=clock)
+    waited = pause_with_words(d, sentence, "Please turn on the kitchen lights.", 320, clock)
+    assert 320 - 40 <= waited <= 400, waited  # the words came with the chunk 320 ms after the pause began
 
 
-def test_words_that_come_before_the_verdict_cost_no_wait(sentence: np.ndarray) -> None:
-    waited = pause_with_words(detector(lambda samples: 0.9), sentence, "Please turn on the kitchen lights.", 40)
+def test_words_that_come_before_the_verdict_cost_no_wait(sentence: np.ndarray, clock: list[float]) -> None:
+    d = detector(lambda samples: 0.9, clock=clock)
+    waited = pause_with_words(d, sentence, "Please turn on the kitchen lights.", 40, clock)
     assert SCORED_MS <= waited <= SCORED_MS + 40, waited
 
 
-def test_words_that_never_come_leave_the_sound_to_decide(sentence: np.ndarray) -> None:
-    waited = pause_with_words(detector(lambda samples: 0.9), sentence, None, None)
+def test_words_that_never_come_leave_the_sound_to_decide(sentence: np.ndarray, clock: list[float]) -> None:
+    waited = pause_with_words(detector(lambda samples: 0.9, clock=clock), sentence, None, None, clock)
     assert SCORED_MS + WORDS_WAIT_MS <= waited <= SCORED_MS + WORDS_WAIT_MS + 80, waited
+
+
+def test_a_client_ahead_of_real_time_gets_the_decisions_a_live_speaker_would(sentence: np.ndarray) -> None:
+    """Audio sent faster than it plays (no clock advances): the turn ends where a live speaker's would, at the
+    scored pause, not where the client's audio had got to when the verdict was read."""
+    d = detector(lambda samples: 0.9)
+    x = np.concatenate([silence(500), sentence, silence(3000)])
+    events = run(d, x)
+    paused = [e for e in events if e.kind == "speech_paused"]
+    assert (
+        events[-1].kind == "speech_stopped" and SCORED_MS <= events[-1].audio_ms - paused[-1].audio_ms <= SCORED_MS + 40
+    )
 
 
 @pytest.mark.parametrize(
@@ -165,6 +192,21 @@ def test_speech_within_the_wait_resumes_the_same_turn(sentence: np.ndarray) -> N
     assert "speech_resumed" in kinds and kinds.index("speech_resumed") < kinds.index("speech_stopped")
 
 
+def test_a_pause_that_sounds_unfinished_is_heard_once_more_and_can_end_then(sentence: np.ndarray) -> None:
+    seen: list[int] = []
+    policy = TurnPolicy(scored_silence_ms=100, rescored_silence_ms=300, complete=0.5, max_silence_ms=4000)
+    d = SemanticTurn(
+        SileroVad(silence_duration_ms=4000),
+        policy,
+        score=lambda samples: 0.1 if not seen.append(len(samples)) and len(seen) == 1 else 0.9,
+        executor=Inline(),  # type: ignore[arg-type]
+    )
+    events = run(d, np.concatenate([silence(500), voiced(sentence), silence(3000)]))
+    paused = [e for e in events if e.kind == "speech_paused"]
+    assert len(seen) == 2 and (seen[1] - seen[0]) * 1000 // MODEL_RATE == 200  # 200 ms more of the pause
+    assert events[-1].kind == "speech_stopped" and 300 <= events[-1].audio_ms - paused[-1].audio_ms <= 340
+
+
 def test_each_pause_is_scored_once(sentence: np.ndarray) -> None:
     seen: list[int] = []
     x = np.concatenate([silence(500), sentence, silence(3000)])
@@ -194,7 +236,7 @@ def test_a_vad_whose_stop_is_not_the_cap_is_refused() -> None:
     with pytest.raises(ValueError, match="max_silence_ms"):
         SemanticTurn(SileroVad(silence_duration_ms=500), EAGERNESS["auto"])
     with pytest.raises(ValueError, match="scored_silence_ms"):
-        TurnPolicy(scored_silence_ms=500, complete=0.5, max_silence_ms=400)
+        TurnPolicy(scored_silence_ms=500, rescored_silence_ms=500, complete=0.5, max_silence_ms=400)
 
 
 def test_missing_package_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -253,8 +295,7 @@ def test_a_real_time_client_never_waits_for_a_late_verdict(
             events += d.feed(pcm[at : at + step])
         return events
 
-    monkeypatch.setattr(turn, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
-    d = detector(lambda samples: 1.0, max_silence_ms=2000, executor=Never())
+    d = detector(lambda samples: 1.0, max_silence_ms=2000, executor=Never(), clock=clock)
     x = np.concatenate([silence(500), sentence, silence(3000)])
     events = real_time_feed(d, x)
     paused = [e for e in events if e.kind == "speech_paused"]

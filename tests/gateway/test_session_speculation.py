@@ -330,3 +330,30 @@ def test_a_prepared_reply_no_response_takes_is_discarded_when_the_turn_ends() ->
     assert not cancelled(out) and started(out) != prepared.request.request_id
     out = append(d, silence(300))  # that response is still active, so the turn gets none of its own
     assert cancelled(out) == [prepared.request.request_id] and not transcribes(out) and not generations(out)
+
+
+def test_the_detector_learns_the_words_of_the_pause_it_is_judging() -> None:
+    """semantic_vad weighs the turn's words: the pause's speculative transcription is announced to the detector
+    when it starts, and its text (or its failure) handed over when it ends."""
+    d = Driver()
+    vad(d, transcription={"model": "whisper-1"})
+    detector = d.backend.vads[-1]
+    append(d, silence(500) + tone(400))
+    spec = speculates(append(d, silence(100)))
+    assert detector.words == ["<expected>"]
+    d.session.on_transcription(spec.item_id, Transcription("book a table for two and"))
+    assert detector.words == ["<expected>", "book a table for two and"]
+    append(d, tone(200))  # the speaker went on: a new pause, a new speculation
+    spec = speculates(append(d, silence(100)))
+    d.session.on_transcription_failed(spec.item_id, "asr down")
+    assert detector.words[-2:] == ["<expected>", None]
+
+
+def test_words_arriving_outside_a_pause_reach_no_detector() -> None:
+    d = Driver()
+    vad(d, transcription={"model": "whisper-1"})
+    append(d, silence(500) + tone(400))
+    spec = speculates(append(d, silence(100)))
+    append(d, silence(400))  # the stop: the turn is committed, its speculation adopted
+    d.session.on_transcription(spec.item_id, Transcription("hello"))
+    assert d.backend.vads[-1].words == ["<expected>"]

@@ -163,6 +163,7 @@ class FakeBackend:
         self.transcription_options: list[tuple[int, str | None]] = []  # (sample rate, language) of each
         self.synthesized: list[tuple[str, AudioOutputOptions]] = []
         self.vad_settings: list[VadSettings] = []
+        self.vads: list[AmplitudeVad] = []
         self.capabilities = capabilities or Capabilities(
             model="omni-test",
             input_modalities=frozenset({"text", "audio"} | ({"image"} if vision else set())),
@@ -251,7 +252,8 @@ class FakeBackend:
         if not self.vad_enabled:
             raise RuntimeError("VAD disabled")
         self.vad_settings.append(settings)
-        return AmplitudeVad(settings)
+        self.vads.append(AmplitudeVad(settings))
+        return self.vads[-1]
 
     def count_tokens(self, messages: tuple[Message, ...]) -> int:
         """One token per word."""
