@@ -34,6 +34,7 @@ RESULTS_DIR = _BENCHMARKS / "results"
 DETAIL_KINDS: dict[str, frozenset[str]] = {
     "cold_start": frozenset({"request"}),
     "quant_sweep": frozenset({"decode", "prefill"}),
+    "soak_rss": frozenset({"cycle"}),
     "voice_loop": frozenset({"turn"}),
     "voice_sessions": frozenset({"turn"}),
 }
