@@ -7,6 +7,8 @@ the allocator keeps, not memory in use.
 
     python -m benchmarks.idle_rss                      # all stages, then the whole server
     python -m benchmarks.idle_rss --stages llm asr     # some of them
+
+Raw results: a ``stage`` record per stage, appended to ``benchmarks/results/idle_rss.jsonl`` (``--out``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from benchmarks.lib.common import ResultLog, add_out_argument
 
 STAGES = ("imports", "llm", "vad", "asr", "tts", "server")
 
@@ -113,20 +116,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
     parser.add_argument("--malloc-arena-max", type=int, default=None, help="MALLOC_ARENA_MAX for the children")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/idle_rss.jsonl"))
+    add_out_argument(parser, "idle_rss")
     args = parser.parse_args()
     env = None
     if args.malloc_arena_max is not None:
         import os
 
         env = dict(os.environ, MALLOC_ARENA_MAX=str(args.malloc_arena_max))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     print(f"{'stage':8} {'imports':>8} {'+stage':>8} {'loaded':>8} {'trimmed':>8}  (MiB RSS)  detail")
-    with args.out.open("a") as out:
+    with ResultLog(args.out, "idle_rss") as log:
         for stage in args.stages:
             row = measure(stage, env)
             row.update(time=time.time(), malloc_arena_max=args.malloc_arena_max)
-            out.write(json.dumps(row) + "\n")
+            log.write("stage", **row)
             extra = {
                 k: v
                 for k, v in row.items()

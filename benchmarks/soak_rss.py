@@ -14,7 +14,8 @@ allocations that grew between the end of the warm-up and the end of the run.
     python -m benchmarks.soak_rss --model default --duration 540 --malloc-arena-max 2
     python -m benchmarks.soak_rss --model default --cycles 200 --tracemalloc
 
-Raw results: one JSON line per cycle, then a summary line, in ``--out``.
+Raw results, appended to ``benchmarks/results/soak_rss.jsonl`` (``--out``): the run's ``summary`` record, and
+a ``cycle`` record per cycle in its gzipped sibling.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ import httpx
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
+
+from benchmarks.lib.common import ResultLog, add_out_argument
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FRAME_BYTES = 16 * 1024 * 1024  # omni serve's default --max-frame-mib
@@ -316,7 +319,7 @@ def drift_per_1000(rows: list[dict[str, Any]], warmup: int) -> float | None:
     return float(np.polyfit(x, y, 1)[0] * 1000)
 
 
-async def soak(args: argparse.Namespace, port: int, pid: int, out: Any) -> dict[str, Any]:
+async def soak(args: argparse.Namespace, port: int, pid: int, log: ResultLog) -> dict[str, Any]:
     url = f"ws://127.0.0.1:{port}/v1/realtime"
     rows: list[dict[str, Any]] = []
     idle = rss_mib(pid)
@@ -334,7 +337,7 @@ async def soak(args: argparse.Namespace, port: int, pid: int, out: Any) -> dict[
                 "outcome": outcome,
             }
             rows.append(row)
-            out.write(json.dumps(row) + "\n")
+            log.write("cycle", **row)
             if cycle + 1 == args.warmup and args.tracemalloc:
                 os.kill(pid, signal.SIGUSR2)
             if cycle % args.print_every == 0:
@@ -358,7 +361,6 @@ async def soak(args: argparse.Namespace, port: int, pid: int, out: Any) -> dict[
         trace = json.loads(trace_file.read_text()) if trace_file.exists() else None
     after_warmup = [r["rss_mib"] for r in rows if r["cycle"] >= args.warmup]
     return {
-        "summary": True,
         "model": args.model,
         "malloc_arena_max": args.malloc_arena_max,
         "cycles": len(rows),
@@ -387,9 +389,8 @@ def main() -> int:
     parser.add_argument("--tracemalloc", action="store_true", help="trace Python allocations in the server (slower)")
     parser.add_argument("--server-arg", action="append", default=[], help="extra omni serve argument (repeatable)")
     parser.add_argument("--print-every", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soak_rss.jsonl")
+    add_out_argument(parser, "soak_rss")
     args = parser.parse_args()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         trace_file = Path(tmp) / "trace.json" if args.tracemalloc else None
@@ -399,9 +400,9 @@ def main() -> int:
         proc = start_server(args, port, trace_file)
         try:
             time.sleep(2)  # let the just-started server settle before its idle RSS is read
-            with args.out.open("w") as out:
-                summary = asyncio.run(soak(args, port, proc.pid, out))
-                out.write(json.dumps(summary) + "\n")
+            with ResultLog(args.out, "soak_rss") as log:
+                summary = asyncio.run(soak(args, port, proc.pid, log))
+                log.write("summary", **summary)
         finally:
             proc.terminate()
             try:

@@ -12,9 +12,9 @@ list, a table without runs, or a newest run from which its table reads nothing i
 dropped silently.
 
 A column reads a record field with a path ``kind[field=value,...]:dotted.path`` (the first record of that kind,
-or of one of ``kind|kind``, with those fields), ``min kind[...]:path`` (the least over all of them), or ``A / B``
-(a ratio of two paths); ``{}`` takes the row key (``{},{}`` keys carry two). A history record's metrics are read
-with a plain dotted path.
+or of one of ``kind|kind``, with those fields; ``field=None`` picks records without the field), ``min kind[...]:path``
+(the least over all of them), or ``A / B`` (a ratio of two paths); ``{}`` takes the row key (``{},{}`` keys carry
+two, shown in columns of their own). A history record's metrics are read with a plain dotted path.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.lib.common import RESULTS_DIR, read_results
+from benchmarks.lib.voice_client import STAGE_NAMES, STAGES, TURN_DETECTIONS
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 MAX_LINES = 250
@@ -124,9 +125,45 @@ def _gemv_shapes(records: Sequence[Record], _key: str) -> float | None:
     return len(_gemv_ratios(records)) or None
 
 
+def _server_vad(key: str) -> bool:
+    return key.rsplit(",", 1)[-1] == "server_vad"
+
+
+def _voice(
+    header: str, new: str | None = None, old: str | None = None, hist: str | None = None, ms: bool = True
+) -> Col:
+    """A column of a voice table whose row key ends in the turn detector: ``new`` reads a run's records of that
+    detector; ``old`` (paths to records without ``turn_detection``) and ``hist`` read runs from before
+    ``--turn-detection``, whose one detector was server VAD with 500 ms of silence, in the server_vad rows alone."""
+
+    def real(records: Sequence[Record], key: str) -> float | None:
+        value = _read(records, new, key, history=False)
+        return _read(records, old, key, history=False) if value is None and _server_vad(key) else value
+
+    def history(records: Sequence[Record], key: str) -> float | None:
+        return _read(records, hist, key, history=True) if _server_vad(key) else None
+
+    return Col(header, real, history, scale=1e3 if ms else 1.0)
+
+
+def _wait_cols(summary: str) -> tuple[Col, ...]:
+    """The wait from the end of speech to the first audio delta, its stages (means, which add up to the mean wait)
+    and the replies' underruns, from the ``summary`` records of a run per turn detector."""
+    return (
+        _voice("end of speech → first audio p50 ms", f"{summary}:latency_p50_s"),
+        _voice("p90 ms", f"{summary}:latency_p90_s"),
+        _voice("p99 ms", f"{summary}:latency_p99_s"),
+        *(_voice(f"{STAGE_NAMES[stage]} mean ms", f"{summary}:{stage}_mean_s") for stage in STAGES),
+        _voice("underruns", f"{summary}:underruns", ms=False),
+    )
+
+
 # --------------------------------------------------------------------------- the tables
 
 _OMNI = "result[system=omni-gateway,concurrency={}]"
+_VL = "summary[turn_detection={}]"
+_VS = "summary[sessions={},turn_detection={}]"
+_VS_OLD = "summary[sessions={},turn_detection=None]"  # a run from before --turn-detection
 _IDLE = "batch_result[load=idle,rows=1]"
 _BUSY = "batch_result[load=busy neighbour,rows=1]"
 
@@ -230,25 +267,32 @@ TABLES: tuple[Table, ...] = (
         "Voice loop latency",
         "voice_loop",
         (
-            _ms("p50 ms", "summary:p50_s", "p50_ms"),
-            _ms("p90 ms", "summary:p90_s", "p90_ms"),
-            Col("ASR ms", None, "asr_ms"),
-            Col("LLM ms", None, "llm_ms"),
-            Col("TTS ms", None, "tts_ms"),
+            *_wait_cols(_VL),
+            # from speech_stopped to the first audio: the one wait runs from before the end of speech was timed measured
+            _voice("from speech_stopped p50 ms", f"{_VL}:stopped_to_audio_p50_s", hist="p50_ms"),
+            _voice("from speech_stopped p90 ms", hist="p90_ms"),
+            _voice("ASR ms", hist="asr_ms"),
+            _voice("LLM ms", hist="llm_ms"),
+            _voice("TTS ms", hist="tts_ms"),
+            _voice("turns", f"{_VL}:turns", ms=False),
+            _voice("lost", f"{_VL}:lost", ms=False),
         ),
+        key="turn detection",
+        rows=TURN_DETECTIONS,
     ),
     Table(
         "Concurrent voice sessions",
         "voice_sessions",
         (
-            _ms("p50 ms", "summary[sessions={}]:p50_s", "n{}_p50_ms"),
-            _ms("p99 ms", "summary[sessions={}]:p99_s", "n{}_p99_ms"),
-            Col("turns", "summary[sessions={}]:turns"),
-            Col("lost", "summary[sessions={}]:lost", "n{}_lost"),
-            Col("stalled", "summary[sessions={}]:turns_stalled", "n{}_turns_stalled"),
+            *_wait_cols(_VS),
+            _voice("from speech_stopped p50 ms", f"{_VS}:stopped_to_audio_p50_s", f"{_VS_OLD}:p50_s", "n{}_p50_ms"),
+            _voice("from speech_stopped p99 ms", old=f"{_VS_OLD}:p99_s", hist="n{}_p99_ms"),
+            _voice("stalled", old=f"{_VS_OLD}:turns_stalled", hist="n{}_turns_stalled", ms=False),
+            _voice("turns", f"{_VS}:turns", f"{_VS_OLD}:turns", ms=False),
+            _voice("lost", f"{_VS}:lost", f"{_VS_OLD}:lost", "n{}_lost", ms=False),
         ),
-        key="sessions",
-        rows=("4", "64", "128"),
+        key="sessions,turn detection",
+        rows=tuple(f"{n},{mode}" for n in ("4", "64", "128") for mode in TURN_DETECTIONS),
         variant=("--engine-in-process",),
     ),
     Table(
@@ -734,11 +778,12 @@ def _fmt(value: float | None) -> str:
 
 
 def render_table(table: Table, rows: Sequence[Row]) -> list[str]:
-    headers = ["machine", *(o.lstrip("-") for o in table.variant), *([table.key] if table.key else [])]
+    keys = table.key.split(",") if table.key else []
+    headers = ["machine", *(o.lstrip("-") for o in table.variant), *keys]
     headers += [c.header for c in table.cols] + ["date (UTC)", "command"]
     lines = [f"## {table.area}", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in rows:
-        cells = [row.machine, *row.variant, *([row.key] if table.key else []), *map(_fmt, row.cells)]
+        cells = [row.machine, *row.variant, *(row.key.split(",") if table.key else []), *map(_fmt, row.cells)]
         cells += [row.run.date, f"`{_shown_command(row.run.command)}`"]
         lines.append("| " + " | ".join(cells) + " |")
     return [*lines, ""]
@@ -751,7 +796,7 @@ Every benchmark is a module of `benchmarks/`, run from the checkout root as `pyt
 says what it measures and how). Each prints its figures, with the ratio to the baseline it runs in the same command
 where it has one, and appends its raw results to `benchmarks/results/NAME.jsonl` (`--out FILE` to change): a `run`
 record (date, command, commit, machine, software) and then the measurements, all carrying the run's `run_id`.
-Per-turn, per-request and per-config records go to the gzipped sibling `NAME.jsonl.gz`.
+Per-turn, per-cycle, per-request and per-config records go to the gzipped sibling `NAME.jsonl.gz`.
 [`history.jsonl`](../benchmarks/results/history.jsonl) transcribes older runs, one record per run (those dated
 before 2026-12-04 ran as `python demos/bench_X.py` with the same flags).
 

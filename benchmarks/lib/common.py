@@ -29,11 +29,13 @@ from typing import Any, TextIO
 _BENCHMARKS = Path(__file__).resolve().parent.parent
 RESULTS_DIR = _BENCHMARKS / "results"
 
-# Per benchmark, the record kinds written to the gzipped sibling: raw per-turn, per-request and per-config records,
-# which the results page summarises from the per-run records beside them.
+# Per benchmark, the record kinds written to the gzipped sibling: raw per-turn, per-cycle, per-request and per-config
+# records, which the results page summarises from the per-run records beside them.
 DETAIL_KINDS: dict[str, frozenset[str]] = {
     "cold_start": frozenset({"request"}),
     "quant_sweep": frozenset({"decode", "prefill"}),
+    "soak_rss": frozenset({"cycle"}),
+    "voice_loop": frozenset({"turn"}),
     "voice_sessions": frozenset({"turn"}),
 }
 _LOGS_OPENED = itertools.count()
