@@ -227,7 +227,9 @@ def main() -> None:
                 "unfinished": len(rows) - len(finished),
                 "score_p50_ms": statistics.median(r["score_ms"] for r in rows if r["score_ms"] is not None),
             }
-            log.write("variant", **summary, turns=rows)
+            log.write("variant", **summary)
+            for row in rows:
+                log.write("turn", variant=variant.name, **row)
             summaries.append(summary)
         base = summaries[0]["finished_p50_ms"]
         print(f"{'variant':36} {'finished p50/p90/max ms':>24} {'early':>7} {'false early':>12} {'p50 vs before':>14}")

@@ -168,6 +168,17 @@ _IDLE = "batch_result[load=idle,rows=1]"
 _BUSY = "batch_result[load=busy neighbour,rows=1]"
 
 
+def _turn_variant(field: str) -> Getter:
+    """A turn_decisions figure of the variant named by the row key (the name up to its colon: the eagerness, or
+    "before"): the names hold commas, which a path's filter cannot."""
+
+    def read(records: Sequence[Record], key: str) -> float | None:
+        found = [r.get(field) for r in records if r.get("kind") == "variant" and r["variant"].split(":")[0] == key]
+        return _number(found[0]) if found else None
+
+    return read
+
+
 def _sweep(shape: str) -> Col:
     best = f"min decode|final[shape={shape},variant={{}},rows=1,ok=True]"
     return Col(f"{shape} vs bf16", f"{best}:bf16_us / {best}:us")
@@ -262,6 +273,18 @@ TABLES: tuple[Table, ...] = (
             Col("most vs cuBLAS", _gemv_max, _gemv_max),
         ),
         skips=("--pdl",),
+    ),
+    Table(
+        "End-of-turn decisions (semantic_vad, Piper voice)",
+        "turn_decisions",
+        (
+            Col("finished question, end of speech → turn end p50 ms", _turn_variant("finished_p50_ms")),
+            Col("p90 ms", _turn_variant("finished_p90_ms")),
+            Col("finished early (of 20)", _turn_variant("finished_early")),
+            Col("unfinished ended early (of 25)", _turn_variant("false_early_commits")),
+        ),
+        key="variant",
+        rows=("before", "auto", "high", "low"),
     ),
     Table(
         "Voice loop latency",

@@ -35,6 +35,7 @@ DETAIL_KINDS: dict[str, frozenset[str]] = {
     "cold_start": frozenset({"request"}),
     "quant_sweep": frozenset({"decode", "prefill"}),
     "soak_rss": frozenset({"cycle"}),
+    "turn_decisions": frozenset({"turn"}),
     "voice_loop": frozenset({"turn"}),
     "voice_sessions": frozenset({"turn"}),
 }
