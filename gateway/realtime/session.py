@@ -48,6 +48,7 @@ from omni_gateway.gateway.realtime.session_items import ConversationItems
 from omni_gateway.gateway.realtime.session_responses import Responses
 from omni_gateway.gateway.realtime.session_tasks import TaskOutcomes
 from omni_gateway.gateway.realtime.settings import Dialect, SessionSettings, TurnDetection
+from omni_gateway.gateway.realtime.voice_timing import VoiceObserver
 from omni_gateway.omni.protocol import Capabilities, Message, OmniRequest, OutputChunk, Transcription
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class RealtimeSession:
         now: Callable[[], float] = time.time,
         intent: str = "realtime",
         count_tokens: Callable[[tuple[Message, ...]], int] | None = None,
+        voice: VoiceObserver | None = None,
     ) -> None:
         limits = limits or SessionLimits()
         audio_out = "audio" in capabilities.output_modalities
@@ -83,6 +85,7 @@ class RealtimeSession:
             settings=settings,
             now=now,
             partial_every_bytes=(limits.partial_transcript_ms or 0) * audio_fmt.BYTES_PER_MS,
+            voice=voice,
         )
         self._responses = Responses(core, count_tokens)
         self._items = ConversationItems(core, self._responses)
