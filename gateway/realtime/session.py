@@ -9,7 +9,8 @@ transcripts of its turns are in (or their deadline passed). A server-VAD turn is
 speculatively from the start of a pause, so that the commit finds its transcript under way; once that
 transcript is known, still within the pause, the reply the turn would get is prepared, and the
 response created when the turn ends takes it over if its request is exactly the one prepared
-(``speculation.TurnSpeculation``).
+(``speculation.TurnSpeculation``). A ``voice_timing.VoiceObserver``, when given, is told of the detector's turns
+and the audio sent, to time what the user hears.
 
 This module builds the session from its parts, turns each client event into one handler call (a bad event
 into one ``error`` and no change) and each task outcome or condition of the connection into one call of the
