@@ -117,3 +117,17 @@ def test_a_response_s_playback_reaches_the_sink_when_it_is_done() -> None:
 
 def test_silent_audio_has_no_rtf() -> None:
     assert Playback(audio_s=0.0, stream_s=0.0, underruns=0, longest_gap_s=0.0).rtf is None
+
+
+@pytest.mark.parametrize("size", range(7))
+def test_a_delta_s_size_is_read_from_its_base64_padding_included(size: int) -> None:
+    from omni_gateway.gateway.realtime.frames import Base64
+
+    assert Base64.of(bytes(size)).decoded_size() == size
+
+
+def test_wire_durations_follow_the_output_format() -> None:
+    from omni_gateway.gateway.realtime.audio import wire_duration_ms
+
+    assert wire_duration_ms(4800, "pcm16") == 100.0  # 24 kHz, two bytes a sample
+    assert wire_duration_ms(800, "g711_ulaw") == wire_duration_ms(800, "g711_alaw") == 100.0  # 8 kHz, one byte
