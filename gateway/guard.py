@@ -43,6 +43,16 @@ _ERROR_TYPES = {
     429: "rate_limit_error",
     503: "server_error",
 }
+# The reason each refusal of a WebSocket session is counted under (metrics.REFUSAL_REASONS: a fixed set).
+_SESSION_REFUSALS = {
+    "host_not_allowed": "host",
+    "origin_not_allowed": "origin",
+    "invalid_api_key": "api_key",
+    "server_unavailable": "backend_down",
+    "rate_limit_exceeded": "max_sessions_per_key",
+    "server_overloaded": "max_sessions",
+    "voice_capacity_reached": "max_voice_sessions",
+}
 # Without the ASGI denial-response extension a refused handshake can only be a close; servers answer it with 403.
 _CLOSE_CODES = {401: 1008, 403: 1008, 429: 1013, 503: 1013}
 
@@ -121,6 +131,8 @@ class Guard:
         refusal = self._refusal(scope, kind, path)
         if refusal is not None:
             status, code, message = refusal
+            if kind == "websocket":
+                metrics.SESSIONS_REFUSED.labels(_SESSION_REFUSALS.get(code, code)).inc()
             await (self._deny_websocket if kind == "websocket" else self._deny_http)(
                 receive, send, scope, status, code, message
             )
@@ -134,6 +146,7 @@ class Guard:
         counter[owner] += 1
         self.voice_sessions += voice
         if kind == "websocket":
+            metrics.SESSIONS_ADMITTED.inc()
             metrics.SESSIONS_OPEN.inc()
         else:
             self.http_in_flight += 1

@@ -10,6 +10,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 
+from omni_gateway.gateway.realtime.voice_timing import Playback
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -37,6 +38,58 @@ INTER_TOKEN_LATENCY = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5),
 )
 SESSIONS_OPEN = Gauge("omni_realtime_sessions_open", "Realtime WebSocket sessions currently open.", registry=REGISTRY)
+SESSIONS_ADMITTED = Counter(
+    "omni_realtime_sessions_admitted", "WebSocket sessions the admission guard let in.", registry=REGISTRY
+)
+SESSIONS_REFUSED = Counter(
+    "omni_realtime_sessions_refused",
+    "WebSocket sessions the admission guard refused, by reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
+# Every reason the guard gives, so each series exists (at 0) before its first refusal.
+REFUSAL_REASONS = (
+    "host",
+    "origin",
+    "api_key",
+    "backend_down",
+    "max_sessions_per_key",
+    "max_sessions",
+    "max_voice_sessions",
+)
+for _reason in REFUSAL_REASONS:
+    SESSIONS_REFUSED.labels(_reason)
+
+TURN_DECISION = Histogram(
+    "omni_realtime_turn_decision_seconds",
+    "Time the turn detector took to end a turn after the speech ended (the silence it waited out).",
+    ["turn_detection"],
+    registry=REGISTRY,
+    buckets=(0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0),
+)
+SPEECH_END_TO_FIRST_AUDIO = Histogram(
+    "omni_realtime_speech_end_to_first_audio_seconds",
+    "Time from the end of the user's speech to the first audio delta of the response answering that turn.",
+    registry=REGISTRY,
+    buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0),
+)
+STREAM_RTF = Histogram(
+    "omni_realtime_stream_rtf",
+    "Per spoken response: time from its first to its last audio delta over the audio's duration.",
+    registry=REGISTRY,
+    buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0),
+)
+AUDIO_UNDERRUNS = Counter(
+    "omni_realtime_audio_underruns",
+    "Audio deltas sent after everything sent before them had played at real time (the client ran dry).",
+    registry=REGISTRY,
+)
+AUDIO_GAP = Histogram(
+    "omni_realtime_audio_gap_seconds",
+    "Per spoken response: the longest silence of its real-time playback (0: it never ran dry).",
+    registry=REGISTRY,
+    buckets=(0.0, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0),
+)
 
 
 class TokenTimer:
@@ -57,6 +110,23 @@ class TokenTimer:
         else:
             self._gaps.observe(now - self._last)
         self._last = now
+
+
+class VoiceMetrics:
+    """The voice timings of realtime sessions (a ``voice_timing.VoiceSink``) as the series above."""
+
+    def turn_decision(self, detection: str, seconds: float) -> None:
+        TURN_DECISION.labels(detection).observe(seconds)
+
+    def first_audio(self, seconds: float) -> None:
+        SPEECH_END_TO_FIRST_AUDIO.observe(seconds)
+
+    def playback(self, playback: Playback) -> None:
+        rtf = playback.rtf
+        if rtf is not None:
+            STREAM_RTF.observe(rtf)
+        AUDIO_UNDERRUNS.inc(playback.underruns)
+        AUDIO_GAP.observe(playback.longest_gap_s)
 
 
 def count_tokens(api: str, prompt: int, completion: int) -> None:

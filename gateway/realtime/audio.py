@@ -58,3 +58,8 @@ def encode(pcm16: bytes | bytearray, fmt: AudioFormat, sample_rate: int = SAMPLE
 def duration_ms(pcm16_24k: bytes | bytearray | int) -> float:
     n = pcm16_24k if isinstance(pcm16_24k, int) else len(pcm16_24k)
     return n / BYTES_PER_MS
+
+
+def wire_duration_ms(size: int, fmt: AudioFormat) -> float:
+    """How long ``size`` bytes of audio in the client's format ``fmt`` play: G.711 is one byte a sample at 8 kHz."""
+    return duration_ms(size) if fmt == "pcm16" else size / (G711_RATE // 1000)

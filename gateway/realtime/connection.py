@@ -17,6 +17,7 @@ import contextlib
 import logging
 import time
 
+from omni_gateway.gateway import metrics
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.realtime.commands import (
     CLOSE_GOING_AWAY,
@@ -33,6 +34,7 @@ from omni_gateway.gateway.realtime.outbox import Outbox
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.gateway.realtime.settings import Dialect
 from omni_gateway.gateway.realtime.tasks import run_task
+from omni_gateway.gateway.realtime.voice_timing import VoiceTiming
 from omni_gateway.omni.protocol import OmniBackend, VadSettings, VoiceActivityDetector
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -64,6 +66,7 @@ class RealtimeConnection:
             limits=config.session,
             intent=intent,
             count_tokens=backend.count_tokens,
+            voice=VoiceTiming(metrics.VoiceMetrics()),
         )
         self._outbox = Outbox(config.send_queue_max, config.send_queue_max_bytes)
         self._tasks: dict[str, asyncio.Task[None]] = {}

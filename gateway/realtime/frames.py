@@ -21,6 +21,10 @@ class Base64(str):
     def of(cls, data: bytes | bytearray | memoryview) -> Base64:
         return cls(base64.b64encode(data), "ascii")
 
+    def decoded_size(self) -> int:
+        """How many bytes this text encodes (without decoding it)."""
+        return len(self) // 4 * 3 - self[-2:].count("=")
+
 
 def serialize(event: dict[str, Any]) -> tuple[str, int]:
     """The event's text frame and its size in bytes: what ``json.dumps`` writes, without spaces."""

@@ -9,7 +9,8 @@ transcripts of its turns are in (or their deadline passed). A server-VAD turn is
 speculatively from the start of a pause, so that the commit finds its transcript under way; once that
 transcript is known, still within the pause, the reply the turn would get is prepared, and the
 response created when the turn ends takes it over if its request is exactly the one prepared
-(``speculation.TurnSpeculation``).
+(``speculation.TurnSpeculation``). A ``voice_timing.VoiceObserver``, when given, is told of the detector's turns
+and the audio sent, to time what the user hears.
 
 This module builds the session from its parts, turns each client event into one handler call (a bad event
 into one ``error`` and no change) and each task outcome or condition of the connection into one call of the
@@ -48,6 +49,7 @@ from omni_gateway.gateway.realtime.session_items import ConversationItems
 from omni_gateway.gateway.realtime.session_responses import Responses
 from omni_gateway.gateway.realtime.session_tasks import TaskOutcomes
 from omni_gateway.gateway.realtime.settings import Dialect, SessionSettings, TurnDetection
+from omni_gateway.gateway.realtime.voice_timing import VoiceObserver
 from omni_gateway.omni.protocol import Capabilities, Message, OmniRequest, OutputChunk, Transcription
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class RealtimeSession:
         now: Callable[[], float] = time.time,
         intent: str = "realtime",
         count_tokens: Callable[[tuple[Message, ...]], int] | None = None,
+        voice: VoiceObserver | None = None,
     ) -> None:
         limits = limits or SessionLimits()
         audio_out = "audio" in capabilities.output_modalities
@@ -83,6 +86,7 @@ class RealtimeSession:
             settings=settings,
             now=now,
             partial_every_bytes=(limits.partial_transcript_ms or 0) * audio_fmt.BYTES_PER_MS,
+            voice=voice,
         )
         self._responses = Responses(core, count_tokens)
         self._items = ConversationItems(core, self._responses)

@@ -159,8 +159,9 @@ class InputTurns:
             self._core.drop_speculation()
             return  # a click, not a turn
         self._commit(signal.pcm16, item_id, pause_at=signal.pause_at)
+        self._core.turn_ended(item_id, signal)
         if self.answers_turns():
-            self._responses.start({})
+            self._responses.start({}, turn=item_id)
         self._core.drop_speculation()  # a reply prepared for this turn and not taken up by a response
 
     def answers_turns(self) -> bool:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from omni_gateway.gateway.realtime import audio as audio_fmt
 from omni_gateway.gateway.realtime.commands import Output, Send, SessionLimits, new_id
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_value
-from omni_gateway.gateway.realtime.input_audio import InputAudioBuffer
+from omni_gateway.gateway.realtime.input_audio import InputAudioBuffer, SpeechStopped
 from omni_gateway.gateway.realtime.items import ItemStore
 from omni_gateway.gateway.realtime.partial_transcript import PartialTranscripts
 from omni_gateway.gateway.realtime.response import Event
 from omni_gateway.gateway.realtime.settings import Dialect, SessionSettings
 from omni_gateway.gateway.realtime.speculation import TurnSpeculation
+from omni_gateway.gateway.realtime.voice_timing import NoVoiceObserver, VoiceObserver
 from omni_gateway.omni.protocol import Capabilities
 
 _BETA_NAMES = {
@@ -43,11 +45,13 @@ class SessionCore:
         settings: SessionSettings,
         now: Callable[[], float],
         partial_every_bytes: int,
+        voice: VoiceObserver | None = None,
     ) -> None:
         self.dialect = dialect
         self.capabilities = capabilities
         self.limits = limits
         self.now = now
+        self.voice = voice or NoVoiceObserver()  # told of voice turns and spoken audio, to time them
         self.id = new_id("sess")
         self.conversation_id = new_id("conv")
         self.expires_at = int(now()) + limits.session_seconds
@@ -114,6 +118,13 @@ class SessionCore:
                 f"Invalid value for '{param}': this server has no image output model, so 'image' is not available.",
                 param,
             )
+
+    def turn_ended(self, item_id: str, stopped: SpeechStopped) -> None:
+        """The detector's turn ``item_id`` was committed: the voice observer times the decision from it."""
+        turn = self.settings.turn_detection
+        pause_ms = None if stopped.pause_at is None else audio_fmt.duration_ms(stopped.pause_at)
+        detection = turn.type if turn is not None else "server_vad"
+        self.voice.turn_committed(item_id, detection, pause_ms, stopped.audio_end_ms, self.now())
 
     def drop_speculation(self) -> None:
         """Discard the speculative transcript of a pause and the reply prepared from it."""

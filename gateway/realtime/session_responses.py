@@ -23,7 +23,7 @@ from omni_gateway.gateway.realtime.context import (
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_type, invalid_value
 from omni_gateway.gateway.realtime.image_output import parse_image_options
 from omni_gateway.gateway.realtime.items import Item, audio_bytes
-from omni_gateway.gateway.realtime.response import ResponseRun
+from omni_gateway.gateway.realtime.response import Event, ResponseRun
 from omni_gateway.gateway.realtime.session_core import SessionCore
 from omni_gateway.gateway.realtime.settings import apply_response_overrides, validate_choice
 from omni_gateway.gateway.realtime.speculation import PreparedTurnReply
@@ -105,8 +105,9 @@ class Responses:
             raise invalid_type("response", "an object", params)
         self.start(params)
 
-    def start(self, params: dict[str, Any]) -> None:
-        """Create a response with ``params`` (a ``response.create``'s ``response``)."""
+    def start(self, params: dict[str, Any], turn: str | None = None) -> None:
+        """Create a response with ``params`` (a ``response.create``'s ``response``); ``turn``: the item of the
+        detector's turn it answers."""
         core = self._core
         if core.settings.kind == "transcription":
             raise invalid_value(
@@ -153,6 +154,8 @@ class Responses:
             image=image,
         )
         self._runs[run.id] = run
+        if turn is not None:
+            core.voice.response_created(run.id, turn)
         if conversation == "auto":
             self._active = run.id
             core.idle_deadline = None
@@ -294,6 +297,7 @@ class Responses:
         elif isinstance(chunk, AudioChunk):
             events = run.on_audio(chunk)
             self._core.audio_emitted |= run.audio_emitted
+            self._heard(response_id, run, events)
         elif isinstance(chunk, ToolCallArguments):
             events = run.on_tool_arguments(chunk) if chunk.index == 0 else []
         elif isinstance(chunk, ToolCallDelta):
@@ -323,6 +327,13 @@ class Responses:
             events = []
         for ev in events:
             self._core.emit(ev)
+
+    def _heard(self, response_id: str, run: ResponseRun, events: list[Event]) -> None:
+        """Tell the voice observer how much audio ``events`` send the client."""
+        for ev in events:
+            if ev["type"] == "response.output_audio.delta":
+                ms = audio_fmt.wire_duration_ms(ev["delta"].decoded_size(), run.settings.output_format)
+                self._core.voice.audio_delta(response_id, ms / 1000, self._core.now())
 
     def stream_end(self, request_id: str, error: str | None) -> None:
         """The backend stream ended: the response ends as its Done said, or failed when the stream broke."""
@@ -395,6 +406,7 @@ class Responses:
                 core.idle_deadline = core.now() + (played_ms + turn.idle_timeout_ms) / 1000
                 core.idle_from = core.audio.end + round(played_ms) * audio_fmt.BYTES_PER_MS
         core.audio_emitted |= run.audio_emitted
+        core.voice.response_done(response_id)
         for ev in run.finish(status, reason=reason, error=error):
             core.emit(ev)
         core.enforce_audio_budget()

@@ -377,3 +377,56 @@ def test_open_sessions_are_counted_once_by_the_guard() -> None:
             time.sleep(0.02)
         after = metrics.SESSIONS_OPEN._value.get()
     assert second == 503 and opened == 1 and after == before
+
+
+def test_admitted_and_refused_sessions_are_counted_with_the_refusal_s_reason() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    def counts(port: int) -> dict[str, float]:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=headers).text
+        found: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "omni_realtime_sessions_admitted_total":
+                    found["admitted"] = s.value
+                elif s.name == "omni_realtime_sessions_refused_total":
+                    found[s.labels["reason"]] = s.value
+        return found
+
+    async def go(port: int) -> tuple[int, int]:
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime", additional_headers=headers) as first:
+            await first.recv()
+            return await ws_status(port, additional_headers=headers), await ws_status(port)
+
+    with serve(FakeBackend(), GatewayConfig(api_key=KEY, max_sessions_per_key=1)) as port:
+        before = counts(port)
+        statuses = run(go(port))
+        after = counts(port)
+    assert statuses == (429, 401)
+    assert {k: after[k] - before[k] for k in after} == {
+        "admitted": 1,
+        "max_sessions_per_key": 1,
+        "api_key": 1,
+        **{reason: 0 for reason in ("host", "origin", "backend_down", "max_sessions", "max_voice_sessions")},
+    }
+
+
+def test_every_session_refusal_is_counted_under_a_known_reason() -> None:
+    import ast
+    import inspect
+    import textwrap
+
+    from omni_gateway.gateway import guard, metrics
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(guard.Guard._refusal)))
+    codes = {
+        node.value.elts[1].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple) and len(node.value.elts) == 3
+        if isinstance(node.value.elts[1], ast.Constant)
+    }
+    assert len(codes) >= 7, f"the refusal codes were not found in Guard._refusal: {codes}"
+    assert codes <= set(guard._SESSION_REFUSALS), codes - set(guard._SESSION_REFUSALS)
+    assert sorted(guard._SESSION_REFUSALS.values()) == sorted(metrics.REFUSAL_REASONS)

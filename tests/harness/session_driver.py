@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import time
+from collections.abc import Callable
 from typing import Any
 
 from omni_gateway.gateway.realtime.commands import (
@@ -16,6 +18,7 @@ from omni_gateway.gateway.realtime.commands import (
     Transcribe,
 )
 from omni_gateway.gateway.realtime.session import RealtimeSession
+from omni_gateway.gateway.realtime.voice_timing import VoiceObserver
 from omni_gateway.omni.protocol import OutputChunk
 
 from tests.harness.fake_backend import FakeBackend
@@ -33,6 +36,8 @@ class Driver:
         vad: bool = True,
         limits: SessionLimits | None = None,
         count_tokens: bool = False,
+        now: Callable[[], float] = time.time,
+        voice: VoiceObserver | None = None,
     ) -> None:
         self.backend = backend or FakeBackend(vad=vad)
         self.session = RealtimeSession(
@@ -40,7 +45,9 @@ class Driver:
             capabilities=self.backend.capabilities,  # type: ignore[arg-type]
             vad_factory=self.backend.new_vad if vad else None,
             limits=limits,
+            now=now,
             count_tokens=self.backend.count_tokens if count_tokens else None,
+            voice=voice,
         )
         self.opened = self.session.open()
 
