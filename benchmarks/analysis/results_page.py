@@ -815,24 +815,19 @@ def render_table(table: Table, rows: Sequence[Row]) -> list[str]:
 HEAD = """\
 # Benchmarks
 
-Every benchmark is a module of `benchmarks/`, run from the checkout root as `python -m benchmarks.NAME` (`--help`
-says what it measures and how). Each prints its figures, with the ratio to the baseline it runs in the same command
-where it has one, and appends its raw results to `benchmarks/results/NAME.jsonl` (`--out FILE` to change): a `run`
-record (date, command, commit, machine, software) and then the measurements, all carrying the run's `run_id`.
-Per-turn, per-cycle, per-request and per-config records go to the gzipped sibling `NAME.jsonl.gz`.
-[`history.jsonl`](../benchmarks/results/history.jsonl) transcribes older runs, one record per run (those dated
-before 2026-12-04 ran as `python demos/bench_X.py` with the same flags).
-
-This page is written by `python -m benchmarks.analysis.results_page` from those files: per area, the newest run
-per machine, variant (the command options in the leading columns) and row, one number a cell, its date and
-command beside it; `–` is a figure that run did not measure. Older runs stay in the JSON lines.
+Each benchmark is `python -m benchmarks.NAME` from the checkout root (`--help` says what it measures); it prints
+its figures with the ratio to the baseline it runs in the same command, and appends a `run` record (date, command,
+commit, machine) and its measurements to `benchmarks/results/NAME.jsonl`, per-turn and per-config records to
+`NAME.jsonl.gz`. [`history.jsonl`](../benchmarks/results/history.jsonl) transcribes older runs (before 2026-12-04
+they ran as `python demos/bench_X.py`). `python -m benchmarks.analysis.results_page` writes this page from those
+files: per area, the newest run per machine, variant and row, one number a cell; `–`: not measured by that run.
 
 Machines:
-- **CPU**: the 2-core development machine (AMD EPYC under KVM, AVX2, no AVX-512/AMX), torch 2.13.0+cpu, shared
-  with other work: its latencies are regression references, not capacity claims.
+- **CPU**: the 2-core development machine (AMD EPYC under KVM, AVX2), torch 2.13.0+cpu, shared with other work:
+  its latencies are regression references, not capacity claims.
 - **H200**: one NVIDIA H200 (132 SMs), torch 2.11.0+cu130, Triton 3.6.0, 16 CPU cores.
-- **H100**: one NVIDIA H100 80GB HBM3 (132 SMs), the same software, 16 CPU cores. A graph's time differs by up to
-  3% between machine starts, so one run does not settle a difference of that size.
+- **H100**: one NVIDIA H100 80GB HBM3 (132 SMs), the same software; a graph's time differs by up to 3% between
+  machine starts.
 """
 
 
