@@ -9,15 +9,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.analysis import results_page
-from benchmarks.analysis.results_page import (
-    Col,
-    PageError,
-    Table,
-    load_runs,
-    render_page,
-    render_table,
-    table_rows,
-)
+from benchmarks.analysis.results_page import PageError, load_runs, render_page, render_table, table_rows
+from benchmarks.analysis.results_paths import Col, Table
+from benchmarks.analysis.results_tables import TABLES
 from benchmarks.lib.common import RESULTS_DIR
 from benchmarks.lib.voice_client import summarize, turn_row
 
@@ -94,7 +88,7 @@ def test_a_newest_run_the_table_cannot_read_fails(tmp_path: Path) -> None:
 
 
 def _table(benchmark: str) -> Table:
-    (table,) = [t for t in results_page.TABLES if t.benchmark == benchmark]
+    (table,) = [t for t in TABLES if t.benchmark == benchmark]
     return table
 
 

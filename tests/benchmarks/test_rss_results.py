@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 
 from benchmarks import idle_rss, soak_rss
-from benchmarks.analysis import results_page
 from benchmarks.analysis.results_page import load_runs, table_rows
+from benchmarks.analysis.results_paths import Table
+from benchmarks.analysis.results_tables import TABLES
 from benchmarks.lib.common import detail_path, read_results
 
 
-def _table(benchmark: str) -> results_page.Table:
-    (table,) = [t for t in results_page.TABLES if t.benchmark == benchmark]
+def _table(benchmark: str) -> Table:
+    (table,) = [t for t in TABLES if t.benchmark == benchmark]
     return table
 
 
