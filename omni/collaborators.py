@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class Engine(Protocol):
-    """``engine.async_engine.AsyncEngine``."""
+    """``engine.frontend.async_engine.AsyncEngine``."""
 
     @property
     def tokenizer(self) -> Tokenizer: ...

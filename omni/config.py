@@ -18,7 +18,7 @@ class OmniConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     asr: str | None = "default"  # Whisper tiny.en (faster-whisper) or a local HF Whisper directory
     tts: str | None = "default"  # Piper joe voice, a Piper .onnx, or a local HF VITS directory
-    # The engines of the process wait while an ASR batch runs (``engine.step_gate``): a turn's transcript
+    # The engines of the process wait while an ASR batch runs (``engine.runner.step_gate``): a turn's transcript
     # comes sooner, the other sessions' next tokens a batch later. Engines in another process never wait, nor
     # any when the LLM hears audio itself (its answer never waits for a transcript).
     asr_batches_alone: bool = True

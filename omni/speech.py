@@ -169,7 +169,7 @@ class SpokenModel:
             )
             return
         # A thinker loop in this process shares the device stream and the interpreter lock with the talker:
-        # the talker's prefills go first (engine.step_priority).
+        # the talker's prefills go first (engine.runner.step_priority).
         self.talker.prefer_over(thinker)
         rate = request.audio.sample_rate
         voice_bos = self.token2wav.text_bos_token(voice)

@@ -16,7 +16,7 @@ Each chunk is one call to worker threads ("lanes", ``token2wav_batcher``) that b
 stream: the DiT, then the vocoder, with first chunks ahead of later ones; with two lanes (``lanes``) one
 runs first chunks only, on a high-priority CUDA stream, so a first chunk never waits behind a later one.
 While a first chunk's call runs, the process's engines launch no step (``first_chunks_alone``,
-``engine.step_gate``): it has the GPU to itself.
+``engine.runner.step_gate``): it has the GPU to itself.
 The settings and each chunk's window are ``token2wav_chunking``'s. A chunk's DiT window
 reaches ``past_codes`` back and ``lookahead_codes`` ahead, starting on a DiT attention block boundary so
 the block masks line up with the whole utterance's; the chunk keeps the mel of its own frames only. The
