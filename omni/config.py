@@ -29,7 +29,7 @@ class OmniConfig:
     # then comes from the model's own voice instead of the TTS head. "auto": the LLM's own checkpoint when
     # it has them (a Qwen2.5-Omni directory with audio output and a speaker map); None: never.
     speech_model: str | None = "auto"
-    # How the speaking model's token2wav cuts its audio (``omni.heads.token2wav.Token2WavConfig``); None keeps
+    # How the speaking model's token2wav cuts its audio (``omni.heads.token2wav.chunking.Token2WavConfig``); None keeps
     # the head's own setting. The first chunk, in codes (50 a second), is the latency knob; later chunks are
     # larger for throughput; fewer ODE steps for the first chunk trade its quality for time; CUDA graphs
     # replay the regular chunks' calls; a bfloat16 DiT puts its matrix products on tensor cores.

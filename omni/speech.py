@@ -87,7 +87,7 @@ class SpokenModel:
         self.default_voice = config.default_voice or token2wav.voices[0]
         self.token2wav.speaker(self.default_voice)  # an unknown default fails at load, not at the first turn
         self._text_rows: dict[int, torch.Tensor] = {}  # thinker embedding rows of the talker's text tokens
-        # token2wav chunks wait in these threads for their batch (omni.heads.token2wav_batcher): one per
+        # token2wav chunks wait in these threads for their batch (omni.heads.token2wav.batcher): one per
         # session speaking at once, more than asyncio's default pool holds.
         self._chunk_threads = concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="token2wav")
 
