@@ -22,7 +22,7 @@
 4. Reported: p50/p90/p99 TTFT of the first ``--report-first`` requests of each pass and the
    cold/warm ratios. The target on an H200: cold p99 within 1.5x of warm p99.
 
-Random-weight checkpoints of the model shapes are built as ``benchmarks.engine_gpu`` builds them,
+Random-weight checkpoints of the model shapes are built from ``tests.harness.model_shapes``,
 in a separate process first, so the measured process starts with nothing on the device.
 Every request and the summary are appended to ``benchmarks/results/cold_start.jsonl`` (``--out``).
 """
@@ -193,7 +193,7 @@ def _build_checkpoint(name: str, directory: Path, seed: int, device: str) -> Non
 
         save_tiny_checkpoint("llama", directory, seed=seed)
         return
-    from benchmarks.engine_gpu import shape_config, word_tokenizer
+    from tests.harness.model_shapes import shape_config, word_tokenizer
 
     cfg = shape_config(name)
     torch.manual_seed(seed)

@@ -49,15 +49,9 @@ from typing import Any
 import torch
 from omni_gateway.kernels import quant_reference as qref
 
-from benchmarks.engine_gpu import (
-    b1_decode_seconds,
-    free_cuda,
-    make_workload,
-    shape_config,
-    trace_decode,
-    word_tokenizer,
-)
+from benchmarks.engine_gpu import b1_decode_seconds, free_cuda, make_workload, trace_decode
 from benchmarks.lib.common import RESULTS_DIR, ResultLog, rel_err, time_graph
+from tests.harness.model_shapes import shape_config, word_tokenizer
 
 VARIANTS = ("bf16", "fp8-channel", "fp8-channel-head", "fp8-block", "int4", "int4-head", "fp8-kv", "fp8-channel-kv")
 

@@ -13,7 +13,7 @@ the torch twins (kernels/quant_reference.py) before it is timed.
 2. Prefill (64 to 4096 rows): bf16 cuBLAS, FP8 per channel through ``torch._scaled_mm`` (W8A8) and
    through the weight-only Triton GEMM, FP8 per block and int4 through the Triton GEMM.
 
-Timings are CUDA-graph replays over weight sets larger than L2 (benchmarks/common.time_graph). The
+Timings are CUDA-graph replays over weight sets larger than L2 (benchmarks/lib/common.time_graph). The
 candidates are compiled first in parallel worker processes (Triton's on-disk cache is shared).
 """
 

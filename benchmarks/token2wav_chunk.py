@@ -3,7 +3,7 @@
 A speaking model's first audio waits for the first chunk's token2wav call: the flow-matching ODE over the
 chunk's window of codes (40 DiT evaluations at 10 steps) and the vocoder. Later chunks are larger
 (``--chunk later``): many streams' later chunks are what keeps the GPU's arithmetic busy. Ours is
-``Token2Wav._chunk_group`` (``token2wav_dit.FastDiT`` and ``token2wav_vocoder.FastVocoder``, every row of a
+``Token2Wav._chunk_group`` (``token2wav.dit.FastDiT`` and ``token2wav.vocoder.FastVocoder``, every row of a
 batch in one call; with ``--graphs`` replayed from CUDA graphs); the baseline is transformers' own
 ``Qwen2_5OmniToken2WavDiTModel.sample`` and BigVGAN forward over the same window, once per row. Random
 weights in Qwen2.5-Omni-7B's token2wav shapes (``--shapes 7b``) or the tiny test checkpoint's (``tiny``),

@@ -34,8 +34,9 @@ from typing import Any
 
 import torch
 
-from benchmarks.engine_gpu import b1_decode_seconds, make_workload, shape_config, word_tokenizer
+from benchmarks.engine_gpu import b1_decode_seconds, make_workload
 from benchmarks.lib.common import ResultLog, add_out_argument
+from tests.harness.model_shapes import shape_config, word_tokenizer
 
 _STD = 0.02  # weight scale of the random init (Llama's initializer_range)
 

@@ -43,7 +43,7 @@ the gateway's own cost of many sessions, without models; its detector hears only
 half of full scale, so it may end a turn at the question's last loud syllable, before the speech ends (a
 negative latency there). ``--asr``/``--tts``/``--model`` pick the stages
 (default: the embedded ones, faster-whisper tiny.en, Piper and SmolLM2); ``--random-stages DIR`` builds
-random-weight checkpoints in real shapes under DIR (``voice_gpu_stages``: Whisper large-v3-turbo, the LLM
+random-weight checkpoints in real shapes under DIR (``tests.harness.shape_checkpoints``: Whisper large-v3-turbo, the LLM
 shape of ``--llm-shape``, VITS in the MMS shape) and serves them on the GPU: noise in, noise out, so
 transcripts are never right there and only the timings count; ``--tiny-stages`` builds them in tiny shapes
 to check the command on a CPU first. One session's turn warms the server up before each detector's counted runs

@@ -45,7 +45,7 @@ class BatchedRecognizer:
     size, which torch keeps per thread), and the constructor returns only then, so that the loader's next
     stage does not use the device meanwhile (a CUDA graph capture there would fail).
 
-    ``hold`` wraps each batch's reading: the loader passes ``engine.step_gate.urgent`` so that the engines of
+    ``hold`` wraps each batch's reading: the loader passes ``engine.runner.step_gate.urgent`` so that the engines of
     the process launch no step while a batch runs (a turn's transcript is on its reply's critical path)."""
 
     def __init__(

@@ -55,7 +55,7 @@ class EngineConfig:
     # tokens into text and checks stops. "auto": on CUDA (where launches are asynchronous), off on the CPU.
     pipeline_decode: str = "auto"  # "auto" | "on" | "off"
     seed: int = 0
-    # Step shapes run before serving (``engine.warmup``): "full" every kernel choice the limits above
+    # Step shapes run before serving (``engine.runner.warmup``): "full" every kernel choice the limits above
     # allow, "minimal" one prefill and decode, "off" none; "auto": full on CUDA, minimal on the CPU
     # (whose torch path compiles nothing) and over a compile_cache_dir that a full warm-up of the same
     # configuration filled. Only the serving entry points warm up.

@@ -21,7 +21,7 @@ class StructuredOutputs:
 
     ``json`` may be given as a dict; it is stored as JSON text (key order kept: the generated object's
     properties follow the schema's order), which keys the cache of compiled grammars. The engine
-    compiles it (``engine.structured_output``); a constraint xgrammar rejects is an InvalidConstraint
+    compiles it (``engine.core.structured_output``); a constraint xgrammar rejects is an InvalidConstraint
     there."""
 
     json: str | None = None

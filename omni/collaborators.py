@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class Engine(Protocol):
-    """``engine.async_engine.AsyncEngine``."""
+    """``engine.frontend.async_engine.AsyncEngine``."""
 
     @property
     def tokenizer(self) -> Tokenizer: ...
@@ -77,7 +77,7 @@ class Recognizer(Protocol):
 
 
 class SpeechHead(Protocol):
-    """``omni.heads.tts.TtsHead``."""
+    """``omni.heads.tts.head.TtsHead``."""
 
     @property
     def voices(self) -> tuple[str, ...]: ...
@@ -94,7 +94,7 @@ class CancelFlag(Protocol):
 
 
 class ImageHead(Protocol):
-    """``omni.heads.dit.ImageHead``."""
+    """``omni.heads.dit.head.ImageHead``."""
 
     def generate(
         self, prompt: str, options: ImageOutputOptions, cancel: CancelFlag | None = None

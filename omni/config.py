@@ -18,7 +18,7 @@ class OmniConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     asr: str | None = "default"  # Whisper tiny.en (faster-whisper) or a local HF Whisper directory
     tts: str | None = "default"  # Piper joe voice, a Piper .onnx, or a local HF VITS directory
-    # The engines of the process wait while an ASR batch runs (``engine.step_gate``): a turn's transcript
+    # The engines of the process wait while an ASR batch runs (``engine.runner.step_gate``): a turn's transcript
     # comes sooner, the other sessions' next tokens a batch later. Engines in another process never wait, nor
     # any when the LLM hears audio itself (its answer never waits for a transcript).
     asr_batches_alone: bool = True
@@ -29,7 +29,7 @@ class OmniConfig:
     # then comes from the model's own voice instead of the TTS head. "auto": the LLM's own checkpoint when
     # it has them (a Qwen2.5-Omni directory with audio output and a speaker map); None: never.
     speech_model: str | None = "auto"
-    # How the speaking model's token2wav cuts its audio (``omni.heads.token2wav.Token2WavConfig``); None keeps
+    # How the speaking model's token2wav cuts its audio (``omni.heads.token2wav.chunking.Token2WavConfig``); None keeps
     # the head's own setting. The first chunk, in codes (50 a second), is the latency knob; later chunks are
     # larger for throughput; fewer ODE steps for the first chunk trade its quality for time; CUDA graphs
     # replay the regular chunks' calls; a bfloat16 DiT puts its matrix products on tensor cores.

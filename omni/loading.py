@@ -266,7 +266,7 @@ def _load_audio(config: OmniConfig, engine: Any) -> AudioEncoder:
 
 def warm_up(pipeline: OmniPipeline) -> None:
     """One short pass through the LLM, ASR and TTS. The LLM's step shapes were warmed when it loaded
-    (``engine.warmup``); this prompt starts as every conversation's does (system prompt included), so
+    (``engine.runner.warmup``); this prompt starts as every conversation's does (system prompt included), so
     those full KV blocks stay in the prefix cache for later turns."""
     from concurrent.futures import ThreadPoolExecutor
 

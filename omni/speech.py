@@ -87,7 +87,7 @@ class SpokenModel:
         self.default_voice = config.default_voice or token2wav.voices[0]
         self.token2wav.speaker(self.default_voice)  # an unknown default fails at load, not at the first turn
         self._text_rows: dict[int, torch.Tensor] = {}  # thinker embedding rows of the talker's text tokens
-        # token2wav chunks wait in these threads for their batch (omni.heads.token2wav_batcher): one per
+        # token2wav chunks wait in these threads for their batch (omni.heads.token2wav.batcher): one per
         # session speaking at once, more than asyncio's default pool holds.
         self._chunk_threads = concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="token2wav")
 
@@ -169,7 +169,7 @@ class SpokenModel:
             )
             return
         # A thinker loop in this process shares the device stream and the interpreter lock with the talker:
-        # the talker's prefills go first (engine.step_priority).
+        # the talker's prefills go first (engine.runner.step_priority).
         self.talker.prefer_over(thinker)
         rate = request.audio.sample_rate
         voice_bos = self.token2wav.text_bos_token(voice)

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True, slots=True)
 class Prompt:
     token_ids: list[int]
-    embed_spans: tuple[Any, ...] = ()  # engine.sequence.EmbedSpan for image/video placeholders
+    embed_spans: tuple[Any, ...] = ()  # engine.core.sequence.EmbedSpan for image/video placeholders
     num_image_tokens: int = 0
     num_audio_tokens: int = 0
 

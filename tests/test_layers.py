@@ -211,3 +211,29 @@ def test_only_the_harness_is_shared_with_tests() -> None:
         and not any(imp.module == s or imp.module.startswith(s + ".") for s in shared)
     ]
     assert not problems, "\n".join(problems)
+
+
+def benchmark_imports(folder: Path) -> list[str]:
+    """Every import of ``benchmarks`` (at module level or inside a function) in the sources under ``folder``, as
+    ``file:line imports module`` with the file's path under ``folder``."""
+    return [
+        f"{path.relative_to(folder)}:{imp.line} imports {imp.module}"
+        for path in sorted(folder.rglob("*.py"))
+        for imp in imports_of(path.read_text(), "tests.harness")
+        if imp.module == "benchmarks" or imp.module.startswith("benchmarks.")
+    ]
+
+
+def test_the_harness_imports_no_benchmark() -> None:
+    """Benchmarks build on the harness, never the other way round."""
+    problems = benchmark_imports(ROOT / "tests" / "harness")
+    assert not problems, "tests/harness imports benchmarks:\n" + "\n".join(problems)
+
+
+def test_benchmark_imports_are_found_inside_functions(tmp_path: Path) -> None:
+    (tmp_path / "builder.py").write_text("def build():\n    from benchmarks.engine_gpu import shape_config\n")
+    (tmp_path / "shared.py").write_text("import benchmarks.lib.common\nfrom tests.harness import checkpoints\n")
+    assert benchmark_imports(tmp_path) == [
+        "builder.py:2 imports benchmarks.engine_gpu.shape_config",
+        "shared.py:1 imports benchmarks.lib.common",
+    ]

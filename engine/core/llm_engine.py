@@ -45,7 +45,7 @@ class Step(Protocol):
 class Runner(Protocol):
     """What the engine drives (``ModelRunner``): ``execute(batch)`` starts a step; with ``after``,
     a step whose tokens the host has not read, every sequence decodes the position after its last
-    known token, with the token ``after`` samples for it (see ``engine.pipelining``)."""
+    known token, with the token ``after`` samples for it (see ``engine.core.pipelining``)."""
 
     num_kv_blocks: int
     device: Any  # a torch.device: pipelined decode defaults on where launches are asynchronous (CUDA)
@@ -59,7 +59,7 @@ RunnerFactory = Callable[[EngineConfig, Any], Runner]
 
 
 class LLMEngine:
-    """Builds the model (``engine.loader``), the runner (``engine.model_runner``) and the scheduler.
+    """Builds the model (``engine.runner.loader``), the runner (``engine.runner.model_runner``) and the scheduler.
 
     ``model`` and ``runner_factory`` replace the loader and the runner (tests, alternative backends).
     """
@@ -114,12 +114,12 @@ class LLMEngine:
         on_cuda = self.runner.device.type == "cuda"
         self.pipelined = config.pipeline_decode == "on" or (config.pipeline_decode == "auto" and on_cuda)
         self.num_steps_ahead = 0  # steps launched before the host had read the step in front of them
-        self._grammars: Any = None  # engine.structured_output.GrammarCache, built on first use
+        self._grammars: Any = None  # engine.core.structured_output.GrammarCache, built on first use
         self._grammars_lock = threading.Lock()
 
     @property
     def grammars(self) -> Any:
-        """The compiler of this model's constraints (``engine.structured_output.GrammarCache``); any
+        """The compiler of this model's constraints (``engine.core.structured_output.GrammarCache``); any
         thread may compile with it, so callers compile before a request reaches the loop."""
         with self._grammars_lock:
             if self._grammars is None:
@@ -144,7 +144,7 @@ class LLMEngine:
 
     @property
     def pipelined(self) -> bool:
-        """Whether decode steps run one step ahead of the host (see ``engine.pipelining``)."""
+        """Whether decode steps run one step ahead of the host (see ``engine.core.pipelining``)."""
         return self._pipelined
 
     @pipelined.setter
@@ -311,7 +311,7 @@ class LLMEngine:
 
     def step(self) -> list[StreamDelta]:
         """Run one step and return its deltas. Where decode steps are pipelined (see
-        ``engine.pipelining``), the step after this one is on the device before this returns."""
+        ``engine.core.pipelining``), the step after this one is on the device before this returns."""
         pending, self._in_flight = self._in_flight, None
         if pending is not None and all(seq.is_finished for seq in pending.batch.seqs):
             pending = None  # every row it computes would be discarded

@@ -140,7 +140,7 @@ class Scheduler:
 
     def schedule_lookahead(self, in_flight: ScheduledBatch) -> ScheduledBatch | None:
         """The step to launch behind ``in_flight`` (a launchable step whose tokens the host has not
-        read; see ``engine.pipelining``), with the KV slot of each sequence's next position allocated;
+        read; see ``engine.core.pipelining``), with the KV slot of each sequence's next position allocated;
         None when the host must see ``in_flight``'s tokens first."""
         if self.waiting:
             return None  # the host's schedule would admit them

@@ -82,10 +82,10 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at the last admission
         self.num_preemptions = 0
         self.output_logprobs: list[Any] = []  # one entry per output token when params.logprobs is set
-        # The xgrammar matcher of a constrained request (engine.structured_output), at the state after
+        # The xgrammar matcher of a constrained request (engine.core.structured_output), at the state after
         # the output tokens so far; None when unconstrained or once the request is retired.
         self.grammar: Any = None
-        # Rows that arrive while it runs, one per generated position (engine.input_stream.InputStream).
+        # Rows that arrive while it runs, one per generated position (engine.runner.input_stream.InputStream).
         self.input_stream: Any = None
         # (first position, hidden rows, embedding rows) per step, with params.return_hidden_states;
         # the runner appends, the engine hands them out with the next delta.

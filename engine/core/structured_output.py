@@ -5,7 +5,7 @@ Compilation happens in the caller's thread (``AsyncEngine.generate`` compiles be
 reaches the loop; ``LLMEngine.add_request`` then finds it in the cache), so a slow schema never
 stalls the decode loop. Matchers live on their ``Sequence`` and are touched only by the engine loop:
 the sampler reads them to build the mask, ``LLMEngine._absorb`` advances them with the tokens it
-keeps. Where decode is pipelined (``engine.pipelining``), a constrained step's forward is launched
+keeps. Where decode is pipelined (``engine.core.pipelining``), a constrained step's forward is launched
 ahead and its masks are filled once the host has absorbed the token in flight, while the device runs
 that forward; the mask is applied to the logits on the device, between the graph's replay and the
 draw.

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 # stats() walks every held block; a busy loop refreshes the snapshot at this period, an idle one at once.
 _STATS_PERIOD_S = 0.25
-# A loop whose every request waits for input rows (engine.input_stream) sleeps until one arrives (the
+# A loop whose every request waits for input rows (engine.runner.input_stream) sleeps until one arrives (the
 # stream wakes it); it looks again after this long whatever happens.
 _INPUT_POLL_S = 0.05
 # A step that some requests could take while others wait for rows that are arriving: a producer's step
@@ -182,7 +182,7 @@ class AsyncEngine(ChatStreaming):
 
     def prefer_over(self, other: object) -> None:
         """Let this engine's steps that admit requests with input streams go ahead of ``other``'s steps
-        (see ``engine.step_priority``), where ``other`` is another engine loop of this process; anything
+        (see ``engine.runner.step_priority``), where ``other`` is another engine loop of this process; anything
         else (an engine in another process) is left alone. Idempotent."""
         if (
             not isinstance(other, AsyncEngine)

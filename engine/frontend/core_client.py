@@ -1,7 +1,7 @@
 """``EngineCoreClient``: the ``AsyncEngine`` interface over an engine core in another process.
 
 The gateway process keeps the tokenizer (sent by the core once it is ready) for prompts and logprob
-text; everything that touches the model runs in the core (``engine.core_process``). ``generate``
+text; everything that touches the model runs in the core (``engine.frontend.core_process``). ``generate``
 sends one ``AddRequest`` and awaits deltas; a receiver thread owns the output socket and hands each
 step's deltas to the event loop of the stream they extend (``call_soon_threadsafe``), so no event
 loop ever waits on the engine.

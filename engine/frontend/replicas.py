@@ -1,7 +1,7 @@
 """Data parallel: N engine cores, each a full copy of the model, behind one ``AsyncEngine`` interface.
 
 Each replica is an ``EngineCoreClient`` (a local process, or a Ray actor), which detects its own core's
-death, fails that core's streams and restarts it. This class only chooses (``engine.router``): a
+death, fails that core's streams and restarts it. This class only chooses (``engine.frontend.router``): a
 session's requests go to the replica that holds its prefix cache, and new work goes to live replicas
 only, so when one dies its sessions get an error and everything else carries on.
 """

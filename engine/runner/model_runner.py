@@ -109,7 +109,7 @@ class ModelRunner:
         if not weights and loaded.source is None:
             raise ValueError(
                 f"the loaded model {loaded.name!r} holds no weights: an engine built from it released them; "
-                "load it again (engine.loader.load_model) for another engine"
+                "load it again (engine.runner.loader.load_model) for another engine"
             )
         if parallel.is_parallel or (not weights and loaded.source is not None):  # read here, this rank's slices
             layout = ShardLayout.of(loaded.hf_config, parallel.rank, parallel.world_size)
@@ -221,9 +221,9 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch, after: PendingDecode | None = None) -> PendingDecode:
         """Run one step and return it without waiting for its tokens where nothing needs them on the
         host first (no logprobs asked; otherwise it comes back resolved). With ``after``, the step in
-        flight whose tokens the host has not read (see ``engine.pipelining``), every sequence decodes
+        flight whose tokens the host has not read (see ``engine.core.pipelining``), every sequence decodes
         the position after its last known token, with the token ``after`` samples for it. On CUDA the
-        step first waits while an urgent call of the process runs (``engine.step_gate``)."""
+        step first waits while an urgent call of the process runs (``engine.runner.step_gate``)."""
         if self.device.type == "cuda":
             wait_for_urgent()
         seqs = batch.seqs
@@ -238,7 +238,7 @@ class ModelRunner:
                 for i, seq in enumerate(seqs)
                 if seq.params.return_hidden_states
             ]
-            if spans:  # never launched ahead (engine.pipelining): num_computed_tokens is the decoded position
+            if spans:  # never launched ahead (engine.core.pipelining): num_computed_tokens is the decoded position
                 self._keep_hidden(spans, graphed.ids, graphed.hidden)
             rows = [i for i, seq in enumerate(seqs) if after is not None or seq.num_computed_tokens + 1 == len(seq)]
             if len(rows) < len(seqs):  # one-token prefill chunks sample nothing
@@ -313,7 +313,7 @@ class ModelRunner:
         """The final-normed hidden states and input embeddings of the sequences that asked, float32 on
         the device (new tensors: ``hidden`` may be a graph's output, overwritten by its next replay). They
         stay there: a consumer in this process (the talker) uses them where they are, and the engine
-        core's messages move them to the host (``engine.ipc``). One normalization, cast and embedding
+        core's messages move them to the host (``engine.frontend.ipc``). One normalization, cast and embedding
         lookup covers every sequence's rows (a decode step's are one per sequence); each sequence gets
         views of those."""
         model = self.model

@@ -1,12 +1,12 @@
 """Batched token sampling over one step's logits.
 
 Order (vLLM's): min_tokens masking, penalties, grammar masks (constrained rows only, see
-``engine.structured_output``), then greedy argmax, or temperature -> top-k ->
+``engine.core.structured_output``), then greedy argmax, or temperature -> top-k ->
 top-p -> min-p -> a draw. Repetition penalty looks at prompt + output tokens; presence and
 frequency penalties at output tokens only. Logprobs are those of the raw model distribution.
 
 A draw is ``argmax(probs / E)`` with ``E ~ Exp(1)`` (equivalent to sampling from ``probs``). A
-request with a seed draws its noise from a hash of its seed and draw number (``engine.seeded_noise``),
+request with a seed draws its noise from a hash of its seed and draw number (``engine.runner.seeded_noise``),
 so its tokens do not depend on what else shares the batch; the others share one generator.
 
 On a GPU the step waits for the device once, when the chosen tokens (and logprobs) come back:
@@ -40,7 +40,7 @@ class Sampler:
         self._shared = torch.Generator(device=device)
         self._shared.manual_seed(seed)
         self._draws: dict[int, int] = {}  # seeded sequences' draws so far
-        self._bitmask: Any = None  # engine.structured_output.HostBitmask, made on the first constrained step
+        self._bitmask: Any = None  # engine.core.structured_output.HostBitmask, made on the first constrained step
 
     def release(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:
@@ -125,7 +125,7 @@ class Sampler:
         seeded = [i for i, seq in enumerate(seqs) if seq.params.seed is not None and not seq.params.greedy]
         if not seeded:
             return noise
-        # Each seeded request's k-th draw is a function of its seed and k alone (engine.seeded_noise).
+        # Each seeded request's k-th draw is a function of its seed and k alone (engine.runner.seeded_noise).
         keys = []
         for i in seeded:
             seq, seed = seqs[i], seqs[i].params.seed

@@ -10,7 +10,8 @@ MAX_ECHOED_EVENT_ID = 512  # longer client event ids are not echoed in errors (O
 
 
 class RealtimeError(Exception):
-    """A rejected client event. ``code`` is what clients key on (see realtime-protocol.md §7)."""
+    """A rejected client event. ``code`` is what clients key on, one of OpenAI's (``invalid_value``,
+    ``missing_required_parameter``, ...); ``message`` is for people to read."""
 
     def __init__(
         self, code: str, message: str, param: str | None = None, error_type: str = "invalid_request_error"

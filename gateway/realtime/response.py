@@ -1,4 +1,7 @@
-"""One response's lifecycle: created -> output items and their parts/deltas -> done (realtime-protocol.md §2.3).
+"""One response's lifecycle, in the order real clients rely on: ``response.created``; then per output item
+``response.output_item.added``, ``conversation.item.added``, for each content part ``response.content_part.added``,
+its deltas and their ``.done``, ``response.content_part.done`` (a tool call has arguments deltas, no parts),
+``response.output_item.done``, ``conversation.item.done``; last ``response.done``.
 
 Events are built with GA names; the session renames them for beta clients. Items are opened lazily on
 the first chunk of their kind, so a response that only calls a tool has no empty message item.

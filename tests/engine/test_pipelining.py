@@ -1,4 +1,4 @@
-"""Which decode steps may be launched ahead of the host (engine.pipelining), over the real scheduler."""
+"""Which decode steps may be launched ahead of the host (engine.core.pipelining), over the real scheduler."""
 
 from __future__ import annotations
 

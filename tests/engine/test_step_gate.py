@@ -1,4 +1,4 @@
-"""engine.step_gate: engine steps wait while an urgent call runs, at most the cap."""
+"""engine.runner.step_gate: engine steps wait while an urgent call runs, at most the cap."""
 
 from __future__ import annotations
 

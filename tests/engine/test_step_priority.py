@@ -1,4 +1,4 @@
-"""A preferred engine's admitting steps go ahead of another engine loop's steps (engine.step_priority)."""
+"""A preferred engine's admitting steps go ahead of another engine loop's steps (engine.runner.step_priority)."""
 
 from __future__ import annotations
 

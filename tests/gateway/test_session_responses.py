@@ -1,4 +1,4 @@
-"""Response lifecycle: event order (realtime-protocol.md §2.3), indices, usage, cancel, overrides, tools."""
+"""Response lifecycle: the event order real clients rely on, indices, usage, cancel, overrides, tools."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Random-weight checkpoints in the shapes of real voice-stage models, for ``voice_sessions --random-stages``
-on a GPU where the real weights cannot travel: the LLM (``engine_gpu``'s shapes, a word-level tokenizer),
+on a GPU where the real weights cannot travel: the LLM (``model_shapes``: a real LLM's shape, a word-level tokenizer),
 Whisper large-v3-turbo (32 encoder and 4 decoder layers of width 1280, 128 mel bins) and VITS in the
 MMS-TTS shape (``VitsConfig``'s defaults). Their outputs are noise: they time the work, not the words.
 ``tiny=True`` builds the same three with a few small layers each, to check the command on a CPU first."""
@@ -11,6 +11,8 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+
+from tests.harness.model_shapes import shape_config, word_tokenizer
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w2{% endif %}"
@@ -36,8 +38,6 @@ def tiny_llm_config() -> Any:
 def build_llm(path: Path, shape: str, device: str = "cuda", tiny: bool = False) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
-
-    from benchmarks.engine_gpu import shape_config, word_tokenizer
 
     config = tiny_llm_config() if tiny else shape_config(shape)
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""VITS up to the spectrogram in stages (``vits_pass``) against ``VitsModel.forward``."""
+"""VITS up to the spectrogram in stages (``vits.model_pass``) against ``VitsModel.forward``."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ class Token2WavConfig:
     # first chunk never waits behind another session's later chunk: first audio 214 ms instead of 248 at
     # concurrency 8 and 622 instead of 674 at 32 (H200, graphs, 4 first-chunk steps).
     lanes: int = 2
-    # While a first chunk's call runs, the process's engines launch no step (engine.step_gate): on an H100 at
+    # While a first chunk's call runs, the process's engines launch no step (engine.runner.step_gate): on an H100 at
     # 8 sessions the call takes 40 ms alone and 87 ms beside the engines' steps.
     first_chunks_alone: bool = True
     guidance_scale: float = 0.5

@@ -11,13 +11,13 @@ take fewer ODE steps (``first_chunk_steps``): eagerly its DiT call is bound by k
 from CUDA graphs (``cuda_graphs``, on by default; ``call_graphs``), captured for every regular window shape
 (``regular_shapes``), voice and batch bucket when the head is built (a stream's last window is padded to the
 next regular one, its padding masked), and every chunk but a stream's last its vocoder call. The stream's
-state is ``token2wav_stream``'s.
-Each chunk is one call to worker threads ("lanes", ``token2wav_batcher``) that batch the chunks of every
+state is ``token2wav.stream``'s.
+Each chunk is one call to worker threads ("lanes", ``token2wav.batcher``) that batch the chunks of every
 stream: the DiT, then the vocoder, with first chunks ahead of later ones; with two lanes (``lanes``) one
 runs first chunks only, on a high-priority CUDA stream, so a first chunk never waits behind a later one.
 While a first chunk's call runs, the process's engines launch no step (``first_chunks_alone``,
-``engine.step_gate``): it has the GPU to itself.
-The settings and each chunk's window are ``token2wav_chunking``'s. A chunk's DiT window
+``engine.runner.step_gate``): it has the GPU to itself.
+The settings and each chunk's window are ``token2wav.chunking``'s. A chunk's DiT window
 reaches ``past_codes`` back and ``lookahead_codes`` ahead, starting on a DiT attention block boundary so
 the block masks line up with the whole utterance's; the chunk keeps the mel of its own frames only. The
 vocoder sees ``vocoder_context_frames`` of mel either side and keeps the samples of the chunk's frames.
@@ -29,8 +29,8 @@ DiT evaluations, each widening the context a frame depends on by the look-back/l
 the whole utterance's frame depends on codes beyond any finite window; and the vocoder's receptive
 field at a chunk edge sees the neighbouring mel of a different window (the lookahead mel is itself a
 window-edge estimate). The models are ``transformers``' own modules, loaded from the checkpoint's
-``token2wav.`` weights; the DiT is evaluated through ``token2wav_dit.FastDiT``, which computes a chunk's
-step-invariant parts once per call, the vocoder through ``token2wav_vocoder.FastVocoder``, which computes
+``token2wav.`` weights; the DiT is evaluated through ``token2wav.dit.FastDiT``, which computes a chunk's
+step-invariant parts once per call, the vocoder through ``token2wav.vocoder.FastVocoder``, which computes
 its activations' constants once.
 """
 

@@ -1,5 +1,5 @@
 """Non-autoregressive speech synthesizers: Piper VITS voices (ONNX), and Hugging Face ``VitsModel``
-(``tts_vits``); ``load_synthesizer`` picks one from a model spec.
+(``vits.synthesizer``); ``load_synthesizer`` picks one from a model spec.
 
 Each turns one text segment into float32 mono audio at its native rate. ``cancel`` is checked between
 sentences, the smallest unit either model renders at once.

@@ -1,7 +1,7 @@
 """Hugging Face ``VitsModel`` (VITS, MMS-TTS) as a batched speech synthesizer, on CPU or GPU.
 
-A batch renders in steps (``VitsRender``): the model pass to the spectrogram (``vits_pass``), then the
-vocoder one window of frames at a time (``vits_batch``), so that a batcher can put other work between them
+A batch renders in steps (``VitsRender``): the model pass to the spectrogram (``vits.model_pass``), then the
+vocoder one window of frames at a time (``vits.vocoder_batch``), so that a batcher can put other work between them
 and hand each window's audio out as soon as it is decoded.
 On CUDA a batch takes a few shapes only and replays them from CUDA graphs (``call_graphs``).
 """
@@ -61,7 +61,7 @@ class HfVitsSynthesizer:
         self.model = VitsModel.from_pretrained(path).to(self.device).eval()
         use_sync_free_spline(self.model)
         # The model's forward stops at the spectrogram; the vocoder runs on it with each row's length
-        # (``vits_batch``), so a padded batch renders every row as it would alone.
+        # (``vits.vocoder_batch``), so a padded batch renders every row as it would alone.
         self.vocoder = detach_vocoder(self.model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.sample_rate = int(self.model.config.sampling_rate)
