@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import os
 import re
 import threading
 import time
@@ -159,8 +160,10 @@ def load_smart_turn(path: str | None = None) -> SmartTurn:
 
 @functools.lru_cache(maxsize=1)
 def scoring_pool() -> ThreadPoolExecutor:
-    """Shared by every session: scores are short and rare (one per pause), two threads keep up."""
-    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="smart-turn")
+    """Shared by every session. A score is about 45 ms of one core (the model; the features take 2), and sessions
+    that pause together score together: half the cores (two at least) keep 64 of them within about 0.4 s on a
+    16-core host, while the other half serve the event loop and the voice stages."""
+    return ThreadPoolExecutor(max_workers=max(2, (os.cpu_count() or 2) // 2), thread_name_prefix="smart-turn")
 
 
 class SemanticTurn:
@@ -195,10 +198,14 @@ class SemanticTurn:
         self._keep_bytes = (WINDOW_S + 2) * input_rate * 2
         self.last_probability: float | None = None
         self._pending: Future[tuple[float, float]] | None = None
+        self._notify: Callable[[], None] | None = None
         self.reset()
 
     def listen(self, notify: Callable[[], None]) -> None:
-        """Events come from ``feed`` only: the detector under it judges inline (it reads its clock)."""
+        """``notify`` is called (from any thread) when ``feed(b"")`` has something new to judge: windows silero's
+        batcher judged, or a verdict that came in."""
+        self._notify = notify
+        self._vad.listen(notify)
 
     def reset(self) -> None:
         self._vad.reset()
@@ -273,6 +280,9 @@ class SemanticTurn:
                 self._scores += 1
                 self._scored_ms, self._scored_wall = at_ms, self._clock()
                 self._pending = self._executor.submit(self._score_safely, self._turn_audio(at_ms))
+                if self._notify is not None:
+                    notify = self._notify
+                    self._pending.add_done_callback(lambda _: notify())
         if self._pending is not None:
             if not self._pending.done() and now_ms - self._real_time_ms(self._clock()) < MAX_LAG_MS:
                 return []

@@ -228,10 +228,10 @@ class OmniPipeline:
             raise UnsupportedInput("voice activity detection is disabled on this server")
         from omni_gateway.encoders.vad import SileroVad, VadBatcher
 
+        # every session's windows judged together, off the event loop
+        if self._vad_batcher is None:
+            self._vad_batcher = VadBatcher(self._vad_session)
         if settings.eagerness is None:
-            # server_vad: every session's windows judged together, off the event loop
-            if self._vad_batcher is None:
-                self._vad_batcher = VadBatcher(self._vad_session)
             batched = SileroVad(
                 threshold=settings.threshold,
                 prefix_padding_ms=settings.prefix_padding_ms,
@@ -249,13 +249,12 @@ class OmniPipeline:
         )
 
         policy = EAGERNESS[settings.eagerness]
-        # semantic_vad reads the detector's clock as it feeds it, so its silero judges inline; silero's own stop
-        # is the cap of a turn that sounds unfinished
+        # silero's own stop is the cap of a turn that sounds unfinished
         vad = SileroVad(
             threshold=settings.threshold,
             prefix_padding_ms=settings.prefix_padding_ms,
             silence_duration_ms=policy.max_silence_ms,
-            session=self._vad_session,
+            batcher=self._vad_batcher,
         )
 
         try:
