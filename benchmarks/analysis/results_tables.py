@@ -29,12 +29,9 @@ commit, machine) and its measurements to `benchmarks/results/NAME.jsonl`, per-tu
 they ran as `python demos/bench_X.py`). `python -m benchmarks.analysis.results_page` writes this page from those
 files: per area, the newest run per machine, variant and row, one number a cell; `–`: not measured by that run.
 
-Machines:
-- **CPU**: the 2-core development machine (AMD EPYC under KVM, AVX2), torch 2.13.0+cpu, shared with other work:
-  its latencies are regression references, not capacity claims.
-- **H200**: one NVIDIA H200 (132 SMs), torch 2.11.0+cu130, Triton 3.6.0, 16 CPU cores.
-- **H100**: one NVIDIA H100 80GB HBM3 (132 SMs), the same software; a graph's time differs by up to 3% between
-  machine starts.
+Machines: **CPU**, the 2-core development machine (AMD EPYC under KVM, AVX2), torch 2.13.0+cpu, shared with other
+work: regression references, not capacity claims; **H200** / **H100**, one NVIDIA H200 / H100 80GB HBM3 (132 SMs),
+torch 2.11.0+cu130, Triton 3.6.0, 16 CPU cores; a graph's time differs by up to 3% between machine starts.
 """
 
 _OMNI = "result[system=omni-gateway,concurrency={}]"
@@ -175,7 +172,7 @@ TABLES: tuple[Table, ...] = (
             voice("lost", f"{_VS}:lost", f"{_VS_OLD}:lost", "n{}_lost", ms=False),
         ),
         key="sessions,turn detection",
-        rows=tuple(f"{n},{mode}" for n in ("4", "64", "128") for mode in TURN_DETECTIONS),
+        rows=tuple(f"{n},{mode}" for n in ("1", "4", "64", "128") for mode in TURN_DETECTIONS),
         variant=("--engine-in-process",),
     ),
     Table(
