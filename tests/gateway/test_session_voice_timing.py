@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from omni_gateway.gateway.realtime.voice_timing import Playback, VoiceTiming
+from omni_gateway.gateway.realtime.voice_timing import VoiceTiming
 from omni_gateway.omni.protocol import AudioChunk, Done, Transcription
 
+from tests.gateway.test_voice_timing import Sink
 from tests.harness.fake_backend import silence, tone
 from tests.harness.session_driver import Driver, b64, events, started, transcribes, types
 
@@ -30,22 +31,6 @@ class Recorder:
 
     def response_done(self, response_id: str) -> None:
         self.calls.append(("done", response_id))
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.decisions: list[tuple[str, float]] = []
-        self.first_audio_s: list[float] = []
-        self.playbacks: list[Playback] = []
-
-    def turn_decision(self, detection: str, seconds: float) -> None:
-        self.decisions.append((detection, seconds))
-
-    def first_audio(self, seconds: float) -> None:
-        self.first_audio_s.append(seconds)
-
-    def playback(self, playback: Playback) -> None:
-        self.playbacks.append(playback)
 
 
 class Both:
