@@ -24,15 +24,13 @@ from omni_gateway.gateway.realtime.voice_timing import Playback
 MAX_RTF_LIMIT = 1.5
 
 
-def check_rtf_limit(value: object) -> float:
-    """``value`` as an RTF limit: a number from 0 (admission by RTF off) to ``MAX_RTF_LIMIT``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(
-            f"the voice admission RTF limit must be a number from 0 (off) to {MAX_RTF_LIMIT}, got {value!r}"
-        )
-    if not 0 <= value <= MAX_RTF_LIMIT:
-        raise ValueError(f"the voice admission RTF limit must be from 0 (off) to {MAX_RTF_LIMIT}, got {value}")
-    return float(value)
+def check_rtf_limit(value: object, name: str = "the RTF limit") -> float:
+    """``value`` as an RTF limit: a number from 0 (admission by RTF off) to ``MAX_RTF_LIMIT``; ``name`` is what
+    the error calls it (the config field, the flag)."""
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    if not 0 <= number <= MAX_RTF_LIMIT:  # NaN fails both comparisons
+        raise ValueError(f"{name} must be a number from 0 (off) to {MAX_RTF_LIMIT}, got {value!r}")
+    return float(number)
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,3 +114,11 @@ def test_bad_limits_are_refused_with_the_accepted_range(value: object) -> None:
     with pytest.raises(ValueError, match=r"from 0 \(off\) to 1.5, got"):
         check_rtf_limit(value)
     assert check_rtf_limit(1.5) == 1.5 and check_rtf_limit(0) == 0.0
+
+
+def test_the_config_field_is_checked_by_name() -> None:
+    from omni_gateway.gateway.config import GatewayConfig
+
+    assert GatewayConfig(voice_admission_rtf=0).voice_admission_rtf == 0  # off, not a bound that must be > 0
+    with pytest.raises(ValueError, match=r"voice_admission_rtf must be a number from 0 \(off\) to 1.5, got 2"):
+        GatewayConfig(voice_admission_rtf=2)
