@@ -56,6 +56,7 @@ REFUSAL_REASONS = (
     "max_sessions_per_key",
     "max_sessions",
     "max_voice_sessions",
+    "voice_falling_behind",
 )
 for _reason in REFUSAL_REASONS:
     SESSIONS_REFUSED.labels(_reason)
