@@ -7,11 +7,14 @@ is built.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.realtime.voice_capacity import check_rtf_limit
 
 
 def _stage(value: str | None) -> str | None:
@@ -33,6 +36,17 @@ def _positive(value: str) -> int:
     if number < 1:
         raise ValueError(f"expected a positive integer, got {value}")
     return number
+
+
+def _rtf_limit(value: str) -> float:
+    """``--voice-admission-rtf``; argparse shows an ArgumentTypeError's message, a ValueError's it drops."""
+    number: object = value
+    with contextlib.suppress(ValueError):
+        number = float(value)
+    try:
+        return check_rtf_limit(number)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -160,6 +174,16 @@ def serve_flags() -> tuple[Flag, ...]:
             "(default: no cap beyond --max-sessions)",
             "network",
             type=int,
+        ),
+        Flag(
+            "--voice-admission-rtf",
+            gw,
+            "voice_admission_rtf",
+            "refuse new voice sessions while the p90 real-time factor of the latest spoken replies (first to last "
+            "audio delta over the audio's duration, across sessions) is at or above this, or too many of them ran "
+            "dry mid-playback; 0 turns it off (default %(default)s)",
+            "network",
+            type=_rtf_limit,
         ),
         Flag(
             "--model",

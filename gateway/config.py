@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from omni_gateway.gateway.guard import host_name
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.realtime.commands import SessionLimits
+from omni_gateway.gateway.realtime.voice_capacity import check_rtf_limit
 
 # Binding to these serves every interface: the names clients use for the machine cannot be known here.
 ALL_INTERFACES = ("0.0.0.0", "::", "")
@@ -35,6 +36,10 @@ class GatewayConfig:
     # 1013) so the admitted keep their latency. None: only max_sessions caps them, because the voice stages'
     # capacity depends on the models and the hardware; benchmarks/voice_sessions.py measures it.
     max_voice_sessions: int | None = None
+    # What the voice stages hold, measured instead: while the p90 real-time factor of the latest spoken replies
+    # (first to last audio delta over the audio's duration, across sessions) is at or above this, or too many of
+    # them ran dry mid-playback, a new voice session is refused (503 / 1013) as past max_voice_sessions. 0: off.
+    voice_admission_rtf: float = 0.9
     # One WebSocket message. OpenAI allows 15 MiB of audio per append (20 MiB as base64); 16 MiB matches
     # uvicorn's default and bounds what one frame can make us buffer.
     max_frame_bytes: int = 16 * 1024 * 1024
@@ -60,10 +65,11 @@ class GatewayConfig:
                 if (
                     isinstance(value, (int, float))
                     and not isinstance(value, bool)
-                    and spec.name != "port"
+                    and spec.name not in ("port", "voice_admission_rtf")
                     and value <= 0
                 ):
                     raise ValueError(f"{prefix}{spec.name} must be > 0, got {value}")
+        check_rtf_limit(self.voice_admission_rtf, "voice_admission_rtf")
         for name in ("allowed_origins", "allowed_hosts"):
             if isinstance(getattr(self, name), str):
                 raise TypeError(f"{name} must be a tuple of strings, got the string {getattr(self, name)!r}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
 from omni_gateway.gateway import metrics
@@ -21,6 +21,7 @@ from omni_gateway.gateway.auth import bearer_token, key_matches
 
 if TYPE_CHECKING:  # gateway.config imports host_name from here
     from omni_gateway.gateway.config import GatewayConfig
+    from omni_gateway.gateway.realtime.voice_capacity import VoiceCapacity
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -43,7 +44,8 @@ _ERROR_TYPES = {
     429: "rate_limit_error",
     503: "server_error",
 }
-# The reason each refusal of a WebSocket session is counted under (metrics.REFUSAL_REASONS: a fixed set).
+# The reason each refusal of a WebSocket session is counted under, by its code, unless the refusal names one
+# (metrics.REFUSAL_REASONS: a fixed set).
 _SESSION_REFUSALS = {
     "host_not_allowed": "host",
     "origin_not_allowed": "origin",
@@ -55,6 +57,13 @@ _SESSION_REFUSALS = {
 }
 # Without the ASGI denial-response extension a refused handshake can only be a close; servers answer it with 403.
 _CLOSE_CODES = {401: 1008, 403: 1008, 429: 1013, 503: 1013}
+
+
+class Refusal(NamedTuple):
+    status: int
+    code: str  # the error's ``code``
+    message: str
+    counted_as: str | None = None  # the refused-sessions reason where the code has several causes
 
 
 def is_public(path: str) -> bool:
@@ -111,7 +120,15 @@ def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...
 class Guard:
     """Pure ASGI middleware; ``healthy`` is read per request (cheap: a thread liveness check)."""
 
-    def __init__(self, app: App, *, config: GatewayConfig, healthy: Callable[[], bool], voice: bool = False) -> None:
+    def __init__(
+        self,
+        app: App,
+        *,
+        config: GatewayConfig,
+        healthy: Callable[[], bool],
+        voice: bool = False,
+        capacity: VoiceCapacity | None = None,
+    ) -> None:
         self.app = app
         self.config = config
         self.allowed_hosts = config.host_allow_list()
@@ -119,6 +136,7 @@ class Guard:
         self.voice = voice  # the backend hears or speaks: every realtime session is a voice session
         self.sessions: Counter[str] = Counter()  # open WebSockets per key
         self.voice_sessions = 0
+        self.capacity = capacity  # what the admitted voice sessions' replies measure (None: not judged)
         self.requests: Counter[str] = Counter()  # HTTP requests in flight per key (streams count until done)
         self.http_in_flight = 0
 
@@ -130,9 +148,9 @@ class Guard:
         path = scope.get("path", "")
         refusal = self._refusal(scope, kind, path)
         if refusal is not None:
-            status, code, message = refusal
+            status, code, message, counted_as = refusal
             if kind == "websocket":
-                metrics.SESSIONS_REFUSED.labels(_SESSION_REFUSALS.get(code, code)).inc()
+                metrics.SESSIONS_REFUSED.labels(counted_as or _SESSION_REFUSALS.get(code, code)).inc()
             await (self._deny_websocket if kind == "websocket" else self._deny_http)(
                 receive, send, scope, status, code, message
             )
@@ -172,10 +190,10 @@ class Guard:
         client = scope.get("client")
         return "client:" + (client[0] if client else "unknown")
 
-    def _refusal(self, scope: Scope, kind: str, path: str) -> tuple[int, str, str] | None:
+    def _refusal(self, scope: Scope, kind: str, path: str) -> Refusal | None:
         host = _header(scope, b"host")
         if not host_allowed(host, self.allowed_hosts):
-            return (
+            return Refusal(
                 421 if kind == "http" else 403,
                 "host_not_allowed",
                 (
@@ -189,7 +207,7 @@ class Guard:
         if kind == "websocket":
             origin = _header(scope, b"origin")
             if not origin_allowed(origin, host, config.allowed_origins):
-                return (
+                return Refusal(
                     403,
                     "origin_not_allowed",
                     (
@@ -202,13 +220,13 @@ class Guard:
             how = "'Authorization: Bearer <key>'" + (
                 " or the 'openai-insecure-api-key.<key>' subprotocol" if kind == "websocket" else ""
             )
-            return 401, "invalid_api_key", f"Incorrect or missing API key. Send it as {how}."
+            return Refusal(401, "invalid_api_key", f"Incorrect or missing API key. Send it as {how}.")
         if path not in UNGATED_BY_HEALTH and not self.healthy():
-            return 503, "server_unavailable", "The model backend is not running; try again later."
+            return Refusal(503, "server_unavailable", "The model backend is not running; try again later.")
         owner = self._owner(scope)
         if kind == "websocket":
             if self.sessions[owner] >= config.max_sessions_per_key:
-                return (
+                return Refusal(
                     429,
                     "rate_limit_exceeded",
                     (
@@ -217,30 +235,47 @@ class Guard:
                     ),
                 )
             if self.sessions.total() >= config.max_sessions:
-                return (
+                return Refusal(
                     503,
                     "server_overloaded",
                     (f"This server already serves {config.max_sessions} realtime sessions; try again later."),
                 )
-            cap = config.max_voice_sessions
-            if cap is not None and self._is_voice(kind, path) and self.voice_sessions >= cap:
-                return (
-                    503,
-                    "voice_capacity_reached",
-                    f"This server's speech stages already serve {cap} voice sessions; try again later.",
-                )
+            if self._is_voice(kind, path):
+                return self._voice_refusal()
         elif path not in UNGATED_BY_HEALTH:
             if self.requests[owner] >= http.max_requests_per_key:
-                return (
+                return Refusal(
                     429,
                     "rate_limit_exceeded",
                     (f"This key already has {http.max_requests_per_key} requests in flight; wait for one to finish."),
                 )
             if self.http_in_flight >= http.max_requests:
-                return (
+                return Refusal(
                     503,
                     "server_overloaded",
                     (f"This server already serves {http.max_requests} requests; try again later."),
+                )
+        return None
+
+    def _voice_refusal(self) -> Refusal | None:
+        """A voice session past ``max_voice_sessions``, or while the admitted ones' replies fall behind real
+        time. With no voice session open nothing is falling behind: what the window holds was measured under a
+        load that has left."""
+        cap = self.config.max_voice_sessions
+        if cap is not None and self.voice_sessions >= cap:
+            return Refusal(
+                503,
+                "voice_capacity_reached",
+                f"This server's speech stages already serve {cap} voice sessions; try again later.",
+            )
+        if self.capacity is not None and self.voice_sessions > 0:
+            admitted, measured = self.capacity.admits()
+            if not admitted:
+                return Refusal(
+                    503,
+                    "voice_capacity_reached",
+                    f"This server's speech stages are at capacity ({measured}); try again later.",
+                    counted_as="voice_falling_behind",
                 )
         return None
 

@@ -6,6 +6,7 @@ realtime sessions) increments the same series; the backend's numbers are read at
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -56,6 +57,7 @@ REFUSAL_REASONS = (
     "max_sessions_per_key",
     "max_sessions",
     "max_voice_sessions",
+    "voice_falling_behind",
 )
 for _reason in REFUSAL_REASONS:
     SESSIONS_REFUSED.labels(_reason)
@@ -153,8 +155,29 @@ class _BackendCollector:
             yield GaugeMetricFamily(name, f"Backend metric '{key}'.", value=float(value))
 
 
-def exposition(read_backend: Callable[[], dict[str, float]], healthy: Callable[[], bool]) -> bytes:
+class _VoiceWindowCollector:
+    """The p90 RTF of the voice admission's window, read at scrape time so that it ages with the window."""
+
+    def __init__(self, rtf_p90: Callable[[], float | None]) -> None:
+        self._rtf_p90 = rtf_p90
+
+    def collect(self) -> Iterator[Metric]:
+        p90 = self._rtf_p90()
+        yield GaugeMetricFamily(
+            "omni_realtime_voice_rtf_p90",
+            "p90 real-time factor of the latest spoken replies that voice admission judges (NaN: none in its window).",
+            value=math.nan if p90 is None else p90,
+        )
+
+
+def exposition(
+    read_backend: Callable[[], dict[str, float]],
+    healthy: Callable[[], bool],
+    voice_rtf_p90: Callable[[], float | None] | None = None,
+) -> bytes:
     """The Prometheus text exposition of the gateway's series followed by the backend's."""
-    backend = CollectorRegistry()
-    backend.register(_BackendCollector(read_backend, healthy))
-    return generate_latest(REGISTRY) + generate_latest(backend)
+    scraped = CollectorRegistry()
+    if voice_rtf_p90 is not None:
+        scraped.register(_VoiceWindowCollector(voice_rtf_p90))
+    scraped.register(_BackendCollector(read_backend, healthy))
+    return generate_latest(REGISTRY) + generate_latest(scraped)

@@ -6,6 +6,7 @@ from typing import Any
 
 from omni_gateway.gateway.http.errors import ApiError
 from omni_gateway.gateway.metrics import exposition
+from omni_gateway.gateway.realtime.voice_capacity import VoiceCapacity
 from omni_gateway.omni.protocol import OmniBackend
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
@@ -36,4 +37,8 @@ async def health(request: Request, backend: OmniBackend) -> Response:
 
 
 async def metrics(request: Request, backend: OmniBackend) -> Response:
-    return Response(exposition(backend.metrics, lambda: backend.health().ok), media_type=CONTENT_TYPE_LATEST)
+    # The app's voice admission window (gateway.app puts it in app.state); an app built otherwise has none.
+    capacity: VoiceCapacity | None = getattr(request.app.state, "voice_capacity", None)
+    rtf_p90 = None if capacity is None else capacity.rtf_p90
+    body = exposition(backend.metrics, lambda: backend.health().ok, rtf_p90)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

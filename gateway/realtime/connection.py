@@ -34,7 +34,8 @@ from omni_gateway.gateway.realtime.outbox import Outbox
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.gateway.realtime.settings import Dialect
 from omni_gateway.gateway.realtime.tasks import run_task
-from omni_gateway.gateway.realtime.voice_timing import VoiceTiming
+from omni_gateway.gateway.realtime.voice_capacity import VoiceCapacity
+from omni_gateway.gateway.realtime.voice_timing import VoiceSink, VoiceTiming
 from omni_gateway.omni.protocol import OmniBackend, VadSettings, VoiceActivityDetector
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -54,11 +55,16 @@ class RealtimeConnection:
         dialect: Dialect,
         vad_factory: VadFactory | None,
         intent: str = "realtime",
+        capacity: VoiceCapacity | None = None,
     ) -> None:
         self.ws = websocket
         self.backend = backend
         self.config = config
         self._loop = asyncio.get_running_loop()
+        # The process's voice admission hears this session's replies with every other's (None: nobody judges).
+        sinks: tuple[VoiceSink, ...] = (
+            (metrics.VoiceMetrics(),) if capacity is None else (metrics.VoiceMetrics(), capacity)
+        )
         self.session = RealtimeSession(
             dialect=dialect,
             capabilities=backend.capabilities,
@@ -66,7 +72,7 @@ class RealtimeConnection:
             limits=config.session,
             intent=intent,
             count_tokens=backend.count_tokens,
-            voice=VoiceTiming(metrics.VoiceMetrics()),
+            voice=VoiceTiming(*sinks),
         )
         self._outbox = Outbox(config.send_queue_max, config.send_queue_max_bytes)
         self._tasks: dict[str, asyncio.Task[None]] = {}

@@ -9,6 +9,7 @@ from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.realtime.commands import VadFactory
 from omni_gateway.gateway.realtime.connection import RealtimeConnection
 from omni_gateway.gateway.realtime.settings import Dialect
+from omni_gateway.gateway.realtime.voice_capacity import VoiceCapacity
 from omni_gateway.omni.protocol import Health, OmniBackend, VadSettings
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
@@ -56,13 +57,19 @@ async def watch_backend(backend: OmniBackend, connection: RealtimeConnection, pe
             return
 
 
-def realtime_route(backend: OmniBackend, config: GatewayConfig, vad_factory: VadFactory | None) -> WebSocketRoute:
+def realtime_route(
+    backend: OmniBackend, config: GatewayConfig, vad_factory: VadFactory | None, capacity: VoiceCapacity | None = None
+) -> WebSocketRoute:
+    """The route; every session's spoken replies feed ``capacity``, the admission the guard consults."""
+
     async def endpoint(websocket: WebSocket) -> None:
         offered = list(websocket.scope.get("subprotocols") or [])
         await websocket.accept(subprotocol=chosen_subprotocol(offered))
         # ?intent=transcription opens a session that only transcribes (GA clients, livekit's STT)
         intent = websocket.query_params.get("intent", "realtime")
-        connection = RealtimeConnection(websocket, backend, config, dialect_of(websocket, offered), vad_factory, intent)
+        connection = RealtimeConnection(
+            websocket, backend, config, dialect_of(websocket, offered), vad_factory, intent, capacity
+        )
         watcher = asyncio.create_task(watch_backend(backend, connection, config.health_poll_s))
         try:
             await connection.run()

@@ -4,7 +4,8 @@ whether that answer, played at real time from its first delta on, ran dry before
 
 Pure: the session calls a ``VoiceObserver`` at the moments that matter (a detector's turn committed, a response
 created for it, an audio delta emitted, a response done) with its ``now``; ``VoiceTiming`` turns those calls into
-numbers and hands them to a ``VoiceSink`` (the gateway's Prometheus series, or a test's list).
+numbers and hands them to each of its ``VoiceSink``s (the gateway's Prometheus series and its voice admission, or a
+test's list).
 
 Input audio is taken to arrive at real-time pace, so the silence the detector consumed before deciding is also
 the wall time that passed between the speech's end and the commit.
@@ -101,8 +102,8 @@ class VoiceTiming:
     """A ``VoiceObserver`` that measures: the detector's decision time per turn, speech end to first audio per
     answered turn, and the playback of every response that spoke."""
 
-    def __init__(self, sink: VoiceSink) -> None:
-        self._sink = sink
+    def __init__(self, *sinks: VoiceSink) -> None:
+        self._sinks = sinks
         self._turn: tuple[str, float] | None = None  # the last turn committed: its item, when its speech ended
         self._answering: dict[str, float] = {}  # responses not yet heard, to when their turn's speech ended
         self._playing: dict[str, PlaybackClock] = {}
@@ -112,7 +113,8 @@ class VoiceTiming:
         if pause_ms is not None:
             # stop_ms is whole milliseconds, the pause exact: a stop at the pause itself may come out below it
             decided_s = max(0.0, stop_ms - pause_ms) / 1000
-            self._sink.turn_decision(detection, decided_s)
+            for sink in self._sinks:
+                sink.turn_decision(detection, decided_s)
         self._turn = (item_id, now - decided_s)
 
     def response_created(self, response_id: str, item_id: str) -> None:
@@ -128,10 +130,13 @@ class VoiceTiming:
         self._playing[response_id] = PlaybackClock(now, duration_s)
         speech_end = self._answering.pop(response_id, None)
         if speech_end is not None:
-            self._sink.first_audio(now - speech_end)
+            for sink in self._sinks:
+                sink.first_audio(now - speech_end)
 
     def response_done(self, response_id: str) -> None:
         self._answering.pop(response_id, None)
         clock = self._playing.pop(response_id, None)
         if clock is not None:
-            self._sink.playback(clock.result())
+            playback = clock.result()
+            for sink in self._sinks:
+                sink.playback(playback)

@@ -6,11 +6,13 @@ import asyncio
 import base64
 import json
 import logging
+import math
 import os
 import socket
 import time
 from typing import Any
 
+import httpx
 import pytest
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.realtime.commands import SessionLimits
@@ -19,7 +21,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.harness.fake_backend import FakeBackend, tone
-from tests.harness.live_server import serve
+from tests.harness.live_server import recv, serve, until
 
 TIMEOUT = 20
 
@@ -84,6 +86,63 @@ def test_the_voice_capacity_leaves_a_server_without_speech_stages_alone() -> Non
     )
     with serve(text_only, GatewayConfig(max_voice_sessions=1)) as port:
         assert run(go(port)) == ["session.created", "session.created"]
+
+
+def test_voice_sessions_are_refused_while_the_admitted_replies_fall_behind_real_time() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scraped(port: int) -> tuple[float, float]:
+        """Sessions refused as falling behind, and the window's p90 RTF gauge."""
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+        (refused,) = [
+            s.value
+            for s in samples
+            if s.name == "omni_realtime_sessions_refused_total" and s.labels["reason"] == "voice_falling_behind"
+        ]
+        (p90,) = [s.value for s in samples if s.name == "omni_realtime_voice_rtf_p90"]
+        return refused, p90
+
+    async def go(port: int) -> tuple[tuple[float, float], int, dict[str, Any], tuple[float, float], str]:
+        before = scraped(port)
+        async with connect(url(port)) as first:
+            await recv(first)
+            for _ in range(8):  # replies streamed slower than they play: 40 ms of audio over ~120 ms
+                await first.send(json.dumps({"type": "response.create", "response": {"instructions": "Talk."}}))
+                await until(first, "response.done")
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(url(port)):
+                    pass
+            after = scraped(port)
+            await first.send(json.dumps({"type": "input_audio_buffer.append", "audio": tone_b64(200)}))
+            await first.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            committed = (await until(first, "input_audio_buffer.committed"))[-1]["type"]  # it is still served
+        refusal = json.loads(info.value.response.body or b"{}")["error"]
+        return before, info.value.response.status_code, refusal, after, committed
+
+    slow = FakeBackend(script=[*(AudioChunk(tone(10), 24000, "la ") for _ in range(4)), Done("stop")], chunk_delay=0.04)
+    with serve(slow, GatewayConfig(voice_admission_rtf=0.9)) as port:
+        before, status, refusal, after, committed = run(go(port))
+    assert status == 503 and refusal["code"] == "voice_capacity_reached"
+    assert "spoken replies are falling behind real time: p90 real-time factor" in refusal["message"]
+    assert "over the last 8 replies (limit 0.9)" in refusal["message"]
+    assert math.isnan(before[1]) and after[1] >= 0.9  # no reply in the window yet, then the slow ones
+    assert after[0] == before[0] + 1 and committed == "input_audio_buffer.committed"
+
+
+def test_voice_admission_by_replies_can_be_turned_off() -> None:
+    async def go(port: int) -> str:
+        async with connect(url(port)) as first:
+            await recv(first)
+            for _ in range(8):
+                await first.send(json.dumps({"type": "response.create", "response": {"instructions": "Talk."}}))
+                await until(first, "response.done")
+            async with connect(url(port)) as second:
+                return str((await recv(second))["type"])
+
+    slow = FakeBackend(script=[*(AudioChunk(tone(10), 24000, "la ") for _ in range(4)), Done("stop")], chunk_delay=0.04)
+    with serve(slow, GatewayConfig(voice_admission_rtf=0)) as port:
+        assert run(go(port)) == "session.created"
 
 
 def tone_b64(ms: int) -> str:

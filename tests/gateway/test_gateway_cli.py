@@ -163,6 +163,7 @@ SAMPLES = {
     "--ws-compression": None,
     "--max-sessions": "3",
     "--max-voice-sessions": "2",
+    "--voice-admission-rtf": "0.75",
     "--max-sessions-per-key": "2",
     "--model": "/m.gguf",
     "--served-model-name": "m",
@@ -296,3 +297,19 @@ def test_speech_chunking_flags_take_positive_counts() -> None:
     for bad in ("0", "-3", "four"):
         with pytest.raises(SystemExit):
             parser.parse_args(["serve", "--speech-first-chunk-codes", bad])
+
+
+def test_voice_admission_rtf_takes_a_limit_from_0_to_1_5_and_says_so_otherwise(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = cli.build_parser()
+
+    def limit(*argv: str) -> float:
+        return cli.configs(parser.parse_args(["serve", *argv]))[0].voice_admission_rtf
+
+    assert limit() == 0.9 and limit("--voice-admission-rtf", "0") == 0 and limit("--voice-admission-rtf", "1.5") == 1.5
+    for bad in ("fast", "-0.1", "1.6", "nan"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--voice-admission-rtf", bad])
+        error = capsys.readouterr().err
+        assert "--voice-admission-rtf" in error and "from 0 (off) to 1.5" in error and bad in error, error

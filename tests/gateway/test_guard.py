@@ -409,7 +409,17 @@ def test_admitted_and_refused_sessions_are_counted_with_the_refusal_s_reason() -
         "admitted": 1,
         "max_sessions_per_key": 1,
         "api_key": 1,
-        **{reason: 0 for reason in ("host", "origin", "backend_down", "max_sessions", "max_voice_sessions")},
+        **{
+            reason: 0
+            for reason in (
+                "host",
+                "origin",
+                "backend_down",
+                "max_sessions",
+                "max_voice_sessions",
+                "voice_falling_behind",
+            )
+        },
     }
 
 
@@ -420,13 +430,19 @@ def test_every_session_refusal_is_counted_under_a_known_reason() -> None:
 
     from omni_gateway.gateway import guard, metrics
 
-    tree = ast.parse(textwrap.dedent(inspect.getsource(guard.Guard._refusal)))
-    codes = {
-        node.value.elts[1].value
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple) and len(node.value.elts) == 3
-        if isinstance(node.value.elts[1], ast.Constant)
+    refusals = [
+        node
+        for method in (guard.Guard._refusal, guard.Guard._voice_refusal)
+        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(method))))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Refusal"
+    ]
+    codes = {node.args[1].value for node in refusals if isinstance(node.args[1], ast.Constant)}
+    named = {
+        keyword.value.value
+        for node in refusals
+        for keyword in node.keywords
+        if keyword.arg == "counted_as" and isinstance(keyword.value, ast.Constant)
     }
-    assert len(codes) >= 7, f"the refusal codes were not found in Guard._refusal: {codes}"
+    assert len(codes) >= 7 and named, f"the refusals were not found in the guard: {codes}, {named}"
     assert codes <= set(guard._SESSION_REFUSALS), codes - set(guard._SESSION_REFUSALS)
-    assert sorted(guard._SESSION_REFUSALS.values()) == sorted(metrics.REFUSAL_REASONS)
+    assert sorted({*guard._SESSION_REFUSALS.values(), *named}) == sorted(metrics.REFUSAL_REASONS)
