@@ -387,7 +387,10 @@ def main() -> None:
             turn_detection=args.turn_detection,
             **stages,
         ) as log,
-        serve(backend, GatewayConfig(session=SessionLimits(partial_transcript_ms=partials))) as port,
+        # every session is served: the run measures how far the stages fall behind, which admission would hide
+        serve(
+            backend, GatewayConfig(session=SessionLimits(partial_transcript_ms=partials), voice_admission_rtf=0)
+        ) as port,
     ):
         url = f"ws://127.0.0.1:{port}/v1/realtime"
         for mode in args.turn_detection:
