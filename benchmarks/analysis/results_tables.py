@@ -141,7 +141,7 @@ TABLES: tuple[Table, ...] = (
             Col("unfinished ended early (of 25)", turn_variant("false_early_commits")),
         ),
         key="variant",
-        rows=("before", "auto", "high", "low"),
+        rows=("before", "auto", "high"),
     ),
     Table(
         "Voice loop latency",
@@ -259,7 +259,7 @@ TABLES: tuple[Table, ...] = (
             ),
         ),
         key="concurrency",
-        rows=("1", "8", "32"),
+        rows=("1", "8", "32", "64"),
     ),
     Table(
         "Structured outputs",
