@@ -369,6 +369,7 @@ class Responses:
         """Nothing is generated for the client until it reads again: its responses fail (it sees why if it does)."""
         self._client_stalled = True
         for response_id in list(self._runs):
+            self._core.voice.response_done(response_id, heard=False)  # its pace was the client's, not the server's
             self._finish(response_id, "failed", error=CLIENT_NOT_READING)
             self._core.issue(CancelTask(response_id))
 

@@ -30,8 +30,9 @@ class VoiceObserver(Protocol):
     def audio_delta(self, response_id: str, duration_s: float, now: float) -> None:
         """Response ``response_id`` sent ``duration_s`` of audio to the client at ``now``."""
 
-    def response_done(self, response_id: str) -> None:
-        """Response ``response_id`` ended (completed, cancelled, failed or incomplete)."""
+    def response_done(self, response_id: str, heard: bool = True) -> None:
+        """Response ``response_id`` ended (completed, cancelled, failed or incomplete). ``heard`` False: its
+        client stopped reading, so how its audio went out says nothing of the server's pace."""
 
 
 class NoVoiceObserver:
@@ -46,7 +47,7 @@ class NoVoiceObserver:
     def audio_delta(self, response_id: str, duration_s: float, now: float) -> None:
         pass
 
-    def response_done(self, response_id: str) -> None:
+    def response_done(self, response_id: str, heard: bool = True) -> None:
         pass
 
 
@@ -133,10 +134,10 @@ class VoiceTiming:
             for sink in self._sinks:
                 sink.first_audio(now - speech_end)
 
-    def response_done(self, response_id: str) -> None:
+    def response_done(self, response_id: str, heard: bool = True) -> None:
         self._answering.pop(response_id, None)
         clock = self._playing.pop(response_id, None)
-        if clock is not None:
+        if clock is not None and heard:
             playback = clock.result()
             for sink in self._sinks:
                 sink.playback(playback)

@@ -29,8 +29,8 @@ class Recorder:
     def audio_delta(self, response_id: str, duration_s: float, now: float) -> None:
         self.calls.append(("audio", response_id, pytest.approx(duration_s), now))
 
-    def response_done(self, response_id: str) -> None:
-        self.calls.append(("done", response_id))
+    def response_done(self, response_id: str, heard: bool = True) -> None:
+        self.calls.append(("done", response_id) if heard else ("unheard", response_id))
 
 
 class Both:
@@ -110,3 +110,13 @@ def test_a_barged_in_response_is_done_for_the_observer_too() -> None:
     assert "cancelled" in [e["response"]["status"] for e in events(out) if e["type"] == "response.done"]
     assert recorder.calls[-1] == ("done", rid)
     assert [p.audio_s for p in sink.playbacks] == [pytest.approx(0.1)]
+
+
+def test_a_reply_to_a_client_that_stopped_reading_is_not_counted_as_the_servers_pace() -> None:
+    """Its audio went out at the client's pace: it reaches neither the playback series nor admission's window."""
+    d, recorder, sink, clock, item_id, rid = voice_turn()
+    for at in (100.5, 103.0):  # the second delta waited for a client that did not read
+        clock[0] = at
+        d.session.on_chunk(rid, AudioChunk(tone(100), 24000, "word"))
+    d.session.on_client_stalled()
+    assert ("unheard", rid) in recorder.calls and sink.playbacks == []
