@@ -23,10 +23,10 @@ import json
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from omni_gateway.gateway.realtime.voice_timing import Playback, PlaybackClock
 
 from benchmarks.lib.common import percentile, ratio
 
@@ -73,31 +73,16 @@ def speech_end(pcm16: bytes | np.ndarray, rate: int = RATE, floor_db: float = SP
     return last * frame + int(loud[-1]) + 1 if len(loud) else min(len(samples), (last + 1) * frame)
 
 
-@dataclass(frozen=True, slots=True)
-class Playback:
-    """A reply as its listener hears it, played at real time from the first delta."""
-
-    audio_s: float  # the reply's audio
-    underruns: int  # times the buffer ran dry before a later delta came
-    longest_gap_s: float
-    stall_s: float  # the silences inside the reply, summed
-    rtf: float | None  # delivery time after the first delta / audio_s; None without audio
-
-
 def play(arrivals: Sequence[tuple[float, float]]) -> Playback:
     """Play ``arrivals`` (when each delta came, seconds of audio it held) from a buffer that starts at the first
-    one and plays at real time."""
+    one and plays at real time: the server's own playback simulation, on the times the client saw."""
     arrivals = [(at, seconds) for at, seconds in arrivals if seconds > 0]
     if not arrivals:
-        return Playback(0.0, 0, 0.0, 0.0, None)
-    played_until, underruns, longest, stall = arrivals[0][0], 0, 0.0, 0.0
-    for at, seconds in arrivals:
-        gap = at - played_until
-        if gap > 0:
-            underruns, longest, stall = underruns + 1, max(longest, gap), stall + gap
-        played_until = max(played_until, at) + seconds
-    audio_s = sum(seconds for _, seconds in arrivals)
-    return Playback(audio_s, underruns, longest, stall, (arrivals[-1][0] - arrivals[0][0]) / audio_s)
+        return Playback(audio_s=0.0, stream_s=0.0, underruns=0, longest_gap_s=0.0)
+    clock = PlaybackClock(*arrivals[0])
+    for at, seconds in arrivals[1:]:
+        clock.delta(at, seconds)
+    return clock.result()
 
 
 def session_update(turn_detection: str) -> dict[str, Any]:

@@ -59,6 +59,7 @@ class Playback:
     stream_s: float  # from the first delta to the last
     underruns: int  # deltas that came after everything before them had played: the client's buffer ran dry
     longest_gap_s: float  # the longest silence those caused (0 when the buffer never ran dry)
+    stall_s: float = 0.0  # the silences they caused, summed
 
     @property
     def rtf(self) -> float | None:
@@ -75,18 +76,20 @@ class PlaybackClock:
         self._audio_s = duration_s
         self._underruns = 0
         self._longest_gap_s = 0.0
+        self._stall_s = 0.0
 
     def delta(self, now: float, duration_s: float) -> None:
         if now > self._ends:
             self._underruns += 1
             self._longest_gap_s = max(self._longest_gap_s, now - self._ends)
+            self._stall_s += now - self._ends
             self._ends = now
         self._ends += duration_s
         self._audio_s += duration_s
         self._last = now
 
     def result(self) -> Playback:
-        return Playback(self._audio_s, self._last - self._first, self._underruns, self._longest_gap_s)
+        return Playback(self._audio_s, self._last - self._first, self._underruns, self._longest_gap_s, self._stall_s)
 
 
 class VoiceSink(Protocol):
