@@ -346,6 +346,14 @@ def main() -> None:
         default=["server_vad"],
         help="the sessions' turn detector; several: each runs every N, and their p50s are compared",
     )
+    parser.add_argument(
+        "--prefill-while-speaking",
+        nargs="+",
+        choices=("on", "off"),
+        default=["on"],
+        help="whether partial transcripts prefill the reply's prompt while the user speaks; both: each runs every "
+        "turn detector and N (a server each), and their p50s are compared",
+    )
     add_out_argument(parser, "voice_sessions")
     args = parser.parse_args()
     if args.tiny_stages and not args.random_stages:
@@ -367,47 +375,53 @@ def main() -> None:
     stages = run_settings(args, backend)
     p50s: dict[int, dict[str, float]] = {n: {} for n in args.sessions}
     # Each N is written as soon as it ends, so a run cut short by a time limit keeps the Ns before.
-    with (
-        ResultLog(
-            args.out,
-            "voice_sessions",
-            turns=args.turns,
-            device=args.device,
-            fake=args.fake,
-            turn_detection=args.turn_detection,
-            **stages,
-        ) as log,
-        # every session is served: the run measures how far the stages fall behind, which admission would hide
-        serve(
-            backend, GatewayConfig(session=SessionLimits(partial_transcript_ms=partials), voice_admission_rtf=0)
-        ) as port,
-    ):
-        url = f"ws://127.0.0.1:{port}/v1/realtime"
-        for mode in args.turn_detection:
-            if args.warmup_turns:  # per detector: semantic_vad loads its model at the first pause
-                print(f"{mode} warm-up, not counted:", flush=True)
-                rows = run_sessions(url, 1, args.warmup_turns, spoken, args.turn_timeout, mode)
-                batch_sizes(backend, 1.0)
-                log.write("warmup", turn_detection=mode, **report(f"{mode} warm-up", rows))
-            for n in args.sessions:
-                load, started = os.getloadavg()[0], time.monotonic()
-                rows = run_sessions(
-                    url, n, args.turns, spoken, args.turn_timeout, mode, args.stagger_s, args.per_process
-                )
-                extra = dict(
-                    batch_sizes(backend, time.monotonic() - started),
-                    load_before=round(load, 2),
-                    load_after=round(os.getloadavg()[0], 2),
-                )
-                for row in rows:
-                    log.write("turn", sessions=n, turn_detection=mode, **row)
-                summary = dict(report(f"{mode} N={n}", rows), **extra)
-                print(f"  {extra}", flush=True)
-                log.write("summary", sessions=n, turn_detection=mode, **summary)
-                if "latency_p50_s" in summary:
-                    p50s[n][mode] = summary["latency_p50_s"]
-        if len(args.turn_detection) > 1:
-            print("end of speech -> first audio, by turn detector:", flush=True)
+    with ResultLog(
+        args.out,
+        "voice_sessions",
+        turns=args.turns,
+        device=args.device,
+        fake=args.fake,
+        turn_detection=args.turn_detection,
+        prefill_while_speaking=args.prefill_while_speaking,
+        **stages,
+    ) as log:
+        for prefill in args.prefill_while_speaking:
+            limits = SessionLimits(partial_transcript_ms=partials, prefill_while_speaking=prefill == "on")
+            # every session is served: the run measures how far the stages fall behind, which admission would hide
+            with serve(backend, GatewayConfig(session=limits, voice_admission_rtf=0)) as port:
+                url = f"ws://127.0.0.1:{port}/v1/realtime"
+                for mode in args.turn_detection:
+                    label = mode if len(args.prefill_while_speaking) == 1 else f"{mode}, prefill {prefill}"
+                    if args.warmup_turns:  # per detector: semantic_vad loads its model at the first pause
+                        print(f"{label} warm-up, not counted:", flush=True)
+                        rows = run_sessions(url, 1, args.warmup_turns, spoken, args.turn_timeout, mode)
+                        batch_sizes(backend, 1.0)
+                        log.write(
+                            "warmup",
+                            turn_detection=mode,
+                            prefill_while_speaking=prefill,
+                            **report(f"{label} warm-up", rows),
+                        )
+                    for n in args.sessions:
+                        load, started = os.getloadavg()[0], time.monotonic()
+                        rows = run_sessions(
+                            url, n, args.turns, spoken, args.turn_timeout, mode, args.stagger_s, args.per_process
+                        )
+                        extra = dict(
+                            batch_sizes(backend, time.monotonic() - started),
+                            load_before=round(load, 2),
+                            load_after=round(os.getloadavg()[0], 2),
+                        )
+                        tags = dict(sessions=n, turn_detection=mode, prefill_while_speaking=prefill)
+                        for row in rows:
+                            log.write("turn", **tags, **row)
+                        summary = dict(report(f"{label} N={n}", rows), **extra)
+                        print(f"  {extra}", flush=True)
+                        log.write("summary", **tags, **summary)
+                        if "latency_p50_s" in summary:
+                            p50s[n][label] = summary["latency_p50_s"]
+        if len(args.turn_detection) * len(args.prefill_while_speaking) > 1:
+            print("end of speech -> first audio, by variant:", flush=True)
             for n, by_mode in p50s.items():
                 if len(by_mode) > 1:
                     print(compare(by_mode, f"  N={n}: "), flush=True)

@@ -293,6 +293,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r[f"{stage}_s"] for r in kept]
         out[f"{stage}_p50_s"], out[f"{stage}_mean_s"] = percentile(values, 0.5), sum(values) / len(values)
     out["stopped_to_audio_p50_s"] = percentile([r["stopped_to_audio_s"] for r in kept], 0.5)
+    # the commit (speech_stopped) -> first token: what is left of the reply's work once the turn is decided
+    to_token = [r["transcript_s"] + r["created_s"] + r["first_token_s"] for r in kept]
+    out["commit_to_token_p50_s"], out["commit_to_token_p90_s"] = percentile(to_token, 0.5), percentile(to_token, 0.9)
     rtfs = [r["rtf"] for r in kept if r["rtf"] is not None]
     out.update(
         underruns=sum(r["underruns"] for r in kept),
@@ -322,7 +325,8 @@ def table(label: str, summary: dict[str, Any]) -> str:
             f"{head}; end of speech -> first audio p50 {_ms(summary['latency_p50_s'])}, "
             f"p90 {_ms(summary['latency_p90_s'])}, p99 {_ms(summary['latency_p99_s'])}",
             f"  stages (mean of {_ms(summary['latency_mean_s'])}): {stages}; "
-            f"speech_stopped -> first audio p50 {_ms(summary['stopped_to_audio_p50_s'])}",
+            f"speech_stopped -> first audio p50 {_ms(summary['stopped_to_audio_p50_s'])}, -> first token p50 "
+            f"{_ms(summary['commit_to_token_p50_s'])}, p90 {_ms(summary['commit_to_token_p90_s'])}",
             f"  playback: {summary['underruns']} underruns in {summary['turns_underrun']} turns, longest gap "
             f"{_ms(summary['longest_gap_s'])}, RTF {rtf}",
         )

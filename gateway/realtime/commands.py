@@ -57,6 +57,16 @@ class Generate:
 
 
 @dataclass(frozen=True, slots=True)
+class Prefill:
+    """Compute ``request``'s prompt into the backend's prefix cache and nothing more: the reply of a turn still
+    being spoken, read as far as it was heard, so that the turn's reply finds that work done and prefills only
+    what was said since. The task id is ``<item id>:prefill``; it reports no outcome."""
+
+    request: OmniRequest
+    fit: PromptFit | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AsrDeadline:
     """Report ``on_asr_timeout(response_id)`` after ``seconds``, unless cancelled first."""
 
@@ -64,7 +74,7 @@ class AsrDeadline:
     seconds: float
 
 
-Work = Transcribe | Generate | AsrDeadline
+Work = Transcribe | Generate | Prefill | AsrDeadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +115,10 @@ class SessionLimits:
     max_responses: int = 4  # concurrent responses (out-of-band ones overlap); beyond it a response fails at once
     asr_timeout_s: float = 30.0  # a response waits at most this long for its turn's transcript
     partial_transcript_ms: int | None = 1000  # speech between partial transcripts of a turn being spoken (None: none)
+    # A model that reads transcripts prefills the reply's prompt from each partial transcript, so a turn's end
+    # leaves only its last words to prefill (the partial transcripts then run even when the client asked for
+    # no transcription).
+    prefill_while_speaking: bool = True
 
 
 def new_id(prefix: str) -> str:

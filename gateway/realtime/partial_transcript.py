@@ -12,11 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PARTIAL_SUFFIX = ":partial"
+PREFILL_SUFFIX = ":prefill"
 _KEPT_ITEMS = 8  # turns whose sent words are remembered until their final transcript
 
 
 def partial_task_id(item_id: str) -> str:
     return item_id + PARTIAL_SUFFIX
+
+
+def prefill_task_id(item_id: str) -> str:
+    """The task prefilling the reply of ``item_id`` from its partial transcript."""
+    return item_id + PREFILL_SUFFIX
 
 
 def is_partial_task(task_id: str) -> bool:

@@ -10,11 +10,11 @@ from dataclasses import replace
 from typing import Any
 
 from omni_gateway.gateway.realtime import audio as audio_fmt
-from omni_gateway.gateway.realtime.commands import StartTask, Transcribe, VadFactory
+from omni_gateway.gateway.realtime.commands import CancelTask, Prefill, StartTask, Transcribe, VadFactory
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_value, missing
 from omni_gateway.gateway.realtime.input_audio import Signal, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 from omni_gateway.gateway.realtime.items import Content, Item, decode_base64
-from omni_gateway.gateway.realtime.partial_transcript import partial_task_id
+from omni_gateway.gateway.realtime.partial_transcript import partial_task_id, prefill_task_id
 from omni_gateway.gateway.realtime.session_core import SessionCore
 from omni_gateway.gateway.realtime.session_items import ConversationItems
 from omni_gateway.gateway.realtime.session_responses import Responses
@@ -36,6 +36,7 @@ class InputTurns:
         self._vad_factory = vad_factory
         self._pending_turn_id: str | None = None  # announced by speech_started, used by the commit
         self._known: list[tuple[str, Transcription]] = []  # adopted transcripts, reported after their commit
+        self._prefilling: str | None = None  # the task prefilling the reply of the turn being spoken
 
     # ---- the detector -------------------------------------------------------------------------------
     @property
@@ -109,7 +110,7 @@ class InputTurns:
     def _read_while_spoken(self) -> None:
         """Transcribe the turn being spoken when enough new speech arrived since its last partial transcript."""
         item_id = self._pending_turn_id
-        if item_id is None or not self._core.transcribing:
+        if item_id is None or not (self._core.transcribing or self.prefills_while_spoken()):
             return
         speech = self._core.audio.speech_so_far()
         if speech is None or not self._core.partials.due(item_id, len(speech)):
@@ -155,6 +156,9 @@ class InputTurns:
         self._core.emit(
             {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": signal.audio_end_ms, "item_id": item_id}
         )
+        if self._prefilling is not None:  # the turn's reply computes its own prompt now: the prefill would repeat it
+            self._core.issue(CancelTask(self._prefilling))
+            self._prefilling = None
         if audio_fmt.duration_ms(signal.pcm16) < MIN_COMMIT_MS:
             self._core.drop_speculation()
             return  # a click, not a turn
@@ -163,6 +167,21 @@ class InputTurns:
         if self.answers_turns():
             self._responses.start({}, turn=item_id)
         self._core.drop_speculation()  # a reply prepared for this turn and not taken up by a response
+
+    def prefill(self, item_id: str, work: Prefill) -> None:
+        """Prefill the reply of the turn ``item_id`` being spoken, in place of an earlier prefill of it."""
+        self._prefilling = prefill_task_id(item_id)
+        self._core.issue(StartTask(self._prefilling, work))
+
+    def prefills_while_spoken(self) -> bool:
+        """Whether a partial transcript of the turn being spoken prefills the reply it would get: the reply
+        reads the transcript, and a turn's end starts it."""
+        return (
+            self._core.limits.prefill_while_speaking
+            and not self._core.capabilities.hears_audio
+            and self.answers_turns()
+            and not self._responses.client_stalled
+        )
 
     def answers_turns(self) -> bool:
         """Whether a turn that server VAD ends gets a response of its own right away."""

@@ -6,7 +6,14 @@ reply; the session's expiry, a stopped backend, a client that stopped reading. U
 from __future__ import annotations
 
 from omni_gateway.gateway.realtime import audio as audio_fmt
-from omni_gateway.gateway.realtime.commands import CLOSE_GOING_AWAY, CLOSE_INTERNAL, Close, Transcribe, new_id
+from omni_gateway.gateway.realtime.commands import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL,
+    Close,
+    Prefill,
+    Transcribe,
+    new_id,
+)
 from omni_gateway.gateway.realtime.context import build_request, has_images, recent_frames_only
 from omni_gateway.gateway.realtime.image_output import parse_image_options
 from omni_gateway.gateway.realtime.items import Content, Item
@@ -15,7 +22,7 @@ from omni_gateway.gateway.realtime.session_audio import InputTurns
 from omni_gateway.gateway.realtime.session_core import SessionCore
 from omni_gateway.gateway.realtime.session_responses import Responses
 from omni_gateway.gateway.realtime.settings import apply_response_overrides
-from omni_gateway.omni.protocol import Transcription
+from omni_gateway.omni.protocol import OmniRequest, Transcription
 
 
 class TaskOutcomes:
@@ -87,8 +94,14 @@ class TaskOutcomes:
         item_id = task_id.removesuffix(PARTIAL_SUFFIX)
         if result is None:
             self._core.partials.skipped(item_id)
-        else:
-            self._send_delta(item_id, self._core.partials.result(item_id, result.text))
+            return
+        self._send_delta(item_id, self._core.partials.result(item_id, result.text))
+        if result.text.strip() and self._turns.prefills_while_spoken() and self._core.items.get(item_id) is None:
+            # the turn is still being spoken (its item comes with the commit): prefill its reply as read so far
+            reply = self._turn_reply(item_id, b"", result.text)
+            if reply is not None:
+                work = self._responses.generate(reply[1])
+                self._turns.prefill(item_id, Prefill(work.request, work.fit))
 
     def _send_delta(self, item_id: str, delta: str) -> None:
         if delta and self._core.transcribing:
@@ -124,18 +137,23 @@ class TaskOutcomes:
 
     def _prepare_reply(self, job: Transcribe, result: Transcription) -> None:
         """Start the reply the paused turn gets if it ends now, from the conversation as it would then be."""
+        reply = self._turn_reply(job.item_id, job.pcm16, result.text)
+        if reply is not None:
+            heard, request = reply
+            self._core.issue(*self._core.speculation.prepare(heard, self._responses.generate(request)))
+
+    def _turn_reply(self, item_id: str, pcm16: bytes, transcript: str) -> tuple[Item, OmniRequest] | None:
+        """The user turn ``item_id`` as heard, and the request of the reply it gets if it ends now; None when
+        that response would fail."""
         heard = Item(
-            job.item_id,
-            "message",
-            role="user",
-            content=[Content("input_audio", audio=job.pcm16, transcript=result.text)],
+            item_id, "message", role="user", content=[Content("input_audio", audio=pcm16, transcript=transcript)]
         )
         settings = apply_response_overrides(self._core.settings, {}, self._core.dialect)
         context = [*self._core.items, heard]
         if "image" not in self._core.capabilities.input_modalities and has_images(
             recent_frames_only(context, self._core.limits.max_image_frames)
         ):
-            return  # the response will fail; nothing to prepare
+            return None
         request = build_request(
             new_id("resp"),
             settings,
@@ -143,7 +161,7 @@ class TaskOutcomes:
             max_image_frames=self._core.limits.max_image_frames,
             image=parse_image_options(None),
         )
-        self._core.issue(*self._core.speculation.prepare(heard, self._responses.generate(request)))
+        return heard, request
 
     def transcription_failed(self, item_id: str, message: str) -> None:
         retry = self._core.speculation.failed(item_id)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from omni_gateway.gateway import metrics
-from omni_gateway.gateway.realtime.commands import Generate, Output, Transcribe, Work
+from omni_gateway.gateway.realtime.commands import Generate, Output, Prefill, Transcribe, Work
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.gateway.realtime.truncation import PromptFit
 from omni_gateway.omni.protocol import AudioChunk, Message, OmniBackend, OmniRequest, OutputChunk, TextDelta, Usage
@@ -27,6 +27,8 @@ async def run_task(backend: OmniBackend, session: RealtimeSession, task_id: str,
             await _transcribe(backend, session, task_id, work, report)
         elif isinstance(work, Generate):
             await _generate(backend, session, task_id, work, report)
+        elif isinstance(work, Prefill):
+            await _prefill(backend, session, work)
         else:
             await asyncio.sleep(work.seconds)
             await report(session.on_asr_timeout(work.response_id))
@@ -100,6 +102,33 @@ async def _generate(
     except Exception:
         log.exception("backend generation failed for %s", task_id)
         await report(session.on_stream_end(task_id, "The backend failed while generating."))
+    finally:
+        await _close_generation(backend, stream, request.request_id, exhausted=exhausted)
+
+
+async def _prefill(backend: OmniBackend, session: RealtimeSession, work: Prefill) -> None:
+    """Run ``work.request``'s prompt through the backend's one decode path as a one-token text answer, which
+    leaves its KV in the prefix cache; the token is dropped. Failures only cost the reply that work."""
+    request = dataclasses.replace(
+        work.request,
+        session_id=session.id,
+        modalities=("text",),
+        sampling=dataclasses.replace(work.request.sampling, max_tokens=1, constraint=None),
+        tool_choice="auto",
+    )
+    stream: AsyncIterator[OutputChunk] | None = None
+    exhausted = False
+    try:
+        if work.fit is not None:
+            request, _ = await _fit_prompt(work.fit, request)
+        stream = backend.generate(request)
+        async for _chunk in stream:
+            pass
+        exhausted = True
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.debug("prefilling %s failed: %s", request.request_id, exc)
     finally:
         await _close_generation(backend, stream, request.request_id, exhausted=exhausted)
 

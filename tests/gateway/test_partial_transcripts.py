@@ -17,13 +17,13 @@ DELTA = "conversation.item.input_audio_transcription.delta"
 COMPLETED = "conversation.item.input_audio_transcription.completed"
 
 
-def _session(transcription: bool = True, every_ms: int | None = 1000) -> RealtimeSession:
+def _session(transcription: bool = True, every_ms: int | None = 1000, prefill: bool = False) -> RealtimeSession:
     backend = FakeBackend()
     session = RealtimeSession(
         dialect="ga",
         capabilities=backend.capabilities,
         vad_factory=backend.new_vad,
-        limits=SessionLimits(partial_transcript_ms=every_ms),
+        limits=SessionLimits(partial_transcript_ms=every_ms, prefill_while_speaking=prefill),
     )
     session.open()
     audio_input: dict = {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}
@@ -100,9 +100,10 @@ def test_a_skipped_reading_lets_the_next_second_try_again() -> None:
     assert len(transcribes(_speak(session, 100), partial=True)) == 1
 
 
-def test_no_partial_readings_without_transcription_or_with_the_cadence_off() -> None:
+def test_no_partial_readings_without_transcription_or_prefill_or_with_the_cadence_off() -> None:
     assert transcribes(_speak(_session(transcription=False), 3000), partial=True) == []
     assert transcribes(_speak(_session(every_ms=None), 3000), partial=True) == []
+    assert transcribes(_speak(_session(every_ms=None, prefill=True), 3000), partial=True) == []
 
 
 def test_no_reading_during_a_pause() -> None:

@@ -60,3 +60,41 @@ def test_turn_two_and_later_prefill_only_new_tokens(pipeline: Any) -> None:
         # Every full block of the previous prompt is found again; at most the partial block is recomputed.
         assert cached >= previous // BLOCK * BLOCK, figures
         assert cached < prompt
+
+
+def test_a_prefill_of_the_words_heard_so_far_serves_the_turns_reply_from_the_cache(pipeline: Any) -> None:
+    import asyncio
+    import types
+
+    from omni_gateway.gateway.realtime.commands import Prefill
+    from omni_gateway.gateway.realtime.tasks import run_task
+    from omni_gateway.omni.protocol import Message, OmniRequest, TextPart, Usage
+
+    system = Message("system", (TextPart("You are a helpful voice assistant. " * 3),))
+    heard = OmniRequest("prefill-1", (system, Message("user", (TextPart("Tell me about the capital city of"),))))
+    final = OmniRequest("reply-1", (system, Message("user", (TextPart("Tell me about the capital city of Spain."),))))
+    common = 0
+    for a, b in zip(pipeline.prompt_ids(heard), pipeline.prompt_ids(final)):
+        if a != b:
+            break
+        common += 1
+
+    async def usage_of(request: OmniRequest) -> Usage:
+        return [c async for c in pipeline.generate(request) if isinstance(c, Usage)][-1]
+
+    async def _ignore(outputs: list) -> None:
+        raise AssertionError(f"a prefill reports nothing; got {outputs}")
+
+    async def scenario() -> tuple[Usage, Usage]:
+        await usage_of(OmniRequest("warm", (system, Message("user", (TextPart("Hi."),)))))  # the system prompt
+        control = await usage_of(OmniRequest("other", (system, Message("user", (TextPart("Name a river."),)))))
+        await run_task(pipeline, types.SimpleNamespace(id="sess_1"), "item_1:prefill", Prefill(heard), _ignore)
+        return control, await usage_of(final)
+
+    control, warm = asyncio.run(scenario())
+    print(
+        f"\nprompt {warm.input_tokens} tokens, cached {warm.cached_tokens} after a prefill, "
+        f"{control.cached_tokens} without"
+    )
+    assert warm.cached_tokens >= common // BLOCK * BLOCK > control.cached_tokens
+    assert warm.cached_tokens < warm.input_tokens
