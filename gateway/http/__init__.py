@@ -12,12 +12,14 @@ Where it differs from OpenAI's API, on purpose:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from omni_gateway.gateway.http import audio, chat, completions, images, ops
+from omni_gateway.gateway.http import audio, chat, completions, images, ops, responses
 from omni_gateway.gateway.http.endpoint import endpoint
 from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.http.responses_store import ResponseStore
 from omni_gateway.omni.protocol import OmniBackend
 from starlette.requests import Request
 from starlette.responses import Response
@@ -36,6 +38,7 @@ def routes(backend: OmniBackend, config: GatewayConfig) -> list[BaseRoute]:
     API key (every route but /health) and the requests in flight.
     """
     limits = config.http
+    store = ResponseStore(config.max_stored_responses)
 
     def bind(path: str, handler: Callable[..., Awaitable[Response]], method: str, *, limited: bool = False) -> Route:
         async def call(request: Request) -> Response:
@@ -53,4 +56,7 @@ def routes(backend: OmniBackend, config: GatewayConfig) -> list[BaseRoute]:
         bind("/v1/audio/transcriptions", audio.transcriptions, "POST", limited=True),
         bind("/v1/audio/speech", audio.speech, "POST", limited=True),
         bind("/v1/images/generations", images.image_generations, "POST", limited=True),
+        bind("/v1/responses", functools.partial(responses.create, store=store), "POST", limited=True),
+        bind("/v1/responses/{response_id}", functools.partial(responses.retrieve, store=store), "GET"),
+        bind("/v1/responses/{response_id}", functools.partial(responses.delete, store=store), "DELETE"),
     ]
