@@ -415,6 +415,8 @@ def _http_template(route: str, path: str) -> dict[str, Any]:
         return _responses_template(path)
     if route == http_schema.MESSAGES:
         return _messages_template(path)
+    if route == http_schema.EMBEDDINGS:
+        return {"model": "omni-test", "input": "hi"}
     if route == http_schema.IMAGES:
         return {"prompt": "a cat"}
     if route == http_schema.SPEECH:
@@ -510,6 +512,10 @@ def http_parse(route: str, body: Any) -> Any:
         from omni_gateway.gateway.http.messages_request import parse_messages_body
 
         return parse_messages_body(body, caps, limits)
+    if route == http_schema.EMBEDDINGS:
+        from omni_gateway.gateway.http.embeddings import parse_embeddings
+
+        return parse_embeddings(body, caps, limits)
     if route == http_schema.IMAGES:
         image_caps = replace(caps, output_modalities=caps.output_modalities | {"image"})
         return parse_image_generation(body, image_caps, limits)
@@ -563,6 +569,7 @@ APP_ROUTES = (
     http_schema.SPEECH,
     http_schema.RESPONSES,
     http_schema.MESSAGES,
+    http_schema.EMBEDDINGS,
 )
 
 

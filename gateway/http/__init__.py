@@ -16,7 +16,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from omni_gateway.gateway.http import audio, chat, completions, images, messages, ops, responses
+from omni_gateway.gateway.http import audio, chat, completions, embeddings, images, messages, ops, responses
 from omni_gateway.gateway.http.endpoint import endpoint
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.http.responses_store import ResponseStore
@@ -56,6 +56,7 @@ def routes(backend: OmniBackend, config: GatewayConfig) -> list[BaseRoute]:
         bind("/v1/audio/transcriptions", audio.transcriptions, "POST", limited=True),
         bind("/v1/audio/speech", audio.speech, "POST", limited=True),
         bind("/v1/images/generations", images.image_generations, "POST", limited=True),
+        bind("/v1/embeddings", embeddings.embeddings, "POST", limited=True),
         bind("/v1/messages", messages.create, "POST", limited=True),
         bind("/v1/responses", functools.partial(responses.create, store=store), "POST", limited=True),
         bind("/v1/responses/{response_id}", functools.partial(responses.retrieve, store=store), "GET"),

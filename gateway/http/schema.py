@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from omni_gateway.gateway.field_spec import FieldSpec
 from omni_gateway.gateway.http.audio_request import SPEECH_FORMATS, TRANSCRIPTION_FORMATS
+from omni_gateway.gateway.http.embeddings import ENCODINGS
 from omni_gateway.gateway.http.image_request import MAX_PARTIAL_IMAGES
 from omni_gateway.gateway.http.limits import HttpLimits
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 IMAGES, SPEECH, TRANSCRIPTIONS = "/v1/images/generations", "/v1/audio/speech", "/v1/audio/transcriptions"
-RESPONSES, MESSAGES = "/v1/responses", "/v1/messages"
-ROUTES = (CHAT, COMPLETIONS, IMAGES, SPEECH, TRANSCRIPTIONS, RESPONSES, MESSAGES)
+RESPONSES, MESSAGES, EMBEDDINGS = "/v1/responses", "/v1/messages", "/v1/embeddings"
+ROUTES = (CHAT, COMPLETIONS, IMAGES, SPEECH, TRANSCRIPTIONS, RESPONSES, MESSAGES, EMBEDDINGS)
 _LIMITS = HttpLimits()
 _BOTH_TEXT = (CHAT, COMPLETIONS)
 
@@ -247,6 +248,16 @@ def _messages() -> list[FieldSpec]:
     ]
 
 
+def _embeddings() -> list[FieldSpec]:
+    r = (EMBEDDINGS,)
+    return [
+        FieldSpec("model", ("string",), r, exact=False),
+        FieldSpec("input", ("string", "array"), r, exact=False),  # non-empty; strings or token ids
+        FieldSpec("encoding_format", ("string",), r, nullable=True, choices=ENCODINGS),
+        FieldSpec("dimensions", ("integer",), r, nullable=True, lo=1, exact=False),  # the model's size only
+    ]
+
+
 FIELDS: tuple[FieldSpec, ...] = (
     *_sampling(),
     *_chat(),
@@ -255,4 +266,5 @@ FIELDS: tuple[FieldSpec, ...] = (
     *_audio(),
     *_responses(),
     *_messages(),
+    *_embeddings(),
 )

@@ -1,0 +1,93 @@
+"""Pooling requests over the real runner and a tiny random checkpoint, against the Hugging Face model's own
+final hidden states pooled the same way; and the pooling a checkpoint declares."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omni_gateway.engine import SamplingParams
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.core.llm_engine import LLMEngine
+from omni_gateway.engine.core.pooling import model_pooling
+from omni_gateway.engine.errors import InvalidRequest
+
+from tests.harness.checkpoints import save_tiny_checkpoint
+
+PROMPTS = [[3 + (i * 7) % 200 for i in range(n)] for n in (1, 5, 23, 40)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    directory = tmp_path_factory.mktemp("tiny-qwen2")
+    return directory, save_tiny_checkpoint("qwen2", directory)
+
+
+def hf_pooled(hf_model: Any, ids: list[int], method: str) -> torch.Tensor:
+    with torch.no_grad():
+        hidden = hf_model.model(torch.tensor([ids])).last_hidden_state[0]
+    vector = {"last": hidden[-1], "mean": hidden.mean(0), "cls": hidden[0]}[method]
+    return torch.nn.functional.normalize(vector, dim=0)
+
+
+def pooled(engine: LLMEngine, prompts: list[list[int]], method: str) -> list[Any]:
+    """Every prompt added at once (one batch), stepped until all are done; the vector each one ended with."""
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"r{i}", ids, SamplingParams(pooling=method))
+    out: dict[str, Any] = {}
+    while engine.has_unfinished():
+        for delta in engine.step():
+            assert delta.token_ids == () and delta.num_output_tokens == 0  # nothing sampled
+            if delta.finished:
+                out[delta.request_id] = delta.pooled
+    return [out[f"r{i}"] for i in range(len(prompts))]
+
+
+CHUNKED = {"max_num_batched_tokens": 16}  # the longer prompts prefill over several steps
+TIGHT = {"num_kv_blocks": 6, "max_num_batched_tokens": 24}  # too few KV blocks for every prompt at once
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("method", "engine_args"),
+    [
+        pytest.param("model", CHUNKED, id="model-chunked"),
+        pytest.param("model", {}, id="model-whole", marks=SLOW),
+        pytest.param("model", TIGHT, id="model-tight", marks=SLOW),
+        pytest.param("mean", {}, id="mean-whole", marks=SLOW),
+        pytest.param("mean", CHUNKED, id="mean-chunked", marks=SLOW),
+        pytest.param("cls", TIGHT, id="cls-tight", marks=SLOW),
+    ],
+)
+def test_pooled_vectors_equal_the_hf_models(checkpoint: tuple[Path, Any], method: str, engine_args: dict) -> None:
+    directory, hf_model = checkpoint
+    engine = LLMEngine(EngineConfig(model=str(directory), device="cpu", dtype="float32", **engine_args))
+    assert engine.pooling == "last"  # a causal LM without a sentence-transformers config
+    vectors = pooled(engine, PROMPTS, method)
+    for ids, vector in zip(PROMPTS, vectors):
+        expected = hf_pooled(hf_model, ids, "last" if method == "model" else method)
+        torch.testing.assert_close(vector, expected, atol=2e-5, rtol=1e-4)
+        assert abs(float(vector.norm()) - 1.0) < 1e-5
+    stats = engine.stats()
+    assert stats["kv_blocks_used"] == 0 and stats["requests"] == 0
+
+
+def test_pooling_refuses_sampling_options() -> None:
+    with pytest.raises(InvalidRequest, match="pooling request"):
+        SamplingParams(pooling="last", n=2)
+    with pytest.raises(InvalidRequest, match="pooling must be"):
+        SamplingParams(pooling="max")
+
+
+def test_a_sentence_transformers_directory_names_its_pooling(tmp_path: Path) -> None:
+    assert model_pooling(tmp_path) == "last"
+    (tmp_path / "modules.json").write_text(
+        json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])
+    )
+    (tmp_path / "1_Pooling").mkdir()
+    for key, method in (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean")):
+        (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({key: True}))
+        assert model_pooling(tmp_path) == method
