@@ -7,7 +7,11 @@ Where it differs from OpenAI's API, on purpose:
 - speech comes as wav (the default, streamed with an open-ended header), pcm or flac;
 - ``tool_choice: "required"`` offers the tools like "auto" (nothing forces a call), a named function
   narrows the tools to that one;
-- the audio endpoints accept any ``model`` name: there is one recogniser and one voice model.
+- the audio endpoints accept any ``model`` name: there is one recogniser and one voice model;
+- /v1/responses and Anthropic's /v1/messages run as chat completions (``responses_request``,
+  ``messages_request`` rewrite them for ``parse_chat``); responses are stored in memory only, and no
+  built-in tool runs;
+- /v1/embeddings takes ``dimensions`` only as the model's own vector size.
 """
 
 from __future__ import annotations
