@@ -270,3 +270,18 @@ def test_chat_errors_name_the_responses_field(fake):
     assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
     r = httpx.post(f"{url}/v1/responses", json={"model": "other", "input": "hi"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_streamed_response_is_stored_and_continued_without_its_instructions(fake):
+    backend, _, client = fake
+    with client.responses.stream(model=MODEL, input="first", instructions="Be brief.") as stream:
+        first = stream.get_final_response()
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    client.responses.create(model=MODEL, input="second", previous_response_id=first.id, instructions="Be kind.")
+    sent = backend.requests[-1].messages
+    assert [(m.role, m.text) for m in sent] == [
+        ("system", "Be kind."),
+        ("user", "first"),
+        ("assistant", "hello from the fake model"),
+        ("user", "second"),
+    ]
