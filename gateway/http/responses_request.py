@@ -124,7 +124,7 @@ def _input(value: object) -> list[tuple[dict[str, Any], str]]:
                 },
             }
             last = out[-1][0] if out else None
-            if last is not None and last["role"] == "assistant" and not _has_media(last):
+            if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)  # one assistant turn calls several functions
             else:
                 out.append(({"role": "assistant", "content": None, "tool_calls": [call]}, param))
@@ -142,10 +142,6 @@ def _input(value: object) -> list[tuple[dict[str, Any], str]]:
                 "unsupported_value",
             )
     return out
-
-
-def _has_media(message: dict[str, Any]) -> bool:
-    return isinstance(message.get("content"), list) and any(p.get("type") != "text" for p in message["content"])
 
 
 def _content(value: object, param: str) -> str | list[dict[str, Any]]:
@@ -205,8 +201,12 @@ def _output(value: object, param: str) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        parts = [require_object(p, f"{param}[{i}]") for i, p in enumerate(value)]
-        return "".join(get_str(p, "text", "", param=f"{param}[{i}].text") for i, p in enumerate(parts))
+        texts = []
+        for i, raw in enumerate(value):
+            part = require_object(raw, f"{param}[{i}]")
+            get_str(part, "type", required=True, choices=("input_text", "output_text"), param=f"{param}[{i}].type")
+            texts.append(get_str(part, "text", required=True, param=f"{param}[{i}].text"))
+        return "".join(texts)
     raise invalid(f"'{param}' must be a string or an array of input_text parts.", param)
 
 

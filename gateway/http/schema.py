@@ -163,7 +163,8 @@ def _responses() -> list[FieldSpec]:
         FieldSpec(f"{item}.name", ("string",), r, exact=False),
         FieldSpec(f"{item}.arguments", ("string",), r, nullable=True, exact=False),
         FieldSpec(f"{item}.output", ("string", "array"), r, exact=False),
-        FieldSpec(f"{item}.output[].text", ("string",), r, nullable=True, exact=False),
+        FieldSpec(f"{item}.output[].type", ("string",), r, choices=("input_text", "output_text"), exact=False),
+        FieldSpec(f"{item}.output[].text", ("string",), r, exact=False),
         FieldSpec("instructions", ("string",), r, nullable=True),
         FieldSpec("previous_response_id", ("string",), r, nullable=True, exact=False),  # must be stored
         FieldSpec("store", ("boolean",), r, nullable=True),
