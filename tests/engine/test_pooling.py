@@ -70,6 +70,7 @@ NEW_TOKENS = 6
         pytest.param("mean", {}, id="mean-whole", marks=SLOW),
         pytest.param("mean", CHUNKED, id="mean-chunked", marks=SLOW),
         pytest.param("cls", TIGHT, id="cls-tight", marks=SLOW),
+        pytest.param("last", {"pipeline_decode": "on"}, id="last-pipelined", marks=SLOW),
         pytest.param("model", {"device": "cuda"}, id="model-cuda", marks=GPU),  # CUDA graphs, pipelined decode
         pytest.param("mean", {"device": "cuda", **CHUNKED}, id="mean-cuda-chunked", marks=GPU),
     ],
@@ -87,6 +88,8 @@ def test_pooled_vectors_equal_the_hf_models(checkpoint: tuple[Path, Any], method
     assert generated == hf_greedy(hf_model, GENERATED, NEW_TOKENS)  # sampled rows beside unsampled ones
     stats = engine.stats()
     assert stats["kv_blocks_used"] == 0 and stats["requests"] == 0
+    if engine_args.get("pipeline_decode") == "on":
+        assert stats["decode_steps_ahead"] > 0  # the generation ran ahead once the pooling requests were done
 
 
 def test_pooling_refuses_sampling_options() -> None:
