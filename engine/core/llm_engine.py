@@ -189,7 +189,7 @@ class LLMEngine:
         else:
             prompt_text = None
             token_ids = list(prompt)
-        self._check_tokens(token_ids)
+        self._check_tokens(token_ids, pooling=params.pooling is not None)
         spans = tuple(embed_spans)
         for span in spans:
             if span.offset < 0 or span.length < 1 or span.offset + span.length > len(token_ids):
@@ -264,9 +264,14 @@ class LLMEngine:
         )
         return prompt
 
-    def _check_tokens(self, token_ids: list[int]) -> None:
+    def _check_tokens(self, token_ids: list[int], *, pooling: bool = False) -> None:
         if not token_ids:
             raise InvalidRequest("prompt is empty; expected text or at least one token id")
+        if pooling and len(token_ids) >= self.max_model_len:  # the same room, though nothing is generated
+            raise InvalidRequest(
+                f"prompt has {len(token_ids)} tokens; at most {self.max_model_len - 1} fit (max_model_len="
+                f"{self.max_model_len})"
+            )
         if len(token_ids) + 1 > self.max_model_len:
             raise InvalidRequest(
                 f"prompt has {len(token_ids)} tokens; with one generated token that is "
