@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import httpx
 import openai
@@ -285,3 +286,36 @@ def test_a_streamed_response_is_stored_and_continued_without_its_instructions(fa
         ("assistant", "hello from the fake model"),
         ("user", "second"),
     ]
+
+
+def test_an_openai_agents_tool_loop_runs_over_responses(fake, monkeypatch):
+    """The Agents SDK's default model speaks the Responses API: a call, its output, then the answer."""
+    import asyncio
+
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    backend, url, _ = fake
+    scripts = iter(
+        [
+            [ToolCallDelta("call_1", "get_weather", '{"city": "Paris"}'), Done("stop"), Usage(3, 4)],
+            [TextDelta("It is sunny."), Done("stop"), Usage(5, 3)],
+        ]
+    )
+    monkeypatch.setattr(backend, "chunks", lambda request: next(scripts))
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        return f"sunny in {city}"
+
+    async def run() -> Any:
+        set_tracing_disabled(True)
+        model = OpenAIResponsesModel(model=MODEL, openai_client=AsyncOpenAI(base_url=f"{url}/v1", api_key="x"))
+        agent = Agent(name="weather", instructions="Be brief.", model=model, tools=[get_weather])
+        return await Runner.run(agent, "weather in Paris?")
+
+    result = asyncio.run(run())
+    assert result.final_output == "It is sunny."
+    messages = backend.requests[-1].messages
+    assert [m.role for m in messages] == ["system", "user", "assistant", "tool"]
+    assert messages[-1].text == "sunny in Paris" and messages[-1].tool_call_id == "call_1"
