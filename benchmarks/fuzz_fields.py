@@ -411,11 +411,75 @@ def _http_template(route: str, path: str) -> dict[str, Any]:
         if path.startswith("stream_options"):
             body.update(stream=True, stream_options={"include_usage": True})
         return body
+    if route == http_schema.RESPONSES:
+        return _responses_template(path)
+    if route == http_schema.MESSAGES:
+        return _messages_template(path)
+    if route == http_schema.EMBEDDINGS:
+        return {"model": "omni-test", "input": "hi"}
     if route == http_schema.IMAGES:
         return {"prompt": "a cat"}
     if route == http_schema.SPEECH:
         return {"model": "tts-1", "input": "hello", "voice": "joe"}
     return {"model": "whisper-1"}
+
+
+def _responses_template(path: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "omni-test", "input": "hi"}
+    item: dict[str, Any] = {"type": "message", "role": "user", "content": "hi"}
+    if path.startswith("input[].content[]"):
+        part: dict[str, Any] = {"type": "input_text", "text": "hi"}
+        if path.endswith((".image_url", ".detail", ".file_id")):
+            part = {"type": "input_image", "image_url": "data:image/png;base64," + _PNG, "detail": "auto"}
+        elif path.endswith((".file_data", ".file_url")):
+            part = {"type": "input_file", "file_data": "data:audio/mpeg;base64," + _SILENCE}
+        elif path.endswith(".input_audio"):
+            part = {"type": "input_audio", "input_audio": {"format": "mp3", "data": _SILENCE}}
+        elif path.endswith(".refusal"):
+            item["role"] = "assistant"
+            part = {"type": "refusal", "refusal": "no"}
+        item["content"] = [part]
+    elif path.endswith((".call_id", ".name", ".arguments")):
+        item = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
+    elif ".output" in path:
+        item = {"type": "function_call_output", "call_id": "call_1", "output": [{"type": "input_text", "text": "x"}]}
+    if path.startswith("input[]"):
+        body["input"] = [item]
+    elif path.startswith(("tools", "tool_choice")):
+        body["tools"] = [{"type": "function", "name": "f"}]
+        if path.startswith("tool_choice"):
+            body["tool_choice"] = {"type": "function", "name": "f"}
+    elif path.startswith("text.format."):
+        body["text"] = {"format": {"type": "json_schema", "name": "x", "schema": {}}}
+    elif path.startswith("text"):
+        body["text"] = {"format": {"type": "text"}}
+    elif path.startswith("reasoning"):
+        body["reasoning"] = {}
+    return body
+
+
+def _messages_template(path: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "omni-test", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    if path.startswith("messages[].content[]"):
+        role, block = "user", {"type": "text", "text": "hi"}
+        if ".source" in path:
+            block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": _PNG}}
+        elif path.endswith((".id", ".name", ".input")):
+            role, block = "assistant", {"type": "tool_use", "id": "t1", "name": "f", "input": {}}
+        elif path.endswith((".tool_use_id", ".is_error")) or ".content" in path[len("messages[].content[]") :]:
+            block = {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "x"}]}
+        body["messages"] = [{"role": role, "content": [block]}]
+    elif path.startswith("system[]"):
+        body["system"] = [{"type": "text", "text": "be brief"}]
+    elif path.startswith(("tools", "tool_choice")):
+        body["tools"] = [{"name": "f", "input_schema": {"type": "object"}}]
+        if path.startswith("tool_choice"):
+            body["tool_choice"] = {"type": "tool", "name": "f"}
+    elif path.startswith("output_config"):
+        body["output_config"] = {"format": {"type": "json_schema", "schema": {}}}
+    elif path.startswith("thinking"):
+        body["thinking"] = {"type": "disabled"}
+    return body
 
 
 def http_fields() -> list[tuple[str, FieldSpec]]:
@@ -439,6 +503,19 @@ def http_parse(route: str, body: Any) -> Any:
         return parse_chat(body, caps, limits)
     if route == http_schema.COMPLETIONS:
         return parse_completion(body, caps, limits)
+    if route == http_schema.RESPONSES:
+        from omni_gateway.gateway.http.responses_request import parse_responses
+        from omni_gateway.gateway.http.responses_store import ResponseStore
+
+        return parse_responses(body, caps, limits, ResponseStore(8))
+    if route == http_schema.MESSAGES:
+        from omni_gateway.gateway.http.messages_request import parse_messages_body
+
+        return parse_messages_body(body, caps, limits)
+    if route == http_schema.EMBEDDINGS:
+        from omni_gateway.gateway.http.embeddings import parse_embeddings
+
+        return parse_embeddings(body, caps, limits)
     if route == http_schema.IMAGES:
         image_caps = replace(caps, output_modalities=caps.output_modalities | {"image"})
         return parse_image_generation(body, image_caps, limits)
@@ -486,7 +563,14 @@ def http_case(route: str, spec: FieldSpec, label: str, value: Any) -> Outcome:
     return outcome
 
 
-APP_ROUTES = (http_schema.CHAT, http_schema.COMPLETIONS, http_schema.SPEECH)
+APP_ROUTES = (
+    http_schema.CHAT,
+    http_schema.COMPLETIONS,
+    http_schema.SPEECH,
+    http_schema.RESPONSES,
+    http_schema.MESSAGES,
+    http_schema.EMBEDDINGS,
+)
 
 
 def http_app_case(client: Any, route: str, spec: FieldSpec, label: str, value: Any) -> Outcome:

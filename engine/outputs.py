@@ -59,3 +59,5 @@ class StreamDelta:
     hidden_states: Any = None
     input_embeds: Any = None
     hidden_start: int = 0
+    # A pooling request's vector (a float32 ``[hidden]`` tensor), on its one and final delta.
+    pooled: Any = None

@@ -86,6 +86,9 @@ class SamplingParams:
     # position the request computes: the prompt's (no prefix-cache reuse then) and each generated token
     # fed back. What a speaking model's talker is conditioned on.
     return_hidden_states: bool = False
+    # A pooling request: no token is sampled; the request ends once its prompt is computed, with one vector
+    # pooled from the prompt's hidden states (``engine.core.pooling``): "model" pools as the checkpoint says.
+    pooling: str | None = None
 
     def __post_init__(self) -> None:
         # Accept lists and a bare string for convenience; store tuples so the object stays hashable.
@@ -148,6 +151,14 @@ class SamplingParams:
         _check(
             isinstance(self.return_hidden_states, bool),
             f"return_hidden_states must be a bool, got {self.return_hidden_states!r}",
+        )
+        _check(
+            self.pooling in (None, "model", "last", "mean", "cls"),
+            f"pooling must be None, 'model', 'last', 'mean' or 'cls', got {self.pooling!r}",
+        )
+        _check(
+            self.pooling is None or (self.n == 1 and self.structured_outputs is None and self.logprobs is None),
+            "a pooling request samples nothing: it takes n=1 and neither structured_outputs nor logprobs",
         )
         _check(
             self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputs),

@@ -186,6 +186,15 @@ def serve_flags() -> tuple[Flag, ...]:
             type=_rtf_limit,
         ),
         Flag(
+            "--max-stored-responses",
+            gw,
+            "max_stored_responses",
+            "/v1/responses answers kept in memory for previous_response_id and GET; past it the oldest is "
+            "forgotten (default %(default)s)",
+            "network",
+            type=_positive,
+        ),
+        Flag(
             "--model",
             eng,
             "model",

@@ -53,6 +53,8 @@ class GatewayConfig:
     send_queue_max_bytes: int = 16 * 1024 * 1024  # bytes of server events waiting for a slow client
     send_timeout_s: float = 30.0  # a client that reads nothing for this long is disconnected (1008)
     health_poll_s: float = 0.5  # how often open realtime sessions check that the backend still runs
+    # /v1/responses kept in memory for previous_response_id and retrieval; past it the oldest is forgotten.
+    max_stored_responses: int = 1000
     session: SessionLimits = field(default_factory=SessionLimits)  # bounds of one realtime session
     http: HttpLimits = field(default_factory=HttpLimits)  # bounds of the OpenAI HTTP API
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
 from omni_gateway.gateway import metrics
+from omni_gateway.gateway.anthropic_errors import MESSAGES_PATH, anthropic_error
 from omni_gateway.gateway.auth import bearer_token, key_matches
 
 if TYPE_CHECKING:  # gateway.config imports host_name from here
@@ -80,8 +81,9 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 def presented_key(scope: Scope) -> str | None:
-    """The credential of a request: a Bearer header, or for WebSockets the key-bearing subprotocol."""
-    token: str | None = bearer_token(_header(scope, b"authorization"))
+    """The credential of a request: a Bearer header, an ``x-api-key`` header (Anthropic's clients send it), or
+    for WebSockets the key-bearing subprotocol."""
+    token: str | None = bearer_token(_header(scope, b"authorization")) or _header(scope, b"x-api-key")
     if token is not None or scope["type"] != "websocket":
         return token
     offered = scope.get("subprotocols") or ()
@@ -217,7 +219,7 @@ class Guard:
                     ),
                 )
         if config.api_key is not None and not key_matches(presented_key(scope), config.api_key):
-            how = "'Authorization: Bearer <key>'" + (
+            how = "'Authorization: Bearer <key>', 'x-api-key: <key>'" + (
                 " or the 'openai-insecure-api-key.<key>' subprotocol" if kind == "websocket" else ""
             )
             return Refusal(401, "invalid_api_key", f"Incorrect or missing API key. Send it as {how}.")
@@ -297,7 +299,10 @@ class Guard:
     async def _deny_http(
         self, receive: Receive, send: Send, scope: Scope, status: int, code: str, message: str
     ) -> None:
-        body = self._body(status, code, message)
+        if scope.get("path") == MESSAGES_PATH:
+            body = json.dumps(anthropic_error(status, message)).encode()
+        else:
+            body = self._body(status, code, message)
         await send({"type": "http.response.start", "status": status, "headers": self._headers(status, body)})
         await send({"type": "http.response.body", "body": body})
 

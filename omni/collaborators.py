@@ -38,7 +38,7 @@ class Engine(Protocol):
 
     def generate(
         self,
-        prompt: list[int],
+        prompt: str | list[int],
         params: SamplingParams,
         *,
         request_id: str | None = None,

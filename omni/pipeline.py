@@ -32,6 +32,7 @@ from omni_gateway.omni.collaborators import (
     VadModel,
 )
 from omni_gateway.omni.config import OmniConfig
+from omni_gateway.omni.embedding import embed
 from omni_gateway.omni.loading import close_voice, load_pipeline, warm_up
 from omni_gateway.omni.media import server_budget
 from omni_gateway.omni.prompting import (
@@ -46,6 +47,9 @@ from omni_gateway.omni.protocol import (
     AudioOutputOptions,
     AudioPart,
     Capabilities,
+    EmbeddingRequest,
+    Embeddings,
+    Error,
     Health,
     ImagePart,
     InvalidInput,
@@ -169,6 +173,9 @@ class OmniPipeline:
         async with contextlib.aclosing(stream) as chunks:
             async for chunk in chunks:
                 yield chunk
+
+    async def embed(self, request: EmbeddingRequest) -> Embeddings | Error:
+        return await embed(self.engine, request)
 
     async def abort(self, request_id: str) -> None:
         event = self._active.get(request_id)

@@ -240,6 +240,22 @@ OutputChunk = (
 )
 
 
+# ---- embeddings ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class EmbeddingRequest:
+    """Prompts to pool into one vector each (``/v1/embeddings``): text, or token ids used as they are."""
+
+    request_id: str
+    inputs: tuple[str | tuple[int, ...], ...]
+    priority: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    vectors: tuple[tuple[float, ...], ...]  # one L2-normalized vector per input, in order
+    prompt_tokens: int
+
+
 # ---- audio services the gateway uses directly ----------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Transcription:
@@ -331,6 +347,10 @@ class OmniBackend(Protocol):
     ) -> Transcription: ...
 
     def synthesize(self, text: str, options: AudioOutputOptions) -> AsyncIterator[AudioChunk]: ...
+
+    async def embed(self, request: EmbeddingRequest) -> Embeddings | Error:
+        """Every input pooled by the LLM, batched through its engine; an ``Error`` where it refuses them."""
+        ...
 
     def new_vad(self, settings: VadSettings) -> VoiceActivityDetector: ...
 

@@ -97,6 +97,8 @@ class LLMEngine:
             model = dataclasses.replace(model, weights={})
             return_free_heap()
         self.model = model
+        # how this checkpoint pools a prompt into one vector (engine.core.pooling)
+        self.pooling: str = getattr(model, "pooling", "last")
         num_blocks = self.runner.num_kv_blocks
         self.max_model_len = self._decide_max_model_len(config, model.max_model_len, num_blocks, block_size)
         kv = KVCacheManager(
@@ -172,6 +174,9 @@ class LLMEngine:
         ``input_stream`` supplies input rows for generated positions as they arrive (the model decides
         how they combine with the token embeddings); the request waits while its next row is missing."""
         params = params or SamplingParams()
+        if params.pooling is not None:
+            # the prompt's rows are what a pooling request is for (and they bar prefix-cache reuse)
+            params = dataclasses.replace(params, return_hidden_states=True)
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequest(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self._requests:
@@ -184,7 +189,7 @@ class LLMEngine:
         else:
             prompt_text = None
             token_ids = list(prompt)
-        self._check_tokens(token_ids)
+        self._check_tokens(token_ids, pooling=params.pooling is not None)
         spans = tuple(embed_spans)
         for span in spans:
             if span.offset < 0 or span.length < 1 or span.offset + span.length > len(token_ids):
@@ -198,6 +203,8 @@ class LLMEngine:
                 f"an input stream needs n=1 and must start at or after the prompt's {len(token_ids)} tokens; "
                 f"got n={params.n}, start={input_stream.start}"
             )
+        if params.pooling is not None and input_stream is not None:
+            raise InvalidRequest("a pooling request reads its prompt only; it takes no input stream")
         if params.return_hidden_states and self.config.tensor_parallel_size > 1:
             # Only rank 0 copies hidden states out, and the input embeddings it pairs them with are a
             # vocab-parallel lookup (an all-reduce the other ranks would never join).
@@ -257,9 +264,14 @@ class LLMEngine:
         )
         return prompt
 
-    def _check_tokens(self, token_ids: list[int]) -> None:
+    def _check_tokens(self, token_ids: list[int], *, pooling: bool = False) -> None:
         if not token_ids:
             raise InvalidRequest("prompt is empty; expected text or at least one token id")
+        if pooling and len(token_ids) >= self.max_model_len:  # the same room, though nothing is generated
+            raise InvalidRequest(
+                f"prompt has {len(token_ids)} tokens; at most {self.max_model_len - 1} fit (max_model_len="
+                f"{self.max_model_len})"
+            )
         if len(token_ids) + 1 > self.max_model_len:
             raise InvalidRequest(
                 f"prompt has {len(token_ids)} tokens; with one generated token that is "
@@ -346,6 +358,7 @@ class LLMEngine:
         token_ids: list[int | None] = [None if r is None else r.token_id for r in results]
         rejected = self._grammars.accept(batch.seqs, token_ids) if self._grammars is not None else []
         grown = self.scheduler.update_from_output(batch, token_ids)
+        pooled = self._pool_finished(batch)
 
         deltas: list[StreamDelta] = []
         done: list[Sequence] = []
@@ -372,12 +385,35 @@ class LLMEngine:
             self.scheduler.finish(seq, FinishReason.ERROR)
             done.append(seq)
             deltas.append(stream_delta(req, index, req.detoks[index].flush(), ()))
+        for seq, vector in pooled:
+            req, index = self._owner[seq.seq_id]
+            touched[req.request_id] = req
+            done.append(seq)
+            deltas.append(stream_delta(req, index, "", (), pooled=vector))
         if done:
             self.runner.release([s.seq_id for s in done])
         for req in touched.values():
             if all(s.is_finished for s in req.seqs):
                 self._retire(req)
         return deltas
+
+    def _pool_finished(self, batch: ScheduledBatch) -> list[tuple[Sequence, Any]]:
+        """Pooling requests whose prompt is now computed: each ends with its vector (its KV freed)."""
+        out = []
+        for seq in batch.seqs:
+            if seq.params.pooling is None or seq.is_finished or seq.num_computed_tokens < len(seq):
+                continue
+            import torch  # only pooling requests get here: the runner made their rows tensors
+            from omni_gateway.engine.core.pooling import pool
+
+            # a preempted request computed its prompt again from position 0: its last pass is the one to pool
+            last_pass = max(i for i, (first, _, _) in enumerate(seq.hidden_rows) if first == 0)
+            rows = torch.cat([h for _, h, _ in seq.hidden_rows[last_pass:]])
+            seq.hidden_rows.clear()
+            method = self.pooling if seq.params.pooling == "model" else seq.params.pooling
+            self.scheduler.finish(seq, FinishReason.STOP)
+            out.append((seq, pool(rows, method)))
+        return out
 
     def _detokenize(self, seq: Sequence, detok: IncrementalDetokenizer, token_id: int) -> str:
         text: str = detok.add_token(token_id, check_stop=seq.num_output_tokens >= seq.params.min_tokens)

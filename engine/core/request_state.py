@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from omni_gateway.engine.core.detokenizer import IncrementalDetokenizer
 from omni_gateway.engine.core.sequence import Sequence
@@ -25,7 +26,12 @@ class EngineRequest:
 
 
 def stream_delta(
-    req: EngineRequest, index: int, text: str, token_ids: tuple[int, ...], logprobs: tuple[Logprob, ...] = ()
+    req: EngineRequest,
+    index: int,
+    text: str,
+    token_ids: tuple[int, ...],
+    logprobs: tuple[Logprob, ...] = (),
+    pooled: Any = None,
 ) -> StreamDelta:
     """Sequence ``index``'s delta of one step: ``text`` and ``token_ids`` new since the last, and the
     hidden-state rows it has not sent yet."""
@@ -61,6 +67,7 @@ def stream_delta(
         hidden_states=hidden,
         input_embeds=embeds,
         hidden_start=start,
+        pooled=pooled,
     )
 
 

@@ -111,6 +111,7 @@ def delta_rows(deltas: list[StreamDelta]) -> tuple[tuple[Any, ...], ...]:
             _on_host(d.hidden_states),
             _on_host(d.input_embeds),
             d.hidden_start,
+            _on_host(d.pooled),
         )
         for d in deltas
     )

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.core.pooling import model_pooling
 from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.models import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, resolve_architecture
 from omni_gateway.engine.models.llama import missing_weights
@@ -47,6 +48,7 @@ class LoadedModel:
     # Empty under tensor parallel: each rank reads its shard from ``source``.
     weights: dict[str, torch.Tensor | QuantizedWeight]
     source: WeightSource | None = None
+    pooling: str = "last"  # how a pooling request pools its prompt (engine.core.pooling)
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -99,6 +101,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         architecture=architecture,
         weights={} if sharded else weights,
         source=source,
+        pooling=model_pooling(path) if path.is_dir() else "last",
     )
 
 

@@ -240,7 +240,13 @@ class ModelRunner:
             ]
             if spans:  # never launched ahead (engine.core.pipelining): num_computed_tokens is the decoded position
                 self._keep_hidden(spans, graphed.ids, graphed.hidden)
-            rows = [i for i, seq in enumerate(seqs) if after is not None or seq.num_computed_tokens + 1 == len(seq)]
+            rows = [
+                i
+                for i, seq in enumerate(seqs)
+                if (after is not None or seq.num_computed_tokens + 1 == len(seq)) and seq.params.pooling is None
+            ]
+            if not rows:  # pooling requests only
+                return PendingDecode.resolved_with(batch, [None] * len(seqs))
             if len(rows) < len(seqs):  # one-token prefill chunks sample nothing
                 picked = to_device(rows, torch.int64, self.device)
                 logits, argmax = logits[picked], argmax[picked]

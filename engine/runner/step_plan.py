@@ -102,7 +102,7 @@ def build_step_plan(
         else:
             prefill_lens.append(end)
             cu_q.append(cu_q[-1] + end - start)
-        if end == len(seq) + ahead:
+        if end == len(seq) + ahead and seq.params.pooling is None:  # a pooling request samples nothing
             sample_rows.append(num_tokens - 1)
             sample_slots.append(i)
         for span in seq.embed_spans:

@@ -7,17 +7,23 @@ Where it differs from OpenAI's API, on purpose:
 - speech comes as wav (the default, streamed with an open-ended header), pcm or flac;
 - ``tool_choice: "required"`` offers the tools like "auto" (nothing forces a call), a named function
   narrows the tools to that one;
-- the audio endpoints accept any ``model`` name: there is one recogniser and one voice model.
+- the audio endpoints accept any ``model`` name: there is one recogniser and one voice model;
+- /v1/responses and Anthropic's /v1/messages run as chat completions (``responses_request``,
+  ``messages_request`` rewrite them for ``parse_chat``); responses are stored in memory only, and no
+  built-in tool runs;
+- /v1/embeddings takes ``dimensions`` only as the model's own vector size.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from omni_gateway.gateway.http import audio, chat, completions, images, ops
+from omni_gateway.gateway.http import audio, chat, completions, embeddings, images, messages, ops, responses
 from omni_gateway.gateway.http.endpoint import endpoint
 from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.http.responses_store import ResponseStore
 from omni_gateway.omni.protocol import OmniBackend
 from starlette.requests import Request
 from starlette.responses import Response
@@ -36,6 +42,7 @@ def routes(backend: OmniBackend, config: GatewayConfig) -> list[BaseRoute]:
     API key (every route but /health) and the requests in flight.
     """
     limits = config.http
+    store = ResponseStore(config.max_stored_responses)
 
     def bind(path: str, handler: Callable[..., Awaitable[Response]], method: str, *, limited: bool = False) -> Route:
         async def call(request: Request) -> Response:
@@ -53,4 +60,9 @@ def routes(backend: OmniBackend, config: GatewayConfig) -> list[BaseRoute]:
         bind("/v1/audio/transcriptions", audio.transcriptions, "POST", limited=True),
         bind("/v1/audio/speech", audio.speech, "POST", limited=True),
         bind("/v1/images/generations", images.image_generations, "POST", limited=True),
+        bind("/v1/embeddings", embeddings.embeddings, "POST", limited=True),
+        bind("/v1/messages", messages.create, "POST", limited=True),
+        bind("/v1/responses", functools.partial(responses.create, store=store), "POST", limited=True),
+        bind("/v1/responses/{response_id}", functools.partial(responses.retrieve, store=store), "GET"),
+        bind("/v1/responses/{response_id}", functools.partial(responses.delete, store=store), "DELETE"),
     ]

@@ -20,6 +20,7 @@ class HttpLimits:
     max_media_bytes: int = 20 * 1024 * 1024  # one decoded image or audio clip
     max_audio_seconds: float = 600.0  # decoded duration of one audio input, checked from the header
     max_speech_chars: int = 4096
+    max_embedding_inputs: int = 2048  # inputs of one /v1/embeddings request, as OpenAI allows
     max_images: int = 4  # images per generation request
     max_image_side: int = 2048
     audio_expires_s: int = 3600  # reported in message.audio.expires_at

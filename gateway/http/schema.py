@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from omni_gateway.gateway.field_spec import FieldSpec
 from omni_gateway.gateway.http.audio_request import SPEECH_FORMATS, TRANSCRIPTION_FORMATS
+from omni_gateway.gateway.http.embeddings import ENCODINGS
 from omni_gateway.gateway.http.image_request import MAX_PARTIAL_IMAGES
 from omni_gateway.gateway.http.limits import HttpLimits
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 IMAGES, SPEECH, TRANSCRIPTIONS = "/v1/images/generations", "/v1/audio/speech", "/v1/audio/transcriptions"
-ROUTES = (CHAT, COMPLETIONS, IMAGES, SPEECH, TRANSCRIPTIONS)
+RESPONSES, MESSAGES, EMBEDDINGS = "/v1/responses", "/v1/messages", "/v1/embeddings"
+ROUTES = (CHAT, COMPLETIONS, IMAGES, SPEECH, TRANSCRIPTIONS, RESPONSES, MESSAGES, EMBEDDINGS)
 _LIMITS = HttpLimits()
 _BOTH_TEXT = (CHAT, COMPLETIONS)
 
@@ -135,4 +137,135 @@ def _audio() -> list[FieldSpec]:
     ]
 
 
-FIELDS: tuple[FieldSpec, ...] = (*_sampling(), *_chat(), *_completions(), *_images(), *_audio())
+def _responses() -> list[FieldSpec]:
+    """``responses_request.py``: rewritten as a chat request, so what chat checks is marked inexact here."""
+    r = (RESPONSES,)
+    item = "input[]"
+    part = f"{item}.content[]"
+    return [
+        FieldSpec("model", ("string",), r, exact=False),
+        FieldSpec("input", ("string", "array"), r, exact=False),
+        FieldSpec(f"{item}.type", ("string",), r, nullable=True, exact=False),
+        FieldSpec(f"{item}.role", ("string",), r, choices=("user", "system", "developer", "assistant"), exact=False),
+        FieldSpec(f"{item}.content", ("string", "array"), r, exact=False),
+        FieldSpec(f"{part}.type", ("string",), r, exact=False),
+        FieldSpec(f"{part}.text", ("string",), r, exact=False),
+        FieldSpec(f"{part}.refusal", ("string",), r, exact=False),
+        FieldSpec(f"{part}.image_url", ("string",), r, exact=False),  # a data URI
+        FieldSpec(f"{part}.detail", ("string",), r, nullable=True, choices=("auto", "low", "high")),
+        FieldSpec(f"{part}.file_id", ("string",), r, nullable=True, exact=False),  # refused: no file store
+        FieldSpec(f"{part}.file_url", ("string",), r, nullable=True, exact=False),  # refused: no fetching
+        FieldSpec(f"{part}.file_data", ("string",), r, exact=False),  # an audio or image data URI
+        FieldSpec(f"{part}.input_audio", ("object",), r, exact=False),
+        FieldSpec(f"{part}.input_audio.format", ("string",), r, exact=False),
+        FieldSpec(f"{part}.input_audio.data", ("string",), r, exact=False),
+        FieldSpec(f"{item}.call_id", ("string",), r, exact=False),
+        FieldSpec(f"{item}.name", ("string",), r, exact=False),
+        FieldSpec(f"{item}.arguments", ("string",), r, nullable=True, exact=False),
+        FieldSpec(f"{item}.output", ("string", "array"), r, exact=False),
+        FieldSpec(f"{item}.output[].type", ("string",), r, choices=("input_text", "output_text"), exact=False),
+        FieldSpec(f"{item}.output[].text", ("string",), r, exact=False),
+        FieldSpec("instructions", ("string",), r, nullable=True),
+        FieldSpec("previous_response_id", ("string",), r, nullable=True, exact=False),  # must be stored
+        FieldSpec("store", ("boolean",), r, nullable=True),
+        FieldSpec("stream", ("boolean",), r, nullable=True),
+        FieldSpec("background", ("boolean",), r, nullable=True, exact=False),  # true is refused
+        FieldSpec("metadata", ("object",), r, nullable=True),
+        FieldSpec("temperature", ("number",), r, nullable=True, lo=0.0, hi=2.0, exact=False),
+        FieldSpec("top_p", ("number",), r, nullable=True, lo=0.0, hi=1.0, exact=False),
+        FieldSpec("max_output_tokens", ("integer",), r, nullable=True, lo=1),
+        FieldSpec("parallel_tool_calls", ("boolean",), r, nullable=True),
+        FieldSpec("reasoning", ("object",), r, nullable=True, exact=False),
+        FieldSpec("reasoning.effort", ("string",), r, nullable=True, exact=False),  # "none" only
+        FieldSpec("reasoning.summary", ("string",), r, nullable=True, exact=False),  # refused
+        FieldSpec("tools", ("array",), r, nullable=True, exact=False),
+        FieldSpec("tools[].type", ("string",), r, choices=("function",), exact=False),
+        FieldSpec("tools[].name", ("string",), r, max_len=64, exact=False),
+        FieldSpec("tools[].description", ("string",), r, nullable=True),
+        FieldSpec("tools[].parameters", ("object",), r, nullable=True, exact=False),
+        FieldSpec("tools[].strict", ("boolean",), r, nullable=True),
+        FieldSpec("tool_choice", ("string", "object"), r, nullable=True, exact=False),
+        FieldSpec("tool_choice.type", ("string",), r, exact=False),
+        FieldSpec("tool_choice.name", ("string",), r, exact=False),
+        FieldSpec("text", ("object",), r, nullable=True, exact=False),
+        FieldSpec("text.format", ("object",), r, nullable=True, exact=False),
+        FieldSpec("text.format.type", ("string",), r, exact=False),
+        FieldSpec("text.format.name", ("string",), r, max_len=64, exact=False),
+        FieldSpec("text.format.strict", ("boolean",), r, nullable=True, exact=False),
+        FieldSpec("text.format.schema", ("object",), r, exact=False),
+    ]
+
+
+def _messages() -> list[FieldSpec]:
+    """``messages_request.py`` (Anthropic's Messages API), rewritten as a chat request like /v1/responses."""
+    r = (MESSAGES,)
+    m = "messages[]"
+    block = f"{m}.content[]"
+    return [
+        FieldSpec("model", ("string",), r, exact=False),
+        FieldSpec("max_tokens", ("integer",), r, lo=1, exact=False),  # required
+        FieldSpec("messages", ("array",), r, exact=False),
+        FieldSpec(f"{m}.role", ("string",), r, choices=("user", "assistant"), exact=False),
+        FieldSpec(f"{m}.content", ("string", "array"), r, exact=False),
+        FieldSpec(f"{block}.type", ("string",), r, exact=False),
+        FieldSpec(f"{block}.text", ("string",), r, exact=False),
+        FieldSpec(f"{block}.source", ("object",), r, exact=False),
+        FieldSpec(f"{block}.source.type", ("string",), r, exact=False),  # "base64" only
+        FieldSpec(f"{block}.source.media_type", ("string",), r, exact=False),
+        FieldSpec(f"{block}.source.data", ("string",), r, exact=False),
+        FieldSpec(f"{block}.id", ("string",), r, exact=False),
+        FieldSpec(f"{block}.name", ("string",), r, exact=False),
+        FieldSpec(f"{block}.input", ("object",), r, nullable=True, exact=False),
+        FieldSpec(f"{block}.tool_use_id", ("string",), r, exact=False),
+        FieldSpec(f"{block}.content", ("string", "array"), r, nullable=True, exact=False),
+        FieldSpec(f"{block}.content[].type", ("string",), r, choices=("text",), exact=False),
+        FieldSpec(f"{block}.content[].text", ("string",), r, exact=False),
+        FieldSpec(f"{block}.is_error", ("boolean",), r, nullable=True, exact=False),
+        FieldSpec("system", ("string", "array"), r, nullable=True, exact=False),
+        FieldSpec("system[].type", ("string",), r, choices=("text",), exact=False),
+        FieldSpec("system[].text", ("string",), r, exact=False),
+        FieldSpec("stop_sequences", ("array",), r, nullable=True, exact=False),
+        FieldSpec("temperature", ("number",), r, nullable=True, lo=0.0, hi=1.0),
+        FieldSpec("top_p", ("number",), r, nullable=True, lo=0.0, hi=1.0, exact=False),
+        FieldSpec("top_k", ("integer",), r, nullable=True, lo=1),
+        FieldSpec("stream", ("boolean",), r, nullable=True),
+        FieldSpec("metadata", ("object",), r, nullable=True),
+        FieldSpec("thinking", ("object",), r, nullable=True, exact=False),
+        FieldSpec("thinking.type", ("string",), r, nullable=True, exact=False),  # "disabled" only
+        FieldSpec("tools", ("array",), r, nullable=True, exact=False),
+        FieldSpec("tools[].type", ("string",), r, nullable=True, choices=("custom",), exact=False),
+        FieldSpec("tools[].name", ("string",), r, max_len=64, exact=False),
+        FieldSpec("tools[].description", ("string",), r, nullable=True),
+        FieldSpec("tools[].input_schema", ("object",), r, exact=False),
+        FieldSpec("tool_choice", ("object",), r, nullable=True, exact=False),
+        FieldSpec("tool_choice.type", ("string",), r, choices=("auto", "any", "tool", "none"), exact=False),
+        FieldSpec("tool_choice.name", ("string",), r, exact=False),
+        FieldSpec("tool_choice.disable_parallel_tool_use", ("boolean",), r, nullable=True),
+        FieldSpec("output_config", ("object",), r, nullable=True, exact=False),
+        FieldSpec("output_config.effort", ("string",), r, nullable=True, exact=False),  # refused
+        FieldSpec("output_config.format", ("object",), r, nullable=True, exact=False),
+        FieldSpec("output_config.format.type", ("string",), r, choices=("json_schema",), exact=False),
+        FieldSpec("output_config.format.schema", ("object",), r, exact=False),
+    ]
+
+
+def _embeddings() -> list[FieldSpec]:
+    r = (EMBEDDINGS,)
+    return [
+        FieldSpec("model", ("string",), r, exact=False),
+        FieldSpec("input", ("string", "array"), r, exact=False),  # non-empty; strings or token ids
+        FieldSpec("encoding_format", ("string",), r, nullable=True, choices=ENCODINGS),
+        FieldSpec("dimensions", ("integer",), r, nullable=True, lo=1, exact=False),  # the model's size only
+    ]
+
+
+FIELDS: tuple[FieldSpec, ...] = (
+    *_sampling(),
+    *_chat(),
+    *_completions(),
+    *_images(),
+    *_audio(),
+    *_responses(),
+    *_messages(),
+    *_embeddings(),
+)

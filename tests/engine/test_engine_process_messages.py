@@ -27,6 +27,7 @@ def test_a_step_output_carries_every_field_of_every_delta() -> None:
         hidden_states=((0.5, -1.0),),  # tensors in use; plain rows compare here
         input_embeds=((0.25, 2.0),),
         hidden_start=3,
+        pooled=(0.6, 0.8),
     )
     defaults = {f.name: f.default for f in dataclasses.fields(StreamDelta) if f.name not in ("request_id", "text")}
     assert all(getattr(full, name) != default for name, default in defaults.items())  # every field is exercised

@@ -164,6 +164,7 @@ SAMPLES = {
     "--max-sessions": "3",
     "--max-voice-sessions": "2",
     "--voice-admission-rtf": "0.75",
+    "--max-stored-responses": "12",
     "--max-sessions-per-key": "2",
     "--model": "/m.gguf",
     "--served-model-name": "m",

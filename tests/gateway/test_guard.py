@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from omni_gateway.gateway.anthropic_errors import MESSAGES_PATH
 from omni_gateway.gateway.app import create_app
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.guard import host_allowed, is_public, origin_allowed
@@ -84,7 +85,11 @@ def test_no_route_but_health_answers_without_the_key(secured: int) -> None:
                     continue
                 successes += r.status_code < 400
                 assert r.status_code == 401, (method, path, headers, r.status_code)
-                assert r.json()["error"]["code"] == "invalid_api_key"
+                error = r.json()["error"]
+                if path == MESSAGES_PATH:  # Anthropic's envelope: a type, no code
+                    assert error["type"] == "authentication_error"
+                else:
+                    assert error["code"] == "invalid_api_key"
     ws_refused = [
         run(ws_status(secured, **kw))
         for kw in (

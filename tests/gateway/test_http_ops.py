@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from omni_gateway.gateway.anthropic_errors import MESSAGES_PATH
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.http import routes
 
@@ -94,13 +95,17 @@ def test_every_route_but_health_wants_the_api_key():
                 {"Host": "x/#"},
             ):
                 r = http.request(method, path, headers=headers, json={})
+                # /v1/messages answers in Anthropic's envelope: an error type, no code
+                error = r.json()["error"] if r.status_code >= 400 else {}
+                kind = error.get("type") if path == MESSAGES_PATH else error.get("code")
                 if "Host" in headers:  # names no host of this server: refused before the key is looked at
-                    assert r.status_code == 421 and r.json()["error"]["code"] == "host_not_allowed"
+                    assert r.status_code == 421
+                    assert kind == ("invalid_request_error" if path == MESSAGES_PATH else "host_not_allowed")
                 elif path == "/health":
                     assert r.status_code == 200
                 else:
                     assert r.status_code == 401, (method, path, headers)
-                    assert r.json()["error"]["code"] == "invalid_api_key"
+                    assert kind == ("authentication_error" if path == MESSAGES_PATH else "invalid_api_key")
         assert backend.requests == [] and backend.transcribed == [] and backend.synthesized == []
         assert (
             client.chat.completions.create(model="omni-test", messages=[{"role": "user", "content": "hi"}])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
+import zlib
 from collections.abc import AsyncIterator, Callable
 
 import numpy as np
@@ -13,6 +15,8 @@ from omni_gateway.omni.protocol import (
     AudioOutputOptions,
     Capabilities,
     Done,
+    EmbeddingRequest,
+    Embeddings,
     Error,
     Health,
     ImageFinal,
@@ -156,6 +160,7 @@ class FakeBackend:
         self.healthy = healthy
         self.gate: asyncio.Event | None = None
         self.requests: list[OmniRequest] = []
+        self.embedded: list[EmbeddingRequest] = []
         self.aborted: list[str] = []
         self.closed: list[str] = []
         self.completed: list[str] = []
@@ -247,6 +252,21 @@ class FakeBackend:
         self.synthesized.append((text, options))
         for word in words_of(text):
             yield AudioChunk(tone(100, rate=options.sample_rate), options.sample_rate, transcript=word)
+
+    async def embed(self, request: EmbeddingRequest) -> Embeddings | Error:
+        """An 8-dimensional unit vector per input, a function of its text (or token ids); one token per word
+        (or id). ``script`` holding an ``Error`` answers with it instead."""
+        self.embedded.append(request)
+        if self.script and isinstance(self.script[0], Error):
+            return self.script[0]
+        vectors = []
+        for item in request.inputs:
+            seed = zlib.crc32(repr(item).encode())
+            raw = [((seed >> (4 * k)) & 15) - 7.5 for k in range(8)]
+            norm = math.sqrt(sum(x * x for x in raw))
+            vectors.append(tuple(x / norm for x in raw))
+        tokens = sum(len(i.split()) if isinstance(i, str) else len(i) for i in request.inputs)
+        return Embeddings(tuple(vectors), tokens)
 
     def new_vad(self, settings: VadSettings) -> AmplitudeVad:
         if not self.vad_enabled:
