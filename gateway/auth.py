@@ -31,7 +31,7 @@ def key_matches(presented: str | None, api_key: str) -> bool:
 CLIENT_SECRET_PREFIX = "ek_"
 DEFAULT_TTL_S = 600  # OpenAI's default for expires_after
 MIN_TTL_S, MAX_TTL_S = 10, 7200  # the range OpenAI accepts
-# Minted keys held at once: each lives at most MAX_TTL_S, and expired ones are dropped as new ones are minted.
+# Minted keys held at once: each lives at most MAX_TTL_S, and is forgotten one lifetime after it expired.
 MAX_LIVE_SECRETS = 10_000
 
 
@@ -64,10 +64,10 @@ class ClientSecrets:
             raise ValueError(f"expires_after.seconds must be in {MIN_TTL_S}..{MAX_TTL_S}, got {ttl_s}")
         now = self._now()
         # An expired key is kept for one more lifetime, then forgotten (later it reads as unknown).
-        for value in [v for v, s in self._secrets.items() if s.expires_at + MAX_TTL_S < now]:
+        for value in [v for v, s in self._secrets.items() if s.expires_at + MAX_TTL_S <= now]:
             del self._secrets[value]
         if len(self._secrets) >= self._max_live:
-            raise OverflowError(f"{self._max_live} client secrets are live; try again once some expire")
+            raise OverflowError(f"{self._max_live} client secrets are held; try again once some expire")
         secret = ClientSecret(CLIENT_SECRET_PREFIX + secrets.token_urlsafe(24), int(now) + ttl_s, session)
         self._secrets[secret.value] = secret
         return secret

@@ -50,7 +50,7 @@ class _Queue:
     samples: int = 0  # samples queued, offset excluded
 
 
-class SpokenTrack(MediaStreamTrack):  # type: ignore[misc]  # aiortc is untyped
+class SpokenTrack(MediaStreamTrack):
     """The call's outgoing audio: what the session's audio deltas carried, at real-time pace."""
 
     kind = "audio"
