@@ -175,3 +175,31 @@ def test_hung_up_calls_leave_no_call_behind() -> None:
 
     with serve(FakeBackend(), config) as port:
         run(calls(port))
+
+
+def test_a_call_whose_ice_never_connects_ends_with_an_ice_failed_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from omni_gateway.gateway.realtime import webrtc_calls
+
+    monkeypatch.setattr(webrtc_calls, "ICE_CONNECT_TIMEOUT_S", 1.0)
+
+    async def call(port: int) -> tuple[list[dict[str, Any]], int | None]:
+        caller = Caller()
+        sdp = await caller.offer()  # the caller never takes the answer: no connectivity check succeeds
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            placed = await http.post("/v1/realtime/calls", content=sdp, headers={"Content-Type": "application/sdp"})
+        assert placed.status_code == 201
+        call_id = placed.headers["location"].rsplit("/", 1)[1]
+        events: list[dict[str, Any]] = []
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime?call_id={call_id}") as ws:
+            async for text in ws:
+                events.append(json.loads(text))
+            code = ws.close_code
+        await caller.close()
+        return events, code
+
+    with serve(FakeBackend()) as port:
+        events, code = run(call(port))
+    errors = [event["error"] for event in events if event["type"] == "error"]
+    assert [error["code"] for error in errors] == ["ice_failed"]
+    assert "ICE" in errors[0]["message"] and "--ice-server" in errors[0]["message"]
+    assert code == 1000
