@@ -40,7 +40,7 @@ def parse_ice_server(value: str) -> IceServer:
         if not username or not sep or not credential:
             raise ValueError(f"expected USER:CREDENTIAL before '@' in the ICE server {value!r}")
         if scheme.lower() == "stun":
-            raise ValueError(f"a STUN server takes no credentials, got {value!r}")
+            raise ValueError(f"a STUN server takes no credentials, got the ICE server {value!r}")
     if not rest.split("?", 1)[0].split(":", 1)[0]:
         raise ValueError(f"the ICE server {value!r} names no host")
     return IceServer(f"{scheme.lower()}:{rest}", username, credential)
