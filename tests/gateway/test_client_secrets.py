@@ -113,3 +113,15 @@ def test_the_store_forgets_long_expired_secrets_and_bounds_the_live_ones() -> No
     store.mint(10, None)
     assert len(store) == 1
     assert "unknown" in (store.check(first.value)[1] or "")
+
+
+def test_a_client_secret_is_good_for_the_realtime_routes_only() -> None:
+    from omni_gateway.gateway.guard import opens_realtime
+
+    assert opens_realtime("websocket", "/v1/realtime")
+    assert opens_realtime("http", "/v1/realtime/calls")
+    assert opens_realtime("http", "/v1/realtime/calls/rtc_abc/hangup")
+    assert not opens_realtime("http", "/v1/realtime/client_secrets")
+    assert not opens_realtime("http", "/v1/realtime/calls/rtc_abc/other/hangup")
+    assert not opens_realtime("http", "/v1/chat/completions")
+    assert not opens_realtime("websocket", "/v1/realtime/calls")

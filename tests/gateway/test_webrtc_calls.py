@@ -160,21 +160,35 @@ def test_a_websocket_naming_no_live_call_is_closed() -> None:
         assert run(join(port)) == 1008
 
 
-def test_hung_up_calls_leave_no_call_behind() -> None:
-    config = GatewayConfig()
+def test_a_client_secret_places_a_call_with_its_session_and_the_offer_session_over_it() -> None:
+    config = GatewayConfig(api_key="sk-real")
+    bound = {"type": "realtime", "instructions": "Answer in French.", "output_modalities": ["text"]}
 
-    async def calls(port: int) -> int:
-        for _ in range(5):
+    async def call(port: int) -> tuple[httpx.Response, dict[str, Any], int]:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            minted = await http.post(
+                "/v1/realtime/client_secrets", json={"session": bound}, headers={"Authorization": "Bearer sk-real"}
+            )
+            secret = minted.json()["value"]
+            stranger = Caller()
+            refused = await stranger.place(f"http://127.0.0.1:{port}", key="ek_not_minted")
+            await stranger.close()
             caller = Caller()
-            assert (await caller.place(f"http://127.0.0.1:{port}")).status_code == 201
-            await caller.until("session.created")
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-                assert (await http.post(f"/v1/realtime/calls/{caller.call_id}/hangup")).status_code == 200
-            await caller.close()
-        return 0
+            placed = await caller.place(f"http://127.0.0.1:{port}", key=secret, session={"type": "realtime"})
+            assert placed.status_code == 201, placed.text
+            created = (await caller.until("session.created"))[-1]
+            hangup = await http.post(
+                f"/v1/realtime/calls/{caller.call_id}/hangup", headers={"Authorization": f"Bearer {secret}"}
+            )
+        await caller.close()
+        return refused, created, hangup.status_code
 
     with serve(FakeBackend(), config) as port:
-        run(calls(port))
+        refused, created, hangup = run(call(port))
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert created["session"]["instructions"] == "Answer in French."
+    assert created["session"]["output_modalities"] == ["text"]
+    assert hangup == 200
 
 
 def test_a_call_whose_ice_never_connects_ends_with_an_ice_failed_error(monkeypatch: pytest.MonkeyPatch) -> None:
