@@ -130,9 +130,11 @@ class Calls:
             await peer.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
         except (ValueError, KeyError, IndexError) as exc:
             raise invalid(f"The SDP offer could not be read: {str(exc)[:200]}", param="sdp") from None
-        peer.addTrack(socket.track)
-        answer = await peer.createAnswer()
-        await peer.setLocalDescription(answer)
+        audio = next((t for t in peer.getTransceivers() if t.kind == "audio"), None)
+        if audio is not None:
+            peer.addTrack(socket.track)
+        await peer.setLocalDescription(await peer.createAnswer())
+        socket.plays_audio = audio is not None and "send" in (audio.currentDirection or "")
         sdp: str = peer.localDescription.sdp
         if "a=candidate:" not in sdp:
             raise ApiError(

@@ -52,6 +52,9 @@ class CallSocket:
         self.application_state = self.client_state = WebSocketState.CONNECTED
         self.session: RealtimeSession | None = None  # set once the connection built it
         self.track = SpokenTrack(self._playout)
+        # The call sends the track (the answer has it sending): audio deltas become its audio. Otherwise (an
+        # offer without audio, or that only sends) they go out as events, as over a WebSocket.
+        self.plays_audio = False
         self._incoming: asyncio.Queue[Message] = asyncio.Queue()
         self._channel: Any = None  # aiortc RTCDataChannel, once the caller opened it
         self._channel_open = asyncio.Event()
@@ -125,10 +128,10 @@ class CallSocket:
 
     async def send_text(self, text: str) -> None:
         kind = event_type(text)
-        if kind in _AUDIO_DELTAS:
+        if kind in _AUDIO_DELTAS and self.plays_audio:
             self._play(json.loads(text))
             return
-        if kind in _AUDIO_DONES:
+        if kind in _AUDIO_DONES and self.plays_audio:
             self.track.finish(json.loads(text)["item_id"])
         await self._channel_open.wait()
         self._broadcast(text)

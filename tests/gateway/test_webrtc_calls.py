@@ -89,6 +89,22 @@ def test_multipart_offer_with_session_and_hangup_ends_the_call() -> None:
     assert again.status_code == 404 and again.json()["error"]["code"] == "call_not_found"
 
 
+def test_a_call_without_an_audio_track_gets_the_audio_in_events_as_a_websocket_would() -> None:
+    async def call(port: int) -> list[dict[str, Any]]:
+        caller = Caller(audio=False)
+        assert (await caller.place(f"http://127.0.0.1:{port}")).status_code == 201
+        caller.send({"type": "response.create", "response": {"instructions": "Talk."}})
+        seen = await caller.until("response.done")
+        await caller.close()
+        return seen
+
+    with serve(FakeBackend()) as port:
+        seen = run(call(port))
+    kinds = [event["type"] for event in seen]
+    assert kinds.count("response.output_audio.delta") == 5  # one 100 ms chunk per word of the fake's reply
+    assert "output_audio_buffer.started" not in kinds
+
+
 def test_offers_that_cannot_be_answered_are_refused_with_the_reason() -> None:
     async def post(port: int) -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:

@@ -66,10 +66,12 @@ class Microphone(MediaStreamTrack):  # type: ignore[misc]
 class Caller:
     """One call: ``place`` it against a server, then read ``events`` and ``heard`` (peak of each frame)."""
 
-    def __init__(self) -> None:
+    def __init__(self, audio: bool = True) -> None:
+        """``audio`` False: a data channel alone, no audio track either way."""
         self.peer = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.microphone = Microphone()
-        self.peer.addTrack(self.microphone)
+        if audio:
+            self.peer.addTrack(self.microphone)
         self.channel = self.peer.createDataChannel("oai-events")
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.log: list[dict[str, Any]] = []  # every event received, in order
