@@ -167,16 +167,18 @@ class SpokenTrack(MediaStreamTrack):
 
 
 class HeardAudio:
-    """The caller's decoded Opus frames (48 kHz, mono or stereo) as the session's 24 kHz mono pcm16."""
+    """The caller's decoded frames (Opus: 48 kHz, mono or stereo) as the session's 24 kHz mono pcm16."""
 
     def __init__(self) -> None:
-        self._resampler = soxr.ResampleStream(RTC_RATE, audio_fmt.SAMPLE_RATE, 1, "int16")
+        self._rate = 0
+        self._resampler: Any = None
 
     def convert(self, frame: av.AudioFrame) -> bytes:
-        if frame.format.name != "s16" or frame.sample_rate != RTC_RATE:
-            raise ValueError(
-                f"expected decoded Opus as s16 at {RTC_RATE} Hz, got {frame.format.name} at {frame.sample_rate} Hz"
-            )
+        if frame.format.name != "s16":
+            raise ValueError(f"expected decoded audio as packed s16, got {frame.format.name}")
+        if frame.sample_rate != self._rate:
+            self._rate = frame.sample_rate
+            self._resampler = soxr.ResampleStream(self._rate, audio_fmt.SAMPLE_RATE, 1, "int16")
         channels = len(frame.layout.channels)
         samples = frame.to_ndarray().reshape(-1, channels)  # s16 is packed: channels interleaved
         mono = samples[:, 0] if channels == 1 else samples.mean(axis=1).astype(np.int16)

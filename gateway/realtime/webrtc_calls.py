@@ -34,6 +34,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 log = logging.getLogger(__name__)
 
 EVENTS_CHANNEL = "oai-events"
+OPUS = "opus/48000"  # the audio codec calls speak (every browser offers it), as the offer's rtpmap names it
 ICE_CONNECT_TIMEOUT_S = 30.0  # a browser behind a NAT nobody can cross gives up in about as long
 HANGUP_WAIT_S = 5.0  # how long a hang-up waits for the call to be torn down before it answers
 
@@ -80,6 +81,8 @@ class Calls:
             )
         if "m=audio" not in offer and "m=application" not in offer:
             raise invalid("The SDP offer has neither an audio track nor a data channel.", param="sdp")
+        if "m=audio" in offer and OPUS not in offer.lower():
+            raise invalid("The SDP offer's audio has no Opus codec (rtpmap opus/48000/2).", param="sdp")
         peer = RTCPeerConnection(rtc_configuration(self.config.ice_servers))
         socket = CallSocket(channel_expected="m=application" in offer)
         connection = RealtimeConnection(

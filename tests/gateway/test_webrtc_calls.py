@@ -124,6 +124,24 @@ def test_offers_that_cannot_be_answered_are_refused_with_the_reason() -> None:
     assert no_sdp.status_code == 400 and no_sdp.json()["error"]["param"] == "sdp"
 
 
+def test_an_offer_without_opus_is_refused() -> None:
+    from aiortc import RTCRtpSender
+
+    async def call(port: int) -> httpx.Response:
+        caller = Caller()
+        pcmu = [c for c in RTCRtpSender.getCapabilities("audio").codecs if c.mimeType == "audio/PCMU"]
+        for transceiver in caller.peer.getTransceivers():
+            transceiver.setCodecPreferences(pcmu)
+        response = await caller.place(f"http://127.0.0.1:{port}")
+        await caller.close()
+        return response
+
+    with serve(FakeBackend()) as port:
+        response = run(call(port))
+    assert response.status_code == 400
+    assert "Opus" in response.json()["error"]["message"]
+
+
 def test_an_invalid_session_in_the_offer_is_refused_before_any_call_starts() -> None:
     async def call(port: int) -> httpx.Response:
         caller = Caller()
