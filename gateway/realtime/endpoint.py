@@ -81,10 +81,13 @@ def realtime_route(
     async def endpoint(websocket: WebSocket) -> None:
         offered = list(websocket.scope.get("subprotocols") or [])
         await websocket.accept(subprotocol=chosen_subprotocol(offered))
+        token = presented_key(websocket.scope)
         call_id = websocket.query_params.get("call_id")
         if call_id is not None:
             if calls is None:
                 await websocket.close(code=1008, reason="this server takes no WebRTC calls")
+            elif is_client_secret(token):  # steering a call is the server's, as OpenAI's sideband connection
+                await websocket.close(code=1008, reason="joining a call takes the API key, not a client secret")
             else:
                 await calls.join(websocket, call_id)
             return
@@ -93,11 +96,12 @@ def realtime_route(
         connection = RealtimeConnection(
             websocket, backend, config, dialect_of(websocket, offered), vad_factory, intent, capacity
         )
-        token = presented_key(websocket.scope)
         if secrets is not None and is_client_secret(token):
             secret, _ = secrets.check(token)  # the guard let it through: it is live
-            if secret is not None and secret.session is not None:
-                configure(connection.session, [secret.session])  # checked when the secret was minted
+            if secret is not None and secret.session is not None:  # checked when minted, as a GA session
+                refused = configure(connection.session, [secret.session])
+                if refused is not None:
+                    log.info("a client secret's session did not apply to this session: %s", refused)
         watcher = asyncio.create_task(watch_backend(backend, connection, config.health_poll_s))
         try:
             await connection.run()

@@ -67,6 +67,16 @@ def test_the_api_key_mints_a_secret_that_opens_a_websocket_with_its_session_and_
         assert models.status_code == 401 and models.json()["error"]["code"] == "invalid_api_key"
         assert mint(port, secret["value"], {}).status_code == 401
 
+        # joining a WebRTC call is the server's: a client secret cannot
+        async def join() -> tuple[int | None, str | None]:
+            url = f"ws://127.0.0.1:{port}/v1/realtime?call_id=rtc_any"
+            async with connect(url, additional_headers={"Authorization": f"Bearer {secret['value']}"}) as ws:
+                await ws.wait_closed()
+                return ws.close_code, ws.close_reason
+
+        code, reason = asyncio.run(join())
+        assert code == 1008 and reason is not None and "API key" in reason
+
         clock.now += 60  # expired: refused, with OpenAI's error envelope
         with pytest.raises(InvalidStatus) as refused:
             asyncio.run(session_created(port, secret["value"]))
