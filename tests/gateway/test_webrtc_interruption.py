@@ -4,6 +4,7 @@ track sent, with no ``conversation.item.truncate`` from the caller; and calls le
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from typing import Any
 
@@ -11,6 +12,8 @@ import httpx
 import pytest
 from omni_gateway.gateway.app import create_app
 from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.realtime.connection import RealtimeConnection
+from omni_gateway.gateway.realtime.webrtc_socket import CallSocket
 
 from tests.harness.fake_backend import FakeBackend, silence, tone
 from tests.harness.live_server import serve
@@ -54,7 +57,7 @@ def test_speaking_over_the_reply_truncates_it_to_what_the_caller_heard() -> None
     assert heard_later - heard_then <= 15  # the rest of the reply never played
 
 
-def test_placed_and_hung_up_calls_leave_no_call_or_socket_behind() -> None:
+def test_placed_and_hung_up_calls_leave_no_call_task_or_socket_behind() -> None:
     config = GatewayConfig()
     app = create_app(FakeBackend(), config)  # type: ignore[arg-type]
 
@@ -73,4 +76,9 @@ def test_placed_and_hung_up_calls_leave_no_call_or_socket_behind() -> None:
         asyncio.run(asyncio.wait_for(calls(port, 10), 60))
         after = len(os.listdir("/proc/self/fd"))
         assert len(app.state.calls) == 0
+        gc.collect()
+        live = gc.get_objects()
+        assert not [o for o in live if isinstance(o, (CallSocket, RealtimeConnection))]
+        pending = [o for o in live if isinstance(o, asyncio.Task) and not o.done()]
+        assert [t for t in pending if "Server.serve" not in repr(t.get_coro())] == []  # uvicorn's own only
     assert after - before <= 2  # each call held UDP sockets on both sides: all closed
