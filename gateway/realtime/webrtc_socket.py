@@ -72,6 +72,7 @@ class CallSocket:
         channel.bufferedAmountLowThreshold = DATA_CHANNEL_HIGH_WATER // 2
         channel.on("message", self._channel_message)
         channel.on("bufferedamountlow", self._channel_drained.set)
+        channel.on("close", self.hang_up)  # the caller closed its peer connection without hanging up
         if channel.readyState == "open":
             self._channel_open.set()
         else:

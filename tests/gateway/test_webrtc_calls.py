@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from omni_gateway.gateway.app import create_app
 from omni_gateway.gateway.config import GatewayConfig
 from websockets.asyncio.client import connect
 
@@ -103,6 +104,26 @@ def test_a_call_without_an_audio_track_gets_the_audio_in_events_as_a_websocket_w
     kinds = [event["type"] for event in seen]
     assert kinds.count("response.output_audio.delta") == 5  # one 100 ms chunk per word of the fake's reply
     assert "output_audio_buffer.started" not in kinds
+
+
+def test_a_caller_that_closes_its_peer_connection_ends_the_call() -> None:
+    config = GatewayConfig()
+    app = create_app(FakeBackend(), config)  # type: ignore[arg-type]
+
+    async def call(port: int) -> int:
+        caller = Caller()
+        assert (await caller.place(f"http://127.0.0.1:{port}")).status_code == 201
+        await caller.until("session.created")
+        assert len(app.state.calls) == 1
+        await caller.close()  # no hang-up
+        for _ in range(50):
+            if not len(app.state.calls):
+                break
+            await asyncio.sleep(0.1)
+        return len(app.state.calls)
+
+    with serve(None, config, app) as port:
+        assert run(call(port)) == 0
 
 
 def test_offers_that_cannot_be_answered_are_refused_with_the_reason() -> None:
