@@ -15,6 +15,7 @@ from typing import Any
 
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.realtime.voice_capacity import check_rtf_limit
+from omni_gateway.gateway.realtime.webrtc_config import IceServer, parse_ice_server
 
 
 def _stage(value: str | None) -> str | None:
@@ -45,6 +46,14 @@ def _rtf_limit(value: str) -> float:
         number = float(value)
     try:
         return check_rtf_limit(number)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _ice_server(value: str) -> list[IceServer]:
+    """One ``--ice-server`` occurrence (``listing`` flags extend their list with what the type returns)."""
+    try:
+        return [parse_ice_server(value)]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
@@ -129,6 +138,19 @@ def serve_flags() -> tuple[Flag, ...]:
             "(clients without Origin are always allowed)",
             "network",
             type=_names,
+            listing=True,
+        ),
+        Flag(
+            "--ice-server",
+            gw,
+            "ice_servers",
+            "a STUN or TURN server WebRTC calls gather candidates from: stun:HOST:PORT or "
+            "turn:USER:CREDENTIAL@HOST:PORT[?transport=udp|tcp]; repeatable (aiortc uses the first STUN and the "
+            "first TURN server). Default: none, host candidates only and nothing outside is contacted. The UDP "
+            "ports of a call cannot be restricted to a range (aiortc binds ephemeral ports): open the ephemeral "
+            "range or relay calls through a TURN server",
+            "network",
+            type=_ice_server,
             listing=True,
         ),
         Flag(

@@ -13,6 +13,7 @@ from omni_gateway.gateway.guard import host_name
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.realtime.commands import SessionLimits
 from omni_gateway.gateway.realtime.voice_capacity import check_rtf_limit
+from omni_gateway.gateway.realtime.webrtc_config import IceServer
 
 # Binding to these serves every interface: the names clients use for the machine cannot be known here.
 ALL_INTERFACES = ("0.0.0.0", "::", "")
@@ -52,6 +53,8 @@ class GatewayConfig:
     send_queue_max: int = 512  # server events waiting for a slow client
     send_queue_max_bytes: int = 16 * 1024 * 1024  # bytes of server events waiting for a slow client
     send_timeout_s: float = 30.0  # a client that reads nothing for this long is disconnected (1008)
+    # STUN/TURN servers WebRTC calls gather candidates from; none: host candidates only, nothing is contacted.
+    ice_servers: tuple[IceServer, ...] = ()
     health_poll_s: float = 0.5  # how often open realtime sessions check that the backend still runs
     # /v1/responses kept in memory for previous_response_id and retrieval; past it the oldest is forgotten.
     max_stored_responses: int = 1000

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from omni_gateway.gateway import metrics
 from omni_gateway.gateway.anthropic_errors import MESSAGES_PATH, anthropic_error
-from omni_gateway.gateway.auth import bearer_token, key_matches
+from omni_gateway.gateway.auth import ClientSecrets, bearer_token, is_client_secret, key_matches
 
 if TYPE_CHECKING:  # gateway.config imports host_name from here
     from omni_gateway.gateway.config import GatewayConfig
@@ -37,6 +37,7 @@ PUBLIC_PREFIXES = ("/demo",)
 # Observability stays reachable while the backend is down: that is when it matters most.
 UNGATED_BY_HEALTH = ("/health", "/metrics")
 REALTIME_PATH = "/v1/realtime"  # the sessions that use the speech stages
+CALLS_PATH = "/v1/realtime/calls"  # WebRTC calls: placed and hung up over HTTP
 
 _ERROR_TYPES = {
     401: "authentication_error",
@@ -90,6 +91,14 @@ def presented_key(scope: Scope) -> str | None:
     return next((p[len(KEY_PROTOCOL_PREFIX) :] for p in offered if p.startswith(KEY_PROTOCOL_PREFIX)), None)
 
 
+def opens_realtime(kind: str, path: str) -> bool:
+    """What a client secret may do: open a realtime WebSocket, place a WebRTC call or hang one up."""
+    if kind == "websocket":
+        return path == REALTIME_PATH
+    rest = path.removeprefix(CALLS_PATH)
+    return rest == "" or (rest.startswith("/") and rest.endswith("/hangup") and rest.count("/") == 2)
+
+
 def host_name(value: str) -> str:
     """A Host header value or allow-list entry as compared: lower case, IPv6 in brackets, no trailing dot,
     no port (a rebinding page differs from us in its name, not its port)."""
@@ -130,8 +139,10 @@ class Guard:
         healthy: Callable[[], bool],
         voice: bool = False,
         capacity: VoiceCapacity | None = None,
+        secrets: ClientSecrets | None = None,
     ) -> None:
         self.app = app
+        self.secrets = secrets  # the ephemeral keys minted here (None: none are accepted)
         self.config = config
         self.allowed_hosts = config.host_allow_list()
         self.healthy = healthy
@@ -218,7 +229,19 @@ class Guard:
                         "accepted ones."
                     ),
                 )
-        if config.api_key is not None and not key_matches(presented_key(scope), config.api_key):
+        token = presented_key(scope)
+        if self.secrets is not None and is_client_secret(token):
+            if not opens_realtime(kind, path):
+                return Refusal(
+                    401,
+                    "invalid_api_key",
+                    "A client secret opens realtime connections only (the /v1/realtime WebSocket and "
+                    "/v1/realtime/calls); this route needs the API key.",
+                )
+            _, why = self.secrets.check(token)
+            if why is not None:
+                return Refusal(401, "invalid_api_key", why)
+        elif config.api_key is not None and not key_matches(token, config.api_key):
             how = "'Authorization: Bearer <key>', 'x-api-key: <key>'" + (
                 " or the 'openai-insecure-api-key.<key>' subprotocol" if kind == "websocket" else ""
             )

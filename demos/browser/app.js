@@ -1,11 +1,31 @@
-// The demo speaks the OpenAI Realtime protocol (GA event names) to /v1/realtime.
+// The demo speaks the OpenAI Realtime protocol (GA event names), over WebRTC by default or over the
+// /v1/realtime WebSocket (transport.js).
+import { b64FromBuffer, floatFromB64Pcm16, peak } from "./pcm.js";
+import { openWebRtc, openWebSocket, Refused } from "./transport.js";
+
 const $ = (id) => document.getElementById(id);
 const RATE = 24000;
 const KEPT_FRAMES = 2;
 const LOUD = 0x8000 / 50; // -34 dBFS: a chunk this loud holds speech, even from a quiet microphone // the server shows the model only the most recent webcam frames; older ones are deleted
 
+const SESSION = {
+  type: "realtime",
+  output_modalities: ["audio"],
+  audio: {
+    input: {
+      format: { type: "audio/pcm", rate: RATE },
+      transcription: { model: "whisper-1" },
+      turn_detection: { type: "server_vad", threshold: 0.5, prefix_padding_ms: 300, silence_duration_ms: 500 },
+    },
+    output: { format: { type: "audio/pcm", rate: RATE } },
+  },
+};
+
 const state = {
-  ws: null, audio: null, player: null, mic: null, cameraTimer: null,
+  link: null, audio: null, player: null, mic: null, cameraTimer: null,
+  // WebRTC: the microphone stream (its track is sent muted until the microphone is started), when the
+  // answer's track started playing, and the latency row whose answer length it fills in once played.
+  rtcStream: null, playStartedAt: null, lastRow: null,
   userLines: new Map(), assistantLine: null, turn: 0, lastError: "",
   frameIds: [], frameCount: 0,
   speechStoppedAt: null, responseStartedAt: null, firstAudioAt: null, firstTextAt: null, turnAudioBytes: 0,
@@ -44,31 +64,7 @@ function showError(text) {
 }
 
 function send(event) {
-  if (state.ws && state.ws.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify(event));
-}
-
-function peak(samples) {
-  let most = 0;
-  for (const v of samples) most = Math.max(most, Math.abs(v));
-  return most;
-}
-
-function b64FromBuffer(buffer) {
-  const bytes = new Uint8Array(buffer);
-  let s = "";
-  for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
-  return btoa(s);
-}
-
-function floatFromB64Pcm16(b64) {
-  const bin = atob(b64);
-  const out = new Float32Array(bin.length >> 1);
-  for (let i = 0; i < out.length; i++) {
-    let v = bin.charCodeAt(2 * i) | (bin.charCodeAt(2 * i + 1) << 8);
-    if (v >= 0x8000) v -= 0x10000;
-    out[i] = v / 0x8000;
-  }
-  return out;
+  if (state.link) state.link.send(event);
 }
 
 async function ensureAudio() {
@@ -95,6 +91,7 @@ function recordLatency(status) {
   row.innerHTML = `<td>${state.turn}</td><td>${vad}</td><td>${transcript}</td><td>${fmt(start, state.firstTextAt)}</td>`
     + `<td>${fmt(start, state.firstAudioAt)}</td><td>${seconds}</td>`;
   $("latency").querySelector("tbody").appendChild(row);
+  state.lastRow = row;
 }
 
 function userLine(itemId) {
@@ -161,6 +158,15 @@ function handle(event) {
       state.player.port.postMessage(samples.buffer, [samples.buffer]);
       break;
     }
+    case "output_audio_buffer.started": // WebRTC: the answer's track started playing
+      if (!state.firstAudioAt) state.firstAudioAt = performance.now();
+      state.playStartedAt = performance.now();
+      setPhase("speaking");
+      break;
+    case "output_audio_buffer.stopped":
+    case "output_audio_buffer.cleared":
+      onPlayed(event.type === "output_audio_buffer.cleared");
+      break;
     case "response.image_generation_call.partial_image":
       showImage(event.item_id, event.partial_image_b64);
       break;
@@ -175,6 +181,16 @@ function handle(event) {
       if (event.error.param && event.error.param.endsWith("output_modalities")) $("image-out").checked = false;
       break;
   }
+}
+
+function onPlayed(cut) {
+  // WebRTC plays the answer on its own clock: its length is known once it stopped playing.
+  if (state.playStartedAt === null) return;
+  const bytes = Math.round(((performance.now() - state.playStartedAt) / 1000) * RATE) * 2;
+  state.playStartedAt = null;
+  state.audioBytesReceived += bytes;
+  if (state.lastRow) state.lastRow.lastChild.textContent = cut ? "interrupted" : `${(bytes / 2 / RATE).toFixed(1)} s`;
+  setPhase(state.mic ? "listening" : "");
 }
 
 function onResponseDone(response) {
@@ -210,43 +226,58 @@ function showImage(itemId, b64) {
   img.src = `data:image/png;base64,${b64}`;
 }
 
+function onClosed(text, failed) {
+  state.link = null;
+  setStatus(text, failed ? "error" : "");
+  if (state.mic) stopMic();
+  if (state.rtcStream) state.rtcStream.getTracks().forEach((t) => t.stop());
+  state.rtcStream = null;
+  $("webcam").checked = false;
+  stopCamera();
+  toggleInputs(false);
+  setPhase("");
+}
+
 async function connect() {
   await ensureAudio();
-  const scheme = location.protocol === "https:" ? "wss" : "ws";
   const key = $("api-key").value.trim();
-  const protocols = ["realtime"].concat(key ? [`openai-insecure-api-key.${key}`] : []);
-  const ws = new WebSocket(`${scheme}://${location.host}/v1/realtime`, protocols);
-  state.ws = ws;
   setStatus("connecting…");
-  ws.onmessage = (m) => handle(JSON.parse(m.data));
-  ws.onclose = (e) => {
-    // 1006 before any session: the handshake was refused, most often for a missing or wrong key.
-    const hint = e.code === 1006 && !$("status").classList.contains("live") ? " · check the API key" : "";
-    setStatus(`closed (${e.code})${hint}`, e.code === 1000 ? "" : "error");
-    if (state.mic) stopMic();
-    $("webcam").checked = false;
-    stopCamera();
-    toggleInputs(false);
-    setPhase("");
-  };
-  ws.onopen = () => {
-    send({
-      type: "session.update",
-      session: {
-        type: "realtime",
-        output_modalities: ["audio"],
-        audio: {
-          input: {
-            format: { type: "audio/pcm", rate: RATE },
-            transcription: { model: "whisper-1" },
-            turn_detection: { type: "server_vad", threshold: 0.5, prefix_padding_ms: 300, silence_duration_ms: 500 },
-          },
-          output: { format: { type: "audio/pcm", rate: RATE } },
-        },
+  if ($("transport").value === "websocket") {
+    state.link = openWebSocket({
+      key,
+      onEvent: handle,
+      onOpen: () => {
+        send({ type: "session.update", session: SESSION });
+        toggleInputs(true);
+      },
+      onClose: (code) => {
+        // 1006 before any session: the handshake was refused, most often for a missing or wrong key.
+        const hint = code === 1006 && !$("status").classList.contains("live") ? " · check the API key" : "";
+        onClosed(`closed (${code})${hint}`, code !== 1000);
       },
     });
+    return;
+  }
+  try {
+    // The microphone's track is in the call from the start, muted until "Start microphone".
+    state.rtcStream = await navigator.mediaDevices.getUserMedia({
+      audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
+    });
+    const micTrack = state.rtcStream.getAudioTracks()[0];
+    micTrack.enabled = false;
+    state.link = await openWebRtc({
+      key,
+      session: SESSION,
+      micTrack,
+      audioEl: $("remote-audio"),
+      onEvent: handle,
+      onClose: (reason) => onClosed(`closed (${reason})`, reason !== "hung up"),
+    });
     toggleInputs(true);
-  };
+  } catch (err) {
+    const hint = err instanceof Refused && err.status === 401 ? " · check the API key" : "";
+    onClosed(`refused: ${err.message}${hint}`, true);
+  }
 }
 
 function toggleInputs(on) {
@@ -255,7 +286,8 @@ function toggleInputs(on) {
 }
 
 function stopMic() {
-  state.mic.stream.getTracks().forEach((t) => t.stop());
+  if (state.mic.stream === state.rtcStream) state.mic.stream.getAudioTracks()[0].enabled = false;
+  else state.mic.stream.getTracks().forEach((t) => t.stop());
   state.mic.node.disconnect();
   state.mic = null;
   $("mic").textContent = "Start microphone";
@@ -269,15 +301,20 @@ async function toggleMic() {
     return;
   }
   await state.audio.resume(); // contexts made before a user gesture start suspended
-  const stream = await navigator.mediaDevices.getUserMedia({
-    audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
-  });
+  // Over WebRTC the track carries the audio and the capture worklet only meters it, for the VAD stage's timing.
+  const rtc = state.link && state.link.kind === "webrtc";
+  const stream = rtc
+    ? state.rtcStream
+    : await navigator.mediaDevices.getUserMedia({
+        audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
+      });
+  if (rtc) stream.getAudioTracks()[0].enabled = true;
   const source = state.audio.createMediaStreamSource(stream);
   const node = new AudioWorkletNode(state.audio, "capture-processor");
   node.port.onmessage = (e) => {
     state.micBytesSent += e.data.byteLength;
     if (peak(new Int16Array(e.data)) > LOUD) state.lastLoudMs = state.micBytesSent / 2 / (RATE / 1000);
-    send({ type: "input_audio_buffer.append", audio: b64FromBuffer(e.data) });
+    if (!rtc) send({ type: "input_audio_buffer.append", audio: b64FromBuffer(e.data) });
   };
   source.connect(node);
   state.mic = { stream, node };
@@ -327,7 +364,9 @@ async function toggleCamera() {
   state.cameraTimer = setInterval(() => sendFrame(video, canvas), 1000);
 }
 
-$("connect").onclick = () => (state.ws && state.ws.readyState <= 1 ? state.ws.close(1000) : connect());
+$("connect").onclick = () => (state.link && state.link.open() ? state.link.close() : connect());
+const asked = new URLSearchParams(location.search).get("transport");
+if (asked === "websocket" || asked === "webrtc") $("transport").value = asked;
 $("mic").onclick = () => toggleMic().catch((err) => showError(`microphone: ${err.message}`));
 $("webcam").onchange = toggleCamera;
 $("text-form").onsubmit = (e) => {

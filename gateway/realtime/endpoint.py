@@ -1,11 +1,19 @@
-"""The ``/v1/realtime`` WebSocket handshake: dialect and subprotocol (the guard has admitted the socket)."""
+"""The ``/v1/realtime`` WebSocket handshake: dialect and subprotocol (the guard has admitted the socket).
+
+With ``?call_id=`` the socket joins a live WebRTC call instead of opening a session of its own; opened with a
+client secret, its session starts with the configuration bound to the secret.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
+from omni_gateway.gateway.auth import ClientSecrets, is_client_secret
 from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.guard import presented_key
+from omni_gateway.gateway.realtime.client_secrets import configure
 from omni_gateway.gateway.realtime.commands import VadFactory
 from omni_gateway.gateway.realtime.connection import RealtimeConnection
 from omni_gateway.gateway.realtime.settings import Dialect
@@ -13,6 +21,9 @@ from omni_gateway.gateway.realtime.voice_capacity import VoiceCapacity
 from omni_gateway.omni.protocol import Health, OmniBackend, VadSettings
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
+
+if TYPE_CHECKING:  # webrtc_calls imports watch_backend from here
+    from omni_gateway.gateway.realtime.webrtc_calls import Calls
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +69,39 @@ async def watch_backend(backend: OmniBackend, connection: RealtimeConnection, pe
 
 
 def realtime_route(
-    backend: OmniBackend, config: GatewayConfig, vad_factory: VadFactory | None, capacity: VoiceCapacity | None = None
+    backend: OmniBackend,
+    config: GatewayConfig,
+    vad_factory: VadFactory | None,
+    capacity: VoiceCapacity | None = None,
+    secrets: ClientSecrets | None = None,
+    calls: Calls | None = None,
 ) -> WebSocketRoute:
     """The route; every session's spoken replies feed ``capacity``, the admission the guard consults."""
 
     async def endpoint(websocket: WebSocket) -> None:
         offered = list(websocket.scope.get("subprotocols") or [])
         await websocket.accept(subprotocol=chosen_subprotocol(offered))
+        token = presented_key(websocket.scope)
+        call_id = websocket.query_params.get("call_id")
+        if call_id is not None:
+            if calls is None:
+                await websocket.close(code=1008, reason="this server takes no WebRTC calls")
+            elif is_client_secret(token):  # steering a call is the server's, as OpenAI's sideband connection
+                await websocket.close(code=1008, reason="joining a call takes the API key, not a client secret")
+            else:
+                await calls.join(websocket, call_id)
+            return
         # ?intent=transcription opens a session that only transcribes (GA clients, livekit's STT)
         intent = websocket.query_params.get("intent", "realtime")
         connection = RealtimeConnection(
             websocket, backend, config, dialect_of(websocket, offered), vad_factory, intent, capacity
         )
+        if secrets is not None and is_client_secret(token):
+            secret, _ = secrets.check(token)  # the guard let it through: it is live
+            if secret is not None and secret.session is not None:  # checked when minted, as a GA session
+                refused = configure(connection.session, [secret.session])
+                if refused is not None:
+                    log.info("a client secret's session did not apply to this session: %s", refused)
         watcher = asyncio.create_task(watch_backend(backend, connection, config.health_poll_s))
         try:
             await connection.run()

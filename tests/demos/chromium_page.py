@@ -26,8 +26,11 @@ FAKE_MEDIA_FLAGS = [
 
 
 @contextlib.contextmanager
-def demo_page(port: int, microphone_wav: Path | None = None) -> Iterator[tuple[Page, list[str]]]:
-    """The page at /demo (through its redirect) and the list of console errors, failed loads and page errors.
+def demo_page(
+    port: int, microphone_wav: Path | None = None, transport: str = "webrtc"
+) -> Iterator[tuple[Page, list[str]]]:
+    """The page at /demo (through its redirect) and the list of console errors, failed loads and page errors;
+    it connects over ``transport`` (``webrtc`` or ``websocket``).
 
     ``microphone_wav`` (16-bit PCM) is what the fake microphone plays, in a loop; without it Chromium's
     fake microphone beeps. The fake camera shows a moving test pattern.
@@ -56,7 +59,7 @@ def demo_page(port: int, microphone_wav: Path | None = None) -> Iterator[tuple[P
             page.on("console", on_console)
             page.on("response", on_response)
             page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-            page.goto(f"http://127.0.0.1:{port}/demo")
+            page.goto(f"http://127.0.0.1:{port}/demo?transport={transport}")
             yield page, problems
         finally:
             browser.close()

@@ -159,6 +159,7 @@ SAMPLES = {
     "--api-key": "k",
     "--allowed-hosts": "a.example,b.example",
     "--allowed-origins": "https://app.example",
+    "--ice-server": "turn:user:secret@turn.example:3478?transport=tcp",
     "--max-frame-mib": "2",
     "--ws-compression": None,
     "--max-sessions": "3",
@@ -314,3 +315,19 @@ def test_voice_admission_rtf_takes_a_limit_from_0_to_1_5_and_says_so_otherwise(
             parser.parse_args(["serve", "--voice-admission-rtf", bad])
         error = capsys.readouterr().err
         assert "--voice-admission-rtf" in error and "from 0 (off) to 1.5" in error and bad in error, error
+
+
+def test_ice_servers_parse_with_their_credentials_and_bad_ones_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from omni_gateway.gateway.realtime.webrtc_config import IceServer
+
+    argv = ["serve", "--ice-server", "stun:stun.example:3478", "--ice-server", "turn:u:p@turn.example:3478"]
+    gateway, _ = cli.configs(cli.build_parser().parse_args(argv))
+    assert gateway.ice_servers == (
+        IceServer("stun:stun.example:3478"),
+        IceServer("turn:turn.example:3478", "u", "p"),
+    )
+    assert cli.configs(cli.build_parser().parse_args(["serve"]))[0].ice_servers == ()  # host candidates only
+    for bad in ("http://turn.example", "turn:u@turn.example", "stun:u:p@stun.example"):
+        with pytest.raises(SystemExit):
+            cli.build_parser().parse_args(["serve", "--ice-server", bad])
+        assert "ICE server" in capsys.readouterr().err

@@ -21,12 +21,12 @@ START_TIMEOUT_S = 10
 
 
 @contextlib.contextmanager
-def serve(backend: object, config: GatewayConfig | None = None) -> Iterator[int]:
-    """Serve ``backend`` (any ``OmniBackend``) behind ``config``; yields the port, and stops the server (waiting
-    for its thread) when the block ends. The socket is bound before the server starts, so the port cannot
-    be taken in between."""
+def serve(backend: object, config: GatewayConfig | None = None, app: Any = None) -> Iterator[int]:
+    """Serve ``backend`` (any ``OmniBackend``) behind ``config`` (or ``app``, built by ``create_app`` for a test
+    that reads its state); yields the port, and stops the server (waiting for its thread) when the block ends.
+    The socket is bound before the server starts, so the port cannot be taken in between."""
     config = config or GatewayConfig()
-    app = create_app(backend, config)  # type: ignore[arg-type]
+    app = app if app is not None else create_app(backend, config)  # type: ignore[arg-type]
     # IPPROTO_TCP named, as uvicorn.run's own socket has it: asyncio sets TCP_NODELAY only on sockets whose
     # protocol says TCP, and without it an event sent right after another waits ~40 ms for the client's ACK.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
