@@ -11,30 +11,16 @@ import pytest
 from omni_gateway.engine import LLM, SamplingParams
 from omni_gateway.engine.errors import InvalidRequest
 
-from tests.harness.checkpoints import save_tiny_checkpoint
-from tests.harness.lora_adapters import save_adapter
-from tests.harness.runner_driver import hf_greedy
+from tests.harness.lora_adapters import NEW_TOKENS, PROMPTS, tiny_lora_set
 
 pytestmark = pytest.mark.slow
-NEW_TOKENS = 10
-PROMPTS = [[3 + (i * 11) % 300 for i in range(20)], [7, 19, 23, 5, 88, 120, 41], [250, 3, 17]]
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A tiny Llama, three adapters of it (different ranks and targets) and HF's greedy continuations."""
+    """A tiny Llama, three adapters of it and HF's greedy continuations."""
     root = tmp_path_factory.mktemp("lora")
-    base = save_tiny_checkpoint("llama", root / "base")
-    specs = {
-        "all": {"rank": 8},
-        "attn": {"rank": 4, "targets": ("q_proj", "v_proj", "o_proj")},
-        "mlp": {"rank": 16, "targets": ("gate_proj", "down_proj"), "use_rslora": True},
-    }
-    expected = {None: [hf_greedy(base, p, NEW_TOKENS) for p in PROMPTS]}
-    for i, (name, spec) in enumerate(specs.items()):
-        merged = save_adapter(base, root / name, seed=10 + i, **spec)
-        expected[name] = [hf_greedy(merged, p, NEW_TOKENS) for p in PROMPTS]
-    return {"root": root, "expected": expected}
+    return {"root": root, "expected": tiny_lora_set(root)}
 
 
 def _llm(tiny: dict[str, Any], **args: Any) -> LLM:

@@ -36,3 +36,27 @@ def save_adapter(
                 param.mul_(4.0)
     model.save_pretrained(directory)
     return model.merge_and_unload().eval()
+
+
+# Three adapters of one tiny Llama: different ranks, targets and scalings.
+ADAPTERS: dict[str, dict[str, Any]] = {
+    "all": {"rank": 8},
+    "attn": {"rank": 4, "targets": ("q_proj", "v_proj", "o_proj")},
+    "mlp": {"rank": 16, "targets": ("gate_proj", "down_proj"), "use_rslora": True},
+}
+PROMPTS = [[3 + (i * 11) % 300 for i in range(20)], [7, 19, 23, 5, 88, 120, 41], [250, 3, 17]]
+NEW_TOKENS = 10
+
+
+def tiny_lora_set(root: Path) -> dict[Any, list[list[int]]]:
+    """Save a tiny Llama under ``root / "base"`` and ``ADAPTERS`` beside it; returns HF's greedy continuation
+    of each of ``PROMPTS`` by adapter name (None: the base model)."""
+    from tests.harness.checkpoints import save_tiny_checkpoint
+    from tests.harness.runner_driver import hf_greedy
+
+    base = save_tiny_checkpoint("llama", root / "base")
+    expected: dict[Any, list[list[int]]] = {None: [hf_greedy(base, p, NEW_TOKENS) for p in PROMPTS]}
+    for i, (name, spec) in enumerate(ADAPTERS.items()):
+        merged = save_adapter(base, root / name, seed=10 + i, **spec)
+        expected[name] = [hf_greedy(merged, p, NEW_TOKENS) for p in PROMPTS]
+    return expected
