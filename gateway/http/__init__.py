@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from omni_gateway.gateway.http import audio, chat, completions, images, ops
+from omni_gateway.gateway.http import audio, chat, completions, images, lora, ops
 from omni_gateway.gateway.http.endpoint import endpoint
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.omni.protocol import OmniBackend
@@ -53,4 +53,6 @@ def routes(backend: OmniBackend, config: GatewayConfig) -> list[BaseRoute]:
         bind("/v1/audio/transcriptions", audio.transcriptions, "POST", limited=True),
         bind("/v1/audio/speech", audio.speech, "POST", limited=True),
         bind("/v1/images/generations", images.image_generations, "POST", limited=True),
+        bind("/v1/load_lora_adapter", lora.load_lora_adapter, "POST", limited=True),
+        bind("/v1/unload_lora_adapter", lora.unload_lora_adapter, "POST", limited=True),
     ]

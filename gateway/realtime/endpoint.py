@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
+from omni_gateway.gateway.client_text import shown
 from omni_gateway.gateway.config import GatewayConfig
-from omni_gateway.gateway.realtime.commands import VadFactory
+from omni_gateway.gateway.http.lora import served_adapters
+from omni_gateway.gateway.realtime.commands import VadFactory, new_id
+from omni_gateway.gateway.realtime.connection import CLOSE_POLICY as _CLOSE_POLICY
 from omni_gateway.gateway.realtime.connection import RealtimeConnection
+from omni_gateway.gateway.realtime.errors import RealtimeError
 from omni_gateway.gateway.realtime.settings import Dialect
 from omni_gateway.gateway.realtime.voice_capacity import VoiceCapacity
 from omni_gateway.omni.protocol import Health, OmniBackend, VadSettings
@@ -57,6 +62,20 @@ async def watch_backend(backend: OmniBackend, connection: RealtimeConnection, pe
             return
 
 
+def _chosen_model(backend: OmniBackend, asked: str | None) -> str | None:
+    """The connection's ``?model=``: the served model or a LoRA adapter over it. Without LoRA the server has
+    one model, whatever the client names (OpenAI's clients send their own); with it an unknown name is refused."""
+    caps = backend.capabilities
+    if asked is None or not caps.serves_lora:
+        return None
+    if asked == caps.model or asked in served_adapters(backend):
+        return asked
+    served = ", ".join(f"'{m}'" for m in (caps.model, *sorted(served_adapters(backend))))
+    raise RealtimeError(
+        "model_not_found", f"The model {shown(asked)} does not exist; this server serves {served}.", "model"
+    )
+
+
 def realtime_route(
     backend: OmniBackend, config: GatewayConfig, vad_factory: VadFactory | None, capacity: VoiceCapacity | None = None
 ) -> WebSocketRoute:
@@ -67,8 +86,16 @@ def realtime_route(
         await websocket.accept(subprotocol=chosen_subprotocol(offered))
         # ?intent=transcription opens a session that only transcribes (GA clients, livekit's STT)
         intent = websocket.query_params.get("intent", "realtime")
+        model = websocket.query_params.get("model")
+        try:
+            model = _chosen_model(backend, model)
+        except RealtimeError as error:
+            event = {"event_id": new_id("event"), "type": "error", "error": error.body(None)}
+            await websocket.send_text(json.dumps(event))
+            await websocket.close(code=_CLOSE_POLICY, reason="model_not_found")
+            return
         connection = RealtimeConnection(
-            websocket, backend, config, dialect_of(websocket, offered), vad_factory, intent, capacity
+            websocket, backend, config, dialect_of(websocket, offered), vad_factory, intent, capacity, model
         )
         watcher = asyncio.create_task(watch_backend(backend, connection, config.health_poll_s))
         try:
