@@ -78,7 +78,7 @@ class EngineConfig:
     enable_lora: bool = False
     max_loras: int = 1  # adapters resident on the device at once; a step uses at most this many
     max_lora_rank: int = 16  # the largest adapter rank served (up to MAX_LORA_RANK_LIMIT)
-    lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter folder) loaded at start
+    lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter folder) loaded at start; enables LoRA
     # ---- process layout (serving only; ``LLM`` always runs in the caller's process) ----
     # Engine replicas, each a full copy of the model with its own KV cache (vLLM's --data-parallel-size).
     data_parallel_size: int = 1
@@ -143,7 +143,7 @@ class EngineConfig:
         if not 1 <= self.max_lora_rank <= MAX_LORA_RANK_LIMIT:
             raise ValueError(f"max_lora_rank must be in [1, {MAX_LORA_RANK_LIMIT}], got {self.max_lora_rank}")
         if self.lora_modules and not self.enable_lora:
-            raise ValueError("lora_modules need enable_lora (--enable-lora)")
+            object.__setattr__(self, "enable_lora", True)  # naming adapters to serve turns LoRA on
         if self.enable_lora and self.tensor_parallel_size > 1:
             raise ValueError(
                 f"LoRA adapters are served on one device per replica: enable_lora needs tensor_parallel_size 1, "
