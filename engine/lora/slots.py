@@ -44,7 +44,10 @@ class LoraSlots:
         max_tokens: int,
         device: torch.device,
         dtype: torch.dtype,
+        triton: bool,
     ) -> None:
+        """``triton``: the Triton kernels (kernels/lora.py; CUDA, or their interpreter in tests), else the torch
+        twin (the CPU path)."""
         self.targets = targets
         self.max_loras = max_loras
         self.rank = padded_rank(max_rank)
@@ -60,7 +63,7 @@ class LoraSlots:
         self.active = False
         self._resident: OrderedDict[int, int] = OrderedDict()  # adapter uid -> slot, least recent first
         self._uploaded_any = True  # token_slots may hold slots >= 0 (it starts as -1, but say so once)
-        self._shrink, self._expand = _kernels(device)
+        self._shrink, self._expand = _kernels(triton)
 
     def _stack(self, modules: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         fan_in = self.targets.widths(modules[0])[0]
@@ -144,8 +147,9 @@ def model_targets(model: Any) -> LoraTargets:
 
 
 def attached_lora(config: Any, model: Any, device: torch.device, dtype: torch.dtype) -> LoraSlots:
-    """Slots for ``config``'s max_loras adapters (an EngineConfig), attached to ``model``. They are active
-    until the first step says otherwise: a CUDA graph captured before it captures the adapters' launches."""
+    """Slots for ``config``'s max_loras adapters (an EngineConfig), attached to ``model``, on the kernels of the
+    model's backend. They are active until the first step says otherwise: a CUDA graph captured before it
+    captures the adapters' launches."""
     slots = LoraSlots(
         model_targets(model),
         merged_mlp=model.layers[0].gate_up is not None,
@@ -155,6 +159,7 @@ def attached_lora(config: Any, model: Any, device: torch.device, dtype: torch.dt
         max_tokens=max(config.max_num_batched_tokens, config.max_num_seqs, 256),
         device=device,
         dtype=dtype,
+        triton=model.ops.name == "triton",
     )
     attach_lora(model, slots)
     slots.active = True
@@ -170,9 +175,8 @@ def attach_lora(model: Any, slots: LoraSlots) -> None:
     model.row_stream = model.rotary_fold = model.head_stream = False
 
 
-def _kernels(device: torch.device) -> tuple[Any, Any]:
-    """The Triton kernels on CUDA, their torch twin elsewhere (the CPU path)."""
-    if device.type == "cuda":
+def _kernels(triton: bool) -> tuple[Any, Any]:
+    if triton:
         from omni_gateway.kernels import lora
 
         return lora.lora_shrink, lora.lora_expand

@@ -8,12 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from omni_gateway.engine import LLM, SamplingParams
 from omni_gateway.engine.errors import InvalidRequest
 
 from tests.harness.lora_adapters import NEW_TOKENS, PROMPTS, tiny_lora_set
 
 pytestmark = pytest.mark.slow
+DEVICES = [
+    "cpu",
+    pytest.param(  # the Triton kernels, replayed from CUDA graphs
+        "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +30,12 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"root": root, "expected": tiny_lora_set(root)}
 
 
-def _llm(tiny: dict[str, Any], **args: Any) -> LLM:
+def _llm(tiny: dict[str, Any], device: str = "cpu", **args: Any) -> LLM:
     root = tiny["root"]
     modules = tuple((name, str(root / name)) for name in ("all", "attn", "mlp"))
     args.setdefault("max_loras", 3)
     return LLM(
-        model=str(root / "base"), device="cpu", dtype="float32", max_model_len=128, enable_lora=True,
+        model=str(root / "base"), device=device, dtype="float32", max_model_len=128, enable_lora=True,
         lora_modules=modules, **args,
     )  # fmt: skip
 
@@ -47,18 +54,20 @@ def _run(llm: LLM, requests: list[tuple[list[int], str | None]]) -> list[list[in
     return [done[f"r{i}"].outputs[0].token_ids for i in range(len(requests))]
 
 
-def test_each_adapter_equals_peft_merged_model(tiny: dict[str, Any]) -> None:
-    llm = _llm(tiny)
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_adapter_equals_peft_merged_model(tiny: dict[str, Any], device: str) -> None:
+    llm = _llm(tiny, device)
     expected = tiny["expected"]
     for lora in ("all", "attn", "mlp"):
         assert expected[lora] != expected[None], f"adapter {lora} must change the output to test anything"
         assert _run(llm, [(p, lora) for p in PROMPTS]) == expected[lora]
 
 
-def test_mixed_batch_gives_each_row_its_own_output(tiny: dict[str, Any]) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_batch_gives_each_row_its_own_output(tiny: dict[str, Any], device: str) -> None:
     """Three adapters and the base in one batch, the same prompts under each (the prefix cache keys on the
     adapter: a block computed with one never serves another)."""
-    llm = _llm(tiny)
+    llm = _llm(tiny, device)
     choices = ["all", None, "attn", "mlp"]
     requests = [(p, lora) for lora in choices for p in PROMPTS]
     got = _run(llm, requests)
