@@ -6,9 +6,10 @@ into the base projection's output. The adapters sit stacked in preallocated tens
 and each row's slot comes as an int32 device tensor (-1: no adapter), so a CUDA graph captures the
 launches once and replays them whatever adapters the slots hold later.
 
-Program ``(slot, row block[, column block])`` handles the rows of its block that use its slot and
-returns at once where none does: an adapter's weights are read once per row block, not once per row,
-and slots absent from the batch cost a launch each and nothing more. ``kernels.lora_reference`` is the
+A shrink program ``(slot, row block)`` handles the rows of its block that use its slot and returns at
+once where none does: an adapter's A is read once per row block, not once per row. An expand program
+``(row block, column tile)`` adds the deltas of every adapter its rows use into its output tile, which it
+reads and writes once; a block of rows without adapters returns at once. ``kernels.lora_reference`` is the
 torch twin.
 """
 
@@ -53,27 +54,33 @@ def _shrink_kernel(
 
 @triton.jit
 def _expand_kernel(
-    h_ptr, b_ptr, slots_ptr, y_ptr, T, stride_y,
+    h_ptr, b_ptr, slots_ptr, y_ptr, T, stride_y, SLOTS,
     N: tl.constexpr, R: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
 ):  # fmt: skip
-    slot = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_slots = tl.load(slots_ptr + rows, mask=rows < T, other=-1)
-    mine = row_slots == slot
-    if tl.max(mine.to(tl.int32), axis=0) == 0:
-        return
+    if tl.max(row_slots, axis=0) < 0:
+        return  # no row of this block has an adapter
     ranks = tl.arange(0, R)
-    cols = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     in_n = cols < N
-    h = tl.load(h_ptr + rows.to(tl.int64)[:, None] * R + ranks[None, :], mask=mine[:, None], other=0.0)
-    b = tl.load(b_ptr + slot.to(tl.int64) * N * R + cols[:, None] * R + ranks[None, :], mask=in_n[:, None], other=0.0)
-    h = h.to(b.dtype)  # the matrix unit's operand type, rounded as the twin rounds it
-    if DOT_FP32:
-        delta = tl.dot(h.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
-    else:
-        delta = tl.dot(h, tl.trans(b))
+    h_rows = h_ptr + rows.to(tl.int64)[:, None] * R + ranks[None, :]
+    delta = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    # The adapters of this row block one after another, each over its own rows: the output tile is read
+    # and written once, whatever the adapters.
+    for slot in range(0, SLOTS):
+        mine = row_slots == slot
+        if tl.max(mine.to(tl.int32), axis=0) > 0:
+            h = tl.load(h_rows, mask=mine[:, None], other=0.0)
+            b_tile = b_ptr + slot * (N * R) + cols[:, None] * R + ranks[None, :]  # b.numel() < 2**31
+            b = tl.load(b_tile, mask=in_n[:, None], other=0.0)
+            h = h.to(b.dtype)  # the matrix unit's operand type, rounded as the twin rounds it
+            if DOT_FP32:
+                delta += tl.dot(h.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
+            else:
+                delta += tl.dot(h, tl.trans(b))
+    keep = (row_slots >= 0)[:, None] & in_n[None, :]
     y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_y + cols[None, :]
-    keep = mine[:, None] & in_n[None, :]
     y = tl.load(y_ptrs, mask=keep, other=0.0).to(tl.float32)
     tl.store(y_ptrs, (y + delta).to(y_ptr.dtype.element_ty), mask=keep)
 
@@ -129,9 +136,11 @@ def lora_expand(h: torch.Tensor, b: torch.Tensor, slots: torch.Tensor, y: torch.
             f"b {tuple(b.shape)}, y {tuple(y.shape)} (strides {y.stride()})"
         )
     _check_rank("b", b.shape[2])
+    if b.numel() >= 2**31:
+        raise ValueError(f"b: expected fewer than 2**31 elements (32-bit offsets), got shape {tuple(b.shape)}")
     if h.shape[0]:
-        grid = (b.shape[0], triton.cdiv(h.shape[0], _BLOCK_T), triton.cdiv(b.shape[1], _BLOCK_N))
+        grid = (triton.cdiv(h.shape[0], _BLOCK_T), triton.cdiv(b.shape[1], _BLOCK_N))
         _expand_kernel[grid](
-            h, b, slots, y, h.shape[0], y.stride(0),
+            h, b, slots, y, h.shape[0], y.stride(0), b.shape[0],
             N=b.shape[1], R=b.shape[2], BLOCK_T=_BLOCK_T, BLOCK_N=_BLOCK_N, DOT_FP32=_dot_fp32(b.dtype),
         )  # fmt: skip
