@@ -25,7 +25,8 @@ _BLOCK_K = 64
 _BLOCK_N = 64
 
 
-@triton.jit
+# T (the step's rows) unspecialized: a new batch size compiles nothing.
+@triton.jit(do_not_specialize=["T"])
 def _shrink_kernel(
     x_ptr, a_ptr, slots_ptr, out_ptr, T, stride_x,
     K: tl.constexpr, R: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
@@ -52,7 +53,7 @@ def _shrink_kernel(
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * R + ranks[None, :], acc, mask=mine[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _expand_kernel(
     h_ptr, b_ptr, slots_ptr, y_ptr, T, stride_y, SLOTS,
     N: tl.constexpr, R: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
