@@ -190,12 +190,31 @@ def warm(llm: Any, args: argparse.Namespace, vocab: int, loras: list[str | None]
     llm.generate(batch[:1], params(4, loras[0]))
 
 
-def release(llm: Any, device: str) -> None:
-    llm.engine.shutdown()
-    del llm
+def free(device: str) -> None:
+    """Return a dropped engine's memory (its CUDA graphs' pools too) before the next one sizes its KV cache."""
     gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
+
+
+def measure_base(checkpoint: Path, args: argparse.Namespace, dtype: str, vocab: int) -> dict[str, float]:
+    llm = engine(checkpoint, args, dtype, None)
+    warm(llm, args, vocab, [None])
+    return {"base_tok_s": throughput(llm, args, vocab, [None], seed=1), "base_b1_ms": batch1_ms(llm, args, vocab, None)}
+
+
+def measure_lora(
+    checkpoint: Path, args: argparse.Namespace, dtype: str, vocab: int, adapters: dict[str, Path]
+) -> dict[str, float]:
+    llm = engine(checkpoint, args, dtype, adapters)
+    names: list[str | None] = list(adapters)
+    warm(llm, args, vocab, names)
+    report = {"lora_engine_no_adapter_tok_s": throughput(llm, args, vocab, [None], seed=2)}
+    for n in ADAPTER_COUNTS:
+        report[f"adapters_{n}_tok_s"] = throughput(llm, args, vocab, names[:n], seed=3 + n)
+    report["lora_b1_ms"] = batch1_ms(llm, args, vocab, names[0])
+    report["lora_engine_base_b1_ms"] = batch1_ms(llm, args, vocab, None)
+    return report
 
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -204,6 +223,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     dtype = "bfloat16" if on_cuda else "float32"
     t0 = time.perf_counter()
     write_checkpoint(cfg, tmp / "base", torch.device(args.device), getattr(torch, dtype), args.seed)
+    free(args.device)
     adapters = {f"lora{i}": tmp / f"lora{i}" for i in range(max(ADAPTER_COUNTS))}
     for i, folder in enumerate(adapters.values()):
         write_adapter(cfg, folder, args.rank, args.seed + 1 + i)
@@ -211,26 +231,20 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     vocab = cfg.vocab_size
     report: dict[str, Any] = {"preset": args.preset, "device": args.device, "dtype": dtype, "rank": args.rank}
 
-    base = engine(tmp / "base", args, dtype, None)
-    warm(base, args, vocab, [None])
-    report["base_tok_s"] = base_tok_s = throughput(base, args, vocab, [None], seed=1)
-    report["base_b1_ms"] = base_b1 = batch1_ms(base, args, vocab, None)
+    report.update(measure_base(tmp / "base", args, dtype, vocab))
+    free(args.device)
+    report.update(measure_lora(tmp / "base", args, dtype, vocab, adapters))
+    free(args.device)
+    base_tok_s, base_b1 = report["base_tok_s"], report["base_b1_ms"]
     print(f"base model, no LoRA:         {base_tok_s:9.1f} tok/s   batch 1 {base_b1:.2f} ms/token")
-    release(base, args.device)
-
-    lora = engine(tmp / "base", args, dtype, adapters)
-    names: list[str | None] = list(adapters)
-    warm(lora, args, vocab, names)
-    report["lora_engine_no_adapter_tok_s"] = tok_s = throughput(lora, args, vocab, [None], seed=2)
+    tok_s = report["lora_engine_no_adapter_tok_s"]
     print(f"LoRA engine, no adapter:     {tok_s:9.1f} tok/s   {ratio(tok_s, base_tok_s)} of base")
     for n in ADAPTER_COUNTS:
-        report[f"adapters_{n}_tok_s"] = tok_s = throughput(lora, args, vocab, names[:n], seed=3 + n)
+        tok_s = report[f"adapters_{n}_tok_s"]
         print(f"{args.seqs} seqs over {n:2d} adapters: {tok_s:9.1f} tok/s   {ratio(tok_s, base_tok_s)} of base")
-    report["lora_b1_ms"] = b1 = batch1_ms(lora, args, vocab, names[0])
-    report["lora_engine_base_b1_ms"] = b1_base = batch1_ms(lora, args, vocab, None)
+    b1, b1_base = report["lora_b1_ms"], report["lora_engine_base_b1_ms"]
     print(f"batch 1, one adapter:        {b1:9.2f} ms/token {ratio(b1, base_b1)} of base")
     print(f"batch 1, LoRA engine, base:  {b1_base:9.2f} ms/token {ratio(b1_base, base_b1)} of base")
-    release(lora, args.device)
     for n in ADAPTER_COUNTS:
         report[f"ratio_adapters_{n}_vs_base"] = report[f"adapters_{n}_tok_s"] / base_tok_s
     report["ratio_b1_adapter_vs_base"] = b1 / base_b1
