@@ -20,8 +20,9 @@ class LoraRegistry:
         self._adapters: dict[str, LoraAdapter] = {}
 
     def names(self) -> dict[str, str]:
-        """Served adapter name -> the path it was loaded from."""
-        return {name: adapter.path for name, adapter in self._adapters.items()}
+        """Served adapter name -> the path it was loaded from. Safe from another thread than the engine's: the
+        copy of the dict is one step, which a load or unload on the engine loop cannot interleave."""
+        return {name: adapter.path for name, adapter in dict(self._adapters).items()}
 
     def load(self, name: str, path: str) -> LoraAdapter:
         if not isinstance(name, str) or not name.strip():
