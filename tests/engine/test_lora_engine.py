@@ -128,3 +128,15 @@ def test_adapter_path_of_a_missing_folder_is_refused(tiny: dict[str, Any], tmp_p
     with pytest.raises(InvalidRequest, match="is not a directory"):
         llm.engine.load_lora("ghost", str(tmp_path / "nowhere"))
     assert set(llm.engine.lora_adapters()) == {"all", "attn", "mlp"}
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_adapter_over_qkv_bias_tied_embeddings_and_qk_norm(kind: str, tmp_path: Path) -> None:
+    """Qwen2 (q/k/v biases, tied embeddings) and Qwen3 (q/k norms, head_dim apart from hidden/heads)."""
+    expected = tiny_lora_set(tmp_path, kind, names=("all",))
+    llm = LLM(
+        model=str(tmp_path / "base"), device="cpu", dtype="float32", max_model_len=128,
+        lora_modules=(("all", str(tmp_path / "all")),),
+    )  # fmt: skip
+    assert expected["all"] != expected[None]
+    assert _run(llm, [(p, lora) for lora in ("all", None) for p in PROMPTS]) == expected["all"] + expected[None]

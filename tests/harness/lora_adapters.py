@@ -48,15 +48,18 @@ PROMPTS = [[3 + (i * 11) % 300 for i in range(20)], [7, 19, 23, 5, 88, 120, 41],
 NEW_TOKENS = 10
 
 
-def tiny_lora_set(root: Path) -> dict[Any, list[list[int]]]:
-    """Save a tiny Llama under ``root / "base"`` and ``ADAPTERS`` beside it; returns HF's greedy continuation
-    of each of ``PROMPTS`` by adapter name (None: the base model)."""
+def tiny_lora_set(
+    root: Path, kind: str = "llama", names: tuple[str, ...] = tuple(ADAPTERS)
+) -> dict[Any, list[list[int]]]:
+    """Save a tiny checkpoint of ``kind`` (tests/harness/checkpoints.py) under ``root / "base"`` and the adapters
+    ``names`` of ``ADAPTERS`` beside it; returns HF's greedy continuation of each of ``PROMPTS`` by adapter name
+    (None: the base model)."""
     from tests.harness.checkpoints import save_tiny_checkpoint
     from tests.harness.runner_driver import hf_greedy
 
-    base = save_tiny_checkpoint("llama", root / "base")
+    base = save_tiny_checkpoint(kind, root / "base")
     expected: dict[Any, list[list[int]]] = {None: [hf_greedy(base, p, NEW_TOKENS) for p in PROMPTS]}
-    for i, (name, spec) in enumerate(ADAPTERS.items()):
+    for i, (name, spec) in enumerate((n, ADAPTERS[n]) for n in names):
         merged = save_adapter(base, root / name, seed=10 + i, **spec)
         expected[name] = [hf_greedy(merged, p, NEW_TOKENS) for p in PROMPTS]
     return expected
