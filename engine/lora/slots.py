@@ -167,11 +167,11 @@ def attached_lora(config: Any, model: Any, device: torch.device, dtype: torch.dt
 
 
 def attach_lora(model: Any, slots: LoraSlots) -> None:
-    """Make ``model`` add the deltas of ``slots`` to its projections. Every step then runs the plain
-    per-projection path, where each projection's input and output exist to add them to: the fused one-row
-    decode and the fused CPU layers never materialise them (the base model's batch-1 speed-up goes)."""
+    """Make ``model`` add the deltas of ``slots`` to its projections. Its batch-1 decode keeps the fused
+    one-row kernels (engine/lora/rows.py); the paths that never materialise a projection's input or output
+    go: the float32 residual stream of the int4 row kernels and the fused CPU layers."""
     model.lora = slots
-    model.fused_cpu_layers = model.row_fusion = False  # the LM head's own fused row kernel stays
+    model.fused_cpu_layers = False
     model.row_stream = model.rotary_fold = model.head_stream = False
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from omni_gateway.engine.lora.rows import decode_row_with_lora
 from omni_gateway.engine.models.linear import Linear, onednn_prepacks
 from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
@@ -342,6 +343,8 @@ class LlamaModel:
         the gate/up projection writes the MLP's activation: four linears and the attention per layer."""
         if self.row_stream:
             return self._decode_stream(hidden, positions, meta, kv_caches, rotary_table)
+        if self.lora is not None and self.lora.active:
+            return decode_row_with_lora(self, hidden, positions, meta, kv_caches, rotary_table)
         eps = self.shape.rms_norm_eps
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             assert isinstance(layer.qkv, Linear) and isinstance(layer.o, Linear)

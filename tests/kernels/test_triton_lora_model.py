@@ -32,3 +32,28 @@ def test_mixed_adapters_on_triton_kernels_equal_peft_merged(device, tmp_path: Pa
         ],
     )
     assert [out.outputs[0].token_ids for out in outputs] == [expected[lora][i] for lora in choices for i in range(2)]
+
+
+def test_batch_one_decode_keeps_the_fused_row_kernels(device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lone sequence with an adapter decodes through the one-row kernels plus the adapter's deltas."""
+    from omni_gateway.engine.lora import rows
+    from omni_gateway.engine.models import llama
+
+    calls: list[int] = []
+
+    def counting(model, hidden, *args):  # type: ignore[no-untyped-def]
+        calls.append(hidden.shape[0])
+        return rows.decode_row_with_lora(model, hidden, *args)
+
+    monkeypatch.setattr(llama, "decode_row_with_lora", counting)
+    expected = tiny_lora_set(tmp_path, names=("all", "attn"))
+    modules = tuple((name, str(tmp_path / name)) for name in ("all", "attn"))
+    llm = LLM(
+        model=str(tmp_path / "base"), device=str(device), dtype="float32", attention_backend="triton",
+        max_model_len=128, enforce_eager=True, lora_modules=modules,
+    )  # fmt: skip
+    assert llm.engine.runner.model.row_fusion
+    for lora in ("all", None, "attn"):
+        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, lora_name=lora)
+        assert llm.generate([PROMPTS[1]], params)[0].outputs[0].token_ids == expected[lora][1]
+    assert calls and set(calls) == {1}
