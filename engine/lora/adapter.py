@@ -31,6 +31,8 @@ PROJECTIONS: dict[str, tuple[str, str]] = {
     "down_proj": ("intermediate", "hidden"),
 }
 _UNSUPPORTED_TARGETS = ("embed_tokens", "lm_head", "embed", "wte", "output")
+# Encoders beside a multimodal checkpoint's language model, whose layers' names match a decoder layer's.
+_TOWERS = ("vision", "visual", "audio_tower", "multi_modal_projector", "talker")
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
 _uids = itertools.count(1)
 
@@ -84,6 +86,11 @@ def load_adapter(name: str, path: str, targets: LoraTargets, max_rank: int) -> L
             raise LoraAdapterError(
                 f"LoRA adapter {name!r} trains the embeddings or the LM head ({key}); only the attention and MLP "
                 "projections (q/k/v/o_proj, gate/up/down_proj) can be served, the embeddings stay the base model's"
+            )
+        if any(t in key for t in _TOWERS):
+            raise LoraAdapterError(
+                f"LoRA adapter {name!r} trains a vision or audio tower ({key}); only the language model's "
+                "attention and MLP projections can be served"
             )
         if "lora_magnitude_vector" in key:
             raise LoraAdapterError(f"LoRA adapter {name!r} is a DoRA adapter ({key}); only plain LoRA is supported")

@@ -123,6 +123,8 @@ class LoraSlots:
         if not self.active and not self._uploaded_any:
             return  # token_slots is all -1 already
         rows = np.full(self.token_slots.shape[0], -1, dtype=np.int32)
+        if sum(num_new_tokens) > rows.shape[0]:
+            raise ValueError(f"a step of {sum(num_new_tokens)} tokens; the adapter slots index {rows.shape[0]}")
         order = [i for i, n in enumerate(num_new_tokens) if n == 1] + [i for i, n in enumerate(num_new_tokens) if n > 1]
         at = 0
         for i in order:

@@ -51,6 +51,11 @@ def _embedding_tensors() -> dict[str, torch.Tensor]:
     return {**_tensors(), "base_model.model.model.embed_tokens.lora_embedding_A": torch.ones(4, 10)}
 
 
+def _tower_tensors() -> dict[str, torch.Tensor]:
+    key = "base_model.model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj"
+    return {**_tensors(), f"{key}.lora_A.weight": torch.ones(4, 8), f"{key}.lora_B.weight": torch.ones(8, 4)}
+
+
 def _wrong_shape() -> dict[str, torch.Tensor]:
     return {**_tensors(), f"{PREFIX}.1.mlp.down_proj.lora_A.weight": torch.ones(4, 8)}
 
@@ -75,6 +80,7 @@ def _half_pair() -> dict[str, torch.Tensor]:
         (_config(modules_to_save=["lm_head"]), _tensors(), "embeddings and LM head stay the base model's"),
         (_config(target_modules=["q_proj", "embed_tokens"]), _tensors(), "trains embed_tokens"),
         (_config(), _embedding_tensors(), "trains the embeddings or the LM head"),
+        (_config(), _tower_tensors(), "trains a vision or audio tower"),
         (_config(), _wrong_shape(), r"expected lora_A \[4, 12\] and lora_B \[8, 4\]"),
         (_config(), _half_pair(), "lora_A without its lora_B"),
         (_config(), {f"{PREFIX}.5.self_attn.q_proj.lora_A.weight": torch.ones(4, 8)}, "layer 5; the model has 2"),
