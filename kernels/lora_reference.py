@@ -1,7 +1,7 @@
 """Batched LoRA in plain torch: the twin of ``kernels.lora`` (same signatures) and the CPU path.
 
 Each token row carries the slot of its adapter in the stacked weights (-1: no adapter). ``a`` is
-``[slots, R, K]`` and ``b`` ``[slots, N, R]``, R the padded rank: rows of ``a`` and columns of ``b`` past
+``[slots, W, K]`` and ``b`` ``[slots, N, R]``, R the padded rank: rows of ``a`` and columns of ``b`` past
 an adapter's own rank are zero, so padding adds nothing. The loop runs once per adapter present in the
 batch, over that adapter's rows only.
 """
@@ -11,22 +11,31 @@ from __future__ import annotations
 import torch
 
 
-def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """``[T, R]`` float32: each row of ``x`` ``[T, K]`` times its adapter's ``a[slot].T`` (zeros for slot -1)."""
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, used: int | None = None) -> torch.Tensor:
+    """``[T, W]`` float32: each row of ``x`` ``[T, K]`` times its adapter's ``a[slot].T`` (zeros for slot -1).
+    ``used``: the ranks that can be nonzero; the others come out zero."""
     out = torch.zeros(x.shape[0], a.shape[1], dtype=torch.float32, device=x.device)
+    used = a.shape[1] if used is None else used
     for slot in _present(slots):
         rows = (slots == slot).nonzero().squeeze(1)
-        out[rows] = x[rows].float() @ a[slot].float().T
+        out[rows, :used] = x[rows].float() @ a[slot, :used].float().T
     return out
 
 
-def lora_expand(h: torch.Tensor, b: torch.Tensor, slots: torch.Tensor, y: torch.Tensor) -> None:
-    """Add each row's ``h[t] @ b[slot].T`` into ``y`` ``[T, N]`` in place (rows of slot -1 untouched).
-    ``h`` is rounded to ``b``'s dtype first, as the Triton kernel feeds its matrix unit."""
+def lora_expand(
+    h: torch.Tensor, b: torch.Tensor, slots: torch.Tensor, y: torch.Tensor, starts: tuple[int, ...] = (0,)
+) -> None:
+    """Add each row's delta into ``y`` ``[T, N]`` in place (rows of slot -1 untouched): output columns from
+    ``starts[s]`` on (projection s of a merged one) take ``h[t, s*R:(s+1)*R] @ b[slot, n]``. ``h`` is rounded
+    to ``b``'s dtype first, as the Triton kernel feeds its matrix unit."""
+    rank = b.shape[2]
+    bounds = (*starts, b.shape[1])
     for slot in _present(slots):
         rows = (slots == slot).nonzero().squeeze(1)
-        delta = h[rows].to(b.dtype).float() @ b[slot].float().T
-        y[rows] = (y[rows].float() + delta).to(y.dtype)
+        for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            part = h[rows, s * rank : (s + 1) * rank].to(b.dtype).float()
+            delta = part @ b[slot, lo:hi].float().T
+            y[rows, lo:hi] = (y[rows, lo:hi].float() + delta).to(y.dtype)
 
 
 def _present(slots: torch.Tensor) -> list[int]:

@@ -1,12 +1,12 @@
 """The adapters resident on the device: stacked weights the model's projections read, one slot each.
 
 Every decoder layer has, per projection group (the model's merged q/k/v, its gate/up or apart gate and
-up, o, down), ``a`` ``[max_loras, W, K]`` and ``b`` ``[max_loras, N, W]``. A group of S projections gives
-projection s the ranks ``[s * R, s * R + r)`` of the width ``W`` (R the padded max rank, W the next power
-of two of S * R) and its own output columns in ``b``: block-diagonal, so one shrink and one expand serve
-the whole merged projection. Each token's slot sits in ``token_slots``, a device tensor written before
-every step, which captured CUDA graphs read where they were captured: loading another adapter into a
-slot is a copy into these tensors, never a new one.
+up, o, down), ``a`` ``[max_loras, W, K]`` and ``b`` ``[max_loras, N, R]`` (R the padded max rank). A group
+of S projections gives projection s the ranks ``[s * R, s * R + r)`` of the shrink's width W (the next
+power of two of S * R; the rest is padding the kernel never reads) and its own output columns of ``b``,
+which read those ranks alone: one shrink and one expand serve the whole merged projection. Each token's
+slot sits in ``token_slots``, a device tensor written before every step, which captured CUDA graphs read
+where they were captured: loading another adapter into a slot is a copy into these tensors, never a new one.
 
 An adapter not resident takes a free slot, else the least recently used one that the step does not use.
 """
@@ -54,6 +54,13 @@ class LoraSlots:
         self.device, self.dtype = device, dtype
         groups = MERGED_GROUPS[:2] + (MERGED_GROUPS[2:] if merged_mlp else SPLIT_MLP_GROUPS) + DOWN_GROUP
         self.groups: dict[str, tuple[str, ...]] = dict(groups)
+        # The output column where each projection of a group starts.
+        self._starts = {group: _starts(targets, modules) for group, modules in groups}
+        if triton and any(start % 16 for starts in self._starts.values() for start in starts):
+            raise ValueError(
+                f"LoRA on the Triton kernels needs the merged projections' parts at multiples of 16 output columns; "
+                f"this model's start at {self._starts}"
+            )
         self.weights: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = [
             {group: self._stack(modules) for group, modules in groups} for _ in range(targets.num_layers)
         ]
@@ -70,7 +77,7 @@ class LoraSlots:
         width = padded_rank(len(modules) * self.rank)
         fan_out = sum(self.targets.widths(m)[1] for m in modules)
         a = torch.zeros(self.max_loras, width, fan_in, dtype=self.dtype, device=self.device)
-        b = torch.zeros(self.max_loras, fan_out, width, dtype=self.dtype, device=self.device)
+        b = torch.zeros(self.max_loras, fan_out, self.rank, dtype=self.dtype, device=self.device)
         return a, b
 
     @property
@@ -112,7 +119,7 @@ class LoraSlots:
                     if pair is not None:
                         lo = s * self.rank
                         a[slot, lo : lo + adapter.rank].copy_(pair[0])
-                        b[slot, col : col + fan_out, lo : lo + adapter.rank].copy_(pair[1])
+                        b[slot, col : col + fan_out, : adapter.rank].copy_(pair[1])
                     col += fan_out
 
     def set_step(self, adapters: Seq[LoraAdapter | None], num_new_tokens: Seq[int]) -> None:
@@ -139,7 +146,13 @@ class LoraSlots:
         """Add each row's adapter delta of projection ``group`` (input ``x``, base output ``y``) into ``y``."""
         a, b = self.weights[layer][group]
         slots = self.token_slots[: x.shape[0]]
-        self._expand(self._shrink(x, a, slots), b, slots, y)
+        starts = self._starts[group]
+        self._expand(self._shrink(x, a, slots, len(starts) * self.rank), b, slots, y, starts)
+
+
+def _starts(targets: LoraTargets, modules: tuple[str, ...]) -> tuple[int, ...]:
+    widths = [targets.widths(m)[1] for m in modules]
+    return tuple(sum(widths[:i]) for i in range(len(widths)))
 
 
 def model_targets(model: Any) -> LoraTargets:

@@ -69,6 +69,31 @@ def test_all_rows_without_adapter_leave_output_alone(device):
     assert torch.all(y == 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_merged_projection_slices_read_their_own_ranks(device, dtype, rel_err, tolerance):
+    """q/k/v merged: three output slices (32, 16 and 16 columns), each from its own 16 ranks of the shrink's
+    64 (the last 16 padding, never read)."""
+    from omni_gateway.kernels.lora import lora_expand, lora_shrink
+
+    x, a, b, slots = _case(device, dtype, n=64, rank=64, seed=5)
+    a[:, 48:] = float("nan")  # padding ranks: a read of them would show
+    h = lora_shrink(x, a, slots, used=48)
+    ref_h = twin.lora_shrink(x, a, slots, used=48)
+    assert rel_err(h, ref_h) < tolerance[dtype] and not h[:, 48:].any()
+    b = b[:, :, :16].contiguous()
+    base = torch.randn(x.shape[0], 64, generator=torch.Generator().manual_seed(6)).to(dtype).to(device)
+    out, ref = base.clone(), base.clone()
+    lora_expand(h, b, slots, out, starts=(0, 32, 48))
+    twin.lora_expand(ref_h, b, slots, ref, starts=(0, 32, 48))
+    assert rel_err(out - base, ref - base) < tolerance[dtype] * 4
+    # Each slice is its own product: columns of k (32..48) come from ranks 16..32 only.
+    keep = slots >= 0
+    torch.testing.assert_close(
+        (ref - base)[keep, 32:48].float(), torch.einsum("tr,tnr->tn", ref_h[keep, 16:32].to(dtype).float(),
+        b[slots[keep].long(), 32:48].float()), rtol=tolerance[dtype] * 10, atol=tolerance[dtype] * 10,
+    )  # fmt: skip
+
+
 def test_refuses_unpadded_rank_and_wrong_slot_count(device):
     from omni_gateway.kernels.lora import lora_shrink
 
@@ -77,3 +102,13 @@ def test_refuses_unpadded_rank_and_wrong_slot_count(device):
         lora_shrink(x, a[:, :12].contiguous(), slots)
     with pytest.raises(ValueError, match="one slot per row"):
         lora_shrink(x, a, slots[:-1].contiguous())
+
+
+def test_refuses_slices_a_tile_would_straddle(device):
+    from omni_gateway.kernels.lora import lora_expand
+
+    h = torch.zeros(4, 32, device=device)
+    b = torch.zeros(2, 40, 16, device=device)
+    slots = torch.zeros(4, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        lora_expand(h, b, slots, torch.zeros(4, 40, device=device), starts=(0, 24))
