@@ -3,12 +3,15 @@
 Each token row carries the slot of its adapter in the stacked weights (-1: no adapter). ``a`` is
 ``[slots, W, K]`` and ``b`` ``[slots, N, R]``, R the padded rank: rows of ``a`` and columns of ``b`` past
 an adapter's own rank are zero, so padding adds nothing. The loop runs once per adapter present in the
-batch, over that adapter's rows only.
+batch, over that adapter's rows only (all rows as a plain slice where one adapter has them all: a batch-1
+step, or a batch on one adapter, gathers and scatters nothing).
 """
 
 from __future__ import annotations
 
 import torch
+
+Rows = slice | torch.Tensor
 
 
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, used: int | None = None) -> torch.Tensor:
@@ -16,8 +19,7 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, used: int
     ``used``: the ranks that can be nonzero; the others come out zero."""
     out = torch.zeros(x.shape[0], a.shape[1], dtype=torch.float32, device=x.device)
     used = a.shape[1] if used is None else used
-    for slot in _present(slots):
-        rows = (slots == slot).nonzero().squeeze(1)
+    for slot, rows in _groups(slots):
         out[rows, :used] = x[rows].float() @ a[slot, :used].float().T
     return out
 
@@ -30,13 +32,22 @@ def lora_expand(
     to ``b``'s dtype first, as the Triton kernel feeds its matrix unit."""
     rank = b.shape[2]
     bounds = (*starts, b.shape[1])
-    for slot in _present(slots):
-        rows = (slots == slot).nonzero().squeeze(1)
-        for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-            part = h[rows, s * rank : (s + 1) * rank].to(b.dtype).float()
-            delta = part @ b[slot, lo:hi].float().T
-            y[rows, lo:hi] = (y[rows, lo:hi].float() + delta).to(y.dtype)
+    for slot, rows in _groups(slots):
+        part = h[rows].to(b.dtype).float()
+        delta = torch.cat(
+            [
+                part[:, s * rank : (s + 1) * rank] @ b[slot, lo:hi].float().T
+                for s, (lo, hi) in enumerate(zip(bounds, bounds[1:]))
+            ],
+            dim=1,
+        )
+        y[rows] = (y[rows].float() + delta).to(y.dtype)
 
 
-def _present(slots: torch.Tensor) -> list[int]:
-    return [int(s) for s in torch.unique(slots).tolist() if s >= 0]
+def _groups(slots: torch.Tensor) -> list[tuple[int, Rows]]:
+    """(slot, its rows) of every adapter present."""
+    present = torch.unique(slots)
+    if len(present) == 1:
+        slot = int(present[0])
+        return [] if slot < 0 else [(slot, slice(None))]
+    return [(int(s), (slots == s).nonzero().squeeze(1)) for s in present.tolist() if s >= 0]
