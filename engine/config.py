@@ -16,6 +16,8 @@ CUDA_BLOCK_SIZE = 16
 QUANTIZATION_CHOICES: tuple[str, ...] = ("fp8", "awq", "gptq", "compressed-tensors", "none")
 # "fp8" stores K/V as float8_e4m3fn (scale 1.0, as vLLM's default); "fp8_e4m3" is its alias.
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8", "fp8_e4m3")
+# LoRA ranks above this would make the stacked adapter slots (engine/lora/slots.py) outgrow their use.
+MAX_LORA_RANK_LIMIT = 64
 
 
 def default_block_size(device: str) -> int:
@@ -72,6 +74,11 @@ class EngineConfig:
     quantize_lm_head: bool = False
     # "auto": the KV cache in the model dtype; "fp8": float8_e4m3fn, half the bytes of bf16.
     kv_cache_dtype: str = "auto"
+    # ---- LoRA adapters (engine/lora; vLLM's names) ----
+    enable_lora: bool = False
+    max_loras: int = 1  # adapters resident on the device at once; a step uses at most this many
+    max_lora_rank: int = 16  # the largest adapter rank served (up to MAX_LORA_RANK_LIMIT)
+    lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter folder) loaded at start; enables LoRA
     # ---- process layout (serving only; ``LLM`` always runs in the caller's process) ----
     # Engine replicas, each a full copy of the model with its own KV cache (vLLM's --data-parallel-size).
     data_parallel_size: int = 1
@@ -124,8 +131,27 @@ class EngineConfig:
                 "engine_in_process runs one engine in this process: data_parallel_size must be 1 and "
                 "distributed_executor_backend 'mp'"
             )
+        self._check_lora()
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
+
+    def _check_lora(self) -> None:
+        if not isinstance(self.lora_modules, tuple):
+            object.__setattr__(self, "lora_modules", tuple(tuple(m) for m in self.lora_modules))
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        if not 1 <= self.max_lora_rank <= MAX_LORA_RANK_LIMIT:
+            raise ValueError(f"max_lora_rank must be in [1, {MAX_LORA_RANK_LIMIT}], got {self.max_lora_rank}")
+        if self.lora_modules and not self.enable_lora:
+            object.__setattr__(self, "enable_lora", True)  # naming adapters to serve turns LoRA on
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"LoRA adapters are served on one device per replica: enable_lora needs tensor_parallel_size 1, "
+                f"got {self.tensor_parallel_size}"
+            )
+        names = [m[0] for m in self.lora_modules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"lora_modules name an adapter twice: {names}")
 
     @property
     def hidden_state_cache_blocks(self) -> int:

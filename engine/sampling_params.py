@@ -89,6 +89,8 @@ class SamplingParams:
     # A pooling request: no token is sampled; the request ends once its prompt is computed, with one vector
     # pooled from the prompt's hidden states (``engine.core.pooling``): "model" pools as the checkpoint says.
     pooling: str | None = None
+    # The LoRA adapter to generate with (engine/lora), by the name it was loaded under; None: the base model.
+    lora_name: str | None = None
 
     def __post_init__(self) -> None:
         # Accept lists and a bare string for convenience; store tuples so the object stays hashable.
@@ -163,6 +165,10 @@ class SamplingParams:
         _check(
             self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputs),
             f"structured_outputs must be a StructuredOutputs or None, got {type(self.structured_outputs).__name__}",
+        )
+        _check(
+            self.lora_name is None or (isinstance(self.lora_name, str) and bool(self.lora_name)),
+            f"lora_name must be a non-empty string or None, got {self.lora_name!r}",
         )
 
     @property

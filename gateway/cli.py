@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
             group.add_argument(
                 flag.name,
                 action="extend",
+                nargs="+" if flag.many else None,
                 type=flag.type,
                 default=list(flag.default()),
                 metavar=flag.dest.removesuffix("s").upper(),

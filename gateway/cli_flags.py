@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
@@ -37,6 +38,22 @@ def _positive(value: str) -> int:
     if number < 1:
         raise ValueError(f"expected a positive integer, got {value}")
     return number
+
+
+def _lora_module(value: str) -> tuple[str, str]:
+    """One ``--lora-modules`` value, as vLLM takes it: ``name=path`` or a JSON object with "name" and "path"."""
+    if value.lstrip().startswith("{"):
+        try:
+            spec = json.loads(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"--lora-modules: {value!r} is not valid JSON: {exc}") from exc
+        if not isinstance(spec, dict) or not all(isinstance(spec.get(k), str) and spec[k] for k in ("name", "path")):
+            raise argparse.ArgumentTypeError(f"--lora-modules: expected {{'name': ..., 'path': ...}}, got {value!r}")
+        return spec["name"], spec["path"]
+    name, sep, path = value.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"--lora-modules: expected name=path, got {value!r}")
+    return name.strip(), path.strip()
 
 
 def _rtf_limit(value: str) -> float:
@@ -73,6 +90,7 @@ class Flag:
     from_field: Callable[[Any], Any] = _same  # field default -> flag default
     switch: bool = False  # store_true; ``to_field`` maps the bool
     listing: bool = False  # repeatable, each occurrence a name or a comma list; a tuple in the config
+    many: bool = False  # a listing whose one occurrence may take several values (vLLM's ``--lora-modules a b``)
     aliases: tuple[str, ...] = ()  # other spellings (vLLM's short forms)
 
     @property
@@ -473,6 +491,43 @@ def serve_flags() -> tuple[Flag, ...]:
             "engine",
             switch=True,
         ),
+        Flag(
+            "--enable-lora",
+            eng,
+            "enable_lora",
+            "serve LoRA adapters over the model: each is a model name of its own, loaded by --lora-modules or "
+            "POST /v1/load_lora_adapter",
+            "lora",
+            switch=True,
+        ),
+        Flag(
+            "--lora-modules",
+            eng,
+            "lora_modules",
+            "adapters served from the start, each name=path (a PEFT adapter folder) or a JSON object with "
+            "name and path; several after one flag or the flag repeated; they enable LoRA",
+            "lora",
+            type=_lora_module,
+            listing=True,
+            many=True,
+        ),
+        Flag(
+            "--max-loras",
+            eng,
+            "max_loras",
+            "adapters resident on the device at once, the most one engine step mixes; beyond them the least "
+            "recently used leaves (default %(default)s)",
+            "lora",
+            type=_positive,
+        ),
+        Flag(
+            "--max-lora-rank",
+            eng,
+            "max_lora_rank",
+            "the largest adapter rank served, up to 64; device memory for adapters grows with it (default %(default)s)",
+            "lora",
+            type=_positive,
+        ),
         Flag("--temperature", om, "temperature", "default %(default)s", "generation", type=float),
         Flag("--top-p", om, "top_p", "default %(default)s", "generation", type=float),
         Flag(
@@ -492,5 +547,6 @@ FLAG_GROUPS = {
     "network": "network",
     "models": "models",
     "engine": "engine",
+    "lora": "LoRA adapters",
     "generation": "generation defaults (for knobs a request leaves unset)",
 }

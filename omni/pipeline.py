@@ -123,6 +123,7 @@ class OmniPipeline:
             voices=tuple(speech.voices) if speech is not None else tuple(tts.voices) if tts is not None else (),
             max_context_tokens=max_context_tokens,
             hears_audio=hears,
+            serves_lora=config.engine.enable_lora,
         )
 
     @classmethod
@@ -161,6 +162,8 @@ class OmniPipeline:
                 request = await self._transcribe_parts(request)
             prompt = await self._prompt(request)
             params = sampling_params(request.sampling, self._defaults, structured_outputs=structured_outputs(request))
+            if request.model is not None and request.model != self.capabilities.model:
+                params = dataclasses.replace(params, lora_name=request.model)  # an adapter's name (engine.lora)
         except InvalidInput as exc:
             yield refusal(exc)
             return
@@ -305,6 +308,25 @@ class OmniPipeline:
 
     def metrics(self) -> dict[str, float]:
         return dict(self.engine.stats())
+
+    def lora_adapters(self) -> dict[str, str]:
+        listed = getattr(self.engine, "lora_adapters", None)
+        return listed() if listed is not None and self.capabilities.serves_lora else {}
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        await self._lora_call("load_lora", name, path)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await self._lora_call("unload_lora", name)
+
+    async def _lora_call(self, method: str, *args: str) -> None:
+        call = getattr(self.engine, method, None)
+        if call is None or not self.capabilities.serves_lora:
+            raise InvalidInput("LoRA adapters are not enabled on this server (start it with --enable-lora)")
+        try:
+            await call(*args)
+        except ValueError as exc:  # the engine's InvalidRequest: a refused adapter or an unknown name
+            raise InvalidInput(str(exc), param="lora_name") from exc
 
     def shutdown(self) -> None:
         if self.speech is not None:

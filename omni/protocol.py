@@ -158,6 +158,8 @@ class OmniRequest:
     raw_prompt: str | None = None  # /v1/completions: a prompt used as is, no chat template
     priority: int = 0  # 0 realtime turns, 1 bulk HTTP work
     session_id: str | None = None  # a realtime session's id: all its turns go to one engine replica
+    # The served model the client chose: the base model, or a LoRA adapter over it by name; None: the base.
+    model: str | None = None
 
 
 # ---- output chunks -----------------------------------------------------------------------------
@@ -329,6 +331,8 @@ class Capabilities:
     max_context_tokens: int = 0
     # The model hears audio itself: a user's audio goes to it directly, ASR only reports transcripts.
     hears_audio: bool = False
+    # LoRA adapters can be served over the model (by ``model`` name) and loaded or unloaded at run time.
+    serves_lora: bool = False
 
 
 class OmniBackend(Protocol):
@@ -359,3 +363,15 @@ class OmniBackend(Protocol):
     def health(self) -> Health: ...
 
     def metrics(self) -> dict[str, float]: ...
+
+    def lora_adapters(self) -> dict[str, str]:
+        """The LoRA adapters served now: name -> the folder it was loaded from (empty without LoRA)."""
+        ...
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter in folder ``path`` as ``name``; raises InvalidInput saying why not."""
+        ...
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Stop serving ``name`` to new requests; raises InvalidInput where it is not loaded."""
+        ...

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Sequence as Seq
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.detokenizer import IncrementalDetokenizer
@@ -26,6 +26,9 @@ from omni_gateway.engine.outputs import Logprob, RequestOutput, StreamDelta
 from omni_gateway.engine.runner.host_memory import return_free_heap
 from omni_gateway.engine.runner.input_stream import InputStream
 from omni_gateway.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from omni_gateway.engine.lora.registry import LoraRegistry
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,14 @@ class LLMEngine:
         self.num_steps_ahead = 0  # steps launched before the host had read the step in front of them
         self._grammars: Any = None  # engine.core.structured_output.GrammarCache, built on first use
         self._grammars_lock = threading.Lock()
+        self.loras: LoraRegistry | None = None  # the adapters served by name (engine.lora), with enable_lora
+        slots = getattr(self.runner, "lora", None)
+        if config.enable_lora and slots is not None:
+            from omni_gateway.engine.lora.registry import LoraRegistry
+
+            self.loras = LoraRegistry(slots.targets, config.max_lora_rank, model.name)
+            for name, path in config.lora_modules:
+                self.loras.load(name, path)
 
     @property
     def grammars(self) -> Any:
@@ -212,6 +223,7 @@ class LLMEngine:
                 "return_hidden_states needs tensor_parallel_size 1 (a speaking model's thinker runs on one GPU); "
                 f"this engine has tensor_parallel_size {self.config.tensor_parallel_size}"
             )
+        lora = None if params.lora_name is None else self._adapters().get(params.lora_name)
         spec = params.structured_outputs
         if spec is not None:
             self.grammars.compile(spec)  # a cache hit when the caller compiled it already
@@ -233,6 +245,7 @@ class LLMEngine:
                 )
             )
             seqs[-1].input_stream = input_stream
+            seqs[-1].lora = lora
             if spec is not None:
                 seqs[-1].grammar = self.grammars.matcher(spec)
         self.scheduler.add(seqs[0])
@@ -244,6 +257,26 @@ class LLMEngine:
         self._requests[request_id] = req
         for i, seq in enumerate(seqs):
             self._owner[seq.seq_id] = (req, i)
+
+    # ---- LoRA adapters (engine.lora) -----------------------------------------------------------------
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter in folder ``path`` as ``name``. Raises InvalidRequest (LoraAdapterError)
+        saying what is wrong; a refused adapter changes nothing."""
+        self._adapters().load(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        """Stop serving ``name`` to new requests; its running sequences finish with it."""
+        self._adapters().unload(name)
+
+    def lora_adapters(self) -> dict[str, str]:
+        """Served adapter name -> the folder it was loaded from."""
+        return self.loras.names() if self.loras is not None else {}
+
+    def _adapters(self) -> LoraRegistry:
+        if self.loras is None:
+            raise InvalidRequest("LoRA adapters are not enabled on this engine (start it with --enable-lora)")
+        return self.loras
 
     def render_chat(
         self,

@@ -114,9 +114,14 @@ class Scheduler:
             # step and then reuses it, instead of computing the same prefix twice (shared system prompts).
             filling = {h for seq, n in zip(seqs, counts) for h in self.kv.hashes_filled_by(seq, n)}
             admitted: list[Sequence] = []
+            # Every step fits the adapter slots (engine/lora): the running sequences use at most max_loras.
+            adapters = {s.lora.uid for s in self.running if s.lora is not None}
             for seq in self.waiting:
                 if budget <= 0 or len(self.running) + len(admitted) >= self.config.max_num_seqs:
                     break
+                lora = seq.lora
+                if lora is not None and lora.uid not in adapters and len(adapters) >= self.config.max_loras:
+                    continue  # waits until a running adapter's last sequence leaves
                 prefix = self.kv.find_cached_prefix(seq)
                 if filling and self.kv.next_block_hash(seq, prefix) in filling:
                     continue
@@ -131,6 +136,8 @@ class Scheduler:
                 counts.append(n)
                 budget -= n
                 admitted.append(seq)
+                if lora is not None:
+                    adapters.add(lora.uid)
                 filling.update(self.kv.hashes_filled_by(seq, n))
             if admitted:
                 self.running.extend(admitted)

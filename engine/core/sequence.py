@@ -87,6 +87,9 @@ class Sequence:
         self.grammar: Any = None
         # Rows that arrive while it runs, one per generated position (engine.runner.input_stream.InputStream).
         self.input_stream: Any = None
+        # The LoRA adapter it generates with (engine.lora.adapter.LoraAdapter), None for the base model; held
+        # here, so an adapter unloaded meanwhile serves its running sequences to the end.
+        self.lora: Any = None
         # (first position, hidden rows, embedding rows) per step, with params.return_hidden_states;
         # the runner appends, the engine hands them out with the next delta.
         self.hidden_rows: list[tuple[int, Any, Any]] = []
@@ -136,7 +139,8 @@ class Sequence:
 
     def extra_keys_for(self, start: int, end: int) -> tuple[str, ...]:
         """Content keys of the spans overlapping token positions [start, end), for the block hash."""
-        keys = []
+        # A block computed with an adapter holds that adapter's K/V: it keys every block it fills.
+        keys = [self.lora.cache_key] if self.lora is not None else []
         for s in self.embed_spans:
             if s.offset < end and start < s.offset + s.length:
                 if s.position_keys:

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +70,14 @@ class _Add:
 @dataclass(frozen=True, slots=True)
 class _Abort:
     request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """Run ``fn`` on the engine between steps (a LoRA adapter loaded or unloaded)."""
+
+    fn: Callable[[LLMEngine], None]
+    done: concurrent.futures.Future[None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +205,26 @@ class AsyncEngine(ChatStreaming):
         """Stop a request; its stream ends with finish_reason "abort". Safe from any thread."""
         self._commands.put(_Abort(request_id))
 
+    async def load_lora(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter in folder ``path`` as ``name``, loaded on the engine loop between two steps
+        (engine.core.llm_engine.LLMEngine.load_lora); raises what it raises."""
+        await self._call(lambda engine: engine.load_lora(name, path))
+
+    async def unload_lora(self, name: str) -> None:
+        await self._call(lambda engine: engine.unload_lora(name))
+
+    def lora_adapters(self) -> dict[str, str]:
+        """Served adapter name -> the folder it was loaded from."""
+        return self.engine.lora_adapters()
+
+    async def _call(self, fn: Callable[[LLMEngine], None]) -> None:
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        with self._lock:
+            if self._dead is not None:
+                raise EngineDead(f"engine loop is not running: {self._dead}")
+            self._commands.put(_Call(fn, done))
+        await asyncio.wrap_future(done)
+
     def health(self) -> dict[str, Any]:
         alive = self._thread.is_alive() and self._dead is None
         return {"alive": alive, "error": self._dead if not alive else None, "open_streams": len(self._streams)}
@@ -250,7 +278,7 @@ class AsyncEngine(ChatStreaming):
                 return engine.step()
         return engine.step()
 
-    def _next_command(self, wait_s: float = 0.0) -> _Add | _Abort | _Stop | _Wake | None:
+    def _next_command(self, wait_s: float = 0.0) -> _Add | _Abort | _Call | _Stop | _Wake | None:
         try:
             return self._commands.get(timeout=wait_s) if wait_s else self._commands.get_nowait()
         except queue.Empty:
@@ -275,9 +303,18 @@ class AsyncEngine(ChatStreaming):
                 return
             self._apply(command)
 
-    def _apply(self, command: _Add | _Abort | _Wake) -> None:
+    def _apply(self, command: _Add | _Abort | _Call | _Wake) -> None:
         if isinstance(command, _Wake):
             return  # the loop looks at the streams again
+        if isinstance(command, _Call):
+            if command.done.set_running_or_notify_cancel():
+                try:
+                    command.fn(self.engine)
+                except Exception as exc:  # noqa: BLE001 - a refused adapter belongs to the caller
+                    command.done.set_exception(exc)
+                else:
+                    command.done.set_result(None)
+            return
         if isinstance(command, _Abort):
             for delta in self.engine.abort(command.request_id):
                 self._deliver(delta)
@@ -338,5 +375,5 @@ class AsyncEngine(ChatStreaming):
             with contextlib.suppress(RuntimeError):
                 stream.loop.call_soon_threadsafe(stream.deltas.put_nowait, error)
         while (command := self._next_command()) is not None:
-            if isinstance(command, _Add) and command.done.set_running_or_notify_cancel():
+            if isinstance(command, (_Add, _Call)) and command.done.set_running_or_notify_cancel():
                 command.done.set_exception(EngineDead(f"engine loop is not running: {reason}"))

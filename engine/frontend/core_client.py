@@ -36,6 +36,7 @@ from omni_gateway.engine.frontend import ipc
 from omni_gateway.engine.frontend.chat_stream import ChatStreaming
 from omni_gateway.engine.frontend.chat_template import render_chat
 from omni_gateway.engine.frontend.core_process import CoreSpec
+from omni_gateway.engine.frontend.lora_calls import PendingLoraCalls, with_adapter
 from omni_gateway.engine.outputs import StreamDelta
 from omni_gateway.engine.sampling_params import SamplingParams
 
@@ -125,6 +126,7 @@ class EngineCoreClient(ChatStreaming):
         self._handle: CoreHandle | None = None
         self._ready: ipc.Ready | None = None
         self._stats: dict[str, float] = {}
+        self._lora_calls = PendingLoraCalls()
         self._first = threading.Event()
         self._launch()
         self._thread = threading.Thread(target=self._receive, name=f"{name}-receiver", daemon=True)
@@ -251,6 +253,31 @@ class EngineCoreClient(ChatStreaming):
                 with contextlib.suppress(zmq.Again):
                     self._commands.send(ipc.encode(ipc.AbortRequest(self._epoch, request_id)), zmq.NOBLOCK)
 
+    async def load_lora(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter in folder ``path`` as ``name`` (engine.core.llm_engine.LLMEngine.load_lora);
+        raises what the core's engine raised. A core restarted later loads it again at start."""
+        await self._lora_call(name, path)
+
+    async def unload_lora(self, name: str) -> None:
+        await self._lora_call(name, None)
+
+    def lora_adapters(self) -> dict[str, str]:
+        """Served adapter name -> folder: the ones the core loaded at start and those loaded since."""
+        return dict(self.config.lora_modules)
+
+    async def _lora_call(self, name: str, path: str | None) -> None:
+        import zmq
+
+        with self._lock:
+            if self._state != "running":
+                raise EngineDead(f"{self.name} core is not running: {self._reason or self._state}")
+            ticket, future = self._lora_calls.open(name, path)
+            try:
+                self._commands.send(ipc.encode(ipc.LoraCall(self._epoch, ticket, name, path)), zmq.NOBLOCK)
+            except zmq.Again:
+                self._lora_calls.close(ticket, EngineDead(f"{self.name} core is not connected"))
+        await asyncio.wrap_future(future)
+
     def health(self) -> dict[str, Any]:
         alive = self._state == "running"
         error = None if alive else f"{self.name} core {self._state}: {self._reason}"
@@ -364,6 +391,10 @@ class EngineCoreClient(ChatStreaming):
                 self._deliver(delta.request_id, delta)
         elif isinstance(message, ipc.Refused):
             self._deliver(message.request_id, message.error)
+        elif isinstance(message, ipc.LoraDone):
+            done = self._lora_calls.close(message.ticket, message.error)
+            if done is not None:  # a core restarted later starts with the adapters served now
+                self.config = replace(self.config, lora_modules=with_adapter(self.config.lora_modules, *done))
         elif isinstance(message, ipc.Ready):
             self._ready = replace(message) if self._ready is None else replace(self._ready, pid=message.pid)
             self._stats = message.stats
@@ -412,6 +443,7 @@ class EngineCoreClient(ChatStreaming):
             "giving up" if give_up else f"restarting in {delay:.0f} s",
         )
         self._fail_streams(reason)
+        self._lora_calls.fail_all(EngineDead(f"{self.name} core stopped before answering: {reason}"))
         self._first.set()
 
     def _fail_streams(self, reason: str) -> None:

@@ -155,6 +155,8 @@ class _CoreLoop:
             if isinstance(command, ipc.AbortRequest):
                 self._send(self.engine.abort(command.request_id))
                 self.engine.pop_finished()
+            elif isinstance(command, ipc.LoraCall):
+                self._lora(command)
             elif command.params.structured_outputs is not None:
                 self._compile(command)
             else:
@@ -196,6 +198,17 @@ class _CoreLoop:
             )
         except Exception as exc:  # noqa: BLE001 - validation errors belong to the caller
             self.outputs.send(ipc.encode(ipc.Refused(self.spec.epoch, command.request_id, exc)))
+
+    def _lora(self, command: ipc.LoraCall) -> None:
+        error: BaseException | None = None
+        try:
+            if command.path is None:
+                self.engine.unload_lora(command.name)
+            else:
+                self.engine.load_lora(command.name, command.path)
+        except Exception as exc:  # noqa: BLE001 - a refused adapter belongs to the caller
+            error = exc
+        self.outputs.send(ipc.encode(ipc.LoraDone(self.spec.epoch, command.ticket, error)))
 
     def _send(self, deltas: list[Any]) -> None:
         now = time.monotonic()

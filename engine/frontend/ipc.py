@@ -1,7 +1,8 @@
 """The messages between the gateway process and an engine core process, and their wire format.
 
-Two one-way ZeroMQ PUSH/PULL channels, both bound by the client: commands in (add, abort, stop), outputs
-out (ready, one batch of deltas per engine step, a refused request). Every message carries the
+Two one-way ZeroMQ PUSH/PULL channels, both bound by the client: commands in (add, abort, a LoRA adapter
+loaded or unloaded, stop), outputs out (ready, one batch of deltas per engine step, a refused request, a LoRA
+call's answer). Every message carries the
 ``epoch`` of the core process it belongs to, so a restarted core ignores commands meant for the one
 that died, and the client ignores whatever the dead one left in the pipe.
 
@@ -43,6 +44,17 @@ class AddRequest:
 class AbortRequest:
     epoch: int
     request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoraCall:
+    """Load the LoRA adapter in folder ``path`` as ``name``, or unload ``name`` (``path`` None); answered
+    by a ``LoraDone`` of the same ticket."""
+
+    epoch: int
+    ticket: int
+    name: str
+    path: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +143,17 @@ class Refused:
     error: BaseException
 
 
-Command = AddRequest | AbortRequest | Stop
-Output = Ready | StartFailed | StepOutput | Refused
+@dataclass(frozen=True, slots=True)
+class LoraDone:
+    """A ``LoraCall``'s answer: ``error`` is what the engine raised, None when it succeeded."""
+
+    epoch: int
+    ticket: int
+    error: BaseException | None
+
+
+Command = AddRequest | AbortRequest | LoraCall | Stop
+Output = Ready | StartFailed | StepOutput | Refused | LoraDone
 
 
 def encode(message: Command | Output) -> bytes:

@@ -109,6 +109,27 @@ class ReplicatedEngine(ChatStreaming):
         if index is not None:
             self.replicas[index].abort(request_id)
 
+    async def load_lora(self, name: str, path: str) -> None:
+        """Load the adapter on every replica; where one refuses it, those that took it unload it again, so a
+        refused adapter changes nothing."""
+        loaded: list[EngineCoreClient] = []
+        try:
+            for replica in self.replicas:
+                await replica.load_lora(name, path)
+                loaded.append(replica)
+        except BaseException:
+            for replica in loaded:
+                with contextlib.suppress(Exception):
+                    await replica.unload_lora(name)
+            raise
+
+    async def unload_lora(self, name: str) -> None:
+        for replica in self.replicas:
+            await replica.unload_lora(name)
+
+    def lora_adapters(self) -> dict[str, str]:
+        return self.replicas[0].lora_adapters()
+
     def health(self) -> dict[str, Any]:
         """Alive while any replica serves: the survivors take the new work while a dead one restarts."""
         states = [r.health() for r in self.replicas]

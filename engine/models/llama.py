@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from omni_gateway.engine.lora.rows import decode_row_with_lora
 from omni_gateway.engine.models.linear import Linear, onednn_prepacks
 from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
@@ -144,6 +145,8 @@ class LlamaModel:
         self.scale = s.head_dim**-0.5
         self.q_size = self.num_heads * s.head_dim
         self.kv_size = self.num_kv_heads * s.head_dim
+        self.intermediate_size = int(hf_config.intermediate_size) // parallel.world_size
+        self.lora: Any = None  # engine.lora.slots.LoraSlots once attached (engine.lora.slots.attach_lora)
 
         # GGUF codes stay quantized where the CPU matmuls run; elsewhere they become float weights here.
         quantized = keeps_quantized(device, dtype)
@@ -299,22 +302,33 @@ class LlamaModel:
             return self._decode_row(hidden, positions, meta, kv_caches, rotary_table)
         ops, eps, all_reduce = self.ops, self.shape.rms_norm_eps, self.parallel.all_reduce
         residual: torch.Tensor | None = None
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             if residual is None:
                 residual = hidden
                 x = ops.rms_norm(hidden, layer.input_norm, eps)
             else:
                 x, residual = ops.fused_add_rms_norm(hidden, residual, layer.input_norm, eps)
-            attn = self._attention(layer, layer.qkv(x), positions, meta, k_cache, v_cache, rotary_table)
-            x, residual = ops.fused_add_rms_norm(all_reduce(layer.o(attn)), residual, layer.post_norm, eps)
+            attn = self._attention(
+                layer, self._project(i, "qkv", layer.qkv, x), positions, meta, k_cache, v_cache, rotary_table
+            )
+            o = self._project(i, "o", layer.o, attn)
+            x, residual = ops.fused_add_rms_norm(all_reduce(o), residual, layer.post_norm, eps)
             if layer.gate_up is not None:
-                act = ops.silu_and_mul(layer.gate_up(x))
+                act = ops.silu_and_mul(self._project(i, "gate_up", layer.gate_up, x))
             else:
                 assert layer.gate is not None and layer.up is not None
-                act = F.silu(layer.gate(x)) * layer.up(x)
-            hidden = all_reduce(layer.down(act))
+                act = F.silu(self._project(i, "gate", layer.gate, x)) * self._project(i, "up", layer.up, x)
+            hidden = all_reduce(self._project(i, "down", layer.down, act))
         assert residual is not None
         return hidden + residual
+
+    def _project(self, index: int, group: str, linear: Any, x: torch.Tensor) -> torch.Tensor:
+        """``linear(x)``, plus the LoRA deltas of the rows that have an adapter (engine.lora.slots.attach_lora)."""
+        y = linear(x)
+        lora = self.lora
+        if lora is not None and lora.active:
+            lora.apply(index, group, x, y)
+        return y
 
     def _decode_row(
         self,
@@ -329,6 +343,8 @@ class LlamaModel:
         the gate/up projection writes the MLP's activation: four linears and the attention per layer."""
         if self.row_stream:
             return self._decode_stream(hidden, positions, meta, kv_caches, rotary_table)
+        if self.lora is not None and self.lora.active:
+            return decode_row_with_lora(self, hidden, positions, meta, kv_caches, rotary_table)
         eps = self.shape.rms_norm_eps
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             assert isinstance(layer.qkv, Linear) and isinstance(layer.o, Linear)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.sequence import ScheduledBatch, Sequence
+from omni_gateway.engine.lora.slots import attached_lora
 from omni_gateway.engine.models import build_model
 from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
@@ -124,6 +125,8 @@ class ModelRunner:
             parallel=parallel,
         )
         del weights
+        # Before the graphs are captured: they capture the adapters' launches too (engine/lora/slots.py).
+        self.lora = attached_lora(config, self.model, self.device, self.dtype) if config.enable_lora else None
         shape = self.model.shape
         num_kv_heads = self.model.num_kv_heads  # this rank's
         self.uses_mrope: bool = self.model.uses_mrope
@@ -229,6 +232,8 @@ class ModelRunner:
         seqs = batch.seqs
         if not seqs:
             return PendingDecode.resolved_with(batch, [])
+        if self.lora is not None:
+            self.lora.set_step([seq.lora for seq in seqs], batch.num_new_tokens)
         staging: Staging | None = None
         graphed = self.graphs.forward(seqs, after) if self.graphs is not None and self._graph_ready(batch) else None
         if graphed is not None:

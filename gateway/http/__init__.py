@@ -20,7 +20,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from omni_gateway.gateway.http import audio, chat, completions, embeddings, images, messages, ops, responses
+from omni_gateway.gateway.http import audio, chat, completions, embeddings, images, lora, messages, ops, responses
 from omni_gateway.gateway.http.endpoint import endpoint
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.http.responses_store import ResponseStore
@@ -65,4 +65,6 @@ def routes(backend: OmniBackend, config: GatewayConfig) -> list[BaseRoute]:
         bind("/v1/responses", functools.partial(responses.create, store=store), "POST", limited=True),
         bind("/v1/responses/{response_id}", functools.partial(responses.retrieve, store=store), "GET"),
         bind("/v1/responses/{response_id}", functools.partial(responses.delete, store=store), "DELETE"),
+        bind("/v1/load_lora_adapter", lora.load_lora_adapter, "POST", limited=True),
+        bind("/v1/unload_lora_adapter", lora.unload_lora_adapter, "POST", limited=True),
     ]

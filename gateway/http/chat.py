@@ -13,6 +13,7 @@ from omni_gateway.gateway.http.chat_response import ChatAssembler
 from omni_gateway.gateway.http.endpoint import read_json
 from omni_gateway.gateway.http.errors import ApiError, internal
 from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.http.lora import served_adapters
 from omni_gateway.gateway.http.sampling import check_context
 from omni_gateway.gateway.http.streaming import (
     SSE_DONE,
@@ -35,7 +36,7 @@ async def chat_completions(request: Request, backend: OmniBackend, limits: HttpL
     body = await read_json(request, limits.max_body_bytes)
     caps = backend.capabilities
     # off the event loop: base64 and WAV decoding of large media parts take a while
-    call = await anyio.to_thread.run_sync(parse_chat, body, caps, limits)
+    call = await anyio.to_thread.run_sync(parse_chat, body, caps, limits, served_adapters(backend))
     prompt_tokens = await anyio.to_thread.run_sync(backend.count_tokens, call.request.messages)
     check_context(prompt_tokens, call.request.sampling.max_tokens, caps)
     timer = TokenTimer(API)

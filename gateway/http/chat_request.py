@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,9 +31,9 @@ class ChatCall:
     audio_format: str | None  # set when audio output was asked for
 
 
-def parse_chat(raw: object, caps: Capabilities, limits: HttpLimits) -> ChatCall:
+def parse_chat(raw: object, caps: Capabilities, limits: HttpLimits, adapters: Collection[str] = ()) -> ChatCall:
     body: dict[str, Any] = require_object(raw, "body")
-    model = check_model(body, caps)
+    model = check_model(body, caps, adapters)
     messages = parse_messages(body.get("messages"), caps, limits)
     stream = parse_stream(body)
     logprobs = get_bool(body, "logprobs")
@@ -62,6 +63,7 @@ def parse_chat(raw: object, caps: Capabilities, limits: HttpLimits) -> ChatCall:
             tool_choice=tool_choice,
             parallel_tool_calls=get_bool(body, "parallel_tool_calls", True),
             priority=HTTP_PRIORITY,
+            model=model,
         ),
         model=model,
         stream=stream,

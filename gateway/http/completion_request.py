@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,9 +29,11 @@ class CompletionCall:
     echo: bool
 
 
-def parse_completion(raw: object, caps: Capabilities, limits: HttpLimits) -> CompletionCall:
+def parse_completion(
+    raw: object, caps: Capabilities, limits: HttpLimits, adapters: Collection[str] = ()
+) -> CompletionCall:
     body: dict[str, Any] = require_object(raw, "body")
-    model = check_model(body, caps)
+    model = check_model(body, caps, adapters)
     prompts = _prompts(body.get("prompt"), limits)
     logprobs = get_int(body, "logprobs", lo=0, hi=limits.max_top_logprobs)
     echo = get_bool(body, "echo")
@@ -56,6 +59,7 @@ def parse_completion(raw: object, caps: Capabilities, limits: HttpLimits) -> Com
             raw_prompt=p,
             add_generation_prompt=False,
             priority=HTTP_PRIORITY,
+            model=model,
         )
         for i, p in enumerate(prompts)
     )

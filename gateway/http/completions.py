@@ -13,6 +13,7 @@ from omni_gateway.gateway.http.completion_response import CompletionAssembler
 from omni_gateway.gateway.http.endpoint import read_json
 from omni_gateway.gateway.http.errors import ApiError, from_backend, internal
 from omni_gateway.gateway.http.limits import HttpLimits
+from omni_gateway.gateway.http.lora import served_adapters
 from omni_gateway.gateway.http.sampling import check_context
 from omni_gateway.gateway.http.streaming import (
     SSE_DONE,
@@ -67,7 +68,7 @@ class _Run:
 async def completions(request: Request, backend: OmniBackend, limits: HttpLimits) -> Response:
     body = await read_json(request, limits.max_body_bytes)
     caps = backend.capabilities
-    call = parse_completion(body, caps, limits)
+    call = parse_completion(body, caps, limits, served_adapters(backend))
     for omni_request in call.requests:
         tokens = await anyio.to_thread.run_sync(backend.count_tokens, omni_request.messages)
         check_context(tokens, omni_request.sampling.max_tokens, caps)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from omni_gateway.gateway.http.errors import ApiError
+from omni_gateway.gateway.http.lora import model_cards
 from omni_gateway.gateway.metrics import exposition
 from omni_gateway.gateway.realtime.voice_capacity import VoiceCapacity
 from omni_gateway.omni.protocol import OmniBackend
@@ -13,19 +12,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 
-def _model_card(backend: OmniBackend) -> dict[str, Any]:
-    return {"id": backend.capabilities.model, "object": "model", "created": 0, "owned_by": "omni"}
-
-
 async def list_models(request: Request, backend: OmniBackend) -> Response:
-    return JSONResponse({"object": "list", "data": [_model_card(backend)]})
+    """The served model and the LoRA adapters over it (gateway.http.lora)."""
+    return JSONResponse({"object": "list", "data": model_cards(backend)})
 
 
 async def get_model(request: Request, backend: OmniBackend) -> Response:
     model = request.path_params["model"]
-    if model != backend.capabilities.model:
+    card = next((c for c in model_cards(backend) if c["id"] == model), None)
+    if card is None:
         raise ApiError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
-    return JSONResponse(_model_card(backend))
+    return JSONResponse(card)
 
 
 async def health(request: Request, backend: OmniBackend) -> Response:

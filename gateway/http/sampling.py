@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,12 +19,14 @@ class StreamOptions:
     include_usage: bool
 
 
-def check_model(body: dict[str, Any], caps: Capabilities) -> str:
+def check_model(body: dict[str, Any], caps: Capabilities, adapters: Collection[str] = ()) -> str:
+    """The requested model: the served one or a LoRA adapter over it (``adapters``), else OpenAI's 404."""
     model: str | None = get_str(body, "model", required=True)
-    if model is None or model != caps.model:
+    if model is None or (model != caps.model and model not in adapters):
+        served = ", ".join(f"'{name}'" for name in (caps.model, *sorted(adapters)))
         raise ApiError(
             404,
-            f"The model {shown(model)} does not exist; this server serves '{caps.model}'.",
+            f"The model {shown(model)} does not exist; this server serves {served}.",
             param="model",
             code="model_not_found",
         )

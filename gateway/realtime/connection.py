@@ -19,6 +19,7 @@ import time
 
 from omni_gateway.gateway import metrics
 from omni_gateway.gateway.config import GatewayConfig
+from omni_gateway.gateway.http.lora import served_adapters
 from omni_gateway.gateway.realtime.commands import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL,
@@ -56,6 +57,7 @@ class RealtimeConnection:
         vad_factory: VadFactory | None,
         intent: str = "realtime",
         capacity: VoiceCapacity | None = None,
+        model: str | None = None,
     ) -> None:
         self.ws = websocket
         self.backend = backend
@@ -73,6 +75,8 @@ class RealtimeConnection:
             intent=intent,
             count_tokens=backend.count_tokens,
             voice=VoiceTiming(*sinks),
+            model=model,
+            adapters=lambda: served_adapters(backend),
         )
         self._outbox = Outbox(config.send_queue_max, config.send_queue_max_bytes)
         self._tasks: dict[str, asyncio.Task[None]] = {}

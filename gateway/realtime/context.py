@@ -106,6 +106,7 @@ def build_request(
         tools=tools,
         tool_choice=tool_choice,
         priority=0,
+        model=settings.model,
     )
 
 

@@ -7,15 +7,20 @@ client secret, its session starts with the configuration bound to the secret.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import TYPE_CHECKING
 
 from omni_gateway.gateway.auth import ClientSecrets, is_client_secret
+from omni_gateway.gateway.client_text import shown
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.guard import presented_key
+from omni_gateway.gateway.http.lora import served_adapters
 from omni_gateway.gateway.realtime.client_secrets import configure
-from omni_gateway.gateway.realtime.commands import VadFactory
+from omni_gateway.gateway.realtime.commands import VadFactory, new_id
+from omni_gateway.gateway.realtime.connection import CLOSE_POLICY as _CLOSE_POLICY
 from omni_gateway.gateway.realtime.connection import RealtimeConnection
+from omni_gateway.gateway.realtime.errors import RealtimeError
 from omni_gateway.gateway.realtime.settings import Dialect
 from omni_gateway.gateway.realtime.voice_capacity import VoiceCapacity
 from omni_gateway.omni.protocol import Health, OmniBackend, VadSettings
@@ -68,6 +73,20 @@ async def watch_backend(backend: OmniBackend, connection: RealtimeConnection, pe
             return
 
 
+def _chosen_model(backend: OmniBackend, asked: str | None) -> str | None:
+    """The connection's ``?model=``: the served model or a LoRA adapter over it. Without LoRA the server has
+    one model, whatever the client names (OpenAI's clients send their own); with it an unknown name is refused."""
+    caps = backend.capabilities
+    if asked is None or not caps.serves_lora:
+        return None
+    if asked == caps.model or asked in served_adapters(backend):
+        return asked
+    served = ", ".join(f"'{m}'" for m in (caps.model, *sorted(served_adapters(backend))))
+    raise RealtimeError(
+        "model_not_found", f"The model {shown(asked)} does not exist; this server serves {served}.", "model"
+    )
+
+
 def realtime_route(
     backend: OmniBackend,
     config: GatewayConfig,
@@ -93,8 +112,16 @@ def realtime_route(
             return
         # ?intent=transcription opens a session that only transcribes (GA clients, livekit's STT)
         intent = websocket.query_params.get("intent", "realtime")
+        model = websocket.query_params.get("model")
+        try:
+            model = _chosen_model(backend, model)
+        except RealtimeError as error:
+            event = {"event_id": new_id("event"), "type": "error", "error": error.body(None)}
+            await websocket.send_text(json.dumps(event))
+            await websocket.close(code=_CLOSE_POLICY, reason="model_not_found")
+            return
         connection = RealtimeConnection(
-            websocket, backend, config, dialect_of(websocket, offered), vad_factory, intent, capacity
+            websocket, backend, config, dialect_of(websocket, offered), vad_factory, intent, capacity, model
         )
         if secrets is not None and is_client_secret(token):
             secret, _ = secrets.check(token)  # the guard let it through: it is live

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from omni_gateway.gateway.client_text import invalid_text_message, invalid_text_path, shown
@@ -69,11 +69,15 @@ class RealtimeSession:
         intent: str = "realtime",
         count_tokens: Callable[[tuple[Message, ...]], int] | None = None,
         voice: VoiceObserver | None = None,
+        model: str | None = None,
+        adapters: Callable[[], Collection[str]] = tuple,
     ) -> None:
+        """``model``: the served model or a LoRA adapter over it (one of ``adapters()``), checked by the
+        caller; None: the served model."""
         limits = limits or SessionLimits()
         audio_out = "audio" in capabilities.output_modalities
         settings = SessionSettings(
-            model=capabilities.model,
+            model=model or capabilities.model,
             output_modalities=("audio",) if audio_out else ("text",),
             voice=capabilities.voices[0] if capabilities.voices else "alloy",
             turn_detection=TurnDetection() if vad_factory is not None else None,
@@ -87,6 +91,7 @@ class RealtimeSession:
             now=now,
             partial_every_bytes=(limits.partial_transcript_ms or 0) * audio_fmt.BYTES_PER_MS,
             voice=voice,
+            adapters=adapters,
         )
         self._responses = Responses(core, count_tokens)
         self._items = ConversationItems(core, self._responses)

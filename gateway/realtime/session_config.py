@@ -41,7 +41,8 @@ class SessionConfiguration:
                 "cannot_update_voice", "Cannot update a session's voice after audio has been output.", "session.voice"
             )
         self._check_detector(new)
-        new = replace(new, model=core.settings.model)  # the served model is fixed for the connection
+        asked = event["session"].get("model")  # a string: apply_update checked it
+        new = replace(new, model=core.settings.model if asked is None else core.chosen_model(asked, "session.model"))
         if new.turn_detection != core.settings.turn_detection:
             self._turns.install_vad(new)
             core.idle_deadline = None

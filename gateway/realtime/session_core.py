@@ -8,8 +8,9 @@ the order)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
+from omni_gateway.gateway.client_text import shown
 from omni_gateway.gateway.realtime import audio as audio_fmt
 from omni_gateway.gateway.realtime.commands import Output, Send, SessionLimits, new_id
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_value
@@ -46,9 +47,11 @@ class SessionCore:
         now: Callable[[], float],
         partial_every_bytes: int,
         voice: VoiceObserver | None = None,
+        adapters: Callable[[], Collection[str]] = tuple,
     ) -> None:
         self.dialect = dialect
         self.capabilities = capabilities
+        self.adapters = adapters  # the LoRA adapters served now, by name (models a session may choose)
         self.limits = limits
         self.now = now
         self.voice = voice or NoVoiceObserver()  # told of voice turns and spoken audio, to time them
@@ -118,6 +121,19 @@ class SessionCore:
                 f"Invalid value for '{param}': this server has no image output model, so 'image' is not available.",
                 param,
             )
+
+    def chosen_model(self, name: str, param: str) -> str:
+        """The model a session asks for: the served model or a LoRA adapter over it. A server without LoRA
+        keeps its one model whatever is asked (clients send OpenAI's names); one with LoRA refuses a name it
+        does not serve, as OpenAI's 404 does."""
+        if name == self.capabilities.model or name in self.adapters():
+            return name
+        if not self.capabilities.serves_lora:
+            return self.settings.model
+        served = ", ".join(f"'{m}'" for m in (self.capabilities.model, *sorted(self.adapters())))
+        raise RealtimeError(
+            "model_not_found", f"The model {shown(name)} does not exist; this server serves {served}.", param
+        )
 
     def turn_ended(self, item_id: str, stopped: SpeechStopped) -> None:
         """The detector's turn ``item_id`` was committed: the voice observer times the decision from it."""

@@ -106,7 +106,7 @@ def apply_update(current: SessionSettings, update: Any, dialect: Dialect) -> Ses
     """A partial update merged over ``current``; raises RealtimeError naming the offending field."""
     expect(update, dict, "session", "an object")
     if "model" in update:
-        expect(update["model"], str, "session.model", "a string")  # the served model is fixed regardless
+        expect(update["model"], str, "session.model", "a string")  # SessionCore.chosen_model says which it is
     if dialect == "ga":
         reject_unknown(update, "session", SU, "ga")
         refuse_reasoning_options(update, "session")

@@ -202,12 +202,17 @@ SAMPLES = {
     "--data-parallel-size": "2",
     "--distributed-executor-backend": "ray",
     "--engine-in-process": None,
+    "--enable-lora": None,
+    "--lora-modules": "persona=/adapters/persona",
+    "--max-loras": "4",
+    "--max-lora-rank": "32",
     "--temperature": "0.1",
     "--top-p": "0.5",
     "--max-tokens": "7",
     "--system-prompt": "Be brief.",
 }
-DERIVED = {"--device": {"engine.block_size"}}  # an explicit device resolves the default block size
+# An explicit device resolves the default block size; naming adapters turns LoRA on.
+DERIVED = {"--device": {"engine.block_size"}, "--lora-modules": {"engine.enable_lora"}}
 
 
 @pytest.mark.parametrize("flag", cli_flags.serve_flags(), ids=lambda flag: flag.name)
@@ -230,6 +235,15 @@ def test_each_flag_changes_exactly_its_own_field(flag: cli_flags.Flag) -> None:
     ) - DERIVED.get(flag.name, set())
     owner = {"GatewayConfig": "gateway.", "EngineConfig": "engine.", "OmniConfig": "omni."}[flag.owner.__name__]
     assert differences == {owner + flag.field}
+
+
+def test_lora_modules_take_vllm_spellings() -> None:
+    argv = ["serve", "--lora-modules", "a=/x/a", '{"name": "b", "path": "/x/b"}', "--lora-modules", "c=/x/c"]
+    _, omni_config = cli.configs(cli.build_parser().parse_args(argv))
+    assert omni_config.engine.lora_modules == (("a", "/x/a"), ("b", "/x/b"), ("c", "/x/c"))
+    assert omni_config.engine.enable_lora
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["serve", "--lora-modules", "no-path"])
 
 
 def test_engine_sizing_flags_reach_the_engine_config() -> None:

@@ -21,6 +21,7 @@ from omni_gateway.omni.protocol import (
     Health,
     ImageFinal,
     ImagePartial,
+    InvalidInput,
     Message,
     OmniRequest,
     OutputChunk,
@@ -149,6 +150,7 @@ class FakeBackend:
         fail_transcription: bool = False,
         partial_images: int = 2,
         healthy: bool = True,
+        lora: bool = False,
     ) -> None:
         self.reply = reply
         self.transcript = transcript
@@ -177,7 +179,9 @@ class FakeBackend:
             ),
             voices=("joe", "verse"),
             max_context_tokens=4096,
+            serves_lora=lora,
         )
+        self.adapters: dict[str, str] = {}  # LoRA adapters "loaded": a folder named "missing" is refused
 
     def reset(self) -> None:
         """Back to the defaults, for a server shared by several tests."""
@@ -278,6 +282,18 @@ class FakeBackend:
     def count_tokens(self, messages: tuple[Message, ...]) -> int:
         """One token per word."""
         return sum(len(m.text.split()) for m in messages)
+
+    def lora_adapters(self) -> dict[str, str]:
+        return dict(self.adapters)
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        if path.endswith("missing"):
+            raise InvalidInput(f"LoRA adapter {name!r}: {path!r} is not a directory", param="lora_name")
+        self.adapters[name] = path
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        if self.adapters.pop(name, None) is None:
+            raise InvalidInput(f"LoRA adapter {name!r} is not loaded", param="lora_name")
 
     def health(self) -> Health:
         return Health(ok=self.healthy, detail="ready" if self.healthy else "engine thread stopped")

@@ -37,6 +37,8 @@ _SPECIALIZED = {
     },
     "omni_gateway.kernels.activation": {"_silu_and_mul_kernel": set()},
     "omni_gateway.kernels.argmax": {"_chunk_max_kernel": set(), "_row_max_kernel": set()},
+    # SLOTS: the engine's max_loras.
+    "omni_gateway.kernels.lora": {"_shrink_kernel": {"stride_x"}, "_expand_kernel": {"stride_y", "SLOTS"}},
 }
 
 
