@@ -259,6 +259,9 @@ class ProcessLauncher:
         import dataclasses
         import multiprocessing
 
+        from omni_gateway.engine.parallel.spawnable import check_spawnable
+
+        check_spawnable("the engine core process")
         spec = dataclasses.replace(spec, env=spec.env + self.env)
 
         # Not a daemon: a core may start processes of its own (rank workers), which daemons may not.
