@@ -55,11 +55,42 @@ def check_limits(spec: StructuredOutputs, limits: ConstraintLimits) -> None:
     if spec.grammar is not None:
         _check_repetition(spec.grammar, "grammar", limits, in_grammar=True)
     if spec.json is not None or spec.structural_tag is not None:
+        if _depth(text) > limits.max_depth:  # before parsing: a deep enough document overflows json's stack
+            raise _too_deep(kind, limits)
         try:
-            document = json.loads(spec.json or spec.structural_tag or "")
+            document = json.loads(text)
         except ValueError:
             return  # the compiler names the syntax error
         _check_document(document, kind, limits)
+
+
+def _depth(text: str) -> int:
+    """How deep the JSON text's objects and arrays nest (brackets inside strings not counted)."""
+    deepest = depth = 0
+    in_string = escaped = False
+    for c in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+def _too_deep(kind: str, limits: ConstraintLimits) -> InvalidConstraint:
+    return InvalidConstraint(
+        f"the {kind} constraint nests objects and arrays more than {limits.max_depth} deep; "
+        f"at most {limits.max_depth} levels are accepted"
+    )
 
 
 def _check_document(document: Any, kind: str, limits: ConstraintLimits) -> None:
@@ -70,10 +101,7 @@ def _check_document(document: Any, kind: str, limits: ConstraintLimits) -> None:
         if not isinstance(node, (dict, list)):
             continue
         if depth > limits.max_depth:
-            raise InvalidConstraint(
-                f"the {kind} constraint nests objects and arrays more than {limits.max_depth} deep; "
-                f"at most {limits.max_depth} levels are accepted"
-            )
+            raise _too_deep(kind, limits)
         if isinstance(node, list):
             stack.extend((child, depth + 1) for child in node)
             continue
