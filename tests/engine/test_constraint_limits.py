@@ -74,6 +74,7 @@ def test_limits_must_be_positive() -> None:
         ConstraintLimits(max_depth=0)
 
 
+SELF_X = {"type": "object", "properties": {"x": {"$ref": "#"}}}
 OBJECT_XY = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "string"}}}
 
 
@@ -91,8 +92,8 @@ OBJECT_XY = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"t
         ({"allOf": [{"type": "string", "minLength": 9}, {"type": "string"}]}, 11),
         ({"type": ["boolean", "integer"]}, 1),
         # Recursion with a way out: the anyOf's integer ends it.
-        ({"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}]}, 1),
-        ({"type": "object", "properties": {"x": {"$ref": "#"}}}, 2),  # optional: "{}" ends it
+        ({"anyOf": [{"type": "integer"}, {**SELF_X, "required": ["x"]}]}, 1),
+        (SELF_X, 2),  # optional: "{}" ends it
     ],
 )
 def test_shortest_answer_of_a_schema(schema: dict[str, object], shortest: float) -> None:
