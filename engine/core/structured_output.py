@@ -47,7 +47,7 @@ DEFAULT_COMPILE_WORKERS = 8
 _MAX_DETAIL_CHARS = 160
 # xgrammar's C++ log prefix: "[14:03:53] /project/cpp/regex_converter.cc:94: "
 _LOG_PREFIX = re.compile(r"^\s*(\[[0-9:.]+\]\s*)?(\S+\.(cc|cpp|h|hpp|py):\d+:\s*)?")
-_SOURCE_PATH = re.compile(r"\S*/\S+\.(cc|cpp|h|hpp|py)(:\d+)?:?")
+_SOURCE_PATH = re.compile(r"\S*/\S+\.(cc|cpp|h|hpp|py)(:\d+)?:?\s*")
 # xgrammar writes the characters of a length-bounded JSON string as [^"\\\r\n], which lets the other
 # control characters (a raw tab) through although JSON allows them only escaped: the class is narrowed.
 _LOOSE_STRING_CHAR = r"[^\"\\\r\n]"
