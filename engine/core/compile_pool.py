@@ -7,12 +7,15 @@ callers all withdrew is dropped when it has not started; when it has, it runs on
 counts against ``workers``, so the next job starts at once. Such abandoned threads are bounded too
 (``max_abandoned``), so a flood of withdrawn compiles cannot start threads without end.
 
-Jobs with the same key share one compile.
+Jobs with the same key share one compile. Pool threads may run at a lower OS priority (``niceness``), so
+that on a machine with few cores, compiles take what the decode loop leaves rather than the reverse.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -35,13 +38,20 @@ class CompilePool(Generic[K, V]):
     """Runs ``work(key)`` on up to ``workers`` threads at once for the jobs someone still waits for."""
 
     def __init__(
-        self, work: Callable[[K], V], *, workers: int, max_abandoned: int | None = None, name: str = "compile"
+        self,
+        work: Callable[[K], V],
+        *,
+        workers: int,
+        max_abandoned: int | None = None,
+        niceness: int = 0,
+        name: str = "compile",
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self._work = work
         self._workers = workers
         self._max_abandoned = 4 * workers if max_abandoned is None else max_abandoned
+        self._niceness = niceness
         self._name = name
         self._lock = threading.Lock()
         self._jobs: dict[K, _Job[V]] = {}
@@ -99,6 +109,10 @@ class CompilePool(Generic[K, V]):
             self._start_thread()
 
     def _serve(self) -> None:
+        if self._niceness and hasattr(os, "setpriority"):
+            with contextlib.suppress(OSError):  # Linux: a thread's own nice value; elsewhere the process's
+                me = threading.get_native_id()
+                os.setpriority(os.PRIO_PROCESS, me, os.getpriority(os.PRIO_PROCESS, me) + self._niceness)
         while True:
             with self._lock:
                 if not self._queue:

@@ -44,6 +44,8 @@ DEFAULT_COMPILE_TIMEOUT_S = 5.0
 # Compiles run without the GIL and mostly wait on memory; more threads than cores keep a quick compile
 # from queueing behind slow ones (the OS shares the cores among them).
 DEFAULT_COMPILE_WORKERS = 8
+# Pool threads run at this much lower OS priority: the decode loop's steps go first when cores are few.
+COMPILE_NICENESS = 10
 _MAX_DETAIL_CHARS = 160
 # xgrammar's C++ log prefix: "[14:03:53] /project/cpp/regex_converter.cc:94: "
 _LOG_PREFIX = re.compile(r"^\s*(\[[0-9:.]+\]\s*)?(\S+\.(cc|cpp|h|hpp|py):\d+:\s*)?")
@@ -89,7 +91,7 @@ class GrammarCache:
         self._cached_bytes = 0
         self._lock = threading.Lock()
         self._pool: CompilePool[StructuredOutputs, Prepared] = CompilePool(
-            self.prepare, workers=workers, name="grammar"
+            self.prepare, workers=workers, niceness=COMPILE_NICENESS, name="grammar"
         )
 
     @property
@@ -184,7 +186,8 @@ class GrammarCache:
                 self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop_token_ids or None
             )
             self._longest_token = max(1, max((len(t) for t in info.decoded_vocab), default=1))
-            self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # ours caches by spec
+            # Ours caches by spec. One compile's threads are bounded: several compiles run side by side.
+            self._compiler = xgr.GrammarCompiler(info, max_threads=_compile_threads(), cache_enabled=False)
         return self._compiler
 
 
@@ -334,6 +337,10 @@ class HostBitmask:
         uploaded.record()
         self._uploaded = uploaded
         return on_device
+
+
+def _compile_threads() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0)) // 2))
 
 
 @functools.cache

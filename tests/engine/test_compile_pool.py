@@ -4,6 +4,7 @@ gives its place up."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
 
@@ -130,3 +131,14 @@ def test_many_callers_at_once() -> None:
 def test_workers_must_be_positive() -> None:
     with pytest.raises(ValueError, match="workers"):
         CompilePool(str, workers=0)
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="needs per-thread nice values (Linux)")
+def test_pool_threads_run_at_a_lower_priority_than_their_caller() -> None:
+    def own_nice(_: str) -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    caller = own_nice("")
+    pool: CompilePool[str, int] = CompilePool(own_nice, workers=1, niceness=5)
+    assert pool.submit("x").result(TIMEOUT) == min(caller + 5, 19)
+    assert own_nice("") == caller  # the caller's own priority is left alone
