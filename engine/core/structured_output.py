@@ -44,6 +44,9 @@ DEFAULT_COMPILE_TIMEOUT_S = 5.0
 # Compiles run without the GIL and mostly wait on memory; more threads than cores keep a quick compile
 # from queueing behind slow ones (the OS shares the cores among them).
 DEFAULT_COMPILE_WORKERS = 8
+# What a compiled grammar costs the process, per byte of xgrammar's own measure (memory_size_bytes): RSS grew
+# 1.29x that measure over 40 distinct large schemas, bounded or not (benchmarks/hostile_constraints.py).
+_RSS_PER_MEASURED_BYTE = 1.3
 # Pool threads run at this much lower OS priority: the decode loop's steps go first when cores are few.
 COMPILE_NICENESS = 10
 _MAX_DETAIL_CHARS = 160
@@ -58,7 +61,8 @@ _JSON_STRING_CHAR = r"[^\0-\x1f\"\\\r\n]"
 
 class GrammarCache:
     """Compiles constraints for one model's tokenizer; compiled grammars are cached by content, up to
-    ``cache_bytes`` (xgrammar's own measure of each compiled grammar), least recently used first out.
+    ``cache_bytes`` (xgrammar's own measure of each, scaled to what it was measured to cost the process),
+    least recently used first out.
 
     Thread-safe. ``compile`` and ``prepare`` compile in the caller's thread; ``submit`` on a small pool
     (``engine.core.compile_pool``), answering a cached constraint at once. A constraint past ``limits`` is
@@ -96,7 +100,7 @@ class GrammarCache:
 
     @property
     def cached_bytes(self) -> int:
-        """Bytes of the compiled grammars cached now (xgrammar's measure)."""
+        """Bytes the compiled grammars cached now are estimated to hold."""
         with self._lock:
             return self._cached_bytes
 
@@ -193,8 +197,8 @@ class GrammarCache:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A constraint ready for matchers: its compiled grammar, that grammar's size and a lower bound on the
-    bytes of any answer it allows (0 when unknown)."""
+    """A constraint ready for matchers: its compiled grammar, the memory that grammar is estimated to hold
+    and a lower bound on the bytes of any answer it allows (0 when unknown)."""
 
     kind: str
     grammar: xgr.CompiledGrammar
@@ -218,7 +222,7 @@ def _prepare(compiler: xgr.GrammarCompiler, spec: StructuredOutputs) -> Prepared
             f"the {spec.kind} constraint matches no output: no token can start an answer (for instance a rule "
             "that only refers to itself, rules that only refer to each other, or a schema that requires itself)"
         )
-    return Prepared(spec.kind, grammar, int(grammar.memory_size_bytes), shortest)
+    return Prepared(spec.kind, grammar, int(grammar.memory_size_bytes * _RSS_PER_MEASURED_BYTE), shortest)
 
 
 def _shortest_bytes(spec: StructuredOutputs) -> float:
