@@ -168,6 +168,8 @@ def load_setups(log: ResultLog, hostile_count: int) -> None:
             ("pool and limits; largest admitted enum", large, False),
         ]
         for round_, (name, specs, old) in enumerate(setups, start=1):
+            settle(one_thread)  # a compile the last setup's clients gave up on would share the cores
+            settle(pool)
             grammars.clear()
             if old:  # the layout before: one thread, first come first served, and nothing refused up front
                 grammars._pool = one_thread
