@@ -7,7 +7,7 @@ compiled grammars hold in memory.
 1. Compile time of ``anyOf`` nested N levels (each level an integer or an object holding the next): through
    ``GrammarCache.prepare`` for depths the limits admit, xgrammar's compile alone for deeper ones (what the
    limits keep out; it grows with the square of the depth), and how long the limits take to refuse the
-   240 levels of the original report.
+   240 levels (18 KB) that took 11.5 s to compile on a 150k vocabulary.
 2. On the default model's engine (CPU), the worst wait (request sent -> first token) of three normal
    constrained requests (a small schema never seen before, and ``json_object``) sent while six hostile
    ones compile, each hostile request given up by its client after 3 s. Three setups, one command: the
@@ -34,7 +34,7 @@ from typing import Any
 
 from benchmarks.lib.common import ResultLog, add_out_argument
 
-ISSUE_DEPTH = 240
+HOSTILE_DEPTH = 240
 CLIENT_TIMEOUT_S = 3.0
 ENUM_VALUES, ENUM_CHARS = 1024, 118  # about 127 KB of schema: just under the 128 KiB limit
 
@@ -89,7 +89,7 @@ def compile_by_depth(log: ResultLog, depths: list[int], raw_depths: list[int]) -
         path = "xgrammar alone (past the limits)" if raw else "checked and compiled"
         log.write("compile_depth", depth=depth, schema_bytes=len(spec.json or ""), compile_s=seconds, path=path)
         print(f"{depth:5d}  {len(spec.json or ''):12d}  {seconds:9.3f}  {path}")
-    spec = StructuredOutputs(json=nested_any_of(ISSUE_DEPTH))
+    spec = StructuredOutputs(json=nested_any_of(HOSTILE_DEPTH))
     started = time.perf_counter()
     try:
         cache.prepare(spec)
@@ -97,8 +97,8 @@ def compile_by_depth(log: ResultLog, depths: list[int], raw_depths: list[int]) -
     except InvalidConstraint as exc:
         refusal = str(exc)
     seconds = time.perf_counter() - started
-    log.write("refuse_depth", depth=ISSUE_DEPTH, schema_bytes=len(spec.json or ""), refuse_s=seconds, refusal=refusal)
-    print(f"{ISSUE_DEPTH:5d}  {len(spec.json or ''):12d}  {seconds:9.5f}  refused: {refusal}")
+    log.write("refuse_depth", depth=HOSTILE_DEPTH, schema_bytes=len(spec.json or ""), refuse_s=seconds, refusal=refusal)
+    print(f"{HOSTILE_DEPTH:5d}  {len(spec.json or ''):12d}  {seconds:9.5f}  refused: {refusal}")
 
 
 # ---- 2. a normal request's wait beside hostile compiles ---------------------------------------------------
@@ -160,7 +160,8 @@ def load_setups(log: ResultLog, hostile_count: int) -> None:
         base_worst = max(w for w, _ in baseline)
         log.write("normal_wait", setup="alone (baseline)", worst_s=base_worst, outcomes=[o for _, o in baseline])
         print(f"normal constrained request alone: worst wait {base_worst:.3f} s")
-        deep = [StructuredOutputs(json=nested_any_of(ISSUE_DEPTH, f"{random.random()}")) for _ in range(hostile_count)]
+        salts = [str(random.random()) for _ in range(hostile_count)]  # distinct: the cache never answers
+        deep = [StructuredOutputs(json=nested_any_of(HOSTILE_DEPTH, salt)) for salt in salts]
         large = [StructuredOutputs(json=large_enum(1000 + i)) for i in range(hostile_count)]
         setups = [
             ("one compile thread, no limits; 240-level anyOf", deep, True),
