@@ -85,7 +85,9 @@ class CompilePool(Generic[K, V]):
         return False
 
     def _start_thread(self) -> None:
-        threading.Thread(target=self._serve, name=self._name, daemon=True).start()
+        # Not a daemon: the interpreter's exit waits for a compile under way (the limits keep it short) rather
+        # than pulling the runtime from under the compiler's native threads, which aborts the process.
+        threading.Thread(target=self._serve, name=self._name, daemon=False).start()
 
     def _withdraw(self, key: K, waiter: concurrent.futures.Future[V]) -> None:
         start = False
