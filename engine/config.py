@@ -79,6 +79,11 @@ class EngineConfig:
     max_loras: int = 1  # adapters resident on the device at once; a step uses at most this many
     max_lora_rank: int = 16  # the largest adapter rank served (up to MAX_LORA_RANK_LIMIT)
     lora_modules: tuple[tuple[str, str], ...] = ()  # (name, PEFT adapter folder) loaded at start; enables LoRA
+    # Structured outputs: a constraint that has not compiled within this many seconds is refused (the
+    # request gets a 400; the compile thread is released to other requests), and compiled grammars are
+    # cached up to this many bytes (least recently used out).
+    structured_outputs_compile_timeout: float = 5.0
+    structured_outputs_cache_bytes: int = 256 << 20
     # ---- process layout (serving only; ``LLM`` always runs in the caller's process) ----
     # Engine replicas, each a full copy of the model with its own KV cache (vLLM's --data-parallel-size).
     data_parallel_size: int = 1
@@ -98,6 +103,12 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.hidden_state_cache_tokens < 0:
             raise ValueError(f"hidden_state_cache_tokens must be >= 0, got {self.hidden_state_cache_tokens}")
+        if not self.structured_outputs_compile_timeout > 0:
+            raise ValueError(
+                f"structured_outputs_compile_timeout must be > 0 seconds, got {self.structured_outputs_compile_timeout}"
+            )
+        if self.structured_outputs_cache_bytes < 0:
+            raise ValueError(f"structured_outputs_cache_bytes must be >= 0, got {self.structured_outputs_cache_bytes}")
         if self.max_waiting_requests < 1:
             raise ValueError(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:

@@ -468,6 +468,25 @@ def serve_flags() -> tuple[Flag, ...]:
             choices=("auto", "on", "off"),
         ),
         Flag(
+            "--structured-outputs-compile-timeout",
+            eng,
+            "structured_outputs_compile_timeout",
+            "seconds a request's output constraint may take to compile before it is refused with a 400 "
+            "(default %(default)s)",
+            "engine",
+            type=float,
+        ),
+        Flag(
+            "--structured-outputs-cache-mb",
+            eng,
+            "structured_outputs_cache_bytes",
+            "memory for compiled output constraints, in MiB (default %(default)s)",
+            "engine",
+            type=int,
+            to_field=lambda mib: mib << 20,
+            from_field=lambda n: n >> 20,
+        ),
+        Flag(
             "--data-parallel-size",
             eng,
             "data_parallel_size",

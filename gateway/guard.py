@@ -11,6 +11,7 @@ here is refused at once with an explicit status (401/403/421/429/503), never que
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -99,6 +100,11 @@ def opens_realtime(kind: str, path: str) -> bool:
     return rest == "" or (rest.startswith("/") and rest.endswith("/hangup") and rest.count("/") == 2)
 
 
+# One host: a DNS name or IPv4 address (letters, digits, '-', '_', dots), or an IPv6 address in brackets;
+# then an optional port of 1 to 5 digits. Nothing else: no spaces, no user info, no second host.
+_HOST_HEADER = re.compile(r"(?P<name>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\.?)(?::[0-9]{1,5})?")
+
+
 def host_name(value: str) -> str:
     """A Host header value or allow-list entry as compared: lower case, IPv6 in brackets, no trailing dot,
     no port (a rebinding page differs from us in its name, not its port)."""
@@ -112,9 +118,22 @@ def host_name(value: str) -> str:
     return name.rstrip(".")
 
 
+def parsed_host(value: str) -> str | None:
+    """The name of a Host header that is exactly one host and an optional port, as ``host_name`` compares
+    it; None for anything else (spaces, user info, a list, a path, a second port, stray characters)."""
+    found = _HOST_HEADER.fullmatch(value)
+    if found is None:
+        return None
+    return host_name(found["name"])
+
+
 def host_allowed(host: str | None, allowed: tuple[str, ...] | None) -> bool:
-    """No Host (HTTP/1.0: not a browser), any host (``allowed`` is None), or a name on the allow-list."""
-    return host is None or allowed is None or host_name(host) in allowed
+    """No Host (HTTP/1.0: not a browser), or one well-formed host that is on the allow-list (any, where
+    ``allowed`` is None)."""
+    if host is None:
+        return True
+    name = parsed_host(host)
+    return name is not None and (allowed is None or name in allowed)
 
 
 def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...]) -> bool:

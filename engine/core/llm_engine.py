@@ -138,7 +138,13 @@ class LLMEngine:
             if self._grammars is None:
                 from omni_gateway.engine.core.structured_output import GrammarCache  # xgrammar loads on first use
 
-                self._grammars = GrammarCache(self.tokenizer, self.vocab_size, self.eos_token_ids)
+                self._grammars = GrammarCache(
+                    self.tokenizer,
+                    self.vocab_size,
+                    self.eos_token_ids,
+                    cache_bytes=self.config.structured_outputs_cache_bytes,
+                    timeout_s=self.config.structured_outputs_compile_timeout,
+                )
             return self._grammars
 
     @staticmethod
@@ -179,11 +185,14 @@ class LLMEngine:
         embed_spans: Iterable[EmbedSpan] = (),
         add_special_tokens: bool = True,
         input_stream: InputStream | None = None,
+        grammar: Any = None,
     ) -> None:
         """Validate and queue. Raises InvalidRequest or EngineOverloaded; nothing is queued then.
 
         ``input_stream`` supplies input rows for generated positions as they arrive (the model decides
-        how they combine with the token embeddings); the request waits while its next row is missing."""
+        how they combine with the token embeddings); the request waits while its next row is missing.
+        ``grammar`` is ``params.structured_outputs`` already prepared (``GrammarCache.submit``'s result),
+        which callers compile off this loop; without it, the constraint is compiled here."""
         params = params or SamplingParams()
         if params.pooling is not None:
             # the prompt's rows are what a pooling request is for (and they bar prefix-cache reuse)
@@ -226,7 +235,9 @@ class LLMEngine:
         lora = None if params.lora_name is None else self._adapters().get(params.lora_name)
         spec = params.structured_outputs
         if spec is not None:
-            self.grammars.compile(spec)  # a cache hit when the caller compiled it already
+            grammar = grammar or self.grammars.prepare(spec)
+            room = self.max_model_len - len(token_ids)
+            self.grammars.check_length(grammar, room if params.max_tokens is None else min(params.max_tokens, room))
         seqs = []
         for i in range(params.n):
             seq_params = params
@@ -247,7 +258,7 @@ class LLMEngine:
             seqs[-1].input_stream = input_stream
             seqs[-1].lora = lora
             if spec is not None:
-                seqs[-1].grammar = self.grammars.matcher(spec)
+                seqs[-1].grammar = self.grammars.matcher_for(grammar)
         self.scheduler.add(seqs[0])
         for sibling in seqs[1:]:
             # The queue bound counts requests; the scheduler makes siblings reuse the first one's prompt KV.
@@ -417,7 +428,10 @@ class LLMEngine:
             touched[req.request_id] = req
             self.scheduler.finish(seq, FinishReason.ERROR)
             done.append(seq)
-            deltas.append(stream_delta(req, index, req.detoks[index].flush(), ()))
+            # An error, not only a finish reason: a stream must not end as if the answer were whole.
+            failed = stream_delta(req, index, req.detoks[index].flush(), ())
+            error = f"the output constraint allowed no next token after {len(seq.output_token_ids)} tokens"
+            deltas.append(dataclasses.replace(failed, error=error))
         for seq, vector in pooled:
             req, index = self._owner[seq.seq_id]
             touched[req.request_id] = req

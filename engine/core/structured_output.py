@@ -1,9 +1,11 @@
 """Grammar-constrained decoding with xgrammar: compile a request's constraint, keep one matcher per
 sequence, mask the constrained rows of a step's logits and advance the matchers with the kept tokens.
 
-Compilation happens in the caller's thread (``AsyncEngine.generate`` compiles before the request
-reaches the loop; ``LLMEngine.add_request`` then finds it in the cache), so a slow schema never
-stalls the decode loop. Matchers live on their ``Sequence`` and are touched only by the engine loop:
+Compilation stays off the decode loop: ``AsyncEngine.generate`` and the engine core process compile on
+``GrammarCache.submit``'s small pool, within a time budget, and hand the result to
+``LLMEngine.add_request``. A constraint past ``engine.core.constraint_limits`` is refused before compiling,
+one that no output satisfies (or only outputs longer than the request allows) after, and the cache of
+compiled grammars is bounded by bytes. Matchers live on their ``Sequence`` and are touched only by the engine loop:
 the sampler reads them to build the mask, ``LLMEngine._absorb`` advances them with the tokens it
 keeps. Where decode is pipelined (``engine.core.pipelining``), a constrained step's forward is launched
 ahead and its masks are filled once the host has absorbed the token in flight, while the device runs
@@ -13,16 +15,22 @@ draw.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
+import math
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import xgrammar as xgr
+from omni_gateway.engine.core.compile_pool import CompilePool
+from omni_gateway.engine.core.constraint_limits import ConstraintLimits, check_limits, shortest_json_bytes
 from omni_gateway.engine.core.sequence import Sequence
 from omni_gateway.engine.errors import InvalidConstraint
 from omni_gateway.engine.sampling_params import StructuredOutputs
@@ -31,7 +39,20 @@ from omni_gateway.kernels.host_copies import to_device
 # A run of whitespace between JSON tokens is capped: a small model sampling at temperature 1 otherwise
 # tends to spend its whole token budget on blank lines inside an unfinished object.
 MAX_JSON_WHITESPACE = 16
-_CACHE_SIZE = 256
+DEFAULT_CACHE_BYTES = 256 << 20
+DEFAULT_COMPILE_TIMEOUT_S = 5.0
+# Compiles run without the GIL and mostly wait on memory; more threads than cores keep a quick compile
+# from queueing behind slow ones (the OS shares the cores among them).
+DEFAULT_COMPILE_WORKERS = 8
+# What a compiled grammar costs the process, per byte of xgrammar's own measure (memory_size_bytes): RSS grew
+# 1.29x that measure over 40 distinct large schemas, bounded or not (benchmarks/hostile_constraints.py).
+_RSS_PER_MEASURED_BYTE = 1.3
+# Pool threads run at this much lower OS priority: the decode loop's steps go first when cores are few.
+COMPILE_NICENESS = 10
+_MAX_DETAIL_CHARS = 160
+# xgrammar's C++ log prefix: "[14:03:53] /project/cpp/regex_converter.cc:94: "
+_LOG_PREFIX = re.compile(r"^\s*(\[[0-9:.]+\]\s*)?(\S+\.(cc|cpp|h|hpp|py):\d+:\s*)?")
+_SOURCE_PATH = re.compile(r"\S*/\S+\.(cc|cpp|h|hpp|py)(:\d+)?:?\s*")
 # xgrammar writes the characters of a length-bounded JSON string as [^"\\\r\n], which lets the other
 # control characters (a raw tab) through although JSON allows them only escaped: the class is narrowed.
 _LOOSE_STRING_CHAR = r"[^\"\\\r\n]"
@@ -39,41 +60,115 @@ _JSON_STRING_CHAR = r"[^\0-\x1f\"\\\r\n]"
 
 
 class GrammarCache:
-    """Compiles constraints for one model's tokenizer; compiled grammars are cached by content.
+    """Compiles constraints for one model's tokenizer; compiled grammars are cached by content, up to
+    ``cache_bytes`` (xgrammar's own measure of each, scaled to what it was measured to cost the process),
+    least recently used first out.
 
-    Thread-safe. The tokenizer's vocabulary is read once, on the first constrained request, with the
-    model's vocabulary size (which may exceed the tokenizer's: the extra ids are never allowed)."""
+    Thread-safe. ``compile`` and ``prepare`` compile in the caller's thread; ``submit`` on a small pool
+    (``engine.core.compile_pool``), answering a cached constraint at once. A constraint past ``limits`` is
+    refused before compiling; one no output can satisfy is refused after. The tokenizer's vocabulary is
+    read once, on the first constrained request, with the model's vocabulary size (which may exceed the
+    tokenizer's: the extra ids are never allowed)."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Collection[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Collection[int],
+        *,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
+        workers: int = DEFAULT_COMPILE_WORKERS,
+        limits: ConstraintLimits = ConstraintLimits(),
+    ) -> None:
+        if cache_bytes < 0 or timeout_s <= 0:
+            raise ValueError(f"cache_bytes must be >= 0 and timeout_s > 0, got {cache_bytes} and {timeout_s}")
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.cache_bytes = cache_bytes
+        self.timeout_s = timeout_s
+        self.limits = limits
         self._stop_token_ids = sorted(stop_token_ids)
         self._compiler: xgr.GrammarCompiler | None = None
-        self._compiled: OrderedDict[StructuredOutputs, xgr.CompiledGrammar] = OrderedDict()
+        self._longest_token = 1  # bytes of the vocabulary's longest token, read with it
+        self._compiled: OrderedDict[StructuredOutputs, Prepared] = OrderedDict()
+        self._cached_bytes = 0
         self._lock = threading.Lock()
+        self._pool: CompilePool[StructuredOutputs, Prepared] = CompilePool(
+            self.prepare, workers=workers, niceness=COMPILE_NICENESS, name="grammar"
+        )
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes the compiled grammars cached now are estimated to hold."""
+        with self._lock:
+            return self._cached_bytes
 
     def compile(self, spec: StructuredOutputs) -> xgr.CompiledGrammar:
-        """The compiled grammar of ``spec``; InvalidConstraint when xgrammar rejects it."""
+        """The compiled grammar of ``spec``; InvalidConstraint when it is refused."""
+        return self.prepare(spec).grammar
+
+    def prepare(self, spec: StructuredOutputs) -> Prepared:
+        """``spec`` checked and compiled, in this thread; InvalidConstraint when it is refused."""
         with self._lock:
             hit = self._compiled.get(spec)
             if hit is not None:
                 self._compiled.move_to_end(spec)
                 return hit
             compiler = self._compiler_locked()
-        compiled = _compile(compiler, spec)  # outside the lock: xgrammar compiles in parallel
+        check_limits(spec, self.limits)
+        prepared = _prepare(compiler, spec)  # outside the lock: xgrammar compiles in parallel
         with self._lock:
-            self._compiled[spec] = compiled
-            while len(self._compiled) > _CACHE_SIZE:
-                self._compiled.popitem(last=False)
-        return compiled
+            if spec not in self._compiled and prepared.bytes <= self.cache_bytes:
+                self._compiled[spec] = prepared
+                self._cached_bytes += prepared.bytes
+                while self._cached_bytes > self.cache_bytes:
+                    _, evicted = self._compiled.popitem(last=False)
+                    self._cached_bytes -= evicted.bytes
+        return prepared
+
+    def submit(self, spec: StructuredOutputs) -> concurrent.futures.Future[Prepared]:
+        """``prepare(spec)`` on the compile pool; done at once when cached. Cancel the future to withdraw
+        (a compile nobody waits for stops holding a pool thread)."""
+        with self._lock:
+            hit = self._compiled.get(spec)
+            if hit is not None:
+                self._compiled.move_to_end(spec)
+        if hit is None:
+            return self._pool.submit(spec)
+        done: concurrent.futures.Future[Prepared] = concurrent.futures.Future()
+        done.set_result(hit)
+        return done
+
+    def over_budget(self, spec: StructuredOutputs) -> InvalidConstraint:
+        """The refusal of a constraint that did not compile within ``timeout_s``."""
+        return InvalidConstraint(
+            f"the {spec.kind} constraint did not compile within {self.timeout_s:g} s "
+            "(the server's --structured-outputs-compile-timeout); simplify it"
+        )
+
+    def check_length(self, prepared: Prepared, max_new_tokens: int) -> None:
+        """InvalidConstraint when the constraint's shortest answer needs more than ``max_new_tokens``
+        tokens (counted as if every token were the vocabulary's longest)."""
+        tokens = math.ceil(prepared.shortest_bytes / self._longest_token)
+        if tokens > max_new_tokens:
+            raise InvalidConstraint(
+                f"the {prepared.kind} constraint's shortest answer needs at least {tokens} tokens "
+                f"({prepared.shortest_bytes:g} bytes), but the request allows {max_new_tokens} (max_tokens)"
+            )
 
     def clear(self) -> None:
         """Forget the compiled grammars (the vocabulary's index stays)."""
         with self._lock:
             self._compiled.clear()
+            self._cached_bytes = 0
 
     def matcher(self, spec: StructuredOutputs) -> xgr.GrammarMatcher:
         return xgr.GrammarMatcher(self.compile(spec))
+
+    @staticmethod
+    def matcher_for(prepared: Prepared) -> xgr.GrammarMatcher:
+        return xgr.GrammarMatcher(prepared.grammar)
 
     @staticmethod
     def accept(seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:
@@ -94,8 +189,50 @@ class GrammarCache:
             info = xgr.TokenizerInfo.from_huggingface(
                 self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop_token_ids or None
             )
-            self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # ours caches by spec
+            self._longest_token = max(1, max((len(t) for t in info.decoded_vocab), default=1))
+            # Ours caches by spec. One compile's threads are bounded: several compiles run side by side.
+            self._compiler = xgr.GrammarCompiler(info, max_threads=_compile_threads(), cache_enabled=False)
         return self._compiler
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A constraint ready for matchers: its compiled grammar, the memory that grammar is estimated to hold
+    and a lower bound on the bytes of any answer it allows (0 when unknown)."""
+
+    kind: str
+    grammar: xgr.CompiledGrammar
+    bytes: int
+    shortest_bytes: float
+
+
+def _prepare(compiler: xgr.GrammarCompiler, spec: StructuredOutputs) -> Prepared:
+    shortest = _shortest_bytes(spec)
+    if shortest == math.inf:
+        raise InvalidConstraint(
+            f"the {spec.kind} constraint has no finite answer: every value would contain itself (a required "
+            "property, item or allOf refers back to the schema around it with no way out)"
+        )
+    grammar = _compile(compiler, spec)
+    matcher = xgr.GrammarMatcher(grammar)
+    first = xgr.allocate_token_bitmask(1, grammar.tokenizer_info.vocab_size)
+    matcher.fill_next_token_bitmask(first)
+    if not bool(first.any()):
+        raise InvalidConstraint(
+            f"the {spec.kind} constraint matches no output: no token can start an answer (for instance a rule "
+            "that only refers to itself, rules that only refer to each other, or a schema that requires itself)"
+        )
+    return Prepared(spec.kind, grammar, int(grammar.memory_size_bytes * _RSS_PER_MEASURED_BYTE), shortest)
+
+
+def _shortest_bytes(spec: StructuredOutputs) -> float:
+    if spec.json is not None:
+        return shortest_json_bytes(spec.json)
+    if spec.json_object:
+        return 2
+    if spec.choice is not None:
+        return min(len(c.encode()) for c in spec.choice)
+    return 0  # a regex, grammar or structural tag: not analysed
 
 
 def _compile(compiler: xgr.GrammarCompiler, spec: StructuredOutputs) -> xgr.CompiledGrammar:
@@ -121,8 +258,17 @@ def _compile(compiler: xgr.GrammarCompiler, spec: StructuredOutputs) -> xgr.Comp
         assert spec.structural_tag is not None
         return compiler.compile_grammar(_strict_strings(xgr.Grammar.from_structural_tag(spec.structural_tag)))
     except Exception as exc:  # xgrammar raises RuntimeError, ValueError or its own errors for bad input
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InvalidConstraint(f"invalid {kind} constraint: {detail}") from exc
+        raise InvalidConstraint(f"invalid {kind} constraint: {library_message(exc)}") from exc
+
+
+def library_message(exc: BaseException) -> str:
+    """The compiler's own words about ``exc``, without its log prefix (time, source file and line) or any
+    source path, first line only, cut short."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    text = _SOURCE_PATH.sub("", _LOG_PREFIX.sub("", lines[0])).strip() if lines else ""
+    if not text:
+        return f"the compiler refused it ({type(exc).__name__})"
+    return text if len(text) <= _MAX_DETAIL_CHARS else text[: _MAX_DETAIL_CHARS - 3].rstrip() + "..."
 
 
 def _strict_strings(grammar: xgr.Grammar) -> xgr.Grammar:
@@ -195,6 +341,10 @@ class HostBitmask:
         uploaded.record()
         self._uploaded = uploaded
         return on_device
+
+
+def _compile_threads() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0)) // 2))
 
 
 @functools.cache

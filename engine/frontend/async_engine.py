@@ -65,6 +65,7 @@ class _Add:
     add_special_tokens: bool
     done: concurrent.futures.Future[None]
     input_stream: InputStream | None = None
+    grammar: Any = None  # params.structured_outputs prepared (engine.core.structured_output.Prepared)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +156,17 @@ class AsyncEngine(ChatStreaming):
         """Stream deltas until every completion of the request finished. Closing the iterator early
         aborts the request. Raises InvalidRequest, EngineOverloaded or EngineDead before the first delta."""
         params = params or SamplingParams()
+        grammar = None
         if params.structured_outputs is not None:
-            # Compile here, off the engine loop (and off this event loop); the loop finds it cached.
-            await asyncio.to_thread(self.engine.grammars.compile, params.structured_outputs)
+            # Compiled on the grammar pool, off the engine loop (and off this event loop), within the budget;
+            # leaving this generator (the client left) withdraws it.
+            grammars = self.engine.grammars
+            try:
+                grammar = await asyncio.wait_for(
+                    asyncio.wrap_future(grammars.submit(params.structured_outputs)), grammars.timeout_s
+                )
+            except TimeoutError:
+                raise grammars.over_budget(params.structured_outputs) from None
         rid = request_id or f"req-{uuid.uuid4().hex}"
         stream = _Stream(asyncio.get_running_loop(), params.n)
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -168,7 +177,7 @@ class AsyncEngine(ChatStreaming):
                 raise InvalidRequest(f"request_id {rid!r} is already streaming")
             self._streams[rid] = stream
             self._commands.put(
-                _Add(rid, prompt, params, priority, tuple(embed_spans), add_special_tokens, done, input_stream)
+                _Add(rid, prompt, params, priority, tuple(embed_spans), add_special_tokens, done, input_stream, grammar)
             )
         complete = False
         try:
@@ -331,6 +340,7 @@ class AsyncEngine(ChatStreaming):
                 embed_spans=command.embed_spans,
                 add_special_tokens=command.add_special_tokens,
                 input_stream=command.input_stream,
+                grammar=command.grammar,
             )
         except Exception as exc:  # noqa: BLE001 - validation errors belong to the caller
             command.done.set_exception(exc)

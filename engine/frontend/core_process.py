@@ -5,8 +5,9 @@ a Ray actor): load and warm the model, say ``Ready``, then loop: take every wait
 step, send its deltas as one message. It hosts whatever the engine config describes; an engine that
 spreads a model over several devices starts its rank workers from inside it.
 
-Constraint grammars compile in a worker thread, off the step loop: the request joins the batch when its
-grammar is ready (the same order of events as in-process, where the caller compiles before adding).
+Constraint grammars compile on the grammar pool (``GrammarCache.submit``), off the step loop: the request
+joins the batch when its grammar is ready (the same order of events as in-process, where the caller
+compiles before adding). A compile past the engine's budget is refused; an abort withdraws it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import atexit
 import concurrent.futures
 import logging
 import os
-import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,9 +113,8 @@ class _CoreLoop:
         self.outputs = outputs
         self.poller = zmq.Poller()
         self.poller.register(commands, zmq.POLLIN)
-        self.compiled: queue.SimpleQueue[tuple[ipc.AddRequest, BaseException | None]] = queue.SimpleQueue()
-        self.compiling = 0
-        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # Requests whose grammar compiles, in arrival order: (command, its compile, its deadline).
+        self.compiling: dict[str, tuple[ipc.AddRequest, concurrent.futures.Future[Any], float]] = {}
         self.stats_at = 0.0
 
     def run(self) -> None:
@@ -149,10 +148,15 @@ class _CoreLoop:
             if command.epoch != self.spec.epoch:
                 continue  # meant for a core that died before this one started
             if isinstance(command, ipc.Stop):
+                for _, future, _ in self.compiling.values():
+                    future.cancel()
                 self._send(self.engine.abort_all())
                 self.engine.pop_finished()
                 return False
             if isinstance(command, ipc.AbortRequest):
+                pending = self.compiling.pop(command.request_id, None)
+                if pending is not None:
+                    pending[1].cancel()  # nobody waits for this compile now
                 self._send(self.engine.abort(command.request_id))
                 self.engine.pop_finished()
             elif isinstance(command, ipc.LoraCall):
@@ -163,30 +167,35 @@ class _CoreLoop:
                 self._add(command)
 
     def _compile(self, command: ipc.AddRequest) -> None:
-        if self.pool is None:
-            self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar")
-        self.compiling += 1
-
-        def compile_then_queue() -> None:
-            try:
-                self.engine.grammars.compile(command.params.structured_outputs)
-            except BaseException as exc:  # noqa: BLE001 - add_request raises it again, as a refusal
-                self.compiled.put((command, exc))
-            else:
-                self.compiled.put((command, None))
-
-        self.pool.submit(compile_then_queue)
+        try:
+            grammars = self.engine.grammars
+            future = grammars.submit(command.params.structured_outputs)
+        except Exception as exc:  # noqa: BLE001 - add_request raises it again, as a refusal
+            self._refuse(command, exc)
+            return
+        self.compiling[command.request_id] = (command, future, time.monotonic() + grammars.timeout_s)
+        if future.done():
+            self._add_compiled()
 
     def _add_compiled(self) -> None:
-        while self.compiling:
-            try:
-                command, _ = self.compiled.get_nowait()
-            except queue.Empty:
-                return
-            self.compiling -= 1
-            self._add(command)  # a compile error comes back from add_request as a refusal
+        """Add the requests whose grammar is ready, refuse those past their budget."""
+        if not self.compiling:
+            return
+        now = time.monotonic()
+        for rid, (command, future, deadline) in list(self.compiling.items()):
+            if future.done():
+                del self.compiling[rid]
+                error = future.exception()
+                if error is not None:
+                    self._refuse(command, error)
+                else:
+                    self._add(command, future.result())
+            elif now > deadline:
+                del self.compiling[rid]
+                future.cancel()
+                self._refuse(command, self.engine.grammars.over_budget(command.params.structured_outputs))
 
-    def _add(self, command: ipc.AddRequest) -> None:
+    def _add(self, command: ipc.AddRequest, grammar: Any = None) -> None:
         try:
             self.engine.add_request(
                 command.request_id,
@@ -195,9 +204,13 @@ class _CoreLoop:
                 priority=command.priority,
                 embed_spans=command.embed_spans,
                 add_special_tokens=command.add_special_tokens,
+                grammar=grammar,
             )
         except Exception as exc:  # noqa: BLE001 - validation errors belong to the caller
-            self.outputs.send(ipc.encode(ipc.Refused(self.spec.epoch, command.request_id, exc)))
+            self._refuse(command, exc)
+
+    def _refuse(self, command: ipc.AddRequest, error: BaseException) -> None:
+        self.outputs.send(ipc.encode(ipc.Refused(self.spec.epoch, command.request_id, error)))
 
     def _lora(self, command: ipc.LoraCall) -> None:
         error: BaseException | None = None
@@ -259,6 +272,9 @@ class ProcessLauncher:
         import dataclasses
         import multiprocessing
 
+        from omni_gateway.engine.parallel.spawnable import check_spawnable
+
+        check_spawnable("the engine core process")
         spec = dataclasses.replace(spec, env=spec.env + self.env)
 
         # Not a daemon: a core may start processes of its own (rank workers), which daemons may not.

@@ -28,6 +28,7 @@ from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.sequence import ScheduledBatch
 from omni_gateway.engine.parallel.context import ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
+from omni_gateway.engine.parallel.spawnable import check_spawnable
 from omni_gateway.engine.parallel.worker import STOP, join_group, worker_main
 from omni_gateway.engine.runner.loader import LoadedModel
 from omni_gateway.engine.runner.model_runner import ModelRunner, pick_device_dtype
@@ -56,6 +57,7 @@ class _Workers:
                 "one tensor-parallel engine per process (shut the other one down first)"
             )
         n = config.tensor_parallel_size
+        check_spawnable(f"tensor_parallel_size {n}")
         self.world_size = n
         self.base_index = (device.index or 0) if device.type == "cuda" else 0
         init_method = f"tcp://127.0.0.1:{_free_port()}"

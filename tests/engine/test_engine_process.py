@@ -44,6 +44,21 @@ def slow_fake_engine(config: EngineConfig) -> Any:
     return make_engine(next_token=next_token)
 
 
+def slow_grammar_engine(config: EngineConfig) -> Any:
+    """Constraints whose regex starts with "slow" take 3 s to compile; the budget is 0.5 s."""
+    engine = make_engine(structured_outputs_compile_timeout=0.5)
+    grammars = engine.grammars
+    prepare = grammars.prepare
+
+    def work(spec: StructuredOutputs) -> Any:
+        if (spec.regex or "").startswith("slow"):
+            time.sleep(3.0)
+        return prepare(spec)
+
+    grammars._pool._work = work
+    return engine
+
+
 def broken_engine(config: EngineConfig) -> Any:
     raise RuntimeError("no weights under /nowhere")
 
@@ -95,6 +110,27 @@ def test_a_constraint_that_does_not_compile_is_refused_from_the_core(core: Engin
     with pytest.raises(InvalidRequest):
         asyncio.run(collect(core.generate("a b", bad)))
     assert asyncio.run(collect(core.generate("a b", GREEDY)))[-1].finish_reason == "length"  # the loop goes on
+
+
+def test_a_compile_past_its_budget_is_refused_from_the_core_while_others_go_on() -> None:
+    engine = client(slow_grammar_engine)
+
+    async def both() -> tuple[BaseException | None, float, list[StreamDelta]]:
+        slow = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputs(regex="slow[a-z]+"))
+        quick = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputs(regex="[a-z]+"))
+        started = time.monotonic()
+        refused, answered = await asyncio.gather(
+            collect(engine.generate("a b", slow)), collect(engine.generate("a b", quick)), return_exceptions=True
+        )
+        return (refused if isinstance(refused, BaseException) else None), time.monotonic() - started, answered
+
+    try:
+        refused, seconds, answered = asyncio.run(both())
+    finally:
+        engine.shutdown()
+    assert isinstance(refused, InvalidRequest) and "did not compile within 0.5 s" in str(refused)
+    assert seconds < 2.5  # refused at its budget, not when the compile ended
+    assert isinstance(answered, list) and answered[-1].finished
 
 
 def test_closing_a_stream_early_aborts_it_in_the_core(core: EngineCoreClient) -> None:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.realtime.commands import SessionLimits
-from omni_gateway.omni.protocol import AudioChunk, Capabilities, Done
+from omni_gateway.omni.protocol import AudioChunk, Capabilities, Done, TextDelta
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -202,6 +202,25 @@ def test_a_client_that_stops_reading_is_disconnected_and_its_generation_aborted(
             time.sleep(0.05)
         sock.close()
     assert len(backend.aborted) == 1 and backend.aborted == backend.closed
+
+
+def test_a_text_response_to_a_client_that_stops_reading_ends_once_the_outbox_bound_is_hit() -> None:
+    # Text deltas (4 KB each, ~40 MB in all): as with audio, the writer blocks once the socket's buffers are
+    # full, the outbox passes its bound and the generation is aborted, long before the send timeout.
+    words = " ".join(f"word{i}" for i in range(600))[:4096]
+    backend = FakeBackend(script=[*(TextDelta(words) for _ in range(10_000)), Done("stop")])
+    config = GatewayConfig(send_queue_max=8, send_timeout_s=30.0)
+    with serve(backend, config) as port:
+        sock = stalled_client(port)
+        response = {"instructions": "Talk.", "output_modalities": ["text"]}
+        started = time.monotonic()
+        sock.sendall(masked_text_frame(json.dumps({"type": "response.create", "response": response})))
+        while not backend.aborted and time.monotonic() < started + TIMEOUT:
+            time.sleep(0.05)
+        stopped_after = time.monotonic() - started
+        sock.close()
+    assert len(backend.aborted) == 1 and backend.aborted == backend.closed
+    assert stopped_after < config.send_timeout_s / 2  # the bound stopped it, not the wait of one event
 
 
 def server_frames(data: bytes | bytearray, frames: list[tuple[int, bytes]], at: int = 0) -> int:

@@ -199,6 +199,8 @@ SAMPLES = {
     "--warmup": "off",
     "--compile-cache-dir": "/var/cache/omni",
     "--pipeline-decode": "off",
+    "--structured-outputs-compile-timeout": "2.5",
+    "--structured-outputs-cache-mb": "64",
     "--data-parallel-size": "2",
     "--distributed-executor-backend": "ray",
     "--engine-in-process": None,

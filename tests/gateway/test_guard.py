@@ -84,12 +84,18 @@ def test_no_route_but_health_answers_without_the_key(secured: int) -> None:
                     assert r.status_code != 401
                     continue
                 successes += r.status_code < 400
-                assert r.status_code == 401, (method, path, headers, r.status_code)
+                # A Host that is not one host and a port is refused before the key is looked at.
+                status, code, kind = (
+                    (421, "host_not_allowed", "invalid_request_error")
+                    if "Host" in headers
+                    else (401, "invalid_api_key", "authentication_error")
+                )
+                assert r.status_code == status, (method, path, headers, r.status_code)
                 error = r.json()["error"]
                 if path == MESSAGES_PATH:  # Anthropic's envelope: a type, no code
-                    assert error["type"] == "authentication_error"
+                    assert error["type"] == kind
                 else:
-                    assert error["code"] == "invalid_api_key"
+                    assert error["code"] == code
     ws_refused = [
         run(ws_status(secured, **kw))
         for kw in (
@@ -358,10 +364,27 @@ def test_host_allow_list_of_the_config() -> None:
         ("localhost:8000:80", False),
         ("", False),
         ("[::1", False),
+        ("localhost.:8000", True),
+        ("127.0.0.1:18800@evil.example", False),
+        ("127.0.0.1:18800, evil.example", False),
+        ("127.0.0.1, evil.example", False),
+        (" 127.0.0.1", False),
+        ("127.0.0.1 ", False),
+        ("127.0.0.1:", False),
+        ("127.0.0.1:123456", False),
+        ("127.0.0.1/x", False),
+        ("user@localhost", False),
+        ("[::1]x", False),
     ],
 )
 def test_host_allowed(header: str | None, allowed: bool) -> None:
     assert host_allowed(header, GatewayConfig().host_allow_list()) == allowed
+
+
+@pytest.mark.parametrize("header", ["127.0.0.1:18800@evil.example", "a.example, b.example", " a.example", "a b"])
+def test_a_host_header_that_is_not_one_host_is_refused_even_where_any_host_is_served(header: str) -> None:
+    assert host_allowed("a.example:8000", None)
+    assert not host_allowed(header, None)
 
 
 def test_open_sessions_are_counted_once_by_the_guard() -> None:
