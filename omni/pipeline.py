@@ -59,6 +59,7 @@ from omni_gateway.omni.protocol import (
     VoiceActivityDetector,
 )
 from omni_gateway.omni.streams import Prompt, drawn, merged, refusal, spoken, written
+from omni_gateway.omni.tools import tool_call_format
 
 if TYPE_CHECKING:
     from omni_gateway.encoders.audio_tower import AudioEncoder
@@ -104,6 +105,7 @@ class OmniPipeline:
         self._defaults = SamplingDefaults(
             temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
         )
+        self.tool_calls = tool_call_format(config.tool_call_parser)
         self._asr_lock = threading.Lock()  # one decoder instance; turns are short and sequential anyway
         self._active: dict[str, asyncio.Event] = {}
         hears = audio is not None
@@ -155,8 +157,14 @@ class OmniPipeline:
         try:
             if self.audio is None:  # a model that hears takes the audio itself, not its transcript
                 request = await self._transcribe_parts(request)
+            if request.tools and request.tool_choice == "auto" and not self.config.auto_tool_choice:
+                raise InvalidInput(
+                    '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+                    param="tool_choice",
+                )
             prompt = await self._prompt(request)
-            params = sampling_params(request.sampling, self._defaults, structured_outputs=structured_outputs(request))
+            constraint = structured_outputs(request, self.tool_calls)
+            params = sampling_params(request.sampling, self._defaults, structured_outputs=constraint)
         except InvalidInput as exc:
             yield refusal(exc)
             return
@@ -165,7 +173,7 @@ class OmniPipeline:
         elif "audio" in request.modalities:
             stream = spoken(self.engine, self.tts, request, prompt, params, cancel)
         else:
-            stream = written(self.engine, request, prompt, params)
+            stream = written(self.engine, request, prompt, params, self.tool_calls)
         async with contextlib.aclosing(stream) as chunks:
             async for chunk in chunks:
                 yield chunk

@@ -27,7 +27,7 @@ from omni_gateway.omni.protocol import (
     ToolCallDelta,
     Usage,
 )
-from omni_gateway.omni.tool_calls import ArgumentsDelta, CallStart, StreamEvent, ToolCallStream, tool_name
+from omni_gateway.omni.tools import ArgumentsDelta, CallStart, CallStream, StreamEvent, ToolCallFormat, tool_name
 
 if TYPE_CHECKING:
     from omni_gateway.engine.outputs import StreamDelta
@@ -46,12 +46,14 @@ class Prompt:
 
 
 async def written(
-    engine: Engine, request: OmniRequest, prompt: Prompt, params: SamplingParams
+    engine: Engine, request: OmniRequest, prompt: Prompt, params: SamplingParams, tools: ToolCallFormat
 ) -> AsyncIterator[OutputChunk]:
-    """The answer as text deltas; with tools, each choice's text goes through a ``ToolCallStream``, so
-    content streams as it comes and each call as its start, its argument pieces and the whole call."""
+    """The answer as text deltas; with tools, each choice's text goes through a reader of the ``tools``
+    format, so content streams as it comes and each call as its start, its argument pieces and the
+    whole call. A forced answer is calls only: none of its text is content."""
     tool_names = frozenset(tool_name(t) for t in request.tools)
-    parsers: dict[int, ToolCallStream] = {}
+    forced = request.tool_choice == "required"
+    parsers: dict[int, CallStream] = {}
     finals: list[StreamDelta] = []
     try:
         async for delta in _deltas(engine, request, prompt, params):
@@ -59,7 +61,9 @@ async def written(
                 yield Error("engine_error", delta.error, status=500)
                 return
             if tool_names:
-                parser = parsers.setdefault(delta.index, ToolCallStream(tool_names))
+                parser = parsers.get(delta.index) or parsers.setdefault(
+                    delta.index, tools.stream(tool_names, forced=forced)
+                )
                 events = parser.feed(delta.text) if delta.text else []
                 if delta.finished:
                     events += parser.finish()
