@@ -50,7 +50,7 @@ class OmniConfig:
     # The model family's tool-call format (``omni.tools``, vLLM's ``--tool-call-parser`` names); None: Hermes.
     tool_call_parser: str | None = None
     # With a parser named, tool_choice "auto" is served only when enabled, as vLLM does; without one,
-    # the default Hermes format serves it always.
+    # the default Hermes format serves it always (so enabling it alone changes nothing).
     enable_auto_tool_choice: bool = False
     # CPU threads of each stage (torch for a CPU engine, the Piper voice). A spoken reply runs the LLM and
     # the TTS at once, so each gets half the cores by default (None) rather than all of them twice over.
@@ -58,14 +58,6 @@ class OmniConfig:
     # Run every stage once at load: the first user then pays no first-call costs, and the system
     # prompt's KV blocks are already in the engine's prefix cache.
     warm_up: bool = True
-
-    def __post_init__(self) -> None:
-        if self.enable_auto_tool_choice and self.tool_call_parser is None:
-            raise ValueError("enable_auto_tool_choice needs tool_call_parser (--tool-call-parser) to be set")
-        if self.tool_call_parser is not None:
-            from omni_gateway.omni.tools import tool_call_format
-
-            tool_call_format(self.tool_call_parser)  # an unknown name is refused at once
 
     @property
     def auto_tool_choice(self) -> bool:

@@ -29,7 +29,10 @@ def calls_tag(
     list_close: str = "",
 ) -> dict[str, Any]:
     """Calls as ``tags`` separated by ``separator``; forced ones wrapped in ``list_open``/``list_close``.
-    Unforced calls need a ``trigger`` (the text every ``begin`` starts with)."""
+    Unforced calls need a ``trigger`` (the text every ``begin`` starts with).
+
+    Where parallel calls are separated by whitespace, that whitespace may also end the answer: a model
+    that writes a newline after its last call and then stops would otherwise be held to another call."""
     shaped = [
         {
             "type": "tag",
@@ -47,9 +50,11 @@ def calls_tag(
             "at_least_one": True,
             "stop_after_first": not parallel,
         }
-        if list_open or list_close:
-            parts = [{"type": "const_string", "value": list_open}, calls, {"type": "const_string", "value": list_close}]
-            calls = {"type": "sequence", "elements": [p for p in parts if p.get("value") != ""]}
+        parts = [{"type": "const_string", "value": list_open}, calls, {"type": "const_string", "value": list_close}]
+        if parallel and separator and not separator.strip():
+            parts.append({"type": "optional", "content": {"type": "const_string", "value": separator}})
+        parts = [p for p in parts if p.get("value") != ""]
+        calls = parts[0] if len(parts) == 1 else {"type": "sequence", "elements": parts}
     else:
         if trigger is None:
             raise ValueError("unforced calls need a trigger")

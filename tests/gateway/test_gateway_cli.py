@@ -204,6 +204,8 @@ SAMPLES = {
     "--top-p": "0.5",
     "--max-tokens": "7",
     "--system-prompt": "Be brief.",
+    "--tool-call-parser": "llama3_json",
+    "--enable-auto-tool-choice": None,
 }
 DERIVED = {"--device": {"engine.block_size"}}  # an explicit device resolves the default block size
 

@@ -12,7 +12,7 @@ import pytest
 from omni_gateway.engine import LLM, SamplingParams
 from omni_gateway.omni.prompting import structured_outputs
 from omni_gateway.omni.protocol import Message, OmniRequest, OutputConstraint, SamplingOptions, TextPart
-from omni_gateway.omni.tool_calls import parse_tool_calls
+from omni_gateway.omni.tools import tool_call_format
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,23 +28,6 @@ PERSON = {
     },
     "required": ["name", "age", "city"],
     "additionalProperties": False,
-}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather forecast for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 40},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                "days": {"type": "integer", "minimum": 1, "maximum": 14},
-            },
-            "required": ["city", "unit", "days"],
-            "additionalProperties": False,
-        },
-    },
 }
 
 
@@ -67,16 +50,52 @@ def test_json_schema_answers_all_validate(llm: LLM) -> None:
         jsonschema.validate(json.loads(out.outputs[0].text), PERSON)
 
 
-def test_required_tool_calls_all_validate(llm: LLM) -> None:
+CITY = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather forecast for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 16}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+# A whole call in characters, so in tokens at most (every token writes one character or more), with room for
+# multi-byte characters: an answer of one forced call always ends before max_tokens.
+FORCED_MAX_TOKENS = 128
+
+
+@pytest.mark.parametrize(
+    ("mode", "tool_choice", "parallel", "most"),
+    [
+        ("named", "required", False, 1),  # the chat API narrows a named choice to its tool and one call
+        ("required", "required", True, None),
+        ("required, parallel_tool_calls false", "required", False, 1),
+    ],
+)
+def test_forced_tool_calls_are_complete_and_end(
+    llm: LLM, mode: str, tool_choice: str, parallel: bool, most: int | None
+) -> None:
+    """Every answer of a forced call at temperature 1: only complete calls, each valid, as many as allowed,
+    no markup left as content, and the answer stops after its last call."""
     request = _request(
-        "What is the weather in Lisbon for 3 days?", tools=(WEATHER,), tool_choice="required", parallel_tool_calls=False
+        "What is the weather in Lisbon?", tools=(CITY,), tool_choice=tool_choice, parallel_tool_calls=parallel
     )
-    params = SamplingParams(temperature=1.0, max_tokens=160, structured_outputs=structured_outputs(request))
-    messages = [{"role": "user", "content": request.messages[0].text}]
-    prompt = llm.engine.render_chat(messages, tools=[WEATHER])
+    params = SamplingParams(
+        temperature=1.0, max_tokens=FORCED_MAX_TOKENS, structured_outputs=structured_outputs(request)
+    )
+    prompt = llm.engine.render_chat([{"role": "user", "content": request.messages[0].text}], tools=[CITY])
     outputs = llm.generate([prompt] * REQUESTS, params)
+    hermes = tool_call_format("hermes")
     for out in outputs:
-        content, calls = parse_tool_calls(out.outputs[0].text, frozenset({"get_weather"}))
-        assert content == "" and len(calls) == 1, out.outputs[0].text
+        text = out.outputs[0].text
+        content, calls = hermes.parse(text, frozenset({"get_weather"}), forced=True)
+        unforced_content, _ = hermes.parse(text, frozenset({"get_weather"}))
+        assert out.outputs[0].finish_reason == "stop", (mode, text)
+        assert unforced_content == "" and content == "", (mode, text)
+        assert len(calls) >= 1 and (most is None or len(calls) <= most), (mode, text)
         for call in calls:
-            jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
+            jsonschema.validate(json.loads(call.arguments), CITY["function"]["parameters"])
