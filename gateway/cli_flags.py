@@ -88,8 +88,7 @@ def field_default(owner: type, name: str) -> Any:
 def serve_flags() -> tuple[Flag, ...]:
     """Every ``omni serve`` flag, in help order."""
     # Imported here: omni.config names the engine's config type, and importing the CLI stays light.
-    from omni_gateway.omni.config import EngineConfig, OmniConfig
-    from omni_gateway.omni.tools import TOOL_CALL_PARSERS
+    from omni_gateway.omni.config import TOOL_CALL_PARSERS, EngineConfig, OmniConfig
 
     gw, eng, om = GatewayConfig, EngineConfig, OmniConfig
     mib = 2**20

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from omni_gateway.engine.config import EngineConfig
+from omni_gateway.omni.tools import TOOL_CALL_PARSERS
 
-__all__ = ["EngineConfig", "OmniConfig"]
+__all__ = ["TOOL_CALL_PARSERS", "EngineConfig", "OmniConfig"]
 
 
 @dataclass(frozen=True, slots=True)
