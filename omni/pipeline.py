@@ -171,7 +171,7 @@ class OmniPipeline:
         if "audio" in request.modalities and self.speech is not None:
             stream = self.speech.speak(self.engine, request, prompt, params, cancel)
         elif "audio" in request.modalities:
-            stream = spoken(self.engine, self.tts, request, prompt, params, cancel)
+            stream = spoken(self.engine, self.tts, request, prompt, params, cancel, self.tool_calls)
         else:
             stream = written(self.engine, request, prompt, params, self.tool_calls)
         async with contextlib.aclosing(stream) as chunks:

@@ -104,13 +104,25 @@ async def spoken(
     prompt: Prompt,
     params: SamplingParams,
     cancel: asyncio.Event,
+    tools: ToolCallFormat,
 ) -> AsyncIterator[OutputChunk]:
-    """The answer as speech: the text deltas feed the voice, which speaks clause by clause as they arrive."""
+    """The answer as speech: the text deltas feed the voice, which speaks clause by clause as they arrive.
+    With tools, only content is spoken; the calls go out as they close, between audio chunks."""
     if tts is None:
         yield Error("unsupported_modality", "audio output needs a speech synthesis model (start with --tts)")
         return
     finals: list[StreamDelta] = []
     failure: list[Error] = []
+    names = frozenset(tool_name(t) for t in request.tools)
+    parser = tools.stream(names, forced=request.tool_choice == "required") if names else None
+    calls: list[OutputChunk] = []
+
+    def said(text: str, finished: bool) -> str:
+        if parser is None:
+            return text
+        events = (parser.feed(text) if text else []) + (parser.finish() if finished else [])
+        calls.extend(c for c in _tool_chunks(events, 0) if not isinstance(c, TextDelta))
+        return "".join(e for e in events if isinstance(e, str))
 
     async def text() -> AsyncIterator[str]:
         try:
@@ -120,8 +132,9 @@ async def spoken(
                     return
                 if delta.index != 0:
                     continue  # one voice per response: extra choices are not spoken
-                if delta.text:
-                    yield delta.text
+                words = said(delta.text, delta.finished)
+                if words:
+                    yield words
                 if delta.finished:
                     finals.append(delta)
                 if cancel.is_set():
@@ -133,12 +146,18 @@ async def spoken(
     async for chunk in tts.stream(text(), request.audio):
         if cancel.is_set():
             break
+        while calls:
+            yield calls.pop(0)
         samples += len(chunk.pcm16) // 2
         yield chunk
+    while calls:
+        yield calls.pop(0)
     if failure:
         yield failure[0]
         return
     reason = finals[0].finish_reason if finals else "abort"
+    if parser is not None and parser.calls and reason == "stop":
+        reason = "tool_calls"
     yield Done(reason or "stop")
     # Output audio tokens are counted as OpenAI does for its realtime models: 1 token per 50 ms.
     counted = usage(finals, prompt)
