@@ -61,9 +61,9 @@ async def written(
                 yield Error("engine_error", delta.error, status=500)
                 return
             if tool_names:
-                parser = parsers.get(delta.index) or parsers.setdefault(
-                    delta.index, tools.stream(tool_names, forced=forced)
-                )
+                parser = parsers.get(delta.index)
+                if parser is None:
+                    parser = parsers[delta.index] = tools.stream(tool_names, forced=forced)
                 events = parser.feed(delta.text) if delta.text else []
                 if delta.finished:
                     events += parser.finish()

@@ -21,22 +21,29 @@ class HermesStream(CallStream):
         self._just_closed = False
 
     def _outside(self, final: bool) -> list[StreamEvent]:
-        if self._state == "start" or self._just_closed:
+        if self._state == "start":
+            text = self._pending.lstrip()
+            if not text and not final:
+                return []  # undecided until the first visible character
+            self._state = "outside"
+            if text.startswith("{"):  # a bare JSON call, as Llama 3 templates ask for, reads the same
+                self._begin_call(self._pending[: len(self._pending) - len(text)])
+                self._pending = text
+                return []
+        if self._just_closed:
             # Whitespace right after a call separates calls: not content.
             self._pending = self._pending.lstrip()
             if not self._pending:
                 return []
-            if self._state == "start" and self._pending.startswith("{"):
-                self._begin_call("")  # a bare JSON call, as Llama 3 templates ask for, reads the same
-                return []
-            self._state, self._just_closed = "outside", False
+            self._just_closed = False
         before, marker, rest = split_at_marker(self._pending, OPEN, final=final)
         if marker is None:
             self._pending = rest
             return self._content(before)
         self._pending = rest
-        self._begin_call(marker)
-        return self._content(before.rstrip() if before.strip() else "")
+        content = before.rstrip()  # the whitespace before a call is the call's: restored if it is none
+        self._begin_call(before[len(content) :] + marker)
+        return self._content(content)
 
     def _after_call(self, final: bool) -> list[StreamEvent]:
         text = self._pending.lstrip()

@@ -29,9 +29,11 @@ class MistralStream(CallStream):
                 return []
         before, marker, rest = split_at_marker(self._pending, MARKER, final=final)
         self._pending = rest
-        if marker is not None:
-            self._state, self._markup = "marker", marker
-        return self._content(before.rstrip() if marker is not None and before.strip() else before)
+        if marker is None:
+            return self._content(before)
+        content = before.rstrip()  # the whitespace before the calls is theirs: restored if they are none
+        self._state, self._markup = "marker", before[len(content) :] + marker
+        return self._content(content)
 
     def _other(self, final: bool) -> list[StreamEvent]:
         text = self._pending.lstrip()
