@@ -44,11 +44,9 @@ class MistralStream(CallStream):
                 self._markup += self._pending[: len(self._pending) - len(text) + 1]
                 self._pending, self._state = text[1:], "list"
             else:
-                self._pending = text
                 self._begin_call(self._markup)
             return []
-        self._pending = text  # "list": the next call object
-        self._begin_call(self._markup)
+        self._begin_call(self._markup)  # "list": the next call object
         return []
 
     def _after_call(self, final: bool) -> list[StreamEvent]:
