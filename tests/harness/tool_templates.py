@@ -1,5 +1,6 @@
-"""Chat templates that call tools as each model family does, small enough for the tiny tokenizer: the tools
-are listed up front, earlier calls are written in the family's format and tool results answer them.
+"""Chat templates that call tools as each model family does, small enough for the tiny models' 256-token
+context: the tools are listed up front (by name only), earlier calls are written in the family's format and
+tool results answer them.
 
 - Hermes (Qwen2.5/Qwen3, Hermes fine-tunes): ``<tools>`` in the system turn, ``<tool_call>`` per call,
   ``<tool_response>`` in a user turn;
@@ -13,7 +14,7 @@ from __future__ import annotations
 _TURNS_END = "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
 
 HERMES = (
-    "{% if tools %}system: <tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n{% endif %}"
+    "{% if tools %}system: <tools>{% for t in tools %}{{ t.function.name }} {% endfor %}</tools>\n{% endif %}"
     "{% for m in messages %}"
     "{% if m.role == 'assistant' and m.tool_calls %}assistant: {% for c in m.tool_calls %}"
     '<tool_call>\n{"name": {{ c.function.name | tojson }}, "arguments": {{ c.function.arguments | tojson }}}'
@@ -25,7 +26,7 @@ HERMES = (
 LLAMA3_JSON = (
     "{% for m in messages %}"
     '{% if loop.first and tools %}user: Call a function as {"name": ..., "parameters": ...}. '
-    "{% for t in tools %}{{ t | tojson }}{% endfor %}\n{% endif %}"
+    "{% for t in tools %}{{ t.function.name }} {% endfor %}\n{% endif %}"
     "{% if m.role == 'assistant' and m.tool_calls %}assistant: {% for c in m.tool_calls %}"
     '{"name": {{ c.function.name | tojson }}, "parameters": {{ c.function.arguments | tojson }}}'
     "{% if not loop.last %}; {% endif %}{% endfor %}\n"
@@ -35,7 +36,8 @@ LLAMA3_JSON = (
 
 MISTRAL = (
     "{% for m in messages %}"
-    "{% if loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "{% if loop.last and tools %}[AVAILABLE_TOOLS]{% for t in tools %}{{ t.function.name }} {% endfor %}"
+    "[/AVAILABLE_TOOLS]{% endif %}"
     "{% if m.role == 'assistant' and m.tool_calls %}assistant: [TOOL_CALLS][{% for c in m.tool_calls %}"
     '{"name": {{ c.function.name | tojson }}, "arguments": {{ c.function.arguments | tojson }}}'
     "{% if not loop.last %}, {% endif %}{% endfor %}]\n"

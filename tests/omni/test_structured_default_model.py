@@ -10,8 +10,10 @@ import json
 import jsonschema
 import pytest
 from omni_gateway.engine import LLM, SamplingParams
+from omni_gateway.gateway.http.chat_request import parse_chat
+from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.omni.prompting import structured_outputs
-from omni_gateway.omni.protocol import Message, OmniRequest, OutputConstraint, SamplingOptions, TextPart
+from omni_gateway.omni.protocol import Capabilities, Message, OmniRequest, OutputConstraint, SamplingOptions, TextPart
 from omni_gateway.omni.tools import tool_call_format
 
 pytestmark = [
@@ -63,39 +65,54 @@ CITY = {
         },
     },
 }
-# A whole call in characters, so in tokens at most (every token writes one character or more), with room for
-# multi-byte characters: an answer of one forced call always ends before max_tokens.
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+# One call is at most about 100 characters, so at most about 100 tokens (every token writes one character or
+# more): an answer of one forced call always ends before max_tokens.
 FORCED_MAX_TOKENS = 128
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
 @pytest.mark.parametrize(
-    ("mode", "tool_choice", "parallel", "most"),
+    ("mode", "fields", "most"),
     [
-        ("named", "required", False, 1),  # the chat API narrows a named choice to its tool and one call
-        ("required", "required", True, None),
-        ("required, parallel_tool_calls false", "required", False, 1),
+        ("named", {"tools": [CITY, TIME], "tool_choice": NAMED}, 1),
+        ("required", {"tools": [CITY], "tool_choice": "required"}, None),
+        (
+            "required, parallel_tool_calls false",
+            {"tools": [CITY], "tool_choice": "required", "parallel_tool_calls": False},
+            1,
+        ),
     ],
 )
-def test_forced_tool_calls_are_complete_and_end(
-    llm: LLM, mode: str, tool_choice: str, parallel: bool, most: int | None
+def test_forced_tool_calls_are_complete_valid_and_end(
+    llm: LLM, mode: str, fields: dict[str, object], most: int | None
 ) -> None:
-    """Every answer of a forced call at temperature 1: only complete calls, each valid, as many as allowed,
-    no markup left as content, and the answer stops after its last call."""
-    request = _request(
-        "What is the weather in Lisbon?", tools=(CITY,), tool_choice=tool_choice, parallel_tool_calls=parallel
-    )
+    """Every answer of a forced call at temperature 1, the request read as the chat API reads it: complete
+    calls only, each valid, as many as allowed, no markup as content, and the answer ends after its last
+    call. With parallel calls allowed the model may go on calling until max_tokens: then only the call it
+    was cut in is unfinished, and it is not reported as a call."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "What is the weather in Lisbon?"}], **fields}
+    caps = Capabilities("m", frozenset({"text"}), frozenset({"text"}))
+    request = parse_chat(body, caps, HttpLimits()).request
     params = SamplingParams(
         temperature=1.0, max_tokens=FORCED_MAX_TOKENS, structured_outputs=structured_outputs(request)
     )
-    prompt = llm.engine.render_chat([{"role": "user", "content": request.messages[0].text}], tools=[CITY])
+    prompt = llm.engine.render_chat(body["messages"], tools=list(request.tools))  # type: ignore[arg-type]
     outputs = llm.generate([prompt] * REQUESTS, params)
     hermes = tool_call_format("hermes")
+    ended = 0
     for out in outputs:
-        text = out.outputs[0].text
-        content, calls = hermes.parse(text, frozenset({"get_weather"}), forced=True)
-        unforced_content, _ = hermes.parse(text, frozenset({"get_weather"}))
-        assert out.outputs[0].finish_reason == "stop", (mode, text)
+        text, finish = out.outputs[0].text, out.outputs[0].finish_reason
+        content, calls = hermes.parse(text, frozenset({"get_weather", "get_time"}), forced=True)
+        unforced_content, _ = hermes.parse(text, frozenset({"get_weather", "get_time"}))
         assert unforced_content == "" and content == "", (mode, text)
         assert len(calls) >= 1 and (most is None or len(calls) <= most), (mode, text)
+        assert all(c.name == "get_weather" for c in calls), (mode, text)
         for call in calls:
             jsonschema.validate(json.loads(call.arguments), CITY["function"]["parameters"])
+        if finish == "stop":
+            ended += 1
+            assert text.rstrip().endswith("</tool_call>"), (mode, text)
+        else:
+            assert most is None and finish == "length", (mode, finish, text)
+    print(f"{mode}: {REQUESTS} answers, {ended} ended after their calls, {REQUESTS - ended} cut by max_tokens")
