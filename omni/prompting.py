@@ -20,7 +20,7 @@ from omni_gateway.omni.protocol import (
     TextPart,
     VideoPart,
 )
-from omni_gateway.omni.tools import ToolCallFormat, tool_call_format
+from omni_gateway.omni.tools import ToolCallFormat, template_tool, tool_call_format
 
 
 class ChatRenderer(Protocol):
@@ -74,7 +74,8 @@ def prompt_ids(
     if system_prompt and not any(m["role"] == "system" for m in messages):
         messages.insert(0, {"role": "system", "content": system_prompt})
     try:
-        text = render(messages, tools=request.tools or None, add_generation_prompt=request.add_generation_prompt)
+        tools = [template_tool(t) for t in request.tools] or None
+        text = render(messages, tools=tools, add_generation_prompt=request.add_generation_prompt)
     except InvalidRequest as exc:  # the engine's refusal of the conversation (e.g. no messages at all)
         raise InvalidInput(str(exc)) from None
     # The template already holds the special tokens (BOS, role markers); don't add them twice.

@@ -17,6 +17,7 @@ from omni_gateway.omni.tools.calls import (
     CallStart,
     ParsedCall,
     StreamEvent,
+    template_tool,
     tool_name,
 )
 from omni_gateway.omni.tools.hermes import HermesStream, hermes_tag
@@ -32,6 +33,7 @@ __all__ = [
     "ParsedCall",
     "StreamEvent",
     "ToolCallFormat",
+    "template_tool",
     "tool_call_format",
     "tool_name",
     "TOOL_CALL_PARSERS",

@@ -46,6 +46,14 @@ def tool_name(tool: dict[str, Any]) -> str:
     return str(name)
 
 
+def template_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool in the shape chat templates read (``{"type": "function", "function": {...}}``), whichever
+    shape it came in: the realtime API's tools are flat."""
+    if "function" in tool:
+        return tool
+    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+
+
 def tool_parameters(tool: dict[str, Any]) -> dict[str, Any]:
     """A tool's arguments schema; a tool without one takes an object of any properties."""
     fn = tool.get("function", tool)

@@ -148,3 +148,31 @@ def test_auto_choice_needs_enable_auto_tool_choice_once_a_parser_is_named(
     assert "--enable-auto-tool-choice" in r.json()["error"]["message"]
     r = httpx.post(f"{url}/v1/chat/completions", json={**body, "tool_choice": "none"})
     assert r.status_code == 200, r.text
+
+
+def test_a_realtime_session_that_requires_a_call_gets_one_complete_call_a_response(
+    client: tuple[str, str, openai.OpenAI],
+) -> None:
+    """Realtime responses take parallel_tool_calls false: tool_choice "required" is one call, whose
+    arguments are done (complete and valid) before its item and the response complete."""
+    from websockets.sync.client import connect
+
+    _, url, _ = client
+    time_tool = {"type": "function", "name": "get_time", "parameters": ZONE}
+    with connect(url.replace("http", "ws", 1) + "/v1/realtime") as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        session = {"type": "realtime", "output_modalities": ["text"], "tools": [time_tool], "tool_choice": "required"}
+        ws.send(json.dumps({"type": "session.update", "session": session}))
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "time?"}]}
+        ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+        for turn in range(2):  # the tiny model's 256-token window holds two turns of calls
+            ws.send(json.dumps({"type": "response.create"}))
+            events = []
+            while not events or events[-1]["type"] != "response.done":
+                events.append(json.loads(ws.recv(timeout=120)))
+                assert events[-1]["type"] != "error", events[-1]
+            done = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+            response = events[-1]["response"]
+            assert len(done) == 1 and response["status"] == "completed", (turn, response)
+            assert [o["type"] for o in response["output"]] == ["function_call"]
+            jsonschema.validate(json.loads(done[0]["arguments"]), ZONE)

@@ -219,3 +219,14 @@ def test_unforced_calls_are_free_text_until_a_call_starts(fmt: str) -> None:
 def test_unforced_mistral_calls_go_unconstrained() -> None:
     # The model opens them with its [TOOL_CALLS] special token, which a grammar over text cannot name.
     assert tool_call_format("mistral").grammar(TOOLS, required=False, parallel=True) is None
+
+
+def test_templates_get_every_tool_in_the_chat_shape() -> None:
+    from omni_gateway.omni.tools import template_tool
+
+    flat = {"type": "function", "name": "get_time", "description": "now", "parameters": {"type": "object"}}
+    shaped = {
+        "type": "function",
+        "function": {"name": "get_time", "description": "now", "parameters": {"type": "object"}},
+    }
+    assert template_tool(flat) == shaped and template_tool(shaped) == shaped
