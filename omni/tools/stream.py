@@ -30,6 +30,36 @@ from omni_gateway.omni.tools.calls import (
 _CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 # A head is short (names are at most 64 characters): a longer text without one never becomes one.
 _MAX_HEAD_CHARS = 256
+
+
+def _literal_prefix(text: str) -> str:
+    """A pattern of any proper start of ``text`` (the empty one included)."""
+    pattern = ""
+    for ch in reversed(text[:-1]):
+        pattern = f"(?:{re.escape(ch)}{pattern})?"
+    return pattern
+
+
+def _head_prefix() -> re.Pattern[str]:
+    """Text that is a call's head cut short: each part whole then the next begun, or the part itself begun."""
+    string = r'"(?:[^"\\]|\\.)*'
+    key = f'"(?:{_literal_prefix("arguments#")}|{_literal_prefix("parameters#")})'
+    parts = [  # (the part whole, the part begun)
+        (r"\{\s*", r"\{\s*"),
+        ('"name"', _literal_prefix('"name"')),
+        (r"\s*:\s*", r"\s*"),
+        (string + '"', string + r"\\?"),
+        (r"\s*,\s*", r"\s*"),
+        ('"(?:arguments|parameters)"', key),
+        (r"\s*:\s*", r"\s*"),
+    ]
+    pattern = ""
+    for whole, begun in reversed(parts):
+        pattern = f"(?:{whole}(?:{pattern})?|{begun})" if pattern else f"(?:{whole}|{begun})"
+    return re.compile(pattern + r"\Z", re.DOTALL)
+
+
+_HEAD_PREFIX = _head_prefix()
 _CLOSERS = {"{": "}", "[": "]"}
 
 
@@ -108,9 +138,13 @@ class CallStream:
             return []
         head = _CALL_HEAD.match(text)
         if head is None:
-            if not final and len(text) < _MAX_HEAD_CHARS and text.startswith("{"):
+            if len(text) >= _MAX_HEAD_CHARS or _HEAD_PREFIX.match(text) is None:
+                return self._not_a_call()
+            if not final:
                 return []  # may still become a head
-            return self._not_a_call()
+            # A call cut off in its head (max_tokens): markup, not content.
+            self._pending, self._markup, self._state = "", "", "outside"
+            return []
         name = json.loads(f'"{head.group(1)}"')
         if name not in self._names:
             return self._not_a_call()

@@ -138,6 +138,20 @@ def test_no_markup_of_a_forced_answer_is_content(cut: str) -> None:
     assert _content(events) == ""
 
 
+@pytest.mark.parametrize(
+    ("fmt", "cut"),
+    [
+        ("hermes", 'Let me look. <tool_call>\n{"name": "get_'),
+        ("llama3_json", '{"name": "get_time", "param'),
+        ("mistral", 'Let me look. [TOOL_CALLS][{"na'),
+    ],
+)
+def test_a_call_cut_off_in_its_head_leaves_no_markup_in_content(fmt: str, cut: str) -> None:
+    for seed in range(4):
+        events = _stream(fmt, cut, seed)
+        assert _content(events).strip() in ("", "Let me look.") and not [e for e in events if not isinstance(e, str)]
+
+
 def test_a_raw_tab_in_an_argument_string_still_gives_strict_json() -> None:
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Los\tAngeles"}}\n</tool_call>'  # a raw tab
     content, calls = tool_call_format("hermes").parse(text, frozenset({"get_weather"}))
