@@ -145,7 +145,10 @@ class CallStream:
             # A call cut off in its head (max_tokens): markup, not content.
             self._pending, self._markup, self._state = "", "", "outside"
             return []
-        name = json.loads(f'"{head.group(1)}"')
+        try:
+            name = json.loads(f'"{head.group(1)}"')
+        except ValueError:  # an escape JSON has not (\x): no name of ours
+            name = None
         if name not in self._names:
             return self._not_a_call()
         self._pending = text[head.end() :]

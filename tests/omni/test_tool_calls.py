@@ -86,6 +86,7 @@ def test_whole_answers_parse_as_the_stream_does(fmt: str) -> None:
         ("hermes", "no calls here, a < sign and a <tool"),
         ("hermes", '<tool_call>{"name": "unknown", "arguments": {}}</tool_call> after'),
         ("hermes", "<tool_call> not json </tool_call>"),
+        ("hermes", '<tool_call>{"name": "get_\\xtime", "arguments": {}}</tool_call>'),
         ("hermes", "\n  text, then <tool_call> not json"),
         ("mistral", "text, then [TOOL_CALLS] not json"),
         ("llama3_json", 'The object {"name": "get_time", "parameters": {}} is a call'),
