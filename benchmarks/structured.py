@@ -187,7 +187,7 @@ def sampler_time(engine: Any, batch: int, fraction: float, log: ResultLog, repea
 
 def compile_times(engine: Any, log: ResultLog, repeats: int = 5) -> None:
     from omni_gateway.engine import StructuredOutputs
-    from omni_gateway.omni.tool_calls import tool_call_tag
+    from omni_gateway.omni.tools import tool_call_format
 
     start = time.perf_counter()
     engine.grammars.compile(StructuredOutputs(regex="a"))  # builds the vocabulary's index
@@ -197,10 +197,10 @@ def compile_times(engine: Any, log: ResultLog, repeats: int = 5) -> None:
     specs = {
         "tool_json_schema": StructuredOutputs(json=TOOL["function"]["parameters"]),
         "tool_call_tag_required": StructuredOutputs(
-            structural_tag=json.dumps(tool_call_tag([TOOL], required=True, parallel=True))
+            structural_tag=json.dumps(tool_call_format("hermes").grammar([TOOL], required=True, parallel=True))
         ),
         "tool_call_tag_auto": StructuredOutputs(
-            structural_tag=json.dumps(tool_call_tag([TOOL], required=False, parallel=True))
+            structural_tag=json.dumps(tool_call_format("hermes").grammar([TOOL], required=False, parallel=True))
         ),
     }
     for name, spec in specs.items():
@@ -221,7 +221,7 @@ def compile_times(engine: Any, log: ResultLog, repeats: int = 5) -> None:
 def failure_rates(llm: Any, requests: int, log: ResultLog) -> None:
     import jsonschema
     from omni_gateway.engine import SamplingParams, StructuredOutputs
-    from omni_gateway.omni.tool_calls import parse_tool_calls, tool_call_tag
+    from omni_gateway.omni.tools import tool_call_format
 
     def valid_json(text: str) -> bool:
         try:
@@ -231,7 +231,7 @@ def failure_rates(llm: Any, requests: int, log: ResultLog) -> None:
         return True
 
     def valid_call(text: str) -> bool:
-        _, calls = parse_tool_calls(text, frozenset({"get_weather"}))
+        _, calls = tool_call_format("hermes").parse(text, frozenset({"get_weather"}))
         try:
             return bool(calls) and all(
                 jsonschema.validate(json.loads(c.arguments), TOOL["function"]["parameters"]) is None for c in calls
@@ -242,7 +242,7 @@ def failure_rates(llm: Any, requests: int, log: ResultLog) -> None:
     engine = llm.engine
     json_prompt = engine.render_chat([{"role": "user", "content": JSON_PROMPT}])
     tool_prompt = engine.render_chat([{"role": "user", "content": TOOL_PROMPT}], tools=[TOOL])
-    tag = json.dumps(tool_call_tag([TOOL], required=True, parallel=False))
+    tag = json.dumps(tool_call_format("hermes").grammar([TOOL], required=True, parallel=False))
     cases = [
         ("json_schema", json_prompt, StructuredOutputs(json=PERSON), valid_json),
         ("tool_call_required", tool_prompt, StructuredOutputs(structural_tag=tag), valid_call),

@@ -115,7 +115,7 @@ def field_default(owner: type, name: str) -> Any:
 def serve_flags() -> tuple[Flag, ...]:
     """Every ``omni serve`` flag, in help order."""
     # Imported here: omni.config names the engine's config type, and importing the CLI stays light.
-    from omni_gateway.omni.config import EngineConfig, OmniConfig
+    from omni_gateway.omni.config import TOOL_CALL_PARSERS, EngineConfig, OmniConfig
 
     gw, eng, om = GatewayConfig, EngineConfig, OmniConfig
     mib = 2**20
@@ -558,6 +558,23 @@ def serve_flags() -> tuple[Flag, ...]:
             "system_prompt",
             "system message for conversations that bring none (realtime instructions override it)",
             "generation",
+        ),
+        Flag(
+            "--tool-call-parser",
+            om,
+            "tool_call_parser",
+            "the model family's tool-call format, as vLLM names it: hermes (Qwen2.5/Qwen3, Hermes; also "
+            "qwen, qwen25, qwen3), llama3_json, mistral (default: hermes, with tool_choice auto served)",
+            "generation",
+            choices=TOOL_CALL_PARSERS,
+        ),
+        Flag(
+            "--enable-auto-tool-choice",
+            om,
+            "enable_auto_tool_choice",
+            'serve tool_choice "auto" with the --tool-call-parser named (vLLM\'s flag; needs that parser)',
+            "generation",
+            switch=True,
         ),
     )
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from omni_gateway.engine.config import EngineConfig
+from omni_gateway.omni.tools import TOOL_CALL_PARSERS
 
-__all__ = ["EngineConfig", "OmniConfig"]
+__all__ = ["TOOL_CALL_PARSERS", "EngineConfig", "OmniConfig"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +48,19 @@ class OmniConfig:
     top_p: float = 0.95
     max_tokens: int = 512
     system_prompt: str | None = None  # prepended when a conversation has no system message
+    # The model family's tool-call format (``omni.tools``, vLLM's ``--tool-call-parser`` names); None: Hermes.
+    tool_call_parser: str | None = None
+    # With a parser named, tool_choice "auto" is served only when enabled, as vLLM does; without one,
+    # the default Hermes format serves it always (so enabling it alone changes nothing).
+    enable_auto_tool_choice: bool = False
     # CPU threads of each stage (torch for a CPU engine, the Piper voice). A spoken reply runs the LLM and
     # the TTS at once, so each gets half the cores by default (None) rather than all of them twice over.
     stage_threads: int | None = None
     # Run every stage once at load: the first user then pays no first-call costs, and the system
     # prompt's KV blocks are already in the engine's prefix cache.
     warm_up: bool = True
+
+    @property
+    def auto_tool_choice(self) -> bool:
+        """Whether tool_choice "auto" is served."""
+        return self.tool_call_parser is None or self.enable_auto_tool_choice

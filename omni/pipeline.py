@@ -63,6 +63,7 @@ from omni_gateway.omni.protocol import (
     VoiceActivityDetector,
 )
 from omni_gateway.omni.streams import Prompt, drawn, merged, refusal, spoken, written
+from omni_gateway.omni.tools import tool_call_format
 
 if TYPE_CHECKING:
     from omni_gateway.encoders.audio_tower import AudioEncoder
@@ -108,6 +109,7 @@ class OmniPipeline:
         self._defaults = SamplingDefaults(
             temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
         )
+        self.tool_calls = tool_call_format(config.tool_call_parser)
         self._asr_lock = threading.Lock()  # one decoder instance; turns are short and sequential anyway
         self._active: dict[str, asyncio.Event] = {}
         hears = audio is not None
@@ -160,8 +162,14 @@ class OmniPipeline:
         try:
             if self.audio is None:  # a model that hears takes the audio itself, not its transcript
                 request = await self._transcribe_parts(request)
+            if request.tools and request.tool_choice == "auto" and not self.config.auto_tool_choice:
+                raise InvalidInput(
+                    '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+                    param="tool_choice",
+                )
             prompt = await self._prompt(request)
-            params = sampling_params(request.sampling, self._defaults, structured_outputs=structured_outputs(request))
+            constraint = structured_outputs(request, self.tool_calls)
+            params = sampling_params(request.sampling, self._defaults, structured_outputs=constraint)
             if request.model is not None and request.model != self.capabilities.model:
                 params = dataclasses.replace(params, lora_name=request.model)  # an adapter's name (engine.lora)
         except InvalidInput as exc:
@@ -170,9 +178,9 @@ class OmniPipeline:
         if "audio" in request.modalities and self.speech is not None:
             stream = self.speech.speak(self.engine, request, prompt, params, cancel)
         elif "audio" in request.modalities:
-            stream = spoken(self.engine, self.tts, request, prompt, params, cancel)
+            stream = spoken(self.engine, self.tts, request, prompt, params, cancel, self.tool_calls)
         else:
-            stream = written(self.engine, request, prompt, params)
+            stream = written(self.engine, request, prompt, params, self.tool_calls)
         async with contextlib.aclosing(stream) as chunks:
             async for chunk in chunks:
                 yield chunk

@@ -20,7 +20,7 @@ from omni_gateway.omni.protocol import (
     TextPart,
     VideoPart,
 )
-from omni_gateway.omni.tool_calls import tool_call_tag
+from omni_gateway.omni.tools import ToolCallFormat, template_tool, tool_call_format
 
 
 class ChatRenderer(Protocol):
@@ -74,7 +74,8 @@ def prompt_ids(
     if system_prompt and not any(m["role"] == "system" for m in messages):
         messages.insert(0, {"role": "system", "content": system_prompt})
     try:
-        text = render(messages, tools=request.tools or None, add_generation_prompt=request.add_generation_prompt)
+        tools = [template_tool(t) for t in request.tools] or None
+        text = render(messages, tools=tools, add_generation_prompt=request.add_generation_prompt)
     except InvalidRequest as exc:  # the engine's refusal of the conversation (e.g. no messages at all)
         raise InvalidInput(str(exc)) from None
     # The template already holds the special tokens (BOS, role markers); don't add them twice.
@@ -148,18 +149,19 @@ def sampling_params(
         raise InvalidInput(str(exc)) from None
 
 
-def structured_outputs(request: OmniRequest) -> StructuredOutputs | None:
-    """The engine constraint of a request: its output constraint, else (with tools offered) the tool
-    calls' structural tag, else none. Raises InvalidInput naming the field of a malformed one."""
+def structured_outputs(request: OmniRequest, tools: ToolCallFormat | None = None) -> StructuredOutputs | None:
+    """The engine constraint of a request: its output constraint, else (with tools offered) the structural
+    tag of calls in the ``tools`` format (Hermes by default), else none. Raises InvalidInput naming the
+    field of a malformed one."""
     constraint = request.sampling.constraint
     try:
         if constraint is not None:
             return _constraint(constraint)
         if request.tools:
-            tag = tool_call_tag(
+            tag = (tools or tool_call_format(None)).grammar(
                 request.tools, required=request.tool_choice == "required", parallel=request.parallel_tool_calls
             )
-            return StructuredOutputs(structural_tag=json.dumps(tag, ensure_ascii=False))
+            return None if tag is None else StructuredOutputs(structural_tag=json.dumps(tag, ensure_ascii=False))
     except InvalidRequest as exc:
         raise InvalidInput(f"Invalid '{constraint_param(request)}': {exc}", param=constraint_param(request)) from None
     return None

@@ -27,7 +27,7 @@ from omni_gateway.omni.protocol import (
     ToolCallDelta,
     Usage,
 )
-from omni_gateway.omni.tool_calls import ArgumentsDelta, CallStart, StreamEvent, ToolCallStream, tool_name
+from omni_gateway.omni.tools import ArgumentsDelta, CallStart, CallStream, StreamEvent, ToolCallFormat, tool_name
 
 if TYPE_CHECKING:
     from omni_gateway.engine.outputs import StreamDelta
@@ -46,12 +46,14 @@ class Prompt:
 
 
 async def written(
-    engine: Engine, request: OmniRequest, prompt: Prompt, params: SamplingParams
+    engine: Engine, request: OmniRequest, prompt: Prompt, params: SamplingParams, tools: ToolCallFormat
 ) -> AsyncIterator[OutputChunk]:
-    """The answer as text deltas; with tools, each choice's text goes through a ``ToolCallStream``, so
-    content streams as it comes and each call as its start, its argument pieces and the whole call."""
+    """The answer as text deltas; with tools, each choice's text goes through a reader of the ``tools``
+    format, so content streams as it comes and each call as its start, its argument pieces and the
+    whole call. A forced answer is calls only: none of its text is content."""
     tool_names = frozenset(tool_name(t) for t in request.tools)
-    parsers: dict[int, ToolCallStream] = {}
+    forced = request.tool_choice == "required"
+    parsers: dict[int, CallStream] = {}
     finals: list[StreamDelta] = []
     try:
         async for delta in _deltas(engine, request, prompt, params):
@@ -59,7 +61,9 @@ async def written(
                 yield Error("engine_error", delta.error, status=500)
                 return
             if tool_names:
-                parser = parsers.setdefault(delta.index, ToolCallStream(tool_names))
+                parser = parsers.get(delta.index)
+                if parser is None:
+                    parser = parsers[delta.index] = tools.stream(tool_names, forced=forced)
                 events = parser.feed(delta.text) if delta.text else []
                 if delta.finished:
                     events += parser.finish()
@@ -100,13 +104,25 @@ async def spoken(
     prompt: Prompt,
     params: SamplingParams,
     cancel: asyncio.Event,
+    tools: ToolCallFormat,
 ) -> AsyncIterator[OutputChunk]:
-    """The answer as speech: the text deltas feed the voice, which speaks clause by clause as they arrive."""
+    """The answer as speech: the text deltas feed the voice, which speaks clause by clause as they arrive.
+    With tools, only content is spoken; the calls go out as they close, between audio chunks."""
     if tts is None:
         yield Error("unsupported_modality", "audio output needs a speech synthesis model (start with --tts)")
         return
     finals: list[StreamDelta] = []
     failure: list[Error] = []
+    names = frozenset(tool_name(t) for t in request.tools)
+    parser = tools.stream(names, forced=request.tool_choice == "required") if names else None
+    calls: list[OutputChunk] = []
+
+    def said(text: str, finished: bool) -> str:
+        if parser is None:
+            return text
+        events = (parser.feed(text) if text else []) + (parser.finish() if finished else [])
+        calls.extend(c for c in _tool_chunks(events, 0) if not isinstance(c, TextDelta))
+        return "".join(e for e in events if isinstance(e, str))
 
     async def text() -> AsyncIterator[str]:
         try:
@@ -116,8 +132,9 @@ async def spoken(
                     return
                 if delta.index != 0:
                     continue  # one voice per response: extra choices are not spoken
-                if delta.text:
-                    yield delta.text
+                words = said(delta.text, delta.finished)
+                if words:
+                    yield words
                 if delta.finished:
                     finals.append(delta)
                 if cancel.is_set():
@@ -129,12 +146,18 @@ async def spoken(
     async for chunk in tts.stream(text(), request.audio):
         if cancel.is_set():
             break
+        while calls:
+            yield calls.pop(0)
         samples += len(chunk.pcm16) // 2
         yield chunk
+    while calls:
+        yield calls.pop(0)
     if failure:
         yield failure[0]
         return
     reason = finals[0].finish_reason if finals else "abort"
+    if parser is not None and parser.calls and reason == "stop":
+        reason = "tool_calls"
     yield Done(reason or "stop")
     # Output audio tokens are counted as OpenAI does for its realtime models: 1 token per 50 ms.
     counted = usage(finals, prompt)

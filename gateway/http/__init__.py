@@ -5,8 +5,7 @@ Where it differs from OpenAI's API, on purpose:
 - chat ``input_audio`` in WAV is decoded here, mp3 travels as ``AudioPart.encoded`` for the model
   side to decode; transcription uploads must be PCM WAV (no decoder of compressed audio runs here);
 - speech comes as wav (the default, streamed with an open-ended header), pcm or flac;
-- ``tool_choice: "required"`` offers the tools like "auto" (nothing forces a call), a named function
-  narrows the tools to that one;
+- a named ``tool_choice`` is called exactly once, whatever ``parallel_tool_calls`` says;
 - the audio endpoints accept any ``model`` name: there is one recogniser and one voice model;
 - /v1/responses and Anthropic's /v1/messages run as chat completions (``responses_request``,
   ``messages_request`` rewrite them for ``parse_chat``); responses are stored in memory only, and no

@@ -47,6 +47,9 @@ def parse_chat(raw: object, caps: Capabilities, limits: HttpLimits, adapters: Co
         raise invalid("'n' must be 1 when audio output is requested.", "n")
     sampling = replace(sampling, constraint=parse_constraint(body, response_format=True))
     tools, tool_choice = _tools(body)
+    # A named function is called exactly once, as OpenAI's models do; "required" and "auto" may call in
+    # parallel unless the client says otherwise.
+    parallel = get_bool(body, "parallel_tool_calls", True) and not isinstance(body.get("tool_choice"), dict)
     if tool_choice == "required" and sampling.constraint is not None:
         raise invalid(
             f"'tool_choice' forces a tool call, which '{sampling.constraint.param}' would constrain too; send one.",
@@ -61,7 +64,7 @@ def parse_chat(raw: object, caps: Capabilities, limits: HttpLimits, adapters: Co
             audio=audio,
             tools=tools,
             tool_choice=tool_choice,
-            parallel_tool_calls=get_bool(body, "parallel_tool_calls", True),
+            parallel_tool_calls=parallel,
             priority=HTTP_PRIORITY,
             model=model,
         ),

@@ -105,6 +105,7 @@ def build_request(
         image=image or ImageOutputOptions(),
         tools=tools,
         tool_choice=tool_choice,
+        parallel_tool_calls=False,  # the realtime API takes parallel_tool_calls false only: one call a response
         priority=0,
         model=settings.model,
     )

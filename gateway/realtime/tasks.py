@@ -114,7 +114,6 @@ async def _prefill(backend: OmniBackend, session: RealtimeSession, work: Prefill
         session_id=session.id,
         modalities=("text",),
         sampling=dataclasses.replace(work.request.sampling, max_tokens=1, constraint=None),
-        tool_choice="auto",
     )
     stream: AsyncIterator[OutputChunk] | None = None
     exhausted = False

@@ -17,7 +17,7 @@ from omni_gateway.engine.core.pipelining import may_run_ahead
 from omni_gateway.engine.core.sequence import Sequence
 from omni_gateway.engine.core.structured_output import GrammarCache
 from omni_gateway.engine.runner.sampler import Sampler
-from omni_gateway.omni.tool_calls import tool_call_tag
+from omni_gateway.omni.tools import tool_call_format
 
 from tests.harness.checkpoints import VOCAB, byte_level_tokenizer, save_tiny_checkpoint
 
@@ -105,7 +105,9 @@ def test_json_strings_take_no_raw_control_character(grammars: GrammarCache, boun
 def test_tool_call_arguments_take_no_raw_control_character(grammars: GrammarCache) -> None:
     params = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 9}}, "required": ["q"]}
     tool = {"type": "function", "function": {"name": "f", "parameters": params}}
-    spec = StructuredOutputs(structural_tag=json.dumps(tool_call_tag([tool], required=True, parallel=False)))
+    spec = StructuredOutputs(
+        structural_tag=json.dumps(tool_call_format("hermes").grammar([tool], required=True, parallel=False))
+    )
     call = '<tool_call>\n{{"name": "f", "arguments": {{"q": "a{}b"}}}}\n</tool_call>'
     assert _accepts(grammars, spec, call.format(" "))
     assert not _accepts(grammars, spec, call.format("\t"))

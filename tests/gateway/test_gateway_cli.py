@@ -212,6 +212,8 @@ SAMPLES = {
     "--top-p": "0.5",
     "--max-tokens": "7",
     "--system-prompt": "Be brief.",
+    "--tool-call-parser": "llama3_json",
+    "--enable-auto-tool-choice": None,
 }
 # An explicit device resolves the default block size; naming adapters turns LoRA on.
 DERIVED = {"--device": {"engine.block_size"}, "--lora-modules": {"engine.enable_lora"}}

@@ -146,6 +146,17 @@ def test_tool_choice_reaches_the_backend(fake: Any, tool_choice: Any, tools: lis
     assert (list(sent.tools), sent.tool_choice, sent.parallel_tool_calls) == (tools, required, False)
 
 
+@pytest.mark.parametrize(
+    ("tool_choice", "parallel"),
+    [("required", True), ("auto", True), ({"type": "function", "function": {"name": "get_time"}}, False)],
+)
+def test_only_a_named_choice_overrides_parallel_tool_calls(fake: Any, tool_choice: Any, parallel: bool) -> None:
+    backend, url, _ = fake
+    body = {"messages": USER, "tools": [WEATHER, TIME], "tool_choice": tool_choice, "parallel_tool_calls": True}
+    assert _post(url, "chat/completions", body).status_code == 200
+    assert backend.requests[-1].parallel_tool_calls is parallel  # a named function is called exactly once
+
+
 def test_tool_call_arguments_stream_as_deltas(fake: Any) -> None:
     backend, _, client = fake
     pieces = ['{"city"', ': "Oslo", ', '"days": 2}']

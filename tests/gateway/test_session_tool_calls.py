@@ -42,6 +42,7 @@ def test_tool_choice_reaches_the_request(tool_choice: Any, names: list[str], req
     request = d.session.build_request(rid)
     assert request is not None
     assert ([t["name"] for t in request.tools], request.tool_choice) == (names, required)
+    assert request.parallel_tool_calls is False  # the realtime API's only setting: one call a response
 
 
 def test_arguments_stream_as_deltas_then_done() -> None:

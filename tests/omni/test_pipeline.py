@@ -131,9 +131,9 @@ class FakeTTS:
                 yield AudioChunk(b"\0\0" * n, options.sample_rate, text if start == 0 else "")
 
 
-def _pipeline(engine: FakeEngine, **kw: Any) -> OmniPipeline:
+def _pipeline(engine: FakeEngine, config: OmniConfig | None = None, **kw: Any) -> OmniPipeline:
     return OmniPipeline(
-        OmniConfig(temperature=0.0),
+        config or OmniConfig(temperature=0.0),
         engine=engine,
         model_name="fake-llm",
         max_context_tokens=4096,
@@ -181,6 +181,40 @@ def test_tool_call_in_output_becomes_a_tool_call_chunk() -> None:
     assert not [c for c in chunks if isinstance(c, TextDelta)]
     assert [c for c in chunks if isinstance(c, Done)][0].finish_reason == "tool_calls"
     assert engine.prompts[0].startswith("<tools>")
+
+
+WEATHER_TOOL = ({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},)
+
+
+def test_a_spoken_answer_speaks_its_content_and_sends_its_calls() -> None:
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    engine = FakeEngine(["Let me check. ", call[:30], call[30:]])
+    request = OmniRequest("r1", _user("weather?"), modalities=("audio",), tools=WEATHER_TOOL)
+    chunks = asyncio.run(_collect(_pipeline(engine, tts=FakeTTS()), request))
+    assert "".join(c.transcript for c in chunks if isinstance(c, AudioChunk)).strip() == "Let me check."
+    calls = [c for c in chunks if isinstance(c, ToolCallDelta)]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert [c for c in chunks if isinstance(c, Done)][0].finish_reason == "tool_calls"
+
+
+def test_the_configured_parser_reads_and_constrains_calls_in_its_family_format() -> None:
+    engine = FakeEngine(['[TOOL_CALLS][{"name": "get_weather", ', '"arguments": {"city": "Rome"}}]'])
+    config = OmniConfig(temperature=0.0, tool_call_parser="mistral", enable_auto_tool_choice=True)
+    request = OmniRequest("r1", _user("weather?"), tools=WEATHER_TOOL, tool_choice="required")
+    chunks = asyncio.run(_collect(_pipeline(engine, config), request))
+    calls = [c for c in chunks if isinstance(c, ToolCallDelta)]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Rome"})]
+    assert not [c for c in chunks if isinstance(c, TextDelta)]
+    tag = json.loads(engine.params[0].structured_outputs.structural_tag)
+    assert tag["format"]["elements"][0] == {"type": "const_string", "value": "["}
+
+
+def test_auto_tool_choice_is_refused_when_a_parser_is_named_without_enabling_it() -> None:
+    engine = FakeEngine(["hi"])
+    config = OmniConfig(temperature=0.0, tool_call_parser="hermes")
+    chunks = asyncio.run(_collect(_pipeline(engine, config), OmniRequest("r1", _user("hi?"), tools=WEATHER_TOOL)))
+    [error] = [c for c in chunks if isinstance(c, Error)]
+    assert error.param == "tool_choice" and "--enable-auto-tool-choice" in error.message and not engine.prompts
 
 
 def test_audio_output_speaks_the_text_in_chunks_of_at_most_100ms() -> None:

@@ -10,9 +10,11 @@ import json
 import jsonschema
 import pytest
 from omni_gateway.engine import LLM, SamplingParams
+from omni_gateway.gateway.http.chat_request import parse_chat
+from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.omni.prompting import structured_outputs
-from omni_gateway.omni.protocol import Message, OmniRequest, OutputConstraint, SamplingOptions, TextPart
-from omni_gateway.omni.tool_calls import parse_tool_calls
+from omni_gateway.omni.protocol import Capabilities, Message, OmniRequest, OutputConstraint, SamplingOptions, TextPart
+from omni_gateway.omni.tools import tool_call_format
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,23 +30,6 @@ PERSON = {
     },
     "required": ["name", "age", "city"],
     "additionalProperties": False,
-}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather forecast for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 40},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                "days": {"type": "integer", "minimum": 1, "maximum": 14},
-            },
-            "required": ["city", "unit", "days"],
-            "additionalProperties": False,
-        },
-    },
 }
 
 
@@ -67,16 +52,67 @@ def test_json_schema_answers_all_validate(llm: LLM) -> None:
         jsonschema.validate(json.loads(out.outputs[0].text), PERSON)
 
 
-def test_required_tool_calls_all_validate(llm: LLM) -> None:
-    request = _request(
-        "What is the weather in Lisbon for 3 days?", tools=(WEATHER,), tool_choice="required", parallel_tool_calls=False
+CITY = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather forecast for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 16}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+# One call is at most about 100 characters, so at most about 100 tokens (every token writes one character or
+# more): an answer of one forced call always ends before max_tokens.
+FORCED_MAX_TOKENS = 128
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize(
+    ("mode", "fields", "most"),
+    [
+        ("named", {"tools": [CITY, TIME], "tool_choice": NAMED}, 1),
+        ("required", {"tools": [CITY], "tool_choice": "required"}, None),
+        (
+            "required, parallel_tool_calls false",
+            {"tools": [CITY], "tool_choice": "required", "parallel_tool_calls": False},
+            1,
+        ),
+    ],
+)
+def test_forced_tool_calls_are_complete_valid_and_end(
+    llm: LLM, mode: str, fields: dict[str, object], most: int | None
+) -> None:
+    """Every answer of a forced call at temperature 1, the request read as the chat API reads it: complete
+    calls only, each valid, as many as allowed, no markup as content, and the answer ends after its last
+    call. With parallel calls allowed the model may go on calling until max_tokens: then only the call it
+    was cut in is unfinished, and it is not reported as a call."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "What is the weather in Lisbon?"}], **fields}
+    caps = Capabilities("m", frozenset({"text"}), frozenset({"text"}))
+    request = parse_chat(body, caps, HttpLimits()).request
+    params = SamplingParams(
+        temperature=1.0, max_tokens=FORCED_MAX_TOKENS, structured_outputs=structured_outputs(request)
     )
-    params = SamplingParams(temperature=1.0, max_tokens=160, structured_outputs=structured_outputs(request))
-    messages = [{"role": "user", "content": request.messages[0].text}]
-    prompt = llm.engine.render_chat(messages, tools=[WEATHER])
+    prompt = llm.engine.render_chat(body["messages"], tools=list(request.tools))  # type: ignore[arg-type]
     outputs = llm.generate([prompt] * REQUESTS, params)
+    hermes = tool_call_format("hermes")
+    ended = 0
     for out in outputs:
-        content, calls = parse_tool_calls(out.outputs[0].text, frozenset({"get_weather"}))
-        assert content == "" and len(calls) == 1, out.outputs[0].text
+        text, finish = out.outputs[0].text, out.outputs[0].finish_reason
+        content, calls = hermes.parse(text, frozenset({"get_weather", "get_time"}), forced=True)
+        assert content == "", (mode, text)
+        assert len(calls) >= 1 and (most is None or len(calls) <= most), (mode, text)
+        assert all(c.name == "get_weather" for c in calls), (mode, text)
         for call in calls:
-            jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
+            jsonschema.validate(json.loads(call.arguments), CITY["function"]["parameters"])
+        if finish == "stop":  # the text is nothing but the calls, however it is read
+            ended += 1
+            assert hermes.parse(text, frozenset({"get_weather", "get_time"}))[0] == "", (mode, text)
+            assert text.rstrip().endswith("</tool_call>"), (mode, text)
+        else:
+            assert most is None and finish == "length", (mode, finish, text)
+    print(f"{mode}: {REQUESTS} answers, {ended} ended after their calls, {REQUESTS - ended} cut by max_tokens")

@@ -1,5 +1,6 @@
-"""Tool calls in generated text: the incremental parser that streams content and argument pieces, and
-the structural tag that makes a model's calls follow their tools' parameters."""
+"""Tool calls in generated text, in each family's format: the incremental reader that streams content and
+argument pieces (pure Python, no model), and the structural tag that makes a model's calls follow their
+tools' parameters and end."""
 
 from __future__ import annotations
 
@@ -7,108 +8,240 @@ import json
 import random
 
 import pytest
-from omni_gateway.omni.tool_calls import ArgumentsDelta, CallEnd, CallStart, ToolCallStream, tool_call_tag
-
-NAMES = frozenset({"get_weather", "get_time"})
-TWO_CALLS = (
-    'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "q": {"a": "}\\n</tool_call>"}}}'
-    '\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+from omni_gateway.omni.tools import (
+    TOOL_CALL_PARSERS,
+    ArgumentsDelta,
+    CallEnd,
+    CallStart,
+    tool_call_format,
 )
 
+NAMES = frozenset({"get_weather", "get_time"})
+TRICKY = {"city": "Paris", "q": {"a": "}\n</tool_call>]};", "b": [1, {"c": "]"}]}}
+# The same two calls in each family's format, with text before them where the format allows it.
+TWO_CALLS = {
+    "hermes": (
+        "Sure. ",
+        f'Sure. <tool_call>\n{{"name": "get_weather", "arguments": {json.dumps(TRICKY)}}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+    ),
+    "llama3_json": (
+        "",
+        f'<|python_tag|>{{"name": "get_weather", "parameters": {json.dumps(TRICKY)}}}; '
+        '{"name": "get_time", "parameters": {}}',
+    ),
+    "mistral": (
+        "Sure. ",
+        f'Sure. [TOOL_CALLS][{{"name": "get_weather", "arguments": {json.dumps(TRICKY)}}}, '
+        '{"name": "get_time", "arguments": {}}]',
+    ),
+}
 
-def _stream(text: str, seed: int) -> list[object]:
+
+def _stream(fmt: str, text: str, seed: int, *, forced: bool = False) -> list[object]:
     """Events of ``text`` fed in random pieces of 1 to 6 characters."""
     rng = random.Random(seed)
-    parser = ToolCallStream(NAMES)
+    reader = tool_call_format(fmt).stream(NAMES, forced=forced)
     events: list[object] = []
     i = 0
     while i < len(text):
         n = rng.randint(1, 6)
-        events += parser.feed(text[i : i + n])
+        events += reader.feed(text[i : i + n])
         i += n
-    return events + parser.finish()
+    return events + reader.finish()
 
 
 def _content(events: list[object]) -> str:
     return "".join(e for e in events if isinstance(e, str))
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_calls_stream_their_arguments_however_the_text_is_cut(seed: int) -> None:
-    events = _stream(TWO_CALLS, seed)
-    assert _content(events) == "Sure. "
+@pytest.mark.parametrize("fmt", sorted(TWO_CALLS))
+@pytest.mark.parametrize("seed", range(8))
+def test_calls_stream_their_arguments_however_the_text_is_cut(fmt: str, seed: int) -> None:
+    content, text = TWO_CALLS[fmt]
+    events = _stream(fmt, text, seed)
+    assert _content(events) == content
     ends = [e.call for e in events if isinstance(e, CallEnd)]
-    assert [(c.name, json.loads(c.arguments)) for c in ends] == [
-        ("get_weather", {"city": "Paris", "q": {"a": "}\n</tool_call>"}}),
-        ("get_time", {}),
-    ]
+    assert [(c.name, json.loads(c.arguments)) for c in ends] == [("get_weather", TRICKY), ("get_time", {})]
     for call in ends:
         pieces = [e.delta for e in events if isinstance(e, ArgumentsDelta) and e.call_id == call.call_id]
         assert "".join(pieces) == call.arguments
     starts = [e for e in events if isinstance(e, CallStart)]
     assert [s.call_id for s in starts] == [c.call_id for c in ends]
-    # Each call starts before its first argument piece and ends after its last.
-    for call in ends:
+    for call in ends:  # each call starts before its first argument piece and ends after its last
         positions = [i for i, e in enumerate(events) if getattr(e, "call_id", None) == call.call_id]
         assert isinstance(events[positions[0]], CallStart) and positions[-1] < events.index(CallEnd(call))
 
 
+@pytest.mark.parametrize("fmt", sorted(TWO_CALLS))
+def test_whole_answers_parse_as_the_stream_does(fmt: str) -> None:
+    content, text = TWO_CALLS[fmt]
+    parsed, calls = tool_call_format(fmt).parse(text, NAMES)
+    assert parsed == content.strip() and [c.name for c in calls] == ["get_weather", "get_time"]
+
+
 @pytest.mark.parametrize(
-    "text",
+    ("fmt", "text"),
     [
-        "no calls here, a < sign and a <tool",
-        '<tool_call>{"name": "unknown", "arguments": {}}</tool_call> after',
-        "<tool_call> not json </tool_call>",
+        ("hermes", "no calls here, a < sign and a <tool"),
+        ("hermes", '<tool_call>{"name": "unknown", "arguments": {}}</tool_call> after'),
+        ("hermes", "<tool_call> not json </tool_call>"),
+        ("hermes", '<tool_call>{"name": "get_\\xtime", "arguments": {}}</tool_call>'),
+        ("hermes", "\n  text, then <tool_call> not json"),
+        ("mistral", "text, then [TOOL_CALLS] not json"),
+        ("llama3_json", 'The object {"name": "get_time", "parameters": {}} is a call'),
+        ("llama3_json", '{"name": "unknown", "parameters": {}}'),
+        ("llama3_json", '{"city": "Paris"}'),
+        ("mistral", "[1, 2] is a list"),
+        ("mistral", '[TOOL_CALLS] [{"name": "unknown", "arguments": {}}]'),
     ],
 )
-def test_text_that_is_no_call_of_ours_stays_content(text: str) -> None:
+def test_text_that_is_no_call_of_ours_stays_content(fmt: str, text: str) -> None:
     for seed in range(4):
-        events = _stream(text, seed)
+        events = _stream(fmt, text, seed)
         assert _content(events) == text and not [e for e in events if not isinstance(e, str)]
 
 
-def test_a_bare_json_call_is_parsed_at_the_end() -> None:
-    events = _stream('{"name": "get_time", "parameters": {"zone": "UTC"}}', 0)
+def test_a_bare_json_call_reads_as_a_call_in_the_default_format() -> None:
+    events = _stream("hermes", '{"name": "get_time", "parameters": {"zone": "UTC"}}', 0)
     [end] = [e for e in events if isinstance(e, CallEnd)]
     assert (end.call.name, json.loads(end.call.arguments)) == ("get_time", {"zone": "UTC"})
 
 
-def test_a_call_cut_off_streams_its_pieces_but_never_ends() -> None:
-    parser = ToolCallStream(NAMES)
-    events = parser.feed('<tool_call>\n{"name": "get_time", "arguments": {"zo') + parser.finish()
+def test_mistral_calls_whose_marker_decoding_dropped_read_the_same() -> None:
+    _, calls = tool_call_format("mistral").parse('[{"name": "get_time", "arguments": {"zone": "UTC"}}]', NAMES)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_time", {"zone": "UTC"})]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "cut"),
+    [
+        ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {"zo'),
+        ("llama3_json", '{"name": "get_time", "parameters": {"zo'),
+        ("mistral", '[TOOL_CALLS][{"name": "get_time", "arguments": {"zo'),
+        ("mistral", '[{"name": "get_time", "arguments": {"zone": "UTC"}'),  # arguments whole, call object not
+    ],
+)
+def test_a_call_cut_off_streams_its_pieces_but_never_ends(fmt: str, cut: str) -> None:
+    reader = tool_call_format(fmt).stream(NAMES)
+    events = reader.feed(cut) + reader.finish()
     assert isinstance(events[0], CallStart)
-    assert "".join(e.delta for e in events if isinstance(e, ArgumentsDelta)) == '{"zo'
-    assert not [e for e in events if isinstance(e, CallEnd)] and parser.calls == []
+    assert cut.endswith("".join(e.delta for e in events if isinstance(e, ArgumentsDelta)))
+    assert not [e for e in events if isinstance(e, CallEnd)] and reader.calls == []
 
 
-@pytest.mark.parametrize(("required", "parallel"), [(True, True), (True, False), (False, True), (False, False)])
-def test_tool_call_tag_compiles_and_follows_the_parameters(required: bool, parallel: bool) -> None:
-    xgr = pytest.importorskip("xgrammar")
-    from tests.harness.checkpoints import VOCAB, byte_level_tokenizer
+@pytest.mark.parametrize(
+    "cut",
+    ["<tool_c", '<tool_call>\n{"na', '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_c'],
+)
+def test_no_markup_of_a_forced_answer_is_content(cut: str) -> None:
+    events = _stream("hermes", cut, 0, forced=True)
+    assert _content(events) == ""
 
-    tools = [
-        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
-        {"type": "function", "name": "get_weather", "parameters": {"enum": [1, 2]}},  # the realtime shape
-    ]
-    tag = tool_call_tag(tools, required=required, parallel=parallel)
-    tokenizer = byte_level_tokenizer()
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=VOCAB, stop_token_ids=[tokenizer.eos_token_id])
-    compiled = xgr.GrammarCompiler(info).compile_structural_tag(json.dumps(tag))
 
-    one = '<tool_call>\n{"name": "get_weather", "arguments": 2}\n</tool_call>'
-    two = one + '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
-    assert xgr.GrammarMatcher(compiled).accept_string(one)
-    assert xgr.GrammarMatcher(compiled).accept_string(two) == parallel
-    assert not xgr.GrammarMatcher(compiled).accept_string('<tool_call>\n{"name": "get_weather", "arguments": 3')
-    assert xgr.GrammarMatcher(compiled).accept_string("plain text") == (not required)
-    complete = xgr.GrammarMatcher(compiled)
-    assert complete.accept_string(one) and complete.accept_token(tokenizer.eos_token_id) and complete.is_terminated()
+@pytest.mark.parametrize(
+    ("fmt", "cut"),
+    [
+        ("hermes", 'Let me look. <tool_call>\n{"name": "get_'),
+        ("llama3_json", '{"name": "get_time", "param'),
+        ("mistral", 'Let me look. [TOOL_CALLS][{"na'),
+    ],
+)
+def test_a_call_cut_off_in_its_head_leaves_no_markup_in_content(fmt: str, cut: str) -> None:
+    for seed in range(4):
+        events = _stream(fmt, cut, seed)
+        assert _content(events).strip() in ("", "Let me look.") and not [e for e in events if not isinstance(e, str)]
 
 
 def test_a_raw_tab_in_an_argument_string_still_gives_strict_json() -> None:
-    from omni_gateway.omni.tool_calls import parse_tool_calls
-
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Los\tAngeles"}}\n</tool_call>'  # a raw tab
-    content, calls = parse_tool_calls(text, frozenset({"get_weather"}))
+    content, calls = tool_call_format("hermes").parse(text, frozenset({"get_weather"}))
     assert content == "" and len(calls) == 1
     assert json.loads(calls[0].arguments) == {"city": "Los\tAngeles"}  # strict parse: the tab is escaped
+
+
+def test_parser_names_follow_vllm_and_unknown_ones_are_refused() -> None:
+    assert {"hermes", "llama3_json", "mistral"} <= set(TOOL_CALL_PARSERS)
+    assert tool_call_format("qwen25") is tool_call_format("hermes") is tool_call_format(None)
+    with pytest.raises(ValueError, match="hermes"):
+        tool_call_format("nonesuch")
+
+
+# ---- grammars ---------------------------------------------------------------------------------------
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+    {"type": "function", "name": "get_weather", "parameters": {"enum": [1, 2]}},  # the realtime shape
+]
+# One call, two calls, and a call whose arguments break the tool's parameters, in each format.
+FORMATTED = {
+    "hermes": (
+        '<tool_call>\n{"name": "get_weather", "arguments": 2}\n</tool_call>',
+        '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+        '<tool_call>\n{"name": "get_weather", "arguments": 3',
+    ),
+    "llama3_json": (
+        '{"name": "get_weather", "parameters": 2}',
+        '; {"name": "get_time", "parameters": {}}',
+        '{"name": "get_weather", "parameters": 3',
+    ),
+    "mistral": (
+        '[{"name": "get_weather", "arguments": 2}',
+        ', {"name": "get_time", "arguments": {}}',
+        '[{"name": "get_weather", "arguments": 3',
+    ),
+}
+
+
+def _matcher(fmt: str, *, required: bool, parallel: bool) -> tuple[object, object]:
+    xgr = pytest.importorskip("xgrammar")
+    from tests.harness.checkpoints import VOCAB, byte_level_tokenizer
+
+    tag = tool_call_format(fmt).grammar(TOOLS, required=required, parallel=parallel)
+    assert tag is not None
+    tokenizer = byte_level_tokenizer()
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=VOCAB, stop_token_ids=[tokenizer.eos_token_id])
+    compiled = xgr.GrammarCompiler(info).compile_structural_tag(json.dumps(tag))
+    return (lambda: xgr.GrammarMatcher(compiled)), tokenizer
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATTED))
+@pytest.mark.parametrize("parallel", [True, False])
+def test_a_forced_call_follows_the_parameters_and_then_only_ends(fmt: str, parallel: bool) -> None:
+    matcher, tokenizer = _matcher(fmt, required=True, parallel=parallel)
+    one, more, wrong = FORMATTED[fmt]
+    close = "]" if fmt == "mistral" else ""
+    assert matcher().accept_string(one + close)
+    assert matcher().accept_string(one + more + close) == parallel
+    assert not matcher().accept_string(wrong)
+    assert not matcher().accept_string("plain text")
+    ended = matcher()
+    assert ended.accept_string(one + close) and ended.accept_token(tokenizer.eos_token_id) and ended.is_terminated()
+    if not parallel:  # after the one call the stop token is all there is
+        done = matcher()
+        assert done.accept_string(one + close)
+        assert not any(done.accept_string(ch) for ch in ("\n", " ", ";", ",", "<", "{", "[", "a"))
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3_json"])
+def test_unforced_calls_are_free_text_until_a_call_starts(fmt: str) -> None:
+    matcher, _ = _matcher(fmt, required=False, parallel=True)
+    one, _, wrong = FORMATTED[fmt]
+    assert matcher().accept_string("plain text " + one)
+    assert not matcher().accept_string("plain text " + wrong)
+
+
+def test_unforced_mistral_calls_go_unconstrained() -> None:
+    # The model opens them with its [TOOL_CALLS] special token, which a grammar over text cannot name.
+    assert tool_call_format("mistral").grammar(TOOLS, required=False, parallel=True) is None
+
+
+def test_templates_get_every_tool_in_the_chat_shape() -> None:
+    from omni_gateway.omni.tools import template_tool
+
+    flat = {"type": "function", "name": "get_time", "description": "now", "parameters": {"type": "object"}}
+    shaped = {
+        "type": "function",
+        "function": {"name": "get_time", "description": "now", "parameters": {"type": "object"}},
+    }
+    assert template_tool(flat) == shaped and template_tool(shaped) == shaped
