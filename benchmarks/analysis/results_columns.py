@@ -110,3 +110,16 @@ def sweep(shape: str) -> Col:
     calls that ran correctly."""
     best = f"min decode|final[shape={shape},variant={{}},rows=1,ok=True]"
     return Col(f"{shape} vs bf16", f"{best}:bf16_us / {best}:us")
+
+
+def where(kind: str, field: str, **match: str) -> Getter:
+    """``field`` of the first ``kind`` record whose fields equal ``match`` (values that hold commas, which a
+    path's filter cannot)."""
+
+    def read(records: Sequence[Record], _key: str) -> float | None:
+        found = [
+            r.get(field) for r in records if r.get("kind") == kind and all(r.get(k) == v for k, v in match.items())
+        ]
+        return number(found[0]) if found else None
+
+    return read

@@ -15,6 +15,7 @@ from benchmarks.analysis.results_columns import (
     turn_variant,
     voice,
     wait_cols,
+    where,
 )
 from benchmarks.analysis.results_paths import Col, Table
 from benchmarks.lib.voice_client import TURN_DETECTIONS
@@ -132,6 +133,24 @@ TABLES: tuple[Table, ...] = (
         skips=("--pdl",),
     ),
     Table(
+        "Hostile constraints: six compiling beside a normal constrained request",
+        "hostile_constraints",
+        (
+            Col("normal request alone, worst s", where("normal_wait", "worst_s", setup="alone (baseline)")),
+            Col(
+                "one compile thread, no limits, worst s",
+                where("normal_wait", "worst_s", setup="one compile thread, no limits; 240-level anyOf"),
+            ),
+            Col("pool and limits, worst s", where("normal_wait", "worst_s", setup="pool and limits; 240-level anyOf")),
+            Col("depth 100 compile s", "compile_depth[depth=100]:compile_s"),
+            Col(
+                "40 large schemas, RSS growth MiB, unbounded",
+                where("memory", "grown_mib", setup="unbounded (baseline)"),
+            ),
+            Col("bounded (256 MiB)", where("memory", "grown_mib", setup="default bound")),
+        ),
+    ),
+    Table(
         "End-of-turn decisions (semantic_vad, Piper voice)",
         "turn_decisions",
         (
@@ -142,23 +161,6 @@ TABLES: tuple[Table, ...] = (
         ),
         key="variant",
         rows=("before", "auto", "high"),
-    ),
-    Table(
-        "Voice loop latency",
-        "voice_loop",
-        (
-            *wait_cols(_VL),
-            # from speech_stopped to the first audio: the one wait runs from before the end of speech was timed measured
-            voice("from speech_stopped p50 ms", f"{_VL}:stopped_to_audio_p50_s", hist="p50_ms"),
-            voice("from speech_stopped p90 ms", hist="p90_ms"),
-            voice("ASR ms", hist="asr_ms"),
-            voice("LLM ms", hist="llm_ms"),
-            voice("TTS ms", hist="tts_ms"),
-            voice("turns", f"{_VL}:turns", ms=False),
-            voice("lost", f"{_VL}:lost", ms=False),
-        ),
-        key="turn detection",
-        rows=TURN_DETECTIONS,
     ),
     Table(
         "Concurrent voice sessions",
@@ -187,21 +189,6 @@ TABLES: tuple[Table, ...] = (
         key="streams",
         rows=("32", "64"),
         variant=("--run-on",),
-    ),
-    Table(
-        "VITS model pass, eager against CUDA graphs",
-        "vits_graphs",
-        (
-            Col("idle eager ms", f"{_IDLE}:eager_pass_ms", "idle_pass_ms_1row.0"),
-            Col("idle graphs ms", f"{_IDLE}:graphs_pass_ms", "idle_pass_ms_1row.1"),
-            Col("busy eager ms", f"{_BUSY}:eager_pass_ms", "busy_pass_ms_1row.0"),
-            Col("busy graphs ms", f"{_BUSY}:graphs_pass_ms", "busy_pass_ms_1row.1"),
-            Col(
-                "busy eager / graphs",
-                f"{_BUSY}:eager_pass_ms / {_BUSY}:graphs_pass_ms",
-                "busy_pass_ms_1row.0 / busy_pass_ms_1row.1",
-            ),
-        ),
     ),
     Table(
         "Whisper batch beside a busy Python thread",
@@ -315,27 +302,6 @@ TABLES: tuple[Table, ...] = (
         rows=("1", "8"),
     ),
     Table(
-        "A torch stage beside the event loop (GIL convoy)",
-        "gil_convoy",
-        (
-            Col("alone ms", "interval_result[switch_interval_ms={}]:alone_ms"),
-            Col("beside a busy thread ms", "interval_result[switch_interval_ms={}]:beside_ms"),
-            Col("slowdown", "interval_result[switch_interval_ms={}]:slowdown"),
-        ),
-        key="switch interval ms",
-        rows=("5.0", "0.5"),
-    ),
-    Table(
-        "Host copies beside a graph replay",
-        "host_copy_stall",
-        (
-            Col("pageable ms", "way_result[way=pageable]:median_ms"),
-            Col("pinned ms", "way_result[way=pinned]:median_ms"),
-            Col("no copy ms", "way_result[way=none]:median_ms"),
-            Col("pageable / pinned", "way_result[way=pageable]:median_ms / way_result[way=pinned]:median_ms"),
-        ),
-    ),
-    Table(
         "Realtime sessions under load",
         "realtime_load",
         (
@@ -434,6 +400,10 @@ TABLES: tuple[Table, ...] = (
 
 # Benchmarks of the results that no table shows, and why; a name ending in "*" covers every name it begins.
 NOT_SHOWN: dict[str, str] = {
+    "voice_loop": "one session's voice loop, which voice_sessions measures at N=1 with the stage split",
+    "vits_graphs": "the check behind the VITS head's CUDA graphs (raw results in benchmarks/results)",
+    "gil_convoy": "the check behind running torch stages off the event loop (raw results in benchmarks/results)",
+    "host_copy_stall": "the check behind the pinned host copies (raw results in benchmarks/results)",
     "experiments.*": "results of experiments whose modules are gone, history only",
     "pdl_chain": "an experiment whose module is gone, history only",
     "one-row int4*": "A/B scripts over the int4 linears, history only",
