@@ -162,21 +162,3 @@ def test_a_new_voice_sessions_run_shows_per_detector_and_supersedes_the_old_form
     lines = render_table(table, table_rows(table, load_runs(tmp_path)))
     assert "| sessions | turn detection | end of speech → first audio p50 ms |" in lines[1]
     assert any(line.startswith("| H100 | – | 64 | semantic_vad | 600 |") for line in lines)
-
-
-def test_a_new_voice_loop_run_shows_per_detector_beside_old_history(tmp_path: Path) -> None:
-    header = {"benchmark": "voice_loop", "run_id": "a", "date": "2026-12-08 10:00 UTC", "cpus": 2}
-    records = [
-        {**header, "kind": "run", "command": "python -m benchmarks.voice_loop --turn-detection semantic_vad"},
-        {**header, "kind": "summary", "turn_detection": "semantic_vad", **_voice_summary([0.7, 0.8, 0.9], 0.3)},
-    ]
-    _write(tmp_path, "voice_loop.jsonl", records)
-    history = {"benchmark": "voice_loop", "date": "2026-12-02", "machine": "2-core AMD EPYC", "command": "c"}
-    _write(tmp_path, "history.jsonl", [{**history, "metrics": {"p50_ms": 849, "asr_ms": 119}}])
-
-    rows = table_rows(_table("voice_loop"), load_runs(tmp_path))
-
-    assert [(row.key, row.cells[0], row.cells[9]) for row in rows] == [
-        ("server_vad", None, 849),  # the old history, which measured from speech_stopped alone
-        ("semantic_vad", pytest.approx(800), pytest.approx(500)),
-    ]
