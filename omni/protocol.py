@@ -227,6 +227,7 @@ class Usage:
 class Done:
     finish_reason: str  # "stop" | "length" | "abort" | "tool_calls" | "error"
     index: int = 0
+    stop_sequence: str | None = None  # the request's stop string that ended the answer, when one did
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,7 +76,8 @@ async def written(
                 reason = delta.finish_reason or "stop"
                 if tool_names and parsers[delta.index].calls and reason == "stop":
                     reason = "tool_calls"
-                yield Done(reason, index=delta.index)
+                stop = delta.stop_reason if isinstance(delta.stop_reason, str) else None
+                yield Done(reason, index=delta.index, stop_sequence=stop)
     except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
         yield refusal(exc, constraint_param(request) if isinstance(exc, InvalidConstraint) else None)
         return

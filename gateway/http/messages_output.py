@@ -27,6 +27,7 @@ class MessageAssembler:
         self._text_open = False
         self.usage: Usage | None = None
         self.finish_reason = "stop"
+        self.stop_sequence: str | None = None
 
     def start(self) -> list[dict[str, Any]]:
         message = {**self._envelope(), "content": [], "stop_reason": None, "stop_sequence": None}
@@ -40,7 +41,7 @@ class MessageAssembler:
         if isinstance(chunk, Usage):
             self.usage = chunk
         elif isinstance(chunk, Done):
-            self.finish_reason = chunk.finish_reason
+            self.finish_reason, self.stop_sequence = chunk.finish_reason, chunk.stop_sequence
         elif isinstance(chunk, TextDelta) and chunk.text:
             return self._text(chunk.text)
         elif isinstance(chunk, ToolCallDelta):
@@ -49,7 +50,7 @@ class MessageAssembler:
 
     def finish(self) -> list[dict[str, Any]]:
         events = self._close_text()
-        delta = {"stop_reason": self.stop_reason, "stop_sequence": None}
+        delta = {"stop_reason": self.stop_reason, "stop_sequence": self._stopped_by}
         events.append({"type": "message_delta", "delta": delta, "usage": {"output_tokens": self._output_tokens}})
         return [*events, {"type": "message_stop"}]
 
@@ -98,7 +99,14 @@ class MessageAssembler:
     def stop_reason(self) -> str:
         if any(b["type"] == "tool_use" for b in self.blocks) and self.finish_reason != "length":
             return "tool_use"
+        if self._stopped_by is not None:
+            return "stop_sequence"
         return _STOP_REASONS.get(self.finish_reason, "end_turn")
+
+    @property
+    def _stopped_by(self) -> str | None:
+        """The stop sequence that ended the answer (Anthropic names it), when one did."""
+        return self.stop_sequence if self.finish_reason == "stop" else None
 
     @property
     def _output_tokens(self) -> int:
@@ -113,7 +121,7 @@ class MessageAssembler:
             **self._envelope(),
             "content": self.blocks,
             "stop_reason": self.stop_reason,
-            "stop_sequence": None,
+            "stop_sequence": self._stopped_by,
             "usage": {
                 "input_tokens": usage.input_tokens,
                 "output_tokens": usage.output_tokens,

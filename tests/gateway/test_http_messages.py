@@ -205,3 +205,20 @@ def test_the_x_api_key_header_opens_the_openai_routes_too(live):
         f"{url}/v1/chat/completions", json={"model": MODEL, "messages": USER}, headers={"x-api-key": "sk-test"}
     )
     assert r.status_code == 200
+
+
+def test_a_stop_sequence_that_ended_the_answer_is_named_streamed_or_not(live):
+    backend, _, client = live
+    backend.script = [
+        TextDelta("One, two"),
+        Done("stop", stop_sequence="three"),
+        Usage(input_tokens=4, output_tokens=3),
+    ]
+    m = client.messages.create(model=MODEL, max_tokens=64, messages=USER, stop_sequences=["three"])
+    assert (m.stop_reason, m.stop_sequence) == ("stop_sequence", "three")
+    with client.messages.stream(model=MODEL, max_tokens=64, messages=USER, stop_sequences=["three"]) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "three")
+    backend.script = [TextDelta("One"), Done("stop"), Usage(input_tokens=4, output_tokens=1)]
+    plain = client.messages.create(model=MODEL, max_tokens=64, messages=USER, stop_sequences=["three"])
+    assert (plain.stop_reason, plain.stop_sequence) == ("end_turn", None)
