@@ -179,3 +179,40 @@ def test_a_realtime_response_completes_with_the_call_before_the_repeat(served: t
     assert [json.loads(e["arguments"])["city"] for e in done] == ["Paris", "London"]
     assert [json.loads(o["arguments"])["city"] for o in response["output"]] == ["Paris", "London"]
     _stopped_at_the_repeat(engine)
+
+
+class SilentTTS:
+    """No sound for any text: a spoken answer whose text is all calls says nothing."""
+
+    voices = ("joe",)
+
+    async def stream(self, texts: AsyncIterator[str], options: Any) -> AsyncIterator[Any]:
+        async for _ in texts:
+            pass
+        return
+        yield
+
+
+def test_a_spoken_answer_ends_at_the_repeat_too() -> None:
+    from omni_gateway.omni.protocol import Done, Message, OmniRequest, TextPart, ToolCallDelta
+
+    engine = ScriptedEngine()
+    pipeline = OmniPipeline(
+        OmniConfig(temperature=0.0), engine=engine, model_name="fake-llm", max_context_tokens=4096, tts=SilentTTS()
+    )  # type: ignore[arg-type]
+    request = OmniRequest(
+        "r1",
+        (Message("user", (TextPart("weather?"),)),),
+        modalities=("audio",),
+        tools=(WEATHER,),
+        tool_choice="required",
+    )
+
+    async def collect() -> list[Any]:
+        return [chunk async for chunk in pipeline.generate(request)]
+
+    chunks = asyncio.run(collect())
+    calls = [json.loads(c.arguments)["city"] for c in chunks if isinstance(c, ToolCallDelta)]
+    assert calls == ["Paris", "London"]
+    assert [c.finish_reason for c in chunks if isinstance(c, Done)] == ["tool_calls"]
+    _stopped_at_the_repeat(engine)
