@@ -48,7 +48,8 @@ class CharTokenizer:
 
 
 class ScriptedEngine:
-    """Streams ``SCRIPT`` in pieces; counts what it streamed and whether its consumer closed it early."""
+    """Streams ``SCRIPT`` in pieces (with ``n`` 2, a second choice of one call, done early); counts what it
+    streamed and whether its consumer closed it early."""
 
     def __init__(self) -> None:
         self.tokenizer = CharTokenizer()
@@ -72,6 +73,8 @@ class ScriptedEngine:
                     num_prompt_tokens=len(prompt_ids),
                     num_output_tokens=i + 1,
                 )
+                if i == 2 and params.n > 1:
+                    yield StreamDelta(request_id, _call("Rome"), (i,), finished=True, finish_reason="stop", index=1)
                 await asyncio.sleep(0)
         except GeneratorExit:  # closed by its consumer: the real engine aborts the request here
             self.closed_early[-1] = True
@@ -215,4 +218,14 @@ def test_a_spoken_answer_ends_at_the_repeat_too() -> None:
     calls = [json.loads(c.arguments)["city"] for c in chunks if isinstance(c, ToolCallDelta)]
     assert calls == ["Paris", "London"]
     assert [c.finish_reason for c in chunks if isinstance(c, Done)] == ["tool_calls"]
+    _stopped_at_the_repeat(engine)
+
+
+def test_each_choice_ends_on_its_own_and_the_request_once_all_have(served: tuple[str, ScriptedEngine]) -> None:
+    url, engine = served
+    body = {"model": "fake-llm", "messages": USER, "tools": [WEATHER], "tool_choice": "required", "n": 2}
+    choices = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=20).json()["choices"]
+    cities = [[json.loads(c["function"]["arguments"])["city"] for c in ch["message"]["tool_calls"]] for ch in choices]
+    assert cities == [["Paris", "London"], ["Rome"]]
+    assert [ch["finish_reason"] for ch in choices] == ["tool_calls", "tool_calls"]
     _stopped_at_the_repeat(engine)
