@@ -50,34 +50,41 @@ async def written(
 ) -> AsyncIterator[OutputChunk]:
     """The answer as text deltas; with tools, each choice's text goes through a reader of the ``tools``
     format, so content streams as it comes and each call as its start, its argument pieces and the
-    whole call. A forced answer is calls only: none of its text is content."""
+    whole call. A forced answer is calls only: none of its text is content; a call repeating an earlier one
+    ends its choice there, as complete calls, and once every choice is over the engine request is closed
+    (aborted), so no more tokens are spent."""
     tool_names = frozenset(tool_name(t) for t in request.tools)
     forced = request.tool_choice == "required"
     parsers: dict[int, CallStream] = {}
     finals: list[StreamDelta] = []
     try:
-        async for delta in _deltas(engine, request, prompt, params):
-            if delta.error is not None:
-                yield Error("engine_error", delta.error, status=500)
-                return
-            if tool_names:
+        async with contextlib.aclosing(_deltas(engine, request, prompt, params)) as deltas:
+            async for delta in deltas:
+                if delta.error is not None:
+                    yield Error("engine_error", delta.error, status=500)
+                    return
                 parser = parsers.get(delta.index)
-                if parser is None:
-                    parser = parsers[delta.index] = tools.stream(tool_names, forced=forced)
-                events = parser.feed(delta.text) if delta.text else []
-                if delta.finished:
-                    events += parser.finish()
-                for chunk in _tool_chunks(events, delta.index):
-                    yield chunk
-            elif delta.text or delta.logprobs:
-                yield TextDelta(delta.text, index=delta.index, logprobs=_logprobs(engine, delta))
-            if delta.finished:
-                finals.append(delta)
-                reason = delta.finish_reason or "stop"
-                if tool_names and parsers[delta.index].calls and reason == "stop":
-                    reason = "tool_calls"
-                stop = delta.stop_reason if isinstance(delta.stop_reason, str) else None
-                yield Done(reason, index=delta.index, stop_sequence=stop)
+                if parser is not None and parser.ended:
+                    continue  # a choice that repeated a call is over; the others go on
+                if tool_names:
+                    if parser is None:
+                        parser = parsers[delta.index] = tools.stream(tool_names, forced=forced)
+                    events = parser.feed(delta.text) if delta.text else []
+                    if delta.finished:
+                        events += parser.finish()
+                    for chunk in _tool_chunks(events, delta.index):
+                        yield chunk
+                elif delta.text or delta.logprobs:
+                    yield TextDelta(delta.text, index=delta.index, logprobs=_logprobs(engine, delta))
+                if delta.finished or (parser is not None and parser.ended):
+                    finals.append(delta)  # its token counts so far: the usage of an ended choice
+                    reason = delta.finish_reason or "stop"
+                    if parser is not None and parser.calls and (reason == "stop" or parser.ended):
+                        reason = "tool_calls"
+                    stop = delta.stop_reason if isinstance(delta.stop_reason, str) else None
+                    yield Done(reason, index=delta.index, stop_sequence=stop)
+                    if len(finals) == params.n:
+                        break  # every choice is over: leaving closes (aborts) the engine request
     except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
         yield refusal(exc, constraint_param(request) if isinstance(exc, InvalidConstraint) else None)
         return
@@ -127,19 +134,21 @@ async def spoken(
 
     async def text() -> AsyncIterator[str]:
         try:
-            async for delta in _deltas(engine, request, prompt, params):
-                if delta.error is not None:
-                    failure.append(Error("engine_error", delta.error, status=500))
-                    return
-                if delta.index != 0:
-                    continue  # one voice per response: extra choices are not spoken
-                words = said(delta.text, delta.finished)
-                if words:
-                    yield words
-                if delta.finished:
-                    finals.append(delta)
-                if cancel.is_set():
-                    return
+            async with contextlib.aclosing(_deltas(engine, request, prompt, params)) as deltas:
+                async for delta in deltas:
+                    if delta.error is not None:
+                        failure.append(Error("engine_error", delta.error, status=500))
+                        return
+                    if delta.index != 0:
+                        continue  # one voice per response: extra choices are not spoken
+                    words = said(delta.text, delta.finished)
+                    if words:
+                        yield words
+                    ended = parser is not None and parser.ended
+                    if delta.finished or ended:
+                        finals.append(delta)
+                    if cancel.is_set() or ended:
+                        return  # a repeated call ended the answer: leaving closes (aborts) the engine request
         except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
             failure.append(refusal(exc))
 
@@ -157,7 +166,7 @@ async def spoken(
         yield failure[0]
         return
     reason = finals[0].finish_reason if finals else "abort"
-    if parser is not None and parser.calls and reason == "stop":
+    if parser is not None and parser.calls and (reason == "stop" or parser.ended):
         reason = "tool_calls"
     yield Done(reason or "stop")
     # Output audio tokens are counted as OpenAI does for its realtime models: 1 token per 50 ms.

@@ -47,7 +47,8 @@ class ToolCallFormat:
     _tag: Callable[..., dict[str, Any] | None]
 
     def stream(self, tool_names: frozenset[str], *, forced: bool = False) -> CallStream:
-        """An incremental reader; ``forced``: the answer is calls only, so no text is content."""
+        """An incremental reader; ``forced``: the answer is calls only, so no text is content, and a call
+        repeating an earlier one ends it (see ``CallStream``)."""
         return self._stream(tool_names, forced=forced)
 
     def parse(self, text: str, tool_names: frozenset[str], *, forced: bool = False) -> tuple[str, list[ParsedCall]]:

@@ -9,7 +9,10 @@ reads it in ``_outside``, ``_after_call`` and the states it adds.
 
 A call cut off before its end (``max_tokens``) streams its pieces but never becomes a ``CallEnd``.
 With ``forced`` (the grammar made the answer calls only) no text is ever content: whatever is not a
-complete call is markup.
+complete call is markup. A forced answer may hold several calls, but a model that calls the same function
+with the same arguments again is looping: that repeat ends the answer (``ended``), unreported. So that a
+repeat never goes out, every call after the first is held back until complete and then given whole (its
+start, all its arguments as one piece, its end); the first streams as it is written.
 """
 
 from __future__ import annotations
@@ -76,7 +79,9 @@ class CallStream:
         self._arguments: list[str] = []
         self._depth: list[str] = []  # closing brackets the arguments still owe
         self._in_string = self._escaped = self._args_done = False
+        self._held = False  # the call being read goes out only once complete (a later call of a forced answer)
         self.calls: list[ParsedCall] = []
+        self.ended = False  # a call repeated an earlier one: the answer is over, and the rest of the text ignored
 
     def feed(self, text: str) -> list[StreamEvent]:
         self._pending += text
@@ -105,6 +110,9 @@ class CallStream:
         events: list[StreamEvent] = []
         while True:
             before = (self._pending, self._state)
+            if self.ended:
+                self._pending = ""
+                break
             if self._state in ("start", "outside"):
                 events += self._outside(final)
             elif self._state == "head":
@@ -155,8 +163,9 @@ class CallStream:
         self._call = CallStart(new_call_id(), name)
         self._arguments, self._depth = [], []
         self._in_string = self._escaped = self._args_done = False
+        self._held = self._forced and bool(self.calls)
         self._state = "arguments"
-        return [self._call]
+        return [] if self._held else [self._call]
 
     def _not_a_call(self) -> list[StreamEvent]:
         """The markup and the text after it were no call of ours: content, then read on as content."""
@@ -172,13 +181,23 @@ class CallStream:
             self._pending = self._pending.lstrip()
         end = self._scan(self._pending)
         piece, self._pending = self._pending[:end], self._pending[end:]
-        events: list[StreamEvent] = [ArgumentsDelta(call.call_id, call.name, piece)] if piece else []
+        events: list[StreamEvent] = [ArgumentsDelta(call.call_id, call.name, piece)] if piece and not self._held else []
         if piece:
             self._arguments.append(piece)
         if self._args_done:
             self._state = "close"
         elif final:  # cut off: the pieces went out, but the call never closed
-            self._call, self._state = None, "outside"
+            events += self._cut_off()
+        return events
+
+    def _cut_off(self) -> list[StreamEvent]:
+        """The call being read never closed (max_tokens): its pieces go out, a held call's now, as one."""
+        call = self._call
+        assert call is not None
+        events: list[StreamEvent] = []
+        if self._held:
+            events = [call, ArgumentsDelta(call.call_id, call.name, "".join(self._arguments))]
+        self._call, self._pending, self._state = None, "", "outside"
         return events
 
     def _scan(self, text: str) -> int:
@@ -214,16 +233,32 @@ class CallStream:
         assert call is not None
         text = self._pending.lstrip()
         if not text:
-            if final:  # cut off right after the arguments: still not a complete call
-                self._call, self._pending, self._state = None, "", "outside"
-            return []
+            # Cut off right after the arguments: still not a complete call.
+            return self._cut_off() if final else []
         if text[0] == "}":
             text = text[1:]
         self._pending = text
         parsed = ParsedCall(call.call_id, call.name, strict_json("".join(self._arguments).strip()))
-        self.calls.append(parsed)
         self._call, self._markup, self._state = None, "", "after"
+        if self._held and any(_same_call(parsed, earlier) for earlier in self.calls):
+            self.ended, self._pending = True, ""
+            return []
+        self.calls.append(parsed)
+        if self._held:
+            return [call, ArgumentsDelta(call.call_id, call.name, parsed.arguments), CallEnd(parsed)]
         return [CallEnd(parsed)]
+
+
+def _same_call(a: ParsedCall, b: ParsedCall) -> bool:
+    """The same function with the same arguments, compared as JSON values (key order and spacing aside)."""
+    return a.name == b.name and _canonical(a.arguments) == _canonical(b.arguments)
+
+
+def _canonical(arguments: str) -> str:
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True)
+    except ValueError:
+        return arguments
 
 
 def partial_suffix(text: str, marker: str) -> int:

@@ -89,8 +89,9 @@ def test_forced_tool_calls_are_complete_valid_and_end(
 ) -> None:
     """Every answer of a forced call at temperature 1, the request read as the chat API reads it: complete
     calls only, each valid, as many as allowed, no markup as content, and the answer ends after its last
-    call. With parallel calls allowed the model may go on calling until max_tokens: then only the call it
-    was cut in is unfinished, and it is not reported as a call."""
+    call. With parallel calls allowed the model may go on calling: the answer ends where it repeats a call
+    (the reader, as the server streams it, drops the repeat and the server stops generating there), and
+    otherwise at max_tokens, where only the call it was cut in is unfinished and not reported as a call."""
     body = {"model": "m", "messages": [{"role": "user", "content": "What is the weather in Lisbon?"}], **fields}
     caps = Capabilities("m", frozenset({"text"}), frozenset({"text"}))
     request = parse_chat(body, caps, HttpLimits()).request
@@ -100,19 +101,29 @@ def test_forced_tool_calls_are_complete_valid_and_end(
     prompt = llm.engine.render_chat(body["messages"], tools=list(request.tools))  # type: ignore[arg-type]
     outputs = llm.generate([prompt] * REQUESTS, params)
     hermes = tool_call_format("hermes")
-    ended = 0
+    ended = repeated = 0
+    cut: list[int] = []  # the complete calls of each answer max_tokens cut
     for out in outputs:
         text, finish = out.outputs[0].text, out.outputs[0].finish_reason
-        content, calls = hermes.parse(text, frozenset({"get_weather", "get_time"}), forced=True)
+        reader = hermes.stream(frozenset({"get_weather", "get_time"}), forced=True)
+        content = "".join(e for e in reader.feed(text) + reader.finish() if isinstance(e, str))
+        calls = reader.calls
         assert content == "", (mode, text)
         assert len(calls) >= 1 and (most is None or len(calls) <= most), (mode, text)
         assert all(c.name == "get_weather" for c in calls), (mode, text)
         for call in calls:
             jsonschema.validate(json.loads(call.arguments), CITY["function"]["parameters"])
-        if finish == "stop":  # the text is nothing but the calls, however it is read
+        if reader.ended:  # a call repeated an earlier one: the server ends the answer there
+            assert most is None, (mode, text)
+            repeated += 1
+        elif finish == "stop":  # the text is nothing but the calls, however it is read
             ended += 1
             assert hermes.parse(text, frozenset({"get_weather", "get_time"}))[0] == "", (mode, text)
             assert text.rstrip().endswith("</tool_call>"), (mode, text)
         else:
             assert most is None and finish == "length", (mode, finish, text)
-    print(f"{mode}: {REQUESTS} answers, {ended} ended after their calls, {REQUESTS - ended} cut by max_tokens")
+            cut.append(len(calls))
+    print(
+        f"{mode}: {REQUESTS} answers, {ended} ended after their calls, {repeated} ended at a repeated call, "
+        f"{len(cut)} cut by max_tokens (after {cut} distinct complete calls)"
+    )

@@ -153,6 +153,80 @@ def test_a_call_cut_off_in_its_head_leaves_no_markup_in_content(fmt: str, cut: s
         assert _content(events).strip() in ("", "Let me look.") and not [e for e in events if not isinstance(e, str)]
 
 
+# A forced answer of several calls in each family's format: (opening, one call, separator, closing).
+FORCED_CALLS = {
+    "hermes": ("", '<tool_call>\n{{"name": "{}", "arguments": {}}}\n</tool_call>', "\n", ""),
+    "llama3_json": ("", '{{"name": "{}", "parameters": {}}}', "; ", ""),
+    "mistral": ("[", '{{"name": "{}", "arguments": {}}}', ", ", "]"),
+}
+
+
+def _forced_answer(fmt: str, *calls: tuple[str, str]) -> str:
+    opening, call, separator, closing = FORCED_CALLS[fmt]
+    return opening + separator.join(call.format(name, arguments) for name, arguments in calls) + closing
+
+
+PARIS, LONDON = ("get_weather", '{"city": "Paris", "days": 2}'), ("get_weather", '{"city": "London", "days": 2}')
+
+
+@pytest.mark.parametrize("fmt", sorted(FORCED_CALLS))
+@pytest.mark.parametrize("seed", range(4))
+def test_a_forced_call_repeating_an_earlier_one_ends_the_answer_unreported(fmt: str, seed: int) -> None:
+    # The repeat is the first call again, its arguments written another way: equal as JSON all the same.
+    again = ("get_weather", '{ "days": 2,"city":"Paris" }')
+    text = _forced_answer(fmt, PARIS, LONDON, again, ("get_time", "{}"))
+    rng = random.Random(seed)
+    reader = tool_call_format(fmt).stream(NAMES, forced=True)
+    events: list[object] = []
+    i = 0
+    while i < len(text) and not reader.ended:
+        n = rng.randint(1, 6)
+        events += reader.feed(text[i : i + n])
+        i += n
+    assert reader.ended and i < len(text)  # over as soon as the repeat closed, before the text ran out
+    assert reader.feed('{"name": "get_time", "arguments": {}}') == [] and reader.finish() == []
+    assert [(c.name, json.loads(c.arguments)) for c in reader.calls] == [
+        ("get_weather", {"city": "Paris", "days": 2}),
+        ("get_weather", {"city": "London", "days": 2}),
+    ]
+    assert [e.call for e in events if isinstance(e, CallEnd)] == reader.calls and _content(events) == ""
+    first, second = reader.calls
+    assert len([e for e in events if getattr(e, "call_id", None) == first.call_id]) > 1  # the first streamed
+    # The second was held until complete, then sent whole: its start, all its arguments in one piece, its end.
+    start = events.index(CallStart(second.call_id, second.name))
+    assert events[start:] == [
+        CallStart(second.call_id, second.name),
+        ArgumentsDelta(second.call_id, second.name, second.arguments),
+        CallEnd(second),
+    ]
+
+
+@pytest.mark.parametrize("fmt", sorted(FORCED_CALLS))
+def test_forced_calls_of_one_function_with_different_arguments_are_all_kept(fmt: str) -> None:
+    tokyo = ("get_weather", '{"city": "Paris", "days": 3}')  # one argument differs from PARIS
+    _, calls = tool_call_format(fmt).parse(_forced_answer(fmt, PARIS, LONDON, tokyo), NAMES, forced=True)
+    assert [json.loads(c.arguments) for c in calls] == [json.loads(a) for _, a in (PARIS, LONDON, tokyo)]
+
+
+def test_a_held_call_cut_off_by_max_tokens_goes_out_unfinished() -> None:
+    whole = _forced_answer("hermes", PARIS, LONDON)
+    text = whole[: whole.rindex('ys": 2')]  # the second call is cut inside its arguments
+    reader = tool_call_format("hermes").stream(NAMES, forced=True)
+    events = reader.feed(text)
+    assert [e for e in events if isinstance(e, CallEnd)] == [CallEnd(reader.calls[0])]
+    [start] = [e for e in events if isinstance(e, CallStart)]  # the held call is not out yet
+    tail = reader.finish()
+    assert isinstance(tail[0], CallStart) and tail[0].call_id != start.call_id
+    assert tail[1:] == [ArgumentsDelta(tail[0].call_id, "get_weather", '{"city": "London", "da')]
+    assert len(reader.calls) == 1 and not reader.ended
+
+
+def test_an_unforced_answer_keeps_a_repeated_call() -> None:
+    # Calls the model chose freely stream as written: the same call twice may be meant (a die rolled twice).
+    _, calls = tool_call_format("hermes").parse(_forced_answer("hermes", PARIS, PARIS), NAMES)
+    assert [c.arguments for c in calls] == [PARIS[1], PARIS[1]]
+
+
 def test_a_raw_tab_in_an_argument_string_still_gives_strict_json() -> None:
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Los\tAngeles"}}\n</tool_call>'  # a raw tab
     content, calls = tool_call_format("hermes").parse(text, frozenset({"get_weather"}))
