@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,7 @@ class Call:
     socket: CallSocket
     connection: RealtimeConnection
     task: asyncio.Task[None] | None = None
+    on_end: Callable[[], None] | None = None  # told once the call is torn down (the guard's count of it)
     helpers: list[asyncio.Task[None]] = field(default_factory=list)  # the caller's audio, the ICE watch
 
 
@@ -71,8 +73,11 @@ class Calls:
     def get(self, call_id: str) -> Call | None:
         return self._calls.get(call_id)
 
-    async def place(self, offer: str, session_configs: list[dict[str, Any]]) -> tuple[str, str]:
-        """Answer ``offer`` and start its session configured by ``session_configs``: (call id, SDP answer)."""
+    async def place(
+        self, offer: str, session_configs: list[dict[str, Any]], on_end: Callable[[], None] | None = None
+    ) -> tuple[str, str]:
+        """Answer ``offer`` and start its session configured by ``session_configs``: (call id, SDP answer).
+        ``on_end`` is called once the call placed is torn down (not when it could not be placed)."""
         if len(self._calls) >= self.config.max_sessions:
             raise ApiError(
                 503,
@@ -94,7 +99,7 @@ class Calls:
             capacity=self.capacity,
         )
         socket.session = connection.session
-        call = Call(new_id("rtc"), peer, socket, connection)
+        call = Call(new_id("rtc"), peer, socket, connection, on_end=on_end)
         try:
             refused = configure(connection.session, session_configs)
             if refused is not None:
@@ -160,6 +165,8 @@ class Calls:
             await call.socket.close()
             await call.peer.close()
             self._calls.pop(call.id, None)
+            if call.on_end is not None:
+                call.on_end()
 
     async def hang_up(self, call_id: str) -> bool:
         """End the call (False: no such call); returns once it is torn down, or after ``HANGUP_WAIT_S``."""
