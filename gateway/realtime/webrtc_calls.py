@@ -162,11 +162,13 @@ class Calls:
             for task in (watcher, *call.helpers):
                 task.cancel()
             await asyncio.gather(watcher, *call.helpers, return_exceptions=True)
-            await call.socket.close()
-            await call.peer.close()
-            self._calls.pop(call.id, None)
-            if call.on_end is not None:
-                call.on_end()
+            try:
+                await call.socket.close()
+                await call.peer.close()
+            finally:
+                self._calls.pop(call.id, None)
+                if call.on_end is not None:
+                    call.on_end()
 
     async def hang_up(self, call_id: str) -> bool:
         """End the call (False: no such call); returns once it is torn down, or after ``HANGUP_WAIT_S``."""
