@@ -66,11 +66,13 @@ class _Halfband:
     def _filter(self, samples: np.ndarray) -> np.ndarray:
         joined = np.concatenate([self._history, samples])
         self._history = joined[samples.size :]
-        return np.convolve(joined, _HALFBAND, "valid")
+        filtered: np.ndarray = np.convolve(joined, _HALFBAND, "valid")
+        return filtered
 
 
 def _to_int16(samples: np.ndarray) -> np.ndarray:
-    return np.clip(np.rint(samples), -32768, 32767).astype(np.int16)
+    out: np.ndarray = np.clip(np.rint(samples), -32768, 32767).astype(np.int16)
+    return out
 
 
 @dataclass(slots=True)
@@ -185,7 +187,12 @@ class SpokenTrack(MediaStreamTrack):
         """Wait up to ``timeout`` for audio to be queued; True when it was."""
         loop = asyncio.get_running_loop()
         wake = self._wake = loop.create_future()
-        timer = loop.call_later(timeout, lambda: wake.done() or wake.set_result(False))
+
+        def tick() -> None:
+            if not wake.done():
+                wake.set_result(False)
+
+        timer = loop.call_later(timeout, tick)
         try:
             return bool(await wake)
         finally:
