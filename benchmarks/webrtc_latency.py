@@ -151,12 +151,15 @@ async def call_session(
         await peer.setRemoteDescription(RTCSessionDescription(sdp=response.text, type="answer"))
         turns: list[dict[str, Any]] = []
         done = asyncio.Event()
+        played = asyncio.Event()  # the track finished playing a reply
 
         async def listen_events() -> None:
             while True:
                 event = await events.get()
                 if event["type"] == "session.created":
                     channel.send(json.dumps(voice_client.session_update("server_vad")))
+                elif event["type"] == "output_audio_buffer.stopped":
+                    played.set()
                 elif record(turns[-1] if turns else {}, event, time.monotonic()):
                     done.set()
 
@@ -167,10 +170,14 @@ async def call_session(
             for question in questions:
                 turns.append({"question": question, "transcript": "", "answer": "", "arrivals": []})
                 done.clear()
+                played.clear()
                 started = time.monotonic()
                 mark = mic.say(silence + spoken[question], len(silence) // 2 + ends[question] - 1)
+                # The reply is done once generated, and heard once the track has played it (real time, past
+                # response.done): the next question waits for that, or its first audio would be this reply's tail.
                 try:
                     await asyncio.wait_for(done.wait(), turn_timeout + len(spoken[question]) / 48000)
+                    await asyncio.wait_for(played.wait(), turn_timeout)
                 except TimeoutError:
                     pass
                 mic.say(silence)
