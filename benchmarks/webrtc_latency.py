@@ -37,6 +37,7 @@ import fractions
 import json
 import multiprocessing
 import os
+import re
 import time
 from typing import Any
 
@@ -52,23 +53,36 @@ from benchmarks.lib.common import ResultLog, add_out_argument, ratio
 from benchmarks.lib.voice_client import record, summarize, table, turn_row
 
 RATE = 48000  # Opus's clock: the caller's frames, in and out
-FRAME = RATE // 50  # 20 ms
+_TIME_BASE = fractions.Fraction(1, RATE)
 AUDIBLE = 32  # a decoded sample this loud (-60 dBFS) is reply audio; between replies the track is digital zero
 SILENCE_S = 0.4  # before each question and after each reply, as voice_client streams
 
 
 class Microphone(MediaStreamTrack):  # type: ignore[misc]
-    """Plays queued 24 kHz pcm16 at real time, 20 ms a frame, silence in between, and notes when the frame
-    holding a marked sample was handed to aiortc's sender (which encodes and sends it at once)."""
+    """Plays queued 24 kHz pcm16 at real time, silence in between, and notes when the frame holding a marked sample
+    was handed to aiortc's sender (which sends it at once). It sends packets of the length the answer's
+    ``a=ptime`` names, as browsers do (20 ms without one): at 20 ms aiortc's encoder makes them, at another
+    length the track encodes them itself, aiortc's encoder knowing 20 ms only."""
 
     kind = "audio"
 
     def __init__(self) -> None:
         super().__init__()
+        self.frame = RATE // 50
+        self._encoder: Any = None
         self.queued = np.zeros(0, np.int16)
         self.sent = 0  # samples handed out so far
         self.marks: dict[int, float] = {}  # stream position -> when the frame holding it was handed out
         self._start: float | None = None
+
+    def use_ptime(self, ptime_ms: int) -> None:
+        """Send ``ptime_ms`` packets, as the answer's ``a=ptime`` asks (before the call connects)."""
+        self.frame = RATE * ptime_ms // 1000
+        if ptime_ms != 20:
+            self._encoder = av.CodecContext.create("libopus", "w")
+            self._encoder.sample_rate, self._encoder.format, self._encoder.layout = RATE, "s16", "mono"
+            self._encoder.bit_rate, self._encoder.time_base = 96000, _TIME_BASE
+            self._encoder.options = {"application": "voip", "frame_duration": str(ptime_ms)}
 
     def say(self, pcm24: bytes, mark: int | None = None) -> int | None:
         """Queue ``pcm24``; the stream position of its sample ``mark`` (a 24 kHz index), to look up in ``marks``."""
@@ -80,28 +94,37 @@ class Microphone(MediaStreamTrack):  # type: ignore[misc]
         self.marks[at + 2 * mark] = 0.0
         return at + 2 * mark
 
-    async def recv(self) -> av.AudioFrame:
+    async def recv(self) -> av.AudioFrame | av.Packet:
         if self.readyState != "live":
             raise MediaStreamError
         if self._start is None:
             self._start = time.monotonic()
         else:
             await asyncio.sleep(max(0.0, self._start + self.sent / RATE - time.monotonic()))
-        out = np.zeros(FRAME, np.int16)
-        take = min(FRAME, self.queued.size)
+        out = np.zeros(self.frame, np.int16)
+        take = min(self.frame, self.queued.size)
         out[:take], self.queued = self.queued[:take], self.queued[take:]
         now = time.monotonic()
         for position, at in self.marks.items():
-            if not at and self.sent <= position < self.sent + FRAME:
+            if not at and self.sent <= position < self.sent + self.frame:
                 self.marks[position] = now
         frame = av.AudioFrame.from_ndarray(out.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate, frame.pts, frame.time_base = RATE, self.sent, fractions.Fraction(1, RATE)
-        self.sent += FRAME
-        return frame
+        frame.sample_rate, frame.pts, frame.time_base = RATE, self.sent, _TIME_BASE
+        self.sent += self.frame
+        if self._encoder is None:
+            return frame
+        (packet,) = self._encoder.encode(frame)  # libopus returns each frame's packet at once
+        packet.pts, packet.time_base = frame.pts, _TIME_BASE
+        return packet
 
 
 async def call_session(
-    base_url: str, questions: list[str], spoken: dict[str, bytes], turn_timeout: float, delay_s: float = 0.0
+    base_url: str,
+    questions: list[str],
+    spoken: dict[str, bytes],
+    turn_timeout: float,
+    delay_s: float = 0.0,
+    follow_ptime: bool = True,
 ) -> list[dict[str, Any]]:
     """One WebRTC call, placed after ``delay_s``: each turn's timeline, as ``voice_client.session`` returns it."""
     ends = {q: voice_client.speech_end(spoken[q]) for q in set(questions)}
@@ -148,6 +171,10 @@ async def call_session(
         if response.status_code != 201:
             raise RuntimeError(f"the call was refused: {response.status_code} {response.text[:200]}")
         call_path = response.headers["location"]
+        if follow_ptime and (
+            ptime := re.search(r"^a=ptime:(\d+)", response.text.split("m=audio", 1)[-1].split("m=", 1)[0], re.M)
+        ):
+            mic.use_ptime(int(ptime.group(1)))
         await peer.setRemoteDescription(RTCSessionDescription(sdp=response.text, type="answer"))
         turns: list[dict[str, Any]] = []
         done = asyncio.Event()
@@ -205,22 +232,26 @@ def webrtc_row(turn: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _client_group(base_url: str, plans: list[list[str]], spoken: dict[str, bytes], timeout: float) -> list[list[dict]]:
+def _client_group(
+    base_url: str, plans: list[list[str]], spoken: dict[str, bytes], timeout: float, follow_ptime: bool
+) -> list[list[dict]]:
     async def group() -> list[list[dict]]:
         return await asyncio.gather(
-            *(call_session(base_url, plan, spoken, timeout, i * 0.05) for i, plan in enumerate(plans))
+            *(call_session(base_url, plan, spoken, timeout, i * 0.05, follow_ptime) for i, plan in enumerate(plans))
         )
 
     return asyncio.run(group())
 
 
-def run_calls(base_url: str, n: int, turns: int, spoken: dict[str, bytes], timeout: float) -> list[dict[str, Any]]:
+def run_calls(
+    base_url: str, n: int, turns: int, spoken: dict[str, bytes], timeout: float, follow_ptime: bool = True
+) -> list[dict[str, Any]]:
     """``n`` concurrent calls of ``turns`` turns each, placed from one child process."""
     questions = list(spoken)
     plans = [[questions[(c * turns + t) % len(questions)] for t in range(turns)] for c in range(n)]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-        results = pool.submit(_client_group, base_url, plans, spoken, timeout).result()
+        results = pool.submit(_client_group, base_url, plans, spoken, timeout, follow_ptime).result()
     return [dict(webrtc_row(t), call=c, turn=i) for c, call in enumerate(results) for i, t in enumerate(call)]
 
 
@@ -283,9 +314,15 @@ def main() -> None:
     parser.add_argument("--model", help="serve the embedded models ('default') instead of the scripted backend")
     parser.add_argument("--turn-timeout", type=float, default=30.0, help="seconds a turn may wait for its reply")
     parser.add_argument("--spoken", metavar="NPZ", help="the spoken questions: read from, or saved to, this file")
+    parser.add_argument(
+        "--ignore-ptime",
+        action="store_true",
+        help="callers send 20 ms packets whatever the answer asks (a browser that does not honour a=ptime)",
+    )
     add_out_argument(parser, "webrtc_latency")
     args = parser.parse_args()
     from omni_gateway.gateway.config import GatewayConfig
+    from omni_gateway.gateway.realtime.webrtc_calls import RECEIVE_PTIME_MS
 
     from benchmarks.voice_sessions import run_sessions, spoken_questions
     from tests.harness.live_server import serve
@@ -295,7 +332,14 @@ def main() -> None:
     backend = load_backend(args)
     config = GatewayConfig(voice_admission_rtf=0, max_sessions=max(256, 2 * max(args.calls)))
     with (
-        ResultLog(args.out, "webrtc_latency", turns=args.turns, model=args.model or "scripted") as log,
+        ResultLog(
+            args.out,
+            "webrtc_latency",
+            turns=args.turns,
+            model=args.model or "scripted",
+            answer_ptime_ms=RECEIVE_PTIME_MS,  # the packet length the server's answer asks callers for
+            callers_follow_ptime=not args.ignore_ptime,
+        ) as log,
         serve(backend, config) as port,
     ):
         base = f"http://127.0.0.1:{port}"
@@ -306,7 +350,7 @@ def main() -> None:
             if transport == "websocket":
                 rows = run_sessions(f"ws://127.0.0.1:{port}/v1/realtime", 1, args.turns, spoken, args.turn_timeout)
             else:
-                rows = run_calls(base, 1, args.turns, spoken, args.turn_timeout)
+                rows = run_calls(base, 1, args.turns, spoken, args.turn_timeout, not args.ignore_ptime)
             for row in rows:
                 log.write("turn", transport=transport, calls=1, **row)
             summaries[transport] = report(transport, rows)
@@ -336,7 +380,7 @@ def main() -> None:
         for n in args.calls:
             if n == 1:
                 continue
-            rows = run_calls(base, n, args.turns, spoken, args.turn_timeout)
+            rows = run_calls(base, n, args.turns, spoken, args.turn_timeout, not args.ignore_ptime)
             for row in rows:
                 log.write("turn", transport="webrtc", calls=n, **row)
             summary = report(f"webrtc N={n}", rows)
