@@ -3,16 +3,17 @@ the same server, and how many concurrent calls the CPU carries before that laten
 
     python -m benchmarks.webrtc_latency [--turns 8] [--calls 1 4 8 16] [--model default] [--spoken NPZ] [--out FILE]
 
-Both transports speak the same Piper-voiced questions at real-time pace to one server and let its server VAD
-(500 ms of silence) end each turn. The WebSocket client is the voice benchmarks' (``benchmarks/lib/voice_client``:
+Both transports speak the same questions at real-time pace to one server and let its server VAD (500 ms of
+silence) end each turn. The WebSocket client is the voice benchmarks' (``benchmarks/lib/voice_client``:
 40 ms chunks of pcm16, first audio = the turn's first ``response.output_audio.delta``). The WebRTC caller is an
-aiortc peer as a browser places a call: an Opus microphone track of 20 ms frames, the ``oai-events`` channel
-for the events. End of speech is when its microphone handed aiortc the frame holding the question's last voiced
-sample (``voice_client.speech_end``); first audio is when the first audible RTP packet of the reply (a peak
-above -60 dBFS once decoded; the track carries digital silence between replies) reached the caller. That packet
-is timed as it arrives, before aiortc's receive jitter buffer, which holds every packet for four more (80 ms):
-a browser plays through its own adaptive buffer instead, whose depth depends on the network's jitter, not the
-server. ``heard`` is when aiortc's track released the same audio, for reference.
+aiortc peer as a browser places a call: an Opus microphone track sending the packet length the answer's
+``a=ptime`` asks for, as Chromium does (``--ignore-ptime``: 20 ms, as a browser that does not), and the
+``oai-events`` channel for the events. End of speech is when its microphone handed aiortc the frame holding
+the question's last voiced sample (``voice_client.speech_end``); first audio is when the first audible RTP
+packet of the reply (a peak above -60 dBFS once decoded; the track carries digital silence between replies)
+reached the caller. That packet is timed as it arrives, before aiortc's receive jitter buffer, which holds
+every packet for four more: a browser plays through its own adaptive buffer instead, whose depth depends on
+the network's jitter, not the server. ``heard`` is when aiortc's track released the same audio, for reference.
 
 The difference of the p50s is the transport's cost. Each transport's latency splits in two (from
 ``voice_client.summarize``): end of speech -> ``speech_stopped`` (the caller's audio reaching the VAD: the
