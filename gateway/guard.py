@@ -15,7 +15,7 @@ import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from omni_gateway.gateway import metrics
 from omni_gateway.gateway.anthropic_errors import MESSAGES_PATH, anthropic_error
@@ -39,6 +39,8 @@ PUBLIC_PREFIXES = ("/demo",)
 UNGATED_BY_HEALTH = ("/health", "/metrics")
 REALTIME_PATH = "/v1/realtime"  # the sessions that use the speech stages
 CALLS_PATH = "/v1/realtime/calls"  # WebRTC calls: placed and hung up over HTTP
+# The scope key under which a request placing a call finds the session slot the guard counted for it.
+CALL_HOLD = "omni_gateway.call_hold"
 
 _ERROR_TYPES = {
     401: "authentication_error",
@@ -60,6 +62,21 @@ _SESSION_REFUSALS = {
 }
 # Without the ASGI denial-response extension a refused handshake can only be a close; servers answer it with 403.
 _CLOSE_CODES = {401: 1008, 403: 1008, 429: 1013, 503: 1013}
+
+
+class SessionHold:
+    """The session slot counted for a call being placed. The guard frees it when the request ends unless the
+    route ``kept`` it, handing ``release`` to the call, which frees it when the call ends (once, however often
+    it is called)."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release: Callable[[], None] | None = release
+        self.kept = False
+
+    def release(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
 
 class Refusal(NamedTuple):
@@ -98,6 +115,17 @@ def opens_realtime(kind: str, path: str) -> bool:
         return path == REALTIME_PATH
     rest = path.removeprefix(CALLS_PATH)
     return rest == "" or (rest.startswith("/") and rest.endswith("/hangup") and rest.count("/") == 2)
+
+
+def places_call(scope: Scope) -> bool:
+    """A request placing a WebRTC call: a realtime session that outlives its HTTP request."""
+    return scope["type"] == "http" and scope.get("path") == CALLS_PATH and scope.get("method") == "POST"
+
+
+def joins_call(scope: Scope) -> bool:
+    """A realtime WebSocket joining a live call (``?call_id=``): the call's session, not one of its own."""
+    query = scope.get("query_string") or b""
+    return b"call_id" in query and "call_id" in parse_qs(query.decode("latin-1"), keep_blank_values=True)
 
 
 # One host: a DNS name or IPv4 address (letters, digits, '-', '_', dots), or an IPv6 address in brackets;
@@ -181,7 +209,7 @@ class Guard:
         refusal = self._refusal(scope, kind, path)
         if refusal is not None:
             status, code, message, counted_as = refusal
-            if kind == "websocket":
+            if kind == "websocket" or places_call(scope):
                 metrics.SESSIONS_REFUSED.labels(counted_as or _SESSION_REFUSALS.get(code, code)).inc()
             await (self._deny_websocket if kind == "websocket" else self._deny_http)(
                 receive, send, scope, status, code, message
@@ -192,28 +220,51 @@ class Guard:
             return
         owner = self._owner(scope)
         counter = self.sessions if kind == "websocket" else self.requests
-        voice = self._is_voice(kind, path)
         counter[owner] += 1
-        self.voice_sessions += voice
         if kind == "websocket":
+            self.voice_sessions += self._is_voice(scope)
             metrics.SESSIONS_ADMITTED.inc()
             metrics.SESSIONS_OPEN.inc()
         else:
             self.http_in_flight += 1
+        hold = scope[CALL_HOLD] = self._hold(owner, self._is_voice(scope)) if places_call(scope) else None
         try:
             await self.app(scope, receive, send)
         finally:
             counter[owner] -= 1
             if counter[owner] <= 0:
                 del counter[owner]
-            self.voice_sessions -= voice
             if kind == "websocket":
+                self.voice_sessions -= self._is_voice(scope)
                 metrics.SESSIONS_OPEN.dec()
             else:
                 self.http_in_flight -= 1
+            if hold is not None and not hold.kept:
+                hold.release()
 
-    def _is_voice(self, kind: str, path: str) -> bool:
-        return self.voice and kind == "websocket" and path == REALTIME_PATH
+    def _hold(self, owner: str, voice: bool) -> SessionHold:
+        """Count a call as an open realtime session of ``owner`` (and a voice session) until it is released."""
+        self.sessions[owner] += 1
+        self.voice_sessions += voice
+        metrics.SESSIONS_ADMITTED.inc()
+        metrics.SESSIONS_OPEN.inc()
+
+        def release() -> None:
+            self.sessions[owner] -= 1
+            if self.sessions[owner] <= 0:
+                del self.sessions[owner]
+            self.voice_sessions -= voice
+            metrics.SESSIONS_OPEN.dec()
+
+        return SessionHold(release)
+
+    def _is_voice(self, scope: Scope) -> bool:
+        """A realtime WebSocket of its own or a call: a session the speech stages serve."""
+        if not self.voice:
+            return False
+        if scope["type"] == "websocket":
+            return scope.get("path") == REALTIME_PATH and not joins_call(scope)
+        return places_call(scope)
 
     def _owner(self, scope: Scope) -> str:
         """Whom the per-key limits count: the key, or without authentication the client's address."""
@@ -268,7 +319,7 @@ class Guard:
         if path not in UNGATED_BY_HEALTH and not self.healthy():
             return Refusal(503, "server_unavailable", "The model backend is not running; try again later.")
         owner = self._owner(scope)
-        if kind == "websocket":
+        if kind == "websocket" or places_call(scope):
             if self.sessions[owner] >= config.max_sessions_per_key:
                 return Refusal(
                     429,
@@ -284,9 +335,9 @@ class Guard:
                     "server_overloaded",
                     (f"This server already serves {config.max_sessions} realtime sessions; try again later."),
                 )
-            if self._is_voice(kind, path):
-                return self._voice_refusal()
-        elif path not in UNGATED_BY_HEALTH:
+            if self._is_voice(scope) and (refused := self._voice_refusal()) is not None:
+                return refused
+        if kind == "http" and path not in UNGATED_BY_HEALTH:
             if self.requests[owner] >= http.max_requests_per_key:
                 return Refusal(
                     429,

@@ -38,6 +38,7 @@ DETAIL_KINDS: dict[str, frozenset[str]] = {
     "turn_decisions": frozenset({"turn"}),
     "voice_loop": frozenset({"turn"}),
     "voice_sessions": frozenset({"turn"}),
+    "webrtc_latency": frozenset({"turn"}),
 }
 _LOGS_OPENED = itertools.count()
 # Detail records held in memory before they are appended as one gzip member (members concatenate).

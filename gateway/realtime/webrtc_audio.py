@@ -3,9 +3,14 @@ the session's PCM.
 
 aiortc encodes what ``SpokenTrack.recv`` returns to Opus and sends it as soon as it returns, so ``recv``
 keeps real-time pace (20 ms frames at 48 kHz, silence when nothing is queued) and what it returned is what
-was sent: the played-out position of each assistant item, which a barge-in truncates the item to. The
-session speaks 24 kHz pcm16; soxr resamples on both sides, one stream per item out (flushed when the item's
-audio is done, so the item's last milliseconds are not held back) and one stream in.
+was sent: the played-out position of each assistant item, which a barge-in truncates the item to. While the
+track is idle (sending silence) the first audio of a reply goes out as soon as it is pushed rather than at the
+next 20 ms tick, and the clock restarts from there.
+
+The session speaks 24 kHz pcm16, Opus 48 kHz: a halfband FIR resamples by two on both sides, one filter per
+item out (flushed when the item's audio is done) and one in. Its delay is fixed at half a millisecond and it
+holds nothing back; soxr's streaming resamplers, even at LQ, returned nothing for a stream's first 20 ms frame
+and then lagged by 1 to 20 ms, all of it added to the time to first audio.
 """
 
 from __future__ import annotations
@@ -16,24 +21,58 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import av
 import numpy as np
-import soxr
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from omni_gateway.gateway.realtime import audio as audio_fmt
 
 RTC_RATE = 48000  # Opus's clock: aiortc's decoder hands out, and its encoder takes, 48 kHz
 FRAME_SAMPLES = RTC_RATE // 50  # 20 ms, one Opus packet
-# soxr's streaming resamplers hold audio back to fill their filters: at its default (HQ) 20 ms on the way in
-# (48 -> 24 kHz, released every other frame) and 29 ms on the way out, both added to the time to first audio;
-# LQ holds 8 and 2.5 ms, and its passband still spans the speech a 24 kHz session carries.
-RESAMPLE_QUALITY = "LQ"
+# The halfband filter: flat (0.1 dB) to 10 kHz, -6 dB at 12 kHz, -45 dB from 14 kHz: past the speech a 24 kHz
+# session carries, and what folds back in lands above the 8 kHz the speech models hear. 47 taps: 0.48 ms delay.
+_TAPS = 47
+_HALFBAND = np.sinc((np.arange(_TAPS) - (_TAPS - 1) / 2) / 2) * np.kaiser(_TAPS, 7.0)
+_HALFBAND /= _HALFBAND.sum()
 _TIME_BASE = fractions.Fraction(1, RTC_RATE)
 
 # (kind, response_id) for output_audio_buffer.started / .stopped, told by the track as it plays
 PlayoutListener = Callable[[str, str], None]
+
+
+class _Halfband:
+    """Streaming resampling by two through the halfband filter: ``down`` 48 -> 24 kHz, ``up`` 24 -> 48 kHz.
+    Whatever a chunk's length, its output is returned at once; only the filter's 23 samples of history carry."""
+
+    def __init__(self) -> None:
+        self._history = np.zeros(_TAPS - 1)
+        self._phase = 0  # input samples seen, modulo 2: which of them the next decimated sample starts at
+
+    def down(self, samples: np.ndarray) -> np.ndarray:
+        filtered = self._filter(samples.astype(np.float64))
+        out = filtered[self._phase :: 2]
+        self._phase = (self._phase + samples.size) % 2
+        return _to_int16(out)
+
+    def up(self, samples: np.ndarray) -> np.ndarray:
+        stuffed = np.zeros(2 * samples.size)
+        stuffed[::2] = samples
+        return _to_int16(2 * self._filter(stuffed))
+
+    def flush_up(self) -> np.ndarray:
+        """What the filter still holds of the input (its delay), followed by silence."""
+        return self.up(np.zeros((_TAPS + 1) // 4))
+
+    def _filter(self, samples: np.ndarray) -> np.ndarray:
+        joined = np.concatenate([self._history, samples])
+        self._history = joined[samples.size :]
+        filtered: np.ndarray = np.convolve(joined, _HALFBAND, "valid")
+        return filtered
+
+
+def _to_int16(samples: np.ndarray) -> np.ndarray:
+    out: np.ndarray = np.clip(np.rint(samples), -32768, 32767).astype(np.int16)
+    return out
 
 
 @dataclass(slots=True)
@@ -41,7 +80,7 @@ class _Item:
     """One assistant item's audio on its way out."""
 
     response_id: str
-    resampler: Any  # soxr.ResampleStream
+    resampler: _Halfband
     sent: int = 0  # samples at 48 kHz returned by recv: played out
     done: bool = False  # its audio is complete (the resampler is flushed)
 
@@ -66,25 +105,25 @@ class SpokenTrack(MediaStreamTrack):
         self._playout = playout
         self._start: float | None = None
         self._pts = 0
+        self._wake: asyncio.Future[bool] | None = None  # what an idle recv waits on until the next tick
 
     # ---- what the session's audio does --------------------------------------------------------------
     def push(self, response_id: str, item_id: str, pcm24: bytes) -> None:
         item = self._items.get(item_id)
         if item is None:
             self._forget_played()
-            resampler = soxr.ResampleStream(audio_fmt.SAMPLE_RATE, RTC_RATE, 1, "int16", quality=RESAMPLE_QUALITY)
-            item = self._items[item_id] = _Item(response_id, resampler)
+            item = self._items[item_id] = _Item(response_id, _Halfband())
         elif item.done:  # cut short by a clear: the rest of it is never played
             return
         samples = np.frombuffer(pcm24[: len(pcm24) - len(pcm24) % 2], dtype="<i2")
-        self._enqueue(item_id, item.resampler.resample_chunk(samples))
+        self._enqueue(item_id, item.resampler.up(samples))
 
     def finish(self, item_id: str) -> None:
         """The item's audio is complete: what its resampler still holds goes out too."""
         item = self._items.get(item_id)
         if item is not None and not item.done:
             item.done = True
-            self._enqueue(item_id, item.resampler.resample_chunk(np.zeros(0, np.int16), last=True))
+            self._enqueue(item_id, item.resampler.flush_up())
 
     def played_ms(self, item_id: str) -> int:
         """How much of the item was sent, in whole milliseconds."""
@@ -119,6 +158,8 @@ class SpokenTrack(MediaStreamTrack):
         if samples.size:
             self._queue.chunks.append((item_id, samples.astype(np.int16, copy=False)))
             self._queue.samples += samples.size
+            if self._wake is not None and not self._wake.done():
+                self._wake.set_result(True)
 
     # ---- what aiortc's sender reads -----------------------------------------------------------------
     async def recv(self) -> av.AudioFrame:
@@ -130,8 +171,10 @@ class SpokenTrack(MediaStreamTrack):
         else:
             self._pts += FRAME_SAMPLES
             wait = self._start + self._pts / RTC_RATE - now
-            if wait > 0:
+            if wait > 0 and self._queue.samples:
                 await asyncio.sleep(wait)
+            elif wait > 0 and await self._audio_within(wait):  # idle: audio goes out as it comes, not at the tick
+                self._start = time.monotonic() - self._pts / RTC_RATE
             elif wait < -0.2:  # the loop was held up: do not burst the backlog out, resume from now
                 self._start = now - self._pts / RTC_RATE
         frame = av.AudioFrame.from_ndarray(self._take().reshape(1, -1), format="s16", layout="mono")
@@ -139,6 +182,22 @@ class SpokenTrack(MediaStreamTrack):
         frame.pts = self._pts
         frame.time_base = _TIME_BASE
         return frame
+
+    async def _audio_within(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for audio to be queued; True when it was."""
+        loop = asyncio.get_running_loop()
+        wake = self._wake = loop.create_future()
+
+        def tick() -> None:
+            if not wake.done():
+                wake.set_result(False)
+
+        timer = loop.call_later(timeout, tick)
+        try:
+            return bool(await wake)
+        finally:
+            timer.cancel()
+            self._wake = None
 
     def _take(self) -> np.ndarray:
         out = np.zeros(FRAME_SAMPLES, np.int16)
@@ -170,22 +229,32 @@ class SpokenTrack(MediaStreamTrack):
 
 
 class HeardAudio:
-    """The caller's decoded frames (Opus: 48 kHz, mono or stereo) as the session's 24 kHz mono pcm16."""
+    """The caller's decoded frames (Opus: 48 kHz, mono or stereo) as the session's 24 kHz mono pcm16; a decoder
+    that hands out another rate is resampled by soxr (at LQ, which holds audio back: Opus's 48 kHz never is)."""
 
     def __init__(self) -> None:
         self._rate = 0
-        self._resampler: Any = None
+        self._resample: Callable[[np.ndarray], np.ndarray] = _Halfband().down
 
     def convert(self, frame: av.AudioFrame) -> bytes:
         if frame.format.name != "s16":
             raise ValueError(f"expected decoded audio as packed s16, got {frame.format.name}")
         if frame.sample_rate != self._rate:
             self._rate = frame.sample_rate
-            self._resampler = soxr.ResampleStream(
-                self._rate, audio_fmt.SAMPLE_RATE, 1, "int16", quality=RESAMPLE_QUALITY
-            )
+            self._resample = _resampler(self._rate)
         channels = len(frame.layout.channels)
         samples = frame.to_ndarray().reshape(-1, channels)  # s16 is packed: channels interleaved
         mono = samples[:, 0] if channels == 1 else samples.mean(axis=1).astype(np.int16)
-        pcm: bytes = self._resampler.resample_chunk(mono).astype("<i2").tobytes()
+        pcm: bytes = self._resample(mono).astype("<i2").tobytes()
         return pcm
+
+
+def _resampler(rate: int) -> Callable[[np.ndarray], np.ndarray]:
+    if rate == RTC_RATE:
+        return _Halfband().down
+    if rate == audio_fmt.SAMPLE_RATE:
+        return lambda samples: samples
+    import soxr
+
+    stream = soxr.ResampleStream(rate, audio_fmt.SAMPLE_RATE, 1, "int16", quality="LQ")
+    return lambda samples: np.asarray(stream.resample_chunk(samples))

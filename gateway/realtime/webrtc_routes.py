@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from omni_gateway.gateway.auth import ClientSecrets, is_client_secret
-from omni_gateway.gateway.guard import CALLS_PATH, presented_key
+from omni_gateway.gateway.guard import CALL_HOLD, CALLS_PATH, SessionHold, presented_key
 from omni_gateway.gateway.http.endpoint import endpoint, read_body
 from omni_gateway.gateway.http.errors import ApiError, invalid
 from omni_gateway.gateway.realtime.webrtc_calls import Calls
@@ -64,7 +64,11 @@ def call_routes(calls: Calls, secrets: ClientSecrets) -> list[Route]:
                 configs.append(secret.session)
         if session is not None:
             configs.append(session)
-        call_id, answer = await calls.place(sdp, configs)
+        # the guard counted the call as a realtime session: it stays counted while the call lives
+        hold: SessionHold | None = request.scope.get(CALL_HOLD)
+        call_id, answer = await calls.place(sdp, configs, on_end=None if hold is None else hold.release)
+        if hold is not None:
+            hold.kept = True
         location = f"{CALLS_PATH}/{call_id}"
         return Response(answer, status_code=201, media_type="application/sdp", headers={"Location": location})
 

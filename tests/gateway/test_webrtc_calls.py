@@ -37,6 +37,9 @@ def test_a_spoken_question_gets_its_answer_as_events_on_the_channel_and_opus_on_
         assert response.status_code == 201, response.text
         assert response.headers["content-type"].startswith("application/sdp")
         assert response.headers["location"] == f"/v1/realtime/calls/{caller.call_id}"
+        # the answer asks for 10 ms packets: aiortc's receiver holds four before decoding, 40 ms rather than 80
+        audio_section = response.text.split("m=audio", 1)[1].split("m=", 1)[0]
+        assert "a=ptime:10\r\n" in audio_section
         assert (await caller.until("session.created"))[-1]["session"]["type"] == "realtime"
         caller.send({"type": "session.update", "session": SPOKEN})
         await caller.until("session.updated")

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from omni_gateway.gateway import metrics
 from omni_gateway.gateway.app import create_app
 from omni_gateway.gateway.config import GatewayConfig
 from omni_gateway.gateway.realtime.connection import RealtimeConnection
@@ -57,7 +58,8 @@ def test_speaking_over_the_reply_truncates_it_to_what_the_caller_heard() -> None
     assert heard_later - heard_then <= 15  # the rest of the reply never played
 
 
-def test_placed_and_hung_up_calls_leave_no_call_task_or_socket_behind() -> None:
+@pytest.mark.parametrize("count", [10, pytest.param(50, marks=pytest.mark.slow)])
+def test_placed_and_hung_up_calls_leave_no_call_task_or_socket_behind(count: int) -> None:
     config = GatewayConfig()
     app = create_app(FakeBackend(), config)  # type: ignore[arg-type]
 
@@ -73,9 +75,11 @@ def test_placed_and_hung_up_calls_leave_no_call_task_or_socket_behind() -> None:
     with serve(None, config, app) as port:
         asyncio.run(asyncio.wait_for(calls(port, 2), 30))  # aiortc's first call opens what it keeps for good
         before = len(os.listdir("/proc/self/fd"))
-        asyncio.run(asyncio.wait_for(calls(port, 10), 60))
+        open_before = metrics.SESSIONS_OPEN._value.get()
+        asyncio.run(asyncio.wait_for(calls(port, count), 6 * count))
         after = len(os.listdir("/proc/self/fd"))
         assert len(app.state.calls) == 0
+        assert metrics.SESSIONS_OPEN._value.get() == open_before  # the guard counts no call still open
         gc.collect()
         live = gc.get_objects()
         assert not [o for o in live if isinstance(o, (CallSocket, RealtimeConnection))]
