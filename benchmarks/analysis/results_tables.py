@@ -151,6 +151,20 @@ TABLES: tuple[Table, ...] = (
         ),
     ),
     Table(
+        "WebRTC calls against the WebSocket (end of speech → first audio, loopback)",
+        "webrtc_latency",
+        (
+            ms_col("WebSocket p50 ms", "summary[transport=websocket,calls=1]:latency_p50_s"),
+            ms_col("WebRTC p50 ms", "summary[transport=webrtc,calls=1]:latency_p50_s"),
+            ms_col("WebRTC's cost p50 ms", "transport_cost:cost_p50_s"),
+            ms_col("of it receiving ms", "transport_cost:receive_p50_s"),
+            ms_col("sending ms", "transport_cost:send_p50_s"),
+            ms_col("16 calls p50 ms", "summary[transport=webrtc,calls=16]:latency_p50_s"),
+            Col("16 calls, turns lost", "summary[transport=webrtc,calls=16]:lost"),
+        ),
+        variant=("--ignore-ptime", "--model"),
+    ),
+    Table(
         "End-of-turn decisions (semantic_vad, Piper voice)",
         "turn_decisions",
         (
