@@ -38,9 +38,15 @@ INTER_TOKEN_LATENCY = Histogram(
     registry=REGISTRY,
     buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5),
 )
-SESSIONS_OPEN = Gauge("omni_realtime_sessions_open", "Realtime sessions currently open (WebSocket sessions and WebRTC calls).", registry=REGISTRY)
+SESSIONS_OPEN = Gauge(
+    "omni_realtime_sessions_open",
+    "Realtime sessions currently open (WebSocket sessions and WebRTC calls).",
+    registry=REGISTRY,
+)
 SESSIONS_ADMITTED = Counter(
-    "omni_realtime_sessions_admitted", "Realtime sessions (WebSocket or WebRTC call) the admission guard let in.", registry=REGISTRY
+    "omni_realtime_sessions_admitted",
+    "Realtime sessions (WebSocket or WebRTC call) the admission guard let in.",
+    registry=REGISTRY,
 )
 SESSIONS_REFUSED = Counter(
     "omni_realtime_sessions_refused",

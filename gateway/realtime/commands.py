@@ -115,9 +115,10 @@ class SessionLimits:
     max_responses: int = 4  # concurrent responses (out-of-band ones overlap); beyond it a response fails at once
     asr_timeout_s: float = 30.0  # a response waits at most this long for its turn's transcript
     partial_transcript_ms: int | None = 1000  # speech between partial transcripts of a turn being spoken (None: none)
-    # A model that reads transcripts prefills the reply's prompt from each partial transcript, so a turn's end
-    # leaves only its last words to prefill (the partial transcripts then run even when the client asked for
-    # no transcription).
+    # A model that reads transcripts prefills the reply's prompt from each partial transcript the session
+    # computes (for a client that asked for input transcription), so a turn's end leaves only its last words
+    # to prefill. No reading runs for it alone: on a small machine the recognizer's time costs more than the
+    # prefill it saves.
     prefill_while_speaking: bool = True
 
 

@@ -110,7 +110,7 @@ class InputTurns:
     def _read_while_spoken(self) -> None:
         """Transcribe the turn being spoken when enough new speech arrived since its last partial transcript."""
         item_id = self._pending_turn_id
-        if item_id is None or not (self._core.transcribing or self.prefills_while_spoken()):
+        if item_id is None or not self._core.transcribing:
             return
         speech = self._core.audio.speech_so_far()
         if speech is None or not self._core.partials.due(item_id, len(speech)):

@@ -103,7 +103,7 @@ def test_a_skipped_reading_lets_the_next_second_try_again() -> None:
 def test_no_partial_readings_without_transcription_or_prefill_or_with_the_cadence_off() -> None:
     assert transcribes(_speak(_session(transcription=False), 3000), partial=True) == []
     assert transcribes(_speak(_session(every_ms=None), 3000), partial=True) == []
-    assert transcribes(_speak(_session(every_ms=None, prefill=True), 3000), partial=True) == []
+    assert transcribes(_speak(_session(transcription=False, prefill=True), 3000), partial=True) == []
 
 
 def test_no_reading_during_a_pause() -> None:

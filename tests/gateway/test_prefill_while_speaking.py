@@ -24,10 +24,11 @@ def _session(backend: FakeBackend, prefill: bool = True, create_response: bool =
     )
     session.open()
     turn = {"type": "server_vad", "silence_duration_ms": 300, "create_response": create_response}
+    audio_input = {"turn_detection": turn, "transcription": {"model": "whisper-1"}}
     session.receive(
         {
             "type": "session.update",
-            "session": {"type": "realtime", "instructions": "Be brief.", "audio": {"input": {"turn_detection": turn}}},
+            "session": {"type": "realtime", "instructions": "Be brief.", "audio": {"input": audio_input}},
         }
     )
     return session
@@ -50,11 +51,9 @@ def _read(session: RealtimeSession, text: str, ms: int = 1000) -> list:
     return session.on_partial_transcription(partial_task_id(job.item_id), Transcription(text))
 
 
-def test_each_partial_reading_prefills_the_reply_the_turn_would_get_and_sends_no_delta() -> None:
-    session = _session(FakeBackend())  # the client asked for no transcription: the readings are the server's own
-    out = _read(session, "What is the")
-    assert not [o for o in out if getattr(o, "event", {}).get("type", "").endswith(".delta")]
-    ((task_id, work),) = _prefills(out)
+def test_each_partial_reading_prefills_the_reply_the_turn_would_get() -> None:
+    session = _session(FakeBackend())
+    ((task_id, work),) = _prefills(_read(session, "What is the"))
     assert task_id.endswith(":prefill")
     messages = work.request.messages
     assert messages[0].role == "system" and messages[0].text == "Be brief."
@@ -84,9 +83,9 @@ def test_the_turn_end_cancels_a_prefill_still_running() -> None:
 
 def test_no_prefill_when_switched_off_when_turns_get_no_reply_or_for_blank_or_late_readings() -> None:
     off = _session(FakeBackend(), prefill=False)
-    assert transcribes(_speak(off, 2000), partial=True) == []  # and no reading either: nobody asked for one
+    assert _prefills(_read(off, "What is the")) == []
     silent = _session(FakeBackend(), create_response=False)
-    assert transcribes(_speak(silent, 2000), partial=True) == []
+    assert _prefills(_read(silent, "What is the")) == []
     session = _session(FakeBackend())
     assert _prefills(_read(session, "  ")) == []
     (job,) = transcribes(_speak(session, 1000), partial=True)
@@ -98,7 +97,22 @@ def test_no_prefill_for_a_model_that_hears_the_audio_itself() -> None:
     backend = FakeBackend()
     backend.capabilities = dataclasses.replace(backend.capabilities, hears_audio=True)
     session = _session(backend)
-    assert transcribes(_speak(session, 2000), partial=True) == []
+    assert _prefills(_read(session, "What is the")) == []
+
+
+def test_no_reading_runs_for_a_prefill_alone() -> None:
+    session = RealtimeSession(
+        dialect="ga",
+        capabilities=FakeBackend().capabilities,
+        vad_factory=FakeBackend().new_vad,
+        limits=SessionLimits(partial_transcript_ms=1000, prefill_while_speaking=True),
+    )
+    session.open()
+    turn = {"type": "server_vad", "silence_duration_ms": 300}
+    session.receive(
+        {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": turn}}}}
+    )
+    assert transcribes(_speak(session, 2000), partial=True) == []  # the client asked for no transcription
 
 
 def test_a_prefill_runs_the_prompt_as_a_one_token_text_answer_and_reports_nothing() -> None:
