@@ -38,6 +38,7 @@ torch 2.11.0+cu130, Triton 3.6.0, 16 CPU cores; a graph's time differs by up to 
 _OMNI = "result[system=omni-gateway,concurrency={}]"
 _VL = "summary[turn_detection={}]"
 _VS = "summary[sessions={},turn_detection={}]"
+_PF = "summary[sessions={{}},turn_detection=semantic_vad,prefill_while_speaking={}]"
 _VS_OLD = "summary[sessions={},turn_detection=None]"  # a run from before --turn-detection
 _IDLE = "batch_result[load=idle,rows=1]"
 _BUSY = "batch_result[load=busy neighbour,rows=1]"
@@ -190,6 +191,19 @@ TABLES: tuple[Table, ...] = (
         key="sessions,turn detection",
         rows=tuple(f"{n},{mode}" for n in ("1", "4", "64", "128") for mode in TURN_DETECTIONS),
         variant=("--engine-in-process",),
+    ),
+    Table(
+        "Prefill while speaking (semantic_vad)",
+        "voice_sessions",
+        (
+            ms_col("speech_stopped → first token p50 ms, on", f"{_PF.format('on')}:commit_to_token_p50_s"),
+            ms_col("off", f"{_PF.format('off')}:commit_to_token_p50_s"),
+            ms_col("end of speech → first audio p50 ms, on", f"{_PF.format('on')}:latency_p50_s"),
+            ms_col("off ", f"{_PF.format('off')}:latency_p50_s"),
+        ),
+        key="sessions",
+        rows=("1", "4", "64"),
+        needs=("--prefill-while-speaking",),
     ),
     Table(
         "TTS schedule (stand-in VITS with the H200's costs)",
