@@ -3,6 +3,9 @@ routes, behind the admission guard."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 from omni_gateway.gateway import http
 from omni_gateway.gateway.auth import ClientSecrets
 from omni_gateway.gateway.config import GatewayConfig
@@ -46,7 +49,15 @@ def create_app(backend: OmniBackend, config: GatewayConfig | None = None) -> Sta
         *demo_routes(),
     ]
     guard = Middleware(Guard, config=config, healthy=healthy, voice=voice, capacity=capacity, secrets=secrets)
-    app = Starlette(routes=routes, middleware=[guard])
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await calls.hang_up_all()  # live WebRTC calls end with the server, not after it
+
+    app = Starlette(routes=routes, middleware=[guard], lifespan=lifespan)
     app.state.backend = backend
     app.state.config = config
     app.state.voice_capacity = capacity

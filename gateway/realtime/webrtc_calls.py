@@ -175,6 +175,11 @@ class Calls:
                 if call.on_end is not None:
                     call.on_end()
 
+    async def hang_up_all(self) -> None:
+        """End every live call (the server is stopping): each is torn down as a hang-up would, so nothing it
+        holds (its slot in the session counts, its backend requests) outlives the server."""
+        await asyncio.gather(*(self.hang_up(call_id) for call_id in list(self._calls)))
+
     async def hang_up(self, call_id: str) -> bool:
         """End the call (False: no such call); returns once it is torn down, or after ``HANGUP_WAIT_S``."""
         call = self._calls.get(call_id)

@@ -275,3 +275,28 @@ def test_a_call_whose_ice_never_connects_ends_with_an_ice_failed_error(monkeypat
     assert [error["code"] for error in errors] == ["ice_failed"]
     assert "ICE" in errors[0]["message"] and "--ice-server" in errors[0]["message"]
     assert code == 1000
+
+
+def test_calls_still_live_when_the_server_stops_end_with_it() -> None:
+    from omni_gateway.gateway import metrics
+
+    config = GatewayConfig()
+    app = create_app(FakeBackend(), config)  # type: ignore[arg-type]
+    before = metrics.SESSIONS_OPEN._value.get()
+
+    async def call(port: int) -> Caller:
+        caller = Caller()
+        assert (await caller.place(f"http://127.0.0.1:{port}")).status_code == 201
+        await caller.until("session.created")
+        return caller
+
+    loop = asyncio.new_event_loop()  # the caller stays connected while the server stops
+    try:
+        with serve(None, config, app) as port:
+            caller = loop.run_until_complete(asyncio.wait_for(call(port), 30))
+            assert len(app.state.calls) == 1 and metrics.SESSIONS_OPEN._value.get() == before + 1
+        assert len(app.state.calls) == 0
+        assert metrics.SESSIONS_OPEN._value.get() == before
+        loop.run_until_complete(caller.close())
+    finally:
+        loop.close()

@@ -39,7 +39,7 @@ def serve(backend: object, config: GatewayConfig | None = None, app: Any = None)
             log_level="warning",
             ws_max_size=config.max_frame_bytes,
             ws_per_message_deflate=config.ws_compression,
-            lifespan="off",
+            lifespan="on",  # the app ends its live WebRTC calls at shutdown
         )
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
