@@ -99,8 +99,15 @@ _MOE = dict(num_experts_per_tok=2)
 
 def tiny_config(kind: str) -> Any:
     """The HF config of a 2-layer random text model of ``kind`` (one of ``TEXT_KINDS`` or ``MOE_KINDS``)."""
-    from transformers import LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config
-    from transformers import Qwen3MoeConfig
+    from transformers import (
+        LlamaConfig,
+        MistralConfig,
+        MixtralConfig,
+        Qwen2Config,
+        Qwen2MoeConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     common = _text_config(256)
     if kind == "llama":
