@@ -6,6 +6,10 @@ call over stacked weights: the Triton grouped GEMMs of kernels/fused_moe.py wher
 or its interpreter), their per-expert torch twin elsewhere. Under tensor parallel the block's output is this
 rank's partial sum (its expert slices, or its whole experts under expert parallel, see
 engine/parallel/layout.py); the layer's all-reduce adds the ranks' parts.
+
+A float checkpoint loaded with ``--quantization fp8`` (its linears arrive as ``Fp8Pending``) gets its experts in
+FP8 too, per expert and output channel, quantized on the device; the router and the shared expert stay in float.
+FP8 checkpoints' own expert weights (per-block scales) are not read.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch.nn.functional as F
 from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.models.moe_config import MoeConfig
 from omni_gateway.engine.parallel.layout import ShardLayout
+from omni_gateway.engine.quant.fp8 import Fp8Pending
 from omni_gateway.kernels import moe_reference
 
 
@@ -44,11 +49,23 @@ class MoeBlock:
     renormalize: bool
     experts: Callable[..., torch.Tensor]  # kernels.fused_moe.fused_moe or its torch twin
     shared: SharedExpert | None
+    # FP8 experts: float32 scales per expert and output channel of w13 and w2 (None: float weights).
+    w13_scale: torch.Tensor | None = None
+    w2_scale: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, hidden]``: this rank's part of the layer's MLP output (before the all-reduce)."""
         weights, ids = moe_reference.route(F.linear(x, self.router), self.top_k, self.renormalize)
-        out = self.experts(x, self.w13, self.w2, weights, ids, expert_map=self.expert_map)
+        out = self.experts(
+            x,
+            self.w13,
+            self.w2,
+            weights,
+            ids,
+            expert_map=self.expert_map,
+            w13_scale=self.w13_scale,
+            w2_scale=self.w2_scale,
+        )
         if self.shared is not None:
             out = out + self.shared(x)
         return out
@@ -85,6 +102,9 @@ def build_moe_block(
     experts = range(start, end)
     w13 = stacked([[f"{p}experts.{j}.gate_proj.weight", f"{p}experts.{j}.up_proj.weight"] for j in experts])
     w2 = stacked([[f"{p}experts.{j}.down_proj.weight"] for j in experts])
+    scales: dict[str, torch.Tensor] = {}
+    if isinstance(weights.get(f"model.layers.{layer}.self_attn.o_proj.weight"), Fp8Pending):
+        (w13, scales["w13_scale"]), (w2, scales["w2_scale"]) = (moe_reference.quantize_experts(w) for w in (w13, w2))
     expert_map = None
     if layout.expert_parallel:
         expert_map = torch.full((config.num_experts,), -1, dtype=torch.int64)
@@ -113,4 +133,5 @@ def build_moe_block(
         renormalize=config.renormalize,
         experts=fused_moe,
         shared=shared,
+        **scales,
     )

@@ -64,6 +64,19 @@ def test_sparse_layers_follow_the_config(checkpoints: dict[str, tuple[Path, Any]
     assert [every_other.is_sparse(i) for i in range(4)] == [False, True, False, True]
 
 
+def test_fp8_quantization_at_load_puts_the_experts_in_fp8(checkpoints: dict[str, tuple[Path, Any]]) -> None:
+    directory, _ = checkpoints["mixtral"]
+    blocks = []
+    for quantization in (None, "fp8"):
+        config = EngineConfig(model=str(directory), device="cpu", num_kv_blocks=16, quantization=quantization)
+        blocks.append(ModelRunner(config, load_model(config)).model.layers[1].moe)
+    plain, fp8 = blocks
+    assert fp8.w13.dtype == torch.float8_e4m3fn and fp8.w2_scale is not None and plain.w13_scale is None
+    x = torch.randn(9, 64, generator=torch.Generator().manual_seed(0))
+    expected = plain(x)
+    assert float((fp8(x) - expected).norm() / expected.norm()) < 0.1
+
+
 @pytest.mark.parametrize("expert_parallel", [False, True])
 def test_the_shards_put_back_together_are_the_experts(
     checkpoints: dict[str, tuple[Path, Any]], expert_parallel: bool
