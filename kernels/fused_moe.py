@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from omni_gateway.kernels.moe_reference import FP8_DTYPE, align_block_size, local_ids
+from omni_gateway.kernels.moe_reference import FP8_DTYPE, align_block_size, local_ids, padded_capacity
 from omni_gateway.kernels.validation import FLOAT_DTYPES, check_tensor, interpreting
 
 
@@ -44,6 +44,78 @@ def default_config(num_tokens: int, top_k: int, num_experts: int) -> MoeConfig:
     if rows_per_expert <= 64:
         return MoeConfig(block_m=32, block_n=64, block_k=64, num_warps=4, num_stages=4)
     return MoeConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3)
+
+
+# Steps of up to this many (token, expert) pairs lay them out in one program (``_align_kernel``), not the ~20 torch
+# launches of ``align_block_size``, which would cost more than a decode step's GEMMs.
+_ALIGN_ONE_PROGRAM = 256
+
+
+@triton.jit
+def _align_kernel(
+    ids_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_padded_ptr,
+    n,
+    capacity,
+    num_experts,
+    BLOCK_M: tl.constexpr,
+    N_P2: tl.constexpr,
+    E_P2: tl.constexpr,
+    BLOCKS_P2: tl.constexpr,
+):
+    """``moe_reference.align_block_size`` in one program for a few pairs: counts, padded offsets and each pair's
+    rank among its expert's pairs from pairwise comparisons."""
+    offs = tl.arange(0, N_P2)
+    e = tl.load(ids_ptr + offs, mask=offs < n, other=-1).to(tl.int32)
+    valid = e >= 0
+    experts = tl.arange(0, E_P2)
+    mine = (e[:, None] == experts[None, :]) & valid[:, None]  # [pairs, experts]
+    counts = tl.sum(mine.to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    before = (e[:, None] == e[None, :]) & (offs[None, :] < offs[:, None])  # same expert, earlier pair
+    rank = tl.sum(before.to(tl.int32), axis=1)
+    dest = tl.sum(tl.where(mine, starts[None, :], 0), axis=1) + rank
+    for start in range(0, capacity, N_P2):
+        tl.store(sorted_ids_ptr + start + offs, n, mask=start + offs < capacity)
+    tl.debug_barrier()  # the padding is written before the pairs land on it
+    tl.store(sorted_ids_ptr + dest, offs, mask=valid)
+    blocks = tl.arange(0, BLOCKS_P2)
+    done = (ends[None, :] <= (blocks * BLOCK_M)[:, None]) & (experts[None, :] < num_experts)
+    block_expert = tl.minimum(tl.sum(done.to(tl.int32), axis=1), num_experts - 1)
+    tl.store(expert_ids_ptr + blocks, block_expert, mask=blocks < capacity // BLOCK_M)
+    tl.store(num_padded_ptr, tl.sum(padded, axis=0))
+
+
+def align_pairs(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``moe_reference.align_block_size``: one launch for up to ``_ALIGN_ONE_PROGRAM`` pairs, torch beyond."""
+    n = topk_ids.numel()
+    if n > _ALIGN_ONE_PROGRAM:
+        return align_block_size(topk_ids, num_experts, block_m)
+    capacity = padded_capacity(n, num_experts, block_m)
+    device = topk_ids.device
+    sorted_ids = torch.empty(capacity, dtype=torch.int32, device=device)
+    expert_ids = torch.empty(capacity // block_m, dtype=torch.int32, device=device)
+    num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    _align_kernel[(1,)](
+        topk_ids.reshape(-1).contiguous(),
+        sorted_ids,
+        expert_ids,
+        num_padded,
+        n,
+        capacity,
+        num_experts,
+        BLOCK_M=block_m,
+        N_P2=max(16, triton.next_power_of_2(n)),
+        E_P2=max(16, triton.next_power_of_2(num_experts)),
+        BLOCKS_P2=max(16, triton.next_power_of_2(capacity // block_m)),
+    )
+    return sorted_ids, expert_ids, num_padded
 
 
 @triton.jit
@@ -220,7 +292,7 @@ def fused_moe(
         return x.new_empty(0, hidden)
     config = config or default_config(num_tokens, top_k, num_experts)
     x = x.contiguous()
-    layout = align_block_size(local_ids(topk_ids, expert_map), num_experts, config.block_m)
+    layout = align_pairs(local_ids(topk_ids, expert_map), num_experts, config.block_m)
     weights = topk_weights.reshape(-1).float().contiguous()
     act = x.new_empty(num_tokens * top_k, inter)
     _launch(x, w13, act, w13_scale, weights, layout, n=inter, a_row_div=top_k, gated=True, config=config)

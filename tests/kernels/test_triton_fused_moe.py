@@ -51,6 +51,17 @@ def test_layout_groups_each_experts_rows_in_padded_blocks(block_m):
             assert flat[placed[slot]] == expert_ids[block_of[slot]], "a block reads one expert's rows"
 
 
+@pytest.mark.parametrize("pairs,experts,block_m", [(1 * 8, 128, 16), (5 * 2, 6, 16), (37 * 3, 8, 32)])
+def test_one_program_layout_is_the_torch_layout(device, pairs, experts, block_m):
+    from omni_gateway.kernels.fused_moe import align_pairs
+
+    gen = torch.Generator().manual_seed(pairs)
+    ids = torch.randint(-1, experts, (pairs,), generator=gen)  # -1: another rank's expert
+    got = align_pairs(ids.to(device), experts, block_m)
+    for name, a, b in zip(("sorted_ids", "expert_ids", "num_padded"), got, ref.align_block_size(ids, experts, block_m)):
+        assert torch.equal(a.cpu(), b), name
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "tokens,experts,top_k,config",
