@@ -74,6 +74,20 @@ def _hf_block(preset: Preset, router: Any, w13: Any, w2: Any) -> Any:
     return block
 
 
+def _sweep(rows_per_expert: float, config: Any) -> list[Any]:
+    """Tile configs worth trying: narrow row blocks and a range of weight tiles where experts get few rows,
+    wider row blocks where they get many."""
+    if rows_per_expert <= 16:
+        return [config(16, bn, bk, 4, 4) for bn in (32, 64, 128) for bk in (64, 128, 256)]
+    return [
+        config(bm, bn, bk, warps, 3)
+        for bm in (32, 64)
+        for bn, bk in ((64, 64), (128, 64), (128, 128))
+        for warps in (4, 8)
+        if bm <= 2 * rows_per_expert
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -135,13 +149,7 @@ def main() -> int:
             hf_s = _eager_s(lambda x: hf(x[None]), inputs, device, repeats)
             candidates = {default_config(count, preset.top_k, e)}
             if args.sweep:
-                candidates |= {
-                    MoeConfig(bm, bn, bk, warps, stages)
-                    for bm in (16, 32, 64)
-                    for bn, bk in ((64, 64), (64, 128), (128, 64), (128, 128))
-                    for warps, stages in ((4, 3), (4, 4), (8, 3))
-                    if bm <= max(16, 4 * count * preset.top_k // e)
-                }
+                candidates |= set(_sweep(count * preset.top_k / e, MoeConfig))
             timed = []
             for config in candidates:
                 if device.type == "cuda":
