@@ -78,14 +78,9 @@ def _sweep(rows_per_expert: float, config: Any) -> list[Any]:
     """Tile configs worth trying: narrow row blocks and a range of weight tiles where experts get few rows,
     wider row blocks where they get many."""
     if rows_per_expert <= 16:
-        return [config(16, bn, bk, 4, 4) for bn in (32, 64, 128) for bk in (64, 128, 256)]
-    return [
-        config(bm, bn, bk, warps, 3)
-        for bm in (32, 64)
-        for bn, bk in ((64, 64), (128, 64), (128, 128))
-        for warps in (4, 8)
-        if bm <= 2 * rows_per_expert
-    ]
+        return [config(16, bn, bk, 4, 4) for bn in (32, 64, 128) for bk in (128, 256)]
+    tiles = [(32, 64, 64, 4), (64, 64, 64, 4), (64, 128, 64, 4), (64, 128, 64, 8), (64, 128, 128, 8)]
+    return [config(bm, bn, bk, warps, 3) for bm, bn, bk, warps in tiles if bm <= 2 * rows_per_expert]
 
 
 def main() -> int:
