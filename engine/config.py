@@ -67,6 +67,9 @@ class EngineConfig:
     compile_cache_dir: str | None = None
     # Ranks one model is split over (engine/parallel): one process each, one device each on CUDA.
     tensor_parallel_size: int = 1
+    # Mixture-of-experts models under tensor parallel: each rank holds tensor_parallel_size-th of the experts
+    # whole instead of a slice of every expert (vLLM's --enable-expert-parallel).
+    enable_expert_parallel: bool = False
     # Weight quantization (QUANTIZATION_CHOICES); None: whatever the checkpoint's config.json declares.
     quantization: str | None = None
     # The LM head in FP8 per channel too (FP8 weights only): vLLM keeps it in the model dtype, which is

@@ -442,6 +442,15 @@ def serve_flags() -> tuple[Flag, ...]:
             aliases=("-tp",),
         ),
         Flag(
+            "--enable-expert-parallel",
+            eng,
+            "enable_expert_parallel",
+            "mixture-of-experts models: each tensor-parallel rank holds its share of the experts whole instead "
+            "of a slice of every expert",
+            "engine",
+            switch=True,
+        ),
+        Flag(
             "--warmup",
             eng,
             "warmup",

@@ -13,6 +13,10 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    # Mixtures of experts: the same decoder, its sparse layers' MLPs engine/models/moe.py.
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
     # Vision-language checkpoints: the engine runs their language model (engine/models/multimodal.py).
     "LlavaForConditionalGeneration",
     "Qwen2VLForConditionalGeneration",
@@ -45,6 +49,9 @@ def resolve_architecture(hf_config: Any) -> str:
         "mistral": "MistralForCausalLM",
         "qwen2": "Qwen2ForCausalLM",
         "qwen3": "Qwen3ForCausalLM",
+        "qwen2_moe": "Qwen2MoeForCausalLM",
+        "qwen3_moe": "Qwen3MoeForCausalLM",
+        "mixtral": "MixtralForCausalLM",
     }
     model_type = getattr(hf_config, "model_type", None)
     if not names and model_type in by_type:

@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3) over the paged KV cache.
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3, and the mixtures of experts Qwen2-MoE,
+Qwen3-MoE and Mixtral, whose sparse layers run engine/models/moe.py) over the paged KV cache.
 
 One forward runs a flattened varlen batch: the tokens of every sequence concatenated, prefill
 chunks and decodes together. q/k/v projections are merged into one matmul (gate/up too, on CUDA).
@@ -14,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from omni_gateway.engine.lora.rows import decode_row_with_lora
 from omni_gateway.engine.models.linear import Linear, onednn_prepacks
+from omni_gateway.engine.models.moe import MoeBlock, build_moe_block
+from omni_gateway.engine.models.moe_config import MoeConfig, mlp_weight_names
 from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
 from omni_gateway.engine.quant import cpu_layers
@@ -21,7 +24,7 @@ from omni_gateway.engine.quant.cpu_linear import QuantizedLinear, QuantizedWeigh
 from omni_gateway.engine.runner.attention import AttentionMetadata, KernelOps, paged_attention
 
 # Text model types of the Qwen2 family (plain, VL, 2.5-VL, 2.5-Omni thinker): q/k/v projections carry a bias.
-_QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text"})
+_QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +53,7 @@ class ModelShape:
             vocab_size=int(cfg.vocab_size),
             rms_norm_eps=float(cfg.rms_norm_eps),
             qkv_bias=model_type in _QKV_BIAS_TYPES or bool(getattr(cfg, "attention_bias", False)),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         )
 
@@ -65,7 +68,7 @@ def missing_weights(hf_config: Any, weights: dict[str, torch.Tensor]) -> list[st
         p = f"model.layers.{i}."
         need += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
         need += [f"{p}self_attn.{n}_proj.weight" for n in ("q", "k", "v", "o")]
-        need += [f"{p}mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
+        need += mlp_weight_names(hf_config, i)
         if shape.qkv_bias:
             need += [f"{p}self_attn.{n}_proj.bias" for n in ("q", "k", "v")]
         if shape.qk_norm:
@@ -108,9 +111,10 @@ class _Layer:
     gate_up: Linear | QuantizedLinear | None  # merged on CUDA; None on the CPU, which uses gate/up
     gate: Linear | QuantizedLinear | None
     up: Linear | QuantizedLinear | None
-    down: Linear | QuantizedLinear
+    down: Linear | QuantizedLinear | None  # None in a mixture-of-experts layer
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
+    moe: MoeBlock | None = None  # the experts that replace the dense MLP in a sparse layer
 
 
 class LlamaModel:
@@ -139,7 +143,7 @@ class LlamaModel:
         self.device = device
         self.dtype = dtype
         self.parallel = parallel
-        layout = ShardLayout.of(hf_config, parallel.rank, parallel.world_size)
+        layout = ShardLayout.of(hf_config, parallel.rank, parallel.world_size, parallel.expert_parallel)
         self.num_heads, self.num_kv_heads = layout.heads_per_rank, layout.kv_heads_per_rank  # this rank's
         self.vocab_start = layout.vocab_rows()[0]
         self.scale = s.head_dim**-0.5
@@ -201,10 +205,25 @@ class LlamaModel:
             or (quantized and isinstance(weights.get("model.layers.0.mlp.gate_proj.weight"), QuantizedWeight))
             or any(k.endswith("mlp.gate_proj.bias") for k in weights)
         )
+        moe_config = MoeConfig.of(hf_config)
         for i in range(s.num_layers):
             p = f"model.layers.{i}."
             attn = [f"{p}self_attn.{n}_proj" for n in ("q", "k", "v")]
             mlp = [f"{p}mlp.{n}_proj" for n in ("gate", "up")]
+            moe = None
+            if moe_config is not None and moe_config.is_sparse(i):
+                moe = build_moe_block(
+                    weights,
+                    i,
+                    moe_config,
+                    layout,
+                    device=device,
+                    dtype=dtype,
+                    triton=triton_ops,
+                    linear=linear,
+                    silu_and_mul=ops.silu_and_mul,
+                )
+            dense = moe is None
             self.layers.append(
                 _Layer(
                     input_norm=w(p + "input_layernorm.weight"),
@@ -213,14 +232,15 @@ class LlamaModel:
                     post_norm=w(p + "post_attention_layernorm.weight"),
                     gate_up=(
                         linear(merged([n + ".weight" for n in mlp]), merged([n + ".bias" for n in mlp]))
-                        if merge_mlp
+                        if merge_mlp and dense
                         else None
                     ),
-                    gate=None if merge_mlp else linear(w(mlp[0] + ".weight")),
-                    up=None if merge_mlp else linear(w(mlp[1] + ".weight")),
-                    down=linear(w(p + "mlp.down_proj.weight"), opt(p + "mlp.down_proj.bias")),
+                    gate=None if merge_mlp or not dense else linear(w(mlp[0] + ".weight")),
+                    up=None if merge_mlp or not dense else linear(w(mlp[1] + ".weight")),
+                    down=linear(w(p + "mlp.down_proj.weight"), opt(p + "mlp.down_proj.bias")) if dense else None,
                     q_norm=opt(p + "self_attn.q_norm.weight") if s.qk_norm else None,
                     k_norm=opt(p + "self_attn.k_norm.weight") if s.qk_norm else None,
+                    moe=moe,
                 )
             )
         self.cos_sin_cache = rotary_cos_sin_cache(hf_config, s.head_dim, max_positions, weights.get("rope_freqs")).to(
@@ -313,11 +333,15 @@ class LlamaModel:
             )
             o = self._project(i, "o", layer.o, attn)
             x, residual = ops.fused_add_rms_norm(all_reduce(o), residual, layer.post_norm, eps)
+            if layer.moe is not None:
+                hidden = all_reduce(layer.moe(x))
+                continue
             if layer.gate_up is not None:
                 act = ops.silu_and_mul(self._project(i, "gate_up", layer.gate_up, x))
             else:
                 assert layer.gate is not None and layer.up is not None
                 act = F.silu(self._project(i, "gate", layer.gate, x)) * self._project(i, "up", layer.up, x)
+            assert layer.down is not None
             hidden = all_reduce(self._project(i, "down", layer.down, act))
         assert residual is not None
         return hidden + residual

@@ -21,6 +21,8 @@ class ParallelContext:
     group: Any = None  # torch.distributed group of the device tensors
     control: Any = None  # gloo group of host objects
     device: torch.device | None = None  # this rank's device (None: the config's)
+    # Mixture-of-experts layers: each rank holds a share of the experts whole (else a slice of every expert).
+    expert_parallel: bool = False
 
     @property
     def is_parallel(self) -> bool:

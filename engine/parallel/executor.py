@@ -83,18 +83,18 @@ class _Workers:
             self.procs.append(proc)
             self.conns.append(ours)
         try:
-            self.context = self._join(init_method, device.type)
+            self.context = self._join(init_method, device.type, config.enable_expert_parallel)
         except BaseException:
             self.shutdown()  # the ranks that did start must not wait for a group that will never form
             raise
 
-    def _join(self, init_method: str, device_type: str) -> ParallelContext:
+    def _join(self, init_method: str, device_type: str, expert_parallel: bool) -> ParallelContext:
         """Join the group from a thread, so a worker that dies before it joins fails fast here."""
         box: dict[str, Any] = {}
 
         def join() -> None:
             try:
-                box["ctx"] = join_group(0, self.world_size, init_method, device_type, self.base_index)
+                box["ctx"] = join_group(0, self.world_size, init_method, device_type, self.base_index, expert_parallel)
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
                 box["error"] = exc
 
@@ -211,7 +211,8 @@ class TensorParallelRunner(ModelRunner):
                 raise ValueError(
                     f"tensor_parallel_size={n} from cuda:{base} needs {base + n} CUDA devices, found {count}"
                 )
-        ShardLayout.of(loaded.hf_config, 0, n)  # a model that cannot be split fails before anything starts
+        # A model that cannot be split fails before anything starts.
+        ShardLayout.of(loaded.hf_config, 0, n, config.enable_expert_parallel)
         if loaded.source is None:
             raise ValueError("tensor parallel needs a model loaded with tensor_parallel_size > 1 (no weight source)")
         self._workers = _Workers(config, loaded, device)

@@ -5,12 +5,20 @@ read. With N up to the KV head count each rank holds ``KV/N`` KV heads; past it 
 replicated on ``N/KV`` consecutive ranks (as vLLM does), so a rank always holds exactly the KV heads
 its query heads attend with. The MLP is split by intermediate columns, the vocabulary by rows of
 ``ceil(V/N)`` (the last rank's shard padded with zero rows, whose logits are cut off after the gather).
+
+Mixture-of-experts layers split one of two ways. By default each expert is split like the dense MLP, by
+its intermediate columns, so every rank runs every token through a slice of every expert. With
+``expert_parallel`` (vLLM's ``--enable-expert-parallel``) rank r holds experts ``[r*E/N, (r+1)*E/N)`` whole
+and runs each token's pairs with those experts only. Either way the ranks' partial outputs are summed in
+the all-reduce that ends the layer; a shared expert is always split like the dense MLP.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from omni_gateway.engine.models.moe_config import MoeConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,11 +30,16 @@ class ShardLayout:
     head_dim: int
     intermediate_size: int
     vocab_size: int
+    num_experts: int = 0  # 0: a dense model
+    expert_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    expert_parallel: bool = False
 
     @classmethod
-    def of(cls, hf_config: Any, rank: int, world_size: int) -> ShardLayout:
+    def of(cls, hf_config: Any, rank: int, world_size: int, expert_parallel: bool = False) -> ShardLayout:
         """The layout of ``rank`` for a HF config; ValueError when the model cannot be split ``world_size`` ways."""
         heads = int(hf_config.num_attention_heads)
+        moe = MoeConfig.of(hf_config)
         layout = cls(
             rank=rank,
             world_size=world_size,
@@ -35,6 +48,10 @@ class ShardLayout:
             head_dim=int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads),
             intermediate_size=int(hf_config.intermediate_size),
             vocab_size=int(hf_config.vocab_size),
+            num_experts=0 if moe is None else moe.num_experts,
+            expert_intermediate_size=0 if moe is None else moe.expert_intermediate_size,
+            shared_expert_intermediate_size=0 if moe is None else moe.shared_expert_intermediate_size,
+            expert_parallel=expert_parallel and moe is not None,
         )
         layout.validate()
         return layout
@@ -53,6 +70,18 @@ class ShardLayout:
         if self.intermediate_size % n:
             raise ValueError(
                 f"tensor_parallel_size={n} must divide the model's MLP intermediate size {self.intermediate_size}"
+            )
+        if self.expert_parallel and self.num_experts % n:
+            raise ValueError(f"expert parallel over {n} ranks must divide the model's {self.num_experts} experts")
+        if self.num_experts and not self.expert_parallel and self.expert_intermediate_size % n:
+            raise ValueError(
+                f"tensor_parallel_size={n} must divide the experts' intermediate size {self.expert_intermediate_size} "
+                "(or run --enable-expert-parallel)"
+            )
+        if self.shared_expert_intermediate_size % n:
+            raise ValueError(
+                f"tensor_parallel_size={n} must divide the shared expert's intermediate size "
+                f"{self.shared_expert_intermediate_size}"
             )
 
     @property
@@ -92,3 +121,22 @@ class ShardLayout:
         ``vocab_per_rank`` rows (the last rank's may read fewer, or none)."""
         start = min(self.rank * self.vocab_per_rank, self.vocab_size)
         return start, min(start + self.vocab_per_rank, self.vocab_size)
+
+    def expert_range(self) -> tuple[int, int]:
+        """Experts this rank holds: its share of them under expert parallel, else all (each a slice)."""
+        if not self.expert_parallel:
+            return 0, self.num_experts
+        size = self.num_experts // self.world_size
+        return self.rank * size, (self.rank + 1) * size
+
+    def expert_rows(self) -> tuple[int, int]:
+        """Rows of each held expert's gate_proj and up_proj (columns of its down_proj) this rank holds."""
+        if self.expert_parallel:
+            return 0, self.expert_intermediate_size
+        size = self.expert_intermediate_size // self.world_size
+        return self.rank * size, (self.rank + 1) * size
+
+    def shared_expert_rows(self) -> tuple[int, int]:
+        """Rows of the shared expert's gate_proj and up_proj (columns of its down_proj) this rank holds."""
+        size = self.shared_expert_intermediate_size // self.world_size
+        return self.rank * size, (self.rank + 1) * size

@@ -103,7 +103,11 @@ def shard_weights(source: WeightSource, layout: ShardLayout) -> dict[str, torch.
     for name in sorted(source.names()):
         module, _, kind = name.rpartition(".")
         sub = module.split(".", 3)[-1] if module.startswith("model.layers.") else module
-        if name in _VOCAB_PARALLEL:
+        if sub.startswith(("mlp.experts.", "mlp.shared_expert.")):
+            piece = _expert_piece(source, name, sub, layout)
+            if piece is not None:
+                out[name] = piece
+        elif name in _VOCAB_PARALLEL:
             start, end = layout.vocab_rows()
             rows = source.read(name, 0, start, end) if end > start else None
             out[name] = _pad_rows(rows, layout.vocab_per_rank, source, name)
@@ -120,6 +124,23 @@ def shard_weights(source: WeightSource, layout: ShardLayout) -> dict[str, torch.
         else:
             out[name] = source.read(name)  # norms, per-head q/k norms, rotary divisors: small, replicated
     return out
+
+
+def _expert_piece(source: WeightSource, name: str, sub: str, layout: ShardLayout) -> torch.Tensor | None:
+    """This rank's part of an expert's projection (``mlp.experts.{j}.*`` or ``mlp.shared_expert.*``): whole
+    or None (another rank's) under expert parallel, else its intermediate slice like a dense MLP's."""
+    parts = sub.split(".")
+    if parts[1] == "experts":
+        start, end = layout.expert_range()
+        if not start <= int(parts[2]) < end:
+            return None
+        rows = layout.expert_rows()
+        if layout.expert_parallel:
+            return source.read(name)
+    else:
+        rows = layout.shared_expert_rows()
+    dim = 1 if parts[-1] == "down_proj" else 0
+    return source.read(name, dim, *rows)
 
 
 def _pad_rows(rows: torch.Tensor | None, count: int, source: WeightSource, name: str) -> torch.Tensor:

@@ -22,7 +22,9 @@ COLLECTIVE_TIMEOUT = timedelta(seconds=300)
 EAGER, GRAPH, STOP = "eager", "graph", "stop"
 
 
-def join_group(rank: int, world_size: int, init_method: str, device_type: str, base_index: int) -> ParallelContext:
+def join_group(
+    rank: int, world_size: int, init_method: str, device_type: str, base_index: int, expert_parallel: bool = False
+) -> ParallelContext:
     """Join the process group (NCCL on CUDA, gloo on the CPU) and return this rank's context."""
     import torch.distributed as dist
 
@@ -37,7 +39,7 @@ def join_group(rank: int, world_size: int, init_method: str, device_type: str, b
         timeout=COLLECTIVE_TIMEOUT,
     )
     control = dist.new_group(backend="gloo") if device.type == "cuda" else dist.group.WORLD
-    return ParallelContext(rank, world_size, dist.group.WORLD, control, device)
+    return ParallelContext(rank, world_size, dist.group.WORLD, control, device, expert_parallel)
 
 
 def receive_ids(ctx: ParallelContext, count: int) -> torch.Tensor | None:
@@ -70,7 +72,7 @@ def worker_main(
     if device_type == "cpu":  # the ranks share the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     try:
-        ctx = join_group(rank, world_size, init_method, device_type, base_index)
+        ctx = join_group(rank, world_size, init_method, device_type, base_index, config.enable_expert_parallel)
         runner = ModelRunner(config, loaded, ctx)
         conn.send(("ready", None))
         with torch.inference_mode():

@@ -25,6 +25,7 @@ from omni_gateway.engine.core.pooling import model_pooling
 from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.models import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, resolve_architecture
 from omni_gateway.engine.models.llama import missing_weights
+from omni_gateway.engine.models.moe_config import canonical_expert_names
 from omni_gateway.engine.models.multimodal import language_model_config, language_model_weights, multimodal_architecture
 from omni_gateway.engine.parallel.weights import SafetensorsSource, TensorDictSource, WeightSource
 from omni_gateway.engine.quant.cpu_linear import QuantizedWeight
@@ -168,7 +169,8 @@ def _load_hf_dir(
                 f"{method or 'an FP8 LM head'!r}"
             )
         try:
-            source = SafetensorsSource(files, language_model_weights if multimodal else None)
+            rename = (lambda n: canonical_expert_names(language_model_weights(n))) if multimodal else None
+            source = SafetensorsSource(files, rename or canonical_expert_names)
         except Exception as exc:  # SafetensorError, OSError on truncated files
             raise ModelLoadError(f"corrupt safetensors file in {str(path)!r}: {exc}") from exc
         tokenizer = _load_tokenizer(tokenizer_path or str(path), None)
@@ -184,6 +186,7 @@ def _load_hf_dir(
     tokenizer = _load_tokenizer(tokenizer_path or str(path), None)
     if multimodal:  # the engine runs the language model only
         hf_config, weights = language_model_config(hf_config), language_model_weights(weights)
+    weights = canonical_expert_names(weights)  # Mixtral's expert names become Qwen's
     weights = quantize_weights(
         weights, method, quant_config, int(hf_config.num_hidden_layers), quantize_lm_head=quantize_lm_head
     )

@@ -113,7 +113,7 @@ class ModelRunner:
                 "load it again (engine.runner.loader.load_model) for another engine"
             )
         if parallel.is_parallel or (not weights and loaded.source is not None):  # read here, this rank's slices
-            layout = ShardLayout.of(loaded.hf_config, parallel.rank, parallel.world_size)
+            layout = ShardLayout.of(loaded.hf_config, parallel.rank, parallel.world_size, parallel.expert_parallel)
             weights = shard_weights(loaded.source, layout)
         self.model = build_model(
             loaded.hf_config,

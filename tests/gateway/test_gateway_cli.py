@@ -195,6 +195,7 @@ SAMPLES = {
     "--block-size": "32",
     "--gpu-memory-utilization": "0.5",
     "--enforce-eager": None,
+    "--enable-expert-parallel": None,
     "--tensor-parallel-size": "2",
     "--warmup": "off",
     "--compile-cache-dir": "/var/cache/omni",

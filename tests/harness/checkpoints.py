@@ -1,7 +1,8 @@
 """Tiny random checkpoints (saved with ``save_pretrained``) and the small trained tokenizers they carry,
 built offline in seconds: the tests' models and the benchmarks' CPU-sized ones.
 
-Text models (Llama, Llama-3 RoPE, Mistral, Qwen2, Qwen3) come with a byte-level BPE tokenizer;
+Text models (Llama, Llama-3 RoPE, Mistral, Qwen2, Qwen3, and the mixtures of experts Qwen2-MoE, Qwen3-MoE and
+Mixtral) come with a byte-level BPE tokenizer;
 vision-language models (LLaVA, Qwen2-VL) with a tokenizer that knows the media placeholder tokens and
 an image processor.
 """
@@ -90,11 +91,23 @@ def _text_config(max_position_embeddings: int, **extra: Any) -> dict[str, Any]:
 
 
 TEXT_KINDS = ("llama", "llama3-rope", "mistral", "qwen2", "qwen3")
+# 8 experts, top-2, each of intermediate size 32. Qwen3-MoE's first layer is dense (``mlp_only_layers``) and its
+# top-k weights renormalized; Qwen2-MoE's are not, and it adds a gated shared expert; Mixtral always renormalizes.
+MOE_KINDS = ("qwen3-moe", "qwen2-moe", "mixtral")
+_MOE = dict(num_experts_per_tok=2)
 
 
 def tiny_config(kind: str) -> Any:
-    """The HF config of a 2-layer random text model of ``kind`` (one of ``TEXT_KINDS``)."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    """The HF config of a 2-layer random text model of ``kind`` (one of ``TEXT_KINDS`` or ``MOE_KINDS``)."""
+    from transformers import (
+        LlamaConfig,
+        MistralConfig,
+        MixtralConfig,
+        Qwen2Config,
+        Qwen2MoeConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     common = _text_config(256)
     if kind == "llama":
@@ -118,7 +131,14 @@ def tiny_config(kind: str) -> Any:
         return Qwen2Config(**common, tie_word_embeddings=True)
     if kind == "qwen3":
         return Qwen3Config(**common, head_dim=32, tie_word_embeddings=False)
-    raise ValueError(f"expected a tiny model kind among {', '.join(TEXT_KINDS)}, got {kind!r}")
+    moe = dict(num_experts=8, moe_intermediate_size=32, **_MOE)
+    if kind == "qwen3-moe":
+        return Qwen3MoeConfig(**common, **moe, head_dim=32, norm_topk_prob=True, mlp_only_layers=[0])
+    if kind == "qwen2-moe":
+        return Qwen2MoeConfig(**common, **moe, shared_expert_intermediate_size=48, norm_topk_prob=False)
+    if kind == "mixtral":
+        return MixtralConfig(**{**common, "intermediate_size": 32}, num_local_experts=8, **_MOE)
+    raise ValueError(f"expected a tiny model kind among {', '.join(TEXT_KINDS + MOE_KINDS)}, got {kind!r}")
 
 
 def save_tiny_checkpoint(kind: str, directory: Path, seed: int = 0) -> Any:
