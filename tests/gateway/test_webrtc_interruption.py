@@ -59,16 +59,23 @@ def test_speaking_over_the_reply_truncates_it_to_what_the_caller_heard() -> None
     assert heard_later - heard_then <= 15  # the rest of the reply never played
 
 
-def _settled_objects(wait_s: float = 3.0) -> list[object]:
+def _calls_alive() -> set[int]:
+    """The ids of the call sockets and connections alive now."""
+    gc.collect()
+    return {id(o) for o in gc.get_objects() if isinstance(o, (CallSocket, RealtimeConnection))}
+
+
+def _settled_objects(earlier: set[int], wait_s: float = 3.0) -> list[object]:
     """The live objects once the server's thread has finished tearing down the last call (its task may still be
-    closing the peer connection when the hang-up answers)."""
+    closing the peer connection when the hang-up answers); ``earlier``: calls alive before this test's."""
     deadline = time.monotonic() + wait_s
     while True:
         gc.collect()
         live = gc.get_objects()
-        if time.monotonic() > deadline or not any(isinstance(o, (CallSocket, RealtimeConnection)) for o in live):
+        calls = [o for o in live if isinstance(o, (CallSocket, RealtimeConnection)) and id(o) not in earlier]
+        if time.monotonic() > deadline or not calls:
             return live
-        del live
+        del live, calls
         time.sleep(0.05)
 
 
@@ -89,13 +96,14 @@ def test_placed_and_hung_up_calls_leave_no_call_task_or_socket_behind(count: int
     with serve(None, config, app) as port:
         asyncio.run(asyncio.wait_for(calls(port, 2), 30))  # aiortc's first call opens what it keeps for good
         before = len(os.listdir("/proc/self/fd"))
+        earlier = _calls_alive()  # another test's calls are not this one's to count
         open_before = metrics.SESSIONS_OPEN._value.get()
         asyncio.run(asyncio.wait_for(calls(port, count), 6 * count))
         after = len(os.listdir("/proc/self/fd"))
         assert len(app.state.calls) == 0
         assert metrics.SESSIONS_OPEN._value.get() == open_before  # the guard counts no call still open
-        live = _settled_objects()
-        assert not [o for o in live if isinstance(o, (CallSocket, RealtimeConnection))]
+        live = _settled_objects(earlier)
+        assert not [o for o in live if isinstance(o, (CallSocket, RealtimeConnection)) and id(o) not in earlier]
         pending = [o for o in live if isinstance(o, asyncio.Task) and not o.done()]
         uvicorn_own = ("Server.serve", "LifespanOn.main")  # the server's task and its lifespan's
         assert [t for t in pending if not any(name in repr(t.get_coro()) for name in uvicorn_own)] == []
