@@ -36,6 +36,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -137,6 +138,8 @@ def run_model(name: str, args: argparse.Namespace, copy_gbps: float) -> dict[str
         "prompt_tokens": sum(map(len, work.prompts)),
         "output_tokens": sum(work.output_lens),
     }
+    if args.tmp:
+        Path(args.tmp).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         torch.manual_seed(args.seed)
         t0 = time.perf_counter()

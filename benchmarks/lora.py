@@ -276,6 +276,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.b1_new < 2:
         parser.error("--b1-new must be at least 2 (one token is the baseline it is measured against)")
+    if args.tmp:
+        Path(args.tmp).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         report = run(args, Path(tmp))
     with ResultLog(args.out, "lora", preset=args.preset) as log:

@@ -296,6 +296,8 @@ def engine_bench(log: ResultLog, args: argparse.Namespace) -> bool:
     rng = random.Random(args.seed + 2)
     check = [[rng.randint(2, 10000) for _ in range(rng.randint(16, 200))] for _ in range(args.check_prompts)]
     ok = True
+    if args.tmp:
+        Path(args.tmp).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         dirs = write_checkpoints(cfg, Path(tmp), set(variants), args.seed)
         reports: dict[str, dict[str, Any]] = {}
