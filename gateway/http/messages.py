@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
 
 import anyio
 from omni_gateway.gateway.anthropic_errors import anthropic_error
+from omni_gateway.gateway.http.assembled import event_stream, feed_all
 from omni_gateway.gateway.http.endpoint import read_json
 from omni_gateway.gateway.http.errors import ApiError, internal, invalid
 from omni_gateway.gateway.http.limits import HttpLimits
@@ -18,13 +17,12 @@ from omni_gateway.gateway.http.sampling import check_context
 from omni_gateway.gateway.http.streaming import (
     CancellableStream,
     ClientGone,
-    Generation,
     sse_event,
     start,
     unless_disconnected,
 )
 from omni_gateway.gateway.metrics import TokenTimer, count_tokens
-from omni_gateway.omni.protocol import InvalidInput, OmniBackend, OutputChunk, TextDelta
+from omni_gateway.omni.protocol import InvalidInput, OmniBackend
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -57,9 +55,19 @@ async def _create(request: Request, backend: OmniBackend, limits: HttpLimits) ->
     assembler = MessageAssembler(call, prompt_tokens)
     timer = TokenTimer(API)
     if call.stream:
-        return CancellableStream(_events(generation, first, assembler, timer), cleanup=generation.close)
+        events = event_stream(
+            generation,
+            first,
+            assembler,
+            timer,
+            api=API,
+            error_event=_anthropic_event,
+            closed=lambda: _record(assembler),
+        )
+        return CancellableStream(events, cleanup=generation.close)
     try:
-        return JSONResponse(await unless_disconnected(request, lambda: _collect(generation, first, assembler, timer)))
+        await unless_disconnected(request, lambda: feed_all(generation, first, assembler, timer))
+        return JSONResponse(assembler.body())
     finally:
         await generation.close()
         _record(assembler)
@@ -70,43 +78,8 @@ def _error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(anthropic_error(error.status, error.message), status_code=error.status, headers=headers)
 
 
-async def _collect(
-    generation: Generation, chunk: OutputChunk | None, assembler: MessageAssembler, timer: TokenTimer
-) -> dict[str, Any]:
-    while chunk is not None:
-        _tick(chunk, timer)
-        assembler.feed(chunk)
-        chunk = await generation.next()
-    return assembler.body()
-
-
-async def _events(
-    generation: Generation, chunk: OutputChunk | None, assembler: MessageAssembler, timer: TokenTimer
-) -> AsyncIterator[bytes]:
-    try:
-        for event in assembler.start():
-            yield sse_event(event, event["type"])
-        while chunk is not None:
-            _tick(chunk, timer)
-            for event in assembler.feed(chunk):
-                yield sse_event(event, event["type"])
-            chunk = await generation.next()
-        for event in assembler.finish():
-            yield sse_event(event, event["type"])
-    except ApiError as error:  # headers are sent: the error travels as Anthropic's "error" event
-        yield sse_event(anthropic_error(error.status, error.message), "error")
-    except Exception:
-        log.exception("messages stream failed")
-        failure = internal()
-        yield sse_event(anthropic_error(failure.status, failure.message), "error")
-    finally:
-        await generation.close()
-        _record(assembler)
-
-
-def _tick(chunk: OutputChunk, timer: TokenTimer) -> None:
-    if isinstance(chunk, TextDelta):
-        timer.tick()
+def _anthropic_event(error: ApiError) -> bytes:
+    return sse_event(anthropic_error(error.status, error.message), "error")
 
 
 def _record(assembler: MessageAssembler) -> None:

@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
 
 import anyio
+from omni_gateway.gateway.http.assembled import event_stream, feed_all
 from omni_gateway.gateway.http.endpoint import read_json
-from omni_gateway.gateway.http.errors import ApiError, internal
+from omni_gateway.gateway.http.errors import ApiError
 from omni_gateway.gateway.http.limits import HttpLimits
 from omni_gateway.gateway.http.responses_output import ResponseAssembler
 from omni_gateway.gateway.http.responses_request import ResponsesCall, parse_responses
 from omni_gateway.gateway.http.responses_store import ResponseStore, StoredResponse
 from omni_gateway.gateway.http.sampling import check_context
-from omni_gateway.gateway.http.streaming import CancellableStream, Generation, sse_event, start, unless_disconnected
+from omni_gateway.gateway.http.streaming import CancellableStream, sse_event, start, unless_disconnected
 from omni_gateway.gateway.metrics import TokenTimer, count_tokens
-from omni_gateway.omni.protocol import OmniBackend, OutputChunk, TextDelta
+from omni_gateway.omni.protocol import OmniBackend
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -39,13 +38,23 @@ async def create(request: Request, backend: OmniBackend, limits: HttpLimits, *, 
     assembler = ResponseAssembler(call, int(time.time()))
     timer = TokenTimer(API)
     if call.stream:
-        return CancellableStream(_events(generation, first, assembler, timer, store), cleanup=generation.close)
+        events = event_stream(
+            generation,
+            first,
+            assembler,
+            timer,
+            api=API,
+            error_event=lambda error: _error_event(assembler, error),
+            completed=lambda: _keep(call, assembler, store),
+        )
+        return CancellableStream(events, cleanup=generation.close)
     try:
-        answer = await unless_disconnected(request, lambda: _collect(generation, first, assembler, timer))
+        await unless_disconnected(request, lambda: feed_all(generation, first, assembler, timer))
     finally:
         await generation.close()
+    assembler.finish()
     _keep(call, assembler, store)
-    return JSONResponse(answer)
+    return JSONResponse(assembler.body())
 
 
 async def retrieve(request: Request, backend: OmniBackend, *, store: ResponseStore) -> Response:
@@ -69,44 +78,6 @@ def _stored(store: ResponseStore, response_id: str) -> StoredResponse:
     return entry
 
 
-async def _collect(
-    generation: Generation, chunk: OutputChunk | None, assembler: ResponseAssembler, timer: TokenTimer
-) -> dict[str, Any]:
-    while chunk is not None:
-        _tick(chunk, timer)
-        assembler.feed(chunk)
-        chunk = await generation.next()
-    assembler.finish()
-    return assembler.body()
-
-
-async def _events(
-    generation: Generation,
-    chunk: OutputChunk | None,
-    assembler: ResponseAssembler,
-    timer: TokenTimer,
-    store: ResponseStore,
-) -> AsyncIterator[bytes]:
-    try:
-        for event in assembler.start():
-            yield sse_event(event, event["type"])
-        while chunk is not None:
-            _tick(chunk, timer)
-            for event in assembler.feed(chunk):
-                yield sse_event(event, event["type"])
-            chunk = await generation.next()
-        for event in assembler.finish():
-            yield sse_event(event, event["type"])
-        _keep(assembler.call, assembler, store)
-    except ApiError as error:  # headers are sent: the error travels as the Responses "error" event
-        yield _error_event(assembler, error)
-    except Exception:
-        log.exception("responses stream failed")
-        yield _error_event(assembler, internal())
-    finally:
-        await generation.close()
-
-
 def _error_event(assembler: ResponseAssembler, error: ApiError) -> bytes:
     event = assembler.event("error", code=error.code, message=error.message, param=error.param)
     return sse_event(event, "error")
@@ -117,8 +88,3 @@ def _keep(call: ResponsesCall, assembler: ResponseAssembler, store: ResponseStor
         count_tokens(API, assembler.usage.input_tokens, assembler.usage.output_tokens)
     if call.store:
         store.put(call.response_id, StoredResponse(assembler.body(), assembler.conversation()))
-
-
-def _tick(chunk: OutputChunk, timer: TokenTimer) -> None:
-    if isinstance(chunk, TextDelta):
-        timer.tick()
