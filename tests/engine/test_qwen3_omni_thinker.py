@@ -29,7 +29,7 @@ from tests.engine.test_tensor_parallel import assert_same, generate
 from tests.harness.audio_checkpoints import SAMPLE_RATE, tone
 from tests.harness.checkpoints import picture, png_bytes
 from tests.harness.runner_driver import RunnerDriver, greedy_seq
-from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni
+from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni, thinker_text_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ARCH = "Qwen3OmniMoeForConditionalGeneration"
@@ -106,6 +106,19 @@ def test_text_greedy_output_matches_transformers(saved: tuple[Path, Any]) -> Non
     got = RunnerDriver(runner).generate([greedy_seq(p, f"r{i}") for i, p in enumerate(prompts)], 8, chunk=16)
     for prompt, tokens in zip(prompts, got):
         assert tokens == hf_generate(hf.thinker, prompt)
+
+
+def test_a_head_dim_apart_from_the_width_matches_transformers(tmp_path: Path) -> None:
+    # The released thinker's heads are 128 wide at hidden size 2048 over 32 heads: ``head_dim`` is its own field.
+    text = thinker_text_config(head_dim=32)
+    text["rope_parameters"]["mrope_section"] = [6, 5, 5]
+    hf = save_tiny_qwen3_omni(tmp_path, text_config=text, enable_audio_output=False).thinker
+    loaded = load_model(EngineConfig(model=str(tmp_path)))
+    runner = ModelRunner(EngineConfig(model=str(tmp_path), device="cpu", num_kv_blocks=64), loaded)
+    assert runner.model.shape.head_dim == 32
+    prompt = torch.randint(2, 300, (20,), generator=torch.Generator().manual_seed(2)).tolist()
+    (tokens,) = RunnerDriver(runner).generate([greedy_seq(prompt, "r")], 8, chunk=9)
+    assert tokens == hf_generate(hf, prompt)
 
 
 def _media(stack: Stack, clips: list[np.ndarray]) -> dict[str, Any]:

@@ -34,31 +34,34 @@ def _media_ids() -> dict[str, int]:
     )
 
 
-def _text(**extra: Any) -> dict[str, Any]:
+def thinker_text_config(**extra: Any) -> dict[str, Any]:
+    """The thinker's ``text_config`` fields (``extra`` adds or replaces some)."""
     # A wide init keeps logits well apart, so greedy ties cannot flip on float rounding.
-    return dict(
-        vocab_size=512,
-        hidden_size=HIDDEN,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "mrope_section": [2, 3, 3],
-            "interleaved": True,
-            "mrope_interleaved": True,
-        },
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
-        initializer_range=0.3,
-        eos_token_id=0,
-        bos_token_id=1,
-        **extra,
+    return (
+        dict(
+            vocab_size=512,
+            hidden_size=HIDDEN,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 3, 3],
+                "interleaved": True,
+                "mrope_interleaved": True,
+            },
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            initializer_range=0.3,
+            eos_token_id=0,
+            bos_token_id=1,
+        )
+        | extra
     )
 
 
@@ -67,7 +70,7 @@ def tiny_qwen3_omni_config(*, enable_audio_output: bool = True, **thinker_overri
     from transformers import Qwen3OmniMoeConfig
 
     thinker = dict(
-        text_config=_text(),
+        text_config=thinker_text_config(),
         audio_config=dict(
             num_mel_bins=MEL_BINS,
             encoder_layers=2,
