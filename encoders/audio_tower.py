@@ -11,6 +11,8 @@ model is the engine's). Log-mel features come from the checkpoint's feature extr
   encoded on its own, every 4 frames stacked into one token by the projector. Any length is taken.
 - Qwen2.5-Omni (``Qwen2_5OmniForConditionalGeneration``'s thinker): only the real frames, attended in
   ``n_window`` chunks, pooled and projected inside the tower; one window at most, like Qwen2-Audio.
+- Qwen3-Omni (``Qwen3OmniMoeForConditionalGeneration``'s thinker): its own tower, encoders/qwen3_omni_audio.py
+  (Conv2d downsampling by 8, windowed attention, any length).
 
 Any sample rate is resampled to the extractor's. Outputs are cached by content hash (encoders/cache.py),
 so a repeated clip is encoded once; the same hash keys the engine's prefix cache.
@@ -35,6 +37,7 @@ FAMILIES = {
     "VoxtralForConditionalGeneration": "voxtral",
     "Qwen2_5OmniForConditionalGeneration": "qwen2_5_omni",
     "Qwen2_5OmniThinkerForConditionalGeneration": "qwen2_5_omni",
+    "Qwen3OmniMoeForConditionalGeneration": "qwen3_omni",
 }
 
 
@@ -70,7 +73,8 @@ class AudioPlaceholders:
 
 
 def checkpoint_family(model_dir: str | Path) -> str | None:
-    """``"qwen2_audio"``, ``"voxtral"``, ``"qwen2_5_omni"`` or None for a directory whose config names none."""
+    """``"qwen2_audio"``, ``"voxtral"``, ``"qwen2_5_omni"``, ``"qwen3_omni"`` or None for a directory whose config
+    names none."""
     config = Path(model_dir) / "config.json"
     if not config.is_file():
         return None
@@ -351,7 +355,7 @@ def load_audio_encoder(
     dtype: torch.dtype = torch.float32,
     cache: EncoderCache | None = None,
 ) -> AudioEncoder:
-    """The audio tower of a Qwen2-Audio, Voxtral or Qwen2.5-Omni checkpoint directory."""
+    """The audio tower of a Qwen2-Audio, Voxtral, Qwen2.5-Omni or Qwen3-Omni checkpoint directory."""
     from transformers import AutoConfig
 
     path = Path(model_dir)
@@ -363,4 +367,8 @@ def load_audio_encoder(
     if not any(path.glob("*.safetensors")):
         raise AudioLoadError(f"{str(path)!r} has no *.safetensors weights")
     hf_config = AutoConfig.from_pretrained(str(path))
+    if family == "qwen3_omni":  # its own module, which builds on this one's AudioEncoder
+        from omni_gateway.encoders.qwen3_omni_audio import Qwen3OmniAudioTower
+
+        return Qwen3OmniAudioTower(path, hf_config, device=torch.device(device), dtype=dtype, cache=cache)
     return _CLASSES[family](path, hf_config, device=torch.device(device), dtype=dtype, cache=cache)

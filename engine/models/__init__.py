@@ -25,13 +25,19 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "Qwen2AudioForConditionalGeneration",
     "VoxtralForConditionalGeneration",
     "Qwen2_5OmniForConditionalGeneration",  # the thinker (text out); talker and token2wav are heads
+    "Qwen3OmniMoeForConditionalGeneration",  # the thinker: a Qwen3-MoE decoder with interleaved M-RoPE
     # Qwen2.5-Omni's talker (codec tokens from the thinker's states), loaded by qwen2_5_omni_talker.load_talker.
     "Qwen2_5OmniTalkerForConditionalGeneration",
 )
 
 # Architectures whose language model takes multimodal rotary positions (engine/runner/mrope.py).
 MROPE_ARCHITECTURES: frozenset[str] = frozenset(
-    {"Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5OmniForConditionalGeneration"}
+    {
+        "Qwen2VLForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen2_5OmniForConditionalGeneration",
+        "Qwen3OmniMoeForConditionalGeneration",
+    }
 )
 
 # GGUF ``general.architecture`` values we read, and the HF model_type each becomes.

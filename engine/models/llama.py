@@ -25,6 +25,8 @@ from omni_gateway.engine.runner.attention import AttentionMetadata, KernelOps, p
 
 # Text model types of the Qwen2 family (plain, VL, 2.5-VL, 2.5-Omni thinker): q/k/v projections carry a bias.
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text"})
+# Text model types of the Qwen3 family (plain, MoE, the Qwen3-Omni thinker): per-head RMSNorm on q and k.
+_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_omni_moe_text"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +55,7 @@ class ModelShape:
             vocab_size=int(cfg.vocab_size),
             rms_norm_eps=float(cfg.rms_norm_eps),
             qkv_bias=model_type in _QKV_BIAS_TYPES or bool(getattr(cfg, "attention_bias", False)),
-            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            qk_norm=model_type in _QK_NORM_TYPES,
             tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         )
 

@@ -1,9 +1,10 @@
 """Vision- and audio-language checkpoints seen from the engine: their language model only.
 
 The engine runs the LLM; the vision and audio towers and projectors are the encoders' business (they
-read their own weights from the same directory). Qwen2.5-Omni nests its LLM in ``thinker_config``;
-the talker and token2wav weights are left to the speech heads. Here the wrapper config gives way to its
-text config and the language model's weights are renamed to the plain causal-LM names the decoder expects.
+read their own weights from the same directory). Qwen2.5-Omni and Qwen3-Omni nest their LLM in
+``thinker_config``; the talker, token2wav and code2wav weights are left to the speech heads. Here the wrapper
+config gives way to its text config and the language model's weights are renamed to the plain causal-LM names
+the decoder expects.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ MULTIMODAL_ARCHITECTURES: tuple[str, ...] = (
     "Qwen2AudioForConditionalGeneration",
     "VoxtralForConditionalGeneration",
     "Qwen2_5OmniForConditionalGeneration",
+    "Qwen3OmniMoeForConditionalGeneration",
 )
 
 # Checkpoint prefixes of the language model (older and newer transformers layouts) -> causal-LM names.
@@ -43,6 +45,7 @@ _VISION_PREFIXES = (
     "thinker.visual.",
     "talker.",
     "token2wav.",
+    "code2wav.",
 )
 
 

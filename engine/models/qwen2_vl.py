@@ -1,8 +1,12 @@
-"""Qwen2-VL's language model: the Qwen2 decoder with multimodal rotary positions (M-RoPE).
+"""Qwen2-VL's language model: the Qwen2 decoder with multimodal rotary positions (M-RoPE); also the Qwen2.5-VL,
+Qwen2.5-Omni and Qwen3-Omni thinkers' (the last a Qwen3-MoE decoder, built the same way by ``LlamaModel``).
 
-The rotary frequencies are split into three sections (``mrope_section``: time, height, width); each
-section rotates by the position on its own axis. Positions arrive as ``[3, T]`` (engine/runner/mrope.py);
-one ``[T, head_dim]`` cos/sin table per step then feeds the ordinary rotary kernel, indexed by row.
+Each rotary frequency rotates by the position on one axis (time, height, width), chosen by ``mrope_section``:
+Qwen2-VL gives the axes three consecutive sections of the frequencies; Qwen3-Omni interleaves them (frequency
+``i`` follows height where ``i % 3 == 1`` and ``i < 3 * section[1]``, width where ``i % 3 == 2`` and
+``i < 3 * section[2]``, time elsewhere), so every axis spans low and high frequencies. Positions arrive as
+``[3, T]`` (engine/runner/mrope.py); one ``[T, head_dim]`` cos/sin table per step then feeds the ordinary rotary
+kernel, indexed by row.
 """
 
 from __future__ import annotations
@@ -13,9 +17,24 @@ import torch
 from omni_gateway.engine.models.llama import LlamaModel
 from omni_gateway.engine.runner.attention import AttentionMetadata
 
+# Text model types whose M-RoPE is interleaved whatever the config's flags say (transformers ignores them there).
+_INTERLEAVED_TYPES = frozenset({"qwen3_omni_moe_text"})
+
 
 def _rope_parameters(hf_config: Any) -> dict[str, Any]:
     return dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+
+
+def axis_of_frequency(section: list[int], half: int, interleaved: bool) -> torch.Tensor:
+    """int64 ``[half]``: the axis (0 time, 1 height, 2 width) whose position drives each rotary frequency."""
+    if len(section) != 3 or sum(section) != half:
+        raise ValueError(f"mrope_section must be three sizes summing to head_dim/2={half}, got {section}")
+    if not interleaved:
+        return torch.cat([torch.full((n,), axis, dtype=torch.int64) for axis, n in enumerate(section)])
+    axis = torch.zeros(half, dtype=torch.int64)
+    for a in (1, 2):
+        axis[a : 3 * section[a] : 3] = a
+    return axis
 
 
 class Qwen2VLModel(LlamaModel):
@@ -23,14 +42,13 @@ class Qwen2VLModel(LlamaModel):
 
     def __init__(self, hf_config: Any, weights: dict[str, torch.Tensor], **kwargs: Any) -> None:
         super().__init__(hf_config, weights, **kwargs)
-        section = [int(n) for n in _rope_parameters(hf_config).get("mrope_section") or ()]
-        half = self.shape.head_dim // 2
-        if len(section) != 3 or sum(section) != half:
-            raise ValueError(f"mrope_section must be three sizes summing to head_dim/2={half}, got {section}")
-        # Which axis (0 time, 1 height, 2 width) drives each rotary frequency.
-        self.axis_of_freq = torch.cat([torch.full((n,), axis, dtype=torch.int64) for axis, n in enumerate(section)]).to(
-            self.device
+        params = _rope_parameters(hf_config)
+        section = [int(n) for n in params.get("mrope_section") or ()]
+        interleaved = getattr(hf_config, "model_type", None) in _INTERLEAVED_TYPES or bool(
+            params.get("mrope_interleaved") or params.get("interleaved")
         )
+        # Which axis (0 time, 1 height, 2 width) drives each rotary frequency.
+        self.axis_of_freq = axis_of_frequency(section, self.shape.head_dim // 2, interleaved).to(self.device)
 
     def mrope_table(self, positions: torch.Tensor) -> torch.Tensor:
         """``[T, head_dim]`` cat(cos, sin) rows for ``[3, T]`` positions."""

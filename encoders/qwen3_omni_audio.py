@@ -1,0 +1,132 @@
+"""Qwen3-Omni's audio tower (``Qwen3OmniMoeForConditionalGeneration``'s ``thinker.audio_tower``): log-mel -> the
+thinker's hidden size.
+
+It differs from Qwen2.5-Omni's Whisper-style tower in three ways, all followed here:
+
+- Downsampling: the mel frames are cut into chunks of ``2 * n_window`` (100) frames, the last one shorter and
+  zero-padded to the longest chunk; three stride-2 3x3 Conv2d over (mel bins, frames) with GELU divide both by 8,
+  and ``conv_out`` flattens channels x bins into ``d_model``. A full chunk gives 13 frames; each chunk's frames
+  take the sinusoidal positions from 0 again, and only the frames of real (unpadded) input are kept.
+- Attention windows: the kept frames attend within windows of ``n_window_infer / (2 * n_window)`` chunks
+  (8 s of audio in the released checkpoint), not over the whole clip.
+- Output projection: ``ln_post``, then ``proj1``, the activation and ``proj2`` (no average pooling).
+
+The forward is ours, over the Hugging Face module's parameters (built from the checkpoint's config, loaded
+with the ``thinker.audio_tower.`` weights), so it does not depend on how a transformers release packs the
+chunks for its attention kernels. Features are the checkpoint's Whisper feature extractor's over the whole clip
+(128 bins, not truncated to its 30 s window), as Qwen3-Omni's processor makes them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omni_gateway.encoders.audio_tower import (
+    AudioEncoder,
+    AudioFeatures,
+    AudioLoadError,
+    AudioPlaceholders,
+    _load,
+    _weights,
+    special_token_ids,
+)
+
+
+def frames_after_convs(frames: int) -> int:
+    """Frames left of ``frames`` mel frames after the three stride-2 convolutions (kernel 3, padding 1)."""
+    for _ in range(3):
+        frames = (frames - 1) // 2 + 1
+    return frames
+
+
+def chunk_lengths(frames: int, n_window: int) -> list[int]:
+    """Mel frames of each chunk of a clip of ``frames`` frames: ``2 * n_window`` each, the last the rest."""
+    chunk = 2 * n_window
+    return [chunk] * (frames // chunk) + ([frames % chunk] if frames % chunk else [])
+
+
+def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
+    """``[length, channels]`` Whisper's sinusoidal positions: sines, then cosines."""
+    increment = math.log(max_timescale) / (channels // 2 - 1)
+    inv_timescales = torch.exp(-increment * torch.arange(channels // 2).float())
+    scaled = torch.arange(length)[:, None].float() * inv_timescales[None, :]
+    return torch.cat([scaled.sin(), scaled.cos()], dim=1)
+
+
+class Qwen3OmniAudioTower(AudioEncoder):
+    family = "qwen3_omni"
+
+    def __init__(self, model_dir: Path, hf_config: Any, **kwargs: Any) -> None:
+        thinker = getattr(hf_config, "thinker_config", hf_config)
+        super().__init__(model_dir, thinker, **kwargs)
+        try:
+            from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeAudioEncoder
+        except ImportError as exc:
+            raise AudioLoadError(f"this transformers release has no Qwen3-Omni audio encoder: {exc}") from None
+        config = thinker.audio_config
+        tower = Qwen3OmniMoeAudioEncoder._from_config(config)
+        _load(tower, _weights(model_dir, ("thinker.audio_tower.", "audio_tower.")), "audio tower", model_dir)
+        self.tower = tower.to(device=self.device, dtype=self.dtype).eval()
+        self.n_window = int(config.n_window)
+        self.window_chunks = max(1, int(config.n_window_infer) // (2 * self.n_window))
+        self.num_heads = int(config.encoder_attention_heads)
+        self.positions = sinusoids(int(config.max_source_positions), int(config.d_model)).to(self.device, self.dtype)
+        from transformers.activations import ACT2FN
+
+        self.act = ACT2FN[config.activation_function]
+        self.max_samples = None  # any length: the processor does not truncate, the tower windows it
+        tokens = special_token_ids(model_dir)
+        end = tokens.get("<|audio_end|>", tokens.get("<|audio_eos|>"))
+        self.placeholders = AudioPlaceholders(
+            audio=int(thinker.audio_token_id), start=int(thinker.audio_start_token_id), end=end
+        )
+
+    def embeddings_for(self, samples: int) -> int:
+        frames = -(-samples // int(self.extractor.hop_length))  # the extractor's attention mask, one per hop
+        return sum(frames_after_convs(n) for n in chunk_lengths(frames, self.n_window))
+
+    def shortest_samples(self) -> int:
+        return 1
+
+    def mel(self, samples: np.ndarray) -> torch.Tensor:
+        """``[mels, frames]`` log-mel of the whole clip (its real frames), as Qwen3-Omni's processor makes it."""
+        batch = self._features(samples, padding=True, truncation=False, return_attention_mask=True)
+        mask = batch["attention_mask"][0].bool()
+        return batch["input_features"][0][:, mask]
+
+    @torch.inference_mode()
+    def _encode(self, samples: np.ndarray, key: str) -> AudioFeatures:
+        return self._done(self.forward(self.mel(samples).to(device=self.device, dtype=self.dtype)), key)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        """``[tokens, output_dim]`` embeddings of one clip's ``[mels, frames]`` log-mel."""
+        t = self.tower
+        lengths = chunk_lengths(int(mel.shape[1]), self.n_window)
+        chunks = torch.nn.utils.rnn.pad_sequence(list(mel.T.split(lengths)), batch_first=True)  # [C, len, mels]
+        x = chunks.transpose(1, 2).unsqueeze(1)  # [C, 1, mels, len]
+        for conv in (t.conv2d1, t.conv2d2, t.conv2d3):
+            x = F.gelu(conv(x))
+        c, channels, bins, frames = x.shape
+        x = t.conv_out(x.permute(0, 3, 1, 2).reshape(c, frames, channels * bins)) + self.positions[:frames]
+        kept = [frames_after_convs(n) for n in lengths]
+        hidden = torch.cat([x[i, :n] for i, n in enumerate(kept)])
+        window = max(kept) * self.window_chunks  # attention windows, in frames after the convolutions
+        for layer in t.layers:
+            hidden = hidden + self._attention(layer.self_attn, layer.self_attn_layer_norm(hidden), window)
+            hidden = hidden + layer.fc2(self.act(layer.fc1(layer.final_layer_norm(hidden))))
+        return t.proj2(self.act(t.proj1(t.ln_post(hidden))))
+
+    def _attention(self, attn: Any, x: torch.Tensor, window: int) -> torch.Tensor:
+        """Bidirectional attention of ``x [T, d]`` within consecutive windows of ``window`` rows."""
+        heads, projections = self.num_heads, (attn.q_proj, attn.k_proj, attn.v_proj)
+        out = []
+        for part in x.split(window):
+            n = part.shape[0]
+            q, k, v = (proj(part).view(n, heads, -1).transpose(0, 1) for proj in projections)
+            out.append(F.scaled_dot_product_attention(q, k, v).transpose(0, 1).reshape(n, -1))
+        return attn.out_proj(torch.cat(out))

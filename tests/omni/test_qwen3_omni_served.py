@@ -1,0 +1,78 @@
+"""A full Qwen3-Omni checkpoint served by ``OmniPipeline.load`` in text mode: the thinker hears audio itself (no
+ASR), its talker and code2wav are not loaded (answers are text, spoken by a TTS voice where one is configured), and
+an image is refused with a clear error while its vision tower is not served."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.omni.config import OmniConfig
+from omni_gateway.omni.loading import resolve_speech_model
+from omni_gateway.omni.pipeline import OmniPipeline
+from omni_gateway.omni.protocol import (
+    AudioPart,
+    Error,
+    ImagePart,
+    Message,
+    OmniRequest,
+    SamplingOptions,
+    TextDelta,
+    TextPart,
+    Usage,
+)
+
+from tests.harness.checkpoints import picture, png_bytes
+from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni
+from tests.omni.test_pipeline_audio import MAX_TOKENS, RATE, clip_pcm16, direct
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniPipeline]:
+    directory = tmp_path_factory.mktemp("qwen3omni")
+    save_tiny_qwen3_omni(directory)
+    config = OmniConfig(
+        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96),
+        asr=None,
+        tts=None,
+        vad=False,
+        temperature=0.0,
+        max_tokens=MAX_TOKENS,
+        warm_up=False,
+    )
+    assert resolve_speech_model(config) is None, "its talker is not served: it answers in text"
+    pipe = OmniPipeline.load(config)
+    yield pipe
+    pipe.shutdown()
+
+
+def _run(pipeline: OmniPipeline, *parts: Any) -> list[Any]:
+    messages = (Message("user", parts),)
+    request = OmniRequest("q", messages, sampling=SamplingOptions(max_tokens=MAX_TOKENS, temperature=0.0))
+
+    async def go() -> list[Any]:
+        return [c async for c in pipeline.generate(request)]
+
+    return asyncio.run(go())
+
+
+def test_the_thinker_hears_audio_without_asr(pipeline: OmniPipeline) -> None:
+    assert pipeline.asr is None and pipeline.audio is not None and pipeline.speech is None
+    assert pipeline.capabilities.hears_audio and "image" not in pipeline.capabilities.input_modalities
+    parts = (AudioPart(clip_pcm16(), RATE), TextPart("what is said"))
+    chunks = _run(pipeline, *parts)
+    assert not [c for c in chunks if isinstance(c, Error)], chunks
+    assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == direct(pipeline, (Message("user", parts),))
+    (usage,) = [c for c in chunks if isinstance(c, Usage)]
+    assert usage.input_audio_tokens == 8  # 0.6 s: 60 mel frames -> 30 -> 15 -> 8 after the three convolutions
+
+
+def test_an_image_is_refused_with_a_clear_error(pipeline: OmniPipeline) -> None:
+    chunks = _run(pipeline, TextPart("what is in"), ImagePart(png_bytes(picture(3, (64, 64)))))
+    (error,) = [c for c in chunks if isinstance(c, Error)]
+    assert "image" in error.message
