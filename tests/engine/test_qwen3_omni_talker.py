@@ -182,3 +182,59 @@ def test_load_rejects_a_checkpoint_without_a_qwen3_talker(tmp_path: Path) -> Non
     (tmp_path / "config.json").write_text('{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}')
     with pytest.raises(ModelLoadError, match="no Qwen3-Omni talker_config"):
         Qwen3Talker.load(tmp_path)
+
+
+def test_text_arriving_late_makes_the_talker_wait(
+    hf: Any, talker: Qwen3Talker, engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = reference(hf, [60, 61, 62], "ethan", monkeypatch)
+    ids, rows = talker.inputs.prompt(ref.ids, ref.embeds, ref.hidden, ref.reply[0], ref.tts, "ethan")
+    text = talker.inputs.text_rows(torch.cat((ref.reply[1:], ref.tts)))
+    frames = SpokenFrames(InputStream(start=len(ids)), tts_eos=text[-2], tts_pad=text[-1])
+    engine.add_request(
+        "late",
+        ids,
+        SamplingParams(temperature=0.0, max_tokens=MAX_FRAMES, return_hidden_states=True),
+        embed_spans=[EmbedSpan(offset=0, length=len(ids), key="late", embeds=rows)],
+        input_stream=frames.stream,
+    )
+    later, feeder, waits = list(text[:-3]), talker.feeder(), 0
+    while engine.has_unfinished():
+        deltas = engine.step()
+        if not deltas and engine.waits_for_input():
+            waits += 1  # the talker caught up with the thinker's text: hand it the next row
+            if later:
+                frames.add_text([later.pop(0)])
+            else:
+                frames.end_text()
+        feeder.step([(frames, d.hidden_states[-1], d.token_ids[-1]) for d in deltas if d.token_ids])
+    assert waits == len(text) - 3 + 1  # once per text row and once for the text's end
+    assert frames.frames[: len(ref.frames)] == ref.frames
+
+
+def test_interleaved_rotary_positions_equal_transformers(hf: Any, engine: LLMEngine) -> None:
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeTalkerRotaryEmbedding
+
+    rotary = Qwen3OmniMoeTalkerRotaryEmbedding(hf.config.talker_config.text_config)
+    positions = torch.randint(0, 100, (3, 12), generator=torch.Generator().manual_seed(0))
+    cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions[:, None, :])
+    table = engine.runner.model.mrope_table(positions)
+    half = table.shape[1] // 2
+    assert not torch.equal(positions[0], positions[1])
+    torch.testing.assert_close(table[:, :half], cos[0, :, :half])
+    torch.testing.assert_close(table[:, half:], sin[0, :, :half])
+
+
+def test_media_positions_are_heard_through_the_hidden_projection(hf: Any, talker: Qwen3Talker) -> None:
+    from tests.harness.tiny_qwen3_omni_speech import AUDIO
+
+    ids = prompt_ids([30, AUDIO, AUDIO, AUDIO, 31])
+    g = torch.Generator().manual_seed(1)
+    embeds, hidden = torch.randn(len(ids), 32, generator=g), torch.randn(len(ids), 32, generator=g)
+    tts = torch.randn(3, 32, generator=g)
+    _, rows = talker.inputs.prompt(ids, embeds, hidden, torch.randn(32, generator=g), tts, "ethan")
+    users = [i for i, t in enumerate(ids) if i >= 7 and i < len(ids) - 3]  # the user turn, through its newline
+    mask = torch.tensor([[t == AUDIO for t in ids]])
+    with torch.no_grad():
+        want = hf._get_talker_user_parts(users[0], users[-1] + 1, mask, hidden[None], embeds[None])[0]
+    torch.testing.assert_close(rows[: len(users)], want)
