@@ -238,3 +238,15 @@ def test_media_positions_are_heard_through_the_hidden_projection(hf: Any, talker
     with torch.no_grad():
         want = hf._get_talker_user_parts(users[0], users[-1] + 1, mask, hidden[None], embeds[None])[0]
     torch.testing.assert_close(rows[: len(users)], want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_frames_on_cuda_equal_transformers(hf: Any, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused Triton MoE and the decode graphs (which stage the input rows) give transformers' frames."""
+    talker = Qwen3Talker.load(tiny_dir, device="cuda")
+    engine = LLMEngine(EngineConfig(device="cuda", dtype="float32"), model=talker.loaded)
+    ref = reference(hf, [30, 31, 32, 33], "Ethan", monkeypatch)
+    frames = start(engine, talker, ref, "Ethan", "cuda")
+    run(engine, talker, {"cuda": frames})
+    assert frames.frames[: len(ref.frames)] == ref.frames

@@ -104,3 +104,15 @@ def test_load_needs_the_code2wav_tensors(tiny_dir: Path, tmp_path: Path) -> None
     (tmp_path / "config.json").write_text((tiny_dir / "config.json").read_text())
     with pytest.raises(Code2WavLoadError, match="no safetensors"):
         load_code2wav(tmp_path, device="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_stream_on_cuda_equals_transformers(hf: Any, tiny_dir: Path) -> None:
+    model = load_code2wav(tiny_dir, device="cuda")
+    codes = random_codes(1, FRAMES, seed=4)
+    with torch.no_grad():
+        expected = hf.code2wav(codes)[0, 0]
+    waves = streamed(model, codes[0].cuda(), [3, 5, 9, 13], Chunking(2, 6))
+    # cuDNN may run float32 convolutions in TF32: a looser tolerance than on the CPU.
+    torch.testing.assert_close(torch.cat(waves).cpu(), expected, rtol=1e-2, atol=5e-3)
