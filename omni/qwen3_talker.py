@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.models.qwen3_omni_code_predictor import CodePredictor, CodePredictorConfig, FrameSampling
 from omni_gateway.engine.models.qwen3_omni_talker import load_talker, read_config, read_talker_tensors, talker_config
 from omni_gateway.engine.models.qwen3_omni_talker_inputs import TalkerInputs, ThinkerIds
@@ -113,21 +114,26 @@ class Qwen3Talker:
         loaded = load_talker(root, max_model_len, tensors=tensors)
         sub = hf.talker_config
         prefix = "talker.code_predictor."
-        predictor = CodePredictor(
-            CodePredictorConfig.from_hf(sub.code_predictor_config),
-            {n[len(prefix) :]: t for n, t in tensors.items() if n.startswith(prefix)},
-            tensors["talker.model.codec_embedding.weight"],
-            device=device,
-            dtype=dtype,
-        )
-        inputs = TalkerInputs(
-            cfg.talker_tokens,
-            ThinkerIds.from_hf(hf),
-            tensors,
-            act=str(sub.text_config.hidden_act),
-            device=device,
-            dtype=dtype,
-        )
+        try:
+            predictor = CodePredictor(
+                CodePredictorConfig.from_hf(sub.code_predictor_config),
+                {n[len(prefix) :]: t for n, t in tensors.items() if n.startswith(prefix)},
+                tensors["talker.model.codec_embedding.weight"],
+                device=device,
+                dtype=dtype,
+            )
+            inputs = TalkerInputs(
+                cfg.talker_tokens,
+                ThinkerIds.from_hf(hf),
+                tensors,
+                act=str(sub.text_config.hidden_act),
+                device=device,
+                dtype=dtype,
+            )
+        except KeyError as exc:
+            name = str(exc.args[0])
+            name = name if name.startswith("talker.") else prefix + name
+            raise ModelLoadError(f"{str(root)!r} lacks the talker tensor {name}") from exc
         return cls(loaded, predictor, inputs)
 
     def feeder(self) -> FrameFeeder:

@@ -240,6 +240,26 @@ def test_media_positions_are_heard_through_the_hidden_projection(hf: Any, talker
     torch.testing.assert_close(rows[: len(users)], want)
 
 
+def test_load_reads_a_sharded_checkpoint(hf: Any, talker: Qwen3Talker, tmp_path: Path) -> None:
+    hf.save_pretrained(tmp_path, max_shard_size="200KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1
+    sharded = Qwen3Talker.load(tmp_path)
+    assert sharded.loaded.weights.keys() == talker.loaded.weights.keys()
+    assert all(torch.equal(sharded.loaded.weights[n], t) for n, t in talker.loaded.weights.items())
+    assert not any(n.startswith(("thinker", "code2wav")) for n in sharded.loaded.weights)
+
+
+def test_load_names_a_missing_code_predictor_tensor(hf: Any, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    hf.save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    del state["talker.code_predictor.lm_head.1.weight"]
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"lacks the talker tensor talker\.code_predictor\.lm_head\.1\.weight"):
+        Qwen3Talker.load(tmp_path)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_frames_on_cuda_equal_transformers(hf: Any, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
