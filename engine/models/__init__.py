@@ -28,6 +28,8 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "Qwen3OmniMoeForConditionalGeneration",  # the thinker: a Qwen3-MoE decoder with interleaved M-RoPE
     # Qwen2.5-Omni's talker (codec tokens from the thinker's states), loaded by qwen2_5_omni_talker.load_talker.
     "Qwen2_5OmniTalkerForConditionalGeneration",
+    # Qwen3-Omni's MoE talker (first codebook of each frame), loaded by qwen3_omni_talker.load_talker.
+    "Qwen3OmniMoeTalkerForConditionalGeneration",
 )
 
 # Architectures whose language model takes multimodal rotary positions (engine/runner/mrope.py).
@@ -74,6 +76,10 @@ def build_model(hf_config: Any, weights: dict[str, Any], **kwargs: Any) -> Any:
         from omni_gateway.engine.models.qwen2_5_omni_talker import Qwen2_5OmniTalkerModel
 
         return Qwen2_5OmniTalkerModel(hf_config, weights, **kwargs)
+    if architecture == "Qwen3OmniMoeTalkerForConditionalGeneration":
+        from omni_gateway.engine.models.qwen3_omni_talker import Qwen3OmniTalkerModel
+
+        return Qwen3OmniTalkerModel(hf_config, weights, **kwargs)
     if architecture in MROPE_ARCHITECTURES:
         from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel
 

@@ -1,0 +1,228 @@
+"""Qwen3-Omni's talker: a mixture-of-experts decoder (with a shared expert) over codec frames, conditioned on the
+thinker's states; it predicts a frame's first codebook, its code predictor (qwen3_omni_code_predictor.py) the rest.
+
+Every input row is built outside the decoder at the talker's width (qwen3_omni_talker_inputs.py): the prompt's
+rows in full (projected thinker states plus codec embeddings), and a generated position's row as the sum of
+the previous frame's residual codebook embeddings plus the projected text in step with it. The decoder adds
+``embeds`` rows to the embedding of the position's token: the first codebook's code at generated positions
+(Hugging Face's ``codec_embedding`` of it), and at prompt positions that carry no code the ``silent`` id,
+whose embedding counts as zero. The silent id is one of the special ids the talker never emits and the
+config names for nothing (Hugging Face's generate suppresses the whole special range but the codec end).
+
+Layers are Qwen3-MoE's (q/k norms, experts routed by softmax then top-k, every layer sparse: the talker's
+layers ignore ``mlp_only_layers``/``decoder_sparse_step``) and positions are interleaved multimodal rotary
+positions; a text-only prompt has all three axes equal, which is the plain rotary table.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from omni_gateway.engine.errors import ModelLoadError
+from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel, _rope_parameters
+from omni_gateway.engine.runner.attention import AttentionMetadata
+
+TALKER_ARCHITECTURE = "Qwen3OmniMoeTalkerForConditionalGeneration"
+_PREFIX = "talker."
+_SPECIAL_RANGE = 1024  # the talker vocabulary's last ids are special tokens, not sounds
+
+
+@dataclass(frozen=True, slots=True)
+class Qwen3TalkerTokens:
+    """Codec ids (the talker's vocabulary) and the speaker map of a Qwen3-Omni talker config."""
+
+    codec_pad: int
+    codec_bos: int
+    codec_eos: int
+    codec_nothink: int
+    codec_think_bos: int
+    codec_think_eos: int
+    speakers: tuple[tuple[str, int], ...]  # (voice, codec id), as the config lists them
+    vocab_size: int
+
+    @classmethod
+    def from_hf(cls, talker_cfg: Any) -> Qwen3TalkerTokens:
+        text = getattr(talker_cfg, "text_config", talker_cfg)
+        return cls(
+            codec_pad=int(talker_cfg.codec_pad_id),
+            codec_bos=int(talker_cfg.codec_bos_id),
+            codec_eos=int(talker_cfg.codec_eos_token_id),
+            codec_nothink=int(talker_cfg.codec_nothink_id),
+            codec_think_bos=int(talker_cfg.codec_think_bos_id),
+            codec_think_eos=int(talker_cfg.codec_think_eos_id),
+            speakers=tuple((str(k), int(v)) for k, v in dict(getattr(talker_cfg, "speaker_id", None) or {}).items()),
+            vocab_size=int(text.vocab_size),
+        )
+
+    @property
+    def voices(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.speakers)
+
+    def speaker(self, voice: str) -> int:
+        """The codec id of ``voice`` (case-insensitive, as Hugging Face looks it up)."""
+        ids = {name.lower(): code for name, code in self.speakers}
+        if voice.lower() not in ids:
+            known = ", ".join(self.voices) or "none"
+            raise ValueError(f"unknown voice {voice!r}; this talker speaks as: {known}")
+        return ids[voice.lower()]
+
+    @property
+    def suppressed(self) -> list[int]:
+        """Special ids the talker must not emit: the special range but the codec end (as Hugging Face's generate)."""
+        lo = max(self.vocab_size - _SPECIAL_RANGE, 0)
+        return [i for i in range(lo, self.vocab_size) if i != self.codec_eos]
+
+    @property
+    def silent(self) -> int:
+        """The id of prompt positions without a code: the highest suppressed id the config names for nothing."""
+        named = {self.codec_pad, self.codec_bos, self.codec_eos, self.codec_nothink}
+        named |= {self.codec_think_bos, self.codec_think_eos} | {code for _, code in self.speakers}
+        free = [i for i in self.suppressed if i not in named]
+        if not free:
+            raise ModelLoadError("the talker's special ids leave none free for prompt positions without a code")
+        return free[-1]
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        return frozenset((self.codec_eos,))
+
+
+class Qwen3OmniTalkerModel(Qwen2VLModel):
+    adds_input_rows = True  # embeds rows add to the code embeddings (decode graphs stage them, zero = none)
+
+    def __init__(self, hf_config: Any, weights: dict[str, torch.Tensor], **kwargs: Any) -> None:
+        super().__init__(hf_config, weights, **kwargs)
+        self.tokens: Qwen3TalkerTokens = hf_config.talker_tokens
+        self.silent = self.tokens.silent
+        # Qwen3's interleaved layout: frequency j turns with height where j % 3 == 1 within the height section,
+        # with width where j % 3 == 2 within its section, with time elsewhere.
+        section = [int(n) for n in _rope_parameters(hf_config)["mrope_section"]]
+        freq = torch.arange(self.shape.head_dim // 2)
+        axis = torch.zeros_like(freq)
+        axis[(freq % 3 == 1) & (freq < 3 * section[1])] = 1
+        axis[(freq % 3 == 2) & (freq < 3 * section[2])] = 2
+        self.axis_of_freq = axis.to(self.device)
+        self.suppressed = torch.tensor(self.tokens.suppressed, dtype=torch.long, device=self.device)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        embed_rows: torch.Tensor | None = None,
+        embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = F.embedding(input_ids, self.embed) * (input_ids != self.silent).unsqueeze(-1).to(self.dtype)
+        if embed_rows is not None and embeds is not None:
+            x = x.index_add(0, embed_rows, embeds.to(x.dtype))
+        if positions.dim() == 1:
+            return self.decode_layers(x, positions, meta, kv_caches, self.cos_sin_cache)
+        rows = torch.arange(positions.shape[1], device=positions.device)
+        return self.decode_layers(x, rows, meta, kv_caches, self.mrope_table(positions))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden)
+        logits[:, self.suppressed] = float("-inf")
+        return logits
+
+
+class CodecTokenizer:
+    """Codec tokens have no text: the engine's detokenizer gets empty strings."""
+
+    chat_template = None
+
+    def decode(self, ids: Any, **_: Any) -> str:
+        return ""
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        raise ValueError("the talker takes codec token ids, not text")
+
+
+def talker_config(hf_config: Any) -> Any:
+    """The talker decoder's config out of a Qwen3-Omni config, named so the registry picks this model; it
+    carries the codec ids as ``talker_tokens``."""
+    sub = getattr(hf_config, "talker_config", None)
+    text = getattr(sub, "text_config", None)
+    if sub is None or text is None or getattr(sub, "code_predictor_config", None) is None:
+        raise ModelLoadError(
+            f"config of model type {getattr(hf_config, 'model_type', None)!r} has no Qwen3-Omni talker_config "
+            "(expected a Qwen3-Omni checkpoint that speaks)"
+        )
+    cfg = copy.deepcopy(text)
+    cfg.architectures = [TALKER_ARCHITECTURE]
+    cfg.model_type = "qwen3_moe"  # Qwen3-MoE layers: per-head q/k norms
+    cfg.mlp_only_layers = []  # every talker layer is sparse, whatever the config says
+    cfg.decoder_sparse_step = 1
+    cfg.talker_tokens = Qwen3TalkerTokens.from_hf(sub)
+    return cfg
+
+
+def talker_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The talker decoder's tensors under the decoder's names (``model.*``, ``lm_head``)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        if name.startswith(_PREFIX + "model."):
+            name = name[len(_PREFIX) :]
+            out["model.embed_tokens.weight" if name == "model.codec_embedding.weight" else name] = tensor
+        elif name == _PREFIX + "codec_head.weight":
+            out["lm_head.weight"] = tensor
+    return out
+
+
+def read_talker_tensors(root: Path) -> dict[str, torch.Tensor]:
+    """Every ``talker.*`` tensor of the checkpoint's safetensors shards (the thinker's and code2wav's are skipped)."""
+    from safetensors import safe_open
+
+    shards = sorted(root.glob("*.safetensors"))
+    if not shards:
+        raise ModelLoadError(f"no safetensors weights in {str(root)!r}")
+    weights: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        with safe_open(str(shard), "pt") as f:
+            weights.update({n: f.get_tensor(n) for n in f.keys() if n.startswith(_PREFIX)})
+    return weights
+
+
+def read_config(root: Path) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(root))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read the config in {str(root)!r}: {exc}") from exc
+
+
+def load_talker(
+    path: str | Path, max_model_len: int | None = None, tensors: dict[str, torch.Tensor] | None = None
+) -> Any:
+    """A ``LoadedModel`` of the talker decoder in a Qwen3-Omni checkpoint directory (for ``LLMEngine(model=...)``).
+    ``tensors``: the checkpoint's ``talker.*`` tensors where the caller has read them already."""
+    from omni_gateway.engine.models.llama import missing_weights
+    from omni_gateway.engine.runner.loader import LoadedModel
+
+    root = Path(path)
+    cfg = talker_config(read_config(root))
+    weights = talker_weights(tensors if tensors is not None else read_talker_tensors(root))
+    missing = missing_weights(cfg, weights)
+    if missing:
+        raise ModelLoadError(f"{str(root)!r} lacks {len(missing)} talker tensor(s): {', '.join(missing[:6])}")
+    model_len = int(cfg.max_position_embeddings)
+    if max_model_len is not None and max_model_len > model_len:
+        raise ModelLoadError(f"max_model_len={max_model_len} exceeds the talker's context length {model_len}")
+    return LoadedModel(
+        hf_config=cfg,
+        tokenizer=CodecTokenizer(),
+        eos_token_ids=cfg.talker_tokens.stop_ids,
+        max_model_len=max_model_len or model_len,
+        vocab_size=int(cfg.vocab_size),
+        chat_template=None,
+        name=f"{root.name}-talker",
+        architecture=TALKER_ARCHITECTURE,
+        weights=weights,
+    )

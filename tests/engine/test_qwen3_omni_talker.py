@@ -1,0 +1,272 @@
+"""Qwen3-Omni's talker on the paged engine, with its code predictor per frame, against transformers' whole
+``generate`` (thinker, then talker) on a tiny random checkpoint: the same greedy frames, codebook by codebook."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.core.llm_engine import LLMEngine
+from omni_gateway.engine.core.sequence import EmbedSpan
+from omni_gateway.engine.errors import ModelLoadError
+from omni_gateway.engine.runner.input_stream import InputStream
+from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.omni.qwen3_talker import Qwen3Talker, SpokenFrames
+
+from tests.harness.tiny_qwen3_omni_speech import (
+    ASSISTANT,
+    CODE_GROUPS,
+    IM_END,
+    IM_START,
+    SYSTEM,
+    TTS_BOS,
+    TTS_EOS,
+    TTS_PAD,
+    USER,
+    tiny_qwen3_omni,
+)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+MAX_FRAMES = 24
+REPLY_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def hf() -> Any:
+    return tiny_qwen3_omni()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(hf: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("qwen3-omni")
+    hf.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def talker(tiny_dir: Path) -> Qwen3Talker:
+    return Qwen3Talker.load(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(talker: Qwen3Talker) -> LLMEngine:
+    return LLMEngine(EngineConfig(device="cpu", attention_backend="torch", dtype="float32"), model=talker.loaded)
+
+
+def prompt_ids(user: list[int]) -> list[int]:
+    nl = 10
+    system = [IM_START, SYSTEM, nl, 7, 8, IM_END, nl]
+    return system + [IM_START, USER, nl, *user, IM_END, nl, IM_START, ASSISTANT, nl]
+
+
+@dataclass
+class Reference:
+    """What transformers' generate produced for one prompt: the thinker's states and the talker's frames."""
+
+    ids: list[int]
+    embeds: torch.Tensor  # the prompt's input embeddings [P, D]
+    hidden: torch.Tensor  # the prompt's hidden states after layer accept_hidden_layer [P, D]
+    reply: torch.Tensor  # input embeddings of the reply tokens the thinker fed back [R, D]
+    tts: torch.Tensor  # input embeddings of tts_bos, tts_eos, tts_pad [3, D]
+    frames: list[list[int]]
+
+
+def reference(hf: Any, user: list[int], voice: str, monkeypatch: pytest.MonkeyPatch) -> Reference:
+    seen: dict[str, Any] = {}
+    thinker_generate, decode = hf.thinker.generate, hf.code2wav.chunked_decode
+
+    def keep_thinker(*args: Any, **kwargs: Any) -> Any:
+        seen["thinker"] = out = thinker_generate(*args, **kwargs)
+        return out
+
+    def keep_codes(codes: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        seen["codes"] = codes
+        return decode(codes, **kwargs)
+
+    ids = prompt_ids(user)
+    with monkeypatch.context() as patch:
+        # Newer transformers mirror talker_do_sample onto the code predictor; older ones sample its codes unless told.
+        patch.setattr(hf.talker.code_predictor.generation_config, "do_sample", False)
+        patch.setattr(hf.thinker, "generate", keep_thinker)
+        patch.setattr(hf.code2wav, "chunked_decode", keep_codes)
+        hf.generate(
+            input_ids=torch.tensor([ids]),
+            speaker=voice,
+            thinker_max_new_tokens=REPLY_TOKENS,
+            thinker_eos_token_id=IM_END,
+            thinker_do_sample=False,
+            talker_do_sample=False,
+            talker_repetition_penalty=1.0,
+            talker_max_new_tokens=MAX_FRAMES + 1,
+        )
+    states = seen["thinker"].hidden_states  # per forward: (embeddings, layer 1 output, ...)
+    layer = hf.config.talker_config.accept_hidden_layer
+    with torch.no_grad():
+        tts = hf.thinker.get_input_embeddings()(torch.tensor([TTS_BOS, TTS_EOS, TTS_PAD]))
+    return Reference(
+        ids=ids,
+        embeds=states[0][0][0],
+        hidden=states[0][layer][0],
+        reply=torch.cat([step[0][0] for step in states[1:]]),
+        tts=tts,
+        frames=seen["codes"][0].T.tolist(),
+    )
+
+
+def start(engine: LLMEngine, talker: Qwen3Talker, ref: Reference, voice: str, rid: str) -> SpokenFrames:
+    ids, rows = talker.inputs.prompt(ref.ids, ref.embeds, ref.hidden, ref.reply[0], ref.tts, voice)
+    text = talker.inputs.text_rows(torch.cat((ref.reply[1:], ref.tts)))
+    frames = SpokenFrames(InputStream(start=len(ids)), tts_eos=text[-2], tts_pad=text[-1])
+    engine.add_request(
+        rid,
+        ids,
+        SamplingParams(temperature=0.0, max_tokens=MAX_FRAMES, return_hidden_states=True),
+        embed_spans=[EmbedSpan(offset=0, length=len(ids), key=rid, embeds=rows)],
+        input_stream=frames.stream,
+    )
+    frames.add_text(text[:-3])
+    frames.end_text()
+    return frames
+
+
+def run(engine: LLMEngine, talker: Qwen3Talker, utterances: dict[str, SpokenFrames]) -> int:
+    """Step the engine to the end, feeding every step's frames through the code predictor; the largest batch."""
+    feeder, widest = talker.feeder(), 0
+    while engine.has_unfinished():
+        work = []
+        for delta in engine.step():
+            if delta.token_ids:
+                work.append((utterances[delta.request_id], delta.hidden_states[-1], delta.token_ids[-1]))
+        widest = max(widest, len(work))
+        feeder.step(work)
+    return widest
+
+
+def test_frames_equal_transformers(
+    hf: Any, talker: Qwen3Talker, engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = reference(hf, [30, 31, 32, 33], "Ethan", monkeypatch)
+    assert len(ref.frames) >= 8 and len({tuple(f) for f in ref.frames}) > 4, ref.frames  # varied speech
+    assert all(len(f) == CODE_GROUPS for f in ref.frames)
+    frames = start(engine, talker, ref, "Ethan", "one")
+    run(engine, talker, {"one": frames})
+    assert frames.frames[: len(ref.frames)] == ref.frames
+    assert engine.scheduler.kv.usage().num_used_blocks == 0
+
+
+def test_utterances_batch_through_the_code_predictor(
+    hf: Any, talker: Qwen3Talker, engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refs = {
+        "a": (reference(hf, [40, 41, 42], "chelsie", monkeypatch), "chelsie"),
+        "b": (reference(hf, [50, 51, 52, 53, 54], "ethan", monkeypatch), "ethan"),
+    }
+    assert refs["a"][0].frames != refs["b"][0].frames
+    utterances = {rid: start(engine, talker, ref, voice, rid) for rid, (ref, voice) in refs.items()}
+    assert run(engine, talker, utterances) == 2  # both utterances' frames went through one predictor call
+    for rid, (ref, _) in refs.items():
+        assert utterances[rid].frames[: len(ref.frames)] == ref.frames
+
+
+def test_unknown_voice_lists_the_known_ones(talker: Qwen3Talker) -> None:
+    with pytest.raises(ValueError, match=r"unknown voice 'Nobody'.*chelsie, ethan"):
+        talker.inputs.tokens.speaker("Nobody")
+
+
+def test_load_rejects_a_checkpoint_without_a_qwen3_talker(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}')
+    with pytest.raises(ModelLoadError, match="no Qwen3-Omni talker_config"):
+        Qwen3Talker.load(tmp_path)
+
+
+def test_text_arriving_late_makes_the_talker_wait(
+    hf: Any, talker: Qwen3Talker, engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = reference(hf, [60, 61, 62], "ethan", monkeypatch)
+    ids, rows = talker.inputs.prompt(ref.ids, ref.embeds, ref.hidden, ref.reply[0], ref.tts, "ethan")
+    text = talker.inputs.text_rows(torch.cat((ref.reply[1:], ref.tts)))
+    frames = SpokenFrames(InputStream(start=len(ids)), tts_eos=text[-2], tts_pad=text[-1])
+    engine.add_request(
+        "late",
+        ids,
+        SamplingParams(temperature=0.0, max_tokens=MAX_FRAMES, return_hidden_states=True),
+        embed_spans=[EmbedSpan(offset=0, length=len(ids), key="late", embeds=rows)],
+        input_stream=frames.stream,
+    )
+    later, feeder, waits = list(text[:-3]), talker.feeder(), 0
+    while engine.has_unfinished():
+        deltas = engine.step()
+        if not deltas and engine.waits_for_input():
+            waits += 1  # the talker caught up with the thinker's text: hand it the next row
+            if later:
+                frames.add_text([later.pop(0)])
+            else:
+                frames.end_text()
+        feeder.step([(frames, d.hidden_states[-1], d.token_ids[-1]) for d in deltas if d.token_ids])
+    assert waits == len(text) - 3 + 1  # once per text row and once for the text's end
+    assert frames.frames[: len(ref.frames)] == ref.frames
+
+
+def test_interleaved_rotary_positions_equal_transformers(hf: Any, engine: LLMEngine) -> None:
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeTalkerRotaryEmbedding
+
+    rotary = Qwen3OmniMoeTalkerRotaryEmbedding(hf.config.talker_config.text_config)
+    positions = torch.randint(0, 100, (3, 12), generator=torch.Generator().manual_seed(0))
+    cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions[:, None, :])
+    table = engine.runner.model.mrope_table(positions)
+    half = table.shape[1] // 2
+    assert not torch.equal(positions[0], positions[1])
+    torch.testing.assert_close(table[:, :half], cos[0, :, :half])
+    torch.testing.assert_close(table[:, half:], sin[0, :, :half])
+
+
+def test_media_positions_are_heard_through_the_hidden_projection(hf: Any, talker: Qwen3Talker) -> None:
+    from tests.harness.tiny_qwen3_omni_speech import AUDIO
+
+    ids = prompt_ids([30, AUDIO, AUDIO, AUDIO, 31])
+    g = torch.Generator().manual_seed(1)
+    embeds, hidden = torch.randn(len(ids), 32, generator=g), torch.randn(len(ids), 32, generator=g)
+    tts = torch.randn(3, 32, generator=g)
+    _, rows = talker.inputs.prompt(ids, embeds, hidden, torch.randn(32, generator=g), tts, "ethan")
+    users = [i for i, t in enumerate(ids) if i >= 7 and i < len(ids) - 3]  # the user turn, through its newline
+    mask = torch.tensor([[t == AUDIO for t in ids]])
+    with torch.no_grad():
+        want = hf._get_talker_user_parts(users[0], users[-1] + 1, mask, hidden[None], embeds[None])[0]
+    torch.testing.assert_close(rows[: len(users)], want)
+
+
+def test_load_reads_a_sharded_checkpoint(hf: Any, talker: Qwen3Talker, tmp_path: Path) -> None:
+    hf.save_pretrained(tmp_path, max_shard_size="200KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1
+    sharded = Qwen3Talker.load(tmp_path)
+    assert sharded.loaded.weights.keys() == talker.loaded.weights.keys()
+    assert all(torch.equal(sharded.loaded.weights[n], t) for n, t in talker.loaded.weights.items())
+    assert not any(n.startswith(("thinker", "code2wav")) for n in sharded.loaded.weights)
+
+
+def test_load_names_a_missing_code_predictor_tensor(hf: Any, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    hf.save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    del state["talker.code_predictor.lm_head.1.weight"]
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"lacks the talker tensor talker\.code_predictor\.lm_head\.1\.weight"):
+        Qwen3Talker.load(tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_frames_on_cuda_equal_transformers(hf: Any, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused Triton MoE and the decode graphs (which stage the input rows) give transformers' frames."""
+    talker = Qwen3Talker.load(tiny_dir, device="cuda")
+    engine = LLMEngine(EngineConfig(device="cuda", dtype="float32"), model=talker.loaded)
+    ref = reference(hf, [30, 31, 32, 33], "Ethan", monkeypatch)
+    frames = start(engine, talker, ref, "Ethan", "cuda")
+    run(engine, talker, {"cuda": frames})
+    assert frames.frames[: len(ref.frames)] == ref.frames
