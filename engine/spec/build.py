@@ -17,6 +17,9 @@ log = logging.getLogger(__name__)
 # Tokens per step below which a step is bound by reading the weights (its time barely grows with them):
 # on a GPU a few hundred for a 1-8B model; on the CPU the matmuls turn compute-bound far sooner.
 WEIGHT_BOUND_TOKENS = {"cuda": 128, "cpu": 16}
+# What one more scored token adds to such a step: a tiny Llama on 2 CPU cores spent 1.56x a plain step's
+# time scoring 4 drafts (benchmarks/spec_decode.py, p=0); on a GPU the extra rows are nearly free.
+TOKEN_COST = {"cuda": 0.01, "cpu": 0.12}
 # One proposed token's price relative to a target step: a lookup is free, a draft model a forward of its own.
 DRAFT_COST = {"ngram": 0.0, "draft_model": 0.15, "eagle3": 0.05}
 
@@ -49,6 +52,7 @@ def build_speculator(
         max_k=spec.num_speculative_tokens,
         disable_by_batch_size=spec.disable_by_batch_size,
         weight_bound_tokens=WEIGHT_BOUND_TOKENS[device],
+        token_cost=TOKEN_COST[device],
         draft_cost=DRAFT_COST[spec.method],
     )
     log.info(

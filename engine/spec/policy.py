@@ -6,8 +6,9 @@ get k=0 and never get slower. Within the bound, k maximizes expected kept tokens
 the acceptance rate measured so far (an exponential moving average of accepted/proposed drafts):
 a step with k drafts keeps ``(1 - a**(k+1)) / (1 - a)`` tokens on average (each draft accepted with
 probability a, one token of the target's own after the first rejection), and costs
-``max(1, batch * (1 + k) / weight_bound_tokens) + draft_cost * k`` steps' time, ``draft_cost`` being one
-proposal token's price relative to a target step (0 for n-gram lookup). Where measured acceptance drives k to
+``max(1, batch * (1 + k) / weight_bound_tokens) + token_cost * batch * k + draft_cost * k`` steps' time:
+``token_cost`` is what one more scored token adds to a weight-bound step, ``draft_cost`` one proposal
+token's price (0 for n-gram lookup), both relative to a one-token-per-sequence target step. Where measured acceptance drives k to
 0, every ``probe_every``-th step still asks for one draft so the estimate can recover.
 """
 
@@ -28,6 +29,7 @@ class SpecPolicy:
     max_k: int
     disable_by_batch_size: int
     weight_bound_tokens: int = 64
+    token_cost: float = 0.02
     draft_cost: float = 0.0
     ema_weight: float = 0.1  # weight of the newest step in the acceptance average
     acceptance: float = 0.7  # the average before any measurement: optimistic, so speculation gets tried
@@ -44,12 +46,13 @@ class SpecPolicy:
             )
         if not 0.0 < self.ema_weight <= 1.0:
             raise ValueError(f"ema_weight must be in (0, 1], got {self.ema_weight}")
-        if self.draft_cost < 0:
-            raise ValueError(f"draft_cost must be >= 0, got {self.draft_cost}")
+        if self.draft_cost < 0 or self.token_cost < 0:
+            raise ValueError(f"draft_cost and token_cost must be >= 0, got {self.draft_cost} and {self.token_cost}")
 
     def step_cost(self, batch_size: int, k: int) -> float:
         """A step's time relative to a weight-bound one-token-per-sequence step."""
-        return max(1.0, batch_size * (1 + k) / self.weight_bound_tokens) + self.draft_cost * k
+        bound = max(1.0, batch_size * (1 + k) / self.weight_bound_tokens)
+        return bound + self.token_cost * batch_size * k + self.draft_cost * k
 
     def best_k(self, batch_size: int) -> int:
         """The k with the most expected tokens per unit of step time (the smallest such k), before probing."""

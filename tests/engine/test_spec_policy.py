@@ -108,3 +108,13 @@ def test_omni_serve_accepts_the_flag() -> None:
     assert omni.engine.speculative_config == SpeculativeConfig("ngram", 2, prompt_lookup_min=3, prompt_lookup_max=3)
     _, plain = configs(build_parser().parse_args(["serve"]))
     assert plain.engine.speculative_config is None
+
+
+def test_scoring_cost_turns_k_down_as_acceptance_falls() -> None:
+    policy = SpecPolicy(max_k=4, disable_by_batch_size=32, weight_bound_tokens=16, token_cost=0.12)
+    ks = []
+    for acceptance in (0.95, 0.7, 0.4, 0.05):
+        policy.acceptance = acceptance
+        ks.append(policy.best_k(1))
+    assert ks == sorted(ks, reverse=True)
+    assert ks[0] == 4 and ks[-1] == 0
