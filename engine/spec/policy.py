@@ -8,8 +8,8 @@ a step with k drafts keeps ``(1 - a**(k+1)) / (1 - a)`` tokens on average (each 
 probability a, one token of the target's own after the first rejection), and costs
 ``max(1, batch * (1 + k) / weight_bound_tokens) + token_cost * batch * k + draft_cost * k`` steps' time:
 ``token_cost`` is what one more scored token adds to a weight-bound step, ``draft_cost`` one proposal
-token's price (0 for n-gram lookup), both relative to a one-token-per-sequence target step. Where measured acceptance drives k to
-0, every ``probe_every``-th step still asks for one draft so the estimate can recover.
+token's price (0 for n-gram lookup), both relative to a one-token-per-sequence target step. Where measured
+acceptance drives k to 0, every ``probe_every``-th step still asks for one draft so the estimate can recover.
 """
 
 from __future__ import annotations
