@@ -115,7 +115,7 @@ class LLMEngine:
         if config.speculative_config is not None:
             from omni_gateway.engine.spec.build import build_speculator
 
-            self.speculator = build_speculator(config, self.runner, kv)
+            self.speculator = build_speculator(config, self.runner)
         self._requests: dict[str, EngineRequest] = {}
         self._owner: dict[int, tuple[EngineRequest, int]] = {}
         self._finished: list[RequestOutput] = []
@@ -392,7 +392,7 @@ class LLMEngine:
                     )
                 return []
             if self.speculator is not None:
-                batch = self.speculator.attach(batch, self.scheduler.num_running)
+                batch = self.speculator.attach(batch, self.scheduler.kv, self.scheduler.num_running)
             pending = self.runner.execute(batch)
             chain = self._pipelined and launchable(batch)
         else:
@@ -417,7 +417,7 @@ class LLMEngine:
         from omni_gateway.engine.spec.speculator import merge_deltas
 
         deltas = [d for sub, tokens in self.speculator.rounds(batch, results) for d in self._absorb_tokens(sub, tokens)]
-        self.speculator.settle(batch, results)
+        self.speculator.settle(batch, results, self.scheduler.kv)
         return merge_deltas(deltas)
 
     def _absorb_tokens(self, batch: ScheduledBatch, results: list[Any]) -> list[StreamDelta]:

@@ -6,7 +6,6 @@ import logging
 from typing import Any
 
 from omni_gateway.engine.config import EngineConfig
-from omni_gateway.engine.core.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.spec.config import SpeculativeConfig
 from omni_gateway.engine.spec.policy import SpecPolicy
 from omni_gateway.engine.spec.proposer import Proposer
@@ -41,9 +40,7 @@ def build_proposer(spec: SpeculativeConfig, config: EngineConfig, target: Any) -
     )
 
 
-def build_speculator(
-    config: EngineConfig, target: Any, kv: KVCacheManager, proposer: Proposer | None = None
-) -> Speculator:
+def build_speculator(config: EngineConfig, target: Any, proposer: Proposer | None = None) -> Speculator:
     spec = config.speculative_config
     assert isinstance(spec, SpeculativeConfig)
     proposer = proposer or build_proposer(spec, config, target)
@@ -62,4 +59,4 @@ def build_speculator(
         spec.num_speculative_tokens,
         spec.disable_by_batch_size,
     )
-    return Speculator(proposer, policy, kv, config.max_num_batched_tokens)
+    return Speculator(proposer, policy, config.max_num_batched_tokens)

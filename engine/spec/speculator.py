@@ -46,16 +46,17 @@ def room_for_drafts(seq: Sequence, k: int) -> int:
 
 
 class Speculator:
-    def __init__(self, proposer: Proposer, policy: SpecPolicy, kv: KVCacheManager, max_num_batched_tokens: int) -> None:
+    """The engine's KV cache manager is passed in at each call: a warm-up replaces it (``engine.runner.warmup``)."""
+
+    def __init__(self, proposer: Proposer, policy: SpecPolicy, max_num_batched_tokens: int) -> None:
         self.proposer = proposer
         self.policy = policy
-        self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
         self.num_drafts = 0  # over the engine's life: drafts scored and accepted
         self.num_accepted = 0
         self.num_verify_steps = 0
 
-    def attach(self, batch: ScheduledBatch, num_running: int) -> ScheduledBatch:
+    def attach(self, batch: ScheduledBatch, kv: KVCacheManager, num_running: int) -> ScheduledBatch:
         """``batch`` with drafts for the sequences that may take them, their KV slots allocated; ``batch``
         itself where the policy says k=0 or nothing was proposed."""
         k = self.policy.choose_k(num_running)
@@ -79,7 +80,7 @@ class Speculator:
         for (i, _), prop in zip(wanted, proposals):
             seq, guess = batch.seqs[i], prop.token_ids
             # Slots for the drafts' positions; a short pool scores none (the step's own slot is held already).
-            if guess and self.kv.allocate_slots(seq, 1 + len(guess)):
+            if guess and kv.allocate_slots(seq, 1 + len(guess)):
                 drafts[i], probs[i], counts[i] = guess, prop.probs, 1 + len(guess)
         if not any(drafts):
             return batch
@@ -100,7 +101,7 @@ class Speculator:
             out.append((ScheduledBatch(batch.seqs, counts, batch.preempted if t == 0 else []), tokens))
         return out
 
-    def settle(self, batch: ScheduledBatch, results: Seq[Any]) -> None:
+    def settle(self, batch: ScheduledBatch, results: Seq[Any], kv: KVCacheManager) -> None:
         """After the rounds: the measured acceptance, and the slots of rejected drafts back in the pool."""
         assert batch.drafts is not None
         proposed = accepted = 0
@@ -110,7 +111,7 @@ class Speculator:
             proposed += len(guess)
             accepted += result.num_accepted
             if not seq.is_finished:
-                self.kv.trim(seq)
+                kv.trim(seq)
         self.policy.record(proposed, accepted)
         self.num_drafts += proposed
         self.num_accepted += accepted

@@ -184,3 +184,15 @@ def test_sampled_requests_run_and_keep_their_limits(models: tuple[Path, Path]) -
     # the same configuration draws the same tokens.
     again = build(models[0], specs(models)["draft-disagrees"]).generate(prompts(), params)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in again]
+
+
+def test_a_warmed_up_engine_speculates_over_its_fresh_kv_cache(
+    models: tuple[Path, Path], reference: list[list[int]]
+) -> None:
+    from omni_gateway.engine.runner.warmup import warm_up_engine
+
+    llm = build(models[0], specs(models)["draft-disagrees"])
+    warm_up_engine(llm.engine, "minimal")
+    free = llm.engine.scheduler.kv.num_free_blocks
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts(), greedy())] == reference
+    assert_all_blocks_back(llm, free)
