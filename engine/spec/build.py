@@ -44,6 +44,11 @@ def build_speculator(config: EngineConfig, target: Any, proposer: Proposer | Non
     spec = config.speculative_config
     assert isinstance(spec, SpeculativeConfig)
     proposer = proposer or build_proposer(spec, config, target)
+    if proposer.aux_hidden_layers and not getattr(target, "captures_aux_hidden", False):
+        raise ValueError(
+            f"the {proposer.name!r} proposer reads the target's hidden states of layers "
+            f"{list(proposer.aux_hidden_layers)}; this engine's runner does not capture them"
+        )
     device = "cuda" if target.device.type == "cuda" else "cpu"
     policy = SpecPolicy(
         max_k=spec.num_speculative_tokens,

@@ -118,3 +118,26 @@ def test_scoring_cost_turns_k_down_as_acceptance_falls() -> None:
         ks.append(policy.best_k(1))
     assert ks == sorted(ks, reverse=True)
     assert ks[0] == 4 and ks[-1] == 0
+
+
+def test_a_proposer_reading_hidden_states_needs_a_runner_that_captures_them() -> None:
+    from types import SimpleNamespace
+
+    from omni_gateway.engine.spec.build import build_speculator
+
+    class Eagle:
+        name = "eagle3"
+        aux_hidden_layers = (2, 16, 29)
+
+        def propose(self, requests: object) -> list[Proposal]:
+            return []
+
+        def release(self, seq_ids: object) -> None:
+            pass
+
+    config = EngineConfig(device="cpu", speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    runner = SimpleNamespace(device=SimpleNamespace(type="cpu"))
+    with pytest.raises(ValueError, match=r"layers \[2, 16, 29\]"):
+        build_speculator(config, runner, Eagle())
+    capturing = SimpleNamespace(device=SimpleNamespace(type="cpu"), captures_aux_hidden=True)
+    assert build_speculator(config, capturing, Eagle()).proposer.aux_hidden_layers == (2, 16, 29)
