@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from omni_gateway.engine import LLM, SamplingParams
 from omni_gateway.engine.sampling_params import StructuredOutputs
 
@@ -193,6 +194,21 @@ def test_a_warmed_up_engine_speculates_over_its_fresh_kv_cache(
 
     llm = build(models[0], specs(models)["draft-disagrees"])
     warm_up_engine(llm.engine, "minimal")
+    free = llm.engine.scheduler.kv.num_free_blocks
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts(), greedy())] == reference
+    assert_all_blocks_back(llm, free)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["ngram", "draft-agrees", "draft-disagrees"])
+def test_greedy_output_on_cuda_is_that_without_drafts(models: tuple[Path, Path], kind: str) -> None:
+    """On CUDA the verify step replays a prefill graph (or runs eagerly); one-token steps keep the decode graphs."""
+    args: dict[str, Any] = {"device": "cuda", "dtype": "float32"}
+    plain = LLM(model=str(models[0]), max_model_len=128, **args)
+    reference = [o.outputs[0].token_ids for o in plain.generate(prompts(), greedy())]
+    del plain
+    llm = LLM(model=str(models[0]), max_model_len=128, speculative_config=specs(models)[kind], **args)
     free = llm.engine.scheduler.kv.num_free_blocks
     assert [o.outputs[0].token_ids for o in llm.generate(prompts(), greedy())] == reference
     assert_all_blocks_back(llm, free)
