@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from omni_gateway.engine.spec.config import SpeculativeConfig
 
 # Tokens per KV block when the config leaves it open. On the CPU a sequence's unfilled last block is
 # the only KV waste and costs nothing to shrink (16 concurrent ~170-token SmolLM2 streams: 6.8% of
@@ -87,6 +90,9 @@ class EngineConfig:
     # cached up to this many bytes (least recently used out).
     structured_outputs_compile_timeout: float = 5.0
     structured_outputs_cache_bytes: int = 256 << 20
+    # Speculative decoding (engine/spec; vLLM's speculative_config keys): a SpeculativeConfig, or a mapping or
+    # JSON text of its keys, which becomes one here. None: one token per sequence and step.
+    speculative_config: SpeculativeConfig | Any = None
     # ---- process layout (serving only; ``LLM`` always runs in the caller's process) ----
     # Engine replicas, each a full copy of the model with its own KV cache (vLLM's --data-parallel-size).
     data_parallel_size: int = 1
@@ -146,6 +152,7 @@ class EngineConfig:
                 "distributed_executor_backend 'mp'"
             )
         self._check_lora()
+        self._check_speculative()
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
 
@@ -166,6 +173,18 @@ class EngineConfig:
         names = [m[0] for m in self.lora_modules]
         if len(set(names)) != len(names):
             raise ValueError(f"lora_modules name an adapter twice: {names}")
+
+    def _check_speculative(self) -> None:
+        if self.speculative_config is None:
+            return
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.of(self.speculative_config))
+        if self.tensor_parallel_size > 1:
+            raise ValueError(
+                "speculative decoding runs on one device per replica: speculative_config needs "
+                f"tensor_parallel_size 1, got {self.tensor_parallel_size}"
+            )
+        if self.enable_lora:
+            raise ValueError("speculative decoding does not serve LoRA adapters: pass one of the two, not both")
 
     @property
     def hidden_state_cache_blocks(self) -> int:

@@ -56,6 +56,17 @@ def _lora_module(value: str) -> tuple[str, str]:
     return name.strip(), path.strip()
 
 
+def _json_object(value: str) -> dict[str, Any]:
+    """A flag whose value is a JSON object (vLLM's ``--speculative-config``); the config checks its keys."""
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
+    return parsed
+
+
 def _rtf_limit(value: str) -> float:
     """``--voice-admission-rtf``; argparse shows an ArgumentTypeError's message, a ValueError's it drops."""
     number: object = value
@@ -475,6 +486,16 @@ def serve_flags() -> tuple[Flag, ...]:
             "launch each decode step before the host has read the one in flight (default %(default)s: on with CUDA)",
             "engine",
             choices=("auto", "on", "off"),
+        ),
+        Flag(
+            "--speculative-config",
+            eng,
+            "speculative_config",
+            'speculative decoding as vLLM takes it, a JSON object: {"method": "ngram", "num_speculative_tokens": '
+            '4, "prompt_lookup_max": 5} or {"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}; '
+            "it turns pipelined decode off (default: none)",
+            "engine",
+            type=_json_object,
         ),
         Flag(
             "--structured-outputs-compile-timeout",

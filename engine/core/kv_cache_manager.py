@@ -151,6 +151,23 @@ class KVCacheManager:
                     self.pool.keep_rows(cached, rows, self.max_row_blocks)
         self._num_registered[seq.seq_id] = num_full
 
+    def trim(self, seq: Sequence) -> int:
+        """Return the blocks past the ones ``len(seq)`` tokens need (slots of rejected draft tokens); the
+        number returned. Those blocks were never registered: they hold no computed token's K/V."""
+        held = self._held.get(seq.seq_id)
+        keep = _cdiv(len(seq), self.block_size)
+        if not held or len(held) <= keep:
+            return 0
+        if self._num_registered[seq.seq_id] > keep:
+            raise RuntimeError(f"{seq!r}: blocks past its tokens are registered in the prefix cache")
+        extra = held[keep:]
+        del held[keep:]
+        # The block table was "only appended to": emptied and rebuilt, so its readers convert it afresh.
+        seq.block_table[:] = seq.block_table[:keep]
+        seq.block_table_version += 1
+        self.pool.release(reversed(extra))
+        return len(extra)
+
     def free(self, seq: Sequence) -> None:
         """Return the sequence's blocks. Its last block is freed first so it is evicted first: a long
         prefix is less likely to be shared than the short one its first blocks hold."""

@@ -111,13 +111,20 @@ class LLMEngine:
             max_row_blocks=config.hidden_state_cache_blocks,
         )
         self.scheduler = Scheduler(config, kv)
+        self.speculator: Any = None  # engine.spec.speculator.Speculator, with a speculative_config
+        if config.speculative_config is not None:
+            from omni_gateway.engine.spec.build import build_speculator
+
+            self.speculator = build_speculator(config, self.runner)
         self._requests: dict[str, EngineRequest] = {}
         self._owner: dict[int, tuple[EngineRequest, int]] = {}
         self._finished: list[RequestOutput] = []
         self._in_flight: Step | None = None  # a pipelined step whose tokens the host has not read
         self._pipelined = False
         on_cuda = self.runner.device.type == "cuda"
-        self.pipelined = config.pipeline_decode == "on" or (config.pipeline_decode == "auto" and on_cuda)
+        # Speculation reads each step's tokens before drafting the next: nothing can run ahead of the host.
+        pipelined = config.pipeline_decode == "on" or (config.pipeline_decode == "auto" and on_cuda)
+        self.pipelined = pipelined and self.speculator is None
         self.num_steps_ahead = 0  # steps launched before the host had read the step in front of them
         self._grammars: Any = None  # engine.core.structured_output.GrammarCache, built on first use
         self._grammars_lock = threading.Lock()
@@ -168,6 +175,10 @@ class LLMEngine:
 
     @pipelined.setter
     def pipelined(self, on: bool) -> None:
+        if on and self.speculator is not None:
+            raise RuntimeError(
+                "pipelined decode cannot run with speculative decoding (each step's drafts need the last)"
+            )
         if self._in_flight is not None and not all(seq.is_finished for seq in self._in_flight.batch.seqs):
             raise RuntimeError("cannot switch pipelined decode while a step of unfinished requests is in flight")
         self._in_flight = None
@@ -334,7 +345,7 @@ class LLMEngine:
         if req is None:
             return []
         aborted = self.scheduler.abort(request_id)
-        self.runner.release([s.seq_id for s in aborted])
+        self._release([s.seq_id for s in aborted])
         deltas = [stream_delta(req, i, "", ()) for i, s in enumerate(req.seqs) if s.finish_reason is FinishReason.ABORT]
         self._retire(req)
         return deltas
@@ -380,6 +391,8 @@ class LLMEngine:
                         f"{self.scheduler.num_running} running sequences"
                     )
                 return []
+            if self.speculator is not None:
+                batch = self.speculator.attach(batch, self.scheduler.kv, self.scheduler.num_running)
             pending = self.runner.execute(batch)
             chain = self._pipelined and launchable(batch)
         else:
@@ -395,9 +408,19 @@ class LLMEngine:
         return deltas
 
     def _absorb(self, batch: ScheduledBatch, results: list[Any]) -> list[StreamDelta]:
-        """Apply one step's sampled tokens to its sequences; the deltas for the caller."""
+        """Apply one step's sampled tokens to its sequences; the deltas for the caller. A step that scored
+        drafts is applied one kept token at a time (``Speculator.rounds``), so stops inside it cut it."""
         if len(results) != len(batch.seqs):
             raise RuntimeError(f"runner returned {len(results)} results for {len(batch.seqs)} sequences")
+        if batch.drafts is None:
+            return self._absorb_tokens(batch, results)
+        from omni_gateway.engine.spec.speculator import merge_deltas
+
+        deltas = [d for sub, tokens in self.speculator.rounds(batch, results) for d in self._absorb_tokens(sub, tokens)]
+        self.speculator.settle(batch, results, self.scheduler.kv)
+        return merge_deltas(deltas)
+
+    def _absorb_tokens(self, batch: ScheduledBatch, results: list[Any]) -> list[StreamDelta]:
         by_seq = {seq.seq_id: r for seq, r in zip(batch.seqs, results) if r is not None}
         token_ids: list[int | None] = [None if r is None else r.token_id for r in results]
         rejected = self._grammars.accept(batch.seqs, token_ids) if self._grammars is not None else []
@@ -438,11 +461,16 @@ class LLMEngine:
             done.append(seq)
             deltas.append(stream_delta(req, index, "", (), pooled=vector))
         if done:
-            self.runner.release([s.seq_id for s in done])
+            self._release([s.seq_id for s in done])
         for req in touched.values():
             if all(s.is_finished for s in req.seqs):
                 self._retire(req)
         return deltas
+
+    def _release(self, seq_ids: list[int]) -> None:
+        self.runner.release(seq_ids)
+        if self.speculator is not None:
+            self.speculator.release(seq_ids)
 
     def _pool_finished(self, batch: ScheduledBatch) -> list[tuple[Sequence, Any]]:
         """Pooling requests whose prompt is now computed: each ends with its vector (its KV freed)."""
@@ -505,4 +533,14 @@ class LLMEngine:
             "prefix_cache_hit_tokens": kv.prefix_hit_tokens,
             "num_preemptions": self.scheduler.num_preemptions,
             "decode_steps_ahead": self.num_steps_ahead,
+            **(self._spec_stats() if self.speculator is not None else {}),
+        }
+
+    def _spec_stats(self) -> dict[str, float]:
+        spec = self.speculator
+        return {
+            "spec_draft_tokens": spec.num_drafts,
+            "spec_accepted_tokens": spec.num_accepted,
+            "spec_verify_steps": spec.num_verify_steps,
+            "spec_acceptance_ema": spec.policy.acceptance,
         }

@@ -160,11 +160,18 @@ class Sequence:
 @dataclass(slots=True)
 class ScheduledBatch:
     """One engine step: each sequence computes ``num_new_tokens[i]`` tokens starting at its
-    ``num_computed_tokens``. A sequence samples a token when that reaches ``len(seq)``."""
+    ``num_computed_tokens``. A sequence samples a token when that reaches ``len(seq)``.
+
+    ``drafts`` (speculative decoding, ``engine.spec``): per sequence, draft tokens scored after its last
+    token; ``num_new_tokens`` counts them (1 + len(drafts) for a decoding sequence). None: no drafts.
+    ``draft_probs``: per sequence, the draft distribution of its drafts (``engine.spec.proposer.Proposal.probs``)
+    or None for point masses."""
 
     seqs: list[Sequence]
     num_new_tokens: list[int]
     preempted: list[Sequence]
+    drafts: list[tuple[int, ...]] | None = None
+    draft_probs: list[Any] | None = None
 
     @property
     def total_tokens(self) -> int:

@@ -234,6 +234,8 @@ class ModelRunner:
             return PendingDecode.resolved_with(batch, [])
         if self.lora is not None:
             self.lora.set_step([seq.lora for seq in seqs], batch.num_new_tokens)
+        if batch.drafts is not None:
+            return self._verify(batch)
         staging: Staging | None = None
         graphed = self.graphs.forward(seqs, after) if self.graphs is not None and self._graph_ready(batch) else None
         if graphed is not None:
@@ -278,6 +280,19 @@ class ModelRunner:
                 staging.copied = _recorded_event()  # the forward's uploads, until the tokens' copy replaces it
             return PendingDecode.deferred(batch, rows, lambda: self._choose(logits, sampling, chosen), staging)
         return PendingDecode.start(batch, rows, self.sampler.choose(logits, sampling, chosen), staging)
+
+    def _verify(self, batch: ScheduledBatch) -> PendingDecode:
+        """A step that scores drafts (``engine.spec.verify``): its tokens are read before it returns, since the
+        next step's drafts start from them. On CUDA the forward replays a prefill graph where one fits its
+        token count (each sequence's 1 + k queries are a varlen chunk over its paged KV), else runs eagerly."""
+        from omni_gateway.engine.spec.verify import verify
+
+        plan, _, slots, hidden_spans = self._plan(batch)
+        logits = self.run_plan(plan, None, hidden_spans)
+        if logits is None:
+            return PendingDecode.resolved_with(batch, [None] * len(batch.seqs))
+        probs = batch.draft_probs or [None] * len(batch.seqs)
+        return PendingDecode.resolved_with(batch, verify(self.sampler, logits, batch, slots, probs))  # type: ignore[arg-type]
 
     @torch.inference_mode()
     def _choose(self, logits: torch.Tensor, seqs: list[Sequence], chosen: torch.Tensor | None) -> torch.Tensor:

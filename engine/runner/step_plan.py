@@ -30,7 +30,7 @@ class StepPlan:
     cu_q: list[int]
     prefill_lens: list[int]
     prefill_tables: np.ndarray
-    sample_rows: list[int]  # flat token index of each sampling sequence's last token
+    sample_rows: list[int]  # flat token index of each sampling sequence's last token (and of its drafts)
     embed_rows: list[int]
     embeds: torch.Tensor | None
 
@@ -53,13 +53,17 @@ def build_step_plan(
     batch: ScheduledBatch, ahead: bool, block_size: int, uses_mrope: bool, dtype: torch.dtype
 ) -> tuple[StepPlan, list[Sequence], list[int], list[HiddenSpan]]:
     """The flattened inputs of ``batch`` (decodes first, then prefill chunks), the decoding
-    sequences, the index into ``batch.seqs`` of each sampling sequence, and the spans of the
+    sequences, the index into ``batch.seqs`` of each sampling row, and the spans of the
     sequences that asked for hidden states. With ``ahead`` (a step launched behind the one in
     flight), every sequence decodes the position after its last known token, whose id is on the
-    device."""
+    device. A sequence with drafts (``batch.drafts``) computes its last token and the drafts after it,
+    and samples at every one of those positions (one sampling row each)."""
     bs = block_size
     if ahead and any(n != 1 for n in batch.num_new_tokens):
         raise ValueError(f"a step launched ahead decodes one token per sequence, got {batch.num_new_tokens}")
+    drafts = batch.drafts or [()] * len(batch.seqs)
+    if ahead and any(drafts):
+        raise ValueError("a step launched ahead carries no drafts")
     decode = [i for i, n in enumerate(batch.num_new_tokens) if n == 1]
     prefill = [i for i, n in enumerate(batch.num_new_tokens) if n > 1]
     ids: list[int] = []
@@ -79,7 +83,13 @@ def build_step_plan(
         seq = batch.seqs[i]
         start = decode_position(seq, bs, ahead=True) if ahead else seq.num_computed_tokens
         end = start + batch.num_new_tokens[i]
-        if end > len(seq) + ahead:
+        guesses = drafts[i]
+        if guesses and end - len(guesses) != len(seq):
+            raise ValueError(
+                f"sequence {seq.request_id!r} scores {len(guesses)} drafts from position {start}: it must "
+                f"compute its last token then ({len(seq)} tokens), got {batch.num_new_tokens[i]} new tokens"
+            )
+        if end > len(seq) + ahead + len(guesses):
             raise ValueError(f"sequence {seq.request_id!r} scheduled to compute up to {end} tokens, has {len(seq)}")
         if len(seq.block_table) * bs < end:
             raise ValueError(
@@ -91,7 +101,8 @@ def build_step_plan(
         if seq.params.return_hidden_states:
             hidden_spans.append((seq, flat_start, num_tokens, start))
         if not ahead:  # ahead: the id comes from the device
-            ids.extend(seq.token_ids[start:end])
+            ids.extend(seq.token_ids[start : end - len(guesses)])
+            ids.extend(guesses)
         slots.extend(seq.slot(pos, bs) for pos in range(start, end))
         if uses_mrope:
             mrope_parts.append(mrope_positions(seq.embed_spans, start, end))
@@ -102,9 +113,9 @@ def build_step_plan(
         else:
             prefill_lens.append(end)
             cu_q.append(cu_q[-1] + end - start)
-        if end == len(seq) + ahead and seq.params.pooling is None:  # a pooling request samples nothing
-            sample_rows.append(num_tokens - 1)
-            sample_slots.append(i)
+        if end == len(seq) + ahead + len(guesses) and seq.params.pooling is None:  # pooling samples nothing
+            sample_rows.extend(range(num_tokens - 1 - len(guesses), num_tokens))
+            sample_slots.extend([i] * (1 + len(guesses)))
         for span in seq.embed_spans:
             lo, hi = max(span.offset, start), min(span.offset + span.length, end)
             if lo < hi:

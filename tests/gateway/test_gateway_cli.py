@@ -205,6 +205,7 @@ SAMPLES = {
     "--data-parallel-size": "2",
     "--distributed-executor-backend": "ray",
     "--engine-in-process": None,
+    "--speculative-config": '{"method": "ngram", "num_speculative_tokens": 2}',
     "--enable-lora": None,
     "--lora-modules": "persona=/adapters/persona",
     "--max-loras": "4",
