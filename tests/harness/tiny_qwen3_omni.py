@@ -204,9 +204,21 @@ def save_tiny_qwen3_omni(directory: Path, seed: int = 0, **config_overrides: Any
 
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(tiny_qwen3_omni_config(**config_overrides)).eval()
+    fill_fused_experts(model, std=0.3)
     model.save_pretrained(directory)
     audio_tokenizer().save_pretrained(directory)
     # One preprocessor_config.json serves both, as in the released checkpoint.
     merged = {**_image_processor().to_dict(), **feature_extractor().to_dict()}
     (directory / "preprocessor_config.json").write_text(json.dumps(merged, indent=2))
     return model
+
+
+def fill_fused_experts(model: Any, std: float) -> None:
+    """Draws the fused expert tensors (``...mlp.experts.gate_up_proj`` / ``down_proj``) from N(0, std).
+
+    transformers leaves them uninitialized (``torch.empty``: garbage, at times inf or NaN) in a model built after
+    another model of this family in the same process, so the builders never rely on its init for them."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".mlp.experts." in name:
+                param.normal_(0.0, std)
