@@ -38,7 +38,13 @@ RATE = 24000  # the realtime API's pcm16 rate
 SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "small": (
         dict(
-            hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4
+            hidden_size=768,
+            intermediate_size=2048,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            num_key_value_heads=4,
+            # head_dim 64: time, height and width share its 32 rotary frequencies as Qwen2.5-Omni's 128 do
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [8, 12, 12]},
         ),
         dict(d_model=384, encoder_layers=6, encoder_attention_heads=6, encoder_ffn_dim=1536),
     ),
