@@ -16,6 +16,14 @@ model is the engine's). Log-mel features come from the checkpoint's feature extr
 
 Any sample rate is resampled to the extractor's. Outputs are cached by content hash (encoders/cache.py),
 so a repeated clip is encoded once; the same hash keys the engine's prefix cache.
+
+Only the Qwen2.5-Omni tower is ``chunk_stable``: its attention stays within chunks of ``2 * n_window`` mel
+frames, so a clip is encoded group by group (a group: the chunks whose frames pool in pairs among
+themselves), each group cached under the hash of its own mel frames, and its tokens carry that hash as
+their prefix-cache key. A turn still being spoken is then heard as far as it is settled (``settled_only``):
+the next reading, and the whole turn at its end, encode and prefill only the groups that are new. Qwen2-Audio
+attends over its whole 30 s window and Voxtral pads each 30 s window before attending across it, so a
+later sample changes every embedding of the window: they hear a clip only whole.
 """
 
 from __future__ import annotations
@@ -31,6 +39,10 @@ import torch
 from omni_gateway.encoders.audio import resample
 from omni_gateway.encoders.cache import EncoderCache, content_key
 from omni_gateway.encoders.vision import VisionLoadError, _load_module, _vision_weights
+
+# Resampling a growing clip (24 kHz realtime audio to 16 kHz) changes the last ~35 ms it gives as more
+# arrives: frames within this much of the clip's end are not settled yet.
+_RESAMPLE_EDGE_S = 0.064
 
 FAMILIES = {
     "Qwen2AudioForConditionalGeneration": "qwen2_audio",
@@ -56,6 +68,9 @@ class AudioFeatures:
 
     embeds: torch.Tensor
     key: str
+    # One prefix-cache key per token (the hash of the group of mel frames it was encoded from), for a tower
+    # that encodes groups on their own: a clip that begins with another's groups shares their cached KV.
+    position_keys: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -107,6 +122,9 @@ class AudioEncoder(abc.ABC):
     placeholders: AudioPlaceholders
     # Samples (at ``sampling_rate``) one clip may hold; None when longer clips are split into windows.
     max_samples: int | None
+    # Whether the embeddings of a clip's settled start do not change as the clip grows (``encode``'s
+    # ``settled_only``): a turn can be heard while it is spoken.
+    chunk_stable = False
 
     def __init__(
         self,
@@ -132,10 +150,14 @@ class AudioEncoder(abc.ABC):
         self.window_samples = int(self.extractor.n_samples)
         self.settings = content_key(str(model_dir.resolve()), self.extractor.to_json_string(), str(dtype))
 
-    def encode(self, samples: np.ndarray, sample_rate: int) -> AudioFeatures:
-        """Embeddings of float mono ``samples`` at ``sample_rate`` (resampled to the model's rate)."""
+    def encode(self, samples: np.ndarray, sample_rate: int, *, settled_only: bool = False) -> AudioFeatures:
+        """Embeddings of float mono ``samples`` at ``sample_rate`` (resampled to the model's rate). With
+        ``settled_only`` the clip is still growing (a turn being spoken): only the embeddings that more audio
+        cannot change, which a ``chunk_stable`` tower alone can tell apart; UnusableAudio when there are none."""
         samples = self.prepare(samples, sample_rate)
         key = content_key(b"audio", str(self.sampling_rate), samples.tobytes(), self.settings)
+        if settled_only:  # its groups are cached; this reading of a growing clip is not
+            return self._encode_settled(samples, key)
         cached = self.cache.get(key)
         if cached is None:
             cached = self._encode(samples, key)
@@ -185,6 +207,10 @@ class AudioEncoder(abc.ABC):
     @abc.abstractmethod
     def _encode(self, samples: np.ndarray, key: str) -> AudioFeatures:
         """Run the tower on one clip (the cache missed)."""
+
+    def _encode_settled(self, samples: np.ndarray, key: str) -> AudioFeatures:
+        """The embeddings of a growing clip's settled start, which only a ``chunk_stable`` tower can tell."""
+        raise UnusableAudio(f"the {self.family} audio tower hears a clip only whole")
 
     def _features(self, samples: np.ndarray, **kwargs: Any) -> Any:
         return self.extractor(samples, sampling_rate=self.sampling_rate, return_tensors="pt", **kwargs)
@@ -281,6 +307,7 @@ class VoxtralTower(AudioEncoder):
 
 class OmniAudioTower(AudioEncoder):
     family = "qwen2_5_omni"
+    chunk_stable = True
 
     def __init__(self, model_dir: Path, hf_config: Any, **kwargs: Any) -> None:
         thinker = getattr(hf_config, "thinker_config", hf_config)
@@ -303,6 +330,11 @@ class OmniAudioTower(AudioEncoder):
         self.video_token = int(thinker.video_token_id)
         self.vision_end = int(thinker.vision_end_token_id)
         self._marker_rows: torch.Tensor | None = None
+        # The tower attends within chunks of 2 * n_window mel frames, and after its stride-2 convolution (n_window
+        # frames a chunk) averages pairs of frames: a group of chunks whose frames pair up among themselves is
+        # encoded alone exactly as within the whole clip.
+        n_window = int(thinker.audio_config.n_window)
+        self.group_frames = 2 * n_window if n_window % 2 == 0 else 4 * n_window
 
     def marker_embeds(self) -> torch.Tensor:
         """``[3, hidden]`` token embeddings of audio start, audio end and vision end: an interleaved
@@ -328,17 +360,53 @@ class OmniAudioTower(AudioEncoder):
         mask = batch["attention_mask"][0].bool()
         return batch["input_features"][0][:, mask]
 
-    @torch.inference_mode()
+    def settled_frames(self, samples: int) -> int:
+        """Mel frames of a clip of ``samples`` samples that more audio after it cannot change: each frame's
+        STFT window ends inside the clip, clear of the edge that resampling a growing clip moves."""
+        reach = samples - int(self.extractor.n_fft) // 2 - int(_RESAMPLE_EDGE_S * self.sampling_rate)
+        return 0 if reach < 0 else reach // int(self.extractor.hop_length) + 1
+
     def _encode(self, samples: np.ndarray, key: str) -> AudioFeatures:
         mel = self.mel(samples)
-        lengths = torch.tensor([mel.shape[1]])
-        after_cnn, _ = self.tower._get_feat_extract_output_lengths(lengths)
+        return self._grouped(mel, mel.shape[1], key)
+
+    def _encode_settled(self, samples: np.ndarray, key: str) -> AudioFeatures:
+        mel = self.mel(samples)
+        frames = min(mel.shape[1], self.settled_frames(samples.size)) // self.group_frames * self.group_frames
+        if frames == 0:
+            raise UnusableAudio("no group of this growing clip is settled yet")
+        return self._grouped(mel, frames, key)
+
+    @torch.inference_mode()
+    def _grouped(self, mel: torch.Tensor, frames: int, key: str) -> AudioFeatures:
+        """The embeddings of ``mel``'s first ``frames`` frames, group by group, each group from the cache
+        when an earlier clip had it."""
+        step = self.group_frames
+        groups = [mel[:, i : min(i + step, frames)].contiguous() for i in range(0, frames, step)]
+        # A group's embeddings depend on its mel frames alone (the log-mel floor follows the clip's loudest
+        # frame, so a louder continuation changes them, and then their key): keyed by them, a group reused
+        # from an earlier reading of the clip is exactly what encoding the whole clip gives.
+        keys = [content_key(b"omni-audio-group", g.numpy().tobytes(), self.settings) for g in groups]
+        found: list[torch.Tensor | None] = [self.cache.get(k) for k in keys]
+        missing = [i for i, f in enumerate(found) if f is None]
+        if missing:
+            for i, embeds in zip(missing, self._encode_groups([groups[i] for i in missing])):
+                found[i] = embeds
+                self.cache.put(keys[i], embeds, embeds.numel() * embeds.element_size())
+        pieces = [f for f in found if f is not None]
+        position_keys = tuple(int(k[:15], 16) for k, f in zip(keys, pieces) for _ in range(f.shape[0]))
+        return AudioFeatures(embeds=torch.cat(pieces), key=key, position_keys=position_keys)
+
+    def _encode_groups(self, groups: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The embeddings of each group of mel frames, encoded in one pass as separate clips."""
+        lengths = torch.tensor([g.shape[1] for g in groups])
+        after_cnn, tokens = self.tower._get_feat_extract_output_lengths(lengths)
         out = self.tower(
-            mel.to(device=self.device, dtype=self.dtype),
+            torch.cat(groups, dim=1).to(device=self.device, dtype=self.dtype),
             feature_lens=lengths.to(self.device),
             aftercnn_lens=after_cnn.to(self.device),
         )
-        return self._done(out.last_hidden_state, key)
+        return [e.detach() for e in out.last_hidden_state.split(tokens.tolist())]
 
 
 _CLASSES: dict[str, type[AudioEncoder]] = {

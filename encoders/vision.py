@@ -48,11 +48,13 @@ class VisionLoadError(RuntimeError):
 class VisualFeatures:
     """One image or video as the LLM sees it: ``embeds [num_tokens, hidden]``; for M-RoPE models
     ``positions [3, num_tokens]`` (time, height, width offsets from the first token); ``key`` is the
-    content hash that also keys the KV prefix cache."""
+    content hash that also keys the KV prefix cache, or with ``position_keys`` (one per token, for audio
+    encoded group by group) the part of the key all its tokens share."""
 
     embeds: torch.Tensor
     key: str
     positions: torch.Tensor | None = None
+    position_keys: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:

@@ -35,6 +35,8 @@ from omni_gateway.omni.protocol import AudioPart, ImagePart, Message, OmniReques
 from omni_gateway.omni.vision import MediaLimits, VisionPrompt, _features, expand_placeholders, media_pixels
 
 Item = tuple[int, VisualFeatures]  # (placeholder token id, features) of one span
+# The span key of audio keyed per token (the tokens' own keys hash the tower's settings and their frames).
+_GROUPED_AUDIO = "audio-groups"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +140,17 @@ def video_with_audio(
 
 
 def audio_features(part: AudioPart, encoder: AudioEncoder, limits: AudioLimits) -> VisualFeatures:
-    """The clip's embeddings as a span's features (audio positions run like text: no M-RoPE offsets)."""
+    """The clip's embeddings as a span's features (audio positions run like text: no M-RoPE offsets, so a
+    clip's first tokens sit where they would in any longer clip). A ``partial`` part (a turn still spoken)
+    is heard as far as it is settled. Embeddings encoded group by group are keyed per token by their group,
+    so the prefix cache shares the KV of a clip's start with every clip that begins the same."""
     samples, rate = decode_audio_part(part, limits)
     try:
-        features = encoder.encode(samples, rate)
+        features = encoder.encode(samples, rate, settled_only=part.partial)
     except UnusableAudio as exc:
         raise MediaError(str(exc)) from None
+    if features.position_keys:
+        return VisualFeatures(embeds=features.embeds, key=_GROUPED_AUDIO, position_keys=features.position_keys)
     return VisualFeatures(embeds=features.embeds, key=features.key)
 
 

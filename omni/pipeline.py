@@ -125,6 +125,7 @@ class OmniPipeline:
             voices=tuple(speech.voices) if speech is not None else tuple(tts.voices) if tts is not None else (),
             max_context_tokens=max_context_tokens,
             hears_audio=hears,
+            hears_while_spoken=audio is not None and audio.chunk_stable,
             serves_lora=config.engine.enable_lora,
         )
 

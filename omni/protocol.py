@@ -40,12 +40,15 @@ class AudioPart:
 
     ``encoded`` carries an encoded file (mp3, ...) the gateway does not decode itself, so media decoding
     and its limits stay on the model side; ``pcm16`` is then empty and ``sample_rate`` 0 until decoded.
+    ``partial`` marks a turn still being spoken: a model that hears it while spoken
+    (``Capabilities.hears_while_spoken``) takes only the start that more audio cannot change.
     """
 
     pcm16: bytes | bytearray  # a realtime turn's buffer is passed as it is, not copied
     sample_rate: int
     transcript: str | None = None
     encoded: bytes | None = None
+    partial: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +335,9 @@ class Capabilities:
     max_context_tokens: int = 0
     # The model hears audio itself: a user's audio goes to it directly, ASR only reports transcripts.
     hears_audio: bool = False
+    # It hears a turn while it is spoken (its audio tower's embeddings of a clip's start do not change as the
+    # clip grows): the reply's prompt can be prefilled with the audio so far.
+    hears_while_spoken: bool = False
     # LoRA adapters can be served over the model (by ``model`` name) and loaded or unloaded at run time.
     serves_lora: bool = False
 

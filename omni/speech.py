@@ -327,7 +327,8 @@ class SpokenModel:
 
 def talker_spans(cond: torch.Tensor, media: tuple[EmbedSpan, ...], ids: list[int]) -> tuple[EmbedSpan, ...]:
     """The talker prompt's conditioning rows ``cond`` as spans covering it: the thinker's media spans keep
-    their multimodal rotary positions (the talker's positions are the thinker's) and content keys, the text
+    their multimodal rotary positions (the talker's positions are the thinker's) and content keys (audio's
+    per token), the text
     between and after them goes in plain spans. ``ids`` name what each row is made of (the thinker's token
     there, then the voice's text start and the first reply token): a row is the thinker's state after the
     prompt up to it, so the KV blocks of a talker prompt are keyed by ``ids`` block by block, and a
@@ -338,7 +339,9 @@ def talker_spans(cond: torch.Tensor, media: tuple[EmbedSpan, ...], ids: list[int
         if span.offset > at:
             spans.append(_rows_span(cond, ids, at, span.offset))
         end = span.offset + span.length
-        spans.append(EmbedSpan(span.offset, span.length, span.key, cond[span.offset : end], span.positions))
+        spans.append(
+            EmbedSpan(span.offset, span.length, span.key, cond[span.offset : end], span.positions, span.position_keys)
+        )
         at = end
     spans.append(_rows_span(cond, ids, at, len(cond)))
     return tuple(spans)

@@ -180,7 +180,14 @@ def expand_placeholders(
         out.extend(ids[last:index])
         n = features.num_tokens
         spans.append(
-            EmbedSpan(offset=len(out), length=n, key=features.key, embeds=features.embeds, positions=features.positions)
+            EmbedSpan(
+                offset=len(out),
+                length=n,
+                key=features.key,
+                embeds=features.embeds,
+                positions=features.positions,
+                position_keys=features.position_keys,
+            )
         )
         out.extend([placeholder] * n)
         last = index + 1

@@ -432,6 +432,8 @@ NOT_SHOWN: dict[str, str] = {
     "vits_graphs": "the check behind the VITS head's CUDA graphs (raw results in benchmarks/results)",
     "gil_convoy": "the check behind running torch stages off the event loop (raw results in benchmarks/results)",
     "host_copy_stall": "the check behind the pinned host copies (raw results in benchmarks/results)",
+    "audio_prefill": "a hearing model's commit -> first token with and without prefill while speaking, CPU only "
+    "(the README's turn detection section quotes it; raw results in benchmarks/results)",
     "experiments.*": "results of experiments whose modules are gone, history only",
     "pdl_chain": "an experiment whose module is gone, history only",
     "one-row int4*": "A/B scripts over the int4 linears, history only",

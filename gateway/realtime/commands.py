@@ -59,8 +59,9 @@ class Generate:
 @dataclass(frozen=True, slots=True)
 class Prefill:
     """Compute ``request``'s prompt into the backend's prefix cache and nothing more: the reply of a turn still
-    being spoken, read as far as it was heard, so that the turn's reply finds that work done and prefills only
-    what was said since. The task id is ``<item id>:prefill``; it reports no outcome."""
+    being spoken, read (its partial transcript) or heard (its audio so far, ``AudioPart.partial``) as far as it
+    went, so that the turn's reply finds that work done and prefills only what was said since. The task id is
+    ``<item id>:prefill``; it reports no outcome."""
 
     request: OmniRequest
     fit: PromptFit | None = None
@@ -118,7 +119,9 @@ class SessionLimits:
     # A model that reads transcripts prefills the reply's prompt from each partial transcript the session
     # computes (for a client that asked for input transcription), so a turn's end leaves only its last words
     # to prefill. No reading runs for it alone: on a small machine the recognizer's time costs more than the
-    # prefill it saves.
+    # prefill it saves. A model that hears a turn while it is spoken (Capabilities.hears_while_spoken) gets
+    # the speech so far each partial_transcript_ms of it instead, so a turn's end leaves its last audio
+    # window to encode and prefill.
     prefill_while_speaking: bool = True
 
 

@@ -10,16 +10,18 @@ from dataclasses import replace
 from typing import Any
 
 from omni_gateway.gateway.realtime import audio as audio_fmt
-from omni_gateway.gateway.realtime.commands import CancelTask, Prefill, StartTask, Transcribe, VadFactory
+from omni_gateway.gateway.realtime.commands import CancelTask, Prefill, StartTask, Transcribe, VadFactory, new_id
+from omni_gateway.gateway.realtime.context import build_request, has_images, recent_frames_only
 from omni_gateway.gateway.realtime.errors import RealtimeError, invalid_value, missing
+from omni_gateway.gateway.realtime.image_output import parse_image_options
 from omni_gateway.gateway.realtime.input_audio import Signal, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 from omni_gateway.gateway.realtime.items import Content, Item, decode_base64
 from omni_gateway.gateway.realtime.partial_transcript import partial_task_id, prefill_task_id
 from omni_gateway.gateway.realtime.session_core import SessionCore
 from omni_gateway.gateway.realtime.session_items import ConversationItems
 from omni_gateway.gateway.realtime.session_responses import Responses
-from omni_gateway.gateway.realtime.settings import SessionSettings
-from omni_gateway.omni.protocol import InvalidInput, Transcription
+from omni_gateway.gateway.realtime.settings import SessionSettings, apply_response_overrides
+from omni_gateway.omni.protocol import AudioPart, InvalidInput, OmniRequest, Transcription
 
 MIN_COMMIT_MS = 100
 
@@ -37,6 +39,7 @@ class InputTurns:
         self._pending_turn_id: str | None = None  # announced by speech_started, used by the commit
         self._known: list[tuple[str, Transcription]] = []  # adopted transcripts, reported after their commit
         self._prefilling: str | None = None  # the task prefilling the reply of the turn being spoken
+        self._heard_bytes = 0  # speech of the turn being spoken that the last prefill heard (a model that hears)
 
     # ---- the detector -------------------------------------------------------------------------------
     @property
@@ -108,15 +111,35 @@ class InputTurns:
         self._read_while_spoken()
 
     def _read_while_spoken(self) -> None:
-        """Transcribe the turn being spoken when enough new speech arrived since its last partial transcript."""
+        """Transcribe the turn being spoken when enough new speech arrived since its last partial transcript;
+        for a model that hears it, prefill its reply with the speech so far as often."""
         item_id = self._pending_turn_id
-        if item_id is None or not self._core.transcribing:
+        if item_id is None:
             return
         speech = self._core.audio.speech_so_far()
-        if speech is None or not self._core.partials.due(item_id, len(speech)):
+        if speech is None:
             return
-        job = self._transcribe_job(item_id, speech)
-        self._core.issue(StartTask(partial_task_id(item_id), replace(job, partial=True)))
+        if self._core.transcribing and self._core.partials.due(item_id, len(speech)):
+            job = self._transcribe_job(item_id, speech)
+            self._core.issue(StartTask(partial_task_id(item_id), replace(job, partial=True)))
+        every = (self._core.limits.partial_transcript_ms or 0) * audio_fmt.BYTES_PER_MS
+        if every and len(speech) - self._heard_bytes >= every and self.prefills_heard_turns():
+            self._heard_bytes = len(speech)
+            self._prefill_heard(item_id, speech)
+
+    def _prefill_heard(self, item_id: str, speech: bytes) -> None:
+        """Prefill the reply the turn ``item_id`` gets if it ends now, its audio marked as still spoken: the
+        model hears the part of it that more speech cannot change, so each prefill adds the speech settled
+        since the last one and the reply at the turn's end only the rest."""
+        reply = self.reply_to(item_id, speech, None)
+        if reply is None:
+            return
+        request = reply[1]
+        *earlier, turn = request.messages
+        spoken = tuple(replace(p, partial=True) if isinstance(p, AudioPart) else p for p in turn.parts)
+        request = replace(request, messages=(*earlier, replace(turn, parts=spoken)))
+        work = self._responses.generate(request)
+        self.prefill(item_id, Prefill(work.request, work.fit))
 
     def _speech_paused(self, signal: SpeechPaused) -> None:
         """Start the turn's transcription now: if the pause becomes the stop, the commit reuses it."""
@@ -138,6 +161,7 @@ class InputTurns:
     def _speech_started(self, signal: SpeechStarted) -> None:
         self._core.drop_speculation()
         self._pending_turn_id = self._core.new_item_id()
+        self._heard_bytes = 0
         self._core.idle_deadline = None
         self._core.emit(
             {
@@ -176,12 +200,36 @@ class InputTurns:
     def prefills_while_spoken(self) -> bool:
         """Whether a partial transcript of the turn being spoken prefills the reply it would get: the reply
         reads the transcript, and a turn's end starts it."""
-        return (
-            self._core.limits.prefill_while_speaking
-            and not self._core.capabilities.hears_audio
-            and self.answers_turns()
-            and not self._responses.client_stalled
+        return not self._core.capabilities.hears_audio and self._prefills()
+
+    def prefills_heard_turns(self) -> bool:
+        """Whether the speech so far of the turn being spoken prefills the reply it would get: the model hears
+        a turn while it is spoken, and a turn's end starts the reply."""
+        return self._core.capabilities.hears_while_spoken and self._prefills()
+
+    def _prefills(self) -> bool:
+        return self._core.limits.prefill_while_speaking and self.answers_turns() and not self._responses.client_stalled
+
+    def reply_to(self, item_id: str, pcm16: bytes, transcript: str | None) -> tuple[Item, OmniRequest] | None:
+        """The user turn ``item_id`` as heard, and the request of the reply it gets if it ends now; None when
+        that response would fail."""
+        heard = Item(
+            item_id, "message", role="user", content=[Content("input_audio", audio=pcm16, transcript=transcript)]
         )
+        settings = apply_response_overrides(self._core.settings, {}, self._core.dialect)
+        context = [*self._core.items, heard]
+        if "image" not in self._core.capabilities.input_modalities and has_images(
+            recent_frames_only(context, self._core.limits.max_image_frames)
+        ):
+            return None
+        request = build_request(
+            new_id("resp"),
+            settings,
+            context,
+            max_image_frames=self._core.limits.max_image_frames,
+            image=parse_image_options(None),
+        )
+        return heard, request
 
     def answers_turns(self) -> bool:
         """Whether a turn that server VAD ends gets a response of its own right away."""

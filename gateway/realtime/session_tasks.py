@@ -12,17 +12,12 @@ from omni_gateway.gateway.realtime.commands import (
     Close,
     Prefill,
     Transcribe,
-    new_id,
 )
-from omni_gateway.gateway.realtime.context import build_request, has_images, recent_frames_only
-from omni_gateway.gateway.realtime.image_output import parse_image_options
-from omni_gateway.gateway.realtime.items import Content, Item
 from omni_gateway.gateway.realtime.partial_transcript import PARTIAL_SUFFIX
 from omni_gateway.gateway.realtime.session_audio import InputTurns
 from omni_gateway.gateway.realtime.session_core import SessionCore
 from omni_gateway.gateway.realtime.session_responses import Responses
-from omni_gateway.gateway.realtime.settings import apply_response_overrides
-from omni_gateway.omni.protocol import OmniRequest, Transcription
+from omni_gateway.omni.protocol import Transcription
 
 
 class TaskOutcomes:
@@ -98,7 +93,7 @@ class TaskOutcomes:
         self._send_delta(item_id, self._core.partials.result(item_id, result.text))
         if result.text.strip() and self._turns.prefills_while_spoken() and self._core.items.get(item_id) is None:
             # the turn is still being spoken (its item comes with the commit): prefill its reply as read so far
-            reply = self._turn_reply(item_id, b"", result.text)
+            reply = self._turns.reply_to(item_id, b"", result.text)
             if reply is not None:
                 work = self._responses.generate(reply[1])
                 self._turns.prefill(item_id, Prefill(work.request, work.fit))
@@ -137,31 +132,10 @@ class TaskOutcomes:
 
     def _prepare_reply(self, job: Transcribe, result: Transcription) -> None:
         """Start the reply the paused turn gets if it ends now, from the conversation as it would then be."""
-        reply = self._turn_reply(job.item_id, job.pcm16, result.text)
+        reply = self._turns.reply_to(job.item_id, job.pcm16, result.text)
         if reply is not None:
             heard, request = reply
             self._core.issue(*self._core.speculation.prepare(heard, self._responses.generate(request)))
-
-    def _turn_reply(self, item_id: str, pcm16: bytes, transcript: str) -> tuple[Item, OmniRequest] | None:
-        """The user turn ``item_id`` as heard, and the request of the reply it gets if it ends now; None when
-        that response would fail."""
-        heard = Item(
-            item_id, "message", role="user", content=[Content("input_audio", audio=pcm16, transcript=transcript)]
-        )
-        settings = apply_response_overrides(self._core.settings, {}, self._core.dialect)
-        context = [*self._core.items, heard]
-        if "image" not in self._core.capabilities.input_modalities and has_images(
-            recent_frames_only(context, self._core.limits.max_image_frames)
-        ):
-            return None
-        request = build_request(
-            new_id("resp"),
-            settings,
-            context,
-            max_image_frames=self._core.limits.max_image_frames,
-            image=parse_image_options(None),
-        )
-        return heard, request
 
     def transcription_failed(self, item_id: str, message: str) -> None:
         retry = self._core.speculation.failed(item_id)

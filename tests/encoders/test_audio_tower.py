@@ -131,3 +131,70 @@ def test_the_shortest_clip_heard_is_the_first_with_an_embedding(tmp_path: Path, 
     if shortest > 1:
         with pytest.raises(UnusableAudio, match=f"at least {1000 * shortest / SAMPLE_RATE:.1f} ms"):
             encoder.encode(tone(0, 1.0)[: shortest - 1], SAMPLE_RATE)
+
+
+@pytest.fixture(scope="module")
+def omni_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("omni")
+    save_tiny_qwen2_5_omni(directory)
+    return directory
+
+
+def test_a_growing_clip_is_heard_group_by_group_as_the_whole_clip_is(omni_dir: Path) -> None:
+    """The Qwen2.5-Omni tower attends within its chunks: each settled reading of a turn still spoken (24 kHz,
+    as the realtime API sends it) is the start of the whole turn's encoding, token for token, and the whole
+    turn then encodes only the groups no reading settled."""
+    from omni_gateway.encoders.audio import resample
+
+    turn = resample(tone(4, 3.9), SAMPLE_RATE, 24000)
+    alone = load_audio_encoder(omni_dir, cache=EncoderCache(64 << 20))
+    whole = alone.encode(turn, 24000)
+    assert alone.chunk_stable and whole.num_tokens == alone.embeddings_for(int(3.9 * SAMPLE_RATE))
+    assert len(whole.position_keys) == whole.num_tokens
+    one_pass = _tower_in_one_pass(alone, alone.prepare(turn, 24000))
+    torch.testing.assert_close(whole.embeds, one_pass, rtol=1e-5, atol=1e-5)
+
+    streamed = load_audio_encoder(omni_dir, cache=EncoderCache(64 << 20))
+    with pytest.raises(UnusableAudio, match="settled"):  # a group is 1 s of this tower's frames
+        streamed.encode(turn[: int(0.9 * 24000)], 24000, settled_only=True)
+    heard = 0
+    for seconds in (1.2, 2.1, 3.1):
+        reading = streamed.encode(turn[: int(seconds * 24000)], 24000, settled_only=True)
+        assert reading.num_tokens > heard  # each reading settles more of the turn
+        heard = reading.num_tokens
+        assert torch.equal(reading.embeds, whole.embeds[:heard])
+        assert reading.position_keys == whole.position_keys[:heard]
+    misses = streamed.cache.misses
+    at_end = streamed.encode(turn, 24000)
+    assert torch.equal(at_end.embeds, whole.embeds) and at_end.position_keys == whole.position_keys
+    groups = -(-streamed.mel(streamed.prepare(turn, 24000)).shape[1] // streamed.group_frames)
+    encoded_at_end = streamed.cache.misses - misses - 1  # less the whole clip's own entry
+    assert encoded_at_end < groups and encoded_at_end <= 2  # the tail only
+
+
+def test_a_louder_continuation_changes_the_keys_of_what_it_changes(omni_dir: Path) -> None:
+    """The log-mel floor follows the clip's loudest frame: a start read quietly is encoded again once a
+    louder continuation lifts the floor, never taken from its stale reading."""
+    quiet = np.concatenate([np.zeros(8000, np.float32), 0.001 * tone(5, 1.5)])
+    turn = np.concatenate([quiet, tone(6, 1.5)])
+    encoder = load_audio_encoder(omni_dir, cache=EncoderCache(64 << 20))
+    early = encoder.encode(quiet, SAMPLE_RATE, settled_only=True)
+    at_end = encoder.encode(turn, SAMPLE_RATE)
+    fresh = load_audio_encoder(omni_dir, cache=EncoderCache(64 << 20)).encode(turn, SAMPLE_RATE)
+    assert torch.equal(at_end.embeds, fresh.embeds)
+    assert early.position_keys != at_end.position_keys[: early.num_tokens]
+
+
+def test_towers_that_attend_across_the_window_hear_no_growing_clip(encoder: AudioEncoder) -> None:
+    assert not encoder.chunk_stable
+    with pytest.raises(UnusableAudio, match="hears a clip only whole"):
+        encoder.encode(tone(1, 0.8), SAMPLE_RATE, settled_only=True)
+
+
+def _tower_in_one_pass(encoder: Any, samples: np.ndarray) -> torch.Tensor:
+    """The tower over the clip's whole mel at once, as the thinker runs it."""
+    mel = encoder.mel(samples)
+    lengths = torch.tensor([mel.shape[1]])
+    after_cnn, _ = encoder.tower._get_feat_extract_output_lengths(lengths)
+    with torch.inference_mode():
+        return encoder.tower(mel, feature_lens=lengths, aftercnn_lens=after_cnn).last_hidden_state

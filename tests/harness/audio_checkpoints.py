@@ -103,20 +103,22 @@ def save_tiny_voxtral(directory: Path, seed: int = 0) -> Any:
 
 
 def _qwen25_vision(**extra: Any) -> dict[str, Any]:
-    return dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=48,
-        num_heads=2,
-        out_hidden_size=64,
-        patch_size=14,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        window_size=56,
-        fullatt_block_indexes=[1],
-        initializer_range=0.3,
+    return {
+        **dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=48,
+            num_heads=2,
+            out_hidden_size=64,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=56,
+            fullatt_block_indexes=[1],
+            initializer_range=0.3,
+        ),
         **extra,
-    )
+    }
 
 
 def _image_processor() -> Any:
@@ -131,19 +133,32 @@ def _mrope_text(**extra: Any) -> dict[str, Any]:
     )
 
 
-def save_tiny_qwen2_5_omni(directory: Path, seed: int = 0, *, speaks: bool = False) -> Any:
+def save_tiny_qwen2_5_omni(
+    directory: Path,
+    seed: int = 0,
+    *,
+    speaks: bool = False,
+    window_s: int = OMNI_WINDOW_S,
+    n_window: int = 25,
+    text: dict[str, Any] | None = None,
+    audio: dict[str, Any] | None = None,
+) -> Any:
     """The Qwen2.5-Omni thinker (audio tower with a 4 s window, Qwen2.5-VL vision tower, 2-layer M-RoPE Qwen2),
     without talker; with ``speaks``, also the tiny talker and token2wav of ``tests.harness.tiny_omni`` (widened
-    to this thinker) and a speaker map, as a checkpoint that speaks is shipped.
+    to this thinker) and a speaker map, as a checkpoint that speaks is shipped. ``window_s`` (the audio
+    window), ``n_window`` (the tower's attention chunk is twice that in mel frames), ``text`` and ``audio``
+    (config fields over the tiny ones) give larger shapes, for timings.
 
     Returns ``Qwen2_5OmniThinkerForConditionalGeneration`` (the part whose text HF generates)."""
     from transformers import Qwen2_5OmniConfig, Qwen2_5OmniForConditionalGeneration
 
     torch.manual_seed(seed)
+    text_config = {**_mrope_text(), **(text or {})}
+    width = text_config["hidden_size"]
     thinker = dict(
-        audio_config=dict(**_whisper_audio(OMNI_WINDOW_S, n_window=25, output_dim=64)),
-        vision_config=_qwen25_vision(),
-        text_config=_mrope_text(),
+        audio_config={**_whisper_audio(window_s, n_window=n_window, output_dim=width), **(audio or {})},
+        vision_config=_qwen25_vision(out_hidden_size=width),
+        text_config=text_config,
         audio_token_index=token_id("<|AUDIO|>"),
         image_token_index=token_id("<|IMAGE|>"),
         video_token_index=token_id("<|VIDEO|>"),
@@ -170,7 +185,7 @@ def save_tiny_qwen2_5_omni(directory: Path, seed: int = 0, *, speaks: bool = Fal
         torch.save(speakers, directory / "spk_dict.pt")
     _save(model, directory)
     # One preprocessor_config.json serves both, as in the released checkpoints.
-    merged = {**_image_processor().to_dict(), **_feature_extractor(OMNI_WINDOW_S).to_dict()}
+    merged = {**_image_processor().to_dict(), **_feature_extractor(window_s).to_dict()}
     (directory / "preprocessor_config.json").write_text(json.dumps(merged, indent=2))
     return model.thinker
 

@@ -282,3 +282,14 @@ def test_talker_spans_keep_the_thinkers_media_positions() -> None:
     talker = mrope_positions(spans, 0, 12)
     assert torch.equal(talker[:, :10], thinker)
     assert talker[:, 10:].tolist() == [[thinker[0, -1] + 1, thinker[0, -1] + 2]] * 3
+
+
+def test_talker_spans_keep_the_per_token_keys_of_heard_audio() -> None:
+    """Audio encoded group by group is keyed per token; a talker span that dropped those keys would key every
+    clip alike and share one clip's conditioning KV with another."""
+    from omni_gateway.engine.core.sequence import EmbedSpan
+    from omni_gateway.omni.speech import talker_spans
+
+    heard = EmbedSpan(offset=2, length=3, key="audio-groups", embeds=torch.zeros(3, 32), position_keys=(7, 7, 9))
+    spans = talker_spans(torch.randn(8, 32), (heard,), list(range(100, 108)))
+    assert spans[1].key == "audio-groups" and spans[1].position_keys == (7, 7, 9)

@@ -1,0 +1,129 @@
+"""A turn heard while it is spoken: the prefills of its readings leave its reply token for token what it is
+without them, and the reply at the turn's end encodes and prefills only what the readings had not settled.
+
+Two tiny random Qwen2.5-Omni thinkers are loaded from one checkpoint: one answers the whole turn cold, the
+other after the realtime session's prefills of the same turn read at 1.2, 2.1 and 3.1 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from omni_gateway.encoders.audio import float_to_pcm16, resample
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.runner.mrope import mrope_positions
+from omni_gateway.omni.audio_input import build_audio_prompt
+from omni_gateway.omni.config import OmniConfig
+from omni_gateway.omni.pipeline import OmniPipeline
+from omni_gateway.omni.protocol import AudioPart, Error, Message, OmniRequest, SamplingOptions, TextDelta, TextPart
+
+from tests.harness.audio_checkpoints import save_tiny_qwen2_5_omni, tone
+
+pytestmark = pytest.mark.slow
+RATE = 24000  # the realtime API's pcm16 rate
+READINGS_S = (1.2, 2.1, 3.1)
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("omni")
+    save_tiny_qwen2_5_omni(directory)
+    return directory
+
+
+def _load(directory: Path) -> OmniPipeline:
+    config = OmniConfig(
+        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=64),
+        asr=None,
+        tts=None,
+        vad=False,
+        temperature=0.0,
+        max_tokens=MAX_TOKENS,
+        warm_up=False,
+    )
+    return OmniPipeline.load(config)
+
+
+@pytest.fixture(scope="module")
+def cold(checkpoint: Path) -> Iterator[OmniPipeline]:
+    """Answers every turn without a prefill of it (each test's turns differ from the others')."""
+    pipeline = _load(checkpoint)
+    yield pipeline
+    pipeline.shutdown()
+
+
+@pytest.fixture
+def streamed(checkpoint: Path) -> Iterator[OmniPipeline]:
+    pipeline = _load(checkpoint)
+    yield pipeline
+    pipeline.shutdown()
+
+
+def _turn() -> bytes:
+    return float_to_pcm16(resample(tone(7, 3.6), 16000, RATE))
+
+
+def _request(request_id: str, pcm: bytes, *, partial: bool = False, max_tokens: int = MAX_TOKENS) -> OmniRequest:
+    messages = (
+        Message("system", (TextPart("Be brief."),)),
+        Message("user", (AudioPart(pcm, RATE, partial=partial),)),
+    )
+    sampling = SamplingOptions(max_tokens=max_tokens, temperature=0.0)
+    return OmniRequest(request_id, messages, modalities=("text",), sampling=sampling)
+
+
+def _answer(pipeline: OmniPipeline, request: OmniRequest) -> str:
+    async def run() -> list[Any]:
+        return [c async for c in pipeline.generate(request)]
+
+    chunks = asyncio.run(run())
+    assert not [c for c in chunks if isinstance(c, Error)], chunks
+    return "".join(c.text for c in chunks if isinstance(c, TextDelta))
+
+
+def test_the_reply_after_streamed_prefills_equals_the_reply_without_them(
+    cold: OmniPipeline, streamed: OmniPipeline
+) -> None:
+    assert streamed.capabilities.hears_while_spoken
+    turn = _turn()
+    expected = _answer(cold, _request("cold", turn))
+    assert expected
+
+    for i, seconds in enumerate(READINGS_S):  # what the session's Prefill tasks send while the user speaks
+        _answer(streamed, _request(f"prefill{i}", turn[: int(seconds * RATE) * 2], partial=True, max_tokens=1))
+    assert streamed.audio is not None
+    encoded_before = streamed.audio.cache.misses
+    hits_before = streamed.engine.stats()["prefix_cache_hit_tokens"]
+    assert _answer(streamed, _request("reply", turn)) == expected
+    # the whole turn encodes only what no reading settled: its last group, and the whole clip's own entry
+    assert streamed.audio.cache.misses - encoded_before <= 2
+    last = build_audio_prompt(
+        _request("last", turn[: int(READINGS_S[-1] * RATE) * 2], partial=True), cold.engine.tokenizer, cold.audio
+    )
+    (span,) = last.embed_spans
+    block = streamed.engine.config.block_size
+    reused = streamed.engine.stats()["prefix_cache_hit_tokens"] - hits_before
+    assert reused >= (span.offset + span.length) // block * block  # the last reading's audio, but its last block
+
+
+def test_the_prefilled_prompt_is_the_start_of_the_whole_turns_prompt(cold: OmniPipeline) -> None:
+    """Token ids, embeddings, per-token cache keys and M-RoPE positions of a settled reading are those of
+    the whole turn's prompt up to the reading's last audio token: audio positions run like text."""
+    turn = _turn()
+    tokenizer, audio = cold.engine.tokenizer, cold.audio
+    whole = build_audio_prompt(_request("whole", turn), tokenizer, audio)
+    reading = build_audio_prompt(_request("part", turn[: int(2.1 * RATE) * 2], partial=True), tokenizer, audio)
+    (part_span,), (whole_span,) = reading.embed_spans, whole.embed_spans
+    end = part_span.offset + part_span.length
+    assert part_span.offset == whole_span.offset and 0 < part_span.length < whole_span.length
+    assert reading.token_ids[:end] == whole.token_ids[:end]
+    assert np.array_equal(part_span.embeds.numpy(), whole_span.embeds[: part_span.length].numpy())
+    assert part_span.key == whole_span.key  # keyed per token, not by the clip
+    assert part_span.position_keys and part_span.position_keys == whole_span.position_keys[: part_span.length]
+    assert (mrope_positions(reading.embed_spans, 0, end) == mrope_positions(whole.embed_spans, 0, end)).all()
