@@ -69,6 +69,7 @@ def resampled_positions(table: torch.Tensor, h: int, w: int) -> torch.Tensor:
 class Qwen3OmniVision(Qwen2VLVision):
     family = "qwen3_omni"
     weight_prefixes = ("thinker.visual.",)
+    takes_video = False
 
     def __init__(self, model_dir: Path, hf_config: Any, **kwargs: Any) -> None:
         thinker = getattr(hf_config, "thinker_config", hf_config)
@@ -110,7 +111,7 @@ class Qwen3OmniVision(Qwen2VLVision):
         )
 
     def encode_video(self, frames: list[Image.Image], fps: float = 1.0) -> list[VisualFeatures]:
-        raise UnusableImage("this model takes images; its video input is not served")
+        raise UnusableImage("this model takes images but no video input")
 
     @torch.inference_mode()
     def _encode(

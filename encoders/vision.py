@@ -116,6 +116,7 @@ class VisionEncoder(abc.ABC):
 
     family: str
     placeholders: PlaceholderTokens
+    takes_video = True  # False: a video part is refused before it is decoded
 
     def __init__(
         self, model_dir: Path, hf_config: Any, *, device: torch.device, dtype: torch.dtype, cache: EncoderCache | None

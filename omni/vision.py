@@ -180,7 +180,14 @@ def expand_placeholders(
         out.extend(ids[last:index])
         n = features.num_tokens
         spans.append(
-            EmbedSpan(offset=len(out), length=n, key=features.key, embeds=features.embeds, positions=features.positions)
+            EmbedSpan(
+                offset=len(out),
+                length=n,
+                key=features.key,
+                embeds=features.embeds,
+                positions=features.positions,
+                deepstack=features.deepstack,
+            )
         )
         out.extend([placeholder] * n)
         last = index + 1
@@ -199,6 +206,8 @@ def _features(
     part: ImagePart | VideoPart, encoder: VisionEncoder, limits: MediaLimits
 ) -> list[tuple[int, VisualFeatures]]:
     marks = encoder.placeholders
+    if isinstance(part, VideoPart) and not encoder.takes_video:
+        raise UnsupportedInput("this model takes images but no video input")
     message = None
     try:
         if isinstance(part, ImagePart):
