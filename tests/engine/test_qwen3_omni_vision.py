@@ -3,17 +3,21 @@
 The tiny full checkpoint of tests/harness/tiny_qwen3_omni.py (a 2-layer Qwen3-VL tower with one DeepStack layer);
 the engine places the tower's embeddings at the image placeholders, adds its DeepStack rows after the first decoder
 layer, and gives the image tokens their M-RoPE positions. Greedy text must equal the HF thinker's ``generate`` given
-the same pixels, also when prefill chunks cut the image tokens apart. Video is refused before it is decoded.
+the same pixels, also when prefill chunks cut the image tokens apart, and two tensor-parallel ranks generate what one
+does. Video is refused before it is decoded.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from omni_gateway.encoders.qwen3_omni_vision import Qwen3OmniVision
 from omni_gateway.encoders.vision import load_vision_encoder
+from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.core.llm_engine import LLMEngine
 from omni_gateway.engine.core.sequence import EmbedSpan
 from omni_gateway.engine.errors import InvalidRequest
 from omni_gateway.engine.runner.mrope import mrope_positions
@@ -34,9 +38,14 @@ CHUNK = 9  # prefill tokens per step: cuts the image spans below
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Stack:
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     directory = tmp_path_factory.mktemp("qwen3omni")
-    hf = save_tiny_qwen3_omni(directory, enable_audio_output=False).thinker
+    return directory, save_tiny_qwen3_omni(directory, enable_audio_output=False).thinker
+
+
+@pytest.fixture(scope="module")
+def stack(saved: tuple[Path, Any]) -> Stack:
+    directory, hf = saved
     vision = load_vision_encoder(directory)
     assert isinstance(vision, Qwen3OmniVision)
     return Stack(directory, hf, vision, max_num_batched_tokens=CHUNK)
@@ -110,6 +119,36 @@ def test_image_positions_follow_the_hf_rope_index(stack: Stack) -> None:
 def test_video_is_refused_before_decoding(stack: Stack) -> None:
     with pytest.raises(UnsupportedInput, match="no video input"):
         stack.prompt(TextPart("what happens"), VideoPart(b"", frames=(png_bytes(picture(1, (64, 64))),) * 2))
+
+
+def _engine_tokens(directory: Path, prompt: VisionPrompt, tp: int) -> list[int]:
+    config = EngineConfig(
+        model=str(directory),
+        device="cpu",
+        dtype="float32",
+        tensor_parallel_size=tp,
+        num_kv_blocks=96,
+        max_num_batched_tokens=CHUNK,
+        warmup="off",
+    )
+    engine = LLMEngine(config)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        engine.add_request("r", prompt.token_ids, params, embed_spans=prompt.embed_spans)
+        while engine.has_unfinished():
+            engine.step()
+        (out,) = engine.pop_finished()
+        return list(out.outputs[0].token_ids)
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_ranks_add_the_deepstack_rows_as_one_does(saved: tuple[Path, Any], stack: Stack) -> None:
+    prompt = stack.prompt(TextPart("what is in"), ImagePart(png_bytes(picture(3, (128, 96)))))
+    assert _cut_inside(prompt)
+    assert _engine_tokens(saved[0], prompt, 2) == _engine_tokens(saved[0], prompt, 1)
 
 
 def test_deepstack_rows_of_the_wrong_length_are_refused(stack: Stack) -> None:
