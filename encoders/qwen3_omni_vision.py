@@ -87,9 +87,11 @@ class Qwen3OmniVision(Qwen2VLVision):
         self.patch = int(config.patch_size)
         self.num_heads = int(config.num_heads)
         self.deepstack_layers = [int(i) for i in config.deepstack_visual_indexes]
-        if len(self.deepstack_layers) != len(tower.merger_list):
+        # The checkpoint names them ``merger_list``; some releases also call them ``deepstack_merger_list``.
+        self.deepstack_mergers = getattr(tower, "merger_list", None) or tower.deepstack_merger_list
+        if len(self.deepstack_layers) != len(self.deepstack_mergers):
             raise VisionLoadError(
-                f"{len(self.deepstack_layers)} DeepStack layers but {len(tower.merger_list)} DeepStack mergers"
+                f"{len(self.deepstack_layers)} DeepStack layers but {len(self.deepstack_mergers)} DeepStack mergers"
             )
         head_dim = int(config.hidden_size) // self.num_heads
         theta = float((getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
@@ -140,7 +142,8 @@ class Qwen3OmniVision(Qwen2VLVision):
             x = x + self._attention(block.attn, block.norm1(x), cos, sin, frames=t)
             x = x + block.mlp.linear_fc2(self.act(block.mlp.linear_fc1(block.norm2(x))))
             if index in self.deepstack_layers:
-                features.append(self._merge(tower.merger_list[self.deepstack_layers.index(index)], x, norm_after=True))
+                merger = self.deepstack_mergers[self.deepstack_layers.index(index)]
+                features.append(self._merge(merger, x, norm_after=True))
         embeds = self._merge(tower.merger, x, norm_after=False)
         deepstack = torch.stack(features) if features else embeds.new_zeros((0, *embeds.shape))
         return embeds, deepstack

@@ -38,7 +38,8 @@ def _hf(hf: Any, tower: Qwen3OmniVision, image: Image.Image) -> tuple[torch.Tens
     """transformers' embeddings and DeepStack features of the image (releases return a tuple or an output)."""
     batch = tower.processor(images=[image], return_tensors="pt")
     with torch.inference_mode():
-        out = hf.thinker.model.visual(batch["pixel_values"], grid_thw=batch["image_grid_thw"])
+        visual = getattr(hf.thinker, "visual", None) or hf.thinker.model.visual  # where releases keep it
+        out = visual(batch["pixel_values"], grid_thw=batch["image_grid_thw"])
     embeds, deepstack = out if isinstance(out, tuple) else (out.pooler_output, out.deepstack_features)
     return embeds, list(deepstack), batch["image_grid_thw"][0]
 
