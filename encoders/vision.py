@@ -11,6 +11,8 @@ and loading only the vision weights (the language model is the engine's):
   (time, height, width) for the LLM's M-RoPE. Video frames go in pairs (temporal patch 2).
 - Qwen2.5-VL and the Qwen2.5-Omni thinker: the same layout with a windowed-attention ViT; a video's
   temporal positions advance with time (``tokens_per_second`` / ``position_id_per_seconds`` per second).
+- The Qwen3-Omni thinker: a Qwen3-VL tower that also hands the decoder DeepStack features
+  (encoders/qwen3_omni_vision.py).
 
 Outputs are cached by content hash (encoders/cache.py), so a repeated image or frame is encoded once.
 """
@@ -33,6 +35,7 @@ FAMILIES = {
     "Qwen2VLForConditionalGeneration": "qwen2_vl",
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
     "Qwen2_5OmniForConditionalGeneration": "qwen2_5_omni",
+    "Qwen3OmniMoeForConditionalGeneration": "qwen3_omni",
 }
 
 
@@ -49,12 +52,15 @@ class VisualFeatures:
     """One image or video as the LLM sees it: ``embeds [num_tokens, hidden]``; for M-RoPE models
     ``positions [3, num_tokens]`` (time, height, width offsets from the first token); ``key`` is the
     content hash that also keys the KV prefix cache, or with ``position_keys`` (one per token, for audio
-    encoded group by group) the part of the key all its tokens share."""
+    encoded group by group) the part of the key all its tokens share. ``deepstack [layers, num_tokens, hidden]``:
+    rows the decoder adds to these tokens' hidden states after each of its first ``layers`` layers (Qwen3-VL's
+    DeepStack)."""
 
     embeds: torch.Tensor
     key: str
     positions: torch.Tensor | None = None
     position_keys: tuple[int, ...] = ()
+    deepstack: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -73,7 +79,7 @@ class PlaceholderTokens:
 
 
 def checkpoint_family(model_dir: str | Path) -> str | None:
-    """``"llava"``, ``"qwen2_vl"`` or None for a directory whose config names neither."""
+    """The family (a value of ``FAMILIES``) of a directory's checkpoint, or None for one that does not see."""
     config = Path(model_dir) / "config.json"
     if not config.is_file():
         return None
@@ -113,6 +119,7 @@ class VisionEncoder(abc.ABC):
 
     family: str
     placeholders: PlaceholderTokens
+    takes_video = True  # False: a video part is refused before it is decoded
 
     def __init__(
         self, model_dir: Path, hf_config: Any, *, device: torch.device, dtype: torch.dtype, cache: EncoderCache | None
@@ -155,8 +162,9 @@ class VisionEncoder(abc.ABC):
 
 def _nbytes(features: VisualFeatures) -> int:
     size = features.embeds.numel() * features.embeds.element_size()
-    if features.positions is not None:
-        size += features.positions.numel() * features.positions.element_size()
+    for extra in (features.positions, features.deepstack):
+        if extra is not None:
+            size += extra.numel() * extra.element_size()
     return size
 
 
@@ -343,7 +351,7 @@ def load_vision_encoder(
     dtype: torch.dtype = torch.float32,
     cache: EncoderCache | None = None,
 ) -> VisionEncoder:
-    """The vision encoder of a LLaVA, Qwen2-VL, Qwen2.5-VL or Qwen2.5-Omni checkpoint directory."""
+    """The vision encoder of a LLaVA, Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni or Qwen3-Omni checkpoint directory."""
     from transformers import AutoConfig
 
     path = Path(model_dir)
@@ -355,4 +363,8 @@ def load_vision_encoder(
     if not any(path.glob("*.safetensors")):
         raise VisionLoadError(f"{str(path)!r} has no *.safetensors weights")
     hf_config = AutoConfig.from_pretrained(str(path))
+    if family == "qwen3_omni":  # its own module, which builds on this one's Qwen2VLVision
+        from omni_gateway.encoders.qwen3_omni_vision import Qwen3OmniVision
+
+        return Qwen3OmniVision(path, hf_config, device=torch.device(device), dtype=dtype, cache=cache)
     return _CLASSES[family](path, hf_config, device=torch.device(device), dtype=dtype, cache=cache)

@@ -113,9 +113,8 @@ class OmniPipeline:
         self._asr_lock = threading.Lock()  # one decoder instance; turns are short and sequential anyway
         self._active: dict[str, asyncio.Event] = {}
         hears = audio is not None
-        inputs = (
-            {"text"} | ({"audio"} if asr is not None or hears else set()) | ({"image", "video"} if vision else set())
-        )
+        seen = {"image", "video"} if vision is not None and vision.takes_video else {"image"} if vision else set()
+        inputs = {"text"} | ({"audio"} if asr is not None or hears else set()) | seen
         speaks = tts is not None or speech is not None
         outputs = {"text"} | ({"audio"} if speaks else set()) | ({"image"} if image_head is not None else set())
         self.capabilities = Capabilities(

@@ -187,6 +187,7 @@ def expand_placeholders(
                 embeds=features.embeds,
                 positions=features.positions,
                 position_keys=features.position_keys,
+                deepstack=features.deepstack,
             )
         )
         out.extend([placeholder] * n)
@@ -206,6 +207,8 @@ def _features(
     part: ImagePart | VideoPart, encoder: VisionEncoder, limits: MediaLimits
 ) -> list[tuple[int, VisualFeatures]]:
     marks = encoder.placeholders
+    if isinstance(part, VideoPart) and not encoder.takes_video:
+        raise UnsupportedInput("this model takes images but no video input")
     message = None
     try:
         if isinstance(part, ImagePart):

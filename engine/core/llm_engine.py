@@ -228,6 +228,12 @@ class LLMEngine:
                     f"embed span [{span.offset}, {span.offset + span.length}) lies outside the "
                     f"prompt of {len(token_ids)} tokens"
                 )
+            shape = tuple(getattr(span.deepstack, "shape", ()))
+            if span.deepstack is not None and (len(shape) != 3 or shape[1] != span.length):
+                raise InvalidRequest(
+                    f"embed span at {span.offset} has DeepStack rows of shape {shape}; "
+                    f"expected (layers, {span.length}, hidden)"
+                )
 
         if input_stream is not None and (params.n != 1 or input_stream.start < len(token_ids)):
             raise InvalidRequest(

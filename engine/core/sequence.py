@@ -36,6 +36,8 @@ class EmbedSpan:
     ``position_keys`` (one int per position) key each block by the slice it overlaps instead of by the
     whole span: for rows that are a function of a prompt up to each position (a thinker's hidden states
     conditioning a talker), so two prompts that agree up to a block share it although their spans end apart.
+    ``deepstack`` (Qwen3-VL's DeepStack) is a ``[layers, length, hidden]`` tensor: row ``i`` of layer ``l`` is added
+    to the hidden state of the span's token ``i`` after decoder layer ``l``.
     """
 
     offset: int
@@ -44,6 +46,7 @@ class EmbedSpan:
     embeds: Any
     positions: Any = None
     position_keys: tuple[int, ...] = ()
+    deepstack: Any = None
 
 
 _ids = itertools.count()

@@ -296,18 +296,21 @@ class LlamaModel:
         embed_rows: torch.Tensor | None = None,
         embeds: torch.Tensor | None = None,
         cos_sin_cache: torch.Tensor | None = None,
+        deepstack: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` after the last layer (before the final norm); the final norm
         is applied in ``compute_logits`` to the rows that sample only.
 
         ``embed_rows``/``embeds`` replace the token embeddings at those flat token indices.
         ``cos_sin_cache`` replaces the rotary table that ``positions`` index (M-RoPE builds one per step).
+        ``deepstack`` (rows, ``[layers, rows, hidden]``): added to those rows' hidden states after each of the
+        first ``layers`` layers (Qwen3-VL's DeepStack; engine.core.sequence.EmbedSpan).
         """
         rotary_table = self.cos_sin_cache if cos_sin_cache is None else cos_sin_cache
         hidden = self.embed_tokens(input_ids)
         if embed_rows is not None and embeds is not None:
             hidden[embed_rows] = embeds.to(hidden.dtype)
-        return self.decode_layers(hidden, positions, meta, kv_caches, rotary_table)
+        return self.decode_layers(hidden, positions, meta, kv_caches, rotary_table, deepstack)
 
     def decode_layers(
         self,
@@ -316,11 +319,17 @@ class LlamaModel:
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         rotary_table: torch.Tensor,
+        deepstack: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """The decoder layers over input embeddings ``[T, hidden]``; see ``forward``."""
-        if self.fused_cpu_layers:
+        """The decoder layers over input embeddings ``[T, hidden]``; see ``forward``. A step with DeepStack rows
+        takes the per-layer path below (the fused paths keep no layer boundary to add them at)."""
+        if deepstack is not None:
+            rows, features = deepstack
+            if features.shape[0] > len(self.layers):
+                raise ValueError(f"{features.shape[0]} DeepStack layers for a decoder of {len(self.layers)} layers")
+        elif self.fused_cpu_layers:
             return cpu_layers.decode_layers(self, hidden, positions, meta, kv_caches, rotary_table)
-        if self.row_fusion and hidden.shape[0] == 1:
+        elif self.row_fusion and hidden.shape[0] == 1:
             return self._decode_row(hidden, positions, meta, kv_caches, rotary_table)
         ops, eps, all_reduce = self.ops, self.shape.rms_norm_eps, self.parallel.all_reduce
         residual: torch.Tensor | None = None
@@ -337,14 +346,17 @@ class LlamaModel:
             x, residual = ops.fused_add_rms_norm(all_reduce(o), residual, layer.post_norm, eps)
             if layer.moe is not None:
                 hidden = all_reduce(layer.moe(x))
-                continue
-            if layer.gate_up is not None:
-                act = ops.silu_and_mul(self._project(i, "gate_up", layer.gate_up, x))
             else:
-                assert layer.gate is not None and layer.up is not None
-                act = F.silu(self._project(i, "gate", layer.gate, x)) * self._project(i, "up", layer.up, x)
-            assert layer.down is not None
-            hidden = all_reduce(self._project(i, "down", layer.down, act))
+                if layer.gate_up is not None:
+                    act = ops.silu_and_mul(self._project(i, "gate_up", layer.gate_up, x))
+                else:
+                    assert layer.gate is not None and layer.up is not None
+                    act = F.silu(self._project(i, "gate", layer.gate, x)) * self._project(i, "up", layer.up, x)
+                assert layer.down is not None
+                hidden = all_reduce(self._project(i, "down", layer.down, act))
+            if deepstack is not None and i < deepstack[1].shape[0]:
+                # The layer's output is hidden + residual; the rows join it there.
+                hidden = hidden.index_add(0, deepstack[0], deepstack[1][i].to(hidden.dtype))
         assert residual is not None
         return hidden + residual
 

@@ -67,9 +67,12 @@ class Qwen2VLModel(LlamaModel):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         embed_rows: torch.Tensor | None = None,
         embeds: torch.Tensor | None = None,
+        deepstack: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         if positions.dim() == 1:  # text only: all three axes agree, plain rotary
-            return super().forward(input_ids, positions, meta, kv_caches, embed_rows, embeds)
+            return super().forward(input_ids, positions, meta, kv_caches, embed_rows, embeds, deepstack=deepstack)
         table = self.mrope_table(positions)
         rows = torch.arange(positions.shape[1], device=positions.device)
-        return super().forward(input_ids, rows, meta, kv_caches, embed_rows, embeds, cos_sin_cache=table)
+        return super().forward(
+            input_ids, rows, meta, kv_caches, embed_rows, embeds, cos_sin_cache=table, deepstack=deepstack
+        )

@@ -159,6 +159,8 @@ class _Workers:
         self.check_alive()
         if isinstance(body, StepPlan) and body.embeds is not None:  # a device tensor would unpickle on rank 0's device
             body = dataclasses.replace(body, embeds=body.embeds.cpu())
+        if isinstance(body, StepPlan) and body.deepstack is not None:
+            body = dataclasses.replace(body, deepstack=body.deepstack.cpu())
         payload = pickle.dumps((kind, body, 0 if ids is None else ids.numel()), protocol=pickle.HIGHEST_PROTOCOL)
         self.steps_sent += 1
         for rank, conn in enumerate(self.conns, start=1):

@@ -206,9 +206,11 @@ class GraphedPrefill:
         return hidden, ids
 
     def fits(self, plan: StepPlan) -> bool:
-        """Whether a graph can run ``plan``: its ids on the host, within the token and sequence capacity."""
+        """Whether a graph can run ``plan``: its ids on the host, within the token and sequence capacity, and no
+        DeepStack rows (the graphs do not carry them; such a step runs eagerly)."""
         return (
-            len(plan.ids) == plan.num_tokens > 0
+            plan.deepstack is None
+            and len(plan.ids) == plan.num_tokens > 0
             and plan.num_tokens <= self._token_buckets[-1]
             and plan.num_decode + len(plan.prefill_lens) <= self._max_seqs
         )

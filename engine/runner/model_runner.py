@@ -67,6 +67,7 @@ class _StepInputs:
     sample_rows: torch.Tensor
     embed_rows: torch.Tensor | None
     embeds: torch.Tensor | None
+    deepstack: tuple[torch.Tensor, torch.Tensor] | None = None  # (flat rows, [layers, rows, hidden])
 
 
 # Rank 0's hook that sends a step to the other tensor-parallel ranks before running it itself:
@@ -310,8 +311,10 @@ class ModelRunner:
             sample_rows = to_device(plan.sample_rows, torch.int64, self.device)
         else:
             step = self._upload(plan, device_ids)
+            # Only a model whose spans bring DeepStack rows (the Qwen3-Omni thinker's) is handed them.
+            extra = {} if step.deepstack is None else {"deepstack": step.deepstack}
             hidden = self.model.forward(
-                step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds
+                step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds, **extra
             )
             input_ids, sample_rows = step.input_ids, step.sample_rows
         if hidden_spans:
@@ -395,6 +398,9 @@ class ModelRunner:
             sample_rows=to_device(plan.sample_rows, torch.int64, dev),
             embed_rows=to_device(plan.embed_rows, torch.int64, dev) if plan.embed_rows else None,
             embeds=plan.embeds.to(dev) if plan.embeds is not None else None,
+            deepstack=None
+            if plan.deepstack is None
+            else (to_device(plan.deepstack_rows, torch.int64, dev), plan.deepstack.to(dev)),
         )
 
     def _block_tables(self, rows: np.ndarray) -> torch.Tensor:

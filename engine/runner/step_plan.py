@@ -3,6 +3,7 @@ forward uploads, what the prefill graphs stage and what every tensor-parallel ra
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,9 @@ class StepPlan:
     sample_rows: list[int]  # flat token index of each sampling sequence's last token (and of its drafts)
     embed_rows: list[int]
     embeds: torch.Tensor | None
+    # DeepStack rows (EmbedSpan.deepstack) of this step's tokens: flat token indices and ``[layers, rows, hidden]``.
+    deepstack_rows: list[int] = dataclasses.field(default_factory=list)
+    deepstack: torch.Tensor | None = None
 
 
 def decode_position(seq: Sequence, block_size: int, ahead: bool) -> int:
@@ -73,6 +77,8 @@ def build_step_plan(
     sample_slots: list[int] = []
     embed_rows: list[int] = []
     embed_parts: list[torch.Tensor] = []
+    deepstack_rows: list[int] = []
+    deepstack_parts: list[torch.Tensor] = []
     mrope_parts: list[torch.Tensor] = []
     hidden_spans: list[HiddenSpan] = []
     cu_q = [0]
@@ -121,6 +127,9 @@ def build_step_plan(
             if lo < hi:
                 embed_rows.extend(range(flat_start + lo - start, flat_start + hi - start))
                 embed_parts.append(span.embeds[lo - span.offset : hi - span.offset])
+                if span.deepstack is not None:
+                    deepstack_rows.extend(range(flat_start + lo - start, flat_start + hi - start))
+                    deepstack_parts.append(span.deepstack[:, lo - span.offset : hi - span.offset])
         stream = seq.input_stream
         if stream is not None and end > stream.start:
             lo = max(start, stream.start)
@@ -142,8 +151,19 @@ def build_step_plan(
         sample_rows=sample_rows,
         embed_rows=embed_rows,
         embeds=torch.cat([p.to(dtype) for p in embed_parts], dim=0) if embed_parts else None,
+        deepstack_rows=deepstack_rows,
+        deepstack=_deepstack(deepstack_parts, dtype),
     )
     return plan, decode_seqs, sample_slots, hidden_spans
+
+
+def _deepstack(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor | None:
+    """``[layers, rows, hidden]`` of the step's DeepStack rows; spans of fewer layers are zero-padded to the most."""
+    if not parts:
+        return None
+    layers = max(p.shape[0] for p in parts)
+    padded = [torch.cat((p, p.new_zeros(layers - p.shape[0], *p.shape[1:]))) for p in parts]
+    return torch.cat([p.to(dtype) for p in padded], dim=1)
 
 
 def _table_rows(seqs: list[Sequence], lengths: list[int], block_size: int) -> np.ndarray:

@@ -147,7 +147,8 @@ def test_heard_audio_greedy_output_matches_transformers(stack: Stack) -> None:
     assert stack.run(prompt).outputs[0].token_ids == hf_generate(stack.hf, ids, **_media(stack, clips))
 
 
-def test_images_are_refused_until_the_vision_tower_is_served(stack: Stack) -> None:
+def test_images_are_refused_where_no_vision_encoder_is_given(stack: Stack) -> None:
+    # Served images are tests/engine/test_qwen3_omni_vision.py's; a builder handed no vision tower refuses them.
     with pytest.raises(UnsupportedInput, match="no image or video input"):
         stack.prompt(TextPart("what is in"), ImagePart(png_bytes(picture(3, (64, 64)))))
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from omni_gateway.encoders.audio import float_to_pcm16, resample
+from omni_gateway.encoders.vision import VisionEncoder
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.omni.audio_input import build_audio_prompt
@@ -64,11 +65,12 @@ def clip_pcm16() -> bytes:
     return float_to_pcm16(resample(tone(3, 0.6), 16000, RATE))
 
 
-def direct(pipeline: OmniPipeline, messages: tuple[Message, ...]) -> str:
-    """The engine's greedy text for the conversation's audio prompt, without the pipeline in between."""
+def direct(pipeline: OmniPipeline, messages: tuple[Message, ...], vision: VisionEncoder | None = None) -> str:
+    """The engine's greedy text for the conversation's audio prompt (images through ``vision``), without the
+    pipeline in between."""
     request = OmniRequest("direct", messages)
     built = build_audio_prompt(
-        request, pipeline.engine.tokenizer, pipeline.audio, system_prompt=pipeline.config.system_prompt
+        request, pipeline.engine.tokenizer, pipeline.audio, vision, system_prompt=pipeline.config.system_prompt
     )
 
     async def go() -> str:

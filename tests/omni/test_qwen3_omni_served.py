@@ -1,6 +1,6 @@
 """A full Qwen3-Omni checkpoint served by ``OmniPipeline.load`` in text mode: the thinker hears audio itself (no
-ASR), its talker and code2wav are not loaded (answers are text, spoken by a TTS voice where one is configured), and
-an image is refused with a clear error while its vision tower is not served."""
+ASR) and sees images through its vision tower, its talker and code2wav are not loaded (answers are text, spoken by a
+TTS voice where one is configured), and a video is refused with a clear error."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from omni_gateway.omni.protocol import (
     TextDelta,
     TextPart,
     Usage,
+    VideoPart,
 )
 
 from tests.harness.checkpoints import picture, png_bytes
@@ -63,7 +64,7 @@ def _run(pipeline: OmniPipeline, *parts: Any) -> list[Any]:
 
 def test_the_thinker_hears_audio_without_asr(pipeline: OmniPipeline) -> None:
     assert pipeline.asr is None and pipeline.audio is not None and pipeline.speech is None
-    assert pipeline.capabilities.hears_audio and "image" not in pipeline.capabilities.input_modalities
+    assert pipeline.capabilities.hears_audio
     parts = (AudioPart(clip_pcm16(), RATE), TextPart("what is said"))
     chunks = _run(pipeline, *parts)
     assert not [c for c in chunks if isinstance(c, Error)], chunks
@@ -72,7 +73,19 @@ def test_the_thinker_hears_audio_without_asr(pipeline: OmniPipeline) -> None:
     assert usage.input_audio_tokens == 8  # 0.6 s: 60 mel frames -> 30 -> 15 -> 8 after the three convolutions
 
 
-def test_an_image_is_refused_with_a_clear_error(pipeline: OmniPipeline) -> None:
-    chunks = _run(pipeline, TextPart("what is in"), ImagePart(png_bytes(picture(3, (64, 64)))))
+def test_an_image_is_seen_with_the_audio(pipeline: OmniPipeline) -> None:
+    assert pipeline.vision is not None and pipeline.capabilities.input_modalities >= {"image", "audio"}
+    assert "video" not in pipeline.capabilities.input_modalities
+    parts = (TextPart("what is in"), ImagePart(png_bytes(picture(3, (64, 64)))), AudioPart(clip_pcm16(), RATE))
+    chunks = _run(pipeline, *parts)
+    assert not [c for c in chunks if isinstance(c, Error)], chunks
+    text = "".join(c.text for c in chunks if isinstance(c, TextDelta))
+    assert text == direct(pipeline, (Message("user", parts),), vision=pipeline.vision)
+    (usage,) = [c for c in chunks if isinstance(c, Usage)]
+    assert usage.input_audio_tokens == 8
+
+
+def test_a_video_is_refused_with_a_clear_error(pipeline: OmniPipeline) -> None:
+    chunks = _run(pipeline, TextPart("what happens"), VideoPart(b"", frames=(png_bytes(picture(3, (64, 64))),) * 2))
     (error,) = [c for c in chunks if isinstance(c, Error)]
-    assert "image" in error.message
+    assert "no video input" in error.message
