@@ -268,6 +268,20 @@ class LlamaModel:
         # (hidden state, stream) of the last ``_decode_stream``: compute_logits reads the float32 stream when
         # it is handed that very hidden state and the head can (``head_stream``).
         self._last_stream: tuple[torch.Tensor, Any] | None = None
+        # Decoder layers whose outputs (the residual stream after them) each forward keeps in ``aux_hidden``
+        # (``[T, len(aux_layers), hidden]``) for a speculative proposer that reads them (EAGLE-3); empty: none.
+        self.aux_layers: tuple[int, ...] = ()
+        self.aux_hidden: torch.Tensor | None = None
+
+    def capture_aux_hidden(self, layers: tuple[int, ...]) -> None:
+        """Keep the outputs of ``layers`` (0-based decoder layer indices) at every position of each forward.
+        The forwards then take the unfused per-layer path, where the residual stream is at hand."""
+        bad = [i for i in layers if not 0 <= i < self.shape.num_layers]
+        if bad:
+            raise ValueError(
+                f"hidden states of decoder layers {bad} asked, the model has layers 0..{self.shape.num_layers - 1}"
+            )
+        self.aux_layers = tuple(layers)
 
     def _fuses_rows(self) -> bool:
         if self.parallel.is_parallel or self.fused_cpu_layers:
@@ -322,16 +336,19 @@ class LlamaModel:
         deepstack: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The decoder layers over input embeddings ``[T, hidden]``; see ``forward``. A step with DeepStack rows
-        takes the per-layer path below (the fused paths keep no layer boundary to add them at)."""
+        or captured layers takes the per-layer path below (the fused paths keep no layer boundary to add them at or
+        read them from)."""
+        aux = self.aux_layers
         if deepstack is not None:
             rows, features = deepstack
             if features.shape[0] > len(self.layers):
                 raise ValueError(f"{features.shape[0]} DeepStack layers for a decoder of {len(self.layers)} layers")
-        elif self.fused_cpu_layers:
+        elif self.fused_cpu_layers and not aux:
             return cpu_layers.decode_layers(self, hidden, positions, meta, kv_caches, rotary_table)
-        elif self.row_fusion and hidden.shape[0] == 1:
+        elif self.row_fusion and hidden.shape[0] == 1 and not aux:
             return self._decode_row(hidden, positions, meta, kv_caches, rotary_table)
         ops, eps, all_reduce = self.ops, self.shape.rms_norm_eps, self.parallel.all_reduce
+        kept = hidden.new_empty((hidden.shape[0], len(aux), hidden.shape[1])) if aux else None
         residual: torch.Tensor | None = None
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             if residual is None:
@@ -347,18 +364,26 @@ class LlamaModel:
             if layer.moe is not None:
                 hidden = all_reduce(layer.moe(x))
             else:
-                if layer.gate_up is not None:
-                    act = ops.silu_and_mul(self._project(i, "gate_up", layer.gate_up, x))
-                else:
-                    assert layer.gate is not None and layer.up is not None
-                    act = F.silu(self._project(i, "gate", layer.gate, x)) * self._project(i, "up", layer.up, x)
-                assert layer.down is not None
-                hidden = all_reduce(self._project(i, "down", layer.down, act))
+                hidden = all_reduce(self._dense_mlp(i, layer, x))
             if deepstack is not None and i < deepstack[1].shape[0]:
                 # The layer's output is hidden + residual; the rows join it there.
                 hidden = hidden.index_add(0, deepstack[0], deepstack[1][i].to(hidden.dtype))
+            if kept is not None and i in aux:
+                for slot, layer_index in enumerate(aux):
+                    if layer_index == i:
+                        kept[:, slot] = hidden + residual
         assert residual is not None
+        self.aux_hidden = kept
         return hidden + residual
+
+    def _dense_mlp(self, index: int, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        if layer.gate_up is not None:
+            act = self.ops.silu_and_mul(self._project(index, "gate_up", layer.gate_up, x))
+        else:
+            assert layer.gate is not None and layer.up is not None
+            act = F.silu(self._project(index, "gate", layer.gate, x)) * self._project(index, "up", layer.up, x)
+        assert layer.down is not None
+        return self._project(index, "down", layer.down, act)
 
     def _project(self, index: int, group: str, linear: Any, x: torch.Tensor) -> torch.Tensor:
         """``linear(x)``, plus the LoRA deltas of the rows that have an adapter (engine.lora.slots.attach_lora)."""

@@ -18,6 +18,7 @@ from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
 from omni_gateway.engine.parallel.weights import shard_weights
 from omni_gateway.engine.runner.attention import AttentionMetadata, own_split_counters, plan_step, select_kernels
+from omni_gateway.engine.runner.aux_hidden import AuxHiddenStore
 from omni_gateway.engine.runner.compile_cache import use_compile_cache
 from omni_gateway.engine.runner.graphed_decode import GraphedDecode, Staging
 from omni_gateway.engine.runner.graphed_prefill import GraphedPrefill
@@ -171,6 +172,8 @@ class ModelRunner:
                     inputs.get("prev_ids"),
                 )
             self.graphs.capture()
+        # Target hidden states of chosen layers for a speculative proposer (EAGLE-3); None: none asked.
+        self.aux_hidden: AuxHiddenStore | None = None
         self.prefill_graphs: GraphedPrefill | None = None
         # Prefill and mixed steps replay graphs too where one process runs the whole model (a rank's
         # all-reduce is not captured); each rank of a tensor-parallel group runs them eagerly.
@@ -216,8 +219,19 @@ class ModelRunner:
             )
         return int(blocks)
 
+    def capture_aux_hidden(self, layers: tuple[int, ...]) -> AuxHiddenStore:
+        """From now on keep the outputs of decoder ``layers`` at every computed position, per sequence, for
+        a proposer to take. Steps then run eagerly: the CUDA graphs do not carry the extra rows."""
+        if self.parallel.is_parallel:
+            raise ValueError("target hidden states for a proposer are kept on one device only (tensor_parallel_size 1)")
+        self.model.capture_aux_hidden(layers)
+        self.aux_hidden = AuxHiddenStore()
+        return self.aux_hidden
+
     def release(self, seq_ids: list[int]) -> None:
         self.sampler.release(seq_ids)
+        if self.aux_hidden is not None:
+            self.aux_hidden.release(seq_ids)
         if self.graphs is not None:
             self.graphs.release(seq_ids)
 
@@ -238,7 +252,11 @@ class ModelRunner:
         if batch.drafts is not None:
             return self._verify(batch)
         staging: Staging | None = None
-        graphed = self.graphs.forward(seqs, after) if self.graphs is not None and self._graph_ready(batch) else None
+        graphed = (
+            self.graphs.forward(seqs, after)
+            if self.graphs is not None and self.aux_hidden is None and self._graph_ready(batch)
+            else None
+        )
         if graphed is not None:
             logits, argmax, staging = graphed.logits, graphed.argmax, graphed.staging
             spans = [
@@ -265,6 +283,7 @@ class ModelRunner:
             if self.broadcast is not None:
                 self.broadcast("eager", plan, device_ids)
             logits = self.run_plan(plan, device_ids, hidden_spans)
+            self._keep_aux_hidden(batch)
             if logits is None:
                 return PendingDecode.resolved_with(batch, [None] * len(seqs))
             chosen = None
@@ -290,6 +309,7 @@ class ModelRunner:
 
         plan, _, slots, hidden_spans = self._plan(batch)
         logits = self.run_plan(plan, None, hidden_spans)
+        self._keep_aux_hidden(batch)
         if logits is None:
             return PendingDecode.resolved_with(batch, [None] * len(batch.seqs))
         probs = batch.draft_probs or [None] * len(batch.seqs)
@@ -305,7 +325,8 @@ class ModelRunner:
     ) -> torch.Tensor | None:
         """The model forward of one step: float32 logits of its sampling rows (None where none samples).
         ``hidden_spans`` (rank 0's): the sequences whose hidden states are copied out."""
-        replayed = self.prefill_graphs.forward(plan) if self.prefill_graphs is not None else None
+        graphs = self.prefill_graphs if self.aux_hidden is None else None
+        replayed = graphs.forward(plan) if graphs is not None else None
         if replayed is not None:
             hidden, input_ids = replayed
             sample_rows = to_device(plan.sample_rows, torch.int64, self.device)
@@ -323,6 +344,14 @@ class ModelRunner:
             return None
         logits: torch.Tensor = self.model.compute_logits(hidden[sample_rows])
         return logits
+
+    def _keep_aux_hidden(self, batch: ScheduledBatch) -> None:
+        if self.aux_hidden is None:
+            return
+        rows = self.model.aux_hidden
+        assert rows is not None, "the model kept no hidden states for this step"
+        self.aux_hidden.record(batch, rows)
+        self.model.aux_hidden = None
 
     # ---- input preparation ----------------------------------------------------------------------
 

@@ -34,10 +34,11 @@ def build_proposer(spec: SpeculativeConfig, config: EngineConfig, target: Any) -
         from omni_gateway.engine.spec.draft_model import DraftModelProposer
 
         return DraftModelProposer.build(spec, config, target)
-    raise ValueError(
-        f"speculative_config method {spec.method!r}: no proposer of that kind is built into this engine yet "
-        "(the target's hidden-state capture it reads is not wired); use 'ngram' or 'draft_model'"
-    )
+    if spec.method == "eagle3":
+        from omni_gateway.engine.spec.eagle3 import Eagle3Proposer
+
+        return Eagle3Proposer.build(spec, target)
+    raise ValueError(f"speculative_config method {spec.method!r}: no proposer of that kind is built into this engine")
 
 
 def build_speculator(config: EngineConfig, target: Any, proposer: Proposer | None = None) -> Speculator:
@@ -64,4 +65,7 @@ def build_speculator(config: EngineConfig, target: Any, proposer: Proposer | Non
         spec.num_speculative_tokens,
         spec.disable_by_batch_size,
     )
-    return Speculator(proposer, policy, config.max_num_batched_tokens)
+    aux_source = None
+    if proposer.aux_hidden_layers:
+        aux_source = target.capture_aux_hidden(proposer.aux_hidden_layers).take
+    return Speculator(proposer, policy, config.max_num_batched_tokens, aux_source)

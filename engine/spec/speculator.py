@@ -10,6 +10,7 @@ pipelined decode (``engine.core.pipelining``) is off while speculation is on.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -17,7 +18,7 @@ from omni_gateway.engine.core.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.core.sequence import ScheduledBatch, Sequence
 from omni_gateway.engine.outputs import StreamDelta
 from omni_gateway.engine.spec.policy import SpecPolicy
-from omni_gateway.engine.spec.proposer import ProposalRequest, Proposer, check_proposals
+from omni_gateway.engine.spec.proposer import AuxHidden, ProposalRequest, Proposer, check_proposals
 
 
 def may_speculate(seq: Sequence, num_new_tokens: int) -> bool:
@@ -45,10 +46,28 @@ def room_for_drafts(seq: Sequence, k: int) -> int:
     return max(room, 0)
 
 
+# The target's hidden states of a sequence below a position, taken from where the runner keeps them.
+AuxSource = Callable[[int, int], AuxHidden | None]
+
+
 class Speculator:
     """The engine's KV cache manager is passed in at each call: a warm-up replaces it (``engine.runner.warmup``)."""
 
-    def __init__(self, proposer: Proposer, policy: SpecPolicy, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        proposer: Proposer,
+        policy: SpecPolicy,
+        max_num_batched_tokens: int,
+        aux_source: AuxSource | None = None,
+    ) -> None:
+        """``aux_source(seq_id, upto)``: for a proposer with ``aux_hidden_layers``, the target rows of the
+        sequence's accepted positions below ``upto`` not handed out yet."""
+        if proposer.aux_hidden_layers and aux_source is None:
+            raise ValueError(
+                f"proposer {proposer.name!r} reads target layers {proposer.aux_hidden_layers}; "
+                "the speculator needs an aux_source"
+            )
+        self.aux_source = aux_source if proposer.aux_hidden_layers else None
         self.proposer = proposer
         self.policy = policy
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -71,7 +90,7 @@ class Speculator:
                 budget -= room
         if not wanted:
             return batch
-        requests = [ProposalRequest(batch.seqs[i].seq_id, batch.seqs[i].token_ids, room) for i, room in wanted]
+        requests = [self._request(batch.seqs[i], room) for i, room in wanted]
         proposals = self.proposer.propose(requests)
         check_proposals(requests, proposals)
         drafts: list[tuple[int, ...]] = [()] * len(batch.seqs)
@@ -85,6 +104,10 @@ class Speculator:
         if not any(drafts):
             return batch
         return dataclasses.replace(batch, num_new_tokens=counts, drafts=drafts, draft_probs=probs)
+
+    def _request(self, seq: Sequence, room: int) -> ProposalRequest:
+        aux = self.aux_source(seq.seq_id, seq.num_computed_tokens) if self.aux_source is not None else None
+        return ProposalRequest(seq.seq_id, seq.token_ids, room, aux)
 
     def rounds(self, batch: ScheduledBatch, results: Seq[Any]) -> list[tuple[ScheduledBatch, list[Any]]]:
         """The verify step as consecutive one-token steps: round t keeps the t-th kept token of every sequence
