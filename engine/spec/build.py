@@ -45,7 +45,7 @@ def build_speculator(config: EngineConfig, target: Any, proposer: Proposer | Non
     spec = config.speculative_config
     assert isinstance(spec, SpeculativeConfig)
     proposer = proposer or build_proposer(spec, config, target)
-    if proposer.aux_hidden_layers and not getattr(target, "captures_aux_hidden", False):
+    if proposer.aux_hidden_layers and not callable(getattr(target, "capture_aux_hidden", None)):
         raise ValueError(
             f"the {proposer.name!r} proposer reads the target's hidden states of layers "
             f"{list(proposer.aux_hidden_layers)}; this engine's runner does not capture them"

@@ -31,8 +31,7 @@ hidden]`` on the target's device in the target's dtype, positions ``first_positi
 first_position + num_positions - 1``, in the order of ``aux_hidden_layers``. Rows of rejected drafts are
 never handed out. A proposer with an empty ``aux_hidden_layers`` always gets ``aux_hidden=None``.
 The engine refuses (at start, ``engine.spec.build``) a proposer with ``aux_hidden_layers`` over a target runner
-whose ``captures_aux_hidden`` is not true: the capture of chosen layers in the model forward is the runner's side
-of this contract and is not wired into the Llama forward yet.
+without ``capture_aux_hidden(layers)``, the runner's side of this contract (``engine.runner.aux_hidden``).
 """
 
 from __future__ import annotations

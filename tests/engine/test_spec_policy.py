@@ -139,5 +139,7 @@ def test_a_proposer_reading_hidden_states_needs_a_runner_that_captures_them() ->
     runner = SimpleNamespace(device=SimpleNamespace(type="cpu"))
     with pytest.raises(ValueError, match=r"layers \[2, 16, 29\]"):
         build_speculator(config, runner, Eagle())
-    capturing = SimpleNamespace(device=SimpleNamespace(type="cpu"), captures_aux_hidden=True)
+    capturing = SimpleNamespace(
+        device=SimpleNamespace(type="cpu"), capture_aux_hidden=lambda layers: SimpleNamespace(take=lambda *a: None)
+    )
     assert build_speculator(config, capturing, Eagle()).proposer.aux_hidden_layers == (2, 16, 29)
