@@ -127,6 +127,8 @@ def replay(args: argparse.Namespace, log: ResultLog) -> None:
     cfg = tiny_config() if preset["shape"] == "tiny" else shape_config(preset["shape"])
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.tmp:
+        Path(args.tmp).mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(dir=args.tmp)) / "target"
     write_checkpoint(cfg, folder, device, dtype, seed=0)
     rng = random.Random(1)
