@@ -32,6 +32,7 @@ TORCH_FREE_ENGINE_MODULES = (
     "core.block_pool",
     "core.kv_cache_manager",
     "core.scheduler",
+    "core.intake",
 )
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.detokenizer import IncrementalDetokenizer
+from omni_gateway.engine.core.intake import check_inputs, check_prompt, check_spans, sample_params
 from omni_gateway.engine.core.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.core.pipelining import launchable
 from omni_gateway.engine.core.request_state import EngineRequest, request_output, stream_delta
@@ -220,35 +221,12 @@ class LLMEngine:
         else:
             prompt_text = None
             token_ids = list(prompt)
-        self._check_tokens(token_ids, pooling=params.pooling is not None)
+        check_prompt(
+            token_ids, max_model_len=self.max_model_len, vocab_size=self.vocab_size, pooling=params.pooling is not None
+        )
         spans = tuple(embed_spans)
-        for span in spans:
-            if span.offset < 0 or span.length < 1 or span.offset + span.length > len(token_ids):
-                raise InvalidRequest(
-                    f"embed span [{span.offset}, {span.offset + span.length}) lies outside the "
-                    f"prompt of {len(token_ids)} tokens"
-                )
-            shape = tuple(getattr(span.deepstack, "shape", ()))
-            if span.deepstack is not None and (len(shape) != 3 or shape[1] != span.length):
-                raise InvalidRequest(
-                    f"embed span at {span.offset} has DeepStack rows of shape {shape}; "
-                    f"expected (layers, {span.length}, hidden)"
-                )
-
-        if input_stream is not None and (params.n != 1 or input_stream.start < len(token_ids)):
-            raise InvalidRequest(
-                f"an input stream needs n=1 and must start at or after the prompt's {len(token_ids)} tokens; "
-                f"got n={params.n}, start={input_stream.start}"
-            )
-        if params.pooling is not None and input_stream is not None:
-            raise InvalidRequest("a pooling request reads its prompt only; it takes no input stream")
-        if params.return_hidden_states and self.config.tensor_parallel_size > 1:
-            # Only rank 0 copies hidden states out, and the input embeddings it pairs them with are a
-            # vocab-parallel lookup (an all-reduce the other ranks would never join).
-            raise InvalidRequest(
-                "return_hidden_states needs tensor_parallel_size 1 (a speaking model's thinker runs on one GPU); "
-                f"this engine has tensor_parallel_size {self.config.tensor_parallel_size}"
-            )
+        check_spans(spans, len(token_ids))
+        check_inputs(params, input_stream, len(token_ids), self.config.tensor_parallel_size)
         lora = None if params.lora_name is None else self._adapters().get(params.lora_name)
         spec = params.structured_outputs
         if spec is not None:
@@ -256,11 +234,7 @@ class LLMEngine:
             room = self.max_model_len - len(token_ids)
             self.grammars.check_length(grammar, room if params.max_tokens is None else min(params.max_tokens, room))
         seqs = []
-        for i in range(params.n):
-            seq_params = params
-            if params.n > 1:
-                seed = None if params.seed is None else params.seed + i
-                seq_params = dataclasses.replace(params, n=1, seed=seed)
+        for seq_params in sample_params(params):
             seqs.append(
                 Sequence(
                     request_id,
@@ -324,26 +298,6 @@ class LLMEngine:
             chat_template=chat_template or getattr(self.model, "chat_template", None),
         )
         return prompt
-
-    def _check_tokens(self, token_ids: list[int], *, pooling: bool = False) -> None:
-        if not token_ids:
-            raise InvalidRequest("prompt is empty; expected text or at least one token id")
-        if pooling and len(token_ids) >= self.max_model_len:  # the same room, though nothing is generated
-            raise InvalidRequest(
-                f"prompt has {len(token_ids)} tokens; at most {self.max_model_len - 1} fit (max_model_len="
-                f"{self.max_model_len})"
-            )
-        if len(token_ids) + 1 > self.max_model_len:
-            raise InvalidRequest(
-                f"prompt has {len(token_ids)} tokens; with one generated token that is "
-                f"{len(token_ids) + 1}, more than max_model_len={self.max_model_len}"
-            )
-        bad = [t for t in token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequest(
-                f"prompt token ids must be integers in [0, {self.vocab_size}), "
-                f"got {bad[:5]!r}{' ...' if len(bad) > 5 else ''}"
-            )
 
     def abort(self, request_id: str) -> list[StreamDelta]:
         """Stop a request wherever it is; returns its final deltas (empty if it is unknown or done)."""
