@@ -31,15 +31,17 @@ class MoeConfig:
     @classmethod
     def of(cls, hf_config: Any) -> MoeConfig | None:
         """The config's experts, or None for a dense model."""
-        mixtral = getattr(hf_config, "num_local_experts", None)
-        experts = int(getattr(hf_config, "num_experts", None) or mixtral or 0)
+        experts = int(getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None) or 0)
         if experts <= 0:
             return None
+        # The Qwen MoEs say in ``norm_topk_prob`` whether they rescale; Mixtral, which has no such field, always
+        # does. ``num_local_experts`` tells nothing apart: Qwen3-MoE's and Qwen3-Omni's talker configs alias
+        # ``num_experts`` to it.
+        norm_topk_prob = getattr(hf_config, "norm_topk_prob", None)
         return cls(
             num_experts=experts,
             top_k=int(hf_config.num_experts_per_tok),
-            # Mixtral always rescales; the Qwen MoEs say so in ``norm_topk_prob``.
-            renormalize=bool(mixtral) or bool(getattr(hf_config, "norm_topk_prob", False)),
+            renormalize=True if norm_topk_prob is None else bool(norm_topk_prob),
             expert_intermediate_size=int(
                 getattr(hf_config, "moe_intermediate_size", None) or hf_config.intermediate_size
             ),

@@ -64,6 +64,16 @@ def test_sparse_layers_follow_the_config(checkpoints: dict[str, tuple[Path, Any]
     assert [every_other.is_sparse(i) for i in range(4)] == [False, True, False, True]
 
 
+def test_top_k_weights_are_renormalized_as_the_config_says() -> None:
+    from transformers import Qwen3MoeConfig
+
+    # Qwen3-MoE's config aliases num_experts to Mixtral's num_local_experts: norm_topk_prob still decides.
+    plain = MoeConfig.of(Qwen3MoeConfig(num_experts=8, num_experts_per_tok=2, norm_topk_prob=False))
+    assert plain is not None and plain.num_experts == 8 and not plain.renormalize
+    assert not MoeConfig.of(tiny_config("qwen2-moe")).renormalize
+    assert MoeConfig.of(tiny_config("mixtral")).renormalize  # no norm_topk_prob: Mixtral always rescales
+
+
 def test_fp8_quantization_at_load_puts_the_experts_in_fp8(checkpoints: dict[str, tuple[Path, Any]]) -> None:
     directory, _ = checkpoints["mixtral"]
     blocks = []

@@ -225,6 +225,19 @@ def test_interleaved_rotary_positions_equal_transformers(hf: Any, engine: LLMEng
     torch.testing.assert_close(table[:, half:], sin[0, :, :half])
 
 
+def test_moe_blocks_equal_transformers(hf: Any, engine: LLMEngine) -> None:
+    """Each talker layer's experts and gated shared expert, on the same input: top-k weights not renormalized
+    (the talker's ``norm_topk_prob`` is off)."""
+    x = torch.randn(9, 32, generator=torch.Generator().manual_seed(2))
+    assert not hf.config.talker_config.text_config.norm_topk_prob
+    for layer, block in zip(hf.talker.model.layers, engine.runner.model.layers):
+        assert block.moe is not None and block.moe.shared is not None
+        assert float(layer.mlp.experts.down_proj.abs().max()) > 0  # routed experts that add something
+        with torch.no_grad():
+            want = layer.mlp(x[None])[0]
+        torch.testing.assert_close(block.moe(x), want, rtol=1e-5, atol=1e-7)
+
+
 def test_media_positions_are_heard_through_the_hidden_projection(hf: Any, talker: Qwen3Talker) -> None:
     from tests.harness.tiny_qwen3_omni_speech import AUDIO
 
