@@ -19,7 +19,6 @@ from omni_gateway.engine.parallel.layout import ShardLayout
 from omni_gateway.engine.parallel.weights import ShardView
 
 _STD = 0.02
-_SEED_MASK = (1 << 63) - 1
 
 
 class RandomSource:
@@ -60,10 +59,11 @@ class RandomSource:
 def random_tensor(
     name: str, shape: tuple[int, ...], seed: int, device: torch.device, dtype: torch.dtype
 ) -> torch.Tensor:
-    """Tensor ``name``'s values: ones for a norm's weight, else normal with std 0.02 from a generator of its own."""
+    """Tensor ``name``'s values: ones for a norm's weight, else normal with std 0.02 from a generator of its own
+    (seeded with 32 bits: the CPU's Mersenne Twister reads no more of a seed)."""
     if name.endswith("norm.weight"):
         return torch.ones(shape, device=device, dtype=dtype)
-    generator = torch.Generator(device=device).manual_seed((seed << 32 | zlib.crc32(name.encode())) & _SEED_MASK)
+    generator = torch.Generator(device=device).manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
     return torch.empty(shape, device=device, dtype=dtype).normal_(0.0, _STD, generator=generator)
 
 
