@@ -48,7 +48,11 @@ class RandomSource:
         tensor = random_tensor(name, self.shapes[name], self.seed, self.device, self.dtype)
         if dim is None:
             return tensor
-        return tensor.narrow(dim, start, (tensor.shape[dim] if end is None else end) - start)
+        stop = tensor.shape[dim] if end is None else end
+        if start == 0 and stop == tensor.shape[dim]:
+            return tensor
+        # A copy: a view would keep the whole tensor alive in the model that holds this rank's slice.
+        return tensor.narrow(dim, start, stop - start).clone()
 
     def shard(self, layout: ShardLayout, device: torch.device, dtype: torch.dtype) -> Mapping[str, Any]:
         """This rank's tensors, each made on ``device`` in ``dtype`` when the model reads it (``ShardView``)."""

@@ -160,3 +160,10 @@ def test_dummy_refuses_what_it_cannot_make(tmp_path: Path) -> None:
     gguf.write_bytes(b"GGUF")
     with pytest.raises(ModelLoadError, match="Hugging Face directory"):
         load_model(EngineConfig(model=str(gguf), load_format="dummy"))
+
+
+def test_a_rank_slice_holds_no_more_than_itself() -> None:
+    source = RandomSource({"model.layers.0.self_attn.q_proj.weight": (8, 4)})
+    piece = source.read("model.layers.0.self_attn.q_proj.weight", 0, 4, 8)
+    assert piece.untyped_storage().nbytes() == piece.numel() * piece.element_size()
+    assert torch.equal(piece, source.read("model.layers.0.self_attn.q_proj.weight")[4:])
