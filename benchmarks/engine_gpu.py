@@ -2,22 +2,31 @@
 batch-1 decode against the HBM roofline.
 
     python -m benchmarks.engine_gpu --model qwen2.5-0.5b --model llama-3.1-8b [--out FILE]
+    python -m benchmarks.engine_gpu --model qwen3-30b-a3b --hf-seqs 32 --tmp /dev/shm
 
-For each model shape a checkpoint with random bf16 weights is built on the GPU and saved to a
-temp dir (no download), with a word-level tokenizer that covers the whole vocabulary. Then:
+For each dense model shape a checkpoint with random bf16 weights is built on the GPU and saved to a
+temp dir (no download), with a word-level tokenizer that covers the whole vocabulary. The mixtures of
+experts (``qwen3-30b-a3b``; ``tiny-moe`` to try the path on the CPU with ``--device cpu``) save no
+weights: HF's model gets random ones built on the GPU from the config, freed before our engine loads
+the temp dir's config and tokenizer with ``load_format="dummy"`` (its own seeded random weights, made
+on the GPU), so the two 61 GB copies of Qwen3-30B-A3B never share the GPU; the weights differ, so the
+parity check is skipped. Then:
 
 1. Workload (nano-vllm's bench): ``--seqs`` sequences, prompt and output lengths uniform in
    [100, 1024], random prompt token ids, fixed seed, greedy, EOS ignored.
 2. HF transformers: one batched ``generate`` over the left-padded prompts. It cannot stop rows
    separately, so it runs to the longest requested output; "useful" tokens/s counts the requested
-   outputs only, "raw" counts every generated row token.
+   outputs only, "raw" counts every generated row token. ``--hf-seqs N`` runs HF on the first N
+   sequences only (same length distribution; the MoE's HF generate is too slow, and its KV cache too
+   large, for all 256 beside 61 GB of weights): its tokens/s are then those of an N-sequence batch, and
+   the report and printout say so (``hf_seqs``).
 3. Ours: ``LLM.generate`` with all sequences at once (continuous batching, chunked prefill, the
    Triton kernels, decode CUDA graphs). Output tokens/s over the whole call, prefill included.
 4. Batch 1: one request with a ``--b1-prompt``-token prompt; decode time per token is the time of a
    ``--b1-new``-token generate minus a one-token generate, divided by the extra tokens (the median
-   of ``--b1-repeats`` such measurements). The
-   roofline is the bytes one decode step must read (every weight once, the KV cache of the
-   context) over the HBM bandwidth (``--hbm-gbps``, the H200's 4800 GB/s by default); the
+   of ``--b1-repeats`` such measurements). The roofline is the bytes one decode step must read
+   (every weight once, of a sparse layer only the ``top_k`` experts a token routes to, the KV cache
+   of the context) over the HBM bandwidth (``--hbm-gbps``, the H200's 4800 GB/s by default); the
    measured device copy bandwidth is printed too.
    ``--compare-unpipelined`` also times the workload and batch 1 with pipelined decode off (see
    engine/core/pipelining.py), in the same process on the same engine.
@@ -42,7 +51,10 @@ from typing import Any
 import torch
 
 from benchmarks.lib.common import ResultLog, add_out_argument
-from tests.harness.model_shapes import shape_config, word_tokenizer
+from tests.harness.model_shapes import SHAPES, shape_config, word_tokenizer
+
+# Shapes our engine runs with ``load_format="dummy"`` (no saved checkpoint): the mixtures of experts.
+DUMMY_SHAPES = ("qwen3-30b-a3b", "tiny-moe")
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,14 @@ def make_workload(seqs: int, lo: int, hi: int, seed: int) -> Workload:
 
 def free_cuda() -> None:
     gc.collect()
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def sync() -> None:
+    """Wait for the GPU (nothing to wait for in a ``--device cpu`` run)."""
+    if torch.cuda.is_available():
+        sync()
 
 
 def copy_bandwidth_gbps() -> float:
@@ -72,12 +91,12 @@ def copy_bandwidth_gbps() -> float:
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)
-    torch.cuda.synchronize()
+    sync()
     times = []
     for _ in range(10):
         start = time.perf_counter()
         dst.copy_(src)
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - start)
     del src, dst
     return 2 * (1 << 30) / sorted(times)[len(times) // 2] / 1e9
@@ -87,15 +106,15 @@ def hf_batched(model: Any, work: Workload) -> tuple[float, int]:
     """Seconds of one left-padded batched greedy generate, and the tokens it produced."""
     width = max(map(len, work.prompts))
     new = max(work.output_lens)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in work.prompts], device="cuda")
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in work.prompts], device="cuda")
-    torch.cuda.synchronize()
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in work.prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in work.prompts], device=model.device)
+    sync()
     start = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
         )
-    torch.cuda.synchronize()
+    sync()
     return time.perf_counter() - start, int(out[:, width:].numel())
 
 
@@ -104,7 +123,7 @@ def hf_greedy_rows(model: Any, prompts: list[list[int]], tokens: int) -> list[li
     with torch.inference_mode():
         for p in prompts:
             out = model.generate(
-                torch.tensor([p], device="cuda"),
+                torch.tensor([p], device=model.device),
                 max_new_tokens=tokens,
                 min_new_tokens=tokens,
                 do_sample=False,
@@ -114,61 +133,86 @@ def hf_greedy_rows(model: Any, prompts: list[list[int]], tokens: int) -> list[li
     return rows
 
 
-def weight_bytes(model: Any) -> int:
-    """Bytes one decode step reads from the weights: every matrix once (the embedding table only as
-    the LM head when it is tied; an untied input embedding is one row per token)."""
-    total = 0
-    embed = model.get_input_embeddings().weight
-    tied = model.get_output_embeddings().weight.data_ptr() == embed.data_ptr()
-    for _name, p in model.named_parameters():
-        if p is embed and not tied:
+def weight_bytes(cfg: Any, element_size: int = 2) -> int:
+    """Bytes one batch-1 decode step reads from the weights: every tensor once (the embedding table only as the
+    LM head when it is tied; an untied input embedding is one row per token), and of a sparse layer's experts
+    only the ``top_k`` the token routes to."""
+    import math
+
+    from omni_gateway.engine.models.moe_config import MoeConfig
+    from omni_gateway.engine.models.weight_shapes import checkpoint_shapes
+
+    shapes = checkpoint_shapes(cfg)
+    moe = MoeConfig.of(cfg)
+    share = 1.0 if moe is None else moe.top_k / moe.num_experts
+    total = 0.0
+    for name, shape in shapes.items():
+        if name == "model.embed_tokens.weight" and "lm_head.weight" in shapes:
             continue
-        total += p.numel() * p.element_size()
-    return total
+        total += math.prod(shape) * (share if ".mlp.experts." in name else 1.0)
+    return int(total * element_size)
 
 
 def run_model(name: str, args: argparse.Namespace, copy_gbps: float) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     cfg = shape_config(name)
-    work = make_workload(args.seqs, 100, 1024, args.seed)
+    work = make_workload(args.seqs, *args.len_range, args.seed)
+    dummy = name in DUMMY_SHAPES
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     report: dict[str, Any] = {
         "model": name,
         "seqs": args.seqs,
         "prompt_tokens": sum(map(len, work.prompts)),
         "output_tokens": sum(work.output_lens),
+        "load_format": "dummy" if dummy else "auto",
     }
     if args.tmp:
         Path(args.tmp).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        torch.manual_seed(args.seed)
-        t0 = time.perf_counter()
-        with torch.device("cuda"):
-            hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-        hf.generation_config.eos_token_id = None
-        hf.save_pretrained(tmp)
         word_tokenizer(cfg.vocab_size).save_pretrained(tmp)
-        print(f"[{name}] built and saved random bf16 weights in {time.perf_counter() - t0:.1f} s", flush=True)
-        report["weight_bytes"] = w_bytes = weight_bytes(hf)
+        report["weight_bytes"] = w_bytes = weight_bytes(cfg, dtype.itemsize)
         check_prompts = work.prompts[: args.check_prompts]
-        reference = hf_greedy_rows(hf, check_prompts, args.check_tokens)
-
-        if not args.skip_hf:
-            hf_batched(hf, Workload(work.prompts[:4], [8] * 4))  # warm-up
-            hf_s, hf_raw = hf_batched(hf, work)
-            report["hf_seconds"] = hf_s
-            report["hf_useful_tok_s"] = sum(work.output_lens) / hf_s
-            report["hf_raw_tok_s"] = hf_raw / hf_s
-            print(
-                f"[{name}] HF generate: {hf_s:.1f} s, useful {report['hf_useful_tok_s']:.0f} tok/s, "
-                f"raw {report['hf_raw_tok_s']:.0f} tok/s",
-                flush=True,
-            )
-        del hf
-        free_cuda()
+        reference: list[list[int]] | None = None
+        if dummy and args.skip_hf:
+            cfg.save_pretrained(tmp)  # our engine needs the config only
+        else:
+            torch.manual_seed(args.seed)
+            t0 = time.perf_counter()
+            with torch.device(args.device):
+                hf = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+            hf.generation_config.eos_token_id = None
+            if dummy:
+                cfg.save_pretrained(tmp)
+            else:
+                hf.save_pretrained(tmp)
+                reference = hf_greedy_rows(hf, check_prompts, args.check_tokens)
+            saved = "built random" if dummy else "built and saved random"
+            print(f"[{name}] {saved} {dtype} weights in {time.perf_counter() - t0:.1f} s", flush=True)
+            if not args.skip_hf:
+                run_hf(name, hf, work, args.hf_seqs, report)
+            del hf
+            free_cuda()
 
         run_engine(name, args, tmp, work, check_prompts, reference, w_bytes, copy_gbps, report)
     return report
+
+
+def run_hf(name: str, hf: Any, work: Workload, hf_seqs: int | None, report: dict[str, Any]) -> None:
+    """Time HF's batched generate on the workload, or on its first ``hf_seqs`` sequences."""
+    n = len(work.prompts) if hf_seqs is None else min(hf_seqs, len(work.prompts))
+    part = Workload(work.prompts[:n], work.output_lens[:n])
+    hf_batched(hf, Workload(work.prompts[:4], [8] * 4))  # warm-up
+    hf_s, hf_raw = hf_batched(hf, part)
+    report["hf_seqs"] = n
+    report["hf_seconds"] = hf_s
+    report["hf_useful_tok_s"] = sum(part.output_lens) / hf_s
+    report["hf_raw_tok_s"] = hf_raw / hf_s
+    print(
+        f"[{name}] HF generate on {n} of {len(work.prompts)} sequences: {hf_s:.1f} s, "
+        f"useful {report['hf_useful_tok_s']:.0f} tok/s, raw {report['hf_raw_tok_s']:.0f} tok/s",
+        flush=True,
+    )
 
 
 def run_engine(
@@ -177,19 +221,22 @@ def run_engine(
     tmp: str,
     work: Workload,
     check_prompts: list[list[int]],
-    reference: list[list[int]],
+    reference: list[list[int]] | None,
     w_bytes: int,
     copy_gbps: float,
     report: dict[str, Any],
 ) -> None:
-    """Our engine on the saved checkpoint: the workload (unless --b1-only), HF parity, batch-1 decode."""
+    """Our engine on the saved checkpoint (random weights of its own with ``load_format="dummy"``): the workload
+    (unless --b1-only), HF parity (where HF ran the same weights: ``reference``), batch-1 decode."""
     from omni_gateway.engine import LLM, SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(
         tmp,
-        device="cuda",
-        dtype="bfloat16",
+        load_format=report["load_format"],
+        seed=args.seed,
+        device=args.device,
+        dtype="bfloat16" if args.device == "cuda" else "float32",
         max_num_seqs=args.seqs,
         max_model_len=2048,
         max_num_batched_tokens=args.batched_tokens,
@@ -213,13 +260,17 @@ def run_engine(
             llm.engine.pipelined = True
             run_workload(name, llm, work.fresh_copy(2), report, key="pipelined_again_")
 
-    got = llm.generate(check_prompts, SamplingParams(temperature=0.0, max_tokens=args.check_tokens, ignore_eos=True))
-    same = [_common_prefix(list(o.outputs[0].token_ids), ref) for o, ref in zip(got, reference)]
-    report["parity_prefix"] = same
-    print(
-        f"[{name}] greedy tokens identical to HF before the first difference: {same} (of {args.check_tokens})",
-        flush=True,
-    )
+    if reference is not None:
+        params = SamplingParams(temperature=0.0, max_tokens=args.check_tokens, ignore_eos=True)
+        got = llm.generate(check_prompts, params)
+        same = [_common_prefix(list(o.outputs[0].token_ids), ref) for o, ref in zip(got, reference)]
+        report["parity_prefix"] = same
+        print(
+            f"[{name}] greedy tokens identical to HF before the first difference: {same} (of {args.check_tokens})",
+            flush=True,
+        )
+    else:
+        print(f"[{name}] no parity check: our dummy weights are not HF's random ones", flush=True)
 
     b1_prompt = [random.Random(args.seed + 1).randint(2, 10000) for _ in range(args.b1_prompt)]
     llm.generate([b1_prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
@@ -299,10 +350,10 @@ def b1_decode_seconds(llm: Any, prompt: list[int], new_tokens: int) -> float:
     many = SamplingParams(temperature=0.0, max_tokens=new_tokens + 1, ignore_eos=True)
     timings = []
     for p in (one, many, one, many):
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         llm.generate([prompt], p)
-        torch.cuda.synchronize()
+        sync()
         timings.append(time.perf_counter() - start)
     return (min(timings[1], timings[3]) - min(timings[0], timings[2])) / new_tokens
 
@@ -342,7 +393,7 @@ def graph_replay_marks(
         llm.generate([prompt], params)
         marks.clear()
         llm.generate([prompt], params)
-        torch.cuda.synchronize()
+        sync()
     finally:
         del graph.replay
     return marks
@@ -358,10 +409,10 @@ def trace_decode(llm: Any, prompt: list[int], steps: int, top: int = 14) -> None
     params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
     llm.generate([prompt], params)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         llm.generate([prompt], params)
-        torch.cuda.synchronize()
+        sync()
         wall = time.perf_counter() - start
     kernels = sorted(
         (e.time_range.start, e.time_range.end, e.name)
@@ -420,10 +471,10 @@ def run_workload(name: str, llm: Any, work: Workload, report: dict[str, Any], ke
     from omni_gateway.engine import SamplingParams
 
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in work.output_lens]
-    torch.cuda.synchronize()
+    sync()
     start = time.perf_counter()
     outs = llm.generate(work.prompts, params)
-    torch.cuda.synchronize()
+    sync()
     ours_s = time.perf_counter() - start
     produced = [len(o.outputs[0].token_ids) for o in outs]
     if produced != work.output_lens:
@@ -451,8 +502,29 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", action="append", choices=["qwen2.5-0.5b", "llama-3.1-8b"])
+    parser.add_argument("--model", action="append", choices=SHAPES)
     parser.add_argument("--seqs", type=int, default=256)
+    parser.add_argument(
+        "--hf-seqs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="time HF on the workload's first N sequences only (default: all); its tok/s are an N-sequence batch's",
+    )
+    parser.add_argument(
+        "--len-range",
+        type=int,
+        nargs=2,
+        default=(100, 1024),
+        metavar=("LO", "HI"),
+        help="prompt and output lengths, uniform in [LO, HI] (default: nano-vllm's 100 1024)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="cpu: a float32 smoke run of the code paths (tiny-moe), no bandwidth figures",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batched-tokens", type=int, default=16384, help="our engine's per-step token budget")
     parser.add_argument("--b1-prompt", type=int, default=1024)
@@ -487,11 +559,14 @@ def main() -> None:
     parser.add_argument("--tmp", default=None, help="where the random checkpoints are written")
     add_out_argument(parser, "engine_gpu")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("benchmarks.engine_gpu needs a CUDA GPU")
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    copy_gbps = copy_bandwidth_gbps()
-    print(f"device copy bandwidth (read + write): {copy_gbps:.0f} GB/s", flush=True)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("benchmarks.engine_gpu needs a CUDA GPU (or --device cpu for a smoke run)")
+        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+        copy_gbps = copy_bandwidth_gbps()
+        print(f"device copy bandwidth (read + write): {copy_gbps:.0f} GB/s", flush=True)
+    else:
+        copy_gbps = float("nan")
     reports = []
     with ResultLog(args.out, "engine_gpu", copy_gbps=copy_gbps, hbm_gbps=args.hbm_gbps) as log:
         for name in args.model or ["qwen2.5-0.5b", "llama-3.1-8b"]:
@@ -500,6 +575,8 @@ def main() -> None:
     for r in reports:
         ours = f"ours {r['ours_tok_s']:.0f} tok/s" if "ours_tok_s" in r else "workload skipped"
         ratio = f"{r['ratio_useful']:.1f}x useful, {r['ratio_raw']:.1f}x raw" if "ratio_useful" in r else "HF skipped"
+        if "ratio_useful" in r and r["hf_seqs"] != r["seqs"]:
+            ratio += f"; HF on {r['hf_seqs']} of {r['seqs']} sequences"
         print(
             f"{r['model']}: {ours} vs HF ({ratio}); batch-1 {r['b1_tok_s']:.0f} tok/s = "
             f"{100 * r['b1_fraction_of_roofline']:.1f}% of the HBM roofline"

