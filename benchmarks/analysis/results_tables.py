@@ -434,6 +434,8 @@ NOT_SHOWN: dict[str, str] = {
     "host_copy_stall": "the check behind the pinned host copies (raw results in benchmarks/results)",
     "audio_prefill": "a hearing model's commit -> first token with and without prefill while speaking, CPU only "
     "(the README's turn detection section quotes it; raw results in benchmarks/results)",
+    "spec_decode": "speculative decoding; only its CPU n-gram run is recorded so far, which the README's "
+    "speculative decoding section quotes (raw results in benchmarks/results)",
     "experiments.*": "results of experiments whose modules are gone, history only",
     "pdl_chain": "an experiment whose module is gone, history only",
     "one-row int4*": "A/B scripts over the int4 linears, history only",
