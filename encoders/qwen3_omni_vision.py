@@ -17,12 +17,19 @@ What it does, as transformers' ``Qwen3OmniMoeVisionEncoder``:
 
 The forward is ours, over the Hugging Face module's parameters, as encoders/qwen3_omni_audio.py does for the audio
 tower: transformers releases differ in how this module computes its positions and packs its attention. M-RoPE
-positions of an image are Qwen2-VL's (time 0, then row and column of each merged token). Video is refused: its
-frames go through a video processor of their own in this model, with time positions that need not be whole numbers.
+positions of an image are Qwen2-VL's (time 0, then row and column of each merged token).
+
+Video, as ``Qwen3OmniMoeProcessor`` and the thinker's rope index take it: the sampled frames are sized by the
+processor's own video size (``VIDEO_SIZE``, not the checkpoint's image sizes), consecutive frames fill the temporal
+slots of a patch, attention spans one temporal patch, and the DeepStack rows go to the video tokens as to an image's.
+A temporal patch sits ``temporal_patch_size / fps * position_id_per_seconds`` time positions after the one before.
+transformers keeps those positions as floats (never truncated) all the way into the rotary; the engine's are
+integers, so a frame rate whose step is not a whole number is refused rather than rounded.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +46,10 @@ from omni_gateway.encoders.vision import (
     _load_module,
     _vision_weights,
 )
-from PIL import Image
+
+# Qwen3OmniMoeProcessor's videos_kwargs: frame sizes in pixels, at least 128 and at most 768 merged 32x32 blocks a
+# frame. The processor passes them to its video processor on every call, so they win over the checkpoint's config.
+VIDEO_SIZE = {"shortest_edge": 128 * 32 * 32, "longest_edge": 768 * 32 * 32}
 
 
 def block_order(rows: torch.Tensor, h: int, w: int, merge: int) -> torch.Tensor:
@@ -69,7 +79,6 @@ def resampled_positions(table: torch.Tensor, h: int, w: int) -> torch.Tensor:
 class Qwen3OmniVision(Qwen2VLVision):
     family = "qwen3_omni"
     weight_prefixes = ("thinker.visual.",)
-    takes_video = False
 
     def __init__(self, model_dir: Path, hf_config: Any, **kwargs: Any) -> None:
         thinker = getattr(hf_config, "thinker_config", hf_config)
@@ -112,8 +121,19 @@ class Qwen3OmniVision(Qwen2VLVision):
             end=int(end),
         )
 
-    def encode_video(self, frames: list[Image.Image], fps: float = 1.0) -> list[VisualFeatures]:
-        raise UnusableImage("this model takes images but no video input")
+    def video_sizing(self) -> dict[str, Any]:
+        return {"size": dict(VIDEO_SIZE)}
+
+    def time_interval(self, fps: float) -> torch.Tensor | None:
+        # float32 as the rope index computes it: seconds per temporal patch times positions per second.
+        seconds = torch.tensor(self.temporal_patch / fps, dtype=torch.float32)
+        step = seconds * float(self.hf_config.position_id_per_seconds)
+        if not math.isclose(float(step), round(float(step)), rel_tol=0.0, abs_tol=1e-4):
+            raise UnusableImage(
+                f"at {fps:g} frames a second this model's video positions advance {float(step):g} per temporal "
+                f"patch; it takes frame rates that make this a whole number, such as 1 or 0.5 frames a second"
+            )
+        return step.round()
 
     @torch.inference_mode()
     def _encode(
@@ -122,7 +142,8 @@ class Qwen3OmniVision(Qwen2VLVision):
         t, h, w = (int(v) for v in grid)
         embeds, deepstack = self.forward(pixels.to(device=self.device, dtype=self.dtype), t, h, w)
         m = self.merge
-        tt, hh, ww = torch.meshgrid(torch.arange(t), torch.arange(h // m), torch.arange(w // m), indexing="ij")
+        times = torch.arange(t) if interval is None else torch.arange(t) * interval.long()
+        tt, hh, ww = torch.meshgrid(times, torch.arange(h // m), torch.arange(w // m), indexing="ij")
         positions = torch.stack((tt, hh, ww)).reshape(3, -1)
         if embeds.shape[0] != positions.shape[1]:
             raise RuntimeError(f"vision tower gave {embeds.shape[0]} embeddings for a {t}x{h // m}x{w // m} grid")

@@ -119,7 +119,6 @@ class VisionEncoder(abc.ABC):
 
     family: str
     placeholders: PlaceholderTokens
-    takes_video = True  # False: a video part is refused before it is decoded
 
     def __init__(
         self, model_dir: Path, hf_config: Any, *, device: torch.device, dtype: torch.dtype, cache: EncoderCache | None
@@ -268,6 +267,10 @@ class Qwen2VLVision(VisionEncoder):
             self.cache.put(key, cached, _nbytes(cached))
         return [cached]
 
+    def video_sizing(self) -> dict[str, Any]:
+        """Image processor arguments for video frames where the model's video processor sizes them otherwise."""
+        return {}
+
     def video_patches(self, frames: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
         """Flattened video patches in the layout of the HF Qwen2-VL video processor: each frame is
         resized and normalized by the image processor (all frames to the first frame's size), then
@@ -276,7 +279,7 @@ class Qwen2VLVision(VisionEncoder):
         frames = [f if f.size == size else f.resize(size, Image.Resampling.BICUBIC) for f in frames]
         if pad := -len(frames) % self.temporal_patch:
             frames = frames + [frames[-1]] * pad
-        batch = self.processor(images=frames, return_tensors="np")
+        batch = self.processor(images=frames, return_tensors="np", **self.video_sizing())
         grid_h, grid_w = (int(v) for v in batch["image_grid_thw"][0][1:])
         t, p = self.temporal_patch, self.patch
         per_frame = batch["pixel_values"].reshape(len(frames), grid_h * grid_w, 3, t, p, p)[:, :, :, 0]

@@ -113,7 +113,7 @@ class OmniPipeline:
         self._asr_lock = threading.Lock()  # one decoder instance; turns are short and sequential anyway
         self._active: dict[str, asyncio.Event] = {}
         hears = audio is not None
-        seen = {"image", "video"} if vision is not None and vision.takes_video else {"image"} if vision else set()
+        seen = {"image", "video"} if vision is not None else set()
         inputs = {"text"} | ({"audio"} if asr is not None or hears else set()) | seen
         speaks = tts is not None or speech is not None
         outputs = {"text"} | ({"audio"} if speaks else set()) | ({"image"} if image_head is not None else set())

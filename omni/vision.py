@@ -207,8 +207,6 @@ def _features(
     part: ImagePart | VideoPart, encoder: VisionEncoder, limits: MediaLimits
 ) -> list[tuple[int, VisualFeatures]]:
     marks = encoder.placeholders
-    if isinstance(part, VideoPart) and not encoder.takes_video:
-        raise UnsupportedInput("this model takes images but no video input")
     message = None
     try:
         if isinstance(part, ImagePart):

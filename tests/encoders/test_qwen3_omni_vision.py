@@ -94,7 +94,7 @@ def test_patches_are_in_merge_block_order() -> None:
 
 
 def test_positions_and_placeholders(saved: tuple[Path, Any], tower: Qwen3OmniVision) -> None:
-    assert checkpoint_family(saved[0]) == "qwen3_omni" and not tower.takes_video
+    assert checkpoint_family(saved[0]) == "qwen3_omni"
     marks = tower.placeholders
     assert (marks.image, marks.video, marks.start, marks.end) == tuple(
         token_id(t) for t in ("<|IMAGE|>", "<|VIDEO|>", "<|vision_bos|>", "<|vision_eos|>")
@@ -110,8 +110,21 @@ def test_a_repeated_image_is_encoded_once(tower: Qwen3OmniVision) -> None:
     assert tower.encode_image(image.copy()) is first
 
 
-def test_video_and_extreme_shapes_are_refused(tower: Qwen3OmniVision) -> None:
-    with pytest.raises(UnusableImage, match="no video input"):
-        tower.encode_video([picture(1, (64, 64))] * 2)
+def test_extreme_shapes_are_refused(tower: Qwen3OmniVision) -> None:
     with pytest.raises(UnusableImage, match="200:1"):
         tower.encode_image(Image.new("RGB", (4020, 20)))
+
+
+def test_video_embeddings_and_deepstack_match_transformers(saved: tuple[Path, Any], tower: Qwen3OmniVision) -> None:
+    # Five frames: three temporal patches (the last frame repeats), each attended on its own by the tower.
+    frames = [picture(50 + i, (80, 64)) for i in range(5)]
+    pixels, grid = tower.video_patches(frames)
+    assert int(grid[0]) == 3
+    with torch.inference_mode():
+        visual = getattr(saved[1].thinker, "visual", None) or saved[1].thinker.model.visual
+        out = visual(pixels, grid_thw=grid.view(1, 3))
+    embeds, deepstack = out if isinstance(out, tuple) else (out.pooler_output, out.deepstack_features)
+    (got,) = tower.encode_video(frames)
+    assert got.deepstack is not None and got.embeds.shape == embeds.shape == (int(grid.prod()) // 4, 64)
+    torch.testing.assert_close(got.embeds, embeds, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.deepstack[0], deepstack[0], rtol=1e-4, atol=1e-4)

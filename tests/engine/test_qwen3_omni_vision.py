@@ -4,7 +4,7 @@ The tiny full checkpoint of tests/harness/tiny_qwen3_omni.py (a 2-layer Qwen3-VL
 the engine places the tower's embeddings at the image placeholders, adds its DeepStack rows after the first decoder
 layer, and gives the image tokens their M-RoPE positions. Greedy text must equal the HF thinker's ``generate`` given
 the same pixels, also when prefill chunks cut the image tokens apart, and two tensor-parallel ranks generate what one
-does. Video is refused before it is decoded.
+does. Video: tests/engine/test_qwen3_omni_video.py.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from omni_gateway.engine.core.sequence import EmbedSpan
 from omni_gateway.engine.errors import InvalidRequest
 from omni_gateway.engine.runner.mrope import mrope_positions
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.omni.prompting import UnsupportedInput
-from omni_gateway.omni.protocol import AudioPart, ImagePart, TextPart, VideoPart
+from omni_gateway.omni.protocol import AudioPart, ImagePart, TextPart
 from omni_gateway.omni.vision import VisionPrompt
 from PIL import Image
 
@@ -115,11 +114,6 @@ def test_image_positions_follow_the_hf_rope_index(stack: Stack) -> None:
     expected, _ = rope_index(ids, grid, None, torch.ones_like(ids))
     got = mrope_positions(prompt.embed_spans, 0, len(prompt.token_ids))
     assert got.tolist() == expected[:, 0].long().tolist()
-
-
-def test_video_is_refused_before_decoding(stack: Stack) -> None:
-    with pytest.raises(UnsupportedInput, match="no video input"):
-        stack.prompt(TextPart("what happens"), VideoPart(b"", frames=(png_bytes(picture(1, (64, 64))),) * 2))
 
 
 def _engine_tokens(directory: Path, prompt: VisionPrompt, tp: int) -> list[int]:
