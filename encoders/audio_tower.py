@@ -230,6 +230,20 @@ def _load(module: torch.nn.Module, weights: dict[str, torch.Tensor], what: str, 
         raise AudioLoadError(str(exc)) from None
 
 
+def thinker_token_rows(model_dir: Path, ids: list[int | None]) -> torch.Tensor:
+    """``[len(ids), hidden]`` rows of the thinker's token embedding table, read without loading the rest."""
+    from safetensors import safe_open
+
+    if any(i is None for i in ids):
+        raise AudioLoadError(f"the tokenizer of {str(model_dir)!r} lacks an audio or vision marker token")
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            if "thinker.model.embed_tokens.weight" in f.keys():  # noqa: SIM118 (not a dict)
+                table = f.get_slice("thinker.model.embed_tokens.weight")
+                return torch.cat([table[i : i + 1] for i in ids])  # type: ignore[misc]
+    raise AudioLoadError(f"{str(model_dir)!r} lacks thinker.model.embed_tokens.weight")
+
+
 class Qwen2AudioTower(AudioEncoder):
     family = "qwen2_audio"
 
@@ -340,18 +354,8 @@ class OmniAudioTower(AudioEncoder):
         """``[3, hidden]`` token embeddings of audio start, audio end and vision end: an interleaved
         video span carries its own end markers (they share positions the text cannot give them)."""
         if self._marker_rows is None:
-            from safetensors import safe_open
-
             ids = [self.placeholders.start, self.placeholders.end, self.vision_end]
-            for file in sorted(self.model_dir.glob("*.safetensors")):
-                with safe_open(str(file), framework="pt") as f:
-                    if "thinker.model.embed_tokens.weight" in f.keys():  # noqa: SIM118 (not a dict)
-                        table = f.get_slice("thinker.model.embed_tokens.weight")
-                        rows = [table[i : i + 1] for i in ids]
-                        self._marker_rows = torch.cat(rows).to(device=self.device, dtype=self.dtype)
-                        break
-            if self._marker_rows is None:
-                raise AudioLoadError(f"{str(self.model_dir)!r} lacks thinker.model.embed_tokens.weight")
+            self._marker_rows = thinker_token_rows(self.model_dir, ids).to(device=self.device, dtype=self.dtype)
         return self._marker_rows
 
     def mel(self, samples: np.ndarray) -> torch.Tensor:

@@ -34,6 +34,7 @@ from omni_gateway.encoders.audio_tower import (
     _load,
     _weights,
     special_token_ids,
+    thinker_token_rows,
 )
 
 
@@ -85,6 +86,19 @@ class Qwen3OmniAudioTower(AudioEncoder):
         self.placeholders = AudioPlaceholders(
             audio=int(thinker.audio_token_id), start=int(thinker.audio_start_token_id), end=end
         )
+        # Audio heard inside a video (``omni.audio_in_video``) is interleaved with the frames token by token in time.
+        self.video_token = int(thinker.video_token_id)
+        vision_end = getattr(thinker, "vision_end_token_id", None)
+        self.vision_end = vision_end if vision_end is not None else tokens.get("<|vision_eos|>")
+        self._marker_rows: torch.Tensor | None = None
+
+    def marker_embeds(self) -> torch.Tensor:
+        """``[3, hidden]`` token embeddings of audio start, audio end and vision end: an interleaved video span
+        carries its own markers (the end markers sit where the last piece of the span puts them)."""
+        if self._marker_rows is None:
+            ids = [self.placeholders.start, self.placeholders.end, self.vision_end]
+            self._marker_rows = thinker_token_rows(self.model_dir, ids).to(device=self.device, dtype=self.dtype)
+        return self._marker_rows
 
     def embeddings_for(self, samples: int) -> int:
         frames = -(-samples // int(self.extractor.hop_length))  # the extractor's attention mask, one per hop

@@ -8,6 +8,13 @@ position, as do both end markers, which text cannot express; so the span runs fr
 ``<|vision_eos|>`` and carries those markers' token embeddings itself:
 
     relative positions  audio_bos: -1 (with vision_bos) | chunks: 0 + (t, h, w) or 0 + index | ends: last + 1
+
+The Qwen3-Omni thinker (``interleave_by_time``) lays the tokens out one by one in time order instead: a video token
+at its temporal position goes before an audio token at its index unless it is later. Here every marker has a
+position of its own: ``<|vision_bos|>`` stays text, ``<|audio_bos|>`` follows it, and the two end markers follow the
+last piece laid down (the remainder of whichever stream outlasts the other, else the last token):
+
+    relative positions  audio_bos: 0 | tokens: 1 + (t, h, w) or 1 + index | ends: last + 1, last + 2
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from omni_gateway.encoders.audio_tower import OmniAudioTower
 from omni_gateway.encoders.cache import content_key
+from omni_gateway.encoders.qwen3_omni_audio import Qwen3OmniAudioTower
 from omni_gateway.encoders.vision import VisualFeatures
 
 
@@ -77,3 +85,57 @@ def interleave(video: VisualFeatures, audio: torch.Tensor, audio_key: str, tower
         positions=torch.cat(positions, dim=1),
     )
     return Interleaved(features=features, token_ids=ids)
+
+
+def interleave_by_time(
+    video: VisualFeatures, audio: torch.Tensor, audio_key: str, tower: Qwen3OmniAudioTower
+) -> Interleaved:
+    """One span of ``video`` and its audio embeddings ``audio [n, hidden]``, token by token in time order, as the
+    Qwen3-Omni thinker's rope index orders them; DeepStack rows go to the video tokens only (zeros elsewhere)."""
+    if video.positions is None:
+        raise ValueError("a video to interleave with its audio needs M-RoPE positions")
+    marks = tower.placeholders
+    times = video.positions[0].tolist()
+    n_video, n_audio = len(times), int(audio.shape[0])
+    order: list[int] = []  # token i < n_video: video token i; else audio token i - n_video
+    v = a = 0
+    while v < n_video and a < n_audio:
+        if times[v] <= a:
+            order.append(v)
+            v += 1
+        else:
+            order.append(n_video + a)
+            a += 1
+    rest = list(range(v, n_video)) + list(range(n_video + a, n_video + n_audio))
+    order += rest
+    pick = torch.tensor(order, dtype=torch.int64)
+    media_positions = torch.cat(
+        (video.positions.to(torch.int64), torch.arange(n_audio, dtype=torch.int64).repeat(3, 1)), dim=1
+    )[:, pick]
+    last = media_positions[:, -len(rest) :] if rest else media_positions[:, -1:]
+    end = int(last.max()) + 2  # relative to <|audio_bos|>: the media sit one past it
+    markers = tower.marker_embeds().to(device=video.embeds.device, dtype=video.embeds.dtype)
+    media = torch.cat((video.embeds, audio.to(device=video.embeds.device, dtype=video.embeds.dtype)))[pick]
+    positions = torch.cat(
+        (
+            torch.zeros((3, 1), dtype=torch.int64),
+            media_positions + 1,
+            torch.tensor([[end, end + 1]] * 3, dtype=torch.int64),
+        ),
+        dim=1,
+    )
+    deepstack = None
+    if video.deepstack is not None:
+        layers, _, hidden = video.deepstack.shape
+        deepstack = video.deepstack.new_zeros((layers, 1 + len(order) + 2, hidden))
+        is_video = pick < n_video
+        deepstack[:, 1 : 1 + len(order)][:, is_video] = video.deepstack[:, pick[is_video]]
+    ids = [marks.start] + [tower.video_token if i < n_video else marks.audio for i in order]
+    ids += [marks.end, tower.vision_end]
+    features = VisualFeatures(
+        embeds=torch.cat((markers[0:1], media, markers[1:3])),
+        key=content_key(b"audio-in-video by time", video.key, audio_key),
+        positions=positions,
+        deepstack=deepstack,
+    )
+    return Interleaved(features=features, token_ids=[int(i) for i in ids if i is not None])

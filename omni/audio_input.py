@@ -10,7 +10,7 @@ vision tower when the model also sees (the Qwen2.5-Omni thinker):
     engine.generate(prompt.token_ids, params, embed_spans=prompt.embed_spans)
 
 An audio part's transcript, if ASR gave it one, is not used: the model hears the audio itself. On the
-Qwen2.5-Omni thinker a video file with sound is heard too, its audio interleaved with its frames
+Qwen2.5-Omni and Qwen3-Omni thinkers a video file with sound is heard too, its audio interleaved with its frames
 (``omni.audio_in_video``) unless ``audio_in_video=False``. It decodes media and runs the towers, so call
 it off the event loop (``asyncio.to_thread``).
 """
@@ -27,8 +27,9 @@ import numpy as np
 from omni_gateway.encoders.audio import AudioDecodeError, AudioLimits, NoAudioStream, decode_audio, pcm16_to_float
 from omni_gateway.encoders.audio_tower import AudioEncoder, OmniAudioTower, UnusableAudio
 from omni_gateway.encoders.budget import BudgetTimeout, PixelBudget, Reservation
+from omni_gateway.encoders.qwen3_omni_audio import Qwen3OmniAudioTower
 from omni_gateway.encoders.vision import VisionEncoder, VisualFeatures
-from omni_gateway.omni.audio_in_video import Interleaved, interleave
+from omni_gateway.omni.audio_in_video import Interleaved, interleave, interleave_by_time
 from omni_gateway.omni.media import MediaBusy, MediaError, MediaTooLarge
 from omni_gateway.omni.prompting import ChatRenderer, Tokenizer, UnsupportedInput, prompt_ids
 from omni_gateway.omni.protocol import AudioPart, ImagePart, Message, OmniRequest, TextPart, VideoPart
@@ -78,7 +79,7 @@ def build_audio_prompt(
             continue
         assert vision is not None
         heard = None
-        if audio_in_video and isinstance(part, VideoPart) and isinstance(audio, OmniAudioTower):
+        if audio_in_video and isinstance(part, VideoPart) and isinstance(audio, (OmniAudioTower, Qwen3OmniAudioTower)):
             heard = video_with_audio(part, audio, vision, limits, audio_limits.audio)
         per_part.append(heard if heard is not None else _features(part, vision, limits))
     return _assemble(request, tokenizer, audio, vision, per_part, system_prompt, render)
@@ -120,7 +121,11 @@ def _within(reservation: Reservation, build: Callable[[], VisionPrompt]) -> Visi
 
 
 def video_with_audio(
-    part: VideoPart, audio: OmniAudioTower, vision: VisionEncoder, limits: MediaLimits, audio_limits: AudioLimits
+    part: VideoPart,
+    audio: OmniAudioTower | Qwen3OmniAudioTower,
+    vision: VisionEncoder,
+    limits: MediaLimits,
+    audio_limits: AudioLimits,
 ) -> Interleaved | None:
     """The video's frames and sound as one interleaved span; None for a silent video or separate frames."""
     if not part.data:
@@ -136,6 +141,8 @@ def video_with_audio(
     if message is not None:
         raise MediaError(f"the sound of a video was refused: {message}")
     ((_, video),) = _features(part, vision, limits)
+    if isinstance(audio, Qwen3OmniAudioTower):
+        return interleave_by_time(video, clip.embeds, clip.key, audio)
     return interleave(video, clip.embeds, clip.key, audio)
 
 

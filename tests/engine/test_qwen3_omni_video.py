@@ -3,13 +3,15 @@
 The tiny full checkpoint of tests/harness/tiny_qwen3_omni.py. Frames are sized as ``Qwen3OmniMoeProcessor`` sizes
 video (its own ``videos_kwargs``, not the checkpoint's image sizes), consecutive frames fill a temporal patch, the
 tower's DeepStack rows go to the video tokens, and a temporal patch sits ``2 / fps * position_id_per_seconds`` time
-positions after the one before, as the thinker's rope index puts it. Greedy text must equal the HF thinker's
-``generate`` given the same pixel values.
+positions after the one before, as the thinker's rope index puts it. A video file with sound is heard too: its audio
+tokens and video tokens interleaved one by one in time order, the markers where the rope index puts them. Greedy text
+must equal the HF thinker's ``generate`` given the same pixel values and mel features.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,7 @@ from omni_gateway.omni.vision import VisionPrompt
 from PIL import Image
 
 from tests.engine.test_audio_parity import Stack, hf_generate
+from tests.harness.audio_checkpoints import SAMPLE_RATE, video_with_sound
 from tests.harness.checkpoints import picture, png_bytes
 from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni
 
@@ -59,16 +62,26 @@ def _hf_media(stack: Stack, frames: list[Image.Image], fps: float = 1.0) -> dict
 
 
 def _hf_positions(stack: Stack, prompt: VisionPrompt, media: dict[str, Any], **images: Any) -> torch.Tensor:
+    return _hf_rope_index(stack, prompt, media, **images)[0]
+
+
+def _hf_rope_index(
+    stack: Stack, prompt: VisionPrompt, media: dict[str, Any], **images: Any
+) -> tuple[torch.Tensor, int]:
+    """transformers' positions ``[3, n]`` of the prompt and its text position shift after it."""
     ids = torch.tensor([prompt.token_ids])
     rope_index = getattr(stack.hf, "get_rope_index", None) or stack.hf.model.get_rope_index  # where releases keep it
-    expected, _ = rope_index(
+    mask = media.get("feature_attention_mask")
+    expected, delta = rope_index(
         ids,
         images.get("image_grid_thw"),
         media["video_grid_thw"],
         torch.ones_like(ids),
-        second_per_grids=media["video_second_per_grid"],
+        bool(media.get("use_audio_in_video")),
+        mask.sum(-1) if mask is not None else None,
+        media["video_second_per_grid"],
     )
-    return expected[:, 0]
+    return expected[:, 0], int(delta)
 
 
 def test_frames_are_sized_by_the_processors_video_size() -> None:
@@ -154,3 +167,60 @@ def test_a_repeated_video_is_encoded_once(stack: Stack) -> None:
     assert again is first
     (slower,) = vision.encode_video(frames, fps=0.5)
     assert slower is not first  # the frame rate moves the time positions, so it keys the cache too
+
+
+# 4 s of 56x56 frames at 1 frame a second: 2 temporal patches of 12x12 tokens at times 0 and 50. 3 s of sound makes
+# 39 audio tokens, all before the second patch, which then ends the span; 5 s makes 65, the 51st tied with the second
+# patch (the video token goes first) and the last 15 ending the span.
+@pytest.mark.parametrize(
+    ("audio_s", "runs"),
+    [(3.0, [("v", 144), ("a", 39), ("v", 144)]), (5.0, [("v", 144), ("a", 50), ("v", 144), ("a", 15)])],
+)
+def test_a_video_heard_with_its_sound_matches_transformers(
+    stack: Stack, audio_s: float, runs: list[tuple[str, int]]
+) -> None:
+    from omni_gateway.encoders.audio import decode_audio
+    from omni_gateway.encoders.video import VideoLimits, decode_video
+
+    data = video_with_sound(11, video_s=4, audio_s=audio_s)
+    prompt = stack.prompt(TextPart("what happens"), VideoPart(data), TextPart("and then"))
+    (span,) = prompt.embed_spans
+    video_marks, audio_marks = stack.vision.placeholders, stack.audio.placeholders  # type: ignore[union-attr]
+    ids = prompt.token_ids
+    kinds = ids[span.offset : span.offset + span.length]
+    assert ids[span.offset - 1] == video_marks.start and kinds[0] == audio_marks.start
+    assert kinds[-2:] == [audio_marks.end, video_marks.end]
+    names = {video_marks.video: "v", audio_marks.audio: "a"}
+    assert [(names[k], len(list(g))) for k, g in itertools.groupby(kinds[1:-2])] == runs
+    assert span.deepstack is not None
+    assert torch.count_nonzero(span.deepstack[0].abs().sum(-1)) == 288  # the video tokens' rows only
+    frames = decode_video(data, VideoLimits(), fps=1.0)
+    sound = decode_audio(data).samples
+    batch = stack.audio.extractor(
+        [sound],
+        sampling_rate=SAMPLE_RATE,
+        padding=True,
+        truncation=False,
+        return_attention_mask=True,
+        return_tensors="pt",
+    )
+    media = _hf_media(stack, frames) | dict(
+        input_features=batch["input_features"], feature_attention_mask=batch["attention_mask"], use_audio_in_video=True
+    )
+    expected, delta = _hf_rope_index(stack, prompt, media)
+    n = len(ids)
+    assert torch.equal(mrope_positions(prompt.embed_spans, 0, n).to(expected.dtype), expected)
+    assert int(mrope_positions(prompt.embed_spans, n, n + 1)[0, 0]) == n + delta
+    assert stack.run(prompt).outputs[0].token_ids == hf_generate(stack.hf, ids, **media)
+
+
+def test_a_video_heard_without_its_sound_is_the_silent_video(stack: Stack) -> None:
+    from omni_gateway.omni.audio_input import build_audio_prompt
+    from omni_gateway.omni.protocol import Message, OmniRequest
+
+    data = video_with_sound(12, video_s=2, audio_s=2.0)
+    request = OmniRequest("r", (Message("user", (VideoPart(data), TextPart("x"))),))
+    silent = build_audio_prompt(request, stack.engine.tokenizer, stack.audio, stack.vision, audio_in_video=False)
+    (span,) = silent.embed_spans
+    assert set(silent.token_ids[span.offset : span.offset + span.length]) == {stack.vision.placeholders.video}  # type: ignore[union-attr]
+    assert silent.num_audio_tokens == 0 and stack.prompt(VideoPart(data), TextPart("x")).num_audio_tokens > 0
