@@ -18,7 +18,7 @@ from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
 from omni_gateway.engine.parallel.weights import shard_weights
 from omni_gateway.engine.runner.attention import AttentionMetadata, own_split_counters, plan_step, select_kernels
-from omni_gateway.engine.runner.aux_hidden import AuxHiddenStore
+from omni_gateway.engine.runner.aux_hidden import DEFAULT_MAX_ROWS, AuxHiddenStore
 from omni_gateway.engine.runner.compile_cache import use_compile_cache
 from omni_gateway.engine.runner.dummy_weights import RandomSource
 from omni_gateway.engine.runner.graphed_decode import GraphedDecode, Staging
@@ -223,13 +223,14 @@ class ModelRunner:
             )
         return int(blocks)
 
-    def capture_aux_hidden(self, layers: tuple[int, ...]) -> AuxHiddenStore:
+    def capture_aux_hidden(self, layers: tuple[int, ...], max_rows: int = DEFAULT_MAX_ROWS) -> AuxHiddenStore:
         """From now on keep the outputs of decoder ``layers`` at every computed position, per sequence, for
-        a proposer to take. Steps then run eagerly: the CUDA graphs do not carry the extra rows."""
+        a proposer to take (the most recent ``max_rows`` or so of each). Steps then run eagerly: the CUDA
+        graphs do not carry the extra rows."""
         if self.parallel.is_parallel:
             raise ValueError("target hidden states for a proposer are kept on one device only (tensor_parallel_size 1)")
         self.model.capture_aux_hidden(layers)
-        self.aux_hidden = AuxHiddenStore()
+        self.aux_hidden = AuxHiddenStore(max_rows)
         return self.aux_hidden
 
     def release(self, seq_ids: list[int]) -> None:

@@ -6,9 +6,10 @@ output of the layer before each; the proposer names those in ``aux_hidden_layers
 each accepted position (``engine.spec.proposer``). Per sequence the head keeps a K/V cache of its one layer:
 an entry per position ``p`` of the target's rows, read with the token at ``p + 1``. A request first drops the
 entries whose token no longer agrees or that the new rows recompute, and every draft entry of the previous
-request, then runs the new rows in one forward; the last one gives the first draft, and each further draft
-feeds back the head's output before its final norm at the next position. Drafts are argmaxes: point masses
-for the verifier, exact for any sampling settings.
+request, then runs the new rows in one forward (rows that start past its entries, the older ones dropped
+while the sequence went unproposed, start its cache over from them); the last one gives the first draft, and
+each further draft feeds back the head's output before its final norm at the next position. Drafts are
+argmaxes: point masses for the verifier, exact for any sampling settings.
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ Hidden states of the target (EAGLE-3 and the like): a proposer names the target 
 ``aux_hidden_layers`` (0-based decoder layer indices; empty: none). The runner then captures the outputs of
 those layers at every position the target computes and hands the proposer, in
 ``ProposalRequest.aux_hidden``, the rows of every accepted position since the previous request of that
-sequence (prefill chunks included): an ``AuxHidden`` whose ``rows`` is ``[num_positions, len(layers),
+sequence (prefill chunks included; where those are many, a sequence long unproposed or a long prompt, only
+the most recent of them: ``first_position`` then lies past what the proposer saw, and it re-syncs from
+there): an ``AuxHidden`` whose ``rows`` is ``[num_positions, len(layers),
 hidden]`` on the target's device in the target's dtype, positions ``first_position ..
 first_position + num_positions - 1``, in the order of ``aux_hidden_layers``. Rows of rejected drafts are
 never handed out. A proposer with an empty ``aux_hidden_layers`` always gets ``aux_hidden=None``.

@@ -6,6 +6,7 @@ head built to predict what the target predicts."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -223,6 +224,36 @@ def test_greedy_output_is_that_of_decoding_without_drafts(
     assert llm.engine.scheduler.kv.num_free_blocks == free
     assert not llm.engine.speculator.proposer._states
     assert not llm.engine.runner.aux_hidden._rows
+
+
+def test_rows_dropped_while_unproposed_leave_the_output_exact(
+    target: Path, head_dir: Path, reference: list[list[int]]
+) -> None:
+    """A window of 4 rows and the policy at k=0 for 6 steps in 7: each sequence's kept rows stay bounded,
+    the head re-syncs from the recent rows it gets, proposes again, and the output is unchanged."""
+    llm = build(target, head_dir)
+    store, speculator = llm.engine.runner.aux_hidden, llm.engine.speculator
+    store.max_rows = 4
+    steps = iter(range(10**6))
+    speculator.policy = SimpleNamespace(
+        choose_k=lambda num_running: 3 if next(steps) % 7 == 6 else 0, record=lambda proposed, accepted: None
+    )
+    most, record = [0], store.record
+
+    def recording(batch: Any, rows: Any) -> None:
+        record(batch, rows)
+        most[0] = max([most[0]] + [store.num_rows(s.seq_id) for s in batch.seqs])
+
+    store.record = recording
+    firsts: list[int] = []
+    propose = speculator.proposer.propose
+    speculator.proposer.propose = lambda requests: (
+        firsts.extend(r.aux_hidden.first_position for r in requests if r.aux_hidden is not None) or propose(requests)
+    )
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts(), greedy())] == reference
+    assert 0 < most[0] <= 8
+    assert any(f > 0 for f in firsts)  # rows handed out past dropped ones
+    assert speculator.num_drafts > 0
 
 
 def test_the_target_rows_handed_over_are_hfs_at_each_accepted_position(target: Path, head_dir: Path) -> None:
