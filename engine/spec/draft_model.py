@@ -90,13 +90,14 @@ class DraftModelProposer:
         """The shadow of ``req``'s sequence rolled back to what still agrees with its tokens, with slots for
         the tokens it has not computed; None where the draft's pool is short (no proposal this step)."""
         seq = self._shadows.get(req.seq_id)
+        tokens = list(req.token_ids)  # the shadow's own copy: it grows by drafts
         if seq is None:
-            seq = Sequence(f"draft-{req.seq_id}", list(req.token_ids), _GREEDY)
+            seq = Sequence(f"draft-{req.seq_id}", tokens, _GREEDY)
             self._shadows[req.seq_id] = seq
         else:
             computed = seq.token_ids[: seq.num_computed_tokens]
-            keep = min(_common_prefix(computed, req.token_ids), len(req.token_ids) - 1)
-            seq.token_ids[:] = req.token_ids
+            keep = min(_common_prefix(computed, tokens), len(tokens) - 1)
+            seq.token_ids[:] = tokens
             seq.num_computed_tokens = keep
             self.kv.trim(seq)
         if not self.kv.allocate_slots(seq, seq.num_uncomputed_tokens):

@@ -263,7 +263,7 @@ def test_the_target_rows_handed_over_are_hfs_at_each_accepted_position(target: P
     proposer = llm.engine.speculator.proposer
     seen: list[Any] = []
     propose = proposer.propose
-    # The request's token_ids is the sequence's own list, which grows after: its length now is what counts.
+    # The request's token_ids is a view fixed at the sequence's length then, though the sequence grows after.
     proposer.propose = lambda requests: (
         seen.extend((r.aux_hidden, len(r.token_ids)) for r in requests) or propose(requests)
     )
