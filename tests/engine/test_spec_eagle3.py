@@ -14,7 +14,8 @@ import torch
 from omni_gateway.engine import LLM, SamplingParams
 from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.models.eagle3 import Eagle3Config, Eagle3Head, read_eagle3_weights
-from omni_gateway.engine.spec.eagle3 import aux_layers_of, default_aux_layer_ids
+from omni_gateway.engine.spec.eagle3 import Eagle3Proposer, aux_layers_of, default_aux_layer_ids
+from omni_gateway.engine.spec.proposer import AuxHidden, ProposalRequest
 
 from tests.harness.checkpoints import VOCAB
 from tests.harness.tiny_eagle3 import (
@@ -203,6 +204,44 @@ def test_the_heads_forward_is_the_published_math(head_dir: Path) -> None:
     mapped = torch.full((7, VOCAB), float("-inf"))
     mapped[:, head.draft_to_target] = torch.cat([a, b])
     torch.testing.assert_close(mapped, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_batch_of_sequences_gets_the_drafts_each_gets_alone(head_dir: Path) -> None:
+    """Sequences of different lengths and draft counts in one batched head forward per round, over two
+    requests (the second after some drafts were kept and one was replaced): the drafts each gets alone."""
+    config, weights = Eagle3Config.read(head_dir), read_eagle3_weights(head_dir)
+    embed = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(5))
+    head = Eagle3Head(
+        config,
+        weights,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        max_positions=64,
+        shared_embedding=lambda ids: embed[ids],
+    )
+    gen = torch.Generator().manual_seed(11)
+    lengths, asked = [5, 9, 2, 14], [1, 3, 4, 2]
+    tokens = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+    rows = [torch.randn(40, 3, HIDDEN, generator=gen) for _ in lengths]
+
+    def requests(seen: list[int]) -> list[ProposalRequest]:
+        return [
+            ProposalRequest(i, t, k, AuxHidden(s, r[s : len(t) - 1]))
+            for i, (t, k, r, s) in enumerate(zip(tokens, asked, rows, seen))
+        ]
+
+    batched = Eagle3Proposer(head, (0, 1, 2), VOCAB)
+    alone = [Eagle3Proposer(head, (0, 1, 2), VOCAB) for _ in lengths]
+    for round_ in range(2):
+        seen = [0] * len(lengths) if round_ == 0 else [n - 3 for n in lengths]  # the rows since the first request
+        reqs = requests(seen)
+        together = [p.token_ids for p in batched.propose(reqs)]
+        each = [alone[i].propose([req])[0].token_ids for i, req in enumerate(reqs)]
+        assert together == each
+        assert [len(d) for d in together] == asked, round_
+        # Keep the first draft of each, then a token of the target's own (so later entries are dropped).
+        lengths = [n + 2 for n in lengths]
+        tokens = [t + [d[0], (d[0] + 1) % VOCAB] for t, d in zip(tokens, together)]
 
 
 # ---- in the engine ------------------------------------------------------------------------------------------
