@@ -306,6 +306,31 @@ class ModelRunner:
             return PendingDecode.deferred(batch, rows, lambda: self._choose(logits, sampling, chosen), staging)
         return PendingDecode.start(batch, rows, self.sampler.choose(logits, sampling, chosen), staging)
 
+    @torch.inference_mode()
+    def step_logits(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Run one step in which every sequence reaches its end and return the float32 logits of each one's
+        next token, ``[len(batch.seqs), vocab]`` in batch order, unsampled (a draft model drawing its own
+        drafts, ``engine.spec.draft_model``)."""
+        if self.device.type == "cuda":
+            wait_for_urgent()
+        seqs = batch.seqs
+        graphed = (
+            self.graphs.forward(seqs, None)
+            if self.graphs is not None and self.aux_hidden is None and self._graph_ready(batch)
+            else None
+        )
+        if graphed is not None:
+            return graphed.logits[: len(seqs)]
+        plan, _, rows, hidden_spans = self._plan(batch)
+        logits = self.run_plan(plan, None, hidden_spans)
+        self._keep_aux_hidden(batch)
+        if logits is None or sorted(rows) != list(range(len(seqs))):
+            raise ValueError(f"step_logits needs every sequence to reach its end; rows {rows} of {len(seqs)}")
+        order = [0] * len(rows)
+        for j, i in enumerate(rows):
+            order[i] = j
+        return logits[to_device(order, torch.int64, self.device)]
+
     def _verify(self, batch: ScheduledBatch) -> PendingDecode:
         """A step that scores drafts (``engine.spec.verify``): its tokens are read before it returns, since the
         next step's drafts start from them. On CUDA the forward replays a prefill graph where one fits its

@@ -120,6 +120,9 @@ class ProposalRequest:
     token_ids: Sequence[int]
     num_tokens: int
     aux_hidden: AuxHidden | None = None
+    # The sequence's SamplingParams, for a proposer that draws its drafts from a distribution of its own
+    # (returned in Proposal.probs); None: unknown, propose as for greedy requests.
+    params: Any = None
 
 
 @dataclass(frozen=True, slots=True)
