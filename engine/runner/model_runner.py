@@ -320,6 +320,8 @@ class ModelRunner:
             else None
         )
         if graphed is not None:
+            # The caller reads these on the host before its next step, so the input buffers' copies are done
+            # by then and need no event (``StagingPair``); the logits buffer is the graph's, replayed next step.
             return graphed.logits[: len(seqs)]
         plan, _, rows, hidden_spans = self._plan(batch)
         logits = self.run_plan(plan, None, hidden_spans)
