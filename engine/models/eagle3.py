@@ -231,37 +231,79 @@ class Eagle3Head:
     def forward(
         self, token_ids: torch.Tensor, hidden: torch.Tensor, first_position: int, cache: Eagle3Cache
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows for consecutive positions from ``first_position`` (the cache's next): ``token_ids`` ``[n]`` the
-        token after each position, ``hidden`` ``[n, hidden]`` its hidden row. Appends their K/V to ``cache``
-        and returns (float32 target-vocabulary-free draft logits ``[n, draft_vocab]``, the output before the
-        final norm ``[n, hidden]``, which the next draft reads as its hidden row)."""
+        """One sequence's rows for consecutive positions from ``first_position`` (the cache's next):
+        ``token_ids`` ``[n]`` the token after each position, ``hidden`` ``[n, hidden]`` its hidden row.
+        Appends their K/V to ``cache`` and returns (float32 draft logits ``[n, draft_vocab]``, the output
+        before the final norm ``[n, hidden]``, which the next draft reads as its hidden row)."""
+        return self.forward_batch(token_ids, hidden, [first_position], [int(token_ids.shape[0])], [cache])
+
+    def forward_batch(
+        self,
+        token_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        first_positions: list[int],
+        counts: list[int],
+        caches: list[Eagle3Cache],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` of several sequences in one pass: their rows concatenated in order (``counts[i]`` rows
+        of sequence i from ``first_positions[i]`` over ``caches[i]``). The projections run over every row
+        at once; attention runs over the caches padded to the longest, each row seeing its own sequence's
+        entries up to its own."""
         c, eps = self.config, self.config.rms_norm_eps
-        if first_position != cache.base + cache.length:
-            raise ValueError(f"rows from position {first_position}; the cache ends at {cache.base + cache.length}")
+        for first, cache in zip(first_positions, caches):
+            if first != cache.base + cache.length:
+                raise ValueError(f"rows from position {first}; the cache ends at {cache.base + cache.length}")
         n = token_ids.shape[0]
+        if sum(counts) != n or len(counts) != len(caches):
+            raise ValueError(f"{n} rows for sequences of {counts} rows over {len(caches)} caches")
         normed_hidden = _rms(hidden, self.hidden_norm, eps)
         residual = normed_hidden if c.norm_before_residual else hidden
         x = torch.cat([_rms(self.embed(token_ids), self.input_norm, eps), normed_hidden], dim=-1)
         q, k, v = (x @ self.qkv.T).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        positions = torch.arange(first_position, first_position + n, device=self.device)
+        positions = torch.cat([torch.arange(f, f + m, device=self.device) for f, m in zip(first_positions, counts)])
         q = _rotate(q.view(n, c.num_heads, c.head_dim), self.cos_sin[positions])
         k = _rotate(k.view(n, c.num_kv_heads, c.head_dim), self.cos_sin[positions])
-        past = cache.length
-        keys, values = cache.append(k, v.view(n, c.num_kv_heads, c.head_dim))
-        group = c.num_heads // c.num_kv_heads
-        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-        # Row i sees every cached entry up to its own (index past + i).
-        visible = (
-            torch.arange(past + n, device=self.device)[None, :] <= (past + torch.arange(n, device=self.device))[:, None]
-        )
-        attn = F.scaled_dot_product_attention(
-            q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=visible
-        )
-        h = attn.transpose(0, 1).reshape(n, self.q_size) @ self.o.T + residual
+        v = v.view(n, c.num_kv_heads, c.head_dim)
+        attn = self._attend(q, k, v, counts, caches).reshape(n, self.q_size)
+        h = attn @ self.o.T + residual
         y = _rms(h, self.post_norm, eps)
         prenorm = (F.silu(y @ self.gate.T) * (y @ self.up.T)) @ self.down.T + h
         logits = (_rms(prenorm, self.norm, eps) @ self.lm_head.T).float()
         return logits, prenorm
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[int], caches: list[Eagle3Cache]
+    ) -> torch.Tensor:
+        """``[n, heads, head_dim]``: each sequence's new rows over its cache (their K/V appended first)."""
+        c, b = self.config, len(caches)
+        pasts = [cache.length for cache in caches]
+        entries = []
+        offset = 0
+        for cache, m in zip(caches, counts):
+            entries.append(cache.append(k[offset : offset + m], v[offset : offset + m]))
+            offset += m
+        most_rows, most_keys = max(counts), max(p + m for p, m in zip(pasts, counts))
+        qs = q.new_zeros((b, most_rows, c.num_heads, c.head_dim))
+        ks = k.new_zeros((b, most_keys, c.num_kv_heads, c.head_dim))
+        vs = torch.zeros_like(ks)
+        offset = 0
+        for i, ((keys, values), m) in enumerate(zip(entries, counts)):
+            qs[i, :m] = q[offset : offset + m]
+            ks[i, : len(keys)], vs[i, : len(values)] = keys, values
+            offset += m
+        group = c.num_heads // c.num_kv_heads
+        ks, vs = ks.repeat_interleave(group, dim=2), vs.repeat_interleave(group, dim=2)
+        # Row r of sequence i sees its entries up to its own (index pasts[i] + r); a padding row sees the
+        # first entry only, so no row of the softmax is empty.
+        row = torch.arange(most_rows, device=self.device)
+        last = torch.tensor(pasts, device=self.device)[:, None] + row[None, :]
+        pad = row[None, :] >= torch.tensor(counts, device=self.device)[:, None]
+        last = torch.where(pad, torch.zeros_like(last), last)
+        visible = torch.arange(most_keys, device=self.device)[None, None, :] <= last[:, :, None]
+        out = F.scaled_dot_product_attention(
+            qs.transpose(1, 2), ks.transpose(1, 2), vs.transpose(1, 2), attn_mask=visible.unsqueeze(1)
+        ).transpose(1, 2)
+        return torch.cat([out[i, :m] for i, m in enumerate(counts)])
 
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return self.draft_to_target[draft_ids]

@@ -18,7 +18,7 @@ from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
 from omni_gateway.engine.parallel.weights import shard_weights
 from omni_gateway.engine.runner.attention import AttentionMetadata, own_split_counters, plan_step, select_kernels
-from omni_gateway.engine.runner.aux_hidden import AuxHiddenStore
+from omni_gateway.engine.runner.aux_hidden import DEFAULT_MAX_ROWS, AuxHiddenStore
 from omni_gateway.engine.runner.compile_cache import use_compile_cache
 from omni_gateway.engine.runner.dummy_weights import RandomSource
 from omni_gateway.engine.runner.graphed_decode import GraphedDecode, Staging
@@ -223,13 +223,14 @@ class ModelRunner:
             )
         return int(blocks)
 
-    def capture_aux_hidden(self, layers: tuple[int, ...]) -> AuxHiddenStore:
+    def capture_aux_hidden(self, layers: tuple[int, ...], max_rows: int = DEFAULT_MAX_ROWS) -> AuxHiddenStore:
         """From now on keep the outputs of decoder ``layers`` at every computed position, per sequence, for
-        a proposer to take. Steps then run eagerly: the CUDA graphs do not carry the extra rows."""
+        a proposer to take (the most recent ``max_rows`` or so of each). Steps then run eagerly: the CUDA
+        graphs do not carry the extra rows."""
         if self.parallel.is_parallel:
             raise ValueError("target hidden states for a proposer are kept on one device only (tensor_parallel_size 1)")
         self.model.capture_aux_hidden(layers)
-        self.aux_hidden = AuxHiddenStore()
+        self.aux_hidden = AuxHiddenStore(max_rows)
         return self.aux_hidden
 
     def release(self, seq_ids: list[int]) -> None:
@@ -304,6 +305,33 @@ class ModelRunner:
                 staging.copied = _recorded_event()  # the forward's uploads, until the tokens' copy replaces it
             return PendingDecode.deferred(batch, rows, lambda: self._choose(logits, sampling, chosen), staging)
         return PendingDecode.start(batch, rows, self.sampler.choose(logits, sampling, chosen), staging)
+
+    @torch.inference_mode()
+    def step_logits(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Run one step in which every sequence reaches its end and return the float32 logits of each one's
+        next token, ``[len(batch.seqs), vocab]`` in batch order, unsampled (a draft model drawing its own
+        drafts, ``engine.spec.draft_model``)."""
+        if self.device.type == "cuda":
+            wait_for_urgent()
+        seqs = batch.seqs
+        graphed = (
+            self.graphs.forward(seqs, None)
+            if self.graphs is not None and self.aux_hidden is None and self._graph_ready(batch)
+            else None
+        )
+        if graphed is not None:
+            # The caller reads these on the host before its next step, so the input buffers' copies are done
+            # by then and need no event (``StagingPair``); the logits buffer is the graph's, replayed next step.
+            return graphed.logits[: len(seqs)]
+        plan, _, rows, hidden_spans = self._plan(batch)
+        logits = self.run_plan(plan, None, hidden_spans)
+        self._keep_aux_hidden(batch)
+        if logits is None or sorted(rows) != list(range(len(seqs))):
+            raise ValueError(f"step_logits needs every sequence to reach its end; rows {rows} of {len(seqs)}")
+        order = [0] * len(rows)
+        for j, i in enumerate(rows):
+            order[i] = j
+        return logits[to_device(order, torch.int64, self.device)]
 
     def _verify(self, batch: ScheduledBatch) -> PendingDecode:
         """A step that scores drafts (``engine.spec.verify``): its tokens are read before it returns, since the

@@ -1,10 +1,16 @@
-"""A smaller model sharing the target's tokenizer proposes greedy drafts ("draft_model").
+"""A smaller model sharing the target's tokenizer proposes drafts ("draft_model").
 
 It runs on the engine's own machinery: a second ``ModelRunner`` (its own paged KV cache, and CUDA graphs where
 the target has them) and a ``KVCacheManager`` of its own over shadow sequences, one per target sequence. Each
 request first rolls a shadow back to the longest common prefix of what it computed and the accepted tokens
 (blocks past them return to its pool), computes the new tokens in one step, then decodes one draft per step.
-Drafts are the draft model's argmax: point masses for the verifier, so any sampling settings stay exact.
+
+Greedy requests get the draft model's argmax (a point mass for the verifier). Sampled requests get drafts
+drawn from the draft model's own distribution at the request's temperature, top-k and top-p over the target's
+vocabulary, returned with it (``Proposal.probs``): the verifier accepts each with min(1, p/q), which keeps far
+more of them than point masses where the two models agree, and the output stays the target's exactly.
+Requests with a ``seed`` keep greedy drafts: drafts drawn from the proposer's own generator would make their
+output depend on what else ran.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import dataclasses
 from collections.abc import Sequence as Seq
 from typing import Any
 
+import torch
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.core.sequence import ScheduledBatch, Sequence
+from omni_gateway.engine.runner.sampler import apply_top_k_top_p
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.spec.config import SpeculativeConfig
 from omni_gateway.engine.spec.proposer import NO_PROPOSAL, Proposal, ProposalRequest
@@ -35,11 +43,12 @@ class DraftModelProposer:
     name = "draft_model"
     aux_hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, runner: Any, kv: KVCacheManager, target_vocab: int) -> None:
-        self.runner = runner  # a ModelRunner (or anything with its execute/release)
+    def __init__(self, runner: Any, kv: KVCacheManager, target_vocab: int, seed: int = 0) -> None:
+        self.runner = runner  # a ModelRunner (or anything with its step_logits/release and device)
         self.kv = kv
         self.target_vocab = target_vocab
         self._shadows: dict[int, Sequence] = {}
+        self._generator = torch.Generator(device=runner.device).manual_seed(seed)
 
     @classmethod
     def build(cls, spec: SpeculativeConfig, config: EngineConfig, target: Any) -> DraftModelProposer:
@@ -61,42 +70,68 @@ class DraftModelProposer:
         runner = ModelRunner(draft_config, loaded)
         assert draft_config.block_size is not None
         kv = KVCacheManager(runner.num_kv_blocks, draft_config.block_size, enable_prefix_caching=False)
-        return cls(runner, kv, target_vocab)
+        return cls(runner, kv, target_vocab, config.seed)
 
+    @torch.inference_mode()
     def propose(self, requests: Seq[ProposalRequest]) -> list[Proposal]:
         shadows: list[Sequence | None] = [self._catch_up(req) for req in requests]
         drafts: list[list[int]] = [[] for _ in requests]
+        qs: list[list[torch.Tensor]] = [[] for _ in requests]
+        sampled = [_draws(req.params) for req in requests]
         # First step: every new token of each shadow (one, or a few after accepted drafts, or a whole prompt).
         live = [(i, s) for i, s in enumerate(shadows) if s is not None]
         counts = [s.num_uncomputed_tokens for _, s in live]
         for _ in range(max((r.num_tokens for r in requests), default=0)):
             if not live:
                 break
-            results = self.runner.execute(ScheduledBatch([s for _, s in live], counts, [])).results()
+            logits = self.runner.step_logits(ScheduledBatch([s for _, s in live], counts, []))
+            tokens, probs = self._choose(logits, [requests[i].params if sampled[i] else None for i, _ in live])
             nxt = []
-            for (i, seq), n, result in zip(live, counts, results):
+            for j, ((i, seq), n, token) in enumerate(zip(live, counts, tokens)):
                 seq.num_computed_tokens += n
-                token = result.token_id
                 if token >= self.target_vocab:
                     continue  # a draft the target cannot score ends this sequence's proposal
                 seq.token_ids.append(token)
                 drafts[i].append(token)
+                if sampled[i]:
+                    qs[i].append(probs[j])
                 if len(drafts[i]) < requests[i].num_tokens and self.kv.allocate_slots(seq, 1):
                     nxt.append((i, seq))
             live, counts = nxt, [1] * len(nxt)
-        return [Proposal(tuple(d)) if d else NO_PROPOSAL for d in drafts]
+        return [NO_PROPOSAL if not d else Proposal(tuple(d), torch.stack(q) if q else None) for d, q in zip(drafts, qs)]
+
+    def _choose(self, logits: torch.Tensor, params: list[SamplingParams | None]) -> tuple[list[int], torch.Tensor]:
+        """Each row's draft: its argmax where ``params`` is None, else a draw from its distribution over the
+        target's vocabulary; and those rows' distributions (float32 ``[rows, target_vocab]``, zero rows for
+        argmax rows)."""
+        rows = [j for j, p in enumerate(params) if p is not None]
+        chosen = logits.argmax(dim=-1)
+        probs = logits.new_zeros((logits.shape[0], self.target_vocab), dtype=torch.float32)
+        if rows:
+            picked = [params[j] for j in rows]
+            assert all(p is not None for p in picked)
+            width = min(self.target_vocab, logits.shape[1])
+            index = torch.tensor(rows, device=logits.device)
+            temps = torch.tensor([p.temperature for p in picked], device=logits.device)  # type: ignore[union-attr]
+            scaled = logits[index, :width].float() / temps.unsqueeze(1)
+            scaled = apply_top_k_top_p(scaled, [p.top_k for p in picked], [p.top_p for p in picked])  # type: ignore[union-attr]
+            q = torch.softmax(scaled, dim=-1)
+            chosen[index] = torch.multinomial(q, 1, generator=self._generator).squeeze(1)
+            probs[index, :width] = q
+        return chosen.tolist(), probs
 
     def _catch_up(self, req: ProposalRequest) -> Sequence | None:
         """The shadow of ``req``'s sequence rolled back to what still agrees with its tokens, with slots for
         the tokens it has not computed; None where the draft's pool is short (no proposal this step)."""
         seq = self._shadows.get(req.seq_id)
+        tokens = list(req.token_ids)  # the shadow's own copy: it grows by drafts
         if seq is None:
-            seq = Sequence(f"draft-{req.seq_id}", list(req.token_ids), _GREEDY)
+            seq = Sequence(f"draft-{req.seq_id}", tokens, _GREEDY)
             self._shadows[req.seq_id] = seq
         else:
             computed = seq.token_ids[: seq.num_computed_tokens]
-            keep = min(_common_prefix(computed, req.token_ids), len(req.token_ids) - 1)
-            seq.token_ids[:] = req.token_ids
+            keep = min(_common_prefix(computed, tokens), len(tokens) - 1)
+            seq.token_ids[:] = tokens
             seq.num_computed_tokens = keep
             self.kv.trim(seq)
         if not self.kv.allocate_slots(seq, seq.num_uncomputed_tokens):
@@ -109,3 +144,8 @@ class DraftModelProposer:
             self.kv.free(shadow)
         if gone:
             self.runner.release([shadow.seq_id for shadow in gone])
+
+
+def _draws(params: SamplingParams | None) -> bool:
+    """Whether a request's drafts are drawn (sampled and unseeded) rather than the argmax."""
+    return params is not None and not params.greedy and params.seed is None

@@ -6,9 +6,12 @@ output of the layer before each; the proposer names those in ``aux_hidden_layers
 each accepted position (``engine.spec.proposer``). Per sequence the head keeps a K/V cache of its one layer:
 an entry per position ``p`` of the target's rows, read with the token at ``p + 1``. A request first drops the
 entries whose token no longer agrees or that the new rows recompute, and every draft entry of the previous
-request, then runs the new rows in one forward; the last one gives the first draft, and each further draft
-feeds back the head's output before its final norm at the next position. Drafts are argmaxes: point masses
-for the verifier, exact for any sampling settings.
+request, then runs the new rows in one forward (rows that start past its entries, the older ones dropped
+while the sequence went unproposed, start its cache over from them); the last one gives the first draft, and
+each further draft feeds back the head's output before its final norm at the next position. The head runs
+batched over the step's sequences: one forward over every sequence's new rows, then one per draft round over
+those still drafting (``Eagle3Head.forward_batch``). Drafts are argmaxes: point masses for the verifier, exact
+for any sampling settings.
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ class _State:
     cache: Eagle3Cache
     tokens: list[int] = field(default_factory=list)  # the token read at each entry computed from target rows
     last: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits, pre-norm output) of the last such entry
+    # Target rows set aside for this request's batched forward, the tokens read with them, their first position.
+    rows: torch.Tensor | None = None
+    read: list[int] = field(default_factory=list)
+    start: int = 0
 
     @property
     def real(self) -> int:
@@ -94,9 +101,62 @@ class Eagle3Proposer:
 
     @torch.inference_mode()
     def propose(self, requests: Seq[ProposalRequest]) -> list[Proposal]:
-        return [self._propose(req) for req in requests]
+        """Every request's new target rows in one head forward, then one forward per draft round over the
+        sequences still drafting."""
+        states = [self._sync(req) for req in requests]
+        pending = [(state, req) for state, req in zip(states, requests) if state.rows is not None]
+        if pending:
+            rows = torch.cat([state.rows for state, _ in pending])
+            ids = torch.tensor([t for state, _ in pending for t in state.read], device=self.head.device)
+            counts = [len(state.read) for state, _ in pending]
+            logits, pre = self.head.forward_batch(
+                ids,
+                self.head.combine(rows),
+                [state.start for state, _ in pending],
+                counts,
+                [state.cache for state, _ in pending],
+            )
+            ends = torch.tensor(counts).cumsum(0).sub(1).tolist()
+            for (state, _), end in zip(pending, ends):
+                state.tokens.extend(state.read)
+                state.last = (logits[end], pre[end])
+                state.rows, state.read = None, []
+        drafts: list[list[int]] = [[] for _ in requests]
+        # The target computed every position but the last: the head's entries must reach it.
+        live = [
+            i
+            for i, (state, req) in enumerate(zip(states, requests))
+            if state.last is not None and state.cache.base + state.real == len(req.token_ids) - 1
+        ]
+        logits = torch.stack([states[i].last[0] for i in live]) if live else None  # type: ignore[index]
+        hidden = torch.stack([states[i].last[1] for i in live]) if live else None  # type: ignore[index]
+        position = [len(requests[i].token_ids) - 1 for i in live]
+        while live:
+            assert logits is not None and hidden is not None
+            guesses = self.head.target_ids(logits.argmax(-1)).tolist()
+            going = []
+            for j, (i, draft) in enumerate(zip(live, guesses)):
+                if draft >= self.target_vocab:
+                    continue  # a token the target cannot score ends the proposal
+                drafts[i].append(draft)
+                if len(drafts[i]) < requests[i].num_tokens:
+                    going.append(j)
+            if not going:
+                break
+            ids = torch.tensor([guesses[j] for j in going], device=self.head.device)
+            logits, hidden = self.head.forward_batch(
+                ids,
+                hidden[going],
+                [position[j] for j in going],
+                [1] * len(going),
+                [states[live[j]].cache for j in going],
+            )
+            live, position = [live[j] for j in going], [position[j] + 1 for j in going]
+        return [Proposal(tuple(d)) if d else NO_PROPOSAL for d in drafts]
 
-    def _propose(self, req: ProposalRequest) -> Proposal:
+    def _sync(self, req: ProposalRequest) -> _State:
+        """The state of ``req``'s sequence with every entry that no longer agrees dropped, and the target
+        rows its entries do not hold yet set aside (``rows``, ``read``, ``start``) for the batched forward."""
         state = self._states.get(req.seq_id)
         if state is None:
             state = self._states[req.seq_id] = _State(self.head.new_cache())
@@ -111,26 +171,10 @@ class Eagle3Proposer:
         state.keep(agree)
         if req.aux_hidden is not None:
             self._catch_up(state, tokens, req.aux_hidden)
-        # The target computed every position but the last: the head's entries must reach it.
-        if state.last is None or cache.base + state.real != len(tokens) - 1:
-            return NO_PROPOSAL
-        logits, hidden = state.last
-        position = len(tokens) - 1
-        drafts: list[int] = []
-        while True:
-            draft = int(self.head.target_ids(logits.argmax(-1)))
-            if draft >= self.target_vocab:
-                break  # a token the target cannot score ends the proposal
-            drafts.append(draft)
-            if len(drafts) == req.num_tokens:
-                break
-            ids = torch.tensor([draft], device=self.head.device)
-            out, pre = self.head.forward(ids, hidden.unsqueeze(0), position, cache)
-            logits, hidden, position = out[0], pre[0], position + 1
-        return Proposal(tuple(drafts)) if drafts else NO_PROPOSAL
+        return state
 
     def _catch_up(self, state: _State, tokens: Seq[int], aux: AuxHidden) -> None:
-        """Run the head over the target rows of ``aux`` that its entries do not hold yet."""
+        """Set aside the target rows of ``aux`` that the head's entries do not hold yet."""
         cache, first = state.cache, aux.first_position
         if first < cache.base or first > cache.base + state.real:
             cache.reset(first)  # rows from before what it holds, or past a gap: start over from them
@@ -146,10 +190,7 @@ class Eagle3Proposer:
             raise ValueError(
                 f"target rows up to position {start + rows.shape[0] - 1} handed for a sequence of {len(tokens)} tokens"
             )
-        ids = torch.tensor(read, device=self.head.device)
-        logits, pre = self.head.forward(ids, self.head.combine(rows), start, cache)
-        state.tokens.extend(read)
-        state.last = (logits[-1], pre[-1])
+        state.rows, state.read, state.start = rows, read, start
 
     def release(self, seq_ids: Seq[int]) -> None:
         for seq_id in seq_ids:

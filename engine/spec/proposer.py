@@ -6,6 +6,9 @@ A step with speculation goes:
    step (its every token but the last has its K/V in the target's cache), it builds a ``ProposalRequest``:
    ``token_ids`` is prompt + accepted output so far (the last token is the one the target scores next) and
    ``num_tokens`` is how many drafts it wants (1..k; fewer near ``max_tokens`` or the context end).
+   ``token_ids`` is a ``TokenPrefix``: a read-only view of the sequence's own token list fixed at its length
+   at the request (no copy per step); it keeps saying the same thing after the sequence grows, so a proposer
+   may keep it, though a proposer that keeps tokens for long should copy them (``list(view)``).
 2. ``Proposer.propose(requests)`` returns one ``Proposal`` per request, in order, each with 0..num_tokens
    draft ids. A proposal of 0 tokens is fine (that sequence decodes one token as without speculation).
 3. The target scores ``[last token, d1, ..., dn]`` of every sequence in one step and keeps the longest
@@ -26,7 +29,9 @@ Hidden states of the target (EAGLE-3 and the like): a proposer names the target 
 ``aux_hidden_layers`` (0-based decoder layer indices; empty: none). The runner then captures the outputs of
 those layers at every position the target computes and hands the proposer, in
 ``ProposalRequest.aux_hidden``, the rows of every accepted position since the previous request of that
-sequence (prefill chunks included): an ``AuxHidden`` whose ``rows`` is ``[num_positions, len(layers),
+sequence (prefill chunks included; where those are many, a sequence long unproposed or a long prompt, only
+the most recent of them: ``first_position`` then lies past what the proposer saw, and it re-syncs from
+there): an ``AuxHidden`` whose ``rows`` is ``[num_positions, len(layers),
 hidden]`` on the target's device in the target's dtype, positions ``first_position ..
 first_position + num_positions - 1``, in the order of ``aux_hidden_layers``. Rows of rejected drafts are
 never handed out. A proposer with an empty ``aux_hidden_layers`` always gets ``aux_hidden=None``.
@@ -36,9 +41,60 @@ without ``capture_aux_hidden(layers)``, the runner's side of this contract (``en
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from itertools import islice
+from typing import Any, Protocol, overload, runtime_checkable
+
+
+class TokenPrefix(Sequence[int]):
+    """The first ``len(view)`` tokens of a list that only ever grows (a sequence's prompt + output), read-only.
+    Indexing and slicing stop at that length whatever was appended since; ``list(view)`` and numpy copy them
+    at C speed."""
+
+    __slots__ = ("_ids", "_len")
+
+    def __init__(self, ids: list[int], length: int | None = None) -> None:
+        self._ids = ids
+        self._len = len(ids) if length is None else length
+        if not 0 <= self._len <= len(ids):
+            raise ValueError(f"a prefix of {self._len} tokens of a list of {len(ids)}")
+
+    def __len__(self) -> int:
+        return self._len
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._len)
+            return self._ids[start:stop:step]
+        i = index + self._len if index < 0 else index
+        if not 0 <= i < self._len:
+            raise IndexError(f"token index {index} out of a prefix of {self._len}")
+        return self._ids[i]
+
+    def __iter__(self) -> Iterator[int]:
+        return islice(self._ids, self._len)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
+        import numpy as np
+
+        return np.array(self._ids[: self._len], dtype=dtype)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TokenPrefix | list | tuple):
+            return len(other) == self._len and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TokenPrefix({self._ids[: self._len]!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +111,18 @@ class AuxHidden:
 
 @dataclass(frozen=True, slots=True)
 class ProposalRequest:
-    """One sequence's ask for drafts: ``token_ids`` (prompt + accepted output; the last token's K/V is not yet
-    in the target cache), at most ``num_tokens`` (>= 1) drafts wanted, and the target's hidden states of the
-    positions accepted since the previous request (only for proposers with ``aux_hidden_layers``)."""
+    """One sequence's ask for drafts: ``token_ids`` (prompt + accepted output, a ``TokenPrefix`` from the
+    engine; the last token's K/V is not yet in the target cache), at most ``num_tokens`` (>= 1) drafts wanted,
+    and the target's hidden states of the positions accepted since the previous request (only for proposers
+    with ``aux_hidden_layers``)."""
 
     seq_id: int
     token_ids: Sequence[int]
     num_tokens: int
     aux_hidden: AuxHidden | None = None
+    # The sequence's SamplingParams, for a proposer that draws its drafts from a distribution of its own
+    # (returned in Proposal.probs); None: unknown, propose as for greedy requests.
+    params: Any = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from omni_gateway.engine.core.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.core.sequence import ScheduledBatch, Sequence
 from omni_gateway.engine.outputs import StreamDelta
 from omni_gateway.engine.spec.policy import SpecPolicy
-from omni_gateway.engine.spec.proposer import AuxHidden, ProposalRequest, Proposer, check_proposals
+from omni_gateway.engine.spec.proposer import AuxHidden, ProposalRequest, Proposer, TokenPrefix, check_proposals
 
 
 def may_speculate(seq: Sequence, num_new_tokens: int) -> bool:
@@ -107,7 +107,7 @@ class Speculator:
 
     def _request(self, seq: Sequence, room: int) -> ProposalRequest:
         aux = self.aux_source(seq.seq_id, seq.num_computed_tokens) if self.aux_source is not None else None
-        return ProposalRequest(seq.seq_id, seq.token_ids, room, aux)
+        return ProposalRequest(seq.seq_id, TokenPrefix(seq.token_ids), room, aux, seq.params)
 
     def rounds(self, batch: ScheduledBatch, results: Seq[Any]) -> list[tuple[ScheduledBatch, list[Any]]]:
         """The verify step as consecutive one-token steps: round t keeps the t-th kept token of every sequence

@@ -6,6 +6,7 @@ head built to predict what the target predicts."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,7 +14,8 @@ import torch
 from omni_gateway.engine import LLM, SamplingParams
 from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.models.eagle3 import Eagle3Config, Eagle3Head, read_eagle3_weights
-from omni_gateway.engine.spec.eagle3 import aux_layers_of, default_aux_layer_ids
+from omni_gateway.engine.spec.eagle3 import Eagle3Proposer, aux_layers_of, default_aux_layer_ids
+from omni_gateway.engine.spec.proposer import AuxHidden, ProposalRequest
 
 from tests.harness.checkpoints import VOCAB
 from tests.harness.tiny_eagle3 import (
@@ -204,6 +206,44 @@ def test_the_heads_forward_is_the_published_math(head_dir: Path) -> None:
     torch.testing.assert_close(mapped, want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_batch_of_sequences_gets_the_drafts_each_gets_alone(head_dir: Path) -> None:
+    """Sequences of different lengths and draft counts in one batched head forward per round, over two
+    requests (the second after some drafts were kept and one was replaced): the drafts each gets alone."""
+    config, weights = Eagle3Config.read(head_dir), read_eagle3_weights(head_dir)
+    embed = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(5))
+    head = Eagle3Head(
+        config,
+        weights,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        max_positions=64,
+        shared_embedding=lambda ids: embed[ids],
+    )
+    gen = torch.Generator().manual_seed(11)
+    lengths, asked = [5, 9, 2, 14], [1, 3, 4, 2]
+    tokens = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+    rows = [torch.randn(40, 3, HIDDEN, generator=gen) for _ in lengths]
+
+    def requests(seen: list[int]) -> list[ProposalRequest]:
+        return [
+            ProposalRequest(i, t, k, AuxHidden(s, r[s : len(t) - 1]))
+            for i, (t, k, r, s) in enumerate(zip(tokens, asked, rows, seen))
+        ]
+
+    batched = Eagle3Proposer(head, (0, 1, 2), VOCAB)
+    alone = [Eagle3Proposer(head, (0, 1, 2), VOCAB) for _ in lengths]
+    for round_ in range(2):
+        seen = [0] * len(lengths) if round_ == 0 else [n - 3 for n in lengths]  # the rows since the first request
+        reqs = requests(seen)
+        together = [p.token_ids for p in batched.propose(reqs)]
+        each = [alone[i].propose([req])[0].token_ids for i, req in enumerate(reqs)]
+        assert together == each
+        assert [len(d) for d in together] == asked, round_
+        # Keep the first draft of each, then a token of the target's own (so later entries are dropped).
+        lengths = [n + 2 for n in lengths]
+        tokens = [t + [d[0], (d[0] + 1) % VOCAB] for t, d in zip(tokens, together)]
+
+
 # ---- in the engine ------------------------------------------------------------------------------------------
 
 
@@ -225,6 +265,36 @@ def test_greedy_output_is_that_of_decoding_without_drafts(
     assert not llm.engine.runner.aux_hidden._rows
 
 
+def test_rows_dropped_while_unproposed_leave_the_output_exact(
+    target: Path, head_dir: Path, reference: list[list[int]]
+) -> None:
+    """A window of 4 rows and the policy at k=0 for 6 steps in 7: each sequence's kept rows stay bounded,
+    the head re-syncs from the recent rows it gets, proposes again, and the output is unchanged."""
+    llm = build(target, head_dir)
+    store, speculator = llm.engine.runner.aux_hidden, llm.engine.speculator
+    store.max_rows = 4
+    steps = iter(range(10**6))
+    speculator.policy = SimpleNamespace(
+        choose_k=lambda num_running: 3 if next(steps) % 7 == 6 else 0, record=lambda proposed, accepted: None
+    )
+    most, record = [0], store.record
+
+    def recording(batch: Any, rows: Any) -> None:
+        record(batch, rows)
+        most[0] = max([most[0]] + [store.num_rows(s.seq_id) for s in batch.seqs])
+
+    store.record = recording
+    firsts: list[int] = []
+    propose = speculator.proposer.propose
+    speculator.proposer.propose = lambda requests: (
+        firsts.extend(r.aux_hidden.first_position for r in requests if r.aux_hidden is not None) or propose(requests)
+    )
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts(), greedy())] == reference
+    assert 0 < most[0] <= 8
+    assert any(f > 0 for f in firsts)  # rows handed out past dropped ones
+    assert speculator.num_drafts > 0
+
+
 def test_the_target_rows_handed_over_are_hfs_at_each_accepted_position(target: Path, head_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -232,7 +302,7 @@ def test_the_target_rows_handed_over_are_hfs_at_each_accepted_position(target: P
     proposer = llm.engine.speculator.proposer
     seen: list[Any] = []
     propose = proposer.propose
-    # The request's token_ids is the sequence's own list, which grows after: its length now is what counts.
+    # The request's token_ids is a view fixed at the sequence's length then, though the sequence grows after.
     proposer.propose = lambda requests: (
         seen.extend((r.aux_hidden, len(r.token_ids)) for r in requests) or propose(requests)
     )

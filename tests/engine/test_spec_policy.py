@@ -8,7 +8,7 @@ from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.spec.config import SpeculativeConfig
 from omni_gateway.engine.spec.ngram import NgramProposer, lookup
 from omni_gateway.engine.spec.policy import SpecPolicy, expected_tokens
-from omni_gateway.engine.spec.proposer import Proposal, ProposalRequest, Proposer, check_proposals
+from omni_gateway.engine.spec.proposer import Proposal, ProposalRequest, Proposer, TokenPrefix, check_proposals
 
 
 def test_expected_tokens_counts_the_accepted_run_and_the_targets_own_token() -> None:
@@ -63,6 +63,19 @@ def test_ngram_proposer_honours_the_asked_count() -> None:
     proposals = proposer.propose(requests)
     check_proposals(requests, proposals)
     assert [p.token_ids for p in proposals] == [(3,), ()]
+
+
+def test_a_token_prefix_keeps_its_length_while_the_sequence_grows() -> None:
+    ids = [1, 2, 3, 4, 1, 2]
+    view = TokenPrefix(ids)
+    ids += [3, 9, 9]  # the engine appends the step's tokens after the request
+    assert len(view) == 6 and list(view) == [1, 2, 3, 4, 1, 2] and view == [1, 2, 3, 4, 1, 2]
+    assert view[-1] == 2 and view[2:] == [3, 4, 1, 2] and view[4:100] == [1, 2]
+    assert np.asarray(view, dtype=np.int64).tolist() == [1, 2, 3, 4, 1, 2]
+    with pytest.raises(IndexError):
+        view[6]
+    # A proposer reading it after the growth sees the request's tokens (the grown list would look up (9, 9)).
+    assert NgramProposer(1, 2).propose([ProposalRequest(0, view, 3)])[0].token_ids == (3, 4, 1)
 
 
 def test_check_proposals_names_a_proposer_that_overshoots() -> None:

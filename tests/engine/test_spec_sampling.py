@@ -3,12 +3,17 @@ vocabulary, their kept tokens counted and checked with a chi-square bound (seede
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
+from omni_gateway.engine.core.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.core.sequence import ScheduledBatch, Sequence
 from omni_gateway.engine.runner.sampler import Sampler, apply_top_k_top_p
 from omni_gateway.engine.sampling_params import SamplingParams
+from omni_gateway.engine.spec.draft_model import DraftModelProposer
+from omni_gateway.engine.spec.proposer import ProposalRequest
 from omni_gateway.engine.spec.verify import verify
 
 VOCAB = 6
@@ -33,7 +38,8 @@ def chi2(counts: np.ndarray, probs: np.ndarray) -> float:
     return float(((counts[keep] - expected) ** 2 / expected).sum())
 
 
-def run(params: SamplingParams, drafts: list[tuple[int, ...]], q: np.ndarray | None) -> list[tuple[int, ...]]:
+def run(params: SamplingParams, drafts: list[tuple[int, ...]], q: Any) -> list[tuple[int, ...]]:
+    """``q``: None (point masses), one ``[2, VOCAB]`` array for every sequence, or a list of one per sequence."""
     seqs = [Sequence(f"r{i}", [1, 2, 3], params) for i in range(N)]
     for seq in seqs:
         seq.num_computed_tokens = 2
@@ -41,7 +47,7 @@ def run(params: SamplingParams, drafts: list[tuple[int, ...]], q: np.ndarray | N
     rows = [ROW0, ROW1, ROW2]
     logits = torch.stack([rows[j] for d in drafts for j in range(len(d) + 1)])
     slots = [i for i, d in enumerate(drafts) for _ in range(len(d) + 1)]
-    probs = [None if q is None else q[: len(d)] for d in drafts]
+    probs = q if isinstance(q, list) else [None if q is None else q[: len(d)] for d in drafts]
     results = verify(Sampler(torch.device("cpu"), seed=1234), logits, batch, slots, probs)
     return [tuple(s.token_id for s in r.tokens) for r in results]
 
@@ -80,3 +86,49 @@ def test_greedy_keeps_drafts_while_they_are_the_argmax() -> None:
     params = SamplingParams(temperature=0.0)
     kept = run(params, [(0, 1), (0, 4), (2, 1)] + [(0, 1)] * (N - 3), None)
     assert kept[:3] == [(0, 1, 2), (0, 1), (0,)]
+
+
+# The draft model's logits at the positions of the first and second draft: near the target's, not equal.
+DRAFT_ROWS = [
+    ROW0 + torch.tensor([0.3, -0.2, 0.0, 0.2, -0.3, 0.1]),
+    ROW1 + torch.tensor([-0.2, 0.1, 0.3, 0.0, 0.2, -0.1]),
+]
+
+
+class FixedDraftRunner:
+    """A draft model whose next-token logits depend only on how many drafts came before (a shadow of a
+    3-token prompt)."""
+
+    device = torch.device("cpu")
+
+    def step_logits(self, batch: ScheduledBatch) -> torch.Tensor:
+        return torch.stack([DRAFT_ROWS[len(seq.token_ids) - 3] for seq in batch.seqs])
+
+    def release(self, seq_ids: list[int]) -> None:
+        pass
+
+
+def draft_model_drafts(params: SamplingParams) -> tuple[list[tuple[int, ...]], list[Any]]:
+    proposer = DraftModelProposer(FixedDraftRunner(), KVCacheManager(N + 1, 16, enable_prefix_caching=False), VOCAB)
+    proposals = proposer.propose([ProposalRequest(i, [1, 2, 3], 2, None, params) for i in range(N)])
+    return [p.token_ids for p in proposals], [p.probs for p in proposals]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.9), SamplingParams(temperature=1.3, top_k=4)])
+def test_draft_model_drafts_are_drawn_from_the_q_they_report_and_keep_the_target(params: SamplingParams) -> None:
+    drafts, probs = draft_model_drafts(params)
+    assert all(len(d) == 2 and p is not None and p.shape == (2, VOCAB) for d, p in zip(drafts, probs))
+    # The drafts follow the reported q (the draft model's at the request's temperature and top-k).
+    q0 = probs[0][0].numpy()
+    torch.testing.assert_close(probs[0][0], torch.as_tensor(target(DRAFT_ROWS[0], params)))
+    assert chi2(np.bincount([d[0] for d in drafts], minlength=VOCAB), q0) < CHI2_5_999
+    kept = run(params, drafts, probs)
+    first = np.bincount([k[0] for k in kept], minlength=VOCAB)
+    assert chi2(first, target(ROW0, params)) < CHI2_5_999
+    seconds = [k[1] for k, d in zip(kept, drafts) if len(k) > 1 and k[0] == d[0]]
+    assert chi2(np.bincount(seconds, minlength=VOCAB), target(ROW1, params)) < CHI2_5_999
+    # Against the draft model's argmax as a point mass, far more of its drafts are kept.
+    greedy = draft_model_drafts(SamplingParams(temperature=params.temperature, top_k=params.top_k, seed=3))
+    assert all(p is None for p in greedy[1]) and len(set(greedy[0])) == 1
+    accepted = sum(len(k) - 1 for k in kept)
+    assert accepted > 1.5 * sum(len(k) - 1 for k in run(params, greedy[0], None))
