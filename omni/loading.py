@@ -245,7 +245,7 @@ def speech_config(config: OmniConfig) -> SpeechConfig:
 
 def resolve_speech_model(config: OmniConfig) -> str | None:
     """The checkpoint whose talker and token2wav speak: ``speech_model`` as given, or for "auto" the LLM's
-    own directory when it is a Qwen2.5-Omni checkpoint with audio output and a speaker map."""
+    own directory when it is a speaking checkpoint (``speaks``)."""
     if config.speech_model != "auto":
         return config.speech_model
     return config.engine.model if speaks(config.engine.model) else None
