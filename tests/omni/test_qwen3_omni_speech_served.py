@@ -189,3 +189,51 @@ def test_abort_mid_speech_stops_the_talker_and_code2wav(
     for engine in (thinker, talker):
         assert not engine.has_unfinished()
         assert engine.scheduler.kv.usage().num_used_blocks == 0
+
+
+def test_heard_audio_takes_rotary_positions_over_the_talkers_own_sequence(served: tuple[OmniPipeline, Any]) -> None:
+    """The talker prompt's spans place the thinker's audio where transformers' ``get_rope_index`` over
+    ``talker_input_ids`` (the user turns, then the assistant part) does: the system turn it leaves out shifts
+    them."""
+    from omni_gateway.engine.models.qwen3_omni_talker_inputs import user_positions
+    from omni_gateway.engine.runner.mrope import mrope_positions
+    from omni_gateway.omni.qwen3_speech import talker_spans
+
+    pipe, hf = served
+    assert pipe.speech is not None
+    req = request(AudioPart(clip_pcm16(), RATE), TextPart("what is said"), rid="positions")
+    req = dataclasses.replace(req, messages=(Message("system", (TextPart("be brief"),)), *req.messages))
+    prompt = asyncio.run(pipe._prompt(req))
+    thinker = pipe.speech.thinker_ids
+    users = user_positions(prompt.token_ids, thinker)
+    assert users[0] > 0  # a system turn the talker leaves out
+    size = len(users) + 3 + 6  # the user turn, the assistant header, 4 pads, tts_bos and the first reply
+    spans = talker_spans(torch.zeros(size, 1), prompt, thinker, first_reply=5)
+    ids = torch.tensor([[prompt.token_ids[i] for i in users] + [0] * (size - len(users))])
+    audio = hf.config.thinker_config.audio_token_id
+    assert int((ids == audio).sum()) == 8  # 0.6 s of audio: 60 mel frames, 8 audio tokens
+    want, _ = hf.talker.get_rope_index(ids, None, None, torch.ones_like(ids), False, torch.tensor([60]), None)
+    got = mrope_positions(spans, 0, size)
+    assert torch.equal(got, want[:, 0])
+    assert sum(s.length for s in spans) == size
+    (heard,) = [s for s in spans if s.key.startswith("q3-heard:")]  # the audio: keyed by its content
+    assert heard.length == 8 and ids[0, heard.offset] == audio
+
+
+def test_the_talkers_prompt_blocks_are_keyed_by_content(served: tuple[OmniPipeline, Any]) -> None:
+    """The same spoken turn under another request id reuses the talker's prompt blocks; the same user turn after
+    another system prompt (which the talker's rows depend on through the thinker) does not."""
+    pipe, _ = served
+    assert pipe.speech is not None and pipe.speech.talker is not None
+    kv = pipe.speech.talker.engine.scheduler.kv
+    turn = (TextPart("say it twice"),)
+
+    def hits(*messages: Message, rid: str) -> int:
+        before = kv.prefix_hit_tokens
+        req = dataclasses.replace(request(rid=rid), messages=messages)
+        assert not [c for c in run(pipe, req) if isinstance(c, Error)]
+        return kv.prefix_hit_tokens - before
+
+    hits(Message("user", turn), rid="first")
+    assert hits(Message("user", turn), rid="second") >= kv.block_size
+    assert hits(Message("system", (TextPart("be brief"),)), Message("user", turn), rid="third") == 0
