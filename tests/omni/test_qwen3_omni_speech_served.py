@@ -27,6 +27,7 @@ from omni_gateway.omni.protocol import (
     AudioPart,
     Done,
     Error,
+    ImagePart,
     Message,
     OmniRequest,
     SamplingOptions,
@@ -34,6 +35,7 @@ from omni_gateway.omni.protocol import (
 )
 from omni_gateway.omni.qwen3_speech import Qwen3SpokenModel
 
+from tests.harness.checkpoints import picture, png_bytes
 from tests.harness.tiny_qwen3_omni import CODE_GROUPS, save_tiny_qwen3_omni
 from tests.omni.test_pipeline_audio import RATE, clip_pcm16
 
@@ -201,7 +203,8 @@ def test_heard_audio_takes_rotary_positions_over_the_talkers_own_sequence(served
 
     pipe, hf = served
     assert pipe.speech is not None
-    req = request(AudioPart(clip_pcm16(), RATE), TextPart("what is said"), rid="positions")
+    picture_part = ImagePart(png_bytes(picture(3, (64, 64))))
+    req = request(AudioPart(clip_pcm16(), RATE), TextPart("what is said"), picture_part, rid="positions")
     req = dataclasses.replace(req, messages=(Message("system", (TextPart("be brief"),)), *req.messages))
     prompt = asyncio.run(pipe._prompt(req))
     thinker = pipe.speech.thinker_ids
@@ -212,12 +215,22 @@ def test_heard_audio_takes_rotary_positions_over_the_talkers_own_sequence(served
     ids = torch.tensor([[prompt.token_ids[i] for i in users] + [0] * (size - len(users))])
     audio = hf.config.thinker_config.audio_token_id
     assert int((ids == audio).sum()) == 8  # 0.6 s of audio: 60 mel frames, 8 audio tokens
-    want, _ = hf.talker.get_rope_index(ids, None, None, torch.ones_like(ids), False, torch.tensor([60]), None)
+    (seen,) = [s for s in prompt.embed_spans if s.positions is not None]  # the image: 2-D positions
+    merge = hf.config.thinker_config.vision_config.spatial_merge_size
+    grid = torch.tensor([[1, (int(seen.positions[1].max()) + 1) * merge, (int(seen.positions[2].max()) + 1) * merge]])
+    # The talker's get_rope_index is the thinker's function; with audio and an image the talker's own copy reads an
+    # audio_config its config lacks, so it is called through the thinker (same media ids and rate).
+    talker_cfg, thinker_cfg = hf.config.talker_config, hf.config.thinker_config
+    assert (
+        talker_cfg.audio_token_id == thinker_cfg.audio_token_id
+        and talker_cfg.image_token_id == thinker_cfg.image_token_id
+    )
+    want, _ = hf.thinker.get_rope_index(ids, grid, None, torch.ones_like(ids), False, torch.tensor([60]), None)
     got = mrope_positions(spans, 0, size)
-    assert torch.equal(got, want[:, 0])
+    assert not torch.equal(got[1], got[2]) and torch.equal(got, want[:, 0])
     assert sum(s.length for s in spans) == size
-    (heard,) = [s for s in spans if s.key.startswith("q3-heard:")]  # the audio: keyed by its content
-    assert heard.length == 8 and ids[0, heard.offset] == audio
+    heard = [s for s in spans if s.key.startswith("q3-heard:")]  # the media: keyed by their content
+    assert [s.length for s in heard] == [8, seen.length] and ids[0, heard[0].offset] == audio
 
 
 def test_the_talkers_prompt_blocks_are_keyed_by_content(served: tuple[OmniPipeline, Any]) -> None:
