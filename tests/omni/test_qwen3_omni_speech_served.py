@@ -10,6 +10,7 @@ import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -250,3 +251,46 @@ def test_the_talkers_prompt_blocks_are_keyed_by_content(served: tuple[OmniPipeli
     hits(Message("user", turn), rid="first")
     assert hits(Message("user", turn), rid="second") >= kv.block_size
     assert hits(Message("system", (TextPart("be brief"),)), Message("user", turn), rid="third") == 0
+
+
+def test_a_sampled_turn_takes_transformers_sampling(
+    served: tuple[OmniPipeline, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not greedy: the talker samples at temperature 0.9, top-k 50, top-p 1.0 with repetition penalty 1.05, the
+    code predictor at top-k 50, top-p 0.8."""
+    pipe, _ = served
+    speech = pipe.speech
+    assert isinstance(speech, Qwen3SpokenModel) and speech.talker is not None
+    asked: list[Any] = []
+    feeds: list[Any] = []
+    generate, step = speech.talker.generate, speech.feeder.step
+
+    def keep_params(prompt: Any, params: Any, **kwargs: Any) -> Any:
+        asked.append(params)
+        return generate(prompt, params, **kwargs)
+
+    def keep_sampling(work: Any, sampling: Any, generator: Any = None) -> None:
+        feeds.append(sampling)
+        step(work, sampling, generator)
+
+    monkeypatch.setattr(speech.talker, "generate", keep_params)
+    monkeypatch.setattr(speech, "feeder", SimpleNamespace(step=keep_sampling))
+    req = dataclasses.replace(
+        request(TextPart("say something"), rid="sampled"),
+        sampling=SamplingOptions(max_tokens=MAX_TOKENS, temperature=0.8, seed=3),
+    )
+    chunks = run(pipe, req)
+    assert not [c for c in chunks if isinstance(c, Error)] and len(pcm(chunks)) > 0
+    (params,) = asked
+    assert (params.temperature, params.top_k, params.top_p, params.repetition_penalty) == (0.9, 50, 1.0, 1.05)
+    assert feeds and {(s.temperature, s.top_k, s.top_p) for s in feeds} == {(1.0, 50, 0.8)}
+
+
+def test_warm_up_speaks_a_short_turn_and_leaves_nothing_running(served: tuple[OmniPipeline, Any]) -> None:
+    pipe, _ = served
+    assert pipe.speech is not None and pipe.speech.talker is not None
+    ids = pipe.prompt_ids(OmniRequest("w", (Message("user", (TextPart("Hello."),)),)))
+    pipe.speech.warm_up(pipe.engine, ids)
+    assert pipe.speech.config.max_frames == MAX_FRAMES  # restored after the short turn
+    for engine in (pipe.engine.engine, pipe.speech.talker.engine):
+        assert not engine.has_unfinished() and engine.scheduler.kv.usage().num_used_blocks == 0
