@@ -86,6 +86,10 @@ class SamplingParams:
     # position the request computes: the prompt's (no prefix-cache reuse then) and each generated token
     # fed back. What a speaking model's talker is conditioned on.
     return_hidden_states: bool = False
+    # With return_hidden_states: the prompt's hidden rows are the output of the first ``hidden_layer`` decoder
+    # layers (Hugging Face's ``hidden_states[hidden_layer]``) instead of the final-normed state; generated
+    # positions keep the final-normed state, so decode steps keep their fused and graphed paths. None: final.
+    hidden_layer: int | None = None
     # A pooling request: no token is sampled; the request ends once its prompt is computed, with one vector
     # pooled from the prompt's hidden states (``engine.core.pooling``): "model" pools as the checkpoint says.
     pooling: str | None = None
@@ -153,6 +157,11 @@ class SamplingParams:
         _check(
             isinstance(self.return_hidden_states, bool),
             f"return_hidden_states must be a bool, got {self.return_hidden_states!r}",
+        )
+        _check(
+            self.hidden_layer is None
+            or (isinstance(self.hidden_layer, int) and self.hidden_layer >= 1 and self.return_hidden_states),
+            f"hidden_layer must be None or a positive layer count with return_hidden_states, got {self.hidden_layer!r}",
         )
         _check(
             self.pooling in (None, "model", "last", "mean", "cls"),

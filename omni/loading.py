@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from omni_gateway.encoders.vision import VisionEncoder
     from omni_gateway.omni.heads.tts.head import TtsHead
     from omni_gateway.omni.pipeline import OmniPipeline
-    from omni_gateway.omni.speech import SpeechConfig
+    from omni_gateway.omni.qwen3_speech import Qwen3SpokenModel
+    from omni_gateway.omni.speech import SpeechConfig, SpokenModel
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +96,8 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
 
             vad_session = load_session()
         if speech_model is not None:
-            from omni_gateway.omni.speech import SpokenModel
-
-            speech = SpokenModel.load(speech_model, device=str(engine.device_and_dtype[0]), config=spoken)
-            log.info("talker and token2wav of %s ready: the model speaks in its own voice", speech_model)
+            speech = _load_speech(speech_model, str(engine.device_and_dtype[0]), spoken)
+            log.info("talker and its vocoder of %s ready: the model speaks in its own voice", speech_model)
         if config.image_model is not None:
             from omni_gateway.omni.heads.dit.head import load_image_head
 
@@ -137,6 +136,25 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
             raise
     log.info("all stages ready in %.1f s", time.monotonic() - t0)
     return pipeline
+
+
+def _load_speech(path: str, device: str, spoken: SpeechConfig | None) -> SpokenModel | Qwen3SpokenModel:
+    """The talker side of a speaking checkpoint: Qwen3-Omni's (talker, code predictor, code2wav) or
+    Qwen2.5-Omni's (talker, token2wav)."""
+    if _model_type(path) == "qwen3_omni_moe":
+        from omni_gateway.omni.qwen3_speech import Qwen3SpokenModel
+
+        return Qwen3SpokenModel.load(path, device=device)
+    from omni_gateway.omni.speech import SpeechConfig, SpokenModel
+
+    return SpokenModel.load(path, device=device, config=spoken or SpeechConfig())
+
+
+def _model_type(path: str) -> str | None:
+    try:
+        return json.loads((Path(path) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
 
 
 def _load_voice(
@@ -227,25 +245,25 @@ def speech_config(config: OmniConfig) -> SpeechConfig:
 
 def resolve_speech_model(config: OmniConfig) -> str | None:
     """The checkpoint whose talker and token2wav speak: ``speech_model`` as given, or for "auto" the LLM's
-    own directory when it is a Qwen2.5-Omni checkpoint with audio output and a speaker map."""
+    own directory when it is a speaking checkpoint (``speaks``)."""
     if config.speech_model != "auto":
         return config.speech_model
     return config.engine.model if speaks(config.engine.model) else None
 
 
 def speaks(model: str) -> bool:
-    """Whether ``model`` is a local Qwen2.5-Omni directory that ships its talker and token2wav."""
+    """Whether ``model`` is a local directory of a model that speaks in its own voice: Qwen2.5-Omni with its
+    talker and token2wav, or Qwen3-Omni with its talker and code2wav."""
     root = Path(model)
     try:
         hf = json.loads((root / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return (
-        hf.get("model_type") == "qwen2_5_omni"
-        and hf.get("enable_audio_output", True) is not False
-        and "talker_config" in hf
-        and (root / "spk_dict.pt").is_file()
-    )
+    if hf.get("enable_audio_output", True) is False or "talker_config" not in hf:
+        return False
+    if hf.get("model_type") == "qwen3_omni_moe":
+        return "code2wav_config" in hf
+    return hf.get("model_type") == "qwen2_5_omni" and (root / "spk_dict.pt").is_file()
 
 
 def _load_vision(config: OmniConfig, engine: Any) -> VisionEncoder:

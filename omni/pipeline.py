@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from omni_gateway.encoders.audio_tower import AudioEncoder
     from omni_gateway.encoders.vad import VadBatcher
     from omni_gateway.encoders.vision import VisionEncoder
+    from omni_gateway.omni.qwen3_speech import Qwen3SpokenModel
     from omni_gateway.omni.speech import SpokenModel
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class OmniPipeline:
         image_head: ImageHead | None = None,
         vision: VisionEncoder | None = None,
         audio: AudioEncoder | None = None,
-        speech: SpokenModel | None = None,
+        speech: SpokenModel | Qwen3SpokenModel | None = None,
     ) -> None:
         self.config = config
         self.engine = engine

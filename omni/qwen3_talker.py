@@ -10,6 +10,7 @@ step. Text rows come from the thinker as it writes (``SpokenFrames.add_text``/``
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,21 +35,25 @@ class SpokenFrames:
         self._text_ended = False
         self._residuals: list[torch.Tensor] = []
         self._sent = 0
+        self._lock = threading.Lock()
 
     def add_text(self, rows: torch.Tensor | list[torch.Tensor]) -> None:
-        if self._text_ended:
-            raise RuntimeError("text added after its end")
-        self._text += list(rows)
-        self._flush()
+        with self._lock:
+            if self._text_ended:
+                raise RuntimeError("text added after its end")
+            self._text += list(rows)
+            self._flush()
 
     def end_text(self) -> None:
-        self._text_ended = True
-        self._flush()
+        with self._lock:
+            self._text_ended = True
+            self._flush()
 
     def add_frame(self, codes: list[int], residual: torch.Tensor) -> None:
-        self.frames.append(codes)
-        self._residuals.append(residual)
-        self._flush()
+        with self._lock:
+            self.frames.append(codes)
+            self._residuals.append(residual)
+            self._flush()
 
     def _flush(self) -> None:
         rows = []

@@ -186,7 +186,7 @@ class SpokenModel:
             if start is not None and not cancel.is_set():
                 async with contextlib.aclosing(self._audio(request, start, voice, cancel)) as waves:
                     async for wave in waves:
-                        for index, piece in enumerate(_pcm16_slices(wave, rate)):
+                        for index, piece in enumerate(pcm16_slices(wave, rate)):
                             samples += len(piece) // 2
                             yield AudioChunk(piece, rate, turn.take_text() if index == 0 else "")
             await thinking
@@ -355,10 +355,11 @@ def _talker_id(request_id: str) -> str:
     return f"{request_id}-talker"
 
 
-def _pcm16_slices(wave: np.ndarray, rate: int) -> Iterator[bytes]:
+def pcm16_slices(wave: np.ndarray, rate: int, source_rate: int = OUTPUT_SAMPLE_RATE) -> Iterator[bytes]:
+    """A float waveform at ``source_rate`` as 16-bit PCM at ``rate``, in ``CHUNK_MS`` slices."""
     from omni_gateway.encoders.audio import float_to_pcm16_array, resample
 
-    pcm = float_to_pcm16_array(resample(wave, OUTPUT_SAMPLE_RATE, rate) if rate != OUTPUT_SAMPLE_RATE else wave)
+    pcm = float_to_pcm16_array(resample(wave, source_rate, rate) if rate != source_rate else wave)
     step = rate * CHUNK_MS // 1000
     for start in range(0, len(pcm), step):
         yield pcm[start : start + step].tobytes()

@@ -49,7 +49,9 @@ def check_spans(spans: Seq[EmbedSpan], num_tokens: int) -> None:
             )
 
 
-def check_inputs(params: SamplingParams, input_stream: Any, num_tokens: int, tensor_parallel_size: int) -> None:
+def check_inputs(
+    params: SamplingParams, input_stream: Any, num_tokens: int, tensor_parallel_size: int, num_layers: int | None = None
+) -> None:
     """An input stream serves one sample from past the prompt, never a pooling request; hidden states come back
     from one rank only."""
     if input_stream is not None and (params.n != 1 or input_stream.start < num_tokens):
@@ -66,6 +68,8 @@ def check_inputs(params: SamplingParams, input_stream: Any, num_tokens: int, ten
             "return_hidden_states needs tensor_parallel_size 1 (a speaking model's thinker runs on one GPU); "
             f"this engine has tensor_parallel_size {tensor_parallel_size}"
         )
+    if params.hidden_layer is not None and num_layers is not None and params.hidden_layer > num_layers:
+        raise InvalidRequest(f"hidden_layer {params.hidden_layer} asked of a model with {num_layers} decoder layers")
 
 
 def sample_params(params: SamplingParams) -> list[SamplingParams]:

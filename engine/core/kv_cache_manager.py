@@ -76,7 +76,9 @@ class KVCacheManager:
         because that token's forward pass is what produces the next token's logits. A request that wants
         every position's hidden state reuses only blocks that kept theirs."""
         wants_rows = seq.params.return_hidden_states
-        if not self.enable_prefix_caching or (wants_rows and not self.max_row_blocks):
+        # Cached blocks keep final-normed rows; a request for a chosen layer's rows computes its own.
+        layer_rows = wants_rows and seq.params.hidden_layer is not None
+        if not self.enable_prefix_caching or (wants_rows and not self.max_row_blocks) or layer_rows:
             return _NO_PREFIX
         max_blocks = (len(seq) - 1) // self.block_size
         hits: list[Block] = []

@@ -226,7 +226,7 @@ class LLMEngine:
         )
         spans = tuple(embed_spans)
         check_spans(spans, len(token_ids))
-        check_inputs(params, input_stream, len(token_ids), self.config.tensor_parallel_size)
+        check_inputs(params, input_stream, len(token_ids), self.config.tensor_parallel_size, self._num_layers())
         lora = None if params.lora_name is None else self._adapters().get(params.lora_name)
         spec = params.structured_outputs
         if spec is not None:
@@ -312,6 +312,11 @@ class LLMEngine:
 
     def abort_all(self) -> list[StreamDelta]:
         return [d for rid in list(self._requests) for d in self.abort(rid)]
+
+    def _num_layers(self) -> int | None:
+        """The decoder's layer count where the runner's model tells it (a remote runner may not)."""
+        shape = getattr(getattr(self.runner, "model", None), "shape", None)
+        return getattr(shape, "num_layers", None)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)

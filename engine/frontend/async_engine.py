@@ -95,8 +95,18 @@ _WAKE = _Wake()
 
 
 class AsyncEngine(ChatStreaming):
-    def __init__(self, config: EngineConfig | None = None, *, engine: LLMEngine | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        engine: LLMEngine | None = None,
+        after_step: Callable[[list[StreamDelta]], None] | None = None,
+    ) -> None:
+        """``after_step`` sees every step's deltas on the loop thread before they are delivered: work that
+        must batch across requests between two steps (Qwen3-Omni's code predictor fills in each frame and
+        hands the talker its next input rows there, so the next step need not wait for them)."""
         self.engine = engine if engine is not None else LLMEngine(config or EngineConfig())
+        self._after_step = after_step
         self._commands: queue.SimpleQueue[_Add | _Abort | _Stop | _Wake] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
@@ -269,6 +279,8 @@ class AsyncEngine(ChatStreaming):
                     self._gather_rows()
                     deltas = self._step()
                     engine.pop_finished()
+                    if self._after_step is not None and deltas:
+                        self._after_step(deltas)
                     for delta in deltas:
                         self._deliver(delta)
                 now = time.monotonic()

@@ -357,8 +357,10 @@ class ModelRunner:
     ) -> torch.Tensor | None:
         """The model forward of one step: float32 logits of its sampling rows (None where none samples).
         ``hidden_spans`` (rank 0's): the sequences whose hidden states are copied out."""
-        graphs = self.prefill_graphs if self.aux_hidden is None else None
+        asked = _asked_layers(hidden_spans or [])
+        graphs = self.prefill_graphs if self.aux_hidden is None and not asked else None
         replayed = graphs.forward(plan) if graphs is not None else None
+        layer_rows: dict[int, torch.Tensor] = {}
         if replayed is not None:
             hidden, input_ids = replayed
             sample_rows = to_device(plan.sample_rows, torch.int64, self.device)
@@ -366,12 +368,24 @@ class ModelRunner:
             step = self._upload(plan, device_ids)
             # Only a model whose spans bring DeepStack rows (the Qwen3-Omni thinker's) is handed them.
             extra = {} if step.deepstack is None else {"deepstack": step.deepstack}
-            hidden = self.model.forward(
-                step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds, **extra
-            )
+            own = getattr(self.model, "aux_layers", ()) if asked else ()
+            if asked:  # this forward also keeps the layers some prompt's rows are asked of, after the proposer's
+                self.model.aux_layers = (*own, *asked)
+            try:
+                hidden = self.model.forward(
+                    step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds, **extra
+                )
+            finally:
+                if asked:
+                    self.model.aux_layers = own
+            if asked:
+                kept = self.model.aux_hidden
+                assert kept is not None, "the model kept no layer outputs for this step"
+                layer_rows = {layer: kept[:, len(own) + i] for i, layer in enumerate(asked)}
+                self.model.aux_hidden = kept[:, : len(own)] if own else None
             input_ids, sample_rows = step.input_ids, step.sample_rows
         if hidden_spans:
-            self._keep_hidden(hidden_spans, input_ids, hidden)
+            self._keep_hidden(hidden_spans, input_ids, hidden, layer_rows)
         if not plan.sample_rows:
             return None
         logits: torch.Tensor = self.model.compute_logits(hidden[sample_rows])
@@ -397,15 +411,24 @@ class ModelRunner:
                 return False
             if any(seq.num_computed_tokens < s.offset + s.length for s in seq.embed_spans):
                 return False
+            if seq.params.hidden_layer is not None and seq.num_computed_tokens < seq.num_prompt_tokens:
+                return False  # a prompt position whose layer output is asked: the per-layer path keeps it
         return True
 
-    def _keep_hidden(self, spans: list[HiddenSpan], input_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+    def _keep_hidden(
+        self,
+        spans: list[HiddenSpan],
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        layer_rows: dict[int, torch.Tensor] | None = None,
+    ) -> None:
         """The final-normed hidden states and input embeddings of the sequences that asked, float32 on
         the device (new tensors: ``hidden`` may be a graph's output, overwritten by its next replay). They
         stay there: a consumer in this process (the talker) uses them where they are, and the engine
         core's messages move them to the host (``engine.frontend.ipc``). One normalization, cast and embedding
         lookup covers every sequence's rows (a decode step's are one per sequence); each sequence gets
-        views of those."""
+        views of those. A sequence with ``hidden_layer`` gets that layer's outputs (``layer_rows``, by 0-based
+        layer index, flat token rows) at its prompt's positions instead; its rows are not kept with the blocks."""
         model = self.model
         for seq, _, _, first in spans:
             if seq.prefix_rows:  # admitted over cached blocks that kept their rows: those go out first
@@ -426,7 +449,15 @@ class ModelRunner:
         # gets a copy of its own, so a cached block does not hold a whole step's rows alive; a decode step's
         # rows are one per sequence, and a copy each would cost a call per sequence for nothing.
         copy = any(n > 1 for n in sizes)
-        for (seq, _, _, first), (kept, states, embeds) in zip(spans, pieces):
+        for (seq, a, _, first), (kept, states, embeds) in zip(spans, pieces):
+            layer = seq.params.hidden_layer
+            if layer is not None:
+                prompt = max(0, min(len(states), seq.num_prompt_tokens - first))
+                if prompt:
+                    assert layer_rows, "the prompt's layer rows were not kept"
+                    states = torch.cat((layer_rows[layer - 1][a : a + prompt].float(), states[prompt:]))
+                seq.hidden_rows.append((first, states, embeds))
+                continue
             seq.hidden_rows.append((first, states, embeds))
             if self._keeps_rows:
                 seq.pending_rows.append((first, kept.clone() if copy else kept))
@@ -477,3 +508,16 @@ def _recorded_event() -> torch.cuda.Event:
     event = torch.cuda.Event()
     event.record()
     return event
+
+
+def _asked_layers(spans: list[HiddenSpan]) -> tuple[int, ...]:
+    """The 0-based decoder layers whose outputs a step's spans ask at prompt positions (``hidden_layer``)."""
+    return tuple(
+        sorted(
+            {
+                seq.params.hidden_layer - 1
+                for seq, _, _, first in spans
+                if seq.params.hidden_layer is not None and first < seq.num_prompt_tokens
+            }
+        )
+    )

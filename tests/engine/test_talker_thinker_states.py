@@ -3,6 +3,7 @@ returned by the engine with ``SamplingParams(return_hidden_states=True)``, again
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,49 @@ def test_hidden_states_under_tensor_parallel_are_refused() -> None:
     with pytest.raises(InvalidRequest, match="return_hidden_states needs tensor_parallel_size 1"):
         engine.add_request("r", [5, 6, 7], params)
     engine.add_request("plain", [5, 6, 7], SamplingParams(max_tokens=2))  # other requests are served
+
+
+@pytest.mark.slow
+def test_a_chosen_layers_rows_at_the_prompt_match_hf(tmp_path: Path) -> None:
+    """``hidden_layer``: the prompt's rows are that many layers' output (transformers' ``hidden_states[n]``),
+    chunked prefill included; generated positions keep the final-normed state; no cached rows are reused."""
+    hf = save_tiny_checkpoint("qwen2", tmp_path, seed=3)
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(tmp_path), device="cpu", attention_backend="torch", max_num_batched_tokens=8, block_size=8
+        )
+    )
+    prompt = [5, 17, 42, 9, 11, 3, 77, 21, 8, 30, 2]
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=NEW,
+            do_sample=False,
+            output_hidden_states=True,
+            return_dict_in_generate=True,
+            min_new_tokens=NEW,
+        )
+    layer = 1
+    assert hf.config.num_hidden_layers > layer
+    plain = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, return_hidden_states=True)
+    for rid, params in (("final", plain), ("layer", dataclasses.replace(plain, hidden_layer=layer))):
+        engine.add_request(rid, prompt, params)
+        deltas = []
+        while engine.has_unfinished():
+            deltas += engine.step()
+        hidden = torch.cat([d.hidden_states for d in deltas if d.hidden_states is not None])
+        assert [t for d in deltas for t in d.token_ids] == out.sequences[0, len(prompt) :].tolist()
+    assert deltas[-1].num_cached_tokens == 0  # the first request's cached rows are final-normed ones
+    n = len(prompt)
+    torch.testing.assert_close(hidden[:n], out.hidden_states[0][layer][0], rtol=1e-4, atol=1e-4)
+    fed = torch.cat([step[-1][0] for step in out.hidden_states[1:]])
+    torch.testing.assert_close(hidden[n:], fed, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(hidden[:n], out.hidden_states[0][-1][0], atol=1e-3)
+    deep = hf.config.num_hidden_layers + 1
+    with pytest.raises(InvalidRequest, match=f"hidden_layer {deep} asked of a model with"):
+        engine.add_request("deep", prompt, dataclasses.replace(plain, hidden_layer=deep))
+
+
+def test_hidden_layer_needs_hidden_states() -> None:
+    with pytest.raises(InvalidRequest, match="hidden_layer must be"):
+        SamplingParams(hidden_layer=2)

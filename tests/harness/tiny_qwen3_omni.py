@@ -9,6 +9,7 @@ its code predictor) and code2wav are as small as their configs allow, so a test 
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,10 @@ def thinker_text_config(**extra: Any) -> dict[str, Any]:
     )
 
 
-def tiny_qwen3_omni_config(*, enable_audio_output: bool = True, **thinker_overrides: Any) -> Any:
-    """The ``Qwen3OmniMoeConfig`` of the tiny checkpoint; ``thinker_overrides`` replace thinker fields."""
+def tiny_qwen3_omni_config(*, enable_audio_output: bool = True, speech: bool = False, **thinker_overrides: Any) -> Any:
+    """The ``Qwen3OmniMoeConfig`` of the tiny checkpoint; ``thinker_overrides`` replace thinker fields. ``speech``:
+    the talker's vocabulary has Qwen3-Omni's layout (``CODEC_VOCAB`` codes, then 1024 special ids that generate
+    suppresses but for the codec end), so its greedy speech runs on (see ``tune_for_speech``)."""
     from transformers import Qwen3OmniMoeConfig
 
     thinker = dict(
@@ -135,12 +138,7 @@ def tiny_qwen3_omni_config(*, enable_audio_output: bool = True, **thinker_overri
         max_position_embeddings=64,
         num_code_groups=CODE_GROUPS,
     )
-    talker = dict(
-        text_config=talker_text,
-        code_predictor_config=code_predictor,
-        num_code_groups=CODE_GROUPS,
-        thinker_hidden_size=HIDDEN,
-        accept_hidden_layer=1,
+    codec = dict(
         codec_eos_token_id=CODEC_VOCAB - 6,
         codec_pad_id=CODEC_VOCAB - 5,
         codec_bos_id=CODEC_VOCAB - 4,
@@ -148,6 +146,25 @@ def tiny_qwen3_omni_config(*, enable_audio_output: bool = True, **thinker_overri
         codec_think_bos_id=CODEC_VOCAB - 2,
         codec_think_eos_id=CODEC_VOCAB - 1,
         speaker_id={"ethan": CODEC_VOCAB - 8, "chelsie": CODEC_VOCAB - 7},
+    )
+    if speech:
+        talker_text["vocab_size"] = vocab = CODEC_VOCAB + 1024
+        codec = dict(
+            codec_eos_token_id=CODEC_VOCAB + 6,
+            codec_pad_id=CODEC_VOCAB + 4,
+            codec_bos_id=CODEC_VOCAB + 5,
+            codec_nothink_id=CODEC_VOCAB + 11,
+            codec_think_bos_id=CODEC_VOCAB + 12,
+            codec_think_eos_id=CODEC_VOCAB + 13,
+            speaker_id={"ethan": vocab - 1, "chelsie": vocab - 2},
+        )
+    talker = dict(
+        text_config=talker_text,
+        code_predictor_config=code_predictor,
+        num_code_groups=CODE_GROUPS,
+        thinker_hidden_size=HIDDEN,
+        accept_hidden_layer=1,
+        **codec,
         spatial_merge_size=2,
         position_id_per_seconds=25,
         **_media_ids(),
@@ -194,6 +211,36 @@ def _image_processor() -> Any:
     return Qwen2VLImageProcessorPil(patch_size=16, min_pixels=32 * 32, max_pixels=128 * 128)
 
 
+# After the audio tokenizer's specials (ids 0-9), the chat markers at the ids the config names: the talker's prompt
+# is cut by <|im_start|> and the role that follows it.
+_CHATML_SPECIALS = [
+    "user",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|tts_pad|>",
+    "<|tts_bos|>",
+    "<|tts_eos|>",
+    "system",
+    "assistant",
+]
+_CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@functools.cache
+def chatml_tokenizer() -> Any:
+    """The audio tokenizer with Qwen's chat markup (``<|im_start|>role``) as single tokens at the config's ids."""
+    from tests.harness.audio_checkpoints import AUDIO_CORPUS, AUDIO_SPECIALS
+    from tests.harness.checkpoints import _trained_byte_level
+
+    tok = _trained_byte_level(AUDIO_CORPUS, 330, AUDIO_SPECIALS + _CHATML_SPECIALS)
+    tok.chat_template = _CHATML_TEMPLATE
+    assert tok.convert_tokens_to_ids("<|im_start|>") == 11 and tok.convert_tokens_to_ids("assistant") == 17
+    return tok
+
+
 def save_tiny_qwen3_omni(directory: Path, seed: int = 0, **config_overrides: Any) -> Any:
     """A random tiny ``Qwen3OmniMoeForConditionalGeneration`` saved under ``directory`` (talker and code2wav
     included unless ``enable_audio_output=False``), with tokenizer and ``preprocessor_config.json``.
@@ -205,8 +252,12 @@ def save_tiny_qwen3_omni(directory: Path, seed: int = 0, **config_overrides: Any
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(tiny_qwen3_omni_config(**config_overrides)).eval()
     fill_fused_experts(model, std=0.3)
+    if config_overrides.get("speech"):
+        from tests.harness.tiny_qwen3_omni_speech import tune_for_speech
+
+        tune_for_speech(model, model.config.talker_config.codec_eos_token_id)
     model.save_pretrained(directory)
-    audio_tokenizer().save_pretrained(directory)
+    (chatml_tokenizer() if config_overrides.get("speech") else audio_tokenizer()).save_pretrained(directory)
     # One preprocessor_config.json serves both, as in the released checkpoint.
     merged = {**_image_processor().to_dict(), **feature_extractor().to_dict()}
     (directory / "preprocessor_config.json").write_text(json.dumps(merged, indent=2))

@@ -167,12 +167,16 @@ def tiny_qwen3_omni(seed: int = 0) -> Any:
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(tiny_qwen3_omni_config()).float().eval()
     fill_fused_experts(model, std=0.02)
-    # Random init leaves small weights: widen the heads so greedy codes vary from step to step, and give
-    # code2wav's transformer and vocoder weight enough that a wrong context shows in the waveform.
+    return tune_for_speech(model, CODEC_EOS)
+
+
+def tune_for_speech(model: Any, codec_eos: int) -> Any:
+    """Random init leaves small weights: widen the heads so greedy codes vary from step to step, and give
+    code2wav's transformer and vocoder weight enough that a wrong context shows in the waveform."""
     with torch.no_grad():
         model.talker.codec_head.weight.normal_(0.0, 1.0)
         # A zero logit for the codec's end, well below the largest of the others, so greedy speech runs on.
-        model.talker.codec_head.weight[CODEC_EOS].zero_()
+        model.talker.codec_head.weight[codec_eos].zero_()
         for head in model.talker.code_predictor.lm_head:
             head.weight.normal_(0.0, 1.0)
         for name, param in model.code2wav.named_parameters():

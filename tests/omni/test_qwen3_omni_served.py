@@ -1,6 +1,6 @@
-"""A full Qwen3-Omni checkpoint served by ``OmniPipeline.load`` in text mode: the thinker hears audio itself (no
-ASR) and sees images through its vision tower, its talker and code2wav are not loaded (answers are text, spoken by a
-TTS voice where one is configured), and a video's frames are seen too."""
+"""A full Qwen3-Omni checkpoint served by ``OmniPipeline.load`` in text mode (``speech_model=None``): the thinker
+hears audio itself (no ASR) and sees images and video through its vision tower, its talker and code2wav are not
+loaded (answers are text, spoken by a TTS voice where one is configured)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniPipeline]
         temperature=0.0,
         max_tokens=MAX_TOKENS,
         warm_up=False,
+        speech_model=None,
     )
     assert resolve_speech_model(config) is None, "its talker is not served: it answers in text"
     pipe = OmniPipeline.load(config)
