@@ -288,8 +288,9 @@ def serve_flags() -> tuple[Flag, ...]:
             "--speech-model",
             om,
             "speech_model",
-            "Qwen2.5-Omni checkpoint whose talker and token2wav speak for the LLM (audio in the model's own "
-            "voice instead of --tts): 'auto' (the --model directory when it has them), a path, or 'none' "
+            "Qwen2.5-Omni or Qwen3-Omni checkpoint whose talker and token2wav (code2wav) speak for the LLM (audio "
+            "in the model's own voice instead of --tts): 'auto' (the --model directory when it has them), a path, "
+            "or 'none' "
             "(default %(default)s)",
             "models",
             to_field=_stage,

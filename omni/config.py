@@ -26,9 +26,10 @@ class OmniConfig:
     vad: bool = True  # silero-vad for server_vad / semantic_vad turn detection
     vision: bool = True  # use the LLM's vision tower when the checkpoint has one
     image_model: str | None = None  # local diffusers pipeline directory for image output
-    # A Qwen2.5-Omni checkpoint whose talker and token2wav speak for the LLM (its thinker): audio output
-    # then comes from the model's own voice instead of the TTS head. "auto": the LLM's own checkpoint when
-    # it has them (a Qwen2.5-Omni directory with audio output and a speaker map); None: never.
+    # A Qwen2.5-Omni or Qwen3-Omni checkpoint whose talker and token2wav (Qwen3: code2wav) speak for the LLM (its
+    # thinker): audio output then comes from the model's own voice instead of the TTS head. "auto": the LLM's own
+    # checkpoint when it has them (Qwen2.5-Omni with audio output and a speaker map, Qwen3-Omni with audio output
+    # and code2wav); None: never.
     speech_model: str | None = "auto"
     # How the speaking model's token2wav cuts its audio (``omni.heads.token2wav.chunking.Token2WavConfig``); None keeps
     # the head's own setting. The first chunk, in codes (50 a second), is the latency knob; later chunks are
