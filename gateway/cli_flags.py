@@ -299,8 +299,9 @@ def serve_flags() -> tuple[Flag, ...]:
             "--speech-first-chunk-codes",
             om,
             "speech_first_chunk_codes",
-            "codes (20 ms of audio each) before a speaking model's first audio: the latency knob "
-            "(default: the speech head's)",
+            "codes (20 ms of audio each) before a speaking model's first audio: the latency knob; Qwen3-Omni "
+            "takes the code2wav frames (80 ms each) covering as much (default: the speech head's: Qwen2.5-Omni 4, "
+            "Qwen3-Omni 4 frames)",
             "models",
             type=_positive,
         ),
@@ -308,7 +309,17 @@ def serve_flags() -> tuple[Flag, ...]:
             "--speech-chunk-codes",
             om,
             "speech_chunk_codes",
-            "codes in each later audio chunk (default: the speech head's)",
+            "codes (20 ms each) in each later audio chunk; Qwen3-Omni takes the code2wav frames covering as much "
+            "(default: the speech head's: Qwen2.5-Omni 48, Qwen3-Omni 25 frames)",
+            "models",
+            type=_positive,
+        ),
+        Flag(
+            "--speech-max-codes",
+            om,
+            "speech_max_codes",
+            "codes (20 ms each) of the longest spoken reply; Qwen3-Omni takes the code2wav frames covering as "
+            "much (default: the speech head's, about 82 s: Qwen2.5-Omni 4096, Qwen3-Omni 1024 frames)",
             "models",
             type=_positive,
         ),
@@ -316,7 +327,8 @@ def serve_flags() -> tuple[Flag, ...]:
             "--speech-ode-steps",
             om,
             "speech_ode_steps",
-            "flow-matching steps of each audio chunk (default: the speech head's, Qwen's)",
+            "flow-matching steps of each audio chunk, Qwen2.5-Omni's token2wav only (default: the speech head's, "
+            "Qwen's)",
             "models",
             type=_positive,
         ),
@@ -324,8 +336,8 @@ def serve_flags() -> tuple[Flag, ...]:
             "--speech-first-chunk-steps",
             om,
             "speech_first_chunk_steps",
-            "flow-matching steps of the first audio chunk alone: fewer start the audio sooner, coarser "
-            "(default: as --speech-ode-steps)",
+            "flow-matching steps of the first audio chunk alone, Qwen2.5-Omni's token2wav only: fewer start the "
+            "audio sooner, coarser (default: as --speech-ode-steps)",
             "models",
             type=_positive,
         ),
@@ -333,7 +345,7 @@ def serve_flags() -> tuple[Flag, ...]:
             "--no-speech-cuda-graphs",
             om,
             "speech_cuda_graphs",
-            "run the speech head's chunk calls eagerly, not from CUDA graphs captured at load (CUDA only)",
+            "run Qwen2.5-Omni's token2wav chunk calls eagerly, not from CUDA graphs captured at load (CUDA only)",
             "models",
             switch=True,
             to_field=lambda v: False if v else None,
@@ -342,8 +354,8 @@ def serve_flags() -> tuple[Flag, ...]:
             "--no-speech-first-chunks-alone",
             om,
             "speech_first_chunks_alone",
-            "let the engines keep stepping while a first audio chunk's call runs (by default they wait: first "
-            "audio sooner, the other sessions' steps later)",
+            "let the engines keep stepping while Qwen2.5-Omni's token2wav runs a first audio chunk (by default "
+            "they wait: first audio sooner, the other sessions' steps later)",
             "models",
             switch=True,
             to_field=lambda v: False if v else None,
@@ -352,7 +364,7 @@ def serve_flags() -> tuple[Flag, ...]:
             "--speech-dit-dtype",
             om,
             "speech_dit_dtype",
-            "precision of the speech head's DiT: float32 as the checkpoint's authors run it, or bfloat16 "
+            "precision of Qwen2.5-Omni's token2wav DiT: float32 as the checkpoint's authors run it, or bfloat16 "
             "(tensor cores: keeps up with many more streams; the vocoder stays float32) "
             "(default: the speech head's, float32)",
             "models",
@@ -362,8 +374,8 @@ def serve_flags() -> tuple[Flag, ...]:
             "--speech-lanes",
             om,
             "speech_lanes",
-            "the speech head's worker threads, each on its own CUDA stream; with 2 one runs first audio chunks "
-            "alone, so they never wait behind another session's later chunk (default: the speech head's, 2)",
+            "Qwen2.5-Omni's token2wav worker threads, each on its own CUDA stream; with 2 one runs first audio "
+            "chunks alone, so they never wait behind another session's later chunk (default: the speech head's, 2)",
             "models",
             type=_positive,
         ),

@@ -31,12 +31,16 @@ class OmniConfig:
     # checkpoint when it has them (Qwen2.5-Omni with audio output and a speaker map, Qwen3-Omni with audio output
     # and code2wav); None: never.
     speech_model: str | None = "auto"
-    # How the speaking model's token2wav cuts its audio (``omni.heads.token2wav.chunking.Token2WavConfig``); None keeps
-    # the head's own setting. The first chunk, in codes (50 a second), is the latency knob; later chunks are
-    # larger for throughput; fewer ODE steps for the first chunk trade its quality for time; CUDA graphs
-    # replay the regular chunks' calls; a bfloat16 DiT puts its matrix products on tensor cores.
+    # How the speaking model cuts its audio, in codes of 20 ms (Qwen2.5-Omni's, 50 a second); None keeps the head's
+    # own setting (``omni.speech_settings``). Qwen3-Omni's code2wav takes the frames covering as much audio (80 ms
+    # each: N codes, N/4 frames rounded up). The first chunk is the latency knob; later chunks are larger for
+    # throughput; the longest reply bounds a talker that never says its stop code.
     speech_first_chunk_codes: int | None = None
     speech_chunk_codes: int | None = None
+    speech_max_codes: int | None = None
+    # Qwen2.5-Omni's token2wav alone (``omni.heads.token2wav.chunking.Token2WavConfig``): fewer ODE steps for the
+    # first chunk trade its quality for time; CUDA graphs replay the regular chunks' calls; a bfloat16 DiT puts its
+    # matrix products on tensor cores.
     speech_ode_steps: int | None = None
     speech_first_chunk_steps: int | None = None
     speech_cuda_graphs: bool | None = None

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.protocol import Message, OmniRequest, TextPart
+from omni_gateway.omni.speech_settings import spoken_settings
 
 if TYPE_CHECKING:
     from omni_gateway.encoders.audio_tower import AudioEncoder
     from omni_gateway.encoders.vision import VisionEncoder
     from omni_gateway.omni.heads.tts.head import TtsHead
     from omni_gateway.omni.pipeline import OmniPipeline
-    from omni_gateway.omni.qwen3_speech import Qwen3SpokenModel
+    from omni_gateway.omni.qwen3_speech import Qwen3SpeechConfig, Qwen3SpokenModel
     from omni_gateway.omni.speech import SpeechConfig, SpokenModel
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
             f"tensor_parallel_size 1, got {engine_config.tensor_parallel_size}; serve it on one GPU, or pass "
             "--speech-model none to answer through a TTS voice"
         )
-    spoken = speech_config(config) if speech_model is not None else None
+    spoken = spoken_settings(config, speech_model) if speech_model is not None else None
     if speech_model is not None and not engine_config.engine_in_process and engine_config.data_parallel_size == 1:
         # The talker reads the thinker's hidden states every step: in this process they stay on the device,
         # from a core process each step's would be copied to the host and sent over a socket first.
@@ -95,7 +96,7 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
             from omni_gateway.encoders.vad import load_session
 
             vad_session = load_session()
-        if speech_model is not None:
+        if speech_model is not None and spoken is not None:
             speech = _load_speech(speech_model, str(engine.device_and_dtype[0]), spoken)
             log.info("talker and its vocoder of %s ready: the model speaks in its own voice", speech_model)
         if config.image_model is not None:
@@ -138,23 +139,15 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
     return pipeline
 
 
-def _load_speech(path: str, device: str, spoken: SpeechConfig | None) -> SpokenModel | Qwen3SpokenModel:
-    """The talker side of a speaking checkpoint: Qwen3-Omni's (talker, code predictor, code2wav) or
-    Qwen2.5-Omni's (talker, token2wav)."""
-    if _model_type(path) == "qwen3_omni_moe":
-        from omni_gateway.omni.qwen3_speech import Qwen3SpokenModel
+def _load_speech(path: str, device: str, spoken: SpeechConfig | Qwen3SpeechConfig) -> SpokenModel | Qwen3SpokenModel:
+    """The talker side of a speaking checkpoint with its settings (``spoken_settings``, which read its kind):
+    Qwen3-Omni's (talker, code predictor, code2wav) or Qwen2.5-Omni's (talker, token2wav)."""
+    from omni_gateway.omni.qwen3_speech import Qwen3SpeechConfig, Qwen3SpokenModel
+    from omni_gateway.omni.speech import SpokenModel
 
-        return Qwen3SpokenModel.load(path, device=device)
-    from omni_gateway.omni.speech import SpeechConfig, SpokenModel
-
-    return SpokenModel.load(path, device=device, config=spoken or SpeechConfig())
-
-
-def _model_type(path: str) -> str | None:
-    try:
-        return json.loads((Path(path) / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError):
-        return None
+    if isinstance(spoken, Qwen3SpeechConfig):
+        return Qwen3SpokenModel.load(path, device=device, config=spoken)
+    return SpokenModel.load(path, device=device, config=spoken)
 
 
 def _load_voice(
@@ -221,26 +214,6 @@ def _on_cuda(stage: object | None) -> bool:
             return str(device).startswith("cuda")
         stage = getattr(stage, "recognizer", None) or getattr(stage, "synthesizer", None)
     return False
-
-
-def speech_config(config: OmniConfig) -> SpeechConfig:
-    """The speaking model's settings: the head's own, with what ``config`` sets over them (checked here, before
-    anything loads)."""
-    from omni_gateway.omni.heads.token2wav.head import Token2WavConfig
-    from omni_gateway.omni.speech import SpeechConfig
-
-    chosen = {
-        "first_chunk_codes": config.speech_first_chunk_codes,
-        "chunk_codes": config.speech_chunk_codes,
-        "num_steps": config.speech_ode_steps,
-        "first_chunk_steps": config.speech_first_chunk_steps,
-        "cuda_graphs": config.speech_cuda_graphs,
-        "first_chunks_alone": config.speech_first_chunks_alone,
-        "dit_dtype": config.speech_dit_dtype,
-        "lanes": config.speech_lanes,
-    }
-    token2wav = dataclasses.replace(Token2WavConfig(), **{k: v for k, v in chosen.items() if v is not None})
-    return SpeechConfig(token2wav=token2wav)
 
 
 def resolve_speech_model(config: OmniConfig) -> str | None:

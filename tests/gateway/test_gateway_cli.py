@@ -178,6 +178,7 @@ SAMPLES = {
     "--speech-model": "/omni",
     "--speech-first-chunk-codes": "6",
     "--speech-chunk-codes": "24",
+    "--speech-max-codes": "1000",
     "--speech-ode-steps": "6",
     "--speech-first-chunk-steps": "4",
     "--no-speech-cuda-graphs": None,

@@ -104,7 +104,8 @@ def test_a_speaking_model_under_tensor_parallel_is_refused_before_anything_loads
 def test_the_speech_flags_set_the_heads_chunking_over_its_defaults() -> None:
     from omni_gateway.omni.config import OmniConfig
     from omni_gateway.omni.heads.token2wav.head import Token2WavConfig
-    from omni_gateway.omni.loading import speech_config
+    from omni_gateway.omni.speech import SpeechConfig
+    from omni_gateway.omni.speech_settings import speech_config
 
     assert speech_config(OmniConfig()).token2wav == Token2WavConfig()  # nothing set: the head's own
     chosen = speech_config(
@@ -124,6 +125,37 @@ def test_the_speech_flags_set_the_heads_chunking_over_its_defaults() -> None:
     assert (chosen.token2wav.cuda_graphs, default.cuda_graphs) == (False, True)
     assert (chosen.token2wav.first_chunks_alone, default.first_chunks_alone) == (False, True)
     assert chosen.token2wav.chunk_codes == default.chunk_codes
+    assert chosen.max_codes == SpeechConfig().max_codes == 4096
+    assert speech_config(OmniConfig(speech_max_codes=500)).max_codes == 500
+
+
+def test_the_speech_sizes_become_qwen3_code2wav_frames_covering_as_much_audio() -> None:
+    from omni_gateway.omni.config import OmniConfig
+    from omni_gateway.omni.heads.code2wav.stream import Chunking
+    from omni_gateway.omni.qwen3_speech import Qwen3SpeechConfig
+    from omni_gateway.omni.speech_settings import frames_for_codes, qwen3_speech_config
+
+    released = 1920  # samples per frame of the released checkpoint's code2wav: 80 ms at 24 kHz, 4 codes' worth
+    assert qwen3_speech_config(OmniConfig(), released) == Qwen3SpeechConfig()  # nothing set: the head's own
+    assert [frames_for_codes(n, released) for n in (1, 4, 5, 8, 100, 4096)] == [1, 1, 2, 2, 25, 1024]
+    chosen = qwen3_speech_config(
+        OmniConfig(speech_first_chunk_codes=10, speech_chunk_codes=48, speech_max_codes=400), released
+    )
+    assert chosen.chunking == Chunking(first_chunk_frames=3, chunk_frames=12) and chosen.max_frames == 100
+    assert (chosen.temperature, chosen.predictor) == (Qwen3SpeechConfig().temperature, Qwen3SpeechConfig().predictor)
+    # Another frame size converts by its own: 32 samples are 4/3 ms, so 20 ms is 15 frames.
+    assert qwen3_speech_config(OmniConfig(speech_first_chunk_codes=1), 32).chunking.first_chunk_frames == 15
+    with pytest.raises(ValueError, match="positive code count"):
+        frames_for_codes(0, released)
+
+
+def test_token2wav_only_flags_are_reported_unused_for_qwen3(caplog: pytest.LogCaptureFixture) -> None:
+    from omni_gateway.omni.config import OmniConfig
+    from omni_gateway.omni.speech_settings import qwen3_speech_config
+
+    with caplog.at_level("WARNING", logger="omni_gateway.omni.speech_settings"):
+        qwen3_speech_config(OmniConfig(speech_ode_steps=4, speech_lanes=1), 1920)
+    assert "--speech-ode-steps, --speech-lanes: Qwen2.5-Omni's token2wav only" in caplog.text
 
 
 def test_an_impossible_speech_setting_is_refused_before_anything_loads(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ import threading
 import time
 import wave
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,17 +43,26 @@ TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniPipeline]:
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("qwen3omni-gateway")
     save_tiny_qwen3_omni(directory, speech=True)
-    config = OmniConfig(
+    return directory
+
+
+def omni_config(directory: Path, **speech: Any) -> OmniConfig:
+    return OmniConfig(
         engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96),
         asr=None,
         vad=False,  # tts left at its default: a speaking model loads none
         temperature=0.0,
         max_tokens=6,
+        **speech,
     )
-    pipe = OmniPipeline.load(config)  # warmed up: one short spoken turn ran before serving
+
+
+@pytest.fixture(scope="module")
+def pipeline(checkpoint: Path) -> Iterator[OmniPipeline]:
+    pipe = OmniPipeline.load(omni_config(checkpoint))  # warmed up: one short spoken turn ran before serving
     assert isinstance(pipe.speech, Qwen3SpokenModel)
     # A random talker may never say its stop code: a short utterance keeps the test fast.
     pipe.speech.config = dataclasses.replace(pipe.speech.config, max_frames=MAX_FRAMES)
@@ -281,3 +291,36 @@ def test_chat_completion_streams_pcm16_audio_with_its_transcript(
     assert transcript and decoded.frames > 4
     assert len(pcm) == 2 * pipeline.speech.code2wav.samples(decoded.frames)
     idle(pipeline)
+
+
+def test_the_speech_flags_size_code2wavs_chunks_in_frames_of_as_much_audio(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--speech-first-chunk-codes 1 --speech-chunk-codes 2 --speech-max-codes 3``: 20, 40 and 60 ms of audio;
+    the tiny code2wav's frames are 32 samples (4/3 ms), so 15, 30 and 45 frames."""
+    config = omni_config(checkpoint, speech_first_chunk_codes=1, speech_chunk_codes=2, speech_max_codes=3)
+    pipe = OmniPipeline.load(dataclasses.replace(config, warm_up=False))
+    try:
+        assert isinstance(pipe.speech, Qwen3SpokenModel) and pipe.speech.code2wav.config.upsample == 32
+        cfg = pipe.speech.config
+        assert (cfg.chunking.first_chunk_frames, cfg.chunking.chunk_frames, cfg.max_frames) == (15, 30, 45)
+        sizes: list[int] = []
+        decode = qwen3_speech.decode_chunks
+
+        def keep(model: Any, work: list[tuple[Any, torch.Tensor]]) -> list[torch.Tensor]:
+            sizes.extend(int(codes.shape[1]) for _, codes in work)
+            return decode(model, work)
+
+        monkeypatch.setattr(qwen3_speech, "decode_chunks", keep)
+        with served(pipe) as (_, client):
+            reply = client.chat.completions.create(
+                model=pipe.capabilities.model,
+                messages=[{"role": "user", "content": "say something"}],
+                modalities=["text", "audio"],
+                audio={"voice": "ethan", "format": "wav"},
+            )
+        assert reply.choices[0].message.audio is not None
+        # The random talker never says its stop code: 45 frames, cut 15 then 30.
+        assert sizes == [15, 30]
+    finally:
+        pipe.shutdown()
