@@ -159,6 +159,7 @@ def test_realtime_audio_turn_is_answered_in_the_models_own_voice(
         < kinds.index("response.done")
     )
     audio = audio_of(events)
+    assert kinds.count("response.output_audio.delta") >= 2  # chunk by chunk as code2wav decodes
     # Every sample code2wav made for the frames spoken, none more: the whole utterance's length.
     assert decoded.frames > 4 and len(audio) == 2 * pipeline.speech.code2wav.samples(decoded.frames)
     assert np.abs(np.frombuffer(audio, dtype=np.int16)).max() > 0
@@ -289,6 +290,7 @@ def test_chat_completion_streams_pcm16_audio_with_its_transcript(
     pcm = b"".join(base64.b64decode(a.data) for a in audio if a.data)
     transcript = "".join(a.transcript or "" for a in audio)
     assert transcript and decoded.frames > 4
+    assert len([a for a in audio if a.data]) >= 2  # streamed chunk by chunk, not sent whole at the end
     assert len(pcm) == 2 * pipeline.speech.code2wav.samples(decoded.frames)
     idle(pipeline)
 
