@@ -19,6 +19,7 @@ from omni_gateway.omni.protocol import Message, OmniRequest, TextPart
 if TYPE_CHECKING:
     from omni_gateway.encoders.audio_tower import AudioEncoder
     from omni_gateway.encoders.vision import VisionEncoder
+    from omni_gateway.engine.config import EngineConfig
     from omni_gateway.omni.heads.tts.head import TtsHead
     from omni_gateway.omni.pipeline import OmniPipeline
     from omni_gateway.omni.qwen3_speech import Qwen3SpokenModel
@@ -85,7 +86,9 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
     try:
         from omni_gateway.encoders.vision import checkpoint_family
 
-        if config.vision and checkpoint_family(config.engine.model):
+        if config.vision and config.engine.load_format == "dummy":
+            log.warning("load_format 'dummy': no vision tower (its random weights are not made); images are refused")
+        elif config.vision and checkpoint_family(config.engine.model):
             vision = _load_vision(config, engine)
             log.info("vision tower of %s ready", config.engine.model)
         if hears:
@@ -96,7 +99,7 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
 
             vad_session = load_session()
         if speech_model is not None:
-            speech = _load_speech(speech_model, str(engine.device_and_dtype[0]), spoken)
+            speech = _load_speech(speech_model, str(engine.device_and_dtype[0]), spoken, engine_config)
             log.info("talker and its vocoder of %s ready: the model speaks in its own voice", speech_model)
         if config.image_model is not None:
             from omni_gateway.omni.heads.dit.head import load_image_head
@@ -138,13 +141,17 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
     return pipeline
 
 
-def _load_speech(path: str, device: str, spoken: SpeechConfig | None) -> SpokenModel | Qwen3SpokenModel:
-    """The talker side of a speaking checkpoint: Qwen3-Omni's (talker, code predictor, code2wav) or
-    Qwen2.5-Omni's (talker, token2wav)."""
+def _load_speech(
+    path: str, device: str, spoken: SpeechConfig | None, engine: EngineConfig
+) -> SpokenModel | Qwen3SpokenModel:
+    """The talker side of a speaking checkpoint: Qwen3-Omni's (talker, code predictor, code2wav; random weights
+    under ``load_format="dummy"``) or Qwen2.5-Omni's (talker, token2wav)."""
     if _model_type(path) == "qwen3_omni_moe":
         from omni_gateway.omni.qwen3_speech import Qwen3SpokenModel
 
-        return Qwen3SpokenModel.load(path, device=device)
+        return Qwen3SpokenModel.load(path, device=device, load_format=engine.load_format, seed=engine.seed)
+    if engine.load_format == "dummy":
+        raise ValueError(f"load_format 'dummy' makes Qwen3-Omni's speech side; {path} is another talker")
     from omni_gateway.omni.speech import SpeechConfig, SpokenModel
 
     return SpokenModel.load(path, device=device, config=spoken or SpeechConfig())
@@ -279,7 +286,12 @@ def _load_audio(config: OmniConfig, engine: Any) -> AudioEncoder:
     from omni_gateway.encoders.audio_tower import load_audio_encoder
 
     device, dtype = engine.device_and_dtype
-    return load_audio_encoder(config.engine.model, device=device, dtype=dtype)
+    fill = None
+    if config.engine.load_format == "dummy":
+        from omni_gateway.omni.qwen3_dummy import audio_fill
+
+        fill = audio_fill(config.engine.seed, device, dtype)
+    return load_audio_encoder(config.engine.model, device=device, dtype=dtype, fill=fill)
 
 
 def warm_up(pipeline: OmniPipeline) -> None:
