@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import abc
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -426,8 +427,10 @@ def load_audio_encoder(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     cache: EncoderCache | None = None,
+    fill: Callable[[str, tuple[int, ...]], torch.Tensor] | None = None,
 ) -> AudioEncoder:
-    """The audio tower of a Qwen2-Audio, Voxtral, Qwen2.5-Omni or Qwen3-Omni checkpoint directory."""
+    """The audio tower of a Qwen2-Audio, Voxtral, Qwen2.5-Omni or Qwen3-Omni checkpoint directory. ``fill``: makes
+    each tensor from its checkpoint name and shape instead of reading it (random weights; Qwen3-Omni only)."""
     from transformers import AutoConfig
 
     path = Path(model_dir)
@@ -436,11 +439,13 @@ def load_audio_encoder(
         raise AudioLoadError(
             f"{str(path)!r} is not an audio-in checkpoint; supported architectures: {', '.join(FAMILIES)}"
         )
-    if not any(path.glob("*.safetensors")):
+    if fill is not None and family != "qwen3_omni":
+        raise AudioLoadError(f"random audio-tower weights are made for Qwen3-Omni; {str(path)!r} is {family}")
+    if fill is None and not any(path.glob("*.safetensors")):
         raise AudioLoadError(f"{str(path)!r} has no *.safetensors weights")
     hf_config = AutoConfig.from_pretrained(str(path))
     if family == "qwen3_omni":  # its own module, which builds on this one's AudioEncoder
         from omni_gateway.encoders.qwen3_omni_audio import Qwen3OmniAudioTower
 
-        return Qwen3OmniAudioTower(path, hf_config, device=torch.device(device), dtype=dtype, cache=cache)
+        return Qwen3OmniAudioTower(path, hf_config, fill, device=torch.device(device), dtype=dtype, cache=cache)
     return _CLASSES[family](path, hf_config, device=torch.device(device), dtype=dtype, cache=cache)

@@ -15,11 +15,16 @@ The forward is ours, over the Hugging Face module's parameters (built from the c
 with the ``thinker.audio_tower.`` weights), so it does not depend on how a transformers release packs the
 chunks for its attention kernels. Features are the checkpoint's Whisper feature extractor's over the whole clip
 (128 bins, not truncated to its 30 s window), as Qwen3-Omni's processor makes them.
+
+``fill`` (``load_format="dummy"``) makes each tensor, by its checkpoint name and shape, instead of reading the
+checkpoint: the module is built on the meta device and takes the made tensors as they are (on the device, in its
+dtype), so a random tower never passes through host memory.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,9 @@ from omni_gateway.encoders.audio_tower import (
     special_token_ids,
     thinker_token_rows,
 )
+
+_TOWER = "thinker.audio_tower."
+_EMBED = "thinker.model.embed_tokens.weight"
 
 
 def frames_after_convs(frames: int) -> int:
@@ -62,17 +70,34 @@ def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> tor
 class Qwen3OmniAudioTower(AudioEncoder):
     family = "qwen3_omni"
 
-    def __init__(self, model_dir: Path, hf_config: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        hf_config: Any,
+        fill: Callable[[str, tuple[int, ...]], torch.Tensor] | None = None,
+        **kwargs: Any,
+    ) -> None:
         thinker = getattr(hf_config, "thinker_config", hf_config)
         super().__init__(model_dir, thinker, **kwargs)
+        self.fill = fill
         try:
             from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeAudioEncoder
         except ImportError as exc:
             raise AudioLoadError(f"this transformers release has no Qwen3-Omni audio encoder: {exc}") from None
         config = thinker.audio_config
-        tower = Qwen3OmniMoeAudioEncoder._from_config(config)
-        _load(tower, _weights(model_dir, ("thinker.audio_tower.", "audio_tower.")), "audio tower", model_dir)
-        self.tower = tower.to(device=self.device, dtype=self.dtype).eval()
+        if fill is None:
+            tower = Qwen3OmniMoeAudioEncoder._from_config(config)
+            _load(tower, _weights(model_dir, ("thinker.audio_tower.", "audio_tower.")), "audio tower", model_dir)
+            self.tower = tower.to(device=self.device, dtype=self.dtype).eval()
+        else:
+            with torch.device("meta"):
+                tower = Qwen3OmniMoeAudioEncoder._from_config(config)
+            shapes = {name: tuple(t.shape) for name, t in tower.state_dict().items()}
+            # Buffers left out of the state dict stay empty: the forward here reads the parameters only.
+            tower.to_empty(device=self.device)
+            made = {name: fill(_TOWER + name, shape) for name, shape in shapes.items()}
+            tower.load_state_dict(made, assign=True)
+            self.tower = tower.eval()
         self.n_window = int(config.n_window)
         self.window_chunks = max(1, int(config.n_window_infer) // (2 * self.n_window))
         self.num_heads = int(config.encoder_attention_heads)
@@ -97,7 +122,15 @@ class Qwen3OmniAudioTower(AudioEncoder):
         carries its own markers (the end markers sit where the last piece of the span puts them)."""
         if self._marker_rows is None:
             ids = [self.placeholders.start, self.placeholders.end, self.vision_end]
-            self._marker_rows = thinker_token_rows(self.model_dir, ids).to(device=self.device, dtype=self.dtype)
+            if self.fill is None:
+                rows = thinker_token_rows(self.model_dir, ids)
+            elif any(i is None for i in ids):
+                raise AudioLoadError(f"the tokenizer of {str(self.model_dir)!r} lacks an audio or vision marker token")
+            else:
+                text = self.hf_config.text_config
+                table = self.fill(_EMBED, (int(text.vocab_size), int(text.hidden_size)))
+                rows = table[torch.tensor(ids, device=table.device)]
+            self._marker_rows = rows.to(device=self.device, dtype=self.dtype)
         return self._marker_rows
 
     def embeddings_for(self, samples: int) -> int:

@@ -20,6 +20,7 @@ from omni_gateway.omni.speech_settings import spoken_settings
 if TYPE_CHECKING:
     from omni_gateway.encoders.audio_tower import AudioEncoder
     from omni_gateway.encoders.vision import VisionEncoder
+    from omni_gateway.engine.config import EngineConfig
     from omni_gateway.omni.heads.tts.head import TtsHead
     from omni_gateway.omni.pipeline import OmniPipeline
     from omni_gateway.omni.qwen3_speech import Qwen3SpeechConfig, Qwen3SpokenModel
@@ -86,7 +87,9 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
     try:
         from omni_gateway.encoders.vision import checkpoint_family
 
-        if config.vision and checkpoint_family(config.engine.model):
+        if config.vision and config.engine.load_format == "dummy":
+            log.warning("load_format 'dummy': no vision tower (its random weights are not made); images are refused")
+        elif config.vision and checkpoint_family(config.engine.model):
             vision = _load_vision(config, engine)
             log.info("vision tower of %s ready", config.engine.model)
         if hears:
@@ -97,7 +100,7 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
 
             vad_session = load_session()
         if speech_model is not None and spoken is not None:
-            speech = _load_speech(speech_model, str(engine.device_and_dtype[0]), spoken)
+            speech = _load_speech(speech_model, str(engine.device_and_dtype[0]), spoken, engine_config)
             log.info("talker and its vocoder of %s ready: the model speaks in its own voice", speech_model)
         if config.image_model is not None:
             from omni_gateway.omni.heads.dit.head import load_image_head
@@ -139,14 +142,21 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
     return pipeline
 
 
-def _load_speech(path: str, device: str, spoken: SpeechConfig | Qwen3SpeechConfig) -> SpokenModel | Qwen3SpokenModel:
+def _load_speech(
+    path: str, device: str, spoken: SpeechConfig | Qwen3SpeechConfig, engine: EngineConfig
+) -> SpokenModel | Qwen3SpokenModel:
     """The talker side of a speaking checkpoint with its settings (``spoken_settings``, which read its kind):
-    Qwen3-Omni's (talker, code predictor, code2wav) or Qwen2.5-Omni's (talker, token2wav)."""
+    Qwen3-Omni's (talker, code predictor, code2wav; random weights under ``load_format="dummy"``) or
+    Qwen2.5-Omni's (talker, token2wav)."""
     from omni_gateway.omni.qwen3_speech import Qwen3SpeechConfig, Qwen3SpokenModel
     from omni_gateway.omni.speech import SpokenModel
 
     if isinstance(spoken, Qwen3SpeechConfig):
-        return Qwen3SpokenModel.load(path, device=device, config=spoken)
+        return Qwen3SpokenModel.load(
+            path, device=device, config=spoken, load_format=engine.load_format, seed=engine.seed
+        )
+    if engine.load_format == "dummy":
+        raise ValueError(f"load_format 'dummy' makes Qwen3-Omni's speech side; {path} is another talker")
     return SpokenModel.load(path, device=device, config=spoken)
 
 
@@ -252,7 +262,12 @@ def _load_audio(config: OmniConfig, engine: Any) -> AudioEncoder:
     from omni_gateway.encoders.audio_tower import load_audio_encoder
 
     device, dtype = engine.device_and_dtype
-    return load_audio_encoder(config.engine.model, device=device, dtype=dtype)
+    fill = None
+    if config.engine.load_format == "dummy":
+        from omni_gateway.omni.qwen3_dummy import audio_fill
+
+        fill = audio_fill(config.engine.seed, device, dtype)
+    return load_audio_encoder(config.engine.model, device=device, dtype=dtype, fill=fill)
 
 
 def warm_up(pipeline: OmniPipeline) -> None:

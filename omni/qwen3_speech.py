@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import hashlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,8 +116,17 @@ class Qwen3SpokenModel:
 
     @classmethod
     def load(
-        cls, path: str | Path, *, device: str = "auto", config: Qwen3SpeechConfig = Qwen3SpeechConfig()
+        cls,
+        path: str | Path,
+        *,
+        device: str = "auto",
+        config: Qwen3SpeechConfig = Qwen3SpeechConfig(),
+        load_format: str = "auto",
+        seed: int = 0,
+        engine_options: Mapping[str, Any] | None = None,
     ) -> Qwen3SpokenModel:
+        """``load_format="dummy"``: random weights made on the device from the config (``omni.qwen3_dummy``).
+        ``engine_options``: ``EngineConfig`` fields of the talker's engine (KV blocks, batch size, graphs)."""
         from omni_gateway.engine.config import EngineConfig
         from omni_gateway.engine.core.llm_engine import LLMEngine
         from omni_gateway.engine.frontend.async_engine import AsyncEngine
@@ -127,11 +136,18 @@ class Qwen3SpokenModel:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = torch.float32 if device == "cpu" else torch.bfloat16
-        parts = Qwen3Talker.load(path, device=device, dtype=dtype)
-        layer = int(read_config(Path(path)).talker_config.accept_hidden_layer)
-        model = cls(parts, load_code2wav(path, device=device, dtype=dtype), layer, config)
+        parts = Qwen3Talker.load(path, device=device, dtype=dtype, load_format=load_format, seed=seed)
+        hf = read_config(Path(path))
+        code2wav_tensors = None
+        if load_format == "dummy":
+            from omni_gateway.omni.qwen3_dummy import code2wav_tensors as random_code2wav
+
+            code2wav_tensors = random_code2wav(hf, seed, device, dtype)
+        code2wav = load_code2wav(path, device=device, dtype=dtype, tensors=code2wav_tensors)
+        model = cls(parts, code2wav, int(hf.talker_config.accept_hidden_layer), config)
         dtype_name = "float32" if dtype == torch.float32 else "bfloat16"
-        engine = LLMEngine(EngineConfig(model=str(path), device=device, dtype=dtype_name), model=parts.loaded)
+        engine_config = EngineConfig(model=str(path), device=device, dtype=dtype_name, **dict(engine_options or {}))
+        engine = LLMEngine(engine_config, model=parts.loaded)
         model.talker = AsyncEngine(engine=engine, after_step=model._after_step)
         return model
 

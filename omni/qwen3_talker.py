@@ -111,12 +111,23 @@ class Qwen3Talker:
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         max_model_len: int | None = None,
+        load_format: str = "auto",
+        seed: int = 0,
     ) -> Qwen3Talker:
+        """``load_format="dummy"``: random weights from the config (``omni.qwen3_dummy``); no weight file is read."""
         root = Path(path)
         hf = read_config(root)
         cfg = talker_config(hf)  # raises for a checkpoint without a Qwen3-Omni talker
-        tensors = read_talker_tensors(root)
-        loaded = load_talker(root, max_model_len, tensors=tensors)
+        if load_format == "dummy":
+            from omni_gateway.omni.qwen3_dummy import talker_decoder_source, talker_tensors
+
+            tensors = talker_tensors(hf, seed, device, dtype)
+            loaded = load_talker(root, max_model_len, source=talker_decoder_source(hf, seed))
+        elif load_format == "auto":
+            tensors = read_talker_tensors(root)
+            loaded = load_talker(root, max_model_len, tensors=tensors)
+        else:
+            raise ModelLoadError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
         sub = hf.talker_config
         prefix = "talker.code_predictor."
         try:

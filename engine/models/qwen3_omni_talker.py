@@ -198,18 +198,36 @@ def read_config(root: Path) -> Any:
         raise ModelLoadError(f"cannot read the config in {str(root)!r}: {exc}") from exc
 
 
+def decoder_checkpoint_name(name: str) -> str:
+    """The checkpoint's name of the talker decoder's tensor ``name`` (``talker_weights`` backwards)."""
+    if name == "lm_head.weight":
+        return _PREFIX + "codec_head.weight"
+    if name == "model.embed_tokens.weight":
+        return _PREFIX + "model.codec_embedding.weight"
+    return _PREFIX + name
+
+
 def load_talker(
-    path: str | Path, max_model_len: int | None = None, tensors: dict[str, torch.Tensor] | None = None
+    path: str | Path,
+    max_model_len: int | None = None,
+    tensors: dict[str, torch.Tensor] | None = None,
+    source: Any = None,
 ) -> Any:
     """A ``LoadedModel`` of the talker decoder in a Qwen3-Omni checkpoint directory (for ``LLMEngine(model=...)``).
-    ``tensors``: the checkpoint's ``talker.*`` tensors where the caller has read them already."""
+    ``tensors``: the checkpoint's ``talker.*`` tensors where the caller has read them already. ``source``: a
+    ``WeightSource`` under the decoder's names instead (random weights, ``load_format="dummy"``), which the engine
+    reads on its device."""
     from omni_gateway.engine.models.llama import missing_weights
     from omni_gateway.engine.runner.loader import LoadedModel
 
     root = Path(path)
     cfg = talker_config(read_config(root))
-    weights = talker_weights(tensors if tensors is not None else read_talker_tensors(root))
-    missing = missing_weights(cfg, weights)
+    if source is not None:
+        weights: dict[str, torch.Tensor] = {}
+        missing = missing_weights(cfg, dict.fromkeys(source.names()))
+    else:
+        weights = talker_weights(tensors if tensors is not None else read_talker_tensors(root))
+        missing = missing_weights(cfg, weights)
     if missing:
         raise ModelLoadError(f"{str(root)!r} lacks {len(missing)} talker tensor(s): {', '.join(missing[:6])}")
     model_len = int(cfg.max_position_embeddings)
@@ -225,4 +243,5 @@ def load_talker(
         name=f"{root.name}-talker",
         architecture=TALKER_ARCHITECTURE,
         weights=weights,
+        source=source,
     )

@@ -3,7 +3,8 @@ filled on the device that runs it, so benchmarking a 30B model needs its config 
 no pass of the weights through host memory.
 
 Each tensor's values come from a generator seeded by the engine seed and the tensor's name, so two engines (and the
-ranks of a tensor-parallel group, which each cut their slice out of the same whole tensor) see the same model.
+ranks of a tensor-parallel group, which each cut their slice out of the same whole tensor) see the same model. A
+``namespace`` keeps two models of one checkpoint (Qwen3-Omni's thinker and talker both hold ``model.*``) apart.
 Matrices are normal with std 0.02 (the usual initializer range) and norm weights ones: activations stay finite in
 bfloat16 through dozens of layers, where vLLM's uniform fill in [-1e-3, 1e-3] makes every logit nearly equal.
 """
@@ -24,7 +25,7 @@ _STD = 0.02
 class RandomSource:
     """A ``WeightSource`` of seeded random tensors of ``shapes`` (``checkpoint_shapes``). ``read`` makes them on the
     CPU in float32; the runner asks ``shard`` for its own, made on its device in its dtype. ``fp8_names`` are the
-    linears that ``--quantization fp8`` quantizes at load."""
+    linears that ``--quantization fp8`` quantizes at load. ``namespace`` goes before each name in its seed."""
 
     def __init__(
         self,
@@ -34,8 +35,10 @@ class RandomSource:
         fp8_names: frozenset[str] = frozenset(),
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        namespace: str = "",
     ) -> None:
         self.shapes = dict(shapes)
+        self.namespace = namespace
         self.seed = seed
         self.fp8_names = fp8_names
         self.device = torch.device(device)
@@ -45,7 +48,7 @@ class RandomSource:
         return set(self.shapes)
 
     def read(self, name: str, dim: int | None = None, start: int = 0, end: int | None = None) -> torch.Tensor:
-        tensor = random_tensor(name, self.shapes[name], self.seed, self.device, self.dtype)
+        tensor = random_tensor(self.namespace + name, self.shapes[name], self.seed, self.device, self.dtype)
         if dim is None:
             return tensor
         stop = tensor.shape[dim] if end is None else end
@@ -56,7 +59,9 @@ class RandomSource:
 
     def shard(self, layout: ShardLayout, device: torch.device, dtype: torch.dtype) -> Mapping[str, Any]:
         """This rank's tensors, each made on ``device`` in ``dtype`` when the model reads it (``ShardView``)."""
-        placed = RandomSource(self.shapes, self.seed, fp8_names=self.fp8_names, device=device, dtype=dtype)
+        placed = RandomSource(
+            self.shapes, self.seed, fp8_names=self.fp8_names, device=device, dtype=dtype, namespace=self.namespace
+        )
         return ShardView(placed, layout, _fp8_pending(self.fp8_names) if self.fp8_names else None)
 
 

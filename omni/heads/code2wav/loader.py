@@ -16,7 +16,15 @@ class Code2WavLoadError(RuntimeError):
     """The directory is not a Qwen3-Omni checkpoint with a code2wav."""
 
 
-def load_code2wav(path: str | Path, *, device: str = "auto", dtype: torch.dtype = torch.float32) -> Code2Wav:
+def load_code2wav(
+    path: str | Path,
+    *,
+    device: str = "auto",
+    dtype: torch.dtype = torch.float32,
+    tensors: dict[str, torch.Tensor] | None = None,
+) -> Code2Wav:
+    """``tensors``: code2wav's tensors (without the ``code2wav.`` prefix) to run instead of the checkpoint's, e.g.
+    random ones made on the device (``load_format="dummy"``)."""
     from transformers import AutoConfig
 
     root = Path(path)
@@ -29,10 +37,11 @@ def load_code2wav(path: str | Path, *, device: str = "auto", dtype: torch.dtype 
     sub = getattr(config, "code2wav_config", None)
     if sub is None:
         raise Code2WavLoadError(f"{root} is a {config.model_type!r} checkpoint; code2wav needs Qwen3-Omni's")
-    try:
-        tensors = checkpoint_tensors(root, _PREFIX)
-    except Token2WavLoadError as exc:
-        raise Code2WavLoadError(str(exc)) from exc
+    if tensors is None:
+        try:
+            tensors = checkpoint_tensors(root, _PREFIX)
+        except Token2WavLoadError as exc:
+            raise Code2WavLoadError(str(exc)) from exc
     try:
         return Code2Wav(Code2WavConfig.from_hf(sub), tensors, device, dtype)
     except KeyError as exc:
