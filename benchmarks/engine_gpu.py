@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from benchmarks.lib.common import ResultLog, add_out_argument
-from tests.harness.model_shapes import SHAPES, shape_config, word_tokenizer
+from tests.harness.model_shapes import SHAPES, fill_fused_experts, shape_config, word_tokenizer
 
 # Shapes our engine runs with ``load_format="dummy"`` (no saved checkpoint): the mixtures of experts.
 DUMMY_SHAPES = ("qwen3-30b-a3b", "tiny-moe")
@@ -181,6 +181,7 @@ def run_model(name: str, args: argparse.Namespace, copy_gbps: float) -> dict[str
             t0 = time.perf_counter()
             with torch.device(args.device):
                 hf = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+            fill_fused_experts(hf)
             hf.generation_config.eos_token_id = None
             if dummy:
                 cfg.save_pretrained(tmp)

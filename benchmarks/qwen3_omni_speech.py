@@ -94,10 +94,13 @@ def hf_baseline(config: Any, prompt: list[int], text_tokens: int, frames: int, d
     timed run of ``text_tokens`` thinker tokens and ``frames`` codec frames (both forced: no early end)."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
+    from tests.harness.model_shapes import fill_fused_experts
+
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
     with device:
         hf = Qwen3OmniMoeForConditionalGeneration._from_config(config, dtype=dtype).eval()
+    fill_fused_experts(hf)
     ids = torch.tensor([prompt], device=device)
 
     def run(model: Any, tokens: int, codes: int) -> tuple[float, float]:

@@ -266,3 +266,15 @@ def word_tokenizer(vocab_size: int) -> Any:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>")
+
+
+def fill_fused_experts(model: Any, std: float = 0.02) -> None:
+    """Draws a transformers model's fused expert tensors (``...mlp.experts.gate_up_proj`` / ``down_proj``) from
+    N(0, std). transformers leaves them uninitialized (``torch.empty``: garbage, at times inf or NaN) in a model built
+    after another model of the same family in the process, so random-weight models never rely on its init for them."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".mlp.experts." in name:
+                param.normal_(0.0, std)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from tests.harness.audio_checkpoints import SAMPLE_RATE, audio_tokenizer, token_id
+from tests.harness.model_shapes import fill_fused_experts
 
 HIDDEN = 64
 MEL_BINS = 128  # what WhisperFeatureExtractor(feature_size=128) makes, as Qwen3-Omni's processor does
@@ -262,14 +263,3 @@ def save_tiny_qwen3_omni(directory: Path, seed: int = 0, **config_overrides: Any
     merged = {**_image_processor().to_dict(), **feature_extractor().to_dict()}
     (directory / "preprocessor_config.json").write_text(json.dumps(merged, indent=2))
     return model
-
-
-def fill_fused_experts(model: Any, std: float) -> None:
-    """Draws the fused expert tensors (``...mlp.experts.gate_up_proj`` / ``down_proj``) from N(0, std).
-
-    transformers leaves them uninitialized (``torch.empty``: garbage, at times inf or NaN) in a model built after
-    another model of this family in the same process, so the builders never rely on its init for them."""
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if ".mlp.experts." in name:
-                param.normal_(0.0, std)

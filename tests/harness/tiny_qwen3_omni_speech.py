@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from tests.harness.tiny_qwen3_omni import fill_fused_experts
+from tests.harness.model_shapes import fill_fused_experts
 
 THINKER_VOCAB = 256
 CODEBOOK = 64  # codes per codebook (code predictor and code2wav)
