@@ -294,3 +294,54 @@ def test_warm_up_speaks_a_short_turn_and_leaves_nothing_running(served: tuple[Om
     assert pipe.speech.config.max_frames == MAX_FRAMES  # restored after the short turn
     for engine in (pipe.engine.engine, pipe.speech.talker.engine):
         assert not engine.has_unfinished() and engine.scheduler.kv.usage().num_used_blocks == 0
+
+
+def test_a_later_spoken_turn_reuses_the_conversations_thinker_blocks(
+    served: tuple[OmniPipeline, Any], tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thinker's blocks keep the rows of layer ``accept_hidden_layer`` a speaking turn asks of its prompt, so
+    the conversation's next turn reuses them (heard audio included) and speaks exactly the greedy frames of a
+    pipeline that computes every turn from scratch."""
+    pipe, _ = served
+    directory: Path = tmp_path_factory.mktemp("qwen3omni-uncached")
+    save_tiny_qwen3_omni(directory, speech=True)
+    config = OmniConfig(
+        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96, enable_prefix_caching=False),
+        asr=None,
+        tts=None,
+        vad=False,
+        temperature=0.0,
+        max_tokens=MAX_TOKENS,
+        warm_up=False,
+    )
+    cold = OmniPipeline.load(config)
+    assert cold.speech is not None
+    cold.speech.config = dataclasses.replace(cold.speech.config, max_frames=MAX_FRAMES)
+    kv = pipe.engine.engine.scheduler.kv
+    decoded = Chunks(monkeypatch)
+    try:
+        heard = (AudioPart(clip_pcm16(), RATE), TextPart("what is said"))
+        messages = (Message("system", (TextPart("speak in turns"),)), Message("user", heard))  # no earlier test's
+        prompts: list[int] = []
+        for turn in range(3):
+            req = dataclasses.replace(request(rid=f"talk{turn}"), messages=messages)
+            before, asked = kv.prefix_hit_tokens, kv.prefix_query_tokens
+            chunks = run(pipe, req)
+            hits, query = kv.prefix_hit_tokens - before, kv.prefix_query_tokens - asked
+            warm, decoded.calls = decoded.frames, []
+            want = run(cold, dataclasses.replace(req, request_id=f"cold{turn}"))
+            unheard, decoded.calls = decoded.frames, []
+            assert not [c for c in (*chunks, *want) if isinstance(c, Error)]
+            assert len(warm) >= 8 and warm == unheard, turn
+            assert np.array_equal(pcm(chunks), pcm(want))
+            ids = asyncio.run(pipe._prompt(req)).token_ids
+            if prompts:  # the last turn's prompt, its heard audio included, up to its last whole block
+                assert hits >= (prompts[-1] - 1) // kv.block_size * kv.block_size > 0, (turn, hits)
+            else:
+                assert hits == 0
+            prompts.append(len(ids))
+            print(f"turn {turn}: prompt {len(ids)} tokens, {hits} of {query} looked up from the prefix cache")
+            reply = "".join(c.transcript for c in chunks if isinstance(c, AudioChunk))
+            messages = (*messages, Message("assistant", (TextPart(reply),)), Message("user", heard))
+    finally:
+        cold.shutdown()
