@@ -402,8 +402,8 @@ def talker_spans(rows: torch.Tensor, prompt: Prompt, thinker: Any, first_reply: 
     def digest(before: int) -> str:
         h = hashlib.sha256(repr(ids[:before]).encode())
         for span in sorted(prompt.embed_spans, key=lambda s: s.offset):
-            if span.offset < before:
-                h.update(f"|{span.offset}:{span.key}".encode())
+            if span.offset < before:  # audio heard group by group is keyed per position, not by its span key
+                h.update(f"|{span.offset}:{span.key}:{','.join(map(str, span.position_keys))}".encode())
         return h.hexdigest()[:32]
 
     spans: list[EmbedSpan] = []

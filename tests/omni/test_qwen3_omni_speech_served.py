@@ -18,6 +18,7 @@ import pytest
 import torch
 from omni_gateway.encoders.audio import float_to_pcm16_array
 from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.models.qwen3_omni_talker_inputs import user_positions
 from omni_gateway.omni import qwen3_speech
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.loading import resolve_speech_model
@@ -232,6 +233,29 @@ def test_heard_audio_takes_rotary_positions_over_the_talkers_own_sequence(served
     assert sum(s.length for s in spans) == size
     heard = [s for s in spans if s.key.startswith("q3-heard:")]  # the media: keyed by their content
     assert [s.length for s in heard] == [8, seen.length] and ids[0, heard[0].offset] == audio
+
+
+def test_the_talkers_spans_after_heard_audio_are_keyed_by_what_was_heard(served: tuple[OmniPipeline, Any]) -> None:
+    """Audio heard window by window carries one prefix-cache key per position, not one per clip: the talker's
+    spans after it (whose rows the thinker computed over the audio) differ with it."""
+    from omni_gateway.omni.qwen3_speech import talker_spans
+
+    pipe, _ = served
+    assert pipe.speech is not None
+
+    def keys(audio: bytes) -> list[tuple[str, tuple[int, ...]]]:
+        req = request(AudioPart(audio, RATE), TextPart("what is said"), rid="keyed")
+        prompt = asyncio.run(pipe._prompt(req))
+        assert any(s.position_keys for s in prompt.embed_spans)  # the clip's windows' keys
+        size = len(user_positions(prompt.token_ids, pipe.speech.thinker_ids)) + 9
+        spans = talker_spans(torch.zeros(size, 1), prompt, pipe.speech.thinker_ids, first_reply=5)
+        return [(s.key, s.position_keys) for s in spans]
+
+    clip = clip_pcm16()
+    other = np.frombuffer(clip, dtype=np.int16)[::-1].tobytes()  # as long, heard otherwise
+    first, second = keys(clip), keys(other)
+    assert len(first) == len(second) and first[0] == second[0]  # the turn's start, before the audio
+    assert all(a != b for a, b in zip(first[1:], second[1:]))
 
 
 def test_the_talkers_prompt_blocks_are_keyed_by_content(served: tuple[OmniPipeline, Any]) -> None:
