@@ -141,6 +141,7 @@ def test_the_reply_after_streamed_prefills_equals_the_reply_without_them(
     block = streamed.engine.config.block_size
     reused = streamed.engine.stats()["prefix_cache_hit_tokens"] - hits_before
     assert reused >= (span.offset + span.length) // block * block  # the last reading's audio, but its last block
+    print(f"{model.family}: {reused} of the reply's prompt's positions came from the readings' prefills")
 
 
 def test_the_prefilled_prompt_is_the_start_of_the_whole_turns_prompt(model: Model, cold: OmniPipeline) -> None:
