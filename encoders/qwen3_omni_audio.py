@@ -8,7 +8,10 @@ It differs from Qwen2.5-Omni's Whisper-style tower in three ways, all followed h
   and ``conv_out`` flattens channels x bins into ``d_model``. A full chunk gives 13 frames; each chunk's frames
   take the sinusoidal positions from 0 again, and only the frames of real (unpadded) input are kept.
 - Attention windows: the kept frames attend within windows of ``n_window_infer / (2 * n_window)`` chunks
-  (8 s of audio in the released checkpoint), not over the whole clip.
+  (8 s of audio in the released checkpoint), not over the whole clip. A window's embeddings therefore depend on
+  its own mel frames alone (and, for a last chunk shorter than ``2 * n_window``, on whether the clip has a whole
+  chunk, which its zero padding follows): the tower is ``chunk_stable``, its groups are the windows
+  (``GroupedAudioEncoder``), and a turn still spoken is heard window by window as they settle.
 - Output projection: ``ln_post``, then ``proj1``, the activation and ``proj2`` (no average pooling).
 
 The forward is ours, over the Hugging Face module's parameters (built from the checkpoint's config, loaded
@@ -32,10 +35,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from omni_gateway.encoders.audio_tower import (
-    AudioEncoder,
-    AudioFeatures,
     AudioLoadError,
     AudioPlaceholders,
+    GroupedAudioEncoder,
     _load,
     _weights,
     special_token_ids,
@@ -67,7 +69,7 @@ def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> tor
     return torch.cat([scaled.sin(), scaled.cos()], dim=1)
 
 
-class Qwen3OmniAudioTower(AudioEncoder):
+class Qwen3OmniAudioTower(GroupedAudioEncoder):
     family = "qwen3_omni"
 
     def __init__(
@@ -100,6 +102,7 @@ class Qwen3OmniAudioTower(AudioEncoder):
             self.tower = tower.eval()
         self.n_window = int(config.n_window)
         self.window_chunks = max(1, int(config.n_window_infer) // (2 * self.n_window))
+        self.group_frames = 2 * self.n_window * self.window_chunks  # one attention window of a clip's chunks
         self.num_heads = int(config.encoder_attention_heads)
         self.positions = sinusoids(int(config.max_source_positions), int(config.d_model)).to(self.device, self.dtype)
         from transformers.activations import ACT2FN
@@ -146,33 +149,36 @@ class Qwen3OmniAudioTower(AudioEncoder):
         mask = batch["attention_mask"][0].bool()
         return batch["input_features"][0][:, mask]
 
-    @torch.inference_mode()
-    def _encode(self, samples: np.ndarray, key: str) -> AudioFeatures:
-        return self._done(self.forward(self.mel(samples).to(device=self.device, dtype=self.dtype)), key)
+    def _group_context(self, whole: int) -> tuple[str, ...]:
+        return (str(min(whole, 2 * self.n_window)),)  # the length a short last chunk is zero-padded to
 
-    def forward(self, mel: torch.Tensor) -> torch.Tensor:
-        """``[tokens, output_dim]`` embeddings of one clip's ``[mels, frames]`` log-mel."""
+    def _encode_groups(self, groups: list[torch.Tensor], whole: int) -> list[torch.Tensor]:
+        """Each group (at most one attention window of a clip of ``whole`` mel frames) encoded in one pass. As
+        transformers batches a clip's chunks, every chunk is zero-padded to the clip's longest: ``2 * n_window``
+        frames once the clip has a whole chunk."""
         t = self.tower
-        lengths = chunk_lengths(int(mel.shape[1]), self.n_window)
-        chunks = torch.nn.utils.rnn.pad_sequence(list(mel.T.split(lengths)), batch_first=True)  # [C, len, mels]
-        x = chunks.transpose(1, 2).unsqueeze(1)  # [C, 1, mels, len]
+        lengths = [chunk_lengths(int(g.shape[1]), self.n_window) for g in groups]
+        pieces = [c for g, n in zip(groups, lengths) for c in g.T.split(n)]  # [len, mels] each
+        longest = min(whole, 2 * self.n_window)
+        chunks = torch.stack([F.pad(c, (0, 0, 0, longest - c.shape[0])) for c in pieces])  # [C, len, mels]
+        x = chunks.to(device=self.device, dtype=self.dtype).transpose(1, 2).unsqueeze(1)  # [C, 1, mels, len]
         for conv in (t.conv2d1, t.conv2d2, t.conv2d3):
             x = F.gelu(conv(x))
         c, channels, bins, frames = x.shape
         x = t.conv_out(x.permute(0, 3, 1, 2).reshape(c, frames, channels * bins)) + self.positions[:frames]
-        kept = [frames_after_convs(n) for n in lengths]
+        kept = [frames_after_convs(int(p.shape[0])) for p in pieces]
         hidden = torch.cat([x[i, :n] for i, n in enumerate(kept)])
-        window = max(kept) * self.window_chunks  # attention windows, in frames after the convolutions
+        sizes = [sum(frames_after_convs(n) for n in group) for group in lengths]  # one attention window each
         for layer in t.layers:
-            hidden = hidden + self._attention(layer.self_attn, layer.self_attn_layer_norm(hidden), window)
+            hidden = hidden + self._attention(layer.self_attn, layer.self_attn_layer_norm(hidden), sizes)
             hidden = hidden + layer.fc2(self.act(layer.fc1(layer.final_layer_norm(hidden))))
-        return t.proj2(self.act(t.proj1(t.ln_post(hidden))))
+        return [e.detach() for e in t.proj2(self.act(t.proj1(t.ln_post(hidden)))).split(sizes)]
 
-    def _attention(self, attn: Any, x: torch.Tensor, window: int) -> torch.Tensor:
-        """Bidirectional attention of ``x [T, d]`` within consecutive windows of ``window`` rows."""
+    def _attention(self, attn: Any, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        """Bidirectional attention of ``x [T, d]`` within consecutive windows of ``sizes`` rows."""
         heads, projections = self.num_heads, (attn.q_proj, attn.k_proj, attn.v_proj)
         out = []
-        for part in x.split(window):
+        for part in x.split(sizes):
             n = part.shape[0]
             q, k, v = (proj(part).view(n, heads, -1).transpose(0, 1) for proj in projections)
             out.append(F.scaled_dot_product_attention(q, k, v).transpose(0, 1).reshape(n, -1))

@@ -144,7 +144,7 @@ class OmniPipeline:
         cancel = asyncio.Event()
         self._active[request.request_id] = cancel
         try:
-            if "image" not in request.modalities:
+            if "image" not in request.modalities or request.prefill_only:
                 stream = self._respond(request, cancel)
             elif request.modalities == ("image",):
                 stream = drawn(self.image_head, request, cancel)
@@ -176,7 +176,12 @@ class OmniPipeline:
         except InvalidInput as exc:
             yield refusal(exc)
             return
-        if "audio" in request.modalities and self.speech is not None:
+        if request.prefill_only:
+            if "audio" in request.modalities and self.speech is not None:
+                params = self.speech.thinker_params(params)  # its blocks keep the rows the spoken reply asks
+            text = dataclasses.replace(request, modalities=("text",))
+            stream = written(self.engine, text, prompt, dataclasses.replace(params, max_tokens=1), self.tool_calls)
+        elif "audio" in request.modalities and self.speech is not None:
             stream = self.speech.speak(self.engine, request, prompt, params, cancel)
         elif "audio" in request.modalities:
             stream = spoken(self.engine, self.tts, request, prompt, params, cancel, self.tool_calls)

@@ -163,6 +163,9 @@ class OmniRequest:
     session_id: str | None = None  # a realtime session's id: all its turns go to one engine replica
     # The served model the client chose: the base model, or a LoRA adapter over it by name; None: the base.
     model: str | None = None
+    # Compute the prompt into the prefix cache as the reply with these modalities will (a speaking model's
+    # thinker keeps the hidden states its talker will read) and answer one token of text, nothing more.
+    prefill_only: bool = False
 
 
 # ---- output chunks -----------------------------------------------------------------------------

@@ -216,6 +216,11 @@ class Qwen3SpokenModel:
 
     # ---- one turn -------------------------------------------------------------------------------
 
+    def thinker_params(self, params: SamplingParams) -> SamplingParams:
+        """The thinker's sampling of a spoken turn: it hands back the output of layer ``accept_hidden_layer`` at
+        the prompt's positions, which the talker reads."""
+        return dataclasses.replace(params, n=1, return_hidden_states=True, hidden_layer=self.accept_hidden_layer)
+
     async def speak(
         self, thinker: Engine, request: OmniRequest, prompt: Prompt, params: SamplingParams, cancel: asyncio.Event
     ) -> AsyncIterator[OutputChunk]:
@@ -291,9 +296,7 @@ class Qwen3SpokenModel:
         reply: list[int] = []  # the thinker's tokens so far
         frames: SpokenFrames | None = None
         kwargs = {"embed_spans": prompt.embed_spans} if prompt.embed_spans else {}
-        thinker_params = dataclasses.replace(
-            params, n=1, return_hidden_states=True, hidden_layer=self.accept_hidden_layer
-        )
+        thinker_params = self.thinker_params(params)
         try:
             async for delta in thinker.generate(
                 prompt.token_ids, thinker_params, request_id=request.request_id, priority=request.priority, **kwargs
@@ -418,8 +421,8 @@ def talker_spans(rows: torch.Tensor, prompt: Prompt, thinker: Any, first_reply: 
     def digest(before: int) -> str:
         h = hashlib.sha256(repr(ids[:before]).encode())
         for span in sorted(prompt.embed_spans, key=lambda s: s.offset):
-            if span.offset < before:
-                h.update(f"|{span.offset}:{span.key}".encode())
+            if span.offset < before:  # audio heard group by group is keyed per position, not by its span key
+                h.update(f"|{span.offset}:{span.key}:{','.join(map(str, span.position_keys))}".encode())
         return h.hexdigest()[:32]
 
     spans: list[EmbedSpan] = []

@@ -155,6 +155,10 @@ class SpokenModel:
 
     # ---- one turn -------------------------------------------------------------------------------
 
+    def thinker_params(self, params: SamplingParams) -> SamplingParams:
+        """The thinker's sampling of a spoken turn: it hands back the hidden states the talker reads."""
+        return dataclasses.replace(params, n=1, return_hidden_states=True)
+
     async def speak(
         self, thinker: Engine, request: OmniRequest, prompt: Prompt, params: SamplingParams, cancel: asyncio.Event
     ) -> AsyncIterator[OutputChunk]:
@@ -239,7 +243,7 @@ class SpokenModel:
         reply: list[int] = []  # the thinker's tokens so far
         stream: InputStream | None = None
         kwargs = {"embed_spans": prompt.embed_spans} if prompt.embed_spans else {}
-        thinker_params = dataclasses.replace(params, n=1, return_hidden_states=True)
+        thinker_params = self.thinker_params(params)
         try:
             async for delta in thinker.generate(
                 prompt.token_ids, thinker_params, request_id=request.request_id, priority=request.priority, **kwargs

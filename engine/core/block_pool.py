@@ -2,9 +2,10 @@
 
 A block whose last user leaves keeps its hash and stays findable until the pool hands it out
 again; the free list is in eviction order, so the least recently freed block is reused first.
-A cached block may also keep ``rows``: the final hidden states of its positions, as a request that
-asks for them computed them (opaque here), so such requests can reuse it too. A bounded number of
-blocks keep rows, the least recently used losing them first.
+A cached block may also keep ``rows``: the hidden states of its positions, as a request that asks for them
+computed them (opaque here), so such requests can reuse it too. They are kept by kind: None for the final-normed
+states, ``n`` for the output of the first ``n`` decoder layers (``SamplingParams.hidden_layer``); a hit needs the
+kind asked. A bounded number of such row sets are kept, the least recently used losing theirs first.
 Pure Python: no torch, no I/O.
 """
 
@@ -42,7 +43,8 @@ class Block:
         self.block_id = block_id
         self.ref_count = 0
         self.hash: BlockHash | None = None
-        self.rows: tuple[Any, ...] | None = None  # hidden states of its positions, in pieces
+        # hidden states of its positions, in pieces, by kind (the layer count they are the output of; None: final)
+        self.rows: dict[int | None, tuple[Any, ...]] = {}
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref={self.ref_count}, cached={self.hash is not None})"
@@ -57,7 +59,8 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
         self._by_hash: dict[BlockHash, Block] = {}
-        self._with_rows: OrderedDict[int, Block] = OrderedDict()  # least recently used first
+        # (block id, kind) of every kept row set, least recently used first
+        self._with_rows: OrderedDict[tuple[int, int | None], Block] = OrderedDict()
 
     @property
     def num_blocks(self) -> int:
@@ -99,22 +102,23 @@ class BlockPool:
             if block.ref_count == 0:
                 del self._free[block.block_id]
             block.ref_count += 1
-            if block.rows is not None:
-                self._with_rows.move_to_end(block.block_id)
+            for layer in block.rows:
+                self._with_rows.move_to_end((block.block_id, layer))
 
-    def keep_rows(self, block: Block, rows: tuple[Any, ...], max_blocks: int) -> None:
-        """Keep ``rows`` with a cached block that has none; beyond ``max_blocks`` such blocks, the least
-        recently used one drops its rows (its KV stays cached)."""
-        if block.hash is None or block.rows is not None or max_blocks < 1:
+    def keep_rows(self, block: Block, rows: tuple[Any, ...], max_blocks: int, layer: int | None = None) -> None:
+        """Keep ``rows`` of kind ``layer`` (see ``Block.rows``) with a cached block that has none of that kind;
+        beyond ``max_blocks`` row sets, the least recently used one is dropped (the KV stays cached)."""
+        if block.hash is None or layer in block.rows or max_blocks < 1:
             return
-        block.rows = rows
-        self._with_rows[block.block_id] = block
+        block.rows[layer] = rows
+        self._with_rows[(block.block_id, layer)] = block
         while len(self._with_rows) > max_blocks:
-            _, oldest = self._with_rows.popitem(last=False)
-            oldest.rows = None
+            (_, kind), oldest = self._with_rows.popitem(last=False)
+            del oldest.rows[kind]
 
     @property
     def num_blocks_with_rows(self) -> int:
+        """Row sets kept (a block keeping two kinds counts twice)."""
         return len(self._with_rows)
 
     def release(self, blocks: Iterable[Block]) -> None:
@@ -141,5 +145,6 @@ class BlockPool:
             if self._by_hash.get(block.hash) is block:
                 del self._by_hash[block.hash]
             block.hash = None
-        if self._with_rows.pop(block.block_id, None) is not None:
-            block.rows = None
+        for layer in block.rows:
+            del self._with_rows[(block.block_id, layer)]
+        block.rows = {}

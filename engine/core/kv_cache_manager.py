@@ -74,17 +74,17 @@ class KVCacheManager:
     def find_cached_prefix(self, seq: Sequence) -> CachedPrefix:
         """Longest run of cached full blocks at the start of ``seq``. It never covers the last token,
         because that token's forward pass is what produces the next token's logits. A request that wants
-        every position's hidden state reuses only blocks that kept theirs."""
+        every position's hidden state reuses only blocks that kept theirs, of the kind it asks (the final-normed
+        states, or with ``hidden_layer`` that layer's outputs)."""
         wants_rows = seq.params.return_hidden_states
-        # Cached blocks keep final-normed rows; a request for a chosen layer's rows computes its own.
-        layer_rows = wants_rows and seq.params.hidden_layer is not None
-        if not self.enable_prefix_caching or (wants_rows and not self.max_row_blocks) or layer_rows:
+        if not self.enable_prefix_caching or (wants_rows and not self.max_row_blocks):
             return _NO_PREFIX
+        layer = seq.params.hidden_layer
         max_blocks = (len(seq) - 1) // self.block_size
         hits: list[Block] = []
         for block_hash in self._block_hashes(seq, max_blocks):
             block = self.pool.lookup(block_hash)
-            if block is None or (wants_rows and block.rows is None):
+            if block is None or (wants_rows and layer not in block.rows):
                 break
             hits.append(block)
         return CachedPrefix(tuple(hits), len(hits) * self.block_size) if hits else _NO_PREFIX
@@ -131,7 +131,8 @@ class KVCacheManager:
             self.prefix_query_tokens += len(seq)
             self.prefix_hit_tokens += prefix.num_tokens
             if seq.params.return_hidden_states:
-                seq.prefix_rows = tuple(piece for b in hit_blocks for piece in b.rows or ())
+                layer = seq.params.hidden_layer
+                seq.prefix_rows = tuple(piece for b in hit_blocks for piece in b.rows[layer])
         return True
 
     def cache_full_blocks(self, seq: Sequence) -> None:
@@ -150,7 +151,7 @@ class KVCacheManager:
             if seq.pending_rows:
                 rows = _take_rows(seq, i * bs, (i + 1) * bs)
                 if rows is not None:
-                    self.pool.keep_rows(cached, rows, self.max_row_blocks)
+                    self.pool.keep_rows(cached, rows, self.max_row_blocks, seq.params.hidden_layer)
         self._num_registered[seq.seq_id] = num_full
 
     def trim(self, seq: Sequence) -> int:

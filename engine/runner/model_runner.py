@@ -428,7 +428,8 @@ class ModelRunner:
         core's messages move them to the host (``engine.frontend.ipc``). One normalization, cast and embedding
         lookup covers every sequence's rows (a decode step's are one per sequence); each sequence gets
         views of those. A sequence with ``hidden_layer`` gets that layer's outputs (``layer_rows``, by 0-based
-        layer index, flat token rows) at its prompt's positions instead; its rows are not kept with the blocks."""
+        layer index, flat token rows) at its prompt's positions instead; only those are kept with the blocks (its
+        generated positions' rows are final-normed, another kind, so a block holding one keeps none)."""
         model = self.model
         for seq, _, _, first in spans:
             if seq.prefix_rows:  # admitted over cached blocks that kept their rows: those go out first
@@ -455,7 +456,10 @@ class ModelRunner:
                 prompt = max(0, min(len(states), seq.num_prompt_tokens - first))
                 if prompt:
                     assert layer_rows, "the prompt's layer rows were not kept"
-                    states = torch.cat((layer_rows[layer - 1][a : a + prompt].float(), states[prompt:]))
+                    own = layer_rows[layer - 1][a : a + prompt]
+                    states = torch.cat((own.float(), states[prompt:]))
+                    if self._keeps_rows:  # a copy: ``own`` views the whole step's layer outputs
+                        seq.pending_rows.append((first, own.clone()))
                 seq.hidden_rows.append((first, states, embeds))
                 continue
             seq.hidden_rows.append((first, states, embeds))

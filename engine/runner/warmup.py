@@ -329,7 +329,12 @@ def _forget(engine: LLMEngine) -> None:
     old = engine.scheduler.kv
     if old.num_used_blocks:
         raise RuntimeError(f"warm-up left {old.num_used_blocks} KV blocks in use")
-    kv = KVCacheManager(old.num_blocks, old.block_size, enable_prefix_caching=old.enable_prefix_caching)
+    kv = KVCacheManager(
+        old.num_blocks,
+        old.block_size,
+        enable_prefix_caching=old.enable_prefix_caching,
+        max_row_blocks=old.max_row_blocks,
+    )
     engine.scheduler = Scheduler(engine.config, kv)
     engine.num_steps_ahead = 0
     runner = engine.runner

@@ -107,12 +107,13 @@ async def _generate(
 
 
 async def _prefill(backend: OmniBackend, session: RealtimeSession, work: Prefill) -> None:
-    """Run ``work.request``'s prompt through the backend's one decode path as a one-token text answer, which
-    leaves its KV in the prefix cache; the token is dropped. Failures only cost the reply that work."""
+    """Run ``work.request``'s prompt through the backend's one decode path as a one-token text answer
+    (``prefill_only``: as the reply in its modalities will compute it), which leaves its KV in the prefix cache;
+    the token is dropped. Failures only cost the reply that work."""
     request = dataclasses.replace(
         work.request,
         session_id=session.id,
-        modalities=("text",),
+        prefill_only=True,
         sampling=dataclasses.replace(work.request.sampling, max_tokens=1, constraint=None),
     )
     stream: AsyncIterator[OutputChunk] | None = None

@@ -76,3 +76,37 @@ def test_a_clip_is_encoded_once_and_bad_audio_is_refused(tower: Qwen3OmniAudioTo
     assert tower.encode(clip.copy(), SAMPLE_RATE) is first
     with pytest.raises(UnusableAudio, match="NaN"):
         tower.encode(clip * float("nan"), SAMPLE_RATE)
+
+
+def test_a_growing_clip_is_heard_window_by_window_as_the_whole_clip_is(
+    saved: tuple[Path, Any], tower: Qwen3OmniAudioTower
+) -> None:
+    """The tower attends within windows of ``n_window_infer`` mel frames (2 s here): each settled reading of a turn
+    still spoken (24 kHz, as the realtime API sends it) is the start of the whole turn's encoding bit for bit, the
+    whole turn equals transformers', and at its end only the windows no reading settled are encoded."""
+    from omni_gateway.encoders.audio import resample
+    from omni_gateway.encoders.cache import EncoderCache
+
+    turn = resample(tone(4, 5.3), SAMPLE_RATE, 24000)
+    alone = load_audio_encoder(saved[0], cache=EncoderCache(64 << 20))
+    assert alone.chunk_stable and alone.group_frames == 200
+    whole = alone.encode(turn, 24000)
+    assert len(whole.position_keys) == whole.num_tokens == alone.embeddings_for(alone.prepare(turn, 24000).size)
+    expected = _hf_embeddings(saved[1], tower, alone.prepare(turn, 24000))
+    torch.testing.assert_close(whole.embeds, expected, rtol=1e-4, atol=1e-4)
+
+    streamed = load_audio_encoder(saved[0], cache=EncoderCache(64 << 20))
+    with pytest.raises(UnusableAudio, match="settled"):  # a window is 2 s of this tower's frames
+        streamed.encode(turn[: int(1.9 * 24000)], 24000, settled_only=True)
+    heard = 0
+    for seconds in (2.2, 3.0, 4.3):
+        reading = streamed.encode(turn[: int(seconds * 24000)], 24000, settled_only=True)
+        assert reading.num_tokens >= heard and reading.num_tokens % 26 == 0  # whole windows: 2 chunks of 13 tokens
+        heard = reading.num_tokens
+        assert torch.equal(reading.embeds, whole.embeds[:heard])
+        assert reading.position_keys == whole.position_keys[:heard]
+    assert heard == 52
+    misses = streamed.cache.misses
+    at_end = streamed.encode(turn, 24000)
+    assert torch.equal(at_end.embeds, whole.embeds) and at_end.position_keys == whole.position_keys
+    assert streamed.cache.misses - misses - 1 == 1  # the last, short window only (less the whole clip's entry)

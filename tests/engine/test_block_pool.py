@@ -224,7 +224,7 @@ def test_a_reused_block_drops_the_rows_of_its_old_contents() -> None:
     b = seq_of([50 + i for i in range(9)])  # takes every block: the old hashes and rows are evicted
     admit(kv, b)
     assert kv.pool.num_blocks_with_rows == 0
-    assert all(block.rows is None for block in kv.pool.blocks)
+    assert all(not block.rows for block in kv.pool.blocks)
 
 
 def test_a_prefix_hit_keeps_its_rows_longest() -> None:

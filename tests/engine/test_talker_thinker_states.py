@@ -164,7 +164,8 @@ def test_hidden_states_under_tensor_parallel_are_refused() -> None:
 @pytest.mark.slow
 def test_a_chosen_layers_rows_at_the_prompt_match_hf(tmp_path: Path) -> None:
     """``hidden_layer``: the prompt's rows are that many layers' output (transformers' ``hidden_states[n]``),
-    chunked prefill included; generated positions keep the final-normed state; no cached rows are reused."""
+    chunked prefill included; generated positions keep the final-normed state. Cached blocks are reused only
+    where they kept rows of the kind asked: the same layer's, never the final-normed ones or another layer's."""
     hf = save_tiny_checkpoint("qwen2", tmp_path, seed=3)
     engine = LLMEngine(
         EngineConfig(
@@ -184,19 +185,33 @@ def test_a_chosen_layers_rows_at_the_prompt_match_hf(tmp_path: Path) -> None:
     layer = 1
     assert hf.config.num_hidden_layers > layer
     plain = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, return_hidden_states=True)
-    for rid, params in (("final", plain), ("layer", dataclasses.replace(plain, hidden_layer=layer))):
+    at_layer = dataclasses.replace(plain, hidden_layer=layer)
+    n = len(prompt)
+    fed = torch.cat([step[-1][0] for step in out.hidden_states[1:]])
+    got: dict[str, torch.Tensor] = {}
+    cached = {"final": 0, "layer": 0, "layer-again": 8, "other-layer": 0, "final-again": 8}
+    for rid, params in (
+        ("final", plain),
+        ("layer", at_layer),  # the first request's cached rows are final-normed ones
+        ("layer-again", at_layer),  # the prompt's first block kept layer 1's rows
+        ("other-layer", dataclasses.replace(plain, hidden_layer=layer + 1)),
+        ("final-again", plain),  # the final-normed rows are kept still
+    ):
         engine.add_request(rid, prompt, params)
         deltas = []
         while engine.has_unfinished():
             deltas += engine.step()
-        hidden = torch.cat([d.hidden_states for d in deltas if d.hidden_states is not None])
+        got[rid] = torch.cat([d.hidden_states for d in deltas if d.hidden_states is not None])
         assert [t for d in deltas for t in d.token_ids] == out.sequences[0, len(prompt) :].tolist()
-    assert deltas[-1].num_cached_tokens == 0  # the first request's cached rows are final-normed ones
-    n = len(prompt)
-    torch.testing.assert_close(hidden[:n], out.hidden_states[0][layer][0], rtol=1e-4, atol=1e-4)
-    fed = torch.cat([step[-1][0] for step in out.hidden_states[1:]])
-    torch.testing.assert_close(hidden[n:], fed, rtol=1e-4, atol=1e-4)
-    assert not torch.allclose(hidden[:n], out.hidden_states[0][-1][0], atol=1e-3)
+        assert deltas[-1].num_cached_tokens == cached[rid], rid
+        assert [d.hidden_start for d in deltas if d.hidden_states is not None][0] == 0
+    for rid, want in (("layer", layer), ("layer-again", layer), ("final", -1)):
+        torch.testing.assert_close(got[rid][:n], out.hidden_states[0][want][0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got[rid][n:], fed, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got["layer-again"][:8], got["layer"][:8])  # the very rows the first one computed
+    assert torch.equal(got["final-again"][:8], got["final"][:8])
+    assert not torch.allclose(got["layer"][:n], out.hidden_states[0][-1][0], atol=1e-3)
+    assert not torch.allclose(got["other-layer"][:n], got["layer"][:n], atol=1e-3)
     deep = hf.config.num_hidden_layers + 1
     with pytest.raises(InvalidRequest, match=f"hidden_layer {deep} asked of a model with"):
         engine.add_request("deep", prompt, dataclasses.replace(plain, hidden_layer=deep))

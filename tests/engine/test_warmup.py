@@ -62,7 +62,8 @@ def test_minimal_and_off_plans_and_a_bad_mode() -> None:
 
 def test_warm_up_runs_mixed_and_cached_steps_then_forgets_them() -> None:
     engine = make_engine(max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=64)
-    before = engine.stats()
+    before, row_blocks = engine.stats(), engine.scheduler.kv.max_row_blocks
+    assert row_blocks > 0
     seen: list[tuple[int, int, str]] = []
     hits: list[int] = []
 
@@ -77,6 +78,7 @@ def test_warm_up_runs_mixed_and_cached_steps_then_forgets_them() -> None:
     assert any(any(n == 1 for *_, n in b) and any(n > 1 for *_, n in b) for b in batches)  # mixed steps
     assert max(len(b) for b in batches) == 8
     assert engine.scheduler.kv.prefix_hit_tokens == 0 and engine.scheduler.kv.pool.num_cached_blocks == 0
+    assert engine.scheduler.kv.max_row_blocks == row_blocks  # cached blocks still keep hidden states
     assert engine.stats() == before and not engine.has_unfinished() and engine.pop_finished() == []
 
 

@@ -126,6 +126,7 @@ def test_a_prefill_runs_the_prompt_as_a_one_token_text_answer_and_reports_nothin
 
     asyncio.run(run_task(backend, session, task_id, work, report))
     (sent,) = backend.requests
-    assert sent.modalities == ("text",) and sent.sampling.max_tokens == 1 and sent.session_id == session.id
+    assert sent.prefill_only and sent.modalities == work.request.modalities
+    assert sent.sampling.max_tokens == 1 and sent.session_id == session.id
     assert sent.messages == work.request.messages
     assert backend.completed == [sent.request_id] and reported == []

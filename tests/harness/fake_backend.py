@@ -191,11 +191,11 @@ class FakeBackend:
         """What ``generate`` streams for ``request``."""
         if self.script is not None:
             return list(self.script)
-        if "image" in request.modalities:
+        if "image" in request.modalities and not request.prefill_only:
             return self._images(request)
         words = words_of(self.reply)
         limit = request.sampling.max_tokens or len(words)
-        spoken = "audio" in request.modalities
+        spoken = "audio" in request.modalities and not request.prefill_only  # a prefill answers in text
         out: list[OutputChunk] = []
         for index in range(request.sampling.n):
             for text in words[:limit]:

@@ -1,14 +1,16 @@
 """A turn heard while it is spoken: the prefills of its readings leave its reply token for token what it is
 without them, and the reply at the turn's end encodes and prefills only what the readings had not settled.
 
-Two tiny random Qwen2.5-Omni thinkers are loaded from one checkpoint: one answers the whole turn cold, the
-other after the realtime session's prefills of the same turn read at 1.2, 2.1 and 3.1 s.
+For a tiny random Qwen2.5-Omni and a tiny random Qwen3-Omni checkpoint, two thinkers are loaded from it: one
+answers the whole turn cold, the other after the realtime session's prefills of the same turn, read as it grows
+(Qwen2.5-Omni's groups are 1 s of audio here, Qwen3-Omni's attention windows 2 s).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +25,41 @@ from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import AudioPart, Error, Message, OmniRequest, SamplingOptions, TextDelta, TextPart
 
 from tests.harness.audio_checkpoints import save_tiny_qwen2_5_omni, tone
+from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni
 
 pytestmark = pytest.mark.slow
 RATE = 24000  # the realtime API's pcm16 rate
-READINGS_S = (1.2, 2.1, 3.1)
 MAX_TOKENS = 8
 
 
+@dataclass(frozen=True)
+class Model:
+    """A checkpoint and how its turn is read while spoken: each reading settles more of the turn."""
+
+    family: str
+    turn_s: float
+    readings_s: tuple[float, ...]
+    partial_s: float  # a reading of the turn's start, settled in part
+
+
+MODELS = {
+    "qwen2_5_omni": Model("qwen2_5_omni", 3.6, (1.2, 2.1, 3.1), 2.1),
+    "qwen3_omni": Model("qwen3_omni", 5.6, (2.3, 3.1, 4.4), 4.4),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def model(request: pytest.FixtureRequest) -> Model:
+    return MODELS[request.param]
+
+
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("omni")
-    save_tiny_qwen2_5_omni(directory)
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, model: Model) -> Path:
+    directory = tmp_path_factory.mktemp(model.family)
+    if model.family == "qwen3_omni":
+        save_tiny_qwen3_omni(directory, enable_audio_output=False)
+    else:
+        save_tiny_qwen2_5_omni(directory)
     return directory
 
 
@@ -65,8 +91,13 @@ def streamed(checkpoint: Path) -> Iterator[OmniPipeline]:
     pipeline.shutdown()
 
 
-def _turn() -> bytes:
-    return float_to_pcm16(resample(tone(7, 3.6), 16000, RATE))
+def _turn(model: Model) -> bytes:
+    """The turn, loudest in its first half second: the log-mel floor follows a clip's loudest frame, so every
+    reading of the turn has the whole turn's floor (a later louder frame would change the settled start's mel
+    and so its keys: encoded and prefilled again, never reused stale)."""
+    samples = tone(7, model.turn_s)
+    samples[:8000] *= 2
+    return float_to_pcm16(resample(samples, 16000, RATE))
 
 
 def _request(request_id: str, pcm: bytes, *, partial: bool = False, max_tokens: int = MAX_TOKENS) -> OmniRequest:
@@ -88,14 +119,14 @@ def _answer(pipeline: OmniPipeline, request: OmniRequest) -> str:
 
 
 def test_the_reply_after_streamed_prefills_equals_the_reply_without_them(
-    cold: OmniPipeline, streamed: OmniPipeline
+    model: Model, cold: OmniPipeline, streamed: OmniPipeline
 ) -> None:
     assert streamed.capabilities.hears_while_spoken
-    turn = _turn()
+    turn = _turn(model)
     expected = _answer(cold, _request("cold", turn))
     assert expected
 
-    for i, seconds in enumerate(READINGS_S):  # what the session's Prefill tasks send while the user speaks
+    for i, seconds in enumerate(model.readings_s):  # what the session's Prefill tasks send while the user speaks
         _answer(streamed, _request(f"prefill{i}", turn[: int(seconds * RATE) * 2], partial=True, max_tokens=1))
     assert streamed.audio is not None
     encoded_before = streamed.audio.cache.misses
@@ -104,21 +135,24 @@ def test_the_reply_after_streamed_prefills_equals_the_reply_without_them(
     # the whole turn encodes only what no reading settled: its last group, and the whole clip's own entry
     assert streamed.audio.cache.misses - encoded_before <= 2
     last = build_audio_prompt(
-        _request("last", turn[: int(READINGS_S[-1] * RATE) * 2], partial=True), cold.engine.tokenizer, cold.audio
+        _request("last", turn[: int(model.readings_s[-1] * RATE) * 2], partial=True), cold.engine.tokenizer, cold.audio
     )
     (span,) = last.embed_spans
     block = streamed.engine.config.block_size
     reused = streamed.engine.stats()["prefix_cache_hit_tokens"] - hits_before
     assert reused >= (span.offset + span.length) // block * block  # the last reading's audio, but its last block
+    print(f"{model.family}: {reused} of the reply's prompt's positions came from the readings' prefills")
 
 
-def test_the_prefilled_prompt_is_the_start_of_the_whole_turns_prompt(cold: OmniPipeline) -> None:
+def test_the_prefilled_prompt_is_the_start_of_the_whole_turns_prompt(model: Model, cold: OmniPipeline) -> None:
     """Token ids, embeddings, per-token cache keys and M-RoPE positions of a settled reading are those of
     the whole turn's prompt up to the reading's last audio token: audio positions run like text."""
-    turn = _turn()
+    turn = _turn(model)
     tokenizer, audio = cold.engine.tokenizer, cold.audio
     whole = build_audio_prompt(_request("whole", turn), tokenizer, audio)
-    reading = build_audio_prompt(_request("part", turn[: int(2.1 * RATE) * 2], partial=True), tokenizer, audio)
+    reading = build_audio_prompt(
+        _request("part", turn[: int(model.partial_s * RATE) * 2], partial=True), tokenizer, audio
+    )
     (part_span,), (whole_span,) = reading.embed_spans, whole.embed_spans
     end = part_span.offset + part_span.length
     assert part_span.offset == whole_span.offset and 0 < part_span.length < whole_span.length

@@ -18,6 +18,7 @@ import pytest
 import torch
 from omni_gateway.encoders.audio import float_to_pcm16_array
 from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.models.qwen3_omni_talker_inputs import user_positions
 from omni_gateway.omni import qwen3_speech
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.loading import resolve_speech_model
@@ -32,6 +33,7 @@ from omni_gateway.omni.protocol import (
     Message,
     OmniRequest,
     SamplingOptions,
+    TextDelta,
     TextPart,
 )
 from omni_gateway.omni.qwen3_speech import Qwen3SpokenModel
@@ -234,6 +236,29 @@ def test_heard_audio_takes_rotary_positions_over_the_talkers_own_sequence(served
     assert [s.length for s in heard] == [8, seen.length] and ids[0, heard[0].offset] == audio
 
 
+def test_the_talkers_spans_after_heard_audio_are_keyed_by_what_was_heard(served: tuple[OmniPipeline, Any]) -> None:
+    """Audio heard window by window carries one prefix-cache key per position, not one per clip: the talker's
+    spans after it (whose rows the thinker computed over the audio) differ with it."""
+    from omni_gateway.omni.qwen3_speech import talker_spans
+
+    pipe, _ = served
+    assert pipe.speech is not None
+
+    def keys(audio: bytes) -> list[tuple[str, tuple[int, ...]]]:
+        req = request(AudioPart(audio, RATE), TextPart("what is said"), rid="keyed")
+        prompt = asyncio.run(pipe._prompt(req))
+        assert any(s.position_keys for s in prompt.embed_spans)  # the clip's windows' keys
+        size = len(user_positions(prompt.token_ids, pipe.speech.thinker_ids)) + 9
+        spans = talker_spans(torch.zeros(size, 1), prompt, pipe.speech.thinker_ids, first_reply=5)
+        return [(s.key, s.position_keys) for s in spans]
+
+    clip = clip_pcm16()
+    other = np.frombuffer(clip, dtype=np.int16)[::-1].tobytes()  # as long, heard otherwise
+    first, second = keys(clip), keys(other)
+    assert len(first) == len(second) and first[0] == second[0]  # the turn's start, before the audio
+    assert all(a != b for a, b in zip(first[1:], second[1:]))
+
+
 def test_the_talkers_prompt_blocks_are_keyed_by_content(served: tuple[OmniPipeline, Any]) -> None:
     """The same spoken turn under another request id reuses the talker's prompt blocks; the same user turn after
     another system prompt (which the talker's rows depend on through the thinker) does not."""
@@ -294,3 +319,95 @@ def test_warm_up_speaks_a_short_turn_and_leaves_nothing_running(served: tuple[Om
     assert pipe.speech.config.max_frames == MAX_FRAMES  # restored after the short turn
     for engine in (pipe.engine.engine, pipe.speech.talker.engine):
         assert not engine.has_unfinished() and engine.scheduler.kv.usage().num_used_blocks == 0
+
+
+@pytest.fixture(scope="module")
+def uncached(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniPipeline]:
+    """The same checkpoint served without prefix caching: every turn computed from scratch."""
+    directory: Path = tmp_path_factory.mktemp("qwen3omni-uncached")
+    save_tiny_qwen3_omni(directory, speech=True)
+    config = OmniConfig(
+        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96, enable_prefix_caching=False),
+        asr=None,
+        tts=None,
+        vad=False,
+        temperature=0.0,
+        max_tokens=MAX_TOKENS,
+        warm_up=False,
+    )
+    pipe = OmniPipeline.load(config)
+    assert pipe.speech is not None
+    pipe.speech.config = dataclasses.replace(pipe.speech.config, max_frames=MAX_FRAMES)
+    yield pipe
+    pipe.shutdown()
+
+
+def test_a_later_spoken_turn_reuses_the_conversations_thinker_blocks(
+    served: tuple[OmniPipeline, Any], uncached: OmniPipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thinker's blocks keep the rows of layer ``accept_hidden_layer`` a speaking turn asks of its prompt, so
+    the conversation's next turn reuses them (heard audio included) and speaks exactly the greedy frames of a
+    pipeline that computes every turn from scratch."""
+    pipe, _ = served
+    kv = pipe.engine.engine.scheduler.kv
+    decoded = Chunks(monkeypatch)
+    heard = (AudioPart(clip_pcm16(), RATE), TextPart("what is said"))
+    messages = (Message("system", (TextPart("speak in turns"),)), Message("user", heard))  # no earlier test's
+    prompts: list[int] = []
+    for turn in range(3):
+        req = dataclasses.replace(request(rid=f"talk{turn}"), messages=messages)
+        before, asked = kv.prefix_hit_tokens, kv.prefix_query_tokens
+        chunks = run(pipe, req)
+        hits, query = kv.prefix_hit_tokens - before, kv.prefix_query_tokens - asked
+        warm, decoded.calls = decoded.frames, []
+        want = run(uncached, dataclasses.replace(req, request_id=f"cold{turn}"))
+        unheard, decoded.calls = decoded.frames, []
+        assert not [c for c in (*chunks, *want) if isinstance(c, Error)]
+        assert len(warm) >= 8 and warm == unheard, turn
+        assert np.array_equal(pcm(chunks), pcm(want))
+        ids = asyncio.run(pipe._prompt(req)).token_ids
+        if prompts:  # the last turn's prompt, its heard audio included, up to its last whole block
+            assert hits >= (prompts[-1] - 1) // kv.block_size * kv.block_size > 0, (turn, hits)
+        else:
+            assert hits == 0
+        prompts.append(len(ids))
+        print(f"turn {turn}: prompt {len(ids)} tokens, {hits} of {query} looked up from the prefix cache")
+        reply = "".join(c.transcript for c in chunks if isinstance(c, AudioChunk))
+        messages = (*messages, Message("assistant", (TextPart(reply),)), Message("user", heard))
+
+
+def test_a_prefill_of_a_spoken_turn_keeps_the_rows_its_reply_reads(
+    served: tuple[OmniPipeline, Any], uncached: OmniPipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``prefill_only`` request (a realtime turn prefilled while spoken) of a reply in speech answers one token
+    of text and keeps the thinker rows the spoken reply asks: the reply reuses its prompt's blocks and speaks what
+    it speaks without them. A text answer's blocks keep no rows, so a spoken reply cannot reuse them."""
+    pipe, _ = served
+    kv = pipe.engine.engine.scheduler.kv
+    decoded = Chunks(monkeypatch)
+
+    def turn(system: str, rid: str) -> OmniRequest:
+        heard = (AudioPart(clip_pcm16(), RATE), TextPart("what is said"))
+        return dataclasses.replace(
+            request(rid=rid), messages=(Message("system", (TextPart(system),)), Message("user", heard))
+        )
+
+    def prefilled_then_spoken(prefill: OmniRequest, reply: OmniRequest) -> int:
+        pre = run(pipe, prefill)
+        assert not [c for c in pre if isinstance(c, (Error, AudioChunk))] and not decoded.calls
+        assert len([c for c in pre if isinstance(c, TextDelta)]) <= 1
+        before = kv.prefix_hit_tokens
+        assert not [c for c in run(pipe, reply) if isinstance(c, Error)]
+        return kv.prefix_hit_tokens - before
+
+    req = turn("prefilled while spoken", "spoken")
+    hits = prefilled_then_spoken(dataclasses.replace(req, request_id="pre", prefill_only=True), req)
+    n = len(asyncio.run(pipe._prompt(req)).token_ids)
+    assert hits >= (n - 1) // kv.block_size * kv.block_size > 0
+    warm, decoded.calls = decoded.frames, []
+    run(uncached, dataclasses.replace(req, request_id="spoken-cold"))
+    assert len(warm) >= 8 and warm == decoded.frames
+    decoded.calls = []
+    other = turn("read while spoken", "spoken-after-text")
+    text = dataclasses.replace(other, request_id="pre-text", modalities=("text",), prefill_only=True)
+    assert prefilled_then_spoken(text, other) == 0
