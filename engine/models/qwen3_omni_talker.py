@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel, _rope_parameters
+from omni_gateway.engine.models.talker_checkpoint import PREFIX, loaded_talker, read_config, read_talker_tensors
 from omni_gateway.engine.runner.attention import AttentionMetadata
 
 TALKER_ARCHITECTURE = "Qwen3OmniMoeTalkerForConditionalGeneration"
-_PREFIX = "talker."
 _SPECIAL_RANGE = 1024  # the talker vocabulary's last ids are special tokens, not sounds
 
 
@@ -132,18 +132,6 @@ class Qwen3OmniTalkerModel(Qwen2VLModel):
         return logits
 
 
-class CodecTokenizer:
-    """Codec tokens have no text: the engine's detokenizer gets empty strings."""
-
-    chat_template = None
-
-    def decode(self, ids: Any, **_: Any) -> str:
-        return ""
-
-    def encode(self, text: str, **_: Any) -> list[int]:
-        raise ValueError("the talker takes codec token ids, not text")
-
-
 def talker_config(hf_config: Any) -> Any:
     """The talker decoder's config out of a Qwen3-Omni config, named so the registry picks this model; it
     carries the codec ids as ``talker_tokens``."""
@@ -167,44 +155,21 @@ def talker_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The talker decoder's tensors under the decoder's names (``model.*``, ``lm_head``)."""
     out: dict[str, torch.Tensor] = {}
     for name, tensor in weights.items():
-        if name.startswith(_PREFIX + "model."):
-            name = name[len(_PREFIX) :]
+        if name.startswith(PREFIX + "model."):
+            name = name[len(PREFIX) :]
             out["model.embed_tokens.weight" if name == "model.codec_embedding.weight" else name] = tensor
-        elif name == _PREFIX + "codec_head.weight":
+        elif name == PREFIX + "codec_head.weight":
             out["lm_head.weight"] = tensor
     return out
-
-
-def read_talker_tensors(root: Path) -> dict[str, torch.Tensor]:
-    """Every ``talker.*`` tensor of the checkpoint's safetensors shards (the thinker's and code2wav's are skipped)."""
-    from safetensors import safe_open
-
-    shards = sorted(root.glob("*.safetensors"))
-    if not shards:
-        raise ModelLoadError(f"no safetensors weights in {str(root)!r}")
-    weights: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        with safe_open(str(shard), "pt") as f:
-            weights.update({n: f.get_tensor(n) for n in f.keys() if n.startswith(_PREFIX)})
-    return weights
-
-
-def read_config(root: Path) -> Any:
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(str(root))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read the config in {str(root)!r}: {exc}") from exc
 
 
 def decoder_checkpoint_name(name: str) -> str:
     """The checkpoint's name of the talker decoder's tensor ``name`` (``talker_weights`` backwards)."""
     if name == "lm_head.weight":
-        return _PREFIX + "codec_head.weight"
+        return PREFIX + "codec_head.weight"
     if name == "model.embed_tokens.weight":
-        return _PREFIX + "model.codec_embedding.weight"
-    return _PREFIX + name
+        return PREFIX + "model.codec_embedding.weight"
+    return PREFIX + name
 
 
 def load_talker(
@@ -218,7 +183,6 @@ def load_talker(
     ``WeightSource`` under the decoder's names instead (random weights, ``load_format="dummy"``), which the engine
     reads on its device."""
     from omni_gateway.engine.models.llama import missing_weights
-    from omni_gateway.engine.runner.loader import LoadedModel
 
     root = Path(path)
     cfg = talker_config(read_config(root))
@@ -228,20 +192,13 @@ def load_talker(
     else:
         weights = talker_weights(tensors if tensors is not None else read_talker_tensors(root))
         missing = missing_weights(cfg, weights)
-    if missing:
-        raise ModelLoadError(f"{str(root)!r} lacks {len(missing)} talker tensor(s): {', '.join(missing[:6])}")
-    model_len = int(cfg.max_position_embeddings)
-    if max_model_len is not None and max_model_len > model_len:
-        raise ModelLoadError(f"max_model_len={max_model_len} exceeds the talker's context length {model_len}")
-    return LoadedModel(
-        hf_config=cfg,
-        tokenizer=CodecTokenizer(),
-        eos_token_ids=cfg.talker_tokens.stop_ids,
-        max_model_len=max_model_len or model_len,
-        vocab_size=int(cfg.vocab_size),
-        chat_template=None,
-        name=f"{root.name}-talker",
+    return loaded_talker(
+        root,
+        cfg,
         architecture=TALKER_ARCHITECTURE,
+        stop_ids=cfg.talker_tokens.stop_ids,
         weights=weights,
+        missing=missing,
+        max_model_len=max_model_len,
         source=source,
     )
