@@ -21,12 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.models.linear import Linear
-from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel
 from omni_gateway.engine.models.talker_checkpoint import PREFIX, loaded_talker, read_config, read_talker_tensors
-from omni_gateway.engine.runner.attention import AttentionMetadata
+from omni_gateway.engine.models.talker_decoder import TalkerDecoder
 
 TALKER_ARCHITECTURE = "Qwen2_5OmniTalkerForConditionalGeneration"
 
@@ -61,34 +59,18 @@ class TalkerTokens:
         return frozenset((self.codec_pad, self.codec_eos))
 
 
-class Qwen2_5OmniTalkerModel(Qwen2VLModel):
-    adds_input_rows = True  # embeds rows add to the codec embeddings (decode graphs stage them, zero = none)
-
+class Qwen2_5OmniTalkerModel(TalkerDecoder):
     def __init__(self, hf_config: Any, weights: dict[str, torch.Tensor], **kwargs: Any) -> None:
         super().__init__(hf_config, weights, **kwargs)
         self.tokens = TalkerTokens.from_hf(hf_config)
+        self.blank = self.tokens.codec_mask
         proj = weights["thinker_to_talker_proj.weight"].to(device=self.device, dtype=self.dtype).contiguous()
         bias = weights["thinker_to_talker_proj.bias"].to(device=self.device, dtype=self.dtype).contiguous()
         self.proj = Linear.build(proj, bias, self.ops.linear, prepack=False)
         self.embedding_size = int(proj.shape[1])
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        embed_rows: torch.Tensor | None = None,
-        embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed) * (input_ids != self.tokens.codec_mask).unsqueeze(-1).to(self.dtype)
-        if embed_rows is not None and embeds is not None:
-            x = x.index_add(0, embed_rows, embeds.to(x.dtype))
-        hidden = self.proj(x)
-        if positions.dim() == 1:
-            return self.decode_layers(hidden, positions, meta, kv_caches, self.cos_sin_cache)
-        rows = torch.arange(positions.shape[1], device=positions.device)
-        return self.decode_layers(hidden, rows, meta, kv_caches, self.mrope_table(positions))
+    def to_width(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.proj(rows)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)

@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from omni_gateway.engine.errors import ModelLoadError
-from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel, _rope_parameters
+from omni_gateway.engine.models.qwen2_vl import _rope_parameters, axis_of_frequency
 from omni_gateway.engine.models.talker_checkpoint import PREFIX, loaded_talker, read_config, read_talker_tensors
-from omni_gateway.engine.runner.attention import AttentionMetadata
+from omni_gateway.engine.models.talker_decoder import TalkerDecoder
 
 TALKER_ARCHITECTURE = "Qwen3OmniMoeTalkerForConditionalGeneration"
 _SPECIAL_RANGE = 1024  # the talker vocabulary's last ids are special tokens, not sounds
@@ -92,39 +91,15 @@ class Qwen3TalkerTokens:
         return frozenset((self.codec_eos,))
 
 
-class Qwen3OmniTalkerModel(Qwen2VLModel):
-    adds_input_rows = True  # embeds rows add to the code embeddings (decode graphs stage them, zero = none)
-
+class Qwen3OmniTalkerModel(TalkerDecoder):
     def __init__(self, hf_config: Any, weights: dict[str, torch.Tensor], **kwargs: Any) -> None:
         super().__init__(hf_config, weights, **kwargs)
         self.tokens: Qwen3TalkerTokens = hf_config.talker_tokens
-        self.silent = self.tokens.silent
-        # Qwen3's interleaved layout: frequency j turns with height where j % 3 == 1 within the height section,
-        # with width where j % 3 == 2 within its section, with time elsewhere.
+        self.blank = self.tokens.silent
+        # Qwen3's interleaved layout, whatever the config's rope parameters say.
         section = [int(n) for n in _rope_parameters(hf_config)["mrope_section"]]
-        freq = torch.arange(self.shape.head_dim // 2)
-        axis = torch.zeros_like(freq)
-        axis[(freq % 3 == 1) & (freq < 3 * section[1])] = 1
-        axis[(freq % 3 == 2) & (freq < 3 * section[2])] = 2
-        self.axis_of_freq = axis.to(self.device)
+        self.axis_of_freq = axis_of_frequency(section, self.shape.head_dim // 2, interleaved=True).to(self.device)
         self.suppressed = torch.tensor(self.tokens.suppressed, dtype=torch.long, device=self.device)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        embed_rows: torch.Tensor | None = None,
-        embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed) * (input_ids != self.silent).unsqueeze(-1).to(self.dtype)
-        if embed_rows is not None and embeds is not None:
-            x = x.index_add(0, embed_rows, embeds.to(x.dtype))
-        if positions.dim() == 1:
-            return self.decode_layers(x, positions, meta, kv_caches, self.cos_sin_cache)
-        rows = torch.arange(positions.shape[1], device=positions.device)
-        return self.decode_layers(x, rows, meta, kv_caches, self.mrope_table(positions))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)
