@@ -90,12 +90,8 @@ def build(shapes: str, device: torch.device, max_seqs: int, eager: bool = False)
     from omni_gateway.engine.config import EngineConfig
     from omni_gateway.engine.core.llm_engine import LLMEngine
     from omni_gateway.engine.frontend.async_engine import AsyncEngine
-    from omni_gateway.engine.models.qwen2_5_omni_talker import (
-        CodecTokenizer,
-        TalkerTokens,
-        talker_config,
-        talker_weights,
-    )
+    from omni_gateway.engine.models.qwen2_5_omni_talker import TalkerTokens, talker_config, talker_weights
+    from omni_gateway.engine.models.talker_checkpoint import CodecTokenizer
     from omni_gateway.engine.runner.loader import LoadedModel
     from omni_gateway.omni.heads.token2wav.head import Token2Wav
     from omni_gateway.omni.heads.token2wav.loader import Speaker, Token2WavModels

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,3 +45,23 @@ def embedded_backend() -> Iterator[Any]:
     pipeline = load_backend(config)
     yield pipeline
     pipeline.shutdown()
+
+
+@pytest.fixture(scope="session")
+def qwen3_omni_speech(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """The tiny Qwen3-Omni checkpoint tuned for speech (tests/harness/tiny_qwen3_omni.py, ``speech=True``), saved
+    once for the talker and code2wav tests: its folder and transformers' model, which tests only read."""
+    from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni
+
+    directory = tmp_path_factory.mktemp("qwen3-omni-speech")
+    return directory, save_tiny_qwen3_omni(directory, speech=True)
+
+
+@pytest.fixture(scope="session")
+def qwen3_omni_thinker(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """The tiny Qwen3-Omni checkpoint without talker and code2wav (``enable_audio_output=False``), saved once for
+    the thinker-side tests (towers, vision, video): its folder and transformers' model, which tests only read."""
+    from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni
+
+    directory = tmp_path_factory.mktemp("qwen3-omni-thinker")
+    return directory, save_tiny_qwen3_omni(directory, enable_audio_output=False)

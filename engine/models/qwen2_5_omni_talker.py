@@ -21,14 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.models.linear import Linear
-from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel
-from omni_gateway.engine.runner.attention import AttentionMetadata
+from omni_gateway.engine.models.talker_checkpoint import PREFIX, loaded_talker, read_config, read_talker_tensors
+from omni_gateway.engine.models.talker_decoder import TalkerDecoder
 
 TALKER_ARCHITECTURE = "Qwen2_5OmniTalkerForConditionalGeneration"
-_PREFIX = "talker."
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,51 +59,23 @@ class TalkerTokens:
         return frozenset((self.codec_pad, self.codec_eos))
 
 
-class Qwen2_5OmniTalkerModel(Qwen2VLModel):
-    adds_input_rows = True  # embeds rows add to the codec embeddings (decode graphs stage them, zero = none)
-
+class Qwen2_5OmniTalkerModel(TalkerDecoder):
     def __init__(self, hf_config: Any, weights: dict[str, torch.Tensor], **kwargs: Any) -> None:
         super().__init__(hf_config, weights, **kwargs)
         self.tokens = TalkerTokens.from_hf(hf_config)
+        self.blank = self.tokens.codec_mask
         proj = weights["thinker_to_talker_proj.weight"].to(device=self.device, dtype=self.dtype).contiguous()
         bias = weights["thinker_to_talker_proj.bias"].to(device=self.device, dtype=self.dtype).contiguous()
         self.proj = Linear.build(proj, bias, self.ops.linear, prepack=False)
         self.embedding_size = int(proj.shape[1])
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        embed_rows: torch.Tensor | None = None,
-        embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed) * (input_ids != self.tokens.codec_mask).unsqueeze(-1).to(self.dtype)
-        if embed_rows is not None and embeds is not None:
-            x = x.index_add(0, embed_rows, embeds.to(x.dtype))
-        hidden = self.proj(x)
-        if positions.dim() == 1:
-            return self.decode_layers(hidden, positions, meta, kv_caches, self.cos_sin_cache)
-        rows = torch.arange(positions.shape[1], device=positions.device)
-        return self.decode_layers(hidden, rows, meta, kv_caches, self.mrope_table(positions))
+    def to_width(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.proj(rows)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)
         logits[:, self.tokens.codec_bos] = float("-inf")
         return logits
-
-
-class CodecTokenizer:
-    """Codec tokens have no text: the engine's detokenizer gets empty strings."""
-
-    chat_template = None
-
-    def decode(self, ids: Any, **_: Any) -> str:
-        return ""
-
-    def encode(self, text: str, **_: Any) -> list[int]:
-        raise ValueError("the talker takes codec token ids, not text")
 
 
 def talker_config(hf_config: Any) -> Any:
@@ -126,9 +96,9 @@ def talker_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The talker's tensors under the decoder's names (``model.*``, ``lm_head``, the input projection)."""
     out: dict[str, torch.Tensor] = {}
     for name, tensor in weights.items():
-        if not name.startswith(_PREFIX):
+        if not name.startswith(PREFIX):
             continue
-        name = name[len(_PREFIX) :]
+        name = name[len(PREFIX) :]
         out["lm_head.weight" if name == "codec_head.weight" else name] = tensor
     return out
 
@@ -136,37 +106,19 @@ def talker_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def load_talker(path: str | Path, max_model_len: int | None = None) -> Any:
     """A ``LoadedModel`` of the talker in a Qwen2.5-Omni checkpoint directory (for ``LLMEngine(model=...)``)."""
     from omni_gateway.engine.models.llama import missing_weights
-    from omni_gateway.engine.runner.loader import LoadedModel
-    from safetensors import safe_open
-    from transformers import AutoConfig
 
     root = Path(path)
-    try:
-        hf = AutoConfig.from_pretrained(str(root))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read the config in {str(root)!r}: {exc}") from exc
-    cfg = talker_config(hf)
-    weights: dict[str, torch.Tensor] = {}
-    for shard in sorted(root.glob("*.safetensors")):
-        with safe_open(str(shard), "pt") as f:
-            weights.update({n: f.get_tensor(n) for n in f.keys() if n.startswith(_PREFIX)})
-    weights = talker_weights(weights)
+    cfg = talker_config(read_config(root))
+    weights = talker_weights(read_talker_tensors(root))
     missing = missing_weights(cfg, weights) + [
         n for n in ("thinker_to_talker_proj.weight", "thinker_to_talker_proj.bias") if n not in weights
     ]
-    if missing:
-        raise ModelLoadError(f"{str(root)!r} lacks {len(missing)} talker tensor(s): {', '.join(missing[:6])}")
-    model_len = int(cfg.max_position_embeddings)
-    if max_model_len is not None and max_model_len > model_len:
-        raise ModelLoadError(f"max_model_len={max_model_len} exceeds the talker's context length {model_len}")
-    return LoadedModel(
-        hf_config=cfg,
-        tokenizer=CodecTokenizer(),
-        eos_token_ids=TalkerTokens.from_hf(cfg).stop_ids,
-        max_model_len=max_model_len or model_len,
-        vocab_size=int(cfg.vocab_size),
-        chat_template=None,
-        name=f"{root.name}-talker",
+    return loaded_talker(
+        root,
+        cfg,
         architecture=TALKER_ARCHITECTURE,
+        stop_ids=TalkerTokens.from_hf(cfg).stop_ids,
         weights=weights,
+        missing=missing,
+        max_model_len=max_model_len,
     )

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from omni_gateway.engine.errors import ModelLoadError
-from omni_gateway.engine.models.qwen2_vl import Qwen2VLModel, _rope_parameters
-from omni_gateway.engine.runner.attention import AttentionMetadata
+from omni_gateway.engine.models.qwen2_vl import _rope_parameters, axis_of_frequency
+from omni_gateway.engine.models.talker_checkpoint import PREFIX, loaded_talker, read_config, read_talker_tensors
+from omni_gateway.engine.models.talker_decoder import TalkerDecoder
 
 TALKER_ARCHITECTURE = "Qwen3OmniMoeTalkerForConditionalGeneration"
-_PREFIX = "talker."
 _SPECIAL_RANGE = 1024  # the talker vocabulary's last ids are special tokens, not sounds
 
 
@@ -92,56 +91,20 @@ class Qwen3TalkerTokens:
         return frozenset((self.codec_eos,))
 
 
-class Qwen3OmniTalkerModel(Qwen2VLModel):
-    adds_input_rows = True  # embeds rows add to the code embeddings (decode graphs stage them, zero = none)
-
+class Qwen3OmniTalkerModel(TalkerDecoder):
     def __init__(self, hf_config: Any, weights: dict[str, torch.Tensor], **kwargs: Any) -> None:
         super().__init__(hf_config, weights, **kwargs)
         self.tokens: Qwen3TalkerTokens = hf_config.talker_tokens
-        self.silent = self.tokens.silent
-        # Qwen3's interleaved layout: frequency j turns with height where j % 3 == 1 within the height section,
-        # with width where j % 3 == 2 within its section, with time elsewhere.
+        self.blank = self.tokens.silent
+        # Qwen3's interleaved layout, whatever the config's rope parameters say.
         section = [int(n) for n in _rope_parameters(hf_config)["mrope_section"]]
-        freq = torch.arange(self.shape.head_dim // 2)
-        axis = torch.zeros_like(freq)
-        axis[(freq % 3 == 1) & (freq < 3 * section[1])] = 1
-        axis[(freq % 3 == 2) & (freq < 3 * section[2])] = 2
-        self.axis_of_freq = axis.to(self.device)
+        self.axis_of_freq = axis_of_frequency(section, self.shape.head_dim // 2, interleaved=True).to(self.device)
         self.suppressed = torch.tensor(self.tokens.suppressed, dtype=torch.long, device=self.device)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        embed_rows: torch.Tensor | None = None,
-        embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed) * (input_ids != self.silent).unsqueeze(-1).to(self.dtype)
-        if embed_rows is not None and embeds is not None:
-            x = x.index_add(0, embed_rows, embeds.to(x.dtype))
-        if positions.dim() == 1:
-            return self.decode_layers(x, positions, meta, kv_caches, self.cos_sin_cache)
-        rows = torch.arange(positions.shape[1], device=positions.device)
-        return self.decode_layers(x, rows, meta, kv_caches, self.mrope_table(positions))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)
         logits[:, self.suppressed] = float("-inf")
         return logits
-
-
-class CodecTokenizer:
-    """Codec tokens have no text: the engine's detokenizer gets empty strings."""
-
-    chat_template = None
-
-    def decode(self, ids: Any, **_: Any) -> str:
-        return ""
-
-    def encode(self, text: str, **_: Any) -> list[int]:
-        raise ValueError("the talker takes codec token ids, not text")
 
 
 def talker_config(hf_config: Any) -> Any:
@@ -167,44 +130,21 @@ def talker_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The talker decoder's tensors under the decoder's names (``model.*``, ``lm_head``)."""
     out: dict[str, torch.Tensor] = {}
     for name, tensor in weights.items():
-        if name.startswith(_PREFIX + "model."):
-            name = name[len(_PREFIX) :]
+        if name.startswith(PREFIX + "model."):
+            name = name[len(PREFIX) :]
             out["model.embed_tokens.weight" if name == "model.codec_embedding.weight" else name] = tensor
-        elif name == _PREFIX + "codec_head.weight":
+        elif name == PREFIX + "codec_head.weight":
             out["lm_head.weight"] = tensor
     return out
-
-
-def read_talker_tensors(root: Path) -> dict[str, torch.Tensor]:
-    """Every ``talker.*`` tensor of the checkpoint's safetensors shards (the thinker's and code2wav's are skipped)."""
-    from safetensors import safe_open
-
-    shards = sorted(root.glob("*.safetensors"))
-    if not shards:
-        raise ModelLoadError(f"no safetensors weights in {str(root)!r}")
-    weights: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        with safe_open(str(shard), "pt") as f:
-            weights.update({n: f.get_tensor(n) for n in f.keys() if n.startswith(_PREFIX)})
-    return weights
-
-
-def read_config(root: Path) -> Any:
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(str(root))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read the config in {str(root)!r}: {exc}") from exc
 
 
 def decoder_checkpoint_name(name: str) -> str:
     """The checkpoint's name of the talker decoder's tensor ``name`` (``talker_weights`` backwards)."""
     if name == "lm_head.weight":
-        return _PREFIX + "codec_head.weight"
+        return PREFIX + "codec_head.weight"
     if name == "model.embed_tokens.weight":
-        return _PREFIX + "model.codec_embedding.weight"
-    return _PREFIX + name
+        return PREFIX + "model.codec_embedding.weight"
+    return PREFIX + name
 
 
 def load_talker(
@@ -218,7 +158,6 @@ def load_talker(
     ``WeightSource`` under the decoder's names instead (random weights, ``load_format="dummy"``), which the engine
     reads on its device."""
     from omni_gateway.engine.models.llama import missing_weights
-    from omni_gateway.engine.runner.loader import LoadedModel
 
     root = Path(path)
     cfg = talker_config(read_config(root))
@@ -228,20 +167,13 @@ def load_talker(
     else:
         weights = talker_weights(tensors if tensors is not None else read_talker_tensors(root))
         missing = missing_weights(cfg, weights)
-    if missing:
-        raise ModelLoadError(f"{str(root)!r} lacks {len(missing)} talker tensor(s): {', '.join(missing[:6])}")
-    model_len = int(cfg.max_position_embeddings)
-    if max_model_len is not None and max_model_len > model_len:
-        raise ModelLoadError(f"max_model_len={max_model_len} exceeds the talker's context length {model_len}")
-    return LoadedModel(
-        hf_config=cfg,
-        tokenizer=CodecTokenizer(),
-        eos_token_ids=cfg.talker_tokens.stop_ids,
-        max_model_len=max_model_len or model_len,
-        vocab_size=int(cfg.vocab_size),
-        chat_template=None,
-        name=f"{root.name}-talker",
+    return loaded_talker(
+        root,
+        cfg,
         architecture=TALKER_ARCHITECTURE,
+        stop_ids=cfg.talker_tokens.stop_ids,
         weights=weights,
+        missing=missing,
+        max_model_len=max_model_len,
         source=source,
     )

@@ -13,20 +13,13 @@ from omni_gateway.encoders.audio_tower import UnusableAudio, checkpoint_family, 
 from omni_gateway.encoders.qwen3_omni_audio import Qwen3OmniAudioTower, chunk_lengths, frames_after_convs
 
 from tests.harness.audio_checkpoints import SAMPLE_RATE, token_id, tone
-from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    directory = tmp_path_factory.mktemp("qwen3omni")
-    return directory, save_tiny_qwen3_omni(directory, enable_audio_output=False)
-
-
-@pytest.fixture(scope="module")
-def tower(saved: tuple[Path, Any]) -> Qwen3OmniAudioTower:
-    encoder = load_audio_encoder(saved[0])
+def tower(qwen3_omni_thinker: tuple[Path, Any]) -> Qwen3OmniAudioTower:
+    encoder = load_audio_encoder(qwen3_omni_thinker[0])
     assert isinstance(encoder, Qwen3OmniAudioTower)
     return encoder
 
@@ -42,9 +35,11 @@ def _hf_embeddings(hf: Any, tower: Qwen3OmniAudioTower, clip: Any) -> torch.Tens
 # 0.3 s: one short chunk; 1 s: one whole chunk; 2.7 s: three chunks, two attention windows (200 frames each);
 # 5.3123 s: six chunks, three windows, and a sample count that is no whole number of hops.
 @pytest.mark.parametrize("seconds", [0.3, 1.0, 2.7, 5.3123])
-def test_embeddings_match_transformers(saved: tuple[Path, Any], tower: Qwen3OmniAudioTower, seconds: float) -> None:
+def test_embeddings_match_transformers(
+    qwen3_omni_thinker: tuple[Path, Any], tower: Qwen3OmniAudioTower, seconds: float
+) -> None:
     clip = tone(7, seconds)
-    expected = _hf_embeddings(saved[1], tower, clip)
+    expected = _hf_embeddings(qwen3_omni_thinker[1], tower, clip)
     got = tower.encode(clip, SAMPLE_RATE).embeds
     assert got.shape == expected.shape == (tower.embeddings_for(clip.size), 64)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
@@ -59,8 +54,8 @@ def test_token_counts_follow_the_processor() -> None:
     assert chunk_lengths(250, 50) == [100, 100, 50] and chunk_lengths(200, 50) == [100, 100]
 
 
-def test_placeholders_and_family(saved: tuple[Path, Any], tower: Qwen3OmniAudioTower) -> None:
-    assert checkpoint_family(saved[0]) == "qwen3_omni"
+def test_placeholders_and_family(qwen3_omni_thinker: tuple[Path, Any], tower: Qwen3OmniAudioTower) -> None:
+    assert checkpoint_family(qwen3_omni_thinker[0]) == "qwen3_omni"
     marks = tower.placeholders
     assert (marks.audio, marks.start, marks.end) == (
         token_id("<|AUDIO|>"),

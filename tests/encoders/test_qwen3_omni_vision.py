@@ -16,20 +16,13 @@ from PIL import Image
 
 from tests.harness.audio_checkpoints import token_id
 from tests.harness.checkpoints import picture
-from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    directory = tmp_path_factory.mktemp("qwen3omni")
-    return directory, save_tiny_qwen3_omni(directory, enable_audio_output=False)
-
-
-@pytest.fixture(scope="module")
-def tower(saved: tuple[Path, Any]) -> Qwen3OmniVision:
-    encoder = load_vision_encoder(saved[0])
+def tower(qwen3_omni_thinker: tuple[Path, Any]) -> Qwen3OmniVision:
+    encoder = load_vision_encoder(qwen3_omni_thinker[0])
     assert isinstance(encoder, Qwen3OmniVision)
     return encoder
 
@@ -47,10 +40,10 @@ def _hf(hf: Any, tower: Qwen3OmniVision, image: Image.Image) -> tuple[torch.Tens
 # 64x64: a 4x4 patch grid; 160x100 and 70x200: wide and tall, resized to other grids; 300x300: shrunk to the budget.
 @pytest.mark.parametrize("size", [(64, 64), (160, 100), (70, 200), (300, 300)])
 def test_embeddings_and_deepstack_match_transformers(
-    saved: tuple[Path, Any], tower: Qwen3OmniVision, size: tuple[int, int]
+    qwen3_omni_thinker: tuple[Path, Any], tower: Qwen3OmniVision, size: tuple[int, int]
 ) -> None:
     image = picture(sum(size), size)
-    embeds, deepstack, grid = _hf(saved[1], tower, image)
+    embeds, deepstack, grid = _hf(qwen3_omni_thinker[1], tower, image)
     got = tower.encode_image(image)
     tokens = int(grid.prod()) // 4
     assert got.embeds.shape == embeds.shape == (tokens, 64)
@@ -93,8 +86,8 @@ def test_patches_are_in_merge_block_order() -> None:
     assert positions.tolist() == get_vision_position_ids(torch.tensor([[1, 4, 6]]), 2).tolist()
 
 
-def test_positions_and_placeholders(saved: tuple[Path, Any], tower: Qwen3OmniVision) -> None:
-    assert checkpoint_family(saved[0]) == "qwen3_omni"
+def test_positions_and_placeholders(qwen3_omni_thinker: tuple[Path, Any], tower: Qwen3OmniVision) -> None:
+    assert checkpoint_family(qwen3_omni_thinker[0]) == "qwen3_omni"
     marks = tower.placeholders
     assert (marks.image, marks.video, marks.start, marks.end) == tuple(
         token_id(t) for t in ("<|IMAGE|>", "<|VIDEO|>", "<|vision_bos|>", "<|vision_eos|>")
@@ -115,13 +108,15 @@ def test_extreme_shapes_are_refused(tower: Qwen3OmniVision) -> None:
         tower.encode_image(Image.new("RGB", (4020, 20)))
 
 
-def test_video_embeddings_and_deepstack_match_transformers(saved: tuple[Path, Any], tower: Qwen3OmniVision) -> None:
+def test_video_embeddings_and_deepstack_match_transformers(
+    qwen3_omni_thinker: tuple[Path, Any], tower: Qwen3OmniVision
+) -> None:
     # Five frames: three temporal patches (the last frame repeats), each attended on its own by the tower.
     frames = [picture(50 + i, (80, 64)) for i in range(5)]
     pixels, grid = tower.video_patches(frames)
     assert int(grid[0]) == 3
     with torch.inference_mode():
-        visual = getattr(saved[1].thinker, "visual", None) or saved[1].thinker.model.visual
+        visual = getattr(qwen3_omni_thinker[1].thinker, "visual", None) or qwen3_omni_thinker[1].thinker.model.visual
         out = visual(pixels, grid_thw=grid.view(1, 3))
     embeds, deepstack = out if isinstance(out, tuple) else (out.pooler_output, out.deepstack_features)
     (got,) = tower.encode_video(frames)

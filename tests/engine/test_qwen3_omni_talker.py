@@ -17,18 +17,8 @@ from omni_gateway.engine.runner.input_stream import InputStream
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.omni.qwen3_talker import Qwen3Talker, SpokenFrames
 
-from tests.harness.tiny_qwen3_omni_speech import (
-    ASSISTANT,
-    CODE_GROUPS,
-    IM_END,
-    IM_START,
-    SYSTEM,
-    TTS_BOS,
-    TTS_EOS,
-    TTS_PAD,
-    USER,
-    tiny_qwen3_omni,
-)
+from tests.harness.audio_checkpoints import token_id
+from tests.harness.tiny_qwen3_omni import CODE_GROUPS, HIDDEN, IM_END, TTS_BOS, TTS_EOS, TTS_PAD, chat_ids
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -37,15 +27,13 @@ REPLY_TOKENS = 6
 
 
 @pytest.fixture(scope="module")
-def hf() -> Any:
-    return tiny_qwen3_omni()
+def tiny_dir(qwen3_omni_speech: tuple[Path, Any]) -> Path:
+    return qwen3_omni_speech[0]
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(hf: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("qwen3-omni")
-    hf.save_pretrained(path)
-    return path
+def hf(qwen3_omni_speech: tuple[Path, Any]) -> Any:
+    return qwen3_omni_speech[1]
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +44,6 @@ def talker(tiny_dir: Path) -> Qwen3Talker:
 @pytest.fixture(scope="module")
 def engine(talker: Qwen3Talker) -> LLMEngine:
     return LLMEngine(EngineConfig(device="cpu", attention_backend="torch", dtype="float32"), model=talker.loaded)
-
-
-def prompt_ids(user: list[int]) -> list[int]:
-    nl = 10
-    system = [IM_START, SYSTEM, nl, 7, 8, IM_END, nl]
-    return system + [IM_START, USER, nl, *user, IM_END, nl, IM_START, ASSISTANT, nl]
 
 
 @dataclass
@@ -88,7 +70,7 @@ def reference(hf: Any, user: list[int], voice: str, monkeypatch: pytest.MonkeyPa
         seen["codes"] = codes
         return decode(codes, **kwargs)
 
-    ids = prompt_ids(user)
+    ids = chat_ids(user)
     with monkeypatch.context() as patch:
         # Newer transformers mirror talker_do_sample onto the code predictor; older ones sample its codes unless told.
         patch.setattr(hf.talker.code_predictor.generation_config, "do_sample", False)
@@ -228,7 +210,8 @@ def test_interleaved_rotary_positions_equal_transformers(hf: Any, engine: LLMEng
 def test_moe_blocks_equal_transformers(hf: Any, engine: LLMEngine) -> None:
     """Each talker layer's experts and gated shared expert, on the same input: top-k weights not renormalized
     (the talker's ``norm_topk_prob`` is off)."""
-    x = torch.randn(9, 32, generator=torch.Generator().manual_seed(2))
+    width = hf.config.talker_config.text_config.hidden_size
+    x = torch.randn(9, width, generator=torch.Generator().manual_seed(2))
     assert not hf.config.talker_config.text_config.norm_topk_prob
     for layer, block in zip(hf.talker.model.layers, engine.runner.model.layers):
         assert block.moe is not None and block.moe.shared is not None
@@ -239,15 +222,14 @@ def test_moe_blocks_equal_transformers(hf: Any, engine: LLMEngine) -> None:
 
 
 def test_media_positions_are_heard_through_the_hidden_projection(hf: Any, talker: Qwen3Talker) -> None:
-    from tests.harness.tiny_qwen3_omni_speech import AUDIO
-
-    ids = prompt_ids([30, AUDIO, AUDIO, AUDIO, 31])
+    audio = token_id("<|AUDIO|>")
+    ids = chat_ids([30, audio, audio, audio, 31])
     g = torch.Generator().manual_seed(1)
-    embeds, hidden = torch.randn(len(ids), 32, generator=g), torch.randn(len(ids), 32, generator=g)
-    tts = torch.randn(3, 32, generator=g)
-    _, rows = talker.inputs.prompt(ids, embeds, hidden, torch.randn(32, generator=g), tts, "ethan")
+    embeds, hidden = torch.randn(len(ids), HIDDEN, generator=g), torch.randn(len(ids), HIDDEN, generator=g)
+    tts = torch.randn(3, HIDDEN, generator=g)
+    _, rows = talker.inputs.prompt(ids, embeds, hidden, torch.randn(HIDDEN, generator=g), tts, "ethan")
     users = [i for i, t in enumerate(ids) if i >= 7 and i < len(ids) - 3]  # the user turn, through its newline
-    mask = torch.tensor([[t == AUDIO for t in ids]])
+    mask = torch.tensor([[t == audio for t in ids]])
     with torch.no_grad():
         want = hf._get_talker_user_parts(users[0], users[-1] + 1, mask, hidden[None], embeds[None])[0]
     torch.testing.assert_close(rows[: len(users)], want)

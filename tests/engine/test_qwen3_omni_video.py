@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import itertools
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,6 @@ from PIL import Image
 from tests.engine.test_audio_parity import Stack, hf_generate
 from tests.harness.audio_checkpoints import SAMPLE_RATE, video_with_sound
 from tests.harness.checkpoints import picture, png_bytes
-from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CHUNK = 64  # prefill tokens per step: cuts the video spans below
@@ -36,12 +36,11 @@ STEP = 2 * 25  # time positions per temporal patch at 1 frame a second (the tiny
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Stack:
-    directory = tmp_path_factory.mktemp("qwen3omni_video")
-    hf = save_tiny_qwen3_omni(directory, enable_audio_output=False).thinker
+def stack(qwen3_omni_thinker: tuple[Path, Any]) -> Stack:
+    directory, hf = qwen3_omni_thinker
     vision = load_vision_encoder(directory)
     assert isinstance(vision, Qwen3OmniVision)
-    return Stack(directory, hf, vision, max_num_batched_tokens=CHUNK)
+    return Stack(directory, hf.thinker, vision, max_num_batched_tokens=CHUNK)
 
 
 def _decoded(frames: list[Image.Image]) -> list[Image.Image]:

@@ -30,24 +30,17 @@ from tests.engine.test_audio_parity import Stack, heard, hf_generate, pcm16
 from tests.engine.test_qwen3_omni_thinker import _media
 from tests.harness.audio_checkpoints import SAMPLE_RATE, tone
 from tests.harness.checkpoints import picture, png_bytes
-from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CHUNK = 9  # prefill tokens per step: cuts the image spans below
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    directory = tmp_path_factory.mktemp("qwen3omni")
-    return directory, save_tiny_qwen3_omni(directory, enable_audio_output=False).thinker
-
-
-@pytest.fixture(scope="module")
-def stack(saved: tuple[Path, Any]) -> Stack:
-    directory, hf = saved
+def stack(qwen3_omni_thinker: tuple[Path, Any]) -> Stack:
+    directory, hf = qwen3_omni_thinker
     vision = load_vision_encoder(directory)
     assert isinstance(vision, Qwen3OmniVision)
-    return Stack(directory, hf, vision, max_num_batched_tokens=CHUNK)
+    return Stack(directory, hf.thinker, vision, max_num_batched_tokens=CHUNK)
 
 
 def _pixels(stack: Stack, images: list[Image.Image]) -> dict[str, Any]:
@@ -140,10 +133,10 @@ def _engine_tokens(directory: Path, prompt: VisionPrompt, tp: int) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_two_ranks_add_the_deepstack_rows_as_one_does(saved: tuple[Path, Any], stack: Stack) -> None:
+def test_two_ranks_add_the_deepstack_rows_as_one_does(qwen3_omni_thinker: tuple[Path, Any], stack: Stack) -> None:
     prompt = stack.prompt(TextPart("what is in"), ImagePart(png_bytes(picture(3, (128, 96)))))
     assert _cut_inside(prompt)
-    assert _engine_tokens(saved[0], prompt, 2) == _engine_tokens(saved[0], prompt, 1)
+    assert _engine_tokens(qwen3_omni_thinker[0], prompt, 2) == _engine_tokens(qwen3_omni_thinker[0], prompt, 1)
 
 
 def test_deepstack_rows_of_the_wrong_length_are_refused(stack: Stack) -> None:

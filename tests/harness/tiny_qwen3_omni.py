@@ -5,12 +5,16 @@ tokenizer of tests/harness/audio_checkpoints.py and the feature extractor / imag
 The thinker is a 2-layer Qwen3-MoE decoder (8 experts, top-2) with interleaved M-RoPE, a 2-layer audio encoder over
 128 mel bins and a 2-layer Qwen3-VL vision tower with one DeepStack layer; the talker (MoE with a shared expert and
 its code predictor) and code2wav are as small as their configs allow, so a test builds the whole thing in a second.
+
+With ``speech=True`` the talker's vocabulary keeps Qwen3-Omni's layout and its heads are tuned so greedy speech runs
+on with varied frames (``tune_for_speech``), the checkpoint the speech tests load; ``chat_ids`` writes its prompts.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,10 @@ HIDDEN = 64
 MEL_BINS = 128  # what WhisperFeatureExtractor(feature_size=128) makes, as Qwen3-Omni's processor does
 AUDIO_WINDOW_S = 4  # seconds of audio per feature-extractor chunk (30 in the real checkpoint)
 CODE_GROUPS = 4  # codebooks per codec frame (16 in the real checkpoint)
-CODEC_VOCAB = 64  # codec ids; the last few are the talker's special tokens
+CODEC_VOCAB = 64  # codec ids; the last few are the talker's special tokens (but with speech=True)
+
+# Thinker ids of Qwen's chat markup: after the audio tokenizer's specials (ids 0-9), see ``chatml_tokenizer``.
+USER, IM_START, IM_END, TTS_PAD, TTS_BOS, TTS_EOS, SYSTEM, ASSISTANT = range(10, 18)
 
 
 def _media_ids() -> dict[str, int]:
@@ -103,7 +110,7 @@ def tiny_qwen3_omni_config(*, enable_audio_output: bool = True, speech: bool = F
             initializer_range=0.3,
         ),
         position_id_per_seconds=25,
-        user_token_id=10,
+        user_token_id=USER,
         initializer_range=0.3,
         **_media_ids(),
     )
@@ -188,14 +195,14 @@ def tiny_qwen3_omni_config(*, enable_audio_output: bool = True, speech: bool = F
         talker_config=talker,
         code2wav_config=code2wav,
         enable_audio_output=enable_audio_output,
-        im_start_token_id=11,
-        im_end_token_id=12,
-        tts_pad_token_id=13,
-        tts_bos_token_id=14,
-        tts_eos_token_id=15,
-        system_token_id=16,
-        user_token_id=10,
-        assistant_token_id=17,
+        im_start_token_id=IM_START,
+        im_end_token_id=IM_END,
+        tts_pad_token_id=TTS_PAD,
+        tts_bos_token_id=TTS_BOS,
+        tts_eos_token_id=TTS_EOS,
+        system_token_id=SYSTEM,
+        user_token_id=USER,
+        assistant_token_id=ASSISTANT,
     )
 
 
@@ -212,8 +219,8 @@ def _image_processor() -> Any:
     return Qwen2VLImageProcessorPil(patch_size=16, min_pixels=32 * 32, max_pixels=128 * 128)
 
 
-# After the audio tokenizer's specials (ids 0-9), the chat markers at the ids the config names: the talker's prompt
-# is cut by <|im_start|> and the role that follows it.
+# After the audio tokenizer's specials (ids 0-9), the chat markers at the ids the config names (USER ... ASSISTANT):
+# the talker's prompt is cut by <|im_start|> and the role that follows it.
 _CHATML_SPECIALS = [
     "user",
     "<|im_start|>",
@@ -238,8 +245,36 @@ def chatml_tokenizer() -> Any:
 
     tok = _trained_byte_level(AUDIO_CORPUS, 330, AUDIO_SPECIALS + _CHATML_SPECIALS)
     tok.chat_template = _CHATML_TEMPLATE
-    assert tok.convert_tokens_to_ids("<|im_start|>") == 11 and tok.convert_tokens_to_ids("assistant") == 17
+    assert tok.convert_tokens_to_ids(_CHATML_SPECIALS) == list(range(USER, ASSISTANT + 1))
     return tok
+
+
+def chat_ids(user: Sequence[int], reply: Sequence[int] = (), system: Sequence[int] = (20, 21)) -> list[int]:
+    """Thinker ids of a system turn, one user turn and the assistant's turn opened with ``reply`` (content ids from
+    18 up are plain text; below are specials, media placeholders among them)."""
+    nl = chatml_tokenizer().convert_tokens_to_ids("Ċ")  # byte-level "\n"
+    return (
+        [IM_START, SYSTEM, nl, *system, IM_END, nl]
+        + [IM_START, USER, nl, *user, IM_END, nl]
+        + [IM_START, ASSISTANT, nl, *reply]
+    )
+
+
+def tune_for_speech(model: Any) -> Any:
+    """Random init leaves small heads: widen them so greedy codes vary from step to step, and give code2wav's
+    transformer and vocoder weight enough that a wrong context shows in the waveform."""
+    codec_eos = model.config.talker_config.codec_eos_token_id
+    with torch.no_grad():
+        model.talker.codec_head.weight.normal_(0.0, 1.0)
+        # A zero logit for the codec's end, well below the largest of the others, so greedy speech runs on.
+        model.talker.codec_head.weight[codec_eos].zero_()
+        for head in model.talker.code_predictor.lm_head:
+            head.weight.normal_(0.0, 1.0)
+        for name, param in model.code2wav.named_parameters():
+            if name.endswith("layer_scale.scale"):
+                param.fill_(1.0)
+        model.code2wav.decoder[-1].conv.weight.mul_(4e4)  # otherwise ~1e-6, below any useful tolerance
+    return model
 
 
 def save_tiny_qwen3_omni(directory: Path, seed: int = 0, **config_overrides: Any) -> Any:
@@ -254,9 +289,7 @@ def save_tiny_qwen3_omni(directory: Path, seed: int = 0, **config_overrides: Any
     model = Qwen3OmniMoeForConditionalGeneration(tiny_qwen3_omni_config(**config_overrides)).eval()
     fill_fused_experts(model, std=0.3)
     if config_overrides.get("speech"):
-        from tests.harness.tiny_qwen3_omni_speech import tune_for_speech
-
-        tune_for_speech(model, model.config.talker_config.codec_eos_token_id)
+        tune_for_speech(model)
     model.save_pretrained(directory)
     (chatml_tokenizer() if config_overrides.get("speech") else audio_tokenizer()).save_pretrained(directory)
     # One preprocessor_config.json serves both, as in the released checkpoint.

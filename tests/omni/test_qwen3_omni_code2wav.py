@@ -11,7 +11,7 @@ from omni_gateway.omni.heads.code2wav.loader import Code2WavLoadError, load_code
 from omni_gateway.omni.heads.code2wav.model import Code2Wav
 from omni_gateway.omni.heads.code2wav.stream import Chunking, Code2WavStream, decode_chunks
 
-from tests.harness.tiny_qwen3_omni_speech import CODE_GROUPS, CODEBOOK, tiny_qwen3_omni
+from tests.harness.tiny_qwen3_omni import CODE_GROUPS, CODEC_VOCAB
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -19,15 +19,13 @@ FRAMES = 30
 
 
 @pytest.fixture(scope="module")
-def hf() -> Any:
-    return tiny_qwen3_omni()
+def tiny_dir(qwen3_omni_speech: tuple[Path, Any]) -> Path:
+    return qwen3_omni_speech[0]
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(hf: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("qwen3-omni")
-    hf.save_pretrained(path)
-    return path
+def hf(qwen3_omni_speech: tuple[Path, Any]) -> Any:
+    return qwen3_omni_speech[1]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +34,7 @@ def code2wav(tiny_dir: Path) -> Code2Wav:
 
 
 def random_codes(batch: int, frames: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, CODEBOOK, (batch, CODE_GROUPS, frames), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, CODEC_VOCAB, (batch, CODE_GROUPS, frames), generator=torch.Generator().manual_seed(seed))
 
 
 def streamed(model: Code2Wav, codes: torch.Tensor, pushes: list[int], chunking: Chunking) -> list[torch.Tensor]:
