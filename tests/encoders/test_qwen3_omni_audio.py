@@ -74,7 +74,7 @@ def test_a_clip_is_encoded_once_and_bad_audio_is_refused(tower: Qwen3OmniAudioTo
 
 
 def test_a_growing_clip_is_heard_window_by_window_as_the_whole_clip_is(
-    saved: tuple[Path, Any], tower: Qwen3OmniAudioTower
+    qwen3_omni_thinker: tuple[Path, Any], tower: Qwen3OmniAudioTower
 ) -> None:
     """The tower attends within windows of ``n_window_infer`` mel frames (2 s here): each settled reading of a turn
     still spoken (24 kHz, as the realtime API sends it) is the start of the whole turn's encoding bit for bit, the
@@ -83,14 +83,14 @@ def test_a_growing_clip_is_heard_window_by_window_as_the_whole_clip_is(
     from omni_gateway.encoders.cache import EncoderCache
 
     turn = resample(tone(4, 5.3), SAMPLE_RATE, 24000)
-    alone = load_audio_encoder(saved[0], cache=EncoderCache(64 << 20))
+    alone = load_audio_encoder(qwen3_omni_thinker[0], cache=EncoderCache(64 << 20))
     assert alone.chunk_stable and alone.group_frames == 200
     whole = alone.encode(turn, 24000)
     assert len(whole.position_keys) == whole.num_tokens == alone.embeddings_for(alone.prepare(turn, 24000).size)
-    expected = _hf_embeddings(saved[1], tower, alone.prepare(turn, 24000))
+    expected = _hf_embeddings(qwen3_omni_thinker[1], tower, alone.prepare(turn, 24000))
     torch.testing.assert_close(whole.embeds, expected, rtol=1e-4, atol=1e-4)
 
-    streamed = load_audio_encoder(saved[0], cache=EncoderCache(64 << 20))
+    streamed = load_audio_encoder(qwen3_omni_thinker[0], cache=EncoderCache(64 << 20))
     with pytest.raises(UnusableAudio, match="settled"):  # a window is 2 s of this tower's frames
         streamed.encode(turn[: int(1.9 * 24000)], 24000, settled_only=True)
     heard = 0
