@@ -321,6 +321,7 @@ class Responses:
                 chunk.code,
                 chunk.message,
                 "server_error" if chunk.status >= 500 else "invalid_request_error",
+                chunk.param if chunk.status < 500 else None,
             )
             events = []
         else:
@@ -377,10 +378,11 @@ class Responses:
         self._client_stalled = False
 
     # ---- how a response finishes --------------------------------------------------------------------
-    def _fail(self, response_id: str, code: str, message: str, error_type: str) -> None:
-        """Fail a response and say why in an ``error`` event too, for clients that only watch those."""
+    def _fail(self, response_id: str, code: str, message: str, error_type: str, param: str | None = None) -> None:
+        """Fail a response and say why in an ``error`` event too, for clients that only watch those (with the
+        field at fault, where the backend named one)."""
         error = {"type": error_type, "code": code, "message": message}
-        self._core.emit({"type": "error", "error": {**error, "param": None, "event_id": None}})
+        self._core.emit({"type": "error", "error": {**error, "param": param, "event_id": None}})
         self._finish(response_id, "failed", error=error)
 
     def _finish(

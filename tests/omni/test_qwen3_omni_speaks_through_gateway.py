@@ -192,7 +192,7 @@ def test_an_unknown_voice_fails_the_response_with_an_error_event(pipeline: OmniP
     with serve(pipeline) as port:
         refused, spoken = asyncio.run(asyncio.wait_for(turns(port), TIMEOUT_S))
     (error,) = [e["error"] for e in refused if e["type"] == "error"]
-    assert error["type"] == "invalid_request_error"
+    assert error["type"] == "invalid_request_error" and error["param"] == "voice"
     assert "'Nobody'" in error["message"] and "chelsie, ethan" in error["message"]  # what was asked, what is served
     done = refused[-1]["response"]
     assert done["status"] == "failed" and done["status_details"]["error"]["message"] == error["message"]
