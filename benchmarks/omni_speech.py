@@ -32,6 +32,7 @@ from benchmarks.analysis.speech_stages import BATCHES, CLOCK, STAGES, instrument
 from benchmarks.analysis.step_timeline import Timeline
 from benchmarks.analysis.trace_streams import device_trace
 from benchmarks.lib.common import ResultLog, add_out_argument, summary
+from benchmarks.lib.spoken_turns import speak_timed, speech_times
 
 SPEAKER = "Chelsie"
 
@@ -186,8 +187,7 @@ def hf_baseline(hf: Any, prompt: list[int], text_tokens: int, codes: int, device
     if device.type == "cuda":
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
-    audio_s = wav.numel() / 24000
-    return {"first_audio_s": wall, "wall_s": wall, "audio_s": audio_s, "rtf": wall / audio_s if audio_s else 0.0}
+    return speech_times(wall, wall, wav.numel() / 24000)
 
 
 async def ours(
@@ -202,38 +202,20 @@ async def ours(
     """Each prompt's answer spoken, the i-th request sent ``i * arrival_s`` after the first; each request's
     times run from its own sending."""
     from omni_gateway.engine.sampling_params import SamplingParams
-    from omni_gateway.omni.protocol import AudioChunk, AudioOutputOptions, OmniRequest, SamplingOptions
-    from omni_gateway.omni.streams import Prompt
 
     params = SamplingParams(max_tokens=text_tokens, ignore_eos=True, temperature=0.7)
 
     async def one(i: int, prompt: list[int]) -> dict[str, float]:
         await asyncio.sleep(i * arrival_s)
-        request = OmniRequest(
-            request_id=f"bench-{time.monotonic_ns()}-{i}",
-            messages=(),
-            modalities=("text", "audio"),
-            sampling=SamplingOptions(seed=i),
-            audio=AudioOutputOptions(voice=SPEAKER),
-        )
-        start = time.perf_counter()
-        clock = {"t0": start} if stages else None
+        clock = {"t0": time.perf_counter()} if stages else None
         CLOCK.set(clock)
-        first = None
-        samples = 0
-        async for chunk in speech.speak(thinker, request, Prompt(prompt), params, asyncio.Event()):
-            if isinstance(chunk, AudioChunk) and chunk.pcm16:
-                first = first if first is not None else time.perf_counter() - start
-                mark(clock, "first_audio")
-                samples += len(chunk.pcm16) // 2
-        wall = time.perf_counter() - start
-        audio_s = samples / 24000
-        out = {
-            "first_audio_s": first or wall,
-            "wall_s": wall,
-            "audio_s": audio_s,
-            "rtf": wall / audio_s if audio_s else 0.0,
-        }
+        turn = await speak_timed(
+            speech, thinker, i, prompt, params, SPEAKER, on_audio=lambda: mark(clock, "first_audio")
+        )
+        samples = sum(n for _, n in turn.arrivals)
+        out: dict[str, Any] = speech_times(
+            turn.arrivals[0][0] if turn.arrivals else turn.wall_s, turn.wall_s, samples / turn.sample_rate
+        )
         if clock is not None:
             out["stages"] = {k: v for k, v in clock.items() if k != "t0"}
         return out

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from benchmarks.lib.common import ResultLog, add_out_argument, summary
+from benchmarks.lib.spoken_turns import speak_timed, speech_times
 
 MODELS = ("qwen3-omni-30b-a3b", "tiny-qwen3-omni")
 VOICE = "ethan"
@@ -127,7 +128,7 @@ def hf_baseline(config: Any, prompt: list[int], text_tokens: int, frames: int, d
     finally:
         del hf
         free_device()
-    return {"first_audio_s": wall, "wall_s": wall, "audio_s": audio_s, "rtf": wall / audio_s if audio_s else 0.0}
+    return speech_times(wall, wall, audio_s)
 
 
 def playback(arrivals: Sequence[tuple[float, float]]) -> dict[str, float]:
@@ -204,34 +205,16 @@ async def speak_all(
 ) -> list[dict[str, Any]]:
     """Each prompt's answer spoken, the i-th sent ``i * arrival_s`` after the first; times from its own sending."""
     from omni_gateway.engine.sampling_params import SamplingParams
-    from omni_gateway.omni.protocol import AudioChunk, AudioOutputOptions, OmniRequest, SamplingOptions
-    from omni_gateway.omni.streams import Prompt
 
     params = SamplingParams(max_tokens=text_tokens, ignore_eos=True, temperature=0.7)
 
     async def one(i: int, prompt: list[int]) -> dict[str, Any]:
         await asyncio.sleep(i * arrival_s)
-        request = OmniRequest(
-            request_id=f"bench-{time.monotonic_ns()}-{i}",
-            messages=(),
-            modalities=("text", "audio"),
-            sampling=SamplingOptions(seed=i),
-            audio=AudioOutputOptions(voice=VOICE, sample_rate=SAMPLE_RATE),
-        )
-        start = time.perf_counter()
-        arrivals: list[tuple[float, float]] = []
-        async for chunk in ours.speech.speak(ours.thinker, request, Prompt(prompt), params, asyncio.Event()):
-            if isinstance(chunk, AudioChunk) and chunk.pcm16:
-                arrivals.append((time.perf_counter() - start, len(chunk.pcm16) / 2 / chunk.sample_rate))
-        wall = time.perf_counter() - start
+        turn = await speak_timed(ours.speech, ours.thinker, i, prompt, params, VOICE, SAMPLE_RATE)
+        arrivals = [(at, n / turn.sample_rate) for at, n in turn.arrivals]
         audio_s = sum(seconds for _, seconds in arrivals)
-        return {
-            "first_audio_s": arrivals[0][0] if arrivals else wall,
-            "wall_s": wall,
-            "audio_s": audio_s,
-            "rtf": wall / audio_s if audio_s else 0.0,
-            **playback(arrivals),
-        }
+        first = arrivals[0][0] if arrivals else turn.wall_s
+        return {**speech_times(first, turn.wall_s, audio_s), **playback(arrivals)}
 
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(batch))))
 

@@ -34,17 +34,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from omni_gateway.engine.core.sequence import EmbedSpan
-from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidRequest
 from omni_gateway.engine.models.qwen3_omni_code_predictor import FrameSampling
 from omni_gateway.engine.models.qwen3_omni_talker_inputs import assistant_start, user_positions
 from omni_gateway.engine.runner.input_stream import InputStream
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.omni.heads.code2wav.stream import Chunking, Code2WavStream, decode_chunks
 from omni_gateway.omni.heads.token2wav.batcher import BatchedCalls
-from omni_gateway.omni.protocol import AudioChunk, Done, Error, OmniRequest, OutputChunk
+from omni_gateway.omni.protocol import Error, OmniRequest, OutputChunk
 from omni_gateway.omni.qwen3_talker import Qwen3Talker, SpokenFrames
-from omni_gateway.omni.speech import pcm16_slices
-from omni_gateway.omni.streams import Prompt, refusal, usage
+from omni_gateway.omni.speech_common import (
+    REFUSED,
+    ThinkerRows,
+    Turn,
+    run_thinker,
+    spoken_turn,
+    talker_id,
+    warm_up_turn,
+)
+from omni_gateway.omni.streams import Prompt, refusal
 
 if TYPE_CHECKING:
     from omni_gateway.engine.frontend.async_engine import AsyncEngine
@@ -53,6 +60,8 @@ if TYPE_CHECKING:
     from omni_gateway.omni.heads.code2wav.model import Code2Wav
 
 SAMPLE_RATE = 24000  # code2wav's output
+
+_Start = tuple[list[int], tuple[EmbedSpan, ...], SpokenFrames]  # the talker's prompt ids and spans, its input
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,22 +84,6 @@ class _Utterance:
     sampling: FrameSampling
 
 
-class _Turn:
-    """What the thinker side of one turn has produced, shared with the talker side."""
-
-    def __init__(self) -> None:
-        self.text = ""  # transcript not yet sent with audio
-        self.finals: list[StreamDelta] = []
-        self.failure: Error | None = None
-        self.started: asyncio.Future[tuple[list[int], tuple[EmbedSpan, ...], SpokenFrames] | None] = (
-            asyncio.get_running_loop().create_future()
-        )
-
-    def take_text(self) -> str:
-        text, self.text = self.text, ""
-        return text
-
-
 class Qwen3SpokenModel:
     """The talker engine, code predictor and code2wav of one Qwen3-Omni checkpoint, shared by every session."""
 
@@ -108,7 +101,7 @@ class Qwen3SpokenModel:
         self.feeder = talker.feeder()
         self._utterances: dict[str, _Utterance] = {}  # talker request id -> its frames (read on the loop thread)
         self._utterances_lock = threading.Lock()
-        self._text_rows: dict[int, torch.Tensor] = {}  # thinker embedding rows of tts_bos, tts_eos, tts_pad
+        self._text_rows = ThinkerRows()  # of tts_bos, tts_eos, tts_pad
         self.talker: AsyncEngine | None = None
         self._chunks = BatchedCalls(self._decode, "code2wav")
         # code2wav chunks wait in these threads for their batch: one per session speaking at once.
@@ -158,7 +151,7 @@ class Qwen3SpokenModel:
     def abort(self, request_id: str) -> None:
         """Stop the talker of a turn at once (its stream also stops when the turn's output is closed)."""
         if self.talker is not None:
-            self.talker.abort(_talker_id(request_id))
+            self.talker.abort(talker_id(request_id))
 
     def stats(self) -> dict[str, float]:
         return self.talker.stats() if self.talker is not None else {}
@@ -171,27 +164,10 @@ class Qwen3SpokenModel:
 
     def warm_up(self, thinker: Engine, prompt_ids: list[int]) -> None:
         """One short spoken turn before serving (first-call costs of the talker, predictor and code2wav)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from omni_gateway.omni.protocol import AudioOutputOptions, Message, TextPart
-
-        request = OmniRequest(
-            "warm-up-speech",
-            (Message("user", (TextPart("Hello."),)),),
-            modalities=("text", "audio"),
-            audio=AudioOutputOptions(voice=self.default_voice),
-        )
-        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-
-        async def speak() -> None:
-            async for _ in self.speak(thinker, request, Prompt(prompt_ids), params, asyncio.Event()):
-                pass
-
         config = self.config
         self.config = dataclasses.replace(config, max_frames=config.chunking.first_chunk_frames + 2)
         try:
-            with ThreadPoolExecutor(1) as pool:  # its own event loop: load() may run inside one
-                pool.submit(asyncio.run, speak()).result()
+            warm_up_turn(self.speak, thinker, prompt_ids, self.default_voice)
         finally:
             self.config = config
 
@@ -236,46 +212,25 @@ class Qwen3SpokenModel:
         rate = request.audio.sample_rate
         ids = self.thinker_ids
         try:
-            tts = torch.stack(await self._rows(thinker, (ids.tts_bos, ids.tts_eos, ids.tts_pad)))
-        except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
+            tts = torch.stack(await self._text_rows.get(thinker, (ids.tts_bos, ids.tts_eos, ids.tts_pad)))
+        except REFUSED as exc:
             yield refusal(exc)
             return
-        turn = _Turn()
+        turn: Turn[_Start] = Turn()
         thinking = asyncio.create_task(self._think(thinker, request, prompt, params, turn, tts, voice))
-        samples = 0
-        try:
-            start = await turn.started
-            if start is not None and not cancel.is_set():
-                greedy = params.temperature == 0
-                async with contextlib.aclosing(self._audio(request, start, greedy, cancel)) as waves:
-                    async for wave in waves:
-                        for index, piece in enumerate(pcm16_slices(wave, rate, SAMPLE_RATE)):
-                            samples += len(piece) // 2
-                            yield AudioChunk(piece, rate, turn.take_text() if index == 0 else "")
-            await thinking
-        finally:
-            thinking.cancel()
-            await asyncio.gather(thinking, return_exceptions=True)
-        if turn.failure is not None:
-            yield turn.failure
-            return
-        if turn.text:  # text the audio did not carry (a reply too short to speak)
-            yield AudioChunk(b"", rate, turn.take_text())
-        reason = "abort" if cancel.is_set() else (turn.finals[0].finish_reason if turn.finals else "abort")
-        yield Done(reason or "stop")
-        counted = usage(turn.finals, prompt)
-        yield dataclasses.replace(counted, output_audio_tokens=round(samples / rate * 20))
-
-    async def _rows(self, thinker: Engine, token_ids: tuple[int, ...]) -> list[torch.Tensor]:
-        """The thinker's input-embedding rows of ``token_ids``, asked of the thinker engine once."""
-        missing = [t for t in token_ids if t not in self._text_rows]
-        if missing:
-            params = SamplingParams(max_tokens=1, temperature=0.0, return_hidden_states=True)
-            async for delta in thinker.generate(missing, params):
-                if delta.input_embeds is not None:
-                    for i, row in enumerate(delta.input_embeds):
-                        self._text_rows[missing[delta.hidden_start + i]] = row
-        return [self._text_rows[t] for t in token_ids]
+        greedy = params.temperature == 0
+        spoken = spoken_turn(
+            turn,
+            thinking,
+            lambda start: self._audio(request, start, greedy, cancel),
+            prompt,
+            rate,
+            SAMPLE_RATE,
+            cancel,
+        )
+        async with contextlib.aclosing(spoken) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def _think(
         self,
@@ -283,7 +238,7 @@ class Qwen3SpokenModel:
         request: OmniRequest,
         prompt: Prompt,
         params: SamplingParams,
-        turn: _Turn,
+        turn: Turn[_Start],
         tts: torch.Tensor,
         voice: str,
     ) -> None:
@@ -293,53 +248,40 @@ class Qwen3SpokenModel:
         n = len(prompt.token_ids)
         hidden: list[torch.Tensor] = []  # prompt positions: the state after layer accept_hidden_layer
         embeds: list[torch.Tensor] = []  # every computed position's input embedding
-        reply: list[int] = []  # the thinker's tokens so far
         frames: SpokenFrames | None = None
-        kwargs = {"embed_spans": prompt.embed_spans} if prompt.embed_spans else {}
-        thinker_params = self.thinker_params(params)
+
+        def on_delta(delta: StreamDelta, reply: list[int]) -> None:
+            nonlocal frames
+            if delta.hidden_states is not None:
+                new = list(delta.input_embeds)
+                if frames is not None:
+                    frames.add_text(inputs.text_rows(torch.stack(new)))
+                hidden.extend(delta.hidden_states[: max(0, n - delta.hidden_start)])
+                embeds.extend(new)
+            if frames is None and len(embeds) > n:
+                # The prompt's rows and the first reply token's: the talker starts.
+                talker_ids, rows = inputs.prompt(
+                    prompt.token_ids, torch.stack(embeds[:n]), torch.stack(hidden[:n]), embeds[n], tts, voice
+                )
+                text = inputs.text_rows(tts)
+                frames = SpokenFrames(InputStream(start=len(talker_ids)), tts_eos=text[1], tts_pad=text[2])
+                if len(embeds) > n + 1:
+                    frames.add_text(inputs.text_rows(torch.stack(embeds[n + 1 :])))
+                spans = talker_spans(rows, prompt, self.thinker_ids, reply[0])
+                turn.started.set_result((talker_ids, spans, frames))
+
         try:
-            async for delta in thinker.generate(
-                prompt.token_ids, thinker_params, request_id=request.request_id, priority=request.priority, **kwargs
-            ):
-                if delta.error is not None:
-                    turn.failure = Error("engine_error", delta.error, status=500)
-                    break
-                turn.text += delta.text
-                reply += delta.token_ids
-                if delta.hidden_states is not None:
-                    new = list(delta.input_embeds)
-                    if frames is not None:
-                        frames.add_text(inputs.text_rows(torch.stack(new)))
-                    hidden += list(delta.hidden_states[: max(0, n - delta.hidden_start)])
-                    embeds += new
-                if frames is None and len(embeds) > n:
-                    # The prompt's rows and the first reply token's: the talker starts.
-                    talker_ids, rows = inputs.prompt(
-                        prompt.token_ids, torch.stack(embeds[:n]), torch.stack(hidden[:n]), embeds[n], tts, voice
-                    )
-                    text = inputs.text_rows(tts)
-                    frames = SpokenFrames(InputStream(start=len(talker_ids)), tts_eos=text[1], tts_pad=text[2])
-                    if len(embeds) > n + 1:
-                        frames.add_text(inputs.text_rows(torch.stack(embeds[n + 1 :])))
-                    spans = talker_spans(rows, prompt, self.thinker_ids, reply[0])
-                    turn.started.set_result((talker_ids, spans, frames))
-                if delta.finished:
-                    turn.finals.append(delta)
-                    break
-        except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
-            turn.failure = refusal(exc)
+            await run_thinker(thinker, request, prompt, self.thinker_params(params), turn, on_delta)
         except ValueError as exc:  # a prompt the talker cannot speak after (no assistant turn)
             turn.failure = Error("invalid_request", str(exc), status=400)
         finally:
             if frames is not None:
                 frames.end_text()  # after the text: its end, then padding for as long as the talker speaks
-            if not turn.started.done():
-                turn.started.set_result(None)
 
     async def _audio(
         self,
         request: OmniRequest,
-        start: tuple[list[int], tuple[EmbedSpan, ...], SpokenFrames],
+        start: _Start,
         greedy: bool,
         cancel: asyncio.Event,
     ) -> AsyncIterator[np.ndarray]:
@@ -356,7 +298,7 @@ class Qwen3SpokenModel:
             seed=request.sampling.seed,
             return_hidden_states=True,
         )
-        rid = _talker_id(request.request_id)
+        rid = talker_id(request.request_id)
         sampling = FrameSampling(temperature=0.0) if greedy else cfg.predictor
         stream = Code2WavStream(self.code2wav, cfg.chunking)
         loop = asyncio.get_running_loop()
@@ -452,7 +394,3 @@ def talker_spans(rows: torch.Tensor, prompt: Prompt, thinker: Any, first_reply: 
         spans.append(EmbedSpan(at, stop - at, f"q3-rows:{digest(source[at])}", rows[at:stop], None, keys))
         at = stop
     return tuple(spans)
-
-
-def _talker_id(request_id: str) -> str:
-    return f"{request_id}-talker"

@@ -20,19 +20,27 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 from omni_gateway.engine.core.sequence import EmbedSpan
-from omni_gateway.engine.errors import EngineDead, EngineOverloaded, InvalidRequest
 from omni_gateway.engine.runner.input_stream import InputStream
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.omni.heads.token2wav.head import OUTPUT_SAMPLE_RATE, Token2Wav, Token2WavConfig
-from omni_gateway.omni.protocol import AudioChunk, Done, Error, OmniRequest, OutputChunk
-from omni_gateway.omni.streams import Prompt, refusal, usage
+from omni_gateway.omni.protocol import Error, OmniRequest, OutputChunk
+from omni_gateway.omni.speech_common import (
+    REFUSED,
+    ThinkerRows,
+    Turn,
+    run_thinker,
+    spoken_turn,
+    talker_id,
+    warm_up_turn,
+)
+from omni_gateway.omni.streams import Prompt, refusal
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CHUNK_MS = 100
+_Start = tuple[list[int], tuple[EmbedSpan, ...], InputStream]  # the talker's prompt ids and spans, its input
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,22 +66,6 @@ class SpeechConfig:
     default_voice: str | None = None  # None: the checkpoint's first speaker
 
 
-class _Turn:
-    """What the thinker side of one turn has produced, shared with the talker side."""
-
-    def __init__(self) -> None:
-        self.text = ""  # transcript not yet sent with audio
-        self.finals: list[StreamDelta] = []
-        self.failure: Error | None = None
-        self.started: asyncio.Future[tuple[list[int], tuple[EmbedSpan, ...], InputStream] | None] = (
-            asyncio.get_running_loop().create_future()
-        )
-
-    def take_text(self) -> str:
-        text, self.text = self.text, ""
-        return text
-
-
 class SpokenModel:
     """The talker engine and token2wav of one speaking checkpoint, shared by every session."""
 
@@ -86,7 +78,7 @@ class SpokenModel:
         self.tokens = TalkerTokens.from_hf(talker.engine.model.hf_config)
         self.default_voice = config.default_voice or token2wav.voices[0]
         self.token2wav.speaker(self.default_voice)  # an unknown default fails at load, not at the first turn
-        self._text_rows: dict[int, torch.Tensor] = {}  # thinker embedding rows of the talker's text tokens
+        self._text_rows = ThinkerRows()  # of the talker's text tokens
         # token2wav chunks wait in these threads for their batch (omni.heads.token2wav.batcher): one per
         # session speaking at once, more than asyncio's default pool holds.
         self._chunk_threads = concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="token2wav")
@@ -113,7 +105,7 @@ class SpokenModel:
 
     def abort(self, request_id: str) -> None:
         """Stop the talker of a turn at once (its stream also stops when the turn's output is closed)."""
-        self.talker.abort(_talker_id(request_id))
+        self.talker.abort(talker_id(request_id))
 
     def stats(self) -> dict[str, float]:
         return self.talker.stats()
@@ -127,29 +119,12 @@ class SpokenModel:
         """One short spoken turn before serving: the first user pays no first-call costs (kernel choices,
         the voice's text rows asked of the thinker, token2wav's first chunks). Call it before any session
         speaks: it shortens the talker's answers while it runs."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from omni_gateway.omni.protocol import AudioOutputOptions, Message, TextPart
-
         t2w = self.token2wav.config
-        request = OmniRequest(
-            "warm-up-speech",
-            (Message("user", (TextPart("Hello."),)),),
-            modalities=("text", "audio"),
-            audio=AudioOutputOptions(voice=self.default_voice),
-        )
-        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-
-        async def speak() -> None:
-            async for _ in self.speak(thinker, request, Prompt(prompt_ids), params, asyncio.Event()):
-                pass
-
         config = self.config
         # Enough codes for the first chunk and one more, then the talker stops.
         self.config = dataclasses.replace(config, max_codes=t2w.first_chunk_codes + t2w.lookahead_codes + 2)
         try:
-            with ThreadPoolExecutor(1) as pool:  # its own event loop: load() may run inside one
-                pool.submit(asyncio.run, speak()).result()
+            warm_up_turn(self.speak, thinker, prompt_ids, self.default_voice)
         finally:
             self.config = config
 
@@ -178,49 +153,28 @@ class SpokenModel:
         rate = request.audio.sample_rate
         voice_bos = self.token2wav.text_bos_token(voice)
         try:
-            bos, eos, pad = await self._rows(thinker, (voice_bos, *self._text_tail))
-        except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
+            bos, eos, pad = await self._text_rows.get(thinker, (voice_bos, *self._text_tail))
+        except REFUSED as exc:
             yield refusal(exc)
             return
-        turn = _Turn()
+        turn: Turn[_Start] = Turn()
         thinking = asyncio.create_task(self._think(thinker, request, prompt, params, turn, (bos, eos, pad), voice_bos))
-        samples = 0
-        try:
-            start = await turn.started
-            if start is not None and not cancel.is_set():
-                async with contextlib.aclosing(self._audio(request, start, voice, cancel)) as waves:
-                    async for wave in waves:
-                        for index, piece in enumerate(pcm16_slices(wave, rate)):
-                            samples += len(piece) // 2
-                            yield AudioChunk(piece, rate, turn.take_text() if index == 0 else "")
-            await thinking
-        finally:
-            thinking.cancel()
-            await asyncio.gather(thinking, return_exceptions=True)
-        if turn.failure is not None:
-            yield turn.failure
-            return
-        if turn.text:  # text the audio did not carry (a reply too short to speak)
-            yield AudioChunk(b"", rate, turn.take_text())
-        reason = "abort" if cancel.is_set() else (turn.finals[0].finish_reason if turn.finals else "abort")
-        yield Done(reason or "stop")
-        counted = usage(turn.finals, prompt)
-        yield dataclasses.replace(counted, output_audio_tokens=round(samples / rate * 20))
+        spoken = spoken_turn(
+            turn,
+            thinking,
+            lambda start: self._audio(request, start, voice, cancel),
+            prompt,
+            rate,
+            OUTPUT_SAMPLE_RATE,
+            cancel,
+        )
+        async with contextlib.aclosing(spoken) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     @property
     def _text_tail(self) -> tuple[int, int]:
         return self.tokens.text_eos, self.tokens.text_pad
-
-    async def _rows(self, thinker: Engine, token_ids: tuple[int, ...]) -> list[torch.Tensor]:
-        """The thinker's input-embedding rows of ``token_ids``, asked of the thinker engine once."""
-        missing = [t for t in token_ids if t not in self._text_rows]
-        if missing:
-            params = SamplingParams(max_tokens=1, temperature=0.0, return_hidden_states=True)
-            async for delta in thinker.generate(missing, params):
-                if delta.input_embeds is not None:
-                    for i, row in enumerate(delta.input_embeds):
-                        self._text_rows[missing[delta.hidden_start + i]] = row
-        return [self._text_rows[t] for t in token_ids]
 
     async def _think(
         self,
@@ -228,7 +182,7 @@ class SpokenModel:
         request: OmniRequest,
         prompt: Prompt,
         params: SamplingParams,
-        turn: _Turn,
+        turn: Turn[_Start],
         text_rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         voice_bos: int,
     ) -> None:
@@ -240,53 +194,40 @@ class SpokenModel:
         n = len(prompt.token_ids)
         media = [(s.offset, s.offset + s.length) for s in prompt.embed_spans]
         rows: list[torch.Tensor] = []  # conditioning row of every position so far
-        reply: list[int] = []  # the thinker's tokens so far
         stream: InputStream | None = None
-        kwargs = {"embed_spans": prompt.embed_spans} if prompt.embed_spans else {}
-        thinker_params = self.thinker_params(params)
+
+        def on_delta(delta: StreamDelta, reply: list[int]) -> None:
+            nonlocal stream
+            if delta.hidden_states is not None:
+                embeds = delta.input_embeds
+                for lo, hi in media:  # the talker hears media through the thinker's states only
+                    a, b = max(lo - delta.hidden_start, 0), min(hi - delta.hidden_start, len(embeds))
+                    if a < b:
+                        embeds = embeds.clone() if embeds is delta.input_embeds else embeds
+                        embeds[a:b] = 0
+                new = list(delta.hidden_states + embeds)
+                if stream is not None:
+                    stream.append(new)
+                rows.extend(new)
+            if stream is None and len(rows) > n:
+                # The prompt's rows, the voice's text start and the first reply token's row: the talker starts.
+                cond = torch.cat((torch.stack(rows[:n]), bos[None], rows[n][None]))
+                ids = [self.tokens.codec_mask] * n + [self.tokens.codec_pad, self.tokens.codec_bos]
+                stream = InputStream(start=n + 2)
+                stream.append(rows[n + 1 :])
+                spans = talker_spans(cond, prompt.embed_spans, [*prompt.token_ids, voice_bos, reply[0]])
+                turn.started.set_result((ids, spans, stream))
+
         try:
-            async for delta in thinker.generate(
-                prompt.token_ids, thinker_params, request_id=request.request_id, priority=request.priority, **kwargs
-            ):
-                if delta.error is not None:
-                    turn.failure = Error("engine_error", delta.error, status=500)
-                    break
-                turn.text += delta.text
-                reply += delta.token_ids
-                if delta.hidden_states is not None:
-                    embeds = delta.input_embeds
-                    for lo, hi in media:  # the talker hears media through the thinker's states only
-                        a, b = max(lo - delta.hidden_start, 0), min(hi - delta.hidden_start, len(embeds))
-                        if a < b:
-                            embeds = embeds.clone() if embeds is delta.input_embeds else embeds
-                            embeds[a:b] = 0
-                    new = list(delta.hidden_states + embeds)
-                    if stream is not None:
-                        stream.append(new)
-                    rows += new
-                if stream is None and len(rows) > n:
-                    # The prompt's rows, the voice's text start and the first reply token's row: the talker starts.
-                    cond = torch.cat((torch.stack(rows[:n]), bos[None], rows[n][None]))
-                    ids = [self.tokens.codec_mask] * n + [self.tokens.codec_pad, self.tokens.codec_bos]
-                    stream = InputStream(start=n + 2)
-                    stream.append(rows[n + 1 :])
-                    spans = talker_spans(cond, prompt.embed_spans, [*prompt.token_ids, voice_bos, reply[0]])
-                    turn.started.set_result((ids, spans, stream))
-                if delta.finished:
-                    turn.finals.append(delta)
-                    break
-        except (InvalidRequest, EngineOverloaded, EngineDead) as exc:
-            turn.failure = refusal(exc)
+            await run_thinker(thinker, request, prompt, self.thinker_params(params), turn, on_delta)
         finally:
             if stream is not None and not stream.closed:
                 stream.close([eos], pad)  # after the text: its end, then padding for as long as the talker speaks
-            if not turn.started.done():
-                turn.started.set_result(None)
 
     async def _audio(
         self,
         request: OmniRequest,
-        start: tuple[list[int], tuple[EmbedSpan, ...], InputStream],
+        start: _Start,
         voice: str,
         cancel: asyncio.Event,
     ) -> AsyncIterator[np.ndarray]:
@@ -307,7 +248,7 @@ class SpokenModel:
             self.talker.generate(
                 ids,
                 params,
-                request_id=_talker_id(request.request_id),
+                request_id=talker_id(request.request_id),
                 priority=request.priority,
                 embed_spans=spans,
                 input_stream=stream,
@@ -353,17 +294,3 @@ def talker_spans(cond: torch.Tensor, media: tuple[EmbedSpan, ...], ids: list[int
 
 def _rows_span(cond: torch.Tensor, ids: list[int], start: int, end: int) -> EmbedSpan:
     return EmbedSpan(start, end - start, "thinker-rows", cond[start:end], position_keys=tuple(ids[start:end]))
-
-
-def _talker_id(request_id: str) -> str:
-    return f"{request_id}-talker"
-
-
-def pcm16_slices(wave: np.ndarray, rate: int, source_rate: int = OUTPUT_SAMPLE_RATE) -> Iterator[bytes]:
-    """A float waveform at ``source_rate`` as 16-bit PCM at ``rate``, in ``CHUNK_MS`` slices."""
-    from omni_gateway.encoders.audio import float_to_pcm16_array, resample
-
-    pcm = float_to_pcm16_array(resample(wave, source_rate, rate) if rate != source_rate else wave)
-    step = rate * CHUNK_MS // 1000
-    for start in range(0, len(pcm), step):
-        yield pcm[start : start + step].tobytes()
