@@ -12,13 +12,27 @@ import asyncio
 import base64
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from omni_gateway.encoders.audio import float_to_pcm16, resample
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.frontend.async_engine import AsyncEngine
 from omni_gateway.omni.config import OmniConfig
+from omni_gateway.omni.heads.token2wav.stream import Token2WavStream
 from omni_gateway.omni.pipeline import OmniPipeline
+from omni_gateway.omni.protocol import (
+    AudioChunk,
+    AudioOutputOptions,
+    AudioPart,
+    Error,
+    Message,
+    OmniRequest,
+    SamplingOptions,
+    TextDelta,
+    TextPart,
+)
 
 from tests.harness.audio_checkpoints import save_tiny_qwen2_5_omni, tone
 from tests.harness.live_server import audio_turn, serve
@@ -28,20 +42,39 @@ RATE = 24000  # the realtime API's pcm16 rate
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniPipeline]:
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("speaking-omni")
     save_tiny_qwen2_5_omni(directory, speaks=True)
+    return directory
+
+
+def _load(directory: Path, *, prefix_caching: bool = True, warm_up: bool = True) -> OmniPipeline:
     config = OmniConfig(
-        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96),
+        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96, enable_prefix_caching=prefix_caching),
         asr=None,
         vad=False,  # tts left at its default: a speaking model loads none
         temperature=0.0,
         max_tokens=6,
+        warm_up=warm_up,
     )
-    pipe = OmniPipeline.load(config)  # warmed up: one short spoken turn ran before serving
+    pipe = OmniPipeline.load(config)
     assert pipe.speech is not None
     # A random talker may never say its stop code: a short utterance keeps the test fast.
     pipe.speech.config = dataclasses.replace(pipe.speech.config, max_codes=30, temperature=0.0)
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def pipeline(checkpoint: Path) -> Iterator[OmniPipeline]:
+    pipe = _load(checkpoint)  # warmed up: one short spoken turn ran before serving
+    yield pipe
+    pipe.shutdown()
+
+
+@pytest.fixture(scope="module")
+def uncached(checkpoint: Path) -> Iterator[OmniPipeline]:
+    """The same checkpoint with the thinker's prefix cache off: every spoken turn computed from scratch."""
+    pipe = _load(checkpoint, prefix_caching=False, warm_up=False)
     yield pipe
     pipe.shutdown()
 
@@ -77,3 +110,88 @@ def test_realtime_audio_turn_is_answered_in_the_models_own_voice(pipeline: OmniP
     talker = pipeline.speech.talker
     assert talker.engine.scheduler.kv.usage().num_used_blocks == 0
     assert pipeline.engine.engine.scheduler.kv.usage().num_used_blocks == 0
+
+
+class Codes:
+    """The talker codes every token2wav stream is pushed, utterance by utterance."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.pushed: list[int] = []
+        push = Token2WavStream.push
+
+        def keep(stream: Token2WavStream, codes: list[int]) -> list[Any]:
+            self.pushed += codes
+            return push(stream, codes)
+
+        monkeypatch.setattr(Token2WavStream, "push", keep)
+
+    def take(self) -> list[int]:
+        codes, self.pushed = self.pushed, []
+        return codes
+
+
+def _run(pipe: OmniPipeline, request: OmniRequest) -> list[Any]:
+    async def collect() -> list[Any]:
+        return [c async for c in pipe.generate(request)]
+
+    chunks = asyncio.run(collect())
+    assert not [c for c in chunks if isinstance(c, Error)], chunks
+    return chunks
+
+
+def _pcm(chunks: list[Any]) -> bytes:
+    return b"".join(c.pcm16 for c in chunks if isinstance(c, AudioChunk))
+
+
+def test_a_prefill_of_a_spoken_turn_keeps_the_rows_its_reply_reads(
+    pipeline: OmniPipeline, uncached: OmniPipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``prefill_only`` request of a reply in speech (a realtime turn prefilled while the user still speaks,
+    its audio so far read in part) keeps the thinker rows the talker reads: the spoken reply to the whole turn
+    reuses the prefilled blocks and speaks the codes and audio it speaks without a prefix cache. A text
+    prefill's blocks keep no rows, so a spoken reply cannot reuse them."""
+    kv = pipeline.engine.engine.scheduler.kv
+    block = kv.block_size
+    codes = Codes(monkeypatch)
+    samples = tone(5, 3.6)
+    samples[:8000] *= 2  # loudest at its start: every reading of the turn has the whole turn's log-mel floor
+    turn = float_to_pcm16(resample(samples, 16000, RATE))
+    so_far = turn[: int(2.1 * RATE) * 2]
+
+    def spoken(system: str, rid: str, pcm: bytes, *, partial: bool = False) -> OmniRequest:
+        messages = (
+            Message("system", (TextPart(system),)),
+            Message("user", (AudioPart(pcm, RATE, partial=partial),)),
+        )
+        return OmniRequest(
+            rid,
+            messages,
+            modalities=("text", "audio"),
+            audio=AudioOutputOptions(voice="Ethan"),
+            sampling=SamplingOptions(max_tokens=6, temperature=0.0, seed=1),
+        )
+
+    def prefilled_then_spoken(prefill: OmniRequest, reply: OmniRequest) -> tuple[int, list[Any]]:
+        pre = _run(pipeline, prefill)
+        assert not [c for c in pre if isinstance(c, AudioChunk)] and not codes.take()  # the talker never ran
+        assert len([c for c in pre if isinstance(c, TextDelta)]) <= 1
+        before = kv.prefix_hit_tokens
+        chunks = _run(pipeline, reply)
+        return kv.prefix_hit_tokens - before, chunks
+
+    reply = spoken("prefilled while spoken", "spoken", turn)
+    prefill = dataclasses.replace(spoken("prefilled while spoken", "pre", so_far, partial=True), prefill_only=True)
+    hits, warm = prefilled_then_spoken(prefill, reply)
+    warm_codes = codes.take()
+    (span,) = asyncio.run(pipeline._prompt(prefill)).embed_spans
+    assert hits >= (span.offset + span.length) // block * block > 0  # the audio so far, but its last block
+    cold = _run(uncached, dataclasses.replace(reply, request_id="spoken-cold"))
+    assert len(warm_codes) >= 8 and warm_codes == codes.take()
+    assert _pcm(warm) and _pcm(warm) == _pcm(cold)
+
+    other = spoken("read while spoken", "spoken-after-text", turn)
+    text = dataclasses.replace(
+        spoken("read while spoken", "pre-text", so_far, partial=True), modalities=("text",), prefill_only=True
+    )
+    hits, _ = prefilled_then_spoken(text, other)
+    assert hits == 0
