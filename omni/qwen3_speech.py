@@ -44,6 +44,7 @@ from omni_gateway.omni.protocol import Error, OmniRequest, OutputChunk
 from omni_gateway.omni.qwen3_talker import Qwen3Talker, SpokenFrames
 from omni_gateway.omni.speech_common import (
     REFUSED,
+    Playback,
     ThinkerRows,
     Turn,
     run_thinker,
@@ -302,6 +303,7 @@ class Qwen3SpokenModel:
         sampling = FrameSampling(temperature=0.0) if greedy else cfg.predictor
         stream = Code2WavStream(self.code2wav, cfg.chunking)
         loop = asyncio.get_running_loop()
+        playback = Playback()  # the chunks of the stream due soonest run first
         sent = 0
         with self._utterances_lock:
             self._utterances[rid] = _Utterance(frames, sampling)
@@ -329,8 +331,12 @@ class Qwen3SpokenModel:
                             return
                         first = stream.frames == 0
                         codes = stream.take(min(stream.next_chunk, len(stream.pending)))
-                        call = functools.partial(self._chunks, "code2wav", stream, codes, urgent=first)
-                        yield await loop.run_in_executor(self._chunk_threads, call)
+                        call = functools.partial(
+                            self._chunks, "code2wav", stream, codes, urgent=first, deadline=playback.deadline()
+                        )
+                        wave = await loop.run_in_executor(self._chunk_threads, call)
+                        playback.delivered(len(wave), SAMPLE_RATE)
+                        yield wave
                     if ends:
                         return
         finally:

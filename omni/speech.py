@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from omni_gateway.omni.heads.token2wav.head import OUTPUT_SAMPLE_RATE, Token2Wav
 from omni_gateway.omni.protocol import Error, OmniRequest, OutputChunk
 from omni_gateway.omni.speech_common import (
     REFUSED,
+    Playback,
     ThinkerRows,
     Turn,
     run_thinker,
@@ -243,6 +245,7 @@ class SpokenModel:
             seed=request.sampling.seed,
         )
         speech = t2w.stream(voice, seed=request.sampling.seed)
+        playback = Playback()  # the chunks of the stream due soonest run first
         stop = self.tokens.stop_ids
         async with contextlib.aclosing(
             self.talker.generate(
@@ -261,12 +264,15 @@ class SpokenModel:
                 codes = [c for c in delta.token_ids if c not in stop and c < t2w.num_codes]
                 loop = asyncio.get_running_loop()
                 if codes and speech.completes_chunk(len(codes)):  # a token2wav call: off the event loop
-                    waves = await loop.run_in_executor(self._chunk_threads, speech.push, codes)
+                    push = functools.partial(speech.push, codes, deadline=playback.deadline())
+                    waves = await loop.run_in_executor(self._chunk_threads, push)
                 else:  # most codes only join the next chunk: no thread hop for them
                     waves = speech.push(codes) if codes else []
                 if delta.finished and not cancel.is_set():
-                    waves += await loop.run_in_executor(self._chunk_threads, speech.finish)
+                    finish = functools.partial(speech.finish, deadline=playback.deadline())
+                    waves += await loop.run_in_executor(self._chunk_threads, finish)
                 for wave in waves:
+                    playback.delivered(len(wave), OUTPUT_SAMPLE_RATE)
                     yield wave.cpu().numpy()
 
 

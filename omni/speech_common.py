@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -129,6 +130,25 @@ async def spoken_turn(
     yield Done(reason or "stop")
     counted = usage(turn.finals, prompt)
     yield dataclasses.replace(counted, output_audio_tokens=round(samples / rate * 20))
+
+
+class Playback:
+    """When one stream's listener runs out of audio: playback starts with its first audio handed out, and the
+    audio handed out since is queued at the listener. A chunk's ``deadline`` tells the batched chunk calls
+    (``token2wav.batcher``) which streams to serve first."""
+
+    def __init__(self) -> None:
+        self._started: float | None = None
+        self._seconds = 0.0
+
+    def deadline(self) -> float:
+        """``time.monotonic()`` seconds at which the audio handed out so far has played (now, before any)."""
+        return time.monotonic() if self._started is None else self._started + self._seconds
+
+    def delivered(self, samples: int, rate: int) -> None:
+        if self._started is None:
+            self._started = time.monotonic()
+        self._seconds += samples / rate
 
 
 def warm_up_turn(

@@ -80,10 +80,10 @@ def instrument(thinker: Any, speech: Any) -> None:
         clock = CLOCK.get()
         push = s.push
 
-        def timed_push(codes: list[int]) -> Any:
+        def timed_push(codes: list[int], **kwargs: Any) -> Any:
             if len(s.codes) + len(codes) >= s.next_chunk_end + t2w.config.lookahead_codes:
                 mark(clock, "chunk_codes_ready")
-            return push(codes)
+            return push(codes, **kwargs)
 
         s.push = timed_push
         s.t2w = _Timed(t2w, timed("chunk_token2wav_s", t2w.chunk_batched, clock))

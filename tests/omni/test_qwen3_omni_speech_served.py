@@ -39,6 +39,7 @@ from omni_gateway.omni.protocol import (
 from omni_gateway.omni.qwen3_speech import Qwen3SpokenModel
 
 from tests.harness.checkpoints import picture, png_bytes
+from tests.harness.playback_deadlines import ChunkCall, assert_playback_deadlines
 from tests.harness.tiny_qwen3_omni import CODE_GROUPS, save_tiny_qwen3_omni
 from tests.omni.test_pipeline_audio import RATE, clip_pcm16
 
@@ -152,6 +153,28 @@ def test_greedy_speech_equals_transformers(served: tuple[OmniPipeline, Any], mon
     assert len(got) == len(expected) and np.abs(got.astype(int) - expected.astype(int)).max() <= 1
     assert np.abs(got).max() > 0
     assert "".join(c.transcript for c in chunks if isinstance(c, AudioChunk))  # the reply's text rides along
+
+
+def test_each_code2wav_chunk_is_due_when_its_listener_runs_out_of_audio(
+    served: tuple[OmniPipeline, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipe, _ = served
+    speech = pipe.speech
+    assert isinstance(speech, Qwen3SpokenModel)
+    batched, calls = speech._chunks, []
+
+    def recorded(key: str, *args: Any, urgent: bool, deadline: float | None) -> np.ndarray:
+        called_at = time.monotonic()
+        wave = batched(key, *args, urgent=urgent, deadline=deadline)
+        assert urgent == (not calls)  # the first chunk only
+        calls.append(ChunkCall(deadline, called_at, len(wave)))
+        return wave
+
+    monkeypatch.setattr(speech, "_chunks", recorded)
+    began = time.monotonic()
+    chunks = run(pipe, request(TextPart("say something"), rid="due"))
+    assert not [c for c in chunks if isinstance(c, Error)], chunks
+    assert_playback_deadlines(calls, qwen3_speech.SAMPLE_RATE, began)
 
 
 def test_an_audio_prompt_is_answered_in_speech(served: tuple[OmniPipeline, Any]) -> None:

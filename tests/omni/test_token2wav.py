@@ -414,7 +414,12 @@ def test_regular_windows_take_few_shapes_and_the_last_is_not_graphed(t2w: Token2
     seen: list[tuple[int, int, ChunkShape]] = []
 
     def shapes_only(
-        code: torch.Tensor, noise: torch.Tensor, speaker: object, left: torch.Tensor, shape: ChunkShape
+        code: torch.Tensor,
+        noise: torch.Tensor,
+        speaker: object,
+        left: torch.Tensor,
+        shape: ChunkShape,
+        deadline: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         seen.append((code.shape[1], left.shape[2], shape))
         assert noise.shape[1] == code.shape[1] * head.repeats

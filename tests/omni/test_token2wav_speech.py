@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.llm_engine import LLMEngine
 from omni_gateway.engine.frontend.async_engine import AsyncEngine
 from omni_gateway.omni.config import OmniConfig
-from omni_gateway.omni.heads.token2wav.head import Token2WavConfig
+from omni_gateway.omni.heads.token2wav.head import OUTPUT_SAMPLE_RATE, Token2WavConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import (
     AudioChunk,
@@ -32,6 +33,7 @@ from omni_gateway.omni.protocol import (
 )
 from omni_gateway.omni.speech import SpeechConfig, SpokenModel
 
+from tests.harness.playback_deadlines import ChunkCall, assert_playback_deadlines
 from tests.harness.tiny_omni import SPEAKERS, save_tiny_omni, save_tiny_thinker_text
 
 pytestmark = pytest.mark.slow
@@ -93,6 +95,26 @@ def test_spoken_answer_comes_from_talker_and_token2wav(pipeline: OmniPipeline) -
     # Another voice: same words, another speaker.
     other = asyncio.run(_collect(pipeline, _request("audio-2", ("text", "audio"), voice="Chelsie")))
     assert b"".join(c.pcm16 for c in other if isinstance(c, AudioChunk)) != pcm
+
+
+def test_each_token2wav_chunk_is_due_when_its_listener_runs_out_of_audio(
+    pipeline: OmniPipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    speech = pipeline.speech
+    assert isinstance(speech, SpokenModel)
+    chunk_batched, calls = speech.token2wav.chunk_batched, []
+
+    def recorded(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        called_at = time.monotonic()
+        mel, wave = chunk_batched(*args)
+        calls.append(ChunkCall(args[5], called_at, len(wave)))
+        return mel, wave
+
+    monkeypatch.setattr(speech.token2wav, "chunk_batched", recorded)
+    began = time.monotonic()
+    spoken = asyncio.run(_collect(pipeline, _request("due", ("text", "audio"))))
+    assert any(isinstance(c, AudioChunk) and c.pcm16 for c in spoken)
+    assert_playback_deadlines(calls, OUTPUT_SAMPLE_RATE, began)
 
 
 def test_unknown_voice_is_refused_with_the_voices(pipeline: OmniPipeline) -> None:

@@ -9,6 +9,13 @@ stream's first chunk: the audio a listener is waiting for) go before the others,
 queued. Under load, jobs queue while the lanes are busy and the next batch is larger, which is what keeps
 32 sessions' chunks from running one by one.
 
+Past the first chunk, what matters is how soon each listener runs out of audio: a job may carry a
+``deadline`` (``time.monotonic()`` seconds: its stream's playback start plus the audio already delivered).
+Of the other groups a lane takes the one whose earliest deadline is soonest, and a group of more than
+``max_batch`` jobs is cut earliest deadlines first, so a stream about to run dry overtakes streams with
+seconds buffered. A job without a deadline counts as due ``NO_DEADLINE_SLACK_S`` after it arrived: it is
+never starved, and such jobs alone run in arrival order.
+
 With more than one lane, lane 0 takes urgent groups only: a first chunk then waits for no other session's
 later chunk (a large call), only for another first chunk's call, and not even that while another lane is
 free. Each lane calls ``fn`` with its index, so it can keep its own CUDA stream and graphs.
@@ -24,18 +31,36 @@ from dataclasses import dataclass, field
 from typing import Any
 
 BatchFn = Callable[[list[tuple[Any, ...]], int], list[Any]]
-_Member = tuple[tuple[Any, ...], "concurrent.futures.Future[Any]"]
 
 QUIET_S = 0.0015  # a key's jobs stop gathering once none has arrived for this long
 GATHER_S = 0.005  # ... or this long after its first
+NO_DEADLINE_SLACK_S = 1.0  # a job without a deadline is due this long after it arrived
+
+
+@dataclass(slots=True)
+class _Member:
+    args: tuple[Any, ...]
+    future: concurrent.futures.Future[Any]
+    urgent: bool
+    due: tuple[float, int]  # (deadline, arrival number): earlier runs first, ties in arrival order
+
+    @property
+    def order(self) -> tuple[bool, tuple[float, int]]:
+        return not self.urgent, self.due
 
 
 @dataclass(slots=True)
 class _Group:
-    urgent: bool
     first_at: float
     last_at: float
     members: list[_Member] = field(default_factory=list)
+    urgent: bool = False  # holds a first chunk
+    due: tuple[float, int] = (float("inf"), 0)  # its most pressing member's
+
+    def add(self, member: _Member) -> None:
+        self.members.append(member)
+        self.urgent = self.urgent or member.urgent
+        self.due = min(self.due, member.due)
 
 
 class BatchedCalls:
@@ -48,6 +73,7 @@ class BatchedCalls:
         self._cond = threading.Condition()
         # key -> its queued jobs, in the order each key first arrived
         self._pending: dict[Hashable, _Group] = {}
+        self._arrivals = 0  # jobs handed over so far: breaks ties between equal deadlines
         self._stopping = False
         self._threads = [
             threading.Thread(target=self._run, args=(lane,), name=f"{name}-{lane}", daemon=True)
@@ -56,14 +82,18 @@ class BatchedCalls:
         for thread in self._threads:
             thread.start()
 
-    def __call__(self, key: Hashable, *args: Any, urgent: bool = False) -> Any:
+    def __call__(self, key: Hashable, *args: Any, urgent: bool = False, deadline: float | None = None) -> Any:
+        """Run ``fn`` on ``args`` batched with the other jobs of ``key`` and return this job's result.
+        ``deadline``: when this job's listener runs out of audio (``time.monotonic()`` seconds), or None."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the token2wav workers are stopped")
             now = time.monotonic()
-            group = self._pending.setdefault(key, _Group(urgent, now, now))
-            group.members.append((args, future))
+            self._arrivals += 1
+            due = now + NO_DEADLINE_SLACK_S if deadline is None else deadline
+            group = self._pending.setdefault(key, _Group(now, now))
+            group.add(_Member(args, future, urgent, (due, self._arrivals)))
             group.last_at = now
             self._cond.notify_all()
         return future.result()
@@ -96,23 +126,28 @@ class BatchedCalls:
                     if wait <= 0:
                         break
                     self._cond.wait(wait)  # an arrival (or another lane's take) wakes it to look again
-                batch = self._take(key)
+                batch = self._take(key, lane)
             try:
-                results = self._fn([args for args, _ in batch], lane)
+                results = self._fn([member.args for member in batch], lane)
             except BaseException as exc:  # noqa: BLE001 - each caller gets the failure of its batch
-                for _, future in batch:
-                    future.set_exception(exc)
+                for member in batch:
+                    member.future.set_exception(exc)
                 continue
-            for (_, future), result in zip(batch, results):
-                future.set_result(result)
+            for member, result in zip(batch, results):
+                member.future.set_result(result)
+
+    def _urgent_only(self, lane: int) -> bool:
+        return lane == 0 and self._lanes > 1
 
     def _next_key(self, lane: int) -> Hashable | None:
-        """The key ``lane`` may run next (the caller holds the lock): the first urgent group, else (not on
-        lane 0 of several) the group that arrived first."""
-        key = next((k for k, group in self._pending.items() if group.urgent), None)
-        if key is None and (lane > 0 or self._lanes == 1):
-            key = next(iter(self._pending), None)
-        return key
+        """The key ``lane`` may run next (the caller holds the lock): of the urgent groups, else (not on
+        lane 0 of several) of all, the one whose most pressing job is due soonest."""
+        urgent = [(group.due, key) for key, group in self._pending.items() if group.urgent]
+        if urgent:
+            return min(urgent, key=lambda entry: entry[0])[1]
+        if self._urgent_only(lane) or not self._pending:
+            return None
+        return min(self._pending.items(), key=lambda item: item[1].due)[0]
 
     def _gathering(self, group: _Group) -> float:
         """How much longer ``group`` waits for more jobs (0: it runs now)."""
@@ -120,9 +155,17 @@ class BatchedCalls:
             return 0.0
         return min(group.last_at + QUIET_S, group.first_at + GATHER_S) - time.monotonic()
 
-    def _take(self, key: Hashable) -> list[_Member]:
+    def _take(self, key: Hashable, lane: int) -> list[_Member]:
+        """The batch of ``key`` that ``lane`` runs: first chunks, then the earliest deadlines, at most
+        ``max_batch`` (the first-chunk lane takes first chunks only)."""
         group = self._pending.pop(key)
-        batch, rest = group.members[: self._max_batch], group.members[self._max_batch :]
+        members = sorted(group.members, key=lambda member: member.order)
+        runnable = [m for m in members if m.urgent] if self._urgent_only(lane) else members
+        batch = runnable[: self._max_batch]
+        rest = members[len(batch) :]  # sorted: the batch is a prefix of it
         if rest:  # already gathered: runs as soon as a lane is free
-            self._pending[key] = _Group(group.urgent, group.first_at, group.last_at, rest)
+            left = _Group(group.first_at, group.last_at)
+            for member in rest:
+                left.add(member)
+            self._pending[key] = left
         return batch

@@ -209,11 +209,18 @@ class Token2Wav:
     # ---- batched across streams (each stream's chunk calls these from its own thread) --------------
 
     def chunk_batched(
-        self, code: torch.Tensor, noise: torch.Tensor, speaker: Speaker, left: torch.Tensor, chunk: ChunkShape
+        self,
+        code: torch.Tensor,
+        noise: torch.Tensor,
+        speaker: Speaker,
+        left: torch.Tensor,
+        chunk: ChunkShape,
+        deadline: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One stream's chunk, batched with the other streams' chunks of the same shape: the mel the next
         chunk's vocoder sees on its left (``left`` then the chunk's, the last ``vocoder_context_frames``) and the
-        chunk's float32 ``[samples]`` waveform (on the host). ``code`` and ``noise`` are on the host."""
+        chunk's float32 ``[samples]`` waveform (on the host). ``code`` and ``noise`` are on the host.
+        ``deadline``: when the stream's listener runs out of audio (``BatchedCalls``), or None."""
         frames = code.shape[1] * self.repeats
         if frames > self.max_frames:
             raise ValueError(f"{frames} mel frames exceed the DiT's {self.max_frames} positions; use shorter chunks")
@@ -222,7 +229,7 @@ class Token2Wav:
                 self._batched = BatchedCalls(self._chunk_group, "token2wav", lanes=self.config.lanes)
             batched = self._batched
         key = (chunk, code.shape[1], speaker.ref_mel.shape[1], left.shape[2])
-        return batched(key, code, noise, speaker, left, chunk, urgent=chunk.first)
+        return batched(key, code, noise, speaker, left, chunk, urgent=chunk.first, deadline=deadline)
 
     def _chunk_group(self, calls: list[tuple[Any, ...]], lane: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
         # First audio waits on a first chunk's call: the process's engines launch no step meanwhile.

@@ -57,26 +57,29 @@ class Token2WavStream:
         """Whether ``push`` of ``more`` codes runs a chunk (a token2wav call) rather than only keeping them."""
         return len(self.codes) + more >= self.next_chunk_end + self.t2w.config.lookahead_codes
 
-    def push(self, codes: list[int]) -> list[torch.Tensor]:
+    def push(self, codes: list[int], deadline: float | None = None) -> list[torch.Tensor]:
+        """``deadline``: when the listener runs out of the audio returned before this call (``time.monotonic()``
+        seconds; the batched calls serve the streams due soonest first), or None. The call's chunks share it:
+        they run one after another, never competing with each other."""
         if self.finished:
             raise RuntimeError("token2wav stream already finished")
         self.codes.extend(int(c) for c in codes)
         out: list[torch.Tensor] = []
         while len(self.codes) >= self.next_chunk_end + self.t2w.config.lookahead_codes:
-            out.append(self._chunk(self.next_chunk_end, final=False))
+            out.append(self._chunk(self.next_chunk_end, final=False, deadline=deadline))
         return out
 
-    def finish(self) -> list[torch.Tensor]:
-        """Audio of every code not yet returned (the last chunk needs no lookahead)."""
+    def finish(self, deadline: float | None = None) -> list[torch.Tensor]:
+        """Audio of every code not yet returned (the last chunk needs no lookahead); ``deadline`` as ``push``'s."""
         out: list[torch.Tensor] = []
         while not self.finished and self.done_codes < len(self.codes):
             end = min(self.next_chunk_end, len(self.codes))
-            out.append(self._chunk(end, final=end == len(self.codes)))
+            out.append(self._chunk(end, final=end == len(self.codes), deadline=deadline))
         self.finished = True
         return out
 
     @torch.inference_mode()
-    def _chunk(self, end: int, *, final: bool) -> torch.Tensor:
+    def _chunk(self, end: int, *, final: bool, deadline: float | None) -> torch.Tensor:
         t2w, cfg, r = self.t2w, self.t2w.config, self.t2w.repeats
         start = self.done_codes
         win_start, win_end, shape = chunk_window(cfg, t2w.block_codes, r, start, end, len(self.codes), final=final)
@@ -84,7 +87,7 @@ class Token2WavStream:
         noise = self.noise.upto(win_end * r)[:, win_start * r :]
         ctx = cfg.vocoder_context_frames
         left = self.mel if self.mel is not None and ctx else torch.zeros(1, t2w.mel_dim, 0)
-        self.mel, chunk = t2w.chunk_batched(code, noise, self.speaker, left, shape)
+        self.mel, chunk = t2w.chunk_batched(code, noise, self.speaker, left, shape, deadline)
         self.done_codes = end
         if final:
             self.finished = True
