@@ -119,9 +119,9 @@ class Codes:
         self.pushed: list[int] = []
         push = Token2WavStream.push
 
-        def keep(stream: Token2WavStream, codes: list[int]) -> list[Any]:
+        def keep(stream: Token2WavStream, codes: list[int], **kwargs: Any) -> list[Any]:
             self.pushed += codes
-            return push(stream, codes)
+            return push(stream, codes, **kwargs)
 
         monkeypatch.setattr(Token2WavStream, "push", keep)
 
