@@ -121,3 +121,13 @@ def test_a_malformed_expert_scale_names_the_tensor(pair: tuple[Path, Path], tmp_
     broken = _fp8_copy(pair[0], tmp_path / "broken", corrupt="model.layers.1.mlp.experts.3.up_proj")
     with pytest.raises(ModelLoadError, match=r"model\.layers\.1\.mlp\.experts\.3\.up_proj.*\[1, 1\].*\(2, 1\)"):
         load_model(EngineConfig(model=str(broken), device="cpu"))
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_tensor_parallel_refuses_the_fp8_experts(pair: tuple[Path, Path], expert_parallel: bool) -> None:
+    """The ranks read slices of the checkpoint, and no slice of a float8 weight and its block scales is taken."""
+    config = EngineConfig(
+        model=str(pair[1]), device="cpu", tensor_parallel_size=2, enable_expert_parallel=expert_parallel
+    )
+    with pytest.raises(ModelLoadError, match="tensor parallel runs unquantized weights only.*'fp8'"):
+        load_model(config)
