@@ -23,12 +23,12 @@ from omni_gateway.kernels import moe_reference
 from omni_gateway.kernels import quant_reference as qref
 from safetensors.torch import load_file, save_file
 
-from tests.harness.checkpoints import save_tiny_checkpoint
+from tests.harness.checkpoints import MOE_KINDS, save_tiny_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PROMPTS = [[3, 17, 44, 101, 7], [250, 9, 9, 12, 33, 80, 120, 5, 66], [40, 41, 42]]
 NEW_TOKENS = 8
-_EXPERT = ".mlp.experts."
+_EXPERT = ".experts."  # Qwen's mlp.experts.{j}.*_proj, Mixtral's block_sparse_moe.experts.{j}.w1/w2/w3
 
 
 def _fp8_copy(source: Path, target: Path, corrupt: str | None = None) -> Path:
@@ -36,7 +36,7 @@ def _fp8_copy(source: Path, target: Path, corrupt: str | None = None) -> Path:
     scale gets a wrong shape."""
     target.mkdir()
     tensors = load_file(str(source / "model.safetensors"))
-    for name in [n for n in tensors if _EXPERT in n and n.endswith("_proj.weight")]:
+    for name in [n for n in tensors if _EXPERT in n and n.endswith(".weight")]:
         q, scale = qref.quantize_fp8_per_block(tensors[name])
         prefix = name.removesuffix(".weight")
         tensors[name], tensors[prefix + ".weight_scale_inv"] = q, scale
@@ -91,6 +91,17 @@ def test_experts_are_the_checkpoints_blocks_requantized_per_channel(pair: tuple[
     x = torch.randn(9, 64, generator=torch.Generator().manual_seed(0))
     expected = float_block(x)
     # Two e4m3 roundings (3 mantissa bits: up to 6% an element, about 2% RMS each) in two matmuls.
+    assert float((block(x) - expected).norm() / expected.norm()) < 0.1
+
+
+@pytest.mark.parametrize("kind", [k for k in MOE_KINDS if k != "qwen3-moe"])
+def test_other_moe_families_read_their_fp8_experts(tmp_path: Path, kind: str) -> None:
+    """Mixtral's expert names (renamed to Qwen's with their scales) and Qwen2-MoE's float shared expert."""
+    save_tiny_checkpoint(kind, tmp_path / "float")
+    float_block, block = _moe(tmp_path / "float"), _moe(_fp8_copy(tmp_path / "float", tmp_path / "fp8"))
+    assert block.w13.dtype == torch.float8_e4m3fn and float_block.w13_scale is None
+    x = torch.randn(9, 64, generator=torch.Generator().manual_seed(0))
+    expected = float_block(x)
     assert float((block(x) - expected).norm() / expected.norm()) < 0.1
 
 
