@@ -7,6 +7,9 @@ Read as vLLM reads them (the ``quantization_config`` of config.json):
   float8_e4m3fn and ``weight_scale`` per tensor, per channel ``[N, 1]`` or per 128x128 block.
 - ``fp8``: ``weight`` float8_e4m3fn with ``weight_scale_inv`` per 128x128 block (``weight_block_size``)
   or ``weight_scale`` per tensor.
+
+In both FP8 formats the mixture-of-experts projections (``mlp.experts.{j}.*``, ``mlp.shared_expert.*``, a
+quantized router) arrive as ``Fp8Weight`` too; engine/models/moe.py turns the experts into its own layout.
 - ``awq`` (version ``gemm``, 4 bits, zero points): ``qweight`` int32 ``[K, N / 8]`` (eight outputs a
   word, AWQ's interleaved order), ``qzeros`` int32 ``[K / G, N / 8]``, ``scales`` ``[K / G, N]``.
 - ``gptq`` (4 bits, ``desc_act`` false): ``qweight`` int32 ``[K / 8, N]`` (eight inputs a word, in
@@ -20,6 +23,7 @@ except that on CUDA prefill-sized batches of FP8 per-channel layers quantize the
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -34,6 +38,11 @@ SUPPORTED_QUANTIZATION: tuple[str, ...] = tuple(q for q in QUANTIZATION_CHOICES 
 _FP8_METHODS = ("fp8", "compressed-tensors")
 _INT4_METHODS = ("awq", "gptq")
 _LINEARS = tuple(f"self_attn.{n}_proj" for n in "qkvo") + tuple(f"mlp.{n}_proj" for n in ("gate", "up", "down"))
+# The MoE block's linears: each expert's, the shared expert's, the router and the shared expert's gate.
+_MOE_LINEAR = re.compile(
+    r"model\.layers\.\d+\.mlp\.(experts\.\d+\.(gate|up|down)_proj|shared_expert\.(gate|up|down)_proj|gate"
+    r"|shared_expert_gate)\.weight"
+)
 _AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # nibble holding output 8j + i of an AWQ word
 
 
@@ -127,6 +136,12 @@ def _prefixes(num_layers: int) -> list[str]:
     return [f"model.layers.{i}.{n}" for i in range(num_layers) for n in _LINEARS]
 
 
+def _fp8_prefixes(weights: dict[str, Any], num_layers: int) -> list[str]:
+    """The dense linears and the mixture-of-experts ones the checkpoint holds."""
+    moe = sorted(name.removesuffix(".weight") for name in weights if _MOE_LINEAR.fullmatch(name))
+    return _prefixes(num_layers) + moe
+
+
 def _fp8_linear(weights: dict[str, Any], prefix: str, scale_name: str) -> None:
     weight = weights.get(prefix + ".weight")
     if weight is None or weight.dtype != qref.FP8_DTYPE:
@@ -157,7 +172,7 @@ def _fp8(weights: dict[str, Any], ckpt: dict[str, Any], num_layers: int) -> None
     fmt = ckpt.get("fmt", "e4m3")
     if fmt != "e4m3":
         raise ModelLoadError(f"fp8 format {fmt!r} is not supported; supported: 'e4m3'")
-    for prefix in _prefixes(num_layers):
+    for prefix in _fp8_prefixes(weights, num_layers):
         _fp8_linear(weights, prefix, "weight_scale_inv" if block is not None else "weight_scale")
 
 
@@ -175,7 +190,7 @@ def _compressed_tensors(weights: dict[str, Any], ckpt: dict[str, Any], num_layer
         raise ModelLoadError(
             f"compressed-tensors format {fmt!r} is not supported; supported: 'float-quantized', 'naive-quantized'"
         )
-    for prefix in _prefixes(num_layers):
+    for prefix in _fp8_prefixes(weights, num_layers):
         _fp8_linear(weights, prefix, "weight_scale")
 
 
