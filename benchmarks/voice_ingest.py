@@ -45,7 +45,7 @@ LAG_TICK_S = 0.01
 
 # ---- the server child --------------------------------------------------------------------------------
 class _RealVad:
-    """The server's silero detector behind the protocol's ``VoiceActivityDetector`` (as ``omni.pipeline``
+    """The server's silero detector behind the protocol's ``VoiceActivityDetector`` (as ``omni.voice_activity``
     builds it for server_vad), judging inline or through ``batcher``."""
 
     def __init__(self, settings, batcher) -> None:  # type: ignore[no-untyped-def]
