@@ -6,7 +6,10 @@ sends one ``AddRequest`` and awaits deltas; a receiver thread owns the output so
 step's deltas to the event loop of the stream they extend (``call_soon_threadsafe``), so no event
 loop ever waits on the engine.
 
-Death: the receiver looks at the core every ``_WATCH_S``. When it is gone, every open stream ends
+The two sockets live in ``engine.frontend.core_sockets``, the open streams in ``engine.frontend.core_streams``,
+and what a core must offer and when a dead one restarts in ``engine.frontend.core_lifecycle``.
+
+Death: the receiver looks at the core every ``WATCH_S``. When it is gone, every open stream ends
 with an error delta (a realtime session turns it into an ``error`` event and a failed response, HTTP
 into a 500 or a stream error), ``health()`` turns red, and the core is started again (a new epoch)
 after a backoff. A restart loses the prefix cache and nothing else: requests are not replayed, their
@@ -17,17 +20,14 @@ client stays down with the reason in ``health()``: a core that cannot start will
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import shutil
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any
 
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.sequence import EmbedSpan
@@ -35,55 +35,15 @@ from omni_gateway.engine.errors import EngineDead, InvalidRequest, ModelLoadErro
 from omni_gateway.engine.frontend import ipc
 from omni_gateway.engine.frontend.chat_stream import ChatStreaming
 from omni_gateway.engine.frontend.chat_template import render_chat
+from omni_gateway.engine.frontend.core_lifecycle import WATCH_S, CoreHandle, Launcher, plan_restart
 from omni_gateway.engine.frontend.core_process import CoreSpec
+from omni_gateway.engine.frontend.core_sockets import CoreSockets
+from omni_gateway.engine.frontend.core_streams import OpenStream, fail_streams
 from omni_gateway.engine.frontend.lora_calls import PendingLoraCalls, with_adapter
 from omni_gateway.engine.outputs import StreamDelta
 from omni_gateway.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
-
-_WATCH_S = 0.1  # how often the receiver checks that the core is alive
-_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
-_STABLE_S = 60.0  # a core that served this long before dying was not crash-looping
-
-
-class CoreHandle(Protocol):
-    """One started core (a local process or a Ray actor)."""
-
-    def exit_reason(self) -> str | None:
-        """None while the core runs; why it ended otherwise."""
-        ...
-
-    def wait_alive(self, timeout: float) -> bool:
-        """Block until the core serves (after a restart), at most ``timeout`` seconds; whether it does."""
-        deadline = time.monotonic() + timeout
-        while self._state != "running" and time.monotonic() < deadline:
-            if self._state in ("failed", "closed"):
-                return False
-            time.sleep(0.05)
-        return self._state == "running"
-
-    def kill(self) -> None: ...
-
-    def join(self, timeout: float) -> bool: ...
-
-
-class Launcher(Protocol):
-    """Starts cores; ``host`` is the address cores reach this process at (None: same machine, ``ipc://``)."""
-
-    host: str | None
-
-    def start(self, spec: CoreSpec) -> CoreHandle: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(slots=True)
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    n: int
-    items: asyncio.Queue[StreamDelta | BaseException] = field(default_factory=asyncio.Queue)
-    finished: int = 0
 
 
 class EngineCoreClient(ChatStreaming):
@@ -98,8 +58,6 @@ class EngineCoreClient(ChatStreaming):
         startup_timeout_s: float = 1800.0,
         name: str = "engine",
     ) -> None:
-        import zmq
-
         self.config = config
         self.name = name
         self._launcher = launcher
@@ -107,15 +65,9 @@ class EngineCoreClient(ChatStreaming):
         self._engine_factory = engine_factory
         self._max_restarts = max_restarts
         self._startup_timeout_s = startup_timeout_s
-        self._ctx = zmq.Context()
-        self._commands = self._ctx.socket(zmq.PUSH)
-        self._outputs = self._ctx.socket(zmq.PULL)
-        self._commands.setsockopt(zmq.SNDHWM, 0)  # bounded upstream by the scheduler's waiting queue
-        self._outputs.setsockopt(zmq.RCVHWM, 0)
-        self._ipc_dir: str | None = None
-        self._bind()
+        self._sockets = CoreSockets(launcher.host)
         self._lock = threading.Lock()  # guards state, streams and the command socket
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, OpenStream] = {}
         self._state = "starting"  # starting | running | dead | failed | closed
         self._reason: str | None = None
         self._epoch = 0
@@ -208,11 +160,9 @@ class EngineCoreClient(ChatStreaming):
     ) -> AsyncIterator[StreamDelta]:
         """Stream deltas until every completion of the request finished. Closing the iterator early
         aborts the request. Raises InvalidRequest, EngineOverloaded or EngineDead before the first delta."""
-        import zmq
-
         params = params or SamplingParams()
         rid = request_id or f"req-{uuid.uuid4().hex}"
-        stream = _Stream(asyncio.get_running_loop(), params.n)
+        stream = OpenStream(asyncio.get_running_loop(), params.n)
         with self._lock:
             if self._state != "running":
                 raise EngineDead(f"{self.name} core is not running: {self._reason or self._state}")
@@ -220,9 +170,7 @@ class EngineCoreClient(ChatStreaming):
                 raise InvalidRequest(f"request_id {rid!r} is already streaming")
             message = ipc.AddRequest(self._epoch, rid, prompt, params, priority, tuple(embed_spans), add_special_tokens)
             self._streams[rid] = stream  # before the send: the receiver may deliver the first delta at once
-            try:
-                self._commands.send(ipc.encode(message), zmq.NOBLOCK)
-            except zmq.Again:
+            if not self._sockets.send(message):
                 del self._streams[rid]
                 raise EngineDead(f"{self.name} core is not connected") from None
         complete = refused = False
@@ -246,12 +194,9 @@ class EngineCoreClient(ChatStreaming):
 
     def abort(self, request_id: str) -> None:
         """Stop a request; its stream ends with finish_reason "abort". Safe from any thread."""
-        import zmq
-
         with self._lock:
             if self._state == "running":
-                with contextlib.suppress(zmq.Again):
-                    self._commands.send(ipc.encode(ipc.AbortRequest(self._epoch, request_id)), zmq.NOBLOCK)
+                self._sockets.send(ipc.AbortRequest(self._epoch, request_id))
 
     async def load_lora(self, name: str, path: str) -> None:
         """Serve the PEFT adapter in folder ``path`` as ``name`` (engine.core.llm_engine.LLMEngine.load_lora);
@@ -266,15 +211,11 @@ class EngineCoreClient(ChatStreaming):
         return dict(self.config.lora_modules)
 
     async def _lora_call(self, name: str, path: str | None) -> None:
-        import zmq
-
         with self._lock:
             if self._state != "running":
                 raise EngineDead(f"{self.name} core is not running: {self._reason or self._state}")
             ticket, future = self._lora_calls.open(name, path)
-            try:
-                self._commands.send(ipc.encode(ipc.LoraCall(self._epoch, ticket, name, path)), zmq.NOBLOCK)
-            except zmq.Again:
+            if not self._sockets.send(ipc.LoraCall(self._epoch, ticket, name, path)):
                 self._lora_calls.close(ticket, EngineDead(f"{self.name} core is not connected"))
         await asyncio.wrap_future(future)
 
@@ -302,16 +243,13 @@ class EngineCoreClient(ChatStreaming):
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Abort what is in flight, stop the core and wait for it."""
-        import zmq
-
         with self._lock:
             if self._state == "closed":
                 return
             running = self._state == "running"
             self._state, self._reason = "closed", "shut down"
             if running:
-                with contextlib.suppress(zmq.Again):
-                    self._commands.send(ipc.encode(ipc.Stop(self._epoch)), zmq.NOBLOCK)
+                self._sockets.send(ipc.Stop(self._epoch))
         # The receiver thread first: it restarts dead cores, and once it has stopped no core can start
         # behind this shutdown's back (a restart racing it would leave an orphan process).
         if getattr(self, "_thread", None) is not None and self._thread is not threading.current_thread():
@@ -321,34 +259,17 @@ class EngineCoreClient(ChatStreaming):
             handle.kill()
             handle.join(5.0)
         self._fail_streams("shut down")
-        self._commands.close(linger=0)
-        self._outputs.close(linger=0)
-        self._ctx.term()
+        self._sockets.close()
         self._launcher.close()
-        if self._ipc_dir is not None:
-            shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
     # ---- receiver thread -------------------------------------------------------------------------
-
-    def _bind(self) -> None:
-        if self._launcher.host is None:
-            self._ipc_dir = tempfile.mkdtemp(prefix="omni-engine-")  # 0700: only this user reaches the sockets
-            self._commands_address = f"ipc://{self._ipc_dir}/commands"
-            self._outputs_address = f"ipc://{self._ipc_dir}/outputs"
-            self._commands.bind(self._commands_address)
-            self._outputs.bind(self._outputs_address)
-            return
-        commands_port = self._commands.bind_to_random_port("tcp://*")
-        outputs_port = self._outputs.bind_to_random_port("tcp://*")
-        self._commands_address = f"tcp://{self._launcher.host}:{commands_port}"
-        self._outputs_address = f"tcp://{self._launcher.host}:{outputs_port}"
 
     def _launch(self) -> None:
         self._epoch += 1
         spec = CoreSpec(
             config=self.config,
-            commands_address=self._commands_address,
-            outputs_address=self._outputs_address,
+            commands_address=self._sockets.commands_address,
+            outputs_address=self._sockets.outputs_address,
             epoch=self._epoch,
             threads=self._threads,
             parent_pid=os.getpid() if self._launcher.host is None else None,
@@ -363,22 +284,12 @@ class EngineCoreClient(ChatStreaming):
             self._down(f"{type(exc).__name__}: {exc}")
 
     def _receive(self) -> None:
-        import zmq
-
-        poller = zmq.Poller()
-        poller.register(self._outputs, zmq.POLLIN)
         while self._state != "closed":
-            try:
-                events = dict(poller.poll(int(_WATCH_S * 1000)))
-            except zmq.ZMQError:
-                return  # the socket closed under a shutdown
-            if self._outputs in events:
-                while True:
-                    try:
-                        frame = self._outputs.recv(zmq.NOBLOCK)
-                    except (zmq.Again, zmq.ZMQError):
-                        break
-                    self._handle_output(ipc.decode(frame))
+            messages = self._sockets.receive(WATCH_S)
+            if messages is None:
+                return
+            for message in messages:
+                self._handle_output(message)
             self._watch()
 
     def _handle_output(self, message: Any) -> None:
@@ -427,14 +338,12 @@ class EngineCoreClient(ChatStreaming):
         with self._lock:
             if self._state == "closed":
                 return
-            # A core that served a while before dying starts a new count; one that died starting, or soon
-            # after a restart, continues the crash loop's.
-            served = self._state == "running" and time.monotonic() - self._ready_at >= _STABLE_S
-            self._failures = 1 if served or self._failures == 0 else self._failures + 1
-            give_up = self._ready is None or self._failures > self._max_restarts
+            served_s = time.monotonic() - self._ready_at if self._state == "running" else None
+            self._failures, give_up, delay = plan_restart(
+                self._failures, served_s=served_s, ever_ready=self._ready is not None, max_restarts=self._max_restarts
+            )
             self._state = "failed" if give_up else "dead"
             self._reason = reason
-            delay = _BACKOFF_S[min(self._failures, len(_BACKOFF_S)) - 1]
             self._restart_at = time.monotonic() + delay
         log.error(
             "%s core stopped: %s; %s",
@@ -449,27 +358,10 @@ class EngineCoreClient(ChatStreaming):
     def _fail_streams(self, reason: str) -> None:
         with self._lock:
             streams = dict(self._streams)
-        for rid, stream in streams.items():
-            error = StreamDelta(
-                request_id=rid,
-                text="",
-                token_ids=(),
-                finished=True,
-                finish_reason="error",
-                error=f"engine stopped: {reason}",
-            )
-            self._put(stream, error)
+        fail_streams(streams, reason)
 
     def _deliver(self, request_id: str, item: StreamDelta | BaseException) -> None:
         stream = self._streams.get(request_id)
-        if stream is not None and not self._put(stream, item):
+        if stream is not None and not stream.put(item):
             with self._lock:
                 self._streams.pop(request_id, None)
-
-    @staticmethod
-    def _put(stream: _Stream, item: StreamDelta | BaseException) -> bool:
-        try:
-            stream.loop.call_soon_threadsafe(stream.items.put_nowait, item)
-        except RuntimeError:  # the caller's event loop is closed; nobody is listening
-            return False
-        return True
