@@ -41,7 +41,7 @@ DEVICE = "cuda"
 DECODE_ROWS = (1, 2, 4, 8, 16)
 PREFILL_ROWS = (64, 256, 1024, 4096)
 FORMATS = {"fp8-channel": 0, "fp8-block": 1, "int4": 2}
-# How the batch-1 decode calls each shape's one-row kernel (engine/models/llama.py, ``_decode_row``): FP8
+# How the batch-1 decode calls each shape's one-row kernel (engine/models/llama_rows.py, ``decode_row``): FP8
 # per channel and int4 sweep their fused kernels with these operands.
 ROW_FUSIONS = {
     "gate_up": dict(norm=True, gated=True),

@@ -61,7 +61,7 @@ class RandomSource:
         self._shapes |= {"o": (h, heads * head_dim), "gate": (i, h), "up": (i, h), "down": (h, i)}
         self._shapes |= {"embed_tokens": (v, h), "lm_head": (v, h), "q_norm": (head_dim,), "k_norm": (head_dim,)}
         self._hidden = h
-        from omni_gateway.engine.models.llama import missing_weights
+        from omni_gateway.engine.models.llama_shape import missing_weights
 
         self._names = set(missing_weights(cfg, {}))
 

@@ -85,7 +85,7 @@ class LLMEngine:
             runner_factory = ModelRunner
         if config.device == "auto":
             # Resolved once, here: the config then names its device, and its block size follows it.
-            from omni_gateway.engine.runner.model_runner import pick_device_dtype
+            from omni_gateway.engine.runner.device_dtype import pick_device_dtype
 
             config = dataclasses.replace(config, device=pick_device_dtype(config)[0].type)
         assert config.block_size is not None  # EngineConfig sets it for every named device

@@ -1,5 +1,5 @@
 """The batch-1 decode of a model with LoRA slots: the fused one-row kernels of the base model
-(``LlamaModel._decode_row``), with each projection's adapter delta added to its output.
+(``engine.models.llama_rows.decode_row``), with each projection's adapter delta added to its output.
 
 The one-row kernels fold the norms into the projections that read them, so the adapters' shrink reads a
 norm computed apart; the o and down projections add the residual as they write, and the delta adds to that

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from omni_gateway.engine.errors import ModelLoadError
-from omni_gateway.engine.models.llama import rotary_cos_sin_cache
+from omni_gateway.engine.models.rotary_table import rotary_cos_sin_cache
 
 _LAYER = "midlayer."
 _LAYER_ALIASES = ("layers.0.",)  # the speculators format's name for the same layer

@@ -3,120 +3,28 @@ Qwen3-MoE and Mixtral, whose sparse layers run engine/models/moe.py) over the pa
 
 One forward runs a flattened varlen batch: the tokens of every sequence concatenated, prefill
 chunks and decodes together. q/k/v projections are merged into one matmul (gate/up too, on CUDA).
-Weights arrive under Hugging Face names (see engine/runner/loader.py).
+Weights arrive under Hugging Face names (see engine/runner/loader.py). A step runs one of three layer paths:
+the per-layer one (engine/models/llama_layers.py), the fused one-row kernels of a batch-1 decode
+(engine/models/llama_rows.py) or the fused CPU layers of quantized weights (engine/quant/cpu_layers.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from omni_gateway.engine.lora.rows import decode_row_with_lora
+from omni_gateway.engine.models import llama_rows
 from omni_gateway.engine.models.linear import Linear, onednn_prepacks
-from omni_gateway.engine.models.moe import MoeBlock, build_moe_block
-from omni_gateway.engine.models.moe_config import MoeConfig, mlp_weight_names
+from omni_gateway.engine.models.llama_layers import LlamaLayer, decode_per_layer
+from omni_gateway.engine.models.llama_shape import ModelShape
+from omni_gateway.engine.models.moe import build_moe_block
+from omni_gateway.engine.models.moe_config import MoeConfig
+from omni_gateway.engine.models.rotary_table import rotary_cos_sin_cache
 from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
 from omni_gateway.engine.quant import cpu_layers
 from omni_gateway.engine.quant.cpu_linear import QuantizedLinear, QuantizedWeight, keeps_quantized
 from omni_gateway.engine.runner.attention import AttentionMetadata, KernelOps, paged_attention
-
-# Text model types of the Qwen2 family (plain, VL, 2.5-VL, 2.5-Omni thinker): q/k/v projections carry a bias.
-_QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text"})
-# Text model types of the Qwen3 family (plain, MoE, the Qwen3-Omni thinker): per-head RMSNorm on q and k.
-_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_omni_moe_text"})
-
-
-@dataclass(frozen=True, slots=True)
-class ModelShape:
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    rms_norm_eps: float
-    qkv_bias: bool
-    qk_norm: bool
-    tie_embeddings: bool
-
-    @classmethod
-    def from_hf(cls, cfg: Any) -> ModelShape:
-        num_heads = int(cfg.num_attention_heads)
-        model_type = getattr(cfg, "model_type", "llama")
-        return cls(
-            num_layers=int(cfg.num_hidden_layers),
-            hidden_size=int(cfg.hidden_size),
-            num_heads=num_heads,
-            num_kv_heads=int(getattr(cfg, "num_key_value_heads", None) or num_heads),
-            head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads),
-            vocab_size=int(cfg.vocab_size),
-            rms_norm_eps=float(cfg.rms_norm_eps),
-            qkv_bias=model_type in _QKV_BIAS_TYPES or bool(getattr(cfg, "attention_bias", False)),
-            qk_norm=model_type in _QK_NORM_TYPES,
-            tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-        )
-
-
-def missing_weights(hf_config: Any, weights: dict[str, torch.Tensor]) -> list[str]:
-    """Names the model needs that ``weights`` lacks (empty when complete)."""
-    shape = ModelShape.from_hf(hf_config)
-    need = ["model.embed_tokens.weight", "model.norm.weight"]
-    if not shape.tie_embeddings:
-        need.append("lm_head.weight")
-    for i in range(shape.num_layers):
-        p = f"model.layers.{i}."
-        need += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
-        need += [f"{p}self_attn.{n}_proj.weight" for n in ("q", "k", "v", "o")]
-        need += mlp_weight_names(hf_config, i)
-        if shape.qkv_bias:
-            need += [f"{p}self_attn.{n}_proj.bias" for n in ("q", "k", "v")]
-        if shape.qk_norm:
-            need += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-    return [n for n in need if n not in weights]
-
-
-def rotary_cos_sin_cache(
-    hf_config: Any, head_dim: int, max_positions: int, freq_divisors: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``[max_positions, head_dim]`` float32: cat(cos, sin) of each position's rotary angles, with
-    the attention scaling of the config's rope type folded in (as HF does)."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    params = dict(getattr(hf_config, "rope_parameters", None) or {})
-    if not params:  # configs from older transformers keep these as top-level attributes
-        params = dict(getattr(hf_config, "rope_scaling", None) or {})
-        params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type == "default":
-        base = float(params.get("rope_theta", 10000.0))
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-        scaling = 1.0
-    elif rope_type in ROPE_INIT_FUNCTIONS and rope_type != "dynamic":
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config)
-    else:
-        raise ValueError(f"unsupported rope type {rope_type!r}")
-    if freq_divisors is not None:
-        inv_freq = inv_freq / freq_divisors.float()
-    freqs = torch.arange(max_positions, dtype=torch.float).unsqueeze(1) * inv_freq.float().unsqueeze(0)
-    return torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)
-
-
-@dataclass(slots=True)
-class _Layer:
-    input_norm: torch.Tensor
-    qkv: Linear | QuantizedLinear
-    o: Linear | QuantizedLinear
-    post_norm: torch.Tensor
-    gate_up: Linear | QuantizedLinear | None  # merged on CUDA; None on the CPU, which uses gate/up
-    gate: Linear | QuantizedLinear | None
-    up: Linear | QuantizedLinear | None
-    down: Linear | QuantizedLinear | None  # None in a mixture-of-experts layer
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-    moe: MoeBlock | None = None  # the experts that replace the dense MLP in a sparse layer
 
 
 class LlamaModel:
@@ -197,7 +105,7 @@ class LlamaModel:
         tied = s.tie_embeddings and (head is None or isinstance(head, (torch.Tensor, QuantizedWeight)))
         self.lm_head = linear(self.embed if tied else w("lm_head.weight"), None, packed_rows=1)
         self.final_norm = w("model.norm.weight")
-        self.layers: list[_Layer] = []
+        self.layers: list[LlamaLayer] = []
         # On the CPU the [2I, H] merged gate/up matmul was no faster than two [I, H] ones (MKL ran it
         # up to 1.5x slower at decode batch sizes), so they stay apart there unless quantized (one call
         # instead of two); MLP biases take the merged path.
@@ -227,7 +135,7 @@ class LlamaModel:
                 )
             dense = moe is None
             self.layers.append(
-                _Layer(
+                LlamaLayer(
                     input_norm=w(p + "input_layernorm.weight"),
                     qkv=linear(merged([n + ".weight" for n in attn]), merged([n + ".bias" for n in attn])),
                     o=linear(w(p + "self_attn.o_proj.weight"), opt(p + "self_attn.o_proj.bias")),
@@ -250,24 +158,24 @@ class LlamaModel:
         )
         self.fused_cpu_layers = cpu_layers.runs_fused(self)
         # Batch-1 decode steps run their layers through the fused one-row kernels where every linear has
-        # one (``_decode_row``).
-        self.row_fusion = self._fuses_rows()
+        # one (``llama_rows.decode_row``).
+        self.row_fusion = llama_rows.fuses_rows(self)
         # The LM head is checked apart: a head without the fused kernel (a per-block FP8 one) still takes
         # the layers' fused residual stream, through the separate final norm.
         self.head_fusion = self.row_fusion and isinstance(self.lm_head, Linear) and self.lm_head.row is not None
         # In those steps, where every layer linear reads and adds into the float32 rows of kernels/int4_row_stream.py
         # (int4 on the tensor cores, bfloat16, no bias past the qkv projection), the residual stream is a float32 row
         # that the o and down projections add their sums into split by split, and the gate/up projection's sums meet in
-        # GateSums that the down projection finishes: no split tails (``_decode_stream``). The qkv projection's epilogue
-        # then also rotates q and k and writes k and v to the cache (no rotary launch) where the model's rotary is the
-        # plain one (no M-RoPE, no q/k norms), and the LM head reads the stream where its row kernel can
-        # (``compute_logits``).
-        self.row_stream = self.row_fusion and self._streams_rows()
+        # GateSums that the down projection finishes: no split tails (``llama_rows.decode_stream``). The qkv
+        # projection's epilogue then also rotates q and k and writes k and v to the cache (no rotary launch) where the
+        # model's rotary is the plain one (no M-RoPE, no q/k norms), and the LM head reads the stream where its row
+        # kernel can (``compute_logits``).
+        self.row_stream = self.row_fusion and llama_rows.streams_rows(self)
         self.rotary_fold = self.row_stream and not self.uses_mrope and not s.qk_norm
         self.head_stream = self.row_stream and self.head_fusion and self.lm_head.row_streams
-        # (hidden state, stream) of the last ``_decode_stream``: compute_logits reads the float32 stream when
+        # (hidden state, stream) of the last ``llama_rows.decode_stream``: compute_logits reads the float32 stream when
         # it is handed that very hidden state and the head can (``head_stream``).
-        self._last_stream: tuple[torch.Tensor, Any] | None = None
+        self.last_stream: tuple[torch.Tensor, Any] | None = None
         # Decoder layers whose outputs (the residual stream after them) each forward keeps in ``aux_hidden``
         # (``[T, len(aux_layers), hidden]``) for a speculative proposer that reads them (EAGLE-3); empty: none.
         self.aux_layers: tuple[int, ...] = ()
@@ -282,19 +190,6 @@ class LlamaModel:
                 f"hidden states of decoder layers {bad} asked, the model has layers 0..{self.shape.num_layers - 1}"
             )
         self.aux_layers = tuple(layers)
-
-    def _fuses_rows(self) -> bool:
-        if self.parallel.is_parallel or self.fused_cpu_layers:
-            return False  # sharded outputs are summed before the residual add; the CPU path fuses its own
-        return all(isinstance(lin, Linear) and lin.row is not None for lin in self._layer_linears())
-
-    def _streams_rows(self) -> bool:
-        if self.dtype != torch.bfloat16 or not all(lin.row_streams for lin in self._layer_linears()):
-            return False
-        return all(lin.bias is None for layer in self.layers for lin in (layer.o, layer.gate_up, layer.down))
-
-    def _layer_linears(self) -> list[Any]:
-        return [lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed, QuantizedWeight):
@@ -336,8 +231,8 @@ class LlamaModel:
         deepstack: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The decoder layers over input embeddings ``[T, hidden]``; see ``forward``. A step with DeepStack rows
-        or captured layers takes the per-layer path below (the fused paths keep no layer boundary to add them at or
-        read them from)."""
+        or captured layers takes the per-layer path (engine/models/llama_layers.py; the fused paths keep no layer
+        boundary to add them at or read them from)."""
         aux = self.aux_layers
         if deepstack is not None:
             rows, features = deepstack
@@ -346,125 +241,12 @@ class LlamaModel:
         elif self.fused_cpu_layers and not aux:
             return cpu_layers.decode_layers(self, hidden, positions, meta, kv_caches, rotary_table)
         elif self.row_fusion and hidden.shape[0] == 1 and not aux:
-            return self._decode_row(hidden, positions, meta, kv_caches, rotary_table)
-        ops, eps, all_reduce = self.ops, self.shape.rms_norm_eps, self.parallel.all_reduce
-        kept = hidden.new_empty((hidden.shape[0], len(aux), hidden.shape[1])) if aux else None
-        residual: torch.Tensor | None = None
-        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
-            if residual is None:
-                residual = hidden
-                x = ops.rms_norm(hidden, layer.input_norm, eps)
-            else:
-                x, residual = ops.fused_add_rms_norm(hidden, residual, layer.input_norm, eps)
-            attn = self._attention(
-                layer, self._project(i, "qkv", layer.qkv, x), positions, meta, k_cache, v_cache, rotary_table
-            )
-            o = self._project(i, "o", layer.o, attn)
-            x, residual = ops.fused_add_rms_norm(all_reduce(o), residual, layer.post_norm, eps)
-            if layer.moe is not None:
-                hidden = all_reduce(layer.moe(x))
-            else:
-                hidden = all_reduce(self._dense_mlp(i, layer, x))
-            if deepstack is not None and i < deepstack[1].shape[0]:
-                # The layer's output is hidden + residual; the rows join it there.
-                hidden = hidden.index_add(0, deepstack[0], deepstack[1][i].to(hidden.dtype))
-            if kept is not None and i in aux:
-                for slot, layer_index in enumerate(aux):
-                    if layer_index == i:
-                        kept[:, slot] = hidden + residual
-        assert residual is not None
-        self.aux_hidden = kept
-        return hidden + residual
-
-    def _dense_mlp(self, index: int, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        if layer.gate_up is not None:
-            act = self.ops.silu_and_mul(self._project(index, "gate_up", layer.gate_up, x))
-        else:
-            assert layer.gate is not None and layer.up is not None
-            act = F.silu(self._project(index, "gate", layer.gate, x)) * self._project(index, "up", layer.up, x)
-        assert layer.down is not None
-        return self._project(index, "down", layer.down, act)
-
-    def _project(self, index: int, group: str, linear: Any, x: torch.Tensor) -> torch.Tensor:
-        """``linear(x)``, plus the LoRA deltas of the rows that have an adapter (engine.lora.slots.attach_lora)."""
-        y = linear(x)
-        lora = self.lora
-        if lora is not None and lora.active:
-            lora.apply(index, group, x, y)
-        return y
-
-    def _decode_row(
-        self,
-        hidden: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        rotary_table: torch.Tensor,
-    ) -> torch.Tensor:
-        """``decode_layers`` for one token: ``hidden`` is the residual stream throughout. Each norm runs
-        inside the linear that reads it, the o and down projections add the residual as they write, and
-        the gate/up projection writes the MLP's activation: four linears and the attention per layer."""
-        if self.row_stream:
-            return self._decode_stream(hidden, positions, meta, kv_caches, rotary_table)
-        if self.lora is not None and self.lora.active:
-            return decode_row_with_lora(self, hidden, positions, meta, kv_caches, rotary_table)
-        eps = self.shape.rms_norm_eps
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            assert isinstance(layer.qkv, Linear) and isinstance(layer.o, Linear)
-            assert isinstance(layer.gate_up, Linear) and isinstance(layer.down, Linear)
-            qkv = layer.qkv.fused(hidden, norm_weight=layer.input_norm, eps=eps)
-            attn = self._attention(layer, qkv, positions, meta, k_cache, v_cache, rotary_table)
-            hidden = layer.o.fused(attn, residual=hidden)
-            act = layer.gate_up.fused(hidden, norm_weight=layer.post_norm, eps=eps, gated=True)
-            hidden = layer.down.fused(act, residual=hidden)
-        return hidden
-
-    def _decode_stream(
-        self,
-        hidden: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        rotary_table: torch.Tensor,
-    ) -> torch.Tensor:
-        """``_decode_row`` with the residual stream a float32 row (``row_stream``, kernels/int4_row_stream.py):
-        the o and down projections add into it, the gate/up projection into its layer's zeroed GateSums."""
-        from omni_gateway.kernels.int4_row_stream import GateSums, StreamRow
-
-        eps = self.shape.rms_norm_eps
-        stream = StreamRow(hidden.float())
-        assert isinstance(self.layers[0].down, Linear)
-        sums = GateSums.zeros(
-            len(self.layers), self.layers[0].down.weight.shape[1], hidden.shape[1], eps, hidden.device
-        )
-        for layer, gate_sums, (k_cache, v_cache) in zip(self.layers, sums, kv_caches):
-            assert isinstance(layer.qkv, Linear) and isinstance(layer.o, Linear)
-            assert isinstance(layer.gate_up, Linear) and isinstance(layer.down, Linear)
-            if self.rotary_fold:
-                rotary = self._rotary_write(positions, rotary_table, k_cache, v_cache, meta.slot_mapping)
-                q = layer.qkv.fused(stream, norm_weight=layer.input_norm, eps=eps, rotary=rotary)[:, : self.q_size]
-                q = q.view(1, self.num_heads, self.shape.head_dim)
-                attn = paged_attention(self.ops, q, k_cache, v_cache, meta, self.scale).view(1, self.q_size)
-            else:
-                qkv = layer.qkv.fused(stream, norm_weight=layer.input_norm, eps=eps)
-                attn = self._attention(layer, qkv, positions, meta, k_cache, v_cache, rotary_table)
-            layer.o.fused(attn, into=stream)
-            layer.gate_up.fused(stream, norm_weight=layer.post_norm, eps=eps, gated=True, into=gate_sums)
-            layer.down.fused(gate_sums, into=stream)
-        hidden = stream.row.to(hidden.dtype)
-        self._last_stream = (hidden, stream) if self.head_stream else None
-        return hidden
-
-    def _rotary_write(self, *operands: torch.Tensor) -> Any:
-        """What the qkv projection's epilogue needs to rotate q and k and cache k and v
-        (kernels/int4_row_epilogue.py ``RotaryWrite``, imported here: only CUDA int4 models reach it)."""
-        from omni_gateway.kernels.int4_row_epilogue import RotaryWrite
-
-        return RotaryWrite(*operands, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
+            return llama_rows.decode_row(self, hidden, positions, meta, kv_caches, rotary_table)
+        return decode_per_layer(self, hidden, positions, meta, kv_caches, rotary_table, deepstack)
 
     def _attention(
         self,
-        layer: _Layer,
+        layer: LlamaLayer,
         qkv: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
@@ -490,7 +272,7 @@ class LlamaModel:
         rank gets them all under tensor parallel; rank 0 samples)."""
         if self.head_fusion and hidden.shape[0] == 1:
             assert isinstance(self.lm_head, Linear)
-            last = self._last_stream
+            last = self.last_stream
             row = last[1] if last is not None and last[0] is hidden else hidden
             return self.lm_head.fused(
                 row, norm_weight=self.final_norm, eps=self.shape.rms_norm_eps, out_dtype=torch.float32

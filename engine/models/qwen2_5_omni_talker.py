@@ -105,7 +105,7 @@ def talker_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def load_talker(path: str | Path, max_model_len: int | None = None) -> Any:
     """A ``LoadedModel`` of the talker in a Qwen2.5-Omni checkpoint directory (for ``LLMEngine(model=...)``)."""
-    from omni_gateway.engine.models.llama import missing_weights
+    from omni_gateway.engine.models.llama_shape import missing_weights
 
     root = Path(path)
     cfg = talker_config(read_config(root))

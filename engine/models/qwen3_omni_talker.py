@@ -157,7 +157,7 @@ def load_talker(
     ``tensors``: the checkpoint's ``talker.*`` tensors where the caller has read them already. ``source``: a
     ``WeightSource`` under the decoder's names instead (random weights, ``load_format="dummy"``), which the engine
     reads on its device."""
-    from omni_gateway.engine.models.llama import missing_weights
+    from omni_gateway.engine.models.llama_shape import missing_weights
 
     root = Path(path)
     cfg = talker_config(read_config(root))

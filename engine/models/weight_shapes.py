@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_gateway.engine.models.llama import ModelShape
+from omni_gateway.engine.models.llama_shape import ModelShape
 from omni_gateway.engine.models.moe_config import MoeConfig
 
 

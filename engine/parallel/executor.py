@@ -30,8 +30,9 @@ from omni_gateway.engine.parallel.context import ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
 from omni_gateway.engine.parallel.spawnable import check_spawnable
 from omni_gateway.engine.parallel.worker import STOP, join_group, worker_main
+from omni_gateway.engine.runner.device_dtype import pick_device_dtype
 from omni_gateway.engine.runner.loader import LoadedModel
-from omni_gateway.engine.runner.model_runner import ModelRunner, pick_device_dtype
+from omni_gateway.engine.runner.model_runner import ModelRunner
 from omni_gateway.engine.runner.pending_decode import PendingDecode
 from omni_gateway.engine.runner.step_plan import StepPlan
 

@@ -17,7 +17,8 @@ from omni_gateway.engine.quant.cpu_linear import QuantizedLinear
 from omni_gateway.engine.runner.attention import AttentionMetadata
 
 if TYPE_CHECKING:
-    from omni_gateway.engine.models.llama import LlamaModel, _Layer
+    from omni_gateway.engine.models.llama import LlamaModel
+    from omni_gateway.engine.models.llama_layers import LlamaLayer
 
 
 def runs_fused(model: LlamaModel) -> bool:
@@ -55,7 +56,7 @@ def decode_layers(
 
 def _attention(
     model: LlamaModel,
-    layer: _Layer,
+    layer: LlamaLayer,
     qkv: torch.Tensor,
     positions: torch.Tensor,
     meta: AttentionMetadata,

@@ -24,7 +24,7 @@ from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.pooling import model_pooling
 from omni_gateway.engine.errors import ModelLoadError
 from omni_gateway.engine.models import resolve_architecture
-from omni_gateway.engine.models.llama import missing_weights
+from omni_gateway.engine.models.llama_shape import missing_weights
 from omni_gateway.engine.models.moe_config import canonical_expert_names
 from omni_gateway.engine.models.multimodal import language_model_config, language_model_weights, multimodal_architecture
 from omni_gateway.engine.models.weight_shapes import checkpoint_shapes

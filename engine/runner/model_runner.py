@@ -4,11 +4,8 @@ cache and samples. Sequence state is read only; the scheduler advances it from t
 from __future__ import annotations
 
 import logging
-import mmap
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.sequence import ScheduledBatch, Sequence
@@ -17,60 +14,25 @@ from omni_gateway.engine.models import build_model
 from omni_gateway.engine.parallel.context import SINGLE, ParallelContext
 from omni_gateway.engine.parallel.layout import ShardLayout
 from omni_gateway.engine.parallel.weights import shard_weights
-from omni_gateway.engine.runner.attention import AttentionMetadata, own_split_counters, plan_step, select_kernels
+from omni_gateway.engine.runner.attention import own_split_counters, select_kernels
 from omni_gateway.engine.runner.aux_hidden import DEFAULT_MAX_ROWS, AuxHiddenStore
 from omni_gateway.engine.runner.compile_cache import use_compile_cache
+from omni_gateway.engine.runner.device_dtype import pick_device_dtype
 from omni_gateway.engine.runner.dummy_weights import RandomSource
 from omni_gateway.engine.runner.graphed_decode import GraphedDecode, Staging
 from omni_gateway.engine.runner.graphed_prefill import GraphedPrefill
+from omni_gateway.engine.runner.hidden_rows import keep_hidden
+from omni_gateway.engine.runner.kv_cache import decide_num_blocks, zeroed
+from omni_gateway.engine.runner.layer_capture import asked_layers, forward_capturing
 from omni_gateway.engine.runner.loader import LoadedModel
 from omni_gateway.engine.runner.pending_decode import PendingDecode
 from omni_gateway.engine.runner.sampler import Sampler, SampleResult
 from omni_gateway.engine.runner.step_gate import wait_for_urgent
+from omni_gateway.engine.runner.step_inputs import upload_step
 from omni_gateway.engine.runner.step_plan import HiddenSpan, StepPlan, build_step_plan
 from omni_gateway.kernels.host_copies import to_device
 
 log = logging.getLogger(__name__)
-
-_CPU_DEFAULT_KV_BYTES = 1 << 30
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def pick_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
-    if config.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(config.device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {config.device!r} requested but CUDA is not available")
-    if config.dtype == "auto":
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    else:
-        dtype = _DTYPES[config.dtype]
-    return device, dtype
-
-
-def _zeroed(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``torch.zeros``; on the CPU over an anonymous mapping, whose pages read as zeros and become
-    resident only once written, so an idle server does not hold its whole KV cache in RSS."""
-    if device.type != "cpu":
-        return torch.zeros(shape, device=device, dtype=dtype)
-    numel = 1
-    for size in shape:
-        numel *= size
-    return torch.frombuffer(mmap.mmap(-1, numel * dtype.itemsize), dtype=dtype).view(shape)
-
-
-@dataclass(slots=True)
-class _StepInputs:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
-    sample_rows: torch.Tensor
-    embed_rows: torch.Tensor | None
-    embeds: torch.Tensor | None
-    deepstack: tuple[torch.Tensor, torch.Tensor] | None = None  # (flat rows, [layers, rows, hidden])
-
 
 # Rank 0's hook that sends a step to the other tensor-parallel ranks before running it itself:
 # an eager step (its plan, and the device token ids of a step launched ahead), or a graph replay
@@ -137,10 +99,13 @@ class ModelRunner:
         num_kv_heads = self.model.num_kv_heads  # this rank's
         self.uses_mrope: bool = self.model.uses_mrope
         # Every rank's cache must hold the same blocks: the scheduler on rank 0 hands out block ids for all.
-        self.num_kv_blocks = parallel.min_int(self._decide_num_blocks(shape.num_layers, num_kv_heads, shape.head_dim))
+        block_bytes = 2 * shape.num_layers * self.block_size * num_kv_heads * shape.head_dim * self.kv_dtype.itemsize
+        self.num_kv_blocks = parallel.min_int(
+            decide_num_blocks(config, self.device, block_bytes, self.max_blocks_per_seq, shape.vocab_size)
+        )
         # Zeroed, not empty: padded decode positions are masked, but NaN garbage would still leak
         # through the masked softmax weights (0 * NaN).
-        self.kv_cache = _zeroed(
+        self.kv_cache = zeroed(
             (shape.num_layers, 2, self.num_kv_blocks, self.block_size, num_kv_heads, shape.head_dim),
             self.device,
             self.kv_dtype,
@@ -203,26 +168,6 @@ class ModelRunner:
             self.prefill_graphs.buckets if self.prefill_graphs else "off",
         )
 
-    def _decide_num_blocks(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
-        if self.config.num_kv_blocks is not None:
-            return self.config.num_kv_blocks
-        block_bytes = 2 * num_layers * self.block_size * num_kv_heads * head_dim * self.kv_dtype.itemsize
-        needed = self.config.max_num_seqs * self.max_blocks_per_seq + 1
-        if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            # Room for activations: the step's hidden states several times over, plus sampling buffers.
-            reserve = (512 << 20) + self.config.max_num_seqs * self.model.shape.vocab_size * 4 * 4
-            budget = int(total * self.config.gpu_memory_utilization) - (total - free) - reserve
-        else:
-            budget = self.config.kv_cache_bytes or _CPU_DEFAULT_KV_BYTES
-        blocks = min(budget // block_bytes, needed)
-        if blocks < 2:
-            raise ValueError(
-                f"KV cache budget of {budget} bytes holds {blocks} blocks of {block_bytes} bytes; "
-                "need at least 2 (raise kv_cache_bytes or gpu_memory_utilization)"
-            )
-        return int(blocks)
-
     def capture_aux_hidden(self, layers: tuple[int, ...], max_rows: int = DEFAULT_MAX_ROWS) -> AuxHiddenStore:
         """From now on keep the outputs of decoder ``layers`` at every computed position, per sequence, for
         a proposer to take (the most recent ``max_rows`` or so of each). Steps then run eagerly: the CUDA
@@ -270,7 +215,7 @@ class ModelRunner:
                 if seq.params.return_hidden_states
             ]
             if spans:  # never launched ahead (engine.core.pipelining): num_computed_tokens is the decoded position
-                self._keep_hidden(spans, graphed.ids, graphed.hidden)
+                keep_hidden(self.model, spans, graphed.ids, graphed.hidden, None, self._keeps_rows)
             rows = [
                 i
                 for i, seq in enumerate(seqs)
@@ -357,7 +302,7 @@ class ModelRunner:
     ) -> torch.Tensor | None:
         """The model forward of one step: float32 logits of its sampling rows (None where none samples).
         ``hidden_spans`` (rank 0's): the sequences whose hidden states are copied out."""
-        asked = _asked_layers(hidden_spans or [])
+        asked = asked_layers(hidden_spans or [])
         graphs = self.prefill_graphs if self.aux_hidden is None and not asked else None
         replayed = graphs.forward(plan) if graphs is not None else None
         layer_rows: dict[int, torch.Tensor] = {}
@@ -365,27 +310,18 @@ class ModelRunner:
             hidden, input_ids = replayed
             sample_rows = to_device(plan.sample_rows, torch.int64, self.device)
         else:
-            step = self._upload(plan, device_ids)
-            # Only a model whose spans bring DeepStack rows (the Qwen3-Omni thinker's) is handed them.
-            extra = {} if step.deepstack is None else {"deepstack": step.deepstack}
-            own = getattr(self.model, "aux_layers", ()) if asked else ()
-            if asked:  # this forward also keeps the layers some prompt's rows are asked of, after the proposer's
-                self.model.aux_layers = (*own, *asked)
-            try:
-                hidden = self.model.forward(
-                    step.input_ids, step.positions, step.meta, self.kv_caches, step.embed_rows, step.embeds, **extra
-                )
-            finally:
-                if asked:
-                    self.model.aux_layers = own
-            if asked:
-                kept = self.model.aux_hidden
-                assert kept is not None, "the model kept no layer outputs for this step"
-                layer_rows = {layer: kept[:, len(own) + i] for i, layer in enumerate(asked)}
-                self.model.aux_hidden = kept[:, : len(own)] if own else None
+            step = upload_step(
+                plan,
+                device_ids,
+                ops=self.ops,
+                device=self.device,
+                block_size=self.block_size,
+                split_counters=self._split_counters,
+            )
+            hidden, layer_rows = forward_capturing(self.model, step, self.kv_caches, asked)
             input_ids, sample_rows = step.input_ids, step.sample_rows
         if hidden_spans:
-            self._keep_hidden(hidden_spans, input_ids, hidden, layer_rows)
+            keep_hidden(self.model, hidden_spans, input_ids, hidden, layer_rows, self._keeps_rows)
         if not plan.sample_rows:
             return None
         logits: torch.Tensor = self.model.compute_logits(hidden[sample_rows])
@@ -415,113 +351,13 @@ class ModelRunner:
                 return False  # a prompt position whose layer output is asked: the per-layer path keeps it
         return True
 
-    def _keep_hidden(
-        self,
-        spans: list[HiddenSpan],
-        input_ids: torch.Tensor,
-        hidden: torch.Tensor,
-        layer_rows: dict[int, torch.Tensor] | None = None,
-    ) -> None:
-        """The final-normed hidden states and input embeddings of the sequences that asked, float32 on
-        the device (new tensors: ``hidden`` may be a graph's output, overwritten by its next replay). They
-        stay there: a consumer in this process (the talker) uses them where they are, and the engine
-        core's messages move them to the host (``engine.frontend.ipc``). One normalization, cast and embedding
-        lookup covers every sequence's rows (a decode step's are one per sequence); each sequence gets
-        views of those. A sequence with ``hidden_layer`` gets that layer's outputs (``layer_rows``, by 0-based
-        layer index, flat token rows) at its prompt's positions instead; only those are kept with the blocks (its
-        generated positions' rows are final-normed, another kind, so a block holding one keeps none)."""
-        model = self.model
-        for seq, _, _, first in spans:
-            if seq.prefix_rows:  # admitted over cached blocks that kept their rows: those go out first
-                ids = to_device(seq.token_ids[:first], torch.int64, input_ids.device)
-                cached = torch.cat(seq.prefix_rows).float()
-                seq.hidden_rows.append((0, cached, model.embed_tokens(ids).float()))
-                seq.prefix_rows = ()
-        lo, hi = spans[0][1], spans[-1][2]
-        if all(a[2] == b[1] for a, b in zip(spans, spans[1:])):
-            rows, row_ids = hidden[lo:hi], input_ids[lo:hi]
-        else:
-            index = to_device([i for _, a, b, _ in spans for i in range(a, b)], torch.int64, hidden.device)
-            rows, row_ids = hidden.index_select(0, index), input_ids.index_select(0, index)
-        normed = model.ops.rms_norm(rows, model.final_norm, model.shape.rms_norm_eps)
-        sizes = [b - a for _, a, b, _ in spans]
-        pieces = zip(normed.split(sizes), normed.float().split(sizes), model.embed_tokens(row_ids).float().split(sizes))
-        # Kept rows are in the model's dtype, which holds them exactly (the norm's output). A prefill span
-        # gets a copy of its own, so a cached block does not hold a whole step's rows alive; a decode step's
-        # rows are one per sequence, and a copy each would cost a call per sequence for nothing.
-        copy = any(n > 1 for n in sizes)
-        for (seq, a, _, first), (kept, states, embeds) in zip(spans, pieces):
-            layer = seq.params.hidden_layer
-            if layer is not None:
-                prompt = max(0, min(len(states), seq.num_prompt_tokens - first))
-                if prompt:
-                    assert layer_rows, "the prompt's layer rows were not kept"
-                    own = layer_rows[layer - 1][a : a + prompt]
-                    states = torch.cat((own.float(), states[prompt:]))
-                    if self._keeps_rows:  # a copy: ``own`` views the whole step's layer outputs
-                        seq.pending_rows.append((first, own.clone()))
-                seq.hidden_rows.append((first, states, embeds))
-                continue
-            seq.hidden_rows.append((first, states, embeds))
-            if self._keeps_rows:
-                seq.pending_rows.append((first, kept.clone() if copy else kept))
-
     def _plan(
         self, batch: ScheduledBatch, after: PendingDecode | None = None
     ) -> tuple[StepPlan, list[Sequence], list[int], list[HiddenSpan]]:
         return build_step_plan(batch, after is not None, self.block_size, self.uses_mrope, self.dtype)
-
-    def _upload(self, plan: StepPlan, device_ids: torch.Tensor | None) -> _StepInputs:
-        """The device tensors of a plan. Every upload is asynchronous (pinned memory): a step launched
-        while another is in flight must not wait for the device."""
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=to_device(plan.slots, torch.int64, dev),
-            num_decode=plan.num_decode,
-            decode_seq_lens=to_device(plan.decode_lens, torch.int32, dev),
-            decode_block_tables=self._block_tables(plan.decode_tables),
-            prefill_cu_seqlens_q=to_device(plan.cu_q, torch.int32, dev),
-            prefill_seq_lens=to_device(plan.prefill_lens, torch.int32, dev),
-            prefill_block_tables=self._block_tables(plan.prefill_tables),
-            num_tokens=plan.num_tokens,
-            split_counters=self._split_counters,
-        )
-        plan_step(self.ops, meta, self.block_size)
-        return _StepInputs(
-            input_ids=device_ids if device_ids is not None else to_device(plan.ids, torch.int64, dev),
-            positions=to_device(plan.positions, torch.int64, dev),  # M-RoPE's [3, T] tensor or a list
-            meta=meta,
-            sample_rows=to_device(plan.sample_rows, torch.int64, dev),
-            embed_rows=to_device(plan.embed_rows, torch.int64, dev) if plan.embed_rows else None,
-            embeds=plan.embeds.to(dev) if plan.embeds is not None else None,
-            deepstack=None
-            if plan.deepstack is None
-            else (to_device(plan.deepstack_rows, torch.int64, dev), plan.deepstack.to(dev)),
-        )
-
-    def _block_tables(self, rows: np.ndarray) -> torch.Tensor:
-        """``rows`` on the device. Through pinned memory: a plain copy to CUDA would wait for the device,
-        which a step launched while another is in flight must not do."""
-        if rows.size == 0:
-            return torch.zeros(rows.shape, dtype=torch.int32, device=self.device)
-        table = torch.from_numpy(rows)
-        return table.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else table
 
 
 def _recorded_event() -> torch.cuda.Event:
     event = torch.cuda.Event()
     event.record()
     return event
-
-
-def _asked_layers(spans: list[HiddenSpan]) -> tuple[int, ...]:
-    """The 0-based decoder layers whose outputs a step's spans ask at prompt positions (``hidden_layer``)."""
-    return tuple(
-        sorted(
-            {
-                seq.params.hidden_layer - 1
-                for seq, _, _, first in spans
-                if seq.params.hidden_layer is not None and first < seq.num_prompt_tokens
-            }
-        )
-    )
