@@ -37,7 +37,7 @@ def test_mixed_adapters_on_triton_kernels_equal_peft_merged(device, tmp_path: Pa
 def test_batch_one_decode_keeps_the_fused_row_kernels(device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A lone sequence with an adapter decodes through the one-row kernels plus the adapter's deltas."""
     from omni_gateway.engine.lora import rows
-    from omni_gateway.engine.models import llama
+    from omni_gateway.engine.models import llama_rows
 
     calls: list[int] = []
 
@@ -45,7 +45,7 @@ def test_batch_one_decode_keeps_the_fused_row_kernels(device, tmp_path: Path, mo
         calls.append(hidden.shape[0])
         return rows.decode_row_with_lora(model, hidden, *args)
 
-    monkeypatch.setattr(llama, "decode_row_with_lora", counting)
+    monkeypatch.setattr(llama_rows, "decode_row_with_lora", counting)
     expected = tiny_lora_set(tmp_path, names=("all", "attn"))
     modules = tuple((name, str(tmp_path / name)) for name in ("all", "attn"))
     llm = LLM(
