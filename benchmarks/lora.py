@@ -47,30 +47,11 @@ PROJECTIONS = {  # name -> (module path, input width, output width) as attribute
     "down_proj": ("mlp", "inter", "hidden"),
 }
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {"shape": "tiny", "seqs": 64, "prompt_len": 32, "output_len": 16, "b1_prompt": 32, "b1_new": 32},
+    "tiny": {"shape": "tiny-llama", "seqs": 64, "prompt_len": 32, "output_len": 16, "b1_prompt": 32, "b1_new": 32},
     "llama-8b": {"shape": "llama-3.1-8b", "seqs": 64, "prompt_len": 256, "output_len": 256, "b1_prompt": 512,
                  "b1_new": 128},
 }  # fmt: skip
 ADAPTER_COUNTS = (1, 4, 16)
-
-
-def model_config(shape: str) -> Any:
-    if shape != "tiny":
-        return shape_config(shape)
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=4096,
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        eos_token_id=0,
-        bos_token_id=1,
-    )
 
 
 def write_checkpoint(cfg: Any, folder: Path, device: torch.device, dtype: torch.dtype, seed: int) -> None:
@@ -218,7 +199,7 @@ def measure_lora(
 
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    cfg = model_config(PRESETS[args.preset]["shape"])
+    cfg = shape_config(PRESETS[args.preset]["shape"])
     on_cuda = args.device.startswith("cuda")
     dtype = "bfloat16" if on_cuda else "float32"
     t0 = time.perf_counter()

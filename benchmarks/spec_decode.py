@@ -29,7 +29,7 @@ import torch
 from benchmarks.lib.common import ResultLog, add_out_argument, ratio
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {"shape": "tiny", "prompt_len": 32, "new": 48},
+    "tiny": {"shape": "tiny-llama", "prompt_len": 32, "new": 48},
     "llama-8b": {"shape": "llama-3.1-8b", "prompt_len": 256, "new": 256},
 }
 TEXT = (
@@ -75,23 +75,6 @@ class ReplayProposer:
         pass
 
 
-def tiny_config() -> Any:
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=4096,
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        eos_token_id=0,
-        bos_token_id=1,
-    )
-
-
 def greedy(max_tokens: int) -> Any:
     from omni_gateway.engine import SamplingParams
 
@@ -124,7 +107,7 @@ def replay(args: argparse.Namespace, log: ResultLog) -> None:
     from tests.harness.model_shapes import shape_config
 
     preset = PRESETS[args.preset]
-    cfg = tiny_config() if preset["shape"] == "tiny" else shape_config(preset["shape"])
+    cfg = shape_config(preset["shape"])
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if args.tmp:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-SHAPES = ("qwen2.5-0.5b", "llama-3.1-8b", "qwen3-30b-a3b", "tiny-moe", "qwen3-omni-30b-a3b")
+SHAPES = ("qwen2.5-0.5b", "llama-3.1-8b", "qwen3-30b-a3b", "tiny-llama", "tiny-moe", "qwen3-omni-30b-a3b")
 
 
 def shape_config(name: str) -> Any:
-    """The ``transformers`` config of a model shape (``SHAPES``): a real model's, or ``tiny-moe``, a 2-layer Qwen3-MoE
-    with a vocabulary that covers the benchmarks' prompt ids (2..10000), to run their MoE paths on the CPU."""
+    """The ``transformers`` config of a model shape (``SHAPES``): a real model's; ``tiny-llama``, a 4-layer Llama that
+    runs a benchmark's whole path on the CPU in seconds; or ``tiny-moe``, a 2-layer Qwen3-MoE with a vocabulary that
+    covers the benchmarks' prompt ids (2..10000), to run their MoE paths on the CPU."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3MoeConfig
 
     if name == "qwen2.5-0.5b":
@@ -69,6 +70,19 @@ def shape_config(name: str) -> Any:
             max_position_embeddings=40960,
             rope_theta=1000000.0,
             rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            eos_token_id=0,
+            bos_token_id=1,
+        )
+    if name == "tiny-llama":
+        return LlamaConfig(
+            vocab_size=4096,
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            max_position_embeddings=4096,
             tie_word_embeddings=False,
             eos_token_id=0,
             bos_token_id=1,
