@@ -108,13 +108,7 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], best: torch.Tensor, rows: RowParams) -> torch.Tensor:
         """Draws for the sampled rows; ``best`` (``logits``' argmax) for the greedy ones."""
-        params = [s.params for s in seqs]
-        scaled = logits / rows.temperature
-        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-            scaled = _top_k_top_p(scaled, rows.top_k, rows.top_p)
-        if any(p.min_p > 0.0 for p in params):
-            scaled = _min_p(scaled, rows.min_p)
-        probs = torch.softmax(scaled, dim=-1)
+        probs = sampling_probs(logits, [s.params for s in seqs], rows)
         noise = self._exponential_noise(probs.shape, seqs)
         sampled = (probs / noise).argmax(dim=-1)
         return torch.where(rows.greedy, best, sampled)
@@ -196,6 +190,17 @@ class RowParams:
         )
         temperature, top_k, top_p, min_p, repetition, presence, frequency, greedy = table.split(1, dim=1)
         return cls(temperature, top_k.long(), top_p, min_p, repetition, presence, frequency, greedy.squeeze(1) > 0)
+
+
+def sampling_probs(logits: torch.Tensor, params: list[SamplingParams], rows: RowParams) -> torch.Tensor:
+    """The distribution each row samples from: its temperature, then top-k/top-p, then min-p (each applied only
+    where some row asks for it), as probabilities. The speculative verifier scores drafts against exactly this."""
+    scaled = logits / rows.temperature
+    if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+        scaled = _top_k_top_p(scaled, rows.top_k, rows.top_p)
+    if any(p.min_p > 0.0 for p in params):
+        scaled = _min_p(scaled, rows.min_p)
+    return torch.softmax(scaled, dim=-1)
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

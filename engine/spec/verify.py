@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from omni_gateway.engine.core.sequence import ScheduledBatch, Sequence
-from omni_gateway.engine.runner.sampler import RowParams, Sampler, SampleResult, _min_p, _penalize, _top_k_top_p
+from omni_gateway.engine.runner.sampler import RowParams, Sampler, SampleResult, _penalize, sampling_probs
 from omni_gateway.kernels.host_copies import to_device, to_host
 
 
@@ -124,12 +124,7 @@ def verify(
         drafts[i][r - first_row[i]] if r - first_row[i] < len(drafts[i]) else -1 for r, (_, i) in enumerate(owners)
     ]
     if sampled:
-        scaled = logits / rows.temperature
-        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-            scaled = _top_k_top_p(scaled, rows.top_k, rows.top_p)
-        if any(p.min_p > 0.0 for p in params):
-            scaled = _min_p(scaled, rows.min_p)
-        probs = torch.softmax(scaled, dim=-1)
+        probs = sampling_probs(logits, params, rows)
         noise = sampler._exponential_noise(torch.Size((len(views), vocab + 1)), views)  # type: ignore[arg-type]
         uniform = torch.exp(-noise[:, vocab])
         cols = to_device([max(c, 0) for c in draft_col], torch.int64, logits.device).unsqueeze(1)
