@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import queue
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from omni_gateway.engine.config import EngineConfig
@@ -25,6 +24,7 @@ from omni_gateway.engine.core.llm_engine import LLMEngine
 from omni_gateway.engine.core.sequence import EmbedSpan
 from omni_gateway.engine.errors import EngineDead, InvalidRequest
 from omni_gateway.engine.frontend.chat_stream import ChatStreaming
+from omni_gateway.engine.frontend.core_streams import OpenStream, fail_streams
 from omni_gateway.engine.outputs import StreamDelta
 from omni_gateway.engine.runner.input_stream import InputStream
 from omni_gateway.engine.runner.step_priority import StepPriority
@@ -45,14 +45,6 @@ _INPUT_POLL_S = 0.05
 # time): the step that would admit them waits for the rest the same way, and one prefill takes them all.
 _ROWS_QUIET_S = 0.0015
 _GATHER_MAX_S = 0.005
-
-
-@dataclass(slots=True)
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    n: int
-    deltas: asyncio.Queue[StreamDelta] = field(default_factory=asyncio.Queue)
-    finished: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +100,7 @@ class AsyncEngine(ChatStreaming):
         self.engine = engine if engine is not None else LLMEngine(config or EngineConfig())
         self._after_step = after_step
         self._commands: queue.SimpleQueue[_Add | _Abort | _Stop | _Wake] = queue.SimpleQueue()
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, OpenStream] = {}
         self._lock = threading.Lock()
         self._row_arrived_at = 0.0  # time.monotonic() of the latest input row (written by producers)
         self._dead: str | None = None  # why the loop stopped; set once
@@ -178,7 +170,7 @@ class AsyncEngine(ChatStreaming):
             except TimeoutError:
                 raise grammars.over_budget(params.structured_outputs) from None
         rid = request_id or f"req-{uuid.uuid4().hex}"
-        stream = _Stream(asyncio.get_running_loop(), params.n)
+        stream = OpenStream(asyncio.get_running_loop(), params.n)
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         with self._lock:
             if self._dead is not None:
@@ -193,7 +185,8 @@ class AsyncEngine(ChatStreaming):
         try:
             await asyncio.wrap_future(done)
             while True:
-                delta = await stream.deltas.get()
+                delta = await stream.items.get()
+                assert isinstance(delta, StreamDelta)  # this engine's streams carry deltas only
                 if delta.finished:
                     stream.finished += 1
                 complete = delta.error is not None or stream.finished >= stream.n
@@ -370,9 +363,7 @@ class AsyncEngine(ChatStreaming):
         stream = self._streams.get(delta.request_id)
         if stream is None:
             return
-        try:
-            stream.loop.call_soon_threadsafe(stream.deltas.put_nowait, delta)
-        except RuntimeError:  # the caller's event loop is closed; nobody is listening
+        if not stream.put(delta):  # the caller's event loop is closed; nobody is listening
             self._streams.pop(delta.request_id, None)
 
     def _stop_all(self) -> None:
@@ -385,17 +376,7 @@ class AsyncEngine(ChatStreaming):
         with self._lock:
             self._dead = reason
             streams = dict(self._streams)
-        for rid, stream in streams.items():
-            error = StreamDelta(
-                request_id=rid,
-                text="",
-                token_ids=(),
-                finished=True,
-                finish_reason="error",
-                error=f"engine stopped: {reason}",
-            )
-            with contextlib.suppress(RuntimeError):
-                stream.loop.call_soon_threadsafe(stream.deltas.put_nowait, error)
+        fail_streams(streams, reason)
         while (command := self._next_command()) is not None:
             if isinstance(command, (_Add, _Call)) and command.done.set_running_or_notify_cancel():
                 command.done.set_exception(EngineDead(f"engine loop is not running: {reason}"))

@@ -1,5 +1,5 @@
-"""The open streams of ``EngineCoreClient``: the receiver thread hands each delta to the event loop of the stream
-it extends (``call_soon_threadsafe``), so no event loop ever waits on the engine."""
+"""The open streams of ``EngineCoreClient`` and ``AsyncEngine``: the thread that reads the engine hands each delta
+to the event loop of the stream it extends (``call_soon_threadsafe``), so no event loop ever waits on the engine."""
 
 from __future__ import annotations
 
