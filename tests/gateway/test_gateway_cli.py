@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from omni_gateway.gateway import cli, cli_flags
+from omni_gateway.gateway.cli_flags.flag import Flag, field_default
 
 from tests.harness.fake_backend import FakeBackend
 
@@ -139,7 +140,7 @@ def test_every_flag_sets_a_config_field_and_defaults_to_that_fields_default() ->
             continue
         assert action.dest in flags, f"{action.option_strings} sets no config field"
         flag = flags[action.dest]
-        default = cli_flags.field_default(flag.owner, flag.field)
+        default = field_default(flag.owner, flag.field)
         parsed = tuple(action.default) if flag.listing else action.default
         assert flag.to_field(parsed) == default, (action.option_strings, action.default, default)
     assert {a.dest for a in _serve_actions()} - FLAGS_WITHOUT_FIELD == set(flags)
@@ -224,7 +225,7 @@ DERIVED = {"--device": {"engine.block_size"}, "--lora-modules": {"engine.enable_
 
 
 @pytest.mark.parametrize("flag", cli_flags.serve_flags(), ids=lambda flag: flag.name)
-def test_each_flag_changes_exactly_its_own_field(flag: cli_flags.Flag) -> None:
+def test_each_flag_changes_exactly_its_own_field(flag: Flag) -> None:
     import dataclasses
 
     assert flag.name in SAMPLES, f"add a sample value for {flag.name}"
