@@ -181,7 +181,9 @@ def free(device: str) -> None:
 def measure_base(checkpoint: Path, args: argparse.Namespace, dtype: str, vocab: int) -> dict[str, float]:
     llm = engine(checkpoint, args, dtype, None)
     warm(llm, args, vocab, [None])
-    return {"base_tok_s": throughput(llm, args, vocab, [None], seed=1), "base_b1_ms": batch1_ms(llm, args, vocab, None)}
+    report = {"base_tok_s": progress("base", throughput(llm, args, vocab, [None], seed=1), "tok/s")}
+    report["base_b1_ms"] = progress("base batch 1", batch1_ms(llm, args, vocab, None), "ms/token")
+    return report
 
 
 def measure_lora(
@@ -190,12 +192,21 @@ def measure_lora(
     llm = engine(checkpoint, args, dtype, adapters)
     names: list[str | None] = list(adapters)
     warm(llm, args, vocab, names)
-    report = {"lora_engine_no_adapter_tok_s": throughput(llm, args, vocab, [None], seed=2)}
+    report = {
+        "lora_engine_no_adapter_tok_s": progress("no adapter", throughput(llm, args, vocab, [None], seed=2), "tok/s")
+    }
     for n in ADAPTER_COUNTS:
-        report[f"adapters_{n}_tok_s"] = throughput(llm, args, vocab, names[:n], seed=3 + n)
-    report["lora_b1_ms"] = batch1_ms(llm, args, vocab, names[0])
-    report["lora_engine_base_b1_ms"] = batch1_ms(llm, args, vocab, None)
+        tok_s = throughput(llm, args, vocab, names[:n], seed=3 + n)
+        report[f"adapters_{n}_tok_s"] = progress(f"{n} adapters", tok_s, "tok/s")
+    report["lora_b1_ms"] = progress("batch 1, one adapter", batch1_ms(llm, args, vocab, names[0]), "ms/token")
+    report["lora_engine_base_b1_ms"] = progress("batch 1, no adapter", batch1_ms(llm, args, vocab, None), "ms/token")
     return report
+
+
+def progress(what: str, value: float, unit: str) -> float:
+    """Each figure as soon as it is measured, so a run cut short still shows what it got."""
+    print(f"  measured {what}: {value:.2f} {unit}", flush=True)
+    return value
 
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -203,8 +214,10 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     on_cuda = args.device.startswith("cuda")
     dtype = "bfloat16" if on_cuda else "float32"
     t0 = time.perf_counter()
-    write_checkpoint(cfg, tmp / "base", torch.device(args.device), getattr(torch, dtype), args.seed)
-    free(args.device)
+    base = Path(args.checkpoint) if args.checkpoint else tmp / "base"
+    if not args.checkpoint:
+        write_checkpoint(cfg, base, torch.device(args.device), getattr(torch, dtype), args.seed)
+        free(args.device)
     adapters = {f"lora{i}": tmp / f"lora{i}" for i in range(max(ADAPTER_COUNTS))}
     for i, folder in enumerate(adapters.values()):
         write_adapter(cfg, folder, args.rank, args.seed + 1 + i)
@@ -212,9 +225,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     vocab = cfg.vocab_size
     report: dict[str, Any] = {"preset": args.preset, "device": args.device, "dtype": dtype, "rank": args.rank}
 
-    report.update(measure_base(tmp / "base", args, dtype, vocab))
+    report.update(measure_base(base, args, dtype, vocab))
     free(args.device)
-    report.update(measure_lora(tmp / "base", args, dtype, vocab, adapters))
+    report.update(measure_lora(base, args, dtype, vocab, adapters))
     free(args.device)
     base_tok_s, base_b1 = report["base_tok_s"], report["base_b1_ms"]
     print(f"base model, no LoRA:         {base_tok_s:9.1f} tok/s   batch 1 {base_b1:.2f} ms/token")
@@ -246,6 +259,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--tmp", default=None, help="where the random checkpoint and adapters are written")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a random checkpoint of the preset's shape already written (spec_decode's --tmp holds one); "
+        "default: write one",
+    )
     add_out_argument(parser, "lora")
     args = parser.parse_args()
     for key, value in PRESETS[args.preset].items():
