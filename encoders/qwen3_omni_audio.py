@@ -34,15 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omni_gateway.encoders.audio_tower import (
-    AudioLoadError,
-    AudioPlaceholders,
-    GroupedAudioEncoder,
-    _load,
-    _weights,
-    special_token_ids,
-    thinker_token_rows,
-)
+from omni_gateway.encoders.audio_checkpoint import load_tower, special_token_ids, thinker_token_rows, tower_weights
+from omni_gateway.encoders.audio_encoder import AudioLoadError, AudioPlaceholders
+from omni_gateway.encoders.audio_grouped import GroupedAudioEncoder
 
 _TOWER = "thinker.audio_tower."
 _EMBED = "thinker.model.embed_tokens.weight"
@@ -89,7 +83,9 @@ class Qwen3OmniAudioTower(GroupedAudioEncoder):
         config = thinker.audio_config
         if fill is None:
             tower = Qwen3OmniMoeAudioEncoder._from_config(config)
-            _load(tower, _weights(model_dir, ("thinker.audio_tower.", "audio_tower.")), "audio tower", model_dir)
+            load_tower(
+                tower, tower_weights(model_dir, ("thinker.audio_tower.", "audio_tower.")), "audio tower", model_dir
+            )
             self.tower = tower.to(device=self.device, dtype=self.dtype).eval()
         else:
             with torch.device("meta"):

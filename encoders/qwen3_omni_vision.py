@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omni_gateway.encoders.audio_tower import special_token_ids
+from omni_gateway.encoders.audio_checkpoint import special_token_ids
 from omni_gateway.encoders.vision import (
     PlaceholderTokens,
     Qwen2VLVision,

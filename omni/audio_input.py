@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from omni_gateway.encoders.audio import AudioDecodeError, AudioLimits, NoAudioStream, decode_audio, pcm16_to_float
-from omni_gateway.encoders.audio_tower import AudioEncoder, OmniAudioTower, UnusableAudio
+from omni_gateway.encoders.audio_encoder import AudioEncoder, UnusableAudio
+from omni_gateway.encoders.audio_tower import OmniAudioTower
 from omni_gateway.encoders.budget import BudgetTimeout, PixelBudget, Reservation
 from omni_gateway.encoders.qwen3_omni_audio import Qwen3OmniAudioTower
 from omni_gateway.encoders.vision import VisionEncoder, VisualFeatures

@@ -9,7 +9,7 @@ from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.protocol import Capabilities
 
 if TYPE_CHECKING:
-    from omni_gateway.encoders.audio_tower import AudioEncoder
+    from omni_gateway.encoders.audio_encoder import AudioEncoder
     from omni_gateway.encoders.vision import VisionEncoder
     from omni_gateway.omni.qwen3_speech import Qwen3SpokenModel
     from omni_gateway.omni.speech import SpokenModel

@@ -18,7 +18,7 @@ from omni_gateway.omni.protocol import Message, OmniRequest, TextPart
 from omni_gateway.omni.speech_settings import spoken_settings
 
 if TYPE_CHECKING:
-    from omni_gateway.encoders.audio_tower import AudioEncoder
+    from omni_gateway.encoders.audio_encoder import AudioEncoder
     from omni_gateway.encoders.vision import VisionEncoder
     from omni_gateway.engine.config import EngineConfig
     from omni_gateway.omni.heads.tts.head import TtsHead
@@ -69,7 +69,7 @@ def load_pipeline(config: OmniConfig) -> OmniPipeline:
     # The voice stages load first: the engine sizes its KV cache from the GPU memory still free
     # (``gpu_memory_utilization`` is the share of the whole device), so on a shared GPU it leaves them
     # their room instead of the stages running out of memory after it.
-    from omni_gateway.encoders.audio_tower import checkpoint_family as audio_family
+    from omni_gateway.encoders.audio_checkpoint import checkpoint_family as audio_family
 
     hears = audio_family(config.engine.model) is not None
     asr, tts = _load_voice(config, threads, speech_model, hears=hears)

@@ -63,7 +63,7 @@ from omni_gateway.omni.transcription import transcribe_parts, transcribe_pcm16
 from omni_gateway.omni.voice_activity import open_detector
 
 if TYPE_CHECKING:
-    from omni_gateway.encoders.audio_tower import AudioEncoder
+    from omni_gateway.encoders.audio_encoder import AudioEncoder
     from omni_gateway.encoders.vad import VadBatcher
     from omni_gateway.encoders.vision import VisionEncoder
     from omni_gateway.omni.qwen3_speech import Qwen3SpokenModel

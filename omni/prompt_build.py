@@ -17,7 +17,7 @@ from omni_gateway.omni.protocol import AudioPart, ImagePart, Message, OmniReques
 from omni_gateway.omni.streams import Prompt
 
 if TYPE_CHECKING:
-    from omni_gateway.encoders.audio_tower import AudioEncoder
+    from omni_gateway.encoders.audio_encoder import AudioEncoder
     from omni_gateway.encoders.vision import VisionEncoder
 
 # Fast English speech is ~3 words/s, ~4 tokens/s; count more so the estimate stays an upper bound.

@@ -8,22 +8,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.detokenizer import IncrementalDetokenizer
 from omni_gateway.engine.core.intake import check_inputs, check_prompt, check_spans, sample_params
 from omni_gateway.engine.core.kv_cache_manager import KVCacheManager
+from omni_gateway.engine.core.output_processor import OutputProcessor
 from omni_gateway.engine.core.pipelining import launchable
-from omni_gateway.engine.core.request_state import EngineRequest, request_output, stream_delta
+from omni_gateway.engine.core.request_state import EngineRequest, stream_delta
+from omni_gateway.engine.core.runner_protocol import Runner, RunnerFactory, Step
 from omni_gateway.engine.core.scheduler import Scheduler
 from omni_gateway.engine.core.sequence import EmbedSpan, FinishReason, ScheduledBatch, Sequence
 from omni_gateway.engine.errors import InvalidRequest
 from omni_gateway.engine.frontend.chat_template import render_chat
-from omni_gateway.engine.outputs import Logprob, RequestOutput, StreamDelta
+from omni_gateway.engine.outputs import RequestOutput, StreamDelta
 from omni_gateway.engine.runner.host_memory import return_free_heap
 from omni_gateway.engine.runner.input_stream import InputStream
 from omni_gateway.engine.sampling_params import SamplingParams
@@ -32,34 +33,6 @@ if TYPE_CHECKING:
     from omni_gateway.engine.lora.registry import LoraRegistry
 
 log = logging.getLogger(__name__)
-
-
-class Step(Protocol):
-    """A step the runner started: its batch, and ``results()``, which waits for its tokens and
-    returns one result per sequence (None where it sampled nothing). ``finish()`` queues what a step
-    launched ahead held back until the host absorbed the step before it (grammar masks)."""
-
-    batch: ScheduledBatch
-
-    def results(self) -> list[Any]: ...  # SampleResult | None per sequence
-
-    def finish(self) -> None: ...
-
-
-class Runner(Protocol):
-    """What the engine drives (``ModelRunner``): ``execute(batch)`` starts a step; with ``after``,
-    a step whose tokens the host has not read, every sequence decodes the position after its last
-    known token, with the token ``after`` samples for it (see ``engine.core.pipelining``)."""
-
-    num_kv_blocks: int
-    device: Any  # a torch.device: pipelined decode defaults on where launches are asynchronous (CUDA)
-
-    def execute(self, batch: ScheduledBatch, after: Any = None) -> Step: ...
-
-    def release(self, seq_ids: list[int]) -> None: ...
-
-
-RunnerFactory = Callable[[EngineConfig, Any], Runner]
 
 
 class LLMEngine:
@@ -101,8 +74,6 @@ class LLMEngine:
             model = dataclasses.replace(model, weights={})
             return_free_heap()
         self.model = model
-        # how this checkpoint pools a prompt into one vector (engine.core.pooling)
-        self.pooling: str = getattr(model, "pooling", "last")
         num_blocks = self.runner.num_kv_blocks
         self.max_model_len = self._decide_max_model_len(config, model.max_model_len, num_blocks, block_size)
         kv = KVCacheManager(
@@ -117,9 +88,7 @@ class LLMEngine:
             from omni_gateway.engine.spec.build import build_speculator
 
             self.speculator = build_speculator(config, self.runner)
-        self._requests: dict[str, EngineRequest] = {}
-        self._owner: dict[int, tuple[EngineRequest, int]] = {}
-        self._finished: list[RequestOutput] = []
+        self.outputs = OutputProcessor(self._release, getattr(model, "pooling", "last"))
         self._in_flight: Step | None = None  # a pipelined step whose tokens the host has not read
         self._pipelined = False
         on_cuda = self.runner.device.type == "cuda"
@@ -137,6 +106,11 @@ class LLMEngine:
             self.loras = LoraRegistry(slots.targets, config.max_lora_rank, model.name)
             for name, path in config.lora_modules:
                 self.loras.load(name, path)
+
+    @property
+    def pooling(self) -> str:
+        """How this checkpoint pools a prompt into one vector (``engine.core.pooling``)."""
+        return self.outputs.pooling
 
     @property
     def grammars(self) -> Any:
@@ -211,7 +185,7 @@ class LLMEngine:
             params = dataclasses.replace(params, return_hidden_states=True)
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequest(f"request_id must be a non-empty string, got {request_id!r}")
-        if request_id in self._requests:
+        if request_id in self.outputs.requests:
             raise InvalidRequest(f"request_id {request_id!r} is already in use by an unfinished request")
         if isinstance(prompt, str):
             if not prompt:
@@ -255,10 +229,7 @@ class LLMEngine:
             # The queue bound counts requests; the scheduler makes siblings reuse the first one's prompt KV.
             self.scheduler.add(sibling, enforce_limit=False)
         detoks = [IncrementalDetokenizer(self.tokenizer, token_ids, s.params) for s in seqs]
-        req = EngineRequest(request_id, prompt_text, token_ids, params, seqs, detoks)
-        self._requests[request_id] = req
-        for i, seq in enumerate(seqs):
-            self._owner[seq.seq_id] = (req, i)
+        self.outputs.add(EngineRequest(request_id, prompt_text, token_ids, params, seqs, detoks))
 
     # ---- LoRA adapters (engine.lora) -----------------------------------------------------------------
 
@@ -301,17 +272,17 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> list[StreamDelta]:
         """Stop a request wherever it is; returns its final deltas (empty if it is unknown or done)."""
-        req = self._requests.get(request_id)
+        req = self.outputs.requests.get(request_id)
         if req is None:
             return []
         aborted = self.scheduler.abort(request_id)
         self._release([s.seq_id for s in aborted])
         deltas = [stream_delta(req, i, "", ()) for i, s in enumerate(req.seqs) if s.finish_reason is FinishReason.ABORT]
-        self._retire(req)
+        self.outputs.retire(req)
         return deltas
 
     def abort_all(self) -> list[StreamDelta]:
-        return [d for rid in list(self._requests) for d in self.abort(rid)]
+        return [d for rid in list(self.outputs.requests) for d in self.abort(rid)]
 
     def _num_layers(self) -> int | None:
         """The decoder's layer count where the runner's model tells it (a remote runner may not)."""
@@ -319,11 +290,11 @@ class LLMEngine:
         return getattr(shape, "num_layers", None)
 
     def has_unfinished(self) -> bool:
-        return bool(self._requests)
+        return bool(self.outputs.requests)
 
     def waits_for_input(self) -> bool:
         """Whether every unfinished request waits for input rows (``step`` would do nothing)."""
-        return bool(self._requests) and self.scheduler.all_wait_for_input() and self._in_flight is None
+        return bool(self.outputs.requests) and self.scheduler.all_wait_for_input() and self._in_flight is None
 
     def partly_waits_for_input(self) -> bool:
         """Whether ``step`` would run some requests while others wait for their input rows."""
@@ -336,8 +307,7 @@ class LLMEngine:
 
     def pop_finished(self) -> list[RequestOutput]:
         """RequestOutputs of requests that finished since the last call (the caller must drain this)."""
-        out, self._finished = self._finished, []
-        return out
+        return self.outputs.pop_finished()
 
     # ---- the loop -------------------------------------------------------------------------------
 
@@ -378,100 +348,21 @@ class LLMEngine:
         if len(results) != len(batch.seqs):
             raise RuntimeError(f"runner returned {len(results)} results for {len(batch.seqs)} sequences")
         if batch.drafts is None:
-            return self._absorb_tokens(batch, results)
+            return self.outputs.absorb(batch, results, self.scheduler, self._grammars)
         from omni_gateway.engine.spec.speculator import merge_deltas
 
-        deltas = [d for sub, tokens in self.speculator.rounds(batch, results) for d in self._absorb_tokens(sub, tokens)]
+        deltas = [
+            d
+            for sub, tokens in self.speculator.rounds(batch, results)
+            for d in self.outputs.absorb(sub, tokens, self.scheduler, self._grammars)
+        ]
         self.speculator.settle(batch, results, self.scheduler.kv)
         return merge_deltas(deltas)
-
-    def _absorb_tokens(self, batch: ScheduledBatch, results: list[Any]) -> list[StreamDelta]:
-        by_seq = {seq.seq_id: r for seq, r in zip(batch.seqs, results) if r is not None}
-        token_ids: list[int | None] = [None if r is None else r.token_id for r in results]
-        rejected = self._grammars.accept(batch.seqs, token_ids) if self._grammars is not None else []
-        grown = self.scheduler.update_from_output(batch, token_ids)
-        pooled = self._pool_finished(batch)
-
-        deltas: list[StreamDelta] = []
-        done: list[Sequence] = []
-        touched: dict[str, EngineRequest] = {}
-        now = time.monotonic()
-        for seq in grown:
-            req, index = self._owner[seq.seq_id]
-            touched[req.request_id] = req
-            req.first_token = req.first_token or now
-            result = by_seq[seq.seq_id]
-            if not seq.is_finished and seq.grammar is not None and seq.grammar.is_terminated():
-                self.scheduler.finish(seq, FinishReason.STOP)  # the grammar accepted its stop token
-            lp: tuple[Logprob, ...] = ()
-            if seq.params.logprobs is not None and result.logprob is not None:
-                seq.output_logprobs.append(result.logprob)
-                lp = (result.logprob,)
-            text = self._detokenize(seq, req.detoks[index], result.token_id)
-            if seq.is_finished:
-                done.append(seq)
-            deltas.append(stream_delta(req, index, text, (result.token_id,), lp))
-        for seq in rejected:  # the grammar cannot continue (every token was masked): end it, token unkept
-            req, index = self._owner[seq.seq_id]
-            touched[req.request_id] = req
-            self.scheduler.finish(seq, FinishReason.ERROR)
-            done.append(seq)
-            # An error, not only a finish reason: a stream must not end as if the answer were whole.
-            failed = stream_delta(req, index, req.detoks[index].flush(), ())
-            error = f"the output constraint allowed no next token after {len(seq.output_token_ids)} tokens"
-            deltas.append(dataclasses.replace(failed, error=error))
-        for seq, vector in pooled:
-            req, index = self._owner[seq.seq_id]
-            touched[req.request_id] = req
-            done.append(seq)
-            deltas.append(stream_delta(req, index, "", (), pooled=vector))
-        if done:
-            self._release([s.seq_id for s in done])
-        for req in touched.values():
-            if all(s.is_finished for s in req.seqs):
-                self._retire(req)
-        return deltas
 
     def _release(self, seq_ids: list[int]) -> None:
         self.runner.release(seq_ids)
         if self.speculator is not None:
             self.speculator.release(seq_ids)
-
-    def _pool_finished(self, batch: ScheduledBatch) -> list[tuple[Sequence, Any]]:
-        """Pooling requests whose prompt is now computed: each ends with its vector (its KV freed)."""
-        out = []
-        for seq in batch.seqs:
-            if seq.params.pooling is None or seq.is_finished or seq.num_computed_tokens < len(seq):
-                continue
-            import torch  # only pooling requests get here: the runner made their rows tensors
-            from omni_gateway.engine.core.pooling import pool
-
-            # a preempted request computed its prompt again from position 0: its last pass is the one to pool
-            last_pass = max(i for i, (first, _, _) in enumerate(seq.hidden_rows) if first == 0)
-            rows = torch.cat([h for _, h, _ in seq.hidden_rows[last_pass:]])
-            seq.hidden_rows.clear()
-            method = self.pooling if seq.params.pooling == "model" else seq.params.pooling
-            self.scheduler.finish(seq, FinishReason.STOP)
-            out.append((seq, pool(rows, method)))
-        return out
-
-    def _detokenize(self, seq: Sequence, detok: IncrementalDetokenizer, token_id: int) -> str:
-        text: str = detok.add_token(token_id, check_stop=seq.num_output_tokens >= seq.params.min_tokens)
-        if detok.stop_string is not None:
-            if seq.is_finished:  # a token-level stop in the same step: the stop string came first in the text
-                seq.finish_reason, seq.stop_reason = FinishReason.STOP, detok.stop_string
-            else:
-                self.scheduler.finish(seq, FinishReason.STOP, detok.stop_string)
-        elif seq.is_finished:
-            text += detok.flush()
-        return text
-
-    def _retire(self, req: EngineRequest) -> None:
-        for seq in req.seqs:
-            self._owner.pop(seq.seq_id, None)
-            seq.grammar = None
-        del self._requests[req.request_id]
-        self._finished.append(request_output(req))
 
     def shutdown(self) -> None:
         """Release what the runner holds beyond this process (tensor-parallel worker processes)."""
@@ -487,7 +378,7 @@ class LLMEngine:
         return {
             "running": self.scheduler.num_running,
             "waiting": self.scheduler.num_waiting,
-            "requests": len(self._requests),
+            "requests": len(self.outputs.requests),
             "kv_blocks_total": kv.num_blocks,
             "kv_blocks_used": usage.num_used_blocks,
             "kv_blocks_free": usage.num_free_blocks,
@@ -498,14 +389,5 @@ class LLMEngine:
             "prefix_cache_hit_tokens": kv.prefix_hit_tokens,
             "num_preemptions": self.scheduler.num_preemptions,
             "decode_steps_ahead": self.num_steps_ahead,
-            **(self._spec_stats() if self.speculator is not None else {}),
-        }
-
-    def _spec_stats(self) -> dict[str, float]:
-        spec = self.speculator
-        return {
-            "spec_draft_tokens": spec.num_drafts,
-            "spec_accepted_tokens": spec.num_accepted,
-            "spec_verify_steps": spec.num_verify_steps,
-            "spec_acceptance_ema": spec.policy.acceptance,
+            **(self.speculator.stats() if self.speculator is not None else {}),
         }

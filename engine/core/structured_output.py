@@ -6,8 +6,8 @@ Compilation stays off the decode loop: ``AsyncEngine.generate`` and the engine c
 ``LLMEngine.add_request``. A constraint past ``engine.core.constraint_limits`` is refused before compiling,
 one that no output satisfies (or only outputs longer than the request allows) after, and the cache of
 compiled grammars is bounded by bytes. Matchers live on their ``Sequence`` and are touched only by the engine loop:
-the sampler reads them to build the mask, ``LLMEngine._absorb`` advances them with the tokens it
-keeps. Where decode is pipelined (``engine.core.pipelining``), a constrained step's forward is launched
+the sampler reads them to build the mask, ``OutputProcessor.absorb`` advances them with the tokens
+it keeps. Where decode is pipelined (``engine.core.pipelining``), a constrained step's forward is launched
 ahead and its masks are filled once the host has absorbed the token in flight, while the device runs
 that forward; the mask is applied to the logits on the device, between the graph's replay and the
 draw.

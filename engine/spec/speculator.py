@@ -143,6 +143,15 @@ class Speculator:
     def release(self, seq_ids: Seq[int]) -> None:
         self.proposer.release(seq_ids)
 
+    def stats(self) -> dict[str, float]:
+        """Its counters, as the engine's ``stats()`` reports them."""
+        return {
+            "spec_draft_tokens": self.num_drafts,
+            "spec_accepted_tokens": self.num_accepted,
+            "spec_verify_steps": self.num_verify_steps,
+            "spec_acceptance_ema": self.policy.acceptance,
+        }
+
 
 def merge_deltas(deltas: list[StreamDelta]) -> list[StreamDelta]:
     """One delta per (request, completion) from the rounds' deltas, in first-seen order: texts, token ids and

@@ -9,13 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from omni_gateway.encoders.audio_tower import (
-    AudioEncoder,
-    AudioLoadError,
-    UnusableAudio,
-    checkpoint_family,
-    load_audio_encoder,
-)
+from omni_gateway.encoders.audio_checkpoint import checkpoint_family
+from omni_gateway.encoders.audio_encoder import AudioEncoder, AudioLoadError, UnusableAudio
+from omni_gateway.encoders.audio_tower import load_audio_encoder
 from omni_gateway.encoders.cache import EncoderCache
 
 from tests.harness.audio_checkpoints import (

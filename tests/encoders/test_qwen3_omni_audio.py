@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 import torch
-from omni_gateway.encoders.audio_tower import UnusableAudio, checkpoint_family, load_audio_encoder
+from omni_gateway.encoders.audio_checkpoint import checkpoint_family
+from omni_gateway.encoders.audio_encoder import UnusableAudio
+from omni_gateway.encoders.audio_tower import load_audio_encoder
 from omni_gateway.encoders.qwen3_omni_audio import Qwen3OmniAudioTower, chunk_lengths, frames_after_convs
 
 from tests.harness.audio_checkpoints import SAMPLE_RATE, token_id, tone

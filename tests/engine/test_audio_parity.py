@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from omni_gateway.encoders.audio_tower import AudioEncoder, load_audio_encoder
+from omni_gateway.encoders.audio_encoder import AudioEncoder
+from omni_gateway.encoders.audio_tower import load_audio_encoder
 from omni_gateway.encoders.vision import VisionEncoder
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.llm_engine import LLMEngine

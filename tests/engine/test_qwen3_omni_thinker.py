@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from omni_gateway.encoders.audio_tower import checkpoint_family
+from omni_gateway.encoders.audio_checkpoint import checkpoint_family
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.models import MROPE_ARCHITECTURES, build_model
 from omni_gateway.engine.models.qwen2_vl import axis_of_frequency
