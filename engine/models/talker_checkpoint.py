@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from omni_gateway.engine.errors import ModelLoadError
+from omni_gateway.engine.runner.prefixed_tensors import read_prefixed_tensors
 
 PREFIX = "talker."  # the talker's tensors in a whole speaking checkpoint
 
@@ -37,16 +38,7 @@ def read_config(root: Path) -> Any:
 
 def read_talker_tensors(root: Path) -> dict[str, torch.Tensor]:
     """Every ``talker.*`` tensor of the checkpoint's safetensors shards (the thinker's and the rest are skipped)."""
-    from safetensors import safe_open
-
-    shards = sorted(root.glob("*.safetensors"))
-    if not shards:
-        raise ModelLoadError(f"no safetensors weights in {str(root)!r}")
-    weights: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        with safe_open(str(shard), "pt") as f:
-            weights.update({n: f.get_tensor(n) for n in f.keys() if n.startswith(PREFIX)})
-    return weights
+    return read_prefixed_tensors(root, PREFIX)
 
 
 def loaded_talker(

@@ -8,12 +8,13 @@ in bfloat16 instead (``dit_dtype``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from omni_gateway.engine.errors import ModelLoadError
+from omni_gateway.engine.runner.prefixed_tensors import read_prefixed_tensors
 
 _PREFIX = "token2wav."
 
@@ -39,22 +40,11 @@ class Token2WavModels:
 
 def checkpoint_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint under ``prefix``, with the prefix removed."""
-    from safetensors import safe_open
-
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
-    else:
-        shards = sorted(path.glob("*.safetensors"))
-    if not shards:
-        raise Token2WavLoadError(f"no safetensors weights in {path}")
-    out: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        with safe_open(str(shard), "pt") as f:
-            for name in f.keys():
-                if name.startswith(prefix):
-                    out[name[len(prefix) :]] = f.get_tensor(name)
-    return out
+    try:
+        tensors = read_prefixed_tensors(path, prefix)
+    except ModelLoadError as exc:
+        raise Token2WavLoadError(str(exc)) from exc
+    return {name[len(prefix) :]: tensor for name, tensor in tensors.items()}
 
 
 def load_speakers(path: Path, device: torch.device) -> dict[str, Speaker]:
