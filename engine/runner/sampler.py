@@ -194,7 +194,8 @@ class RowParams:
 
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams], rows: RowParams) -> torch.Tensor:
     """The distribution each row samples from: its temperature, then top-k/top-p, then min-p (each applied only
-    where some row asks for it), as probabilities. The speculative verifier scores drafts against exactly this."""
+    where some row asks for it), as probabilities. The speculative verifier scores drafts against exactly this, and
+    the draft model draws its sampled drafts from it."""
     scaled = logits / rows.temperature
     if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
         scaled = _top_k_top_p(scaled, rows.top_k, rows.top_p)

@@ -6,9 +6,11 @@ request first rolls a shadow back to the longest common prefix of what it comput
 (blocks past them return to its pool), computes the new tokens in one step, then decodes one draft per step.
 
 Greedy requests get the draft model's argmax (a point mass for the verifier). Sampled requests get drafts
-drawn from the draft model's own distribution at the request's temperature, top-k and top-p over the target's
-vocabulary, returned with it (``Proposal.probs``): the verifier accepts each with min(1, p/q), which keeps far
-more of them than point masses where the two models agree, and the output stays the target's exactly.
+drawn from the draft model's logits put through the target's own transform (the sampler's penalties over the
+request's tokens and the drafts drawn before, then ``sampling_probs``: temperature, top-k, top-p, min-p) over
+the target's vocabulary, returned with it (``Proposal.probs``): the verifier accepts each with min(1, p/q),
+which keeps far more of them than point masses where the two models agree, and the output stays the target's
+exactly. ``min_tokens`` and grammars are the verifier's alone: a draft they forbid is rejected there.
 Requests with a ``seed`` keep greedy drafts: drafts drawn from the proposer's own generator would make their
 output depend on what else ran.
 """
@@ -17,13 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.core.sequence import ScheduledBatch, Sequence
-from omni_gateway.engine.runner.sampler import apply_top_k_top_p
+from omni_gateway.engine.runner.sampler import RowParams, _penalize, sampling_probs
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.spec.config import SpeculativeConfig
 from omni_gateway.engine.spec.proposer import NO_PROPOSAL, Proposal, ProposalRequest
@@ -85,7 +88,8 @@ class DraftModelProposer:
             if not live:
                 break
             logits = self.runner.step_logits(ScheduledBatch([s for _, s in live], counts, []))
-            tokens, probs = self._choose(logits, [requests[i].params if sampled[i] else None for i, _ in live])
+            histories = [_History(requests[i], seq.token_ids) if sampled[i] else None for i, seq in live]
+            tokens, probs = self._choose(logits, histories)
             nxt = []
             for j, ((i, seq), n, token) in enumerate(zip(live, counts, tokens)):
                 seq.num_computed_tokens += n
@@ -100,24 +104,28 @@ class DraftModelProposer:
             live, counts = nxt, [1] * len(nxt)
         return [NO_PROPOSAL if not d else Proposal(tuple(d), torch.stack(q) if q else None) for d, q in zip(drafts, qs)]
 
-    def _choose(self, logits: torch.Tensor, params: list[SamplingParams | None]) -> tuple[list[int], torch.Tensor]:
-        """Each row's draft: its argmax where ``params`` is None, else a draw from its distribution over the
-        target's vocabulary; and those rows' distributions (float32 ``[rows, target_vocab]``, zero rows for
-        argmax rows)."""
-        rows = [j for j, p in enumerate(params) if p is not None]
+    def _choose(self, logits: torch.Tensor, histories: list[_History | None]) -> tuple[list[int], torch.Tensor]:
+        """Each row's draft: its argmax where ``histories`` holds None, else a draw from the distribution the
+        target's sampler would make of these logits after that history; and those rows' distributions (float32
+        ``[rows, target_vocab]``, zero rows for argmax rows)."""
+        rows = [j for j, h in enumerate(histories) if h is not None]
         chosen = logits.argmax(dim=-1)
         probs = logits.new_zeros((logits.shape[0], self.target_vocab), dtype=torch.float32)
         if rows:
-            picked = [params[j] for j in rows]
-            assert all(p is not None for p in picked)
+            picked = [h for h in histories if h is not None]
+            params = [h.params for h in picked]
             width = min(self.target_vocab, logits.shape[1])
             index = torch.tensor(rows, device=logits.device)
-            temps = torch.tensor([p.temperature for p in picked], device=logits.device)  # type: ignore[union-attr]
-            scaled = logits[index, :width].float() / temps.unsqueeze(1)
-            scaled = apply_top_k_top_p(scaled, [p.top_k for p in picked], [p.top_p for p in picked])  # type: ignore[union-attr]
-            q = torch.softmax(scaled, dim=-1)
+            # Over the target's whole vocabulary, tokens the draft model lacks at -inf: the history's tokens
+            # index it, and the verifier compares q column for column.
+            scores = logits.new_full((len(rows), self.target_vocab), float("-inf"), dtype=torch.float32)
+            scores[:, :width] = logits[index, :width].float()
+            row_params = RowParams.upload(params, self.target_vocab, logits.device)
+            if any(p.penalized for p in params):
+                scores = _penalize(scores, picked, row_params)  # type: ignore[arg-type]
+            q = sampling_probs(scores, params, row_params)
             chosen[index] = torch.multinomial(q, 1, generator=self._generator).squeeze(1)
-            probs[index, :width] = q
+            probs[index] = q
         return chosen.tolist(), probs
 
     def _catch_up(self, req: ProposalRequest) -> Sequence | None:
@@ -144,6 +152,28 @@ class DraftModelProposer:
             self.kv.free(shadow)
         if gone:
             self.runner.release([shadow.seq_id for shadow in gone])
+
+
+@dataclass(frozen=True, slots=True)
+class _History:
+    """A sampled row's tokens as the sampler's penalties read them: the request's prompt and accepted output,
+    then the drafts drawn before the row (``token_ids`` is the shadow's list at the draw)."""
+
+    request: ProposalRequest
+    token_ids: list[int]
+
+    @property
+    def params(self) -> SamplingParams:
+        params: SamplingParams = self.request.params
+        return params
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.request.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.request.num_prompt_tokens :]
 
 
 def _draws(params: SamplingParams | None) -> bool:

@@ -123,6 +123,8 @@ class ProposalRequest:
     # The sequence's SamplingParams, for a proposer that draws its drafts from a distribution of its own
     # (returned in Proposal.probs); None: unknown, propose as for greedy requests.
     params: Any = None
+    # How many of token_ids are the prompt: presence and frequency penalties count only the tokens past them.
+    num_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

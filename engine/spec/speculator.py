@@ -107,7 +107,7 @@ class Speculator:
 
     def _request(self, seq: Sequence, room: int) -> ProposalRequest:
         aux = self.aux_source(seq.seq_id, seq.num_computed_tokens) if self.aux_source is not None else None
-        return ProposalRequest(seq.seq_id, TokenPrefix(seq.token_ids), room, aux, seq.params)
+        return ProposalRequest(seq.seq_id, TokenPrefix(seq.token_ids), room, aux, seq.params, seq.num_prompt_tokens)
 
     def rounds(self, batch: ScheduledBatch, results: Seq[Any]) -> list[tuple[ScheduledBatch, list[Any]]]:
         """The verify step as consecutive one-token steps: round t keeps the t-th kept token of every sequence
