@@ -344,6 +344,11 @@ class Capabilities:
     # LoRA adapters can be served over the model (by ``model`` name) and loaded or unloaded at run time.
     serves_lora: bool = False
 
+    def offers_voice(self, voice: str) -> bool:
+        """Whether a request may ask for ``voice``: one of ``voices``, or any when the backend names none (it
+        does not speak, or does not say as whom)."""
+        return not self.voices or voice in self.voices
+
 
 class OmniBackend(Protocol):
     """What the gateway needs from the model side. Implemented by ``omni.pipeline.OmniPipeline``."""

@@ -46,7 +46,7 @@ def parse_speech(body: object, caps: Capabilities, limits: HttpLimits) -> Speech
     if not text.strip():
         raise invalid("'input' must contain text to speak.", "input")
     voice = get_str(body, "voice", required=True)
-    if caps.voices and voice not in caps.voices:
+    if not caps.offers_voice(voice):
         raise invalid(f"'voice' must be one of {', '.join(caps.voices)}, got {shown(voice)}.", "voice")
     fmt = get_str(body, "response_format", "wav")
     if fmt in UNSUPPORTED_SPEECH_FORMATS:

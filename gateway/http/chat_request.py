@@ -98,7 +98,7 @@ def _audio_output(
         return AudioOutputOptions(), None
     audio = require_object(value, "audio") if value is not None else {}
     voice = get_str(audio, "voice", required=True, param="audio.voice")
-    if caps.voices and voice not in caps.voices:
+    if not caps.offers_voice(voice):
         raise invalid(f"'audio.voice' must be one of {', '.join(caps.voices)}, got {shown(voice)}.", "audio.voice")
     fmt = get_str(audio, "format", required=True, choices=CHAT_AUDIO_FORMATS, param="audio.format")
     if stream and fmt != "pcm16":

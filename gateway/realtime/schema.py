@@ -75,9 +75,10 @@ def _ga_format(path: str, events: tuple[str, ...]) -> list[FieldSpec]:
 
 
 def _voice(path: str, events: tuple[str, ...], dialects: tuple[Dialect, ...]) -> list[FieldSpec]:
+    """A name or ``{"id": name}``; the name must be one of the backend's voices, which the table cannot list."""
     return [
         FieldSpec(path, ("string", "object"), events, dialects, closed=True, exact=False),
-        FieldSpec(f"{path}.id", ("string",), events, dialects),
+        FieldSpec(f"{path}.id", ("string",), events, dialects, exact=False),
     ]
 
 

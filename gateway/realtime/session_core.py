@@ -1,7 +1,8 @@
 """What the parts of a ``RealtimeSession`` share: the session's identity and settings, the state more than one
 part reads (the conversation, the input audio buffer, the speculative turn, partial transcripts, the turns
-awaiting a transcript, the idle timeout), the rules they all apply (what this server can output, whether
-transcripts are reported) and the one way out: the server events and commands they produce, in order.
+awaiting a transcript, the idle timeout), the rules they all apply (what this server can output, the voices it
+offers, whether transcripts are reported) and the one way out: the server events and commands they produce, in
+order.
 
 Every part holds this core and the parts below it, never the session nor a part above it (``session`` says
 the order)."""
@@ -121,6 +122,13 @@ class SessionCore:
                 f"Invalid value for '{param}': this server has no image output model, so 'image' is not available.",
                 param,
             )
+
+    def check_voice(self, settings: SessionSettings, param: str) -> None:
+        """Refuse a voice the backend does not offer when it is asked for, not when a response would speak it
+        (``param`` names the field that asked)."""
+        if not self.capabilities.offers_voice(settings.voice):
+            voices = ", ".join(repr(v) for v in self.capabilities.voices)
+            raise invalid_value(param, f"one of {voices}", settings.voice)
 
     def chosen_model(self, name: str, param: str) -> str:
         """The model a session asks for: the served model or a LoRA adapter over it. A server without LoRA

@@ -123,6 +123,7 @@ class Responses:
             )
         settings = apply_response_overrides(core.settings, params, core.dialect)
         core.check_output(settings, "response.output_modalities" if core.dialect == "ga" else "response.modalities")
+        core.check_voice(settings, "response.audio.output.voice" if core.dialect == "ga" else "response.voice")
         metadata = parse_metadata(params.get("metadata"))
         image = parse_image_options(params.get("image"))
         context = resolve_input(

@@ -108,6 +108,17 @@ def test_minting_refuses_what_openai_refuses() -> None:
     assert default.json()["expires_at"] - time.time() == pytest.approx(600, abs=5)
 
 
+def test_minting_refuses_a_voice_the_backend_does_not_offer_and_says_which_it_does() -> None:
+    with serve(FakeBackend()) as port:
+        refused = mint(port, None, {"session": {"type": "realtime", "audio": {"output": {"voice": "alloy"}}}})
+        taken = mint(port, None, {"session": {"type": "realtime", "audio": {"output": {"voice": "verse"}}}})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "session" and "session.audio.output.voice" in error["message"]
+    assert "one of 'joe', 'verse', got 'alloy'" in error["message"]
+    assert taken.status_code == 200 and taken.json()["session"]["audio"]["output"]["voice"] == "verse"
+
+
 def test_the_store_forgets_long_expired_secrets_and_bounds_the_live_ones() -> None:
     clock = Clock()
     store = ClientSecrets(now=clock, max_live=2)

@@ -184,20 +184,21 @@ def test_the_sessions_voice_picks_the_speaker(pipeline: OmniPipeline) -> None:
     idle(pipeline)
 
 
-def test_an_unknown_voice_fails_the_response_with_an_error_event(pipeline: OmniPipeline) -> None:
+def test_an_unknown_voice_is_refused_by_session_update_with_the_known_ones(pipeline: OmniPipeline) -> None:
     async def turns(port: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        refused = await audio_turn(port, session("Nobody"), heard_pcm())
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=m") as ws:
+            await recv(ws)  # session.created
+            await ws.send(json.dumps({"type": "session.update", "session": session("Nobody")}))
+            refused = await until(ws, "error")
         return refused, await audio_turn(port, session("chelsie"), heard_pcm())
 
     with serve(pipeline) as port:
         refused, spoken = asyncio.run(asyncio.wait_for(turns(port), TIMEOUT_S))
-    (error,) = [e["error"] for e in refused if e["type"] == "error"]
-    assert error["type"] == "invalid_request_error" and error["param"] == "voice"
-    assert "'Nobody'" in error["message"] and "chelsie, ethan" in error["message"]  # what was asked, what is served
-    done = refused[-1]["response"]
-    assert done["status"] == "failed" and done["status_details"]["error"]["message"] == error["message"]
-    assert not audio_of(refused)
-    assert audio_of(spoken)  # the server lives on: the next session speaks
+    assert "session.updated" not in [e["type"] for e in refused]  # the session keeps its voice
+    error = refused[-1]["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "session.audio.output.voice"
+    assert "one of 'chelsie', 'ethan', got 'Nobody'" in error["message"]  # what is served, what was asked
+    assert audio_of(spoken)  # the next session speaks
     idle(pipeline)
 
 
