@@ -36,10 +36,11 @@ class SessionConfiguration:
             raise missing("session")
         new = apply_update(core.settings, event["session"], core.dialect)
         core.check_output(new, "session.output_modalities" if core.dialect == "ga" else "session.modalities")
-        core.check_voice(new, "session.audio.output.voice" if core.dialect == "ga" else "session.voice")
+        voice_param = "session.audio.output.voice" if core.dialect == "ga" else "session.voice"
+        core.check_voice(new, voice_param)
         if new.voice != core.settings.voice and core.audio_emitted:
             raise RealtimeError(
-                "cannot_update_voice", "Cannot update a session's voice after audio has been output.", "session.voice"
+                "cannot_update_voice", "Cannot update a session's voice after audio has been output.", voice_param
             )
         self._check_detector(new)
         asked = event["session"].get("model")  # a string: apply_update checked it

@@ -204,7 +204,7 @@ def test_voice_cannot_change_after_audio_was_output() -> None:
     err = error(
         d.send({"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"voice": "verse"}}}})
     )
-    assert err["code"] == "cannot_update_voice"
+    assert err["code"] == "cannot_update_voice" and err["param"] == "session.audio.output.voice"
 
 
 @pytest.mark.parametrize(
