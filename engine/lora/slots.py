@@ -170,8 +170,9 @@ def attached_lora(config: Any, model: Any, device: torch.device, dtype: torch.dt
         merged_mlp=model.layers[0].gate_up is not None,
         max_loras=config.max_loras,
         max_rank=config.max_lora_rank,
-        # The most rows a step runs: an eager step's token budget, a decode graph's batch, a prefill graph's bucket.
-        max_tokens=max(config.max_num_batched_tokens, config.max_num_seqs, 256),
+        # The most rows a step runs: an eager step's token budget, a decode graph's batch, a prefill graph's
+        # bucket (at most the token budget) plus its scratch row.
+        max_tokens=max(config.max_num_batched_tokens, config.max_num_seqs, 256) + 1,
         device=device,
         dtype=dtype,
         triton=model.ops.name == "triton",
