@@ -13,6 +13,9 @@ chunks (a small first one), one batched call for the chunks of every session tha
 (``BatchedCalls``). The audio goes out in 100 ms ``AudioChunk``s whose ``transcript`` carries the thinker's text
 received since the previous chunk.
 
+A request's ``seed`` seeds the thinker's, the talker's and the code predictor's draws alike, each a function of it
+and the step alone, so a seeded turn speaks the same frames whatever else is spoken beside it.
+
 Cancellation (barge-in, ``response.cancel``) closes this stream: the thinker's and the talker's requests are
 aborted (their KV blocks freed) and no further code2wav chunk is started.
 """
@@ -265,7 +268,9 @@ class Qwen3SpokenModel:
                     prompt.token_ids, torch.stack(embeds[:n]), torch.stack(hidden[:n]), embeds[n], tts, voice
                 )
                 text = inputs.text_rows(tts)
-                frames = SpokenFrames(InputStream(start=len(talker_ids)), tts_eos=text[1], tts_pad=text[2])
+                frames = SpokenFrames(
+                    InputStream(start=len(talker_ids)), tts_eos=text[1], tts_pad=text[2], seed=request.sampling.seed
+                )
                 if len(embeds) > n + 1:
                     frames.add_text(inputs.text_rows(torch.stack(embeds[n + 1 :])))
                 spans = talker_spans(rows, prompt, self.thinker_ids, reply[0])

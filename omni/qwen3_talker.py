@@ -25,10 +25,14 @@ from omni_gateway.engine.runner.input_stream import InputStream
 
 class SpokenFrames:
     """One utterance's frames so far and the rows its talker reads: generated position ``i`` takes frame
-    ``i``'s residual embedding sum plus text row ``i`` (then ``tts_eos``, then ``tts_pad``)."""
+    ``i``'s residual embedding sum plus text row ``i`` (then ``tts_eos``, then ``tts_pad``). ``seed``: the
+    request's, from which the code predictor draws the utterance's sampled codes (None: fresh randomness)."""
 
-    def __init__(self, stream: InputStream, tts_eos: torch.Tensor, tts_pad: torch.Tensor) -> None:
+    def __init__(
+        self, stream: InputStream, tts_eos: torch.Tensor, tts_pad: torch.Tensor, *, seed: int | None = None
+    ) -> None:
         self.stream = stream
+        self.seed = seed
         self.frames: list[list[int]] = []  # num_code_groups codes per frame
         self._eos, self._pad = tts_eos, tts_pad
         self._text: list[torch.Tensor] = []
@@ -80,16 +84,17 @@ class FrameFeeder:
         self,
         work: list[tuple[SpokenFrames, torch.Tensor, int]],
         sampling: FrameSampling = FrameSampling(),
-        generator: torch.Generator | None = None,
     ) -> None:
         """``work``: per utterance that stepped, the talker's final-normed hidden state of the position that chose
-        its new first code, and that code. A stop code ends the utterance: it has no frame."""
+        its new first code, and that code. A stop code ends the utterance: it has no frame. A seeded utterance's
+        frame ``i`` is drawn from its seed and ``i`` alone."""
         work = [(frames, hidden, code) for frames, hidden, code in work if code not in self.stop_ids]
         if not work:
             return
         hidden = torch.stack([h.reshape(-1) for _, h, _ in work])
         first = torch.tensor([code for _, _, code in work], dtype=torch.long)
-        residual_codes, sums = self.predictor.predict(hidden, first, sampling, generator)
+        seeds = [None if frames.seed is None else (frames.seed, len(frames.frames)) for frames, _, _ in work]
+        residual_codes, sums = self.predictor.predict(hidden, first, sampling, seeds)
         for (frames, _, code), codes, row in zip(work, residual_codes.tolist(), sums):
             frames.add_frame([code, *codes], row)
 

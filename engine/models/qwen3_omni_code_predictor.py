@@ -9,17 +9,25 @@ tiny key/value tensors (every frame is at the same step, so no padding), and ret
 the residual codebooks' embeddings, which (with the first code's embedding and the text row) is the talker's
 next input.
 
+Sampled codes are ``argmax(probs / E)`` with ``E ~ Exp(1)``, as the engine's sampler draws. A row with a seed takes
+its noise from ``engine.runner.seeded_noise``: codebook ``g`` of frame ``f`` draws under the key
+``row_key(row_key(seed, f), g)``, a function of those three alone, so a seeded utterance speaks the same codes
+whatever else shares the batch. The other rows draw from torch's generator.
+
 Weights: the checkpoint's ``talker.code_predictor.*`` tensors without that prefix, and the talker's codec
 embedding (``talker.model.codec_embedding.weight``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from omni_gateway.engine.runner.seeded_noise import exponential_rows, row_key
+from omni_gateway.kernels.host_copies import to_device
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,19 +176,23 @@ class CodePredictor:
         hidden: torch.Tensor,
         first_codes: torch.Tensor,
         sampling: FrameSampling = FrameSampling(),
-        generator: torch.Generator | None = None,
+        seeds: Sequence[tuple[int, int] | None] = (),
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden``: ``[B, hidden]`` talker states, ``first_codes``: ``[B]`` the codes the talker chose from them.
-        Returns the residual codes ``[B, num_code_groups - 1]`` and their embeddings' sum ``[B, hidden]``."""
+        ``seeds``: per row, ``(seed, frame number)`` for codes drawn from those alone, or None (and rows past the
+        end) for fresh ones. Returns the residual codes ``[B, num_code_groups - 1]`` and their embeddings' sum
+        ``[B, hidden]``."""
         first_codes = first_codes.to(self.device)
         x = torch.stack((hidden.to(device=self.device, dtype=self.dtype), self.talker_embedding[first_codes]), dim=1)
         cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         codes, total = [], torch.zeros(x.shape[0], self.config.hidden_size, device=self.device, dtype=self.dtype)
+        noise = _FrameNoise(seeds, self.device) if sampling.temperature > 0 else None
         start = 0
         for g, head in enumerate(self.heads):
             out = self._forward(x, start, cache)
             start += x.shape[1]
-            code = _choose(F.linear(out, head).float(), sampling, generator)
+            logits = F.linear(out, head).float()
+            code = logits.argmax(dim=-1) if noise is None else noise.choose(_probs(logits, sampling), g)
             embedded = self.embeddings[g][code]
             codes.append(code)
             total = total + embedded
@@ -188,9 +200,28 @@ class CodePredictor:
         return torch.stack(codes, dim=1), total
 
 
-def _choose(logits: torch.Tensor, sampling: FrameSampling, generator: torch.Generator | None) -> torch.Tensor:
-    if sampling.temperature <= 0:
-        return logits.argmax(dim=-1)
+class _FrameNoise:
+    """The Exp(1) noise of one frame's draws. The seeded rows' frame keys go up to the device in one copy; each
+    codebook's keys are mixed from them there, so the draws wait for the device at no point."""
+
+    def __init__(self, seeds: Sequence[tuple[int, int] | None], device: torch.device) -> None:
+        seeded = [(i, row_key(*entry)) for i, entry in enumerate(seeds) if entry is not None]
+        self._seeded: tuple[torch.Tensor, torch.Tensor] | None = None  # rows [n], their frame keys [n, 1]
+        if seeded:
+            rows, keys = to_device(seeded, torch.int64, device).split(1, dim=1)
+            self._seeded = (rows.squeeze(1), keys)
+
+    def choose(self, probs: torch.Tensor, codebook: int) -> torch.Tensor:
+        """Each row's draw from ``probs`` for ``codebook`` (0 for the frame's second code, and so on)."""
+        noise = torch.empty_like(probs).exponential_()
+        if self._seeded is not None:
+            rows, keys = self._seeded
+            noise.index_copy_(0, rows, exponential_rows(row_key(keys, codebook), probs.shape[1]))
+        return (probs / noise).argmax(dim=-1)
+
+
+def _probs(logits: torch.Tensor, sampling: FrameSampling) -> torch.Tensor:
+    """The distribution a sampled code is drawn from: temperature, then top-k, then top-p."""
     logits = logits / sampling.temperature
     if 0 < sampling.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[:, -1:]
@@ -200,7 +231,4 @@ def _choose(logits: torch.Tensor, sampling: FrameSampling, generator: torch.Gene
         cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
         drop = cumulative - torch.softmax(ordered, dim=-1) > sampling.top_p  # keep the first token past top_p
         logits = logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs.cpu() if generator is not None else probs, 1, generator=generator)[:, 0].to(
-        logits.device
-    )
+    return torch.softmax(logits, dim=-1)

@@ -34,8 +34,9 @@ def _mix(x: _T) -> _T:
     return x ^ (x >> 16)
 
 
-def row_key(seed: int, draw: int) -> int:
-    """The 32-bit key of a request's ``draw``-th noise row (0, 1, ...) under ``seed`` (any Python int)."""
+def row_key(seed: _T, draw: int) -> _T:
+    """The 32-bit key of a request's ``draw``-th noise row (0, 1, ...) under ``seed`` (any Python int, or
+    elementwise an int64 tensor of seeds: a key taken as the seed of further draws is made on the device)."""
     folded = _mix(seed & _MASK) ^ _mix((seed >> 32) & _MASK)
     return _mix(folded ^ _mix(draw & _MASK))
 

@@ -1,9 +1,10 @@
 """Qwen3-Omni's talker on the paged engine, with its code predictor per frame, against transformers' whole
-``generate`` (thinker, then talker) on a tiny random checkpoint: the same greedy frames, codebook by codebook."""
+``generate`` (thinker, then talker) on a tiny random checkpoint: the same greedy frames, codebook by codebook.
+Sampled, a seeded utterance speaks the same frames whatever else shares its batches."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.llm_engine import LLMEngine
 from omni_gateway.engine.core.sequence import EmbedSpan
 from omni_gateway.engine.errors import ModelLoadError
+from omni_gateway.engine.models.qwen3_omni_code_predictor import FrameSampling
 from omni_gateway.engine.runner.input_stream import InputStream
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.omni.qwen3_talker import Qwen3Talker, SpokenFrames
@@ -24,6 +26,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 MAX_FRAMES = 24
 REPLY_TOKENS = 6
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_FRAMES, return_hidden_states=True)
+# The tiny checkpoint's heads are peaked (greedy speech varies); hotter, its codes spread over the codebook.
+SAMPLED = SamplingParams(temperature=2.0, max_tokens=MAX_FRAMES, return_hidden_states=True)
+SPREAD = FrameSampling(temperature=4.0, top_k=0, top_p=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -100,14 +106,21 @@ def reference(hf: Any, user: list[int], voice: str, monkeypatch: pytest.MonkeyPa
     )
 
 
-def start(engine: LLMEngine, talker: Qwen3Talker, ref: Reference, voice: str, rid: str) -> SpokenFrames:
+def start(
+    engine: LLMEngine,
+    talker: Qwen3Talker,
+    ref: Reference,
+    voice: str,
+    rid: str,
+    params: SamplingParams = GREEDY,
+) -> SpokenFrames:
     ids, rows = talker.inputs.prompt(ref.ids, ref.embeds, ref.hidden, ref.reply[0], ref.tts, voice)
     text = talker.inputs.text_rows(torch.cat((ref.reply[1:], ref.tts)))
-    frames = SpokenFrames(InputStream(start=len(ids)), tts_eos=text[-2], tts_pad=text[-1])
+    frames = SpokenFrames(InputStream(start=len(ids)), tts_eos=text[-2], tts_pad=text[-1], seed=params.seed)
     engine.add_request(
         rid,
         ids,
-        SamplingParams(temperature=0.0, max_tokens=MAX_FRAMES, return_hidden_states=True),
+        params,
         embed_spans=[EmbedSpan(offset=0, length=len(ids), key=rid, embeds=rows)],
         input_stream=frames.stream,
     )
@@ -116,7 +129,12 @@ def start(engine: LLMEngine, talker: Qwen3Talker, ref: Reference, voice: str, ri
     return frames
 
 
-def run(engine: LLMEngine, talker: Qwen3Talker, utterances: dict[str, SpokenFrames]) -> int:
+def run(
+    engine: LLMEngine,
+    talker: Qwen3Talker,
+    utterances: dict[str, SpokenFrames],
+    sampling: FrameSampling = FrameSampling(),
+) -> int:
     """Step the engine to the end, feeding every step's frames through the code predictor; the largest batch."""
     feeder, widest = talker.feeder(), 0
     while engine.has_unfinished():
@@ -125,7 +143,7 @@ def run(engine: LLMEngine, talker: Qwen3Talker, utterances: dict[str, SpokenFram
             if delta.token_ids:
                 work.append((utterances[delta.request_id], delta.hidden_states[-1], delta.token_ids[-1]))
         widest = max(widest, len(work))
-        feeder.step(work)
+        feeder.step(work, sampling)
     return widest
 
 
@@ -155,6 +173,56 @@ def test_utterances_batch_through_the_code_predictor(
         assert utterances[rid].frames[: len(ref.frames)] == ref.frames
 
 
+def test_a_seeded_utterance_speaks_the_same_frames_beside_any_other(
+    hf: Any, talker: Qwen3Talker, engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The talker's draws and the code predictor's come from the request's seed and their step alone."""
+    refs = {
+        "a": (reference(hf, [40, 41, 42], "chelsie", monkeypatch), "chelsie"),
+        "b": (reference(hf, [50, 51, 52, 53, 54], "ethan", monkeypatch), "ethan"),
+    }
+    calls = iter(range(100))
+
+    def speak(seeds: dict[str, int | None]) -> dict[str, list[list[int]]]:
+        n = next(calls)
+        utterances = {
+            rid: start(engine, talker, refs[rid][0], refs[rid][1], f"{rid}{n}", replace(SAMPLED, seed=seed))
+            for rid, seed in seeds.items()
+        }
+        widest = run(engine, talker, {f"{rid}{n}": u for rid, u in utterances.items()}, SPREAD)
+        assert widest == len(seeds)
+        return {rid: u.frames for rid, u in utterances.items()}
+
+    alone = speak({"a": 5})["a"]
+    assert len(alone) >= 8 and len({tuple(f) for f in alone}) > 4, alone
+    assert speak({"a": 5})["a"] == alone
+    assert speak({"a": 5, "b": None})["a"] == alone
+    assert speak({"b": 6, "a": 5})["a"] == alone
+    assert speak({"a": 6})["a"] != alone
+    assert speak({"a": None})["a"] != speak({"a": None})["a"]  # unseeded: fresh draws each time
+
+
+def test_a_seeded_row_draws_its_codes_from_its_seed_and_frame_alone(talker: Qwen3Talker) -> None:
+    g, width = torch.Generator().manual_seed(3), talker.predictor.config.hidden_size
+    hidden, first = torch.randn(16, width, generator=g), torch.randint(0, 32, (16,), generator=g)
+
+    def codes(rows: list[int], seeds: list[tuple[int, int] | None]) -> list[tuple[int, ...]]:
+        return [tuple(c) for c in talker.predictor.predict(hidden[rows], first[rows], SPREAD, seeds)[0].tolist()]
+
+    (alone,) = codes([0], [(7, 2)])
+    assert codes([0, 1, 2], [(7, 2), None, (8, 2)])[0] == alone
+    assert codes([2, 1, 0], [(9, 2), (8, 2), (7, 2)])[2] == alone
+    same_input = [0] * 16
+    by_seed = codes(same_input, [(seed, 2) for seed in range(16)])
+    assert codes(same_input, [(seed, 2) for seed in range(16)]) == by_seed
+    assert len(set(by_seed)) > 8  # another seed, other codes
+    assert len(set(codes(same_input, [(7, frame) for frame in range(16)]))) > 8  # another frame too
+    assert len(set(codes(same_input, [None] * 16))) > 8  # unseeded rows draw apart
+    assert codes(list(range(16)), []) != codes(list(range(16)), [])
+    greedy = talker.predictor.predict(hidden, first)[0]
+    assert torch.equal(talker.predictor.predict(hidden, first, seeds=[(7, 2)] * 16)[0], greedy)
+
+
 def test_unknown_voice_lists_the_known_ones(talker: Qwen3Talker) -> None:
     with pytest.raises(ValueError, match=r"unknown voice 'Nobody'.*chelsie, ethan"):
         talker.inputs.tokens.speaker("Nobody")
@@ -176,7 +244,7 @@ def test_text_arriving_late_makes_the_talker_wait(
     engine.add_request(
         "late",
         ids,
-        SamplingParams(temperature=0.0, max_tokens=MAX_FRAMES, return_hidden_states=True),
+        GREEDY,
         embed_spans=[EmbedSpan(offset=0, length=len(ids), key="late", embeds=rows)],
         input_stream=frames.stream,
     )

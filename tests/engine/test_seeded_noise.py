@@ -43,3 +43,10 @@ def test_seeded_rows_sample_the_distribution() -> None:
     # The next step draws afresh for every sequence: about 1 - (0.36 + 0.09 + 0.01) of the tokens change.
     again = torch.tensor([r.token_id for r in sampler(logits.repeat(len(seqs), 1), seqs)])
     assert 0.45 < (again != tokens).float().mean().item() < 0.63
+
+
+def test_keys_made_on_the_device_equal_the_hosts() -> None:
+    """A key taken as the seed of further draws (Qwen3-Omni's code predictor: a frame's codebooks) is mixed on the
+    device to the key the host would make."""
+    seeds = [0, 7, -3, 2**32 - 1, 2**40 + 7, 2**62, row_key(5, 3)]
+    assert row_key(torch.tensor(seeds), 4).tolist() == [row_key(seed, 4) for seed in seeds]

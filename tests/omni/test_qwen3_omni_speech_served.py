@@ -18,6 +18,7 @@ import pytest
 import torch
 from omni_gateway.encoders.audio import float_to_pcm16_array
 from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.models.qwen3_omni_code_predictor import FrameSampling
 from omni_gateway.engine.models.qwen3_omni_talker_inputs import user_positions
 from omni_gateway.omni import qwen3_speech
 from omni_gateway.omni.config import OmniConfig
@@ -37,6 +38,7 @@ from omni_gateway.omni.protocol import (
     TextPart,
 )
 from omni_gateway.omni.qwen3_speech import Qwen3SpokenModel
+from omni_gateway.omni.qwen3_talker import SpokenFrames
 
 from tests.harness.checkpoints import picture, png_bytes
 from tests.harness.playback_deadlines import ChunkCall, assert_playback_deadlines
@@ -317,9 +319,9 @@ def test_a_sampled_turn_takes_transformers_sampling(
         asked.append(params)
         return generate(prompt, params, **kwargs)
 
-    def keep_sampling(work: Any, sampling: Any, generator: Any = None) -> None:
+    def keep_sampling(work: Any, sampling: Any) -> None:
         feeds.append(sampling)
-        step(work, sampling, generator)
+        step(work, sampling)
 
     monkeypatch.setattr(speech.talker, "generate", keep_params)
     monkeypatch.setattr(speech, "feeder", SimpleNamespace(step=keep_sampling))
@@ -332,6 +334,60 @@ def test_a_sampled_turn_takes_transformers_sampling(
     (params,) = asked
     assert (params.temperature, params.top_k, params.top_p, params.repetition_penalty) == (0.9, 50, 1.0, 1.05)
     assert feeds and {(s.temperature, s.top_k, s.top_p) for s in feeds} == {(1.0, 50, 0.8)}
+
+
+def test_a_seeded_turn_speaks_the_same_frames_beside_any_other(
+    served: tuple[OmniPipeline, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request's ``seed`` seeds the thinker's, the talker's and the code predictor's draws: the same sampled turn
+    speaks the same frames alone, again, and in the batches of another turn spoken at the same time."""
+    pipe, _ = served
+    speech = pipe.speech
+    assert isinstance(speech, Qwen3SpokenModel)
+    # The tiny checkpoint's code predictor is peaked: spread out, its draws differ from seed to seed.
+    spread = FrameSampling(temperature=4.0, top_k=0, top_p=1.0)
+    monkeypatch.setattr(speech, "config", dataclasses.replace(speech.config, predictor=spread))
+    utterances: list[SpokenFrames] = []
+    widest, step = 0, speech.feeder.step
+
+    def keep_frames(work: Any, sampling: Any) -> None:
+        nonlocal widest
+        widest = max(widest, len(work))
+        utterances.extend(frames for frames, _, _ in work if frames not in utterances)
+        step(work, sampling)
+
+    monkeypatch.setattr(speech, "feeder", SimpleNamespace(step=keep_frames))
+
+    def speak(*seeds: int | None) -> list[list[list[int]]]:
+        """Each turn's frames, the turns spoken at the same time with these seeds."""
+        utterances.clear()
+        reqs = [
+            dataclasses.replace(
+                request(TextPart("say something"), rid=f"seeded{i}"),
+                sampling=SamplingOptions(max_tokens=MAX_TOKENS, temperature=0.8, seed=seed),
+            )
+            for i, seed in enumerate(seeds)
+        ]
+
+        async def go() -> list[list[Any]]:
+            async def one(req: OmniRequest) -> list[Any]:
+                return [c async for c in pipe.generate(req)]
+
+            return await asyncio.gather(*(one(req) for req in reqs))
+
+        for chunks in asyncio.run(go()):
+            assert not [c for c in chunks if isinstance(c, Error)] and len(pcm(chunks)) > 0
+        assert len(utterances) == len(seeds) and len({u.seed for u in utterances}) == len(seeds)
+        return [next(u.frames for u in utterances if u.seed == seed) for seed in seeds]
+
+    (alone,) = speak(3)
+    assert len(alone) >= 8 and len({tuple(f) for f in alone}) > 4, alone
+    assert speak(3) == [alone]
+    widest = 0
+    assert speak(3, None)[0] == alone
+    assert speak(4, 3)[1] == alone
+    assert widest == 2  # the turns' frames went through the code predictor together
+    assert speak(4) != [alone]
 
 
 def test_warm_up_speaks_a_short_turn_and_leaves_nothing_running(served: tuple[OmniPipeline, Any]) -> None:
