@@ -97,6 +97,7 @@ def main() -> int:
     import torch
     from omni_gateway.kernels import moe_reference as ref
     from omni_gateway.kernels.fused_moe import MoeConfig, default_config, fused_moe
+    from triton.runtime.errors import OutOfResources
 
     from benchmarks.lib.common import time_graph
 
@@ -147,10 +148,14 @@ def main() -> int:
                 candidates |= set(_sweep(count * preset.top_k / e, MoeConfig))
             timed = []
             for config in candidates:
-                if device.type == "cuda":
-                    seconds = time_graph(lambda i, c=config: fused(inputs[i], c), len(inputs), 50e-6)
-                else:
-                    seconds = _eager_s(lambda x, c=config: fused(x, c), inputs, device, repeats)
+                try:
+                    if device.type == "cuda":
+                        seconds = time_graph(lambda i, c=config: fused(inputs[i], c), len(inputs), 50e-6)
+                    else:
+                        seconds = _eager_s(lambda x, c=config: fused(x, c), inputs, device, repeats)
+                except OutOfResources as exc:  # a swept tile that needs more shared memory than the GPU has
+                    print(f"    skipped {config}: {exc}", flush=True)
+                    continue
                 timed.append((seconds, config))
             timed.sort(key=lambda t: t[0])
             default_s = next(s for s, c in timed if c == default_config(count, preset.top_k, e))
