@@ -233,17 +233,6 @@ TABLES: tuple[Table, ...] = (
         variant=("--encoder",),
     ),
     Table(
-        "Whisper decode, static cache against dynamic",
-        "whisper_decode",
-        (
-            Col("dynamic ms", "rows[rows={}]:dynamic_ms"),
-            Col("static ms", "rows[rows={}]:static_ms"),
-            Col("speed-up", "rows[rows={}]:speedup"),
-        ),
-        key="rows",
-        rows=("1", "32"),
-    ),
-    Table(
         "Quantized weights, 8B batch-1 decode",
         "quant_gpu",
         (
@@ -405,13 +394,31 @@ TABLES: tuple[Table, ...] = (
         skips=("--attention", "--rows"),
     ),
     Table(
-        "Prompt counting",
-        "prompt_count",
+        "Multi-LoRA (Llama-3.1-8B shape, rank 16), against the base model",
+        "lora",
         (
-            Col("4 turns ms", "count[turns=4]:median_ms", "counts.0.ms"),
-            Col("16 turns ms", "count[turns=16]:median_ms", "counts.1.ms"),
-            Col("64 turns ms", "count[turns=64]:median_ms", "counts.2.ms"),
+            Col("base tok/s", "result:base_tok_s"),
+            Col("1 adapter / base", "result:ratio_adapters_1_vs_base"),
+            Col("4 / base", "result:ratio_adapters_4_vs_base"),
+            Col("16 / base", "result:ratio_adapters_16_vs_base"),
+            Col("batch 1 base ms/token", "result:base_b1_ms"),
+            Col("one adapter ms/token", "result:lora_b1_ms"),
+            Col("adapter / base", "result:ratio_b1_adapter_vs_base"),
         ),
+    ),
+    Table(
+        "Fused MoE layer (Qwen3-30B-A3B shape), against a per-expert loop and transformers",
+        "moe",
+        (
+            Col("fused µs", "layer[tokens={}]:fused_us"),
+            Col("vs per-expert loop", "layer[tokens={}]:speedup_vs_loop"),
+            Col("vs transformers", "layer[tokens={}]:speedup_vs_transformers"),
+            Col("experts read", "layer[tokens={}]:experts_read"),
+            Col("share of HBM peak", "layer[tokens={}]:hbm_share"),
+        ),
+        key="tokens",
+        rows=("1", "8", "64", "512", "2048"),
+        skips=("--sweep",),
     ),
     Table(
         "Token2Wav chunk call, against transformers",
@@ -436,6 +443,8 @@ NOT_SHOWN: dict[str, str] = {
     "(the README's turn detection section quotes it; raw results in benchmarks/results)",
     "spec_decode": "speculative decoding; only its CPU n-gram run is recorded so far, which the README's "
     "speculative decoding section quotes (raw results in benchmarks/results)",
+    "whisper_decode": "the check behind Whisper's static decode cache (raw results in benchmarks/results)",
+    "prompt_count": "the check behind counting a prompt's tokens turn by turn, history only",
     "experiments.*": "results of experiments whose modules are gone, history only",
     "pdl_chain": "an experiment whose module is gone, history only",
     "one-row int4*": "A/B scripts over the int4 linears, history only",
