@@ -6,11 +6,15 @@ into the base projection's output. The adapters sit stacked in preallocated tens
 and each row's slot comes as an int32 device tensor (-1: no adapter), so a CUDA graph captures the
 launches once and replays them whatever adapters the slots hold later.
 
-A shrink program ``(slot, row block)`` handles the rows of its block that use its slot and returns at
-once where none does: an adapter's A is read once per row block, not once per row. An expand program
-``(row block, column tile)`` adds the deltas of every adapter its rows use into its output tile, which it
-reads and writes once; a block of rows without adapters returns at once. ``kernels.lora_reference`` is the
-torch twin.
+A shrink program ``(slot, row block, K range)`` handles the rows of its block that use its slot and
+returns at once where none does: an adapter's A is read once per row block, not once per row. A decode
+step has one row block or a few, and a program walking the whole K (thousands of columns) would run its
+dependent steps on one SM while the others idle; so K is split there (``shrink_span``), and each program
+adds its partial product into the zeroed float32 output with atomics: the order of those float32 sums, and
+so their last bits, varies from run to run. A long prefill's row blocks fill the GPU alone and keep K
+whole. An expand program ``(row block, column tile)`` adds the deltas of every adapter its rows use into its
+output tile, which it reads and writes once; a block of rows without adapters returns at once.
+``kernels.lora_reference`` is the torch twin.
 """
 
 from __future__ import annotations
@@ -23,12 +27,17 @@ from omni_gateway.kernels.validation import FLOAT_DTYPES, check_tensor, interpre
 _BLOCK_T = 16
 _BLOCK_K = 64
 _BLOCK_N = 64
+# A shrink's K split: about this many (row block, K range) programs per adapter, about one per SM of a
+# large GPU, with K ranges no narrower than _MIN_SPAN columns (narrower, a program's few steps would not
+# pay for its launch and its atomics).
+_PROGRAMS = 128
+_MIN_SPAN = 256
 
 
-# T (the step's rows) unspecialized: a new batch size compiles nothing.
-@triton.jit(do_not_specialize=["T"])
+# T (the step's rows) and span (derived from T) unspecialized: a new batch size compiles nothing.
+@triton.jit(do_not_specialize=["T", "span"])
 def _shrink_kernel(
-    x_ptr, a_ptr, slots_ptr, out_ptr, T, stride_x,
+    x_ptr, a_ptr, slots_ptr, out_ptr, T, stride_x, span,
     K: tl.constexpr, R: tl.constexpr, USED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):  # fmt: skip
@@ -41,8 +50,11 @@ def _shrink_kernel(
     ranks = tl.arange(0, R)
     a_base = a_ptr + slot.to(tl.int64) * R * K
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_x
+    # Told that span is a multiple of BLOCK_K, the compiler keeps the loads of x and a wide and
+    # asynchronous; a runtime span is otherwise of unknown alignment and every element loads alone.
+    k_lo = tl.multiple_of(tl.program_id(2) * span, BLOCK_K)
     acc = tl.zeros((BLOCK_T, R), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, tl.minimum(k_lo + span, K), BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         in_k = ks < K
         x = tl.load(x_rows + ks[None, :], mask=mine[:, None] & in_k[None, :], other=0.0)
@@ -52,7 +64,9 @@ def _shrink_kernel(
             acc += tl.dot(x.to(tl.float32), tl.trans(a.to(tl.float32)), input_precision="ieee")
         else:
             acc += tl.dot(x, tl.trans(a))
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * R + ranks[None, :], acc, mask=mine[:, None])
+    # The partial sums need no order among themselves: the output is read only after the launch.
+    out = out_ptr + rows.to(tl.int64)[:, None] * R + ranks[None, :]
+    tl.atomic_add(out, acc, mask=mine[:, None] & (ranks < USED)[None, :], sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -123,13 +137,22 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, used: int
         raise ValueError(f"used: expected 1..{rank} ranks, got {used}")
     out = torch.zeros(x.shape[0], rank, dtype=torch.float32, device=x.device)
     if x.shape[0]:
-        grid = (a.shape[0], triton.cdiv(x.shape[0], _BLOCK_T))
         block_k = min(_BLOCK_K, max(16, triton.next_power_of_2(x.shape[1])))
+        span = shrink_span(x.shape[0], x.shape[1], block_k)
+        grid = (a.shape[0], triton.cdiv(x.shape[0], _BLOCK_T), triton.cdiv(x.shape[1], span))
         _shrink_kernel[grid](
-            x, a, slots, out, x.shape[0], x.stride(0),
+            x, a, slots, out, x.shape[0], x.stride(0), span,
             K=x.shape[1], R=rank, USED=used, BLOCK_T=_BLOCK_T, BLOCK_K=block_k, DOT_FP32=_dot_fp32(x.dtype),
         )  # fmt: skip
     return out
+
+
+def shrink_span(rows: int, k: int, block_k: int = _BLOCK_K) -> int:
+    """The columns of K each shrink program reduces (a multiple of ``block_k``): a decode step's few row
+    blocks get K split towards _PROGRAMS programs; a long prefill's row blocks fill the GPU alone and keep K
+    whole, since every split adds a partial sum's atomics."""
+    splits = max(1, min(triton.cdiv(_PROGRAMS, triton.cdiv(rows, _BLOCK_T)), triton.cdiv(k, _MIN_SPAN)))
+    return triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
 
 
 def lora_expand(

@@ -30,6 +30,37 @@ def test_shrink_matches_twin(device, dtype, rel_err, tolerance):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("rows", "k", "splits"),
+    [(37, 600, 3), (1, 1000, 4), (1, 200, 1), (3, 4096, 16)],
+    ids=["ragged-last-split", "batch-1", "k-under-one-split", "decode-4096"],
+)
+def test_split_k_shrink_matches_twin(device, dtype, rel_err, tolerance, rows, k, splits):
+    """The K ranges' partial sums add up to the whole product, whatever the rows' mix of slots and -1."""
+    from omni_gateway.kernels.lora import lora_shrink, shrink_span
+
+    assert -(-k // shrink_span(rows, k)) == splits
+    x, a, _, _ = _case(device, dtype, rows=rows, k=k, rank=64, seed=7)
+    a[:, 48:] = float("nan")  # padding ranks: a read of them would show
+    slots = (1 - torch.arange(rows) % 3).to(torch.int32).to(device)  # slots 1, 0 and -1; slot 2 unused
+    out = lora_shrink(x, a, slots, used=48)
+    ref = twin.lora_shrink(x, a, slots, used=48)
+    assert rel_err(out, ref) < tolerance[dtype]
+    assert not out[slots < 0].any() and not out[:, 48:].any()
+
+
+def test_shrink_span_splits_decode_and_keeps_prefill_whole():
+    from omni_gateway.kernels.lora import shrink_span
+
+    # Llama-3.1-8B: K 4096 (qkv, o, gate_up) and 14336 (down); batch 1, 64 rows, a long prefill.
+    assert [shrink_span(rows, 4096) for rows in (1, 64, 4096)] == [256, 256, 4096]
+    assert [shrink_span(rows, 14336) for rows in (1, 64, 4096)] == [256, 448, 14336]
+    for rows, k in [(1, 896), (1, 2048), (40, 14336), (300, 4096), (1, 80)]:
+        span = shrink_span(rows, k)
+        assert span % 64 == 0 and (span >= 256 or span >= k)  # whole multiples of BLOCK_K, none too narrow
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_expand_adds_into_own_rows_only(device, dtype, rel_err, tolerance):
     from omni_gateway.kernels.lora import lora_expand
 
