@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 from omni_gateway.encoders.audio_encoder import AudioLoadError
-from omni_gateway.encoders.vision import VisionLoadError, _load_module, _vision_weights
+from omni_gateway.encoders.vision import VisionLoadError, _load_module, _vision_weights, architecture_family
 
 FAMILIES = {
     "Qwen2AudioForConditionalGeneration": "qwen2_audio",
@@ -22,14 +22,7 @@ FAMILIES = {
 def checkpoint_family(model_dir: str | Path) -> str | None:
     """``"qwen2_audio"``, ``"voxtral"``, ``"qwen2_5_omni"``, ``"qwen3_omni"`` or None for a directory whose config
     names none."""
-    config = Path(model_dir) / "config.json"
-    if not config.is_file():
-        return None
-    try:
-        names = json.loads(config.read_text()).get("architectures") or []
-    except (OSError, ValueError):
-        return None
-    return next((FAMILIES[n] for n in names if n in FAMILIES), None)
+    return architecture_family(model_dir, FAMILIES)
 
 
 def special_token_ids(model_dir: Path) -> dict[str, int]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,12 @@ class PlaceholderTokens:
 
 def checkpoint_family(model_dir: str | Path) -> str | None:
     """The family (a value of ``FAMILIES``) of a directory's checkpoint, or None for one that does not see."""
+    return architecture_family(model_dir, FAMILIES)
+
+
+def architecture_family(model_dir: str | Path, families: Mapping[str, str]) -> str | None:
+    """``families``' value for the first architecture a directory's ``config.json`` names that it knows; None
+    for none, or for a missing or unreadable config."""
     config = Path(model_dir) / "config.json"
     if not config.is_file():
         return None
@@ -87,7 +94,7 @@ def checkpoint_family(model_dir: str | Path) -> str | None:
         names = json.loads(config.read_text()).get("architectures") or []
     except (OSError, ValueError):
         return None
-    return next((FAMILIES[n] for n in names if n in FAMILIES), None)
+    return next((families[n] for n in names if n in families), None)
 
 
 def _vision_weights(model_dir: Path, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
