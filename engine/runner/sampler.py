@@ -16,8 +16,9 @@ from the host-side parameters, never from a tensor's value.
 
 from __future__ import annotations
 
+from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -70,7 +71,7 @@ class Sampler:
         rows = RowParams.upload(params, logits.shape[1], logits.device) if penalized or sampled else None
         if penalized:
             assert rows is not None
-            logits = _penalize(logits, seqs, rows)
+            logits = penalize(logits, seqs, rows)
         if any(s.grammar is not None for s in seqs):
             from omni_gateway.engine.core.structured_output import (  # xgrammar loads on first use
                 HostBitmask,
@@ -204,13 +205,51 @@ def sampling_probs(logits: torch.Tensor, params: list[SamplingParams], rows: Row
     return torch.softmax(scaled, dim=-1)
 
 
+class Penalized(Protocol):
+    """What the penalties read of a row: a ``Sequence``, or a ``TokenHistory`` of one seen with drafts."""
+
+    @property
+    def params(self) -> SamplingParams: ...
+
+    @property
+    def prompt_token_ids(self) -> list[int]: ...
+
+    @property
+    def output_token_ids(self) -> list[int]: ...
+
+
+class TokenHistory:
+    """A row's tokens as the sampler reads them when they are not a sequence's own: ``token_ids`` is the prompt,
+    then the output, then whatever a speculative row adds before it is scored (the drafts before the row)."""
+
+    __slots__ = ("params", "token_ids", "num_prompt_tokens")
+
+    def __init__(self, params: SamplingParams, token_ids: list[int], num_prompt_tokens: int) -> None:
+        self.params = params
+        self.token_ids = token_ids
+        self.num_prompt_tokens = num_prompt_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Repetition penalty over prompt+output tokens (divide positive logits, multiply negative ones);
     presence/frequency penalties subtract ``presence * [count > 0] + frequency * count`` over outputs."""
-    return _penalize(logits, seqs, RowParams.upload([s.params for s in seqs], logits.shape[1], logits.device))
+    return penalize(logits, seqs, RowParams.upload([s.params for s in seqs], logits.shape[1], logits.device))
 
 
-def _penalize(logits: torch.Tensor, seqs: list[Sequence], rows: RowParams) -> torch.Tensor:
+def penalize(logits: torch.Tensor, seqs: SequenceOf[Penalized], rows: RowParams) -> torch.Tensor:
+    """``apply_penalties`` with the rows' parameters already uploaded."""
     params = [s.params for s in seqs]
     vocab, device = logits.shape[1], logits.device
     if any(p.repetition_penalty != 1.0 for p in params):

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.kv_cache_manager import KVCacheManager
 from omni_gateway.engine.core.sequence import ScheduledBatch, Sequence
-from omni_gateway.engine.runner.sampler import RowParams, _penalize, sampling_probs
+from omni_gateway.engine.runner.sampler import RowParams, TokenHistory, penalize, sampling_probs
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.engine.spec.config import SpeculativeConfig
 from omni_gateway.engine.spec.proposer import NO_PROPOSAL, Proposal, ProposalRequest
@@ -88,7 +87,12 @@ class DraftModelProposer:
             if not live:
                 break
             logits = self.runner.step_logits(ScheduledBatch([s for _, s in live], counts, []))
-            histories = [_History(requests[i], seq.token_ids) if sampled[i] else None for i, seq in live]
+            # A sampled row's penalties read its prompt, its accepted output and the drafts drawn before it (the
+            # shadow's token list, which grows only after the draw).
+            histories = [
+                TokenHistory(requests[i].params, seq.token_ids, requests[i].num_prompt_tokens) if sampled[i] else None
+                for i, seq in live
+            ]
             tokens, probs = self._choose(logits, histories)
             nxt = []
             for j, ((i, seq), n, token) in enumerate(zip(live, counts, tokens)):
@@ -104,7 +108,7 @@ class DraftModelProposer:
             live, counts = nxt, [1] * len(nxt)
         return [NO_PROPOSAL if not d else Proposal(tuple(d), torch.stack(q) if q else None) for d, q in zip(drafts, qs)]
 
-    def _choose(self, logits: torch.Tensor, histories: list[_History | None]) -> tuple[list[int], torch.Tensor]:
+    def _choose(self, logits: torch.Tensor, histories: list[TokenHistory | None]) -> tuple[list[int], torch.Tensor]:
         """Each row's draft: its argmax where ``histories`` holds None, else a draw from the distribution the
         target's sampler would make of these logits after that history; and those rows' distributions (float32
         ``[rows, target_vocab]``, zero rows for argmax rows)."""
@@ -122,7 +126,7 @@ class DraftModelProposer:
             scores[:, :width] = logits[index, :width].float()
             row_params = RowParams.upload(params, self.target_vocab, logits.device)
             if any(p.penalized for p in params):
-                scores = _penalize(scores, picked, row_params)  # type: ignore[arg-type]
+                scores = penalize(scores, picked, row_params)
             q = sampling_probs(scores, params, row_params)
             chosen[index] = torch.multinomial(q, 1, generator=self._generator).squeeze(1)
             probs[index] = q
@@ -152,28 +156,6 @@ class DraftModelProposer:
             self.kv.free(shadow)
         if gone:
             self.runner.release([shadow.seq_id for shadow in gone])
-
-
-@dataclass(frozen=True, slots=True)
-class _History:
-    """A sampled row's tokens as the sampler's penalties read them: the request's prompt and accepted output,
-    then the drafts drawn before the row (``token_ids`` is the shadow's list at the draw)."""
-
-    request: ProposalRequest
-    token_ids: list[int]
-
-    @property
-    def params(self) -> SamplingParams:
-        params: SamplingParams = self.request.params
-        return params
-
-    @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[: self.request.num_prompt_tokens]
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.request.num_prompt_tokens :]
 
 
 def _draws(params: SamplingParams | None) -> bool:

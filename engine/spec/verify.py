@@ -17,7 +17,14 @@ from typing import Any
 
 import torch
 from omni_gateway.engine.core.sequence import ScheduledBatch, Sequence
-from omni_gateway.engine.runner.sampler import RowParams, Sampler, SampleResult, _penalize, sampling_probs
+from omni_gateway.engine.runner.sampler import (
+    RowParams,
+    Sampler,
+    SampleResult,
+    TokenHistory,
+    penalize,
+    sampling_probs,
+)
 from omni_gateway.kernels.host_copies import to_device, to_host
 
 
@@ -34,32 +41,18 @@ class SpecSample:
         return len(self.tokens) - 1
 
 
-class _RowView:
+class _RowView(TokenHistory):
     """A sequence as the sampler sees it at one scored row: its history extended by the drafts before the row.
     The grammar is left out: the verifier fills constrained rows' masks itself."""
 
-    __slots__ = ("seq_id", "params", "token_ids", "num_prompt_tokens", "eos_token_ids", "grammar", "is_finished")
+    __slots__ = ("seq_id", "eos_token_ids", "grammar", "is_finished")
 
     def __init__(self, seq: Sequence, drafts: tuple[int, ...]) -> None:
+        super().__init__(seq.params, seq.token_ids + list(drafts) if drafts else seq.token_ids, seq.num_prompt_tokens)
         self.seq_id = seq.seq_id
-        self.params = seq.params
-        self.token_ids = seq.token_ids + list(drafts) if drafts else seq.token_ids
-        self.num_prompt_tokens = seq.num_prompt_tokens
         self.eos_token_ids = seq.eos_token_ids
         self.grammar = None
         self.is_finished = False
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[: self.num_prompt_tokens]
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
 
 
 def _grammar_masks(logits: torch.Tensor, owners: list[tuple[Sequence, int]], drafts: list[tuple[int, ...]]) -> None:
@@ -114,7 +107,7 @@ def verify(
     penalized, sampled = any(p.penalized for p in params), not all(p.greedy for p in params)
     rows = RowParams.upload(params, logits.shape[1], logits.device)
     if penalized:
-        logits = _penalize(logits, views, rows)  # type: ignore[arg-type]
+        logits = penalize(logits, views, rows)
     if any(seq.grammar is not None for seq, _ in owners):
         logits = logits.clone() if logits is raw else logits
         _grammar_masks(logits, owners, drafts)
