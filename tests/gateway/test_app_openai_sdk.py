@@ -150,6 +150,28 @@ def test_beta_text_turn(port: int) -> None:
     assert events[-1].response.output[0].content[0].type == "text"
 
 
+def test_ga_unknown_voice_is_an_error_event_and_the_session_goes_on(port: int) -> None:
+    async def turn() -> list[Any]:
+        async with client(port).realtime.connect(model="omni-test") as conn:
+            await conn.session.update(
+                event_id="evt_voice", session={"type": "realtime", "audio": {"output": {"voice": "alloy"}}}
+            )
+            await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}
+            )
+            await conn.response.create()
+            return await collect(conn)
+
+    events = run(turn())
+    (error,) = [e for e in events if e.type == "error"]
+    assert error.error.event_id == "evt_voice" and error.error.param == "session.audio.output.voice"
+    assert "'joe', 'verse'" in error.error.message and "alloy" in error.error.message
+    updated = [e.session for e in events if e.type == "session.updated"]
+    assert len(updated) == 1 and updated[0].audio.output.voice == "joe"
+    assert events[-1].type == "response.done" and events[-1].response.status == "completed"
+
+
 def test_ga_barge_in_cancels_the_running_response() -> None:
     backend = FakeBackend(chunk_delay=1.0)  # slow enough that the reply is still running when the user talks
 
