@@ -10,8 +10,8 @@ from omni_gateway.omni.protocol import Transcription
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
-from tests.harness.fake_backend import FakeBackend, silence, tone
-from tests.harness.session_driver import b64, events, transcribes, types
+from tests.harness.fake_backend import FakeBackend, silence
+from tests.harness.session_driver import b64, events, speak, transcribes, types
 
 DELTA = "conversation.item.input_audio_transcription.delta"
 COMPLETED = "conversation.item.input_audio_transcription.completed"
@@ -33,40 +33,32 @@ def _session(transcription: bool = True, every_ms: int | None = 1000, prefill: b
     return session
 
 
-def _speak(session: RealtimeSession, ms: int) -> list:
-    """``ms`` of speech in 100 ms appends, as a client streams it."""
-    out: list = []
-    for _ in range(ms // 100):
-        out += session.receive({"type": "input_audio_buffer.append", "audio": b64(tone(100))})
-    return out
-
-
 def _deltas(outputs: list) -> list[str]:
     return [e["delta"] for e in events(outputs) if e["type"] == DELTA]
 
 
 def test_speech_is_read_every_second_while_the_previous_reading_is_not_running() -> None:
     session = _session()
-    out = _speak(session, 2500)
+    out = speak(session, 2500)
     (job,) = transcribes(out, partial=True)  # the second second found the first reading still running
     assert job.partial and 1000 <= len(job.pcm16) // 48 < 1200
     out = session.on_partial_transcription(partial_task_id(job.item_id), Transcription("I would"))
     assert _deltas(out) == []  # one reading: nothing agreed on yet
-    (second,) = transcribes(_speak(session, 100), partial=True)
+    (second,) = transcribes(speak(session, 100), partial=True)
     assert second.item_id == job.item_id and len(second.pcm16) > len(job.pcm16)
 
 
 def test_deltas_send_the_words_two_readings_agree_on_and_the_final_sends_the_rest() -> None:
     session = _session()
-    (job,) = transcribes(_speak(session, 1000), partial=True)
+    (job,) = transcribes(speak(session, 1000), partial=True)
     task = partial_task_id(job.item_id)
     session.on_partial_transcription(task, Transcription("I would like a"))
-    _speak(session, 1000)
+    speak(session, 1000)
     out = session.on_partial_transcription(task, Transcription("I would like to book"))
     (delta,) = _deltas(out)
     assert delta == "I would like"
     TypeAdapter(RealtimeServerEvent).validate_python(events(out)[0])
-    _speak(session, 1000)
+    speak(session, 1000)
     assert _deltas(session.on_partial_transcription(task, Transcription("I would like to book a"))) == [" to book"]
     stop = session.receive({"type": "input_audio_buffer.append", "audio": b64(silence(600))})
     (final,) = transcribes(stop)
@@ -80,12 +72,12 @@ def test_deltas_send_the_words_two_readings_agree_on_and_the_final_sends_the_res
 
 def test_a_reading_that_takes_words_back_sends_nothing_and_the_final_corrects() -> None:
     session = _session()
-    (job,) = transcribes(_speak(session, 1000), partial=True)
+    (job,) = transcribes(speak(session, 1000), partial=True)
     task = partial_task_id(job.item_id)
     session.on_partial_transcription(task, Transcription("Eye would"))
-    _speak(session, 1000)
+    speak(session, 1000)
     assert _deltas(session.on_partial_transcription(task, Transcription("Eye would like"))) == ["Eye would"]
-    _speak(session, 1000)
+    speak(session, 1000)
     assert _deltas(session.on_partial_transcription(task, Transcription("I would like to"))) == []
     session.receive({"type": "input_audio_buffer.append", "audio": b64(silence(600))})
     out = session.on_transcription(job.item_id, Transcription("I would like to go."))
@@ -94,21 +86,21 @@ def test_a_reading_that_takes_words_back_sends_nothing_and_the_final_corrects() 
 
 def test_a_skipped_reading_lets_the_next_second_try_again() -> None:
     session = _session()
-    (job,) = transcribes(_speak(session, 1000), partial=True)
-    assert transcribes(_speak(session, 1000), partial=True) == []
+    (job,) = transcribes(speak(session, 1000), partial=True)
+    assert transcribes(speak(session, 1000), partial=True) == []
     session.on_partial_transcription(partial_task_id(job.item_id), None)
-    assert len(transcribes(_speak(session, 100), partial=True)) == 1
+    assert len(transcribes(speak(session, 100), partial=True)) == 1
 
 
 def test_no_partial_readings_without_transcription_or_prefill_or_with_the_cadence_off() -> None:
-    assert transcribes(_speak(_session(transcription=False), 3000), partial=True) == []
-    assert transcribes(_speak(_session(every_ms=None), 3000), partial=True) == []
-    assert transcribes(_speak(_session(transcription=False, prefill=True), 3000), partial=True) == []
+    assert transcribes(speak(_session(transcription=False), 3000), partial=True) == []
+    assert transcribes(speak(_session(every_ms=None), 3000), partial=True) == []
+    assert transcribes(speak(_session(transcription=False, prefill=True), 3000), partial=True) == []
 
 
 def test_no_reading_during_a_pause() -> None:
     session = _session()
-    (job,) = transcribes(_speak(session, 1000), partial=True)
+    (job,) = transcribes(speak(session, 1000), partial=True)
     session.on_partial_transcription(partial_task_id(job.item_id), None)
     out = session.receive({"type": "input_audio_buffer.append", "audio": b64(silence(200))})
     assert transcribes(out, partial=True) == []
@@ -116,7 +108,7 @@ def test_no_reading_during_a_pause() -> None:
 
 def test_a_late_reading_after_the_final_transcript_is_ignored() -> None:
     session = _session()
-    (job,) = transcribes(_speak(session, 1000), partial=True)
+    (job,) = transcribes(speak(session, 1000), partial=True)
     session.receive({"type": "input_audio_buffer.append", "audio": b64(silence(600))})
     session.on_transcription(job.item_id, Transcription("Hello there."))
     assert _deltas(session.on_partial_transcription(partial_task_id(job.item_id), Transcription("Hello"))) == []

@@ -5,50 +5,18 @@ from __future__ import annotations
 import dataclasses
 
 from omni_gateway.gateway.realtime import audio as audio_fmt
-from omni_gateway.gateway.realtime.commands import CancelTask, Prefill, SessionLimits, StartTask
+from omni_gateway.gateway.realtime.commands import CancelTask, Prefill, SessionLimits
 from omni_gateway.gateway.realtime.session import RealtimeSession
-from omni_gateway.omni.protocol import AudioPart, Capabilities
+from omni_gateway.omni.protocol import AudioPart
 
-from tests.harness.fake_backend import FakeBackend, silence, tone
-from tests.harness.session_driver import b64, generations, transcribes
+from tests.harness.fake_backend import FakeBackend, silence
+from tests.harness.session_driver import b64, generations, prefill_session, prefills, speak, transcribes
 
 
 def _backend(while_spoken: bool = True) -> FakeBackend:
     backend = FakeBackend()
     backend.capabilities = dataclasses.replace(backend.capabilities, hears_audio=True, hears_while_spoken=while_spoken)
     return backend
-
-
-def _session(
-    capabilities: Capabilities, prefill: bool = True, create_response: bool = True, transcribe: bool = False
-) -> RealtimeSession:
-    session = RealtimeSession(
-        dialect="ga",
-        capabilities=capabilities,
-        vad_factory=FakeBackend().new_vad,
-        limits=SessionLimits(partial_transcript_ms=1000, prefill_while_speaking=prefill),
-    )
-    session.open()
-    turn = {"type": "server_vad", "silence_duration_ms": 300, "create_response": create_response}
-    audio_input = {"turn_detection": turn, **({"transcription": {"model": "whisper-1"}} if transcribe else {})}
-    session.receive(
-        {
-            "type": "session.update",
-            "session": {"type": "realtime", "instructions": "Be brief.", "audio": {"input": audio_input}},
-        }
-    )
-    return session
-
-
-def _speak(session: RealtimeSession, ms: int) -> list:
-    out: list = []
-    for _ in range(ms // 100):
-        out += session.receive({"type": "input_audio_buffer.append", "audio": b64(tone(100))})
-    return out
-
-
-def _prefills(outputs: list) -> list[tuple[str, Prefill]]:
-    return [(o.task_id, o.work) for o in outputs if isinstance(o, StartTask) and isinstance(o.work, Prefill)]
 
 
 def _heard(work: Prefill) -> AudioPart:
@@ -58,9 +26,9 @@ def _heard(work: Prefill) -> AudioPart:
 
 
 def test_each_second_of_speech_prefills_the_reply_with_the_speech_so_far() -> None:
-    session = _session(_backend().capabilities)
-    first = _prefills(_speak(session, 1500))
-    second = _prefills(_speak(session, 1000))
+    session = prefill_session(_backend(), transcribe=False)
+    first = prefills(speak(session, 1500))
+    second = prefills(speak(session, 1000))
     assert len(first) == len(second) == 1
     (task_id, early), (again_id, later) = first[0], second[0]
     assert task_id.endswith(":prefill") and again_id == task_id  # a later prefill replaces the earlier one
@@ -73,11 +41,11 @@ def test_each_second_of_speech_prefills_the_reply_with_the_speech_so_far() -> No
 
 
 def test_the_turn_end_cancels_the_prefill_and_the_reply_hears_the_whole_turn() -> None:
-    session = _session(_backend().capabilities)
-    ((task_id, work),) = _prefills(_speak(session, 1500))
-    out = _speak(session, 700) + session.receive({"type": "input_audio_buffer.append", "audio": b64(silence(400))})
+    session = prefill_session(_backend(), transcribe=False)
+    ((task_id, work),) = prefills(speak(session, 1500))
+    out = speak(session, 700) + session.receive({"type": "input_audio_buffer.append", "audio": b64(silence(400))})
     assert CancelTask(task_id) in out
-    assert not _prefills(out[out.index(CancelTask(task_id)) :])  # none starts after the turn's end
+    assert not prefills(out[out.index(CancelTask(task_id)) :])  # none starts after the turn's end
     (reply,) = generations(out)
     prefilled, whole = _heard(work), reply.request.messages[-1].parts[0]
     assert isinstance(whole, AudioPart) and not whole.partial
@@ -87,15 +55,15 @@ def test_the_turn_end_cancels_the_prefill_and_the_reply_hears_the_whole_turn() -
 
 
 def test_input_transcription_still_reads_the_turn_alongside() -> None:
-    session = _session(_backend().capabilities, transcribe=True)
-    out = _speak(session, 1500)
-    assert len(_prefills(out)) == 1 and len(transcribes(out, partial=True)) == 1
+    session = prefill_session(_backend())
+    out = speak(session, 1500)
+    assert len(prefills(out)) == 1 and len(transcribes(out, partial=True)) == 1
 
 
 def test_no_prefill_for_a_tower_that_hears_only_whole_clips_when_off_or_when_turns_get_no_reply() -> None:
-    assert _prefills(_speak(_session(_backend(while_spoken=False).capabilities), 2500)) == []
-    assert _prefills(_speak(_session(_backend().capabilities, prefill=False), 2500)) == []
-    assert _prefills(_speak(_session(_backend().capabilities, create_response=False), 2500)) == []
+    assert prefills(speak(prefill_session(_backend(while_spoken=False), transcribe=False), 2500)) == []
+    assert prefills(speak(prefill_session(_backend(), prefill=False, transcribe=False), 2500)) == []
+    assert prefills(speak(prefill_session(_backend(), create_response=False, transcribe=False), 2500)) == []
     off = dataclasses.replace(SessionLimits(), partial_transcript_ms=None)
     session = RealtimeSession(
         dialect="ga", capabilities=_backend().capabilities, vad_factory=FakeBackend().new_vad, limits=off
@@ -105,4 +73,4 @@ def test_no_prefill_for_a_tower_that_hears_only_whole_clips_when_off_or_when_tur
     session.receive(
         {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": turn}}}}
     )
-    assert _prefills(_speak(session, 2500)) == []
+    assert prefills(speak(session, 2500)) == []

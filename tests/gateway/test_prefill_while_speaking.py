@@ -5,66 +5,36 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from omni_gateway.gateway.realtime.commands import CancelTask, Prefill, SessionLimits, StartTask
+from omni_gateway.gateway.realtime.commands import CancelTask, SessionLimits
 from omni_gateway.gateway.realtime.partial_transcript import partial_task_id
 from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.gateway.realtime.tasks import run_task
 from omni_gateway.omni.protocol import Transcription
 
-from tests.harness.fake_backend import FakeBackend, silence, tone
-from tests.harness.session_driver import b64, generations, transcribes
-
-
-def _session(backend: FakeBackend, prefill: bool = True, create_response: bool = True) -> RealtimeSession:
-    session = RealtimeSession(
-        dialect="ga",
-        capabilities=backend.capabilities,
-        vad_factory=backend.new_vad,
-        limits=SessionLimits(partial_transcript_ms=1000, prefill_while_speaking=prefill),
-    )
-    session.open()
-    turn = {"type": "server_vad", "silence_duration_ms": 300, "create_response": create_response}
-    audio_input = {"turn_detection": turn, "transcription": {"model": "whisper-1"}}
-    session.receive(
-        {
-            "type": "session.update",
-            "session": {"type": "realtime", "instructions": "Be brief.", "audio": {"input": audio_input}},
-        }
-    )
-    return session
-
-
-def _speak(session: RealtimeSession, ms: int) -> list:
-    out: list = []
-    for _ in range(ms // 100):
-        out += session.receive({"type": "input_audio_buffer.append", "audio": b64(tone(100))})
-    return out
-
-
-def _prefills(outputs: list) -> list[tuple[str, Prefill]]:
-    return [(o.task_id, o.work) for o in outputs if isinstance(o, StartTask) and isinstance(o.work, Prefill)]
+from tests.harness.fake_backend import FakeBackend, silence
+from tests.harness.session_driver import b64, generations, prefill_session, prefills, speak, transcribes
 
 
 def _read(session: RealtimeSession, text: str, ms: int = 1000) -> list:
     """Speak ``ms`` more, then answer the partial reading it started with ``text``."""
-    (job,) = transcribes(_speak(session, ms), partial=True)
+    (job,) = transcribes(speak(session, ms), partial=True)
     return session.on_partial_transcription(partial_task_id(job.item_id), Transcription(text))
 
 
 def test_each_partial_reading_prefills_the_reply_the_turn_would_get() -> None:
-    session = _session(FakeBackend())
-    ((task_id, work),) = _prefills(_read(session, "What is the"))
+    session = prefill_session(FakeBackend())
+    ((task_id, work),) = prefills(_read(session, "What is the"))
     assert task_id.endswith(":prefill")
     messages = work.request.messages
     assert messages[0].role == "system" and messages[0].text == "Be brief."
     assert messages[-1].role == "user" and messages[-1].text == "What is the"
-    ((again_id, again),) = _prefills(_read(session, "What is the capital of"))
+    ((again_id, again),) = prefills(_read(session, "What is the capital of"))
     assert again_id == task_id and again.request.messages[-1].text == "What is the capital of"  # replaces the first
 
 
 def test_the_prefilled_prompt_is_the_reply_prompt_up_to_the_words_heard() -> None:
-    session = _session(FakeBackend())
-    ((_, work),) = _prefills(_read(session, "What is the capital"))
+    session = prefill_session(FakeBackend())
+    ((_, work),) = prefills(_read(session, "What is the capital"))
     out = session.receive({"type": "input_audio_buffer.append", "audio": b64(silence(400))})
     ((job,),) = [transcribes(out)]
     out = session.on_transcription(job.item_id, Transcription("What is the capital of France?"))
@@ -75,29 +45,29 @@ def test_the_prefilled_prompt_is_the_reply_prompt_up_to_the_words_heard() -> Non
 
 
 def test_the_turn_end_cancels_a_prefill_still_running() -> None:
-    session = _session(FakeBackend())
-    ((task_id, _),) = _prefills(_read(session, "What is"))
+    session = prefill_session(FakeBackend())
+    ((task_id, _),) = prefills(_read(session, "What is"))
     out = session.receive({"type": "input_audio_buffer.append", "audio": b64(silence(400))})
     assert CancelTask(task_id) in out
 
 
 def test_no_prefill_when_switched_off_when_turns_get_no_reply_or_for_blank_or_late_readings() -> None:
-    off = _session(FakeBackend(), prefill=False)
-    assert _prefills(_read(off, "What is the")) == []
-    silent = _session(FakeBackend(), create_response=False)
-    assert _prefills(_read(silent, "What is the")) == []
-    session = _session(FakeBackend())
-    assert _prefills(_read(session, "  ")) == []
-    (job,) = transcribes(_speak(session, 1000), partial=True)
+    off = prefill_session(FakeBackend(), prefill=False)
+    assert prefills(_read(off, "What is the")) == []
+    silent = prefill_session(FakeBackend(), create_response=False)
+    assert prefills(_read(silent, "What is the")) == []
+    session = prefill_session(FakeBackend())
+    assert prefills(_read(session, "  ")) == []
+    (job,) = transcribes(speak(session, 1000), partial=True)
     session.receive({"type": "input_audio_buffer.append", "audio": b64(silence(400))})  # committed meanwhile
-    assert _prefills(session.on_partial_transcription(partial_task_id(job.item_id), Transcription("Hi"))) == []
+    assert prefills(session.on_partial_transcription(partial_task_id(job.item_id), Transcription("Hi"))) == []
 
 
 def test_no_prefill_for_a_model_that_hears_the_audio_itself() -> None:
     backend = FakeBackend()
     backend.capabilities = dataclasses.replace(backend.capabilities, hears_audio=True)
-    session = _session(backend)
-    assert _prefills(_read(session, "What is the")) == []
+    session = prefill_session(backend)
+    assert prefills(_read(session, "What is the")) == []
 
 
 def test_no_reading_runs_for_a_prefill_alone() -> None:
@@ -112,13 +82,13 @@ def test_no_reading_runs_for_a_prefill_alone() -> None:
     session.receive(
         {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": turn}}}}
     )
-    assert transcribes(_speak(session, 2000), partial=True) == []  # the client asked for no transcription
+    assert transcribes(speak(session, 2000), partial=True) == []  # the client asked for no transcription
 
 
 def test_a_prefill_runs_the_prompt_as_a_one_token_text_answer_and_reports_nothing() -> None:
     backend = FakeBackend()
-    session = _session(backend)
-    ((task_id, work),) = _prefills(_read(session, "What is the"))
+    session = prefill_session(backend)
+    ((task_id, work),) = prefills(_read(session, "What is the"))
     reported: list = []
 
     async def report(outputs: list) -> None:

@@ -12,6 +12,7 @@ from omni_gateway.gateway.realtime.commands import (
     CancelTask,
     Generate,
     Output,
+    Prefill,
     Send,
     SessionLimits,
     StartTask,
@@ -21,7 +22,7 @@ from omni_gateway.gateway.realtime.session import RealtimeSession
 from omni_gateway.gateway.realtime.voice_timing import VoiceObserver
 from omni_gateway.omni.protocol import OutputChunk
 
-from tests.harness.fake_backend import FakeBackend
+from tests.harness.fake_backend import FakeBackend, tone
 
 
 def b64(data: bytes) -> str:
@@ -129,3 +130,39 @@ def committed_jobs(outputs: list[Output]) -> list[Transcribe]:
 
 def error(outputs: list[Output]) -> dict[str, Any]:
     return only(outputs, "error")["error"]
+
+
+def prefill_session(
+    backend: FakeBackend, *, prefill: bool = True, create_response: bool = True, transcribe: bool = True
+) -> RealtimeSession:
+    """A GA session under server VAD (300 ms of silence ends a turn) with partial readings every second and
+    prefill while speaking as asked, over ``backend``'s capabilities and VAD."""
+    session = RealtimeSession(
+        dialect="ga",
+        capabilities=backend.capabilities,
+        vad_factory=backend.new_vad,
+        limits=SessionLimits(partial_transcript_ms=1000, prefill_while_speaking=prefill),
+    )
+    session.open()
+    turn = {"type": "server_vad", "silence_duration_ms": 300, "create_response": create_response}
+    audio_input = {"turn_detection": turn, **({"transcription": {"model": "whisper-1"}} if transcribe else {})}
+    session.receive(
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "instructions": "Be brief.", "audio": {"input": audio_input}},
+        }
+    )
+    return session
+
+
+def speak(session: RealtimeSession, ms: int) -> list[Output]:
+    """``ms`` of speech in 100 ms appends, as a client streams it."""
+    out: list[Output] = []
+    for _ in range(ms // 100):
+        out += session.receive({"type": "input_audio_buffer.append", "audio": b64(tone(100))})
+    return out
+
+
+def prefills(outputs: list[Output]) -> list[tuple[str, Prefill]]:
+    """The prefill tasks started: (task id, work)."""
+    return [(o.task_id, o.work) for o in outputs if isinstance(o, StartTask) and isinstance(o.work, Prefill)]
