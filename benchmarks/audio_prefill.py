@@ -60,19 +60,11 @@ def save_checkpoint(directory: Path, shape: str) -> None:
 
 
 def load(directory: Path) -> Any:
-    from omni_gateway.engine.config import EngineConfig
-    from omni_gateway.omni.config import OmniConfig
     from omni_gateway.omni.pipeline import OmniPipeline
 
-    config = OmniConfig(
-        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=1024),
-        asr=None,
-        tts=None,
-        vad=False,
-        temperature=0.0,
-        max_tokens=4,
-        warm_up=False,
-    )
+    from tests.harness.real_engine import checkpoint_config
+
+    config = checkpoint_config(directory, max_tokens=4, engine_args={"num_kv_blocks": 1024})
     return OmniPipeline.load(config)
 
 

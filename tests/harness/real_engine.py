@@ -1,9 +1,13 @@
-"""The real model side for socket-level tests: AsyncEngine over a tiny random Llama, wrapped by OmniPipeline."""
+"""The real model side for socket-level tests: AsyncEngine over a tiny random Llama, wrapped by OmniPipeline; and
+the OmniConfig the tests load a saved tiny checkpoint with on the CPU."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from omni_gateway.omni.config import OmniConfig
 
 MAX_MODEL_LEN = 256  # the tiny config's max_position_embeddings
 
@@ -42,6 +46,18 @@ def tiny_pipeline(
     )
     engine = AsyncEngine(engine_config)
     return OmniPipeline(config, engine=engine, model_name="tiny-llama", max_context_tokens=MAX_MODEL_LEN)
+
+
+def checkpoint_config(
+    directory: Path | str, *, max_tokens: int, engine_args: dict[str, Any] | None = None, **fields: Any
+) -> OmniConfig:
+    """The ``OmniConfig`` that loads the checkpoint saved in ``directory`` on the CPU with greedy sampling and no
+    ASR, TTS, VAD or warm-up; ``engine_args`` override its ``EngineConfig``'s fields, ``fields`` its own."""
+    from omni_gateway.omni.config import EngineConfig, OmniConfig
+
+    engine = EngineConfig(**{"model": str(directory), "device": "cpu", "num_kv_blocks": 96, **(engine_args or {})})
+    defaults: dict[str, Any] = {"asr": None, "tts": None, "vad": False, "temperature": 0.0, "warm_up": False}
+    return OmniConfig(engine=engine, max_tokens=max_tokens, **{**defaults, **fields})
 
 
 def set_chat_template(directory: Path, template: str) -> None:

@@ -15,9 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from omni_gateway.encoders.budget import PixelBudget
-from omni_gateway.engine.config import EngineConfig
 from omni_gateway.omni import vision
-from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import Done, Error, ImagePart, Message, OmniRequest, SamplingOptions, TextPart
 from PIL import Image
@@ -25,6 +23,7 @@ from websockets.asyncio.client import connect
 
 from tests.harness.checkpoints import picture, png_bytes, save_tiny_llava
 from tests.harness.live_server import serve, until
+from tests.harness.real_engine import checkpoint_config
 
 SIDE = 64  # test pictures are SIDE x SIDE
 PIXELS = SIDE * SIDE
@@ -43,14 +42,7 @@ def declared_png(width: int, height: int) -> bytes:
 def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniPipeline]:
     directory = tmp_path_factory.mktemp("llava")
     save_tiny_llava(directory)
-    config = OmniConfig(
-        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96),
-        asr=None,
-        tts=None,
-        vad=False,
-        temperature=0.0,
-        max_tokens=4,
-    )
+    config = checkpoint_config(directory, max_tokens=4, warm_up=True)
     pipe = OmniPipeline.load(config)
     yield pipe
     pipe.shutdown()

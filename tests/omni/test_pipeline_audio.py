@@ -16,10 +16,8 @@ import numpy as np
 import pytest
 from omni_gateway.encoders.audio import float_to_pcm16, resample
 from omni_gateway.encoders.vision import VisionEncoder
-from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.sampling_params import SamplingParams
 from omni_gateway.omni.audio_input import build_audio_prompt
-from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import (
     AudioChunk,
@@ -36,6 +34,7 @@ from omni_gateway.omni.protocol import (
 
 from tests.harness.audio_checkpoints import save_tiny_qwen2_audio, tone
 from tests.harness.live_server import audio_turn, serve, served
+from tests.harness.real_engine import checkpoint_config
 from tests.omni.test_pipeline import FakeTTS
 
 pytestmark = pytest.mark.slow
@@ -47,15 +46,7 @@ RATE = 24000  # the realtime API's pcm16 rate
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniPipeline]:
     directory = tmp_path_factory.mktemp("qwen2audio")
     save_tiny_qwen2_audio(directory)
-    config = OmniConfig(
-        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96),
-        asr=None,
-        tts=None,
-        vad=False,
-        temperature=0.0,
-        max_tokens=MAX_TOKENS,
-        warm_up=False,
-    )
+    config = checkpoint_config(directory, max_tokens=MAX_TOKENS)
     pipe = OmniPipeline.load(config)
     yield pipe
     pipe.shutdown()

@@ -17,14 +17,13 @@ from typing import Any
 import numpy as np
 import pytest
 from omni_gateway.encoders.audio import float_to_pcm16, resample
-from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.runner.mrope import mrope_positions
 from omni_gateway.omni.audio_input import build_audio_prompt
-from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import AudioPart, Error, Message, OmniRequest, SamplingOptions, TextDelta, TextPart
 
 from tests.harness.audio_checkpoints import save_tiny_qwen2_5_omni, tone
+from tests.harness.real_engine import checkpoint_config
 from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni
 
 pytestmark = pytest.mark.slow
@@ -64,15 +63,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory, model: Model) -> Path:
 
 
 def _load(directory: Path) -> OmniPipeline:
-    config = OmniConfig(
-        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=64),
-        asr=None,
-        tts=None,
-        vad=False,
-        temperature=0.0,
-        max_tokens=MAX_TOKENS,
-        warm_up=False,
-    )
+    config = checkpoint_config(directory, max_tokens=MAX_TOKENS, engine_args={"num_kv_blocks": 64})
     return OmniPipeline.load(config)
 
 

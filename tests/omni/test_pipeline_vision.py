@@ -6,9 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.sampling_params import SamplingParams
-from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import (
     Done,
@@ -24,20 +22,14 @@ from omni_gateway.omni.protocol import (
 from omni_gateway.omni.vision import build_vision_prompt
 
 from tests.harness.checkpoints import picture, png_bytes, save_tiny_llava
+from tests.harness.real_engine import checkpoint_config
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Any:
     directory = tmp_path_factory.mktemp("llava")
     save_tiny_llava(directory)
-    config = OmniConfig(
-        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96),
-        asr=None,
-        tts=None,
-        vad=False,
-        temperature=0.0,
-        max_tokens=6,
-    )
+    config = checkpoint_config(directory, max_tokens=6, warm_up=True)
     pipe = OmniPipeline.load(config)
     yield pipe
     pipe.shutdown()

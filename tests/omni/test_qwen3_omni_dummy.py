@@ -14,9 +14,7 @@ import numpy as np
 import pytest
 import torch
 from omni_gateway.encoders.audio_tower import load_audio_encoder
-from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.errors import ModelLoadError
-from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import (
     AudioChunk,
@@ -34,6 +32,7 @@ from omni_gateway.omni.qwen3_speech import Qwen3SpokenModel
 from omni_gateway.omni.qwen3_talker import Qwen3Talker
 from safetensors import safe_open
 
+from tests.harness.real_engine import checkpoint_config
 from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni
 from tests.omni.test_pipeline_audio import RATE, clip_pcm16
 
@@ -114,15 +113,7 @@ def clip_pcm16_floats() -> np.ndarray:
 @pytest.fixture(scope="module")
 def dummy_pipe(dirs: tuple[Path, Path, Any]) -> Iterator[OmniPipeline]:
     _, bare, _ = dirs
-    config = OmniConfig(
-        engine=EngineConfig(model=str(bare), device="cpu", num_kv_blocks=96, load_format="dummy"),
-        asr=None,
-        tts=None,
-        vad=False,
-        temperature=0.0,
-        max_tokens=6,
-        warm_up=False,
-    )
+    config = checkpoint_config(bare, max_tokens=6, engine_args={"load_format": "dummy"})
     pipe = OmniPipeline.load(config)
     yield pipe
     pipe.shutdown()

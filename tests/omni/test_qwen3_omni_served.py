@@ -9,8 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from omni_gateway.engine.config import EngineConfig
-from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.loading import resolve_speech_model
 from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import (
@@ -27,6 +25,7 @@ from omni_gateway.omni.protocol import (
 )
 
 from tests.harness.checkpoints import picture, png_bytes
+from tests.harness.real_engine import checkpoint_config
 from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni
 from tests.omni.test_pipeline_audio import MAX_TOKENS, RATE, clip_pcm16, direct
 
@@ -37,16 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniPipeline]:
     directory = tmp_path_factory.mktemp("qwen3omni")
     save_tiny_qwen3_omni(directory)
-    config = OmniConfig(
-        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96),
-        asr=None,
-        tts=None,
-        vad=False,
-        temperature=0.0,
-        max_tokens=MAX_TOKENS,
-        warm_up=False,
-        speech_model=None,
-    )
+    config = checkpoint_config(directory, max_tokens=MAX_TOKENS, speech_model=None)
     assert resolve_speech_model(config) is None, "its talker is not served: it answers in text"
     pipe = OmniPipeline.load(config)
     yield pipe

@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 import torch
 from omni_gateway.encoders.audio import float_to_pcm16, resample
-from omni_gateway.engine.config import EngineConfig
 from omni_gateway.omni import qwen3_speech
 from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.pipeline import OmniPipeline
@@ -34,6 +33,7 @@ from websockets.asyncio.client import connect
 
 from tests.harness.audio_checkpoints import tone
 from tests.harness.live_server import audio_turn, recv, serve, served, until
+from tests.harness.real_engine import checkpoint_config
 from tests.harness.tiny_qwen3_omni import save_tiny_qwen3_omni
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
@@ -50,14 +50,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def omni_config(directory: Path, **speech: Any) -> OmniConfig:
-    return OmniConfig(
-        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96),
-        asr=None,
-        vad=False,  # tts left at its default: a speaking model loads none
-        temperature=0.0,
-        max_tokens=6,
-        **speech,
-    )
+    # tts at its default: a speaking model loads none
+    return checkpoint_config(directory, max_tokens=6, tts="default", warm_up=True, **speech)
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,9 @@ import numpy as np
 import pytest
 import torch
 from omni_gateway.encoders.audio import float_to_pcm16_array
-from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.models.qwen3_omni_code_predictor import FrameSampling
 from omni_gateway.engine.models.qwen3_omni_talker_inputs import user_positions
 from omni_gateway.omni import qwen3_speech
-from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.loading import resolve_speech_model
 from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import (
@@ -42,6 +40,7 @@ from omni_gateway.omni.qwen3_talker import SpokenFrames
 
 from tests.harness.checkpoints import picture, png_bytes
 from tests.harness.playback_deadlines import ChunkCall, assert_playback_deadlines
+from tests.harness.real_engine import checkpoint_config
 from tests.harness.tiny_qwen3_omni import CODE_GROUPS, save_tiny_qwen3_omni
 from tests.omni.test_pipeline_audio import RATE, clip_pcm16
 
@@ -55,15 +54,7 @@ MAX_FRAMES = 40  # a first chunk of 4 frames, then chunks of 25: three code2wav 
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OmniPipeline, Any]]:
     directory: Path = tmp_path_factory.mktemp("qwen3omni-speaks")
     hf = save_tiny_qwen3_omni(directory, speech=True)
-    config = OmniConfig(
-        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96),
-        asr=None,
-        tts=None,
-        vad=False,
-        temperature=0.0,
-        max_tokens=MAX_TOKENS,
-        warm_up=False,
-    )
+    config = checkpoint_config(directory, max_tokens=MAX_TOKENS)
     assert resolve_speech_model(config) == str(directory)
     pipe = OmniPipeline.load(config)
     assert isinstance(pipe.speech, Qwen3SpokenModel)
@@ -405,15 +396,7 @@ def uncached(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniPipeline]
     """The same checkpoint served without prefix caching: every turn computed from scratch."""
     directory: Path = tmp_path_factory.mktemp("qwen3omni-uncached")
     save_tiny_qwen3_omni(directory, speech=True)
-    config = OmniConfig(
-        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96, enable_prefix_caching=False),
-        asr=None,
-        tts=None,
-        vad=False,
-        temperature=0.0,
-        max_tokens=MAX_TOKENS,
-        warm_up=False,
-    )
+    config = checkpoint_config(directory, max_tokens=MAX_TOKENS, engine_args={"enable_prefix_caching": False})
     pipe = OmniPipeline.load(config)
     assert pipe.speech is not None
     pipe.speech.config = dataclasses.replace(pipe.speech.config, max_frames=MAX_FRAMES)

@@ -17,9 +17,7 @@ from typing import Any
 
 import pytest
 from omni_gateway.encoders.audio import float_to_pcm16, resample
-from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.frontend.async_engine import AsyncEngine
-from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.heads.token2wav.stream import Token2WavStream
 from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import (
@@ -36,6 +34,7 @@ from omni_gateway.omni.protocol import (
 
 from tests.harness.audio_checkpoints import save_tiny_qwen2_5_omni, tone
 from tests.harness.live_server import audio_turn, serve
+from tests.harness.real_engine import checkpoint_config
 
 pytestmark = pytest.mark.slow
 RATE = 24000  # the realtime API's pcm16 rate
@@ -49,12 +48,11 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _load(directory: Path, *, prefix_caching: bool = True, warm_up: bool = True) -> OmniPipeline:
-    config = OmniConfig(
-        engine=EngineConfig(model=str(directory), device="cpu", num_kv_blocks=96, enable_prefix_caching=prefix_caching),
-        asr=None,
-        vad=False,  # tts left at its default: a speaking model loads none
-        temperature=0.0,
+    config = checkpoint_config(
+        directory,
         max_tokens=6,
+        engine_args={"enable_prefix_caching": prefix_caching},
+        tts="default",  # a speaking model loads none
         warm_up=warm_up,
     )
     pipe = OmniPipeline.load(config)

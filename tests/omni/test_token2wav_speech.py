@@ -16,7 +16,6 @@ import torch
 from omni_gateway.engine.config import EngineConfig
 from omni_gateway.engine.core.llm_engine import LLMEngine
 from omni_gateway.engine.frontend.async_engine import AsyncEngine
-from omni_gateway.omni.config import OmniConfig
 from omni_gateway.omni.heads.token2wav.head import OUTPUT_SAMPLE_RATE, Token2WavConfig
 from omni_gateway.omni.pipeline import OmniPipeline
 from omni_gateway.omni.protocol import (
@@ -34,6 +33,7 @@ from omni_gateway.omni.protocol import (
 from omni_gateway.omni.speech import SpeechConfig, SpokenModel
 
 from tests.harness.playback_deadlines import ChunkCall, assert_playback_deadlines
+from tests.harness.real_engine import checkpoint_config
 from tests.harness.tiny_omni import SPEAKERS, save_tiny_omni, save_tiny_thinker_text
 
 pytestmark = pytest.mark.slow
@@ -51,14 +51,7 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OmniPipeline]
     cpu = dict(device="cpu", attention_backend="torch", max_model_len=512)
     thinker = AsyncEngine(engine=LLMEngine(EngineConfig(model=str(thinker_dir), **cpu)))
     speech = SpokenModel.load(omni, device="cpu", config=SpeechConfig(token2wav=CHUNKS, temperature=0.0, max_codes=48))
-    config = OmniConfig(
-        engine=EngineConfig(model=str(thinker_dir), **cpu),
-        asr=None,
-        tts=None,
-        vad=False,
-        temperature=0.0,
-        max_tokens=10,
-    )
+    config = checkpoint_config(thinker_dir, max_tokens=10, engine_args={**cpu, "num_kv_blocks": None}, warm_up=True)
     pipe = OmniPipeline(config, engine=thinker, model_name="tiny", max_context_tokens=512, speech=speech)
     yield pipe
     pipe.shutdown()
