@@ -216,8 +216,12 @@ class EngineCoreClient(ChatStreaming):
                 raise EngineDead(f"{self.name} core is not running: {self._reason or self._state}")
             ticket, future = self._lora_calls.open(name, path)
             if not self._sockets.send(ipc.LoraCall(self._epoch, ticket, name, path)):
-                self._lora_calls.close(ticket, EngineDead(f"{self.name} core is not connected"))
+                self._lora_calls.close(ticket, EngineDead(f"{self.name} core is not connected"), self._adapter_applied)
         await asyncio.wrap_future(future)
+
+    def _adapter_applied(self, name: str, path: str | None) -> None:
+        # A core restarted later starts with the adapters served now.
+        self.config = replace(self.config, lora_modules=with_adapter(self.config.lora_modules, name, path))
 
     def health(self) -> dict[str, Any]:
         alive = self._state == "running"
@@ -303,9 +307,7 @@ class EngineCoreClient(ChatStreaming):
         elif isinstance(message, ipc.Refused):
             self._deliver(message.request_id, message.error)
         elif isinstance(message, ipc.LoraDone):
-            done = self._lora_calls.close(message.ticket, message.error)
-            if done is not None:  # a core restarted later starts with the adapters served now
-                self.config = replace(self.config, lora_modules=with_adapter(self.config.lora_modules, *done))
+            self._lora_calls.close(message.ticket, message.error, self._adapter_applied)
         elif isinstance(message, ipc.Ready):
             self._ready = replace(message) if self._ready is None else replace(self._ready, pid=message.pid)
             self._stats = message.stats

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+from collections.abc import Callable
 
 
 def with_adapter(modules: tuple[tuple[str, str], ...], name: str, path: str | None) -> tuple[tuple[str, str], ...]:
@@ -28,18 +29,19 @@ class PendingLoraCalls:
             self._waiting[self._next] = (future, name, path)
             return self._next, future
 
-    def close(self, ticket: int, error: BaseException | None) -> tuple[str, str | None] | None:
-        """Answer the call ``ticket``; (name, path) where it succeeded, None otherwise (or unknown)."""
+    def close(self, ticket: int, error: BaseException | None, applied: Callable[[str, str | None], None]) -> None:
+        """Answer the call ``ticket`` (unknown tickets are ignored). Where it succeeded, ``applied(name, path)``
+        runs before its caller wakes, so the caller sees the adapter list that includes its own call."""
         with self._lock:
             entry = self._waiting.pop(ticket, None)
         if entry is None:
-            return None
+            return
         future, name, path = entry
         if error is not None:
             future.set_exception(error)
-            return None
+            return
+        applied(name, path)
         future.set_result(None)
-        return name, path
 
     def fail_all(self, error: BaseException) -> None:
         with self._lock:
