@@ -25,13 +25,13 @@ SAMPLE_RATE = 16000
 WINDOW_S = 30  # Whisper's fixed input window
 # A voice turn lasts a few seconds, yet Whisper encodes 30 s. CTranslate2 also takes a shorter window,
 # which the encoder runs in proportionally less time (more than that: attention is quadratic), but
-# the model was trained on 30 s and reads worse the shorter the window: over 14 spoken questions, a
-# 10 s window changed 4 transcripts (one repeated itself), 15 s changed 3, 20 s one (casing only),
-# at 360, 430 and 540 ms against 1200 ms for 30 s on 2 busy CPU cores. The speech must leave the
-# window most of its length in silence, and a decode that does not stop within a speaking rate's worth
-# of tokens is redone over the full window.
-SHORT_WINDOW_S = 20
-SHORT_SPEECH_MAX_S = 6.0
+# the model was trained on 30 s and reads worse once the speech fills much of the window: it repeats
+# itself. Over 54 phrases of the Piper voice (1 to 2.4 s), on 2 idle CPU cores, a turn read in
+# 240 ms over 30 s, 125 ms over 20 s and 74 ms over 12 s, with as many missing content words (8 to 10
+# of 54) and no repetition; over 10 s one phrase repeated itself, over 6 s seventeen did. So the window
+# grows with the speech, leaving it at least three quarters silence, and a decode that does not stop
+# within a speaking rate's worth of tokens is redone over the full window.
+SHORT_WINDOWS = ((3.0, 12), (6.0, 20))  # (speech up to s, window s), shortest first
 _SHORT_TOKENS_BASE, _SHORT_TOKENS_PER_S = 16, 8
 # faster-whisper's rule for a window with no speech in it (its defaults for both thresholds)
 _NO_SPEECH_PROB, _SILENT_LOGPROB = 0.6, -1.0
@@ -128,6 +128,11 @@ def to_model_input(audio: np.ndarray | bytes, sample_rate: int, max_duration_s: 
     return resample(samples, sample_rate, SAMPLE_RATE)
 
 
+def short_window_s(speech_s: float) -> int | None:
+    """The encoder window (s) a turn of ``speech_s`` seconds is read in; None: the full 30 s."""
+    return next((window for longest, window in SHORT_WINDOWS if speech_s <= longest), None)
+
+
 def english_only_check(multilingual: bool, language: str | None) -> None:
     if not multilingual and language not in (None, "en"):
         raise ValueError(f"this ASR model is English-only; got language {language!r}")
@@ -187,14 +192,16 @@ class FasterWhisperRecognizer(OneAsABatch):
         prompt share one encoder call and one greedy decode over the batch (CTranslate2 batches both);
         a turn the short window does not suit, or whose decode ran past its budget, is read alone."""
         results: list[AsrResult | None] = [None] * len(jobs)
-        groups: dict[tuple[int, ...], list[int]] = {}
+        groups: dict[tuple[tuple[int, ...], int], list[int]] = {}
         for i, job in enumerate(jobs):
+            window_s = short_window_s(len(job.samples) / SAMPLE_RATE)
             if len(job.samples) == 0:
                 results[i] = AsrResult("", job.language, 0.0, AsrUsage(0.0, 0, 0))
-            elif len(job.samples) / SAMPLE_RATE <= SHORT_SPEECH_MAX_S and not self.multilingual:
-                groups.setdefault(job.prompt_ids, []).append(i)
-        for prompt_ids, rows in groups.items():
-            for i, short in zip(rows, self._transcribe_short([jobs[i].samples for i in rows], list(prompt_ids))):
+            elif window_s is not None and not self.multilingual:
+                groups.setdefault((job.prompt_ids, window_s), []).append(i)
+        for (prompt_ids, window_s), rows in groups.items():
+            batch = [jobs[i].samples for i in rows]
+            for i, short in zip(rows, self._transcribe_short(batch, list(prompt_ids), window_s)):
                 if short is not None:
                     duration = len(jobs[i].samples) / SAMPLE_RATE
                     text, tokens = short
@@ -221,14 +228,16 @@ class FasterWhisperRecognizer(OneAsABatch):
             usage=AsrUsage(duration, len(job.prompt_ids), sum(len(s.tokens) for s in segments)),
         )
 
-    def _transcribe_short(self, batch: list[np.ndarray], previous: list[int]) -> list[tuple[str, int] | None]:
-        """(text, output tokens) of each of ``batch`` from a ``SHORT_WINDOW_S`` encoder window; None for a
-        row whose decoder ran past its budget, so the caller transcribes it over the full window."""
+    def _transcribe_short(
+        self, batch: list[np.ndarray], previous: list[int], window_s: int
+    ) -> list[tuple[str, int] | None]:
+        """(text, output tokens) of each of ``batch`` from a ``window_s`` encoder window; None for a row whose
+        decoder ran past its budget, so the caller transcribes it over the full window."""
         import ctranslate2
         from faster_whisper.tokenizer import Tokenizer
 
         model = self.model
-        window = SHORT_WINDOW_S * SAMPLE_RATE
+        window = window_s * SAMPLE_RATE
         frames = window // model.feature_extractor.hop_length
         features = np.stack([model.feature_extractor(s, padding=window - len(s))[:, :frames] for s in batch])
         encoded = model.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features)), to_cpu=False)

@@ -256,10 +256,19 @@ def test_short_turns_read_the_same_through_the_short_window(
     full = default_asr.transcribe(audio, sample_rate=rate)
     assert calls == [1] and words_of(full.text) == words_of(short.text)
     assert full.usage.output_tokens == short.usage.output_tokens
-    # Speech too long for the short window never goes through it.
-    monkeypatch.setattr(asr_module, "SHORT_SPEECH_MAX_S", 0.5)
+    # Speech too long for every short window never goes through one.
+    monkeypatch.setattr(asr_module, "SHORT_WINDOWS", ((0.5, 12),))
     default_asr.transcribe(audio, sample_rate=rate)
     assert calls == [1, 1]
+
+
+def test_the_encoder_window_grows_with_the_speech() -> None:
+    from omni_gateway.encoders.asr import SHORT_WINDOWS, short_window_s
+
+    windows = [short_window_s(s) for s in (0.5, 3.0, 3.1, 6.0)]
+    assert windows == [12, 12, 20, 20] and short_window_s(6.1) is None
+    # Whisper repeats itself once the speech fills much of a window
+    assert all(longest / window <= 0.3 for longest, window in SHORT_WINDOWS)
 
 
 @pytest.mark.slow
