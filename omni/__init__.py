@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 
 def load_backend(config: OmniConfig) -> OmniBackend:
     """Load every configured model and start the engine thread."""
+    from omni_gateway.engine.frontend.idle_threads import sleep_idle_workers
+
+    sleep_idle_workers()  # before torch and the other model libraries load
     from omni_gateway.omni.pipeline import OmniPipeline
 
     return OmniPipeline.load(config)

@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 from omni_gateway.engine.config import EngineConfig
+from omni_gateway.engine.frontend.idle_threads import sleep_idle_workers
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ def start_engine(config: EngineConfig, *, threads: int | None = None, engine_fac
 
     ``threads``: torch threads of each core on the CPU. ``engine_factory``: builds each core's engine from
     the config instead of ``LLMEngine`` (a module-level function; tests)."""
+    sleep_idle_workers()  # the core processes inherit it, and so does this one if torch has not loaded yet
     if config.engine_in_process:
         return _in_process(config, threads, engine_factory)
     from omni_gateway.engine.frontend.core_client import EngineCoreClient
