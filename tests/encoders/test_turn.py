@@ -132,6 +132,36 @@ def test_words_that_come_before_the_verdict_cost_no_wait(sentence: np.ndarray, c
     assert SCORED_MS <= waited <= SCORED_MS + 40, waited
 
 
+def test_the_first_hearing_waits_for_the_words_under_way(sentence: np.ndarray, clock: list[float]) -> None:
+    """Whisper and the model share the cores, and the turn ends on both: the words go first."""
+    order: list[str] = []
+    d = detector(lambda samples: order.append("scored") or 0.9, clock=clock)
+    hear = d.hear
+    d.hear = lambda words: (order.append("heard"), hear(words))[1]  # type: ignore[method-assign]
+    waited = pause_with_words(d, sentence, "Please turn on the kitchen lights.", 200, clock)
+    assert order == ["heard", "scored"] and 200 - 40 <= waited <= 240, (order, waited)
+
+
+def test_a_pause_is_heard_once_its_listener_could_say_words_will_follow(sentence: np.ndarray) -> None:
+    """The feed that declares a pause asks its listener to poll again rather than score there: the listener
+    learns of the pause from that feed's events and only then can say a transcript is under way."""
+    polls: list[int] = []
+    scores: list[int] = []
+    at_once = TurnPolicy(scored_silence_ms=1, rescored_silence_ms=1, complete=0.5, max_silence_ms=4000)
+    score = lambda samples: scores.append(len(polls)) or 0.9  # noqa: E731
+    d = SemanticTurn(SileroVad(silence_duration_ms=4000), at_once, score=score, executor=Inline())  # type: ignore[arg-type]
+    d.listen(lambda: polls.append(1))
+    pcm = float_to_pcm16(np.concatenate([silence(500), voiced(sentence), silence(400)]))
+    step = RATE * 2 * 40 // 1000
+    for at in range(0, len(pcm), step):
+        if any(e.kind == "speech_paused" for e in d.feed(pcm[at : at + step])):
+            assert polls and not scores
+            assert any(e.kind == "speech_stopped" for e in d.feed(b""))  # the poll: judged, and ended
+            break
+    else:
+        raise AssertionError("no pause")
+
+
 def test_words_that_never_come_leave_the_sound_to_decide(sentence: np.ndarray, clock: list[float]) -> None:
     waited = pause_with_words(detector(lambda samples: 0.9, clock=clock), sentence, None, None, clock)
     assert SCORED_MS + WORDS_WAIT_MS <= waited <= SCORED_MS + WORDS_WAIT_MS + 80, waited
