@@ -76,11 +76,11 @@ class TurnPolicy:
 
 # OpenAI's eagerness: high answers soonest, low lets the user take their time; the caps are OpenAI's (8 / 4 / 2 s),
 # auto is medium. Silero declares a pause one window (32 ms) into it, 70 to 120 ms after the last voiced
-# sample, and the pause's transcript takes about 75 ms of Whisper from there: a verdict asked for at once is in
-# before the words. On the Piper voice that ended the 20 finished questions 161 ms (p50) after the speech,
-# against 251 ms for a first hearing at 100 ms of silence, with as many unfinished phrases ended early (7 of 25
-# for any first hearing up to 300 ms; ``benchmarks.turn_decisions``); a second hearing at 200 ms takes the few
-# questions whose last syllable first sounds open. High also takes a less certain verdict.
+# sample, and the pause's transcript takes about 75 ms of Whisper from there; the verdict asked for once both
+# are in ended the 20 finished questions of the Piper voice 186 ms (p50) after the speech, against about 250 ms
+# with a first hearing at 100 ms of silence, and any first hearing up to 300 ms ended as many unfinished phrases
+# early (7 of 25; ``benchmarks.turn_decisions``). A second hearing at 200 ms takes the few questions whose last
+# syllable first sounds open. High also takes a less certain verdict.
 EAGERNESS: dict[str, TurnPolicy] = {
     "low": TurnPolicy(scored_silence_ms=300, rescored_silence_ms=800, complete=0.7, max_silence_ms=8000),
     "medium": TurnPolicy(scored_silence_ms=32, rescored_silence_ms=200, complete=0.5, max_silence_ms=4000),
