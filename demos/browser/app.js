@@ -25,7 +25,7 @@ const state = {
   link: null, audio: null, player: null, mic: null, cameraTimer: null,
   // WebRTC: the microphone stream (its track is sent muted until the microphone is started), when the
   // answer's track started playing, and the latency row whose answer length it fills in once played.
-  rtcStream: null, playStartedAt: null, lastRow: null,
+  rtcStream: null, playStartedAt: null, lastRow: null, lastRowStart: null,
   userLines: new Map(), assistantLine: null, turn: 0, lastError: "",
   frameIds: [], frameCount: 0,
   speechStoppedAt: null, responseStartedAt: null, firstAudioAt: null, firstTextAt: null, turnAudioBytes: 0,
@@ -92,6 +92,15 @@ function recordLatency(status) {
     + `<td>${fmt(start, state.firstAudioAt)}</td><td>${seconds}</td>`;
   $("latency").querySelector("tbody").appendChild(row);
   state.lastRow = row;
+  // WebRTC: a short answer can be generated whole before its track starts playing; its first audio then
+  // comes after response.done and fills this cell (output_audio_buffer.started).
+  state.lastRowStart = state.firstAudioAt ? null : start;
+}
+
+function fillLateFirstAudio() {
+  if (!state.lastRow || state.lastRowStart === null) return;
+  state.lastRow.children[4].textContent = `${Math.round(state.firstAudioAt - state.lastRowStart)} ms`;
+  state.lastRowStart = null;
 }
 
 function userLine(itemId) {
@@ -142,6 +151,7 @@ function handle(event) {
       state.turn += 1;
       state.responseStartedAt = performance.now();
       state.firstAudioAt = state.firstTextAt = null;
+      state.lastRowStart = null; // a late first audio from here on is this response's
       state.turnAudioBytes = 0;
       state.assistantLine = addLine("assistant");
       break;
@@ -159,7 +169,10 @@ function handle(event) {
       break;
     }
     case "output_audio_buffer.started": // WebRTC: the answer's track started playing
-      if (!state.firstAudioAt) state.firstAudioAt = performance.now();
+      if (!state.firstAudioAt) {
+        state.firstAudioAt = performance.now();
+        fillLateFirstAudio();
+      }
       state.playStartedAt = performance.now();
       setPhase("speaking");
       break;
