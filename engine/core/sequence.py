@@ -52,7 +52,27 @@ class EmbedSpan:
 _ids = itertools.count()
 
 
-class Sequence:
+class PromptThenOutput:
+    """``token_ids`` read as the prompt's ``num_prompt_tokens`` tokens, then the output."""
+
+    __slots__ = ()
+    token_ids: list[int]
+    num_prompt_tokens: int
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+
+class Sequence(PromptThenOutput):
     """One generation stream. ``token_ids`` = prompt + output; the first ``num_computed_tokens`` are in the KV cache."""
 
     def __init__(
@@ -106,18 +126,6 @@ class Sequence:
 
     def __len__(self) -> int:
         return len(self.token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[: self.num_prompt_tokens]
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def last_token_id(self) -> int:

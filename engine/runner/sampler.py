@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from omni_gateway.engine.core.sequence import Sequence
+from omni_gateway.engine.core.sequence import PromptThenOutput, Sequence
 from omni_gateway.engine.outputs import Logprob
 from omni_gateway.engine.runner.seeded_noise import exponential_rows, row_key
 from omni_gateway.engine.sampling_params import SamplingParams
@@ -218,7 +218,7 @@ class Penalized(Protocol):
     def output_token_ids(self) -> list[int]: ...
 
 
-class TokenHistory:
+class TokenHistory(PromptThenOutput):
     """A row's tokens as the sampler reads them when they are not a sequence's own: ``token_ids`` is the prompt,
     then the output, then whatever a speculative row adds before it is scored (the drafts before the row)."""
 
@@ -228,18 +228,6 @@ class TokenHistory:
         self.params = params
         self.token_ids = token_ids
         self.num_prompt_tokens = num_prompt_tokens
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[: self.num_prompt_tokens]
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
