@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from omni_gateway.encoders.audio import resample
 from omni_gateway.encoders.cache import EncoderCache, content_key
+from omni_gateway.encoders.checkpoint_encoder import CheckpointEncoder
 
 
 class AudioLoadError(RuntimeError):
@@ -50,7 +51,7 @@ class AudioPlaceholders:
     end: int | None = None
 
 
-class AudioEncoder(abc.ABC):
+class AudioEncoder(CheckpointEncoder, abc.ABC):
     """Common part: feature extractor, resampling, length checks, device/dtype, the output cache."""
 
     family: str
@@ -72,18 +73,12 @@ class AudioEncoder(abc.ABC):
     ) -> None:
         from transformers import AutoFeatureExtractor
 
-        self.model_dir = model_dir
-        self.hf_config = hf_config
-        self.device = device
-        self.dtype = dtype
-        self.cache = cache if cache is not None else EncoderCache(256 << 20)
-        try:
-            self.extractor = AutoFeatureExtractor.from_pretrained(str(model_dir))
-        except Exception as exc:  # missing or malformed preprocessor_config.json
-            raise AudioLoadError(f"cannot load the audio feature extractor of {str(model_dir)!r}: {exc}") from exc
+        super().__init__(model_dir, hf_config, device=device, dtype=dtype, cache=cache)
+        self.extractor = self._preprocessor(
+            AutoFeatureExtractor.from_pretrained, AudioLoadError, "audio feature extractor"
+        )
         self.sampling_rate = int(self.extractor.sampling_rate)
         self.window_samples = int(self.extractor.n_samples)
-        self.settings = content_key(str(model_dir.resolve()), self.extractor.to_json_string(), str(dtype))
 
     def encode(self, samples: np.ndarray, sample_rate: int, *, settled_only: bool = False) -> AudioFeatures:
         """Embeddings of float mono ``samples`` at ``sample_rate`` (resampled to the model's rate). With

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from omni_gateway.encoders.cache import EncoderCache, content_key, frames_key, image_key
+from omni_gateway.encoders.cache import EncoderCache, frames_key, image_key
+from omni_gateway.encoders.checkpoint_encoder import CheckpointEncoder
 from PIL import Image
 
 FAMILIES = {
@@ -121,7 +122,7 @@ def _load_module(module: torch.nn.Module, weights: dict[str, torch.Tensor], what
         raise VisionLoadError(f"{what} weights missing from {str(model_dir)!r}: {shown}")
 
 
-class VisionEncoder(abc.ABC):
+class VisionEncoder(CheckpointEncoder, abc.ABC):
     """Common part: image processor from the checkpoint, device/dtype, the output cache."""
 
     family: str
@@ -132,17 +133,8 @@ class VisionEncoder(abc.ABC):
     ) -> None:
         from transformers import AutoImageProcessor
 
-        self.model_dir = model_dir
-        self.hf_config = hf_config
-        self.device = device
-        self.dtype = dtype
-        self.cache = cache if cache is not None else EncoderCache(256 << 20)
-        try:
-            self.processor = AutoImageProcessor.from_pretrained(str(model_dir))
-        except Exception as exc:  # missing or malformed preprocessor_config.json
-            raise VisionLoadError(f"cannot load the image processor of {str(model_dir)!r}: {exc}") from exc
-        # Whatever changes the embeddings of the same pixels belongs in the cache key.
-        self.settings = content_key(str(model_dir.resolve()), self.processor.to_json_string(), str(dtype))
+        super().__init__(model_dir, hf_config, device=device, dtype=dtype, cache=cache)
+        self.processor = self._preprocessor(AutoImageProcessor.from_pretrained, VisionLoadError, "image processor")
 
     def encode_image(self, image: Image.Image) -> VisualFeatures:
         key = image_key(image, self.settings)
